@@ -1,0 +1,101 @@
+"""`check FILE` and `watch FILE`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from ..lisp.diagnostics import Diagnostic, SourceMap
+from ..lisp.evaluator import Limits
+from ..lisp.program import has_errors, load_file
+from .common import Exit, diagnostics_json, existing_file, print_diagnostics, print_json
+
+
+def add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    defaults = Limits()
+    parser.add_argument("--max-eval-steps", type=int, default=defaults.steps, metavar="N", help=f"evaluation step budget (default {defaults.steps})")
+    parser.add_argument("--max-eval-depth", type=int, default=defaults.depth, metavar="N", help=f"nested call limit (default {defaults.depth})")
+    parser.add_argument("--max-eval-alloc", type=int, default=defaults.alloc, metavar="N", help=f"allocation limit in cells (default {defaults.alloc})")
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    return Limits(steps=args.max_eval_steps, depth=args.max_eval_depth, alloc=args.max_eval_alloc)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("check", help="read, evaluate and check a file; print diagnostics")
+    p.add_argument("file")
+    p.add_argument("--json", action="store_true", help="print the diagnostics as a JSON list")
+    add_limit_flags(p)
+    p.set_defaults(run=run_check)
+
+    w = sub.add_parser("watch", help="check again on every save of the file or anything it requires")
+    w.add_argument("file")
+    w.add_argument("--json", action="store_true", help="one JSON document per check, one per line")
+    w.add_argument("--interval", type=float, default=0.25, help="seconds between looks at the files (default 0.25)")
+    w.add_argument("--max-checks", type=int, default=0, metavar="N", help="stop after N checks (0: run until interrupted)")
+    add_limit_flags(w)
+    w.set_defaults(run=run_watch)
+
+
+def check_once(path: Path, limits: Limits) -> tuple[list[Diagnostic], SourceMap, list[Path]]:
+    program, diagnostics = load_file(path, limits)
+    if program is None:
+        return diagnostics, SourceMap(), [path]
+    return diagnostics, program.sources, program.files
+
+
+def run_check(args: argparse.Namespace) -> int:
+    path = existing_file(args.file)
+    diagnostics, sources, _ = check_once(path, limits_from(args))
+    if args.json:
+        print_json(diagnostics_json(diagnostics))
+    else:
+        print_diagnostics(diagnostics, sources)
+        if not has_errors(diagnostics):
+            print(f"{args.file}: ok")
+    return Exit.CHECK_FAILED if has_errors(diagnostics) else Exit.OK
+
+
+def snapshot(files: list[Path]) -> dict[Path, float]:
+    out: dict[Path, float] = {}
+    for f in files:
+        try:
+            out[f] = f.stat().st_mtime_ns
+        except OSError:
+            out[f] = -1
+    return out
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    path = existing_file(args.file)
+    limits = limits_from(args)
+    checks = 0
+    try:
+        while True:
+            diagnostics, sources, files = check_once(path, limits)
+            checks += 1
+            report_watch(args, diagnostics, sources)
+            if args.max_checks and checks >= args.max_checks:
+                return Exit.OK
+            before = snapshot(files)
+            while snapshot(files) == before:
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return Exit.OK
+
+
+def report_watch(args: argparse.Namespace, diagnostics: list[Diagnostic], sources: SourceMap) -> None:
+    stamp = datetime.now().strftime("%H:%M:%S")
+    if args.json:
+        import json
+
+        print(json.dumps({"time": stamp, "ok": not has_errors(diagnostics), "diagnostics": diagnostics_json(diagnostics)}), flush=True)
+        return
+    print_diagnostics(diagnostics, sources)
+    status = "ok" if not has_errors(diagnostics) else f"{sum(d.severity == 'error' for d in diagnostics)} error(s)"
+    print(f"[{stamp}] {args.file}: {status}", flush=True)
+    sys.stderr.flush()

@@ -1,0 +1,65 @@
+"""What every verb shares: exit codes, printing diagnostics, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import IntEnum
+from pathlib import Path
+from typing import Any, Iterable, NoReturn
+
+from ..lisp.diagnostics import Diagnostic, SourceMap, render
+
+
+class Exit(IntEnum):
+    """Exit codes, the same for every verb (docs/command-line.md)."""
+
+    OK = 0
+    RUN_FAILED = 1
+    USAGE = 2
+    CHECK_FAILED = 3
+    CANNOT_START = 4
+    DATA = 5
+    RESUME_REFUSED = 6
+    STOPPED = 75
+
+
+class UsageError(Exception):
+    """A bad flag, a missing file: exit 2 with a message on stderr."""
+
+
+def fail_usage(message: str) -> NoReturn:
+    raise UsageError(message)
+
+
+def existing_file(name: str) -> Path:
+    path = Path(name)
+    if not path.exists():
+        fail_usage(f"file not found: {name}")
+    if path.is_dir():
+        fail_usage(f"{name} is a folder, not a file")
+    return path
+
+
+def color_enabled(stream: Any) -> bool:
+    return "NO_COLOR" not in os.environ and hasattr(stream, "isatty") and stream.isatty()
+
+
+def print_diagnostics(diagnostics: Iterable[Diagnostic], sources: SourceMap) -> None:
+    for diag in diagnostics:
+        text = render(diag, sources)
+        if color_enabled(sys.stderr):
+            color = "\x1b[31m" if diag.severity == "error" else "\x1b[33m"
+            first, _, rest = text.partition("\n")
+            text = color + first + "\x1b[0m" + ("\n" + rest if rest else "")
+        print(text, file=sys.stderr)
+
+
+def print_json(document: Any) -> None:
+    json.dump(document, sys.stdout, indent=2, ensure_ascii=False)
+    sys.stdout.write("\n")
+
+
+def diagnostics_json(diagnostics: Iterable[Diagnostic]) -> list[dict[str, Any]]:
+    return [d.model_dump(exclude_none=True) for d in diagnostics]

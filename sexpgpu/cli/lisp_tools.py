@@ -1,0 +1,157 @@
+"""`eval [FILE] EXPR...` (and the REPL) and `fmt FILE... [--check]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from ..lisp.diagnostics import Diagnostic, DiagnosticError, SourceMap, render
+from ..lisp.formatter import format_source
+from ..lisp.program import EvalResult, Program, display_path, has_errors, load_file, new_program
+from ..lisp.reader import decode_source
+from .check import add_limit_flags, limits_from
+from .common import Exit, existing_file, print_diagnostics, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    e = sub.add_parser("eval", help="evaluate expressions in a file's environment (or a fresh one); no EXPR: a REPL")
+    e.add_argument("args", nargs="*", metavar="[FILE] EXPR", help="an optional .lisp file, then expressions; '-' reads forms from stdin")
+    e.add_argument("--json", action="store_true", help='a JSON list of {"form", "value", "values", "error"}')
+    add_limit_flags(e)
+    e.set_defaults(run=run_eval)
+
+    f = sub.add_parser("fmt", help="rewrite files in the one canonical layout")
+    f.add_argument("files", nargs="+")
+    f.add_argument("--check", action="store_true", help="change nothing; exit 3 if a file would change")
+    f.set_defaults(run=run_fmt)
+
+
+# -- eval ---------------------------------------------------------------------------------------
+def split_eval_args(args: list[str]) -> tuple[Optional[Path], list[str]]:
+    if args and args[0].endswith(".lisp") and not args[0].lstrip().startswith("("):
+        return existing_file(args[0]), args[1:]
+    return None, args
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    path, exprs = split_eval_args(args.args)
+    limits = limits_from(args)
+    if path is not None:
+        program, diagnostics = load_file(path, limits)
+        if program is None or has_errors(diagnostics):
+            print_diagnostics(diagnostics, program.sources if program else SourceMap())
+            return Exit.CHECK_FAILED
+    else:
+        program = new_program(None, limits)
+    if not exprs:
+        return repl(program)
+    if exprs == ["-"]:
+        results = program.eval_text(sys.stdin.read(), "<stdin>")
+        return report(results, program, args.json, stdin_mode=True)
+    results = []
+    for i, expr in enumerate(exprs):
+        results.extend(program.eval_text(expr, f"<expr{i + 1}>" if len(exprs) > 1 else "<expr>"))
+    return report(results, program, args.json, stdin_mode=False)
+
+
+def result_json(r: EvalResult) -> dict[str, Any]:
+    return {
+        "form": r.form,
+        "value": r.value,
+        "values": r.values if r.error is None else [],
+        "error": None if r.error is None else r.error.model_dump(exclude_none=True),
+    }
+
+
+def report(results: list[EvalResult], program: Program, as_json: bool, stdin_mode: bool) -> int:
+    failed = any(r.error is not None for r in results)
+    if as_json:
+        print_json([result_json(r) for r in results])
+    else:
+        for r in results:
+            if r.error is None:
+                print(r.value)
+            elif stdin_mode:
+                print(f"error: {r.error.message}")
+            else:
+                print_diagnostics([r.error], program.sources)
+    sys.stdout.flush()
+    return Exit.CHECK_FAILED if failed else Exit.OK
+
+
+def repl(program: Program) -> int:
+    interactive = sys.stdin.isatty()
+    buffer = ""
+    count = 0
+    while True:
+        try:
+            line = input("sexpgpu> " if interactive and not buffer else ("....... " if interactive else ""))
+        except EOFError:
+            if buffer.strip():
+                show_repl_results(program.eval_text(buffer, f"<repl{count}>"), program)
+            return Exit.OK
+        except KeyboardInterrupt:
+            print()
+            buffer = ""
+            continue
+        buffer += line + "\n"
+        if not is_complete(buffer):
+            continue
+        count += 1
+        show_repl_results(program.eval_text(buffer, f"<repl{count}>"), program)
+        buffer = ""
+
+
+def is_complete(text: str) -> bool:
+    """Whether TEXT reads without running out of input (so the REPL can evaluate it)."""
+    from ..lisp.reader import Reader
+    from ..lisp.types import SymbolTable
+
+    reader = Reader(text, "<repl>", SymbolTable())
+    try:
+        while reader.read_next() is not None:
+            pass
+    except DiagnosticError as exc:
+        return exc.diagnostic.code != "R001"
+    return True
+
+
+def show_repl_results(results: list[EvalResult], program: Program) -> None:
+    for r in results:
+        if r.error is None:
+            print(" ; ".join(r.values) if r.values else "; no values")
+        else:
+            print(render(r.error, program.sources), file=sys.stderr)
+
+
+# -- fmt ----------------------------------------------------------------------------------------------
+def run_fmt(args: argparse.Namespace) -> int:
+    paths = [existing_file(f) for f in args.files]
+    changed: list[Path] = []
+    problems: list[Diagnostic] = []
+    sources = SourceMap()
+    for path in paths:
+        name = display_path(path)
+        try:
+            text = decode_source(path.read_bytes(), name)
+            sources.add(name, text)
+            formatted = format_source(text, name)
+        except DiagnosticError as exc:
+            problems.append(exc.diagnostic)
+            continue
+        if formatted != text:
+            changed.append(path)
+            if not args.check:
+                path.write_text(formatted, encoding="utf-8")
+    print_diagnostics(problems, sources)
+    for path in changed:
+        print(f"{'would reformat' if args.check else 'reformatted'} {display_path(path)}")
+    if problems:
+        return Exit.CHECK_FAILED
+    if args.check and changed:
+        return Exit.CHECK_FAILED
+    if not changed and not args.check:
+        print(f"{len(paths)} file(s) already formatted", file=sys.stderr)
+    return Exit.OK

@@ -1,0 +1,57 @@
+"""`sexpgpu VERB ...`: parse the command line and dispatch to the verb's module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional
+
+from . import check, docs, lisp_tools
+from .common import Exit, UsageError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but usage errors exit 2 through our own path (same message format)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message}\n{self.format_usage().strip()}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="sexpgpu", description="One Lisp file states an ML experiment; sexpgpu checks, explains and trains it.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=Parser)
+    check.register(sub)
+    lisp_tools.register(sub)
+    docs.register(sub)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.version:
+            from .. import __version__
+
+            print(f"sexpgpu {__version__}")
+            return Exit.OK
+        if args.verb is None:
+            parser.print_help(sys.stderr)
+            return Exit.USAGE
+        return int(args.run(args))
+    except UsageError as exc:
+        print(f"sexpgpu: error: {exc}", file=sys.stderr)
+        return Exit.USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return Exit.OK
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

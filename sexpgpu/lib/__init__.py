@@ -1,0 +1,1 @@
+"""The standard modules, written in SexpGPU Lisp: `(require "sexpgpu/NAME" :as prefix)`."""

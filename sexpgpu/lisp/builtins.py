@@ -1,0 +1,487 @@
+"""Builtins on ordinary values. Each checks its arguments and names the wrong one.
+
+Only what cannot reasonably be written in the language lives here; prelude.lisp has the rest.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from fractions import Fraction
+from functools import cmp_to_key
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from .conditions import Condition, LispError, lisp_error
+from .objects import (
+    Builtin,
+    Closure,
+    HashTable,
+    Macro,
+    StructInstance,
+    StructType,
+    equal_key,
+)
+from .printer import Printer, PrintTooLarge, prin1_to_string, princ_to_string
+from .types import NIL, T, Char, Cons, MultipleValues, Symbol
+
+if TYPE_CHECKING:
+    from .evaluator import Interpreter
+
+MAX_INTEGER_BITS = 1_000_000
+
+
+# -- argument checking ----------------------------------------------------------------------
+def describe(x: Any) -> str:
+    t = type(x)
+    if t is int:
+        return "an integer"
+    if t is float:
+        return "a float"
+    if t is Fraction:
+        return "a ratio"
+    if t is str:
+        return "a string"
+    if t is Char:
+        return "a character"
+    if t is Cons:
+        return "a cons"
+    if x is NIL:
+        return "nil"
+    if t is Symbol:
+        return "a symbol"
+    if t is list:
+        return "a vector"
+    if t in (Closure, Builtin):
+        return "a function"
+    if t is HashTable:
+        return "a hash table"
+    if t is StructInstance:
+        return f"a {x.stype.name.name.lower()}"
+    if t is Condition:
+        return "a condition"
+    return "a " + t.__name__.lower()
+
+
+def short(x: Any) -> str:
+    try:
+        text = prin1_to_string(x, _print_fallback)
+    except PrintTooLarge:
+        text = "#<too large to print>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _print_fallback(x: Any, printer: Printer) -> str:
+    return f"#<{describe(x)[2:] if describe(x).startswith('a ') else describe(x)}>"
+
+
+def type_error(fn: str, pos: int, expected: str, value: Any) -> LispError:
+    return lisp_error("E103", f"`{fn}`: argument {pos} must be {expected}, got {short(value)} ({describe(value)})", "TYPE-ERROR", value)
+
+
+def is_num(x: Any) -> bool:
+    t = type(x)
+    return t is int or t is float or t is Fraction
+
+
+def is_real_rational(x: Any) -> bool:
+    t = type(x)
+    return t is int or t is Fraction
+
+
+def need_number(fn: str, pos: int, x: Any) -> Any:
+    if not is_num(x):
+        raise type_error(fn, pos, "a number", x)
+    return x
+
+
+def need_integer(fn: str, pos: int, x: Any) -> int:
+    if type(x) is not int:
+        raise type_error(fn, pos, "an integer", x)
+    return x
+
+
+def need_index(fn: str, pos: int, x: Any) -> int:
+    if type(x) is not int or x < 0:
+        raise type_error(fn, pos, "a non-negative integer", x)
+    return x
+
+
+def need_list(fn: str, pos: int, x: Any) -> Any:
+    if x is not NIL and type(x) is not Cons:
+        raise type_error(fn, pos, "a list", x)
+    return x
+
+
+def need_string(fn: str, pos: int, x: Any) -> str:
+    if type(x) is not str:
+        raise type_error(fn, pos, "a string", x)
+    return x
+
+
+def need_symbol(fn: str, pos: int, x: Any) -> Symbol:
+    if type(x) is not Symbol:
+        raise type_error(fn, pos, "a symbol", x)
+    return x
+
+
+def need_char(fn: str, pos: int, x: Any) -> Char:
+    if type(x) is not Char:
+        raise type_error(fn, pos, "a character", x)
+    return x
+
+
+def need_sequence(fn: str, pos: int, x: Any) -> Any:
+    if not (x is NIL or type(x) in (Cons, str, list)):
+        raise type_error(fn, pos, "a sequence (list, vector or string)", x)
+    return x
+
+
+def norm(x: Any) -> Any:
+    if type(x) is Fraction and x.denominator == 1:
+        return x.numerator
+    return x
+
+
+def lbool(b: bool) -> Any:
+    return T if b else NIL
+
+
+def list_items(fn: str, pos: int, x: Any) -> list[Any]:
+    """The elements of a proper list, with a type error naming the argument."""
+    items: list[Any] = []
+    cell = x
+    while type(cell) is Cons:
+        items.append(cell.car)
+        cell = cell.cdr
+    if cell is not NIL:
+        raise type_error(fn, pos, "a proper list", x)
+    return items
+
+
+def seq_items(fn: str, pos: int, x: Any) -> list[Any]:
+    t = type(x)
+    if t is str:
+        return [Char(c) for c in x]
+    if t is list:
+        return list(x)
+    if x is NIL or t is Cons:
+        return list_items(fn, pos, x)
+    raise type_error(fn, pos, "a sequence (list, vector or string)", x)
+
+
+def from_items(items: list[Any], like: Any) -> Any:
+    """A sequence of the same kind as LIKE holding ITEMS."""
+    t = type(like)
+    if t is str:
+        return "".join(c.ch if type(c) is Char else str(c) for c in items)
+    if t is list:
+        return items
+    result: Any = NIL
+    for item in reversed(items):
+        result = Cons(item, result)
+    return result
+
+
+def to_lisp_list(items: Any) -> Any:
+    result: Any = NIL
+    for item in reversed(list(items)):
+        result = Cons(item, result)
+    return result
+
+
+# -- equality ---------------------------------------------------------------------------------
+def eq(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    ta = type(a)
+    if ta is int and type(b) is int:
+        return bool(a == b)
+    if ta is Char and type(b) is Char:
+        return a.ch == b.ch
+    return False
+
+
+def eql(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    ta = type(a)
+    if ta is not type(b):
+        return False
+    if ta in (int, float, Fraction):
+        return bool(a == b) and (ta is not float or math.copysign(1, a) == math.copysign(1, b))
+    if ta is Char:
+        return a.ch == b.ch
+    return False
+
+
+def equal(a: Any, b: Any) -> bool:
+    while True:
+        if eql(a, b):
+            return True
+        ta = type(a)
+        if ta is Cons and type(b) is Cons:
+            if not equal(a.car, b.car):
+                return False
+            a, b = a.cdr, b.cdr
+            continue
+        if ta is str and type(b) is str:
+            return bool(a == b)
+        return False
+
+
+def equalp(a: Any, b: Any) -> bool:
+    if equal(a, b):
+        return True
+    ta, tb = type(a), type(b)
+    if is_num(a) and is_num(b):
+        return bool(a == b)
+    if ta is Char and tb is Char:
+        return a.ch.lower() == b.ch.lower()
+    if ta is str and tb is str:
+        return a.lower() == b.lower()
+    if ta in (str, list) and tb in (str, list):
+        ia, ib = seq_items("equalp", 1, a), seq_items("equalp", 2, b)
+        return len(ia) == len(ib) and all(equalp(x, y) for x, y in zip(ia, ib))
+    if ta is Cons and tb is Cons:
+        return equalp(a.car, b.car) and equalp(a.cdr, b.cdr)
+    if ta is StructInstance and tb is StructInstance:
+        return a.stype is b.stype and all(equalp(x, y) for x, y in zip(a.values, b.values))
+    if ta is HashTable and tb is HashTable:
+        return a.test == b.test and len(a.entries) == len(b.entries) and all(
+            k in b.entries and equalp(v[1], b.entries[k][1]) for k, v in a.entries.items()
+        )
+    return False
+
+
+# -- types ----------------------------------------------------------------------------------------
+def typep(interp: "Interpreter", x: Any, spec: Any) -> bool:
+    if type(spec) is Cons:
+        head = spec.car.name if type(spec.car) is Symbol else ""
+        args = list_items("typep", 2, spec.cdr)
+        if head == "OR":
+            return any(typep(interp, x, s) for s in args)
+        if head == "AND":
+            return all(typep(interp, x, s) for s in args)
+        if head == "NOT":
+            return not typep(interp, x, args[0])
+        if head == "MEMBER":
+            return any(eql(x, a) for a in args)
+        if head == "EQL":
+            return eql(x, args[0])
+        if head == "SATISFIES":
+            return interp.call(args[0], x) is not NIL
+        if head in ("INTEGER", "REAL", "RATIONAL", "FLOAT", "DOUBLE-FLOAT", "SINGLE-FLOAT", "NUMBER"):
+            if not typep(interp, x, spec.car):
+                return False
+            lo = args[0] if args else NIL
+            hi = args[1] if len(args) > 1 else NIL
+            return _in_bound(x, lo, True) and _in_bound(x, hi, False)
+        if head in ("VECTOR", "SIMPLE-VECTOR", "ARRAY", "STRING", "SIMPLE-STRING", "CONS", "LIST"):
+            return typep(interp, x, spec.car)
+        raise lisp_error("E103", f"unknown type specifier {short(spec)}", "TYPE-ERROR", spec)
+    if type(spec) is not Symbol:
+        raise lisp_error("E103", f"unknown type specifier {short(spec)}", "TYPE-ERROR", spec)
+    name = spec.name
+    check = _TYPE_PREDICATES.get(name)
+    if check is not None:
+        return check(x)
+    stype = interp.structs.get(spec)
+    if stype is not None:
+        return type(x) is StructInstance and x.stype.isa(stype)
+    if type(x) is Condition:
+        from .conditions import condition_isa
+
+        return condition_isa(x.ctype, name)
+    if name in _CONDITION_TYPE_NAMES:
+        return False
+    raise lisp_error("E103", f"unknown type specifier {short(spec)}", "TYPE-ERROR", spec)
+
+
+def _in_bound(x: Any, bound: Any, lower: bool) -> bool:
+    if type(bound) is Symbol:
+        return True
+    if type(bound) is Cons:
+        b = bound.car
+        return x > b if lower else x < b
+    return x >= bound if lower else x <= bound
+
+
+def _is_function(x: Any) -> bool:
+    return type(x) in (Closure, Builtin)
+
+
+_TYPE_PREDICATES: dict[str, Callable[[Any], bool]] = {
+    "T": lambda x: True,
+    "NIL": lambda x: False,
+    "NUMBER": is_num,
+    "REAL": is_num,
+    "RATIONAL": is_real_rational,
+    "INTEGER": lambda x: type(x) is int,
+    "FIXNUM": lambda x: type(x) is int and -(2**62) <= x < 2**62,
+    "BIGNUM": lambda x: type(x) is int and not (-(2**62) <= x < 2**62),
+    "BIT": lambda x: type(x) is int and x in (0, 1),
+    "RATIO": lambda x: type(x) is Fraction,
+    "FLOAT": lambda x: type(x) is float,
+    "DOUBLE-FLOAT": lambda x: type(x) is float,
+    "SINGLE-FLOAT": lambda x: False,
+    "STRING": lambda x: type(x) is str,
+    "SIMPLE-STRING": lambda x: type(x) is str,
+    "CHARACTER": lambda x: type(x) is Char,
+    "STANDARD-CHAR": lambda x: type(x) is Char,
+    "SYMBOL": lambda x: type(x) is Symbol,
+    "KEYWORD": lambda x: type(x) is Symbol and x.package == "KEYWORD",
+    "BOOLEAN": lambda x: x is T or x is NIL,
+    "NULL": lambda x: x is NIL,
+    "CONS": lambda x: type(x) is Cons,
+    "LIST": lambda x: x is NIL or type(x) is Cons,
+    "ATOM": lambda x: type(x) is not Cons,
+    "VECTOR": lambda x: type(x) in (list, str),
+    "SIMPLE-VECTOR": lambda x: type(x) is list,
+    "ARRAY": lambda x: type(x) in (list, str),
+    "SEQUENCE": lambda x: x is NIL or type(x) in (Cons, list, str),
+    "FUNCTION": _is_function,
+    "COMPILED-FUNCTION": _is_function,
+    "HASH-TABLE": lambda x: type(x) is HashTable,
+}
+
+_CONDITION_TYPE_NAMES = {
+    "CONDITION", "ERROR", "SIMPLE-ERROR", "TYPE-ERROR", "WARNING", "SERIOUS-CONDITION", "PROGRAM-ERROR",
+    "CONTROL-ERROR", "CELL-ERROR", "UNBOUND-VARIABLE", "UNDEFINED-FUNCTION", "ARITHMETIC-ERROR",
+    "DIVISION-BY-ZERO", "SIMPLE-WARNING", "STYLE-WARNING", "PARSE-ERROR", "SIMPLE-TYPE-ERROR",
+}
+
+
+def type_name_of(x: Any) -> str:
+    t = type(x)
+    if t is int:
+        return "FIXNUM" if -(2**62) <= x < 2**62 else "BIGNUM"
+    names = {float: "DOUBLE-FLOAT", Fraction: "RATIO", str: "STRING", Char: "CHARACTER", Cons: "CONS", list: "SIMPLE-VECTOR", HashTable: "HASH-TABLE", Closure: "FUNCTION", Builtin: "FUNCTION"}
+    if x is NIL:
+        return "NULL"
+    if x is T:
+        return "BOOLEAN"
+    if t is Symbol:
+        return "KEYWORD" if x.package == "KEYWORD" else "SYMBOL"
+    if t is StructInstance:
+        return x.stype.name.name
+    if t is Condition:
+        return x.ctype
+    return names.get(t, t.__name__.upper())
+
+
+# -- printing of evaluator objects --------------------------------------------------------------------
+def print_object(interp: "Interpreter", x: Any, printer: Printer) -> str:
+    t = type(x)
+    if t is StructInstance:
+        parts = [printer.text(x.stype.name)]
+        for slot, value in zip(x.stype.slots, x.values):
+            parts.append(":" + printer.text(slot).lstrip(":").lower() if printer.escape else ":" + slot.name.lower())
+            parts.append(printer.text(value))
+        return "#S(" + " ".join(parts) + ")"
+    if t is Closure or t is Builtin:
+        from .objects import function_name
+
+        return f"#<function {function_name(x)}>"
+    if t is Macro:
+        return f"#<macro {short(x.name)}>"
+    if t is HashTable:
+        return f"#<hash-table :test {x.test.lower()} :count {len(x.entries)}>"
+    if t is Condition:
+        if printer.escape:
+            return f"#<{x.ctype.lower()} {string_escape(x.message)}>"
+        return x.message
+    hook = getattr(x, "lisp_print", None)
+    if hook is not None:
+        return str(hook())
+    return f"#<{t.__name__.lower()}>"
+
+
+def string_escape(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+# -- installation --------------------------------------------------------------------------------
+class Registry:
+    def __init__(self, interp: "Interpreter") -> None:
+        self.interp = interp
+
+    def add(self, name: str, fn: Callable[..., Any]) -> None:
+        params = inspect.signature(fn).parameters.values()
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = sum(1 for p in positional if p.default is p.empty)
+        variadic = any(p.kind == p.VAR_POSITIONAL for p in params)
+        sym = self.interp.sym(name)
+        self.interp.functions[sym] = Builtin(name.lower(), fn, required, None if variadic else len(positional))
+
+
+def install_builtins(interp: "Interpreter") -> None:
+    reg = Registry(interp)
+    from . import builtins_lists, builtins_numbers, builtins_strings, builtins_system
+
+    builtins_numbers.install(reg)
+    builtins_lists.install(reg)
+    builtins_strings.install(reg)
+    builtins_system.install(reg)
+
+
+def format_to_string(interp: "Interpreter", control: str, args: list[Any]) -> str:
+    from .format import FormatError, lisp_format
+
+    try:
+        text = lisp_format(
+            control,
+            args,
+            lambda x: prin1_to_string(x, interp.print_other),
+            lambda x: princ_to_string(x, interp.print_other),
+        )
+    except FormatError as exc:
+        raise lisp_error("E103", str(exc), "SIMPLE-ERROR") from None
+    except PrintTooLarge as exc:
+        raise lisp_error("E103", f"format: {exc}", "SIMPLE-ERROR") from None
+    interp.alloc(len(text) // 8)
+    return text
+
+
+def parse_keys(fn: str, args: tuple[Any, ...], allowed: set[str], first_pos: int) -> dict[str, Any]:
+    """&key arguments of a builtin: a dict from keyword name (upper case) to value."""
+    if len(args) % 2:
+        raise lisp_error("E102", f"`{fn}`: odd number of keyword arguments", "PROGRAM-ERROR")
+    out: dict[str, Any] = {}
+    for i in range(0, len(args), 2):
+        k = args[i]
+        if type(k) is not Symbol or k.package != "KEYWORD":
+            raise type_error(fn, first_pos + i, "a keyword", k)
+        if k.name not in allowed:
+            expected = " ".join(":" + a.lower() for a in sorted(allowed))
+            raise lisp_error("E102", f"`{fn}`: unknown keyword argument :{k.name.lower()}; expected one of: {expected}", "PROGRAM-ERROR")
+        out.setdefault(k.name, args[i + 1])
+    return out
+
+
+def sort_items(interp: "Interpreter", fn: str, items: list[Any], pred: Any, key: Any) -> list[Any]:
+    keyfn = (lambda x: x) if key is NIL else (lambda x: interp.call(key, x))
+    keyed = [(keyfn(x), x) for x in items]
+
+    def compare(a: tuple[Any, Any], b: tuple[Any, Any]) -> int:
+        if interp.call(pred, a[0], b[0]) is not NIL:
+            return -1
+        if interp.call(pred, b[0], a[0]) is not NIL:
+            return 1
+        return 0
+
+    keyed.sort(key=cmp_to_key(compare))
+    return [x for _, x in keyed]
+
+
+def check_int_size(fn: str, x: Any) -> Any:
+    if type(x) is int and x.bit_length() > MAX_INTEGER_BITS:
+        raise lisp_error("L003", f"`{fn}`: integer result larger than {MAX_INTEGER_BITS} bits", "STORAGE-CONDITION")
+    return x
+
+
+__all__ = [
+    "MultipleValues",
+    "Optional",
+    "StructType",
+    "equal_key",
+]

@@ -1,0 +1,353 @@
+"""Number builtins: the CL numeric tower without complexes or single floats."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any, Callable
+
+from .builtins import MAX_INTEGER_BITS, Registry, is_num, lbool, need_integer, need_number, norm, type_error
+from .conditions import LimitExceeded, lisp_error
+from .types import MultipleValues
+
+
+def big(fn: str, x: Any) -> Any:
+    if type(x) is int and x.bit_length() > MAX_INTEGER_BITS:
+        raise LimitExceeded("L003", f"allocation limit: `{fn}` made an integer larger than {MAX_INTEGER_BITS} bits")
+    return x
+
+
+def div_zero(fn: str) -> Exception:
+    return lisp_error("E108", f"`{fn}`: division by zero", "DIVISION-BY-ZERO")
+
+
+def add(*xs: Any) -> Any:
+    total: Any = 0
+    for i, x in enumerate(xs, 1):
+        total = total + need_number("+", i, x)
+    return norm(total)
+
+
+def sub(x: Any, *xs: Any) -> Any:
+    need_number("-", 1, x)
+    if not xs:
+        return norm(-x)
+    total = x
+    for i, y in enumerate(xs, 2):
+        total = total - need_number("-", i, y)
+    return norm(total)
+
+
+def mul(*xs: Any) -> Any:
+    total: Any = 1
+    for i, x in enumerate(xs, 1):
+        total = big("*", total * need_number("*", i, x))
+    return norm(total)
+
+
+def divide(x: Any, *xs: Any) -> Any:
+    need_number("/", 1, x)
+    if not xs:
+        return _div2(1, x)
+    total = x
+    for i, y in enumerate(xs, 2):
+        need_number("/", i, y)
+        total = _div2(total, y)
+    return total
+
+
+def _div2(a: Any, b: Any) -> Any:
+    if b == 0:
+        raise div_zero("/")
+    if type(a) is float or type(b) is float:
+        return a / b
+    return norm(Fraction(a) / Fraction(b))
+
+
+def compare_chain(name: str, op: Callable[[Any, Any], bool]) -> Callable[..., Any]:
+    def compare(x: Any, *xs: Any) -> Any:
+        need_number(name, 1, x)
+        for i, y in enumerate(xs, 2):
+            need_number(name, i, y)
+        seq = (x, *xs)
+        return lbool(all(op(a, b) for a, b in zip(seq, seq[1:])))
+
+    return compare
+
+
+def not_equal(x: Any, *xs: Any) -> Any:
+    seq = (x, *xs)
+    for i, v in enumerate(seq, 1):
+        need_number("/=", i, v)
+    return lbool(all(seq[i] != seq[j] for i in range(len(seq)) for j in range(i + 1, len(seq))))
+
+
+def lisp_max(x: Any, *xs: Any) -> Any:
+    best = need_number("max", 1, x)
+    for i, y in enumerate(xs, 2):
+        if need_number("max", i, y) > best:
+            best = y
+    if any(type(v) is float for v in (x, *xs)):
+        return float(best)
+    return best
+
+
+def lisp_min(x: Any, *xs: Any) -> Any:
+    best = need_number("min", 1, x)
+    for i, y in enumerate(xs, 2):
+        if need_number("min", i, y) < best:
+            best = y
+    if any(type(v) is float for v in (x, *xs)):
+        return float(best)
+    return best
+
+
+def divider(name: str, rounding: Callable[[Any], int]) -> Callable[..., Any]:
+    def op(x: Any, y: Any = 1) -> Any:
+        need_number(name, 1, x)
+        need_number(name, 2, y)
+        if y == 0:
+            raise div_zero(name)
+        if type(x) is float or type(y) is float:
+            q = rounding(x / y)
+            rem: Any = float(x - q * y)
+        else:
+            q = rounding(Fraction(x) / Fraction(y))
+            rem = norm(Fraction(x) - q * Fraction(y))
+        return MultipleValues((q, rem))
+
+    return op
+
+
+def _round_half_even(x: Any) -> int:
+    return round(x)
+
+
+def lisp_mod(x: Any, y: Any) -> Any:
+    return divider("mod", math.floor)(x, y)[1]
+
+
+def lisp_rem(x: Any, y: Any) -> Any:
+    return divider("rem", math.trunc)(x, y)[1]
+
+
+def expt(base: Any, power: Any) -> Any:
+    need_number("expt", 1, base)
+    need_number("expt", 2, power)
+    if type(power) is int:
+        if type(base) is float:
+            try:
+                return base**power
+            except (OverflowError, ZeroDivisionError):
+                raise lisp_error("E108", f"`expt`: {base}^{power} overflows or divides by zero", "ARITHMETIC-ERROR") from None
+        if power < 0:
+            if base == 0:
+                raise div_zero("expt")
+            return norm(Fraction(1) / Fraction(base) ** -power)
+        if abs(base) > 1 and math.log2(abs(base)) * power > MAX_INTEGER_BITS:
+            raise LimitExceeded("L003", f"allocation limit: `expt` result would exceed {MAX_INTEGER_BITS} bits")
+        return norm(Fraction(base) ** power) if type(base) is Fraction else base**power
+    if base < 0:
+        raise lisp_error("E103", "`expt`: a negative base with a non-integer power is a complex number, which SexpGPU does not support", "ARITHMETIC-ERROR")
+    try:
+        return float(base) ** float(power)
+    except OverflowError:
+        raise lisp_error("E108", "`expt`: floating-point overflow", "FLOATING-POINT-OVERFLOW") from None
+
+
+def lisp_sqrt(x: Any) -> Any:
+    need_number("sqrt", 1, x)
+    if x < 0:
+        raise lisp_error("E103", f"`sqrt`: {x} is negative; its square root is a complex number, which SexpGPU does not support", "ARITHMETIC-ERROR")
+    return math.sqrt(x)
+
+
+def isqrt(x: Any) -> Any:
+    if type(x) is not int or x < 0:
+        raise type_error("isqrt", 1, "a non-negative integer", x)
+    return math.isqrt(x)
+
+
+def lisp_exp(x: Any) -> Any:
+    need_number("exp", 1, x)
+    try:
+        return math.exp(x)
+    except OverflowError:
+        raise lisp_error("E108", "`exp`: floating-point overflow", "FLOATING-POINT-OVERFLOW") from None
+
+
+def lisp_log(x: Any, base: Any = None) -> Any:
+    need_number("log", 1, x)
+    if x <= 0:
+        raise lisp_error("E103", f"`log`: {x} is not positive; its logarithm is not a real number", "ARITHMETIC-ERROR")
+    if base is None:
+        return math.log(x)
+    need_number("log", 2, base)
+    if base <= 0 or base == 1:
+        raise lisp_error("E103", f"`log`: bad base {base}", "ARITHMETIC-ERROR")
+    return math.log(x) / math.log(base)
+
+
+def unary_float(name: str, fn: Callable[[float], float]) -> Callable[[Any], Any]:
+    def op(x: Any) -> Any:
+        need_number(name, 1, x)
+        try:
+            return fn(float(x))
+        except (ValueError, OverflowError):
+            raise lisp_error("E103", f"`{name}`: {x} is outside the domain", "ARITHMETIC-ERROR") from None
+
+    return op
+
+
+def atan(y: Any, x: Any = None) -> Any:
+    need_number("atan", 1, y)
+    if x is None:
+        return math.atan(y)
+    need_number("atan", 2, x)
+    return math.atan2(y, x)
+
+
+def lisp_abs(x: Any) -> Any:
+    return abs(need_number("abs", 1, x))
+
+
+def signum(x: Any) -> Any:
+    need_number("signum", 1, x)
+    if type(x) is float:
+        return math.copysign(1.0, x) if x != 0 else x
+    return (x > 0) - (x < 0)
+
+
+def gcd(*xs: Any) -> Any:
+    result = 0
+    for i, x in enumerate(xs, 1):
+        result = math.gcd(result, need_integer("gcd", i, x))
+    return result
+
+
+def lcm(*xs: Any) -> Any:
+    result = 1
+    for i, x in enumerate(xs, 1):
+        result = big("lcm", math.lcm(result, need_integer("lcm", i, x)))
+    return abs(result) if xs else 1
+
+
+def to_float(x: Any, prototype: Any = None) -> Any:
+    need_number("float", 1, x)
+    try:
+        return float(x)
+    except OverflowError:
+        raise lisp_error("E108", f"`float`: {x} is too large for a double", "FLOATING-POINT-OVERFLOW") from None
+
+
+def predicate(name: str, test: Callable[[Any], bool], need: Callable[[str, int, Any], Any] = need_number) -> Callable[[Any], Any]:
+    def op(x: Any) -> Any:
+        need(name, 1, x)
+        return lbool(test(x))
+
+    return op
+
+
+def ash(x: Any, count: Any) -> Any:
+    need_integer("ash", 1, x)
+    need_integer("ash", 2, count)
+    if count > MAX_INTEGER_BITS:
+        raise LimitExceeded("L003", f"allocation limit: `ash` by {count} bits")
+    return big("ash", x << count if count >= 0 else x >> -count)
+
+
+def logop(name: str, op: Callable[[int, int], int], identity: int) -> Callable[..., Any]:
+    def fn(*xs: Any) -> Any:
+        result = identity
+        for i, x in enumerate(xs, 1):
+            result = op(result, need_integer(name, i, x))
+        return result
+
+    return fn
+
+
+def numerator(x: Any) -> Any:
+    if type(x) is int:
+        return x
+    if type(x) is Fraction:
+        return x.numerator
+    raise type_error("numerator", 1, "a rational", x)
+
+
+def denominator(x: Any) -> Any:
+    if type(x) is int:
+        return 1
+    if type(x) is Fraction:
+        return x.denominator
+    raise type_error("denominator", 1, "a rational", x)
+
+
+def rational(x: Any) -> Any:
+    need_number("rational", 1, x)
+    return norm(Fraction(x))
+
+
+def install(reg: Registry) -> None:
+    import operator
+
+    for name, fn in {
+        "+": add,
+        "-": sub,
+        "*": mul,
+        "/": divide,
+        "=": compare_chain("=", operator.eq),
+        "<": compare_chain("<", operator.lt),
+        ">": compare_chain(">", operator.gt),
+        "<=": compare_chain("<=", operator.le),
+        ">=": compare_chain(">=", operator.ge),
+        "/=": not_equal,
+        "max": lisp_max,
+        "min": lisp_min,
+        "floor": divider("floor", math.floor),
+        "ceiling": divider("ceiling", math.ceil),
+        "truncate": divider("truncate", math.trunc),
+        "round": divider("round", _round_half_even),
+        "mod": lisp_mod,
+        "rem": lisp_rem,
+        "expt": expt,
+        "sqrt": lisp_sqrt,
+        "isqrt": isqrt,
+        "exp": lisp_exp,
+        "log": lisp_log,
+        "sin": unary_float("sin", math.sin),
+        "cos": unary_float("cos", math.cos),
+        "tan": unary_float("tan", math.tan),
+        "asin": unary_float("asin", math.asin),
+        "acos": unary_float("acos", math.acos),
+        "atan": atan,
+        "sinh": unary_float("sinh", math.sinh),
+        "cosh": unary_float("cosh", math.cosh),
+        "tanh": unary_float("tanh", math.tanh),
+        "abs": lisp_abs,
+        "signum": signum,
+        "gcd": gcd,
+        "lcm": lcm,
+        "float": to_float,
+        "rational": rational,
+        "rationalize": rational,
+        "numerator": numerator,
+        "denominator": denominator,
+        "ash": ash,
+        "logand": logop("logand", operator.and_, -1),
+        "logior": logop("logior", operator.or_, 0),
+        "logxor": logop("logxor", operator.xor, 0),
+        "zerop": predicate("zerop", lambda x: x == 0),
+        "plusp": predicate("plusp", lambda x: x > 0),
+        "minusp": predicate("minusp", lambda x: x < 0),
+        "evenp": predicate("evenp", lambda x: x % 2 == 0, need_integer),
+        "oddp": predicate("oddp", lambda x: x % 2 == 1, need_integer),
+        "1+": lambda x: norm(need_number("1+", 1, x) + 1),
+        "1-": lambda x: norm(need_number("1-", 1, x) - 1),
+        "numberp": lambda x: lbool(is_num(x)),
+        "realp": lambda x: lbool(is_num(x)),
+        "integerp": lambda x: lbool(type(x) is int),
+        "floatp": lambda x: lbool(type(x) is float),
+        "rationalp": lambda x: lbool(type(x) in (int, Fraction)),
+        "lognot": lambda x: ~need_integer("lognot", 1, x),
+    }.items():
+        reg.add(name, fn)

@@ -1,0 +1,321 @@
+"""Builtins that reach into the evaluator: equality, function calling, values, hash tables,
+structures, conditions, definitions, eval and macroexpansion."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .builtins import (
+    Registry,
+    eq,
+    eql,
+    equal,
+    equalp,
+    format_to_string,
+    lbool,
+    list_items,
+    need_index,
+    need_list,
+    need_string,
+    need_symbol,
+    parse_keys,
+    short,
+    type_error,
+    type_name_of,
+    typep,
+)
+from .conditions import Condition, LispError, lisp_error
+from .objects import Builtin, Closure, Env, HashTable, Macro, StructInstance, StructType
+from .types import NIL, T, Cons, MultipleValues, Symbol
+
+if TYPE_CHECKING:
+    from .evaluator import Interpreter
+
+
+def install(reg: Registry) -> None:
+    interp = reg.interp
+    add = reg.add
+
+    add("eq", lambda a, b: lbool(eq(a, b)))
+    add("eql", lambda a, b: lbool(eql(a, b)))
+    add("equal", lambda a, b: lbool(equal(a, b)))
+    add("equalp", lambda a, b: lbool(equalp(a, b)))
+    add("not", lambda x: lbool(not interp.truth(x)))
+    add("functionp", lambda x: lbool(type(x) in (Closure, Builtin)))
+    add("hash-table-p", lambda x: lbool(type(x) is HashTable))
+    add("typep", lambda x, spec: lbool(typep(interp, x, spec)))
+    add("type-of", lambda x: interp.sym(type_name_of(x)) if type(x) is not StructInstance else x.stype.name)
+
+    # -- calling ----------------------------------------------------------------------------
+    def funcall(fn: Any, *args: Any) -> Any:
+        return interp.apply(interp.function_value(fn), list(args))
+
+    def apply(fn: Any, *args: Any) -> Any:
+        if not args:
+            return interp.apply(interp.function_value(fn), [])
+        spread = list_items("apply", len(args) + 1, args[-1])
+        return interp.apply(interp.function_value(fn), list(args[:-1]) + spread)
+
+    def values(*xs: Any) -> Any:
+        return xs[0] if len(xs) == 1 else MultipleValues(xs)
+
+    def values_list(x: Any) -> Any:
+        return values(*list_items("values-list", 1, x))
+
+    add("funcall", funcall)
+    add("apply", apply)
+    add("values", values)
+    add("values-list", values_list)
+
+    def symbol_function(s: Any) -> Any:
+        return interp.function_value(need_symbol("symbol-function", 1, s))
+
+    def fboundp(s: Any) -> Any:
+        need_symbol("fboundp", 1, s)
+        return lbool(s in interp.functions or s in interp.macros or s in interp.special_forms)
+
+    def symbol_value(s: Any) -> Any:
+        return interp.var_value(need_symbol("symbol-value", 1, s), Env())
+
+    def boundp(s: Any) -> Any:
+        need_symbol("boundp", 1, s)
+        return lbool(s in interp.values or s.package == "KEYWORD")
+
+    def lisp_set(s: Any, value: Any) -> Any:
+        need_symbol("set", 1, s)
+        interp.check_assignable(s)
+        interp.values[s] = value
+        return value
+
+    add("symbol-function", symbol_function)
+    add("fdefinition", symbol_function)
+    add("fboundp", fboundp)
+    add("symbol-value", symbol_value)
+    add("boundp", boundp)
+    add("set", lisp_set)
+    add("special-operator-p", lambda s: lbool(s in interp.special_forms))
+    add("macro-function", lambda s: interp.macros.get(need_symbol("macro-function", 1, s), NIL))
+
+    # -- definitions (the cores of the prelude's defun, defvar ...) ------------------------------
+    def p_defun(name: Any, fn: Any) -> Any:
+        need_symbol("defun", 1, name)
+        interp.check_redefinition(name, "function")
+        if type(fn) is Closure and (fn.name is NIL or fn.name is None):
+            fn.name = name
+        interp.functions[name] = fn
+        interp.macros.pop(name, None)
+        interp._expansions.clear()
+        return name
+
+    def p_defsetf_function(name: Any, fn: Any) -> Any:
+        need_symbol("defun", 1, name)
+        interp.setf_functions[name] = fn
+        return name
+
+    def p_setf_function(name: Any) -> Any:
+        fn = interp.setf_functions.get(name)
+        if fn is None:
+            raise lisp_error("E101", f"setf: `{short(name)}` is not a place: no (setf {short(name)}) function and no setf expansion", "UNDEFINED-FUNCTION")
+        return fn
+
+    def p_defvar(name: Any, value: Any, always: Any) -> Any:
+        need_symbol("defvar", 1, name)
+        interp.check_assignable(name)
+        interp.specials.add(name)
+        if always is not NIL or name not in interp.values:
+            interp.values[name] = value
+        return name
+
+    def p_special_p(name: Any) -> Any:
+        return lbool(name in interp.specials)
+
+    def p_defconstant(name: Any, value: Any) -> Any:
+        need_symbol("defconstant", 1, name)
+        if name in interp.constants and not eql(interp.values.get(name), value) and not equal(interp.values.get(name), value):
+            raise lisp_error("E107", f"constant `{short(name)}` is already defined with another value", "PROGRAM-ERROR")
+        interp.values[name] = value
+        interp.constants.add(name)
+        return name
+
+    add("%defun", p_defun)
+    add("%defsetf-function", p_defsetf_function)
+    add("%setf-function", p_setf_function)
+    add("%defvar", p_defvar)
+    add("%special-p", p_special_p)
+    add("%defconstant", p_defconstant)
+
+    # -- macros and eval ----------------------------------------------------------------------------
+    def macroexpand_1(form: Any, env: Any = NIL) -> Any:
+        if type(form) is Cons and type(form.car) is Symbol:
+            macro = interp.macros.get(form.car)
+            if macro is not None:
+                return MultipleValues((interp.call_macro(macro, form), T))
+        return MultipleValues((form, NIL))
+
+    def macroexpand(form: Any, env: Any = NIL) -> Any:
+        expanded_any = False
+        for _ in range(10_000):
+            form, expanded = macroexpand_1(form)
+            if expanded is NIL:
+                break
+            expanded_any = True
+        return MultipleValues((form, lbool(expanded_any)))
+
+    def lisp_eval(form: Any) -> Any:
+        return interp.ev(form, Env())
+
+    add("macroexpand-1", macroexpand_1)
+    add("macroexpand", macroexpand)
+    add("eval", lisp_eval)
+
+    # -- conditions -------------------------------------------------------------------------------------
+    def make_condition(ctype: str, datum: Any, args: tuple[Any, ...], default_type: str) -> Condition:
+        if type(datum) is str:
+            return Condition(default_type, format_to_string(interp, datum, list(args)), "E104" if default_type != "SIMPLE-WARNING" else "W001")
+        if type(datum) is Condition:
+            return datum
+        if type(datum) is Symbol:
+            keys = parse_keys(ctype, args, {"FORMAT-CONTROL", "FORMAT-ARGUMENTS", "DATUM", "EXPECTED-TYPE", "NAME"}, 2)
+            if "FORMAT-CONTROL" in keys:
+                message = format_to_string(interp, need_string(ctype, 3, keys["FORMAT-CONTROL"]), list_items(ctype, 5, keys.get("FORMAT-ARGUMENTS", NIL)))
+            elif "DATUM" in keys:
+                message = f"The value {short(keys['DATUM'])} is not of type {short(keys.get('EXPECTED-TYPE', T))}"
+            else:
+                message = f"condition {datum.name.lower()} was signalled"
+            return Condition(datum.name, message, "E104", keys.get("DATUM"))
+        raise type_error(ctype, 1, "a format string, condition type or condition", datum)
+
+    def lisp_error_fn(datum: Any, *args: Any) -> Any:
+        raise LispError(make_condition("error", datum, args, "SIMPLE-ERROR"))
+
+    def warn(datum: Any, *args: Any) -> Any:
+        condition = make_condition("warn", datum, args, "SIMPLE-WARNING")
+        interp.warnings.append((condition.message, interp.current_loc))
+        return NIL
+
+    add("error", lisp_error_fn)
+    add("warn", warn)
+    add("signal", lambda datum, *args: NIL)
+    add("%condition-p", lambda x: lbool(type(x) is Condition))
+    add("%condition-message", lambda c: c.message if type(c) is Condition else short(c))
+
+    # -- hash tables ----------------------------------------------------------------------------------------
+    def make_hash_table(*args: Any) -> Any:
+        keys = parse_keys("make-hash-table", args, {"TEST", "SIZE", "REHASH-SIZE", "REHASH-THRESHOLD"}, 1)
+        test = keys.get("TEST", NIL)
+        name = "EQL"
+        if type(test) is Symbol and test is not NIL:
+            name = test.name
+        elif type(test) is Builtin:
+            name = test.name.upper()
+        if name not in ("EQ", "EQL", "EQUAL", "EQUALP"):
+            raise type_error("make-hash-table", 2, "one of eq, eql, equal, equalp", test)
+        return HashTable(name)
+
+    def need_table(fn: str, pos: int, x: Any) -> HashTable:
+        if type(x) is not HashTable:
+            raise type_error(fn, pos, "a hash table", x)
+        return x
+
+    def gethash(key: Any, table: Any, default: Any = NIL) -> Any:
+        entry = need_table("gethash", 2, table).entries.get(table.key(key))
+        if entry is None:
+            return MultipleValues((default, NIL))
+        return MultipleValues((entry[1], T))
+
+    def puthash(key: Any, table: Any, value: Any) -> Any:
+        interp.alloc(1)
+        need_table("(setf gethash)", 2, table).entries[table.key(key)] = (key, value)
+        return value
+
+    def remhash(key: Any, table: Any) -> Any:
+        return lbool(need_table("remhash", 2, table).entries.pop(table.key(key), None) is not None)
+
+    def clrhash(table: Any) -> Any:
+        need_table("clrhash", 1, table).entries.clear()
+        return table
+
+    def maphash(fn: Any, table: Any) -> Any:
+        f = interp.function_value(fn)
+        for key, value in list(need_table("maphash", 2, table).entries.values()):
+            interp.call(f, key, value)
+        return NIL
+
+    add("make-hash-table", make_hash_table)
+    add("gethash", gethash)
+    add("%puthash", puthash)
+    add("remhash", remhash)
+    add("clrhash", clrhash)
+    add("maphash", maphash)
+    add("hash-table-count", lambda t: len(need_table("hash-table-count", 1, t).entries))
+
+    # -- structures ----------------------------------------------------------------------------------------
+    def p_defstruct(name: Any, slots: Any, include: Any) -> Any:
+        need_symbol("defstruct", 1, name)
+        parent = interp.structs.get(include) if include is not NIL else None
+        if include is not NIL and parent is None:
+            raise lisp_error("E103", f"defstruct: :include names `{short(include)}`, which is not a structure", "TYPE-ERROR")
+        interp.structs[name] = StructType(name, list_items("defstruct", 2, slots), parent)
+        return name
+
+    def need_struct_type(fn: str, name: Any) -> StructType:
+        stype = interp.structs.get(name)
+        if stype is None:
+            raise lisp_error("E103", f"`{fn}`: `{short(name)}` is not a structure type", "TYPE-ERROR")
+        return stype
+
+    def make_struct(name: Any, *values: Any) -> Any:
+        return StructInstance(need_struct_type("make-struct", name), list(values))
+
+    def struct_ref(obj: Any, name: Any, index: Any) -> Any:
+        stype = need_struct_type("struct accessor", name)
+        if type(obj) is not StructInstance or not obj.stype.isa(stype):
+            raise type_error(f"{name.name.lower()}-{stype.slots[index].name.lower()}", 1, f"a {name.name.lower()}", obj)
+        return obj.values[index]
+
+    def struct_set(obj: Any, name: Any, index: Any, value: Any) -> Any:
+        struct_ref(obj, name, index)
+        obj.values[index] = value
+        return value
+
+    def struct_p(obj: Any, name: Any) -> Any:
+        stype = need_struct_type("struct predicate", name)
+        return lbool(type(obj) is StructInstance and obj.stype.isa(stype))
+
+    def copy_structure(obj: Any) -> Any:
+        if type(obj) is not StructInstance:
+            raise type_error("copy-structure", 1, "a structure", obj)
+        return StructInstance(obj.stype, list(obj.values))
+
+    def struct_slots(name: Any) -> Any:
+        from .builtins import to_lisp_list
+
+        return to_lisp_list(need_struct_type("defstruct", name).slots)
+
+    add("%defstruct", p_defstruct)
+    add("%make-struct", make_struct)
+    add("%struct-ref", struct_ref)
+    add("%struct-set", struct_set)
+    add("%struct-p", struct_p)
+    add("%struct-slots", struct_slots)
+    add("copy-structure", copy_structure)
+
+    # -- misc ---------------------------------------------------------------------------------------------------
+    add("%gensym-list", lambda n: _gensyms(interp, n))
+    add("%name=", lambda x, name: lbool(type(x) is Symbol and x.name == name))
+    add("%list-length-or-nil", lambda x: _proper_length(x))
+    add("%macro-p", lambda s: lbool(type(s) is Symbol and s in interp.macros))
+
+
+def _gensyms(interp: "Interpreter", n: Any) -> Any:
+    from .builtins import to_lisp_list
+
+    return to_lisp_list([interp.gensym() for _ in range(n)])
+
+
+def _proper_length(x: Any) -> Any:
+    n = 0
+    while type(x) is Cons:
+        n += 1
+        x = x.cdr
+    return n if x is NIL else NIL

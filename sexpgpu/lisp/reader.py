@@ -1,0 +1,428 @@
+"""The reader: text to Lisp objects, each cons remembering where it was read.
+
+`Cons.loc` of the first cell of a list is the position of its opening paren; every later
+cell's `loc` is the position of its element. Top-level forms come with their own position.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Optional
+
+from .diagnostics import Diagnostic, DiagnosticError
+from .types import (
+    FUNCTION,
+    NIL,
+    QUASIQUOTE,
+    QUOTE,
+    UNQUOTE,
+    UNQUOTE_SPLICING,
+    Char,
+    Cons,
+    Loc,
+    Symbol,
+    SymbolTable,
+)
+
+WHITESPACE = " \t\n\r\f\v"
+TERMINATING = "()'\";`,"
+
+CHAR_NAMES: dict[str, str] = {
+    "SPACE": " ",
+    "NEWLINE": "\n",
+    "LINEFEED": "\n",
+    "TAB": "\t",
+    "RETURN": "\r",
+    "PAGE": "\f",
+    "BACKSPACE": "\b",
+    "RUBOUT": "\x7f",
+    "DELETE": "\x7f",
+    "NUL": "\x00",
+    "NULL": "\x00",
+    "ESCAPE": "\x1b",
+    "ESC": "\x1b",
+    "BELL": "\x07",
+}
+
+_INT = re.compile(r"[+-]?[0-9]+\.?\Z")
+_RATIO = re.compile(r"[+-]?[0-9]+/[0-9]+\Z")
+_FLOAT = re.compile(r"[+-]?(?:[0-9]*\.[0-9]+(?:[esfdlESFDL][+-]?[0-9]+)?|[0-9]+(?:\.[0-9]*)?[esfdlESFDL][+-]?[0-9]+)\Z")
+_MAX_NUMBER_DIGITS = 10_000
+
+
+@dataclass
+class ReadForm:
+    form: Any
+    loc: Loc
+
+
+class _Cells:
+    """Reading a list accumulates cells; the list's loc lives on the first."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self) -> None:
+        self.head: Any = NIL
+        self.tail: Optional[Cons] = None
+
+    def append(self, obj: Any, loc: Loc) -> None:
+        cell = Cons(obj, NIL, loc)
+        if self.tail is None:
+            self.head = cell
+        else:
+            self.tail.cdr = cell
+        self.tail = cell
+
+
+class Reader:
+    """Reads every form of one text. Raises DiagnosticError at the exact position of the
+    first problem; never raises anything else."""
+
+    def __init__(self, text: str, file: str, symbols: SymbolTable) -> None:
+        self.text = text
+        self.file = file
+        self.symbols = symbols
+        self.pos = 0
+        self._line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
+
+    # -- positions -------------------------------------------------------------------
+    def loc_at(self, pos: int) -> Loc:
+        i = bisect_right(self._line_starts, pos) - 1
+        return Loc(self.file, i + 1, pos - self._line_starts[i] + 1)
+
+    def error(self, code: str, message: str, pos: int) -> DiagnosticError:
+        return DiagnosticError(Diagnostic.at(code, message, self.loc_at(pos)))
+
+    # -- entry points ----------------------------------------------------------------
+    def read_all(self) -> list[ReadForm]:
+        forms: list[ReadForm] = []
+        while (form := self.read_next()) is not None:
+            forms.append(form)
+        return forms
+
+    def read_next(self) -> Optional[ReadForm]:
+        """The next top-level form, or None at the end. Reading form by form lets a
+        `require` earlier in the file decide what `prefix:name` means later."""
+        self.skip_whitespace_and_comments()
+        if self.pos >= len(self.text):
+            return None
+        start = self.pos
+        return ReadForm(self.read_form(depth=0), self.loc_at(start))
+
+    # -- whitespace ------------------------------------------------------------------
+    def skip_whitespace_and_comments(self) -> None:
+        text, n = self.text, len(self.text)
+        while self.pos < n:
+            c = text[self.pos]
+            if c in WHITESPACE:
+                self.pos += 1
+            elif c == ";":
+                end = text.find("\n", self.pos)
+                self.pos = n if end < 0 else end + 1
+            elif c == "#" and self.pos + 1 < n and text[self.pos + 1] == "|":
+                self.skip_block_comment()
+            else:
+                return
+
+    def skip_block_comment(self) -> None:
+        start = self.pos
+        self.pos += 2
+        depth = 1
+        text, n = self.text, len(self.text)
+        while self.pos < n:
+            if text.startswith("|#", self.pos):
+                depth -= 1
+                self.pos += 2
+                if depth == 0:
+                    return
+            elif text.startswith("#|", self.pos):
+                depth += 1
+                self.pos += 2
+            else:
+                self.pos += 1
+        raise self.error("R001", "unexpected end of input: `#|` comment is not closed with `|#`", start)
+
+    # -- forms -----------------------------------------------------------------------
+    def read_form(self, depth: int) -> Any:
+        if depth > 2000:
+            raise self.error("R003", "nesting deeper than 2000 levels", self.pos)
+        self.skip_whitespace_and_comments()
+        if self.pos >= len(self.text):
+            raise self.error("R001", "unexpected end of input: expected a form", self.pos)
+        start = self.pos
+        c = self.text[start]
+        if c == "(":
+            self.pos += 1
+            return self.read_list_rest(start, depth)
+        if c == ")":
+            raise self.error("R002", "unexpected `)`: no list is open here; delete it", start)
+        if c == "'":
+            return self.read_wrapped(QUOTE, start, 1, depth)
+        if c == "`":
+            return self.read_wrapped(QUASIQUOTE, start, 1, depth)
+        if c == ",":
+            if self.text.startswith(",@", start):
+                return self.read_wrapped(UNQUOTE_SPLICING, start, 2, depth)
+            return self.read_wrapped(UNQUOTE, start, 1, depth)
+        if c == '"':
+            return self.read_string(start)
+        if c == "#":
+            return self.read_dispatch(start, depth)
+        return self.read_token_object(start)
+
+    def read_wrapped(self, head: Symbol, start: int, width: int, depth: int) -> Any:
+        self.pos += width
+        self.skip_whitespace_and_comments()
+        if self.pos >= len(self.text) or self.text[self.pos] == ")":
+            mark = self.text[start : start + width]
+            raise self.error("R001", f"expected a form after `{mark}`", self.pos)
+        inner_start = self.pos
+        inner = self.read_form(depth + 1)
+        loc = self.loc_at(start)
+        return Cons(head, Cons(inner, NIL, self.loc_at(inner_start)), loc)
+
+    def read_list_rest(self, open_pos: int, depth: int) -> Any:
+        cells = _Cells()
+        text = self.text
+        while True:
+            self.skip_whitespace_and_comments()
+            if self.pos >= len(text):
+                raise self.error(
+                    "R001",
+                    f"unexpected end of input: the list opened at {self.loc_at(open_pos)} is not closed; add `)`",
+                    self.pos,
+                )
+            c = text[self.pos]
+            if c == ")":
+                self.pos += 1
+                break
+            if c == "." and self.is_lone_dot(self.pos):
+                dot_pos = self.pos
+                if cells.tail is None:
+                    raise self.error("R006", "a dot cannot start a list: write `(a . b)`", dot_pos)
+                self.pos += 1
+                self.skip_whitespace_and_comments()
+                if self.pos < len(text) and text[self.pos] == ")":
+                    raise self.error("R006", "expected a form after the dot in a dotted list", self.pos)
+                cells.tail.cdr = self.read_form(depth + 1)
+                self.skip_whitespace_and_comments()
+                if self.pos >= len(text):
+                    raise self.error("R001", "unexpected end of input: expected `)` after the dotted tail", self.pos)
+                if text[self.pos] != ")":
+                    raise self.error("R006", "expected `)` after the form that follows the dot", self.pos)
+                self.pos += 1
+                break
+            elem_pos = self.pos
+            obj = self.read_form(depth + 1)
+            cells.append(obj, self.loc_at(elem_pos))
+        head = cells.head
+        if type(head) is Cons:
+            # the first cell's loc is the list's own paren; its element's start is one or
+            # more characters later and recoverable by scanning, which diagnostics don't need
+            head.loc = self.loc_at(open_pos)
+        return head
+
+    def is_lone_dot(self, pos: int) -> bool:
+        nxt = pos + 1
+        return nxt >= len(self.text) or self.text[nxt] in WHITESPACE or self.text[nxt] in TERMINATING
+
+    def read_string(self, start: int) -> str:
+        self.pos += 1
+        out: list[str] = []
+        text, n = self.text, len(self.text)
+        while self.pos < n:
+            c = text[self.pos]
+            if c == '"':
+                self.pos += 1
+                return "".join(out)
+            if c == "\\":
+                self.pos += 1
+                if self.pos >= n:
+                    break
+                out.append(text[self.pos])
+            else:
+                out.append(c)
+            self.pos += 1
+        raise self.error("R001", "unexpected end of input: the string is not closed; add `\"`", start)
+
+    # -- tokens ----------------------------------------------------------------------
+    def scan_token(self) -> tuple[str, bool]:
+        """The token at pos with escapes applied, upcased where unescaped; and whether any
+        part was escaped (an escaped token is never a number)."""
+        text, n = self.text, len(self.text)
+        out: list[str] = []
+        escaped = False
+        while self.pos < n:
+            c = text[self.pos]
+            if c in WHITESPACE or c in TERMINATING:
+                break
+            if c == "\\":
+                if self.pos + 1 >= n:
+                    raise self.error("R001", "unexpected end of input after `\\` in a symbol", self.pos)
+                out.append(text[self.pos + 1])
+                escaped = True
+                self.pos += 2
+            elif c == "|":
+                close = text.find("|", self.pos + 1)
+                if close < 0:
+                    raise self.error("R001", "unexpected end of input: `|` in a symbol is not closed", self.pos)
+                out.append(text[self.pos + 1 : close])
+                escaped = True
+                self.pos = close + 1
+            else:
+                out.append(c.upper())
+                self.pos += 1
+        return "".join(out), escaped
+
+    def read_token_object(self, start: int) -> Any:
+        token, escaped = self.scan_token()
+        raw = self.text[start : self.pos]
+        if not escaped:
+            number = self.parse_number(token, start)
+            if number is not None:
+                return number
+        return self.make_symbol(token, raw, escaped, start)
+
+    def parse_number(self, token: str, start: int) -> Any:
+        if not token or not (token[0].isdigit() or token[0] in "+-."):
+            return None
+        if len(token) > _MAX_NUMBER_DIGITS:
+            raise self.error("R003", f"number literal longer than {_MAX_NUMBER_DIGITS} characters", start)
+        if _INT.match(token):
+            return int(token.rstrip("."))
+        if _RATIO.match(token):
+            num, den = token.split("/")
+            if int(den) == 0:
+                raise self.error("R003", f"ratio `{token.lower()}` has a zero denominator", start)
+            value = Fraction(int(num), int(den))
+            return value.numerator if value.denominator == 1 else value
+        if _FLOAT.match(token):
+            mantissa = re.sub(r"[ESFDL]", "e", token)
+            try:
+                value = float(mantissa)
+            except ValueError:
+                return None
+            if value in (float("inf"), float("-inf")):
+                raise self.error("R003", f"float `{token.lower()}` is too large for a double", start)
+            return value
+        return None
+
+    def make_symbol(self, token: str, raw: str, escaped: bool, start: int) -> Any:
+        if not escaped and token and set(token) == {"."}:
+            raise self.error("R003", f"`{raw}` is not a valid token: a dot may only appear inside a dotted list", start)
+        if not escaped and ":" in raw:
+            return self.make_qualified_symbol(token, raw, start)
+        if token == "NIL" and not escaped:
+            return NIL
+        return self.symbols.intern(token)
+
+    def make_qualified_symbol(self, token: str, raw: str, start: int) -> Symbol:
+        if raw.startswith(":"):
+            name = token[1:]
+            if not name or ":" in name:
+                raise self.error("R003", f"`{raw}` is not a valid keyword", start)
+            return self.symbols.keyword(name)
+        parts = token.split("::") if "::" in token else token.split(":")
+        if len(parts) != 2 or not parts[0] or not parts[1] or ":" in parts[1]:
+            raise self.error("R003", f"`{raw}` is not a valid symbol: use `prefix:name` with one colon", start)
+        try:
+            return self.symbols.qualified(parts[0], parts[1])
+        except LookupError as exc:
+            raise DiagnosticError(Diagnostic.at("M004", str(exc), self.loc_at(start))) from None
+
+    # -- # dispatch ------------------------------------------------------------------
+    def read_dispatch(self, start: int, depth: int) -> Any:
+        text, n = self.text, len(self.text)
+        if start + 1 >= n:
+            raise self.error("R001", "unexpected end of input after `#`", start)
+        c = text[start + 1]
+        if c == "'":
+            return self.read_wrapped(FUNCTION, start, 2, depth)
+        if c == "\\":
+            return self.read_character(start)
+        if c == "(":
+            self.pos = start + 2
+            items = self.read_list_rest(start + 1, depth)
+            if type(items) is Cons and not _is_proper(items):
+                raise self.error("R006", "a vector literal cannot be a dotted list", start)
+            return list(items) if type(items) is Cons else []
+        if c in "xXbBoO":
+            return self.read_radix(start, {"x": 16, "b": 2, "o": 8}[c.lower()])
+        if c == ":":
+            self.pos = start + 2
+            token, _ = self.scan_token()
+            if not token:
+                raise self.error("R003", "expected a symbol name after `#:`", start)
+            return Symbol(token, None)
+        if c in "+-":
+            raise self.error(
+                "R005", f"`#{c}` feature expressions are not supported: SexpGPU has one feature set; delete the conditional", start
+            )
+        if c == ".":
+            raise self.error("R005", "`#.` (read-time evaluation) is refused: the reader never evaluates code", start)
+        raise self.error("R005", f"unknown reader syntax `#{c}`: supported are #' #\\ #( #x #b #o #: and #| |#", start)
+
+    def read_character(self, start: int) -> Char:
+        text, n = self.text, len(self.text)
+        self.pos = start + 2
+        if self.pos >= n:
+            raise self.error("R001", "unexpected end of input: expected a character after `#\\`", start)
+        first = text[self.pos]
+        self.pos += 1
+        end = self.pos
+        while end < n and text[end] not in WHITESPACE and text[end] not in TERMINATING:
+            end += 1
+        if end == self.pos:
+            return Char(first)
+        name = first + text[self.pos : end]
+        self.pos = end
+        code = CHAR_NAMES.get(name.upper())
+        if code is not None:
+            return Char(code)
+        if name[0] in "uU" and len(name) > 1:
+            try:
+                return Char(chr(int(name[1:], 16)))
+            except (ValueError, OverflowError):
+                pass
+        raise self.error("R004", f"unknown character name `#\\{name}`; use e.g. #\\a, #\\Space, #\\Newline, #\\Tab", start)
+
+    def read_radix(self, start: int, base: int) -> Any:
+        self.pos = start + 2
+        token, _ = self.scan_token()
+        try:
+            if "/" in token:
+                num, den = token.split("/")
+                value = Fraction(int(num, base), int(den, base))
+                return value.numerator if value.denominator == 1 else value
+            if not token or token[0] == "_" or "_" in token:
+                raise ValueError
+            return int(token, base)
+        except (ValueError, ZeroDivisionError):
+            mark = self.text[start : start + 2]
+            raise self.error("R003", f"`{mark}{token.lower()}` is not a valid base-{base} number", start) from None
+
+
+def _is_proper(x: Any) -> bool:
+    while type(x) is Cons:
+        x = x.cdr
+    return x is NIL
+
+
+def read_all(text: str, file: str, symbols: SymbolTable) -> list[ReadForm]:
+    return Reader(text, file, symbols).read_all()
+
+
+def decode_source(data: bytes, file: str) -> str:
+    """Source bytes as text; invalid UTF-8 is a diagnostic at the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        good = data[: exc.start].decode("utf-8")
+        line = good.count("\n") + 1
+        col = len(good) - (good.rfind("\n") + 1) + 1
+        raise DiagnosticError(
+            Diagnostic.at("R007", f"byte 0x{data[exc.start]:02x} at offset {exc.start} is not valid UTF-8; save the file as UTF-8", Loc(file, line, col))
+        ) from None

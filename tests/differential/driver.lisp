@@ -1,0 +1,104 @@
+;;;; driver.lisp -- evaluate every top-level form of a cases file with SBCL
+;;;; and write one result line per form.
+;;;;
+;;;; Usage: sbcl --script driver.lisp CASES-FILE OUTPUT-FILE
+;;;;
+;;;; Line format (one per case, in order):
+;;;;   ok V1 ; V2 ; ...   each value printed with PRIN1-TO-STRING
+;;;;   ok                 (note the trailing space) for (values)
+;;;;   error              when evaluating the form signalled an ERROR
+;;;; Inside a line each backslash is doubled and each newline becomes the
+;;;; two characters \n.  The number of cases is printed to stderr.
+
+(in-package :cl-user)
+
+(defun %escape-line (s)
+  (with-output-to-string (out)
+    (loop for ch across s
+          do (cond ((char= ch #\\) (write-string "\\\\" out))
+                   ((char= ch #\Newline) (write-string "\\n" out))
+                   (t (write-char ch out))))))
+
+(defun %join-values (strings)
+  (with-output-to-string (out)
+    (write-string "ok " out)
+    (loop for (s . more) on strings
+          do (write-string s out)
+             (when more (write-string " ; " out)))))
+
+(defun %pprint-cons (stream obj)
+  "Print a list on one line; abbreviate (quote x) as 'x and (function x) as #'x.
+SBCL's standard pprint table breaks code-like lists (if, let, ...) across lines
+even with a huge right margin, so conses get this printer instead."
+  (let ((head (car obj)))
+    (if (and (member head '(quote function))
+             (consp (cdr obj))
+             (null (cddr obj)))
+        (progn (write-string (if (eq head 'quote) "'" "#'") stream)
+               (write (cadr obj) :stream stream))
+        (progn
+          (write-char #\( stream)
+          (loop
+            (write (car obj) :stream stream)
+            (let ((more (cdr obj)))
+              (cond ((null more) (return))
+                    ((consp more) (write-char #\Space stream) (setq obj more))
+                    (t (write-string " . " stream)
+                       (write more :stream stream)
+                       (return)))))
+          (write-char #\) stream)))))
+
+(defparameter *case-pprint-dispatch*
+  (let ((table (copy-pprint-dispatch nil)))
+    (set-pprint-dispatch 'cons #'%pprint-cons 100 table)
+    table))
+
+(defun %run-one (form)
+  "Evaluate FORM; return the result line (unescaped)."
+  (let ((sink (make-broadcast-stream)))
+    (handler-case
+        (let ((vals (let ((*standard-output* sink)
+                          (*error-output* sink)
+                          (*trace-output* sink))
+                      (handler-bind ((warning #'muffle-warning))
+                        (multiple-value-list (eval form))))))
+          (%join-values (mapcar #'prin1-to-string vals)))
+      (error () "error"))))
+
+(defun %main (cases-path out-path)
+  (let ((count 0)
+        (eof (list :eof)))
+    (with-open-file (in cases-path :direction :input :external-format :utf-8)
+      (with-open-file (out out-path :direction :output :if-exists :supersede
+                                    :external-format :utf-8)
+        (let ((*package* (find-package :cl-user))
+              (*read-default-float-format* 'double-float)
+              (*read-eval* nil)
+              (*read-base* 10)
+              (*print-case* :downcase)
+              (*print-pretty* t)
+              (*print-pprint-dispatch* *case-pprint-dispatch*)
+              (*print-right-margin* 100000)
+              (*print-circle* nil)
+              (*print-readably* nil)
+              (*print-escape* t)
+              (*print-base* 10)
+              (*print-radix* nil)
+              (*print-length* nil)
+              (*print-level* nil)
+              (*print-lines* nil)
+              (*print-array* t)
+              (*print-gensym* t))
+          (loop for form = (read in nil eof)
+                until (eq form eof)
+                do (incf count)
+                   (write-line (%escape-line (%run-one form)) out)))))
+    (format *error-output* "cases: ~d~%" count)
+    (finish-output *error-output*)
+    count))
+
+(let ((args (rest sb-ext:*posix-argv*)))
+  (unless (= (length args) 2)
+    (format *error-output* "usage: sbcl --script driver.lisp CASES OUT~%")
+    (sb-ext:exit :code 2))
+  (%main (first args) (second args)))
