@@ -205,6 +205,8 @@ class Interpreter:
                     v = v[0] if v else NIL
                 args.append(v)
                 cell = cell.cdr
+            if cell is not NIL:
+                raise lisp_error("E105", f"a function call cannot be a dotted list: {prin1_to_string(x)}", "PROGRAM-ERROR")
             return self.apply(fn, args)
         except (LispError, LimitExceeded) as exc:
             _annotate(exc, x.loc)

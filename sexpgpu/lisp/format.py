@@ -21,7 +21,7 @@ from fractions import Fraction
 from typing import Any, Callable, NoReturn, Optional, Union
 
 from .printer import Printer
-from .types import NIL, Char, Cons, Symbol
+from .types import NIL, Char, Cons, Symbol, from_iter
 
 PrintFunction = Callable[[Any], str]
 
@@ -300,23 +300,70 @@ def parse_control(control: str) -> list[_Node]:
 
 
 class _Args:
-    """The argument list a directive consumes from, with a cursor (SBCL's ARGS is the tail
-    of ORIG-ARGS from `pos`)."""
+    """The argument list directives consume from, like SBCL's pair of ORIG-ARGS (the whole
+    list) and ARGS (the tail not yet used, `pos` elements in). Both are Lisp lists, and as in
+    SBCL they are only checked to be lists when an argument is actually taken."""
 
-    __slots__ = ("items", "pos")
+    __slots__ = ("orig", "tail", "pos")
 
-    def __init__(self, items: list[Any], pos: int = 0) -> None:
-        self.items = items
-        self.pos = pos
+    def __init__(self, orig: Any) -> None:
+        self.orig = orig
+        self.tail = orig
+        self.pos = 0
 
-    def remaining(self) -> int:
-        return len(self.items) - self.pos
+    def empty(self) -> bool:
+        return self.tail is NIL
 
     def pop(self, directive: _Directive) -> Any:
-        if self.pos >= len(self.items):
-            raise FormatError(f"format: not enough arguments for {directive.label}")
+        cell = self.tail
+        if type(cell) is not Cons:
+            if cell is NIL:
+                raise FormatError(f"format: not enough arguments for {directive.label}")
+            raise FormatError(f"format: {directive.label} needs a list of arguments, not {_describe(cell)}")
+        self.tail = cell.cdr
         self.pos += 1
-        return self.items[self.pos - 1]
+        return cell.car
+
+    def remaining(self, directive: _Directive) -> int:
+        return _list_length(self.tail, directive)
+
+    def snapshot(self) -> tuple[Any, int]:
+        return self.tail, self.pos
+
+    def restore(self, state: tuple[Any, int]) -> None:
+        self.tail, self.pos = state
+
+    def previous(self, directive: _Directive) -> Any:
+        if self.pos == 0:
+            raise FormatError(f"format: {directive.label}: there is no previous argument")
+        return _nth(self.orig, self.pos - 1)
+
+    def goto(self, target: int, directive: _Directive) -> None:
+        length = _list_length(self.orig, directive)
+        if not 0 <= target <= length:
+            raise FormatError(f"format: {directive.label}: argument index {target} is out of bounds (0 to {length})")
+        self.tail = self.orig
+        for _ in range(target):
+            self.tail = self.tail.cdr
+        self.pos = target
+
+
+def _list_length(x: Any, directive: _Directive) -> int:
+    count = 0
+    while type(x) is Cons:
+        count += 1
+        x = x.cdr
+        if count > MAX_ITERATION_STEPS:
+            raise FormatError(f"format: {directive.label}: the argument list is too long or circular")
+    if x is not NIL:
+        raise FormatError(f"format: {directive.label} needs a list of arguments, not {_describe(x)}")
+    return count
+
+
+def _nth(x: Any, n: int) -> Any:
+    for _ in range(n):
+        x = x.cdr
+    return x.car
 
 
 class _UpAndOut(Exception):
@@ -410,7 +457,7 @@ def _bind_params(directive: _Directive, args: _Args, specs: list[_Spec]) -> list
             if _is_false(value):
                 value = None
         elif value is _Special.ARG_COUNT:
-            value = args.remaining()
+            value = args.remaining(directive)
         if value is None:
             value = args.pop(directive) if spec.default is _CONSUME else spec.default
             values.append(value)
@@ -613,7 +660,9 @@ def to_single(x: float) -> float:
 
 
 def rational_to_single(q: Union[int, Fraction]) -> float:
-    """CL's (coerce q 'single-float): correctly rounded; overflow is an error."""
+    """CL's (coerce q 'single-float) as SBCL computes it: rounded to 24 significant bits
+    (ties to even), then, below the normal range, truncated to a multiple of 2**-149.
+    Overflow is an error."""
     if q == 0:
         return 0.0
     negative = q < 0
@@ -621,13 +670,15 @@ def rational_to_single(q: Union[int, Fraction]) -> float:
     exponent = q.numerator.bit_length() - q.denominator.bit_length()
     if Fraction(2) ** exponent > q:
         exponent -= 1
-    # 2**exponent <= q < 2**(exponent + 1); keep 24 significant bits (fewer when subnormal)
-    shift = 23 - max(exponent, -126)
+    # 2**exponent <= q < 2**(exponent + 1): keep 24 significant bits, q ~= mantissa * 2**-shift
+    shift = 23 - exponent
     scaled = q * Fraction(2) ** shift
-    mantissa = scaled.numerator // scaled.denominator
-    remainder = scaled - mantissa
-    if remainder > Fraction(1, 2) or (remainder == Fraction(1, 2) and mantissa % 2 == 1):
+    mantissa, remainder = divmod(scaled.numerator, scaled.denominator)
+    if 2 * remainder > scaled.denominator or (2 * remainder == scaled.denominator and mantissa % 2 == 1):
         mantissa += 1
+    if shift > 149:  # subnormal: SBCL's SCALE-FLOAT-MAYBE-UNDERFLOW shifts the bits out
+        mantissa >>= shift - 149
+        shift = 149
     value = math.ldexp(mantissa, -shift)
     if value > _SINGLE_MAX:
         raise FormatError(f"format: {q} is too large to convert to a single float")
@@ -988,7 +1039,7 @@ class _Formatter:
     def run(self, args: list[Any]) -> str:
         nodes = parse_control(self.control)
         try:
-            self.interpret(nodes, _Args(list(args)), None)
+            self.interpret(nodes, _Args(from_iter(args)), None)
         except _UpAndOut:
             pass
         return self.out.text()
@@ -1156,9 +1207,7 @@ class _Formatter:
 
     def do_plural(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
         if d.colon:
-            if args.pos == 0:
-                raise FormatError(f"format: {d.label}: there is no previous argument to back up to")
-            arg = args.items[args.pos - 1]
+            arg = args.previous(d)
         else:
             arg = args.pop(d)
         one = _is_integer(arg) and arg == 1
@@ -1189,12 +1238,10 @@ class _Formatter:
             target = args.pos - n
         else:
             (n,) = _bind_params(d, args, [_Spec(INT, 1)])
-            for _ in range(min(n, args.remaining() + 1)):
+            for _ in range(n):
                 args.pop(d)
             return
-        if not 0 <= target <= len(args.items):
-            raise FormatError(f"format: {d.label}: argument index {target} is out of bounds (0 to {len(args.items)})")
-        args.pos = target
+        args.goto(target, d)
 
     # -- ~^ -----------------------------------------------------------------------------
 
@@ -1209,9 +1256,9 @@ class _Formatter:
         elif p1 is not None:
             leave = p1 == 0
         elif d.colon:
-            leave = outside is None or outside.remaining() == 0
+            leave = outside is None or outside.empty()
         else:
-            leave = args.remaining() == 0
+            leave = args.empty()
         if leave:
             raise _UpUpAndOut(args) if d.colon else _UpAndOut()
 
@@ -1219,9 +1266,10 @@ class _Formatter:
 
     def do_conditional(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
         if d.at:
+            before = args.snapshot()
             if _is_false(args.pop(d)):
                 return
-            args.pos -= 1
+            args.restore(before)
             self.interpret(d.clauses[0], args, outside)
             return
         if d.colon:

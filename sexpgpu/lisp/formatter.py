@@ -37,7 +37,7 @@ Body forms
   `(defrun :steps 300 ...)` has none):
 
   ===  ======================================================================================
-  0    progn tagbody loop-finish
+  0    progn tagbody
   1    defvar defparameter defconstant let let* flet labels macrolet symbol-macrolet lambda
        when unless dolist dotimes handler-case handler-bind restart-case unwind-protect block
        prog1 with-gensyms once-only defstruct case ecase typecase etypecase forward
@@ -91,16 +91,16 @@ Prefixes and atoms
 Limits
   The input is checked with the reader first; a qualified symbol `prefix:name` is accepted
   whether or not a `require` binds the prefix (only syntax is checked). The formatter
-  recurses over the nesting of the file; nesting deeper than a few hundred levels raises
+  recurses over the nesting of the file; nesting deeper than about 150 levels raises
   RecursionError.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Callable, Mapping, Optional, Sequence, Union
-import re
 
 from .reader import read_all
 from .types import Symbol, SymbolTable
@@ -148,7 +148,7 @@ LOOP_CONNECTORS = frozenset(("and", "else"))
 _WHITESPACE = " \t\n\r\f\v"
 _TERMINATING = "()'\";`,"
 _PREFIXES = ("#'", ",@", "'", "`", ",")
-_CHAR_NAMES = {" ": "Space", "\n": "Newline", "\t": "Tab", "\r": "Return", "\f": "Page"}
+_CHAR_NAMES: Mapping[str, str] = MappingProxyType({" ": "Space", "\n": "Newline", "\t": "Tab", "\r": "Return", "\f": "Page"})
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?|[0-9]+/[0-9]+|[0-9]*\.[0-9]+(?:[esfdl][+-]?[0-9]+)?|[0-9]+(?:\.[0-9]*)?[esfdl][+-]?[0-9]+)\Z", re.I)
 
 

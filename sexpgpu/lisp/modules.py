@@ -127,13 +127,13 @@ class ModuleLoader:
 
     def load(self, key: str, display: str, text: str, path: Optional[Path]) -> SymbolTable:
         if key in self.loading:
-            chain = " -> ".join(self.loading[self.loading.index(key) :] + [key])
+            chain = " -> ".join(_shown(k) for k in self.loading[self.loading.index(key) :] + [key])
             raise lisp_error("M002", f"require cycle: {chain}", "PROGRAM-ERROR")
         table = self.loaded.get(key)
         if table is not None:
             return table
         table = SymbolTable(display, self.interp.base)
-        file_name = str(path) if path is not None else f"sexpgpu/lib/{display}.lisp"
+        file_name = _shown(str(path)) if path is not None else f"sexpgpu/lib/{display}.lisp"
         self.sources.add(file_name, text)
         if path is not None:
             self.files.append(path)
@@ -154,22 +154,31 @@ class ModuleLoader:
         if sym is None:
             raise lisp_error("M004", f"module `{display}` exports no `{name.lower()}`, so it cannot be imported", "PROGRAM-ERROR")
         own = current.own.get(name)
-        if own is not None and own is not sym:
+        if own is not None and own is not sym and _defined(self.interp, own):
             raise lisp_error(
                 "M004",
                 f"cannot import `{name.lower()}` from `{display}`: this file already uses its own `{name.lower()}`; move the require to the top",
                 "PROGRAM-ERROR",
             )
+        current.own.pop(name, None)
         current.imported[name] = sym
+
+
+def _shown(key: str) -> str:
+    if key.startswith(STANDARD_PREFIX):
+        return key
+    rel = os.path.relpath(key)
+    return key if rel.startswith("..") else rel
+
+
+def _defined(interp: "Interpreter", sym: Symbol) -> bool:
+    return any(sym in d for d in (interp.functions, interp.macros, interp.values, interp.structs, interp.setf_functions))
 
 
 def publish_exports(interp: "Interpreter", table: SymbolTable) -> None:
     """A module's exports: its own symbols that it defined, except %-prefixed ones."""
-    defined = (interp.functions, interp.macros, interp.values, interp.structs, interp.setf_functions)
     for name, sym in table.own.items():
-        if name.startswith("%"):
-            continue
-        if any(sym in d for d in defined):
+        if not name.startswith("%") and _defined(interp, sym):
             table.exported[name] = sym
 
 

@@ -1,0 +1,110 @@
+"""Every diagnostic code: its exact message and position (docs/check-and-watch.md lists them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sexpgpu.lisp.diagnostics import CODES, SourceMap, render
+from sexpgpu.lisp.program import load_file
+
+# code: (file text, line, col, message, macro named in the diagnostic or None)
+CASES: dict[str, tuple[str | bytes, int, int, str, str | None]] = {
+    "R001": ("(defun f (x)\n  (+ x 1)\n", 3, 1, "unexpected end of input: the list opened at R001.lisp:1:1 is not closed; add `)`", None),
+    "R002": ("(+ 1 2))", 1, 8, "unexpected `)`: no list is open here; delete it", None),
+    "R003": ("(list a:b:c)", 1, 7, "`a:b:c` is not a valid symbol: use `prefix:name` with one colon", None),
+    "R004": ("(list #\\Bogus)", 1, 7, "unknown character name `#\\Bogus`; use e.g. #\\a, #\\Space, #\\Newline, #\\Tab", None),
+    "R005": ("#.(+ 1 2)", 1, 1, "`#.` (read-time evaluation) is refused: the reader never evaluates code", None),
+    "R006": ("(list\n  (. 1))", 2, 4, "a dot cannot start a list: write `(a . b)`", None),
+    "R007": (b'(list "\xff")', 1, 8, "byte 0xff at offset 7 is not valid UTF-8; save the file as UTF-8", None),
+    "E100": ("(defun f (x)\n  (+ x yy))\n(f 1)", 2, 8, "unbound variable `yy`", None),
+    "E101": ("(frobnicate 1 2)", 1, 1, "undefined function `frobnicate`", None),
+    "E102": ("(defun f (a b) a)\n(f 1)", 2, 1, "`f` takes 2 arguments, got 1", None),
+    "E103": ('(list 1\n      (+ 1 "a"))', 2, 7, '`+`: argument 2 must be a number, got "a" (a string)', None),
+    "E104": ('(error "learning rate ~a is negative" -1)', 1, 1, "learning rate -1 is negative", None),
+    "E105": ("(let ((x 1 2)) x)", 1, 1, "malformed binding (x 1 2) in let: expected var or (var value)", None),
+    "E106": ("(return-from nowhere 1)", 1, 1, "return-from: no enclosing block named `nowhere`", None),
+    "E107": ("(defconstant +k+ 1)\n(setq +k+ 2)", 2, 1, "`+k+` is a constant and cannot be assigned or bound", None),
+    "E108": ("(/ 1 0)", 1, 1, "`/`: division by zero", None),
+    "E109": ('(format t "hi")', 1, 1, "format t: compile-time Lisp has no output stream; use (format nil ...) and print through a diagnostic or warn", None),
+    "E110": ("(defun f (&key &optional x) x)", 1, 1, "&optional is out of order in the lambda list", "defun"),
+    "L001": ("(loop)", 1, 1, "evaluation step budget of 1000000 steps exhausted; is there an endless loop?", "loop"),
+    "L002": ("(defun f (n) (f (1+ n)))\n(f 0)", 1, 14, "evaluation depth limit of 10000 nested calls exceeded in f; is the recursion unbounded?", None),
+    "L003": ("(defun grow (l) (grow (append l l)))\n(grow (list 1))", 1, 23, "allocation limit of 10000000 cells exceeded; is a list or string growing without bound?", None),
+    "M001": ('(require "sexpgpu/nope" :as n)', 1, 1, 'no standard module "sexpgpu/nope"; the standard modules are: none yet', None),
+    "M002": ('(require "./cyc.lisp" :as c)', 1, 1, "require cycle: cyc.lisp -> cyc2.lisp -> cyc.lisp", None),
+    "M003": ('(require "../outside.lisp" :as p)', 1, 1, "", None),
+    "M004": ("(list zz:foo)", 1, 7, 'no module is bound to the prefix `zz` (prefixes here: none); add (require "sexpgpu/zz" :as zz) before this form', None),
+    "M005": ("(require sexpgpu/nn)", 1, 1, 'malformed require: expected (require "sexpgpu/NAME" :as prefix [:import (names...)]) or (require "./file.lisp" :as prefix)', None),
+    "W001": ('(warn "lr ~a looks large" 10)', 1, 1, "lr 10 looks large", None),
+}
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / ".git").mkdir()
+    (root / "cyc.lisp").write_text('(require "./cyc2.lisp" :as c2)\n')
+    (root / "cyc2.lisp").write_text('(require "./cyc.lisp" :as c)\n')
+    (tmp_path / "outside.lisp").write_text("(defun x () 1)\n")
+    monkeypatch.chdir(root)
+    return root
+
+
+def test_every_code_has_a_case() -> None:
+    assert set(CASES) == {c for c in CODES if c != "X001"}
+
+
+@pytest.mark.parametrize("code", sorted(CASES))
+def test_diagnostic(code: str, project: Path) -> None:
+    text, line, col, message, macro = CASES[code]
+    path = project / f"{code}.lisp"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    _, diagnostics = load_file(Path(path.name))
+    assert diagnostics, f"{code}: no diagnostic"
+    diag = diagnostics[-1]
+    assert diag.code == code
+    if code == "M002":
+        assert diag.file == "cyc2.lisp"
+    elif code == "M003":
+        assert diag.message.startswith('require "../outside.lisp" resolves to ') and "outside the project root" in diag.message
+    else:
+        assert diag.file == path.name
+    assert (diag.line, diag.col) == (line, col)
+    if code != "M003":
+        assert diag.message == message
+    assert diag.macro == macro
+    assert diag.severity == ("warning" if code.startswith("W") else "error")
+
+
+def test_rendered_form_has_source_line_and_caret(project: Path) -> None:
+    (project / "a.lisp").write_text('(defun f (x)\n  (+ x "one"))\n(f 3)\n')
+    program, diagnostics = load_file(Path("a.lisp"))
+    assert program is not None
+    text = render(diagnostics[0], program.sources)
+    assert text.splitlines()[:3] == [
+        'a.lisp:2:3: error[E103]: `+`: argument 2 must be a number, got "one" (a string)',
+        '   2 |   (+ x "one"))',
+        "         ^",
+    ]
+    assert "note: while evaluating the top-level form at a.lisp:3:1" in text
+
+
+def test_macro_expansion_points_at_call_site_and_names_macro(project: Path) -> None:
+    (project / "m.lisp").write_text("(defmacro twice (x) `(progn ,x (car 5)))\n(defun g ()\n  (twice 1))\n(g)\n")
+    program, diagnostics = load_file(Path("m.lisp"))
+    diag = diagnostics[0]
+    assert (diag.line, diag.col, diag.macro) == (3, 3, "twice")
+    assert program is not None
+    assert "note: in code expanded from macro `twice`" in render(diag, program.sources)
+
+
+def test_prelude_macro_errors_point_at_user_code(project: Path) -> None:
+    (project / "d.lisp").write_text("(defun h (xs)\n  (dolist (x xs)\n    (car x)))\n(h '(1))\n")
+    _, diagnostics = load_file(Path("d.lisp"))
+    assert (diagnostics[0].file, diagnostics[0].line, diagnostics[0].col) == ("d.lisp", 3, 5)
