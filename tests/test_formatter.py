@@ -214,7 +214,7 @@ def test_snippet_lines_fit_the_width(name: str) -> None:
 
 def test_formatting_unformatted_and_formatted_text_agree() -> None:
     messy = "(defun   f(x)\n\n\n(+ x\n1))\n\n\n\n(defun g () nil)   "
-    assert format_source(messy) == "(defun f (x) (+ x 1))\n\n(defun g () nil)\n"
+    assert format_source(messy) == "(defun f (x)\n\n  (+ x 1))\n\n(defun g ()\n  nil)\n"
 
 
 # ---------------------------------------------------------------------------------------
@@ -301,7 +301,7 @@ def test_top_level_separation() -> None:
     text = "(require \"a\")\n(require \"b\")\n(defknob lr 0.1)\n(defknob wd 0.0)\n\n\n\n(defknob steps 3)\n(defun f () 1)\n(defun g () 2)"
     assert format_source(text) == (
         '(require "a")\n(require "b")\n\n(defknob lr 0.1)\n(defknob wd 0.0)\n\n(defknob steps 3)\n\n'
-        "(defun f () 1)\n(defun g () 2)\n"
+        "(defun f ()\n  1)\n\n(defun g ()\n  2)\n"
     )
 
 
@@ -314,7 +314,7 @@ def test_top_level_multi_line_forms_get_a_blank_line() -> None:
 def test_comment_block_attaches_to_next_form() -> None:
     text = "(defknob a 1)\n;; about b\n(defknob b 2)\n(defun f () 1)\n;; free-standing\n\n(defun g () 2)"
     assert format_source(text) == (
-        "(defknob a 1)\n;; about b\n(defknob b 2)\n\n(defun f () 1)\n;; free-standing\n\n(defun g () 2)\n"
+        "(defknob a 1)\n;; about b\n(defknob b 2)\n\n(defun f ()\n  1)\n;; free-standing\n\n(defun g ()\n  2)\n"
     )
 
 

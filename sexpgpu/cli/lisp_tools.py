@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from ..lisp.diagnostics import Diagnostic, DiagnosticError, SourceMap, render
 from ..lisp.formatter import format_source
-from ..lisp.program import EvalResult, Program, display_path, has_errors, load_file, new_program
+from ..lisp.program import EvalResult, Program, display_path, guarded, has_errors, load_file, new_program
 from ..lisp.reader import decode_source
 from .check import add_limit_flags, limits_from
 from .common import Exit, existing_file, print_diagnostics, print_json
@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     f = sub.add_parser("fmt", help="rewrite files in the one canonical layout")
     f.add_argument("files", nargs="+")
     f.add_argument("--check", action="store_true", help="change nothing; exit 3 if a file would change")
+    f.add_argument("--json", action="store_true", help='{"files": [{"file", "changed"}], "diagnostics": [...]}')
     f.set_defaults(run=run_fmt)
 
 
@@ -137,21 +138,32 @@ def run_fmt(args: argparse.Namespace) -> int:
         try:
             text = decode_source(path.read_bytes(), name)
             sources.add(name, text)
-            formatted = format_source(text, name)
         except DiagnosticError as exc:
             problems.append(exc.diagnostic)
+            continue
+        formatted, problem = guarded(lambda: format_source(text, name))
+        if formatted is None:
+            problems.append(problem or Diagnostic(code="X001", message=f"internal error formatting {name}"))
             continue
         if formatted != text:
             changed.append(path)
             if not args.check:
                 path.write_text(formatted, encoding="utf-8")
-    print_diagnostics(problems, sources)
-    for path in changed:
-        print(f"{'would reformat' if args.check else 'reformatted'} {display_path(path)}")
+    if args.json:
+        print_json(
+            {
+                "files": [{"file": display_path(p), "changed": p in changed} for p in paths],
+                "diagnostics": [d.model_dump(exclude_none=True) for d in problems],
+            }
+        )
+    else:
+        print_diagnostics(problems, sources)
+        for path in changed:
+            print(f"{'would reformat' if args.check else 'reformatted'} {display_path(path)}")
     if problems:
         return Exit.CHECK_FAILED
     if args.check and changed:
         return Exit.CHECK_FAILED
-    if not changed and not args.check:
+    if not changed and not args.check and not args.json:
         print(f"{len(paths)} file(s) already formatted", file=sys.stderr)
     return Exit.OK

@@ -103,8 +103,8 @@ def install(reg: Registry) -> None:
         if type(fn) is Closure and (fn.name is NIL or fn.name is None):
             fn.name = name
         interp.functions[name] = fn
-        interp.macros.pop(name, None)
-        interp._expansions.clear()
+        if interp.macros.pop(name, None) is not None:
+            interp._expansions.clear()
         return name
 
     def p_defsetf_function(name: Any, fn: Any) -> Any:

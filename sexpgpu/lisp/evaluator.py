@@ -906,9 +906,11 @@ class Interpreter:
         name = rest.car
         self.check_redefinition(name, "macro")
         body = Cons(Cons(self.sym("BLOCK"), Cons(name, skip_declarations(rest.cdr.cdr))), NIL)
+        redefined = name in self.macros
         self.macros[name] = Macro(name, self.lambda_list(rest.cdr.car, macro=True), body, env)
         self.functions.pop(name, None)
-        self._expansions.clear()
+        if redefined:
+            self._expansions.clear()
         return name
 
     def sf_destructuring_bind(self, form: Cons, env: Env) -> Any:
@@ -1072,6 +1074,8 @@ def run_with_big_stack(thunk: Callable[[], Any]) -> Any:
             result.append(thunk())
         except BaseException as exc:  # handed back to the calling thread
             error.append(exc)
+        finally:
+            sys.setrecursionlimit(old)
 
     previous = threading.stack_size()
     threading.stack_size(STACK_BYTES)

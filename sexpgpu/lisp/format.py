@@ -204,7 +204,8 @@ class _Parser:
         if not directive.colon:
             while self.pos < len(self.text) and self.text[self.pos] in _NEWLINE_WHITESPACE:
                 self.pos += 1
-        return ["\n"] if directive.at else []
+        # An empty string, not nothing: SBCL does not count ~{~newline~} as an empty body.
+        return ["\n" if directive.at else ""]
 
     def char_at(self, pos: int, start: int) -> str:
         if pos >= len(self.text):
@@ -434,6 +435,7 @@ def _is_integer(x: Any) -> bool:
 # Parameters.
 
 INT = "integer"
+REAL = "real number"  # only mincol, which SBCL just compares with
 CHAR = "character"
 _CONSUME = object()  # default that takes the next argument (the index of ~[)
 
@@ -467,7 +469,12 @@ def _bind_params(directive: _Directive, args: _Args, specs: list[_Spec]) -> list
 
 
 def _check_param(directive: _Directive, i: int, value: Any, kind: str) -> Any:
-    ok = _is_integer(value) if kind == INT else type(value) is Char
+    if kind == INT:
+        ok = _is_integer(value)
+    elif kind == REAL:
+        ok = _is_integer(value) or type(value) in (float, Fraction)
+    else:
+        ok = type(value) is Char
     if not ok:
         raise FormatError(f"format: parameter {i + 1} of {directive.label} must be a{'n' if kind == INT else ''} {kind}, not {_describe(value)}")
     return value
@@ -1013,8 +1020,9 @@ def _case_converter(directive: _Directive) -> Callable[[str], str]:
 # The interpreter.
 
 
-def _write_field(text: str, mincol: int, colinc: int, minpad: int, padchar: str, pad_left: bool, directive: _Directive) -> tuple[str, int]:
-    """SBCL's FORMAT-WRITE-FIELD: the text and how many pad characters go with it."""
+def _pad_count(text: str, mincol: Union[int, float, Fraction], colinc: int, minpad: int, directive: _Directive) -> int:
+    """How many pad characters SBCL's FORMAT-WRITE-FIELD puts beside `text`: minpad, then
+    colinc at a time until the field is at least mincol wide."""
     if colinc <= 0:
         raise FormatError(f"format: {directive.label}: colinc is {colinc}, it must be a positive integer")
     if mincol < 0:
@@ -1022,8 +1030,8 @@ def _write_field(text: str, mincol: int, colinc: int, minpad: int, padchar: str,
     count = max(minpad, 0)
     chars = len(text) + count
     if chars < mincol:
-        count += -(-(mincol - chars) // colinc) * colinc
-    return text, count
+        count += math.ceil((Fraction(mincol) - chars) / colinc) * colinc
+    return count
 
 
 class _Formatter:
@@ -1077,10 +1085,10 @@ class _Formatter:
     def do_print(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
         print_fn = self.princ if d.char == "A" else self.prin1
         if d.params:
-            mincol, colinc, minpad, padchar = _bind_params(d, args, [_Spec(INT, 0), _Spec(INT, 1), _Spec(INT, 0), _Spec(CHAR, Char(" "))])
+            mincol, colinc, minpad, padchar = _bind_params(d, args, [_Spec(REAL, 0), _Spec(INT, 1), _Spec(INT, 0), _Spec(CHAR, Char(" "))])
             arg = args.pop(d)
             text = "()" if d.colon and arg is NIL else print_fn(arg)
-            text, count = _write_field(text, mincol, colinc, minpad, padchar.ch, d.at, d)
+            count = _pad_count(text, mincol, colinc, minpad, d)
             self.write_padded(text, count, padchar.ch, d.at)
         else:
             arg = args.pop(d)
@@ -1093,10 +1101,10 @@ class _Formatter:
         if not (d.colon or d.at or d.params):
             self.out.write(self.radix_princ(args.pop(d), base))
             return
-        params = _bind_params(d, args, [_Spec(INT, 0), _Spec(CHAR, Char(" ")), _Spec(CHAR, Char(",")), _Spec(INT, 3)])
+        params = _bind_params(d, args, [_Spec(REAL, 0), _Spec(CHAR, Char(" ")), _Spec(CHAR, Char(",")), _Spec(INT, 3)])
         self.print_integer(d, args.pop(d), base, *params)
 
-    def print_integer(self, d: _Directive, number: Any, base: int, mincol: int, padchar: Char, commachar: Char, interval: int) -> None:
+    def print_integer(self, d: _Directive, number: Any, base: int, mincol: Union[int, float, Fraction], padchar: Char, commachar: Char, interval: int) -> None:
         """SBCL's FORMAT-PRINT-INTEGER: a non-integer is printed with princ, unpadded."""
         if not _is_integer(number):
             self.out.write(self.radix_princ(number, base))
@@ -1107,8 +1115,7 @@ class _Formatter:
                 raise FormatError(f"format: {d.label}: the comma interval is {interval}, it must be positive")
             digits = _add_commas(digits, commachar.ch, interval)
         signed = ("-" if number < 0 else "+" if d.at else "") + digits
-        text, count = _write_field(signed, mincol, 1, 0, padchar.ch, True, d)
-        self.write_padded(text, count, padchar.ch, True)
+        self.write_padded(signed, _pad_count(signed, mincol, 1, 0, d), padchar.ch, True)
 
     def radix_princ(self, x: Any, base: int) -> str:
         if _is_integer(x):
@@ -1124,7 +1131,7 @@ class _Formatter:
 
     def do_radix(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
         base, mincol, padchar, commachar, interval = _bind_params(
-            d, args, [_Spec(INT, None), _Spec(INT, 0), _Spec(CHAR, Char(" ")), _Spec(CHAR, Char(",")), _Spec(INT, 3)]
+            d, args, [_Spec(INT, None), _Spec(REAL, 0), _Spec(CHAR, Char(" ")), _Spec(CHAR, Char(",")), _Spec(INT, 3)]
         )
         arg = args.pop(d)
         if base is not None:
@@ -1189,8 +1196,7 @@ class _Formatter:
         if w is None:
             self.out.write(text)
             return
-        text, count = _write_field(text, w, 1, 0, pad.ch, False, d)
-        self.write_padded(text, count, pad.ch, False)
+        self.write_padded(text, _pad_count(text, w, 1, 0, d), pad.ch, False)
 
     # -- ~c ~p --------------------------------------------------------------------------
 
@@ -1298,14 +1304,10 @@ class _Formatter:
 
     def do_iterate(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
         (max_count,) = _bind_params(d, args, [_Spec(INT)])
-        body_from_arg = not d.body
-        body = self.argument_control(d, args.pop(d)) if body_from_arg else d.body
-        if d.at:
-            loop_args = args
-        else:
-            loop_args = _Args(self.list_items(d, args.pop(d)))
+        body = _IterationBody(d, args.pop(d) if not d.body else None)
+        loop_args = args if d.at else _Args(args.pop(d))
         try:
-            self.iteration_loop(d, body, body_from_arg, loop_args, max_count)
+            self.iteration_loop(d, body, loop_args, max_count)
         except _UpAndOut:
             if d.colon:
                 raise
@@ -1313,12 +1315,15 @@ class _Formatter:
             if not d.colon:
                 raise
             if d.at:  # as in SBCL, the arguments left are the sublist's
-                args.items, args.pos = exc.sublist.items[exc.sublist.pos :], 0
+                args.orig = args.tail = exc.sublist.tail
+                args.pos = 0
 
-    def iteration_loop(self, d: _Directive, body: list[_Node], body_from_arg: bool, loop_args: _Args, max_count: Optional[int]) -> None:
+    def iteration_loop(self, d: _Directive, body: "_IterationBody", loop_args: _Args, max_count: Optional[int]) -> None:
+        """SBCL's DO-LOOP: stop when no arguments are left (checked after the first step when
+        closed with ~:}), or after max_count steps."""
         seen: set[int] = set()
         while True:
-            if not d.close_colon and loop_args.remaining() == 0:
+            if not d.close_colon and loop_args.empty():
                 return
             if max_count is not None:
                 max_count -= 1
@@ -1330,52 +1335,48 @@ class _Formatter:
                 seen.add(loop_args.pos)
             self.count_step(d)
             if d.colon:
-                sublist = _Args(self.list_items(d, loop_args.pop(d)))
+                sublist = _Args(loop_args.pop(d))
                 try:
-                    self.run_body(d, body, body_from_arg, sublist, loop_args)
+                    self.run_body(body, sublist, loop_args)
                 except _UpAndOut:
                     pass
             else:
-                self.run_body(d, body, body_from_arg, loop_args, None)
-            if d.close_colon and loop_args.remaining() == 0:
+                self.run_body(body, loop_args, None)
+            if d.close_colon and loop_args.empty():
                 return
 
-    def run_body(self, d: _Directive, body: list[_Node], body_from_arg: bool, args: _Args, outside: Optional[_Args]) -> None:
-        if not body_from_arg:
-            self.interpret(body, args, outside)
+    def run_body(self, body: "_IterationBody", args: _Args, outside: Optional[_Args]) -> None:
+        if body.directive.body:
+            self.interpret(body.directive.body, args, outside)
             return
         try:  # a control string argument runs like a nested format call
-            self.interpret(body, args, outside)
+            self.interpret(body.nodes(), args, outside)
         except _UpAndOut:
             pass
         except FormatError as exc:
-            raise FormatError(f"{exc} (in the control string argument of {d.label})") from None
-
-    def argument_control(self, d: _Directive, control: Any) -> list[_Node]:
-        if type(control) is not str:
-            raise FormatError(f"format: {d.label} has an empty body, so its argument must be a control string, not {_describe(control)}")
-        try:
-            return _Parser(control).parse(colon_iteration=d.colon)
-        except FormatError as exc:
-            raise FormatError(f"{exc} (in the control string argument of {d.label})") from None
-
-    def list_items(self, d: _Directive, x: Any) -> list[Any]:
-        items: list[Any] = []
-        cell = x
-        while type(cell) is Cons:
-            items.append(cell.car)
-            cell = cell.cdr
-            if len(items) > MAX_ITERATION_STEPS:
-                raise FormatError(f"format: {d.label}: the list argument is too long or circular")
-        if cell is not NIL:
-            what = "a dotted list" if items else _describe(x)
-            raise FormatError(f"format: {d.label} needs a list argument, not {what}")
-        return items
+            raise FormatError(f"{exc} (in the control string argument of {body.directive.label})") from None
 
     def count_step(self, d: _Directive) -> None:
         self.steps += 1
         if self.steps > MAX_ITERATION_STEPS:
             raise FormatError(f"format: {d.label}: more than {MAX_ITERATION_STEPS} iteration steps")
+
+
+class _IterationBody:
+    """The body of a ~{: its own directives or, when it has none, a control string taken
+    from the arguments and parsed when first run (as SBCL does)."""
+
+    def __init__(self, directive: _Directive, control: Any) -> None:
+        self.directive = directive
+        self.control = control
+        self.parsed: Optional[list[_Node]] = None
+
+    def nodes(self) -> list[_Node]:
+        if self.parsed is None:
+            if type(self.control) is not str:
+                raise FormatError(f"format: {self.directive.label} has an empty body, so its argument must be a control string, not {_describe(self.control)}")
+            self.parsed = _Parser(self.control).parse(colon_iteration=self.directive.colon)
+        return self.parsed
 
 
 def _check_float_params(d: _Directive, *values: Optional[int]) -> None:

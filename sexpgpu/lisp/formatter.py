@@ -644,7 +644,7 @@ class _Renderer:
             inner = self.render(node.body, col + len(prefix), tail)
             return (replace(inner[0], indent=col, code=prefix + inner[0].code),) + inner[1:]
         text = self.flat(node)
-        if text is not None and col + len(text) + tail <= WIDTH:
+        if text is not None and col + len(text) + tail <= WIDTH and not _always_broken(node):
             return (Line(col, text),)
         return self._render_broken(node, col, tail)
 
@@ -747,6 +747,17 @@ class _Renderer:
             previous = (entry, block)
         lines.extend(Line(0, "") if isinstance(s, Blank) else Line(0, "", s.text) for s in doc.closing)
         return [line_text(line) for line in lines]
+
+
+ALWAYS_BROKEN = frozenset({"defun", "defmacro", "defmodel", "defoptimizer", "defobjective", "defevaluate"})
+
+
+def _always_broken(seq: Seq) -> bool:
+    """Definitions put their body on its own lines even when everything would fit on one."""
+    name = _head_name(seq)
+    if name is None or name not in ALWAYS_BROKEN:
+        return False
+    return len(seq.entries) > 1 + BODY_HEADS.get(name, 0)
 
 
 def _top_head(entry: Entry) -> Optional[str]:

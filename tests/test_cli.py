@@ -1,0 +1,180 @@
+"""The command line as a user runs it: real processes, exit codes, streams, JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+
+def sexpgpu(*args: str, cwd: Path | None = None, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "sexpgpu", *args], cwd=cwd, input=stdin, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def test_check_ok_example() -> None:
+    result = sexpgpu("check", "examples/tour.lisp", cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "examples/tour.lisp: ok"
+
+
+def test_check_error_exit_3_with_caret(tmp_path: Path) -> None:
+    (tmp_path / "bad.lisp").write_text('(defun f (x)\n  (+ x "one"))\n(f 3)\n')
+    result = sexpgpu("check", "bad.lisp", cwd=tmp_path)
+    assert result.returncode == 3
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert lines[0] == 'bad.lisp:2:3: error[E103]: `+`: argument 2 must be a number, got "one" (a string)'
+    assert lines[2] == "         ^"
+    assert "Traceback" not in result.stderr
+
+
+def test_check_json_is_a_list(tmp_path: Path) -> None:
+    (tmp_path / "bad.lisp").write_text("(car 5)\n")
+    result = sexpgpu("check", "--json", "bad.lisp", cwd=tmp_path)
+    assert result.returncode == 3
+    (diag,) = json.loads(result.stdout)
+    assert diag == {
+        "severity": "error",
+        "code": "E103",
+        "message": "`car`: argument 1 must be a list, got 5 (an integer)",
+        "file": "bad.lisp",
+        "line": 1,
+        "col": 1,
+        "notes": [],
+    }
+    ok = sexpgpu("check", "--json", "examples/tour.lisp", cwd=REPO)
+    assert ok.returncode == 0 and json.loads(ok.stdout) == []
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    missing = sexpgpu("check", "nope.lisp", cwd=tmp_path)
+    assert missing.returncode == 2 and "file not found: nope.lisp" in missing.stderr
+    bad_flag = sexpgpu("check", "--bogus", "x.lisp", cwd=tmp_path)
+    assert bad_flag.returncode == 2 and "unrecognized arguments" in bad_flag.stderr
+    no_verb = sexpgpu(cwd=tmp_path)
+    assert no_verb.returncode == 2
+
+
+def test_limit_flags(tmp_path: Path) -> None:
+    (tmp_path / "spin.lisp").write_text("(loop)\n")
+    result = sexpgpu("check", "--max-eval-steps", "5000", "spin.lisp", cwd=tmp_path)
+    assert result.returncode == 3
+    assert "error[L001]: evaluation step budget of 5000 steps exhausted" in result.stderr
+
+
+def test_eval_expressions_in_a_fresh_world() -> None:
+    result = sexpgpu("eval", "(+ 1 2)", "(values 1 2)", "(format nil \"~a-~a\" :a 1)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["3", "1", '"a-1"']
+
+
+def test_eval_in_a_file_environment() -> None:
+    result = sexpgpu("eval", "examples/tour.lisp", "(param-count *char-model*)", cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "834176"
+
+
+def test_eval_error_is_a_diagnostic_exit_3() -> None:
+    result = sexpgpu("eval", "(car 5)")
+    assert result.returncode == 3
+    assert result.stderr.startswith("<expr>:1:1: error[E103]: `car`: argument 1 must be a list")
+
+
+def test_eval_stdin_continues_after_an_error() -> None:
+    result = sexpgpu("eval", "-", stdin='(defun f (x) (* 2 x))\n(f 21)\n(f "a")\n(list 1 2)\n')
+    assert result.returncode == 3
+    assert result.stdout.splitlines() == [
+        "f",
+        "42",
+        'error: `*`: argument 2 must be a number, got "a" (a string)',
+        "(1 2)",
+    ]
+
+
+def test_eval_stdin_json() -> None:
+    result = sexpgpu("eval", "--json", "-", stdin="(floor 7 2) (car 1)")
+    document = json.loads(result.stdout)
+    assert document[0] == {"form": "(floor 7 2)", "value": "3", "values": ["3", "1"], "error": None}
+    assert document[1]["form"] == "(car 1)" and document[1]["value"] is None and document[1]["values"] == []
+    assert document[1]["error"]["code"] == "E103"
+
+
+def test_repl_reads_multiline_forms() -> None:
+    result = sexpgpu("eval", stdin="(defun sq (x)\n  (* x x))\n(sq 7)\n(values 1 2)\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["sq", "49", "1 ; 2"]
+
+
+def test_fmt_check_and_rewrite(tmp_path: Path) -> None:
+    path = tmp_path / "messy.lisp"
+    path.write_text("(defun   f(x)\n(+ x\n1))   ; add one\n")
+    check = sexpgpu("fmt", "--check", "messy.lisp", cwd=tmp_path)
+    assert check.returncode == 3 and "would reformat messy.lisp" in check.stdout
+    assert path.read_text() == "(defun   f(x)\n(+ x\n1))   ; add one\n"
+    write = sexpgpu("fmt", "messy.lisp", cwd=tmp_path)
+    assert write.returncode == 0
+    assert path.read_text() == "(defun f (x)\n  (+ x 1)) ; add one\n"
+    again = sexpgpu("fmt", "--check", "messy.lisp", cwd=tmp_path)
+    assert again.returncode == 0
+
+
+def test_fmt_reports_read_errors(tmp_path: Path) -> None:
+    (tmp_path / "broken.lisp").write_text("(defun f (x)\n")
+    result = sexpgpu("fmt", "broken.lisp", cwd=tmp_path)
+    assert result.returncode == 3
+    assert result.stderr.startswith("broken.lisp:2:1: error[R001]")
+
+
+def test_watch_rechecks_on_save_of_a_required_file(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "lib.lisp").write_text("(defun helper () 1)\n")
+    (tmp_path / "main.lisp").write_text('(require "./lib.lisp" :as lib)\n(lib:helper)\n')
+    env = {**os.environ, "NO_COLOR": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sexpgpu", "watch", "--max-checks", "2", "--interval", "0.05", "main.lisp"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    assert first.strip().endswith("main.lisp: ok")
+    time.sleep(0.1)
+    (tmp_path / "lib.lisp").write_text("(defun helper () (car 1))\n")
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert out.strip().endswith("main.lisp: 1 error(s)")
+    assert "lib.lisp:1:18: error[E103]" in err
+
+
+def test_docs_pages() -> None:
+    index = sexpgpu("docs", cwd=REPO)
+    assert index.returncode == 0 and "it-is-common-lisp.md" in index.stdout
+    page = sexpgpu("docs", "It is Common Lisp", cwd=REPO)
+    assert page.returncode == 0
+    assert page.stdout == (REPO / "docs" / "it-is-common-lisp.md").read_text()
+    missing = sexpgpu("docs", "it-is-comon-lisp", cwd=REPO)
+    assert missing.returncode == 2 and "did you mean: it-is-common-lisp" in missing.stderr
+
+
+def test_no_traceback_on_internal_trouble(tmp_path: Path) -> None:
+    (tmp_path / "deep.lisp").write_text("(" * 3000 + ")" * 3000)
+    result = sexpgpu("check", "deep.lisp", cwd=tmp_path)
+    assert result.returncode == 3
+    assert "Traceback" not in result.stderr
+    assert "error[R003]: nesting deeper than 2000 levels" in result.stderr
+
+
+@pytest.mark.parametrize("verb", ["check", "eval", "fmt", "watch", "docs"])
+def test_every_verb_has_help_and_json(verb: str) -> None:
+    result = sexpgpu(verb, "--help")
+    assert result.returncode == 0
+    assert "--json" in result.stdout
