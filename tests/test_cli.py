@@ -178,3 +178,11 @@ def test_every_verb_has_help_and_json(verb: str) -> None:
     result = sexpgpu(verb, "--help")
     assert result.returncode == 0
     assert "--json" in result.stdout
+
+
+def test_lisp_output_goes_to_stdout_but_not_into_json() -> None:
+    plain = sexpgpu("eval", '(progn (format t "hello~%") 5)')
+    assert plain.stdout.splitlines() == ["hello", "5"]
+    as_json = sexpgpu("eval", "--json", '(progn (format t "hello~%") 5)')
+    assert json.loads(as_json.stdout)[0]["value"] == "5"
+    assert as_json.stderr == "hello\n"

@@ -27,7 +27,7 @@ CASES: dict[str, tuple[str | bytes, int, int, str, str | None]] = {
     "E106": ("(return-from nowhere 1)", 1, 1, "return-from: no enclosing block named `nowhere`", None),
     "E107": ("(defconstant +k+ 1)\n(setq +k+ 2)", 2, 1, "`+k+` is a constant and cannot be assigned or bound", None),
     "E108": ("(/ 1 0)", 1, 1, "`/`: division by zero", None),
-    "E109": ('(format t "hi")', 1, 1, "format t: compile-time Lisp has no output stream; use (format nil ...) and print through a diagnostic or warn", None),
+    "E109": ("(make-array '(2 2))", 1, 1, "`make-array`: only one-dimensional arrays exist at compile time; use tensors for more", None),
     "E110": ("(defun f (&key &optional x) x)", 1, 1, "&optional is out of order in the lambda list", "defun"),
     "L001": ("(loop)", 1, 1, "evaluation step budget of 1000000 steps exhausted; is there an endless loop?", "loop"),
     "L002": ("(defun f (n) (f (1+ n)))\n(f 0)", 1, 14, "evaluation depth limit of 10000 nested calls exceeded in f; is the recursion unbounded?", None),

@@ -56,3 +56,20 @@ def test_sbcl_differential() -> None:
         if got != want and source.strip() not in KNOWN_DIFFERENCES:
             mismatches.append(f"{where} {source.strip()[:80]}\n    sbcl: {want[:120]}\n    ours: {got[:120]}")
     assert not mismatches, f"{len(mismatches)} of {len(results)} cases differ from SBCL:\n" + "\n".join(mismatches[:30])
+
+
+def test_expected_is_what_sbcl_prints_today(tmp_path: Path) -> None:
+    """Regenerates the expectations with SBCL (installed by .ci/run) and compares."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("sbcl") is None:
+        pytest.skip("sbcl is not installed (apt-get install -y sbcl)")
+    out = tmp_path / "expected.txt"
+    subprocess.run(
+        ["sbcl", "--script", str(HERE / "driver.lisp"), str(HERE / "cases.lisp"), str(out)],
+        check=True, capture_output=True, timeout=300,
+    )
+    assert out.read_text(encoding="utf-8") == (HERE / "expected.txt").read_text(encoding="utf-8")

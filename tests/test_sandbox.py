@@ -18,7 +18,6 @@ ESCAPES = [
     '(sb-ext:run-program "/bin/sh" nil)',
     '(python-eval "1")',
     '(read-from-string "#.(car 1)")',
-    '(format t "x")',
     '(require "/etc/passwd" :as p)',
     '(require "../../../../../../etc/passwd" :as p)',
     '(funcall (intern "OPEN") "/etc/passwd")',

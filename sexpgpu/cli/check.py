@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def check_once(path: Path, limits: Limits) -> tuple[list[Diagnostic], SourceMap, list[Path]]:
-    program, diagnostics = load_file(path, limits)
+    """Load PATH; what the file prints goes to stderr (stdout carries the result)."""
+    program, diagnostics = load_file(path, limits, output=sys.stderr.write)
     if program is None:
         return diagnostics, SourceMap(), [path]
     return diagnostics, program.sources, program.files

@@ -30,6 +30,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 # -- eval ---------------------------------------------------------------------------------------
+def write_lisp_output(text: str) -> None:
+    """What the Lisp prints (print, format t ...) goes to stdout, before the results..."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def write_stderr(text: str) -> None:
+    """... or to stderr under --json, so stdout stays one JSON document."""
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
 def split_eval_args(args: list[str]) -> tuple[Optional[Path], list[str]]:
     if args and args[0].endswith(".lisp") and not args[0].lstrip().startswith("("):
         return existing_file(args[0]), args[1:]
@@ -39,13 +51,14 @@ def split_eval_args(args: list[str]) -> tuple[Optional[Path], list[str]]:
 def run_eval(args: argparse.Namespace) -> int:
     path, exprs = split_eval_args(args.args)
     limits = limits_from(args)
+    write_stdout = write_stderr if args.json else write_lisp_output
     if path is not None:
-        program, diagnostics = load_file(path, limits)
+        program, diagnostics = load_file(path, limits, output=write_stdout)
         if program is None or has_errors(diagnostics):
             print_diagnostics(diagnostics, program.sources if program else SourceMap())
             return Exit.CHECK_FAILED
     else:
-        program = new_program(None, limits)
+        program = new_program(None, limits, output=write_stdout)
     if not exprs:
         return repl(program)
     if exprs == ["-"]:

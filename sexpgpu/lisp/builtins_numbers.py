@@ -287,8 +287,25 @@ def rational(x: Any) -> Any:
     return norm(Fraction(x))
 
 
+CONSTANTS: dict[str, Any] = {
+    "PI": math.pi,
+    "MOST-POSITIVE-FIXNUM": 2**62 - 1,
+    "MOST-NEGATIVE-FIXNUM": -(2**62),
+    "MOST-POSITIVE-DOUBLE-FLOAT": 1.7976931348623157e308,
+    "MOST-NEGATIVE-DOUBLE-FLOAT": -1.7976931348623157e308,
+    "LEAST-POSITIVE-DOUBLE-FLOAT": 5e-324,
+    "LEAST-POSITIVE-NORMALIZED-DOUBLE-FLOAT": 2.2250738585072014e-308,
+    "DOUBLE-FLOAT-EPSILON": 1.1102230246251568e-16,
+}
+
+
 def install(reg: Registry) -> None:
     import operator
+
+    for name, value in CONSTANTS.items():
+        sym = reg.interp.sym(name)
+        reg.interp.values[sym] = value
+        reg.interp.constants.add(sym)
 
     for name, fn in {
         "+": add,

@@ -124,8 +124,9 @@ def install(reg: Registry) -> None:
         if dest is NIL:
             return text
         if dest is T:
-            raise lisp_error("E109", "format t: compile-time Lisp has no output stream; use (format nil ...) and print through a diagnostic or warn", "PROGRAM-ERROR")
-        raise type_error("format", 1, "nil (SexpGPU's format returns a string)", dest)
+            interp.write(text)
+            return NIL
+        raise type_error("format", 1, "nil or t (SexpGPU has no other streams)", dest)
 
     def printed(fn: Callable[..., str], name: str) -> Callable[[Any], Any]:
         def op(x: Any) -> Any:
@@ -173,6 +174,36 @@ def install(reg: Registry) -> None:
 
         return MultipleValues((form.form, reader.pos))
 
+    def output(name: str, fn: Callable[..., str], before: str = "", after: str = "") -> Callable[..., Any]:
+        def op(x: Any, stream: Any = NIL) -> Any:
+            if stream is not NIL and stream is not T:
+                raise type_error(name, 2, "nil or t (SexpGPU has only standard output)", stream)
+            interp.write(before + printed(fn, name)(x) + after)
+            return x
+
+        return op
+
+    def terpri(stream: Any = NIL) -> Any:
+        interp.write("\n")
+        return NIL
+
+    def write_string(s: Any, stream: Any = NIL) -> Any:
+        interp.write(need_string("write-string", 1, s))
+        return s
+
+    def write_line(s: Any, stream: Any = NIL) -> Any:
+        interp.write(need_string("write-line", 1, s) + "\n")
+        return s
+
+    reg.add("print", output("print", prin1_to_string, "\n", " "))
+    reg.add("prin1", output("prin1", prin1_to_string))
+    reg.add("princ", output("princ", princ_to_string))
+    reg.add("write", output("write", prin1_to_string))
+    reg.add("pprint", output("pprint", prin1_to_string, "\n"))
+    reg.add("terpri", terpri)
+    reg.add("fresh-line", terpri)
+    reg.add("write-string", write_string)
+    reg.add("write-line", write_line)
     reg.add("make-string", make_string)
     reg.add("concatenate", concatenate)
     reg.add("format", lisp_format)

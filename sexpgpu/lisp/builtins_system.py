@@ -247,6 +247,12 @@ def install(reg: Registry) -> None:
     add("remhash", remhash)
     add("clrhash", clrhash)
     add("maphash", maphash)
+    def hash_entries(table: Any) -> Any:
+        from .builtins import to_lisp_list
+
+        return to_lisp_list([Cons(k, v) for k, v in need_table("maphash", 1, table).entries.values()])
+
+    add("%hash-entries", hash_entries)
     add("hash-table-count", lambda t: len(need_table("hash-table-count", 1, t).entries))
 
     # -- structures ----------------------------------------------------------------------------------------

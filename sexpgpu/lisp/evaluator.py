@@ -107,6 +107,9 @@ class Interpreter:
         self.non_boolean_types: tuple[type, ...] = ()
         self.truth_error: Callable[[Any], LispError] | None = None
         self.require_hook: Callable[[Cons, Env], Any] | None = None
+        # where print, princ, format t ... write; the CLI points it at a stream
+        self.output: list[str] = []
+        self.write: Callable[[str], Any] = self.output.append
         self._expansions: dict[int, tuple[Any, Any]] = {}
         self._lambda_lists: dict[int, tuple[Any, LambdaList]] = {}
         self._load_time_values: dict[int, tuple[Any, Any]] = {}
@@ -251,6 +254,8 @@ class Interpreter:
         try:
             if self.depth > self.limits.depth:
                 raise LimitExceeded("L002", f"evaluation depth limit of {self.limits.depth} nested calls exceeded in macro {prin1_to_string(macro.name)}")
+            if macro.params.environment is not None:
+                env.vars[macro.params.environment] = NIL
             self.destructure(macro.params, form.cdr, env, macro.name, whole=form)
             return self.progn(macro.body, env)
         finally:

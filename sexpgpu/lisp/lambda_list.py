@@ -88,15 +88,18 @@ def parse_lambda_list(spec: Any, keyword: Any, macro: bool = False) -> LambdaLis
         item = cell.car
         cell = cell.cdr
         if isinstance(item, Symbol) and item.name in LAMBDA_KEYWORDS:
+            previous = state
             state = _next_state(item.name, state, ll, macro)
-            if state in ("whole", "environment") and type(cell) is Cons:
+            if state in ("whole", "environment"):
+                if type(cell) is not Cons:
+                    raise _bad(f"{item.name.lower()} needs a variable after it")
                 target = cell.car
                 cell = cell.cdr
                 if state == "whole":
                     ll.whole = _pattern(target, keyword, macro)
                 else:
                     ll.environment = _variable(target)
-                state = "required" if state == "whole" else "after-env"
+                state = "required" if state == "whole" else previous
             continue
         _add_param(ll, state, item, keyword, macro)
         if state == "rest":
@@ -122,7 +125,7 @@ def _next_state(name: str, state: str, ll: LambdaList, macro: bool) -> str:
         return "environment"
     if target == "whole" and state != "required":
         raise _bad("&whole must come first in a lambda list")
-    if state in order and order.index(target) <= order.index(state) and state != "after-env":
+    if state in order and order.index(target) <= order.index(state):
         raise _bad(f"{name.lower()} is out of order in the lambda list")
     if target == "key":
         ll.has_key = True

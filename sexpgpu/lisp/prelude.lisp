@@ -484,7 +484,8 @@
   (lambda (&rest args) (declare (ignore args)) value))
 
 ;;; ------------------------------------------------------------------------------------------
-;;; loop: the common subset (for in/on/across/from/to/below/downto/by/=then, repeat,
+;;; loop: the common subset (for in/on/across/from/to/below/downto/by/=then,
+;;; being the hash-keys/hash-values of [using], repeat,
 ;;; while/until, collect/append/nconc/sum/count/maximize/minimize [into], when/if/unless
 ;;; [and] [else] [end], do, with, initially, finally, return, named, always/never/thereis)
 
@@ -610,6 +611,27 @@
                           (let ((then (progn (next) (next))))
                             (dolist (f (%loop-destructure var `(if ,first ,init ,then))) (push f tests)))
                           (dolist (f (%loop-destructure var init)) (push f tests)))))
+                   ((kw-p "BEING")
+                    (next)
+                    (expect-kw "THE" "EACH")
+                    (let* ((keys-p (kw-p "HASH-KEY" "HASH-KEYS"))
+                           (kind (expect-kw "HASH-KEY" "HASH-KEYS" "HASH-VALUE" "HASH-VALUES"))
+                           (tail (gensym "ENTRIES"))
+                           (table (progn (expect-kw "OF" "IN") (next)))
+                           (other nil))
+                      (declare (ignore kind))
+                      (when (kw-p "USING")
+                        (next)
+                        (setq other (car (cdr (next)))))
+                      (bind tail `(%hash-entries ,table))
+                      (dolist (v (%loop-pattern-vars var)) (bind v nil))
+                      (when other (bind other nil))
+                      (push `(when (endp ,tail) (go ,end)) tests)
+                      (dolist (f (%loop-destructure var (if keys-p `(car (car ,tail)) `(cdr (car ,tail)))))
+                        (push f tests))
+                      (when other
+                        (push `(setq ,other ,(if keys-p `(cdr (car ,tail)) `(car (car ,tail)))) tests))
+                      (push `(setq ,tail (cdr ,tail)) steps)))
                    ((kw-p "FROM" "UPFROM" "DOWNFROM" "TO" "UPTO" "BELOW" "DOWNTO" "ABOVE" "BY")
                     (parse-arithmetic var))
                    (t (error "loop: unknown for clause after ~s: ~s" var (peek))))))

@@ -128,8 +128,15 @@ def _printed(form: Any, interp: Interpreter) -> str:
         return "#<form too large to print>"
 
 
-def new_program(path: Optional[Path], limits: Optional[Limits] = None, stdlib: Any = None) -> Program:
+Output = Callable[[str], Any]
+
+
+def new_program(path: Optional[Path], limits: Optional[Limits] = None, stdlib: Any = None, output: Optional[Output] = None) -> Program:
+    """A fresh world. OUTPUT receives what print, princ, format t ... write (by default it
+    is kept in interp.output)."""
     interp = Interpreter(limits)
+    if output is not None:
+        interp.write = output
     sources = SourceMap()
     root = find_project_root(path) if path is not None else Path.cwd()
     loader = ModuleLoader(interp, root, sources, stdlib)
@@ -139,10 +146,12 @@ def new_program(path: Optional[Path], limits: Optional[Limits] = None, stdlib: A
     return Program(interp, table, loader, sources, path)
 
 
-def load_file(path: Path, limits: Optional[Limits] = None, stdlib: Any = None) -> tuple[Optional[Program], list[Diagnostic]]:
+def load_file(
+    path: Path, limits: Optional[Limits] = None, stdlib: Any = None, output: Optional[Output] = None
+) -> tuple[Optional[Program], list[Diagnostic]]:
     """Read and evaluate PATH. Returns the program (None when it could not be made) and
     every diagnostic, warnings included."""
-    program, problem = guarded(lambda: new_program(path, limits, stdlib))
+    program, problem = guarded(lambda: new_program(path, limits, stdlib, output))
     if program is None:
         return None, [problem] if problem else []
     name = display_path(path)
