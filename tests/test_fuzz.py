@@ -12,7 +12,7 @@ from sexpgpu.lisp.program import new_program
 from sexpgpu.lisp.reader import Reader, decode_source
 from sexpgpu.lisp.types import SymbolTable
 
-FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 ATOMS = st.sampled_from(
     ["1", "-2", "3/4", "1.5", "1e3", "#x1f", "'a", "x", "y", ":k", '"s"', "#\\a", "nil", "t", "#'car", "`(a ,x)", ",@y", "."]

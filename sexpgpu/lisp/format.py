@@ -343,13 +343,18 @@ class _Args:
         length = _list_length(self.orig, directive)
         if not 0 <= target <= length:
             raise FormatError(f"format: {directive.label}: argument index {target} is out of bounds (0 to {length})")
-        self.tail = self.orig
+        tail = self.orig
         for _ in range(target):
-            self.tail = self.tail.cdr
-        self.pos = target
+            if type(tail) is not Cons:
+                raise FormatError(f"format: {directive.label} needs a list of arguments, not {_describe(tail)}")
+            tail = tail.cdr
+        self.tail, self.pos = tail, target
 
 
 def _list_length(x: Any, directive: _Directive) -> int:
+    """CL's LENGTH of an argument list (which, as in SBCL, may also be a string or vector)."""
+    if type(x) in (str, list):
+        return len(x)
     count = 0
     while type(x) is Cons:
         count += 1
@@ -1315,8 +1320,7 @@ class _Formatter:
             if not d.colon:
                 raise
             if d.at:  # as in SBCL, the arguments left are the sublist's
-                args.orig = args.tail = exc.sublist.tail
-                args.pos = 0
+                args.tail = exc.sublist.tail
 
     def iteration_loop(self, d: _Directive, body: "_IterationBody", loop_args: _Args, max_count: Optional[int]) -> None:
         """SBCL's DO-LOOP: stop when no arguments are left (checked after the first step when
