@@ -682,6 +682,8 @@ def rational_to_single(q: Union[int, Fraction]) -> float:
     exponent = q.numerator.bit_length() - q.denominator.bit_length()
     if Fraction(2) ** exponent > q:
         exponent -= 1
+    if exponent > 127:
+        raise FormatError(f"format: {q} is too large to convert to a single float")
     # 2**exponent <= q < 2**(exponent + 1): keep 24 significant bits, q ~= mantissa * 2**-shift
     shift = 23 - exponent
     scaled = q * Fraction(2) ** shift
@@ -1030,6 +1032,8 @@ def _pad_count(text: str, mincol: Union[int, float, Fraction], colinc: int, minp
     colinc at a time until the field is at least mincol wide."""
     if colinc <= 0:
         raise FormatError(f"format: {directive.label}: colinc is {colinc}, it must be a positive integer")
+    if type(mincol) is float and not math.isfinite(mincol):
+        raise FormatError(f"format: {directive.label}: mincol is {mincol}, it must be a finite number")
     if mincol < 0:
         raise FormatError(f"format: {directive.label}: mincol is {mincol}, it must be a non-negative integer")
     count = max(minpad, 0)
