@@ -104,7 +104,7 @@ def test_eval_stdin_continues_after_an_error() -> None:
 def test_eval_stdin_json() -> None:
     result = sexpgpu("eval", "--json", "-", stdin="(floor 7 2) (car 1)")
     document = json.loads(result.stdout)
-    assert document[0] == {"form": "(floor 7 2)", "value": "3", "values": ["3", "1"], "error": None}
+    assert document[0] == {"form": "(floor 7 2)", "value": "3", "values": ["3", "1"], "error": None, "warnings": []}
     assert document[1]["form"] == "(car 1)" and document[1]["value"] is None and document[1]["values"] == []
     assert document[1]["error"]["code"] == "E103"
 

@@ -14,11 +14,21 @@ from ..lisp.program import has_errors, load_file
 from .common import Exit, diagnostics_json, existing_file, print_diagnostics, print_json
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+    return value
+
+
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
     defaults = Limits()
-    parser.add_argument("--max-eval-steps", type=int, default=defaults.steps, metavar="N", help=f"evaluation step budget (default {defaults.steps})")
-    parser.add_argument("--max-eval-depth", type=int, default=defaults.depth, metavar="N", help=f"nested call limit (default {defaults.depth})")
-    parser.add_argument("--max-eval-alloc", type=int, default=defaults.alloc, metavar="N", help=f"allocation limit in cells (default {defaults.alloc})")
+    parser.add_argument("--max-eval-steps", type=positive_int, default=defaults.steps, metavar="N", help=f"evaluation step budget (default {defaults.steps})")
+    parser.add_argument("--max-eval-depth", type=positive_int, default=defaults.depth, metavar="N", help=f"nested call limit (default {defaults.depth})")
+    parser.add_argument("--max-eval-alloc", type=positive_int, default=defaults.alloc, metavar="N", help=f"allocation limit in cells (default {defaults.alloc})")
 
 
 def limits_from(args: argparse.Namespace) -> Limits:

@@ -76,6 +76,7 @@ def result_json(r: EvalResult) -> dict[str, Any]:
         "value": r.value,
         "values": r.values if r.error is None else [],
         "error": None if r.error is None else r.error.model_dump(exclude_none=True),
+        "warnings": [w.model_dump(exclude_none=True) for w in r.warnings],
     }
 
 
@@ -85,6 +86,7 @@ def report(results: list[EvalResult], program: Program, as_json: bool, stdin_mod
         print_json([result_json(r) for r in results])
     else:
         for r in results:
+            print_diagnostics(r.warnings, program.sources)
             if r.error is None:
                 print(r.value)
             elif stdin_mode:
@@ -134,6 +136,7 @@ def is_complete(text: str) -> bool:
 
 def show_repl_results(results: list[EvalResult], program: Program) -> None:
     for r in results:
+        print_diagnostics(r.warnings, program.sources)
         if r.error is None:
             print(" ; ".join(r.values) if r.values else "; no values")
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Optional
 
@@ -47,6 +48,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 130
     except BrokenPipeError:
         return Exit.OK
+    except Exception as exc:  # a bug in sexpgpu: say so plainly, without a traceback
+        if os.environ.get("SEXPGPU_LOG", "").lower() == "debug":
+            raise
+        print(f"sexpgpu: internal error ({type(exc).__name__}: {exc}); please report it (SEXPGPU_LOG=debug shows the traceback)", file=sys.stderr)
+        return Exit.RUN_FAILED
 
 
 def entry() -> None:

@@ -39,7 +39,7 @@ def install(reg: Registry) -> None:
         "union", "intersection", "set-difference", "subsetp", "acons", "pairlis", "list-length", "vector", "make-array",
         "aref", "svref", "vectorp", "%aset", "%set-nth", "%set-elt", "%rplaca-value", "%rplacd-value", "%putf",
         "%remf", "fill", "substitute", "substitute-if", "search", "mismatch", "identity", "tailp", "ldiff", "revappend",
-        "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth", "sequencep",
+        "copy-seq", "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth", "sequencep",
     ]:
         reg.add(name, getattr(ops, "op_" + name.replace("%", "p_").replace("-", "_").replace("*", "_star")))
     for path in _cxr_paths():
@@ -285,6 +285,11 @@ class ListOps:
             cell = cell.cdr
         self.alloc(len(items))
         return to_lisp_list(items) if cell is NIL else _with_tail(items, cell)
+
+    def op_copy_seq(self, x: Any) -> Any:
+        items = seq_items("copy-seq", 1, x)
+        self.alloc(len(items))
+        return from_items(items, x)
 
     def op_copy_tree(self, x: Any) -> Any:
         if type(x) is not Cons:

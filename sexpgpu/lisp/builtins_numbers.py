@@ -21,11 +21,18 @@ def div_zero(fn: str) -> Exception:
     return lisp_error("E108", f"`{fn}`: division by zero", "DIVISION-BY-ZERO")
 
 
+def finite(fn: str, x: Any) -> Any:
+    """A float result that overflowed is an error, as in SBCL, never an infinity."""
+    if type(x) is float and (x == math.inf or x == -math.inf):
+        raise lisp_error("E108", f"`{fn}`: floating-point overflow (a number too large for a double)", "FLOATING-POINT-OVERFLOW")
+    return x
+
+
 def add(*xs: Any) -> Any:
     total: Any = 0
     for i, x in enumerate(xs, 1):
         total = total + need_number("+", i, x)
-    return norm(total)
+    return finite("+", norm(total))
 
 
 def sub(x: Any, *xs: Any) -> Any:
@@ -35,14 +42,14 @@ def sub(x: Any, *xs: Any) -> Any:
     total = x
     for i, y in enumerate(xs, 2):
         total = total - need_number("-", i, y)
-    return norm(total)
+    return finite("-", norm(total))
 
 
 def mul(*xs: Any) -> Any:
     total: Any = 1
     for i, x in enumerate(xs, 1):
         total = big("*", total * need_number("*", i, x))
-    return norm(total)
+    return finite("*", norm(total))
 
 
 def divide(x: Any, *xs: Any) -> Any:
@@ -60,7 +67,7 @@ def _div2(a: Any, b: Any) -> Any:
     if b == 0:
         raise div_zero("/")
     if type(a) is float or type(b) is float:
-        return a / b
+        return finite("/", a / b)
     return norm(Fraction(a) / Fraction(b))
 
 
@@ -137,7 +144,7 @@ def expt(base: Any, power: Any) -> Any:
     if type(power) is int:
         if type(base) is float:
             try:
-                return base**power
+                return finite("expt", base**power)
             except (OverflowError, ZeroDivisionError):
                 raise lisp_error("E108", f"`expt`: {base}^{power} overflows or divides by zero", "ARITHMETIC-ERROR") from None
         if power < 0:
@@ -150,7 +157,7 @@ def expt(base: Any, power: Any) -> Any:
     if base < 0:
         raise lisp_error("E103", "`expt`: a negative base with a non-integer power is a complex number, which SexpGPU does not support", "ARITHMETIC-ERROR")
     try:
-        return float(base) ** float(power)
+        return finite("expt", float(base) ** float(power))
     except OverflowError:
         raise lisp_error("E108", "`expt`: floating-point overflow", "FLOATING-POINT-OVERFLOW") from None
 
@@ -171,7 +178,7 @@ def isqrt(x: Any) -> Any:
 def lisp_exp(x: Any) -> Any:
     need_number("exp", 1, x)
     try:
-        return math.exp(x)
+        return finite("exp", math.exp(x))
     except OverflowError:
         raise lisp_error("E108", "`exp`: floating-point overflow", "FLOATING-POINT-OVERFLOW") from None
 

@@ -77,8 +77,8 @@ def install(reg: Registry) -> None:
     reg.add("schar", _char)
     reg.add("char-code", lambda c: ord(need_char("char-code", 1, c).ch))
     reg.add("code-char", _code_char)
-    reg.add("char-upcase", lambda c: Char(need_char("char-upcase", 1, c).ch.upper()))
-    reg.add("char-downcase", lambda c: Char(need_char("char-downcase", 1, c).ch.lower()))
+    reg.add("char-upcase", lambda c: Char(_one(need_char("char-upcase", 1, c).ch, str.upper)))
+    reg.add("char-downcase", lambda c: Char(_one(need_char("char-downcase", 1, c).ch, str.lower)))
     reg.add("alpha-char-p", lambda c: lbool(need_char("alpha-char-p", 1, c).ch.isalpha()))
     reg.add("alphanumericp", lambda c: lbool(need_char("alphanumericp", 1, c).ch.isalnum()))
     reg.add("upper-case-p", lambda c: lbool(need_char("upper-case-p", 1, c).ch.isupper()))
@@ -223,6 +223,12 @@ def _two(sym: Symbol, interp: "Interpreter", existed: bool = True) -> Any:
     if sym.package == "KEYWORD":
         status = interp.kw("external") if existed else NIL
     return MultipleValues((sym, status))
+
+
+def _one(ch: str, case: Callable[[str], str]) -> str:
+    """A character's other case, when that is one character (ß upcases to itself)."""
+    other = case(ch)
+    return other if len(other) == 1 else ch
 
 
 def _capitalize(s: str) -> str:

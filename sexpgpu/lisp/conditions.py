@@ -35,11 +35,13 @@ CONDITION_PARENTS: dict[str, Optional[str]] = {
 
 
 def condition_isa(ctype: str, ancestor: str) -> bool:
+    """Whether CTYPE is ANCESTOR or a subtype. A type SexpGPU does not know (signalled as
+    (error 'my-error)) counts as a kind of ERROR."""
     current: Optional[str] = ctype
     while current is not None:
         if current == ancestor:
             return True
-        current = CONDITION_PARENTS.get(current)
+        current = CONDITION_PARENTS.get(current, "ERROR" if current not in CONDITION_PARENTS else None)
     return ancestor == "T"
 
 

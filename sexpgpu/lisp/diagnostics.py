@@ -33,7 +33,7 @@ CODES: dict[str, str] = {
     "E106": "unknown block or tag for return-from / go, or a throw with no catch",
     "E107": "a constant cannot be assigned or rebound",
     "E108": "division by zero or another arithmetic error",
-    "E109": "not implemented in SexpGPU (load-time-value and other refused forms)",
+    "E109": "not available at compile time in SexpGPU (multi-dimensional arrays, mutable strings)",
     "E110": "bad lambda list",
     # limits
     "L001": "evaluation step budget exhausted",

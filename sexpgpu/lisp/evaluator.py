@@ -12,7 +12,7 @@ import threading
 from importlib import resources
 from typing import Any, Callable, Optional
 
-from pydantic import BaseModel
+from pydantic import BaseModel, PositiveInt
 
 from .conditions import Condition, LimitExceeded, LispError, condition_isa, lisp_error
 from .lambda_list import LambdaList, parse_lambda_list
@@ -51,9 +51,9 @@ SpecialForm = Callable[[Cons, Env], Any]
 class Limits(BaseModel):
     """Evaluation limits for one compile. Exceeding one is a diagnostic (L001-L003)."""
 
-    steps: int = 1_000_000
-    depth: int = 10_000
-    alloc: int = 10_000_000
+    steps: PositiveInt = 1_000_000
+    depth: PositiveInt = 10_000
+    alloc: PositiveInt = 10_000_000
 
 
 SYSTEM_FILES = {"<prelude>"}
@@ -128,8 +128,17 @@ class Interpreter:
         return self.base.keyword(name.upper())
 
     def load_prelude(self) -> None:
+        """Load prelude.lisp under the default limits, then give the user's file a full
+        budget of its own: the prelude's cost never counts against it."""
         text = resources.files("sexpgpu.lisp").joinpath("prelude.lisp").read_text(encoding="utf-8")
-        self.load_text(text, "<prelude>", self.base)
+        user_limits = self.limits
+        self.limits = Limits()
+        self.steps_left, self.alloc_left = self.limits.steps, self.limits.alloc
+        try:
+            self.load_text(text, "<prelude>", self.base)
+        finally:
+            self.limits = user_limits
+            self.steps_left, self.alloc_left = user_limits.steps, user_limits.alloc
         self.publish_base()
 
     def publish_base(self) -> None:
@@ -350,7 +359,10 @@ class Interpreter:
         raise self.undefined_function(sym)
 
     def undefined_function(self, sym: Symbol) -> LispError:
-        names = sorted({s.name for s in self.functions} | {s.name for s in self.macros})
+        if sym in self.special_forms:
+            return lisp_error("E103", f"`{prin1_to_string(sym)}` is a special form, not a function", "UNDEFINED-FUNCTION", sym)
+        names = sorted(({s.name for s in self.functions} | {s.name for s in self.macros}) - {sym.name})
+        names = [n for n in names if not n.startswith("%")]
         close = difflib.get_close_matches(sym.name, names, n=1, cutoff=0.8)
         hint = f"; did you mean `{close[0].lower()}`?" if close else ""
         return lisp_error("E101", f"undefined function `{prin1_to_string(sym)}`{hint}", "UNDEFINED-FUNCTION", sym)
@@ -387,7 +399,10 @@ class Interpreter:
             n = len(args)
             if n < fn.min_args or (fn.max_args is not None and n > fn.max_args):
                 raise self.arity_error(fn.name, fn.min_args, fn.max_args, n)
-            return fn.fn(*args)
+            try:
+                return fn.fn(*args)
+            except OverflowError:
+                raise lisp_error("E108", f"`{fn.name}`: floating-point overflow (a number too large for a double)", "FLOATING-POINT-OVERFLOW") from None
         if t is Closure:
             return self.call_closure(fn, args)
         return self.apply(self.function_value(fn), args)

@@ -18,7 +18,7 @@ import math
 import struct
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Callable, NoReturn, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from .printer import Printer
 from .types import NIL, Char, Cons, Symbol, from_iter
@@ -52,18 +52,12 @@ class _Special(enum.Enum):
 ParamValue = Union[int, Char, _Special, None]
 
 
-@dataclass(frozen=True)
-class _Param:
-    index: int
-    value: ParamValue
-
-
 @dataclass
 class _Directive:
     char: str  # upper case
     raw: str  # as written in the control string
     index: int  # of the tilde
-    params: tuple[_Param, ...]
+    params: tuple[ParamValue, ...]
     colon: bool
     at: bool
     body: list["_Node"] = field(default_factory=list)  # ~{ and ~(
@@ -215,7 +209,7 @@ class _Parser:
     def parse_directive(self, start: int) -> _Directive:
         """Parse `~params modifiers char` at `start` (SBCL's PARSE-DIRECTIVE)."""
         pos = start + 1
-        params: list[_Param] = []
+        params: list[ParamValue] = []
         colon = at = False
         while True:
             char = self.char_at(pos, start)
@@ -223,17 +217,17 @@ class _Parser:
                 if colon or at:
                     raise FormatError(f"format: parameters after the : or @ modifier in the directive at index {start}")
                 if char == "'":
-                    params.append(_Param(pos + 1, Char(self.char_at(pos + 1, start))))
+                    params.append(Char(self.char_at(pos + 1, start)))
                     pos += 2
                     if self.char_at(pos, start) == ",":
                         pos += 1
                     continue
                 if char == ",":
-                    params.append(_Param(pos, None))
+                    params.append(None)
                     pos += 1
                     continue
                 value, end = self.param_value(pos)
-                params.append(_Param(pos, value))
+                params.append(value)
                 pos = end
                 follow = self.char_at(pos, start)
                 if follow == ",":
@@ -255,7 +249,7 @@ class _Parser:
                 pos += 1
                 continue
             if self.text[pos - 1] == "," and not (pos >= start + 3 and self.text[pos - 2] == "'"):
-                params.append(_Param(pos - 1, None))
+                params.append(None)
             break
         raw = self.text[pos]
         self.pos = pos + 1
@@ -458,7 +452,7 @@ def _bind_params(directive: _Directive, args: _Args, specs: list[_Spec]) -> list
         raise FormatError(f"format: {directive.label} takes at most {len(specs)} parameters")
     values: list[Any] = []
     for i, spec in enumerate(specs):
-        value = directive.params[i].value if i < len(directive.params) else None
+        value = directive.params[i] if i < len(directive.params) else None
         if value is _Special.NEXT_ARG:
             value = args.pop(directive)
             if _is_false(value):

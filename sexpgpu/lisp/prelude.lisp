@@ -475,7 +475,19 @@
     specs))
 
 ;;; ------------------------------------------------------------------------------------------
-;;; Functions on functions
+;;; Functions on functions, trees, declarations
+
+(defmacro declaim (&rest specs)
+  (declare (ignore specs))
+  nil)
+
+(defun subst (new old tree &key (test #'eql))
+  (cond ((funcall test old tree) new)
+        ((consp tree)
+         (let ((car (subst new old (car tree) :test test))
+               (cdr (subst new old (cdr tree) :test test)))
+           (if (and (eq car (car tree)) (eq cdr (cdr tree))) tree (cons car cdr))))
+        (t tree)))
 
 (defun complement (fn)
   (lambda (&rest args) (not (apply fn args))))

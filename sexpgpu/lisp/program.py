@@ -61,6 +61,7 @@ class EvalResult:
     form: str
     values: list[str] = field(default_factory=list)
     error: Optional[Diagnostic] = None
+    warnings: list[Diagnostic] = field(default_factory=list)
 
     @property
     def value(self) -> Optional[str]:
@@ -115,10 +116,12 @@ class Program:
             finally:
                 interp.table = previous
 
+        seen = len(interp.warnings)
         printed, problem = guarded(run)
+        warnings = [warning_diagnostic(message, where) for message, where in interp.warnings[seen:]]
         if problem is not None:
-            return EvalResult(form=source, error=problem)
-        return EvalResult(form=source, values=printed or [])
+            return EvalResult(form=source, error=problem, warnings=warnings)
+        return EvalResult(form=source, values=printed or [], warnings=warnings)
 
 
 def _printed(form: Any, interp: Interpreter) -> str:
