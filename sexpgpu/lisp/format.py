@@ -24,6 +24,7 @@ from .printer import Printer
 from .types import NIL, Char, Cons, Symbol, from_iter
 
 PrintFunction = Callable[[Any], str]
+Real = Union[int, float, Fraction]
 
 
 class FormatError(Exception):
@@ -662,7 +663,7 @@ _SINGLE_MAX = 3.4028234663852886e38
 
 def to_single(x: float) -> float:
     """Round a double to the nearest single float (returned as a Python float)."""
-    return struct.unpack("f", struct.pack("f", x))[0]
+    return float(struct.unpack("f", struct.pack("f", x))[0])
 
 
 def rational_to_single(q: Union[int, Fraction]) -> float:
@@ -1021,7 +1022,7 @@ def _case_converter(directive: _Directive) -> Callable[[str], str]:
 # The interpreter.
 
 
-def _pad_count(text: str, mincol: Union[int, float, Fraction], colinc: int, minpad: int, directive: _Directive) -> int:
+def _pad_count(text: str, mincol: Real, colinc: int, minpad: int, directive: _Directive) -> int:
     """How many pad characters SBCL's FORMAT-WRITE-FIELD puts beside `text`: minpad, then
     colinc at a time until the field is at least mincol wide."""
     if colinc <= 0:
@@ -1107,7 +1108,7 @@ class _Formatter:
         params = _bind_params(d, args, [_Spec(REAL, 0), _Spec(CHAR, Char(" ")), _Spec(CHAR, Char(",")), _Spec(INT, 3)])
         self.print_integer(d, args.pop(d), base, *params)
 
-    def print_integer(self, d: _Directive, number: Any, base: int, mincol: Union[int, float, Fraction], padchar: Char, commachar: Char, interval: int) -> None:
+    def print_integer(self, d: _Directive, number: Any, base: int, mincol: Real, padchar: Char, commachar: Char, interval: int) -> None:
         """SBCL's FORMAT-PRINT-INTEGER: a non-integer is printed with princ, unpadded."""
         if not _is_integer(number):
             self.out.write(self.radix_princ(number, base))
@@ -1376,7 +1377,10 @@ class _IterationBody:
     def nodes(self) -> list[_Node]:
         if self.parsed is None:
             if type(self.control) is not str:
-                raise FormatError(f"format: {self.directive.label} has an empty body, so its argument must be a control string, not {_describe(self.control)}")
+                raise FormatError(
+                    f"format: {self.directive.label} has an empty body, so its argument must be a control string, "
+                    f"not {_describe(self.control)}"
+                )
             self.parsed = _Parser(self.control).parse(colon_iteration=self.directive.colon)
         return self.parsed
 

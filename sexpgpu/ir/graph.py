@@ -1,0 +1,113 @@
+"""The IR data model: typed SSA programs, their text form (one line per node, like a jaxpr),
+their JSON form, and their hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, Field
+
+from .dtypes import DType
+
+Shape = tuple[int, ...]
+InputKind = Literal["param", "data", "state", "ctx", "value"]
+
+
+class TensorType(BaseModel, frozen=True):
+    dtype: DType
+    shape: Shape
+
+    def __str__(self) -> str:
+        return f"{self.dtype.value}[{','.join(str(d) for d in self.shape)}]"
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+
+class Input(BaseModel):
+    """A value the program receives: a parameter, a batch field, optimizer state, a ctx
+    scalar, or (in backward/update programs) a value computed by another program."""
+
+    id: int
+    name: str
+    kind: InputKind
+    type: TensorType
+
+
+class Node(BaseModel):
+    id: int
+    op: str
+    args: list[int]
+    attrs: dict[str, Any] = Field(default_factory=dict)
+    type: TensorType
+    loc: Optional[str] = None  # file:line:col of the source form that staged it
+    path: Optional[str] = None  # parameter path of the model part that staged it
+
+
+class Program(BaseModel):
+    name: str
+    inputs: list[Input]
+    nodes: list[Node]
+    outputs: dict[str, int]
+
+    def types(self) -> dict[int, TensorType]:
+        out = {i.id: i.type for i in self.inputs}
+        out.update({n.id: n.type for n in self.nodes})
+        return out
+
+    def text(self) -> str:
+        return program_text(self)
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+class Module(BaseModel):
+    """Everything a run executes: each program by name (forward, train, update, eval:NAME)."""
+
+    version: int = 1
+    programs: dict[str, Program]
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def hash(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+def _attr_text(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "(" + ",".join(_attr_text(v) for v in value) + ")"
+    return json.dumps(value) if isinstance(value, str) else str(value)
+
+
+def node_text(node: Node) -> str:
+    args = " ".join(f"%{a}" for a in node.args)
+    attrs = " ".join(f"{k}={_attr_text(v)}" for k, v in sorted(node.attrs.items()) if k != "data")
+    line = f"  %{node.id}:{node.type} = {node.op}" + (f" {args}" if args else "") + (f" {{{attrs}}}" if attrs else "")
+    where = "  ".join(x for x in (node.loc, node.path) if x)
+    return f"{line:<72} ; {where}" if where else line
+
+
+def program_text(program: Program) -> str:
+    lines = [f"program {program.name}("]
+    for i in program.inputs:
+        lines.append(f"    %{i.id}:{i.type} {i.kind} {i.name}")
+    lines.append(") {")
+    lines.extend(node_text(n) for n in program.nodes)
+    outs = ", ".join(f"{name}=%{nid}" for name, nid in program.outputs.items())
+    lines.append(f"  return {outs}")
+    lines.append("}")
+    return "\n".join(lines)

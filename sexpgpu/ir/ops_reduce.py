@@ -1,0 +1,127 @@
+"""Reductions: sum, mean, max, min (with :axis and :keepdims) and argmax."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from .builder import Builder
+from .dtypes import DType
+from .graph import Node, TensorType
+from .ops import OpDef, OpError, register
+
+
+def normalize_axes(name: str, axis: Any, rank: int) -> list[int]:
+    """The reduced axes as sorted non-negative integers (None: every axis)."""
+    if axis is None:
+        return list(range(rank))
+    axes = [axis] if isinstance(axis, int) else list(axis)
+    out = []
+    for a in axes:
+        if not -rank <= a < rank:
+            raise OpError(f"{name}: axis {a} is out of range for a rank-{rank} tensor")
+        out.append(a % rank)
+    if len(set(out)) != len(out):
+        raise OpError(f"{name}: axis {axes} repeats an axis")
+    return sorted(out)
+
+
+def reduced_shape(shape: tuple[int, ...], axes: list[int], keepdims: bool) -> tuple[int, ...]:
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def _reduce_type(name: str, result: Optional[DType] = None, floats_only: bool = False) -> Any:
+    def infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+        (t,) = types
+        if t.dtype == DType.bool or (floats_only and not t.dtype.is_float):
+            raise OpError(f"{name}: needs a {'float' if floats_only else 'numeric'} tensor, got {t}")
+        axes = normalize_axes(name, attrs.get("axis"), t.rank)
+        return TensorType(dtype=result or t.dtype, shape=reduced_shape(t.shape, axes, bool(attrs.get("keepdims", False))))
+
+    return infer
+
+
+def _axes(attrs: dict[str, Any], rank: int) -> tuple[int, ...]:
+    return tuple(normalize_axes("reduce", attrs.get("axis"), rank))
+
+
+def _kernel(fn: Any) -> Any:
+    def run(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
+        x = xs[0]
+        axes = _axes(attrs, x.ndim)
+        keep = bool(attrs.get("keepdims", False))
+        if out is not None and out.ndim == (x.ndim if keep else x.ndim - len(axes)):
+            return fn(x, axis=axes, keepdims=keep, out=out)
+        return np.asarray(fn(x, axis=axes, keepdims=keep), dtype=x.dtype)
+
+    return run
+
+
+def _keepdims_grad(b: Builder, n: Node, g: int) -> int:
+    """G reshaped to the keepdims shape, then broadcast to the input's shape."""
+    x_type = b.type(n.args[0])
+    axes = normalize_axes(n.op, n.attrs.get("axis"), x_type.rank)
+    kept = reduced_shape(x_type.shape, axes, True)
+    if b.type(g).shape != kept:
+        g = b.op("reshape", g, shape=list(kept))
+    return b.broadcast_to(g, x_type.shape)
+
+
+def _g_sum(b: Builder, n: Node, g: int) -> list[Optional[int]]:
+    return [_keepdims_grad(b, n, g)]
+
+
+def _g_mean(b: Builder, n: Node, g: int) -> list[Optional[int]]:
+    x_type = b.type(n.args[0])
+    axes = normalize_axes("mean", n.attrs.get("axis"), x_type.rank)
+    count = 1
+    for a in axes:
+        count *= x_type.shape[a]
+    spread = _keepdims_grad(b, n, g)
+    return [b.op("div", spread, b.scalar_like(float(count), spread))]
+
+
+def _g_extreme(b: Builder, n: Node, g: int) -> list[Optional[int]]:
+    """Like torch.amax: the gradient is shared evenly between tied extremes."""
+    x = n.args[0]
+    x_type = b.type(x)
+    axes = normalize_axes(n.op, n.attrs.get("axis"), x_type.rank)
+    kept = reduced_shape(x_type.shape, axes, True)
+    value = n.id if b.type(n.id).shape == kept else b.op("reshape", n.id, shape=list(kept))
+    mask = b.op("cast", b.op("eq", x, value), dtype=x_type.dtype.value)
+    ties = b.op("sum", mask, axis=axes, keepdims=True)
+    spread = _keepdims_grad(b, n, g)
+    return [b.op("div", b.op("mul", spread, mask), ties)]
+
+
+def _reduce_flops(node: Node, inputs: list[TensorType]) -> int:
+    return inputs[0].size
+
+
+register(OpDef("sum", _reduce_type("sum"), _kernel(np.sum), grad=_g_sum, arity=1, flops=_reduce_flops, doc="sum over axes"))
+register(OpDef("mean", _reduce_type("mean", floats_only=True), _kernel(np.mean), grad=_g_mean, arity=1, flops=_reduce_flops, doc="mean over axes"))
+register(OpDef("max", _reduce_type("max"), _kernel(np.max), grad=_g_extreme, arity=1, flops=_reduce_flops, doc="maximum over axes"))
+register(OpDef("min", _reduce_type("min"), _kernel(np.min), grad=_g_extreme, arity=1, flops=_reduce_flops, doc="minimum over axes"))
+
+
+def _argmax_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+    (t,) = types
+    axis = attrs.get("axis")
+    if not isinstance(axis, int):
+        raise OpError("argmax: needs one :axis")
+    axes = normalize_axes("argmax", axis, t.rank)
+    return TensorType(dtype=DType.i32, shape=reduced_shape(t.shape, axes, bool(attrs.get("keepdims", False))))
+
+
+def _argmax_kernel(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
+    result = np.argmax(xs[0], axis=attrs["axis"], keepdims=bool(attrs.get("keepdims", False))).astype(np.int32)
+    if out is not None:
+        out[...] = result
+        return out
+    return result
+
+
+register(OpDef("argmax", _argmax_type, _argmax_kernel, grad=None, arity=1, flops=_reduce_flops, doc="index of the maximum along an axis"))

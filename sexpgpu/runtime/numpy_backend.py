@@ -1,0 +1,128 @@
+"""The CPU backend: runs an IR program with NumPy under a memory plan made once.
+
+The plan (liveness analysis) gives every non-view result a preallocated buffer, reused once
+its last reader has run, and passes it as `out=`; view ops (reshape, transpose,
+broadcast_to, slice) keep their source alive instead. Constants are computed once. Running
+a step is then one kernel call per node and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..ir.dtypes import numpy_dtype
+from ..ir.graph import Program, TensorType
+from ..ir.ops import op_def
+
+VIEW_OPS = frozenset({"reshape", "transpose", "broadcast_to", "slice"})
+CONSTANT_OPS = frozenset({"full", "constant", "arange", "tril_mask"})
+
+
+@dataclass
+class Step:
+    kernel: Callable[[list[np.ndarray], dict[str, Any], Optional[np.ndarray]], np.ndarray]
+    args: list[int]
+    attrs: dict[str, Any]
+    out: Optional[int]  # buffer index, or None for views and kernels without out=
+    result: int
+    dtype: Any
+
+
+@dataclass
+class Plan:
+    steps: list[Step]
+    buffers: list[np.ndarray]
+    constants: dict[int, np.ndarray]
+    slots: int
+    peak_bytes: int
+    total_bytes: int
+
+
+def _last_uses(program: Program) -> dict[int, int]:
+    """For each value, the index of the last node reading it (outputs live to the end)."""
+    last: dict[int, int] = {}
+    alias: dict[int, int] = {}
+    for index, node in enumerate(program.nodes):
+        for a in node.args:
+            root = alias.get(a, a)
+            last[root] = index
+        if node.op in VIEW_OPS:
+            alias[node.id] = alias.get(node.args[0], node.args[0])
+    end = len(program.nodes)
+    for nid in program.outputs.values():
+        last[alias.get(nid, nid)] = end
+    return last
+
+
+def make_plan(program: Program) -> Plan:
+    types: dict[int, TensorType] = program.types()
+    last = _last_uses(program)
+    free: dict[tuple[tuple[int, ...], Any], list[int]] = {}
+    buffers: list[np.ndarray] = []
+    steps: list[Step] = []
+    constants: dict[int, np.ndarray] = {}
+    releases: dict[int, list[tuple[tuple[tuple[int, ...], Any], int]]] = {}
+    live_bytes = peak = 0
+    alias: dict[int, int] = {}
+    for index, node in enumerate(program.nodes):
+        definition = op_def(node.op)
+        dtype = numpy_dtype(node.type.dtype)
+        if node.op in CONSTANT_OPS:
+            constants[node.id] = definition.numpy([], node.attrs, None)
+            continue
+        for key, buffer_index in releases.pop(index, []):
+            free.setdefault(key, []).append(buffer_index)
+            live_bytes -= buffers[buffer_index].nbytes
+        out: Optional[int] = None
+        if node.op in VIEW_OPS:
+            alias[node.id] = alias.get(node.args[0], node.args[0])
+        else:
+            key = (node.type.shape, dtype)
+            pool = free.get(key)
+            if pool:
+                out = pool.pop()
+            else:
+                buffers.append(np.empty(node.type.shape, dtype=dtype))
+                out = len(buffers) - 1
+            live_bytes += buffers[out].nbytes
+            peak = max(peak, live_bytes)
+            end = last.get(node.id, index)
+            releases.setdefault(end + 1, []).append((key, out))
+        steps.append(Step(definition.numpy, list(node.args), dict(node.attrs), out, node.id, dtype))
+    total = sum(b.nbytes for b in buffers)
+    slots = max([i.id for i in program.inputs] + [n.id for n in program.nodes] + [0]) + 1
+    return Plan(steps, buffers, constants, slots, peak, total)
+
+
+class CompiledProgram:
+    """A program with its plan, ready to run many times."""
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.plan = make_plan(program)
+        self.input_ids = {i.name: i.id for i in program.inputs}
+        self.input_types = {i.name: i.type for i in program.inputs}
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values: list[Any] = [None] * self.plan.slots
+        for name, nid in self.input_ids.items():
+            values[nid] = feeds[name]
+        for nid, value in self.plan.constants.items():
+            values[nid] = value
+        buffers = self.plan.buffers
+        for step in self.plan.steps:
+            args = [values[a] for a in step.args]
+            out = buffers[step.out] if step.out is not None else None
+            result = step.kernel(args, step.attrs, out)
+            if out is not None and result is not out:
+                out[...] = result
+                result = out
+            values[step.result] = result
+        return {name: values[nid] for name, nid in self.program.outputs.items()}
+
+    def run_copy(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Like run, but the results are copies the caller may keep across runs."""
+        return {k: np.array(v, copy=True) for k, v in self.run(feeds).items()}
