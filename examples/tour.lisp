@@ -16,7 +16,7 @@
 (defun block-params (width)
   (+ (attention-params width) (mlp-params width) (* 2 2 width)))
 
-(defun param-count (shape)
+(defun model-params (shape)
   (+ (* (model-shape-vocab shape) (model-shape-width shape))
      (* (model-shape-context shape) (model-shape-width shape))
      (* (model-shape-depth shape) (block-params (model-shape-width shape)))))
@@ -27,7 +27,7 @@
           (model-shape-depth shape)
           (model-shape-width shape)
           (model-shape-heads shape)
-          (param-count shape)))
+          (model-params shape)))
 
 (defparameter *char-model* (make-model-shape))
 
@@ -45,7 +45,7 @@
 
 (defparameter *schedule* (with-warmup (ramp 100) (mapcar #'ramp '(0 50 100 200))))
 
-(assert (= (param-count *char-model*) 834176))
+(assert (= (model-params *char-model*) 834176))
 
 (assert (equal *schedule* '(0.0 0.5 1.0 1.0)))
 

@@ -79,7 +79,7 @@ def test_eval_expressions_in_a_fresh_world() -> None:
 
 
 def test_eval_in_a_file_environment() -> None:
-    result = sexpgpu("eval", "examples/tour.lisp", "(param-count *char-model*)", cwd=REPO)
+    result = sexpgpu("eval", "examples/tour.lisp", "(model-params *char-model*)", cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "834176"
 

@@ -7,11 +7,15 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Optional
 
 from ..lisp.diagnostics import Diagnostic, SourceMap
 from ..lisp.evaluator import Limits
-from ..lisp.program import has_errors, load_file
+from ..compile.experiment import Selection
+from ..compile.pipeline import compile_file
+from ..lisp.program import has_errors
 from .common import Exit, diagnostics_json, existing_file, print_diagnostics, print_json
+from .selection import add_selection_flags, selection_from
 
 
 def positive_int(text: str) -> int:
@@ -39,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("check", help="read, evaluate and check a file; print diagnostics")
     p.add_argument("file")
     p.add_argument("--json", action="store_true", help="print the diagnostics as a JSON list")
+    add_selection_flags(p)
     add_limit_flags(p)
     p.set_defaults(run=run_check)
 
@@ -51,17 +56,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     w.set_defaults(run=run_watch)
 
 
-def check_once(path: Path, limits: Limits) -> tuple[list[Diagnostic], SourceMap, list[Path]]:
-    """Load PATH; what the file prints goes to stderr (stdout carries the result)."""
-    program, diagnostics = load_file(path, limits, output=sys.stderr.write)
+def check_once(path: Path, limits: Limits, selection: Optional[Selection] = None) -> tuple[list[Diagnostic], SourceMap, list[Path]]:
+    """Compile PATH (read, evaluate, contract, staging, IR check); what the file prints goes
+    to stderr (stdout carries the result)."""
+    result = compile_file(path, selection, limits, output=sys.stderr.write)
+    program = result.program
     if program is None:
-        return diagnostics, SourceMap(), [path]
-    return diagnostics, program.sources, program.files
+        return result.diagnostics, SourceMap(), [path]
+    return result.diagnostics, program.sources, program.files
 
 
 def run_check(args: argparse.Namespace) -> int:
     path = existing_file(args.file)
-    diagnostics, sources, _ = check_once(path, limits_from(args))
+    diagnostics, sources, _ = check_once(path, limits_from(args), selection_from(args))
     if args.json:
         print_json(diagnostics_json(diagnostics))
     else:

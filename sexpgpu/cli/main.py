@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Optional
 
-from . import check, docs, lisp_tools
+from . import check, docs, lisp_tools, run
 from .common import Exit, UsageError
 
 
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=Parser)
     check.register(sub)
     lisp_tools.register(sub)
+    run.register(sub)
     docs.register(sub)
     return parser
 

@@ -62,7 +62,9 @@ class Builder:
 
     # -- helpers for gradient rules and staging ----------------------------------------------
     def const(self, value: float | int | bool, dtype: DType, shape: Shape = ()) -> int:
-        key = (float(value), dtype, shape)
+        # repr keeps -0.0 apart from 0.0, and int() keeps large integers exact (float()
+        # would merge 2**53 and 2**53 + 1)
+        key = (repr(float(value)) if dtype.is_float else repr(int(value)), dtype, tuple(shape))
         hit = self._consts.get(key)
         if hit is not None:
             return hit

@@ -53,7 +53,7 @@ register(OpDef("arange", _full_type, _arange_kernel, grad=None, arity=0, flops=n
 
 def _tril_kernel(xs: Arrays, attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
     n, m = attrs["shape"]
-    return np.tril(np.ones((n, m), dtype=np.bool_), k=attrs.get("k", 0))
+    return np.tril(np.ones((n, m), dtype=numpy_dtype(parse_dtype(attrs["dtype"]))), k=attrs.get("k", 0))
 
 
 register(OpDef("tril_mask", _full_type, _tril_kernel, grad=None, arity=0, flops=no_flops, doc="lower-triangular boolean mask"))
@@ -270,7 +270,10 @@ def _g_pow(b: Builder, n: Node, g: int) -> list[Optional[int]]:
     sa, sb = _shapes(b, n)
     one = b.scalar_like(1.0, y)
     ga = b.op("mul", g, b.op("mul", y, b.op("pow", x, b.op("sub", y, one))))
-    gb = b.op("mul", g, b.op("mul", n.id, b.op("log", x)))
+    # d/db a^b = a^b log a; at a = 0 the product is 0 * -inf: take log 1 there (0 for b > 0,
+    # as torch does), so pow(x, 2.0) with zeros in x keeps a finite exponent gradient
+    safe_x = b.op("where", b.op("eq", x, b.scalar_like(0.0, x)), b.scalar_like(1.0, x), x)
+    gb = b.op("mul", g, b.op("mul", n.id, b.op("log", safe_x)))
     return [b.sum_to(ga, sa), b.sum_to(gb, sb)]
 
 

@@ -88,7 +88,12 @@ def _concat_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     if not types:
         raise OpError("concat: needs at least one tensor")
     first = types[0]
-    axis = attrs["axis"] % first.rank if first.rank else 0
+    if first.rank == 0:
+        raise OpError(f"concat: cannot join scalars {first}; stack them instead")
+    axis = attrs["axis"]
+    if not -first.rank <= axis < first.rank:
+        raise OpError(f"concat: axis {axis} is out of range for {first}")
+    axis %= first.rank
     total = 0
     for t in types:
         if t.dtype != first.dtype or t.rank != first.rank or any(d != e for i, (d, e) in enumerate(zip(t.shape, first.shape)) if i != axis):
@@ -150,7 +155,12 @@ register(OpDef("slice", _slice_type, _slice_kernel, grad=_g_slice, arity=1, flop
 
 
 def _unslice_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
-    return TensorType(dtype=types[0].dtype, shape=tuple(attrs["shape"]))
+    (t,) = types
+    shape = tuple(attrs["shape"])
+    window = _slice_type([TensorType(dtype=t.dtype, shape=shape)], attrs)
+    if window.shape != t.shape:
+        raise OpError(f"unslice: {t} does not fill the window {attrs['starts']}..{attrs['stops']} of {_fmt(shape)}")
+    return TensorType(dtype=t.dtype, shape=shape)
 
 
 def _unslice_kernel(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
@@ -168,16 +178,25 @@ register(OpDef("unslice", _unslice_type, _unslice_kernel, grad=_g_unslice, arity
 
 
 # -- take (gather) and scatter_add -------------------------------------------------------------------------------
+def _axis(name: str, axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise OpError(f"{name}: axis {axis} is out of range for a rank-{rank} tensor")
+    return axis % rank
+
+
 def _take_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     x, idx = types
     if not idx.dtype.is_int:
         raise OpError(f"take: indices must be an integer tensor, got {idx}")
-    axis = attrs.get("axis", 0) % x.rank
+    if x.rank == 0:
+        raise OpError(f"take: cannot gather from a scalar {x}")
+    axis = _axis("take", attrs.get("axis", 0), x.rank)
     shape = x.shape[:axis] + idx.shape + x.shape[axis + 1 :]
     return TensorType(dtype=x.dtype, shape=shape)
 
 
 def _take_kernel(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
+    """Out-of-range indices clip to the nearest row (scatter_add, the gradient, does the same)."""
     x, idx = xs
     axis = attrs.get("axis", 0)
     if out is not None:
@@ -197,20 +216,27 @@ def _scatter_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     g, idx = types
     if not idx.dtype.is_int:
         raise OpError(f"scatter-add: indices must be an integer tensor, got {idx}")
-    return TensorType(dtype=g.dtype, shape=tuple(attrs["shape"]))
+    shape = tuple(attrs["shape"])
+    if not shape:
+        raise OpError("scatter-add: cannot scatter into a scalar")
+    axis = _axis("scatter-add", attrs.get("axis", 0), len(shape))
+    expected = shape[:axis] + idx.shape + shape[axis + 1 :]
+    if g.shape != expected:
+        raise OpError(f"scatter-add: {g} with indices {idx} into {_fmt(shape)} along axis {axis} needs values of shape {_fmt(expected)}")
+    return TensorType(dtype=g.dtype, shape=shape)
 
 
 def _scatter_kernel(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
-    """Deterministic: np.add.at accumulates in index order, the same on every run."""
+    """Deterministic: np.add.at accumulates in index order, the same on every run.
+    Indices clip like take's, so this stays take's exact adjoint."""
     g, idx = xs
-    axis = attrs.get("axis", 0)
     shape = tuple(attrs["shape"])
+    axis = attrs.get("axis", 0) % len(shape)
     result = out if out is not None else np.empty(shape, dtype=g.dtype)
     result.fill(0)
     moved = np.moveaxis(result, axis, 0)
-    rows = g.reshape(shape[:axis] + (-1,) + shape[axis + 1 :]) if idx.ndim != 1 else g
-    rows = np.moveaxis(rows, axis, 0)
-    np.add.at(moved, idx.reshape(-1), rows.reshape((idx.size,) + moved.shape[1:]))
+    rows = np.moveaxis(g.reshape(shape[:axis] + (idx.size,) + shape[axis + 1 :]), axis, 0)
+    np.add.at(moved, np.clip(idx.reshape(-1), 0, shape[axis] - 1), rows)
     return result
 
 

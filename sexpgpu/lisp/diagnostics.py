@@ -45,6 +45,19 @@ CODES: dict[str, str] = {
     "M003": "require outside the project root",
     "M004": "unknown module prefix or name not exported by the module",
     "M005": "malformed require",
+    # tensors and staging
+    "T001": "tensor shape or dtype mismatch (both types printed)",
+    "T002": "a staged tensor used as a truth value; use (where c a b)",
+    "T003": "a tensor operation outside forward, an objective or an update",
+    # the run-file contract
+    "C001": "a required contract form is missing",
+    "C002": "a contract form is out of order",
+    "C003": "a contract form that may appear once is repeated",
+    "C004": "a knob value does not match its declaration",
+    "C005": "optimizer groups: a parameter in no group, or a group with no parameter",
+    "C006": "the objective does not return one f32 scalar",
+    "C007": "a parameter gets no gradient and is not frozen",
+    "C008": "a malformed contract form (missing or bad option)",
     # warnings
     "W001": "warning signalled by the program (warn)",
 }

@@ -104,9 +104,13 @@ class Interpreter:
         self.warnings: list[tuple[str, Optional[Loc]]] = []
         self.catch_tags: list[Any] = []
         self.current_loc: Optional[Loc] = None
+        self.call_loc: Optional[Loc] = None  # the form of the latest function call (staging stamps it on IR nodes)
         self.non_boolean_types: tuple[type, ...] = ()
         self.truth_error: Callable[[Any], LispError] | None = None
         self.require_hook: Callable[[Cons, Env], Any] | None = None
+        # called with each top-level form of the file read into hook_table (contract order)
+        self.toplevel_hook: Callable[[Any, Loc], None] | None = None
+        self.hook_table: Optional[SymbolTable] = None
         # where print, princ, format t ... write; the CLI points it at a stream
         self.output: list[str] = []
         self.write: Callable[[str], Any] = self.output.append
@@ -161,6 +165,8 @@ class Interpreter:
             reader = Reader(text, file, table)
             result: Any = NIL
             while (read := reader.read_next()) is not None:
+                if self.toplevel_hook is not None and table is self.hook_table:
+                    self.toplevel_hook(read.form, read.loc)
                 result = self.eval_toplevel(read.form, read.loc, env)
             return result
         finally:
@@ -219,6 +225,8 @@ class Interpreter:
                 cell = cell.cdr
             if cell is not NIL:
                 raise lisp_error("E105", f"a function call cannot be a dotted list: {prin1_to_string(x)}", "PROGRAM-ERROR")
+            if x.loc is not None:
+                self.call_loc = x.loc
             return self.apply(fn, args)
         except (LispError, LimitExceeded) as exc:
             _annotate(exc, x.loc)

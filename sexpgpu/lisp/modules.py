@@ -132,7 +132,7 @@ class ModuleLoader:
         table = self.loaded.get(key)
         if table is not None:
             return table
-        table = SymbolTable(display, self.interp.base)
+        table = SymbolTable(display, self.interp.base, internals=path is None)
         file_name = _shown(str(path)) if path is not None else f"sexpgpu/lib/{display}.lisp"
         self.sources.add(file_name, text)
         if path is not None:

@@ -150,11 +150,23 @@ def new_program(path: Optional[Path], limits: Optional[Limits] = None, stdlib: A
 
 
 def load_file(
-    path: Path, limits: Optional[Limits] = None, stdlib: Any = None, output: Optional[Output] = None
+    path: Path,
+    limits: Optional[Limits] = None,
+    stdlib: Any = None,
+    output: Optional[Output] = None,
+    setup: Optional[Callable[[Program], None]] = None,
 ) -> tuple[Optional[Program], list[Diagnostic]]:
     """Read and evaluate PATH. Returns the program (None when it could not be made) and
-    every diagnostic, warnings included."""
-    program, problem = guarded(lambda: new_program(path, limits, stdlib, output))
+    every diagnostic, warnings included. SETUP runs on the fresh world before the file is
+    read (the compiler installs its builtins there)."""
+
+    def make() -> Program:
+        fresh = new_program(path, limits, stdlib, output)
+        if setup is not None:
+            setup(fresh)
+        return fresh
+
+    program, problem = guarded(make)
     if program is None:
         return None, [problem] if problem else []
     name = display_path(path)

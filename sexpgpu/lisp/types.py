@@ -56,9 +56,11 @@ class SymbolTable:
     Keywords live in one table shared by every module of a compile.
     """
 
-    def __init__(self, package: str = "", base: Optional["SymbolTable"] = None) -> None:
+    def __init__(self, package: str = "", base: Optional["SymbolTable"] = None, internals: bool = False) -> None:
         self.package = package
         self.base = base
+        # the standard modules may use the base's %-internals; user files may not
+        self.internals = internals
         self.own: dict[str, Symbol] = {}
         self.imported: dict[str, Symbol] = {}
         self.exported: dict[str, Symbol] = {}
@@ -72,6 +74,8 @@ class SymbolTable:
         sym = self.own.get(name) or self.imported.get(name)
         if sym is None and self.base is not None:
             sym = self.base.exported.get(name)
+            if sym is None and self.internals and name.startswith("%"):
+                sym = self.base.own.get(name)
         if sym is None:
             sym = Symbol(name, self.package)
             self.own[name] = sym

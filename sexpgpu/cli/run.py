@@ -1,0 +1,71 @@
+"""`run FILE`: train. Prints the slug and the run folder first, progress on stderr, and the
+final summary last."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ..compile.pipeline import compile_file
+from ..lisp.program import has_errors
+from ..runtime.data import DataError
+from ..runtime.loop import RunOptions, train
+from .check import add_limit_flags, limits_from
+from .common import Exit, existing_file, fail_usage, print_diagnostics, print_json
+from .selection import add_selection_flags, selection_from
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("run", help="train a run file")
+    p.add_argument("file")
+    p.add_argument("--store", default=None, help="where run folders go (default $SEXPGPU_STORE or ./runs)")
+    p.add_argument("--device", default=None, help="cpu (default $SEXPGPU_DEVICE or cpu)")
+    p.add_argument("--max-steps", type=int, default=None, metavar="N", help="stop after N steps (smoke tests; recorded in run.json)")
+    p.add_argument("--quiet", action="store_true", help="no progress")
+    p.add_argument("--json", action="store_true", help="print the final summary as JSON")
+    add_selection_flags(p)
+    add_limit_flags(p)
+    p.set_defaults(run=run_run)
+
+
+def run_run(args: argparse.Namespace) -> int:
+    path = existing_file(args.file)
+    device = args.device or os.environ.get("SEXPGPU_DEVICE") or "cpu"
+    if device not in ("cpu", "auto"):
+        print(f"sexpgpu: device {device} is not available in this release; use --device cpu", file=sys.stderr)
+        return Exit.CANNOT_START
+    store = args.store or os.environ.get("SEXPGPU_STORE") or "./runs"
+    if args.max_steps is not None and args.max_steps <= 0:
+        fail_usage("--max-steps needs a positive integer")
+    result = compile_file(path, selection_from(args), limits_from(args), output=sys.stderr.write)
+    if has_errors(result.diagnostics):
+        print_diagnostics(result.diagnostics, result.program.sources if result.program else _empty())
+        return Exit.USAGE if any(d.code == "C004" and d.file is None for d in result.diagnostics) else Exit.CHECK_FAILED
+    print_diagnostics(result.diagnostics, result.program.sources if result.program else _empty())
+    if result.experiment is None:
+        print(f"{args.file} is not a run file: it has no defrun (see `sexpgpu docs the-run-file`)", file=sys.stderr)
+        return Exit.CHECK_FAILED
+    assert result.program is not None
+    sources = {f.name if i == 0 else os.path.relpath(f, path.resolve().parent): f.read_bytes() for i, f in enumerate(result.program.files)}
+    options = RunOptions(store=store, device="cpu", max_steps=args.max_steps, progress=not args.quiet and not args.json and sys.stderr.isatty(), sources=sources)
+    say = (lambda text: print(text, file=sys.stderr)) if args.json else print
+    try:
+        outcome = train(result.experiment, options, say=say)
+    except DataError as exc:
+        print(f"sexpgpu: data error: {exc}", file=sys.stderr)
+        return Exit.DATA
+    if args.json:
+        print_json(outcome.model_dump())
+    else:
+        metrics = "  ".join(f"{k} {v:.4g}" for k, v in outcome.metrics.items())
+        loss = f"{outcome.final_loss:.6g}" if outcome.final_loss is not None else "-"
+        print(f"{outcome.reason}: {outcome.steps} steps in {outcome.wall_time_s:.1f}s  loss {loss}  {metrics}".rstrip())
+    return outcome.exit_code
+
+
+def _empty():  # type: ignore[no-untyped-def]
+    from ..lisp.diagnostics import SourceMap
+
+    return SourceMap()

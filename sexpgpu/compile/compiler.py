@@ -1,0 +1,543 @@
+"""The compiler's state for one file, and the %-builtins the contract macros expand into.
+
+A Compiler is installed into a fresh interpreter before the file is read: it registers the
+tensor builtins and contract forms, records what the file declares while it is evaluated,
+and checks the contract's order as each top-level form arrives.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ..ir.dtypes import DType
+from ..lisp.builtins import Registry, list_items, parse_keys, short, to_lisp_list, type_error
+from ..lisp.conditions import lisp_error
+from ..lisp.evaluator import Interpreter
+from ..lisp.objects import Builtin, Closure
+from ..lisp.printer import prin1_to_string
+from ..lisp.reader import Reader
+from ..lisp.types import NIL, T, Cons, Loc, MultipleValues, Symbol, SymbolTable
+from .experiment import FieldRecord, KnobSpec, LoaderRecord, RunSpec, Selection
+from .models import Batch, Ctx, Frozen, Group, InitSpec, Model, ModelList, Optimizer, Param
+from .tensors import Staged, TensorLib, Tracer
+
+# contract order: (rank, form names); forms not listed may appear anywhere
+ORDER: list[tuple[int, tuple[str, ...]]] = [
+    (1, ("REQUIRE",)),
+    (2, ("DEFKNOB", "DEFVARIANT", "DEFSWEEP")),
+    (3, ("DEFUN", "DEFMACRO", "DEFVAR", "DEFPARAMETER", "DEFSTRUCT", "DEFMODEL", "DEFOPTIMIZER", "DEFDIAGNOSTIC")),
+    (4, ("DEFLOADER",)),
+    (5, ("DEFPART",)),
+    (6, ("DEFOBJECTIVE",)),
+    (7, ("DEFEVALUATE", "DEFEVAL", "DEFTARGET")),
+    (8, ("DEFGROUPS",)),
+    (9, ("DEFCURRICULUM",)),
+    (10, ("DEFRUN",)),
+]
+RANK = {name: rank for rank, names in ORDER for name in names}
+CONTRACT_FORMS = {"DEFKNOB", "DEFLOADER", "DEFPART", "DEFOBJECTIVE", "DEFGROUPS", "DEFRUN", "DEFEVALUATE", "DEFEVAL", "DEFTARGET", "DEFCURRICULUM", "DEFVARIANT", "DEFSWEEP"}
+ONCE = {"DEFOBJECTIVE", "DEFGROUPS", "DEFRUN", "DEFCURRICULUM", "DEFEVALUATE"}
+ORDER_TEXT = "require, defknob/defvariant/defsweep, definitions, defloader, defpart, defobjective, defevaluate/defeval/deftarget, defgroups, defcurriculum, defrun"
+
+
+class Compiler:
+    def __init__(self, interp: Interpreter, selection: Selection, base_dir: Path) -> None:
+        self.interp = interp
+        self.selection = selection
+        self.base_dir = base_dir
+        self.tracer: Optional[Tracer] = None
+        self.knobs: dict[str, KnobSpec] = {}
+        self.variants: dict[str, dict[str, Any]] = {}
+        self.sweeps: dict[str, dict[str, Any]] = {}
+        self.loaders: dict[str, LoaderRecord] = {}
+        self.parts: dict[str, Any] = {}
+        self.objective: Any = None
+        self.evaluate: Any = None
+        self.groups: list[Group] = []
+        self.clip: Optional[float] = None
+        self.run: Optional[dict[str, Any]] = None
+        self.path: list[str] = []
+        self.model_stack: list[Model] = []
+        self.seen: list[tuple[str, Loc]] = []
+        self.current_group: Optional[str] = None
+        self.lib = TensorLib(interp, lambda: self.tracer)
+        self.lib.install()
+        self.install_builtins()
+        self.load_contract_macros()
+
+    # -- setup -----------------------------------------------------------------------------------
+    def load_contract_macros(self) -> None:
+        text = resources.files("sexpgpu.compile").joinpath("contract.lisp").read_text(encoding="utf-8")
+        previous = self.interp.limits
+        self.interp.load_text(text, "<prelude>", self.interp.base)
+        self.interp.limits = previous
+        self.interp.steps_left, self.interp.alloc_left = previous.steps, previous.alloc
+        self.interp.publish_base()
+
+    def watch(self, table: SymbolTable) -> None:
+        """Check the contract order of the forms read into TABLE (the main file)."""
+        self.interp.hook_table = table
+        self.interp.toplevel_hook = self.on_toplevel
+
+    @property
+    def is_run_file(self) -> bool:
+        return any(name in CONTRACT_FORMS for name, _ in self.seen)
+
+    def on_toplevel(self, form: Any, loc: Loc) -> None:
+        if type(form) is not Cons or type(form.car) is not Symbol:
+            return
+        name = form.car.name
+        rank = RANK.get(name)
+        if rank is None:
+            return
+        if name in ONCE and any(n == name for n, _ in self.seen):
+            first = next(l for n, l in self.seen if n == name)
+            raise self.at(loc, "C003", f"{name.lower()} may appear once; the first is at {first}")
+        if self.seen and any(n == "DEFRUN" for n, _ in self.seen):
+            raise self.at(loc, "C002", f"{name.lower()} after defrun: defrun must be the last form (order: {ORDER_TEXT})")
+        for prev_name, prev_loc in reversed(self.seen):
+            if RANK[prev_name] > rank and (prev_name in CONTRACT_FORMS or name in CONTRACT_FORMS):
+                raise self.at(loc, "C002", f"{name.lower()} must come before {prev_name.lower()} (at {prev_loc}); the order is: {ORDER_TEXT}")
+        self.seen.append((name, loc))
+
+    def at(self, loc: Loc, code: str, message: str) -> Exception:
+        err = lisp_error(code, message, "PROGRAM-ERROR")
+        err.loc = loc
+        return err
+
+    # -- builtins --------------------------------------------------------------------------------
+    def install_builtins(self) -> None:
+        reg = Registry(self.interp)
+        for name in [
+            "%defknob", "%defvariant", "%defsweep", "%model-scope", "%defparam", "%defpart", "%forward", "%call-model",
+            "%repeat", "%defpart-toplevel", "%tie", "%defloader", "%field", "%defobjective", "%defevaluate", "%metric",
+            "%make-optimizer", "%defgroups", "%defrun", "schedule", "ctx", "%repeat-list", "%models",
+        ]:
+            reg.add(name, getattr(self, "b_" + name.lstrip("%").replace("-", "_")))
+        for kind in ["zeros", "ones"]:
+            reg.add(f"%init-{kind}", lambda kind=kind: InitSpec(kind=kind))
+        reg.add("normal", self.init_fn("normal"))
+        reg.add("uniform", self.init_fn("uniform"))
+        reg.add("trunc-normal", self.init_fn("trunc-normal"))
+        reg.add("xavier", self.init_fn("xavier"))
+        reg.add("kaiming", self.init_fn("kaiming"))
+        for kind in ["synthetic", "text", "npz", "npy", "csv", "jsonl"]:
+            reg.add(kind, self.source_fn(kind))
+        reg.add("param-count", self.b_param_count)
+
+    def init_fn(self, kind: str) -> Callable[..., Any]:
+        def make(*args: Any) -> Any:
+            keys = parse_keys(kind, args, {"MEAN", "STD", "LOW", "HIGH", "GAIN"}, 1)
+            values = {k.lower(): float(v) for k, v in keys.items()}
+            return InitSpec(kind=kind, **values)  # type: ignore[arg-type]
+
+        return make
+
+    def source_fn(self, kind: str) -> Callable[..., Any]:
+        def make(*args: Any) -> Any:
+            options: dict[str, Any] = {}
+            rest = list(args)
+            url = None
+            if kind == "synthetic":
+                if not rest or type(rest[0]) is not Symbol:
+                    raise type_error("synthetic", 1, "a generator name such as :spirals :moons :blobs :linear", rest[0] if rest else NIL)
+                options["name"] = rest.pop(0).name.lower()
+            else:
+                if not rest or type(rest[0]) is not str:
+                    raise type_error(kind, 1, "a path or URL string", rest[0] if rest else NIL)
+                url = rest.pop(0)
+            for key, value in zip(rest[::2], rest[1::2]):
+                if type(key) is not Symbol or not key.is_keyword:
+                    raise type_error(kind, 2, "keyword options", key)
+                options[key.name.lower()] = lisp_to_json(value)
+            return SourceValue(kind, url, options)
+
+        return make
+
+    # -- knobs -----------------------------------------------------------------------------------------
+    def b_defknob(self, name: Any, default: Any, *args: Any) -> Any:
+        keys = parse_keys("defknob", args, {"TYPE", "RANGE", "CHOICES", "DOC"}, 3)
+        knob = name.name.lower()
+        value = default
+        raw = self.selection.set.get(knob)
+        if raw is not None:
+            value = self.parse_knob_value(knob, raw, default)
+        elif self.selection.variant and knob in self.variants.get(self.selection.variant, {}):
+            value = self.variants[self.selection.variant][knob]
+        self.check_knob(knob, value, default, keys)
+        doc = keys.get("DOC", NIL)
+        self.knobs[knob] = KnobSpec(name=knob, default=lisp_to_json(default), value=lisp_to_json(value), type=None, doc=doc if type(doc) is str else None)
+        self.interp.specials.add(name)
+        self.interp.values[name] = value
+        return name
+
+    def parse_knob_value(self, knob: str, raw: str, default: Any) -> Any:
+        try:
+            form = Reader(raw, f"--set {knob}", self.interp.table).read_next()
+        except Exception:
+            form = None
+        if form is None:
+            raise lisp_error("C004", f"--set {knob}={raw}: not a value", "TYPE-ERROR")
+        value = form.form
+        if type(default) is float and type(value) is int:
+            value = float(value)
+        return value
+
+    def check_knob(self, knob: str, value: Any, default: Any, keys: dict[str, Any]) -> None:
+        if type(default) in (int, float) and type(value) not in (int, float):
+            raise lisp_error("C004", f"knob {knob}: {short(value)} is not a number like its default {short(default)}", "TYPE-ERROR")
+        if type(default) is int and type(value) is float:
+            raise lisp_error("C004", f"knob {knob}: {short(value)} is not an integer like its default {default}", "TYPE-ERROR")
+        choices = keys.get("CHOICES", NIL)
+        if choices is not NIL and not any(_same(value, c) for c in list_items("defknob", 5, choices)):
+            raise lisp_error("C004", f"knob {knob}: {short(value)} is not one of {short(choices)}", "TYPE-ERROR")
+        bounds = keys.get("RANGE", NIL)
+        if bounds is not NIL:
+            lo, hi = list_items("defknob", 4, bounds)[:2]
+            if not lo <= value <= hi:
+                raise lisp_error("C004", f"knob {knob}: {short(value)} is outside its range [{lo}, {hi}]", "TYPE-ERROR")
+
+    def b_defvariant(self, name: Any, settings: Any) -> Any:
+        items = list_items("defvariant", 2, settings)
+        self.variants[name.name.lower()] = {k.name.lower(): v for k, v in zip(items[::2], items[1::2])}
+        return name
+
+    def b_defsweep(self, name: Any, settings: Any) -> Any:
+        items = list_items("defsweep", 2, settings)
+        self.sweeps[name.name.lower()] = {k.name.lower(): v for k, v in zip(items[::2], items[1::2])}
+        return name
+
+    # -- models ---------------------------------------------------------------------------------------
+    def current_path(self, name: str) -> str:
+        return ".".join(self.path + [name])
+
+    def b_model_scope(self, type_name: Any, thunk: Any) -> Any:
+        if not self.path:
+            raise lisp_error("C008", f"model {short(type_name)} must be created inside a defpart so its parameters get paths", "PROGRAM-ERROR")
+        model = Model(type_name=type_name.name.lower(), path=".".join(self.path))
+        self.model_stack.append(model)
+        try:
+            self.interp.call(thunk)
+        finally:
+            self.model_stack.pop()
+        if model.forward is None:
+            raise lisp_error("C008", f"defmodel {model.type_name} has no (forward (args) ...) form", "PROGRAM-ERROR")
+        return model
+
+    def current_model(self, what: str) -> Model:
+        if not self.model_stack:
+            raise lisp_error("C008", f"{what} is only allowed inside defmodel", "PROGRAM-ERROR")
+        return self.model_stack[-1]
+
+    def b_defparam(self, name: Any, shape: Any, *args: Any) -> Any:
+        model = self.current_model("defparam")
+        keys = parse_keys("defparam", args, {"INIT", "WHEN", "DTYPE"}, 3)
+        if keys.get("WHEN", T) is NIL:
+            return NIL
+        dims = self.lib.shape_arg("defparam", 2, shape)
+        init = keys.get("INIT", NIL)
+        spec = self.init_spec(init, len(dims))
+        dtype = self.lib.dtype_arg("defparam", 5, keys["DTYPE"]) if "DTYPE" in keys else DType.f32
+        param = Param(path=self.current_path(name.name.lower()), shape=tuple(dims), dtype=dtype, init=spec)
+        model.params[name.name.lower()] = param
+        return param
+
+    def init_spec(self, init: Any, rank: int) -> InitSpec:
+        if isinstance(init, InitSpec):
+            return init
+        if init is NIL:
+            return InitSpec(kind="zeros") if rank <= 1 else InitSpec(kind="kaiming")
+        if type(init) is Symbol and init.is_keyword and init.name in ("ZEROS", "ONES"):
+            return InitSpec(kind=init.name.lower())  # type: ignore[arg-type]
+        if type(init) in (int, float):
+            return InitSpec(kind="constant", value=float(init))
+        raise type_error("defparam", 3, "an initializer (:zeros :ones (normal :std s) (uniform ...) (xavier) (kaiming))", init)
+
+    def b_defpart(self, name: Any, thunk: Any) -> Any:
+        model = self.current_model("defpart")
+        self.path.append(name.name.lower())
+        try:
+            part = self.interp.call(thunk)
+        finally:
+            self.path.pop()
+        model.parts[name.name.lower()] = part
+        return part
+
+    def b_forward(self, fn: Any) -> Any:
+        self.current_model("forward").forward = fn
+        return NIL
+
+    def b_repeat(self, n: Any, thunk: Any) -> Any:
+        count = self.lib.int_arg("repeat", 1, n)
+        models = []
+        for i in range(count):
+            self.path.append(str(i))
+            try:
+                models.append(self.interp.call(thunk))
+            finally:
+                self.path.pop()
+        return ModelList(path=".".join(self.path), models=models)
+
+    def b_repeat_list(self, thunks: Any) -> Any:
+        """Parts 0..n-1 made by a list of constructors (layers of different sizes)."""
+        models = []
+        for i, thunk in enumerate(list_items("repeat", 1, thunks)):
+            self.path.append(str(i))
+            try:
+                models.append(self.interp.call(thunk))
+            finally:
+                self.path.pop()
+        return ModelList(path=".".join(self.path), models=models)
+
+    def b_models(self, part: Any) -> Any:
+        if not isinstance(part, ModelList):
+            raise type_error("models", 1, "a repeated part", part)
+        return to_lisp_list(part.models)
+
+    def b_call_model(self, model: Any, args: Any) -> Any:
+        return self.call_model(model, list_items("call model", 2, args))
+
+    def call_model(self, model: Any, args: list[Any]) -> Any:
+        if isinstance(model, ModelList):
+            value = args[0] if len(args) == 1 else to_lisp_list(args)
+            for m in model.models:
+                value = self.call_model(m, [value])
+            return value
+        if not isinstance(model, Model):
+            raise type_error("call", 1, "a model", model)
+        tracer = self.lib.tracer(model.type_name)
+        tracer.path_stack.append(model.path)
+        try:
+            result = self.interp.apply(model.forward, args)
+        finally:
+            tracer.path_stack.pop()
+        return result
+
+    def b_defpart_toplevel(self, name: Any, thunk: Any) -> Any:
+        key = name.name.lower()
+        if key in self.parts:
+            raise lisp_error("C003", f"defpart {key} is defined twice", "PROGRAM-ERROR")
+        self.path.append(key)
+        try:
+            part = self.interp.call(thunk)
+        finally:
+            self.path.pop()
+        if not isinstance(part, (Model, ModelList)):
+            raise lisp_error("C008", f"defpart {key}: {short(part)} is not a model; call a defmodel constructor", "PROGRAM-ERROR")
+        self.parts[key] = part
+        self.interp.values[name] = part
+        self.interp.functions[name] = Builtin(key, lambda *args: self.call_model(part, list(args)), 0, None)
+        return name
+
+    def b_tie(self, target: Any, source: Any, transpose: Any) -> Any:
+        raise lisp_error("E109", "tie arrives with the nn module's weight tying (next release)", "PROGRAM-ERROR")
+
+    def b_param_count(self, part: Any) -> Any:
+        if isinstance(part, (Model, ModelList)):
+            total = 0
+            for p in part.all_params():
+                n = 1
+                for d in p.shape:
+                    n *= d
+                total += n
+            return total
+        raise type_error("param-count", 1, "a model (a defpart)", part)
+
+    # -- data -----------------------------------------------------------------------------------------
+    def b_defloader(self, name: Any, *args: Any) -> Any:
+        keys = parse_keys("defloader", args, {"SOURCE", "PREPARE", "FIELDS", "BATCH", "SHUFFLE", "PART", "STAGES"}, 2)
+        key = name.name.lower()
+        source = keys.get("SOURCE", NIL)
+        if not isinstance(source, SourceValue):
+            raise lisp_error("C008", f"defloader {key}: :source needs a source such as (synthetic :spirals ...) or (npz \"file.npz\")", "PROGRAM-ERROR")
+        batch = keys.get("BATCH", NIL)
+        if type(batch) is not int or batch <= 0:
+            raise lisp_error("C008", f"defloader {key}: :batch needs a positive integer, got {short(batch)}", "PROGRAM-ERROR")
+        fields = []
+        for spec in list_items("defloader", 4, keys.get("FIELDS", NIL)):
+            fname, dtype, shape = list_items("defloader", 4, spec)
+            fields.append(FieldRecord(name=fname.name.lower(), dtype=self.lib.dtype_arg("defloader", 4, dtype).value, shape=tuple(self.lib.shape_arg("defloader", 4, shape))))
+        if not fields:
+            raise lisp_error("C008", f"defloader {key}: :fields needs at least one (name dtype (shape...))", "PROGRAM-ERROR")
+        prepare = []
+        for step in list_items("defloader", 3, keys.get("PREPARE", NIL)):
+            items = list_items("defloader", 3, step)
+            options = {k.name.lower(): lisp_to_json(v) for k, v in zip(items[1::2], items[2::2])}
+            prepare.append({"kind": items[0].name.lower(), "options": options})
+        part = keys.get("PART", NIL)
+        self.loaders[key] = LoaderRecord(
+            name=key,
+            source=source.record(),
+            prepare=prepare,
+            fields=fields,
+            batch=batch,
+            shuffle=keys.get("SHUFFLE", NIL) is not NIL,
+            part=None if part is NIL else part.name.lower(),
+            base_dir=str(self.base_dir),
+        )
+        return name
+
+    def b_field(self, batch: Any, name: Any) -> Any:
+        if not isinstance(batch, Batch):
+            raise type_error("field", 1, "a batch (the argument of defobjective)", batch)
+        value = batch.fields.get(name.name.lower())
+        if value is None:
+            known = ", ".join(batch.fields)
+            raise lisp_error("C008", f"field: loader {batch.loader} has no field {name.name.lower()}; its fields are: {known}", "PROGRAM-ERROR")
+        return value
+
+    # -- objective, groups, run ----------------------------------------------------------------------
+    def b_defobjective(self, fn: Any) -> Any:
+        self.objective = fn
+        return NIL
+
+    def b_defevaluate(self, fn: Any) -> Any:
+        self.evaluate = fn
+        return NIL
+
+    def b_metric(self, name: Any, value: Any) -> Any:
+        tracer = self.lib.tracer("metric")
+        staged = self.lib.staged("metric", 2, value)
+        if staged.type.rank != 0:
+            staged = self.lib.op("metric", "mean", self.lib.cast_to("metric", staged, DType.f32) if not staged.type.dtype.is_float else staged)
+        tracer.metrics[name.name.lower()] = staged.id
+        return value
+
+    def b_make_optimizer(self, name: Any, states: Any, update: Any) -> Any:
+        slots = []
+        for spec in list_items("defoptimizer", 2, states):
+            items = list_items("defstate", 1, spec)
+            keys = parse_keys("defstate", tuple(items[1:]), {"INIT"}, 2)
+            init = keys.get("INIT", NIL)
+            slots.append((items[0].name.lower(), self.init_spec(init, 0) if init is not NIL else InitSpec(kind="zeros")))
+        return Optimizer(name=name.name.lower(), states=slots, update=update)
+
+    def b_defgroups(self, groups: Any, *args: Any) -> Any:
+        keys = parse_keys("defgroups", args, {"CLIP"}, 2)
+        clip = keys.get("CLIP", NIL)
+        self.clip = None if clip is NIL else float(clip)
+        for spec in list_items("defgroups", 1, groups):
+            gname, selector, opt = list_items("defgroups", 1, spec)
+            if type(selector) is not str:
+                raise lisp_error("C008", f"defgroups {short(gname)}: the selector must be a glob string like \"**\" or \"model.*.w\"", "PROGRAM-ERROR")
+            if type(opt) is Symbol and opt.name == "FROZEN":
+                optimizer = None
+            elif isinstance(opt, Optimizer):
+                optimizer = opt
+            else:
+                raise lisp_error("C008", f"defgroups {short(gname)}: {short(opt)} is neither an optimizer nor :frozen", "PROGRAM-ERROR")
+            self.groups.append(Group(name=gname.name.lower(), selector=selector, optimizer=optimizer))
+        return NIL
+
+    def b_defrun(self, *args: Any) -> Any:
+        keys = parse_keys("defrun", args, {"STEPS", "SEED", "LOG-EVERY", "META", "MICROBATCHES", "PRECISION", "CHECKPOINT", "FINITE-GUARD", "DIAGNOSTICS"}, 1)
+        steps = keys.get("STEPS", NIL)
+        if type(steps) is not int or steps <= 0:
+            raise lisp_error("C008", f"defrun: :steps needs a positive integer, got {short(steps)}", "PROGRAM-ERROR")
+        self.run = {
+            "steps": steps,
+            "seed": keys.get("SEED", 0),
+            "log_every": keys.get("LOG-EVERY", 10),
+            "meta": lisp_to_json(keys.get("META", NIL)) or {},
+        }
+        return NIL
+
+    def b_schedule(self, lr: Any, ctx: Any) -> Any:
+        if isinstance(lr, (int, float)):
+            value: Any = float(lr)
+        elif type(lr) in (Closure, Builtin):
+            step = ctx.values["step"] if isinstance(ctx, Ctx) else self.lib.tracer("schedule")
+            value = self.interp.call(lr, step)
+        else:
+            raise type_error("schedule", 1, "a learning rate: a number or a schedule", lr)
+        tracer = self.lib.tracer("schedule")
+        if self.current_group is not None:
+            staged = self.lib.staged("schedule", 1, value)
+            tracer.metrics[f"lr:{self.current_group}"] = staged.id
+        return value
+
+    def b_ctx(self, key: Any, *rest: Any) -> Any:
+        tracer = self.lib.tracer("ctx")
+        name = key.name.lower() if type(key) is Symbol else ""
+        ctx = getattr(tracer, "ctx", None)
+        if ctx is None or name not in ctx.values:
+            raise lisp_error("C008", f"(ctx {short(key)}): this ctx key is not available here; available: {', '.join(ctx.values) if ctx else 'none'}", "PROGRAM-ERROR")
+        return ctx.values[name]
+
+    # -- queries for the pipeline ------------------------------------------------------------------------------
+    def all_params(self) -> list[Param]:
+        out: list[Param] = []
+        for part in self.parts.values():
+            out.extend(part.all_params())
+        return out
+
+    def assign_groups(self) -> None:
+        for param in self.all_params():
+            for group in self.groups:
+                if glob_match(group.selector, param.path):
+                    group.params.append(param.path)
+                    break
+            else:
+                raise lisp_error("C005", f"parameter {param.path} matches no group in defgroups; add a group such as (rest \"**\" ...)", "PROGRAM-ERROR")
+
+
+class SourceValue:
+    """What (synthetic ...), (npz "...") and friends return: a data source description."""
+
+    def __init__(self, kind: str, url: Optional[str], options: dict[str, Any]) -> None:
+        self.kind = kind
+        self.url = url
+        self.options = options
+
+    def record(self) -> dict[str, Any]:
+        return {"kind": self.kind, "url": self.url, "options": self.options}
+
+    def lisp_print(self) -> str:
+        return f"#<source {self.kind} {self.url or self.options.get('name', '')}>"
+
+
+def glob_match(selector: str, path: str) -> bool:
+    """Selectors over parameter paths: `*` matches one segment (or part of one, as in
+    `w*`), `**` any number of segments, including none."""
+    return _match(selector.split("."), path.split("."))
+
+
+def _match(pattern: list[str], segments: list[str]) -> bool:
+    if not pattern:
+        return not segments
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return any(_match(rest, segments[i:]) for i in range(len(segments) + 1))
+    return bool(segments) and fnmatch.fnmatchcase(segments[0], head) and _match(rest, segments[1:])
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b if type(a) is type(b) else False
+
+
+def lisp_to_json(x: Any) -> Any:
+    """A Lisp value as JSON data (for records that leave the Lisp)."""
+    if x is NIL:
+        return None
+    if x is T:
+        return True
+    if type(x) is Symbol:
+        return x.name.lower() if not x.is_keyword else ":" + x.name.lower()
+    if type(x) is Cons:
+        items = list(x)
+        if items and all(type(k) is Symbol and k.is_keyword for k in items[::2]) and len(items) % 2 == 0:
+            return {k.name.lower(): lisp_to_json(v) for k, v in zip(items[::2], items[1::2])}
+        return [lisp_to_json(i) for i in items]
+    if type(x) is list:
+        return [lisp_to_json(i) for i in x]
+    if type(x) in (int, float, str, bool):
+        return x
+    if type(x).__name__ == "Fraction":
+        return float(x)
+    return prin1_to_string(x)
+
+
+__all__ = ["Compiler", "glob_match", "lisp_to_json", "MultipleValues", "Staged"]

@@ -1,0 +1,119 @@
+;;;; contract.lisp -- the run-file forms, as macros over the compiler's %-builtins.
+;;;;
+;;;; Loaded after the prelude, into the standard library, by the compiler. Everything here
+;;;; only records what the file declares; staging happens after the whole file is read.
+
+;;; Knobs, variants, sweeps
+
+(defmacro defknob (name default &key type range choices doc)
+  `(%defknob ',name ,default :type ',type :range ',range :choices ',choices :doc ,doc))
+
+(defmacro defvariant (name &rest settings)
+  `(%defvariant ',name (list ,@(%knob-settings settings))))
+
+(defmacro defsweep (name &rest settings)
+  `(%defsweep ',name (list ,@(%knob-settings settings))))
+
+(defun %knob-settings (settings)
+  ;; (:knob value ...) with values evaluated, keywords kept
+  (loop for (key value) on settings by #'cddr
+        collect key
+        collect value))
+
+;;; Models
+
+(defun %model-body (forms)
+  ;; defparam and defpart bind their name for the rest of the body; forward records the
+  ;; traced function
+  (if (null forms)
+      nil
+      (let ((form (car forms))
+            (rest (%model-body (cdr forms))))
+        (cond ((and (consp form) (%name= (car form) "DEFPARAM"))
+               `(let ((,(second form) (%defparam ',(second form) (list ,@(third form)) ,@(cdddr form))))
+                  ,@(if rest (list rest) (list (second form)))))
+              ((and (consp form) (%name= (car form) "DEFPART"))
+               (let ((name (second form)) (args (gensym "ARGS")))
+                 `(let ((,name (%defpart ',name (lambda () ,(third form)))))
+                    (flet ((,name (&rest ,args) (%call-model ,name ,args)))
+                      ,@(if rest (list rest) (list name))))))
+              ((and (consp form) (%name= (car form) "FORWARD"))
+               `(progn (%forward (lambda ,(second form) ,@(cddr form))) ,rest))
+              (t `(progn ,form ,rest))))))
+
+(defmacro defmodel (name lambda-list &body body)
+  `(defun ,name ,lambda-list
+     (%model-scope ',name (lambda () ,(%model-body (%body-without-doc body))))))
+
+(defmacro repeat (n form)
+  `(%repeat ,n (lambda () ,form)))
+
+(defmacro defpart (name constructor)
+  `(%defpart-toplevel ',name (lambda () ,constructor)))
+
+(defmacro tie (target source &key transpose)
+  `(%tie ,target ,source ,transpose))
+
+;;; Data
+
+(defun %field-spec (spec)
+  (destructuring-bind (name dtype shape) spec
+    `(list ',name ,dtype (list ,@shape))))
+
+(defun %prepare-spec (step)
+  ;; (normalize field) names a field; the other steps take evaluated keyword arguments
+  (if (%name= (car step) "NORMALIZE")
+      `(list ',(car step) :field ',(second step))
+      `(list ',(car step) ,@(cdr step))))
+
+(defmacro defloader (name &key source prepare fields batch shuffle stages part)
+  `(%defloader ',name
+               :source ,source
+               :prepare (list ,@(mapcar #'%prepare-spec prepare))
+               :fields (list ,@(mapcar #'%field-spec fields))
+               :batch ,batch
+               :shuffle ,shuffle
+               :part ',part
+               :stages ',stages))
+
+(defmacro field (batch name)
+  `(%field ,batch ',name))
+
+;;; Objective, metrics, evaluation
+
+(defmacro defobjective ((batch) &body body)
+  `(%defobjective (lambda (,batch) ,@body)))
+
+(defmacro defevaluate ((batch) &body body)
+  `(%defevaluate (lambda (,batch) ,@body)))
+
+(defmacro metric (name value)
+  `(%metric ',name ,value))
+
+;;; Optimizers
+
+(defmacro defoptimizer (name lambda-list &body body)
+  (let* ((states (remove-if-not (lambda (f) (and (consp f) (%name= (car f) "DEFSTATE"))) body))
+         (update (find-if (lambda (f) (and (consp f) (%name= (car f) "OPTIMIZER-UPDATE"))) body))
+         (state-names (mapcar #'second states))
+         (result (gensym "NEW")))
+    (unless update
+      (error "defoptimizer ~a: the body needs an (optimizer-update (param grad ctx) ...) form" name))
+    `(defun ,name ,lambda-list
+       (%make-optimizer
+        ',name
+        (list ,@(mapcar (lambda (s) `(list ',(second s) ,@(cddr s))) states))
+        (lambda (,@(second update) ,@state-names)
+          (let ((,result (progn ,@(cddr update))))
+            (values ,result ,@state-names)))))))
+
+(defmacro defgroups (&rest groups)
+  (let ((clip (getf (member-if #'keywordp groups) :clip))
+        (specs (loop for g in groups while (consp g) collect g)))
+    `(%defgroups (list ,@(mapcar (lambda (g) `(list ',(first g) ,(second g) ,(third g))) specs))
+                 :clip ,clip)))
+
+;;; The run
+
+(defmacro defrun (&rest options)
+  `(%defrun ,@options))

@@ -1,0 +1,84 @@
+"""The compiled experiment: everything the runtime needs, as pydantic records (so bundles
+and workers can carry it as JSON)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import BaseModel, Field
+
+from ..ir.graph import Module
+from .models import InitSpec, ParamSpec
+
+
+class Selection(BaseModel):
+    """What varies a run from outside the file: --variant, --set, --sweep/--point."""
+
+    variant: Optional[str] = None
+    set: dict[str, str] = Field(default_factory=dict)
+    sweep: Optional[str] = None
+    point: Optional[int] = None
+
+
+class KnobSpec(BaseModel):
+    name: str
+    default: Any
+    value: Any
+    type: Optional[str] = None
+    doc: Optional[str] = None
+
+
+class FieldRecord(BaseModel):
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class LoaderRecord(BaseModel):
+    name: str
+    source: dict[str, Any]
+    prepare: list[dict[str, Any]] = Field(default_factory=list)
+    fields: list[FieldRecord]
+    batch: int
+    shuffle: bool = False
+    part: Optional[str] = None
+    base_dir: str = "."
+
+
+class StateSpec(BaseModel):
+    name: str
+    init: InitSpec
+
+
+class GroupSpec(BaseModel):
+    name: str
+    selector: str
+    optimizer: Optional[str]  # None: frozen
+    params: list[str]
+    states: list[StateSpec] = Field(default_factory=list)
+
+
+class RunSpec(BaseModel):
+    steps: int
+    seed: int = 0
+    log_every: int = 10
+    clip: Optional[float] = None
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+
+class Experiment(BaseModel):
+    file: str
+    file_stem: str
+    selection: Selection
+    knobs: list[KnobSpec]
+    params: list[ParamSpec]
+    loaders: dict[str, LoaderRecord]
+    groups: list[GroupSpec]
+    run: RunSpec
+    metrics: list[str]
+    module: Module
+    ir_hash: str
+    source_hash: str
+
+    def knob_values(self) -> dict[str, Any]:
+        return {k.name: k.value for k in self.knobs}

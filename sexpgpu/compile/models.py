@@ -1,0 +1,136 @@
+"""What a run file declares, as compile-time objects: parameters, models, optimizers, and
+the initializer specs (records that cross into the runtime are pydantic)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel
+
+from ..ir.dtypes import DType
+
+
+class InitSpec(BaseModel):
+    """How a parameter's initial values are drawn (deterministically from the run seed and
+    the parameter path; see runtime/init.py)."""
+
+    kind: Literal["zeros", "ones", "constant", "normal", "uniform", "trunc-normal", "xavier", "kaiming"]
+    mean: float = 0.0
+    std: Optional[float] = None
+    low: float = -1.0
+    high: float = 1.0
+    value: float = 0.0
+    gain: float = 1.0
+
+    def lisp_print(self) -> str:
+        return f"#<init {self.kind}>"
+
+
+class ParamSpec(BaseModel):
+    path: str
+    shape: tuple[int, ...]
+    dtype: DType = DType.f32
+    init: InitSpec
+    tied_to: Optional[str] = None
+
+
+@dataclass(eq=False)
+class Param:
+    path: str
+    shape: tuple[int, ...]
+    dtype: DType
+    init: InitSpec
+
+    def lisp_print(self) -> str:
+        dims = ",".join(map(str, self.shape))
+        return f"#<param {self.path} {self.dtype.value}[{dims}]>"
+
+    def spec(self) -> ParamSpec:
+        return ParamSpec(path=self.path, shape=self.shape, dtype=self.dtype, init=self.init)
+
+
+@dataclass(eq=False)
+class Model:
+    type_name: str
+    path: str
+    params: dict[str, Param] = field(default_factory=dict)
+    parts: dict[str, "Part"] = field(default_factory=dict)
+    forward: Any = None
+
+    def lisp_print(self) -> str:
+        return f"#<model {self.type_name} {self.path or '(top)'}>"
+
+    def all_params(self) -> list[Param]:
+        out = list(self.params.values())
+        for part in self.parts.values():
+            if isinstance(part, (Model, ModelList)):
+                out.extend(part.all_params())
+        return out
+
+
+@dataclass(eq=False)
+class ModelList:
+    """`(repeat n (ctor ...))`: parts named 0..n-1; calling it applies each in turn."""
+
+    path: str
+    models: list[Any] = field(default_factory=list)
+
+    def lisp_print(self) -> str:
+        return f"#<repeat {len(self.models)} {self.path}>"
+
+    def all_params(self) -> list[Param]:
+        out: list[Param] = []
+        for m in self.models:
+            if isinstance(m, (Model, ModelList)):
+                out.extend(m.all_params())
+        return out
+
+
+Part = Union[Model, ModelList, Any]
+
+
+@dataclass(eq=False)
+class Optimizer:
+    """What `(optim:adamw :lr ...)` returns: its state slots and its traced update."""
+
+    name: str
+    states: list[tuple[str, InitSpec]]
+    update: Any  # a Lisp closure (param grad ctx state...) -> (values new-param new-state...)
+
+    def lisp_print(self) -> str:
+        return f"#<optimizer {self.name}>"
+
+
+class Frozen:
+    def lisp_print(self) -> str:
+        return "#<frozen>"
+
+
+@dataclass
+class Group:
+    name: str
+    selector: str
+    optimizer: Optional[Optimizer]  # None: frozen
+    params: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Batch:
+    """The value a defobjective/defevaluate receives: its fields are staged data inputs."""
+
+    loader: str
+    fields: dict[str, Any]
+
+    def lisp_print(self) -> str:
+        return f"#<batch {self.loader}>"
+
+
+@dataclass
+class Ctx:
+    """`ctx` inside an optimizer update or schedule: staged scalars read at run time."""
+
+    values: dict[str, Any]
+
+    def lisp_print(self) -> str:
+        return "#<ctx>"

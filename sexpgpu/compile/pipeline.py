@@ -1,0 +1,209 @@
+"""The one way to compile a file: read and evaluate it with the contract forms installed,
+check the contract, stage the objective, differentiate it, lower the optimizer groups, and
+check every program. The CLI, bundles and workers all call compile_file."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..ir.check import IRError, check_program
+from ..ir.dtypes import DType
+from ..ir.graph import Module, Program, TensorType
+from ..lisp.conditions import LispError, lisp_error
+from ..lisp.diagnostics import Diagnostic
+from ..lisp.evaluator import Limits
+from ..lisp.program import Program as LispProgram
+from ..lisp.program import display_path, guarded, has_errors, load_file
+from ..lisp.types import MultipleValues
+from .autodiff import backward
+from .compiler import Compiler
+from .experiment import Experiment, GroupSpec, RunSpec, Selection, StateSpec
+from .models import Batch, Ctx
+from .tensors import Staged, Tracer
+
+
+@dataclass
+class CompileResult:
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    experiment: Optional[Experiment] = None
+    program: Optional[LispProgram] = None
+    compiler: Optional[Compiler] = None
+
+    @property
+    def ok(self) -> bool:
+        return not has_errors(self.diagnostics)
+
+
+def compile_file(path: Path, selection: Optional[Selection] = None, limits: Optional[Limits] = None, output: Any = None) -> CompileResult:
+    selection = selection or Selection()
+    holder: dict[str, Compiler] = {}
+
+    def setup(program: LispProgram) -> None:
+        compiler = Compiler(program.interp, selection, path.resolve().parent)
+        compiler.watch(program.table)
+        holder["compiler"] = compiler
+
+    program, diagnostics = load_file(path, limits, output=output, setup=setup)
+    result = CompileResult(diagnostics=list(diagnostics), program=program, compiler=holder.get("compiler"))
+    compiler = result.compiler
+    if program is None or compiler is None or not result.ok:
+        return result
+    unknown = sorted(set(selection.set) - set(compiler.knobs))
+    if unknown:
+        result.diagnostics.append(Diagnostic(code="C004", message=f"--set {unknown[0]}: no knob named {unknown[0]} (declared: {', '.join(compiler.knobs) or 'none'})"))
+        return result
+    if not compiler.is_run_file:
+        return result
+    experiment, problem = guarded(lambda: build_experiment(path, program, compiler, selection))
+    if problem is not None:
+        result.diagnostics.append(problem)
+    result.experiment = experiment
+    return result
+
+
+def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selection: Selection) -> Experiment:
+    check_presence(compiler)
+    interp = program.interp
+    compiler.assign_groups()
+    train_loader = compiler.loaders["train"]
+    forward, train, metrics, trainable = stage_train(compiler, train_loader)
+    update = stage_update(compiler, trainable)
+    module = Module(programs={"forward": forward, "train": train, "update": update})
+    for prog in module.programs.values():
+        try:
+            check_program(prog)
+        except IRError as exc:
+            raise lisp_error("X001", f"internal error: the IR does not check: {exc}", "ERROR") from None
+    sources = b"".join(f.read_bytes() for f in program.files)
+    assert compiler.run is not None
+    groups = [
+        GroupSpec(
+            name=g.name,
+            selector=g.selector,
+            optimizer=g.optimizer.name if g.optimizer else None,
+            params=g.params,
+            states=[StateSpec(name=n, init=i) for n, i in (g.optimizer.states if g.optimizer else [])],
+        )
+        for g in compiler.groups
+    ]
+    del interp
+    return Experiment(
+        file=display_path(path),
+        file_stem=path.stem,
+        selection=selection,
+        knobs=list(compiler.knobs.values()),
+        params=[p.spec() for p in compiler.all_params()],
+        loaders=dict(compiler.loaders),
+        groups=groups,
+        run=RunSpec(steps=compiler.run["steps"], seed=compiler.run["seed"], log_every=compiler.run["log_every"], clip=compiler.clip, meta=compiler.run["meta"]),
+        metrics=metrics,
+        module=module,
+        ir_hash=module.hash(),
+        source_hash=hashlib.sha256(sources).hexdigest(),
+    )
+
+
+def check_presence(compiler: Compiler) -> None:
+    seen = {name for name, _ in compiler.seen}
+    for form, what in [("DEFLOADER", "at least one defloader, named train"), ("DEFPART", "at least one defpart"), ("DEFOBJECTIVE", "exactly one defobjective"), ("DEFGROUPS", "exactly one defgroups"), ("DEFRUN", "exactly one defrun, last")]:
+        if form not in seen:
+            raise lisp_error("C001", f"the file has no {form.lower()}: a run file needs {what}", "PROGRAM-ERROR")
+    if "train" not in compiler.loaders:
+        raise lisp_error("C001", f"no loader is named train (loaders: {', '.join(compiler.loaders)}); name the training loader train", "PROGRAM-ERROR")
+
+
+def data_inputs(tracer: Tracer, loader: Any) -> Batch:
+    fields = {}
+    for f in loader.fields:
+        nid = tracer.builder.input(f"data.{f.name}", "data", TensorType(dtype=DType(f.dtype), shape=(loader.batch, *f.shape)))
+        fields[f.name] = Staged(tracer, nid)
+    return Batch(loader=loader.name, fields=fields)
+
+
+def stage_train(compiler: Compiler, loader: Any) -> tuple[Program, Program, list[str], list[str]]:
+    tracer = Tracer("train")
+    batch = data_inputs(tracer, loader)
+    compiler.tracer = tracer
+    try:
+        loss = compiler.interp.call(compiler.objective, batch)
+    finally:
+        compiler.tracer = None
+    if type(loss) is MultipleValues:
+        loss = loss[0]
+    if type(loss) is not Staged or loss.type.rank != 0 or loss.type.dtype != DType.f32:
+        what = str(loss.type) if type(loss) is Staged else "a Lisp value"
+        raise lisp_error("C006", f"defobjective must return one f32 scalar loss, got {what}", "TYPE-ERROR")
+    builder = tracer.builder
+    outputs = {"loss": loss.id, **{f"metric:{k}": v for k, v in tracer.metrics.items()}}
+    forward = builder.program(outputs)
+    forward.name = "forward"
+    frozen = {p for g in compiler.groups if g.optimizer is None for p in g.params}
+    all_paths = [p.path for p in compiler.all_params()]
+    trainable = [p for p in all_paths if p not in frozen]
+    missing = [p for p in trainable if p not in tracer.params]
+    if missing:
+        raise lisp_error("C007", f"parameter {missing[0]} is not used by the objective, so it gets no gradient; use it or freeze it in defgroups", "PROGRAM-ERROR")
+    grads = backward(builder, loss.id, [tracer.params[p] for p in trainable])
+    for p in trainable:
+        if grads[tracer.params[p]] is None:
+            raise lisp_error("C007", f"parameter {p} gets no gradient from the loss (it only reaches it through non-differentiable ops); freeze it in defgroups", "PROGRAM-ERROR")
+    for path in all_paths:
+        if path not in tracer.params:
+            builder.input(path, "param", TensorType(dtype=DType.f32, shape=next(p.shape for p in compiler.all_params() if p.path == path)))
+    train_outputs = dict(outputs)
+    for p in trainable:
+        train_outputs[f"grad:{p}"] = grads[tracer.params[p]]  # type: ignore[assignment]
+    train = builder.program(train_outputs)
+    return forward, train, list(tracer.metrics), trainable
+
+
+def stage_update(compiler: Compiler, trainable: list[str]) -> Program:
+    tracer = Tracer("update")
+    b = tracer.builder
+    params = {p.path: p for p in compiler.all_params()}
+    step = b.input("ctx.step", "ctx", TensorType(dtype=DType.f32, shape=()))
+    ctx = Ctx(values={"step": Staged(tracer, step)})
+    tracer.ctx = ctx  # type: ignore[attr-defined]
+    grads = {p: b.input(f"grad:{p}", "value", TensorType(dtype=DType.f32, shape=params[p].shape)) for p in trainable}
+    squares = [b.op("sum", b.op("mul", g, g), axis=None, keepdims=False) for g in grads.values()]
+    total = squares[0] if squares else b.const(0.0, DType.f32)
+    for sq in squares[1:]:
+        total = b.op("add", total, sq)
+    norm = b.op("sqrt", total)
+    outputs: dict[str, int] = {"grad-norm": norm}
+    if compiler.clip is not None:
+        scale = b.op("minimum", b.const(1.0, DType.f32), b.op("div", b.const(compiler.clip, DType.f32), b.op("add", norm, b.const(1e-6, DType.f32))))
+        grads = {p: b.op("mul", g, scale) for p, g in grads.items()}
+    compiler.tracer = tracer
+    try:
+        for group in compiler.groups:
+            if group.optimizer is None:
+                continue
+            compiler.current_group = group.name
+            for path in group.params:
+                param = tracer.param(params[path])
+                states = [Staged(tracer, b.input(f"state:{path}:{name}", "state", TensorType(dtype=DType.f32, shape=params[path].shape))) for name, _ in group.optimizer.states]
+                tracer.path_stack.append(path)
+                try:
+                    result = compiler.interp.apply(group.optimizer.update, [param, Staged(tracer, grads[path]), ctx, *states])
+                finally:
+                    tracer.path_stack.pop()
+                values = list(result) if type(result) is MultipleValues else [result]
+                new_param = compiler.lib.staged("optimizer-update", 1, values[0], param.type)
+                if new_param.type != param.type:
+                    raise lisp_error("T001", f"optimizer {group.optimizer.name}: the update of {path} is {new_param.type}, the parameter is {param.type}", "TYPE-ERROR")
+                outputs[f"param:{path}"] = new_param.id
+                for (name, _), value in zip(group.optimizer.states, values[1:]):
+                    outputs[f"state:{path}:{name}"] = compiler.lib.staged("optimizer-update", 1, value, param.type).id
+    finally:
+        compiler.tracer = None
+        compiler.current_group = None
+    for key, nid in tracer.metrics.items():
+        outputs[key] = nid
+    return b.program(outputs)
+
+
+__all__ = ["compile_file", "CompileResult", "LispError"]

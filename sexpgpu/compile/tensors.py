@@ -1,0 +1,622 @@
+"""Staging: the tensor builtins. Calling a tensor operation on staged values records an IR
+node instead of computing; on plain Lisp numbers the generic ones (+, exp, max ...) compute
+as before.
+
+Composite operations (softmax, layer-norm, logsumexp, one-hot ...) are defined here by their
+composition of op-table entries, so autodiff and the backends only see primitives.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from ..ir.builder import Builder
+from ..ir.dtypes import DType, promote_floats
+from ..ir.graph import TensorType
+from ..ir.ops import OpError
+from ..lisp.builtins import Registry, list_items, parse_keys, to_lisp_list, type_error
+from ..lisp.conditions import LispError, lisp_error
+from ..lisp.objects import Builtin
+from ..lisp.types import NIL, T, Cons, Symbol
+
+if TYPE_CHECKING:
+    from ..lisp.evaluator import Interpreter
+    from .models import Param
+
+
+class Staged:
+    """A tensor value being traced: node ID of the tracer's program."""
+
+    __slots__ = ("tracer", "id")
+
+    def __init__(self, tracer: "Tracer", nid: int) -> None:
+        self.tracer = tracer
+        self.id = nid
+
+    @property
+    def type(self) -> TensorType:
+        return self.tracer.builder.type(self.id)
+
+    def lisp_print(self) -> str:
+        return f"#<tensor {self.type} %{self.id}>"
+
+
+class Tracer:
+    """One program being staged: its builder, the parameters it has read, its metrics."""
+
+    def __init__(self, name: str) -> None:
+        self.builder = Builder(name)
+        self.params: dict[str, int] = {}
+        self.metrics: dict[str, int] = {}
+        self.path_stack: list[str] = []
+
+    def param(self, p: "Param") -> Staged:
+        nid = self.params.get(p.path)
+        if nid is None:
+            nid = self.builder.input(p.path, "param", TensorType(dtype=p.dtype, shape=p.shape))
+            self.params[p.path] = nid
+        return Staged(self, nid)
+
+
+def is_number(x: Any) -> bool:
+    return type(x) in (int, float, Fraction)
+
+
+class TensorLib:
+    """Registers the tensor builtins into an interpreter. `tracer()` gives the program being
+    staged (the compiler sets it while it traces objectives, forwards and updates)."""
+
+    def __init__(self, interp: "Interpreter", current: Callable[[], Optional[Tracer]]) -> None:
+        self.interp = interp
+        self.current = current
+        self.reg = Registry(interp)
+
+    # -- values ------------------------------------------------------------------------------
+    def tracer(self, fn: str) -> Tracer:
+        tracer = self.current()
+        if tracer is None:
+            raise lisp_error("T003", f"`{fn}` stages a tensor operation, which only happens inside forward, defobjective, defevaluate or an optimizer update", "PROGRAM-ERROR")
+        return tracer
+
+    def staged(self, fn: str, pos: int, x: Any, like: Optional[TensorType] = None) -> Staged:
+        """X as a staged tensor: parameters become inputs; numbers become constants of LIKE's
+        dtype (weak literals) or f32."""
+        from .models import Param
+
+        if type(x) is Staged:
+            return x
+        if type(x) is Param:
+            return self.tracer(fn).param(x)
+        if is_number(x):
+            tracer = self.tracer(fn)
+            dtype = like.dtype if like is not None else DType.f32
+            if not dtype.is_float and type(x) is not int and not (type(x) is float and x.is_integer()):
+                raise lisp_error("T001", f"{fn}: the number {x} cannot meet the integer tensor {like} without a cast; use (cast x :f32)", "TYPE-ERROR")
+            value: Any = float(x) if dtype.is_float else int(x)
+            if dtype == DType.bool:
+                value = bool(x)
+            return Staged(tracer, self.node(fn, lambda b: b.const(value, dtype)))
+        raise type_error(fn, pos, "a tensor or a number", x)
+
+    def node(self, fn: str, make: Callable[[Builder], int]) -> int:
+        tracer = self.tracer(fn)
+        builder = tracer.builder
+        loc = self.interp.call_loc
+        builder.loc = str(loc) if loc is not None else None
+        builder.path = tracer.path_stack[-1] if tracer.path_stack else None
+        try:
+            return make(builder)
+        except OpError as exc:
+            message = str(exc)
+            if not message.startswith(fn):
+                message = f"{fn}: {message}"
+            raise lisp_error("T001", message, "TYPE-ERROR") from None
+
+    def op(self, fn: str, name: str, *args: Staged, **attrs: Any) -> Staged:
+        tracer = args[0].tracer if args else self.tracer(fn)
+        return Staged(tracer, self.node(fn, lambda b: b.op(name, *(a.id for a in args), **attrs)))
+
+    def pair(self, fn: str, a: Any, b: Any) -> tuple[Staged, Staged]:
+        """Two operands with promotion: numbers take the tensor's dtype; two float dtypes
+        meet at the wider; integer and float tensors need an explicit cast."""
+        from .models import Param
+
+        def tensor_type(x: Any) -> Optional[TensorType]:
+            if type(x) is Staged:
+                return x.type
+            if type(x) is Param:
+                return TensorType(dtype=x.dtype, shape=x.shape)
+            return None
+
+        ta, tb = tensor_type(a), tensor_type(b)
+        sa = self.staged(fn, 1, a, ta or tb)
+        sb = self.staged(fn, 2, b, tb or ta)
+        da, db = sa.type.dtype, sb.type.dtype
+        if da != db:
+            if da.is_float and db.is_float:
+                wide = promote_floats(da, db)
+                sa, sb = self.cast_to(fn, sa, wide), self.cast_to(fn, sb, wide)
+            else:
+                raise lisp_error("T001", f"{fn}: {sa.type} and {sb.type} mix element types; use (cast x :{da.value}) to convert one", "TYPE-ERROR")
+        return sa, sb
+
+    def cast_to(self, fn: str, x: Staged, dtype: DType) -> Staged:
+        if x.type.dtype == dtype:
+            return x
+        return self.op(fn, "cast", x, dtype=dtype.value)
+
+    # -- registration helpers -------------------------------------------------------------
+    def generic(self, name: str, tensor_fn: Callable[..., Any]) -> None:
+        """Extend the builtin NAME: any tensor argument stages, numbers compute as before."""
+        from .models import Param
+
+        sym = self.interp.sym(name)
+        original: Optional[Builtin] = self.interp.functions.get(sym)
+
+        def dispatch(*args: Any) -> Any:
+            if any(type(a) in (Staged, Param) for a in args) or original is None:
+                return tensor_fn(*args)
+            return original.fn(*args)
+
+        min_args = original.min_args if original is not None else 1
+        self.interp.functions[sym] = Builtin(name, dispatch, min_args, None)
+
+    def add(self, name: str, fn: Callable[..., Any]) -> None:
+        self.reg.add(name, fn)
+
+    # -- installation --------------------------------------------------------------------------
+    def install(self) -> None:
+        self.install_arithmetic()
+        self.install_unary()
+        self.install_reductions()
+        self.install_shape()
+        self.install_creation()
+        self.install_composites()
+        self.interp.non_boolean_types = (Staged,)
+        self.interp.truth_error = truth_error
+
+    def fold(self, fn: str, op: str, args: tuple[Any, ...], identity: Optional[float]) -> Any:
+        if not args:
+            return identity
+        acc = args[0]
+        for x in args[1:]:
+            a, b = self.pair(fn, acc, x)
+            acc = self.op(fn, op, a, b)
+        return acc if len(args) > 1 else self.staged(fn, 1, acc)
+
+    def install_arithmetic(self) -> None:
+        self.generic("+", lambda *xs: self.fold("+", "add", xs, 0))
+        self.generic("*", lambda *xs: self.fold("*", "mul", xs, 1))
+
+        def minus(x: Any, *xs: Any) -> Any:
+            if not xs:
+                return self.op("-", "neg", self.staged("-", 1, x))
+            return self.fold("-", "sub", (x, *xs), None)
+
+        def divide(x: Any, *xs: Any) -> Any:
+            if not xs:
+                return self.fold("/", "div", (1.0, x), None)
+            return self.fold("/", "div", (x, *xs), None)
+
+        self.generic("-", minus)
+        self.generic("/", divide)
+        for lisp, op in [("=", "eq"), ("/=", "ne"), ("<", "lt"), (">", "gt"), ("<=", "le"), (">=", "ge")]:
+            self.generic(lisp, self.comparison(lisp, op))
+        self.generic("expt", lambda a, b: self.binary("expt", "pow", a, b))
+        for name, op in [("maximum", "maximum"), ("minimum", "minimum"), ("pow", "pow")]:
+            self.add(name, self.binary_fn(name, op))
+        for name, op in [("logical-and", "logical_and"), ("logical-or", "logical_or")]:
+            self.add(name, self.binary_fn(name, op))
+        self.add("logical-not", lambda x: self.op("logical-not", "logical_not", self.staged("logical-not", 1, x)))
+
+        def where(c: Any, a: Any, b: Any) -> Any:
+            sc = self.staged("where", 1, c)
+            sa, sb = self.pair("where", a, b)
+            return self.op("where", "where", sc, sa, sb)
+
+        self.add("where", where)
+
+        def cast(x: Any, dtype: Any) -> Any:
+            return self.cast_to("cast", self.staged("cast", 1, x), self.dtype_arg("cast", 2, dtype))
+
+        self.add("cast", cast)
+
+    def comparison(self, lisp: str, op: str) -> Callable[..., Any]:
+        def compare(a: Any, b: Any) -> Any:
+            return self.binary(lisp, op, a, b)
+
+        return compare
+
+    def binary(self, fn: str, op: str, a: Any, b: Any) -> Staged:
+        sa, sb = self.pair(fn, a, b)
+        return self.op(fn, op, sa, sb)
+
+    def binary_fn(self, fn: str, op: str) -> Callable[[Any, Any], Any]:
+        return lambda a, b: self.binary(fn, op, a, b)
+
+    def install_unary(self) -> None:
+        for lisp, op in [("exp", "exp"), ("log", "log"), ("sqrt", "sqrt"), ("abs", "abs"), ("sin", "sin"), ("cos", "cos"), ("tanh", "tanh")]:
+            self.generic(lisp, self.unary_fn(lisp, op))
+        for lisp, op in [("neg", "neg"), ("log1p", "log1p"), ("rsqrt", "rsqrt"), ("square", "square"), ("sigmoid", "sigmoid"), ("relu", "relu")]:
+            self.add(lisp, self.unary_fn(lisp, op))
+
+        def gelu(x: Any) -> Any:
+            # tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+            s = self.staged("gelu", 1, x)
+            inner = self.mul(self.add2(s, self.mul(self.mul(self.mul(s, s), s), 0.044715)), math.sqrt(2.0 / math.pi))
+            return self.mul(self.mul(s, 0.5), self.add2(self.op("gelu", "tanh", inner), 1.0))
+
+        def silu(x: Any) -> Any:
+            s = self.staged("silu", 1, x)
+            return self.mul(s, self.op("silu", "sigmoid", s))
+
+        def clamp(x: Any, low: Any, high: Any) -> Any:
+            s = self.staged("clamp", 1, x)
+            return self.binary("clamp", "minimum", self.binary("clamp", "maximum", s, low), high)
+
+        self.add("gelu", gelu)
+        self.add("silu", silu)
+        self.add("clamp", clamp)
+
+    def unary_fn(self, fn: str, op: str) -> Callable[[Any], Any]:
+        return lambda x: self.op(fn, op, self.staged(fn, 1, x))
+
+    def mul(self, a: Any, b: Any) -> Staged:
+        return self.binary("*", "mul", a, b)
+
+    def add2(self, a: Any, b: Any) -> Staged:
+        return self.binary("+", "add", a, b)
+
+    # -- reductions -----------------------------------------------------------------------------
+    def axis_keys(self, fn: str, args: tuple[Any, ...], first: int) -> tuple[Any, bool]:
+        keys = parse_keys(fn, args, {"AXIS", "KEEPDIMS"}, first)
+        axis = keys.get("AXIS", NIL)
+        if axis is NIL:
+            axis_value: Any = None
+        elif type(axis) is int:
+            axis_value = axis
+        else:
+            axis_value = [self.int_arg(fn, first, a) for a in list_items(fn, first, axis)]
+        return axis_value, keys.get("KEEPDIMS", NIL) is not NIL
+
+    def reduction(self, fn: str, op: str) -> Callable[..., Any]:
+        def reduce(x: Any, *args: Any) -> Any:
+            axis, keep = self.axis_keys(fn, args, 2)
+            return self.op(fn, op, self.staged(fn, 1, x), axis=axis, keepdims=keep)
+
+        return reduce
+
+    def install_reductions(self) -> None:
+        self.add("sum", self.reduction("sum", "sum"))
+        self.add("mean", self.reduction("mean", "mean"))
+        self.add("argmax", self.reduction("argmax", "argmax"))
+
+        def extreme(lisp: str, op: str, pairwise: str) -> Callable[..., Any]:
+            def fn(x: Any, *rest: Any) -> Any:
+                if rest and not (type(rest[0]) is Symbol and rest[0].is_keyword):
+                    return self.fold(lisp, pairwise, (x, *rest), None)
+                axis, keep = self.axis_keys(lisp, rest, 2)
+                return self.op(lisp, op, self.staged(lisp, 1, x), axis=axis, keepdims=keep)
+
+            return fn
+
+        self.generic("max", extreme("max", "max", "maximum"))
+        self.generic("min", extreme("min", "min", "minimum"))
+
+        def logsumexp(x: Any, *args: Any) -> Any:
+            axis, keep = self.axis_keys("logsumexp", args, 2)
+            s = self.staged("logsumexp", 1, x)
+            peak = self.op("logsumexp", "max", s, axis=axis, keepdims=True)
+            total = self.op("logsumexp", "sum", self.op("logsumexp", "exp", self.binary("logsumexp", "sub", s, peak)), axis=axis, keepdims=True)
+            result = self.add2(self.op("logsumexp", "log", total), peak)
+            return result if keep else self.squeeze_axes("logsumexp", result, axis)
+
+        def var(x: Any, *args: Any) -> Any:
+            axis, keep = self.axis_keys("var", args, 2)
+            s = self.staged("var", 1, x)
+            mean = self.op("var", "mean", s, axis=axis, keepdims=True)
+            dev = self.binary("var", "sub", s, mean)
+            return self.op("var", "mean", self.mul(dev, dev), axis=axis, keepdims=keep)
+
+        self.add("logsumexp", logsumexp)
+        self.add("var", var)
+
+    def squeeze_axes(self, fn: str, x: Staged, axis: Any) -> Staged:
+        shape = x.type.shape
+        axes = set(range(len(shape))) if axis is None else {a % len(shape) for a in ([axis] if isinstance(axis, int) else axis)}
+        return self.op(fn, "reshape", x, shape=[d for i, d in enumerate(shape) if i not in axes])
+
+    # -- shape ---------------------------------------------------------------------------------------
+    def shape_arg(self, fn: str, pos: int, x: Any) -> list[int]:
+        if type(x) is int:
+            return [x]
+        dims = list_items(fn, pos, x)
+        for d in dims:
+            if type(d) is not int or d < 0:
+                raise type_error(fn, pos, "a shape: a list of non-negative integers", x)
+        return dims
+
+    def int_arg(self, fn: str, pos: int, x: Any) -> int:
+        if type(x) is not int:
+            raise type_error(fn, pos, "an integer", x)
+        return x
+
+    def dtype_arg(self, fn: str, pos: int, x: Any) -> DType:
+        if type(x) is Symbol and x.is_keyword:
+            try:
+                return DType(x.name.lower())
+            except ValueError:
+                pass
+        raise type_error(fn, pos, "a dtype keyword (:f32 :bf16 :f16 :f64 :i32 :i64 :bool)", x)
+
+    def install_shape(self) -> None:
+        def reshape(x: Any, shape: Any) -> Any:
+            s = self.staged("reshape", 1, x)
+            dims = self.shape_arg("reshape", 2, shape) if not (type(shape) is Cons and -1 in list(shape)) else list(shape)
+            if -1 in dims:
+                known = 1
+                for d in dims:
+                    if d != -1:
+                        known *= d
+                dims = [s.type.size // max(known, 1) if d == -1 else d for d in dims]
+            return self.op("reshape", "reshape", s, shape=dims)
+
+        def transpose(x: Any, *perm: Any) -> Any:
+            s = self.staged("transpose", 1, x)
+            rank = s.type.rank
+            order = [self.int_arg("transpose", 2, p) for p in list_items("transpose", 2, perm[0])] if perm else list(range(rank))[::-1] if rank != 2 else [1, 0]
+            if not perm and rank > 2:
+                order = list(range(rank - 2)) + [rank - 1, rank - 2]
+            return self.op("transpose", "transpose", s, perm=order)
+
+        def permute(x: Any, perm: Any) -> Any:
+            return self.op("permute", "transpose", self.staged("permute", 1, x), perm=self.shape_arg("permute", 2, perm))
+
+        def broadcast_to(x: Any, shape: Any) -> Any:
+            return self.op("broadcast-to", "broadcast_to", self.staged("broadcast-to", 1, x), shape=self.shape_arg("broadcast-to", 2, shape))
+
+        def squeeze(x: Any, *args: Any) -> Any:
+            s = self.staged("squeeze", 1, x)
+            keys = parse_keys("squeeze", args, {"AXIS"}, 2)
+            axis = keys.get("AXIS", NIL)
+            shape = s.type.shape
+            axes = {i for i, d in enumerate(shape) if d == 1} if axis is NIL else {self.int_arg("squeeze", 3, axis) % max(len(shape), 1)}
+            for a in axes:
+                if shape[a] != 1:
+                    raise lisp_error("T001", f"squeeze: axis {a} of {s.type} has size {shape[a]}, not 1", "TYPE-ERROR")
+            return self.op("squeeze", "reshape", s, shape=[d for i, d in enumerate(shape) if i not in axes])
+
+        def unsqueeze(x: Any, *args: Any) -> Any:
+            s = self.staged("unsqueeze", 1, x)
+            keys = parse_keys("unsqueeze", args, {"AXIS"}, 2)
+            axis = self.int_arg("unsqueeze", 3, keys.get("AXIS", 0))
+            shape = list(s.type.shape)
+            axis = axis % (len(shape) + 1)
+            shape.insert(axis, 1)
+            return self.op("unsqueeze", "reshape", s, shape=shape)
+
+        def concat(xs: Any, *args: Any) -> Any:
+            keys = parse_keys("concat", args, {"AXIS"}, 2)
+            parts = [self.staged("concat", 1, x) for x in list_items("concat", 1, xs)]
+            if not parts:
+                raise lisp_error("T001", "concat: needs at least one tensor", "TYPE-ERROR")
+            return self.op("concat", "concat", *parts, axis=self.int_arg("concat", 3, keys.get("AXIS", 0)))
+
+        def stack(xs: Any, *args: Any) -> Any:
+            keys = parse_keys("stack", args, {"AXIS"}, 2)
+            axis = self.int_arg("stack", 3, keys.get("AXIS", 0))
+            parts = [unsqueeze(x, self.interp.kw("axis"), axis) for x in list_items("stack", 1, xs)]
+            return self.op("stack", "concat", *parts, axis=axis)
+
+        def slice_(x: Any, *bounds: Any) -> Any:
+            s = self.staged("slice", 1, x)
+            shape = s.type.shape
+            starts, stops = [0] * len(shape), list(shape)
+            for axis, bound in enumerate(bounds):
+                if bound is NIL or bound is T:
+                    continue
+                lo, hi = (list_items("slice", axis + 2, bound) + [NIL, NIL])[:2]
+                starts[axis] = 0 if lo is NIL else self.int_arg("slice", axis + 2, lo) % (shape[axis] + 1)
+                stops[axis] = shape[axis] if hi is NIL else (self.int_arg("slice", axis + 2, hi) if hi >= 0 else shape[axis] + hi)
+            return self.op("slice", "slice", s, starts=starts, stops=stops)
+
+        def split(x: Any, sizes: Any, *args: Any) -> Any:
+            s = self.staged("split", 1, x)
+            keys = parse_keys("split", args, {"AXIS"}, 3)
+            axis = self.int_arg("split", 4, keys.get("AXIS", 0)) % s.type.rank
+            widths = self.shape_arg("split", 2, sizes)
+            if len(widths) == 1 and s.type.shape[axis] % widths[0] == 0:
+                widths = [s.type.shape[axis] // widths[0]] * widths[0]
+            if sum(widths) != s.type.shape[axis]:
+                raise lisp_error("T001", f"split: sizes {widths} do not add up to axis {axis} of {s.type}", "TYPE-ERROR")
+            out, start = [], 0
+            for w in widths:
+                starts, stops = [0] * s.type.rank, list(s.type.shape)
+                starts[axis], stops[axis] = start, start + w
+                out.append(self.op("split", "slice", s, starts=starts, stops=stops))
+                start += w
+            return to_lisp_list(out)
+
+        def take(x: Any, idx: Any, *args: Any) -> Any:
+            keys = parse_keys("take", args, {"AXIS"}, 3)
+            return self.op("take", "take", self.staged("take", 1, x), self.staged("take", 2, idx), axis=self.int_arg("take", 4, keys.get("AXIS", 0)))
+
+        def matmul(a: Any, b: Any) -> Any:
+            sa, sb = self.pair("matmul", a, b)
+            va, vb = sa.type.rank == 1, sb.type.rank == 1
+            if va:
+                sa = self.op("matmul", "reshape", sa, shape=[1, sa.type.shape[0]])
+            if vb:
+                sb = self.op("matmul", "reshape", sb, shape=[sb.type.shape[0], 1])
+            out = self.op("matmul", "matmul", sa, sb)
+            if va or vb:
+                shape = list(out.type.shape)
+                if vb:
+                    shape.pop(-1)
+                if va:
+                    shape.pop(-2 if vb is False else -1)
+                out = self.op("matmul", "reshape", out, shape=shape)
+            return out
+
+        for name, fn in [("reshape", reshape), ("transpose", transpose), ("permute", permute), ("broadcast-to", broadcast_to), ("squeeze", squeeze),
+                         ("unsqueeze", unsqueeze), ("concat", concat), ("stack", stack), ("slice", slice_), ("split", split), ("take", take), ("matmul", matmul)]:
+            self.add(name, fn)
+
+        def shape_of(x: Any) -> Any:
+            return to_lisp_list(self.tensor_type("shape", x).shape)
+
+        def dtype_of(x: Any) -> Any:
+            return self.interp.kw(self.tensor_type("dtype", x).dtype.value)
+
+        def rank_of(x: Any) -> Any:
+            return self.tensor_type("rank", x).rank
+
+        self.add("shape", shape_of)
+        self.add("dtype", dtype_of)
+        self.add("rank", rank_of)
+        self.add("tensorp", lambda x: T if type(x) is Staged else NIL)
+
+    def tensor_type(self, fn: str, x: Any) -> TensorType:
+        from .models import Param
+
+        if type(x) is Staged:
+            return x.type
+        if type(x) is Param:
+            return TensorType(dtype=x.dtype, shape=x.shape)
+        raise type_error(fn, 1, "a tensor", x)
+
+    # -- creation --------------------------------------------------------------------------------------
+    def install_creation(self) -> None:
+        def creator(fn: str, value: float) -> Callable[..., Any]:
+            def make(shape: Any, *args: Any) -> Any:
+                keys = parse_keys(fn, args, {"DTYPE"}, 2)
+                dtype = self.dtype_arg(fn, 3, keys.get("DTYPE", self.interp.kw("f32")))
+                dims = self.shape_arg(fn, 1, shape)
+                return Staged(self.tracer(fn), self.node(fn, lambda b: b.op("full", value=value, dtype=dtype.value, shape=dims)))
+
+            return make
+
+        self.add("zeros", creator("zeros", 0.0))
+        self.add("ones", creator("ones", 1.0))
+
+        def full(shape: Any, value: Any, *args: Any) -> Any:
+            keys = parse_keys("full", args, {"DTYPE"}, 3)
+            dtype = self.dtype_arg("full", 4, keys.get("DTYPE", self.interp.kw("f32")))
+            dims = self.shape_arg("full", 1, shape)
+            if not is_number(value):
+                raise type_error("full", 2, "a number", value)
+            v = float(value) if dtype.is_float else int(value)
+            return Staged(self.tracer("full"), self.node("full", lambda b: b.op("full", value=v, dtype=dtype.value, shape=dims)))
+
+        def arange(n: Any, *args: Any) -> Any:
+            keys = parse_keys("arange", args, {"DTYPE", "START", "STEP"}, 2)
+            dtype = self.dtype_arg("arange", 3, keys.get("DTYPE", self.interp.kw("i32")))
+            count = self.int_arg("arange", 1, n)
+            return Staged(self.tracer("arange"), self.node("arange", lambda b: b.op("arange", dtype=dtype.value, shape=[count], start=keys.get("START", 0), step=keys.get("STEP", 1))))
+
+        def tensor(data: Any, *args: Any) -> Any:
+            keys = parse_keys("tensor", args, {"DTYPE"}, 2)
+            dtype = self.dtype_arg("tensor", 3, keys.get("DTYPE", self.interp.kw("f32")))
+            values, shape = self.nested("tensor", data)
+            flat = [float(v) if dtype.is_float else int(v) for v in values]
+            return Staged(self.tracer("tensor"), self.node("tensor", lambda b: b.op("constant", data=flat, dtype=dtype.value, shape=shape)))
+
+        def tril_mask(n: Any, *args: Any) -> Any:
+            keys = parse_keys("tril-mask", args, {"COLS", "K"}, 2)
+            rows = self.int_arg("tril-mask", 1, n)
+            cols = self.int_arg("tril-mask", 3, keys.get("COLS", rows))
+            return Staged(self.tracer("tril-mask"), self.node("tril-mask", lambda b: b.op("tril_mask", dtype="bool", shape=[rows, cols], k=keys.get("K", 0))))
+
+        self.add("full", full)
+        self.add("arange", arange)
+        self.add("tensor", tensor)
+        self.add("tril-mask", tril_mask)
+
+    def nested(self, fn: str, data: Any) -> tuple[list[Any], list[int]]:
+        if is_number(data):
+            return [data], []
+        items = list_items(fn, 1, data) if type(data) is not list else list(data)
+        if not items:
+            return [], [0]
+        parts = [self.nested(fn, x) for x in items]
+        inner = parts[0][1]
+        if any(p[1] != inner for p in parts):
+            raise lisp_error("T001", f"{fn}: ragged nested list; every row needs the same shape", "TYPE-ERROR")
+        return [v for p in parts for v in p[0]], [len(items)] + inner
+
+    # -- composites ----------------------------------------------------------------------------------------
+    def install_composites(self) -> None:
+        def softmax(x: Any, *args: Any) -> Any:
+            axis = self.single_axis("softmax", args)
+            s = self.staged("softmax", 1, x)
+            shifted = self.binary("softmax", "sub", s, self.op("softmax", "max", s, axis=[axis], keepdims=True))
+            e = self.op("softmax", "exp", shifted)
+            return self.binary("softmax", "div", e, self.op("softmax", "sum", e, axis=[axis], keepdims=True))
+
+        def log_softmax(x: Any, *args: Any) -> Any:
+            axis = self.single_axis("log-softmax", args)
+            s = self.staged("log-softmax", 1, x)
+            shifted = self.binary("log-softmax", "sub", s, self.op("log-softmax", "max", s, axis=[axis], keepdims=True))
+            total = self.op("log-softmax", "sum", self.op("log-softmax", "exp", shifted), axis=[axis], keepdims=True)
+            return self.binary("log-softmax", "sub", shifted, self.op("log-softmax", "log", total))
+
+        def one_hot(idx: Any, n: Any, *args: Any) -> Any:
+            keys = parse_keys("one-hot", args, {"DTYPE"}, 3)
+            dtype = self.dtype_arg("one-hot", 4, keys.get("DTYPE", self.interp.kw("f32")))
+            s = self.staged("one-hot", 1, idx)
+            count = self.int_arg("one-hot", 2, n)
+            classes = Staged(s.tracer, self.node("one-hot", lambda b: b.op("arange", dtype=s.type.dtype.value, shape=[count])))
+            expanded = self.op("one-hot", "reshape", s, shape=list(s.type.shape) + [1])
+            return self.cast_to("one-hot", self.op("one-hot", "eq", expanded, classes), dtype)
+
+        def layer_norm(x: Any, *args: Any) -> Any:
+            keys = parse_keys("layer-norm", args, {"EPS", "WEIGHT", "BIAS"}, 2)
+            s = self.staged("layer-norm", 1, x)
+            mean = self.op("layer-norm", "mean", s, axis=[-1], keepdims=True)
+            dev = self.binary("layer-norm", "sub", s, mean)
+            var = self.op("layer-norm", "mean", self.mul(dev, dev), axis=[-1], keepdims=True)
+            eps = keys.get("EPS", 1e-5)
+            out = self.mul(dev, self.op("layer-norm", "rsqrt", self.add2(var, eps)))
+            return self.affine("layer-norm", out, keys)
+
+        def rms_norm(x: Any, *args: Any) -> Any:
+            keys = parse_keys("rms-norm", args, {"EPS", "WEIGHT", "BIAS"}, 2)
+            s = self.staged("rms-norm", 1, x)
+            ms = self.op("rms-norm", "mean", self.mul(s, s), axis=[-1], keepdims=True)
+            out = self.mul(s, self.op("rms-norm", "rsqrt", self.add2(ms, keys.get("EPS", 1e-6))))
+            return self.affine("rms-norm", out, keys)
+
+        def einsum(spec: Any, *operands: Any) -> Any:
+            from .einsum import stage_einsum
+
+            if type(spec) is not str:
+                raise type_error("einsum", 1, 'a subscript string like "bij,bjk->bik"', spec)
+            return stage_einsum(self, spec, [self.staged("einsum", i + 2, x) for i, x in enumerate(operands)])
+
+        self.add("softmax", softmax)
+        self.add("log-softmax", log_softmax)
+        self.add("one-hot", one_hot)
+        self.add("layer-norm", layer_norm)
+        self.add("rms-norm", rms_norm)
+        self.add("einsum", einsum)
+
+    def single_axis(self, fn: str, args: tuple[Any, ...]) -> int:
+        keys = parse_keys(fn, args, {"AXIS"}, 2)
+        return self.int_arg(fn, 3, keys.get("AXIS", -1))
+
+    def affine(self, fn: str, x: Staged, keys: dict[str, Any]) -> Staged:
+        if keys.get("WEIGHT", NIL) is not NIL:
+            x = self.mul(x, keys["WEIGHT"])
+        if keys.get("BIAS", NIL) is not NIL:
+            x = self.add2(x, keys["BIAS"])
+        return x
+
+
+def truth_error(value: Any) -> LispError:
+    return lisp_error(
+        "T002",
+        f"a staged tensor ({value.type}) is used as a truth value; control flow runs at compile time and data flow is staged: use (where c a b)",
+        "TYPE-ERROR",
+    )

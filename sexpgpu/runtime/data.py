@@ -1,0 +1,86 @@
+"""The data layer: loader specs in, prepared and cached datasets out, batches for training and eval.
+
+load_dataset reads the source (any fsspec URL, or a path relative to spec.base_dir), hashes
+its bytes, and returns the cached prepared dataset for (content, pipeline, fields, part) when
+there is one; otherwise it parses, validates and prepares, then caches. Every problem with the
+data raises DataError naming what is wrong and where (file, line or example, field).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from .data_cache import cache_key, cache_path, default_cache_dir, load_cached, store
+from .data_io import Raw, read_raw
+from .data_prepare import finish, run_prepare
+from .data_sources import parse_source
+from .data_spec import (
+    MASK_FIELD,
+    DataError,
+    Dataset,
+    FieldSpec,
+    LoaderSpec,
+    PrepareStep,
+    SourceSpec,
+    hash_arrays,
+    shared_examples,
+)
+from .data_stream import BatchStream, EvalBatches, LoaderState, epoch_order, tokens_per_example
+
+__all__ = [
+    "MASK_FIELD",
+    "BatchStream",
+    "DataError",
+    "Dataset",
+    "EvalBatches",
+    "FieldSpec",
+    "LoaderSpec",
+    "LoaderState",
+    "PrepareStep",
+    "SourceSpec",
+    "default_cache_dir",
+    "epoch_order",
+    "load_dataset",
+    "shared_examples",
+    "tokens_per_example",
+]
+
+
+def load_dataset(spec: LoaderSpec, cache_dir: Optional[Path] = None, *, use_cache: bool = True) -> Dataset:
+    try:
+        dataset, raw = _load(spec, Path(cache_dir) if cache_dir is not None else default_cache_dir(), use_cache)
+        if dataset.n < spec.batch:
+            raise DataError(f"{dataset.n} examples{_part_note(dataset)} are fewer than one batch of {spec.batch}", source=raw.where)
+        return dataset
+    except DataError as error:
+        if error.loader is None:
+            error.loader = spec.name
+        raise
+
+
+def _load(spec: LoaderSpec, cache_dir: Path, use_cache: bool) -> tuple[Dataset, Raw]:
+    raw = read_raw(spec)
+    key = cache_key(spec, raw.content_hash)
+    path = cache_path(cache_dir, key)
+    cached = load_cached(path, spec) if use_cache else None
+    if cached is not None:
+        cached.meta.update(source=raw.where, cache="hit")
+        return cached, raw
+    dataset = _prepare(spec, raw, key)
+    written = use_cache and store(path, dataset, spec)
+    dataset.meta["cache"] = "miss" if written else "off"
+    return dataset, raw
+
+
+def _prepare(spec: LoaderSpec, raw: Raw, key: str) -> Dataset:
+    work = run_prepare(spec, parse_source(spec, raw))
+    fields = finish(spec, work)
+    n = len(next(iter(fields.values())))
+    meta = {"source": raw.where, "source_hash": raw.content_hash, "cache_key": key, "n": n, **work.meta}
+    return Dataset(fields, n, hash_arrays(fields), work.vocab, meta)
+
+
+def _part_note(dataset: Dataset) -> str:
+    split = dataset.meta.get("split")
+    return f" in part '{split['part']}'" if isinstance(split, dict) else ""

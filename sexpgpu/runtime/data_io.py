@@ -1,0 +1,111 @@
+"""Source bytes: URL resolution against the run file's folder, reading through fsspec, decoding."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from .data_spec import DataError, LoaderSpec
+
+SYNTHETIC_VERSION = 1  # bump when a generator's output changes, so cached datasets are remade
+
+
+@dataclass(frozen=True)
+class Raw:
+    """A source's bytes (empty for synthetic) and the hash of its content."""
+
+    where: str
+    data: bytes
+    content_hash: str
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where examples came from, for error messages; `lines` maps example index to source line."""
+
+    source: str
+    lines: Optional[np.ndarray] = None
+
+    def error(self, what: str, *, example: Optional[int] = None, field: Optional[str] = None, line: Optional[int] = None) -> DataError:
+        if line is None and example is not None and self.lines is not None:
+            line = int(self.lines[example])
+        return DataError(what, source=self.source, line=line, example=None if line is not None else example, field=field)
+
+
+def has_protocol(url: str) -> bool:
+    head, sep, _ = url.partition("://")
+    return bool(sep) and head.replace("+", "").replace("-", "").isalnum()
+
+
+def resolve_url(url: str, base_dir: str) -> str:
+    if has_protocol(url):
+        return url
+    path = Path(os.path.expanduser(url))
+    return str(path if path.is_absolute() else Path(base_dir) / path)
+
+
+def read_raw(spec: LoaderSpec) -> Raw:
+    source = spec.source
+    if source.kind == "synthetic":
+        name = source.options.get("name", "?")
+        canonical = json.dumps({"synthetic": source.options, "version": SYNTHETIC_VERSION}, sort_keys=True, default=str)
+        return Raw(f"synthetic:{name}", b"", hashlib.sha256(canonical.encode()).hexdigest())
+    if not source.url:
+        raise DataError(f"a {source.kind} source needs a file or URL")
+    where = resolve_url(source.url, spec.base_dir)
+    data = read_bytes(where)
+    if not data:
+        raise DataError("empty source (the file has 0 bytes)", source=where)
+    return Raw(where, data, hashlib.sha256(data).hexdigest())
+
+
+def read_bytes(url: str) -> bytes:
+    try:
+        import fsspec
+    except ImportError:  # fsspec is an optional dependency; plain paths work without it
+        return _read_local(url)
+    try:
+        with fsspec.open(url, "rb") as handle:
+            return bytes(handle.read())
+    except FileNotFoundError:
+        raise DataError("file not found", source=url) from None
+    except IsADirectoryError:
+        raise DataError("is a folder, not a file", source=url) from None
+    except ImportError as exc:
+        raise DataError(f"cannot read this URL here: {exc}", source=url) from None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read: {exc}", source=url) from None
+
+
+def _read_local(url: str) -> bytes:
+    if has_protocol(url) and not url.startswith("file://"):
+        raise DataError("reading URLs needs fsspec (pip install fsspec)", source=url)
+    path = Path(url.removeprefix("file://"))
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise DataError("file not found", source=url) from None
+    except IsADirectoryError:
+        raise DataError("is a folder, not a file", source=url) from None
+    except OSError as exc:
+        raise DataError(f"cannot read: {exc.strerror or exc}", source=url) from None
+
+
+def decode_utf8(raw: Raw) -> str:
+    try:
+        return raw.data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.data.count(b"\n", 0, exc.start) + 1
+        raise DataError(f"not UTF-8 text (byte {exc.start}: {raw.data[exc.start:exc.start + 1]!r})", source=raw.where, line=line) from None
+
+
+def check_options(options: dict[str, Any], known: set[str], what: str, where: Optional[str] = None) -> None:
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise DataError(f"unknown option {', '.join(map(repr, unknown))} for {what} (known: {', '.join(sorted(known)) or 'none'})", source=where)

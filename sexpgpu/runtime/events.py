@@ -1,0 +1,359 @@
+"""Run events: one JSON object per line, `{"v":1, "t":"...Z", "kind":..., "step":..., ...}`.
+
+Every kind has a pydantic model; all allow extra keys (metadata is open) and readers ignore
+what they do not know. `EventLog` buffers events and writes them through the store's
+append-only log (`RUN/events.jsonl` locally, `RUN/events/NNNNNN.jsonl` segments on object
+stores). `read_events` returns a run's series with `resume` applied: a resume from step S
+supersedes the earlier events of steps after S, so a resumed run has no duplicate steps.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable, ClassVar, Literal, Mapping, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .store import Store, StoreError, dump_json
+
+EVENT_VERSION = 1
+
+Kind = Literal[
+    "run.start",
+    "compile",
+    "step",
+    "eval",
+    "diagnostic",
+    "stage",
+    "checkpoint",
+    "nonfinite",
+    "warning",
+    "signal",
+    "preempted",
+    "resume",
+    "target",
+    "annotation",
+    "run.end",
+]
+
+# Kinds that record an attempt's history rather than a point of a series: a resume keeps
+# them even when they carry a later step (the signal that stopped the previous attempt).
+ATTEMPT_KINDS = frozenset({"run.start", "signal", "preempted", "resume", "annotation", "run.end"})
+
+# Metric values may be non-finite (written as null).
+Number = Optional[float]
+
+
+def utc_now() -> str:
+    """Now as UTC ISO-8601 with a Z, to the millisecond: `2026-01-02T03:04:05.678Z`."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Event(BaseModel):
+    """What every event has. Unknown keys are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    v: int = EVENT_VERSION
+    t: str = Field(default_factory=utc_now)
+    kind: str
+    step: Optional[int] = None
+
+    def to_line(self) -> str:
+        """One JSON line: v, t, kind, step always; other fields when set."""
+        data = self.model_dump(mode="json")
+        head = {key: data.pop(key) for key in ("v", "t", "kind", "step")}
+        body = {key: value for key, value in data.items() if value is not None}
+        return dump_json({**head, **body})
+
+
+class RunStartEvent(Event):
+    kind: Literal["run.start"] = "run.start"
+    slug: str
+    attempt: int = 1
+    host: Optional[str] = None
+    worker: Optional[str] = None
+    device: Optional[str] = None
+
+
+class CompileEvent(Event):
+    kind: Literal["compile"] = "compile"
+    seconds: Optional[float] = None
+    ir_hash: Optional[str] = None
+    cached: Optional[bool] = None
+
+
+class StepEvent(Event):
+    kind: Literal["step"] = "step"
+    step: int
+    loss: Number = None
+    metrics: dict[str, Number] = Field(default_factory=dict)
+    lr: dict[str, Number] = Field(default_factory=dict)  # per optimizer group
+    grad_norm: Number = None
+    step_time: Optional[float] = None  # seconds
+    examples_per_s: Optional[float] = None
+    tokens_per_s: Optional[float] = None
+    memory: Optional[int] = None  # bytes
+
+
+class EvalEvent(Event):
+    kind: Literal["eval"] = "eval"
+    step: int
+    name: str = "eval"
+    metrics: dict[str, Number] = Field(default_factory=dict)
+    seconds: Optional[float] = None
+
+
+class DiagnosticEvent(Event):
+    kind: Literal["diagnostic"] = "diagnostic"
+    code: str
+    message: str
+    severity: str = "error"
+    location: Optional[str] = None  # file:line:col
+
+
+class StageEvent(Event):
+    kind: Literal["stage"] = "stage"
+    name: str
+    index: Optional[int] = None
+
+
+class CheckpointEvent(Event):
+    kind: Literal["checkpoint"] = "checkpoint"
+    step: int
+    path: str
+    seconds: Optional[float] = None
+    bytes: Optional[int] = None
+
+
+class NonFiniteEvent(Event):
+    kind: Literal["nonfinite"] = "nonfinite"
+    step: int
+    node: Optional[str] = None  # the first IR node that produced a non-finite value
+    location: Optional[str] = None  # file:line:col
+    param_path: Optional[str] = None
+    created: Optional[bool] = None  # created the value, or only passed a non-finite input
+    action: Optional[str] = None  # skip, rollback, stop
+    message: Optional[str] = None
+
+
+class WarningEvent(Event):
+    kind: Literal["warning"] = "warning"
+    message: str
+    code: Optional[str] = None
+
+
+class SignalEvent(Event):
+    kind: Literal["signal"] = "signal"
+    signal: str  # SIGINT, SIGTERM
+
+
+class PreemptedEvent(Event):
+    kind: Literal["preempted"] = "preempted"
+    reason: Optional[str] = None
+
+
+class ResumeEvent(Event):
+    kind: Literal["resume"] = "resume"
+    from_step: int
+    checkpoint: str
+    attempt: Optional[int] = None
+
+
+class TargetEvent(Event):
+    kind: Literal["target"] = "target"
+    step: int
+    metric: str
+    value: Number = None
+    threshold: Optional[float] = None
+
+
+class AnnotationEvent(Event):
+    kind: Literal["annotation"] = "annotation"
+    text: str
+    author: Optional[str] = None
+
+
+class RunEndEvent(Event):
+    kind: Literal["run.end"] = "run.end"
+    exit_code: int
+    reason: str
+    state: Optional[str] = None
+
+
+EVENT_CLASSES: tuple[type[Event], ...] = (
+    RunStartEvent,
+    CompileEvent,
+    StepEvent,
+    EvalEvent,
+    DiagnosticEvent,
+    StageEvent,
+    CheckpointEvent,
+    NonFiniteEvent,
+    WarningEvent,
+    SignalEvent,
+    PreemptedEvent,
+    ResumeEvent,
+    TargetEvent,
+    AnnotationEvent,
+    RunEndEvent,
+)
+
+EVENT_MODELS: dict[str, type[Event]] = {
+    model.model_fields["kind"].default: model for model in EVENT_CLASSES
+}
+
+
+def parse_event(data: Mapping[str, Any]) -> Event:
+    """DATA as its kind's model; an unknown kind (a newer writer) as a plain `Event`."""
+    model = EVENT_MODELS.get(str(data.get("kind")), Event)
+    return model.model_validate(dict(data))
+
+
+def event_from(event: Union[Event, Mapping[str, Any]]) -> Event:
+    """A model as is; a mapping validated as its (known) kind."""
+    if isinstance(event, Event):
+        return event
+    kind = event.get("kind")
+    if kind not in EVENT_MODELS:
+        raise ValueError(f"unknown event kind: {kind!r}")
+    return EVENT_MODELS[str(kind)].model_validate(dict(event))
+
+
+def events_prefix(run_prefix: str) -> str:
+    """The store log prefix of a run's events: RUN/events(.jsonl | /NNNNNN.jsonl)."""
+    return f"{run_prefix.strip('/')}/events"
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+class EventLog:
+    """Buffers events and appends them to the run's log through the store.
+
+    A flush happens when FLUSH_EVERY events are pending, when FLUSH_SECONDS have passed since
+    the last flush (checked at each emit), and on `flush()`/`close()`. A flush that `emit`
+    triggers and that fails (the store is down past its retries) keeps the events pending
+    for the next one and records the error in `last_error`; `flush()` and `close()` raise.
+    """
+
+    DEFAULT_FLUSH_EVERY: ClassVar[int] = 50
+    DEFAULT_FLUSH_SECONDS: ClassVar[float] = 5.0
+
+    def __init__(
+        self,
+        store: Store,
+        run_prefix: str,
+        flush_every: int = DEFAULT_FLUSH_EVERY,
+        flush_seconds: float = DEFAULT_FLUSH_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.prefix = events_prefix(run_prefix)
+        self.flush_every = max(1, flush_every)
+        self.flush_seconds = flush_seconds
+        self.clock = clock
+        self.last_error: Optional[BaseException] = None
+        self._pending: list[str] = []
+        self._last_flush = clock()
+        self._lock = threading.RLock()
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def emit(self, event: Union[Event, Mapping[str, Any]]) -> Event:
+        """Queue EVENT (a model, or a mapping of a known kind); returns the model."""
+        model = event_from(event)
+        line = model.to_line()
+        with self._lock:
+            if self._closed:
+                raise ValueError("event log is closed")
+            self._pending.append(line)
+            if self._due():
+                self._flush_quietly()
+        return model
+
+    def _due(self) -> bool:
+        if len(self._pending) >= self.flush_every:
+            return True
+        return self.clock() - self._last_flush >= self.flush_seconds
+
+    def _flush_quietly(self) -> None:
+        try:
+            self.flush()
+        except StoreError as error:
+            self.last_error = error
+
+    def flush(self) -> None:
+        """Write every pending event now."""
+        with self._lock:
+            if self._pending:
+                self.store.append_lines(self.prefix, self._pending)
+                self._pending = []
+                self.last_error = None
+            self._last_flush = self.clock()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self.flush()
+                self._closed = True
+
+    def __enter__(self) -> "EventLog":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def _decode(line: str) -> Optional[dict[str, Any]]:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _resume_step(event: Mapping[str, Any]) -> Optional[int]:
+    value = event.get("from_step", event.get("step"))
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _superseded(event: Mapping[str, Any], from_step: int) -> bool:
+    step = event.get("step")
+    if event.get("kind") in ATTEMPT_KINDS or not isinstance(step, int):
+        return False
+    return step > from_step
+
+
+def apply_resumes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """EVENTS with every `resume` applied: earlier events past its step are dropped."""
+    kept: list[dict[str, Any]] = []
+    for event in events:
+        if event.get("kind") == "resume":
+            from_step = _resume_step(event)
+            if from_step is not None:
+                kept = [old for old in kept if not _superseded(old, from_step)]
+        kept.append(event)
+    return kept
+
+
+def read_events(
+    store: Store, run_prefix: str, superseded: bool = False
+) -> list[dict[str, Any]]:
+    """A run's events as dicts, in order, with resumes applied (all of them if SUPERSEDED).
+
+    Lines that are not JSON objects are skipped."""
+    lines = store.read_lines(events_prefix(run_prefix))
+    events = [event for event in map(_decode, lines) if event is not None]
+    return events if superseded else apply_resumes(events)

@@ -1,0 +1,227 @@
+"""The slug that names a run, and the run folder `STORE/SLUG/` it writes:
+
+```
+run.json  source/  ir.json  events.jsonl | events/NNNNNN.jsonl  status.json  checkpoints/
+```
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import socket
+from importlib import metadata
+from typing import Any, Mapping, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .. import __version__
+from .events import EventLog, read_events, utc_now
+from .status import Status, StatusWriter, read_status
+from .store import Store, check_path
+
+RUN_INFO_VERSION = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The slug
+
+
+def canonical_json(value: Any) -> str:
+    """The one JSON text of VALUE: sorted keys, no spaces, no NaN."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def run_hash(ir_hash: str, knob_values: Mapping[str, Any]) -> str:
+    """hash8: the first 8 hex digits of sha256(ir_hash + canonical JSON of the knob values)."""
+    text = ir_hash + canonical_json(dict(knob_values))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
+
+
+def _check_part(what: str, value: str) -> str:
+    unsafe = "/" in value or "\\" in value or value.startswith(".")
+    if not value or unsafe or value != value.strip():
+        raise ValueError(f"{what} cannot name a run folder: {value!r}")
+    return value
+
+
+def slug(
+    file_stem: str,
+    variant: Optional[str],
+    sweep: Optional[str],
+    point: Optional[int],
+    ir_hash: str,
+    knob_values: Mapping[str, Any],
+) -> str:
+    """`{file-stem}.{variant|base}[.{sweep}-{point}].{hash8}`."""
+    parts = [_check_part("file stem", file_stem), _check_part("variant", variant or "base")]
+    if (sweep is None) != (point is None):
+        raise ValueError("a sweep and its point go together")
+    if sweep is not None and point is not None:
+        if point < 0:
+            raise ValueError(f"sweep point must be >= 0, got {point}")
+        parts.append(f"{_check_part('sweep', sweep)}-{point}")
+    parts.append(run_hash(ir_hash, knob_values))
+    return ".".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# run.json
+
+
+def _package_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class Versions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    python: str
+    sexpgpu: str
+    numpy: str
+
+    @classmethod
+    def current(cls) -> "Versions":
+        return cls(
+            python=platform.python_version(),
+            sexpgpu=__version__,
+            numpy=_package_version("numpy"),
+        )
+
+
+class Selection(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    variant: Optional[str] = None
+    set: dict[str, Any] = Field(default_factory=dict)  # --set KNOB=VALUE, as given
+    sweep: Optional[str] = None
+    point: Optional[int] = None
+
+
+class RunInfo(BaseModel):
+    """run.json: what the run is, written once when the folder is made."""
+
+    model_config = ConfigDict(extra="allow")
+
+    v: int = RUN_INFO_VERSION
+    slug: str
+    file: str
+    selection: Selection = Field(default_factory=Selection)
+    knobs: dict[str, Any] = Field(default_factory=dict)  # every knob's value
+    source_hash: str
+    ir_hash: str
+    versions: Versions = Field(default_factory=Versions.current)
+    host: str = Field(default_factory=socket.gethostname)
+    devices: list[Union[str, dict[str, Any]]] = Field(default_factory=list)
+    meta: dict[str, Any] = Field(default_factory=dict)
+    max_steps: Optional[int] = None  # set only under --max-steps
+    created: str = Field(default_factory=utc_now)
+
+
+# ---------------------------------------------------------------------------------------------
+# The folder
+
+
+class RunFolder:
+    """STORE/SLUG/: every file of one run, through the store."""
+
+    def __init__(
+        self,
+        store: Store,
+        slug: str,
+        flush_every: int = EventLog.DEFAULT_FLUSH_EVERY,
+        flush_seconds: float = EventLog.DEFAULT_FLUSH_SECONDS,
+    ) -> None:
+        self.store = store
+        self.slug = _check_part("slug", slug)
+        self.flush_every = flush_every
+        self.flush_seconds = flush_seconds
+        self._events: Optional[EventLog] = None
+        self._status: Optional[StatusWriter] = None
+
+    def __repr__(self) -> str:
+        return f"RunFolder({self.url!r})"
+
+    @property
+    def prefix(self) -> str:
+        return self.slug
+
+    @property
+    def url(self) -> str:
+        """The folder as a local path or URL, to print."""
+        return self.store.url_of(self.slug)
+
+    def path(self, relative: str) -> str:
+        """The store path of RELATIVE inside the folder."""
+        return f"{self.slug}/{check_path(relative)}"
+
+    # -- run.json, sources, IR ----------------------------------------------------------------
+
+    def exists(self) -> bool:
+        """Whether the folder has a run.json (a run was started here)."""
+        return self.store.exists(self.path("run.json"))
+
+    def write_run_info(self, info: RunInfo) -> None:
+        if info.slug != self.slug:
+            raise ValueError(f"run.json names {info.slug!r}, the folder is {self.slug!r}")
+        self.store.write_json(self.path("run.json"), info)
+
+    def read_run_info(self) -> RunInfo:
+        return self.store.read_json(self.path("run.json"), RunInfo)
+
+    def write_sources(self, files: Mapping[str, Union[bytes, str]]) -> None:
+        """FILES (relative name to content) under source/, as compiled."""
+        for name, content in sorted(files.items()):
+            data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
+            self.store.write_bytes(self.path(f"source/{check_path(name)}"), data)
+
+    def list_sources(self) -> list[str]:
+        """The names under source/, relative to it."""
+        base = self.path("source") + "/"
+        return [path[len(base):] for path in self.store.list(self.path("source"))]
+
+    def write_ir(self, json_text: str) -> None:
+        self.store.write_text(self.path("ir.json"), json_text)
+
+    def read_ir(self) -> str:
+        return self.store.read_text(self.path("ir.json"))
+
+    # -- events and status --------------------------------------------------------------------
+
+    @property
+    def events(self) -> EventLog:
+        """The run's event log (one per folder object)."""
+        if self._events is None:
+            self._events = EventLog(
+                self.store,
+                self.slug,
+                flush_every=self.flush_every,
+                flush_seconds=self.flush_seconds,
+            )
+        return self._events
+
+    @property
+    def status(self) -> StatusWriter:
+        """The run's status writer (one per folder object)."""
+        if self._status is None:
+            self._status = StatusWriter(self.store, self.slug)
+        return self._status
+
+    def read_events(self, superseded: bool = False) -> list[dict[str, Any]]:
+        return read_events(self.store, self.slug, superseded=superseded)
+
+    def read_status(self) -> Optional[Status]:
+        return read_status(self.store, self.slug)
+
+    def close(self) -> None:
+        """Flush pending events and an unpublished status; raises if the store still fails."""
+        if self._events is not None:
+            self._events.close()
+        if self._status is not None:
+            self._status.flush()

@@ -1,0 +1,434 @@
+"""One store interface for every file a run writes, over fsspec.
+
+A store is a root (a local folder, `file://`, `memory://`, `s3://bucket/prefix`, any fsspec
+URL) and paths relative to it, always with `/`. It gives:
+
+- atomic publish: on a local folder a write goes to a temporary name in the same folder, is
+  flushed and fsynced, then `os.replace`d onto the final name; on an object store it is one put
+  of the whole object. A reader never sees a partial file.
+- an append-only line log: `append_lines("slug/events", lines)` appends to
+  `slug/events.jsonl` on a local folder (flush + fsync), and writes numbered segments
+  `slug/events/000000.jsonl`, `000001.jsonl`, ... on object stores, which cannot append.
+  `read_lines` reads either form back in order.
+- retries with exponential backoff on transient errors (OSError, ConnectionError,
+  TimeoutError, but not the errors that say what the path is: missing, exists, is a folder,
+  permission); after the configured attempts a `StoreError` is raised.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import posixpath
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional, TypeVar, overload
+
+import fsspec
+from fsspec.core import url_to_fs
+from pydantic import BaseModel
+
+LOCAL_PROTOCOLS = frozenset({"file", "local"})
+TEMP_SUFFIX = ".tmp"
+SEGMENT_RE = re.compile(r"^(\d{6,})\.jsonl$")
+
+# OSError subclasses that describe the path, not the connection: retrying cannot help.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    FileNotFoundError,
+    FileExistsError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+)
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (OSError, ConnectionError, TimeoutError)
+
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+class StoreError(OSError):
+    """A store operation still failed after every retry."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff: attempt k (from 1) waits base_delay * 2**(k-1), at most max_delay."""
+
+    attempts: int = 6
+    base_delay: float = 0.2
+    max_delay: float = 10.0
+    sleep: Callable[[float], None] = field(default=time.sleep, compare=False)
+
+    def delay(self, attempt: int) -> float:
+        return min(self.max_delay, self.base_delay * (2 ** (attempt - 1)))
+
+
+def is_transient(error: BaseException) -> bool:
+    """Worth another attempt: a connection-ish error, not one about the path, and not an
+    operation that already spent its own retries."""
+    if isinstance(error, (StoreError, *PERMANENT_ERRORS)):
+        return False
+    return isinstance(error, TRANSIENT_ERRORS)
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON
+
+
+def _finite(value: Any) -> Any:
+    """VALUE with every non-finite float replaced by None (strict JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    """numpy scalars and arrays (without importing numpy), and models nested in dicts."""
+    if isinstance(value, BaseModel):
+        return _finite(value.model_dump(mode="json"))
+    for attribute in ("tolist", "item"):
+        method = getattr(value, attribute, None)
+        if callable(method):
+            return _finite(method())
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def to_jsonable(obj: Any) -> Any:
+    """A model or plain value as JSON-ready data, non-finite floats as None."""
+    if isinstance(obj, BaseModel):
+        obj = obj.model_dump(mode="json")
+    return _finite(obj)
+
+
+def dump_json(obj: Any, indent: Optional[int] = None) -> str:
+    """Strict JSON text of a model or plain value (non-finite floats become null)."""
+    separators = (",", ":") if indent is None else (",", ": ")
+    return json.dumps(
+        to_jsonable(obj),
+        indent=indent,
+        separators=separators,
+        ensure_ascii=False,
+        allow_nan=False,
+        default=_json_default,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths
+
+
+def check_path(path: str, allow_root: bool = False) -> str:
+    """PATH as a clean relative `/` path; no absolute paths, no `..`."""
+    if not isinstance(path, str):
+        raise TypeError(f"store path must be a string, got {type(path).__name__}")
+    stripped = path.strip("/")
+    if not stripped:
+        if allow_root:
+            return ""
+        raise ValueError("empty store path")
+    if path.startswith("/") or "\\" in path:
+        raise ValueError(f"store path must be relative with '/' separators: {path!r}")
+    parts = stripped.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"store path must not contain empty, '.' or '..' parts: {path!r}")
+    return stripped
+
+
+def _is_temp_name(name: str) -> bool:
+    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+
+
+def _fsync_dir(folder: str) -> None:
+    """Make a rename in FOLDER durable (best effort: not every platform allows it)."""
+    try:
+        handle = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> frozenset[str]:
+    protocol = fs.protocol
+    return frozenset([protocol] if isinstance(protocol, str) else protocol)
+
+
+# ---------------------------------------------------------------------------------------------
+# The store
+
+
+class Store:
+    """Every file a run writes goes through one of these."""
+
+    def __init__(
+        self, fs: fsspec.AbstractFileSystem, root: str, retry: Optional[RetryPolicy] = None
+    ) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")  # "" for a filesystem's top ("/", "memory://")
+        self.retry = retry or RetryPolicy()
+        self.is_local = bool(_protocols(fs) & LOCAL_PROTOCOLS)
+        # Object stores: the next segment number per log prefix, found by listing once.
+        self._next_segment: dict[str, int] = {}
+
+    @classmethod
+    def open(
+        cls, url: str = "./runs", retry: Optional[RetryPolicy] = None, **storage_options: Any
+    ) -> "Store":
+        """A store at URL: a local folder path, `file://...`, `memory://...`, `s3://...`."""
+        if "://" not in url:
+            return cls(fsspec.filesystem("file"), os.path.abspath(url), retry)
+        fs, root = url_to_fs(url, **storage_options)
+        if bool(_protocols(fs) & LOCAL_PROTOCOLS):
+            root = os.path.abspath(root)
+        return cls(fs, root, retry)
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    # -- naming -------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The root: an absolute folder path for local stores, else the fsspec URL."""
+        return self.root if self.is_local else self.fs.unstrip_protocol(self.root)
+
+    def _full(self, path: str, allow_root: bool = False) -> str:
+        relative = check_path(path, allow_root=allow_root)
+        if not relative:
+            return self.root or "/"
+        return f"{self.root}/{relative}"
+
+    def _relative(self, full: str) -> str:
+        prefix = self.root + "/"
+        return full[len(prefix):] if full.startswith(prefix) else full
+
+    def url_of(self, path: str) -> str:
+        """Where PATH lives: an absolute local path, or a URL; `Store.open` accepts either."""
+        full = self._full(path, allow_root=True)
+        return full if self.is_local else self.fs.unstrip_protocol(full)
+
+    # -- retries ------------------------------------------------------------------------------
+
+    def _retrying(self, what: str, action: Callable[[], T]) -> T:
+        policy = self.retry
+        for attempt in range(1, max(1, policy.attempts) + 1):
+            try:
+                return action()
+            except BaseException as error:  # noqa: BLE001 - classified just below
+                if not is_transient(error):
+                    raise
+                if attempt >= policy.attempts:
+                    raise StoreError(
+                        f"store {what} failed after {attempt} attempts: {error}"
+                    ) from error
+                policy.sleep(policy.delay(attempt))
+        raise AssertionError("unreachable")
+
+    # -- whole files --------------------------------------------------------------------------
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Publish DATA at PATH atomically, replacing any previous version."""
+        full = self._full(path)
+        payload = bytes(data)
+        if self.is_local:
+            self._retrying(f"write {path}", lambda: self._publish_local(full, payload))
+        else:
+            self._retrying(f"write {path}", lambda: self.fs.pipe_file(full, payload))
+
+    def write_text(self, path: str, text: str) -> None:
+        self.write_bytes(path, text.encode("utf-8"))
+
+    def write_json(self, path: str, obj: Any, indent: Optional[int] = 2) -> None:
+        """A pydantic model or plain value as JSON (non-finite floats become null)."""
+        text = dump_json(obj, indent=indent)
+        self.write_text(path, text + "\n")
+
+    def _publish_local(self, full: str, data: bytes) -> None:
+        folder, name = os.path.split(full)
+        os.makedirs(folder, exist_ok=True)
+        temp = os.path.join(folder, f".{name}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}")
+        try:
+            with open(temp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, full)
+        except BaseException:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+            raise
+        _fsync_dir(folder)
+
+    def read_bytes(self, path: str) -> bytes:
+        full = self._full(path)
+        return self._retrying(f"read {path}", lambda: bytes(self.fs.cat_file(full)))
+
+    def read_text(self, path: str) -> str:
+        return self.read_bytes(path).decode("utf-8")
+
+    @overload
+    def read_json(self, path: str) -> Any: ...
+
+    @overload
+    def read_json(self, path: str, model: type[M]) -> M: ...
+
+    def read_json(self, path: str, model: Optional[type[M]] = None) -> Any:
+        """The JSON at PATH, validated as MODEL when one is given."""
+        text = self.read_text(path)
+        if model is not None:
+            return model.model_validate_json(text)
+        return json.loads(text)
+
+    def exists(self, path: str) -> bool:
+        full = self._full(path, allow_root=True)
+        return self._retrying(f"exists {path}", lambda: self._exists(full))
+
+    def _exists(self, full: str) -> bool:
+        if not self.is_local:
+            self.fs.invalidate_cache(full)
+        return bool(self.fs.exists(full))
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Every file under the folder PREFIX, as store paths, sorted; temp files left out."""
+        full = self._full(prefix, allow_root=True)
+        found = self._retrying(f"list {prefix or '/'}", lambda: self._find(full))
+        paths = [self._relative(item) for item in found]
+        return sorted(p for p in paths if not _is_temp_name(posixpath.basename(p)))
+
+    def _find(self, full: str) -> list[str]:
+        if not self.is_local:
+            self.fs.invalidate_cache(full)
+        try:
+            return list(self.fs.find(full))
+        except FileNotFoundError:
+            return []
+
+    def delete(self, path: str, recursive: bool = False, missing_ok: bool = True) -> None:
+        """Remove PATH (a folder only with RECURSIVE); a missing path is fine by default."""
+        full = self._full(path, allow_root=True)
+        try:
+            self._retrying(f"delete {path}", lambda: self.fs.rm(full, recursive=recursive))
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
+
+    # -- append-only line logs ----------------------------------------------------------------
+
+    def log_paths(self, path_prefix: str) -> tuple[str, str]:
+        """(the single local file, the segment folder) for the log at PATH_PREFIX."""
+        prefix = check_path(path_prefix)
+        return f"{prefix}.jsonl", prefix
+
+    def append_lines(self, path_prefix: str, lines: Iterable[str]) -> None:
+        """Append LINES (no newlines inside) to the log at PATH_PREFIX, durably, in order."""
+        items = list(lines)
+        for line in items:
+            if "\n" in line or "\r" in line:
+                raise ValueError("a log line must not contain a newline")
+        if not items:
+            return
+        data = ("\n".join(items) + "\n").encode("utf-8")
+        single, folder = self.log_paths(path_prefix)
+        if self.is_local:
+            self._append_local(self._full(single), data, path_prefix)
+        else:
+            self._append_segment(folder, data, path_prefix)
+
+    def _append_local(self, full: str, data: bytes, what: str) -> None:
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        start = self._retrying(f"append {what}", lambda: _clean_end(full))
+
+        def attempt() -> None:
+            with open(full, "r+b") as handle:
+                handle.seek(start)
+                handle.truncate(start)  # undo what a failed attempt left
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+
+        try:
+            self._retrying(f"append {what}", attempt)
+        except BaseException:
+            _truncate_quietly(full, start)
+            raise
+
+    def _append_segment(self, folder: str, data: bytes, what: str) -> None:
+        number = self._retrying(f"append {what}", lambda: self._claim_segment(folder))
+        full = self._full(f"{folder}/{number:06d}.jsonl")
+        # The number is fixed before retrying, so a put that landed but reported failure is
+        # simply written again, never duplicated.
+        self._retrying(f"append {what}", lambda: self.fs.pipe_file(full, data))
+        self._next_segment[folder] = number + 1
+
+    def _claim_segment(self, folder: str) -> int:
+        number = self._next_segment.get(folder)
+        if number is not None and not self._exists(self._full(f"{folder}/{number:06d}.jsonl")):
+            return number
+        # First append in this process, or another writer took the number: list again.
+        existing = self._segment_numbers(folder)
+        return (max(existing) + 1) if existing else 0
+
+    def _segment_numbers(self, folder: str) -> list[int]:
+        numbers = []
+        for item in self._find(self._full(folder)):
+            match = SEGMENT_RE.match(posixpath.basename(item))
+            if match and posixpath.dirname(self._relative(item)) == folder:
+                numbers.append(int(match.group(1)))
+        return sorted(numbers)
+
+    def read_lines(self, path_prefix: str) -> list[str]:
+        """Every line of the log at PATH_PREFIX: the single file, then the segments in order.
+
+        A final line without its newline is a torn local append and is left out."""
+        single, folder = self.log_paths(path_prefix)
+        lines: list[str] = []
+        if self.exists(single):
+            text = self.read_text(single)
+            complete = text[: text.rfind("\n") + 1]
+            lines.extend(complete.splitlines())
+        numbers = self._retrying(f"list {folder}", lambda: self._segment_numbers(folder))
+        for number in numbers:
+            lines.extend(self.read_text(f"{folder}/{number:06d}.jsonl").splitlines())
+        return [line for line in lines if line.strip()]
+
+
+def _clean_end(full: str) -> int:
+    """The offset to append at in FULL (created if missing), dropping a torn final line."""
+    with open(full, "ab+") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        position = size
+        chunk = 65536
+        while position > 0:
+            begin = max(0, position - chunk)
+            handle.seek(begin)
+            block = handle.read(position - begin)
+            if position == size and block.endswith(b"\n"):
+                return size
+            newline = block.rfind(b"\n")
+            if newline >= 0:
+                return begin + newline + 1
+            position = begin
+        return 0
+
+
+def _truncate_quietly(full: str, size: int) -> None:
+    try:
+        with open(full, "r+b") as handle:
+            handle.truncate(size)
+    except OSError:
+        pass
