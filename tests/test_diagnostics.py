@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from sexpgpu.lisp.diagnostics import CODES, SourceMap, render
+from sexpgpu.compile.pipeline import compile_file
 from sexpgpu.lisp.program import load_file
+
+HEAD = '(require "sexpgpu/nn" :as nn)\n(require "sexpgpu/optim" :as optim)\n'
+LOADER = "(defloader train :source (synthetic :spirals :n 256 :classes 3) :fields ((x :f32 (2)) (y :i32 ())) :batch 32)\n"
+GROUPS = '(defgroups (all "**" (optim:sgd :lr 0.1)))\n'
+MLP = "(defpart net (nn:mlp 2 8 3))\n"
+CE = "(defobjective (batch) (nn:cross-entropy (net (field batch x)) (field batch y)))\n"
 
 # code: (file text, line, col, message, macro named in the diagnostic or None)
 CASES: dict[str, tuple[str | bytes, int, int, str, str | None]] = {
@@ -38,6 +45,38 @@ CASES: dict[str, tuple[str | bytes, int, int, str, str | None]] = {
     "M004": ("(list zz:foo)", 1, 7, 'no module is bound to the prefix `zz` (prefixes here: none); add (require "sexpgpu/zz" :as zz) before this form', None),
     "M005": ("(require sexpgpu/nn)", 1, 1, 'malformed require: expected (require "sexpgpu/NAME" :as prefix [:import (names...)]) or (require "./file.lisp" :as prefix)', None),
     "W001": ('(warn "lr ~a looks large" 10)', 1, 1, "lr 10 looks large", None),
+    "T001": (
+        HEAD + "(defmodel bad ()\n  (defparam w (3 4))\n  (forward (x) (matmul x w)))\n" + LOADER + "(defpart net (bad))\n"
+        "(defobjective (batch)\n  (mean (net (field batch x))))\n" + GROUPS + "(defrun :steps 1)\n",
+        5, 16, "matmul: f32[32,2] @ f32[3,4]: inner dimensions 2 and 3 differ", None,
+    ),
+    "T002": (
+        HEAD + LOADER + MLP + "(defobjective (batch)\n  (let ((logits (net (field batch x))))\n"
+        "    (if (> (mean logits) 0) (mean logits) (neg (mean logits)))))\n" + GROUPS + "(defrun :steps 1)\n",
+        7, 5, "a staged tensor (bool[]) is used as a truth value; control flow runs at compile time and data flow is staged: use (where c a b)", None,
+    ),
+    "T003": ("(relu 1.0)\n", 1, 1, "`relu` stages a tensor operation, which only happens inside forward, defobjective, defevaluate or an optimizer update", None),
+    "C001": (HEAD + "(defknob lr 0.1)\n(defrun :steps 10)\n", 4, 1, "the file has no defloader: a run file needs at least one defloader, named train", None),
+    "C002": (
+        HEAD + "(defrun :steps 10)\n" + LOADER, 4, 1,
+        "defloader after defrun: defrun must be the last form (order: require, defknob/defvariant/defsweep, definitions, defloader, defpart, defobjective, defevaluate/defeval/deftarget, defgroups, defcurriculum, defrun)",
+        None,
+    ),
+    "C003": (HEAD + LOADER + MLP + CE + CE, 6, 1, "defobjective may appear once; the first is at C003.lisp:5:1", None),
+    "C004": ("(defknob lr 2.0 :range (0 1))\n", 1, 1, "knob lr: 2.0 is outside its range [0, 1]", "defknob"),
+    "C005": (
+        HEAD + LOADER + MLP + CE + '(defgroups (w "**.w" (optim:sgd :lr 0.1)))\n(defrun :steps 1)\n', 6, 1,
+        'parameter net.layers.0.b matches no group in defgroups; add a group such as (rest "**" ...)', None,
+    ),
+    "C006": (
+        HEAD + LOADER + MLP + "(defobjective (batch) (net (field batch x)))\n" + GROUPS + "(defrun :steps 1)\n", 5, 1,
+        "defobjective must return one f32 scalar loss, got f32[32,3]", None,
+    ),
+    "C007": (
+        HEAD + LOADER + MLP + "(defpart extra (nn:linear 2 2))\n" + CE + GROUPS + "(defrun :steps 1)\n", 7, 1,
+        "parameter extra.w is not used by the objective, so it gets no gradient; use it or freeze it in defgroups", None,
+    ),
+    "C008": (HEAD + "(defloader train :source (synthetic :spirals) :fields ((x :f32 (2))))\n", 3, 1, "defloader train: :batch needs a positive integer, got nil", "defloader"),
 }
 
 
@@ -65,7 +104,7 @@ def test_diagnostic(code: str, project: Path) -> None:
         path.write_bytes(text)
     else:
         path.write_text(text)
-    _, diagnostics = load_file(Path(path.name))
+    diagnostics = compile_file(Path(path.name)).diagnostics
     assert diagnostics, f"{code}: no diagnostic"
     diag = diagnostics[-1]
     assert diag.code == code

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Optional
 
-from . import check, docs, lisp_tools, run
+from . import check, docs, inspect, lisp_tools, run
 from .common import Exit, UsageError
 
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.register(sub)
     lisp_tools.register(sub)
     run.register(sub)
+    inspect.register(sub)
     docs.register(sub)
     return parser
 

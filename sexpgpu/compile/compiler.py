@@ -103,6 +103,13 @@ class Compiler:
                 raise self.at(loc, "C002", f"{name.lower()} must come before {prev_name.lower()} (at {prev_loc}); the order is: {ORDER_TEXT}")
         self.seen.append((name, loc))
 
+    def form_loc(self, name: str) -> Optional[Loc]:
+        """Where the file's NAME form is, else its last contract form."""
+        for form, loc in self.seen:
+            if form == name:
+                return loc
+        return self.seen[-1][1] if self.seen else None
+
     def at(self, loc: Loc, code: str, message: str) -> Exception:
         err = lisp_error(code, message, "PROGRAM-ERROR")
         err.loc = loc

@@ -25,6 +25,10 @@ from .models import Batch, Ctx
 from .tensors import Staged, Tracer
 
 
+# the contract form a whole-file problem is reported at
+BLAME = {"C001": "DEFRUN", "C005": "DEFGROUPS", "C006": "DEFOBJECTIVE", "C007": "DEFGROUPS"}
+
+
 @dataclass
 class CompileResult:
     diagnostics: list[Diagnostic] = field(default_factory=list)
@@ -57,7 +61,15 @@ def compile_file(path: Path, selection: Optional[Selection] = None, limits: Opti
         return result
     if not compiler.is_run_file:
         return result
-    experiment, problem = guarded(lambda: build_experiment(path, program, compiler, selection))
+    def build() -> Experiment:
+        try:
+            return build_experiment(path, program, compiler, selection)
+        except LispError as exc:
+            if exc.loc is None:
+                exc.loc = compiler.form_loc(BLAME.get(exc.condition.code, "DEFRUN"))
+            raise
+
+    experiment, problem = guarded(build)
     if problem is not None:
         result.diagnostics.append(problem)
     result.experiment = experiment

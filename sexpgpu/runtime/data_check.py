@@ -7,7 +7,7 @@ be finite after the cast (NaN, inf, or overflow of a narrow float are errors).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +57,7 @@ def _check_int(array: np.ndarray, target: np.dtype, spec: FieldSpec, origin: Ori
     if array.dtype.kind == "f":
         with np.errstate(invalid="ignore"):
             bad = ~np.isfinite(array) | (array != np.floor(array))
-        _raise_first(bad, array, spec, origin, "is not an integer")
+        _raise_first(bad, array, spec, origin, f"is not an integer (the field is {spec.dtype.value})")
     if array.dtype.kind in "iuf":
         info = np.iinfo(target)
         with np.errstate(invalid="ignore"):
@@ -95,7 +95,7 @@ def _raise_first(bad: np.ndarray, values: np.ndarray, spec: FieldSpec, origin: O
         index = ", ".join(str(int(i)) for i in np.unravel_index(offset, spec.shape))
         element = f" at {spec.name}[{index}]"
     value = _show(values.reshape(-1)[flat])
-    raise origin.error(f"value {value}{element} {what} (the field is {spec.dtype.value})", example=example, field=spec.name)
+    raise origin.error(f"value {value}{element} {what}", example=example, field=spec.name)
 
 
 def _show(value: Any) -> str:
@@ -108,6 +108,6 @@ def show_shape(shape: tuple[int, ...]) -> str:
 
 
 def error_from_array_load(exc: Exception, where: str) -> DataError:
-    if isinstance(exc, ValueError) and "allow_pickle" in str(exc):
+    if "allow_pickle" in str(exc):
         return DataError("holds Python objects; save plain numeric arrays", source=where)
     return DataError(f"cannot read the arrays: {exc}", source=where)

@@ -57,7 +57,7 @@ def read_raw(spec: LoaderSpec) -> Raw:
         canonical = json.dumps({"synthetic": source.options, "version": SYNTHETIC_VERSION}, sort_keys=True, default=str)
         return Raw(f"synthetic:{name}", b"", hashlib.sha256(canonical.encode()).hexdigest())
     if not source.url:
-        raise DataError(f"a {source.kind} source needs a file or URL")
+        raise DataError(f"the {source.kind} source needs a file or URL")
     where = resolve_url(source.url, spec.base_dir)
     data = read_bytes(where)
     if not data:

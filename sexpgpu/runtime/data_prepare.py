@@ -10,7 +10,7 @@ import numpy as np
 from .data_check import check_counts, coerce_array, show_shape
 from .data_io import check_options
 from .data_sources import Work
-from .data_spec import DataError, LoaderSpec, PrepareStep
+from .data_spec import LoaderSpec, PrepareStep
 
 Step = Callable[[Work, dict[str, Any], LoaderSpec, list[PrepareStep]], None]
 
@@ -47,11 +47,11 @@ def _char_vocab(work: Work, options: dict[str, Any], spec: LoaderSpec, rest: lis
         raise work.origin.error("(char-vocab) needs a text source")
     if not work.text:
         raise work.origin.error("empty source (no characters)")
-    vocab = sorted(set(work.text))
-    ids = {char: i for i, char in enumerate(vocab)}
-    work.stream = np.fromiter((ids[c] for c in work.text), dtype=np.int64, count=len(work.text))
-    work.vocab, work.text = vocab, None
-    work.meta["vocab_size"] = len(vocab)
+    points = np.frombuffer(work.text.encode("utf-32-le"), dtype=np.uint32)
+    codes, ids = np.unique(points, return_inverse=True)  # sorted by code point
+    work.stream = ids.astype(np.int64).reshape(-1)
+    work.vocab, work.text = [chr(int(code)) for code in codes], None
+    work.meta["vocab_size"] = len(work.vocab)
 
 
 def _windows(work: Work, options: dict[str, Any], spec: LoaderSpec, rest: list[PrepareStep]) -> None:

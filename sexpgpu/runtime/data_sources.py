@@ -5,13 +5,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import zipfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ..ir.dtypes import DType
-from .data_check import check_counts, coerce_array, error_from_array_load
+from .data_check import check_counts, coerce_array, error_from_array_load, show_shape
 from .data_io import Origin, Raw, check_options, decode_utf8
 from .data_spec import DataError, FieldSpec, LoaderSpec
 from .data_synthetic import generate
@@ -49,9 +50,11 @@ def _table(columns: dict[str, np.ndarray], origin: Origin) -> Work:
 
 
 def _load_arrays(raw: Raw) -> Any:
+    if not raw.data.startswith((b"\x93NUMPY", b"PK\x03\x04", b"PK\x05\x06")):
+        raise DataError("is not an .npy or .npz file", source=raw.where)
     try:
         return np.load(io.BytesIO(raw.data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise error_from_array_load(exc, raw.where) from None
 
 
@@ -63,6 +66,7 @@ def _parse_npz(spec: LoaderSpec, raw: Raw) -> Work:
         raise DataError("is a single .npy array, not an .npz archive (use the npy source)", source=raw.where)
     origin = Origin(raw.where)
     mapping: dict[str, str] = options.get("map", {})
+    _check_field_keys(mapping, spec, "map", raw.where)
     columns: dict[str, np.ndarray] = {}
     for spec_field in spec.fields:
         name = mapping.get(spec_field.name, spec_field.name)
@@ -70,7 +74,7 @@ def _parse_npz(spec: LoaderSpec, raw: Raw) -> Work:
             raise origin.error(f"no array '{name}' in the archive (arrays: {', '.join(archive.files) or 'none'})", field=spec_field.name)
         try:
             array = archive[name]
-        except (ValueError, OSError) as exc:
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
             raise error_from_array_load(exc, raw.where) from None
         columns[spec_field.name] = coerce_array(array, spec_field, origin)
     return _table(columns, origin)
@@ -97,7 +101,7 @@ def _parse_npy(spec: LoaderSpec, raw: Raw) -> Work:
 
 def _token_stream(array: np.ndarray, origin: Origin) -> np.ndarray:
     if array.ndim != 1 or array.dtype.kind not in "iu":
-        raise origin.error(f"a token stream must be a 1-D integer array; this one is {array.dtype} of shape {array.shape}")
+        raise origin.error(f"a token stream must be a 1-D integer array; this one is {array.dtype} of shape {show_shape(array.shape)}")
     if array.size == 0:
         raise origin.error("empty source (0 tokens)")
     return array.astype(np.int64)
@@ -114,6 +118,7 @@ def _parse_csv(spec: LoaderSpec, raw: Raw) -> Work:
     header, header_line, rows, lines = _csv_rows(decode_utf8(raw), raw.where, str(options.get("delimiter", ",")))
     origin = Origin(raw.where, np.asarray(lines, dtype=np.int64))
     table = np.array(rows, dtype=str)
+    _check_field_keys(options.get("columns", {}), spec, "columns", raw.where)
     index = {name: i for i, name in enumerate(header)}
     columns: dict[str, np.ndarray] = {}
     for spec_field in spec.fields:
@@ -155,6 +160,14 @@ def _csv_rows(text: str, where: str, delimiter: str) -> tuple[list[str], int, li
     if not rows:
         raise DataError("empty source (no rows after the header)", source=where)
     return header, header_line, rows, lines
+
+
+def _check_field_keys(mapping: Any, spec: LoaderSpec, option: str, where: str) -> None:
+    if not isinstance(mapping, dict):
+        raise DataError(f"option {option} must map field names to names in the source", source=where)
+    unknown = sorted(set(mapping) - {f.name for f in spec.fields})
+    if unknown:
+        raise DataError(f"option {option} names {', '.join(map(repr, unknown))}, which are not declared fields", source=where)
 
 
 def _check_header(header: list[str], where: str, line: int) -> None:

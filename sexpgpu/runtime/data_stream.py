@@ -91,7 +91,8 @@ class BatchStream:
 
     def counters(self) -> dict[str, int]:
         """What ctx shows: examples and tokens seen, epochs completed, batches, position."""
-        return self._state.model_dump()
+        state = self._state
+        return {"examples": state.examples, "tokens": state.tokens, "epochs": state.epoch, "batches": state.batches, "position": state.position}
 
     @property
     def batches_per_epoch(self) -> int:

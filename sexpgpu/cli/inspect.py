@@ -1,0 +1,242 @@
+"""`ir`, `explain` and `diff`: what the compiler made of a file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from ..compile.experiment import Experiment
+from ..compile.pipeline import CompileResult, compile_file
+from ..ir.graph import Program
+from ..ir.ops import op_def
+from ..lisp.diagnostics import SourceMap
+from ..lisp.program import has_errors
+from ..runtime.numpy_backend import make_plan
+from .check import add_limit_flags, limits_from
+from .common import Exit, existing_file, fail_usage, print_diagnostics, print_json
+from .selection import add_selection_flags, selection_from
+
+PROGRAMS = ("forward", "train", "backward", "update")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    i = sub.add_parser("ir", help="print the IR (one SSA line per node)")
+    i.add_argument("file")
+    i.add_argument("--program", default="train", help="forward | train | backward | update (default train)")
+    i.add_argument("--json", action="store_true", help="the machine form")
+    add_selection_flags(i)
+    add_limit_flags(i)
+    i.set_defaults(run=run_ir)
+
+    e = sub.add_parser("explain", help="knobs, parameter tree, groups, FLOPs and the memory plan")
+    e.add_argument("file")
+    e.add_argument("--json", action="store_true")
+    add_selection_flags(e)
+    add_limit_flags(e)
+    e.set_defaults(run=run_explain)
+
+    d = sub.add_parser("diff", help="what changed between two files or two selections of one")
+    d.add_argument("a")
+    d.add_argument("b", nargs="?", help="the second file (default: the same file)")
+    d.add_argument("--json", action="store_true")
+    d.add_argument("--set-b", dest="set_b", action="append", default=[], metavar="KNOB=VALUE", help="--set for the second side only")
+    d.add_argument("--variant-b", dest="variant_b", help="--variant for the second side only")
+    add_selection_flags(d)
+    add_limit_flags(d)
+    d.set_defaults(run=run_diff)
+
+
+def compiled(args: argparse.Namespace, file: str, selection: Any = None) -> tuple[Optional[Experiment], int]:
+    path = existing_file(file)
+    result: CompileResult = compile_file(path, selection if selection is not None else selection_from(args), limits_from(args), output=sys.stderr.write)
+    print_diagnostics(result.diagnostics, result.program.sources if result.program else SourceMap())
+    if has_errors(result.diagnostics):
+        return None, Exit.CHECK_FAILED
+    if result.experiment is None:
+        print(f"{file} is not a run file (no defrun): nothing to compile into IR", file=sys.stderr)
+        return None, Exit.CHECK_FAILED
+    return result.experiment, Exit.OK
+
+
+def backward_view(train: Program, forward: Program) -> Program:
+    """The backward program: the nodes autodiff appended after the forward ones."""
+    forward_ids = {n.id for n in forward.nodes}
+    nodes = [n for n in train.nodes if n.id not in forward_ids]
+    outputs = {k: v for k, v in train.outputs.items() if k.startswith("grad:")}
+    return Program(name="backward", inputs=train.inputs, nodes=nodes, outputs=outputs)
+
+
+def select_program(experiment: Experiment, name: str) -> Program:
+    programs = experiment.module.programs
+    if name == "backward":
+        return backward_view(programs["train"], programs["forward"])
+    if name not in programs:
+        fail_usage(f"--program {name}: choose one of {', '.join(PROGRAMS)}")
+    return programs[name]
+
+
+def run_ir(args: argparse.Namespace) -> int:
+    experiment, code = compiled(args, args.file)
+    if experiment is None:
+        return code
+    program = select_program(experiment, args.program)
+    if args.json:
+        print(program.model_dump_json(indent=2))
+    else:
+        print(program.text())
+    return Exit.OK
+
+
+def program_flops(program: Program) -> int:
+    types = program.types()
+    return sum(op_def(n.op).flops(n, [types[a] for a in n.args]) for n in program.nodes)
+
+
+def explain_document(experiment: Experiment) -> dict[str, Any]:
+    programs = experiment.module.programs
+    params = [{"path": p.path, "shape": list(p.shape), "dtype": p.dtype.value, "count": _count(p.shape), "init": p.init.kind} for p in experiment.params]
+    param_bytes = sum(_count(p.shape) * 4 for p in experiment.params)
+    state_bytes = sum(_count(next(q.shape for q in experiment.params if q.path == path)) * 4 * len(g.states) for g in experiment.groups for path in g.params)
+    train_plan = make_plan(programs["train"])
+    update_plan = make_plan(programs["update"])
+    grad_bytes = sum(_count(next(q.shape for q in experiment.params if q.path == path)) * 4 for g in experiment.groups if g.optimizer for path in g.params)
+    return {
+        "file": experiment.file,
+        "ir_hash": experiment.ir_hash,
+        "knobs": {k.name: k.value for k in experiment.knobs},
+        "params": params,
+        "param_count": sum(p["count"] for p in params),
+        "groups": [{"name": g.name, "selector": g.selector, "optimizer": g.optimizer or "frozen", "params": g.params, "states": [s.name for s in g.states]} for g in experiment.groups],
+        "flops_per_step": {"forward": program_flops(programs["forward"]), "train": program_flops(programs["train"]), "update": program_flops(programs["update"])},
+        "memory": {
+            "params": param_bytes,
+            "grads": grad_bytes,
+            "optimizer_state": state_bytes,
+            "activations_peak": train_plan.peak_bytes,
+            "update_peak": update_plan.peak_bytes,
+            "total": param_bytes + state_bytes + train_plan.peak_bytes + update_plan.peak_bytes,
+            "device": "cpu",
+        },
+        "run": experiment.run.model_dump(),
+    }
+
+
+def _count(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    experiment, code = compiled(args, args.file)
+    if experiment is None:
+        return code
+    doc = explain_document(experiment)
+    if args.json:
+        print_json(doc)
+        return Exit.OK
+    out = [f"{doc['file']}  (IR {doc['ir_hash'][:12]})", "", "knobs"]
+    out += [f"  {k} = {v}" for k, v in doc["knobs"].items()] or ["  (none)"]
+    out += ["", f"parameters: {doc['param_count']:,}"]
+    width = max((len(p["path"]) for p in doc["params"]), default=10)
+    for p in doc["params"]:
+        out.append(f"  {p['path']:<{width}}  {p['dtype']}[{','.join(map(str, p['shape']))}]  {p['count']:>10,}  {p['init']}")
+    out += ["", "optimizer groups"]
+    for g in doc["groups"]:
+        out.append(f"  {g['name']} \"{g['selector']}\" -> {g['optimizer']}: {len(g['params'])} parameter(s)" + (f", state {', '.join(g['states'])}" if g["states"] else ""))
+    f = doc["flops_per_step"]
+    out += ["", f"FLOPs per step: {f['train'] + f['update']:,} (forward {f['forward']:,}, forward+backward {f['train']:,}, update {f['update']:,})"]
+    m = doc["memory"]
+    out += ["", "memory plan (cpu)"]
+    for key in ("params", "grads", "optimizer_state", "activations_peak", "update_peak", "total"):
+        out.append(f"  {key.replace('_', ' '):<18} {_bytes(m[key]):>12}")
+    print("\n".join(out))
+    return Exit.OK
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    first, code = compiled(args, args.a)
+    if first is None:
+        return code
+    second_args = argparse.Namespace(**vars(args))
+    second_args.set_values = list(args.set_values) + list(args.set_b)
+    if args.variant_b:
+        second_args.variant = args.variant_b
+    second, code = compiled(second_args, args.b or args.a, selection_from(second_args))
+    if second is None:
+        return code
+    a, b = explain_document(first), explain_document(second)
+    changes = diff_documents(a, b, first, second)
+    if args.json:
+        print_json(changes)
+    else:
+        if not any(changes.values()):
+            print("no differences")
+        for section, items in changes.items():
+            if items:
+                print(section)
+                for item in items:
+                    print(f"  {item}")
+    return Exit.OK
+
+
+def diff_documents(a: dict[str, Any], b: dict[str, Any], ea: Experiment, eb: Experiment) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {"knobs": [], "parameters": [], "groups": [], "ir": [], "flops": [], "memory": []}
+    for k in sorted(set(a["knobs"]) | set(b["knobs"])):
+        if a["knobs"].get(k) != b["knobs"].get(k):
+            out["knobs"].append(f"{k}: {a['knobs'].get(k)} -> {b['knobs'].get(k)}")
+    pa = {p["path"]: p for p in a["params"]}
+    pb = {p["path"]: p for p in b["params"]}
+    for path in sorted(set(pa) | set(pb)):
+        if path not in pb:
+            out["parameters"].append(f"- {path} {pa[path]['shape']}")
+        elif path not in pa:
+            out["parameters"].append(f"+ {path} {pb[path]['shape']}")
+        elif pa[path]["shape"] != pb[path]["shape"]:
+            out["parameters"].append(f"~ {path} {pa[path]['shape']} -> {pb[path]['shape']}")
+    ga = {g["name"]: g for g in a["groups"]}
+    gb = {g["name"]: g for g in b["groups"]}
+    for name in sorted(set(ga) | set(gb)):
+        if ga.get(name) != gb.get(name):
+            out["groups"].append(f"{name}: {_group(ga.get(name))} -> {_group(gb.get(name))}")
+    for prog in ("forward", "train", "update"):
+        ca, cb = _op_counts(ea.module.programs[prog]), _op_counts(eb.module.programs[prog])
+        for op in sorted(set(ca) | set(cb)):
+            if ca.get(op, 0) != cb.get(op, 0):
+                out["ir"].append(f"{prog}: {op} x{ca.get(op, 0)} -> x{cb.get(op, 0)}")
+    if ea.ir_hash != eb.ir_hash and not out["ir"]:
+        out["ir"].append(f"same ops, different constants or attributes (IR {ea.ir_hash[:12]} -> {eb.ir_hash[:12]})")
+    for key in a["flops_per_step"]:
+        if a["flops_per_step"][key] != b["flops_per_step"][key]:
+            out["flops"].append(f"{key}: {a['flops_per_step'][key]:,} -> {b['flops_per_step'][key]:,}")
+    for key in a["memory"]:
+        if a["memory"][key] != b["memory"][key]:
+            out["memory"].append(f"{key}: {a['memory'][key]:,} -> {b['memory'][key]:,}")
+    return out
+
+
+def _group(g: Optional[dict[str, Any]]) -> str:
+    if g is None:
+        return "(none)"
+    return f"\"{g['selector']}\" {g['optimizer']} ({len(g['params'])} params)"
+
+
+def _op_counts(program: Program) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for n in program.nodes:
+        counts[n.op] = counts.get(n.op, 0) + 1
+    return counts
+
+
+__all__ = ["register", "Path"]
