@@ -273,6 +273,11 @@ def test_split_is_deterministic_and_partitions(tmp_path: Path, cache: Path) -> N
     assert shared_examples(train, val) == [] and len(shared_examples(train, explicit)) == 15
 
 
+def test_split_unknown_part(tmp_path: Path, cache: Path) -> None:
+    message = data_error(split_spec(tmp_path, part="test"), cache)
+    assert message.endswith("d.npz: part 'test' is not one a split makes (train, val)")
+
+
 def test_normalize_uses_train_statistics(tmp_path: Path, cache: Path) -> None:
     normalize = [("normalize", {"field": "x"})]
     train = load(split_spec(tmp_path, extra=normalize), cache)

@@ -39,7 +39,7 @@ CASES: dict[str, tuple[str | bytes, int, int, str, str | None]] = {
     "L001": ("(loop)", 1, 1, "evaluation step budget of 1000000 steps exhausted; is there an endless loop?", "loop"),
     "L002": ("(defun f (n) (f (1+ n)))\n(f 0)", 1, 14, "evaluation depth limit of 10000 nested calls exceeded in f; is the recursion unbounded?", None),
     "L003": ("(defun grow (l) (grow (append l l)))\n(grow (list 1))", 1, 23, "allocation limit of 10000000 cells exceeded; is a list or string growing without bound?", None),
-    "M001": ('(require "sexpgpu/nope" :as n)', 1, 1, 'no standard module "sexpgpu/nope"; the standard modules are: none yet', None),
+    "M001": ('(require "sexpgpu/nope" :as n)', 1, 1, 'no standard module "sexpgpu/nope"; the standard modules are: "sexpgpu/nn", "sexpgpu/optim"', None),
     "M002": ('(require "./cyc.lisp" :as c)', 1, 1, "require cycle: cyc.lisp -> cyc2.lisp -> cyc.lisp", None),
     "M003": ('(require "../outside.lisp" :as p)', 1, 1, "", None),
     "M004": ("(list zz:foo)", 1, 7, 'no module is bound to the prefix `zz` (prefixes here: none); add (require "sexpgpu/zz" :as zz) before this form', None),

@@ -43,7 +43,7 @@ Body forms
        prog1 with-gensyms once-only defstruct case ecase typecase etypecase forward
        optimizer-update defcurriculum defgroups defrun defloader defdiagnostic eval-when
        catch with-numerics
-  2    defun defmacro defmodel defoptimizer defobjective defevaluate defpart do do*
+  2    defun defmacro defmodel defoptimizer defpart do do*
        destructuring-bind multiple-value-bind
   ===  ======================================================================================
 
@@ -118,13 +118,13 @@ BODY_HEADS: Mapping[str, int] = MappingProxyType(
                 " lambda when unless dolist dotimes handler-case handler-bind restart-case"
                 " unwind-protect block prog1 with-gensyms once-only defstruct case ecase"
                 " typecase etypecase forward optimizer-update defcurriculum defgroups defrun"
-                " defloader defdiagnostic eval-when catch with-numerics"
+                " defloader defdiagnostic eval-when catch with-numerics defobjective defevaluate"
             ).split(),
             1,
         ),
         **dict.fromkeys(
             (
-                "defun defmacro defmodel defoptimizer defobjective defevaluate defpart do do*"
+                "defun defmacro defmodel defoptimizer defpart do do*"
                 " destructuring-bind multiple-value-bind"
             ).split(),
             2,

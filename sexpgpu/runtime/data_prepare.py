@@ -35,6 +35,8 @@ def finish(spec: LoaderSpec, work: Work) -> dict[str, np.ndarray]:
     if work.split is None:
         return columns
     part = spec.resolved_part()
+    if part not in ("train", "val"):
+        raise work.origin.error(f"part {part!r} is not one a split makes (train, val)")
     rows = work.split[0] if part == "train" else work.split[1]
     if len(rows) == 0:
         raise work.origin.error(f"part '{part}' of the split is empty ({work.n} examples, {work.meta['split']['train']} in train)")

@@ -15,7 +15,6 @@ MASK_FIELD = "__mask__"
 
 SourceKind = Literal["npz", "npy", "csv", "jsonl", "text", "synthetic"]
 StepKind = Literal["char-vocab", "windows", "split", "normalize"]
-Part = Literal["train", "val"]
 
 
 class _Spec(BaseModel):
@@ -51,7 +50,7 @@ class LoaderSpec(_Spec):
     batch: int = Field(gt=0)
     shuffle: bool = False
     seed: int = 0
-    part: Optional[Part] = None
+    part: Optional[str] = None  # "train" or "val" (checked when a split selects it)
     base_dir: str = "."
 
     @model_validator(mode="after")
@@ -66,7 +65,7 @@ class LoaderSpec(_Spec):
                 raise ValueError(f"loader {self.name!r}: field {f.name!r} has a dimension < 1: {f.shape}")
         return self
 
-    def resolved_part(self) -> Part:
+    def resolved_part(self) -> str:
         """The part a split selects: spec.part, else "train" for the loader named train, else "val"."""
         if self.part is not None:
             return self.part
