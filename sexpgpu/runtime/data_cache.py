@@ -21,7 +21,7 @@ import numpy as np
 from ..ir.dtypes import DType, numpy_dtype
 from .data_spec import Dataset, LoaderSpec, hash_arrays
 
-CACHE_FORMAT = 1  # bump when preparation changes what it produces
+CACHE_FORMAT = 2  # bump when preparation changes what it produces (2: synthetic examples interleaved)
 META_KEY = "__meta__"
 
 

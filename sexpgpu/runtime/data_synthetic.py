@@ -2,7 +2,7 @@
 
 Every generator draws from numpy Generator(PCG64(seed)) only, so the same options give the
 same bytes everywhere. The first declared field gets the inputs, the second (if any) the
-labels or targets.
+labels or targets. Examples come in a seeded random order, not class by class.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ def generate(options: dict[str, Any], fields: list[FieldSpec], where: str) -> tu
     rng = np.random.Generator(np.random.PCG64(int(options.get("seed", 0)) % 2**64))
     noise = float(options.get("noise", DEFAULT_NOISE[name]))
     x, y, meta = GENERATORS[name](n, rng, noise, options, fields, where)
+    # generators build class by class; interleave the examples (seeded) so that a loader
+    # without :shuffle still sees every class in every batch
+    order = rng.permutation(n)
+    x, y = x[order], y[order]
     arrays = {fields[0].name: x}
     if len(fields) == 2:
         arrays[fields[1].name] = y.reshape((n, *fields[1].shape)) if y.size == n * fields[1].size else y

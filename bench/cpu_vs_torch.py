@@ -1,0 +1,151 @@
+"""Training steps/s on the CPU: SexpGPU's NumPy backend against PyTorch eager, same model,
+same batches, same optimizer, same threads, in one process. Prints one table with the ratio
+(ours / torch: > 1 means SexpGPU is faster) and the peak memory of each side (max RSS of a
+child process that trains only that side).
+
+    OPENBLAS_NUM_THREADS=1 python bench/cpu_vs_torch.py [--steps N] [--threads T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+WIDE = """
+(require "sexpgpu/nn" :as nn)
+(require "sexpgpu/optim" :as optim)
+
+(defloader train
+  :source (synthetic :blobs :n 4096 :classes 10 :dim 784 :seed 0)
+  :fields ((x :f32 (784)) (y :i32 ()))
+  :batch 256
+  :shuffle t)
+
+(defpart net (nn:mlp 784 1024 10 :depth 2))
+
+(defobjective (batch)
+  (nn:cross-entropy (net (field batch x)) (field batch y)))
+
+(defgroups (all "**" (optim:sgd :lr 0.01)))
+
+(defrun :steps 100000 :seed 0)
+"""
+
+
+def workloads(tmp: Path) -> dict[str, Path]:
+    wide = tmp / "wide_mlp.lisp"
+    wide.write_text(WIDE)
+    return {"quickstart MLP (2-64-3, batch 64)": REPO / "examples" / "quickstart.lisp", "wide MLP (784-1024-1024-10, batch 256)": wide}
+
+
+def ours(path: Path, steps: int) -> float:
+    from sexpgpu.compile.pipeline import compile_file
+    from sexpgpu.runtime.loop import Trainer
+
+    result = compile_file(path)
+    assert result.experiment is not None, [d.headline() for d in result.diagnostics]
+    trainer = Trainer(result.experiment)
+    for _ in range(5):
+        trainer.train_step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        trainer.train_step()
+    return steps / (time.perf_counter() - start)
+
+
+def torch_side(path: Path, steps: int) -> float:
+    import numpy as np
+    import torch
+
+    from sexpgpu.compile.pipeline import compile_file
+    from sexpgpu.runtime.loop import Trainer
+
+    result = compile_file(path)
+    assert result.experiment is not None
+    trainer = Trainer(result.experiment)  # for the same initial parameters and batches
+    paths = sorted(p for p in trainer.params if p.endswith(".w"))
+    weights = [torch.tensor(trainer.params[p].copy(), requires_grad=True) for p in paths]
+    biases = [torch.tensor(trainer.params[p[:-2] + ".b"].copy(), requires_grad=True) for p in paths]
+    lr = result.experiment.module.programs["update"]
+    del lr
+    group = result.experiment.groups[0]
+    rate = 0.1 if "quickstart" in path.name else 0.01
+    opt = torch.optim.SGD(weights + biases, lr=rate)
+    del group
+    batches = []
+    for _ in range(16):
+        b = trainer.stream.next()
+        batches.append((torch.tensor(b["x"]), torch.tensor(b["y"].astype(np.int64))))
+
+    def step(i: int) -> None:
+        x, y = batches[i % len(batches)]
+        h = x
+        for k, (w, b) in enumerate(zip(weights, biases)):
+            h = h @ w + b
+            if k < len(weights) - 1:
+                h = torch.relu(h)
+        loss = torch.nn.functional.cross_entropy(h, y)
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        opt.step()
+
+    for i in range(5):
+        step(i)
+    start = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    return steps / (time.perf_counter() - start)
+
+
+def peak_rss_mib(side: str, path: Path, steps: int) -> float:
+    code = (
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); sys.argv=['x'];"
+        f"from bench.cpu_vs_torch import {side}; from pathlib import Path;"
+        f"{side}(Path({str(path)!r}), {steps}); import resource;"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=os.environ.copy())
+    if out.returncode != 0:
+        return float("nan")
+    return int(out.stdout.strip().splitlines()[-1]) / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("OPENBLAS_NUM_THREADS", "1")))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, path in workloads(Path(tmp)).items():
+            steps = args.steps if "quickstart" in name else max(20, args.steps // 10)
+            a = ours(path, steps)
+            b = torch_side(path, steps)
+            rows.append({"workload": name, "ours_steps_per_s": a, "torch_steps_per_s": b, "ratio": a / b,
+                         "ours_peak_rss_mib": peak_rss_mib("ours", path, steps), "torch_peak_rss_mib": peak_rss_mib("torch_side", path, steps)})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"threads: {args.threads}  (ratio = ours / torch eager; goal >= 1.0)")
+    print(f"{'workload':<40} {'ours steps/s':>13} {'torch steps/s':>14} {'ratio':>7} {'ours MiB':>9} {'torch MiB':>10}")
+    for r in rows:
+        print(f"{r['workload']:<40} {r['ours_steps_per_s']:>13.1f} {r['torch_steps_per_s']:>14.1f} {r['ratio']:>7.2f} {r['ours_peak_rss_mib']:>9.0f} {r['torch_peak_rss_mib']:>10.0f}")
+    del resource
+
+
+if __name__ == "__main__":
+    main()
