@@ -1,7 +1,7 @@
 """Training steps/s on the CPU: SexpGPU's NumPy backend against PyTorch eager, same model,
 same batches, same optimizer, same threads, in one process. Prints one table with the ratio
-(ours / torch: > 1 means SexpGPU is faster) and the peak memory of each side (max RSS of a
-child process that trains only that side).
+(ours / torch: > 1 means SexpGPU is faster) and the peak memory of each side (VmHWM, the peak resident
+set, of a child process that trains only that side).
 
     OPENBLAS_NUM_THREADS=1 python bench/cpu_vs_torch.py [--steps N] [--threads T]
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -76,12 +75,8 @@ def torch_side(path: Path, steps: int) -> float:
     paths = sorted(p for p in trainer.params if p.endswith(".w"))
     weights = [torch.tensor(trainer.params[p].copy(), requires_grad=True) for p in paths]
     biases = [torch.tensor(trainer.params[p[:-2] + ".b"].copy(), requires_grad=True) for p in paths]
-    lr = result.experiment.module.programs["update"]
-    del lr
-    group = result.experiment.groups[0]
     rate = 0.1 if "quickstart" in path.name else 0.01
     opt = torch.optim.SGD(weights + biases, lr=rate)
-    del group
     batches = []
     for _ in range(16):
         b = trainer.stream.next()
@@ -111,8 +106,8 @@ def peak_rss_mib(side: str, path: Path, steps: int) -> float:
     code = (
         f"import sys; sys.path.insert(0, {str(REPO)!r}); sys.argv=['x'];"
         f"from bench.cpu_vs_torch import {side}; from pathlib import Path;"
-        f"{side}(Path({str(path)!r}), {steps}); import resource;"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+        f"{side}(Path({str(path)!r}), {steps});"
+        "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=os.environ.copy())
     if out.returncode != 0:
@@ -144,7 +139,6 @@ def main() -> None:
     print(f"{'workload':<40} {'ours steps/s':>13} {'torch steps/s':>14} {'ratio':>7} {'ours MiB':>9} {'torch MiB':>10}")
     for r in rows:
         print(f"{r['workload']:<40} {r['ours_steps_per_s']:>13.1f} {r['torch_steps_per_s']:>14.1f} {r['ratio']:>7.2f} {r['ours_peak_rss_mib']:>9.0f} {r['torch_peak_rss_mib']:>10.0f}")
-    del resource
 
 
 if __name__ == "__main__":

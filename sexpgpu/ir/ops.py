@@ -49,6 +49,9 @@ class OpDef:
     elementwise: bool = False
     doc: str = ""
     attrs: tuple[str, ...] = field(default=())
+    # optional: (attrs, input types) -> a kernel with the attrs worked out once, which the
+    # NumPy plan uses instead of `numpy` so a step does no per-call attribute work
+    specialize: Optional[Callable[[dict[str, Any], list[TensorType]], Kernel]] = None
 
 
 OPS: dict[str, OpDef] = {}

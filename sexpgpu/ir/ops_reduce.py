@@ -101,10 +101,33 @@ def _reduce_flops(node: Node, inputs: list[TensorType]) -> int:
     return inputs[0].size
 
 
-register(OpDef("sum", _reduce_type("sum"), _kernel(np.sum), grad=_g_sum, arity=1, flops=_reduce_flops, doc="sum over axes"))
-register(OpDef("mean", _reduce_type("mean", floats_only=True), _kernel(np.mean), grad=_g_mean, arity=1, flops=_reduce_flops, doc="mean over axes"))
-register(OpDef("max", _reduce_type("max"), _kernel(np.max), grad=_g_extreme, arity=1, flops=_reduce_flops, doc="maximum over axes"))
-register(OpDef("min", _reduce_type("min"), _kernel(np.min), grad=_g_extreme, arity=1, flops=_reduce_flops, doc="minimum over axes"))
+def _specialized(ufunc: Any, mean: bool = False) -> Any:
+    """A reduction kernel with its axes normalized once (ufunc.reduce, straight into out)."""
+
+    def make(attrs: dict[str, Any], types: list[TensorType]) -> Any:
+        (t,) = types
+        axes = tuple(normalize_axes("reduce", attrs.get("axis"), t.rank))
+        keep = bool(attrs.get("keepdims", False))
+        count = 1
+        for a in axes:
+            count *= t.shape[a]
+        scale = t.dtype.numpy().type(count) if mean and count else None
+
+        def run(xs: list[np.ndarray], at: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
+            result = ufunc.reduce(xs[0], axis=axes, keepdims=keep, out=out)
+            if scale is not None:
+                result = np.divide(result, scale, out=out if out is not None else None)
+            return result
+
+        return run
+
+    return make
+
+
+register(OpDef("sum", _reduce_type("sum"), _kernel(np.sum), grad=_g_sum, arity=1, flops=_reduce_flops, doc="sum over axes", specialize=_specialized(np.add)))
+register(OpDef("mean", _reduce_type("mean", floats_only=True), _kernel(np.mean), grad=_g_mean, arity=1, flops=_reduce_flops, doc="mean over axes", specialize=_specialized(np.add, mean=True)))
+register(OpDef("max", _reduce_type("max"), _kernel(np.max), grad=_g_extreme, arity=1, flops=_reduce_flops, doc="maximum over axes", specialize=_specialized(np.maximum)))
+register(OpDef("min", _reduce_type("min"), _kernel(np.min), grad=_g_extreme, arity=1, flops=_reduce_flops, doc="minimum over axes", specialize=_specialized(np.minimum)))
 
 
 def _argmax_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:

@@ -91,7 +91,10 @@ def make_plan(program: Program) -> Plan:
             peak = max(peak, live_bytes)
             end = last.get(node.id, index)
             releases.setdefault(end + 1, []).append((key, out))
-        steps.append(Step(definition.numpy, list(node.args), dict(node.attrs), out, node.id, dtype))
+        kernel = definition.numpy
+        if definition.specialize is not None:
+            kernel = definition.specialize(dict(node.attrs), [types[a] for a in node.args])
+        steps.append(Step(kernel, list(node.args), dict(node.attrs), out, node.id, dtype))
     total = sum(b.nbytes for b in buffers)
     slots = max([i.id for i in program.inputs] + [n.id for n in program.nodes] + [0]) + 1
     return Plan(steps, buffers, constants, slots, peak, total)
