@@ -11,7 +11,7 @@ from typing import Optional
 
 from ..lisp.diagnostics import Diagnostic, SourceMap
 from ..lisp.evaluator import Limits
-from ..compile.experiment import Selection
+from ..ir.experiment import Selection
 from ..compile.pipeline import compile_file
 from ..lisp.program import has_errors
 from .common import Exit, diagnostics_json, existing_file, print_diagnostics, print_json

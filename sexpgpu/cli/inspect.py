@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from ..compile.experiment import Experiment
+from ..ir.experiment import Experiment
 from ..compile.pipeline import CompileResult, compile_file
 from ..ir.graph import Program
 from ..ir.ops import op_def

@@ -9,16 +9,19 @@ from typing import Any, Optional
 
 from ..lisp.diagnostics import Diagnostic, DiagnosticError, SourceMap, render
 from ..lisp.formatter import format_source
-from ..lisp.program import EvalResult, Program, display_path, guarded, has_errors, load_file, new_program
+from ..compile.pipeline import compile_file, new_world
+from ..lisp.program import EvalResult, Program, display_path, guarded, has_errors
 from ..lisp.reader import decode_source
 from .check import add_limit_flags, limits_from
 from .common import Exit, existing_file, print_diagnostics, print_json
+from .selection import add_selection_flags, selection_from
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e = sub.add_parser("eval", help="evaluate expressions in a file's environment (or a fresh one); no EXPR: a REPL")
     e.add_argument("args", nargs="*", metavar="[FILE] EXPR", help="an optional .lisp file, then expressions; '-' reads forms from stdin")
     e.add_argument("--json", action="store_true", help='a JSON list of {"form", "value", "values", "error"}')
+    add_selection_flags(e)
     add_limit_flags(e)
     e.set_defaults(run=run_eval)
 
@@ -53,12 +56,13 @@ def run_eval(args: argparse.Namespace) -> int:
     limits = limits_from(args)
     write_stdout = write_stderr if args.json else write_lisp_output
     if path is not None:
-        program, diagnostics = load_file(path, limits, output=write_stdout)
+        compiled = compile_file(path, selection_from(args), limits, output=write_stdout)
+        program, diagnostics = compiled.program, compiled.diagnostics
         if program is None or has_errors(diagnostics):
             print_diagnostics(diagnostics, program.sources if program else SourceMap())
             return Exit.CHECK_FAILED
     else:
-        program = new_program(None, limits, output=write_stdout)
+        program = new_world(limits, output=write_stdout)
     if not exprs:
         return repl(program)
     if exprs == ["-"]:

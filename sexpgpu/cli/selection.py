@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..compile.experiment import Selection
+from ..ir.experiment import Selection
 from .common import fail_usage
 
 

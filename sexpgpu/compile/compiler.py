@@ -20,7 +20,7 @@ from ..lisp.objects import Builtin, Closure
 from ..lisp.printer import prin1_to_string
 from ..lisp.reader import Reader
 from ..lisp.types import NIL, T, Cons, Loc, MultipleValues, Symbol, SymbolTable
-from .experiment import FieldRecord, KnobSpec, LoaderRecord, RunSpec, Selection
+from ..ir.experiment import FieldRecord, KnobSpec, LoaderRecord, RunSpec, Selection
 from .models import Batch, Ctx, Frozen, Group, InitSpec, Model, ModelList, Optimizer, Param
 from .tensors import Staged, TensorLib, Tracer
 

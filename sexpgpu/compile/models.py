@@ -4,35 +4,10 @@ the initializer specs (records that cross into the runtime are pydantic)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
-
-from pydantic import BaseModel
+from typing import Any, Optional, Union
 
 from ..ir.dtypes import DType
-
-
-class InitSpec(BaseModel):
-    """How a parameter's initial values are drawn (deterministically from the run seed and
-    the parameter path; see runtime/init.py)."""
-
-    kind: Literal["zeros", "ones", "constant", "normal", "uniform", "trunc-normal", "xavier", "kaiming"]
-    mean: float = 0.0
-    std: Optional[float] = None
-    low: float = -1.0
-    high: float = 1.0
-    value: float = 0.0
-    gain: float = 1.0
-
-    def lisp_print(self) -> str:
-        return f"#<init {self.kind}>"
-
-
-class ParamSpec(BaseModel):
-    path: str
-    shape: tuple[int, ...]
-    dtype: DType = DType.f32
-    init: InitSpec
-    tied_to: Optional[str] = None
+from ..ir.experiment import InitSpec, ParamSpec
 
 
 @dataclass(eq=False)

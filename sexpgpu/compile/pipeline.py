@@ -20,7 +20,7 @@ from ..lisp.program import display_path, guarded, has_errors, load_file
 from ..lisp.types import MultipleValues
 from .autodiff import backward
 from .compiler import Compiler
-from .experiment import Experiment, GroupSpec, RunSpec, Selection, StateSpec
+from ..ir.experiment import Experiment, GroupSpec, RunSpec, Selection, StateSpec
 from .models import Batch, Ctx
 from .tensors import Staged, Tracer
 
@@ -74,6 +74,16 @@ def compile_file(path: Path, selection: Optional[Selection] = None, limits: Opti
         result.diagnostics.append(problem)
     result.experiment = experiment
     return result
+
+
+def new_world(limits: Optional[Limits] = None, output: Any = None) -> LispProgram:
+    """A fresh world with no file, with the tensor builtins and contract forms installed
+    (what `sexpgpu eval` without a file evaluates in)."""
+    from ..lisp.program import new_program
+
+    program = new_program(None, limits, output=output)
+    Compiler(program.interp, Selection(), Path.cwd())
+    return program
 
 
 def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selection: Selection) -> Experiment:

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from ..compile.models import InitSpec, ParamSpec
+from ..ir.experiment import InitSpec, ParamSpec
 from ..ir.dtypes import numpy_dtype
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from pydantic import BaseModel
 
-from ..compile.experiment import Experiment, LoaderRecord
+from ..ir.experiment import Experiment, LoaderRecord
 from ..ir.dtypes import DType, numpy_dtype
 from .data import BatchStream, DataError, FieldSpec, LoaderSpec, PrepareStep, SourceSpec, load_dataset
 from .init import initial_value

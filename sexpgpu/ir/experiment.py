@@ -1,14 +1,39 @@
 """The compiled experiment: everything the runtime needs, as pydantic records (so bundles
-and workers can carry it as JSON)."""
+and workers can carry it as JSON). It lives beside the IR because the runtime reads it
+without knowing the compiler."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, Field
 
-from ..ir.graph import Module
-from .models import InitSpec, ParamSpec
+from .dtypes import DType
+from .graph import Module
+
+
+class InitSpec(BaseModel):
+    """How a parameter's initial values are drawn (deterministically from the run seed and
+    the parameter path; see runtime/init.py)."""
+
+    kind: Literal["zeros", "ones", "constant", "normal", "uniform", "trunc-normal", "xavier", "kaiming"]
+    mean: float = 0.0
+    std: Optional[float] = None
+    low: float = -1.0
+    high: float = 1.0
+    value: float = 0.0
+    gain: float = 1.0
+
+    def lisp_print(self) -> str:
+        return f"#<init {self.kind}>"
+
+
+class ParamSpec(BaseModel):
+    path: str
+    shape: tuple[int, ...]
+    dtype: DType = DType.f32
+    init: InitSpec
+    tied_to: Optional[str] = None
 
 
 class Selection(BaseModel):
