@@ -1,0 +1,99 @@
+"""Training end to end: the run folder, events, status, determinism, IR stability."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from conftest import REPO
+from sexpgpu.compile.pipeline import compile_file
+from sexpgpu.ir.experiment import Selection
+from sexpgpu.runtime.loop import RunOptions, Trainer, train
+from sexpgpu.runtime.runfolder import RunFolder
+from sexpgpu.runtime.store import Store
+
+QUICKSTART = REPO / "examples" / "quickstart.lisp"
+
+
+def experiment(selection: Selection | None = None):  # type: ignore[no-untyped-def]
+    result = compile_file(QUICKSTART, selection)
+    assert result.experiment is not None, [d.headline() for d in result.diagnostics]
+    return result.experiment
+
+
+def test_same_file_and_selection_give_the_same_ir_bytes() -> None:
+    a, b = experiment(), experiment()
+    assert a.module.canonical_json() == b.module.canonical_json()
+    assert a.ir_hash == b.ir_hash
+    c = experiment(Selection(set={"lr": "0.05"}))
+    assert c.ir_hash != a.ir_hash
+
+
+def test_training_is_bit_identical_across_runs() -> None:
+    first, second = Trainer(experiment()), Trainer(experiment())
+    losses_a = [first.train_step()["loss"] for _ in range(40)]
+    losses_b = [second.train_step()["loss"] for _ in range(40)]
+    assert losses_a == losses_b
+    for path in first.params:
+        assert first.params[path].tobytes() == second.params[path].tobytes()
+
+
+def test_loss_goes_down() -> None:
+    trainer = Trainer(experiment())
+    losses = [trainer.train_step()["loss"] for _ in range(300)]
+    assert np.mean(losses[-20:]) < 0.8 * np.mean(losses[:20])
+
+
+def test_run_writes_the_run_folder(tmp_path: Path) -> None:
+    exp = experiment()
+    result = train(exp, RunOptions(store=str(tmp_path / "runs"), max_steps=30, sources={"quickstart.lisp": QUICKSTART.read_bytes()}), say=lambda _: None)
+    assert result.exit_code == 0 and result.steps == 30
+    assert result.slug.startswith("quickstart.base.") and len(result.slug.split(".")[-1]) == 8
+    folder = RunFolder(Store.open(str(tmp_path / "runs")), result.slug)
+    info = folder.read_run_info()
+    assert info.ir_hash == exp.ir_hash and info.max_steps == 30 and info.knobs == {"lr": 0.1}
+    assert folder.list_sources() == ["quickstart.lisp"]
+    assert json.loads(folder.read_ir())["programs"]["train"]["name"] == "train"
+    events = folder.read_events()
+    kinds = [e["kind"] for e in events]
+    assert kinds[0] == "run.start" and kinds[-1] == "run.end" and "compile" in kinds
+    steps = [e for e in events if e["kind"] == "step"]
+    assert [e["step"] for e in steps] == [10, 20, 30]
+    for e in steps:
+        assert set(e) >= {"v", "t", "kind", "step", "loss", "metrics", "lr", "grad_norm", "step_time", "examples_per_s"}
+        assert e["lr"] == {"all": 0.10000000149011612}
+    status = folder.read_status()
+    assert status is not None and status.state == "finished" and status.step == 30
+    assert status.summary is not None and status.summary.exit_code == 0 and status.summary.examples_seen == 30 * 64
+
+
+def test_the_run_verb(tmp_path: Path) -> None:
+    env = {**os.environ, "NO_COLOR": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sexpgpu", "run", str(QUICKSTART), "--store", str(tmp_path), "--max-steps", "20", "--json"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["steps"] == 20 and summary["exit_code"] == 0
+    assert (tmp_path / summary["slug"] / "status.json").is_file()
+    text = subprocess.run([sys.executable, "-m", "sexpgpu", "run", str(QUICKSTART), "--store", str(tmp_path), "--max-steps", "10"], capture_output=True, text=True, env=env, timeout=120)
+    first = text.stdout.splitlines()[0]
+    assert first.startswith("quickstart.base.") and str(tmp_path) in first
+    assert text.stdout.splitlines()[-1].startswith("finished: 10 steps")
+
+
+def test_data_errors_exit_5(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    run_file = tmp_path / "bad.lisp"
+    run_file.write_text(
+        QUICKSTART.read_text().replace("(synthetic :spirals :n 2048 :classes 3 :seed 0)", '(csv "missing.csv")')
+    )
+    proc = subprocess.run([sys.executable, "-m", "sexpgpu", "run", str(run_file), "--store", str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 5, proc.stderr
+    assert "missing.csv" in proc.stderr
