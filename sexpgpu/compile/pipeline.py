@@ -146,7 +146,8 @@ def data_inputs(tracer: Tracer, loader: Any) -> Batch:
 
 
 def stage_train(compiler: Compiler, loader: Any) -> tuple[Program, Program, list[str], list[str]]:
-    tracer = Tracer("train")
+    assert compiler.run is not None
+    tracer = Tracer("train", seed=int(compiler.run["seed"]))
     batch = data_inputs(tracer, loader)
     compiler.tracer = tracer
     try:

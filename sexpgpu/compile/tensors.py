@@ -46,11 +46,24 @@ class Staged:
 class Tracer:
     """One program being staged: its builder, the parameters it has read, its metrics."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, seed: int = 0) -> None:
         self.builder = Builder(name)
         self.params: dict[str, int] = {}
         self.metrics: dict[str, int] = {}
         self.path_stack: list[str] = []
+        self.seed = seed
+        self.random_ops = 0
+        self._step: Optional[int] = None
+
+    def step_input(self) -> int:
+        """The step as an i64 scalar input (random ops are keyed by seed, step and node)."""
+        if self._step is None:
+            self._step = self.builder.input("ctx.step", "ctx", TensorType(dtype=DType.i64, shape=()))
+        return self._step
+
+    def next_random_key(self) -> int:
+        self.random_ops += 1
+        return self.random_ops
 
     def param(self, p: "Param") -> Staged:
         nid = self.params.get(p.path)
@@ -529,6 +542,31 @@ class TensorLib:
             cols = self.int_arg("tril-mask", 3, keys.get("COLS", rows))
             return Staged(self.tracer("tril-mask"), self.node("tril-mask", lambda b: b.op("tril_mask", dtype="bool", shape=[rows, cols], k=keys.get("K", 0))))
 
+        def random_op(fn: str, op: str, defaults: dict[str, float]) -> Callable[..., Any]:
+            def make(shape: Any, *args: Any) -> Any:
+                keys = parse_keys(fn, args, {"DTYPE", *(k.upper() for k in defaults)}, 2)
+                dtype = self.dtype_arg(fn, 3, keys.get("DTYPE", self.interp.kw("f32")))
+                dims = self.shape_arg(fn, 1, shape)
+                tracer = self.tracer(fn)
+                step = tracer.step_input()
+                attrs = {k: float(keys.get(k.upper(), v)) for k, v in defaults.items()}
+                key = tracer.next_random_key()
+                return Staged(tracer, self.node(fn, lambda b: b.op(op, step, shape=dims, dtype=dtype.value, seed=tracer.seed % 2**32, key=key, **attrs)))
+
+            return make
+
+        def dropout_mask(shape: Any, rate: Any) -> Any:
+            dims = self.shape_arg("dropout-mask", 1, shape)
+            if type(rate) not in (int, float) or not 0 <= rate <= 1:
+                raise type_error("dropout-mask", 2, "a rate between 0 and 1", rate)
+            tracer = self.tracer("dropout-mask")
+            step = tracer.step_input()
+            key = tracer.next_random_key()
+            return Staged(tracer, self.node("dropout-mask", lambda b: b.op("dropout_mask", step, shape=dims, rate=float(rate), seed=tracer.seed % 2**32, key=key)))
+
+        self.add("random-normal", random_op("random-normal", "random_normal", {"mean": 0.0, "std": 1.0}))
+        self.add("random-uniform", random_op("random-uniform", "random_uniform", {"low": 0.0, "high": 1.0}))
+        self.add("dropout-mask", dropout_mask)
         self.add("full", full)
         self.add("arange", arange)
         self.add("tensor", tensor)

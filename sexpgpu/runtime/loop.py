@@ -86,12 +86,17 @@ class Trainer:
         self.field_names = [f.name for f in loader.fields]
         self.step = 0
         self.step_input = np.zeros((), dtype=np.float32)
+        self.random_step = np.zeros((), dtype=np.int64)
+        self.train_uses_step = "ctx.step" in self.train_program.input_ids
 
     def train_step(self) -> dict[str, Any]:
         batch = self.stream.next()
         feeds: dict[str, np.ndarray] = dict(self.params)
         for name in self.field_names:
             feeds[f"data.{name}"] = batch[name]
+        if self.train_uses_step:
+            self.random_step[...] = self.step
+            feeds["ctx.step"] = self.random_step
         out = self.train_program.run(feeds)
         self.step_input[...] = self.step
         update_feeds: dict[str, np.ndarray] = {**self.params, **self.states, "ctx.step": self.step_input}
