@@ -14,9 +14,10 @@
 
 (defmodel mlp (d-in d-hidden d-out &key (depth 1) (activation #'relu))
   "DEPTH hidden layers of width D-HIDDEN with ACTIVATION between them."
-  (defpart layers
-    (let ((sizes (append (list d-in) (make-list depth :initial-element d-hidden) (list d-out))))
-      (%stack-layers (%layer-sizes sizes))))
+  (defpart layers (let ((sizes (append (list d-in)
+                                       (make-list depth :initial-element d-hidden)
+                                       (list d-out))))
+                    (%stack-layers (%layer-sizes sizes))))
   (forward (x)
     (%apply-layers layers x activation)))
 
@@ -27,8 +28,7 @@
   (let ((n (length (%models layers))))
     (loop for layer in (%models layers)
           for i from 1
-          do (setq x (%call-model layer (list x)))
-             (when (< i n) (setq x (funcall activation x))))
+          do (setq x (%call-model layer (list x))) (when (< i n) (setq x (funcall activation x))))
     x))
 
 (defmodel embedding (vocab d &key (std 0.02))

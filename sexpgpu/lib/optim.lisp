@@ -24,8 +24,7 @@
            (decayed (- param (* rate weight-decay param))))
       (setf m (+ (* beta1 m) (* (- 1 beta1) grad)))
       (setf v (+ (* beta2 v) (* (- 1 beta2) (square grad))))
-      (let ((m-hat (/ m (- 1 (expt beta1 step))))
-            (v-hat (/ v (- 1 (expt beta2 step)))))
+      (let ((m-hat (/ m (- 1 (expt beta1 step)))) (v-hat (/ v (- 1 (expt beta2 step)))))
         (- decayed (/ (* rate m-hat) (+ (sqrt v-hat) eps)))))))
 
 (defun constant (lr)

@@ -749,7 +749,7 @@ class _Renderer:
         return [line_text(line) for line in lines]
 
 
-ALWAYS_BROKEN = frozenset({"defun", "defmacro", "defmodel", "defoptimizer", "defobjective", "defevaluate"})
+ALWAYS_BROKEN = frozenset({"defun", "defmacro", "defmodel", "defoptimizer", "defobjective", "defevaluate", "forward", "optimizer-update"})
 
 
 def _always_broken(seq: Seq) -> bool:
