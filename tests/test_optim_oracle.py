@@ -31,8 +31,35 @@ CASES = {
     "sgd-decay": ("(optim:sgd :lr 0.05 :weight-decay 0.1)", lambda ps: torch.optim.SGD(ps, lr=0.05, weight_decay=0.1)),
     "momentum": ("(optim:momentum :lr 0.05 :beta 0.9)", lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)),
     "nesterov": ("(optim:momentum :lr 0.05 :beta 0.9 :nesterov t)", lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True)),
+    "adam": ("(optim:adam :lr 0.01)", lambda ps: torch.optim.Adam(ps, lr=0.01)),
+    "adam-decay": ("(optim:adam :lr 0.01 :beta2 0.99 :weight-decay 0.1)", lambda ps: torch.optim.Adam(ps, lr=0.01, betas=(0.9, 0.99), weight_decay=0.1)),
     "adamw": ("(optim:adamw :lr 0.01 :weight-decay 0.1)", lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1)),
+    "lion": ("(optim:lion :lr 0.003)", lambda ps: Lion(ps, lr=0.003)),
+    "lion-decay": ("(optim:lion :lr 0.003 :beta1 0.95 :beta2 0.98 :weight-decay 0.5)", lambda ps: Lion(ps, lr=0.003, betas=(0.95, 0.98), weight_decay=0.5)),
+    "rmsprop": ("(optim:rmsprop)", lambda ps: torch.optim.RMSprop(ps)),
+    "rmsprop-decay": ("(optim:rmsprop :lr 0.005 :alpha 0.9 :weight-decay 0.1)", lambda ps: torch.optim.RMSprop(ps, lr=0.005, alpha=0.9, weight_decay=0.1)),
 }
+
+
+class Lion(torch.optim.Optimizer):
+    """The reference Lion (Chen et al. 2023, Algorithm 2), as torch has none: decoupled
+    weight decay, then the sign of the interpolated momentum, then the momentum update."""
+
+    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                state = self.state[p]
+                if not state:
+                    state["m"] = torch.zeros_like(p)
+                m = state["m"]
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(torch.sign(m * beta1 + p.grad * (1 - beta1)), alpha=-group["lr"])
+                m.mul_(beta2).add_(p.grad, alpha=1 - beta2)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -14,7 +14,7 @@ from ..lisp.evaluator import Limits
 from ..ir.experiment import Selection
 from ..compile.pipeline import compile_file
 from ..lisp.program import has_errors
-from .common import Exit, diagnostics_json, existing_file, print_diagnostics, print_json
+from .common import Exit, diagnostics_json, existing_file, exit_for, print_diagnostics, print_json
 from .selection import add_selection_flags, selection_from
 
 
@@ -75,7 +75,7 @@ def run_check(args: argparse.Namespace) -> int:
         print_diagnostics(diagnostics, sources)
         if not has_errors(diagnostics):
             print(f"{args.file}: ok")
-    return Exit.CHECK_FAILED if has_errors(diagnostics) else Exit.OK
+    return exit_for(diagnostics)
 
 
 def snapshot(files: list[Path]) -> dict[Path, float]:

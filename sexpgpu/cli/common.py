@@ -63,3 +63,14 @@ def print_json(document: Any) -> None:
 
 def diagnostics_json(diagnostics: Iterable[Diagnostic]) -> list[dict[str, Any]]:
     return [d.model_dump(exclude_none=True) for d in diagnostics]
+
+
+def exit_for(diagnostics: Iterable[Diagnostic]) -> int:
+    """2 when the selection itself is wrong (unknown knob, variant, sweep or point: no
+    position in the file), 3 when the file does not check, 0 otherwise."""
+    errors = [d for d in diagnostics if d.severity == "error"]
+    if not errors:
+        return Exit.OK
+    if all(d.code == "C004" and d.file is None for d in errors):
+        return Exit.USAGE
+    return Exit.CHECK_FAILED

@@ -15,7 +15,7 @@ from ..lisp.diagnostics import SourceMap
 from ..lisp.program import has_errors
 from ..runtime.numpy_backend import make_plan
 from .check import add_limit_flags, limits_from
-from .common import Exit, existing_file, fail_usage, print_diagnostics, print_json
+from .common import Exit, existing_file, exit_for, fail_usage, print_diagnostics, print_json
 from .selection import add_selection_flags, selection_from
 
 PROGRAMS = ("forward", "train", "backward", "update")
@@ -53,7 +53,7 @@ def compiled(args: argparse.Namespace, file: str, selection: Any = None) -> tupl
     result: CompileResult = compile_file(path, selection if selection is not None else selection_from(args), limits_from(args), output=sys.stderr.write)
     print_diagnostics(result.diagnostics, result.program.sources if result.program else SourceMap())
     if has_errors(result.diagnostics):
-        return None, Exit.CHECK_FAILED
+        return None, exit_for(result.diagnostics)
     if result.experiment is None:
         print(f"{file} is not a run file (no defrun): nothing to compile into IR", file=sys.stderr)
         return None, Exit.CHECK_FAILED

@@ -13,7 +13,7 @@ from ..compile.pipeline import compile_file, new_world
 from ..lisp.program import EvalResult, Program, display_path, guarded, has_errors
 from ..lisp.reader import decode_source
 from .check import add_limit_flags, limits_from
-from .common import Exit, existing_file, print_diagnostics, print_json
+from .common import Exit, existing_file, exit_for, print_diagnostics, print_json
 from .selection import add_selection_flags, selection_from
 
 
@@ -60,7 +60,7 @@ def run_eval(args: argparse.Namespace) -> int:
         program, diagnostics = compiled.program, compiled.diagnostics
         if program is None or has_errors(diagnostics):
             print_diagnostics(diagnostics, program.sources if program else SourceMap())
-            return Exit.CHECK_FAILED
+            return exit_for(diagnostics)
     else:
         program = new_world(limits, output=write_stdout)
     if not exprs:

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Optional
 
-from . import check, docs, inspect, lisp_tools, run
+from . import check, docs, inspect, lisp_tools, run, sweeps
 from .common import Exit, UsageError
 
 
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     lisp_tools.register(sub)
     run.register(sub)
     inspect.register(sub)
+    sweeps.register(sub)
     docs.register(sub)
     return parser
 

@@ -13,7 +13,7 @@ from ..lisp.program import has_errors
 from ..runtime.data import DataError
 from ..runtime.loop import RunOptions, train
 from .check import add_limit_flags, limits_from
-from .common import Exit, existing_file, fail_usage, print_diagnostics, print_json
+from .common import Exit, existing_file, exit_for, fail_usage, print_diagnostics, print_json
 from .selection import add_selection_flags, selection_from
 
 
@@ -42,7 +42,7 @@ def run_run(args: argparse.Namespace) -> int:
     result = compile_file(path, selection_from(args), limits_from(args), output=sys.stderr.write)
     if has_errors(result.diagnostics):
         print_diagnostics(result.diagnostics, result.program.sources if result.program else _empty())
-        return Exit.USAGE if any(d.code == "C004" and d.file is None for d in result.diagnostics) else Exit.CHECK_FAILED
+        return exit_for(result.diagnostics)
     print_diagnostics(result.diagnostics, result.program.sources if result.program else _empty())
     if result.experiment is None:
         print(f"{args.file} is not a run file: it has no defrun (see `sexpgpu docs the-run-file`)", file=sys.stderr)

@@ -44,9 +44,10 @@ ORDER_TEXT = "require, defknob/defvariant/defsweep, definitions, defloader, defp
 
 
 class Compiler:
-    def __init__(self, interp: Interpreter, selection: Selection, base_dir: Path) -> None:
+    def __init__(self, interp: Interpreter, selection: Selection, base_dir: Path, overrides: Optional[dict[str, Any]] = None) -> None:
         self.interp = interp
         self.selection = selection
+        self.overrides = overrides or {}
         self.base_dir = base_dir
         self.tracer: Optional[Tracer] = None
         self.knobs: dict[str, KnobSpec] = {}
@@ -172,8 +173,10 @@ class Compiler:
         raw = self.selection.set.get(knob)
         if raw is not None:
             value = self.parse_knob_value(knob, raw, default)
-        elif self.selection.variant and knob in self.variants.get(self.selection.variant, {}):
-            value = self.variants[self.selection.variant][knob]
+        elif knob in self.overrides:
+            value = self.from_literal(self.overrides[knob])
+            if type(default) is float and type(value) is int:
+                value = float(value)
         self.check_knob(knob, value, default, keys)
         doc = keys.get("DOC", NIL)
         self.knobs[knob] = KnobSpec(name=knob, default=lisp_to_json(default), value=lisp_to_json(value), type=None, doc=doc if type(doc) is str else None)
@@ -207,14 +210,35 @@ class Compiler:
             if not lo <= value <= hi:
                 raise lisp_error("C004", f"knob {knob}: {short(value)} is outside its range [{lo}, {hi}]", "TYPE-ERROR")
 
+    def from_literal(self, value: Any) -> Any:
+        if value is None:
+            return NIL
+        if value is True:
+            return T
+        if isinstance(value, str) and value.startswith(":"):
+            return self.interp.kw(value[1:])
+        if isinstance(value, list):
+            return to_lisp_list([self.from_literal(v) for v in value])
+        return value
+
+    def check_settings(self, what: str, name: Any, settings: Any, options: tuple[str, ...]) -> dict[str, Any]:
+        items = list_items(what, 2, settings)
+        out = {}
+        for key, value in zip(items[::2], items[1::2]):
+            knob = key.name.lower()
+            if knob in options:
+                continue
+            if knob not in self.knobs:
+                raise lisp_error("C004", f"{what} {name.name.lower()}: no knob named {knob} (declared: {', '.join(self.knobs) or 'none'}); declare it with defknob first", "PROGRAM-ERROR")
+            out[knob] = value
+        return out
+
     def b_defvariant(self, name: Any, settings: Any) -> Any:
-        items = list_items("defvariant", 2, settings)
-        self.variants[name.name.lower()] = {k.name.lower(): v for k, v in zip(items[::2], items[1::2])}
+        self.variants[name.name.lower()] = self.check_settings("defvariant", name, settings, ())
         return name
 
     def b_defsweep(self, name: Any, settings: Any) -> Any:
-        items = list_items("defsweep", 2, settings)
-        self.sweeps[name.name.lower()] = {k.name.lower(): v for k, v in zip(items[::2], items[1::2])}
+        self.sweeps[name.name.lower()] = self.check_settings("defsweep", name, settings, ("zip", "variant"))
         return name
 
     # -- models ---------------------------------------------------------------------------------------

@@ -8,17 +8,13 @@
 (defmacro defknob (name default &key type range choices doc)
   `(%defknob ',name ,default :type ',type :range ',range :choices ',choices :doc ,doc))
 
+;; variant and sweep settings are literal data, read before the file is evaluated (knob
+;; values are bound first); here they are only checked against the declared knobs
 (defmacro defvariant (name &rest settings)
-  `(%defvariant ',name (list ,@(%knob-settings settings))))
+  `(%defvariant ',name ',settings))
 
 (defmacro defsweep (name &rest settings)
-  `(%defsweep ',name (list ,@(%knob-settings settings))))
-
-(defun %knob-settings (settings)
-  ;; (:knob value ...) with values evaluated, keywords kept
-  (loop for (key value) on settings by #'cddr
-        collect key
-        collect value))
+  `(%defsweep ',name ',settings))
 
 ;;; Models
 

@@ -20,6 +20,7 @@ from ..lisp.program import display_path, guarded, has_errors, load_file
 from ..lisp.types import MultipleValues
 from .autodiff import backward
 from .compiler import Compiler
+from .selection import overrides, prescan
 from ..ir.experiment import Experiment, GroupSpec, RunSpec, Selection, StateSpec
 from .models import Batch, Ctx
 from .tensors import Staged, Tracer
@@ -44,9 +45,20 @@ class CompileResult:
 def compile_file(path: Path, selection: Optional[Selection] = None, limits: Optional[Limits] = None, output: Any = None) -> CompileResult:
     selection = selection or Selection()
     holder: dict[str, Compiler] = {}
+    try:
+        declared = prescan(path)
+        imposed = overrides(declared, selection)
+        sweep = declared.sweeps.get(selection.sweep or "")
+        if sweep is not None and sweep.variant and selection.variant is None:
+            selection = selection.model_copy(update={"variant": sweep.variant})
+    except LispError as exc:
+        from ..lisp.program import diagnostic_from
+
+        return CompileResult(diagnostics=[diagnostic_from(exc)])
 
     def setup(program: LispProgram) -> None:
-        compiler = Compiler(program.interp, selection, path.resolve().parent)
+        compiler = Compiler(program.interp, selection, path.resolve().parent, imposed)
+        compiler.declared = declared  # type: ignore[attr-defined]
         compiler.watch(program.table)
         holder["compiler"] = compiler
 
