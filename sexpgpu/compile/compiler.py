@@ -20,7 +20,7 @@ from ..lisp.objects import Builtin, Closure
 from ..lisp.printer import prin1_to_string
 from ..lisp.reader import Reader
 from ..lisp.types import NIL, T, Cons, Loc, MultipleValues, Symbol, SymbolTable
-from ..ir.experiment import FieldRecord, KnobSpec, LoaderRecord, RunSpec, Selection
+from ..ir.experiment import EvalSpec, FieldRecord, KnobSpec, LoaderRecord, RunSpec, Selection, TargetSpec
 from .models import Batch, Ctx, Frozen, Group, InitSpec, Model, ModelList, Optimizer, Param
 from .tensors import Staged, TensorLib, Tracer
 
@@ -57,6 +57,8 @@ class Compiler:
         self.parts: dict[str, Any] = {}
         self.objective: Any = None
         self.evaluate: Any = None
+        self.evals: list[EvalSpec] = []
+        self.targets: list[TargetSpec] = []
         self.groups: list[Group] = []
         self.clip: Optional[float] = None
         self.run: Optional[dict[str, Any]] = None
@@ -122,7 +124,7 @@ class Compiler:
         for name in [
             "%defknob", "%defvariant", "%defsweep", "%model-scope", "%defparam", "%defpart", "%forward", "%call-model",
             "%repeat", "%defpart-toplevel", "%tie", "%defloader", "%field", "%defobjective", "%defevaluate", "%metric",
-            "%make-optimizer", "%defgroups", "%defrun", "schedule", "ctx", "%repeat-list", "%models",
+            "%make-optimizer", "%defgroups", "%defrun", "schedule", "ctx", "%repeat-list", "%models", "%defeval", "%deftarget",
         ]:
             reg.add(name, getattr(self, "b_" + name.lstrip("%").replace("-", "_")))
         for kind in ["zeros", "ones"]:
@@ -428,6 +430,33 @@ class Compiler:
     def b_defevaluate(self, fn: Any) -> Any:
         self.evaluate = fn
         return NIL
+
+    def b_defeval(self, name: Any, *args: Any) -> Any:
+        keys = parse_keys("defeval", args, {"LOADER", "EVERY", "AT", "OVERLAP"}, 2)
+        key = name.name.lower()
+        loader = keys.get("LOADER", name)
+        every = keys.get("EVERY", NIL)
+        at = keys.get("AT", NIL)
+        if every is not NIL and (type(every) is not int or every <= 0):
+            raise lisp_error("C008", f"defeval {key}: :every needs a positive integer, got {short(every)}", "PROGRAM-ERROR")
+        if at is not NIL and not (type(at) is Symbol and at.name == "END"):
+            raise lisp_error("C008", f"defeval {key}: :at takes :end, got {short(at)}", "PROGRAM-ERROR")
+        if every is NIL and at is NIL:
+            raise lisp_error("C008", f"defeval {key}: say when it runs, with :every N or :at :end", "PROGRAM-ERROR")
+        if any(e.name == key for e in self.evals):
+            raise lisp_error("C003", f"defeval {key} is defined twice", "PROGRAM-ERROR")
+        self.evals.append(EvalSpec(name=key, loader=loader.name.lower(), every=None if every is NIL else every, at_end=at is not NIL, overlap=keys.get("OVERLAP", NIL) is not NIL))
+        return name
+
+    def b_deftarget(self, name: Any, metric: Any, test: Any, value: Any) -> Any:
+        if not any(e.name == name.name.lower() for e in self.evals):
+            raise lisp_error("C008", f"deftarget: no defeval named {name.name.lower()} (evals: {', '.join(e.name for e in self.evals) or 'none'})", "PROGRAM-ERROR")
+        if type(test) is not Symbol or test.name not in ("<=", ">=", "<", ">"):
+            raise lisp_error("C008", f"deftarget: the test is one of :<= :>= :< :>, got {short(test)}", "PROGRAM-ERROR")
+        if type(value) not in (int, float):
+            raise lisp_error("C008", f"deftarget: the threshold must be a number, got {short(value)}", "PROGRAM-ERROR")
+        self.targets.append(TargetSpec(eval=name.name.lower(), metric=metric.name.lower(), test=test.name, value=float(value)))  # type: ignore[arg-type]
+        return name
 
     def b_metric(self, name: Any, value: Any) -> Any:
         tracer = self.lib.tracer("metric")

@@ -113,3 +113,11 @@
 
 (defmacro defrun (&rest options)
   `(%defrun ,@options))
+
+;;; Evaluation passes and targets
+
+(defmacro defeval (name &key (loader name) every at overlap)
+  `(%defeval ',name :loader ',loader :every ,every :at ,at :overlap ,overlap))
+
+(defmacro deftarget (eval metric test value)
+  `(%deftarget ',eval ',metric ,test ,value))

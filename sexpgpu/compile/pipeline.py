@@ -21,13 +21,13 @@ from ..lisp.types import MultipleValues
 from .autodiff import backward
 from .compiler import Compiler
 from .selection import overrides, prescan
-from ..ir.experiment import Experiment, GroupSpec, RunSpec, Selection, StateSpec
+from ..ir.experiment import EvalSpec, Experiment, GroupSpec, RunSpec, Selection, StateSpec
 from .models import Batch, Ctx
 from .tensors import Staged, Tracer
 
 
 # the contract form a whole-file problem is reported at
-BLAME = {"C001": "DEFRUN", "C005": "DEFGROUPS", "C006": "DEFOBJECTIVE", "C007": "DEFGROUPS"}
+BLAME = {"C001": "DEFRUN", "C005": "DEFGROUPS", "C006": "DEFOBJECTIVE", "C007": "DEFGROUPS", "C008": "DEFEVAL"}
 
 
 @dataclass
@@ -105,7 +105,9 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
     train_loader = compiler.loaders["train"]
     forward, train, metrics, trainable = stage_train(compiler, train_loader)
     update = stage_update(compiler, trainable)
-    module = Module(programs={"forward": forward, "train": train, "update": update})
+    programs = {"forward": forward, "train": train, "update": update}
+    evals = stage_evals(compiler, programs)
+    module = Module(programs=programs)
     for prog in module.programs.values():
         try:
             check_program(prog)
@@ -134,6 +136,8 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
         groups=groups,
         run=RunSpec(steps=compiler.run["steps"], seed=compiler.run["seed"], log_every=compiler.run["log_every"], clip=compiler.clip, meta=compiler.run["meta"]),
         metrics=metrics,
+        evals=evals,
+        targets=list(compiler.targets),
         module=module,
         ir_hash=module.hash(),
         source_hash=hashlib.sha256(sources).hexdigest(),
@@ -193,6 +197,44 @@ def stage_train(compiler: Compiler, loader: Any) -> tuple[Program, Program, list
         train_outputs[f"grad:{p}"] = grads[tracer.params[p]]  # type: ignore[assignment]
     train = builder.program(train_outputs)
     return forward, train, list(tracer.metrics), trainable
+
+
+def stage_evals(compiler: Compiler, programs: dict[str, Program]) -> list[EvalSpec]:
+    """Each defeval's program, traced from defevaluate at the loader's batch and at batch 1:
+    full batches run the first, the examples of the last partial batch the second, so the
+    metrics are exact example-weighted means over the whole loader."""
+    if compiler.evals and compiler.evaluate is None:
+        raise lisp_error("C001", "defeval needs a defevaluate (the function that computes the eval metrics)", "PROGRAM-ERROR")
+    out = []
+    for spec in compiler.evals:
+        loader = compiler.loaders.get(spec.loader)
+        if loader is None:
+            raise lisp_error("C008", f"defeval {spec.name}: no loader named {spec.loader} (loaders: {', '.join(compiler.loaders)})", "PROGRAM-ERROR")
+        names: list[str] = []
+        for batch, key in ((loader.batch, f"eval:{spec.name}"), (1, f"eval:{spec.name}:1")):
+            program, names = stage_evaluate(compiler, loader.model_copy(update={"batch": batch}), key)
+            programs[key] = program
+        if not names:
+            raise lisp_error("C008", "defevaluate records no metric: use (metric name value) in its body", "PROGRAM-ERROR")
+        out.append(spec.model_copy(update={"metrics": names}))
+    for target in compiler.targets:
+        spec = next(e for e in out if e.name == target.eval)
+        if target.metric not in spec.metrics:
+            raise lisp_error("C008", f"deftarget {target.eval} {target.metric}: defevaluate records no metric {target.metric} (it records: {', '.join(spec.metrics)})", "PROGRAM-ERROR")
+    return out
+
+
+def stage_evaluate(compiler: Compiler, loader: Any, name: str) -> tuple[Program, list[str]]:
+    assert compiler.run is not None
+    tracer = Tracer(name, seed=int(compiler.run["seed"]))
+    batch = data_inputs(tracer, loader)
+    compiler.tracer = tracer
+    try:
+        compiler.interp.call(compiler.evaluate, batch)
+    finally:
+        compiler.tracer = None
+    outputs = {f"metric:{k}": v for k, v in tracer.metrics.items()}
+    return tracer.builder.program(outputs), list(tracer.metrics)
 
 
 def stage_update(compiler: Compiler, trainable: list[str]) -> Program:

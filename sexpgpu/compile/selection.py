@@ -16,6 +16,7 @@ from typing import Any, Optional
 from ..ir.experiment import Selection
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.diagnostics import DiagnosticError
+from ..lisp.evaluator import run_with_big_stack
 from ..lisp.reader import Reader, decode_source
 from ..lisp.types import NIL, T, Cons, Loc, Symbol, SymbolTable
 
@@ -85,8 +86,8 @@ def prescan(path: Path) -> Declared:
     declared = Declared()
     try:
         text = decode_source(path.read_bytes(), str(path))
-        forms = Reader(text, str(path), _AnyPrefix()).read_all()
-    except (DiagnosticError, OSError):
+        forms = run_with_big_stack(lambda: Reader(text, str(path), _AnyPrefix()).read_all())
+    except (DiagnosticError, OSError, RecursionError):
         return declared
     for read in forms:
         form = read.form

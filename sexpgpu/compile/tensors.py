@@ -187,6 +187,7 @@ class TensorLib:
         self.install_shape()
         self.install_creation()
         self.install_composites()
+        self.install_images()
         self.interp.non_boolean_types = (Staged,)
         self.interp.truth_error = truth_error
 
@@ -639,6 +640,53 @@ class TensorLib:
         self.add("layer-norm", layer_norm)
         self.add("rms-norm", rms_norm)
         self.add("einsum", einsum)
+
+    # -- images ------------------------------------------------------------------------------------------
+    def install_images(self) -> None:
+        """(conv2d x w &key (stride 1) (padding 0) (dilation 1) (groups 1)), (max-pool2d x
+        kernel &key stride padding), (avg-pool2d x kernel &key stride padding): NCHW; each
+        size option is an integer (both axes) or a list of two (height, width); a pool's
+        stride defaults to its kernel."""
+
+        def pair_arg(fn: str, pos: int, x: Any, least: int) -> list[int]:
+            items = [x, x] if type(x) is int else list_items(fn, pos, x) if type(x) is Cons else None
+            if items is None or len(items) != 2 or any(type(v) is not int or v < least for v in items):
+                what = "a positive integer" if least > 0 else "a non-negative integer"
+                raise type_error(fn, pos, f"{what} or a list of two", x)
+            return items
+
+        def key_pos(args: tuple[Any, ...], first: int, name: str) -> int:
+            """The argument position of keyword NAME's value (for messages)."""
+            for i in range(0, len(args) - 1, 2):
+                if type(args[i]) is Symbol and args[i].name == name:
+                    return first + i + 1
+            return first
+
+        def conv2d(x: Any, w: Any, *args: Any) -> Any:
+            keys = parse_keys("conv2d", args, {"STRIDE", "PADDING", "DILATION", "GROUPS"}, 3)
+            attrs: dict[str, Any] = {}
+            for name, default in (("STRIDE", 1), ("PADDING", 0), ("DILATION", 1)):
+                attrs[name.lower()] = pair_arg("conv2d", key_pos(args, 3, name), keys.get(name, default), default)
+            groups = keys.get("GROUPS", 1)
+            if type(groups) is not int or groups < 1:
+                raise type_error("conv2d", key_pos(args, 3, "GROUPS"), "a positive integer", groups)
+            attrs["groups"] = groups
+            sx, sw = self.pair("conv2d", x, w)
+            return self.op("conv2d", "conv2d", sx, sw, **attrs)
+
+        def pool(fn: str, op: str) -> Callable[..., Any]:
+            def run(x: Any, kernel: Any, *args: Any) -> Any:
+                keys = parse_keys(fn, args, {"STRIDE", "PADDING"}, 3)
+                size = pair_arg(fn, 2, kernel, 1)
+                stride = pair_arg(fn, key_pos(args, 3, "STRIDE"), keys["STRIDE"], 1) if keys.get("STRIDE", NIL) is not NIL else list(size)
+                padding = pair_arg(fn, key_pos(args, 3, "PADDING"), keys.get("PADDING", 0), 0)
+                return self.op(fn, op, self.staged(fn, 1, x), kernel=size, stride=stride, padding=padding)
+
+            return run
+
+        self.add("conv2d", conv2d)
+        self.add("max-pool2d", pool("max-pool2d", "max_pool2d"))
+        self.add("avg-pool2d", pool("avg-pool2d", "avg_pool2d"))
 
     def single_axis(self, fn: str, args: tuple[Any, ...]) -> int:
         keys = parse_keys(fn, args, {"AXIS"}, 2)

@@ -83,6 +83,29 @@ class GroupSpec(BaseModel):
     states: list[StateSpec] = Field(default_factory=list)
 
 
+class EvalSpec(BaseModel):
+    """(defeval NAME :loader L :every N :at :end): a pass over a whole loader."""
+
+    name: str
+    loader: str
+    every: Optional[int] = None
+    at_end: bool = False
+    overlap: bool = False  # declared: this loader may share examples with train
+    metrics: list[str] = Field(default_factory=list)
+
+
+class TargetSpec(BaseModel):
+    """(deftarget EVAL METRIC :<= VALUE): the run stops, successful, when it first holds."""
+
+    eval: str
+    metric: str
+    test: Literal["<=", ">=", "<", ">"]
+    value: float
+
+    def holds(self, observed: float) -> bool:
+        return {"<=": observed <= self.value, ">=": observed >= self.value, "<": observed < self.value, ">": observed > self.value}[self.test]
+
+
 class RunSpec(BaseModel):
     steps: int
     seed: int = 0
@@ -101,6 +124,8 @@ class Experiment(BaseModel):
     groups: list[GroupSpec]
     run: RunSpec
     metrics: list[str]
+    evals: list[EvalSpec] = Field(default_factory=list)
+    targets: list[TargetSpec] = Field(default_factory=list)
     module: Module
     ir_hash: str
     source_hash: str

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from ..ir.experiment import Experiment, LoaderRecord
 from ..ir.dtypes import DType, numpy_dtype
-from .data import BatchStream, DataError, FieldSpec, LoaderSpec, PrepareStep, SourceSpec, load_dataset
+from .data import BatchStream, DataError, Dataset, FieldSpec, LoaderSpec, PrepareStep, SourceSpec, load_dataset, shared_examples
 from .init import initial_value
 from .numpy_backend import CompiledProgram
 from .runfolder import RunFolder, RunInfo, Selection, slug
@@ -64,6 +64,48 @@ def loader_spec(record: LoaderRecord, seed: int) -> LoaderSpec:
 def run_slug(experiment: Experiment) -> str:
     sel = experiment.selection
     return slug(experiment.file_stem, sel.variant, sel.sweep, sel.point, experiment.ir_hash, experiment.knob_values())
+
+
+class Evaluator:
+    """One defeval: the whole loader, full batches through its program and the examples of
+    the last partial batch one by one, so every example counts once and exactly."""
+
+    def __init__(self, experiment: Experiment, name: str, train_data: Dataset) -> None:
+        spec = next(e for e in experiment.evals if e.name == name)
+        self.spec = spec
+        record = experiment.loaders[spec.loader]
+        self.dataset = load_dataset(loader_spec(record, experiment.run.seed))
+        if not spec.overlap and spec.loader != "train":
+            shared = shared_examples(train_data, self.dataset)
+            if shared:
+                raise DataError(
+                    f"eval {name} shares {len(shared)} example(s) with train (first: example {shared[0]}); "
+                    "split the data, or declare the overlap with (defeval ... :overlap t)",
+                    loader=spec.loader,
+                )
+        self.batch = record.batch
+        self.fields = [f.name for f in record.fields]
+        self.full = CompiledProgram(experiment.module.programs[f"eval:{name}"])
+        self.single = CompiledProgram(experiment.module.programs[f"eval:{name}:1"])
+
+    def run(self, params: dict[str, np.ndarray]) -> dict[str, float]:
+        totals: dict[str, float] = {m: 0.0 for m in self.spec.metrics}
+        n = self.dataset.n
+        full_batches = n // self.batch
+        for b in range(full_batches):
+            rows = slice(b * self.batch, (b + 1) * self.batch)
+            self._accumulate(self.full, params, rows, self.batch, totals)
+        for i in range(full_batches * self.batch, n):
+            self._accumulate(self.single, params, slice(i, i + 1), 1, totals)
+        return {m: totals[m] / n for m in self.spec.metrics}
+
+    def _accumulate(self, program: CompiledProgram, params: dict[str, np.ndarray], rows: slice, count: int, totals: dict[str, float]) -> None:
+        feeds = dict(params)
+        for name in self.fields:
+            feeds[f"data.{name}"] = self.dataset.fields[name][rows]
+        out = program.run(feeds)
+        for m in self.spec.metrics:
+            totals[m] += float(out[f"metric:{m}"]) * count
 
 
 class Trainer:
@@ -134,6 +176,10 @@ def train(experiment: Experiment, options: RunOptions, say: Callable[[str], None
     emit(events, "run.start", step=0, slug=name, steps=steps)
     emit(events, "compile", step=0, ir_hash=experiment.ir_hash, params=sum(int(np.prod(p.shape)) for p in experiment.params))
     trainer = Trainer(experiment)
+    evaluators = {e.name: Evaluator(experiment, e.name, trainer.dataset) for e in experiment.evals}
+    evals_done: dict[str, dict[str, float]] = {}
+    best: dict[str, float] = {}
+    target_step: Optional[int] = None
     status.update(state="running")
     record: dict[str, Any] = {}
     log_every = max(1, experiment.run.log_every)
@@ -166,15 +212,57 @@ def train(experiment: Experiment, options: RunOptions, say: Callable[[str], None
                 sys.stderr.write(f"\rstep {step + 1}/{steps}  loss {record['loss']:.4f}  {1 / step_time if step_time else 0:.0f} steps/s  ETA {eta:.0f}s   ")
                 sys.stderr.flush()
             window_start, window_steps = time.time(), 0
+        due = [e for e in experiment.evals if e.every and (step + 1) % e.every == 0]
+        reached = run_evals(due, evaluators, trainer, step + 1, events, status, evals_done, best, experiment)
+        if reached:
+            target_step, reason = step + 1, f"target reached: {reached}"
+            break
+    at_end = [e for e in experiment.evals if e.at_end or (e.every and trainer.step % e.every != 0)]
+    if code == 0 and target_step is None and at_end:
+        reached = run_evals(at_end, evaluators, trainer, trainer.step, events, status, evals_done, best, experiment)
+        if reached:
+            target_step, reason = trainer.step, f"target reached: {reached}"
     if options.progress:
         sys.stderr.write("\n")
     wall = time.time() - started
     final = {"loss": record.get("loss", float("nan")), **record.get("metrics", {})}
-    summary = Summary(wall_time_s=wall, examples_seen=trainer.stream.state().examples, tokens_seen=trainer.stream.state().tokens, exit_code=code, reason=reason)
+    last_eval = {f"{name}/{k}": v for name, metrics in evals_done.items() for k, v in metrics.items()}
+    summary = Summary(last_eval=last_eval, best_eval=best, target_reached_at_step=target_step, wall_time_s=wall, examples_seen=trainer.stream.state().examples, tokens_seen=trainer.stream.state().tokens, exit_code=code, reason=reason)
     status.update(state="finished" if code == 0 else "failed", step=trainer.step, summary=summary)
     emit(events, "run.end", step=trainer.step, exit_code=code, reason=reason, wall_time_s=wall, final=final)
     folder.close()
     return RunResult(slug=name, folder=folder.url, steps=trainer.step, final_loss=record.get("loss"), metrics=record.get("metrics", {}), wall_time_s=wall, exit_code=code, reason=reason)
+
+
+def run_evals(
+    due: list[Any], evaluators: dict[str, Evaluator], trainer: Trainer, step: int, events: Any, status: Any,
+    done: dict[str, dict[str, float]], best: dict[str, float], experiment: Experiment,
+) -> Optional[str]:
+    """Run the due evaluation passes; returns the target that now holds, if any."""
+    if not due:
+        return None
+    status.update(state="evaluating")
+    reached = None
+    for spec in due:
+        started = time.time()
+        metrics = evaluators[spec.name].run(trainer.params)
+        done[spec.name] = metrics
+        for k, v in metrics.items():
+            key = f"{spec.name}/{k}"
+            if key not in best or (v > best[key] if _higher_is_better(k) else v < best[key]):
+                best[key] = v
+        emit(events, "eval", step=step, name=spec.name, metrics=metrics, seconds=time.time() - started)
+        for target in experiment.targets:
+            if target.eval == spec.name and reached is None and target.holds(metrics[target.metric]):
+                reached = f"{target.eval} {target.metric} {target.test} {target.value:g}"
+                emit(events, "target", step=step, metric=f"{target.eval}/{target.metric}", value=metrics[target.metric], threshold=target.value)
+    status.update(state="running", last_eval={f"{n}/{k}": v for n, m in done.items() for k, v in m.items()})
+    return reached
+
+
+def _higher_is_better(metric: str) -> bool:
+    """Best-so-far: accuracy-like metrics are maximized, everything else minimized."""
+    return any(word in metric for word in ("acc", "f1", "precision", "recall", "auc"))
 
 
 def write_header(folder: RunFolder, experiment: Experiment, name: str, options: RunOptions) -> None:
