@@ -216,6 +216,64 @@ GRAD_CASES.update(
     }
 )
 
+
+# -- images (NCHW): conv2d and the pools, with their gradient ops (each differentiable too) --------
+def _conv(stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1, **extra: Any) -> dict[str, Any]:
+    return {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups, **extra}
+
+
+def _pool(kernel: Any, stride: Any = None, padding: Any = 0, **extra: Any) -> dict[str, Any]:
+    return {"kernel": kernel, "padding": padding, **({} if stride is None else {"stride": stride}), **extra}
+
+
+GRAD_CASES.update(
+    {
+        "conv2d": [
+            Case([F(2, 3, 5, 6), F(4, 3, 3, 3)]),  # defaults: stride 1, no padding
+            Case([F(2, 3, 7, 7), F(4, 3, 3, 3)], _conv(stride=2, padding=1)),  # integers for both axes
+            Case([F(1, 2, 8, 9), F(3, 2, 2, 3)], _conv(stride=[2, 3], padding=[1, 0], dilation=[2, 1])),  # rectangular, mixed
+            Case([F(2, 4, 6, 5), F(6, 2, 3, 2)], _conv(stride=[1, 2], padding=[1, 1], groups=2)),
+            Case([F(1, 3, 5, 5), F(3, 1, 3, 3)], _conv(padding=2, dilation=2, groups=3)),  # depthwise, dilated
+            Case([F(2, 5, 3, 4), F(2, 5, 1, 1)]),  # 1x1
+            Case([F(1, 1, 6, 7), F(1, 1, 3, 3)], _conv(stride=2)),  # the last row/column is in no window
+            Case([F(1, 2, 1, 5), F(2, 2, 1, 5)], _conv(padding=[0, 2], stride=[1, 3])),
+        ],
+        "conv2d_input_grad": [
+            Case([F(2, 4, 4, 4), F(4, 3, 3, 3)], _conv(stride=2, padding=1, input_shape=[2, 3, 7, 7])),
+            Case([F(2, 4, 4, 4), F(4, 3, 3, 3)], _conv(stride=2, padding=1, input_shape=[2, 3, 8, 8])),  # same g, one more row
+            Case([F(1, 6, 4, 3), F(6, 2, 2, 3)], _conv(stride=[1, 2], padding=[0, 1], dilation=[2, 1], groups=2, input_shape=[1, 4, 6, 6])),
+        ],
+        "conv2d_weight_grad": [
+            Case([F(2, 3, 6, 5), F(2, 4, 4, 3)], _conv(weight_shape=[4, 3, 3, 3])),
+            Case([F(1, 4, 7, 6), F(1, 6, 4, 2)], _conv(stride=[2, 3], padding=[1, 0], dilation=[1, 2], groups=2, weight_shape=[6, 2, 3, 2])),
+        ],
+        "max_pool2d": [
+            Case([D(2, 3, 6, 6)], _pool(2)),  # stride defaults to the kernel
+            Case([D(1, 2, 7, 8)], _pool([3, 2], stride=[2, 1], padding=[1, 1])),  # overlapping, padded
+            Case([D(2, 1, 5, 7)], _pool(3, stride=[1, 2], padding=[1, 0])),
+            Case([D(1, 2, 7, 8)], _pool([2, 3], stride=3)),  # gaps between windows
+        ],
+        "max_pool2d_grad": [
+            Case([D(2, 3, 6, 6), F(2, 3, 3, 3)], _pool(2)),
+            Case([D(1, 2, 7, 8), F(1, 2, 4, 9)], _pool([3, 2], stride=[2, 1], padding=[1, 1])),
+        ],
+        "max_pool2d_select": [
+            Case([D(2, 3, 6, 6), F(2, 3, 6, 6)], _pool(2)),
+            Case([D(1, 2, 7, 8), F(1, 2, 7, 8)], _pool([3, 2], stride=[2, 1], padding=[1, 1])),
+        ],
+        "avg_pool2d": [
+            Case([F(2, 3, 6, 6)], _pool(2)),
+            Case([F(1, 2, 7, 8)], _pool([3, 2], stride=[2, 1], padding=[1, 1])),  # padding counts as zeros
+            Case([F(2, 1, 5, 7)], _pool(3, stride=[1, 2], padding=[1, 0])),
+            Case([F(1, 2, 7, 8)], _pool([2, 3], stride=3)),
+        ],
+        "avg_pool2d_grad": [
+            Case([F(2, 3, 3, 3)], _pool(2, input_shape=[2, 3, 6, 7])),
+            Case([F(1, 2, 4, 9)], _pool([3, 2], stride=[2, 1], padding=[1, 1], input_shape=[1, 2, 7, 8])),
+        ],
+    }
+)
+
 FORWARD_CASES: dict[str, list[Case]] = {
     "full": [Case([], {"value": 1.5, "dtype": "f32", "shape": [2, 3]}), Case([], {"value": 3, "dtype": "i64", "shape": []})],
     "constant": [Case([], {"data": [1.0, 2.0, 3.0, 4.0], "dtype": "f64", "shape": [2, 2]}), Case([], {"data": [True, False], "dtype": "bool", "shape": [2]})],

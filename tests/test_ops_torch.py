@@ -70,6 +70,45 @@ def _cast(xs: Tensors, attrs: dict[str, Any]) -> Any:
     return xs[0].to({"f32": torch.float32, "f64": torch.float64}[attrs["dtype"]])
 
 
+def _conv_options(attrs: dict[str, Any]) -> dict[str, Any]:
+    return {"stride": attrs.get("stride", 1), "padding": attrs.get("padding", 0), "dilation": attrs.get("dilation", 1), "groups": attrs.get("groups", 1)}
+
+
+def _pool_options(attrs: dict[str, Any]) -> dict[str, Any]:
+    stride = attrs.get("stride")
+    return {"kernel_size": attrs["kernel"], "stride": attrs["kernel"] if stride is None else stride, "padding": attrs.get("padding", 0)}
+
+
+def _vjp(fn: Callable[[Any], Any], shape: list[int], g: Any) -> Any:
+    """The gradient of FN at zeros of SHAPE with cotangent G, itself differentiable (FN is
+    linear, so the point does not matter)."""
+    x = torch.zeros(shape, dtype=g.dtype, requires_grad=True)
+    return torch.autograd.grad(fn(x), x, g, create_graph=True)[0]
+
+
+def _max_pool_select(xs: Tensors, attrs: dict[str, Any]) -> Any:
+    x, h = xs
+    y, index = torch.nn.functional.max_pool2d(x.detach(), return_indices=True, **_pool_options(attrs))
+    return h.flatten(2).gather(2, index.flatten(2)).reshape(y.shape)
+
+
+def _max_pool_grad(xs: Tensors, attrs: dict[str, Any]) -> Any:
+    x, g = xs
+    leaf = x.detach().requires_grad_(True)
+    return torch.autograd.grad(torch.nn.functional.max_pool2d(leaf, **_pool_options(attrs)), leaf, g, create_graph=True)[0]
+
+
+IMAGES: dict[str, TorchFn] = {
+    "conv2d": lambda xs, a: torch.nn.functional.conv2d(xs[0], xs[1], **_conv_options(a)),
+    "conv2d_input_grad": lambda xs, a: torch.nn.grad.conv2d_input(a["input_shape"], xs[1], xs[0], **_conv_options(a)),
+    "conv2d_weight_grad": lambda xs, a: torch.nn.grad.conv2d_weight(xs[0], a["weight_shape"], xs[1], **_conv_options(a)),
+    "max_pool2d": lambda xs, a: torch.nn.functional.max_pool2d(xs[0], **_pool_options(a)),
+    "max_pool2d_grad": _max_pool_grad,
+    "max_pool2d_select": _max_pool_select,
+    "avg_pool2d": lambda xs, a: torch.nn.functional.avg_pool2d(xs[0], **_pool_options(a)),
+    "avg_pool2d_grad": lambda xs, a: _vjp(lambda z: torch.nn.functional.avg_pool2d(z, **_pool_options(a)), a["input_shape"], xs[0]),
+}
+
 TORCH: dict[str, TorchFn] = {
     "neg": lambda xs, a: torch.neg(xs[0]),
     "abs": lambda xs, a: torch.abs(xs[0]),
@@ -106,6 +145,7 @@ TORCH: dict[str, TorchFn] = {
     "unslice": _unslice,
     "take": _take,
     "scatter_add": _scatter_add,
+    **IMAGES,
 }
 
 # Inputs where the gradient is defined by convention rather than by limits (not

@@ -34,8 +34,8 @@ CASES = {
     "adam": ("(optim:adam :lr 0.01)", lambda ps: torch.optim.Adam(ps, lr=0.01)),
     "adam-decay": ("(optim:adam :lr 0.01 :beta2 0.99 :weight-decay 0.1)", lambda ps: torch.optim.Adam(ps, lr=0.01, betas=(0.9, 0.99), weight_decay=0.1)),
     "adamw": ("(optim:adamw :lr 0.01 :weight-decay 0.1)", lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1)),
-    "lion": ("(optim:lion :lr 0.003)", lambda ps: Lion(ps, lr=0.003)),
-    "lion-decay": ("(optim:lion :lr 0.003 :beta1 0.95 :beta2 0.98 :weight-decay 0.5)", lambda ps: Lion(ps, lr=0.003, betas=(0.95, 0.98), weight_decay=0.5)),
+    "lion": ("(optim:lion :lr 0.05)", lambda ps: Lion(ps, lr=0.05)),
+    "lion-decay": ("(optim:lion :lr 0.03 :beta1 0.5 :beta2 0.98 :weight-decay 0.5)", lambda ps: Lion(ps, lr=0.03, betas=(0.5, 0.98), weight_decay=0.5)),
     "rmsprop": ("(optim:rmsprop)", lambda ps: torch.optim.RMSprop(ps)),
     "rmsprop-decay": ("(optim:rmsprop :lr 0.005 :alpha 0.9 :weight-decay 0.1)", lambda ps: torch.optim.RMSprop(ps, lr=0.005, alpha=0.9, weight_decay=0.1)),
 }

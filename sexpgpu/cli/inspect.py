@@ -108,6 +108,7 @@ def explain_document(experiment: Experiment) -> dict[str, Any]:
         "knobs": {k.name: k.value for k in experiment.knobs},
         "params": params,
         "param_count": sum(p["count"] for p in params),
+        "ties": dict(experiment.ties),
         "groups": [{"name": g.name, "selector": g.selector, "optimizer": g.optimizer or "frozen", "params": g.params, "states": [s.name for s in g.states]} for g in experiment.groups],
         "flops_per_step": {"forward": program_flops(programs["forward"]), "train": program_flops(programs["train"]), "update": program_flops(programs["update"])},
         "memory": {
@@ -152,6 +153,8 @@ def run_explain(args: argparse.Namespace) -> int:
     width = max((len(p["path"]) for p in doc["params"]), default=10)
     for p in doc["params"]:
         out.append(f"  {p['path']:<{width}}  {p['dtype']}[{','.join(map(str, p['shape']))}]  {p['count']:>10,}  {p['init']}")
+    for place, source in doc["ties"].items():
+        out.append(f"  {place} is tied to {source}")
     out += ["", "optimizer groups"]
     for g in doc["groups"]:
         out.append(f"  {g['name']} \"{g['selector']}\" -> {g['optimizer']}: {len(g['params'])} parameter(s)" + (f", state {', '.join(g['states'])}" if g["states"] else ""))

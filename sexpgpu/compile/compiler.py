@@ -58,6 +58,7 @@ class Compiler:
         self.objective: Any = None
         self.evaluate: Any = None
         self.evals: list[EvalSpec] = []
+        self.ties: dict[str, tuple[str, bool]] = {}
         self.targets: list[TargetSpec] = []
         self.groups: list[Group] = []
         self.clip: Optional[float] = None
@@ -125,6 +126,7 @@ class Compiler:
             "%defknob", "%defvariant", "%defsweep", "%model-scope", "%defparam", "%defpart", "%forward", "%call-model",
             "%repeat", "%defpart-toplevel", "%tie", "%defloader", "%field", "%defobjective", "%defevaluate", "%metric",
             "%make-optimizer", "%defgroups", "%defrun", "schedule", "ctx", "%repeat-list", "%models", "%defeval", "%deftarget",
+            "%shadow", "training-p", "part-param",
         ]:
             reg.add(name, getattr(self, "b_" + name.lstrip("%").replace("-", "_")))
         for kind in ["zeros", "ones"]:
@@ -366,7 +368,39 @@ class Compiler:
         return name
 
     def b_tie(self, target: Any, source: Any, transpose: Any) -> Any:
-        raise lisp_error("E109", "tie arrives with the nn module's weight tying (next release)", "PROGRAM-ERROR")
+        """Make TARGET read SOURCE (transposed if asked): one parameter, two places; the
+        gradient is the sum of both uses because both read the same input."""
+        if not isinstance(target, Param) or not isinstance(source, Param):
+            raise type_error("tie", 1 if not isinstance(target, Param) else 2, "a parameter (a defparam of some part)", target if not isinstance(target, Param) else source)
+        shape = source.shape[:-2] + (source.shape[-1], source.shape[-2]) if transpose is not NIL else source.shape
+        if shape != target.shape:
+            raise lisp_error("T001", f"tie: {target.path} is {list(target.shape)} but {source.path}{' transposed' if transpose is not NIL else ''} is {list(shape)}", "TYPE-ERROR")
+        if source.source() is target:
+            raise lisp_error("C008", f"tie: {target.path} and {source.path} would read each other", "PROGRAM-ERROR")
+        target.tie = (source, transpose is not NIL)
+        self.ties[target.path] = (source.path, transpose is not NIL)
+        return target
+
+    def b_part_param(self, part: Any, name: Any) -> Any:
+        """(part-param embed 'table): a part's parameter, e.g. to tie it."""
+        if not isinstance(part, Model):
+            raise type_error("part-param", 1, "a model part", part)
+        key = name.name.lower() if type(name) is Symbol else str(name).lower()
+        param = part.params.get(key)
+        if param is None:
+            raise lisp_error("C008", f"part-param: {part.type_name} at {part.path} has no parameter {key} (it has: {', '.join(part.params) or 'none'})", "PROGRAM-ERROR")
+        return param
+
+    def b_shadow(self, *names: Any) -> Any:
+        """(%shadow "NAME" ...): this module defines its own NAME, hiding the standard one."""
+        table = self.interp.table
+        for name in names:
+            table.own[name] = Symbol(name, table.package)
+        return NIL
+
+    def b_training_p(self) -> Any:
+        tracer = self.lib.tracer("training-p")
+        return T if tracer.training else NIL
 
     def b_param_count(self, part: Any) -> Any:
         if isinstance(part, (Model, ModelList)):

@@ -16,6 +16,7 @@ class Param:
     shape: tuple[int, ...]
     dtype: DType
     init: InitSpec
+    tie: Optional[tuple["Param", bool]] = None  # (source, transposed): this place reads source
 
     def lisp_print(self) -> str:
         dims = ",".join(map(str, self.shape))
@@ -23,6 +24,9 @@ class Param:
 
     def spec(self) -> ParamSpec:
         return ParamSpec(path=self.path, shape=self.shape, dtype=self.dtype, init=self.init)
+
+    def source(self) -> "Param":
+        return self.tie[0].source() if self.tie is not None else self
 
 
 @dataclass(eq=False)
@@ -37,7 +41,7 @@ class Model:
         return f"#<model {self.type_name} {self.path or '(top)'}>"
 
     def all_params(self) -> list[Param]:
-        out = list(self.params.values())
+        out = [p for p in self.params.values() if p.tie is None]
         for part in self.parts.values():
             if isinstance(part, (Model, ModelList)):
                 out.extend(part.all_params())

@@ -137,6 +137,7 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
         run=RunSpec(steps=compiler.run["steps"], seed=compiler.run["seed"], log_every=compiler.run["log_every"], clip=compiler.clip, meta=compiler.run["meta"]),
         metrics=metrics,
         evals=evals,
+        ties={k: v[0] + (" (transposed)" if v[1] else "") for k, v in compiler.ties.items()},
         targets=list(compiler.targets),
         module=module,
         ir_hash=module.hash(),
@@ -163,7 +164,7 @@ def data_inputs(tracer: Tracer, loader: Any) -> Batch:
 
 def stage_train(compiler: Compiler, loader: Any) -> tuple[Program, Program, list[str], list[str]]:
     assert compiler.run is not None
-    tracer = Tracer("train", seed=int(compiler.run["seed"]))
+    tracer = Tracer("train", seed=int(compiler.run["seed"]), training=True)
     batch = data_inputs(tracer, loader)
     compiler.tracer = tracer
     try:

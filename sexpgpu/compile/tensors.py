@@ -46,8 +46,9 @@ class Staged:
 class Tracer:
     """One program being staged: its builder, the parameters it has read, its metrics."""
 
-    def __init__(self, name: str, seed: int = 0) -> None:
+    def __init__(self, name: str, seed: int = 0, training: bool = False) -> None:
         self.builder = Builder(name)
+        self.training = training
         self.params: dict[str, int] = {}
         self.metrics: dict[str, int] = {}
         self.path_stack: list[str] = []
@@ -66,6 +67,14 @@ class Tracer:
         return self.random_ops
 
     def param(self, p: "Param") -> Staged:
+        if p.tie is not None:
+            source, transpose = p.tie
+            staged = self.param(source)
+            if transpose:
+                rank = staged.type.rank
+                perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+                return Staged(self, self.builder.op("transpose", staged.id, perm=perm))
+            return staged
         nid = self.params.get(p.path)
         if nid is None:
             nid = self.builder.input(p.path, "param", TensorType(dtype=p.dtype, shape=p.shape))
@@ -253,7 +262,8 @@ class TensorLib:
     def install_unary(self) -> None:
         for lisp, op in [("exp", "exp"), ("log", "log"), ("sqrt", "sqrt"), ("abs", "abs"), ("sin", "sin"), ("cos", "cos"), ("tanh", "tanh")]:
             self.generic(lisp, self.unary_fn(lisp, op))
-        for lisp, op in [("neg", "neg"), ("log1p", "log1p"), ("rsqrt", "rsqrt"), ("square", "square"), ("sigmoid", "sigmoid"), ("relu", "relu")]:
+        self.generic("signum", self.unary_fn("signum", "sign"))
+        for lisp, op in [("neg", "neg"), ("sign", "sign"), ("log1p", "log1p"), ("rsqrt", "rsqrt"), ("square", "square"), ("sigmoid", "sigmoid"), ("relu", "relu")]:
             self.add(lisp, self.unary_fn(lisp, op))
 
         def gelu(x: Any) -> Any:
@@ -639,6 +649,9 @@ class TensorLib:
         self.add("one-hot", one_hot)
         self.add("layer-norm", layer_norm)
         self.add("rms-norm", rms_norm)
+        # the standard modules shadow these names with layers; they reach the ops here
+        self.add("%layer-norm", layer_norm)
+        self.add("%rms-norm", rms_norm)
         self.add("einsum", einsum)
 
     # -- images ------------------------------------------------------------------------------------------

@@ -125,6 +125,7 @@ class Experiment(BaseModel):
     run: RunSpec
     metrics: list[str]
     evals: list[EvalSpec] = Field(default_factory=list)
+    ties: dict[str, str] = Field(default_factory=dict)  # tied place -> the parameter it reads ("T" suffix: transposed)
     targets: list[TargetSpec] = Field(default_factory=list)
     module: Module
     ir_hash: str

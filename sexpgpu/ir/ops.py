@@ -79,7 +79,7 @@ def _load_entries() -> None:
     if _LOADED:
         return
     _LOADED.append(True)
-    from . import ops_elementwise, ops_linalg, ops_random, ops_reduce, ops_shape  # noqa: F401  (they register)
+    from . import ops_conv, ops_elementwise, ops_linalg, ops_random, ops_reduce, ops_shape  # noqa: F401  (they register)
 
 
 def all_ops() -> dict[str, OpDef]:

@@ -2,6 +2,10 @@
 ;;;;
 ;;;; (require "sexpgpu/nn" :as nn), then nn:linear, nn:mlp, nn:cross-entropy ...
 
+(%shadow "LAYER-NORM" "RMS-NORM" "DROPOUT")
+
+;;; Layers
+
 (defmodel linear (d-in d-out &key (bias t))
   "y = x w + b, with w drawn from N(0, 1/d-in)."
   (defparam w (d-in d-out) :init (normal :std (/ 1.0 (sqrt d-in))))
@@ -17,19 +21,15 @@
   (defpart layers (let ((sizes (append (list d-in)
                                        (make-list depth :initial-element d-hidden)
                                        (list d-out))))
-                    (%stack-layers (%layer-sizes sizes))))
+                    (%repeat-list (mapcar (lambda (pair)
+                                            (lambda () (linear (first pair) (second pair))))
+                                          (%layer-sizes sizes)))))
   (forward (x)
-    (%apply-layers layers x activation)))
-
-(defun %stack-layers (pairs)
-  (%repeat-list (mapcar (lambda (pair) (lambda () (linear (first pair) (second pair)))) pairs)))
-
-(defun %apply-layers (layers x activation)
-  (let ((n (length (%models layers))))
-    (loop for layer in (%models layers)
-          for i from 1
-          do (setq x (%call-model layer (list x))) (when (< i n) (setq x (funcall activation x))))
-    x))
+    (let ((n (length (%models layers))))
+      (loop for layer in (%models layers)
+            for i from 1
+            do (setq x (%call-model layer (list x))) (when (< i n) (setq x (funcall activation x))))
+      x)))
 
 (defmodel embedding (vocab d &key (std 0.02))
   "Rows of a (vocab d) table picked by integer ids."
@@ -37,12 +37,73 @@
   (forward (ids)
     (take table ids)))
 
-(defun cross-entropy (logits labels)
-  "Mean negative log-likelihood of integer LABELS under softmax(LOGITS) over the last axis."
+(defmodel layer-norm (d &key (eps 1e-5))
+  "Normalize the last axis to zero mean and unit variance, then scale and shift."
+  (defparam weight (d) :init :ones)
+  (defparam bias (d) :init :zeros)
+  (forward (x)
+    (%layer-norm x :eps eps :weight weight :bias bias)))
+
+(defmodel rms-norm (d &key (eps 1e-6))
+  "Divide the last axis by its root mean square, then scale."
+  (defparam weight (d) :init :ones)
+  (forward (x)
+    (%rms-norm x :eps eps :weight weight)))
+
+(defun dropout (x rate)
+  "Zero each element with probability RATE while training (scaling the rest by 1/(1-RATE));
+the identity in evaluation. The mask is Philox keyed by the seed, the step and the node."
+  (if (or (zerop rate) (not (training-p)))
+      x
+      (/ (where (dropout-mask (shape x) rate) x 0.0) (- 1.0 rate))))
+
+(defmodel causal-attention (d heads &key (dropout 0.0))
+  "Multi-head self-attention where position i sees positions 0..i. The diagonal is always
+visible, so no row is fully masked."
+  (defpart wq (linear d d))
+  (defpart wk (linear d d))
+  (defpart wv (linear d d))
+  (defpart wo (linear d d))
+  (forward (x)
+    (destructuring-bind (b s width) (shape x)
+      (declare (ignore width))
+      (let* ((hd (floor d heads))
+             (split (lambda (y) (permute (reshape y (list b s heads hd)) '(0 2 1 3))))
+             (q (funcall split (wq x)))
+             (k (funcall split (wk x)))
+             (v (funcall split (wv x)))
+             (scores (/ (matmul q (transpose k)) (sqrt (float hd))))
+             (masked (where (tril-mask s) scores -1e9))
+             (weights (dropout (softmax masked :axis -1) dropout))
+             (mixed (permute (matmul weights v) '(0 2 1 3))))
+        (wo (reshape mixed (list b s d)))))))
+
+(defmodel transformer-block (d heads &key (mlp-ratio 4) (dropout 0.0))
+  "Pre-norm block: x + attention(norm(x)), then x + mlp(norm(x)), with GELU in the MLP."
+  (defpart norm1 (layer-norm d))
+  (defpart attn (causal-attention d heads :dropout dropout))
+  (defpart norm2 (layer-norm d))
+  (defpart mlp (mlp d (* mlp-ratio d) d :activation #'gelu))
+  (forward (x)
+    (let ((x (+ x (dropout (attn (norm1 x)) dropout)))) (+ x (dropout (mlp (norm2 x)) dropout)))))
+
+;;; Losses and metrics
+
+(defun cross-entropy (logits labels &key (label-smoothing 0.0) ignore-index)
+  "Mean negative log-likelihood of integer LABELS under softmax(LOGITS) over the last axis.
+With LABEL-SMOOTHING e the target is (1-e) one-hot + e/classes; rows whose label is
+IGNORE-INDEX count neither in the sum nor in the mean (torch semantics)."
   (let* ((classes (car (last (shape logits))))
          (logp (log-softmax logits :axis -1))
-         (picked (* logp (one-hot labels classes))))
-    (neg (mean (sum picked :axis -1)))))
+         (hot (one-hot labels classes))
+         (target (if (zerop label-smoothing)
+                     hot
+                     (+ (* hot (- 1.0 label-smoothing)) (/ label-smoothing classes))))
+         (nll (neg (sum (* logp target) :axis -1))))
+    (if ignore-index
+        (let ((keep (cast (/= labels ignore-index) :f32)))
+          (/ (sum (* nll keep)) (maximum (sum keep) 1.0)))
+        (mean nll))))
 
 (defun accuracy (logits labels)
   "Fraction of rows whose largest logit is at the label."

@@ -119,7 +119,8 @@ r = min(1, (step - warmup) / (total - warmup)): MIN-LR + (LR - MIN-LR) (1 + cos(
     ;; (1 + cos(pi r)) / 2 = sin^2(pi (1 - r) / 2): the same value without the cancellation
     ;; of 1 + cos near the end of the decay, where f32 would lose most digits
     (let* ((remaining (min 1.0 (max 0.0 (/ (- total step) (- total warmup)))))
-           (decayed (+ min-lr (* (- lr min-lr) (square (sin (* (/ pi 2) remaining)))))))
+           (wave (sin (* (/ pi 2) remaining)))
+           (decayed (+ min-lr (* (- lr min-lr) wave wave))))
       ;; before the warmup ends the ramp is below LR, after it the ramp is above LR
       (if (zerop warmup) decayed (min (* lr (/ step warmup)) decayed)))))
 
@@ -127,5 +128,10 @@ r = min(1, (step - warmup) / (total - warmup)): MIN-LR + (LR - MIN-LR) (1 + cos(
   "LR * FACTOR^floor(step / EVERY): the rate drops by FACTOR every EVERY steps
 (torch.optim.lr_scheduler.StepLR with step_size EVERY and gamma FACTOR)."
   (%check-number "step-decay" :every every)
+  (%check-number "step-decay" :factor factor)
   (unless (plusp every) (error "step-decay: :every needs a positive number of steps, got ~a" every))
-  (lambda (step) (* lr (expt factor (%floor-nonnegative (/ step every))))))
+  (unless (plusp factor) (error "step-decay: :factor needs a positive number, got ~a" factor))
+  ;; exp(n log factor), with the logarithm taken here in double precision: an f32 FACTOR
+  ;; raised to a large power would carry its rounding error n times
+  (let ((log-factor (log factor)))
+    (lambda (step) (* lr (exp (* log-factor (%floor-nonnegative (/ step every))))))))
