@@ -52,7 +52,7 @@ def gelu_tanh(x):  # type: ignore[no-untyped-def]
 def test_char_transformer_matches_pytorch_for_50_steps() -> None:
     """Embeddings, layer norm, causal multi-head attention, GELU MLP, AdamW: the whole
     char transformer in PyTorch with our initial parameters and batches."""
-    experiment = compiled(REPO / "examples" / "chartransformer.lisp")
+    experiment = compiled(REPO / "examples" / "char-transformer.lisp")
     ours, replay = Trainer(experiment), Trainer(experiment)
     P = {k: torch.tensor(v.copy(), requires_grad=True) for k, v in ours.params.items()}
     opt = torch.optim.AdamW(list(P.values()), lr=0.003, weight_decay=0.0)

@@ -538,6 +538,137 @@ def test_shape_errors_are_op_errors(op: str, args: list[Shape], attrs: dict[str,
         b.op(op, *ids, **attrs)
 
 
+# -- images: conventions, messages, bf16, staging --------------------------------------------------------------
+def _run(op: str, xs: list[np.ndarray], **attrs: Any) -> np.ndarray:
+    """OP on XS through the planned backend (the specialized kernels)."""
+    b = Builder(op)
+    ids = [b.input(f"x{i}", "value", TensorType(dtype=DType.f64 if x.dtype == np.float64 else DType.f32, shape=x.shape)) for i, x in enumerate(xs)]
+    program = b.program({"y": b.op(op, *ids, **attrs)})
+    check_program(program)
+    return CompiledProgram(program).run_copy({f"x{i}": x for i, x in enumerate(xs)})["y"]
+
+
+def test_max_pool_gradient_goes_to_the_first_maximum_in_window_order() -> None:
+    """The documented tie rule (torch's CPU kernel does the same): row by row, left to right
+    within each window; overlapping windows add up; padding never wins, not even against
+    -inf; a NaN is the maximum and the first NaN gets the gradient."""
+    x = np.array([[1.0, 3.0, 3.0, 0.0], [3.0, 2.0, 0.0, 0.0], [5.0, 5.0, 7.0, 7.0], [5.0, 5.0, 7.0, 7.0]]).reshape(1, 1, 4, 4)
+    g = np.array([1.0, 10.0, 100.0, 1000.0]).reshape(1, 1, 2, 2)
+    expected = np.zeros((4, 4))
+    expected[0, 1], expected[0, 2], expected[2, 0], expected[2, 2] = 1.0, 10.0, 100.0, 1000.0
+    np.testing.assert_array_equal(_run("max_pool2d_grad", [x, g], kernel=[2, 2])[0, 0], expected)
+    # overlapping windows on a constant image: each window's top-left cell
+    got = _run("max_pool2d_grad", [np.ones((1, 1, 3, 3)), np.ones((1, 1, 2, 2))], kernel=[2, 2], stride=[1, 1])
+    np.testing.assert_array_equal(got[0, 0], [[1, 1, 0], [1, 1, 0], [0, 0, 0]])
+    # an image of -inf with padding: each window holds one real cell, which gets its gradient
+    minus = np.full((1, 1, 2, 2), -np.inf)
+    np.testing.assert_array_equal(_run("max_pool2d", [minus], kernel=[2, 2], padding=[1, 1]), minus)
+    np.testing.assert_array_equal(_run("max_pool2d_grad", [minus, g], kernel=[2, 2], padding=[1, 1]), g)
+    # NaN
+    nan = np.array([1.0, np.nan, np.nan, 2.0]).reshape(1, 1, 2, 2)
+    assert np.isnan(_run("max_pool2d", [nan], kernel=[2, 2])).all()
+    np.testing.assert_array_equal(_run("max_pool2d_grad", [nan, np.full((1, 1, 1, 1), 5.0)], kernel=[2, 2])[0, 0], [[0, 5], [0, 0]])
+    # an infinite gradient stays in its cell (no inf * 0 = NaN elsewhere)
+    got = _run("max_pool2d_grad", [x, np.array([np.inf, 1.0, 1.0, 1.0]).reshape(1, 1, 2, 2)], kernel=[2, 2])
+    assert np.isinf(got[0, 0, 0, 1]) and np.isfinite(np.delete(got.reshape(-1), 1)).all()
+
+
+def test_avg_pool_counts_padding_cells() -> None:
+    """count_include_pad=True: a corner window of a padded 2x2 image of ones holds 1 cell of 4."""
+    got = _run("avg_pool2d", [np.ones((1, 1, 2, 2))], kernel=[2, 2], padding=[1, 1])
+    np.testing.assert_array_equal(got[0, 0], np.full((2, 2), 0.25))
+
+
+@pytest.mark.parametrize(
+    "op, args, attrs, message",
+    [
+        ("conv2d", [("f32", (8, 3, 32, 32)), ("f32", (16, 4, 3, 3))], {}, "conv2d: f32[8,3,32,32] with weight f32[16,4,3,3]: input channels 3 and weight channels 4 differ"),
+        ("conv2d", [("f32", (8, 6, 9, 9)), ("f32", (16, 4, 3, 3))], {"groups": 2}, "conv2d: f32[8,6,9,9] with weight f32[16,4,3,3]: input channels 6 in 2 groups (3 each) and weight channels 4 differ"),
+        ("conv2d", [("f32", (8, 6, 9, 9)), ("f32", (16, 2, 3, 3))], {"groups": 4}, "conv2d: f32[8,6,9,9] with weight f32[16,2,3,3]: input channels 6 do not divide into 4 groups"),
+        ("conv2d", [("f32", (8, 6, 9, 9)), ("f32", (15, 3, 3, 3))], {"groups": 2}, "conv2d: f32[8,6,9,9] with weight f32[15,3,3,3]: output channels 15 do not divide into 2 groups"),
+        ("conv2d", [("f32", (3, 32, 32)), ("f32", (16, 3, 3, 3))], {}, "conv2d: f32[3,32,32] with weight f32[16,3,3,3]: the input needs 4 dimensions [N,C,H,W], it has 3"),
+        ("conv2d", [("f32", (1, 3, 8, 8)), ("f32", (3, 3))], {}, "conv2d: f32[1,3,8,8] with weight f32[3,3]: the weight needs 4 dimensions [O,C/groups,KH,KW], it has 2"),
+        ("conv2d", [("f32", (1, 1, 4, 4)), ("f32", (1, 1, 3, 3))], {"dilation": [2, 2]}, "conv2d: f32[1,1,4,4] with weight f32[1,1,3,3]: the kernel spans 5x5 (size 3x3, dilation 2x2), more than the padded input 4x4 (padding 0x0)"),
+        ("conv2d", [("f32", (1, 1, 4, 4)), ("f64", (1, 1, 3, 3))], {}, "conv2d: f32[1,1,4,4] with weight f64[1,1,3,3]: element types differ; cast one"),
+        ("conv2d", [("i32", (1, 1, 4, 4)), ("i32", (1, 1, 3, 3))], {}, "conv2d: i32[1,1,4,4] with weight i32[1,1,3,3]: needs float tensors; use (cast x :f32)"),
+        ("conv2d", [("f32", (1, 1, 4, 4)), ("f32", (1, 1, 3, 3))], {"stride": [1, 0]}, "conv2d: stride must be a positive integer or a list of two, got (1 0)"),
+        ("conv2d", [("f32", (1, 1, 4, 4)), ("f32", (1, 1, 3, 3))], {"padding": [1, 2, 3]}, "conv2d: padding must be a non-negative integer or a list of two, got (1 2 3)"),
+        ("conv2d", [("f32", (1, 1, 4, 4)), ("f32", (1, 1, 3, 3))], {"groups": 0}, "conv2d: groups must be a positive integer, got 0"),
+        ("conv2d_input_grad", [("f32", (1, 2, 3, 3)), ("f32", (2, 1, 3, 3))], {"input_shape": [1, 1, 4, 4]}, "conv2d-input-grad: gradient f32[1,2,3,3] with weight f32[2,1,3,3] for input [1,1,4,4]: the gradient needs shape [1,2,2,2]"),
+        ("conv2d_weight_grad", [("f32", (1, 1, 4, 4)), ("f32", (1, 2, 2, 2))], {"weight_shape": [2, 1, 2, 2]}, "conv2d-weight-grad: input f32[1,1,4,4] with gradient f32[1,2,2,2] for weight [2,1,2,2]: the gradient needs shape [1,2,3,3]"),
+        ("max_pool2d", [("f32", (1, 1, 4, 4))], {"kernel": [2, 2], "padding": [2, 0]}, "max-pool2d: f32[1,1,4,4]: padding 2 is more than half the kernel height 2"),
+        ("avg_pool2d", [("f32", (1, 1, 4, 4))], {"kernel": [3, 5]}, "avg-pool2d: f32[1,1,4,4]: the kernel 3x5 is larger than the padded input 4x4 (padding 0x0)"),
+        ("avg_pool2d", [("f32", (4, 4))], {"kernel": [2, 2]}, "avg-pool2d: f32[4,4]: needs 4 dimensions [N,C,H,W], it has 2"),
+        ("max_pool2d", [("i64", (1, 1, 4, 4))], {"kernel": [2, 2]}, "max-pool2d: i64[1,1,4,4]: needs a float tensor; use (cast x :f32)"),
+        ("max_pool2d", [("f32", (1, 1, 4, 4))], {}, "max-pool2d: kernel must be a positive integer or a list of two, got None"),
+        ("max_pool2d_grad", [("f32", (1, 1, 4, 4)), ("f32", (1, 1, 3, 3))], {"kernel": [2, 2]}, "max-pool2d-grad: f32[1,1,4,4] with gradient f32[1,1,3,3]: the second argument needs shape [1,1,2,2]"),
+        ("avg_pool2d_grad", [("f32", (1, 1, 3, 3))], {"kernel": [2, 2], "input_shape": [1, 1, 4, 4]}, "avg-pool2d-grad: gradient f32[1,1,3,3] for input [1,1,4,4]: the gradient needs shape [1,1,2,2]"),
+    ],
+)
+def test_image_op_errors(op: str, args: list[tuple[str, Shape]], attrs: dict[str, Any], message: str) -> None:
+    b = Builder("bad")
+    ids = [b.input(f"x{i}", "value", TensorType(dtype=parse_dtype(d), shape=s)) for i, (d, s) in enumerate(args)]
+    with pytest.raises(OpError) as info:
+        b.op(op, *ids, **attrs)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("op", ["conv2d", "conv2d_input_grad", "conv2d_weight_grad", "max_pool2d", "max_pool2d_grad", "max_pool2d_select", "avg_pool2d", "avg_pool2d_grad"])
+def test_image_ops_in_bf16_match_f32(op: str) -> None:
+    """bf16 is computed in f32 and rounded once: within 1e-2 relative of the f32 result on
+    the same (bf16-representable) inputs."""
+    bf16 = numpy_dtype(DType.bf16)
+    for index, case in enumerate(GRAD_CASES[op]):
+        rng = _rng(op, index, "bf16")
+        xs = [arg.draw(rng, "f32").astype(bf16) for arg in case.args]
+        definition = op_def(op)
+        assert definition.infer([arg.type("bf16") for arg in case.args], case.attrs).dtype == DType.bf16
+        low = definition.numpy(xs, case.attrs, None)
+        high = definition.numpy([x.astype(np.float32) for x in xs], case.attrs, None)
+        assert low.dtype == bf16
+        low32 = low.astype(np.float32)
+        assert np.all(np.abs(low32 - high) <= 1e-2 * np.maximum(1.0, np.abs(high))), f"{op} {case.label()}"
+
+
+def test_image_staging_builtins() -> None:
+    """conv2d, max-pool2d and avg-pool2d from Lisp: integer or two-element options, the
+    pool stride defaulting to the kernel, and argument errors naming the argument."""
+    from sexpgpu.compile.tensors import Staged, TensorLib, Tracer
+    from sexpgpu.lisp.conditions import LispError
+    from sexpgpu.lisp.evaluator import Interpreter
+
+    interp = Interpreter()
+    tracer = Tracer("images")
+    TensorLib(interp, lambda: tracer).install()
+    b = tracer.builder
+    for name, shape in [("x", (8, 3, 32, 32)), ("w", (16, 3, 3, 3)), ("wd", (6, 1, 3, 3)), ("w4", (16, 4, 3, 3))]:
+        interp.values[interp.sym(name)] = Staged(tracer, b.input(name, "value", TensorType(dtype=DType.f32, shape=shape)))
+
+    def stage(text: str) -> tuple[TensorType, dict[str, Any]]:
+        result = interp.load_text(text, "images.lisp", interp.base)
+        node = b.nodes[-1]
+        assert node.id == result.id
+        return result.type, node.attrs
+
+    conv = {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1}
+    assert stage("(conv2d x w)") == (TensorType(dtype=DType.f32, shape=(8, 16, 30, 30)), conv)
+    assert stage("(conv2d x w :stride 2 :padding '(1 2))") == (TensorType(dtype=DType.f32, shape=(8, 16, 16, 17)), {**conv, "stride": [2, 2], "padding": [1, 2]})
+    assert stage("(conv2d x wd :groups 3 :dilation '(2 1))")[0].shape == (8, 6, 28, 30)
+    assert stage("(max-pool2d x 2)") == (TensorType(dtype=DType.f32, shape=(8, 3, 16, 16)), {"kernel": [2, 2], "stride": [2, 2], "padding": [0, 0]})
+    assert stage("(avg-pool2d x '(3 2) :stride 1 :padding 1)") == (TensorType(dtype=DType.f32, shape=(8, 3, 32, 33)), {"kernel": [3, 2], "stride": [1, 1], "padding": [1, 1]})
+    for text, message in [
+        ("(conv2d x w4)", "conv2d: f32[8,3,32,32] with weight f32[16,4,3,3]: input channels 3 and weight channels 4 differ"),
+        ("(conv2d x w :stride '(1 2 3))", "`conv2d`: argument 4 must be a positive integer or a list of two, got (1 2 3) (a cons)"),
+        ("(conv2d x w :padding -1)", "`conv2d`: argument 4 must be a non-negative integer or a list of two, got -1 (an integer)"),
+        ("(conv2d x w :stride 1 :groups 1.5)", "`conv2d`: argument 6 must be a positive integer, got 1.5 (a float)"),
+        ("(max-pool2d x '(2 0))", "`max-pool2d`: argument 2 must be a positive integer or a list of two, got (2 0) (a cons)"),
+        ("(max-pool2d x 2 :padding 2)", "max-pool2d: f32[8,3,32,32]: padding 2 is more than half the kernel height 2"),
+    ]:
+        with pytest.raises(LispError) as info:
+            interp.load_text(text, "images.lisp", interp.base)
+        assert str(info.value) == message, text
+
+
 # -- random ops: Philox4x32-10 and its use ---------------------------------------------------------------------
 KNOWN_ANSWERS = [
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),

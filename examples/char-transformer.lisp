@@ -1,4 +1,4 @@
-;;;; chartransformer.lisp -- a small character-level transformer on Python's documentation.
+;;;; char-transformer.lisp -- a small character-level transformer on Python's documentation.
 ;;;;
 ;;;; Same data as charlm.lisp (see examples/data/README.md): token and position embeddings,
 ;;;; DEPTH pre-norm transformer blocks with causal multi-head attention, a final layer norm
