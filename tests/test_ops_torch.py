@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sexpgpu.ir.ops import all_ops  # noqa: E402
-from test_ops import GRAD_CASES, Case, D, F, I, build_grad_program, draw_feeds  # noqa: E402
+from test_ops import GRAD_CASES, Arg, Case, D, F, I, build_grad_program, draw_feeds  # noqa: E402
 
 RTOL = 1e-5
 Tensors = list[Any]
@@ -157,6 +157,11 @@ TIE_CASES: dict[str, list[Case]] = {
     "relu": [Case([I([-1.0, 0.0, 2.0], "f32")])],
     "abs": [Case([I([-1.0, 0.0, 2.0], "f32")])],
     "pow": [Case([I([0.0, 0.0, 2.0], "f32"), I([2.0, 3.0, 1.5], "f32")])],  # base 0: torch masks the log
+    # ties in a window: the first maximum in window order gets the gradient, like torch's CPU kernel
+    "max_pool2d": [
+        Case([I(np.array([[1.0, 3.0, 3.0, 0.0], [3.0, 2.0, 0.0, 0.0], [5.0, 5.0, 7.0, 7.0], [5.0, 5.0, 7.0, 7.0]]).reshape(1, 1, 4, 4), "f32")], {"kernel": [2, 2]}),
+        Case([I(np.array([[2.0, 2.0, 2.0], [2.0, 1.0, 2.0], [0.0, 2.0, 2.0]]).reshape(1, 1, 3, 3), "f32")], {"kernel": [2, 2], "stride": [1, 1], "padding": [1, 1]}),
+    ],
 }
 
 
@@ -213,6 +218,14 @@ def test_conventional_gradients_match_torch(op: str) -> None:
         _check_against_torch(op, exact, index)
 
 
+def _weight(*shape: int) -> Arg:
+    """A convolution weight at the usual scale, 1/sqrt(fan-in): with standard normal weights
+    the input gradient sums hundreds of O(1) products, and the rounding of both libraries
+    (ours is the closer one to f64) exceeds 1e-5 of a result that cancels to O(1)."""
+    fan_in = shape[1] * shape[2] * shape[3]
+    return Arg(shape, lambda r: r.standard_normal(shape) / np.sqrt(fan_in))
+
+
 def test_larger_shapes_match_torch() -> None:
     """A few bigger instances, where accumulation order differs between the libraries."""
     for op, case in [
@@ -221,5 +234,9 @@ def test_larger_shapes_match_torch() -> None:
         ("mean", Case([F(8, 64, 32)], {"axis": [0, 2]})),
         ("max", Case([D(12, 50)], {"axis": 0})),
         ("take", Case([F(50, 8), I(np.random.default_rng(1).integers(0, 50, (30, 4)))], {"axis": 0})),
+        ("conv2d", Case([F(2, 16, 8, 7), _weight(32, 16, 3, 3)], {"padding": [1, 1]})),  # weight gradient: sums of 112 terms
+        ("conv2d", Case([F(2, 32, 9, 9), _weight(32, 8, 3, 3)], {"stride": [2, 2], "padding": [1, 1], "dilation": [1, 1], "groups": 4})),
+        ("max_pool2d", Case([D(4, 8, 12, 12)], {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1]})),
+        ("avg_pool2d", Case([F(4, 8, 12, 12)], {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1]})),
     ]:
         _check_against_torch(op, case, 7)

@@ -40,6 +40,8 @@ ORDER: list[tuple[int, tuple[str, ...]]] = [
 RANK = {name: rank for rank, names in ORDER for name in names}
 CONTRACT_FORMS = {"DEFKNOB", "DEFLOADER", "DEFPART", "DEFOBJECTIVE", "DEFGROUPS", "DEFRUN", "DEFEVALUATE", "DEFEVAL", "DEFTARGET", "DEFCURRICULUM", "DEFVARIANT", "DEFSWEEP"}
 ONCE = {"DEFOBJECTIVE", "DEFGROUPS", "DEFRUN", "DEFCURRICULUM", "DEFEVALUATE"}
+# every key runfile.md lists; the loop feeds each as an f32 scalar
+CTX_KEYS = ("step", "epoch", "examples", "tokens", "stage", "elapsed", "loss", "lr", "eval", "rank", "world-size", "seed", "microbatch")
 ORDER_TEXT = "require, defknob/defvariant/defsweep, definitions, defloader, defpart, defobjective, defevaluate/defeval/deftarget, defgroups, defcurriculum, defrun"
 
 
@@ -531,10 +533,19 @@ class Compiler:
         steps = keys.get("STEPS", NIL)
         if type(steps) is not int or steps <= 0:
             raise lisp_error("C008", f"defrun: :steps needs a positive integer, got {short(steps)}", "PROGRAM-ERROR")
+        micro = keys.get("MICROBATCHES", 1)
+        if type(micro) is not int or micro <= 0:
+            raise lisp_error("C008", f"defrun: :microbatches needs a positive integer, got {short(micro)}", "PROGRAM-ERROR")
+        precision = keys.get("PRECISION", self.interp.kw("f32"))
+        if not (type(precision) is Symbol and precision.name in ("F32", "BF16")):
+            raise lisp_error("C008", f"defrun: :precision is :f32 or :bf16, got {short(precision)}", "PROGRAM-ERROR")
+        if precision.name == "BF16":
+            raise lisp_error("E109", "defrun :precision :bf16 arrives with the next release (bf16 emulation); use :f32", "PROGRAM-ERROR")
         self.run = {
             "steps": steps,
             "seed": keys.get("SEED", 0),
             "log_every": keys.get("LOG-EVERY", 10),
+            "microbatches": micro,
             "meta": lisp_to_json(keys.get("META", NIL)) or {},
         }
         return NIL
@@ -543,8 +554,8 @@ class Compiler:
         if isinstance(lr, (int, float)):
             value: Any = float(lr)
         elif type(lr) in (Closure, Builtin):
-            step = ctx.values["step"] if isinstance(ctx, Ctx) else self.lib.tracer("schedule")
-            value = self.interp.call(lr, step)
+            tracer = self.lib.tracer("schedule")
+            value = self.interp.call(lr, Staged(tracer, tracer.ctx_input("step")))
         else:
             raise type_error("schedule", 1, "a learning rate: a number or a schedule", lr)
         tracer = self.lib.tracer("schedule")
@@ -555,11 +566,14 @@ class Compiler:
 
     def b_ctx(self, key: Any, *rest: Any) -> Any:
         tracer = self.lib.tracer("ctx")
-        name = key.name.lower() if type(key) is Symbol else ""
-        ctx = getattr(tracer, "ctx", None)
-        if ctx is None or name not in ctx.values:
-            raise lisp_error("C008", f"(ctx {short(key)}): this ctx key is not available here; available: {', '.join(ctx.values) if ctx else 'none'}", "PROGRAM-ERROR")
-        return ctx.values[name]
+        name = key.name.lower() if type(key) is Symbol and key.is_keyword else ""
+        if name not in CTX_KEYS:
+            raise lisp_error("C008", f"(ctx {short(key)}): ctx keys are {', '.join(':' + k for k in CTX_KEYS)}", "PROGRAM-ERROR")
+        if name in ("lr", "eval"):
+            raise lisp_error("C008", f"(ctx :{name}) is not available where it is read: the learning rate is what a schedule computes, and eval metrics reach defcurriculum in a later release", "PROGRAM-ERROR")
+        if not getattr(tracer, "ctx_allowed", False):
+            raise lisp_error("C008", f"(ctx :{name}) is read in optimizer updates, schedules and defcurriculum, not in the model or objective", "PROGRAM-ERROR")
+        return Staged(tracer, tracer.ctx_input(name))
 
     # -- queries for the pipeline ------------------------------------------------------------------------------
     def all_params(self) -> list[Param]:

@@ -134,7 +134,7 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
         params=[p.spec() for p in compiler.all_params()],
         loaders=dict(compiler.loaders),
         groups=groups,
-        run=RunSpec(steps=compiler.run["steps"], seed=compiler.run["seed"], log_every=compiler.run["log_every"], clip=compiler.clip, meta=compiler.run["meta"]),
+        run=RunSpec(steps=compiler.run["steps"], seed=compiler.run["seed"], log_every=compiler.run["log_every"], microbatches=compiler.run["microbatches"], clip=compiler.clip, meta=compiler.run["meta"]),
         metrics=metrics,
         evals=evals,
         ties={k: v[0] + (" (transposed)" if v[1] else "") for k, v in compiler.ties.items()},
@@ -242,9 +242,9 @@ def stage_update(compiler: Compiler, trainable: list[str]) -> Program:
     tracer = Tracer("update")
     b = tracer.builder
     params = {p.path: p for p in compiler.all_params()}
-    step = b.input("ctx.step", "ctx", TensorType(dtype=DType.f32, shape=()))
-    ctx = Ctx(values={"step": Staged(tracer, step)})
-    tracer.ctx = ctx  # type: ignore[attr-defined]
+    tracer.ctx_input("step")
+    tracer.ctx_allowed = True  # type: ignore[attr-defined]
+    ctx = Ctx(values={})
     grads = {p: b.input(f"grad:{p}", "value", TensorType(dtype=DType.f32, shape=params[p].shape)) for p in trainable}
     squares = [b.op("sum", b.op("mul", g, g), axis=None, keepdims=False) for g in grads.values()]
     total = squares[0] if squares else b.const(0.0, DType.f32)

@@ -56,10 +56,18 @@ class Tracer:
         self.random_ops = 0
         self._step: Optional[int] = None
 
+    def ctx_input(self, key: str) -> int:
+        """`(ctx :KEY)`: an f32 scalar input the loop feeds at every step."""
+        name = f"ctx.{key}"
+        for i in self.builder.inputs:
+            if i.name == name:
+                return i.id
+        return self.builder.input(name, "ctx", TensorType(dtype=DType.f32, shape=()))
+
     def step_input(self) -> int:
         """The step as an i64 scalar input (random ops are keyed by seed, step and node)."""
         if self._step is None:
-            self._step = self.builder.input("ctx.step", "ctx", TensorType(dtype=DType.i64, shape=()))
+            self._step = self.builder.input("rng.step", "ctx", TensorType(dtype=DType.i64, shape=()))
         return self._step
 
     def next_random_key(self) -> int:

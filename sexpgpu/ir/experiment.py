@@ -110,6 +110,7 @@ class RunSpec(BaseModel):
     steps: int
     seed: int = 0
     log_every: int = 10
+    microbatches: int = 1  # gradient accumulation: the loader's batch is per microbatch
     clip: Optional[float] = None
     meta: dict[str, Any] = Field(default_factory=dict)
 

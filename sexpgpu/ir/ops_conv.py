@@ -28,6 +28,10 @@ Kernels work by im2col: the (padded) input seen through as_strided as
 input gradient adds the columns back with one strided add per kernel offset (col2im). The
 pools loop over the KH*KW kernel offsets with whole-tensor operations. bf16 and f16 are
 computed in f32 and rounded once at the end.
+
+Large temporaries (the padded input, the im2col matrix: C*KH*KW*N*OH*OW elements for the
+largest convolution) live in per-thread scratch buffers that are reused from step to step
+and are not part of the backend's memory plan; `release_scratch()` frees them.
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .builder import Builder
-from .dtypes import DType, numpy_dtype
 from .graph import Node, TensorType
 from .ops import Kernel, OpDef, OpError, register
 
@@ -102,6 +105,11 @@ def _scratch(slot: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     if buffer is None or buffer.size < size:
         buffer = pool[(slot, dtype)] = np.empty(max(size, 1), dtype=dtype)
     return buffer[:size].reshape(shape)
+
+
+def release_scratch() -> None:
+    """Free this thread's scratch buffers (the next kernel call allocates them again)."""
+    _SCRATCH.pool = {}
 
 
 def _finish(result: np.ndarray, out: Optional[np.ndarray], dtype: np.dtype) -> np.ndarray:
@@ -683,4 +691,4 @@ for _name, _user, _infer, _compute, _shape, _grad, _arity, _doc in [
     _plain, _spec = _pool_kernels(_user, _compute, _shape)
     register(OpDef(_name, _infer, _plain, grad=_grad, arity=_arity, flops=_pool_flops, doc=_doc, specialize=_spec))
 
-__all__ = ["ConvGeom", "PoolGeom", "conv_geometry", "pool_geometry", "DType", "numpy_dtype"]
+__all__ = ["ConvGeom", "PoolGeom", "conv_geometry", "pool_geometry", "release_scratch"]

@@ -129,19 +129,60 @@ class Trainer:
         self.step = 0
         self.step_input = np.zeros((), dtype=np.float32)
         self.random_step = np.zeros((), dtype=np.int64)
-        self.train_uses_step = "ctx.step" in self.train_program.input_ids
+        self.train_uses_step = "rng.step" in self.train_program.input_ids
+        self.ctx_names = [name for name in self.update_program.input_ids if name.startswith("ctx.")]
+        self.ctx_arrays = {name: np.zeros((), dtype=np.float32) for name in self.ctx_names}
+        self.started = time.time()
+        self.last_loss = float("nan")
+        self.stage_index = 0
+        self.microbatches = experiment.run.microbatches
 
-    def train_step(self) -> dict[str, Any]:
+    def ctx_values(self) -> dict[str, float]:
+        """Every ctx key at this step boundary (runfile.md's list)."""
+        state = self.stream.state()
+        return {
+            "step": float(self.step), "epoch": float(state.epoch), "examples": float(state.examples),
+            "tokens": float(state.tokens), "stage": float(self.stage_index), "elapsed": time.time() - self.started,
+            "loss": self.last_loss, "seed": float(self.experiment.run.seed), "rank": 0.0, "world-size": 1.0,
+            "microbatch": float(self.microbatches),
+        }
+
+    def ctx_feeds(self) -> dict[str, np.ndarray]:
+        if not self.ctx_names:
+            return {}
+        values = self.ctx_values()
+        for name in self.ctx_names:
+            self.ctx_arrays[name][...] = values[name[4:]]
+        return self.ctx_arrays
+
+    def forward_backward(self, microbatch: int) -> dict[str, np.ndarray]:
         batch = self.stream.next()
         feeds: dict[str, np.ndarray] = dict(self.params)
         for name in self.field_names:
             feeds[f"data.{name}"] = batch[name]
         if self.train_uses_step:
-            self.random_step[...] = self.step
-            feeds["ctx.step"] = self.random_step
-        out = self.train_program.run(feeds)
-        self.step_input[...] = self.step
-        update_feeds: dict[str, np.ndarray] = {**self.params, **self.states, "ctx.step": self.step_input}
+            # random ops are keyed by (step, microbatch) so microbatches draw different bits
+            self.random_step[...] = self.step * self.microbatches + microbatch
+            feeds["rng.step"] = self.random_step
+        return self.train_program.run(feeds)
+
+    def accumulated(self) -> dict[str, Any]:
+        """One optimizer step's gradients: the mean over the microbatches (equal to the
+        gradient of the whole batch up to reduction order), and the mean loss and metrics."""
+        out = self.forward_backward(0)
+        if self.microbatches == 1:
+            return out
+        sums = {k: np.array(v, dtype=np.float64 if k == "loss" or k.startswith("metric:") else v.dtype, copy=True) for k, v in out.items()}
+        for m in range(1, self.microbatches):
+            for k, v in self.forward_backward(m).items():
+                sums[k] += v
+        scale = 1.0 / self.microbatches
+        return {k: (v * scale).astype(out[k].dtype) for k, v in sums.items()}
+
+    def train_step(self) -> dict[str, Any]:
+        out = self.accumulated()
+        self.last_loss = float(out["loss"])
+        update_feeds: dict[str, np.ndarray] = {**self.params, **self.states, **self.ctx_feeds()}
         for key, value in out.items():
             if key.startswith("grad:"):
                 update_feeds[key] = value
@@ -183,7 +224,7 @@ def train(experiment: Experiment, options: RunOptions, say: Callable[[str], None
     status.update(state="running")
     record: dict[str, Any] = {}
     log_every = max(1, experiment.run.log_every)
-    batch = experiment.loaders["train"].batch
+    batch = experiment.loaders["train"].batch * experiment.run.microbatches
     window_start = time.time()
     window_steps = 0
     reason, code = "finished", 0
