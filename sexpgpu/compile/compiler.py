@@ -20,7 +20,7 @@ from ..lisp.objects import Builtin, Closure
 from ..lisp.printer import prin1_to_string
 from ..lisp.reader import Reader
 from ..lisp.types import NIL, T, Cons, Loc, MultipleValues, Symbol, SymbolTable
-from ..ir.experiment import EvalSpec, FieldRecord, KnobSpec, LoaderRecord, RunSpec, Selection, TargetSpec
+from ..ir.experiment import EvalSpec, FieldRecord, KnobSpec, LoaderRecord, RunSpec, Selection, StageRecord, TargetSpec
 from .models import Batch, Ctx, Frozen, Group, InitSpec, Model, ModelList, Optimizer, Param
 from .tensors import Staged, TensorLib, Tracer
 
@@ -61,6 +61,7 @@ class Compiler:
         self.evaluate: Any = None
         self.evals: list[EvalSpec] = []
         self.ties: dict[str, tuple[str, bool]] = {}
+        self.curriculum: Optional[list[tuple[str, Any, list[tuple[str, str]]]]] = None
         self.targets: list[TargetSpec] = []
         self.groups: list[Group] = []
         self.clip: Optional[float] = None
@@ -128,7 +129,7 @@ class Compiler:
             "%defknob", "%defvariant", "%defsweep", "%model-scope", "%defparam", "%defpart", "%forward", "%call-model",
             "%repeat", "%defpart-toplevel", "%tie", "%defloader", "%field", "%defobjective", "%defevaluate", "%metric",
             "%make-optimizer", "%defgroups", "%defrun", "schedule", "ctx", "%repeat-list", "%models", "%defeval", "%deftarget",
-            "%shadow", "training-p", "part-param",
+            "%shadow", "training-p", "part-param", "%defcurriculum",
         ]:
             reg.add(name, getattr(self, "b_" + name.lstrip("%").replace("-", "_")))
         for kind in ["zeros", "ones"]:
@@ -437,6 +438,15 @@ class Compiler:
             options = {k.name.lower(): lisp_to_json(v) for k, v in zip(items[1::2], items[2::2])}
             prepare.append({"kind": items[0].name.lower(), "options": options})
         part = keys.get("PART", NIL)
+        stages = []
+        for spec in list_items("defloader", 7, keys.get("STAGES", NIL)):
+            items = list_items("defloader", 7, spec)
+            opts = parse_keys(f"defloader {key} stage", tuple(items[1:]), {"BATCH", "LENGTH"}, 2)
+            values = {k.lower(): self.interp.call(self.interp.functions[self.interp.sym("EVAL")], v) if type(v) is Cons else v for k, v in opts.items()}
+            for k, v in values.items():
+                if type(v) is not int or v <= 0:
+                    raise lisp_error("C008", f"defloader {key}: stage {short(items[0])} :{k} needs a positive integer, got {short(v)}", "PROGRAM-ERROR")
+            stages.append(StageRecord(name=items[0].name.lower(), **values))
         self.loaders[key] = LoaderRecord(
             name=key,
             source=source.record(),
@@ -446,6 +456,7 @@ class Compiler:
             shuffle=keys.get("SHUFFLE", NIL) is not NIL,
             part=None if part is NIL else part.name.lower(),
             base_dir=str(self.base_dir),
+            stages=stages,
         )
         return name
 
@@ -465,6 +476,25 @@ class Compiler:
 
     def b_defevaluate(self, fn: Any) -> Any:
         self.evaluate = fn
+        return NIL
+
+    def b_defcurriculum(self, clauses: Any) -> Any:
+        rules = []
+        for clause in list_items("defcurriculum", 1, clauses):
+            kind, test, specs = list_items("defcurriculum", 1, clause)
+            pairs = []
+            for spec in list_items("defcurriculum", 1, specs):
+                loader, stage = list_items("defcurriculum", 1, spec)
+                lname, sname = loader.name.lower(), stage.name.lower()
+                record = self.loaders.get(lname)
+                if record is None or not any(s.name == sname for s in record.stages):
+                    known = ", ".join(s.name for s in record.stages) if record else "no such loader"
+                    raise lisp_error("C008", f"defcurriculum: loader {lname} has no stage {sname} ({known})", "PROGRAM-ERROR")
+                if lname != "train":
+                    raise lisp_error("C008", f"defcurriculum: only the train loader changes stage during a run (got {lname})", "PROGRAM-ERROR")
+                pairs.append((lname, sname))
+            rules.append((kind.name.lower(), test, pairs))
+        self.curriculum = rules
         return NIL
 
     def b_defeval(self, name: Any, *args: Any) -> Any:

@@ -121,3 +121,23 @@
 
 (defmacro deftarget (eval metric test value)
   `(%deftarget ',eval ',metric ,test ,value))
+
+;;; Curriculum
+
+(defun %stage-specs (forms)
+  ;; (stage loader name) forms as (loader name) pairs
+  (mapcar (lambda (f)
+            (unless (and (consp f) (%name= (car f) "STAGE"))
+              (error "defcurriculum: expected (stage loader name), got ~s" f))
+            `(list ',(second f) ',(third f)))
+          forms))
+
+(defmacro defcurriculum (&rest clauses)
+  `(%defcurriculum
+    (list ,@(mapcar (lambda (clause)
+                      (cond ((%name= (car clause) "START")
+                             `(list :start nil (list ,@(%stage-specs (cdr clause)))))
+                            ((%name= (car clause) "WHEN")
+                             `(list :when (lambda () ,(second clause)) (list ,@(%stage-specs (cddr clause)))))
+                            (t (error "defcurriculum: clauses are (start (stage ...)) and (when test (stage ...)), got ~s" clause))))
+                    clauses))))

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from ..ir.check import IRError, check_program
 from ..ir.dtypes import DType
-from ..ir.graph import Module, Program, TensorType
+from ..ir.graph import Module, Program, TensorType, prune
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.diagnostics import Diagnostic
 from ..lisp.evaluator import Limits
@@ -21,7 +21,7 @@ from ..lisp.types import MultipleValues
 from .autodiff import backward
 from .compiler import Compiler
 from .selection import overrides, prescan
-from ..ir.experiment import EvalSpec, Experiment, GroupSpec, RunSpec, Selection, StateSpec
+from ..ir.experiment import CurriculumSpec, EvalSpec, Experiment, GroupSpec, RunSpec, Selection, StateSpec
 from .models import Batch, Ctx
 from .tensors import Staged, Tracer
 
@@ -106,7 +106,12 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
     forward, train, metrics, trainable = stage_train(compiler, train_loader)
     update = stage_update(compiler, trainable)
     programs = {"forward": forward, "train": train, "update": update}
+    for stage in train_loader.stages:
+        _, staged, _, _ = stage_train(compiler, train_loader.staged(stage.name))
+        programs[f"train@{stage.name}"] = staged
+    curriculum = stage_curriculum(compiler, programs)
     evals = stage_evals(compiler, programs)
+    programs = {name: prune(prog) for name, prog in programs.items()}
     module = Module(programs=programs)
     for prog in module.programs.values():
         try:
@@ -137,6 +142,7 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
         run=RunSpec(steps=compiler.run["steps"], seed=compiler.run["seed"], log_every=compiler.run["log_every"], microbatches=compiler.run["microbatches"], clip=compiler.clip, meta=compiler.run["meta"]),
         metrics=metrics,
         evals=evals,
+        curriculum=curriculum,
         ties={k: v[0] + (" (transposed)" if v[1] else "") for k, v in compiler.ties.items()},
         targets=list(compiler.targets),
         module=module,
@@ -198,6 +204,35 @@ def stage_train(compiler: Compiler, loader: Any) -> tuple[Program, Program, list
         train_outputs[f"grad:{p}"] = grads[tracer.params[p]]  # type: ignore[assignment]
     train = builder.program(train_outputs)
     return forward, train, list(tracer.metrics), trainable
+
+
+def stage_curriculum(compiler: Compiler, programs: dict[str, Program]) -> Optional[CurriculumSpec]:
+    """defcurriculum's tests, staged over ctx into one program with a boolean per rule."""
+    if compiler.curriculum is None:
+        return None
+    assert compiler.run is not None
+    tracer = Tracer("curriculum", seed=int(compiler.run["seed"]))
+    tracer.ctx_allowed = True  # type: ignore[attr-defined]
+    spec = CurriculumSpec()
+    outputs: dict[str, int] = {}
+    compiler.tracer = tracer
+    try:
+        for kind, test, pairs in compiler.curriculum:
+            if kind == "start":
+                spec.start.update(dict(pairs))
+                continue
+            value = compiler.interp.call(test)
+            if type(value) is not Staged:
+                value = compiler.lib.staged("defcurriculum", 1, 1.0 if value is not NIL else 0.0)
+                value = compiler.lib.op("defcurriculum", "gt", value, compiler.lib.staged("defcurriculum", 1, 0.0))
+            if value.type.dtype != DType.bool or value.type.rank != 0:
+                raise lisp_error("T001", f"defcurriculum: a test must be a boolean scalar, got {value.type}", "TYPE-ERROR")
+            outputs[f"rule:{len(spec.rules)}"] = value.id
+            spec.rules.append(dict(pairs))
+    finally:
+        compiler.tracer = None
+    programs["curriculum"] = tracer.builder.program(outputs)
+    return spec
 
 
 def stage_evals(compiler: Compiler, programs: dict[str, Program]) -> list[EvalSpec]:

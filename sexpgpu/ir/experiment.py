@@ -59,6 +59,14 @@ class FieldRecord(BaseModel):
     shape: tuple[int, ...]
 
 
+class StageRecord(BaseModel):
+    """A named alternative shape of a loader (:stages ((name :batch B :length L) ...))."""
+
+    name: str
+    batch: Optional[int] = None
+    length: Optional[int] = None
+
+
 class LoaderRecord(BaseModel):
     name: str
     source: dict[str, Any]
@@ -68,6 +76,32 @@ class LoaderRecord(BaseModel):
     shuffle: bool = False
     part: Optional[str] = None
     base_dir: str = "."
+    stages: list[StageRecord] = Field(default_factory=list)
+
+    def staged(self, stage: Optional[str]) -> "LoaderRecord":
+        """This loader as STAGE reshapes it: a new batch and/or window length. With a new
+        length L, the windows step cuts L tokens and each 1-D field that took a window (of
+        the old length, or one less in the language-model convention) takes the new one."""
+        if stage is None:
+            return self
+        spec = next((s for s in self.stages if s.name == stage), None)
+        if spec is None:
+            raise ValueError(f"loader {self.name} has no stage {stage}")
+        update: dict[str, Any] = {"stages": []}
+        if spec.batch is not None:
+            update["batch"] = spec.batch
+        if spec.length is not None:
+            old = next((int(p["options"].get("length", 0)) for p in self.prepare if p["kind"] == "windows"), None)
+            if old is None:
+                raise ValueError(f"loader {self.name}: stage {stage} sets :length but the loader has no (windows ...) step")
+            update["prepare"] = [
+                {**p, "options": {**p["options"], "length": spec.length}} if p["kind"] == "windows" else p for p in self.prepare
+            ]
+            update["fields"] = [
+                f.model_copy(update={"shape": (spec.length - (old - f.shape[0]),)}) if len(f.shape) == 1 and old - f.shape[0] in (0, 1) else f
+                for f in self.fields
+            ]
+        return self.model_copy(update=update)
 
 
 class StateSpec(BaseModel):
@@ -106,6 +140,14 @@ class TargetSpec(BaseModel):
         return {"<=": observed <= self.value, ">=": observed >= self.value, "<": observed < self.value, ">": observed > self.value}[self.test]
 
 
+class CurriculumSpec(BaseModel):
+    """defcurriculum: the starting stage of each loader, and rules (programs "curriculum"
+    output rule:I booleans) whose stages apply, later rules winning, at step boundaries."""
+
+    start: dict[str, str] = Field(default_factory=dict)
+    rules: list[dict[str, str]] = Field(default_factory=list)
+
+
 class RunSpec(BaseModel):
     steps: int
     seed: int = 0
@@ -126,6 +168,7 @@ class Experiment(BaseModel):
     run: RunSpec
     metrics: list[str]
     evals: list[EvalSpec] = Field(default_factory=list)
+    curriculum: Optional[CurriculumSpec] = None
     ties: dict[str, str] = Field(default_factory=dict)  # tied place -> the parameter it reads ("T" suffix: transposed)
     targets: list[TargetSpec] = Field(default_factory=list)
     module: Module

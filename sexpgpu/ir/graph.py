@@ -111,3 +111,14 @@ def program_text(program: Program) -> str:
     lines.append(f"  return {outs}")
     lines.append("}")
     return "\n".join(lines)
+
+
+def prune(program: Program) -> Program:
+    """The program without nodes no output depends on (gradient rules emit a contribution
+    for every argument, and autodiff keeps only the ones it needs)."""
+    live = set(program.outputs.values())
+    for node in reversed(program.nodes):
+        if node.id in live:
+            live.update(node.args)
+    nodes = [n for n in program.nodes if n.id in live]
+    return program.model_copy(update={"nodes": nodes})

@@ -120,12 +120,24 @@ class Trainer:
             for path in group.params:
                 for state in group.states:
                     self.states[f"state:{path}:{state.name}"] = np.zeros_like(self.params[path])
-        self.train_program = CompiledProgram(experiment.module.programs["train"])
         self.update_program = CompiledProgram(experiment.module.programs["update"])
         loader = experiment.loaders["train"]
         self.dataset = load_dataset(loader_spec(loader, seed))
-        self.stream = BatchStream(self.dataset, loader.batch, loader.shuffle, seed)
         self.field_names = [f.name for f in loader.fields]
+        # one compiled program and one data stream per loader stage (None: no stage)
+        self.programs: dict[Optional[str], CompiledProgram] = {None: CompiledProgram(experiment.module.programs["train"])}
+        self.streams: dict[Optional[str], BatchStream] = {None: BatchStream(self.dataset, loader.batch, loader.shuffle, seed)}
+        for stage in loader.stages:
+            staged = loader.staged(stage.name)
+            data = self.dataset if staged.prepare == loader.prepare else load_dataset(loader_spec(staged, seed))
+            self.programs[stage.name] = CompiledProgram(experiment.module.programs[f"train@{stage.name}"])
+            self.streams[stage.name] = BatchStream(data, staged.batch, staged.shuffle, seed)
+        self.stage_names: list[Optional[str]] = [None] + [s.name for s in loader.stages]
+        self.curriculum = experiment.curriculum
+        self.curriculum_program = CompiledProgram(experiment.module.programs["curriculum"]) if self.curriculum else None
+        self.stage: Optional[str] = self.curriculum.start.get("train") if self.curriculum else None
+        self.train_program = self.programs[self.stage]
+        self.stream = self.streams[self.stage]
         self.step = 0
         self.step_input = np.zeros((), dtype=np.float32)
         self.random_step = np.zeros((), dtype=np.int64)
@@ -134,18 +146,23 @@ class Trainer:
         self.ctx_arrays = {name: np.zeros((), dtype=np.float32) for name in self.ctx_names}
         self.started = time.time()
         self.last_loss = float("nan")
-        self.stage_index = 0
+        self.stage_index = self.stage_names.index(self.stage)
         self.microbatches = experiment.run.microbatches
 
     def ctx_values(self) -> dict[str, float]:
         """Every ctx key at this step boundary (runfile.md's list)."""
-        state = self.stream.state()
+        examples, tokens = self.seen()
         return {
-            "step": float(self.step), "epoch": float(state.epoch), "examples": float(state.examples),
-            "tokens": float(state.tokens), "stage": float(self.stage_index), "elapsed": time.time() - self.started,
+            "step": float(self.step), "epoch": float(self.stream.state().epoch), "examples": float(examples),
+            "tokens": float(tokens), "stage": float(self.stage_index), "elapsed": time.time() - self.started,
             "loss": self.last_loss, "seed": float(self.experiment.run.seed), "rank": 0.0, "world-size": 1.0,
             "microbatch": float(self.microbatches),
         }
+
+    def seen(self) -> tuple[int, int]:
+        """Examples and tokens seen so far, over every stage's stream."""
+        states = [stream.state() for stream in self.streams.values()]
+        return sum(s.examples for s in states), sum(s.tokens for s in states)
 
     def ctx_feeds(self) -> dict[str, np.ndarray]:
         if not self.ctx_names:
@@ -179,7 +196,27 @@ class Trainer:
         scale = 1.0 / self.microbatches
         return {k: (v * scale).astype(out[k].dtype) for k, v in sums.items()}
 
+    def choose_stage(self) -> Optional[str]:
+        """Run the curriculum at this step boundary; returns the new stage when it changes."""
+        if self.curriculum_program is None or self.curriculum is None:
+            return None
+        values = self.ctx_values()
+        feeds = {name: np.float32(values[name[4:]]) for name in self.curriculum_program.input_ids}
+        held = self.curriculum_program.run(feeds)
+        stage = self.curriculum.start.get("train")
+        for i, rule in enumerate(self.curriculum.rules):
+            if bool(held[f"rule:{i}"]) and "train" in rule:
+                stage = rule["train"]
+        if stage == self.stage:
+            return None
+        self.stage = stage
+        self.stage_index = self.stage_names.index(stage)
+        self.train_program = self.programs[stage]
+        self.stream = self.streams[stage]
+        return stage
+
     def train_step(self) -> dict[str, Any]:
+        changed = self.choose_stage()
         out = self.accumulated()
         self.last_loss = float(out["loss"])
         update_feeds: dict[str, np.ndarray] = {**self.params, **self.states, **self.ctx_feeds()}
@@ -196,6 +233,7 @@ class Trainer:
         record = {"loss": float(out["loss"]), "grad_norm": float(new["grad-norm"])}
         record["metrics"] = {k[7:]: float(v) for k, v in out.items() if k.startswith("metric:")}
         record["lr"] = {k[3:]: float(v) for k, v in new.items() if k.startswith("lr:")}
+        record["stage"] = changed
         return record
 
 
@@ -231,6 +269,8 @@ def train(experiment: Experiment, options: RunOptions, say: Callable[[str], None
     for step in range(steps):
         record = trainer.train_step()
         window_steps += 1
+        if record.get("stage"):
+            emit(events, "stage", step=step, name=record["stage"], loader="train", index=trainer.stage_index)
         if not math.isfinite(record["loss"]):
             reason, code = f"non-finite loss {record['loss']} at step {step + 1}", 1
             emit(events, "nonfinite", step=step + 1, loss=record["loss"])
@@ -268,7 +308,7 @@ def train(experiment: Experiment, options: RunOptions, say: Callable[[str], None
     wall = time.time() - started
     final = {"loss": record.get("loss", float("nan")), **record.get("metrics", {})}
     last_eval = {f"{name}/{k}": v for name, metrics in evals_done.items() for k, v in metrics.items()}
-    summary = Summary(last_eval=last_eval, best_eval=best, target_reached_at_step=target_step, wall_time_s=wall, examples_seen=trainer.stream.state().examples, tokens_seen=trainer.stream.state().tokens, exit_code=code, reason=reason)
+    summary = Summary(last_eval=last_eval, best_eval=best, target_reached_at_step=target_step, wall_time_s=wall, examples_seen=trainer.seen()[0], tokens_seen=trainer.seen()[1], exit_code=code, reason=reason)
     status.update(state="finished" if code == 0 else "failed", step=trainer.step, summary=summary)
     emit(events, "run.end", step=trainer.step, exit_code=code, reason=reason, wall_time_s=wall, final=final)
     folder.close()
