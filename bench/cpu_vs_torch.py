@@ -41,19 +41,30 @@ WIDE = """
 """
 
 
-def workloads(tmp: Path) -> dict[str, Path]:
+def workloads(tmp: Path) -> dict[str, tuple[Path, str]]:
+    """Name -> (run file, torch builder in tests/torch_reference.py)."""
     wide = tmp / "wide_mlp.lisp"
     wide.write_text(WIDE)
-    return {"quickstart MLP (2-64-3, batch 64)": REPO / "examples" / "quickstart.lisp", "wide MLP (784-1024-1024-10, batch 256)": wide}
+    examples = REPO / "examples"
+    return {
+        "quickstart MLP (2-64-3, batch 64)": (examples / "quickstart.lisp", "mlp"),
+        "wide MLP (784-1024-1024-10, batch 256)": (wide, "mlp"),
+        "char transformer (2x64, ctx 32, batch 16)": (examples / "char-transformer.lisp", "char_transformer"),
+        "CNN on digits (2 conv, batch 64)": (examples / "cnn.lisp", "cnn"),
+    }
 
 
-def ours(path: Path, steps: int) -> float:
+def trainer_for(path: Path):  # type: ignore[no-untyped-def]
     from sexpgpu.compile.pipeline import compile_file
     from sexpgpu.runtime.loop import Trainer
 
     result = compile_file(path)
     assert result.experiment is not None, [d.headline() for d in result.diagnostics]
-    trainer = Trainer(result.experiment)
+    return result.experiment, Trainer(result.experiment)
+
+
+def ours(path: Path, steps: int, model: str = "") -> float:
+    _, trainer = trainer_for(path)
     for _ in range(5):
         trainer.train_step()
     start = time.perf_counter()
@@ -62,34 +73,34 @@ def ours(path: Path, steps: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def torch_side(path: Path, steps: int) -> float:
+def torch_side(path: Path, steps: int, model: str = "mlp") -> float:
     import numpy as np
     import torch
 
-    from sexpgpu.compile.pipeline import compile_file
-    from sexpgpu.runtime.loop import Trainer
+    sys.path.insert(0, str(REPO / "tests"))
+    import torch_reference as ref
 
-    result = compile_file(path)
-    assert result.experiment is not None
-    trainer = Trainer(result.experiment)  # for the same initial parameters and batches
-    paths = sorted(p for p in trainer.params if p.endswith(".w"))
-    weights = [torch.tensor(trainer.params[p].copy(), requires_grad=True) for p in paths]
-    biases = [torch.tensor(trainer.params[p[:-2] + ".b"].copy(), requires_grad=True) for p in paths]
-    rate = 0.1 if "quickstart" in path.name else 0.01
-    opt = torch.optim.SGD(weights + biases, lr=rate)
+    experiment, trainer = trainer_for(path)  # the same initial parameters and batches
+    P = {k: torch.tensor(v.copy(), requires_grad=True) for k, v in trainer.params.items()}
+    forward = ref.mlp(P) if model == "mlp" else ref.cnn(P) if model == "cnn" else ref.char_transformer(P, experiment.knob_values())
+    group = experiment.groups[0].optimizer
+    knobs = experiment.knob_values()
+    lr = float(knobs.get("lr", 0.01 if "wide" in path.name else 0.1))
+    opt = {
+        "sgd": lambda: torch.optim.SGD(list(P.values()), lr=lr),
+        "momentum": lambda: torch.optim.SGD(list(P.values()), lr=lr, momentum=0.9),
+        "adamw": lambda: torch.optim.AdamW(list(P.values()), lr=lr, weight_decay=0.0),
+    }[group or "sgd"]()
+    fields = [f.name for f in experiment.loaders["train"].fields]
     batches = []
     for _ in range(16):
         b = trainer.stream.next()
-        batches.append((torch.tensor(b["x"]), torch.tensor(b["y"].astype(np.int64))))
+        x = b[fields[0]]
+        batches.append((torch.tensor(x.astype(np.int64) if x.dtype.kind == "i" else x), torch.tensor(b[fields[1]].astype(np.int64))))
 
     def step(i: int) -> None:
         x, y = batches[i % len(batches)]
-        h = x
-        for k, (w, b) in enumerate(zip(weights, biases)):
-            h = h @ w + b
-            if k < len(weights) - 1:
-                h = torch.relu(h)
-        loss = torch.nn.functional.cross_entropy(h, y)
+        loss = ref.sequence_loss(forward(x), y)
         opt.zero_grad(set_to_none=False)
         loss.backward()
         opt.step()
@@ -102,11 +113,11 @@ def torch_side(path: Path, steps: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def peak_rss_mib(side: str, path: Path, steps: int) -> float:
+def peak_rss_mib(side: str, path: Path, steps: int, model: str) -> float:
     code = (
         f"import sys; sys.path.insert(0, {str(REPO)!r}); sys.argv=['x'];"
         f"from bench.cpu_vs_torch import {side}; from pathlib import Path;"
-        f"{side}(Path({str(path)!r}), {steps});"
+        f"{side}(Path({str(path)!r}), {steps}, {model!r});"
         "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=os.environ.copy())
@@ -126,19 +137,20 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, path in workloads(Path(tmp)).items():
+        for name, (path, model) in workloads(Path(tmp)).items():
             steps = args.steps if "quickstart" in name else max(20, args.steps // 10)
             a = ours(path, steps)
-            b = torch_side(path, steps)
+            b = torch_side(path, steps, model)
             rows.append({"workload": name, "ours_steps_per_s": a, "torch_steps_per_s": b, "ratio": a / b,
-                         "ours_peak_rss_mib": peak_rss_mib("ours", path, steps), "torch_peak_rss_mib": peak_rss_mib("torch_side", path, steps)})
+                         "ours_peak_rss_mib": peak_rss_mib("ours", path, steps, model),
+                         "torch_peak_rss_mib": peak_rss_mib("torch_side", path, steps, model)})
     if args.json:
         print(json.dumps(rows, indent=2))
         return
     print(f"threads: {args.threads}  (ratio = ours / torch eager; goal >= 1.0)")
-    print(f"{'workload':<40} {'ours steps/s':>13} {'torch steps/s':>14} {'ratio':>7} {'ours MiB':>9} {'torch MiB':>10}")
+    print(f"{'workload':<42} {'ours steps/s':>13} {'torch steps/s':>14} {'ratio':>7} {'ours MiB':>9} {'torch MiB':>10}")
     for r in rows:
-        print(f"{r['workload']:<40} {r['ours_steps_per_s']:>13.1f} {r['torch_steps_per_s']:>14.1f} {r['ratio']:>7.2f} {r['ours_peak_rss_mib']:>9.0f} {r['torch_peak_rss_mib']:>10.0f}")
+        print(f"{r['workload']:<42} {r['ours_steps_per_s']:>13.1f} {r['torch_steps_per_s']:>14.1f} {r['ratio']:>7.2f} {r['ours_peak_rss_mib']:>9.0f} {r['torch_peak_rss_mib']:>10.0f}")
 
 
 if __name__ == "__main__":
