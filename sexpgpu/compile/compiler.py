@@ -62,6 +62,7 @@ class Compiler:
         self.evals: list[EvalSpec] = []
         self.ties: dict[str, tuple[str, bool]] = {}
         self.curriculum: Optional[list[tuple[str, Any, list[tuple[str, str]]]]] = None
+        self.reducers: dict[str, Any] = {}
         self.targets: list[TargetSpec] = []
         self.groups: list[Group] = []
         self.clip: Optional[float] = None
@@ -129,7 +130,7 @@ class Compiler:
             "%defknob", "%defvariant", "%defsweep", "%model-scope", "%defparam", "%defpart", "%forward", "%call-model",
             "%repeat", "%defpart-toplevel", "%tie", "%defloader", "%field", "%defobjective", "%defevaluate", "%metric",
             "%make-optimizer", "%defgroups", "%defrun", "schedule", "ctx", "%repeat-list", "%models", "%defeval", "%deftarget",
-            "%shadow", "training-p", "part-param", "%defcurriculum",
+            "%shadow", "training-p", "part-param", "%defcurriculum", "%defdiagnostic", "%diagnostic",
         ]:
             reg.add(name, getattr(self, "b_" + name.lstrip("%").replace("-", "_")))
         for kind in ["zeros", "ones"]:
@@ -352,6 +353,8 @@ class Compiler:
             result = self.interp.apply(model.forward, args)
         finally:
             tracer.path_stack.pop()
+        if type(result) is Staged:
+            tracer.activations.setdefault(model.path, result.id)
         return result
 
     def b_defpart_toplevel(self, name: Any, thunk: Any) -> Any:
@@ -571,7 +574,9 @@ class Compiler:
             raise lisp_error("C008", f"defrun: :precision is :f32 or :bf16, got {short(precision)}", "PROGRAM-ERROR")
         if precision.name == "BF16":
             raise lisp_error("E109", "defrun :precision :bf16 arrives with the next release (bf16 emulation); use :f32", "PROGRAM-ERROR")
+        diagnostics = self.diagnostics_option(keys.get("DIAGNOSTICS", NIL))
         self.run = {
+            "diagnostics": diagnostics,
             "steps": steps,
             "seed": keys.get("SEED", 0),
             "log_every": keys.get("LOG-EVERY", 10),
@@ -579,6 +584,36 @@ class Compiler:
             "meta": lisp_to_json(keys.get("META", NIL)) or {},
         }
         return NIL
+
+    def diagnostics_option(self, option: Any) -> Optional[dict[str, Any]]:
+        """:diagnostics (:every N :select ("glob" ...)) from defrun."""
+        if option is NIL:
+            return None
+        keys = parse_keys("defrun :diagnostics", tuple(list_items("defrun", 1, option)), {"EVERY", "SELECT"}, 1)
+        every = keys.get("EVERY", 100)
+        if type(every) is not int or every <= 0:
+            raise lisp_error("C008", f"defrun :diagnostics :every needs a positive integer, got {short(every)}", "PROGRAM-ERROR")
+        select = keys.get("SELECT", NIL)
+        globs = [select] if type(select) is str else list_items("defrun :diagnostics :select", 1, select)
+        if not globs or any(type(g) is not str for g in globs):
+            raise lisp_error("C008", 'defrun :diagnostics :select needs glob strings such as ("grad-norm/**" "act/**/rms")', "PROGRAM-ERROR")
+        return {"every": every, "select": globs}
+
+    def b_defdiagnostic(self, name: Any, reducer: Any) -> Any:
+        self.reducers[name.name.lower()] = reducer
+        return name
+
+    def b_diagnostic(self, name: Any, value: Any) -> Any:
+        """(diagnostic NAME x): tap X for the reducer NAME (defdiagnostic) at the current
+        model path; returns X unchanged. Costs nothing unless selected."""
+        key = name.name.lower() if type(name) is Symbol else str(name)
+        if key not in self.reducers:
+            raise lisp_error("C008", f"diagnostic: no defdiagnostic named {key} (defined: {', '.join(self.reducers) or 'none'})", "PROGRAM-ERROR")
+        tracer = self.lib.tracer("diagnostic")
+        staged = self.lib.staged("diagnostic", 2, value)
+        path = tracer.path_stack[-1] if tracer.path_stack else "objective"
+        tracer.taps.append((f"{key}/{path}", key, staged.id))
+        return value
 
     def b_schedule(self, lr: Any, ctx: Any) -> Any:
         if isinstance(lr, (int, float)):

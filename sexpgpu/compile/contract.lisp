@@ -111,8 +111,11 @@
 
 ;;; The run
 
+;; option values that are plists, such as :checkpoint (:every 500 :keep 3), are data
 (defmacro defrun (&rest options)
-  `(%defrun ,@options))
+  `(%defrun ,@(loop for (key value) on options by #'cddr
+                    collect key
+                    collect (if (and (consp value) (keywordp (car value))) `(quote ,value) value))))
 
 ;;; Evaluation passes and targets
 
@@ -141,3 +144,11 @@
                              `(list :when (lambda () ,(second clause)) (list ,@(%stage-specs (cddr clause)))))
                             (t (error "defcurriculum: clauses are (start (stage ...)) and (when test (stage ...)), got ~s" clause))))
                     clauses))))
+
+;;; Diagnostics
+
+(defmacro defdiagnostic (name (value) &body body)
+  `(%defdiagnostic ',name (lambda (,value) ,@body)))
+
+(defmacro diagnostic (name value)
+  `(%diagnostic ',name ,value))

@@ -21,7 +21,7 @@ from ..lisp.types import MultipleValues
 from .autodiff import backward
 from .compiler import Compiler
 from .selection import overrides, prescan
-from ..ir.experiment import CurriculumSpec, EvalSpec, Experiment, GroupSpec, RunSpec, Selection, StateSpec
+from ..ir.experiment import CurriculumSpec, DiagnosticsSpec, EvalSpec, Experiment, GroupSpec, RunSpec, Selection, StateSpec
 from .models import Batch, Ctx
 from .tensors import Staged, Tracer
 
@@ -104,8 +104,11 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
     compiler.assign_groups()
     train_loader = compiler.loaders["train"]
     forward, train, metrics, trainable = stage_train(compiler, train_loader)
+    diagnostics = compiler.diagnostic_program  # type: ignore[attr-defined]
     update = stage_update(compiler, trainable)
     programs = {"forward": forward, "train": train, "update": update}
+    if diagnostics is not None:
+        programs["train:diagnostics"] = diagnostics
     for stage in train_loader.stages:
         _, staged, _, _ = stage_train(compiler, train_loader.staged(stage.name))
         programs[f"train@{stage.name}"] = staged
@@ -139,7 +142,10 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
         params=[p.spec() for p in compiler.all_params()],
         loaders=dict(compiler.loaders),
         groups=groups,
-        run=RunSpec(steps=compiler.run["steps"], seed=compiler.run["seed"], log_every=compiler.run["log_every"], microbatches=compiler.run["microbatches"], clip=compiler.clip, meta=compiler.run["meta"]),
+        run=RunSpec(
+            steps=compiler.run["steps"], seed=compiler.run["seed"], log_every=compiler.run["log_every"], microbatches=compiler.run["microbatches"],
+            clip=compiler.clip, meta=compiler.run["meta"], diagnostics=DiagnosticsSpec(**compiler.run["diagnostics"]) if compiler.run.get("diagnostics") else None,
+        ),
         metrics=metrics,
         evals=evals,
         curriculum=curriculum,
@@ -203,7 +209,63 @@ def stage_train(compiler: Compiler, loader: Any) -> tuple[Program, Program, list
     for p in trainable:
         train_outputs[f"grad:{p}"] = grads[tracer.params[p]]  # type: ignore[assignment]
     train = builder.program(train_outputs)
+    compiler.diagnostic_program = diagnostic_program(compiler, tracer, train_outputs)  # type: ignore[attr-defined]
     return forward, train, list(tracer.metrics), trainable
+
+
+ACT_REDUCERS = ("mean", "rms", "max-abs", "frac-zero")
+
+
+def diagnostic_program(compiler: Compiler, tracer: Tracer, outputs: dict[str, int]) -> Optional[Program]:
+    """The train program plus the selected IR diagnostics (act/PATH/..., defdiagnostic
+    taps) as extra outputs; None when none is selected, so unselected diagnostics leave
+    the IR, and its hash, unchanged."""
+    assert compiler.run is not None
+    option = compiler.run.get("diagnostics")
+    if option is None:
+        return None
+    from .compiler import glob_match
+
+    def selected(name: str) -> bool:
+        return any(glob_match(g.replace("/", "."), name.replace("/", ".")) or glob_match(g, name) for g in option["select"])
+
+    lib = compiler.lib
+    extra: dict[str, int] = {}
+    compiler.tracer = tracer
+    try:
+        for path, nid in tracer.activations.items():
+            x = Staged(tracer, nid)
+            if not x.type.dtype.is_float:
+                continue
+            for reducer in ACT_REDUCERS:
+                name = f"act/{path}/{reducer}"
+                if selected(name):
+                    extra[f"diag:{name}"] = act_reduce(lib, x, reducer).id
+        for name, reducer, nid in tracer.taps:
+            if selected(name):
+                value = lib.staged("diagnostic", 1, compiler.interp.call(compiler.reducers[reducer], Staged(tracer, nid)))
+                if value.type.rank != 0:
+                    value = lib.op("diagnostic", "mean", lib.cast_to("diagnostic", value, DType.f32))
+                extra[f"diag:{name}"] = value.id
+    finally:
+        compiler.tracer = None
+    option["ir_names"] = [k[5:] for k in extra]
+    if not extra:
+        return None
+    program = tracer.builder.program({**outputs, **extra})
+    program.name = "train:diagnostics"
+    return program
+
+
+def act_reduce(lib: Any, x: Staged, reducer: str) -> Staged:
+    if reducer == "mean":
+        return lib.op("act", "mean", x)
+    if reducer == "rms":
+        return lib.op("act", "sqrt", lib.op("act", "mean", lib.mul(x, x)))
+    if reducer == "max-abs":
+        return lib.op("act", "max", lib.op("act", "abs", x))
+    zero = lib.op("act", "eq", x, lib.staged("act", 1, 0.0, x.type))
+    return lib.op("act", "mean", lib.cast_to("act", zero, x.type.dtype))
 
 
 def stage_curriculum(compiler: Compiler, programs: dict[str, Program]) -> Optional[CurriculumSpec]:

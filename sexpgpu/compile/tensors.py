@@ -55,6 +55,8 @@ class Tracer:
         self.seed = seed
         self.random_ops = 0
         self._step: Optional[int] = None
+        self.activations: dict[str, int] = {}  # model path -> its forward's output (act/ diagnostics)
+        self.taps: list[tuple[str, str, int]] = []  # (diagnostic name, reducer, node) from (diagnostic ...)
 
     def ctx_input(self, key: str) -> int:
         """`(ctx :KEY)`: an f32 scalar input the loop feeds at every step."""

@@ -148,11 +148,22 @@ class CurriculumSpec(BaseModel):
     rules: list[dict[str, str]] = Field(default_factory=list)
 
 
+class DiagnosticsSpec(BaseModel):
+    """defrun :diagnostics: which names to compute, on which steps. Names in the IR (act/,
+    defdiagnostic taps) are outputs of the train:diagnostics program; grad-norm/,
+    param-norm/, update-ratio/ and optim/ are computed by the loop from values it has."""
+
+    every: int
+    select: list[str]
+    ir_names: list[str] = Field(default_factory=list)
+
+
 class RunSpec(BaseModel):
     steps: int
     seed: int = 0
     log_every: int = 10
     microbatches: int = 1  # gradient accumulation: the loader's batch is per microbatch
+    diagnostics: Optional[DiagnosticsSpec] = None
     clip: Optional[float] = None
     meta: dict[str, Any] = Field(default_factory=dict)
 

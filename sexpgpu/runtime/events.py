@@ -108,11 +108,12 @@ class EvalEvent(Event):
 
 
 class DiagnosticEvent(Event):
+    """Selected diagnostics at a sampled step (defrun :diagnostics): name -> value, e.g.
+    "grad-norm/net.layers.0.w" or "act/net/rms"."""
+
     kind: Literal["diagnostic"] = "diagnostic"
-    code: str
-    message: str
-    severity: str = "error"
-    location: Optional[str] = None  # file:line:col
+    step: int
+    values: dict[str, Optional[float]]
 
 
 class StageEvent(Event):

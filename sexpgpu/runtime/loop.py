@@ -133,6 +133,8 @@ class Trainer:
             self.programs[stage.name] = CompiledProgram(experiment.module.programs[f"train@{stage.name}"])
             self.streams[stage.name] = BatchStream(data, staged.batch, staged.shuffle, seed)
         self.stage_names: list[Optional[str]] = [None] + [s.name for s in loader.stages]
+        programs = experiment.module.programs
+        self.diagnostic_program = CompiledProgram(programs["train:diagnostics"]) if "train:diagnostics" in programs else None
         self.curriculum = experiment.curriculum
         self.curriculum_program = CompiledProgram(experiment.module.programs["curriculum"]) if self.curriculum else None
         self.stage: Optional[str] = self.curriculum.start.get("train") if self.curriculum else None
@@ -171,6 +173,34 @@ class Trainer:
         for name in self.ctx_names:
             self.ctx_arrays[name][...] = values[name[4:]]
         return self.ctx_arrays
+
+    def diagnose(self, out: dict[str, np.ndarray], before: dict[str, np.ndarray]) -> dict[str, float]:
+        """The selected diagnostics at a sampled step: the IR ones from the train program's
+        extra outputs, the others from the gradients, parameters and optimizer state."""
+        spec = self.experiment.run.diagnostics
+        assert spec is not None
+        from ..compile.compiler import glob_match
+
+        def wanted(name: str) -> bool:
+            return any(glob_match(g.replace("/", "."), name.replace("/", ".")) for g in spec.select)
+
+        values = {k[5:]: float(v) for k, v in out.items() if k.startswith("diag:")}
+        for path, param in self.params.items():
+            grad = out.get(f"grad:{path}")
+            candidates = {
+                f"grad-norm/{path}": (lambda g=grad: float(np.linalg.norm(g))) if grad is not None else None,
+                f"param-norm/{path}": lambda p=param: float(np.linalg.norm(p)),
+                f"update-ratio/{path}": lambda p=param, b=before[path]: float(np.linalg.norm(p - b) / max(np.linalg.norm(b), 1e-12)),
+            }
+            for name, compute in candidates.items():
+                if compute is not None and wanted(name):
+                    values[name] = compute()
+        for key, state in self.states.items():
+            _, path, slot = key.split(":")
+            name = f"optim/{slot}/{path}"
+            if wanted(name):
+                values[name] = float(np.linalg.norm(state))
+        return values
 
     def forward_backward(self, microbatch: int) -> dict[str, np.ndarray]:
         batch = self.stream.next()
@@ -217,7 +247,15 @@ class Trainer:
 
     def train_step(self) -> dict[str, Any]:
         changed = self.choose_stage()
-        out = self.accumulated()
+        spec = self.experiment.run.diagnostics
+        sampled = spec is not None and (self.step + 1) % spec.every == 0
+        if sampled and self.diagnostic_program is not None and self.stage is None:
+            self.train_program = self.diagnostic_program
+        try:
+            out = self.accumulated()
+        finally:
+            self.train_program = self.programs[self.stage]
+        before = {p: v.copy() for p, v in self.params.items()} if sampled else {}
         self.last_loss = float(out["loss"])
         update_feeds: dict[str, np.ndarray] = {**self.params, **self.states, **self.ctx_feeds()}
         for key, value in out.items():
@@ -234,6 +272,7 @@ class Trainer:
         record["metrics"] = {k[7:]: float(v) for k, v in out.items() if k.startswith("metric:")}
         record["lr"] = {k[3:]: float(v) for k, v in new.items() if k.startswith("lr:")}
         record["stage"] = changed
+        record["diagnostics"] = self.diagnose(out, before) if sampled else None
         return record
 
 
@@ -269,6 +308,8 @@ def train(experiment: Experiment, options: RunOptions, say: Callable[[str], None
     for step in range(steps):
         record = trainer.train_step()
         window_steps += 1
+        if record.get("diagnostics") is not None:
+            emit(events, "diagnostic", step=step + 1, values=record["diagnostics"])
         if record.get("stage"):
             emit(events, "stage", step=step, name=record["stage"], loader="train", index=trainer.stage_index)
         if not math.isfinite(record["loss"]):
