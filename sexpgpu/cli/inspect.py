@@ -121,7 +121,20 @@ def explain_document(experiment: Experiment) -> dict[str, Any]:
             "device": "cpu",
         },
         "run": experiment.run.model_dump(),
+        "precision": experiment.run.precision,
+        "casts": cast_points(programs["forward"]),
     }
+
+
+def cast_points(program: Program) -> list[dict[str, Any]]:
+    """Where the forward program changes element type (in :bf16 runs: parameters and data
+    into bf16, f32 islands in and out), with the source form that staged each cast."""
+    types = program.types()
+    out = []
+    for n in program.nodes:
+        if n.op == "cast":
+            out.append({"from": types[n.args[0]].dtype.value, "to": n.type.dtype.value, "shape": list(n.type.shape), "loc": n.loc, "path": n.path})
+    return out
 
 
 def _count(shape: Any) -> int:
@@ -158,6 +171,13 @@ def run_explain(args: argparse.Namespace) -> int:
     out += ["", "optimizer groups"]
     for g in doc["groups"]:
         out.append(f"  {g['name']} \"{g['selector']}\" -> {g['optimizer']}: {len(g['params'])} parameter(s)" + (f", state {', '.join(g['states'])}" if g["states"] else ""))
+    float_casts = [c for c in doc["casts"] if c["from"] in ("f32", "bf16", "f16") and c["to"] in ("f32", "bf16", "f16")]
+    if doc["precision"] != "f32" or float_casts:
+        out += ["", f"precision {doc['precision']}: {len(float_casts)} float cast(s) in the forward program"]
+        for c in float_casts[:40]:
+            out.append(f"  {c['from']} -> {c['to']} {c['shape']}  {c['loc'] or ''} {c['path'] or ''}".rstrip())
+        if len(float_casts) > 40:
+            out.append(f"  ... {len(float_casts) - 40} more (sexpgpu explain --json lists them all)")
     f = doc["flops_per_step"]
     out += ["", f"FLOPs per step: {f['train'] + f['update']:,} (forward {f['forward']:,}, forward+backward {f['train']:,}, update {f['update']:,})"]
     m = doc["memory"]

@@ -572,11 +572,10 @@ class Compiler:
         precision = keys.get("PRECISION", self.interp.kw("f32"))
         if not (type(precision) is Symbol and precision.name in ("F32", "BF16")):
             raise lisp_error("C008", f"defrun: :precision is :f32 or :bf16, got {short(precision)}", "PROGRAM-ERROR")
-        if precision.name == "BF16":
-            raise lisp_error("E109", "defrun :precision :bf16 arrives with the next release (bf16 emulation); use :f32", "PROGRAM-ERROR")
         diagnostics = self.diagnostics_option(keys.get("DIAGNOSTICS", NIL))
         self.run = {
             "diagnostics": diagnostics,
+            "precision": precision.name.lower(),
             "steps": steps,
             "seed": keys.get("SEED", 0),
             "log_every": keys.get("LOG-EVERY", 10),

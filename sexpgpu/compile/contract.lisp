@@ -152,3 +152,8 @@
 
 (defmacro diagnostic (name value)
   `(%diagnostic ',name ,value))
+
+;;; Precision
+
+(defmacro with-numerics ((dtype) &body body)
+  `(%with-numerics ,dtype (lambda () ,@body)))

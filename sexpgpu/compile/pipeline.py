@@ -103,9 +103,12 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
     interp = program.interp
     compiler.assign_groups()
     train_loader = compiler.loaders["train"]
+    compiler.lib.precision = DType(compiler.run["precision"]) if compiler.run else DType.f32
     forward, train, metrics, trainable = stage_train(compiler, train_loader)
     diagnostics = compiler.diagnostic_program  # type: ignore[attr-defined]
+    compiler.lib.precision = DType.f32  # master weights, gradients and optimizer state are f32
     update = stage_update(compiler, trainable)
+    compiler.lib.precision = DType(compiler.run["precision"])
     programs = {"forward": forward, "train": train, "update": update}
     if diagnostics is not None:
         programs["train:diagnostics"] = diagnostics
@@ -144,7 +147,7 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
         groups=groups,
         run=RunSpec(
             steps=compiler.run["steps"], seed=compiler.run["seed"], log_every=compiler.run["log_every"], microbatches=compiler.run["microbatches"],
-            clip=compiler.clip, meta=compiler.run["meta"], diagnostics=DiagnosticsSpec(**compiler.run["diagnostics"]) if compiler.run.get("diagnostics") else None,
+            clip=compiler.clip, meta=compiler.run["meta"], precision=compiler.run["precision"], diagnostics=DiagnosticsSpec(**compiler.run["diagnostics"]) if compiler.run.get("diagnostics") else None,
         ),
         metrics=metrics,
         evals=evals,
@@ -166,10 +169,12 @@ def check_presence(compiler: Compiler) -> None:
         raise lisp_error("C001", f"no loader is named train (loaders: {', '.join(compiler.loaders)}); name the training loader train", "PROGRAM-ERROR")
 
 
-def data_inputs(tracer: Tracer, loader: Any) -> Batch:
+def data_inputs(tracer: Tracer, loader: Any, precision: DType = DType.f32) -> Batch:
     fields = {}
     for f in loader.fields:
         nid = tracer.builder.input(f"data.{f.name}", "data", TensorType(dtype=DType(f.dtype), shape=(loader.batch, *f.shape)))
+        if precision == DType.bf16 and DType(f.dtype) == DType.f32:
+            nid = tracer.builder.op("cast", nid, dtype="bf16")
         fields[f.name] = Staged(tracer, nid)
     return Batch(loader=loader.name, fields=fields)
 
@@ -177,14 +182,16 @@ def data_inputs(tracer: Tracer, loader: Any) -> Batch:
 def stage_train(compiler: Compiler, loader: Any) -> tuple[Program, Program, list[str], list[str]]:
     assert compiler.run is not None
     tracer = Tracer("train", seed=int(compiler.run["seed"]), training=True)
-    batch = data_inputs(tracer, loader)
+    batch = data_inputs(tracer, loader, compiler.lib.precision)
     compiler.tracer = tracer
     try:
         loss = compiler.interp.call(compiler.objective, batch)
+        if type(loss) is MultipleValues:
+            loss = loss[0]
+        if type(loss) is Staged and loss.type.dtype in (DType.bf16, DType.f16):
+            loss = compiler.lib.cast_to("defobjective", loss, DType.f32)
     finally:
         compiler.tracer = None
-    if type(loss) is MultipleValues:
-        loss = loss[0]
     if type(loss) is not Staged or loss.type.rank != 0 or loss.type.dtype != DType.f32:
         what = str(loss.type) if type(loss) is Staged else "a Lisp value"
         raise lisp_error("C006", f"defobjective must return one f32 scalar loss, got {what}", "TYPE-ERROR")
@@ -325,7 +332,7 @@ def stage_evals(compiler: Compiler, programs: dict[str, Program]) -> list[EvalSp
 def stage_evaluate(compiler: Compiler, loader: Any, name: str) -> tuple[Program, list[str]]:
     assert compiler.run is not None
     tracer = Tracer(name, seed=int(compiler.run["seed"]))
-    batch = data_inputs(tracer, loader)
+    batch = data_inputs(tracer, loader, compiler.lib.precision)
     compiler.tracer = tracer
     try:
         compiler.interp.call(compiler.evaluate, batch)

@@ -104,6 +104,10 @@ class TensorLib:
         self.interp = interp
         self.current = current
         self.reg = Registry(interp)
+        # :bf16 runs: parameters and float data are read as bf16; reductions, norms and
+        # losses run in f32 islands; with-numerics opens more islands
+        self.precision = DType.f32
+        self.islands = 0
 
     # -- values ------------------------------------------------------------------------------
     def tracer(self, fn: str) -> Tracer:
@@ -118,9 +122,14 @@ class TensorLib:
         from .models import Param
 
         if type(x) is Staged:
+            if self.islands and x.type.dtype in (DType.bf16, DType.f16):
+                return self.op(fn, "cast", x, dtype="f32")
             return x
         if type(x) is Param:
-            return self.tracer(fn).param(x)
+            staged = self.tracer(fn).param(x)
+            if self.precision == DType.bf16 and not self.islands and staged.type.dtype == DType.f32:
+                return self.op(fn, "cast", staged, dtype="bf16")
+            return staged
         if is_number(x):
             tracer = self.tracer(fn)
             dtype = like.dtype if like is not None else DType.f32
@@ -315,10 +324,22 @@ class TensorLib:
             axis_value = [self.int_arg(fn, first, a) for a in list_items(fn, first, axis)]
         return axis_value, keys.get("KEEPDIMS", NIL) is not NIL
 
+    def wide(self, fn: str, x: Any) -> Staged:
+        """X for an f32 island: reductions, norms and losses compute in f32 in :bf16 runs."""
+        s = self.staged(fn, 1, x)
+        if s.type.dtype in (DType.bf16, DType.f16):
+            return self.op(fn, "cast", s, dtype="f32")
+        return s
+
+    def narrow(self, fn: str, x: Staged, like: DType) -> Staged:
+        """Leave an island: back to the dtype the input had."""
+        return self.cast_to(fn, x, like) if like in (DType.bf16, DType.f16) else x
+
     def reduction(self, fn: str, op: str) -> Callable[..., Any]:
         def reduce(x: Any, *args: Any) -> Any:
             axis, keep = self.axis_keys(fn, args, 2)
-            return self.op(fn, op, self.staged(fn, 1, x), axis=axis, keepdims=keep)
+            source = self.wide(fn, x) if op in ("sum", "mean") else self.staged(fn, 1, x)
+            return self.op(fn, op, source, axis=axis, keepdims=keep)
 
         return reduce
 
@@ -341,7 +362,7 @@ class TensorLib:
 
         def logsumexp(x: Any, *args: Any) -> Any:
             axis, keep = self.axis_keys("logsumexp", args, 2)
-            s = self.staged("logsumexp", 1, x)
+            s = self.wide("logsumexp", x)
             peak = self.op("logsumexp", "max", s, axis=axis, keepdims=True)
             total = self.op("logsumexp", "sum", self.op("logsumexp", "exp", self.binary("logsumexp", "sub", s, peak)), axis=axis, keepdims=True)
             result = self.add2(self.op("logsumexp", "log", total), peak)
@@ -349,7 +370,7 @@ class TensorLib:
 
         def var(x: Any, *args: Any) -> Any:
             axis, keep = self.axis_keys("var", args, 2)
-            s = self.staged("var", 1, x)
+            s = self.wide("var", x)
             mean = self.op("var", "mean", s, axis=axis, keepdims=True)
             dev = self.binary("var", "sub", s, mean)
             return self.op("var", "mean", self.mul(dev, dev), axis=axis, keepdims=keep)
@@ -609,14 +630,15 @@ class TensorLib:
     def install_composites(self) -> None:
         def softmax(x: Any, *args: Any) -> Any:
             axis = self.single_axis("softmax", args)
-            s = self.staged("softmax", 1, x)
+            like = self.staged("softmax", 1, x).type.dtype
+            s = self.wide("softmax", x)
             shifted = self.binary("softmax", "sub", s, self.op("softmax", "max", s, axis=[axis], keepdims=True))
             e = self.op("softmax", "exp", shifted)
-            return self.binary("softmax", "div", e, self.op("softmax", "sum", e, axis=[axis], keepdims=True))
+            return self.narrow("softmax", self.binary("softmax", "div", e, self.op("softmax", "sum", e, axis=[axis], keepdims=True)), like)
 
         def log_softmax(x: Any, *args: Any) -> Any:
             axis = self.single_axis("log-softmax", args)
-            s = self.staged("log-softmax", 1, x)
+            s = self.wide("log-softmax", x)
             shifted = self.binary("log-softmax", "sub", s, self.op("log-softmax", "max", s, axis=[axis], keepdims=True))
             total = self.op("log-softmax", "sum", self.op("log-softmax", "exp", shifted), axis=[axis], keepdims=True)
             return self.binary("log-softmax", "sub", shifted, self.op("log-softmax", "log", total))
@@ -632,20 +654,22 @@ class TensorLib:
 
         def layer_norm(x: Any, *args: Any) -> Any:
             keys = parse_keys("layer-norm", args, {"EPS", "WEIGHT", "BIAS"}, 2)
-            s = self.staged("layer-norm", 1, x)
+            like = self.staged("layer-norm", 1, x).type.dtype
+            s = self.wide("layer-norm", x)
             mean = self.op("layer-norm", "mean", s, axis=[-1], keepdims=True)
             dev = self.binary("layer-norm", "sub", s, mean)
             var = self.op("layer-norm", "mean", self.mul(dev, dev), axis=[-1], keepdims=True)
             eps = keys.get("EPS", 1e-5)
             out = self.mul(dev, self.op("layer-norm", "rsqrt", self.add2(var, eps)))
-            return self.affine("layer-norm", out, keys)
+            return self.affine("layer-norm", self.narrow("layer-norm", out, like), keys)
 
         def rms_norm(x: Any, *args: Any) -> Any:
             keys = parse_keys("rms-norm", args, {"EPS", "WEIGHT", "BIAS"}, 2)
-            s = self.staged("rms-norm", 1, x)
+            like = self.staged("rms-norm", 1, x).type.dtype
+            s = self.wide("rms-norm", x)
             ms = self.op("rms-norm", "mean", self.mul(s, s), axis=[-1], keepdims=True)
             out = self.mul(s, self.op("rms-norm", "rsqrt", self.add2(ms, keys.get("EPS", 1e-6))))
-            return self.affine("rms-norm", out, keys)
+            return self.affine("rms-norm", self.narrow("rms-norm", out, like), keys)
 
         def einsum(spec: Any, *operands: Any) -> Any:
             from .einsum import stage_einsum
@@ -654,6 +678,21 @@ class TensorLib:
                 raise type_error("einsum", 1, 'a subscript string like "bij,bjk->bik"', spec)
             return stage_einsum(self, spec, [self.staged("einsum", i + 2, x) for i, x in enumerate(operands)])
 
+        def with_numerics(dtype: Any, thunk: Any) -> Any:
+            """(with-numerics (:f32) body...): BODY's tensor ops run in f32 in a :bf16 run;
+            its tensor result goes back to bf16 at the island's exit."""
+            if self.dtype_arg("with-numerics", 1, dtype) != DType.f32:
+                raise type_error("with-numerics", 1, "(:f32), the only island dtype", dtype)
+            self.islands += 1
+            try:
+                result = self.interp.call(thunk)
+            finally:
+                self.islands -= 1
+            if type(result) is Staged and self.precision == DType.bf16 and not self.islands and result.type.dtype == DType.f32:
+                return self.op("with-numerics", "cast", result, dtype="bf16")
+            return result
+
+        self.add("%with-numerics", with_numerics)
         self.add("softmax", softmax)
         self.add("log-softmax", log_softmax)
         self.add("one-hot", one_hot)

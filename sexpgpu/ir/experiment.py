@@ -163,6 +163,7 @@ class RunSpec(BaseModel):
     seed: int = 0
     log_every: int = 10
     microbatches: int = 1  # gradient accumulation: the loader's batch is per microbatch
+    precision: Literal["f32", "bf16"] = "f32"
     diagnostics: Optional[DiagnosticsSpec] = None
     clip: Optional[float] = None
     meta: dict[str, Any] = Field(default_factory=dict)

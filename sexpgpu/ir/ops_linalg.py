@@ -27,9 +27,18 @@ def _matmul_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
 
 
 def _matmul_kernel(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
+    a, b = xs
+    if a.dtype.itemsize == 2:
+        # bf16/f16 emulation: products accumulated in f32, the result rounded once (as
+        # cuBLAS with CUBLAS_COMPUTE_32F does)
+        result = np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
+        if out is not None:
+            out[...] = result
+            return out
+        return result
     if out is not None:
-        return np.matmul(xs[0], xs[1], out=out)
-    return np.matmul(xs[0], xs[1])
+        return np.matmul(a, b, out=out)
+    return np.matmul(a, b)
 
 
 def _swap_last(b: Builder, x: int) -> int:

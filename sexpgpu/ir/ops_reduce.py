@@ -114,7 +114,18 @@ def _specialized(ufunc: Any, mean: bool = False) -> Any:
         scale = t.dtype.numpy().type(count) if mean and count else None
 
         def run(xs: list[np.ndarray], at: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
-            result = ufunc.reduce(xs[0], axis=axes, keepdims=keep, out=out)
+            x = xs[0]
+            if x.dtype.itemsize == 2 and x.dtype.kind not in "iub":
+                # half-precision inputs accumulate in f32 and round once, like the GPU
+                wide = ufunc.reduce(x.astype(np.float32), axis=axes, keepdims=keep)
+                if scale is not None:
+                    wide = wide / np.float32(scale)
+                result = np.asarray(wide).astype(x.dtype)
+                if out is not None:
+                    out[...] = result
+                    return out
+                return result
+            result = ufunc.reduce(x, axis=axes, keepdims=keep, out=out)
             if scale is not None:
                 result = np.divide(result, scale, out=out if out is not None else None)
             return result

@@ -232,11 +232,17 @@ def _scatter_kernel(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[n
     g, idx = xs
     shape = tuple(attrs["shape"])
     axis = attrs.get("axis", 0) % len(shape)
-    result = out if out is not None else np.empty(shape, dtype=g.dtype)
+    half = g.dtype.itemsize == 2  # bf16/f16: accumulate in f32, round once
+    result = np.zeros(shape, dtype=np.float32) if half else (out if out is not None else np.empty(shape, dtype=g.dtype))
     result.fill(0)
     moved = np.moveaxis(result, axis, 0)
     rows = np.moveaxis(g.reshape(shape[:axis] + (idx.size,) + shape[axis + 1 :]), axis, 0)
-    np.add.at(moved, np.clip(idx.reshape(-1), 0, shape[axis] - 1), rows)
+    np.add.at(moved, np.clip(idx.reshape(-1), 0, shape[axis] - 1), rows.astype(np.float32) if half else rows)
+    if half:
+        if out is not None:
+            out[...] = result
+            return out
+        return result.astype(g.dtype)
     return result
 
 
