@@ -76,6 +76,10 @@ CASES: dict[str, tuple[str | bytes, int, int, str, str | None]] = {
         HEAD + LOADER + MLP + "(defpart extra (nn:linear 2 2))\n" + CE + GROUPS + "(defrun :steps 1)\n", 7, 1,
         "parameter extra.w is not used by the objective, so it gets no gradient; use it or freeze it in defgroups", None,
     ),
+    "W002": (
+        HEAD + LOADER + MLP + CE + '(defgroups (all "**" (optim:sgd :lr 0.1)) (never "net.*" :frozen))\n(defrun :steps 1)\n', 6, 1,
+        'group never ("net.*") gets no parameter: earlier groups took every match (first match wins)', None,
+    ),
     "C008": (HEAD + "(defloader train :source (synthetic :spirals) :fields ((x :f32 (2))))\n", 3, 1, "defloader train: :batch needs a positive integer, got nil", "defloader"),
 }
 

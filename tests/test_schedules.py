@@ -179,7 +179,6 @@ def test_schedules_evaluate_on_numbers() -> None:
 @pytest.mark.parametrize(
     "form, message",
     [
-        ("(optim:warmup-cosine 0.1 :warmup 100)", "warmup-cosine: :total is required"),
         ("(optim:warmup-linear 0.1 :warmup 10 :total 10)", "needs 0 <= :warmup < :total"),
         ("(optim:step-decay 0.1 :every 0)", "step-decay: :every needs a positive number"),
         ("(optim:step-decay 0.1)", "step-decay: :every is required"),

@@ -63,6 +63,7 @@ class Compiler:
         self.ties: dict[str, tuple[str, bool]] = {}
         self.curriculum: Optional[list[tuple[str, Any, list[tuple[str, str]]]]] = None
         self.reducers: dict[str, Any] = {}
+        self.warnings: list[str] = []
         self.targets: list[TargetSpec] = []
         self.groups: list[Group] = []
         self.clip: Optional[float] = None
@@ -130,7 +131,8 @@ class Compiler:
             "%defknob", "%defvariant", "%defsweep", "%model-scope", "%defparam", "%defpart", "%forward", "%call-model",
             "%repeat", "%defpart-toplevel", "%tie", "%defloader", "%field", "%defobjective", "%defevaluate", "%metric",
             "%make-optimizer", "%defgroups", "%defrun", "schedule", "ctx", "%repeat-list", "%models", "%defeval", "%deftarget",
-            "%shadow", "training-p", "part-param", "%defcurriculum", "%defdiagnostic", "%diagnostic",
+            "%shadow", "training-p", "part-param", "%defcurriculum", "%defdiagnostic", "%diagnostic", "run-steps",
+            "%defmodel-constructor",
         ]:
             reg.add(name, getattr(self, "b_" + name.lstrip("%").replace("-", "_")))
         for kind in ["zeros", "ones"]:
@@ -404,6 +406,27 @@ class Compiler:
             table.own[name] = Symbol(name, table.package)
         return NIL
 
+    def b_defmodel_constructor(self, name: Any, fn: Any) -> Any:
+        """defmodel's function. A name the standard library already uses is shadowed in the
+        defining file (a new symbol of that file), so later forms call the model."""
+        interp, table = self.interp, self.interp.table
+        symbol = name
+        taken = name in interp.special_forms or name in interp.macros or name in interp.functions
+        if table is not interp.base and interp.base.exported.get(name.name) is name and taken:
+            symbol = Symbol(name.name, table.package)
+            table.own[name.name] = symbol
+        if type(fn) is Closure:
+            fn.name = symbol
+        interp.functions[symbol] = fn
+        return symbol
+
+    def b_run_steps(self) -> Any:
+        """The run's :steps, for schedules whose length defaults to the run (read when the
+        update is staged, after defrun)."""
+        if self.run is None:
+            raise lisp_error("C008", "(run-steps) is only known once defrun has been read: call it inside a schedule", "PROGRAM-ERROR")
+        return self.run["steps"]
+
     def b_training_p(self) -> Any:
         tracer = self.lib.tracer("training-p")
         return T if tracer.training else NIL
@@ -654,6 +677,9 @@ class Compiler:
                     break
             else:
                 raise lisp_error("C005", f"parameter {param.path} matches no group in defgroups; add a group such as (rest \"**\" ...)", "PROGRAM-ERROR")
+        for group in self.groups:
+            if not group.params:
+                self.warnings.append(f"group {group.name} (\"{group.selector}\") gets no parameter: earlier groups took every match (first match wins)")
 
 
 class SourceValue:

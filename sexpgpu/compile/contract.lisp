@@ -37,9 +37,13 @@
                `(progn (%forward (lambda ,(second form) ,@(cddr form))) ,rest))
               (t `(progn ,form ,rest))))))
 
+;; a model may take a name the standard library uses (runfile.md names one `block`): the
+;; file's own symbol then shadows the standard one from the next form on
 (defmacro defmodel (name lambda-list &body body)
-  `(defun ,name ,lambda-list
-     (%model-scope ',name (lambda () ,(%model-body (%body-without-doc body))))))
+  `(%defmodel-constructor
+    ',name
+    (lambda ,lambda-list
+      (%model-scope ',name (lambda () ,(%model-body (%body-without-doc body)))))))
 
 (defmacro repeat (n form)
   `(%repeat ,n (lambda () ,form)))

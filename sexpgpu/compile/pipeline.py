@@ -82,6 +82,8 @@ def compile_file(path: Path, selection: Optional[Selection] = None, limits: Opti
             raise
 
     experiment, problem = guarded(build)
+    for message in compiler.warnings:
+        result.diagnostics.append(Diagnostic.at("W002", message, compiler.form_loc("DEFGROUPS"), severity="warning"))
     if problem is not None:
         result.diagnostics.append(problem)
     result.experiment = experiment

@@ -95,30 +95,31 @@ L2 weight decay added to the gradient."
   (lambda (step) (declare (ignore step)) lr))
 
 (defun warmup-linear (lr &key (warmup 0) total)
-  "Linear warmup from 0 to LR over WARMUP steps, then linear decay to 0 at step TOTAL (and 0
-after): LR * min(step / warmup, (total - step) / (total - warmup)), at least 0. The lambda
+  "Linear warmup from 0 to LR over WARMUP steps, then linear decay to 0 at step TOTAL
+(default: the run's :steps) (and 0 after): LR * min(step / warmup, (total - step) / (total - warmup)), at least 0. The lambda
 of transformers' get_linear_schedule_with_warmup; step 0 has rate 0 when WARMUP > 0."
   (%check-number "warmup-linear" :warmup warmup)
-  (%check-number "warmup-linear" :total total)
-  (unless (< -1 warmup total)
+  (when total (%check-number "warmup-linear" :total total))
+  (when (and total (not (< -1 warmup total)))
     (error "warmup-linear: needs 0 <= :warmup < :total, got :warmup ~a :total ~a" warmup total))
   (lambda (step)
-    (let ((decay (/ (- total step) (- total warmup))))
+    (let* ((total (or total (run-steps))) (decay (/ (- total step) (- total warmup))))
       (* lr (max 0.0 (if (zerop warmup) decay (min (/ step warmup) decay)))))))
 
 (defun warmup-cosine (lr &key (warmup 0) total (min-lr 0.0))
   "Linear warmup from 0 to LR over WARMUP steps, then cosine decay to MIN-LR at step TOTAL
-(and MIN-LR after), as nanoGPT's get_lr: step < warmup: LR * step / warmup; else with
+(default: the run's :steps) (and MIN-LR after), as nanoGPT's get_lr: step < warmup: LR * step / warmup; else with
 r = min(1, (step - warmup) / (total - warmup)): MIN-LR + (LR - MIN-LR) (1 + cos(pi r)) / 2."
   (%check-number "warmup-cosine" :warmup warmup)
-  (%check-number "warmup-cosine" :total total)
+  (when total (%check-number "warmup-cosine" :total total))
   (%check-number "warmup-cosine" :min-lr min-lr)
-  (unless (< -1 warmup total)
+  (when (and total (not (< -1 warmup total)))
     (error "warmup-cosine: needs 0 <= :warmup < :total, got :warmup ~a :total ~a" warmup total))
   (lambda (step)
     ;; (1 + cos(pi r)) / 2 = sin^2(pi (1 - r) / 2): the same value without the cancellation
     ;; of 1 + cos near the end of the decay, where f32 would lose most digits
-    (let* ((remaining (min 1.0 (max 0.0 (/ (- total step) (- total warmup)))))
+    (let* ((total (or total (run-steps)))
+           (remaining (min 1.0 (max 0.0 (/ (- total step) (- total warmup)))))
            (wave (sin (* (/ pi 2) remaining)))
            (decayed (+ min-lr (* (- lr min-lr) wave wave))))
       ;; before the warmup ends the ramp is below LR, after it the ramp is above LR

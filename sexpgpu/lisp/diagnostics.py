@@ -60,6 +60,7 @@ CODES: dict[str, str] = {
     "C008": "a malformed contract form (missing or bad option)",
     # warnings
     "W001": "warning signalled by the program (warn)",
+    "W002": "an optimizer group that gets no parameter (first match wins)",
 }
 
 
