@@ -85,7 +85,7 @@ def test_the_run_verb(tmp_path: Path) -> None:
     text = subprocess.run([sys.executable, "-m", "sexpgpu", "run", str(QUICKSTART), "--store", str(tmp_path), "--max-steps", "10"], capture_output=True, text=True, env=env, timeout=120)
     first = text.stdout.splitlines()[0]
     assert first.startswith("quickstart.base.") and str(tmp_path) in first
-    assert text.stdout.splitlines()[-1].startswith("finished: 10 steps")
+    assert text.stdout.splitlines()[-1].startswith("already finished")
 
 
 def test_data_errors_exit_5(tmp_path: Path) -> None:

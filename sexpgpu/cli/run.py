@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
 from ..compile.pipeline import compile_file
 from ..lisp.program import has_errors
 from ..runtime.data import DataError
+from ..runtime.checkpoint import ResumeError
 from ..runtime.loop import RunOptions, train
 from .check import add_limit_flags, limits_from
 from .common import Exit, existing_file, exit_for, fail_usage, print_diagnostics, print_json
@@ -23,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--store", default=None, help="where run folders go (default $SEXPGPU_STORE or ./runs)")
     p.add_argument("--device", default=None, help="cpu (default $SEXPGPU_DEVICE or cpu)")
     p.add_argument("--max-steps", type=int, default=None, metavar="N", help="stop after N steps (smoke tests; recorded in run.json)")
+    p.add_argument("--resume", default=None, metavar="latest|STEP|PATH", help="continue from a checkpoint (a stopped run resumes from its latest on its own)")
     p.add_argument("--quiet", action="store_true", help="no progress")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     add_selection_flags(p)
@@ -30,7 +33,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(run=run_run)
 
 
+def stop_before_training(signum: int, frame: object) -> None:
+    """SIGTERM/SIGINT while compiling: nothing to checkpoint yet; stop as resumable."""
+    raise SystemExit(Exit.STOPPED)
+
+
 def run_run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, stop_before_training)
     path = existing_file(args.file)
     device = args.device or os.environ.get("SEXPGPU_DEVICE") or "cpu"
     if device not in ("cpu", "auto"):
@@ -49,13 +58,16 @@ def run_run(args: argparse.Namespace) -> int:
         return Exit.CHECK_FAILED
     assert result.program is not None
     sources = {f.name if i == 0 else os.path.relpath(f, path.resolve().parent): f.read_bytes() for i, f in enumerate(result.program.files)}
-    options = RunOptions(store=store, device="cpu", max_steps=args.max_steps, progress=not args.quiet and not args.json and sys.stderr.isatty(), sources=sources)
+    options = RunOptions(store=store, device="cpu", max_steps=args.max_steps, progress=not args.quiet and not args.json and sys.stderr.isatty(), sources=sources, resume=args.resume)
     say = (lambda text: print(text, file=sys.stderr)) if args.json else print
     try:
         outcome = train(result.experiment, options, say=say)
     except DataError as exc:
         print(f"sexpgpu: data error: {exc}", file=sys.stderr)
         return Exit.DATA
+    except ResumeError as exc:
+        print(f"sexpgpu: resume refused: {exc}", file=sys.stderr)
+        return Exit.RESUME_REFUSED
     if args.json:
         print_json(outcome.model_dump())
     else:

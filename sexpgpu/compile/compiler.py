@@ -41,7 +41,7 @@ RANK = {name: rank for rank, names in ORDER for name in names}
 CONTRACT_FORMS = {"DEFKNOB", "DEFLOADER", "DEFPART", "DEFOBJECTIVE", "DEFGROUPS", "DEFRUN", "DEFEVALUATE", "DEFEVAL", "DEFTARGET", "DEFCURRICULUM", "DEFVARIANT", "DEFSWEEP"}
 ONCE = {"DEFOBJECTIVE", "DEFGROUPS", "DEFRUN", "DEFCURRICULUM", "DEFEVALUATE"}
 # every key runfile.md lists; the loop feeds each as an f32 scalar
-CTX_KEYS = ("step", "epoch", "examples", "tokens", "stage", "elapsed", "loss", "lr", "eval", "rank", "world-size", "seed", "microbatch")
+CTX_KEYS = ("step", "epoch", "examples", "tokens", "stage", "elapsed", "loss", "lr", "eval", "rank", "world-size", "seed", "microbatch", "lr-scale")
 ORDER_TEXT = "require, defknob/defvariant/defsweep, definitions, defloader, defpart, defobjective, defevaluate/defeval/deftarget, defgroups, defcurriculum, defrun"
 
 
@@ -596,7 +596,13 @@ class Compiler:
         if not (type(precision) is Symbol and precision.name in ("F32", "BF16")):
             raise lisp_error("C008", f"defrun: :precision is :f32 or :bf16, got {short(precision)}", "PROGRAM-ERROR")
         diagnostics = self.diagnostics_option(keys.get("DIAGNOSTICS", NIL))
+        checkpoint = self.plist_option("checkpoint", keys.get("CHECKPOINT", NIL), {"EVERY": None, "KEEP": 3})
+        guard = self.plist_option("finite-guard", keys.get("FINITE-GUARD", NIL), {"SKIP": 0, "ROLLBACK": None, "LR-SCALE": None})
+        if guard is not None:
+            guard = {"skip": guard["skip"], "rollback": guard["rollback"] not in (None, False), "lr_scale": guard["lr-scale"]}
         self.run = {
+            "checkpoint": checkpoint,
+            "finite_guard": guard,
             "diagnostics": diagnostics,
             "precision": precision.name.lower(),
             "steps": steps,
@@ -606,6 +612,21 @@ class Compiler:
             "meta": lisp_to_json(keys.get("META", NIL)) or {},
         }
         return NIL
+
+    def plist_option(self, name: str, option: Any, defaults: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """A defrun option written as a plist of numbers, e.g. :checkpoint (:every 500 :keep 3)."""
+        if option is NIL:
+            return None
+        keys = parse_keys(f"defrun :{name}", tuple(list_items("defrun", 1, option)), set(defaults), 1)
+        out = {}
+        for key, default in defaults.items():
+            value = keys.get(key, default)
+            if value is T:
+                value = True
+            if value is not None and value is not True and (type(value) not in (int, float) or value < 0):
+                raise lisp_error("C008", f"defrun :{name} :{key.lower()} needs a non-negative number, got {short(value)}", "PROGRAM-ERROR")
+            out[key.lower()] = value
+        return out
 
     def diagnostics_option(self, option: Any) -> Optional[dict[str, Any]]:
         """:diagnostics (:every N :select ("glob" ...)) from defrun."""
@@ -646,6 +667,10 @@ class Compiler:
         else:
             raise type_error("schedule", 1, "a learning rate: a number or a schedule", lr)
         tracer = self.lib.tracer("schedule")
+        guard = (self.run or {}).get("finite_guard") or {}
+        if guard.get("lr_scale") is not None:
+            # a finite-guard rollback scales the learning rate at run time
+            value = self.lib.mul(value, Staged(tracer, tracer.ctx_input("lr-scale")))
         if self.current_group is not None:
             staged = self.lib.staged("schedule", 1, value)
             tracer.metrics[f"lr:{self.current_group}"] = staged.id

@@ -21,7 +21,7 @@ from ..lisp.types import MultipleValues
 from .autodiff import backward
 from .compiler import Compiler
 from .selection import overrides, prescan
-from ..ir.experiment import CurriculumSpec, DiagnosticsSpec, EvalSpec, Experiment, GroupSpec, RunSpec, Selection, StateSpec
+from ..ir.experiment import CheckpointPolicy, CurriculumSpec, DiagnosticsSpec, EvalSpec, FiniteGuard, Experiment, GroupSpec, RunSpec, Selection, StateSpec
 from .models import Batch, Ctx
 from .tensors import Staged, Tracer
 
@@ -149,7 +149,9 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
         groups=groups,
         run=RunSpec(
             steps=compiler.run["steps"], seed=compiler.run["seed"], log_every=compiler.run["log_every"], microbatches=compiler.run["microbatches"],
-            clip=compiler.clip, meta=compiler.run["meta"], precision=compiler.run["precision"], diagnostics=DiagnosticsSpec(**compiler.run["diagnostics"]) if compiler.run.get("diagnostics") else None,
+            clip=compiler.clip, meta=compiler.run["meta"], precision=compiler.run["precision"],
+            checkpoint=CheckpointPolicy(**(compiler.run["checkpoint"] or {})), finite_guard=FiniteGuard(**(compiler.run["finite_guard"] or {})),
+            diagnostics=DiagnosticsSpec(**compiler.run["diagnostics"]) if compiler.run.get("diagnostics") else None,
         ),
         metrics=metrics,
         evals=evals,

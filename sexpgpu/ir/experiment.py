@@ -158,12 +158,29 @@ class DiagnosticsSpec(BaseModel):
     ir_names: list[str] = Field(default_factory=list)
 
 
+class CheckpointPolicy(BaseModel):
+    every: Optional[int] = None  # steps between checkpoints; a final one is always written
+    keep: int = 3
+
+
+class FiniteGuard(BaseModel):
+    """:finite-guard (:skip N :rollback t :lr-scale S): skip up to N non-finite steps in a
+    row; then roll back to the last checkpoint (scaling the learning rate by S) once; then
+    stop (exit 1)."""
+
+    skip: int = 0
+    rollback: bool = False
+    lr_scale: Optional[float] = None
+
+
 class RunSpec(BaseModel):
     steps: int
     seed: int = 0
     log_every: int = 10
     microbatches: int = 1  # gradient accumulation: the loader's batch is per microbatch
     precision: Literal["f32", "bf16"] = "f32"
+    checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+    finite_guard: FiniteGuard = Field(default_factory=FiniteGuard)
     diagnostics: Optional[DiagnosticsSpec] = None
     clip: Optional[float] = None
     meta: dict[str, Any] = Field(default_factory=dict)

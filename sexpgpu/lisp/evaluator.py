@@ -1108,7 +1108,7 @@ def run_with_big_stack(thunk: Callable[[], Any]) -> Any:
     previous = threading.stack_size()
     threading.stack_size(STACK_BYTES)
     try:
-        worker = threading.Thread(target=target, name="sexpgpu-eval")
+        worker = threading.Thread(target=target, name="sexpgpu-eval", daemon=True)
         worker.start()
     finally:
         threading.stack_size(previous)

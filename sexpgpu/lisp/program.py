@@ -51,7 +51,7 @@ def guarded(thunk: Callable[[], R]) -> tuple[Optional[R], Optional[Diagnostic]]:
     try:
         return run_with_big_stack(thunk), None
     except BaseException as exc:  # every failure is reported, never raised
-        if isinstance(exc, KeyboardInterrupt):
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         return None, diagnostic_from(exc)
 

@@ -8,11 +8,14 @@ the store; it knows neither Lisp nor the compiler.
 from __future__ import annotations
 
 import math
+import signal
 import socket
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 from pydantic import BaseModel
@@ -21,7 +24,9 @@ from ..ir.experiment import Experiment, LoaderRecord
 from ..ir.dtypes import DType, numpy_dtype
 from .data import BatchStream, DataError, Dataset, FieldSpec, LoaderSpec, PrepareStep, SourceSpec, load_dataset, shared_examples
 from .init import initial_value
-from .numpy_backend import CompiledProgram
+from .checkpoint import CheckpointState, ResumeError, list_checkpoints, load_checkpoint, resolve, write_checkpoint
+from .checkpoint import prune as prune_checkpoints
+from .numpy_backend import CompiledProgram, NonFiniteNode, first_nonfinite
 from .runfolder import RunFolder, RunInfo, Selection, slug
 from .status import Summary
 from .store import Store
@@ -34,6 +39,8 @@ class RunOptions:
     max_steps: Optional[int] = None
     progress: bool = False
     sources: dict[str, bytes] = field(default_factory=dict)
+    resume: Optional[str] = None  # "latest", a step, or a checkpoint folder
+    signals: bool = True  # handle SIGINT/SIGTERM (only possible on the main thread)
 
 
 class RunResult(BaseModel):
@@ -148,6 +155,8 @@ class Trainer:
         self.ctx_arrays = {name: np.zeros((), dtype=np.float32) for name in self.ctx_names}
         self.started = time.time()
         self.last_loss = float("nan")
+        self.lr_scale = 1.0
+        self.last_feeds: Optional[dict[str, np.ndarray]] = None
         self.stage_index = self.stage_names.index(self.stage)
         self.microbatches = experiment.run.microbatches
 
@@ -158,7 +167,7 @@ class Trainer:
             "step": float(self.step), "epoch": float(self.stream.state().epoch), "examples": float(examples),
             "tokens": float(tokens), "stage": float(self.stage_index), "elapsed": time.time() - self.started,
             "loss": self.last_loss, "seed": float(self.experiment.run.seed), "rank": 0.0, "world-size": 1.0,
-            "microbatch": float(self.microbatches),
+            "microbatch": float(self.microbatches), "lr-scale": self.lr_scale,
         }
 
     def seen(self) -> tuple[int, int]:
@@ -202,6 +211,45 @@ class Trainer:
                 values[name] = float(np.linalg.norm(state))
         return values
 
+    def snapshot(self, slug: str, guard: dict[str, Any], evals: dict[str, Any]) -> CheckpointState:
+        return CheckpointState(
+            step=self.step,
+            slug=slug,
+            source_hash=self.experiment.source_hash,
+            ir_hash=self.experiment.ir_hash,
+            knobs=self.experiment.knob_values(),
+            loaders={(name or ""): stream.state() for name, stream in self.streams.items()},
+            stage=self.stage,
+            ctx={k: v for k, v in self.ctx_values().items() if k != "elapsed"},
+            rng_step=self.step,
+            guard=guard,
+            eval=evals,
+        )
+
+    def restore(self, params: dict[str, np.ndarray], states: dict[str, np.ndarray], state: CheckpointState) -> None:
+        """Continue exactly where the checkpoint left off: parameters, optimizer state, every
+        data stream's position and counters, the stage and the step (random bits are keyed
+        by the step, so they continue too)."""
+        for path, value in self.params.items():
+            value[...] = params[path]
+        for key, value in self.states.items():
+            value[...] = states[key]
+        for name, loader_state in state.loaders.items():
+            self.streams[name or None].restore(loader_state)
+        self.stage = state.stage
+        self.stage_index = self.stage_names.index(self.stage)
+        self.train_program = self.programs[self.stage]
+        self.stream = self.streams[self.stage]
+        self.step = state.step
+        self.last_loss = state.ctx.get("loss", float("nan"))
+        self.lr_scale = float(state.guard.get("lr_scale", 1.0))
+
+    def replay_nonfinite(self) -> Optional[NonFiniteNode]:
+        """Name the IR node that first produced a non-finite value in the last step."""
+        if self.last_feeds is None:
+            return None
+        return first_nonfinite(self.train_program.program, self.last_feeds)
+
     def forward_backward(self, microbatch: int) -> dict[str, np.ndarray]:
         batch = self.stream.next()
         feeds: dict[str, np.ndarray] = dict(self.params)
@@ -211,7 +259,10 @@ class Trainer:
             # random ops are keyed by (step, microbatch) so microbatches draw different bits
             self.random_step[...] = self.step * self.microbatches + microbatch
             feeds["rng.step"] = self.random_step
-        return self.train_program.run(feeds)
+        out = self.train_program.run(feeds)
+        if microbatch == 0:
+            self.last_feeds = {k: np.array(v, copy=True) for k, v in feeds.items()}
+        return out
 
     def accumulated(self) -> dict[str, Any]:
         """One optimizer step's gradients: the mean over the microbatches (equal to the
@@ -262,13 +313,15 @@ class Trainer:
             if key.startswith("grad:"):
                 update_feeds[key] = value
         new = self.update_program.run(update_feeds)
-        for key, value in new.items():
-            if key.startswith("param:"):
-                self.params[key[6:]][...] = value
-            elif key.startswith("state:"):
-                self.states[key][...] = value
+        finite = math.isfinite(float(out["loss"])) and math.isfinite(float(new["grad-norm"]))
+        if finite:
+            for key, value in new.items():
+                if key.startswith("param:"):
+                    self.params[key[6:]][...] = value
+                elif key.startswith("state:"):
+                    self.states[key][...] = value
         self.step += 1
-        record = {"loss": float(out["loss"]), "grad_norm": float(new["grad-norm"])}
+        record = {"loss": float(out["loss"]), "grad_norm": float(new["grad-norm"]), "finite": finite}
         record["metrics"] = {k[7:]: float(v) for k, v in out.items() if k.startswith("metric:")}
         record["lr"] = {k[3:]: float(v) for k, v in new.items() if k.startswith("lr:")}
         record["stage"] = changed
@@ -281,79 +334,230 @@ def emit(events: Any, kind: str, **fields: Any) -> None:
 
 
 def train(experiment: Experiment, options: RunOptions, say: Callable[[str], None] = print) -> RunResult:
-    """Train EXPERIMENT to the end, writing its run folder. DataError propagates (exit 5)."""
-    started = time.time()
-    store = Store.open(options.store)
-    name = run_slug(experiment)
-    folder = RunFolder(store, name)
-    steps = experiment.run.steps if options.max_steps is None else min(options.max_steps, experiment.run.steps)
-    say(f"{name}  {folder.url}")
-    write_header(folder, experiment, name, options)
-    events, status = folder.events, folder.status
-    status.update(state="compiling", step=0, steps=steps, attempt=1, host=socket.gethostname())
-    emit(events, "run.start", step=0, slug=name, steps=steps)
-    emit(events, "compile", step=0, ir_hash=experiment.ir_hash, params=sum(int(np.prod(p.shape)) for p in experiment.params))
-    trainer = Trainer(experiment)
-    evaluators = {e.name: Evaluator(experiment, e.name, trainer.dataset) for e in experiment.evals}
-    evals_done: dict[str, dict[str, float]] = {}
-    best: dict[str, float] = {}
-    target_step: Optional[int] = None
-    status.update(state="running")
-    record: dict[str, Any] = {}
-    log_every = max(1, experiment.run.log_every)
-    batch = experiment.loaders["train"].batch * experiment.run.microbatches
-    window_start = time.time()
-    window_steps = 0
-    reason, code = "finished", 0
-    for step in range(steps):
-        record = trainer.train_step()
-        window_steps += 1
-        if record.get("diagnostics") is not None:
-            emit(events, "diagnostic", step=step + 1, values=record["diagnostics"])
-        if record.get("stage"):
-            emit(events, "stage", step=step, name=record["stage"], loader="train", index=trainer.stage_index)
-        if not math.isfinite(record["loss"]):
-            reason, code = f"non-finite loss {record['loss']} at step {step + 1}", 1
-            emit(events, "nonfinite", step=step + 1, loss=record["loss"])
-            break
-        if (step + 1) % log_every == 0 or step + 1 == steps:
-            elapsed = time.time() - window_start
-            step_time = elapsed / max(window_steps, 1)
-            emit(events, "step",
-                step=step + 1,
-                loss=record["loss"],
-                metrics=record["metrics"],
-                lr=record["lr"],
-                grad_norm=record["grad_norm"],
-                step_time=step_time,
-                examples_per_s=batch / step_time if step_time > 0 else None,
-            )
-            eta = step_time * (steps - step - 1)
-            status.update(step=step + 1, metrics={"loss": record["loss"], **record["metrics"]}, eta_s=eta)
-            if options.progress:
-                sys.stderr.write(f"\rstep {step + 1}/{steps}  loss {record['loss']:.4f}  {1 / step_time if step_time else 0:.0f} steps/s  ETA {eta:.0f}s   ")
-                sys.stderr.flush()
-            window_start, window_steps = time.time(), 0
-        due = [e for e in experiment.evals if e.every and (step + 1) % e.every == 0]
-        reached = run_evals(due, evaluators, trainer, step + 1, events, status, evals_done, best, experiment)
+    """Train EXPERIMENT to the end, writing its run folder. DataError propagates (exit 5),
+    ResumeError too (exit 6)."""
+    return Run(experiment, options, say).execute()
+
+
+EXIT_STOPPED = 75
+
+
+class Run:
+    """One attempt of a run: resume if asked (or if the folder has a checkpoint), train,
+    evaluate, checkpoint, stop cleanly on SIGINT/SIGTERM, guard against non-finite steps."""
+
+    def __init__(self, experiment: Experiment, options: RunOptions, say: Callable[[str], None]) -> None:
+        self.experiment = experiment
+        self.options = options
+        self.say = say
+        self.store = Store.open(options.store)
+        self.slug = run_slug(experiment)
+        self.folder = RunFolder(self.store, self.slug)
+        spec = experiment.run
+        self.steps = spec.steps if options.max_steps is None else min(options.max_steps, spec.steps)
+        self.evals_done: dict[str, dict[str, float]] = {}
+        self.best: dict[str, float] = {}
+        self.target_step: Optional[int] = None
+        self.signal: Optional[int] = None
+        self.skipped_in_a_row = 0
+        self.rolled_back = False
+        self.last_checkpoint: Optional[str] = None
+        self.attempt = 1
+
+    # -- the attempt ----------------------------------------------------------------------------
+    def execute(self) -> RunResult:
+        started = time.time()
+        previous = self.folder.read_status() if self.folder.exists() else None
+        if previous is not None and previous.state == "finished" and self.options.resume is None:
+            self.say(f"{self.slug}  {self.folder.url}")
+            self.say("already finished: nothing to do (pass --resume to continue from a checkpoint)")
+            return self.result(previous.step, previous.metrics.get("loss"), {}, 0.0, 0, "already finished")
+        resume = self.options.resume
+        if resume is None and previous is not None and any(c.valid for c in list_checkpoints(self.store, self.slug)):
+            resume = "latest"  # the same run again continues where it stopped
+        self.attempt = (previous.attempt + 1) if previous is not None else 1
+        self.say(f"{self.slug}  {self.folder.url}")
+        write_header(self.folder, self.experiment, self.slug, self.options)
+        events, status = self.folder.events, self.folder.status
+        status.update(state="compiling", step=0, steps=self.steps, attempt=self.attempt, host=socket.gethostname(), summary=None)
+        emit(events, "run.start", step=0, slug=self.slug, steps=self.steps, attempt=self.attempt)
+        emit(events, "compile", step=0, ir_hash=self.experiment.ir_hash, params=sum(int(np.prod(p.shape)) for p in self.experiment.params))
+        trainer = Trainer(self.experiment)
+        self.trainer = trainer
+        self.evaluators = {e.name: Evaluator(self.experiment, e.name, trainer.dataset) for e in self.experiment.evals}
+        if resume is not None:
+            self.resume_from(resume)
+        status.update(state="running", step=trainer.step)
+        with self.signal_handlers():
+            try:
+                reason, code = self.loop()
+            except KeyboardInterrupt:
+                reason, code = "interrupted twice: stopped at once (resume from the last checkpoint)", EXIT_STOPPED
+                emit(events, "signal", step=trainer.step, signal="SIGINT", action="stopped at once")
+        return self.finish(started, reason, code)
+
+    def loop(self) -> tuple[str, int]:
+        trainer, events, status, experiment = self.trainer, self.folder.events, self.folder.status, self.experiment
+        log_every = max(1, experiment.run.log_every)
+        batch = experiment.loaders["train"].batch * experiment.run.microbatches
+        window_start, window_steps = time.time(), 0
+        self.record: dict[str, Any] = {}
+        policy = experiment.run.checkpoint
+        while trainer.step < self.steps:
+            record = trainer.train_step()
+            self.record = record
+            step = trainer.step
+            window_steps += 1
+            if record.get("diagnostics") is not None:
+                emit(events, "diagnostic", step=step, values=record["diagnostics"])
+            if record.get("stage"):
+                emit(events, "stage", step=step - 1, name=record["stage"], loader="train", index=trainer.stage_index)
+            if not record["finite"]:
+                outcome = self.guard(record)
+                if outcome is not None:
+                    return outcome
+                continue
+            self.skipped_in_a_row = 0
+            if step % log_every == 0 or step == self.steps:
+                step_time = (time.time() - window_start) / max(window_steps, 1)
+                emit(events, "step", step=step, loss=record["loss"], metrics=record["metrics"], lr=record["lr"], grad_norm=record["grad_norm"],
+                     step_time=step_time, examples_per_s=batch / step_time if step_time > 0 else None)
+                eta = step_time * (self.steps - step)
+                status.update(step=step, metrics={"loss": record["loss"], **record["metrics"]}, eta_s=eta)
+                if self.options.progress:
+                    sys.stderr.write(f"\rstep {step}/{self.steps}  loss {record['loss']:.4f}  {1 / step_time if step_time else 0:.0f} steps/s  ETA {eta:.0f}s   ")
+                    sys.stderr.flush()
+                window_start, window_steps = time.time(), 0
+            due = [e for e in experiment.evals if e.every and step % e.every == 0]
+            reached = run_evals(due, self.evaluators, trainer, step, events, status, self.evals_done, self.best, experiment)
+            if reached:
+                self.target_step = step
+                return f"target reached: {reached}", 0
+            if policy.every and step % policy.every == 0 and step < self.steps:
+                self.checkpoint()
+            if self.signal is not None:
+                name = signal.Signals(self.signal).name
+                emit(events, "signal", step=step, signal=name, action="checkpoint and stop")
+                self.checkpoint()
+                return f"stopped by {name} after step {step}: resumable", EXIT_STOPPED
+        at_end = [e for e in experiment.evals if e.at_end or (e.every and trainer.step % e.every != 0)]
+        reached = run_evals(at_end, self.evaluators, trainer, trainer.step, events, status, self.evals_done, self.best, experiment)
         if reached:
-            target_step, reason = step + 1, f"target reached: {reached}"
-            break
-    at_end = [e for e in experiment.evals if e.at_end or (e.every and trainer.step % e.every != 0)]
-    if code == 0 and target_step is None and at_end:
-        reached = run_evals(at_end, evaluators, trainer, trainer.step, events, status, evals_done, best, experiment)
-        if reached:
-            target_step, reason = trainer.step, f"target reached: {reached}"
-    if options.progress:
-        sys.stderr.write("\n")
-    wall = time.time() - started
-    final = {"loss": record.get("loss", float("nan")), **record.get("metrics", {})}
-    last_eval = {f"{name}/{k}": v for name, metrics in evals_done.items() for k, v in metrics.items()}
-    summary = Summary(last_eval=last_eval, best_eval=best, target_reached_at_step=target_step, wall_time_s=wall, examples_seen=trainer.seen()[0], tokens_seen=trainer.seen()[1], exit_code=code, reason=reason)
-    status.update(state="finished" if code == 0 else "failed", step=trainer.step, summary=summary)
-    emit(events, "run.end", step=trainer.step, exit_code=code, reason=reason, wall_time_s=wall, final=final)
-    folder.close()
-    return RunResult(slug=name, folder=folder.url, steps=trainer.step, final_loss=record.get("loss"), metrics=record.get("metrics", {}), wall_time_s=wall, exit_code=code, reason=reason)
+            self.target_step = trainer.step
+            return f"target reached: {reached}", 0
+        return "finished", 0
+
+    # -- checkpoints and resume --------------------------------------------------------------------
+    def guard_state(self) -> dict[str, Any]:
+        return {"skipped_in_a_row": self.skipped_in_a_row, "rolled_back": self.rolled_back, "lr_scale": self.trainer.lr_scale}
+
+    def checkpoint(self) -> str:
+        status = self.folder.status
+        status.update(state="checkpointing")
+        trainer = self.trainer
+        started = time.time()
+        state = trainer.snapshot(self.slug, self.guard_state(), {"done": self.evals_done, "best": self.best})
+        name = write_checkpoint(self.store, self.slug, trainer.step, trainer.params, trainer.states, state)
+        prune_checkpoints(self.store, self.slug, self.experiment.run.checkpoint.keep, protect=name)
+        self.last_checkpoint = name
+        emit(self.folder.events, "checkpoint", step=trainer.step, path=f"checkpoints/{name}", seconds=time.time() - started)
+        status.update(state="running", last_checkpoint=name)
+        return name
+
+    def resume_from(self, which: str) -> None:
+        name, warnings = resolve(self.store, self.slug, which)
+        for warning in warnings:
+            self.say(f"warning: {warning}")
+            emit(self.folder.events, "warning", step=None, message=warning)
+        params, states, state = load_checkpoint(self.store, self.slug, name)
+        if state.source_hash != self.experiment.source_hash or state.ir_hash != self.experiment.ir_hash:
+            what = "source" if state.source_hash != self.experiment.source_hash else "IR (selection)"
+            raise ResumeError(f"checkpoint {name} belongs to another {what}: it was written by a run of a different file or selection; start a fresh run instead")
+        missing = [p for p in self.trainer.params if p not in params] + [k for k in self.trainer.states if k not in states]
+        if missing:
+            raise ResumeError(f"checkpoint {name} lacks {missing[0]}; it belongs to another model")
+        self.trainer.restore(params, states, state)
+        self.evals_done = dict(state.eval.get("done", {}))
+        self.best = dict(state.eval.get("best", {}))
+        self.skipped_in_a_row = int(state.guard.get("skipped_in_a_row", 0))
+        self.rolled_back = bool(state.guard.get("rolled_back", False))
+        self.last_checkpoint = name
+        emit(self.folder.events, "resume", step=state.step, from_step=state.step, checkpoint=f"checkpoints/{name}", attempt=self.attempt)
+        self.say(f"resumed from {name} (step {state.step})")
+
+    # -- the finite guard -----------------------------------------------------------------------------
+    def guard(self, record: dict[str, Any]) -> Optional[tuple[str, int]]:
+        """A non-finite loss or gradient: the update was skipped; name the node that made it;
+        then skip, roll back, or stop, as :finite-guard says."""
+        trainer, events = self.trainer, self.folder.events
+        policy = self.experiment.run.finite_guard
+        culprit = trainer.replay_nonfinite()
+        self.skipped_in_a_row += 1
+        action = "skipped"
+        if self.skipped_in_a_row > policy.skip:
+            action = "rolled back" if policy.rollback and not self.rolled_back and self.last_checkpoint else "stopped"
+        emit(events, "nonfinite", step=trainer.step, loss=record["loss"], grad_norm=record["grad_norm"], action=action,
+             node=f"%{culprit.node}" if culprit else None, op=culprit.op if culprit else None, location=culprit.loc if culprit else None,
+             param_path=culprit.path if culprit else None, created=culprit.created if culprit else None,
+             message=culprit.describe() if culprit else "no node of the step's replay produced a non-finite value")
+        if culprit is not None:
+            self.say(f"non-finite at step {trainer.step}: {culprit.describe()}")
+        if action == "skipped":
+            return None
+        if action == "rolled back":
+            assert self.last_checkpoint is not None
+            params, states, state = load_checkpoint(self.store, self.slug, self.last_checkpoint)
+            trainer.restore(params, states, state)
+            self.rolled_back = True
+            self.skipped_in_a_row = 0
+            trainer.lr_scale *= policy.lr_scale if policy.lr_scale is not None else 1.0
+            emit(events, "resume", step=state.step, from_step=state.step, checkpoint=f"checkpoints/{self.last_checkpoint}", reason="finite-guard rollback", lr_scale=trainer.lr_scale)
+            return None
+        where = f": {culprit.describe()}" if culprit else ""
+        return f"non-finite loss or gradient at step {trainer.step}{where}", 1
+
+    # -- the end ------------------------------------------------------------------------------------------
+    def finish(self, started: float, reason: str, code: int) -> RunResult:
+        trainer, events, status = self.trainer, self.folder.events, self.folder.status
+        record = getattr(self, "record", {}) or {}
+        if code in (0,) and trainer.step > 0:
+            self.checkpoint()  # the final checkpoint
+        wall = time.time() - started
+        final = {"loss": record.get("loss", float("nan")), **record.get("metrics", {})}
+        last_eval = {f"{name}/{k}": v for name, metrics in self.evals_done.items() for k, v in metrics.items()}
+        examples, tokens = trainer.seen()
+        summary = Summary(last_eval=last_eval, best_eval=self.best, target_reached_at_step=self.target_step, wall_time_s=wall,
+                          examples_seen=examples, tokens_seen=tokens, exit_code=code, reason=reason)
+        state = "finished" if code == 0 else ("stopped" if code == EXIT_STOPPED else "failed")
+        status.update(state=state, step=trainer.step, summary=summary, last_checkpoint=self.last_checkpoint)
+        emit(events, "run.end", step=trainer.step, exit_code=code, reason=reason, wall_time_s=wall, final=final)
+        if self.options.progress:
+            sys.stderr.write("\n")
+        self.folder.close()
+        return self.result(trainer.step, record.get("loss"), record.get("metrics", {}), wall, code, reason)
+
+    def result(self, steps: int, loss: Optional[float], metrics: dict[str, float], wall: float, code: int, reason: str) -> RunResult:
+        return RunResult(slug=self.slug, folder=self.folder.url, steps=steps, final_loss=loss, metrics=metrics, wall_time_s=wall, exit_code=code, reason=reason)
+
+    @contextmanager
+    def signal_handlers(self) -> Iterator[None]:
+        """SIGINT/SIGTERM: finish the step, checkpoint, stop (exit 75). A second SIGINT stops
+        at once; only published checkpoints (MANIFEST written last) are ever resumed."""
+        if not self.options.signals or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if self.signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self.signal = signum
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
 def run_evals(

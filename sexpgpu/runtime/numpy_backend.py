@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
+from pydantic import BaseModel
 
 from ..ir.dtypes import numpy_dtype
 from ..ir.graph import Program, TensorType
@@ -110,6 +111,10 @@ class CompiledProgram:
         self.input_types = {i.name: i.type for i in program.inputs}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with np.errstate(all="ignore"):  # non-finite values are the finite guard's business
+            return self._run(feeds)
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         values: list[Any] = [None] * self.plan.slots
         for name, nid in self.input_ids.items():
             values[nid] = feeds[name]
@@ -129,3 +134,38 @@ class CompiledProgram:
     def run_copy(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Like run, but the results are copies the caller may keep across runs."""
         return {k: np.array(v, copy=True) for k, v in self.run(feeds).items()}
+
+
+class NonFiniteNode(BaseModel):
+    """The first node of a replay whose result is not finite."""
+
+    node: int
+    op: str
+    loc: Optional[str]
+    path: Optional[str]
+    created: bool  # True: its inputs were finite and it made the non-finite value
+
+    def describe(self) -> str:
+        where = f" at {self.loc}" if self.loc else ""
+        inside = f" in {self.path}" if self.path else ""
+        how = "created it" if self.created else "passed on a non-finite input"
+        return f"{self.op} (%{self.node}){where}{inside} {how}"
+
+
+def first_nonfinite(program: Program, feeds: dict[str, np.ndarray]) -> Optional[NonFiniteNode]:
+    """Replay PROGRAM node by node on fresh arrays and name the first node whose result holds
+    a NaN or an infinity (the finite guard's report)."""
+    values: dict[int, Any] = {i.id: feeds[i.name] for i in program.inputs if i.name in feeds}
+
+    def finite(x: Any) -> bool:
+        a = np.asarray(x)
+        return a.dtype.kind not in "fc" or bool(np.isfinite(a.astype(np.float32) if a.dtype.itemsize == 2 else a).all())
+
+    for node in program.nodes:
+        with np.errstate(all="ignore"):
+            result = op_def(node.op).numpy([values[a] for a in node.args], dict(node.attrs), None)
+        values[node.id] = result
+        if not finite(result):
+            created = all(finite(values[a]) for a in node.args)
+            return NonFiniteNode(node=node.id, op=node.op, loc=node.loc, path=node.path, created=created)
+    return None

@@ -11,8 +11,9 @@ URL) and paths relative to it, always with `/`. It gives:
   `slug/events/000000.jsonl`, `000001.jsonl`, ... on object stores, which cannot append.
   `read_lines` reads either form back in order.
 - retries with exponential backoff on transient errors (OSError, ConnectionError,
-  TimeoutError, but not the errors that say what the path is: missing, exists, is a folder,
-  permission); after the configured attempts a `StoreError` is raised.
+  TimeoutError, and the S3 client's connection errors, which are not OSErrors; but not the
+  errors that say what the path is: missing, exists, is a folder, permission); after the
+  configured attempts a `StoreError` is raised.
 """
 
 from __future__ import annotations
@@ -44,6 +45,19 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     PermissionError,
 )
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (OSError, ConnectionError, TimeoutError)
+# Client libraries whose connection errors are not OSErrors, by (module, class name), so that
+# checking them imports nothing: s3fs lets botocore's through untranslated (the endpoint
+# refused or dropped the connection, timed out, or sent a reply cut short).
+CLIENT_TRANSIENT_ERRORS = frozenset(
+    {
+        ("botocore.exceptions", "ConnectionError"),  # EndpointConnectionError, ConnectTimeout...
+        ("botocore.exceptions", "HTTPClientError"),  # ConnectionClosedError, ReadTimeoutError...
+        ("botocore.exceptions", "IncompleteReadError"),
+        ("botocore.exceptions", "ResponseStreamingError"),
+        ("aiohttp.client_exceptions", "ClientConnectionError"),
+        ("aiohttp.client_exceptions", "ClientPayloadError"),
+    }
+)
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -71,7 +85,11 @@ def is_transient(error: BaseException) -> bool:
     operation that already spent its own retries."""
     if isinstance(error, (StoreError, *PERMANENT_ERRORS)):
         return False
-    return isinstance(error, TRANSIENT_ERRORS)
+    if isinstance(error, TRANSIENT_ERRORS):
+        return True
+    return any(
+        (cls.__module__, cls.__name__) in CLIENT_TRANSIENT_ERRORS for cls in type(error).__mro__
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,697 @@
+"""`status RUN`, `logs RUN`, `checkpoint RUN ...` and `annotate RUN TEXT`: read (and annotate)
+a run folder, local or remote, through the store. None of them writes to a run folder except
+`annotate`, which appends one event through the store's append-only log.
+
+RUN is a run folder: a local path (`runs/quickstart.base.98663fcb`), or a URL whose last path
+segment is the slug (`s3://bucket/prefix/SLUG`, `memory://SLUG`). A bare slug that is not a
+folder here is looked up in `--store`, else `$SEXPGPU_STORE`, else `./runs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+from ..runtime.events import AnnotationEvent, apply_resumes, events_prefix
+from ..runtime.status import Status, status_path
+from ..runtime.store import Store, StoreError
+from .common import Exit, fail_usage, print_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    s = sub.add_parser("status", help="a run's status file: state, step, metrics, ETA, heartbeat, summary")
+    _run_arguments(s)
+    s.set_defaults(run=run_status)
+
+    lg = sub.add_parser("logs", help="a run's events, one per line (--follow to keep reading)")
+    _run_arguments(lg)
+    lg.add_argument("--kind", dest="kinds", action="append", default=[], metavar="K", help="only events of kind K (repeatable)")
+    lg.add_argument("--all", action="store_true", help="keep the events a resume superseded")
+    lg.add_argument("-n", "--tail", type=int, default=None, metavar="N", help="only the last N events (after --kind)")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep reading new events until run.end or Ctrl-C")
+    lg.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="how often --follow polls (default 1)")
+    lg.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="stop following after SECONDS (exit 0)")
+    lg.set_defaults(run=run_logs)
+
+    c = sub.add_parser("checkpoint", help="list, show, verify or export a run's checkpoints")
+    _run_arguments(c)
+    c.add_argument("action", nargs="?", default="list", choices=["list", "show", "verify", "export"], help="default: list")
+    c.add_argument("step", nargs="?", default=None, metavar="STEP", help="500, step-000500 or latest (show, export)")
+    c.add_argument("--format", choices=["safetensors", "npz"], default=None, help="export format (default: from -o, else safetensors)")
+    c.add_argument("-o", "--output", default=None, metavar="FILE", help="export to FILE (default SLUG.step-NNNNNN.FORMAT here)")
+    c.set_defaults(run=run_checkpoint)
+
+    a = sub.add_parser("annotate", help="append an annotation event to a run's log")
+    _run_arguments(a)
+    a.add_argument("text")
+    a.add_argument("--author", default=None, help="default $USER")
+    a.set_defaults(run=run_annotate)
+
+
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar="RUN", help="a run folder: a local path or a URL (s3://bucket/prefix/SLUG)")
+    parser.add_argument("--store", default=None, metavar="URL", help="read RUN as a slug in this store")
+    parser.add_argument("--json", action="store_true")
+
+
+# -- RUN -> store + slug ----------------------------------------------------------------------
+
+
+@dataclass
+class RunRef:
+    store: Store
+    slug: str
+
+    @property
+    def url(self) -> str:
+        return self.store.url_of(self.slug)
+
+    def url_of(self, relative: str) -> str:
+        return self.store.url_of(f"{self.slug}/{relative}")
+
+
+def split_run(target: str, store: Optional[str] = None) -> tuple[str, str]:
+    """(store URL, slug) for RUN: the last path segment is the slug, the rest the store."""
+    if store is not None:
+        slug = target.strip("/")
+        if not slug or "/" in slug:
+            fail_usage(f"with --store, RUN is a slug (no '/'): {target}")
+        return store, slug
+    if "://" in target:
+        protocol, rest = target.split("://", 1)
+        rest = rest.rstrip("/")
+        if not rest:
+            fail_usage(f"{target}: the URL names no run folder (its last segment is the slug)")
+        if "/" in rest:
+            root, slug = rest.rsplit("/", 1)
+            return f"{protocol}://{root}", slug
+        return f"{protocol}://", rest
+    path = Path(target).expanduser()
+    if "/" not in target.rstrip("/") and not path.exists():
+        default = os.environ.get("SEXPGPU_STORE") or "./runs"
+        return default, target.rstrip("/")
+    path = path.resolve()
+    if path.parent == path:
+        fail_usage(f"{target} is not a run folder")
+    return str(path.parent), path.name
+
+
+def open_run(args: argparse.Namespace) -> RunRef:
+    store_url, slug = split_run(args.target, args.store)
+    if not slug or slug.startswith("."):
+        fail_usage(f"{args.target}: not a run folder name")
+    try:
+        store = Store.open(store_url)
+    except ImportError as exc:
+        raise CannotReach(f"cannot open the store {store_url}: {exc} (for s3:// install the cluster extra: pip install 'sexpgpu[cluster]')") from exc
+    except (ValueError, OSError) as exc:
+        raise CannotReach(f"cannot open the store {store_url}: {exc}") from exc
+    return RunRef(store, slug)
+
+
+class CannotReach(Exception):
+    """The store cannot be opened or read: exit 4."""
+
+
+def _guarded(verb: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def wrapper(args: argparse.Namespace) -> int:
+        try:
+            return verb(args)
+        except CannotReach as exc:
+            print(f"sexpgpu: {exc}", file=sys.stderr)
+            return Exit.CANNOT_START
+        except StoreError as exc:
+            print(f"sexpgpu: the store failed: {exc}", file=sys.stderr)
+            return Exit.CANNOT_START
+        except PermissionError as exc:
+            print(f"sexpgpu: the store refused access: {exc}", file=sys.stderr)
+            return Exit.CANNOT_START
+        except Exception as exc:  # the S3 client's own errors (credentials, endpoint, access)
+            if not _client_error(exc):
+                raise
+            print(f"sexpgpu: cannot read the store ({type(exc).__name__}: {exc}); check the AWS_* settings and the bucket", file=sys.stderr)
+            return Exit.CANNOT_START
+
+    wrapper.__name__ = verb.__name__
+    wrapper.__doc__ = verb.__doc__
+    return wrapper
+
+
+def _client_error(exc: BaseException) -> bool:
+    return any(cls.__module__.split(".")[0] in CLIENT_MODULES for cls in type(exc).__mro__)
+
+
+CLIENT_MODULES = frozenset({"botocore", "aiobotocore", "s3fs", "aiohttp", "boto3"})
+
+
+def _is_run(ref: RunRef) -> bool:
+    return ref.store.exists(f"{ref.slug}/run.json") or ref.store.exists(status_path(ref.slug))
+
+
+def _no_run(ref: RunRef) -> int:
+    print(f"sexpgpu: no run at {ref.url} (looked for {ref.url_of('run.json')} and {ref.url_of('status.json')})", file=sys.stderr)
+    return Exit.USAGE
+
+
+# -- formatting helpers -----------------------------------------------------------------------
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "nan"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def _metrics(values: Optional[dict[str, Any]]) -> str:
+    if not values:
+        return "-"
+    return "  ".join(f"{k} {_num(v)}" for k, v in values.items())
+
+
+def _duration(seconds: Optional[float]) -> str:
+    if seconds is None or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+        return "-"
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def _age(stamp: Optional[str]) -> Optional[float]:
+    if not stamp:
+        return None
+    try:
+        when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return (datetime.now(timezone.utc) - when).total_seconds()
+
+
+def _bytes(n: Optional[int]) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{n} B"
+
+
+# -- status -----------------------------------------------------------------------------------
+
+
+@_guarded
+def run_status(args: argparse.Namespace) -> int:
+    """The status file, as it is (--json) or for people."""
+    ref = open_run(args)
+    path = status_path(ref.slug)
+    if not ref.store.exists(path):
+        where = ref.url_of("status.json")
+        hint = "" if _is_run(ref) else " (and no run.json: is RUN a run folder?)"
+        print(f"sexpgpu: no status file at {where}{hint}", file=sys.stderr)
+        return Exit.USAGE
+    try:
+        raw = json.loads(ref.store.read_text(path))
+        status = Status.model_validate(raw)
+    except ValueError as exc:
+        print(f"sexpgpu: {ref.url_of('status.json')} is not a valid status file: {exc}", file=sys.stderr)
+        return Exit.RUN_FAILED
+    if args.json:
+        print_json(raw)
+        return Exit.OK
+    for line in status_lines(ref, status):
+        print(line)
+    return Exit.OK
+
+
+def status_lines(ref: RunRef, s: Status) -> list[str]:
+    lines = [f"{ref.slug}  {ref.url}"]
+    rows: list[tuple[str, str]] = [("state", s.state)]
+    rows.append(("step", f"{s.step}/{s.steps}" if s.steps is not None else str(s.step)))
+    rows.append(("metrics", _metrics(s.metrics)))
+    rows.append(("last eval", _metrics(s.last_eval)))
+    if s.summary is None:
+        rows.append(("eta", _duration(s.eta_s)))
+    age = _age(s.heartbeat)
+    beat = s.heartbeat + (f" ({_duration(age)} ago)" if age is not None else "")
+    rows.append(("heartbeat", beat))
+    where = s.host + (f", worker {s.worker}" if s.worker else "")
+    rows.append(("attempt", f"{s.attempt} on {where}"))
+    rows.append(("checkpoint", s.last_checkpoint or "-"))
+    rows.append(("started", s.started))
+    for name, value in rows:
+        lines.append(f"{name:<11}{value}")
+    if s.summary is not None:
+        m = s.summary
+        lines.append(f"{'summary':<11}{m.reason or '-'} (exit {m.exit_code})")
+        lines.append(f"{'':<11}wall time {_duration(m.wall_time_s)}, examples seen {m.examples_seen}"
+                     + (f", tokens seen {m.tokens_seen}" if m.tokens_seen is not None else ""))
+        if m.target_reached_at_step is not None:
+            lines.append(f"{'':<11}target reached at step {m.target_reached_at_step}")
+        if m.last_eval:
+            lines.append(f"{'':<11}last eval  {_metrics(m.last_eval)}")
+        if m.best_eval:
+            lines.append(f"{'':<11}best eval  {_metrics(m.best_eval)}")
+    return lines
+
+
+# -- logs -------------------------------------------------------------------------------------
+
+# The fields each kind shows first, in this order; the rest follow as key=value.
+MAIN_FIELDS: dict[str, tuple[str, ...]] = {
+    "run.start": ("slug", "attempt", "steps", "host", "worker", "device"),
+    "compile": ("ir_hash", "params", "seconds", "cached"),
+    "step": ("loss", "metrics", "lr", "grad_norm", "step_time", "examples_per_s", "tokens_per_s", "memory"),
+    "eval": ("name", "metrics", "seconds"),
+    "diagnostic": ("values",),
+    "stage": ("name", "loader", "index"),
+    "checkpoint": ("path", "bytes", "seconds"),
+    "nonfinite": ("loss", "node", "location", "param_path", "created", "action", "message"),
+    "warning": ("code", "message"),
+    "signal": ("signal",),
+    "preempted": ("reason",),
+    "resume": ("from_step", "checkpoint", "attempt"),
+    "target": ("metric", "value", "threshold"),
+    "annotation": ("text", "author"),
+    "run.end": ("exit_code", "reason", "state", "wall_time_s", "final"),
+}
+HEAD = ("v", "t", "kind", "step")
+
+
+def _field(key: str, value: Any) -> str:
+    if key == "ir_hash" and isinstance(value, str):
+        return f"ir_hash={value[:12]}"
+    if key in ("text", "reason", "message") and isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False) if key == "text" else value
+    if key == "author":
+        return f"({value})"
+    if key in ("step_time", "seconds", "wall_time_s") and isinstance(value, (int, float)):
+        return f"{key}={_duration(value) if value >= 1 else f'{value * 1000:.3g}ms'}"
+    if key == "bytes" and isinstance(value, int):
+        return _bytes(value)
+    if key in ("metrics", "values") and isinstance(value, dict):
+        return _metrics(value) if value else ""
+    if key == "final" and isinstance(value, dict):
+        return f"final {_metrics(value)}" if value else ""
+    if key == "lr" and isinstance(value, dict):
+        return "lr " + " ".join(f"{k}={_num(v)}" for k, v in value.items()) if value else ""
+    if key in ("loss", "grad_norm", "value", "threshold"):
+        return f"{key} {_num(value)}"
+    if key == "name":
+        return str(value)
+    if isinstance(value, (dict, list)):
+        return f"{key}={json.dumps(value, ensure_ascii=False, separators=(',', ':'))}"
+    return f"{key}={_num(value)}"
+
+
+def event_line(event: dict[str, Any]) -> str:
+    """One event for people: time, step, kind, then its main fields."""
+    stamp = str(event.get("t", ""))
+    clock = stamp[11:19] if len(stamp) >= 19 else stamp
+    step = event.get("step")
+    kind = str(event.get("kind", "?"))
+    order = MAIN_FIELDS.get(kind, ())
+    keys = [k for k in order if k in event] + [k for k in event if k not in order and k not in HEAD]
+    parts = [p for p in (_field(k, event[k]) for k in keys if event[k] is not None) if p]
+    step_text = "-" if step is None else str(step)
+    return f"{clock:<8}  {step_text:>7}  {kind:<11} {'  '.join(parts)}".rstrip()
+
+
+def _decode(line: str) -> Optional[dict[str, Any]]:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def read_raw(ref: RunRef) -> list[tuple[str, dict[str, Any]]]:
+    """Every event line of the run with its decoded object, in order; others skipped."""
+    pairs = []
+    for line in ref.store.read_lines(events_prefix(ref.slug)):
+        event = _decode(line)
+        if event is not None:
+            pairs.append((line, event))
+    return pairs
+
+
+def supersede(pairs: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    kept = {id(event) for event in apply_resumes([event for _, event in pairs])}
+    return [pair for pair in pairs if id(pair[1]) in kept]
+
+
+def _ended(events: Iterable[dict[str, Any]]) -> bool:
+    """Whether the latest attempt has ended: a run.end after the last run.start/resume."""
+    state = False
+    for event in events:
+        kind = event.get("kind")
+        if kind == "run.end":
+            state = True
+        elif kind in ("run.start", "resume"):
+            state = False
+    return state
+
+
+@_guarded
+def run_logs(args: argparse.Namespace) -> int:
+    """Events one per line; --json prints the stored JSON lines as they are."""
+    if args.tail is not None and args.tail < 0:
+        fail_usage("--tail needs a number >= 0")
+    if args.interval <= 0:
+        fail_usage("--interval needs a positive number of seconds")
+    ref = open_run(args)
+    if not _is_run(ref) and not ref.store.read_lines(events_prefix(ref.slug)):
+        return _no_run(ref)
+    kinds = set(args.kinds)
+
+    def show(pairs: list[tuple[str, dict[str, Any]]]) -> None:
+        for line, event in pairs:
+            print(line if args.json else event_line(event))
+        sys.stdout.flush()
+
+    def wanted(pairs: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+        return [p for p in pairs if not kinds or p[1].get("kind") in kinds]
+
+    pairs = read_raw(ref)
+    first = wanted(pairs if args.all else supersede(pairs))
+    if args.tail is not None:
+        first = first[len(first) - args.tail:] if args.tail else []
+    show(first)
+    if not args.follow:
+        return Exit.OK
+    seen = len(pairs)
+    history = [event for _, event in pairs]
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    try:
+        while not _ended(history):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            pause = args.interval if deadline is None else max(0.0, min(args.interval, deadline - time.monotonic()))
+            time.sleep(pause)
+            pairs = read_raw(ref)
+            if len(pairs) < seen:  # the log was rewritten (a torn tail dropped): start over
+                seen = 0
+                history = []
+            fresh = pairs[seen:]
+            seen = len(pairs)
+            history.extend(event for _, event in fresh)
+            show(wanted(fresh))
+    except KeyboardInterrupt:
+        pass
+    return Exit.OK
+
+
+# -- checkpoint -------------------------------------------------------------------------------
+
+
+def _ckpt() -> Any:
+    from ..runtime import checkpoint
+
+    return checkpoint
+
+
+def _checkpoint_name(ref: RunRef, which: str) -> str:
+    ck = _ckpt()
+    if which == "latest":
+        latest = f"{ref.slug}/checkpoints/LATEST"
+        if not ref.store.exists(latest):
+            raise Missing(f"no LATEST at {ref.url_of('checkpoints/LATEST')}")
+        return ref.store.read_text(latest).strip()
+    if which.isdigit():
+        return str(ck.step_name(int(which)))
+    name = which.rstrip("/").split("/")[-1]
+    if not ck.STEP_DIR.match(name):
+        fail_usage(f"STEP {which}: write a step number (500), a folder name (step-000500) or latest")
+    return name
+
+
+class Missing(Exception):
+    """What RUN or STEP names does not exist: exit 2."""
+
+
+def read_safetensors_header(data: bytes) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """(tensor name -> {dtype, shape, bytes}, metadata) from a safetensors file's header."""
+    if len(data) < 8:
+        raise ValueError("shorter than a safetensors header")
+    (size,) = struct.unpack("<Q", data[:8])
+    if size > len(data) - 8:
+        raise ValueError(f"header of {size} bytes does not fit in a file of {len(data)} bytes")
+    header = json.loads(data[8 : 8 + size].decode("utf-8"))
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    meta = header.pop("__metadata__", None) or {}
+    tensors = {}
+    for name, info in sorted(header.items()):
+        begin, end = info.get("data_offsets", [0, 0])
+        tensors[name] = {"dtype": info.get("dtype"), "shape": list(info.get("shape", [])), "bytes": int(end) - int(begin)}
+    return tensors, meta
+
+
+def _list_doc(ref: RunRef, deep: bool) -> dict[str, Any]:
+    ck = _ckpt()
+    infos = ck.list_checkpoints(ref.store, ref.slug, verify=deep)
+    latest_path = f"{ref.slug}/checkpoints/LATEST"
+    latest = ref.store.read_text(latest_path).strip() if ref.store.exists(latest_path) else None
+    rows = []
+    for info in infos:
+        published = ref.store.exists(f"{ref.slug}/checkpoints/{info.name}/MANIFEST.json")
+        size = None
+        if published:
+            try:
+                manifest = ck.Manifest.model_validate_json(ref.store.read_bytes(f"{ref.slug}/checkpoints/{info.name}/MANIFEST.json"))
+                size = sum(entry.bytes for entry in manifest.files.values())
+            except ValueError:
+                pass
+        rows.append({"name": info.name, "step": info.step, "valid": info.valid, "published": published,
+                     "reason": info.reason, "bytes": size, "latest": info.name == latest})
+    return {"run": ref.url, "latest": latest, "checkpoints": rows}
+
+
+@_guarded
+def run_checkpoint(args: argparse.Namespace) -> int:
+    action = args.action
+    if action in ("show", "export") and args.step is None:
+        fail_usage(f"checkpoint {action} needs STEP (500, step-000500 or latest)")
+    if action in ("list", "verify") and args.step is not None:
+        fail_usage(f"checkpoint {action} takes no STEP")
+    if action != "export" and (args.format is not None or args.output is not None):
+        fail_usage("--format and -o go with export")
+    ref = open_run(args)
+    if not _is_run(ref) and not ref.store.list(f"{ref.slug}/checkpoints"):
+        return _no_run(ref)
+    try:
+        if action == "list":
+            return _ck_list(ref, args)
+        if action == "verify":
+            return _ck_verify(ref, args)
+        name = _checkpoint_name(ref, args.step)
+        if not ref.store.list(f"{ref.slug}/checkpoints/{name}"):
+            raise Missing(f"no checkpoint {name} at {ref.url_of('checkpoints')}")
+        if action == "show":
+            return _ck_show(ref, name, args)
+        return _ck_export(ref, name, args)
+    except Missing as exc:
+        print(f"sexpgpu: {exc}", file=sys.stderr)
+        return Exit.USAGE
+
+
+def _ck_list(ref: RunRef, args: argparse.Namespace) -> int:
+    doc = _list_doc(ref, deep=False)
+    if args.json:
+        print_json(doc)
+        return Exit.OK
+    rows = doc["checkpoints"]
+    if not rows:
+        print(f"no checkpoints in {ref.url_of('checkpoints')}", file=sys.stderr)
+        return Exit.OK
+    print(f"{'name':<14} {'step':>8}  {'valid':<5}  {'size':>9}  reason")
+    for row in rows:
+        mark = " *" if row["latest"] else ""
+        print(f"{row['name']:<14} {row['step']:>8}  {'yes' if row['valid'] else 'no':<5}  {_bytes(row['bytes']):>9}  {row['reason'] or '-'}{mark}")
+    if doc["latest"]:
+        print(f"LATEST: {doc['latest']}")
+    return Exit.OK
+
+
+def _ck_verify(ref: RunRef, args: argparse.Namespace) -> int:
+    doc = _list_doc(ref, deep=True)
+    rows = doc["checkpoints"]
+    problems = []
+    for row in rows:
+        # An unpublished folder is a write that did not finish: never loaded, so not corrupt.
+        row["corrupt"] = row["published"] and not row["valid"]
+        if row["corrupt"]:
+            problems.append(f"{row['name']}: {row['reason']}")
+    latest = doc["latest"]
+    doc["latest_problem"] = None
+    if latest is not None:
+        target = next((r for r in rows if r["name"] == latest), None)
+        if target is None:
+            doc["latest_problem"] = f"LATEST names {latest}, which does not exist"
+        elif not target["valid"]:
+            doc["latest_problem"] = f"LATEST names {latest}, which cannot be loaded"
+    doc["ok"] = not problems
+    if args.json:
+        print_json(doc)
+    else:
+        if not rows:
+            print(f"no checkpoints in {ref.url_of('checkpoints')}")
+        for row in rows:
+            verdict = "ok" if row["valid"] else ("CORRUPT" if row["corrupt"] else "unpublished")
+            print(f"{row['name']}  {verdict}  {row['reason']}".rstrip())
+        if doc["latest_problem"]:
+            print(doc["latest_problem"])
+        if problems:
+            print(f"{len(problems)} problem(s): a corrupt checkpoint is never loaded (resume from it exits 6)", file=sys.stderr)
+    return Exit.OK if not problems else Exit.RESUME_REFUSED
+
+
+def _ck_show(ref: RunRef, name: str, args: argparse.Namespace) -> int:
+    ck = _ckpt()
+    folder = f"{ref.slug}/checkpoints/{name}"
+    problem = ck.check(ref.store, ref.slug, name, deep=True)
+    doc: dict[str, Any] = {"name": name, "folder": ref.url_of(f"checkpoints/{name}"), "valid": problem is None, "reason": problem or ""}
+    try:
+        doc["manifest"] = json.loads(ref.store.read_text(f"{folder}/MANIFEST.json"))
+    except (FileNotFoundError, ValueError):
+        doc["manifest"] = None
+    try:
+        doc["state"] = json.loads(ref.store.read_text(f"{folder}/state.json"))
+    except (FileNotFoundError, ValueError) as exc:
+        doc["state"] = None
+        doc["state_error"] = f"{type(exc).__name__}: {exc}"
+    for part in ("params", "optim"):
+        try:
+            tensors, meta = read_safetensors_header(ref.store.read_bytes(f"{folder}/{part}.safetensors"))
+            doc[part] = {"tensors": tensors, "metadata": meta, "count": len(tensors),
+                         "values": sum(math.prod(t["shape"]) for t in tensors.values())}
+        except (FileNotFoundError, ValueError, UnicodeDecodeError) as exc:
+            doc[part] = {"error": f"{type(exc).__name__}: {exc}"}
+    code = Exit.OK if problem is None else Exit.RESUME_REFUSED
+    if args.json:
+        print_json(doc)
+        return code
+    print(f"{name}  {doc['folder']}")
+    print(f"valid      {'yes' if problem is None else 'no: ' + problem}")
+    state = doc["state"]
+    if state is not None:
+        print("state.json")
+        for key, value in state.items():
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+            if len(text) > 100:
+                text = text[:97] + "..."
+            print(f"  {key:<15}{text}")
+    else:
+        print(f"state.json unreadable: {doc.get('state_error')}")
+    for part in ("params", "optim"):
+        info = doc[part]
+        if "error" in info:
+            print(f"{part}.safetensors unreadable: {info['error']}")
+            continue
+        print(f"{part}.safetensors: {info['count']} tensors, {info['values']} values")
+        for tname, t in info["tensors"].items():
+            shape = "(" + " ".join(str(d) for d in t["shape"]) + ")"
+            print(f"  {tname:<40} {str(t['dtype']):<5} {shape}")
+    if problem is not None:
+        print(f"checkpoint {name} cannot be loaded: {problem}", file=sys.stderr)
+    return code
+
+
+def _ck_export(ref: RunRef, name: str, args: argparse.Namespace) -> int:
+    ck = _ckpt()
+    fmt = args.format
+    if fmt is None:
+        fmt = "npz" if args.output and args.output.endswith(".npz") else "safetensors"
+    output = Path(args.output) if args.output else Path(f"{ref.slug}.{name}.{fmt}")
+    problem = ck.check(ref.store, ref.slug, name, deep=True)
+    if problem is not None:
+        print(f"sexpgpu: checkpoint {name} cannot be exported: {problem}", file=sys.stderr)
+        return Exit.RESUME_REFUSED
+    data = ref.store.read_bytes(f"{ref.slug}/checkpoints/{name}/params.safetensors")
+    # Checked against its hash just above; the bytes read now are checked again below.
+    import hashlib
+
+    manifest = ck.Manifest.model_validate_json(ref.store.read_bytes(f"{ref.slug}/checkpoints/{name}/MANIFEST.json"))
+    entry = manifest.files.get("params.safetensors")
+    if entry is None or hashlib.sha256(data).hexdigest() != entry.sha256:
+        print(f"sexpgpu: checkpoint {name} changed while it was read; not exported", file=sys.stderr)
+        return Exit.RESUME_REFUSED
+    tensors, _ = read_safetensors_header(data)
+    if output.parent and not output.parent.exists():
+        fail_usage(f"-o {output}: the folder {output.parent} does not exist")
+    if fmt == "safetensors":
+        payload = data  # already one safetensors file of every parameter
+    else:
+        import io
+
+        import numpy as np
+        from safetensors.numpy import load as load_tensors
+
+        arrays = dict(load_tensors(data))
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]
+        payload = buffer.getvalue()
+    temp = output.with_name(f".{output.name}.tmp")
+    temp.write_bytes(payload)
+    os.replace(temp, output)
+    doc = {"checkpoint": name, "format": fmt, "file": str(output), "bytes": len(payload), "tensors": len(tensors)}
+    if args.json:
+        print_json(doc)
+    else:
+        print(f"{output}  ({len(tensors)} tensors, {_bytes(len(payload))}, from {name})")
+    return Exit.OK
+
+
+# -- annotate ---------------------------------------------------------------------------------
+
+
+@_guarded
+def run_annotate(args: argparse.Namespace) -> int:
+    """Append one `annotation` event to the run's log, at the status's current step."""
+    text = args.text
+    if not text.strip():
+        fail_usage("the annotation TEXT is empty")
+    if "\n" in text or "\r" in text:
+        text = " ".join(text.splitlines())
+    ref = open_run(args)
+    if not _is_run(ref):
+        return _no_run(ref)
+    step = None
+    path = status_path(ref.slug)
+    if ref.store.exists(path):
+        try:
+            step = Status.model_validate_json(ref.store.read_text(path)).step
+        except ValueError:
+            step = None
+    author = args.author if args.author is not None else (os.environ.get("USER") or None)
+    event = AnnotationEvent(text=text, author=author, step=step)
+    line = event.to_line()
+    ref.store.append_lines(events_prefix(ref.slug), [line])
+    if args.json:
+        print_json(json.loads(line))
+    else:
+        print(f"annotated {ref.slug} at step {step if step is not None else '-'}")
+    return Exit.OK

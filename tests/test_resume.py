@@ -1,0 +1,151 @@
+"""Runs that survive: checkpoints, exact resume after SIGTERM and SIGKILL at random moments,
+refused and corrupt checkpoints, the finite guard's report."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from sexpgpu.compile.pipeline import compile_file
+from sexpgpu.runtime.checkpoint import ResumeError, list_checkpoints, load_checkpoint
+from sexpgpu.runtime.loop import RunOptions, train
+from sexpgpu.runtime.runfolder import RunFolder
+from sexpgpu.runtime.store import Store
+
+LONG = (REPO / "examples" / "charlm.lisp").read_text().replace(
+    "(defrun :steps 600 :seed 0 :log-every 50)", "(defrun :steps 400 :seed 0 :log-every 10 :checkpoint (:every 10 :keep 2))"
+).replace('"data/', f'"{REPO / "examples" / "data"}/')
+
+
+def write_run(tmp_path: Path, text: str = LONG) -> Path:
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    path = tmp_path / "long.lisp"
+    path.write_text(text)
+    return path
+
+
+def final_params(store: Path) -> dict[str, np.ndarray]:
+    (slug,) = [p.name for p in store.iterdir() if p.is_dir()]
+    s = Store.open(str(store))
+    name = [c.name for c in list_checkpoints(s, slug) if c.valid][-1]
+    params, _, state = load_checkpoint(s, slug, name)
+    assert state.step == 400
+    return params
+
+
+def cli_run(path: Path, store: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "NO_COLOR": "1", "OPENBLAS_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "sexpgpu", "run", str(path), "--store", str(store), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_killed_and_resumed_runs_end_bit_identical(tmp_path: Path) -> None:
+    path = write_run(tmp_path)
+    straight = tmp_path / "straight"
+    proc = cli_run(path, straight)
+    assert proc.wait(timeout=300) == 0, proc.stderr.read() if proc.stderr else ""
+    reference = final_params(straight)
+
+    broken = tmp_path / "broken"
+    rng = random.Random(7)
+    kills = 0
+    for attempt in range(12):
+        proc = cli_run(path, broken)
+        if kills < 4:
+            time.sleep(rng.uniform(0.8, 2.0))
+            sig = signal.SIGKILL if kills % 2 == 0 else signal.SIGTERM
+            proc.send_signal(sig)
+            code = proc.wait(timeout=120)
+            kills += 1
+            if code == 0:
+                break  # finished before the signal landed
+            # -SIGTERM: the signal landed before the CLI had installed its handler
+            assert code in (-signal.SIGKILL, -signal.SIGTERM, 75), (code, proc.stderr.read() if proc.stderr else "")
+            continue
+        assert proc.wait(timeout=300) == 0, proc.stderr.read() if proc.stderr else ""
+        break
+    resumed = final_params(broken)
+    for name, value in reference.items():
+        assert value.tobytes() == resumed[name].tobytes(), name
+    (slug,) = [p.name for p in broken.iterdir() if p.is_dir()]
+    steps = [e["step"] for e in RunFolder(Store.open(str(broken)), slug).read_events() if e["kind"] == "step"]
+    assert steps == sorted(set(steps)) and steps[-1] == 400, "a resumed series has no duplicate steps"
+
+
+def compiled(path: Path):  # type: ignore[no-untyped-def]
+    result = compile_file(path)
+    assert result.experiment is not None, [d.headline() for d in result.diagnostics]
+    return result.experiment
+
+
+QUICK = (REPO / "examples" / "quickstart.lisp").read_text().replace("(defrun :steps 300 :seed 0)", "(defrun :steps 60 :seed 0 :checkpoint (:every 20 :keep 3))")
+
+
+def test_resume_refuses_another_source(tmp_path: Path) -> None:
+    path = write_run(tmp_path, QUICK)
+    store = str(tmp_path / "runs")
+    done = train(compiled(path), RunOptions(store=store, max_steps=40, signals=False), say=lambda _: None)
+    path.write_text(QUICK.replace(";;;; quickstart.lisp", ";;;; edited quickstart.lisp"))
+    edited = compiled(path)  # a comment changed: same IR, so the same slug, but another source
+    assert edited.ir_hash != "" and done.slug.endswith(done.slug.split(".")[-1])
+    with pytest.raises(ResumeError, match="another source"):
+        train(edited, RunOptions(store=store, resume="latest", signals=False), say=lambda _: None)
+    env = {**os.environ, "NO_COLOR": "1"}
+    proc = subprocess.run([sys.executable, "-m", "sexpgpu", "run", str(path), "--store", store, "--resume", "latest"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 6 and "resume refused" in proc.stderr
+
+
+def test_corrupt_checkpoints_are_never_loaded(tmp_path: Path) -> None:
+    path = write_run(tmp_path, QUICK)
+    store = tmp_path / "runs"
+    first = train(compiled(path), RunOptions(store=str(store), max_steps=40, signals=False), say=lambda _: None)
+    ckpts = store / first.slug / "checkpoints"
+    newest = sorted(p for p in ckpts.iterdir() if p.is_dir())[-1]
+    data = (newest / "params.safetensors").read_bytes()
+    (newest / "params.safetensors").write_bytes(data[: len(data) // 2])  # truncated
+    with pytest.raises(ResumeError, match="does not match|truncated"):
+        train(compiled(path), RunOptions(store=str(store), resume=newest.name, signals=False), say=lambda _: None)
+    messages: list[str] = []
+    again = train(compiled(path), RunOptions(store=str(store), resume="latest", signals=False), say=messages.append)
+    assert any("skipped" in m and "truncated" in m for m in messages)
+    assert any(m.startswith("resumed from step-000020") for m in messages)
+    assert again.exit_code == 0 and again.steps == 60
+
+
+BLOWUP = """
+(require "sexpgpu/nn" :as nn)
+(require "sexpgpu/optim" :as optim)
+(defmodel fragile ()
+  (defpart inner (nn:linear 2 3))
+  (forward (x)
+    (log (- (inner x) 1000.0))))
+(defloader train :source (synthetic :spirals :n 512 :classes 3) :fields ((x :f32 (2)) (y :i32 ())) :batch 32)
+(defpart net (fragile))
+(defobjective (batch) (mean (net (field batch x))))
+(defgroups (all "**" (optim:sgd :lr 0.1)))
+(defrun :steps 20 :seed 0 :finite-guard (:skip 2))
+"""
+
+
+def test_finite_guard_names_the_node_that_created_the_nan(tmp_path: Path) -> None:
+    path = write_run(tmp_path, BLOWUP)
+    store = tmp_path / "runs"
+    outcome = train(compiled(path), RunOptions(store=str(store), signals=False), say=lambda _: None)
+    assert outcome.exit_code == 1
+    events = [e for e in RunFolder(Store.open(str(store)), outcome.slug).read_events() if e["kind"] == "nonfinite"]
+    assert [e["action"] for e in events] == ["skipped", "skipped", "stopped"]
+    first = events[0]
+    assert first["op"] == "log" and first["created"] is True
+    assert first["location"] == f"{path.name}:7:5" or first["location"].endswith("long.lisp:7:5")
+    assert first["param_path"] == "net"
+    status = json.loads((store / outcome.slug / "status.json").read_text())
+    assert status["state"] == "failed" and status["summary"]["exit_code"] == 1
