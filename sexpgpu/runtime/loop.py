@@ -29,7 +29,7 @@ from .checkpoint import prune as prune_checkpoints
 from .numpy_backend import CompiledProgram, NonFiniteNode, first_nonfinite
 from .runfolder import RunFolder, RunInfo, Selection, slug
 from .status import Summary
-from .store import Store
+from .store import Store, StoreError
 
 
 @dataclass
@@ -41,6 +41,7 @@ class RunOptions:
     sources: dict[str, bytes] = field(default_factory=dict)
     resume: Optional[str] = None  # "latest", a step, or a checkpoint folder
     signals: bool = True  # handle SIGINT/SIGTERM (only possible on the main thread)
+    store_patience_s: float = 600.0  # how long the end of a run waits for an unreachable store
 
 
 class RunResult(BaseModel):
@@ -451,14 +452,22 @@ class Run:
     def guard_state(self) -> dict[str, Any]:
         return {"skipped_in_a_row": self.skipped_in_a_row, "rolled_back": self.rolled_back, "lr_scale": self.trainer.lr_scale}
 
-    def checkpoint(self) -> str:
+    def checkpoint(self) -> Optional[str]:
+        """Write and publish a checkpoint. With the store unreachable (after its retries) the
+        run goes on: this checkpoint is not published (its MANIFEST was never written) and
+        the next one will be."""
         status = self.folder.status
         status.update(state="checkpointing")
         trainer = self.trainer
         started = time.time()
         state = trainer.snapshot(self.slug, self.guard_state(), {"done": self.evals_done, "best": self.best})
-        name = write_checkpoint(self.store, self.slug, trainer.step, trainer.params, trainer.states, state)
-        prune_checkpoints(self.store, self.slug, self.experiment.run.checkpoint.keep, protect=name)
+        try:
+            name = write_checkpoint(self.store, self.slug, trainer.step, trainer.params, trainer.states, state)
+            prune_checkpoints(self.store, self.slug, self.experiment.run.checkpoint.keep, protect=name)
+        except StoreError as exc:
+            emit(self.folder.events, "warning", step=trainer.step, message=f"checkpoint at step {trainer.step} not written, the store is unreachable: {exc}")
+            status.update(state="running")
+            return None
         self.last_checkpoint = name
         emit(self.folder.events, "checkpoint", step=trainer.step, path=f"checkpoints/{name}", seconds=time.time() - started)
         status.update(state="running", last_checkpoint=name)
@@ -533,8 +542,21 @@ class Run:
         emit(events, "run.end", step=trainer.step, exit_code=code, reason=reason, wall_time_s=wall, final=final)
         if self.options.progress:
             sys.stderr.write("\n")
-        self.folder.close()
+        self.close_when_the_store_answers()
         return self.result(trainer.step, record.get("loss"), record.get("metrics", {}), wall, code, reason)
+
+    def close_when_the_store_answers(self) -> None:
+        """Flush the buffered events and the status; if the store is down, wait for it (up to
+        RunOptions.store_patience_s): nothing the run wrote may be lost."""
+        deadline = time.time() + self.options.store_patience_s
+        while True:
+            try:
+                self.folder.close()
+                return
+            except StoreError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(1.0)
 
     def result(self, steps: int, loss: Optional[float], metrics: dict[str, float], wall: float, code: int, reason: str) -> RunResult:
         return RunResult(slug=self.slug, folder=self.folder.url, steps=steps, final_loss=loss, metrics=metrics, wall_time_s=wall, exit_code=code, reason=reason)
