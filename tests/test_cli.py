@@ -186,3 +186,13 @@ def test_lisp_output_goes_to_stdout_but_not_into_json() -> None:
     as_json = sexpgpu("eval", "--json", '(progn (format t "hello~%") 5)')
     assert json.loads(as_json.stdout)[0]["value"] == "5"
     assert as_json.stderr == "hello\n"
+
+
+def test_doctor(tmp_path: Path) -> None:
+    ok = sexpgpu("doctor", "--store", str(tmp_path / "runs"), "--json", "examples/quickstart.lisp", cwd=REPO)
+    assert ok.returncode == 0, ok.stdout
+    document = json.loads(ok.stdout)
+    assert document["ok"] is True and {f["check"] for f in document["findings"]} >= {"python", "store", "memory", "file"}
+    bad = sexpgpu("doctor", "--store", "/dev/null/runs", cwd=tmp_path)
+    assert bad.returncode == 4
+    assert "fail  store" in bad.stdout and "fix:" in bad.stdout

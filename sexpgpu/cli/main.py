@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Optional
 
-from . import check, docs, inspect, lisp_tools, observe, run, sweeps
+from . import check, docs, doctor, inspect, lisp_tools, observe, run, sweeps
 from .common import Exit, UsageError
 
 
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.register(sub)
     inspect.register(sub)
     sweeps.register(sub)
+    doctor.register(sub)
     observe.register(sub)
     docs.register(sub)
     return parser

@@ -1,0 +1,142 @@
+"""`doctor [FILE]`: whether a run can start here. Each line ok/warn/fail with the fix;
+exit 4 when any line fails."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import platform
+import sys
+import uuid
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel
+
+from .common import Exit, existing_file, print_json
+
+Level = Literal["ok", "warn", "fail"]
+
+
+class Finding(BaseModel):
+    check: str
+    level: Level
+    detail: str
+    fix: Optional[str] = None
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    d = sub.add_parser("doctor", help="whether a run can start here: packages, devices, memory, the store, Ray")
+    d.add_argument("file", nargs="?")
+    d.add_argument("--store", default=None)
+    d.add_argument("--device", default=None)
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(run=run_doctor)
+
+
+def setting(flag: Optional[str], env: str, default: str) -> tuple[str, str]:
+    """A setting's value and where it came from: flag, then environment, then default."""
+    if flag:
+        return flag, "flag"
+    if os.environ.get(env):
+        return os.environ[env], f"${env}"
+    return default, "default"
+
+
+def package_versions() -> list[Finding]:
+    out = []
+    required = ["numpy", "pydantic", "fsspec", "safetensors", "ml_dtypes"]
+    optional = {"cupy": "the cuda extra: pip install -e '.[cuda]'", "ray": "the cluster extra: pip install -e '.[cluster]'", "s3fs": "the cluster extra, for s3:// stores"}
+    for name in required:
+        try:
+            module = importlib.import_module(name)
+            out.append(Finding(check=f"package {name}", level="ok", detail=getattr(module, "__version__", "installed")))
+        except ImportError:
+            out.append(Finding(check=f"package {name}", level="fail", detail="missing", fix="pip install -e ."))
+    for name, fix in optional.items():
+        try:
+            module = importlib.import_module(name)
+            out.append(Finding(check=f"package {name}", level="ok", detail=getattr(module, "__version__", "installed")))
+        except Exception:  # an extra that is absent or broken is only a warning
+            out.append(Finding(check=f"package {name}", level="warn", detail="not installed (optional)", fix=fix))
+    return out
+
+
+def free_memory() -> Optional[int]:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def device_findings(device: str, source: str) -> list[Finding]:
+    out = [Finding(check="device", level="ok", detail=f"{device} (from {source}); {os.cpu_count()} CPU cores")]
+    if device.startswith("cuda"):
+        out.append(Finding(check="cuda", level="fail", detail="the CUDA backend arrives with a later release", fix="use --device cpu"))
+    return out
+
+
+def store_finding(url: str, source: str) -> Finding:
+    from ..runtime.store import Store
+
+    try:
+        store = Store.open(url)
+        probe = f".doctor-{uuid.uuid4().hex[:8]}"
+        store.write_text(probe, "ok")
+        back = store.read_text(probe)
+        store.delete(probe)
+        if back != "ok":
+            return Finding(check="store", level="fail", detail=f"{url} (from {source}) read back something else", fix="check the store's consistency")
+        return Finding(check="store", level="ok", detail=f"{store.url} (from {source}): writable, read back")
+    except Exception as exc:  # any failure to reach the store is the finding itself
+        fix = "check AWS credentials and AWS_ENDPOINT_URL" if url.startswith("s3://") else "choose a writable folder with --store or SEXPGPU_STORE"
+        return Finding(check="store", level="fail", detail=f"{url} (from {source}): {type(exc).__name__}: {exc}", fix=fix)
+
+
+def plan_finding(path: str) -> list[Finding]:
+    from ..compile.pipeline import compile_file
+    from .inspect import explain_document
+
+    result = compile_file(existing_file(path))
+    if result.experiment is None:
+        errors = [d.headline() for d in result.diagnostics if d.severity == "error"]
+        return [Finding(check="file", level="fail", detail=errors[0] if errors else "not a run file", fix=f"sexpgpu check {path}")]
+    memory = explain_document(result.experiment)["memory"]
+    need, free = memory["total"], free_memory()
+    out = [Finding(check="file", level="ok", detail=f"{path} compiles (IR {result.experiment.ir_hash[:12]})")]
+    if free is None:
+        out.append(Finding(check="memory", level="warn", detail=f"plan needs {need:,} bytes; free memory unknown"))
+    elif need > free:
+        out.append(Finding(check="memory", level="fail", detail=f"plan needs {need:,} bytes, {free:,} are free", fix="a smaller batch, :microbatches, or a bigger machine"))
+    else:
+        out.append(Finding(check="memory", level="ok", detail=f"plan needs {need:,} bytes of {free:,} free"))
+    return out
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    findings = [Finding(check="python", level="ok" if sys.version_info >= (3, 11) else "fail", detail=f"{platform.python_version()} on {platform.machine()}", fix=None if sys.version_info >= (3, 11) else "use Python 3.11")]
+    findings += package_versions()
+    device, device_source = setting(args.device, "SEXPGPU_DEVICE", "cpu")
+    findings += device_findings(device, device_source)
+    store, store_source = setting(args.store, "SEXPGPU_STORE", "./runs")
+    findings.append(store_finding(store, store_source))
+    cache, cache_source = setting(None, "SEXPGPU_CACHE", "~/.cache/sexpgpu")
+    findings.append(Finding(check="cache", level="ok", detail=f"{os.path.expanduser(cache)} (from {cache_source})"))
+    address = os.environ.get("SEXPGPU_RAY_ADDRESS")
+    findings.append(Finding(check="ray", level="ok" if not address else "warn", detail=f"address {address}: the cluster release is not here yet" if address else "not used (runs are local)"))
+    if args.file:
+        findings += plan_finding(args.file)
+    failed = any(f.level == "fail" for f in findings)
+    if args.json:
+        print_json({"ok": not failed, "findings": [f.model_dump() for f in findings]})
+    else:
+        for f in findings:
+            print(f"{f.level:<4}  {f.check:<18} {f.detail}" + (f"\n      fix: {f.fix}" if f.fix and f.level != "ok" else ""))
+    return Exit.CANNOT_START if failed else Exit.OK
+
+
+__all__ = ["register", "Any"]
