@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -30,7 +29,7 @@ pytest.importorskip("boto3", reason="boto3 is not installed (pip install -e .[te
 import s3fs  # noqa: E402
 
 from conftest import REPO  # noqa: E402
-from s3_server import MotoS3, PausableProxy, make_bucket, patched_env, s3_env  # noqa: E402
+from s3_server import MotoS3, PausableProxy, boto3_client, make_bucket, patched_env, s3_env  # noqa: E402
 from sexpgpu.runtime import store as store_module  # noqa: E402
 from sexpgpu.runtime.events import EventLog, StepEvent, read_events  # noqa: E402
 from sexpgpu.runtime.runfolder import RunFolder  # noqa: E402
@@ -100,8 +99,6 @@ def policy(base: RetryPolicy, sleeps: Sleeps) -> RetryPolicy:
 
 def raw_keys(s3: S3) -> list[str]:
     """Every object key in the bucket, straight from S3 (temp names included)."""
-    from s3_server import boto3_client
-
     listed = boto3_client(s3.proxy.endpoint).list_objects_v2(Bucket=s3.bucket)
     return sorted(item["Key"] for item in listed.get("Contents", []))
 

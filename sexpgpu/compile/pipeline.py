@@ -369,27 +369,66 @@ def stage_update(compiler: Compiler, trainable: list[str]) -> Program:
             if group.optimizer is None:
                 continue
             compiler.current_group = group.name
-            for path in group.params:
-                param = tracer.param(params[path])
-                states = [Staged(tracer, b.input(f"state:{path}:{name}", "state", TensorType(dtype=DType.f32, shape=params[path].shape))) for name, _ in group.optimizer.states]
-                tracer.path_stack.append(path)
-                try:
-                    result = compiler.interp.apply(group.optimizer.update, [param, Staged(tracer, grads[path]), ctx, *states])
-                finally:
-                    tracer.path_stack.pop()
-                values = list(result) if type(result) is MultipleValues else [result]
-                new_param = compiler.lib.staged("optimizer-update", 1, values[0], param.type)
-                if new_param.type != param.type:
-                    raise lisp_error("T001", f"optimizer {group.optimizer.name}: the update of {path} is {new_param.type}, the parameter is {param.type}", "TYPE-ERROR")
-                outputs[f"param:{path}"] = new_param.id
-                for (name, _), value in zip(group.optimizer.states, values[1:]):
-                    outputs[f"state:{path}:{name}"] = compiler.lib.staged("optimizer-update", 1, value, param.type).id
+            if not group.params:
+                continue
+            update_group(compiler, tracer, group, params, grads, ctx, outputs)
     finally:
         compiler.tracer = None
         compiler.current_group = None
     for key, nid in tracer.metrics.items():
         outputs[key] = nid
     return b.program(outputs)
+
+
+def update_group(compiler: Compiler, tracer: Tracer, group: Any, params: dict[str, Any], grads: dict[str, int], ctx: Any, outputs: dict[str, int]) -> None:
+    """One traced update for the whole group (multi-tensor): the group's parameters,
+    gradients and states are flattened and joined into one vector each, the optimizer's
+    update runs once on them, and the results are split back. Updates are elementwise, so
+    this equals updating each parameter alone, with a few kernels instead of a few per
+    parameter."""
+    b = tracer.builder
+    paths = group.params
+    sizes = [_size(params[p].shape) for p in paths]
+    total = sum(sizes)
+
+    def joined(ids: list[int]) -> int:
+        flat = [b.op("reshape", i, shape=[n]) for i, n in zip(ids, sizes)]
+        return flat[0] if len(flat) == 1 else b.op("concat", *flat, axis=0)
+
+    param_ids = [tracer.param(params[p]).id for p in paths]
+    state_ids = {name: [b.input(f"state:{p}:{name}", "state", TensorType(dtype=DType.f32, shape=params[p].shape)) for p in paths] for name, _ in group.optimizer.states}
+    flat_param = Staged(tracer, joined(param_ids))
+    flat_grad = Staged(tracer, joined([grads[p] for p in paths]))
+    flat_states = [Staged(tracer, joined(ids)) for ids in state_ids.values()]
+    tracer.path_stack.append(group.name)
+    try:
+        result = compiler.interp.apply(group.optimizer.update, [flat_param, flat_grad, ctx, *flat_states])
+    finally:
+        tracer.path_stack.pop()
+    values = list(result) if type(result) is MultipleValues else [result]
+    new_param = compiler.lib.staged("optimizer-update", 1, values[0], flat_param.type)
+    if new_param.type != flat_param.type:
+        raise lisp_error("T001", f"optimizer {group.optimizer.name}: its update returned {new_param.type} for parameters {flat_param.type}; updates must keep the parameter's shape and dtype", "TYPE-ERROR")
+    new_states = [compiler.lib.staged("optimizer-update", 1, v, flat_param.type) for v in values[1:]]
+
+    def split(flat: Staged, key: str) -> None:
+        start = 0
+        for path, n in zip(paths, sizes):
+            piece = flat.id if len(paths) == 1 else b.op("slice", flat.id, starts=[start], stops=[start + n])
+            outputs[key.format(path=path)] = b.op("reshape", piece, shape=list(params[path].shape))
+            start += n
+
+    split(new_param, "param:{path}")
+    for (name, _), value in zip(group.optimizer.states, new_states):
+        split(value, "state:{path}:" + name)
+    del total
+
+
+def _size(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 __all__ = ["compile_file", "CompileResult", "LispError"]
