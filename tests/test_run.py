@@ -97,3 +97,12 @@ def test_data_errors_exit_5(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "sexpgpu", "run", str(run_file), "--store", str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 5, proc.stderr
     assert "missing.csv" in proc.stderr
+
+
+def test_slug_does_not_depend_on_the_working_folder(tmp_path: Path) -> None:
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "q.lisp").write_text(QUICKSTART.read_text())
+    env = {**os.environ, "NO_COLOR": "1"}
+    outer = subprocess.run([sys.executable, "-m", "sexpgpu", "variants", "--json", "demo/q.lisp"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)
+    inner = subprocess.run([sys.executable, "-m", "sexpgpu", "variants", "--json", "q.lisp"], cwd=tmp_path / "demo", capture_output=True, text=True, env=env, timeout=60)
+    assert json.loads(outer.stdout)["base"] == json.loads(inner.stdout)["base"]

@@ -82,7 +82,16 @@ class Module(BaseModel):
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
     def hash(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+        """The IR's identity: ops, types, attributes and structure. Source positions and
+        part paths are left out, so the hash (and the run's slug) does not depend on the
+        folder `sexpgpu` was started from, nor on comments and blank lines; the source hash
+        in run.json records the file's exact bytes."""
+        data = self.model_dump(mode="json")
+        for program in data["programs"].values():
+            for node in program["nodes"]:
+                node["loc"] = None
+                node["path"] = None
+        return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _attr_text(value: Any) -> str:
