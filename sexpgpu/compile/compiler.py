@@ -653,6 +653,8 @@ class Compiler:
         if key not in self.reducers:
             raise lisp_error("C008", f"diagnostic: no defdiagnostic named {key} (defined: {', '.join(self.reducers) or 'none'})", "PROGRAM-ERROR")
         tracer = self.lib.tracer("diagnostic")
+        if not tracer.training:
+            return value  # taps sample the training step; the same forward in evaluation passes through
         staged = self.lib.staged("diagnostic", 2, value)
         path = tracer.path_stack[-1] if tracer.path_stack else "objective"
         tracer.taps.append((f"{key}/{path}", key, staged.id))

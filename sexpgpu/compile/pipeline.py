@@ -238,7 +238,7 @@ def diagnostic_program(compiler: Compiler, tracer: Tracer, outputs: dict[str, in
     from .compiler import glob_match
 
     def selected(name: str) -> bool:
-        return any(glob_match(g.replace("/", "."), name.replace("/", ".")) or glob_match(g, name) for g in option["select"])
+        return any(glob_match(g.replace("/", "."), name.replace("/", ".")) for g in option["select"])
 
     lib = compiler.lib
     extra: dict[str, int] = {}
