@@ -164,6 +164,9 @@ def run_sweep(args: argparse.Namespace) -> int:
             return Exit.DATA
         rows.append({"point": i, "slug": outcome.slug, "state": outcome.reason, "loss": outcome.final_loss, "metrics": outcome.metrics})
         worst = max(worst, outcome.exit_code)
+        if outcome.exit_code == Exit.STOPPED:
+            print(f"sweep {args.sweep}: stopped at point {i}; run the same command again to continue", file=sys.stderr)
+            break
     if args.json:
         print_json({"sweep": args.sweep, "points": rows})
     else:

@@ -189,8 +189,12 @@ class Compiler:
                 value = float(value)
         self.check_knob(knob, value, default, keys)
         doc = keys.get("DOC", NIL)
-        self.knobs[knob] = KnobSpec(name=knob, default=lisp_to_json(default), value=lisp_to_json(value), type=None, doc=doc if type(doc) is str else None)
-        self.interp.specials.add(name)
+        declared = keys.get("TYPE", NIL)
+        kind = declared.name.lower() if type(declared) is Symbol and declared is not NIL else None
+        self.check_knob_type(knob, value, kind)
+        self.knobs[knob] = KnobSpec(name=knob, default=lisp_to_json(default), value=lisp_to_json(value), type=kind, doc=doc if type(doc) is str else None)
+        # a knob is a global value, not a special variable: a parameter or let of the same
+        # name (an optimizer's &key lr, say) binds lexically, as the reader of the file expects
         self.interp.values[name] = value
         return name
 
@@ -205,6 +209,21 @@ class Compiler:
         if type(default) is float and type(value) is int:
             value = float(value)
         return value
+
+    KNOB_TYPES = {
+        "float": lambda v: type(v) in (int, float), "integer": lambda v: type(v) is int, "int": lambda v: type(v) is int,
+        "string": lambda v: type(v) is str, "keyword": lambda v: type(v) is Symbol and v.is_keyword,
+        "symbol": lambda v: type(v) is Symbol, "boolean": lambda v: v is T or v is NIL, "bool": lambda v: v is T or v is NIL,
+    }
+
+    def check_knob_type(self, knob: str, value: Any, kind: Optional[str]) -> None:
+        if kind is None:
+            return
+        check = self.KNOB_TYPES.get(kind)
+        if check is None:
+            raise lisp_error("C004", f"knob {knob}: :type {kind} is not one of {', '.join(':' + k for k in self.KNOB_TYPES)}", "TYPE-ERROR")
+        if not check(value):
+            raise lisp_error("C004", f"knob {knob}: {short(value)} is not of :type {kind}", "TYPE-ERROR")
 
     def check_knob(self, knob: str, value: Any, default: Any, keys: dict[str, Any]) -> None:
         if type(default) in (int, float) and type(value) not in (int, float):
@@ -589,6 +608,12 @@ class Compiler:
         steps = keys.get("STEPS", NIL)
         if type(steps) is not int or steps <= 0:
             raise lisp_error("C008", f"defrun: :steps needs a positive integer, got {short(steps)}", "PROGRAM-ERROR")
+        seed = keys.get("SEED", 0)
+        if type(seed) is not int or seed < 0:
+            raise lisp_error("C008", f"defrun: :seed needs a non-negative integer, got {short(seed)}", "PROGRAM-ERROR")
+        log_every = keys.get("LOG-EVERY", 10)
+        if type(log_every) is not int or log_every <= 0:
+            raise lisp_error("C008", f"defrun: :log-every needs a positive integer, got {short(log_every)}", "PROGRAM-ERROR")
         micro = keys.get("MICROBATCHES", 1)
         if type(micro) is not int or micro <= 0:
             raise lisp_error("C008", f"defrun: :microbatches needs a positive integer, got {short(micro)}", "PROGRAM-ERROR")

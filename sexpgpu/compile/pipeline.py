@@ -17,7 +17,7 @@ from ..lisp.diagnostics import Diagnostic
 from ..lisp.evaluator import Limits
 from ..lisp.program import Program as LispProgram
 from ..lisp.program import display_path, guarded, has_errors, load_file
-from ..lisp.types import MultipleValues
+from ..lisp.types import NIL, MultipleValues
 from .autodiff import backward
 from .compiler import Compiler
 from .selection import overrides, prescan
@@ -115,7 +115,11 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
     if diagnostics is not None:
         programs["train:diagnostics"] = diagnostics
     for stage in train_loader.stages:
-        _, staged, _, _ = stage_train(compiler, train_loader.staged(stage.name))
+        try:
+            loader = train_loader.staged(stage.name)
+        except ValueError as exc:
+            raise lisp_error("C008", str(exc), "PROGRAM-ERROR") from None
+        _, staged, _, _ = stage_train(compiler, loader)
         programs[f"train@{stage.name}"] = staged
     curriculum = stage_curriculum(compiler, programs)
     evals = stage_evals(compiler, programs)

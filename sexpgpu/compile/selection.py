@@ -117,7 +117,12 @@ def prescan(path: Path) -> Declared:
                     raise located(lisp_error("C008", f"defsweep {name}: :{k.name.lower()} needs a list of values, got {values!r}", "PROGRAM-ERROR"), read.loc)
                 axes[k.name.lower()] = values
             variant = options.get("variant")
-            declared.sweeps[name] = SweepDecl(name, axes, bool(options.get("zip")), variant if isinstance(variant, str) else None, read.loc)
+            sweep = SweepDecl(name, axes, bool(options.get("zip")), variant if isinstance(variant, str) else None, read.loc)
+            try:
+                sweep.points()
+            except LispError as exc:
+                raise located(exc, read.loc) from None
+            declared.sweeps[name] = sweep
     return declared
 
 

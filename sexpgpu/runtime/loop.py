@@ -74,6 +74,14 @@ def run_slug(experiment: Experiment) -> str:
     return slug(experiment.file_stem, sel.variant, sel.sweep, sel.point, experiment.ir_hash, experiment.knob_values())
 
 
+def initial_state(init: Any, like: np.ndarray) -> np.ndarray:
+    """An optimizer state slot as defstate :init says (:zeros, :ones or a number)."""
+    value = {"zeros": 0.0, "ones": 1.0}.get(init.kind, init.value if init.kind == "constant" else None)
+    if value is None:
+        raise ValueError(f"defstate :init {init.kind} is not supported; use :zeros, :ones or a number")
+    return np.full_like(like, value)
+
+
 class Evaluator:
     """One defeval: the whole loader, full batches through its program and the examples of
     the last partial batch one by one, so every example counts once and exactly."""
@@ -127,7 +135,7 @@ class Trainer:
         for group in experiment.groups:
             for path in group.params:
                 for state in group.states:
-                    self.states[f"state:{path}:{state.name}"] = np.zeros_like(self.params[path])
+                    self.states[f"state:{path}:{state.name}"] = initial_state(state.init, self.params[path])
         self.update_program = CompiledProgram(experiment.module.programs["update"])
         loader = experiment.loaders["train"]
         self.dataset = load_dataset(loader_spec(loader, seed))
@@ -369,7 +377,7 @@ class Run:
     def execute(self) -> RunResult:
         started = time.time()
         previous = self.folder.read_status() if self.folder.exists() else None
-        if previous is not None and previous.state == "finished" and self.options.resume is None:
+        if previous is not None and previous.state == "finished" and self.options.resume is None and previous.step >= self.steps:
             self.say(f"{self.slug}  {self.folder.url}")
             self.say("already finished: nothing to do (pass --resume to continue from a checkpoint)")
             return self.result(previous.step, previous.metrics.get("loss"), {}, 0.0, 0, "already finished")
@@ -383,9 +391,15 @@ class Run:
         status.update(state="compiling", step=0, steps=self.steps, attempt=self.attempt, host=socket.gethostname(), summary=None)
         emit(events, "run.start", step=0, slug=self.slug, steps=self.steps, attempt=self.attempt)
         emit(events, "compile", step=0, ir_hash=self.experiment.ir_hash, params=sum(int(np.prod(p.shape)) for p in self.experiment.params))
-        trainer = Trainer(self.experiment)
-        self.trainer = trainer
-        self.evaluators = {e.name: Evaluator(self.experiment, e.name, trainer.dataset) for e in self.experiment.evals}
+        try:
+            trainer = Trainer(self.experiment)
+            self.trainer = trainer
+            self.evaluators = {e.name: Evaluator(self.experiment, e.name, trainer.dataset) for e in self.experiment.evals}
+        except DataError as exc:
+            status.update(state="failed", summary=Summary(exit_code=5, reason=f"data error: {exc}"))
+            emit(events, "run.end", step=0, exit_code=5, reason=f"data error: {exc}")
+            self.close_when_the_store_answers()
+            raise
         if resume is not None:
             self.resume_from(resume)
         status.update(state="running", step=trainer.step)
