@@ -24,7 +24,7 @@ PROGRAMS = ("forward", "train", "backward", "update")
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     i = sub.add_parser("ir", help="print the IR (one SSA line per node)")
     i.add_argument("file")
-    i.add_argument("--program", default="train", help="forward | train | backward | update (default train)")
+    i.add_argument("--program", default="train", help="forward | train | backward | update | eval:NAME | train@STAGE | curriculum | train:diagnostics (default train)")
     i.add_argument("--json", action="store_true", help="the machine form")
     add_selection_flags(i)
     add_limit_flags(i)
@@ -73,7 +73,7 @@ def select_program(experiment: Experiment, name: str) -> Program:
     if name == "backward":
         return backward_view(programs["train"], programs["forward"])
     if name not in programs:
-        fail_usage(f"--program {name}: choose one of {', '.join(PROGRAMS)}")
+        fail_usage(f"--program {name}: choose one of {', '.join(['backward', *programs])}")
     return programs[name]
 
 

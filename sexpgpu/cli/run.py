@@ -68,6 +68,9 @@ def run_run(args: argparse.Namespace) -> int:
     except ResumeError as exc:
         print(f"sexpgpu: resume refused: {exc}", file=sys.stderr)
         return Exit.RESUME_REFUSED
+    except OSError as exc:  # StoreError included: the store cannot be written here
+        print(f"sexpgpu: cannot start here: the store {store} is not writable ({exc}); see `sexpgpu doctor`", file=sys.stderr)
+        return Exit.CANNOT_START
     if args.json:
         print_json(outcome.model_dump())
     else:

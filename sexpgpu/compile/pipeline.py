@@ -120,7 +120,8 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
         except ValueError as exc:
             raise lisp_error("C008", str(exc), "PROGRAM-ERROR") from None
         _, staged, _, _ = stage_train(compiler, loader)
-        programs[f"train@{stage.name}"] = staged
+        staged.name = f"train@{stage.name}"
+        programs[staged.name] = staged
     curriculum = stage_curriculum(compiler, programs)
     evals = stage_evals(compiler, programs)
     programs = {name: prune(prog) for name, prog in programs.items()}
@@ -375,7 +376,11 @@ def stage_update(compiler: Compiler, trainable: list[str]) -> Program:
             compiler.current_group = group.name
             if not group.params:
                 continue
-            update_group(compiler, tracer, group, params, grads, ctx, outputs)
+            by_dtype: dict[DType, list[str]] = {}
+            for path in group.params:
+                by_dtype.setdefault(params[path].dtype, []).append(path)
+            for paths in by_dtype.values():  # parameters are joined only with their own dtype
+                update_group(compiler, tracer, group, paths, params, grads, ctx, outputs)
     finally:
         compiler.tracer = None
         compiler.current_group = None
@@ -384,14 +389,13 @@ def stage_update(compiler: Compiler, trainable: list[str]) -> Program:
     return b.program(outputs)
 
 
-def update_group(compiler: Compiler, tracer: Tracer, group: Any, params: dict[str, Any], grads: dict[str, int], ctx: Any, outputs: dict[str, int]) -> None:
+def update_group(compiler: Compiler, tracer: Tracer, group: Any, paths: list[str], params: dict[str, Any], grads: dict[str, int], ctx: Any, outputs: dict[str, int]) -> None:
     """One traced update for the whole group (multi-tensor): the group's parameters,
     gradients and states are flattened and joined into one vector each, the optimizer's
     update runs once on them, and the results are split back. Updates are elementwise, so
     this equals updating each parameter alone, with a few kernels instead of a few per
     parameter."""
     b = tracer.builder
-    paths = group.params
     sizes = [_size(params[p].shape) for p in paths]
     total = sum(sizes)
 

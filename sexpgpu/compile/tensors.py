@@ -473,7 +473,8 @@ class TensorLib:
                 if bound is NIL or bound is T:
                     continue
                 lo, hi = (list_items("slice", axis + 2, bound) + [NIL, NIL])[:2]
-                starts[axis] = 0 if lo is NIL else self.int_arg("slice", axis + 2, lo) % (shape[axis] + 1)
+                start = 0 if lo is NIL else self.int_arg("slice", axis + 2, lo)
+                starts[axis] = start + shape[axis] if start < 0 else start
                 stops[axis] = shape[axis] if hi is NIL else (self.int_arg("slice", axis + 2, hi) if hi >= 0 else shape[axis] + hi)
             return self.op("slice", "slice", s, starts=starts, stops=stops)
 

@@ -206,3 +206,24 @@ class Experiment(BaseModel):
 
     def knob_values(self) -> dict[str, Any]:
         return {k.name: k.value for k in self.knobs}
+
+    def identity_hash(self) -> str:
+        """What makes two runs the same run: the IR and everything else the loop acts on
+        (loaders, parameters, groups, defrun options, evaluations, targets, curriculum),
+        without source positions or the folder the file sits in. The slug is made from it."""
+        import hashlib
+        import json
+
+        loaders = {name: record.model_dump(mode="json", exclude={"base_dir"}) for name, record in self.loaders.items()}
+        data = {
+            "ir": self.module.hash(),
+            "loaders": loaders,
+            "params": [p.model_dump(mode="json") for p in self.params],
+            "groups": [g.model_dump(mode="json") for g in self.groups],
+            "run": self.run.model_dump(mode="json"),
+            "evals": [e.model_dump(mode="json") for e in self.evals],
+            "targets": [t.model_dump(mode="json") for t in self.targets],
+            "curriculum": self.curriculum.model_dump(mode="json") if self.curriculum else None,
+            "ties": self.ties,
+        }
+        return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -142,7 +142,15 @@ def resolve(store: Store, slug: str, which: Union[str, int]) -> tuple[str, list[
     for each newer one skipped); a step or a folder name must itself be valid."""
     warnings: list[str] = []
     if which == "latest":
-        candidates = [c for c in reversed(list_checkpoints(store, slug))]
+        try:
+            named = store.read_text(f"{slug}/checkpoints/LATEST").strip()
+        except FileNotFoundError:
+            named = ""
+        if named and check(store, slug, named, deep=True) is None:
+            return named, warnings
+        if named:
+            warnings.append(f"checkpoint {named} (named by LATEST) skipped: {check(store, slug, named, deep=True)}")
+        candidates = [c for c in reversed(list_checkpoints(store, slug)) if c.name != named]
         for info in candidates:
             problem = check(store, slug, info.name, deep=True)
             if problem is None:
@@ -150,6 +158,9 @@ def resolve(store: Store, slug: str, which: Union[str, int]) -> tuple[str, list[
             warnings.append(f"checkpoint {info.name} skipped: {problem}")
         raise ResumeError(f"no valid checkpoint in {store.url_of(slug + '/checkpoints')}" + (f" ({'; '.join(warnings)})" if warnings else ""))
     name = step_name(int(which)) if isinstance(which, int) or str(which).isdigit() else str(which).rstrip("/").split("/")[-1]
+    known = [c.name for c in list_checkpoints(store, slug)]
+    if name not in known:
+        raise ResumeError(f"no checkpoint {name} in {store.url_of(slug + '/checkpoints')} (checkpoints: {', '.join(known) or 'none'})")
     problem = check(store, slug, name, deep=True)
     if problem is not None:
         raise ResumeError(f"checkpoint {name} cannot be resumed: {problem}")

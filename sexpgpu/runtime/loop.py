@@ -71,7 +71,7 @@ def loader_spec(record: LoaderRecord, seed: int) -> LoaderSpec:
 
 def run_slug(experiment: Experiment) -> str:
     sel = experiment.selection
-    return slug(experiment.file_stem, sel.variant, sel.sweep, sel.point, experiment.ir_hash, experiment.knob_values())
+    return slug(experiment.file_stem, sel.variant, sel.sweep, sel.point, experiment.identity_hash(), experiment.knob_values())
 
 
 def initial_state(init: Any, like: np.ndarray) -> np.ndarray:
@@ -386,6 +386,7 @@ class Run:
             resume = "latest"  # the same run again continues where it stopped
         self.attempt = (previous.attempt + 1) if previous is not None else 1
         self.say(f"{self.slug}  {self.folder.url}")
+        loaded = self.load_resume(resume) if resume is not None else None  # refused: nothing written
         write_header(self.folder, self.experiment, self.slug, self.options)
         events, status = self.folder.events, self.folder.status
         status.update(state="compiling", step=0, steps=self.steps, attempt=self.attempt, host=socket.gethostname(), summary=None)
@@ -400,8 +401,8 @@ class Run:
             emit(events, "run.end", step=0, exit_code=5, reason=f"data error: {exc}")
             self.close_when_the_store_answers()
             raise
-        if resume is not None:
-            self.resume_from(resume)
+        if loaded is not None:
+            self.apply_resume(*loaded)
         status.update(state="running", step=trainer.step)
         with self.signal_handlers():
             try:
@@ -487,18 +488,27 @@ class Run:
         status.update(state="running", last_checkpoint=name)
         return name
 
-    def resume_from(self, which: str) -> None:
+    def load_resume(self, which: str) -> tuple[str, list[str], dict[str, np.ndarray], dict[str, np.ndarray], CheckpointState]:
+        """Find, verify and read the checkpoint to resume; refuse one of another run."""
         name, warnings = resolve(self.store, self.slug, which)
         for warning in warnings:
             self.say(f"warning: {warning}")
-            emit(self.folder.events, "warning", step=None, message=warning)
         params, states, state = load_checkpoint(self.store, self.slug, name)
         if state.source_hash != self.experiment.source_hash or state.ir_hash != self.experiment.ir_hash:
             what = "source" if state.source_hash != self.experiment.source_hash else "IR (selection)"
             raise ResumeError(f"checkpoint {name} belongs to another {what}: it was written by a run of a different file or selection; start a fresh run instead")
-        missing = [p for p in self.trainer.params if p not in params] + [k for k in self.trainer.states if k not in states]
+        expected = [p.path for p in self.experiment.params]
+        missing = [p for p in expected if p not in params]
         if missing:
             raise ResumeError(f"checkpoint {name} lacks {missing[0]}; it belongs to another model")
+        return name, warnings, params, states, state
+
+    def apply_resume(self, name: str, warnings: list[str], params: dict[str, np.ndarray], states: dict[str, np.ndarray], state: CheckpointState) -> None:
+        for warning in warnings:
+            emit(self.folder.events, "warning", step=None, message=warning)
+        missing = [k for k in self.trainer.states if k not in states]
+        if missing:
+            raise ResumeError(f"checkpoint {name} lacks optimizer state {missing[0]}; it belongs to another optimizer")
         self.trainer.restore(params, states, state)
         self.evals_done = dict(state.eval.get("done", {}))
         self.best = dict(state.eval.get("best", {}))
