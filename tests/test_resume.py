@@ -77,8 +77,13 @@ def test_killed_and_resumed_runs_end_bit_identical(tmp_path: Path) -> None:
     for name, value in reference.items():
         assert value.tobytes() == resumed[name].tobytes(), name
     (slug,) = [p.name for p in broken.iterdir() if p.is_dir()]
-    steps = [e["step"] for e in RunFolder(Store.open(str(broken)), slug).read_events() if e["kind"] == "step"]
+    series = [(e["step"], e["loss"]) for e in RunFolder(Store.open(str(broken)), slug).read_events() if e["kind"] == "step"]
+    steps = [s for s, _ in series]
     assert steps == sorted(set(steps)) and steps[-1] == 400, "a resumed series has no duplicate steps"
+    straight_series = [(e["step"], e["loss"]) for e in RunFolder(Store.open(str(straight)), slug).read_events() if e["kind"] == "step"]
+    assert series == straight_series, "the same loss series as the uninterrupted run"
+    history = RunFolder(Store.open(str(broken)), slug).read_events(superseded=True)
+    assert sum(e["kind"] == "resume" for e in history) >= 2, "the run really was interrupted and resumed"
 
 
 def compiled(path: Path):  # type: ignore[no-untyped-def]

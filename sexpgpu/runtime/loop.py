@@ -477,6 +477,9 @@ class Run:
         started = time.time()
         state = trainer.snapshot(self.slug, self.guard_state(), {"done": self.evals_done, "best": self.best})
         try:
+            # every event up to the checkpoint is durable before the checkpoint exists, so a
+            # resume from it never lacks the history it continues
+            self.folder.events.flush()
             name = write_checkpoint(self.store, self.slug, trainer.step, trainer.params, trainer.states, state)
             prune_checkpoints(self.store, self.slug, self.experiment.run.checkpoint.keep, protect=name)
         except StoreError as exc:
