@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Optional
 
-from . import check, docs, doctor, inspect, lisp_tools, observe, run, sweeps
+from . import bundles, check, docs, doctor, inspect, lisp_tools, observe, run, sweeps
 from .common import Exit, UsageError
 
 
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.register(sub)
     sweeps.register(sub)
     doctor.register(sub)
+    bundles.register(sub)
     observe.register(sub)
     docs.register(sub)
     return parser

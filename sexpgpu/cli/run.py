@@ -9,7 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
-from ..compile.pipeline import compile_file
+from ..bundle import BundleError, compile_bundle, is_bundle
+from ..compile.pipeline import CompileResult, compile_file
 from ..lisp.program import has_errors
 from ..runtime.data import DataError
 from ..runtime.checkpoint import ResumeError
@@ -40,15 +41,34 @@ def stop_before_training(signum: int, frame: object) -> None:
 
 def run_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop_before_training)
-    path = existing_file(args.file)
     device = args.device or os.environ.get("SEXPGPU_DEVICE") or "cpu"
     if device not in ("cpu", "auto"):
         print(f"sexpgpu: device {device} is not available in this release; use --device cpu", file=sys.stderr)
         return Exit.CANNOT_START
-    store = args.store or os.environ.get("SEXPGPU_STORE") or "./runs"
     if args.max_steps is not None and args.max_steps <= 0:
         fail_usage("--max-steps needs a positive integer")
+    if is_bundle(args.file):
+        return run_from_bundle(args)
+    path = existing_file(args.file)
     result = compile_file(path, selection_from(args), limits_from(args), output=sys.stderr.write)
+    return train_compiled(args, path, result)
+
+
+def run_from_bundle(args: argparse.Namespace) -> int:
+    """`run BUNDLE`: recompile the bundled source with the bundled selection, refuse another
+    IR, then train like any run file."""
+    if args.set_values or args.variant or args.sweep:
+        fail_usage("a bundle carries its selection; --set, --variant and --sweep do not apply")
+    try:
+        manifest, result = compile_bundle(args.file)
+    except BundleError as exc:
+        print(f"sexpgpu: bundle refused: {exc}", file=sys.stderr)
+        return Exit.CHECK_FAILED
+    return train_compiled(args, Path(result.program.path) if result.program and result.program.path else Path(manifest.main), result)
+
+
+def train_compiled(args: argparse.Namespace, path: Path, result: "CompileResult") -> int:
+    store = args.store or os.environ.get("SEXPGPU_STORE") or "./runs"
     if has_errors(result.diagnostics):
         print_diagnostics(result.diagnostics, result.program.sources if result.program else _empty())
         return exit_for(result.diagnostics)
