@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--store", default=None)
     s.add_argument("--max-steps", type=int, default=None, metavar="N")
     s.add_argument("--json", action="store_true")
-    s.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS", help="fan out over a Ray cluster (next release)")
+    s.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help="fan the points out over a Ray cluster (no ADDRESS: a local Ray started for the sweep)")
+    s.add_argument("--max-preemptions", type=int, default=None, metavar="N", help="give up on a point preempted more than N times (default: never)")
     add_limit_flags(s)
     s.set_defaults(run=run_sweep)
 
@@ -128,9 +129,6 @@ def _sources() -> Any:
 
 # -- sweep ---------------------------------------------------------------------------------------------
 def run_sweep(args: argparse.Namespace) -> int:
-    if args.ray is not None:
-        print("sexpgpu: --ray arrives with the cluster release; run the sweep locally without --ray", file=sys.stderr)
-        return Exit.CANNOT_START
     path = existing_file(args.file)
     declared = declared_or_exit(path)
     sweep = declared.sweeps.get(args.sweep)
@@ -145,6 +143,8 @@ def run_sweep(args: argparse.Namespace) -> int:
             print(f"sweep {args.sweep}: point {i} does not check; nothing was run", file=sys.stderr)
             return exit_for(result.diagnostics) or Exit.CHECK_FAILED
         experiments.append((result.experiment, result.program))
+    if args.ray is not None:
+        return ray_sweep(args, path, sweep, store_url)
     store = Store.open(store_url)
     rows = []
     worst = Exit.OK
@@ -178,6 +178,31 @@ def run_sweep(args: argparse.Namespace) -> int:
             metrics = " ".join(f"{(r['metrics'] or {}).get(n, float('nan')):>10.4g}" for n in names)
             print(f"{r['point']:>5}  {knobs:<32} {loss:>10} {metrics}  {r['state']}")
     return worst
+
+
+def ray_sweep(args: argparse.Namespace, path: Path, sweep: Any, store_url: str) -> int:
+    """The same sweep, fanned out over Ray by orchestration.driver (the cluster extra)."""
+    try:
+        from orchestration.driver import Driver, SweepError
+    except ImportError as exc:
+        print(f"sexpgpu: --ray needs the cluster extra (pip install -e '.[cluster]'): {exc}", file=sys.stderr)
+        return Exit.CANNOT_START
+    address = args.ray or os.environ.get("SEXPGPU_RAY_ADDRESS") or None
+    driver = Driver(path, args.sweep, store_url, address, args.max_preemptions, args.max_steps, say=lambda text: print(text, file=sys.stderr))
+    try:
+        ledger = driver.run([(i, values, None) for i, values in enumerate(sweep.points())])
+    except SweepError as exc:
+        print(f"sexpgpu: cannot start the sweep: {exc}", file=sys.stderr)
+        return Exit.CANNOT_START
+    if args.json:
+        print_json(ledger.model_dump(mode="json"))
+    else:
+        print(f"{'point':>5}  {'knobs':<32} {'loss':>10}  {'attempts':>8}  state")
+        for p in ledger.points:
+            knobs = " ".join(f"{k}={v}" for k, v in p.knobs.items())
+            loss = f"{p.final_loss:.4g}" if isinstance(p.final_loss, (int, float)) else "-"
+            print(f"{p.point:>5}  {knobs:<32} {loss:>10}  {p.attempts:>8}  {p.state}")
+    return max((p.exit_code or 0) for p in ledger.points if p.state == "failed") if any(p.state == "failed" for p in ledger.points) else Exit.OK
 
 
 # -- new ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""The Ray driver: sweep fan-out, bundle submission, retry and resume of preempted points."""

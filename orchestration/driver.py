@@ -1,0 +1,228 @@
+"""The Ray driver for `sexpgpu sweep FILE --sweep S --ray [ADDRESS]`.
+
+Every point is compiled first (a bad point fails the sweep before anything runs); the driver
+checks that the store takes a write and a read back and that the cluster can hold a point;
+it writes one bundle per point to the store and runs one TrainWorker per point, as many at
+once as the cluster holds. A worker that dies is a preemption: the point is started again
+with resume="latest" (unbounded unless max_preemptions is set) and every attempt is
+recorded in the ledger. A point that fails on its own (exit 1) is not retried.
+
+The ledger, STORE/sweeps/STEM.SWEEP/sweep.json, holds each point's state, attempts and slug,
+and a lease (driver id + heartbeat) so that two drivers never run the same point.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional
+
+from pydantic import BaseModel, Field
+
+from sexpgpu.bundle import make_bundle
+from sexpgpu.ir.experiment import Selection
+from sexpgpu.runtime.runfolder import RunFolder
+from sexpgpu.runtime.store import Store
+
+PointState = Literal["pending", "leased", "running", "preempted", "finished", "failed"]
+LEASE_SECONDS = 60.0
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class PointRecord(BaseModel):
+    point: int
+    slug: str
+    knobs: dict[str, Any]
+    state: PointState = "pending"
+    attempts: int = 0
+    preemptions: int = 0
+    exit_code: Optional[int] = None
+    reason: str = ""
+    final_loss: Optional[float] = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    lease: Optional[str] = None  # driver id holding the point
+    heartbeat: Optional[float] = None  # unix time of the holder's last heartbeat
+
+
+class SweepLedger(BaseModel):
+    version: int = 1
+    file: str
+    sweep: str
+    points: list[PointRecord]
+    updated: str = Field(default_factory=now)
+
+
+class SweepError(Exception):
+    """The sweep cannot start (exit 4) or a point does not check (exit 3)."""
+
+
+class Driver:
+    def __init__(
+        self, path: Path, sweep: str, store_url: str, address: Optional[str], max_preemptions: Optional[int], max_steps: Optional[int],
+        say: Callable[[str], None], on_launch: Optional[Callable[[PointRecord, Any], None]] = None,
+    ) -> None:
+        self.on_launch = on_launch  # tests use it to play a preemption on a chosen worker
+        self.path = path
+        self.sweep = sweep
+        self.store_url = store_url
+        self.store = Store.open(store_url)
+        self.address = address
+        self.max_preemptions = max_preemptions
+        self.max_steps = max_steps
+        self.say = say
+        self.id = uuid.uuid4().hex[:12]
+        self.prefix = f"sweeps/{path.stem}.{sweep}"
+
+    # -- before anything runs ----------------------------------------------------------------------
+    def preflight(self) -> None:
+        probe = f"{self.prefix}/.preflight-{self.id}"
+        try:
+            self.store.write_text(probe, "ok")
+            ok = self.store.read_text(probe) == "ok"
+            self.store.delete(probe)
+        except Exception as exc:  # the store is the finding
+            raise SweepError(f"the store {self.store_url} does not take a write and a read back: {type(exc).__name__}: {exc}") from None
+        if not ok:
+            raise SweepError(f"the store {self.store_url} read back something else than it was given")
+
+    def bundles(self, points: list[tuple[int, dict[str, Any], Any]]) -> list[PointRecord]:
+        records = []
+        for i, knobs, _ in points:
+            url = f"{self.store.url_of(self.prefix)}/bundles/point-{i:04d}"
+            manifest, _ = make_bundle(self.path, Selection(sweep=self.sweep, point=i), url)
+            records.append(PointRecord(point=i, slug=manifest.slug, knobs=knobs))
+        return records
+
+    # -- the ledger -------------------------------------------------------------------------------------
+    def read_ledger(self) -> Optional[SweepLedger]:
+        try:
+            return SweepLedger.model_validate_json(self.store.read_bytes(f"{self.prefix}/sweep.json"))
+        except FileNotFoundError:
+            return None
+
+    def write_ledger(self, ledger: SweepLedger) -> None:
+        ledger.updated = now()
+        self.store.write_text(f"{self.prefix}/sweep.json", ledger.model_dump_json(indent=2))
+
+    def merge(self, fresh: list[PointRecord]) -> SweepLedger:
+        """Keep what an earlier driver learned about points whose slug is unchanged; a point
+        whose file or selection changed has a new slug and starts over."""
+        old = self.read_ledger()
+        known = {p.slug: p for p in old.points} if old else {}
+        points = []
+        for record in fresh:
+            previous = known.get(record.slug)
+            if previous is not None:
+                record = previous.model_copy(update={"point": record.point, "knobs": record.knobs})
+            status = RunFolder(self.store, record.slug).read_status()
+            if status is not None and status.state == "finished":
+                record.state = "finished"
+                record.final_loss = status.metrics.get("loss")
+            points.append(record)
+        return SweepLedger(file=self.path.name, sweep=self.sweep, points=points)
+
+    def lease(self, ledger: SweepLedger, record: PointRecord) -> bool:
+        """Take the point unless another live driver holds it."""
+        alive = record.lease not in (None, self.id) and record.heartbeat is not None and time.time() - record.heartbeat < LEASE_SECONDS
+        if alive or record.state in ("finished", "failed"):
+            return False
+        record.lease, record.heartbeat, record.state = self.id, time.time(), "leased"
+        return True
+
+    # -- running ----------------------------------------------------------------------------------------
+    def run(self, points: list[tuple[int, dict[str, Any], Any]]) -> SweepLedger:
+        import ray
+
+        from workers.train_worker import TrainWorker
+
+        self.preflight()
+        ledger = self.merge(self.bundles(points))
+        self.write_ledger(ledger)
+        started_ray = not ray.is_initialized()
+        if started_ray:
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+            ray.init(address=self.address or "local", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+        try:
+            if ray.cluster_resources().get("CPU", 0) < 1:
+                raise SweepError("the Ray cluster has no CPU to hold a point")
+            return self.supervise(ledger, ray, TrainWorker)
+        finally:
+            if started_ray:
+                ray.shutdown()
+
+    def launch(self, record: PointRecord, ray: Any, worker_class: Any) -> tuple[Any, Any]:
+        record.attempts += 1
+        record.state = "running"
+        record.heartbeat = time.time()
+        resume = "latest" if record.attempts > 1 else None
+        bundle = f"{self.store.url_of(self.prefix)}/bundles/point-{record.point:04d}"
+        env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "SEXPGPU_", "OPENBLAS"))}
+        worker = worker_class.options(num_cpus=1, max_restarts=0).remote(env)
+        ref = worker.run.remote(bundle, self.store_url, resume, self.max_steps)
+        if self.on_launch is not None:
+            self.on_launch(record, worker)
+        return worker, ref
+
+    def supervise(self, ledger: SweepLedger, ray: Any, worker_class: Any) -> SweepLedger:
+        running: dict[Any, tuple[PointRecord, Any]] = {}
+        for record in ledger.points:
+            if self.lease(ledger, record):
+                worker, ref = self.launch(record, ray, worker_class)
+                running[ref] = (record, worker)
+                self.say(f"point {record.point}: started (attempt {record.attempts})  {record.slug}")
+        self.write_ledger(ledger)
+        self.workers = {ref: worker for ref, (_, worker) in running.items()}
+        while running:
+            done, _ = ray.wait(list(running), num_returns=1, timeout=5.0)
+            for record, _worker in running.values():
+                record.heartbeat = time.time()
+            for ref in done:
+                record, worker = running.pop(ref)
+                self.workers.pop(ref, None)
+                try:
+                    outcome = ray.get(ref)
+                except Exception as exc:  # the worker died: a preemption, never the run's fault
+                    outcome = {"exit_code": 75, "reason": f"worker lost: {type(exc).__name__}"}
+                    record.preemptions += 1
+                try:
+                    ray.kill(worker, no_restart=True)
+                except Exception:  # already gone
+                    pass
+                if self.settle(record, outcome):
+                    new_worker, new_ref = self.launch(record, ray, worker_class)
+                    running[new_ref] = (record, new_worker)
+                    self.workers[new_ref] = new_worker
+                    self.say(f"point {record.point}: preempted, resumed (attempt {record.attempts})")
+            self.write_ledger(ledger)
+        return ledger
+
+    def settle(self, record: PointRecord, outcome: dict[str, Any]) -> bool:
+        """Record a finished attempt; True when the point must run again (a preemption)."""
+        code = int(outcome.get("exit_code", 1))
+        record.exit_code, record.reason = code, str(outcome.get("reason", ""))
+        record.final_loss = outcome.get("final_loss")
+        record.metrics = dict(outcome.get("metrics") or {})
+        if code == 0:
+            record.state, record.lease = "finished", None
+            self.say(f"point {record.point}: {record.reason}  loss {record.final_loss}")
+            return False
+        if code == 75:
+            record.state = "preempted"
+            if self.max_preemptions is not None and record.preemptions > self.max_preemptions:
+                record.state, record.lease = "failed", None
+                record.reason = f"preempted {record.preemptions} times (--max-preemptions {self.max_preemptions})"
+                return False
+            return True
+        record.state, record.lease = "failed", None
+        self.say(f"point {record.point}: failed: {record.reason}")
+        return False
+
+
+__all__ = ["Driver", "SweepLedger", "PointRecord", "SweepError", "sys"]
