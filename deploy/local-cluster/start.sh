@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Try the whole cluster path on one machine: a Ray head on 127.0.0.1 and a loopback S3
+# server (moto's, from the test extra), then print what to export.
+#
+#   bash deploy/local-cluster/start.sh      # then: sexpgpu sweep exp.lisp --sweep S --ray $RAY_ADDRESS --store s3://sexpgpu/runs
+#   bash deploy/local-cluster/stop.sh
+set -euo pipefail
+state="${SEXPGPU_LOCAL_CLUSTER:-$HOME/.sexpgpu-local-cluster}"
+mkdir -p "$state"
+s3_port="${S3_PORT:-9000}"
+ray_port="${RAY_PORT:-6379}"
+
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled
+ray start --head --node-ip-address=127.0.0.1 --port="$ray_port" --include-dashboard=false >"$state/ray.log" 2>&1
+
+nohup python -m moto.server -H 127.0.0.1 -p "$s3_port" >"$state/s3.log" 2>&1 &
+echo $! >"$state/s3.pid"
+for _ in $(seq 50); do
+    python - "$s3_port" <<'PY' && break
+import socket, sys
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=0.2).close()
+except OSError:
+    sys.exit(1)
+PY
+    sleep 0.2
+done
+
+export AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local AWS_REGION=us-east-1 AWS_ENDPOINT_URL="http://127.0.0.1:$s3_port"
+python -c "import boto3; boto3.client('s3').create_bucket(Bucket='sexpgpu')"
+
+cat <<EOT
+local cluster up. In your shell:
+  export AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local AWS_REGION=us-east-1
+  export AWS_ENDPOINT_URL=http://127.0.0.1:$s3_port RAY_ADDRESS=127.0.0.1:$ray_port
+  export SEXPGPU_STORE=s3://sexpgpu/runs
+  sexpgpu sweep examples/quickstart.lisp --sweep S --ray 127.0.0.1:$ray_port
+EOT
