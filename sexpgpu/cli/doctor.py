@@ -127,7 +127,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     cache, cache_source = setting(None, "SEXPGPU_CACHE", "~/.cache/sexpgpu")
     findings.append(Finding(check="cache", level="ok", detail=f"{os.path.expanduser(cache)} (from {cache_source})"))
     address = os.environ.get("SEXPGPU_RAY_ADDRESS")
-    findings.append(Finding(check="ray", level="ok" if not address else "warn", detail=f"address {address}: the cluster release is not here yet" if address else "not used (runs are local)"))
+    findings.append(Finding(check="ray", level="ok", detail=f"sweep --ray uses {address}" if address else "sweep --ray starts a local Ray (set SEXPGPU_RAY_ADDRESS for a cluster)"))
     if args.file:
         findings += plan_finding(args.file)
     failed = any(f.level == "fail" for f in findings)
