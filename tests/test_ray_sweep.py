@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 RUN = (REPO / "examples" / "charlm.lisp").read_text().replace(
-    "(defrun :steps 600 :seed 0 :log-every 50)", "(defrun :steps 240 :seed 0 :log-every 20 :checkpoint (:every 20 :keep 2))"
+    "(defrun :steps 600 :seed 0 :log-every 50)", "(defrun :steps 400 :seed 0 :log-every 20 :checkpoint (:every 20 :keep 2))"
 ).replace(
     '(defknob lr 0.003 :doc "AdamW learning rate")', '(defknob lr 0.003 :doc "AdamW learning rate")\n(defsweep lrs :lr (0.003 0.001))'
 )
@@ -43,7 +43,7 @@ def final(store: Path, slug: str) -> dict[str, np.ndarray]:
     s = Store.open(str(store))
     name = [c.name for c in list_checkpoints(s, slug) if c.valid][-1]
     params, _, state = load_checkpoint(s, slug, name)
-    assert state.step == 240
+    assert state.step == 400
     return params
 
 
@@ -67,7 +67,7 @@ def test_ray_sweep_equals_the_local_sweep_and_survives_a_killed_worker(tmp_path:
         if record.point == 0 and record.attempts == 1:
             def kill() -> None:
                 pid = ray.get(worker.where.remote())["pid"]
-                time.sleep(1.5)
+                time.sleep(1.0)
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
 

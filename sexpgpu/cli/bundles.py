@@ -34,3 +34,56 @@ def run_bundle(args: argparse.Namespace) -> int:
         print(f"{manifest.slug}  {args.out}")
         print(f"source: {manifest.main}; data: {len(manifest.data)} source(s), {copied:,} bytes copied; IR {manifest.ir_hash[:12]}")
     return Exit.OK
+
+
+def register_submit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    s = sub.add_parser("submit", help="run a bundle as a detached, preemptible job on a Ray cluster")
+    s.add_argument("bundle", metavar="BUNDLE")
+    s.add_argument("--ray", required=True, metavar="ADDRESS", help="the cluster (e.g. 10.0.0.5:6379, or auto)")
+    s.add_argument("--store", required=True, metavar="URL", help="where the run folder goes (workers must reach it: s3://...)")
+    s.add_argument("--max-preemptions", type=int, default=None, metavar="N")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=run_submit)
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    import os
+
+    from ..bundle import BundleError, is_bundle
+    from ..bundle import unpack as unpack_bundle
+    from ..runtime.store import Store
+
+    if not is_bundle(args.bundle):
+        print(f"sexpgpu: {args.bundle} is not a bundle (no bundle.json); make one with `sexpgpu bundle FILE -o DIR`", file=sys.stderr)
+        return Exit.USAGE
+    try:
+        import ray
+
+        from orchestration.submit import submit
+    except ImportError as exc:
+        print(f"sexpgpu: submit needs the cluster extra (pip install -e '.[cluster]'): {exc}", file=sys.stderr)
+        return Exit.CANNOT_START
+    try:
+        manifest, _ = unpack_bundle(args.bundle)
+    except BundleError as exc:
+        print(f"sexpgpu: bundle refused: {exc}", file=sys.stderr)
+        return Exit.CHECK_FAILED
+    store = Store.open(args.store)
+    target = f"{store.url_of(manifest.slug)}/bundle"
+    source = Store.open(args.bundle)
+    out = Store.open(target)
+    for name in source.list(""):
+        out.write_bytes(name, source.read_bytes(name))  # the bundle travels with the run folder
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "SEXPGPU_", "OPENBLAS"))}
+    try:
+        ray.init(address=args.ray, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    except Exception as exc:  # the cluster is the finding
+        print(f"sexpgpu: cannot reach the Ray cluster at {args.ray}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return Exit.CANNOT_START
+    submit(target, args.store, manifest.slug, args.max_preemptions, env)
+    url = store.url_of(manifest.slug)
+    if args.json:
+        print_json({"slug": manifest.slug, "run": url, "bundle": target})
+    else:
+        print(f"{manifest.slug}  submitted; follow it with: sexpgpu logs {url} --follow")
+    return Exit.OK

@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweeps.register(sub)
     doctor.register(sub)
     bundles.register(sub)
+    bundles.register_submit(sub)
     observe.register(sub)
     docs.register(sub)
     return parser
