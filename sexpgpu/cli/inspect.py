@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from ..ir.experiment import Experiment
 from ..compile.pipeline import CompileResult, compile_file
-from ..ir.graph import Program
+from ..ir.graph import Program, shape_size
 from ..ir.ops import op_def
 from ..lisp.diagnostics import SourceMap
 from ..lisp.program import has_errors
@@ -96,12 +96,12 @@ def program_flops(program: Program) -> int:
 
 def explain_document(experiment: Experiment) -> dict[str, Any]:
     programs = experiment.module.programs
-    params = [{"path": p.path, "shape": list(p.shape), "dtype": p.dtype.value, "count": _count(p.shape), "init": p.init.kind} for p in experiment.params]
-    param_bytes = sum(_count(p.shape) * 4 for p in experiment.params)
-    state_bytes = sum(_count(next(q.shape for q in experiment.params if q.path == path)) * 4 * len(g.states) for g in experiment.groups for path in g.params)
+    params = [{"path": p.path, "shape": list(p.shape), "dtype": p.dtype.value, "count": shape_size(p.shape), "init": p.init.kind} for p in experiment.params]
+    param_bytes = sum(shape_size(p.shape) * 4 for p in experiment.params)
+    state_bytes = sum(shape_size(next(q.shape for q in experiment.params if q.path == path)) * 4 * len(g.states) for g in experiment.groups for path in g.params)
     train_plan = make_plan(programs["train"])
     update_plan = make_plan(programs["update"])
-    grad_bytes = sum(_count(next(q.shape for q in experiment.params if q.path == path)) * 4 for g in experiment.groups if g.optimizer for path in g.params)
+    grad_bytes = sum(shape_size(next(q.shape for q in experiment.params if q.path == path)) * 4 for g in experiment.groups if g.optimizer for path in g.params)
     return {
         "file": experiment.file,
         "ir_hash": experiment.ir_hash,
@@ -136,12 +136,6 @@ def cast_points(program: Program) -> list[dict[str, Any]]:
             out.append({"from": types[n.args[0]].dtype.value, "to": n.type.dtype.value, "shape": list(n.type.shape), "loc": n.loc, "path": n.path})
     return out
 
-
-def _count(shape: Any) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _bytes(n: int) -> str:

@@ -331,20 +331,16 @@ class Compiler:
         return NIL
 
     def b_repeat(self, n: Any, thunk: Any) -> Any:
-        count = self.lib.int_arg("repeat", 1, n)
-        models = []
-        for i in range(count):
-            self.path.append(str(i))
-            try:
-                models.append(self.interp.call(thunk))
-            finally:
-                self.path.pop()
-        return ModelList(path=".".join(self.path), models=models)
+        """(repeat n (ctor ...)): parts 0..n-1, each made by the same constructor."""
+        return self.numbered_parts([thunk] * self.lib.int_arg("repeat", 1, n))
 
     def b_repeat_list(self, thunks: Any) -> Any:
         """Parts 0..n-1 made by a list of constructors (layers of different sizes)."""
+        return self.numbered_parts(list_items("repeat", 1, thunks))
+
+    def numbered_parts(self, thunks: list[Any]) -> ModelList:
         models = []
-        for i, thunk in enumerate(list_items("repeat", 1, thunks)):
+        for i, thunk in enumerate(thunks):
             self.path.append(str(i))
             try:
                 models.append(self.interp.call(thunk))

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from ..ir.check import IRError, check_program
 from ..ir.dtypes import DType
-from ..ir.graph import Module, Program, TensorType, prune
+from ..ir.graph import Module, Program, TensorType, prune, shape_size
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.diagnostics import Diagnostic
 from ..lisp.evaluator import Limits
@@ -396,7 +396,7 @@ def update_group(compiler: Compiler, tracer: Tracer, group: Any, paths: list[str
     this equals updating each parameter alone, with a few kernels instead of a few per
     parameter."""
     b = tracer.builder
-    sizes = [_size(params[p].shape) for p in paths]
+    sizes = [shape_size(params[p].shape) for p in paths]
     total = sum(sizes)
 
     def joined(ids: list[int]) -> int:
@@ -431,12 +431,6 @@ def update_group(compiler: Compiler, tracer: Tracer, group: Any, paths: list[str
         split(value, "state:{path}:" + name)
     del total
 
-
-def _size(shape: Any) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 __all__ = ["compile_file", "CompileResult", "LispError"]

@@ -15,6 +15,14 @@ Shape = tuple[int, ...]
 InputKind = Literal["param", "data", "state", "ctx", "value"]
 
 
+def shape_size(shape: Any) -> int:
+    """The number of elements of a shape."""
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 class TensorType(BaseModel, frozen=True):
     dtype: DType
     shape: Shape
@@ -24,10 +32,7 @@ class TensorType(BaseModel, frozen=True):
 
     @property
     def size(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return shape_size(self.shape)
 
     @property
     def rank(self) -> int:
