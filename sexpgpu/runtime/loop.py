@@ -415,12 +415,15 @@ class Run:
     def loop(self) -> tuple[str, int]:
         trainer, events, status, experiment = self.trainer, self.folder.events, self.folder.status, self.experiment
         log_every = max(1, experiment.run.log_every)
-        batch = experiment.loaders["train"].batch * experiment.run.microbatches
-        window_start, window_steps = time.time(), 0
+        # throughput counts training time only (not evals or checkpoints), and the examples
+        # and tokens the streams really served (stages may change the batch)
+        window_time, window_steps, window_seen = 0.0, 0, trainer.seen()
         self.record: dict[str, Any] = {}
         policy = experiment.run.checkpoint
         while trainer.step < self.steps:
+            started = time.time()
             record = trainer.train_step()
+            window_time += time.time() - started
             self.record = record
             step = trainer.step
             window_steps += 1
@@ -435,15 +438,18 @@ class Run:
                 continue
             self.skipped_in_a_row = 0
             if step % log_every == 0 or step == self.steps:
-                step_time = (time.time() - window_start) / max(window_steps, 1)
+                step_time = window_time / max(window_steps, 1)
+                seen = trainer.seen()
+                examples, tokens = seen[0] - window_seen[0], seen[1] - window_seen[1]
                 emit(events, "step", step=step, loss=record["loss"], metrics=record["metrics"], lr=record["lr"], grad_norm=record["grad_norm"],
-                     step_time=step_time, examples_per_s=batch / step_time if step_time > 0 else None)
+                     step_time=step_time, examples_per_s=examples / window_time if window_time > 0 else None,
+                     tokens_per_s=tokens / window_time if window_time > 0 and tokens else None)
                 eta = step_time * (self.steps - step)
                 status.update(step=step, metrics={"loss": record["loss"], **record["metrics"]}, eta_s=eta)
                 if self.options.progress:
                     sys.stderr.write(f"\rstep {step}/{self.steps}  loss {record['loss']:.4f}  {1 / step_time if step_time else 0:.0f} steps/s  ETA {eta:.0f}s   ")
                     sys.stderr.flush()
-                window_start, window_steps = time.time(), 0
+                window_time, window_steps, window_seen = 0.0, 0, trainer.seen()
             due = [e for e in experiment.evals if e.every and step % e.every == 0]
             reached = run_evals(due, self.evaluators, trainer, step, events, status, self.evals_done, self.best, experiment)
             if reached:
