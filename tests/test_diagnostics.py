@@ -151,3 +151,13 @@ def test_prelude_macro_errors_point_at_user_code(project: Path) -> None:
     (project / "d.lisp").write_text("(defun h (xs)\n  (dolist (x xs)\n    (car x)))\n(h '(1))\n")
     _, diagnostics = load_file(Path("d.lisp"))
     assert (diagnostics[0].file, diagnostics[0].line, diagnostics[0].col) == ("d.lisp", 3, 5)
+
+
+def test_shape_error_inside_a_standard_module_names_the_users_call(project: Path) -> None:
+    (project / "t.lisp").write_text(
+        HEAD + "(defloader train :source (synthetic :spirals :n 256 :classes 3) :fields ((x :f32 (2)) (y :i32 ())) :batch 32)\n"
+        "(defpart net (nn:mlp 3 8 3))\n(defobjective (batch)\n  (nn:cross-entropy (net (field batch x)) (field batch y)))\n" + GROUPS + "(defrun :steps 1)\n"
+    )
+    (diag,) = [d for d in compile_file(Path("t.lisp")).diagnostics if d.severity == "error"]
+    assert diag.code == "T001" and diag.file == "sexpgpu/lib/nn.lisp"
+    assert [n.message for n in diag.notes] == ["reached from your code at t.lisp:6:21"]

@@ -153,7 +153,11 @@ class TensorLib:
             message = str(exc)
             if not message.startswith(fn):
                 message = f"{fn}: {message}"
-            raise lisp_error("T001", message, "TYPE-ERROR") from None
+            err = lisp_error("T001", message, "TYPE-ERROR")
+            user = self.interp.user_loc
+            if loc is not None and loc.file.startswith("sexpgpu/lib/") and user is not None:
+                err.notes.append(f"reached from your code at {user}")
+            raise err from None
 
     def op(self, fn: str, name: str, *args: Staged, **attrs: Any) -> Staged:
         tracer = args[0].tracer if args else self.tracer(fn)

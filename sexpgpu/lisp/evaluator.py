@@ -57,6 +57,7 @@ class Limits(BaseModel):
 
 
 SYSTEM_FILES = {"<prelude>"}
+LIBRARY_FILES = ("<prelude>", "sexpgpu/lib/")  # where a diagnostic also names the user's call
 
 
 def _system_loc(loc: Optional[Loc]) -> bool:
@@ -105,6 +106,7 @@ class Interpreter:
         self.catch_tags: list[Any] = []
         self.current_loc: Optional[Loc] = None
         self.call_loc: Optional[Loc] = None  # the form of the latest function call (staging stamps it on IR nodes)
+        self.user_loc: Optional[Loc] = None  # the latest call in the user's own files (not the standard library)
         self.non_boolean_types: tuple[type, ...] = ()
         self.truth_error: Callable[[Any], LispError] | None = None
         self.require_hook: Callable[[Cons, Env], Any] | None = None
@@ -225,8 +227,11 @@ class Interpreter:
                 cell = cell.cdr
             if cell is not NIL:
                 raise lisp_error("E105", f"a function call cannot be a dotted list: {prin1_to_string(x)}", "PROGRAM-ERROR")
-            if x.loc is not None:
-                self.call_loc = x.loc
+            loc = x.loc
+            if loc is not None:
+                self.call_loc = loc
+                if not loc.file.startswith(LIBRARY_FILES):
+                    self.user_loc = loc
             return self.apply(fn, args)
         except (LispError, LimitExceeded) as exc:
             _annotate(exc, x.loc)
