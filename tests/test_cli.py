@@ -196,3 +196,12 @@ def test_doctor(tmp_path: Path) -> None:
     bad = sexpgpu("doctor", "--store", "/dev/null/runs", cwd=tmp_path)
     assert bad.returncode == 4
     assert "fail  store" in bad.stdout and "fix:" in bad.stdout
+
+
+def test_diff_shows_defrun_and_loader_changes(tmp_path: Path) -> None:
+    other = tmp_path / "q2.lisp"
+    other.write_text((REPO / "examples" / "quickstart.lisp").read_text().replace("(defrun :steps 300 :seed 0)", "(defrun :steps 500 :seed 1)").replace(":batch 64)", ":batch 32)"))
+    result = sexpgpu("diff", "--json", str(REPO / "examples" / "quickstart.lisp"), str(other), cwd=REPO)
+    changes = json.loads(result.stdout)
+    assert "steps: 300 -> 500" in changes["run"] and "seed: 0 -> 1" in changes["run"]
+    assert changes["loaders"] == ["train: batch changed"]
