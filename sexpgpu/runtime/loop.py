@@ -270,7 +270,11 @@ class Trainer:
             feeds["rng.step"] = self.random_step
         out = self.train_program.run(feeds)
         if microbatch == 0:
-            self.last_feeds = {k: np.array(v, copy=True) for k, v in feeds.items()}
+            # a non-finite step leaves the parameters untouched and every batch is a fresh
+            # array, so a replay needs copies only of the step counter reused across steps
+            self.last_feeds = dict(feeds)
+            if "rng.step" in feeds:
+                self.last_feeds["rng.step"] = self.random_step.copy()
         return out
 
     def accumulated(self) -> dict[str, Any]:
