@@ -25,8 +25,11 @@ from pydantic import BaseModel, Field
 
 from sexpgpu.bundle import make_bundle
 from sexpgpu.ir.experiment import Selection
+from sexpgpu.runtime.checkpoint import list_checkpoints
 from sexpgpu.runtime.runfolder import RunFolder
 from sexpgpu.runtime.store import Store
+
+from .gang import Devices, Gang
 
 PointState = Literal["pending", "leased", "running", "preempted", "finished", "failed"]
 LEASE_SECONDS = 60.0
@@ -66,9 +69,10 @@ class SweepError(Exception):
 class Driver:
     def __init__(
         self, path: Path, sweep: str, store_url: str, address: Optional[str], max_preemptions: Optional[int], max_steps: Optional[int],
-        say: Callable[[str], None], on_launch: Optional[Callable[[PointRecord, Any], None]] = None,
+        say: Callable[[str], None], on_launch: Optional[Callable[[PointRecord, Any], None]] = None, devices: Optional[Devices] = None,
     ) -> None:
-        self.on_launch = on_launch  # tests use it to play a preemption on a chosen worker
+        self.devices = devices or Devices()
+        self.on_launch = on_launch  # tests use it to play a preemption on a chosen rank of a gang
         self.path = path
         self.sweep = sweep
         self.store_url = store_url
@@ -150,55 +154,61 @@ class Driver:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
             ray.init(address=self.address or "local", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
         try:
-            if ray.cluster_resources().get("CPU", 0) < 1:
-                raise SweepError("the Ray cluster has no CPU to hold a point")
+            problem = self.devices.feasible(ray.cluster_resources())
+            if problem is not None:
+                raise SweepError(problem)
             return self.supervise(ledger, ray, TrainWorker)
         finally:
             if started_ray:
                 ray.shutdown()
 
-    def launch(self, record: PointRecord, ray: Any, worker_class: Any) -> tuple[Any, Any]:
+    def launch(self, record: PointRecord, ray: Any, worker_class: Any) -> Gang:
         record.attempts += 1
         record.state = "running"
         record.heartbeat = time.time()
-        resume = "latest" if record.attempts > 1 else None
+        # a later attempt resumes from the latest published checkpoint; one killed before its
+        # first checkpoint starts over (the run folder records that attempt's history too)
+        has_checkpoint = record.attempts > 1 and any(c.valid for c in list_checkpoints(self.store, record.slug))
+        resume = "latest" if has_checkpoint else None
         bundle = f"{self.store.url_of(self.prefix)}/bundles/point-{record.point:04d}"
         env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "SEXPGPU_", "OPENBLAS"))}
-        worker = worker_class.options(num_cpus=1, max_restarts=0).remote(env)
-        ref = worker.run.remote(bundle, self.store_url, resume, self.max_steps)
+        gang = Gang(ray, worker_class, self.devices, env)
+        gang.start(bundle, self.store_url, resume, self.max_steps)
         if self.on_launch is not None:
-            self.on_launch(record, worker)
-        return worker, ref
+            self.on_launch(record, gang)
+        return gang
 
     def supervise(self, ledger: SweepLedger, ray: Any, worker_class: Any) -> SweepLedger:
-        running: dict[Any, tuple[PointRecord, Any]] = {}
+        running: dict[Any, tuple[PointRecord, Gang]] = {}
+
+        def start(record: PointRecord) -> None:
+            gang = self.launch(record, ray, worker_class)
+            for ref in gang.refs:
+                running[ref] = (record, gang)
+
         for record in ledger.points:
             if self.lease(ledger, record):
-                worker, ref = self.launch(record, ray, worker_class)
-                running[ref] = (record, worker)
+                start(record)
                 self.say(f"point {record.point}: started (attempt {record.attempts})  {record.slug}")
         self.write_ledger(ledger)
-        self.workers = {ref: worker for ref, (_, worker) in running.items()}
         while running:
             done, _ = ray.wait(list(running), num_returns=1, timeout=5.0)
-            for record, _worker in running.values():
+            for record, _gang in running.values():
                 record.heartbeat = time.time()
             for ref in done:
-                record, worker = running.pop(ref)
-                self.workers.pop(ref, None)
-                try:
-                    outcome = ray.get(ref)
-                except Exception as exc:  # the worker died: a preemption, never the run's fault
-                    outcome = {"exit_code": 75, "reason": f"worker lost: {type(exc).__name__}"}
+                if ref not in running:  # its gang was already settled
+                    continue
+                record, gang = running.pop(ref)
+                outcome = gang.settle(ref)
+                if outcome is None:  # another rank still runs
+                    continue
+                for other in gang.refs:
+                    running.pop(other, None)
+                gang.stop()
+                if outcome.get("preempted"):
                     record.preemptions += 1
-                try:
-                    ray.kill(worker, no_restart=True)
-                except Exception:  # already gone
-                    pass
                 if self.settle(record, outcome):
-                    new_worker, new_ref = self.launch(record, ray, worker_class)
-                    running[new_ref] = (record, new_worker)
-                    self.workers[new_ref] = new_worker
+                    start(record)
                     self.say(f"point {record.point}: preempted, resumed (attempt {record.attempts})")
             self.write_ledger(ledger)
         return ledger

@@ -160,10 +160,11 @@ def unpack(location: str, into: Optional[Path] = None) -> tuple[BundleManifest, 
     return manifest, target / manifest.main
 
 
-def compile_bundle(location: str) -> tuple[BundleManifest, CompileResult]:
-    """Recompile a bundle from its source with its selection; refuse another IR."""
+def compile_bundle(location: str, world: int = 1) -> tuple[BundleManifest, CompileResult]:
+    """Recompile a bundle from its source with its selection (and WORLD data-parallel ranks'
+    programs); refuse another IR."""
     manifest, main = unpack(location)
-    result = compile_file(main, manifest.selection)
+    result = compile_file(main, manifest.selection, world=world)
     experiment: Optional[Experiment] = result.experiment
     if experiment is not None and experiment.ir_hash != manifest.ir_hash:
         raise BundleError(f"the bundle's source compiles to IR {experiment.ir_hash[:12]}, but bundle.json records {manifest.ir_hash[:12]}: refusing to run something else than what was bundled")

@@ -63,7 +63,8 @@ def test_ray_sweep_equals_the_local_sweep_and_survives_a_killed_worker(tmp_path:
 
     killed: list[int] = []
 
-    def preempt_first(record: Any, worker: Any) -> None:
+    def preempt_first(record: Any, gang: Any) -> None:
+        worker = gang.workers[0]
         if record.point == 0 and record.attempts == 1:
             def kill() -> None:
                 pid = ray.get(worker.where.remote())["pid"]

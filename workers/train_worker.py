@@ -24,17 +24,48 @@ class TrainWorkerImpl:
         """This worker's host and process (the driver's tests kill it to play a preemption)."""
         return {"host": socket.gethostname(), "pid": os.getpid()}
 
-    def run(self, bundle_url: str, store_url: str, resume: Optional[str] = None, max_steps: Optional[int] = None) -> dict[str, Any]:
-        from sexpgpu.bundle import compile_bundle
-        from sexpgpu.runtime.loop import RunOptions, train
+    def nccl_unique_id(self) -> list[int]:
+        """Rank 0 makes the NCCL unique id; the driver hands it to every rank."""
+        from workers.collective import nccl_unique_id
 
-        manifest, result = compile_bundle(bundle_url)
+        return nccl_unique_id()
+
+    def run(
+        self, bundle_url: str, store_url: str, resume: Optional[str] = None, max_steps: Optional[int] = None,
+        rank: Optional[dict[str, Any]] = None, device: str = "cpu",
+    ) -> dict[str, Any]:
+        """Train the bundle; with RANK (a RankSpec) as one of W data-parallel ranks."""
+        from sexpgpu.bundle import BundleError, compile_bundle
+        from sexpgpu.runtime.checkpoint import ResumeError
+        from sexpgpu.runtime.data import DataError
+        from sexpgpu.runtime.loop import RunOptions, train
+        from sexpgpu.runtime.store import StoreError
+        from workers.collective import RankSpec, RendezvousError, join
+
+        spec = RankSpec.model_validate(rank) if rank is not None else None
+        try:
+            manifest, result = compile_bundle(bundle_url, world=spec.world if spec else 1)
+        except BundleError as exc:
+            return {"exit_code": 3, "reason": f"bundle refused: {exc}"}
         if result.experiment is None:
             errors = "; ".join(d.headline() for d in result.diagnostics if d.severity == "error")
             return {"slug": manifest.slug, "exit_code": 3, "reason": f"the bundle does not check: {errors}"}
-        options = RunOptions(store=store_url, max_steps=max_steps, resume=resume, signals=False)
-        outcome = train(result.experiment, options, say=lambda _text: None)
-        return outcome.model_dump()
+        collective = None
+        if spec is not None:
+            try:
+                collective = join(spec)
+            except RendezvousError as exc:
+                return {"slug": manifest.slug, "exit_code": 4, "reason": f"rendezvous failed: {exc}"}
+        options = RunOptions(store=store_url, device=device, max_steps=max_steps, resume=resume, signals=False, ranks=collective)
+        try:
+            outcome = train(result.experiment, options, say=lambda _text: None)
+        except DataError as exc:  # the run's own failures are outcomes (never retried); only a death is a preemption
+            return {"slug": manifest.slug, "exit_code": 5, "reason": f"data error: {exc}"}
+        except ResumeError as exc:
+            return {"slug": manifest.slug, "exit_code": 6, "reason": f"resume refused: {exc}"}
+        except StoreError as exc:
+            return {"slug": manifest.slug, "exit_code": 4, "reason": f"the store is not writable from this worker: {exc}"}
+        return {**outcome.model_dump(), "rank": spec.rank if spec else 0}
 
 
 TrainWorker = ray.remote(max_concurrency=2)(TrainWorkerImpl)

@@ -40,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--json", action="store_true")
     s.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help="fan the points out over a Ray cluster (no ADDRESS: a local Ray started for the sweep)")
     s.add_argument("--max-preemptions", type=int, default=None, metavar="N", help="give up on a point preempted more than N times (default: never)")
+    add_rank_flags(s)
     add_limit_flags(s)
     s.set_defaults(run=run_sweep)
 
@@ -137,7 +138,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     store_url = args.store or os.environ.get("SEXPGPU_STORE") or "./runs"
     experiments = []
     for i in range(len(sweep.points())):  # compile every point first: a bad point fails before any training
-        result = compile_file(path, Selection(sweep=args.sweep, point=i), limits_from(args), output=sys.stderr.write)
+        world = args.devices if args.ray is not None else 1
+        result = compile_file(path, Selection(sweep=args.sweep, point=i), limits_from(args), output=sys.stderr.write, world=world)
         if has_errors(result.diagnostics) or result.experiment is None:
             print_diagnostics(result.diagnostics, result.program.sources if result.program else _sources())
             print(f"sweep {args.sweep}: point {i} does not check; nothing was run", file=sys.stderr)
@@ -145,6 +147,8 @@ def run_sweep(args: argparse.Namespace) -> int:
         experiments.append((result.experiment, result.program))
     if args.ray is not None:
         return ray_sweep(args, path, sweep, store_url)
+    if args.devices != 1:
+        fail_usage(f"--devices {args.devices} needs --ray: data-parallel ranks run as Ray actors (a local Ray when --ray has no address)")
     store = Store.open(store_url)
     rows = []
     worst = Exit.OK
@@ -180,6 +184,26 @@ def run_sweep(args: argparse.Namespace) -> int:
     return worst
 
 
+def add_rank_flags(p: argparse.ArgumentParser) -> None:
+    """Devices per point (data parallel) for the Ray paths: sweep --ray and submit."""
+    p.add_argument("--devices", type=int, default=1, metavar="W", help="data-parallel ranks per point (each takes batch/W; default 1)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="what each rank runs on (cuda: one GPU per rank, NCCL between them)")
+    p.add_argument("--allreduce-dtype", choices=["f32", "bf16"], default="f32", help="the wire format of gradient buckets")
+    p.add_argument("--allreduce-op", choices=["avg", "sum"], default="avg", help="avg: the gradient of the global batch's mean loss")
+    p.add_argument("--bucket-mb", type=float, default=25.0, metavar="MB", help="gradient bucket size")
+    p.add_argument("--rendezvous-timeout", type=float, default=120.0, metavar="S", help="how long ranks wait for each other before failing (exit 4)")
+
+
+def devices_from(args: argparse.Namespace) -> Any:
+    from orchestration.gang import Devices
+    from workers.collective import AllReduceSpec
+
+    if args.devices < 1:
+        fail_usage(f"--devices {args.devices}: a point needs at least one rank")
+    return Devices(count=args.devices, kind=args.device, rendezvous_timeout_s=args.rendezvous_timeout,
+                   allreduce=AllReduceSpec(dtype=args.allreduce_dtype, op=args.allreduce_op, bucket_mb=args.bucket_mb))
+
+
 def ray_sweep(args: argparse.Namespace, path: Path, sweep: Any, store_url: str) -> int:
     """The same sweep, fanned out over Ray by orchestration.driver (the cluster extra)."""
     try:
@@ -188,7 +212,7 @@ def ray_sweep(args: argparse.Namespace, path: Path, sweep: Any, store_url: str) 
         print(f"sexpgpu: --ray needs the cluster extra (pip install -e '.[cluster]'): {exc}", file=sys.stderr)
         return Exit.CANNOT_START
     address = args.ray or os.environ.get("SEXPGPU_RAY_ADDRESS") or None
-    driver = Driver(path, args.sweep, store_url, address, args.max_preemptions, args.max_steps, say=lambda text: print(text, file=sys.stderr))
+    driver = Driver(path, args.sweep, store_url, address, args.max_preemptions, args.max_steps, say=lambda text: print(text, file=sys.stderr), devices=devices_from(args))
     try:
         ledger = driver.run([(i, values, None) for i, values in enumerate(sweep.points())])
     except SweepError as exc:

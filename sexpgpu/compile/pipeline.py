@@ -42,7 +42,9 @@ class CompileResult:
         return not has_errors(self.diagnostics)
 
 
-def compile_file(path: Path, selection: Optional[Selection] = None, limits: Optional[Limits] = None, output: Any = None) -> CompileResult:
+def compile_file(path: Path, selection: Optional[Selection] = None, limits: Optional[Limits] = None, output: Any = None, world: int = 1) -> CompileResult:
+    """Read, evaluate, stage and check PATH. WORLD > 1 also stages each data-parallel rank's
+    train programs at batch/WORLD (the experiment's identity stays the single-device IR's)."""
     selection = selection or Selection()
     holder: dict[str, Compiler] = {}
     try:
@@ -75,7 +77,7 @@ def compile_file(path: Path, selection: Optional[Selection] = None, limits: Opti
         return result
     def build() -> Experiment:
         try:
-            return build_experiment(path, program, compiler, selection)
+            return build_experiment(path, program, compiler, selection, world)
         except LispError as exc:
             if exc.loc is None:
                 exc.loc = compiler.form_loc(BLAME.get(exc.condition.code, "DEFRUN"))
@@ -100,7 +102,7 @@ def new_world(limits: Optional[Limits] = None, output: Any = None) -> LispProgra
     return program
 
 
-def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selection: Selection) -> Experiment:
+def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selection: Selection, world: int = 1) -> Experiment:
     check_presence(compiler)
     interp = program.interp
     compiler.assign_groups()
@@ -122,6 +124,7 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
         _, staged, _, _ = stage_train(compiler, loader)
         staged.name = f"train@{stage.name}"
         programs[staged.name] = staged
+    rank_programs = stage_rank_programs(compiler, train_loader, world) if world > 1 else {}
     curriculum = stage_curriculum(compiler, programs)
     evals = stage_evals(compiler, programs)
     programs = {name: prune(prog) for name, prog in programs.items()}
@@ -164,9 +167,35 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
         ties={k: v[0] + (" (transposed)" if v[1] else "") for k, v in compiler.ties.items()},
         targets=list(compiler.targets),
         module=module,
+        rank_programs=rank_programs,
+        world=world,
         ir_hash=module.hash(),
         source_hash=hashlib.sha256(sources).hexdigest(),
     )
+
+
+def stage_rank_programs(compiler: Compiler, train_loader: Any, world: int) -> dict[str, Program]:
+    """Each data-parallel rank's train programs (and stages, and the diagnostics program),
+    traced at the rank's share of the batch: the global batch stays what the file says."""
+    programs: dict[str, Program] = {}
+    for stage in [None, *(s.name for s in train_loader.stages)]:
+        loader = train_loader if stage is None else train_loader.staged(stage)
+        if loader.batch % world:
+            where = "" if stage is None else f" (stage {stage})"
+            err = lisp_error(
+                "C008", f"defloader train{where}: :batch {loader.batch} does not split over {world} data-parallel ranks; "
+                f"use a number of devices that divides {loader.batch}, or a batch that {world} divides", "PROGRAM-ERROR")
+            err.loc = compiler.form_loc("DEFLOADER")
+            raise err
+        _, train, _, _ = stage_train(compiler, loader.model_copy(update={"batch": loader.batch // world}))
+        train.name = "train" if stage is None else f"train@{stage}"
+        programs[train.name] = prune(train)
+        diagnostics = compiler.diagnostic_program  # type: ignore[attr-defined]
+        if stage is None and diagnostics is not None:
+            programs["train:diagnostics"] = prune(diagnostics)
+    for prog in programs.values():
+        check_program(prog)
+    return programs
 
 
 def check_presence(compiler: Compiler) -> None:

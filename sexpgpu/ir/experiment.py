@@ -9,7 +9,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, Field
 
 from .dtypes import DType
-from .graph import Module
+from .graph import Module, Program
 
 
 class InitSpec(BaseModel):
@@ -201,6 +201,9 @@ class Experiment(BaseModel):
     ties: dict[str, str] = Field(default_factory=dict)  # tied place -> the parameter it reads ("T" suffix: transposed)
     targets: list[TargetSpec] = Field(default_factory=list)
     module: Module
+    # data parallel: each rank's train programs at batch/world (not part of the identity)
+    rank_programs: dict[str, Program] = Field(default_factory=dict)
+    world: int = 1
     ir_hash: str
     source_hash: str
 

@@ -160,7 +160,7 @@ class PreemptedEvent(Event):
 class ResumeEvent(Event):
     kind: Literal["resume"] = "resume"
     from_step: int
-    checkpoint: str
+    checkpoint: Optional[str]  # None: the attempt started over (no checkpoint had been published)
     attempt: Optional[int] = None
 
 

@@ -24,9 +24,10 @@ from ..ir.experiment import Experiment, LoaderRecord
 from ..ir.dtypes import DType, numpy_dtype
 from .data import BatchStream, DataError, Dataset, FieldSpec, LoaderSpec, PrepareStep, SourceSpec, load_dataset, shared_examples
 from .init import initial_value
-from .checkpoint import CheckpointState, ResumeError, list_checkpoints, load_checkpoint, resolve, write_checkpoint
+from .checkpoint import CheckpointState, ResumeError, list_checkpoints, load_checkpoint, resolve, step_name, write_checkpoint
 from .checkpoint import prune as prune_checkpoints
 from .numpy_backend import CompiledProgram, NonFiniteNode, first_nonfinite
+from .ranks import Collective, rows_of
 from .runfolder import RunFolder, RunInfo, Selection, slug
 from .status import Summary
 from .store import Store, StoreError
@@ -42,6 +43,7 @@ class RunOptions:
     resume: Optional[str] = None  # "latest", a step, or a checkpoint folder
     signals: bool = True  # handle SIGINT/SIGTERM (only possible on the main thread)
     store_patience_s: float = 600.0  # how long the end of a run waits for an unreachable store
+    ranks: Optional[Collective] = None  # data parallel: this process is one of W ranks
 
 
 class RunResult(BaseModel):
@@ -127,8 +129,14 @@ class Evaluator:
 class Trainer:
     """One run in progress: parameters, optimizer state, compiled programs, data stream."""
 
-    def __init__(self, experiment: Experiment) -> None:
+    def __init__(self, experiment: Experiment, ranks: Optional[Collective] = None) -> None:
         self.experiment = experiment
+        self.ranks = ranks
+        self.rank, self.world = (ranks.rank, ranks.world) if ranks is not None else (0, 1)
+        if self.world > 1 and experiment.world != self.world:
+            raise ValueError(f"the experiment was compiled for {experiment.world} rank(s), not {self.world}: compile it with world={self.world}")
+        # each rank traces its train programs at batch/world; evaluation and the update are shared
+        train_programs = experiment.rank_programs if self.world > 1 else experiment.module.programs
         seed = experiment.run.seed
         self.params = {p.path: initial_value(p, seed) for p in experiment.params}
         self.states: dict[str, np.ndarray] = {}
@@ -141,16 +149,16 @@ class Trainer:
         self.dataset = load_dataset(loader_spec(loader, seed))
         self.field_names = [f.name for f in loader.fields]
         # one compiled program and one data stream per loader stage (None: no stage)
-        self.programs: dict[Optional[str], CompiledProgram] = {None: CompiledProgram(experiment.module.programs["train"])}
+        self.programs: dict[Optional[str], CompiledProgram] = {None: CompiledProgram(train_programs["train"])}
         self.streams: dict[Optional[str], BatchStream] = {None: BatchStream(self.dataset, loader.batch, loader.shuffle, seed)}
         for stage in loader.stages:
             staged = loader.staged(stage.name)
             data = self.dataset if staged.prepare == loader.prepare else load_dataset(loader_spec(staged, seed))
-            self.programs[stage.name] = CompiledProgram(experiment.module.programs[f"train@{stage.name}"])
+            self.programs[stage.name] = CompiledProgram(train_programs[f"train@{stage.name}"])
             self.streams[stage.name] = BatchStream(data, staged.batch, staged.shuffle, seed)
         self.stage_names: list[Optional[str]] = [None] + [s.name for s in loader.stages]
         programs = experiment.module.programs
-        self.diagnostic_program = CompiledProgram(programs["train:diagnostics"]) if "train:diagnostics" in programs else None
+        self.diagnostic_program = CompiledProgram(train_programs["train:diagnostics"]) if "train:diagnostics" in train_programs else None
         self.curriculum = experiment.curriculum
         self.curriculum_program = CompiledProgram(experiment.module.programs["curriculum"]) if self.curriculum else None
         self.stage: Optional[str] = self.curriculum.start.get("train") if self.curriculum else None
@@ -175,7 +183,7 @@ class Trainer:
         return {
             "step": float(self.step), "epoch": float(self.stream.state().epoch), "examples": float(examples),
             "tokens": float(tokens), "stage": float(self.stage_index), "elapsed": time.time() - self.started,
-            "loss": self.last_loss, "seed": float(self.experiment.run.seed), "rank": 0.0, "world-size": 1.0,
+            "loss": self.last_loss, "seed": float(self.experiment.run.seed), "rank": float(self.rank), "world-size": float(self.world),
             "microbatch": float(self.microbatches), "lr-scale": self.lr_scale,
         }
 
@@ -263,10 +271,11 @@ class Trainer:
         batch = self.stream.next()
         feeds: dict[str, np.ndarray] = dict(self.params)
         for name in self.field_names:
-            feeds[f"data.{name}"] = batch[name]
+            feeds[f"data.{name}"] = batch[name] if self.world == 1 else rows_of(batch[name], self.rank, self.world)
         if self.train_uses_step:
-            # random ops are keyed by (step, microbatch) so microbatches draw different bits
-            self.random_step[...] = self.step * self.microbatches + microbatch
+            # random ops are keyed by (step, microbatch, rank) so microbatches and ranks draw
+            # different bits (one rank: the key is step * microbatches + microbatch)
+            self.random_step[...] = (self.step * self.microbatches + microbatch) * self.world + self.rank
             feeds["rng.step"] = self.random_step
         out = self.train_program.run(feeds)
         if microbatch == 0:
@@ -319,6 +328,8 @@ class Trainer:
             out = self.accumulated()
         finally:
             self.train_program = self.programs[self.stage]
+        if self.ranks is not None:
+            out = self.ranks.reduce_step(out)
         before = {p: v.copy() for p, v in self.params.items()} if sampled else {}
         self.last_loss = float(out["loss"])
         update_feeds: dict[str, np.ndarray] = {**self.params, **self.states, **self.ctx_feeds()}
@@ -365,7 +376,12 @@ class Run:
         self.say = say
         self.store = Store.open(options.store)
         self.slug = run_slug(experiment)
-        self.folder = RunFolder(self.store, self.slug)
+        self.ranks = options.ranks
+        self.writer = self.ranks is None or self.ranks.rank == 0
+        # only rank 0 writes the run folder; the other ranks run the same loop and read the
+        # shared store (resume), their own events and status go to a private in-memory store
+        self.shared = RunFolder(self.store, self.slug)
+        self.folder = self.shared if self.writer else RunFolder(Store.open(f"memory://sexpgpu-rank-{self.ranks.rank}-{id(self)}"), self.slug)
         spec = experiment.run
         self.steps = spec.steps if options.max_steps is None else min(options.max_steps, spec.steps)
         self.evals_done: dict[str, dict[str, float]] = {}
@@ -380,7 +396,7 @@ class Run:
     # -- the attempt ----------------------------------------------------------------------------
     def execute(self) -> RunResult:
         started = time.time()
-        previous = self.folder.read_status() if self.folder.exists() else None
+        previous = self.shared.read_status() if self.shared.exists() else None
         if previous is not None and previous.state == "finished" and self.options.resume is None and previous.step >= self.steps:
             self.say(f"{self.slug}  {self.folder.url}")
             self.say("already finished: nothing to do (pass --resume to continue from a checkpoint)")
@@ -397,7 +413,7 @@ class Run:
         emit(events, "run.start", step=0, slug=self.slug, steps=self.steps, attempt=self.attempt)
         emit(events, "compile", step=0, ir_hash=self.experiment.ir_hash, params=sum(int(np.prod(p.shape)) for p in self.experiment.params))
         try:
-            trainer = Trainer(self.experiment)
+            trainer = Trainer(self.experiment, self.ranks)
             self.trainer = trainer
             self.evaluators = {e.name: Evaluator(self.experiment, e.name, trainer.dataset) for e in self.experiment.evals}
         except DataError as exc:
@@ -407,6 +423,10 @@ class Run:
             raise
         if loaded is not None:
             self.apply_resume(*loaded)
+        elif previous is not None:
+            # an earlier attempt stopped before publishing any checkpoint: this one starts over,
+            # and its events supersede that attempt's (readers keep one series)
+            emit(events, "resume", step=0, from_step=0, checkpoint=None, attempt=self.attempt, reason="started over: no checkpoint had been published")
         status.update(state="running", step=trainer.step)
         with self.signal_handlers():
             try:
@@ -486,6 +506,12 @@ class Run:
         trainer = self.trainer
         started = time.time()
         state = trainer.snapshot(self.slug, self.guard_state(), {"done": self.evals_done, "best": self.best})
+        if not self.writer:
+            assert self.ranks is not None
+            if self.ranks.agree(False):  # rank 0 published it
+                self.last_checkpoint = step_name(trainer.step)
+            status.update(state="running")
+            return self.last_checkpoint
         try:
             # every event up to the checkpoint is durable before the checkpoint exists, so a
             # resume from it never lacks the history it continues
@@ -495,7 +521,11 @@ class Run:
         except StoreError as exc:
             emit(self.folder.events, "warning", step=trainer.step, message=f"checkpoint at step {trainer.step} not written, the store is unreachable: {exc}")
             status.update(state="running")
+            if self.ranks is not None:
+                self.ranks.agree(False)
             return None
+        if self.ranks is not None:
+            self.ranks.agree(True)
         self.last_checkpoint = name
         emit(self.folder.events, "checkpoint", step=trainer.step, path=f"checkpoints/{name}", seconds=time.time() - started)
         status.update(state="running", last_checkpoint=name)
@@ -659,7 +689,7 @@ def write_header(folder: RunFolder, experiment: Experiment, name: str, options: 
         knobs=experiment.knob_values(),
         source_hash=experiment.source_hash,
         ir_hash=experiment.ir_hash,
-        devices=[options.device],
+        devices=[options.device] * (options.ranks.world if options.ranks is not None else 1),
         meta=experiment.run.meta,
         max_steps=options.max_steps,
     )

@@ -1,0 +1,110 @@
+"""One attempt of one run on the cluster: W rank workers started together.
+
+A run asking for W devices gets W TrainWorker actors in one Ray placement group (all or
+none are placed; PACK keeps them on as few nodes as fit). For NCCL, rank 0 makes the unique
+id and the gang hands it to every rank. The attempt's outcome is rank 0's (only rank 0
+writes); a rank that dies makes the whole attempt a preemption: the other ranks are stopped
+and the driver starts a new gang that resumes from the latest checkpoint, on any W.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel
+
+from workers.collective import AllReduceSpec, RankSpec
+
+
+class Devices(BaseModel):
+    """What each point (or submitted run) asks of the cluster."""
+
+    count: int = 1  # W: data-parallel ranks
+    kind: Literal["cpu", "cuda"] = "cpu"
+    allreduce: AllReduceSpec = AllReduceSpec()
+    rendezvous_timeout_s: float = 120.0
+
+    def bundle(self) -> dict[str, float]:
+        """The resources of one rank."""
+        return {"CPU": 1.0, "GPU": 1.0} if self.kind == "cuda" else {"CPU": 1.0}
+
+    def feasible(self, cluster: dict[str, float]) -> Optional[str]:
+        """Why the cluster can never hold one run of these devices (None: it can)."""
+        for resource, amount in self.bundle().items():
+            have = float(cluster.get(resource, 0.0))
+            if have < amount * self.count:
+                noun = "GPU" if resource == "GPU" else "CPU"
+                return (f"a point needs {self.count} rank(s) with {amount:g} {noun} each, the cluster has {have:g} {noun}; "
+                        f"add nodes (ray-cluster.yaml max_workers) or lower --devices")
+        return None
+
+
+class Gang:
+    """The W rank actors of one attempt, their placement group and their result refs."""
+
+    def __init__(self, ray: Any, worker_class: Any, devices: Devices, env: dict[str, str]) -> None:
+        self.ray = ray
+        self.devices = devices
+        self.group = f"sexpgpu-{uuid.uuid4().hex[:12]}"
+        self.placement: Any = None
+        self.workers: list[Any] = []
+        self.refs: list[Any] = []
+        self.outcomes: dict[int, dict[str, Any]] = {}
+        options: dict[str, Any] = {"max_restarts": 0, "num_cpus": 1}
+        if devices.kind == "cuda":
+            options["num_gpus"] = 1
+        if devices.count > 1:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            self.placement = ray.util.placement_group([devices.bundle() for _ in range(devices.count)], strategy="PACK")
+            for i in range(devices.count):
+                strategy = PlacementGroupSchedulingStrategy(placement_group=self.placement, placement_group_bundle_index=i)
+                self.workers.append(worker_class.options(scheduling_strategy=strategy, **options).remote(env))
+        else:
+            self.workers.append(worker_class.options(**options).remote(env))
+
+    def start(self, bundle: str, store: str, resume: Optional[str], max_steps: Optional[int]) -> None:
+        devices = self.devices
+        device = "cuda" if devices.kind == "cuda" else "cpu"
+        if devices.count == 1:
+            self.refs = [self.workers[0].run.remote(bundle, store, resume, max_steps, None, device)]
+            return
+        backend = "nccl" if devices.kind == "cuda" else "gloo"
+        nccl_id = None
+        if backend == "nccl":
+            nccl_id = self.ray.get(self.workers[0].nccl_unique_id.remote(), timeout=devices.rendezvous_timeout_s)
+        for rank, worker in enumerate(self.workers):
+            spec = RankSpec(rank=rank, world=devices.count, group=self.group, backend=backend, nccl_id=nccl_id,
+                            allreduce=devices.allreduce, rendezvous_timeout_s=devices.rendezvous_timeout_s)
+            self.refs.append(worker.run.remote(bundle, store, resume, max_steps, spec.model_dump(), device))
+
+    def settle(self, ref: Any) -> Optional[dict[str, Any]]:
+        """Take one finished ref; the attempt's outcome once it is known, else None."""
+        rank = self.refs.index(ref)
+        from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
+
+        try:
+            outcome = self.ray.get(ref)
+        except (RayActorError, WorkerCrashedError, NodeDiedError) as exc:  # a rank's process or node died: a preemption, never the run's fault
+            return {"exit_code": 75, "reason": f"rank {rank} of {len(self.refs)} lost: {type(exc).__name__}", "preempted": True}
+        except Exception as exc:  # the run raised: its own failure, not retried
+            return {"exit_code": 1, "reason": f"rank {rank} raised {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"}
+        self.outcomes[rank] = outcome
+        if rank == 0:
+            return outcome
+        if int(outcome.get("exit_code", 1)) != 0 and 0 not in self.outcomes:
+            return {**outcome, "reason": f"rank {rank}: {outcome.get('reason', '')}"}
+        return None
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            try:
+                self.ray.kill(worker, no_restart=True)
+            except Exception:  # already gone
+                pass
+        if self.placement is not None:
+            try:
+                self.ray.util.remove_placement_group(self.placement)
+            except Exception:  # already removed
+                pass

@@ -1,0 +1,34 @@
+"""What the training loop needs to know about data-parallel ranks.
+
+A run with W ranks is W copies of the one loop. Every rank reads the same global batch and
+keeps its own rows (batch/W of them), computes its gradients with the rank train program
+(traced at batch/W), and the ranks' `Collective` averages gradients, loss and metrics so that
+every rank applies the same update. Only rank 0 writes the run folder. The collectives
+themselves (Ray's GLOO on the CPU, NCCL through CuPy on GPUs) live in workers/collective.py.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class Collective(Protocol):
+    rank: int
+    world: int
+
+    def reduce_step(self, out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The step's outputs with gradients, loss and metrics reduced over the ranks."""
+        ...
+
+    def agree(self, value: bool) -> bool:
+        """Rank 0's VALUE, on every rank (decisions only rank 0 can make, e.g. whether its
+        checkpoint was published)."""
+        ...
+
+
+def rows_of(batch: np.ndarray, rank: int, world: int) -> np.ndarray:
+    """This rank's contiguous share of a global batch (its first axis)."""
+    share = batch.shape[0] // world
+    return batch[rank * share : (rank + 1) * share]
