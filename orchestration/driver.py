@@ -19,7 +19,7 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal, Optional, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -27,12 +27,13 @@ from sexpgpu.bundle import make_bundle
 from sexpgpu.ir.experiment import Selection
 from sexpgpu.runtime.checkpoint import list_checkpoints
 from sexpgpu.runtime.runfolder import RunFolder
-from sexpgpu.runtime.store import Store
+from sexpgpu.runtime.store import Store, StoreError
 
 from .gang import Devices, Gang
+from .leases import Leases
 
+T = TypeVar("T")
 PointState = Literal["pending", "leased", "running", "preempted", "finished", "failed"]
-LEASE_SECONDS = 60.0
 
 
 def now() -> str:
@@ -70,6 +71,7 @@ class Driver:
     def __init__(
         self, path: Path, sweep: str, store_url: str, address: Optional[str], max_preemptions: Optional[int], max_steps: Optional[int],
         say: Callable[[str], None], on_launch: Optional[Callable[[PointRecord, Any], None]] = None, devices: Optional[Devices] = None,
+        table: Optional[Callable[["SweepLedger", bool], None]] = None,
     ) -> None:
         self.devices = devices or Devices()
         self.on_launch = on_launch  # tests use it to play a preemption on a chosen rank of a gang
@@ -83,6 +85,9 @@ class Driver:
         self.say = say
         self.id = uuid.uuid4().hex[:12]
         self.prefix = f"sweeps/{path.stem}.{sweep}"
+        self.leases = Leases(self.store, self.prefix, self.id)
+        self.leases_used = False  # the first write of a run takes merge()'s view as it is
+        self.table = table  # the live table (the CLI draws it; None: no table)
 
     # -- before anything runs ----------------------------------------------------------------------
     def preflight(self) -> None:
@@ -112,6 +117,18 @@ class Driver:
             return None
 
     def write_ledger(self, ledger: SweepLedger) -> None:
+        """Write the ledger; for points another driver has advanced further (more attempts,
+        or settled), keep that driver's record rather than an older view of ours."""
+        stored = self.read_ledger() if self.leases_used else None
+        if stored is not None:
+            theirs = {p.slug: p for p in stored.points}
+            for i, ours in enumerate(ledger.points):
+                other = theirs.get(ours.slug)
+                if other is None or ours.lease == self.id or other.lease == self.id or ours.state in ("finished", "failed"):
+                    continue
+                if other.attempts > ours.attempts or other.state in ("finished", "failed"):
+                    ledger.points[i] = other.model_copy(update={"point": ours.point, "knobs": ours.knobs})
+        self.leases_used = True
         ledger.updated = now()
         self.store.write_text(f"{self.prefix}/sweep.json", ledger.model_dump_json(indent=2))
 
@@ -131,14 +148,6 @@ class Driver:
                 record.final_loss = status.metrics.get("loss")
             points.append(record)
         return SweepLedger(file=self.path.name, sweep=self.sweep, points=points)
-
-    def lease(self, ledger: SweepLedger, record: PointRecord) -> bool:
-        """Take the point unless another live driver holds it."""
-        alive = record.lease not in (None, self.id) and record.heartbeat is not None and time.time() - record.heartbeat < LEASE_SECONDS
-        if alive or record.state in ("finished", "failed"):
-            return False
-        record.lease, record.heartbeat, record.state = self.id, time.time(), "leased"
-        return True
 
     # -- running ----------------------------------------------------------------------------------------
     def run(self, points: list[tuple[int, dict[str, Any], Any]]) -> SweepLedger:
@@ -165,11 +174,10 @@ class Driver:
     def launch(self, record: PointRecord, ray: Any, worker_class: Any) -> Gang:
         record.attempts += 1
         record.state = "running"
-        record.heartbeat = time.time()
-        # a later attempt resumes from the latest published checkpoint; one killed before its
-        # first checkpoint starts over (the run folder records that attempt's history too)
-        has_checkpoint = record.attempts > 1 and any(c.valid for c in list_checkpoints(self.store, record.slug))
-        resume = "latest" if has_checkpoint else None
+        record.lease, record.heartbeat = self.id, time.time()
+        # resume from the latest published checkpoint; a point lost before its first
+        # checkpoint starts over (its run folder records that attempt's history too)
+        resume = "latest" if any(c.valid for c in list_checkpoints(self.store, record.slug)) else None
         bundle = f"{self.store.url_of(self.prefix)}/bundles/point-{record.point:04d}"
         env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "SEXPGPU_", "OPENBLAS"))}
         gang = Gang(ray, worker_class, self.devices, env)
@@ -179,22 +187,42 @@ class Driver:
         return gang
 
     def supervise(self, ledger: SweepLedger, ray: Any, worker_class: Any) -> SweepLedger:
+        """Run every unsettled point this driver can lease; wait for the points another live
+        driver holds, and take over those whose driver stops renewing its lease."""
         running: dict[Any, tuple[PointRecord, Gang]] = {}
+        gangs: dict[int, Gang] = {}
+
+        def record_of(point: int) -> PointRecord:  # write_ledger may adopt another driver's record
+            return next(p for p in ledger.points if p.point == point)
 
         def start(record: PointRecord) -> None:
             gang = self.launch(record, ray, worker_class)
+            gangs[record.point] = gang
             for ref in gang.refs:
                 running[ref] = (record, gang)
 
-        for record in ledger.points:
-            if self.lease(ledger, record):
+        def unsettled() -> list[PointRecord]:
+            return [p for p in ledger.points if p.state not in ("finished", "failed") and p.point not in gangs]
+
+        def take_free_points() -> None:
+            for point in self.leases.claim([p.point for p in unsettled()]):
+                record = record_of(point)
                 start(record)
                 self.say(f"point {record.point}: started (attempt {record.attempts})  {record.slug}")
+
+        def stop(record: PointRecord, gang: Gang) -> None:
+            for ref in gang.refs:
+                running.pop(ref, None)
+            gang.stop()
+            gangs.pop(record.point, None)
+
+        take_free_points()
         self.write_ledger(ledger)
-        while running:
-            done, _ = ray.wait(list(running), num_returns=1, timeout=5.0)
-            for record, _gang in running.values():
-                record.heartbeat = time.time()
+        last_renewal = time.time()
+        while running or unsettled():
+            done, _ = ray.wait(list(running), num_returns=1, timeout=5.0) if running else ([], [])
+            if not running:
+                time.sleep(5.0)
             for ref in done:
                 if ref not in running:  # its gang was already settled
                     continue
@@ -202,16 +230,60 @@ class Driver:
                 outcome = gang.settle(ref)
                 if outcome is None:  # another rank still runs
                     continue
-                for other in gang.refs:
-                    running.pop(other, None)
-                gang.stop()
+                stop(record, gang)
                 if outcome.get("preempted"):
                     record.preemptions += 1
                 if self.settle(record, outcome):
                     start(record)
                     self.say(f"point {record.point}: preempted, resumed (attempt {record.attempts})")
-            self.write_ledger(ledger)
+                else:
+                    self.tolerant("release a lease", lambda: self.leases.release(record.point), None)
+            if time.time() - last_renewal > self.leases.ttl_s / 4:
+                last_renewal = time.time()
+                for point in self.tolerant("renew the point leases", lambda: self.leases.renew(list(gangs)), []):
+                    self.say(f"point {point}: another driver took its lease over; stopping this driver's ranks")
+                    record = record_of(point)
+                    stop(record, gangs[point])
+                    record.state, record.lease = "leased", None
+            for record in ledger.points:
+                if record.point in gangs:
+                    record.heartbeat = time.time()
+            self.tolerant("read the other drivers' points", lambda: self.follow_others(ledger, gangs), None)
+            if unsettled():
+                self.tolerant("lease free points", take_free_points, None)
+            self.show(ledger)
+            self.tolerant("write sweep.json", lambda: self.write_ledger(ledger), None)
+        self.show(ledger, final=True)
         return ledger
+
+    def follow_others(self, ledger: SweepLedger, gangs: dict[int, Gang]) -> None:
+        """Points another driver runs: learn when they finish or fail (from the run's status)."""
+        for record in ledger.points:
+            if record.point in gangs or record.state in ("finished", "failed"):
+                continue
+            status = RunFolder(self.store, record.slug).read_status()
+            if status is not None and status.summary is not None and status.state in ("finished", "failed"):
+                record.state = "finished" if status.state == "finished" else "failed"
+                record.exit_code = status.summary.exit_code
+                record.reason = status.summary.reason
+                record.final_loss = status.metrics.get("loss")
+                record.lease = None
+            elif (lease := self.leases.held_elsewhere(record.point)) is not None:
+                record.state, record.lease, record.heartbeat = "leased", lease.driver, lease.heartbeat
+
+    def tolerant(self, what: str, action: Callable[[], T], fallback: T) -> T:
+        """The store may be away for a while (after its own retries): the driver keeps
+        supervising and does the bookkeeping on a later round; the runs themselves wait for
+        the store to write what they must."""
+        try:
+            return action()
+        except (StoreError, OSError) as exc:
+            self.say(f"warning: could not {what}, the store is unreachable ({type(exc).__name__}); trying again in a few seconds")
+            return fallback
+
+    def show(self, ledger: SweepLedger, final: bool = False) -> None:
+        if self.table is not None:
+            self.table(ledger, final)
 
     def settle(self, record: PointRecord, outcome: dict[str, Any]) -> bool:
         """Record a finished attempt; True when the point must run again (a preemption)."""

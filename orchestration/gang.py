@@ -51,6 +51,7 @@ class Gang:
         self.workers: list[Any] = []
         self.refs: list[Any] = []
         self.outcomes: dict[int, dict[str, Any]] = {}
+        self.stopped = False
         options: dict[str, Any] = {"max_restarts": 0, "num_cpus": 1}
         if devices.kind == "cuda":
             options["num_gpus"] = 1
@@ -98,6 +99,7 @@ class Gang:
         return None
 
     def stop(self) -> None:
+        self.stopped = True
         for worker in self.workers:
             try:
                 self.ray.kill(worker, no_restart=True)

@@ -1,14 +1,18 @@
-"""The Ray driver on a real local Ray cluster: the same per-point results as the local
-sweep, and a worker killed mid-run is a preemption that resumes to identical parameters."""
+"""The Ray driver on a real local Ray cluster (and a real S3 endpoint on loopback): a 4-point
+sweep equals the local sweep point by point even with workers SIGKILLed at random moments,
+two drivers on one sweep never run a point twice, and the store going away for a while
+during a sweep loses nothing."""
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -23,15 +27,18 @@ from sexpgpu.runtime.store import Store
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
+LRS = [0.003, 0.002, 0.001, 0.0005]
+POINTS = [(i, {"lr": lr}, None) for i, lr in enumerate(LRS)]
+STEPS = 300
 RUN = (REPO / "examples" / "charlm.lisp").read_text().replace(
-    "(defrun :steps 600 :seed 0 :log-every 50)", "(defrun :steps 400 :seed 0 :log-every 20 :checkpoint (:every 20 :keep 2))"
+    "(defrun :steps 600 :seed 0 :log-every 50)", f"(defrun :steps {STEPS} :seed 0 :log-every 10 :checkpoint (:every 20 :keep 2))"
 ).replace(
-    '(defknob lr 0.003 :doc "AdamW learning rate")', '(defknob lr 0.003 :doc "AdamW learning rate")\n(defsweep lrs :lr (0.003 0.001))'
+    '(defknob lr 0.003 :doc "AdamW learning rate")', f'(defknob lr 0.003 :doc "AdamW learning rate")\n(defsweep lrs :lr ({" ".join(map(str, LRS))}))'
 )
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():  # type: ignore[no-untyped-def]
+def ray_cluster() -> Iterator[None]:
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -39,48 +46,174 @@ def ray_cluster():  # type: ignore[no-untyped-def]
     ray.shutdown()
 
 
-def final(store: Path, slug: str) -> dict[str, np.ndarray]:
-    s = Store.open(str(store))
-    name = [c.name for c in list_checkpoints(s, slug) if c.valid][-1]
-    params, _, state = load_checkpoint(s, slug, name)
-    assert state.step == 400
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sweep")
+    (root / ".git").mkdir()
+    (root / "data").mkdir()
+    (root / "data" / "stdlib-docstrings.txt").write_bytes((REPO / "examples" / "data" / "stdlib-docstrings.txt").read_bytes())
+    path = root / "lm.lisp"
+    path.write_text(RUN)
+    return path
+
+
+@pytest.fixture(scope="module")
+def local(project: Path) -> dict[str, dict[str, np.ndarray]]:
+    """The same sweep run locally, point by point: slug -> final parameters."""
+    store = project.parent / "local"
+    finals = {}
+    for point, _, _ in POINTS:
+        experiment = compile_file(project, Selection(sweep="lrs", point=point)).experiment
+        assert experiment is not None
+        slug = train(experiment, RunOptions(store=str(store), signals=False), say=lambda _: None).slug
+        finals[slug] = final(Store.open(str(store)), slug)
+    return finals
+
+
+def final(store: Store, slug: str) -> dict[str, np.ndarray]:
+    name = [c.name for c in list_checkpoints(store, slug) if c.valid][-1]
+    params, _, state = load_checkpoint(store, slug, name)
+    assert state.step == STEPS
     return params
 
 
-def test_ray_sweep_equals_the_local_sweep_and_survives_a_killed_worker(tmp_path: Path, ray_cluster: Any) -> None:
+def assert_same_as_local(store: Store, ledger: Any, local: dict[str, dict[str, np.ndarray]], attempts: bool = True) -> None:
+    assert [p.state for p in ledger.points] == ["finished"] * len(POINTS), [(p.state, p.reason) for p in ledger.points]
+    assert sorted(p.slug for p in ledger.points) == sorted(local)
+    for p in ledger.points:
+        theirs = final(store, p.slug)
+        for name, value in local[p.slug].items():
+            assert value.tobytes() == theirs[name].tobytes(), (p.point, name)
+        assert not attempts or p.attempts == 1 + p.preemptions, p
+
+
+def assert_one_series(store: Store, slug: str) -> None:
+    """The run's events read as one series: every logged step once, in order, to the end."""
+    series: dict[int, float] = {}
+    for event in events_of(store, slug):
+        if event["kind"] == "resume":
+            series = {s: v for s, v in series.items() if s <= event["from_step"]}
+        elif event["kind"] == "step":
+            assert event["step"] not in series, (slug, event["step"])
+            series[event["step"]] = event["loss"]
+    assert sorted(series) == list(range(10, STEPS + 1, 10)), (slug, sorted(series))
+
+
+def events_of(store: Store, slug: str) -> list[dict[str, Any]]:
+    lines: list[str] = []
+    if store.exists(f"{slug}/events.jsonl"):
+        lines = store.read_text(f"{slug}/events.jsonl").splitlines()
+    else:
+        for name in sorted(store.list(f"{slug}/events")):
+            lines += store.read_text(name).splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def test_a_sweep_with_workers_killed_at_random_equals_the_local_sweep(project: Path, ray_cluster: Any, local: Any) -> None:
     from orchestration.driver import Driver
 
-    (tmp_path / ".git").mkdir()
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "stdlib-docstrings.txt").write_bytes((REPO / "examples" / "data" / "stdlib-docstrings.txt").read_bytes())
-    path = tmp_path / "lm.lisp"
-    path.write_text(RUN)
-    local = tmp_path / "local"
-    for point in range(2):
-        experiment = compile_file(path, Selection(sweep="lrs", point=point)).experiment
-        assert experiment is not None
-        train(experiment, RunOptions(store=str(local), signals=False), say=lambda _: None)
-
+    gangs: list[Any] = []
     killed: list[int] = []
+    done = threading.Event()
 
-    def preempt_first(record: Any, gang: Any) -> None:
-        worker = gang.workers[0]
-        if record.point == 0 and record.attempts == 1:
-            def kill() -> None:
-                pid = ray.get(worker.where.remote())["pid"]
-                time.sleep(1.0)
+    def killer() -> None:
+        rng = random.Random(7)
+        while not done.is_set() and len(killed) < 4:
+            time.sleep(rng.uniform(0.8, 2.5))
+            live = [g for g in gangs if g.refs and not g.stopped]
+            if not live:
+                continue
+            try:
+                pid = ray.get(rng.choice(live).workers[0].where.remote(), timeout=5)["pid"]
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
+            except Exception:  # that worker finished (or died) in the meantime
+                pass
 
-            threading.Thread(target=kill, daemon=True).start()
-
-    remote = tmp_path / "remote"
-    ledger = Driver(path, "lrs", str(remote), None, None, None, say=lambda _: None, on_launch=preempt_first).run([(0, {"lr": 0.003}, None), (1, {"lr": 0.001}, None)])
-    assert [p.state for p in ledger.points] == ["finished", "finished"]
-    assert killed and ledger.points[0].attempts >= 2 and ledger.points[0].preemptions >= 1
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    remote = project.parent / "remote"
+    try:
+        ledger = Driver(project, "lrs", str(remote), None, None, None, say=lambda _: None, on_launch=lambda r, g: gangs.append(g)).run(POINTS)
+    finally:
+        done.set()
+        thread.join(10)
+    store = Store.open(str(remote))
+    assert len(killed) >= 2, "the killer found no worker to kill"
+    assert sum(p.preemptions for p in ledger.points) >= 2
+    assert_same_as_local(store, ledger, local)
     for p in ledger.points:
-        ours, theirs = final(local, p.slug), final(remote, p.slug)
-        for name, value in ours.items():
-            assert value.tobytes() == theirs[name].tobytes(), (p.point, name)
-    again = Driver(path, "lrs", str(remote), None, None, None, say=lambda _: None).run([(0, {"lr": 0.003}, None), (1, {"lr": 0.001}, None)])
+        assert_one_series(store, p.slug)
+    stored = json.loads((remote / "sweeps" / "lm.lrs" / "sweep.json").read_text())
+    assert [(p["state"], p["attempts"]) for p in stored["points"]] == [("finished", p.attempts) for p in ledger.points]
+
+    again = Driver(project, "lrs", str(remote), None, None, None, say=lambda _: None).run(POINTS)
     assert [p.attempts for p in again.points] == [p.attempts for p in ledger.points], "finished points are skipped"
+
+
+def test_two_drivers_on_one_sweep_never_run_a_point_twice(project: Path, ray_cluster: Any, local: Any) -> None:
+    from orchestration.driver import Driver
+
+    store_dir = project.parent / "shared"
+    launches: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    results: dict[str, Any] = {}
+
+    def drive(name: str) -> None:
+        def record(r: Any, _gang: Any) -> None:
+            with lock:
+                launches.append((name, r.point))
+
+        results[name] = Driver(project, "lrs", str(store_dir), None, None, None, say=lambda _: None, on_launch=record).run(POINTS)
+
+    threads = [threading.Thread(target=drive, args=(name,)) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    points = [p for _, p in launches]
+    assert sorted(points) == [0, 1, 2, 3], f"each point launched exactly once, got {launches}"
+    for name in ("a", "b"):
+        assert [p.state for p in results[name].points] == ["finished"] * 4, name
+    assert_same_as_local(Store.open(str(store_dir)), results["a"], local, attempts=False)
+    for name, point in launches:  # the driver that ran a point recorded its one attempt
+        assert results[name].points[point].attempts == 1, (name, results[name].points[point])
+
+
+def test_the_store_going_away_during_a_ray_sweep_loses_nothing(project: Path, ray_cluster: Any, local: Any) -> None:
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    import s3fs
+
+    from orchestration.driver import Driver
+    from s3_server import MotoS3, PausableProxy, make_bucket, patched_env, s3_env
+
+    with MotoS3() as moto, PausableProxy(moto.port) as proxy:
+        env = s3_env(proxy.endpoint)
+        s3fs.S3FileSystem.clear_instance_cache()
+        with patched_env(env):
+            bucket = make_bucket(None, proxy.endpoint)
+            url = f"s3://{bucket}/runs"
+            outages: list[float] = []
+
+            def flaky(record: Any, _gang: Any) -> None:
+                if record.point == 1 and record.attempts == 1:
+                    def outage() -> None:
+                        time.sleep(2.0)
+                        proxy.pause()
+                        outages.append(time.time())
+                        time.sleep(9.0)  # longer than the store's own retries (about 6 s)
+                        proxy.resume()
+
+                    threading.Thread(target=outage, daemon=True).start()
+
+            ledger = Driver(project, "lrs", url, None, None, None, say=lambda _: None, on_launch=flaky).run(POINTS[:2])
+            assert outages, "the outage did not happen"
+            store = Store.open(url)
+            assert [p.state for p in ledger.points] == ["finished", "finished"], [(p.state, p.reason) for p in ledger.points]
+            for p in ledger.points:
+                theirs = final(store, p.slug)
+                for name, value in local[p.slug].items():
+                    assert value.tobytes() == theirs[name].tobytes(), (p.point, name)
+                assert_one_series(store, p.slug)
+        s3fs.S3FileSystem.clear_instance_cache()

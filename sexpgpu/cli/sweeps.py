@@ -204,6 +204,44 @@ def devices_from(args: argparse.Namespace) -> Any:
                    allreduce=AllReduceSpec(dtype=args.allreduce_dtype, op=args.allreduce_op, bucket_mb=args.bucket_mb))
 
 
+class LiveTable:
+    """The driver's live table on a terminal: one line per point (state, attempts, step,
+    loss), redrawn in place every few seconds; log lines are printed above it."""
+
+    def __init__(self, stream: Any, store: Store, enabled: bool) -> None:
+        self.stream, self.store, self.enabled = stream, store, enabled
+        self.drawn = 0
+
+    def clear(self) -> None:
+        if self.drawn:
+            self.stream.write(f"\x1b[{self.drawn}F\x1b[J")
+            self.drawn = 0
+
+    def say(self, text: str) -> None:
+        self.clear()
+        print(text, file=self.stream)
+
+    def __call__(self, ledger: Any, final: bool) -> None:
+        if not self.enabled:
+            return
+        self.clear()
+        if final:
+            return
+        lines = [f"{'point':>5}  {'state':<10} {'attempts':>8}  {'step':>13}  {'loss':>10}  knobs"]
+        for p in ledger.points:
+            step, loss = "-", p.final_loss
+            if p.state in ("running", "leased"):
+                status = RunFolder(self.store, p.slug).read_status()
+                if status is not None:
+                    step, loss = f"{status.step}/{status.steps}", status.metrics.get("loss", loss)
+            knobs = " ".join(f"{k}={v}" for k, v in p.knobs.items())
+            shown = f"{loss:.4g}" if isinstance(loss, (int, float)) else "-"
+            lines.append(f"{p.point:>5}  {p.state:<10} {p.attempts:>8}  {step:>13}  {shown:>10}  {knobs}")
+        self.stream.write("\n".join(lines) + "\n")
+        self.stream.flush()
+        self.drawn = len(lines)
+
+
 def ray_sweep(args: argparse.Namespace, path: Path, sweep: Any, store_url: str) -> int:
     """The same sweep, fanned out over Ray by orchestration.driver (the cluster extra)."""
     try:
@@ -212,7 +250,8 @@ def ray_sweep(args: argparse.Namespace, path: Path, sweep: Any, store_url: str) 
         print(f"sexpgpu: --ray needs the cluster extra (pip install -e '.[cluster]'): {exc}", file=sys.stderr)
         return Exit.CANNOT_START
     address = args.ray or os.environ.get("SEXPGPU_RAY_ADDRESS") or None
-    driver = Driver(path, args.sweep, store_url, address, args.max_preemptions, args.max_steps, say=lambda text: print(text, file=sys.stderr), devices=devices_from(args))
+    live = LiveTable(sys.stderr, Store.open(store_url), enabled=sys.stderr.isatty() and not args.json)
+    driver = Driver(path, args.sweep, store_url, address, args.max_preemptions, args.max_steps, say=live.say, devices=devices_from(args), table=live)
     try:
         ledger = driver.run([(i, values, None) for i, values in enumerate(sweep.points())])
     except SweepError as exc:

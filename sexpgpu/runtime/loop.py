@@ -407,7 +407,7 @@ class Run:
         self.attempt = (previous.attempt + 1) if previous is not None else 1
         self.say(f"{self.slug}  {self.folder.url}")
         loaded = self.load_resume(resume) if resume is not None else None  # refused: nothing written
-        write_header(self.folder, self.experiment, self.slug, self.options)
+        self.when_the_store_answers(lambda: write_header(self.folder, self.experiment, self.slug, self.options))
         events, status = self.folder.events, self.folder.status
         status.update(state="compiling", step=0, steps=self.steps, attempt=self.attempt, host=socket.gethostname(), summary=None)
         emit(events, "run.start", step=0, slug=self.slug, steps=self.steps, attempt=self.attempt)
@@ -615,10 +615,15 @@ class Run:
     def close_when_the_store_answers(self) -> None:
         """Flush the buffered events and the status; if the store is down, wait for it (up to
         RunOptions.store_patience_s): nothing the run wrote may be lost."""
+        self.when_the_store_answers(self.folder.close)
+
+    def when_the_store_answers(self, action: Callable[[], Any]) -> None:
+        """ACTION, again and again while the store is unreachable (after its own retries), up
+        to RunOptions.store_patience_s; a permanent error (no permission) raises at once."""
         deadline = time.time() + self.options.store_patience_s
         while True:
             try:
-                self.folder.close()
+                action()
                 return
             except StoreError:
                 if time.time() > deadline:

@@ -1,0 +1,89 @@
+"""Point leases: two drivers on one sweep folder never run the same point.
+
+A lease is one small object per point, STORE/sweeps/STEM.SWEEP/leases/point-NNNN.json, that
+names the driver holding it and its last heartbeat. Taking points is write-then-verify: a
+driver writes its lease on every free point, waits `settle_s`, and keeps only the points
+whose lease still names it (of two drivers racing for a point the later write wins and the
+other backs off). The holder renews its leases while the points run; a lease whose
+heartbeat is older than `ttl_s` belongs to a driver that is gone, and another driver may take
+the point over (it resumes from the point's latest checkpoint).
+
+This needs a store whose reads see a completed write (local folders; S3 has been strongly
+consistent since 2020) and drivers whose clocks agree to well within `ttl_s`.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Optional
+
+from pydantic import BaseModel
+
+from sexpgpu.runtime.store import Store
+
+LEASE_TTL_S = 60.0
+LEASE_SETTLE_S = 2.0
+
+
+class Lease(BaseModel):
+    driver: str
+    host: str
+    heartbeat: float  # unix time
+
+
+class Leases:
+    def __init__(self, store: Store, prefix: str, driver: str, ttl_s: float = LEASE_TTL_S, settle_s: float = LEASE_SETTLE_S) -> None:
+        self.store = store
+        self.prefix = f"{prefix}/leases"
+        self.driver = driver
+        self.ttl_s = ttl_s
+        self.settle_s = settle_s
+        self.host = socket.gethostname()
+
+    def key(self, point: int) -> str:
+        return f"{self.prefix}/point-{point:04d}.json"
+
+    def holder(self, point: int) -> Optional[Lease]:
+        try:
+            return Lease.model_validate_json(self.store.read_bytes(self.key(point)))
+        except FileNotFoundError:
+            return None
+
+    def held_elsewhere(self, point: int) -> Optional[Lease]:
+        """The live lease of another driver on POINT, if any."""
+        lease = self.holder(point)
+        if lease is None or lease.driver == self.driver or time.time() - lease.heartbeat > self.ttl_s:
+            return None
+        return lease
+
+    def write(self, point: int) -> None:
+        self.store.write_text(self.key(point), Lease(driver=self.driver, host=self.host, heartbeat=time.time()).model_dump_json())
+
+    def claim(self, points: list[int]) -> list[int]:
+        """Take every point of POINTS that no live driver holds; returns those now ours."""
+        written = []
+        for point in points:
+            if self.held_elsewhere(point) is None:
+                self.write(point)
+                written.append(point)
+        if not written:
+            return []
+        time.sleep(self.settle_s)
+        return [p for p in written if (lease := self.holder(p)) is not None and lease.driver == self.driver]
+
+    def renew(self, points: list[int]) -> list[int]:
+        """Renew our leases on POINTS; returns the points whose lease another driver took."""
+        lost = []
+        for point in points:
+            lease = self.holder(point)
+            if lease is not None and lease.driver != self.driver:
+                lost.append(point)
+            else:
+                self.write(point)
+        return lost
+
+    def release(self, point: int) -> None:
+        lease = self.holder(point)
+        if lease is not None and lease.driver == self.driver:
+            self.store.delete(self.key(point))
