@@ -1,7 +1,8 @@
 """`sexpgpu submit BUNDLE --ray ADDRESS --store URL`: one run as a detached, preemptible job.
 
 A detached Supervisor actor (it outlives the submitting process) runs the bundle on a
-TrainWorker and starts a new worker with resume="latest" whenever one dies; each attempt is
+TrainWorker (or W data-parallel ranks, `--devices W`) and starts a new attempt with
+resume="latest" whenever a worker dies; each attempt is
 recorded in STORE/SLUG/submit.json. The submitter can disconnect: `sexpgpu status URL` and
 `sexpgpu logs URL --follow` read the run from the store.
 """
@@ -14,7 +15,10 @@ from typing import Any, Optional
 import ray
 from pydantic import BaseModel, Field
 
+from sexpgpu.runtime.checkpoint import list_checkpoints
 from sexpgpu.runtime.store import Store
+
+from .gang import Devices, Gang
 
 
 class SubmitRecord(BaseModel):
@@ -31,34 +35,48 @@ class SubmitRecord(BaseModel):
 
 
 class SupervisorImpl:
-    def __init__(self, bundle_url: str, store_url: str, slug: str, max_preemptions: Optional[int], env: dict[str, str]) -> None:
+    def __init__(self, bundle_url: str, store_url: str, slug: str, max_preemptions: Optional[int], env: dict[str, str], devices: Optional[dict[str, Any]] = None) -> None:
         self.record = SubmitRecord(slug=slug, bundle=bundle_url, store=store_url)
         self.max_preemptions = max_preemptions
         self.env = env
+        self.devices = Devices.model_validate(devices or {})
         self.store = Store.open(store_url)
-        self.worker: Any = None
+        self.gang: Optional[Gang] = None
 
     def save(self) -> None:
         self.store.write_text(f"{self.record.slug}/submit.json", self.record.model_dump_json(indent=2))
 
     def current_worker(self) -> Any:
-        return self.worker
+        """Rank 0 of the attempt in progress (tests kill it to play a preemption)."""
+        return self.gang.workers[0] if self.gang is not None else None
 
-    def supervise(self) -> dict[str, Any]:
+    def attempt(self) -> dict[str, Any]:
+        """One attempt: W ranks (a gang); its outcome is rank 0's, or a preemption."""
         from workers.train_worker import TrainWorker
 
+        resume = "latest" if any(c.valid for c in list_checkpoints(self.store, self.record.slug)) else None
+        gang = Gang(ray, TrainWorker, self.devices, self.env)
+        self.gang = gang
+        gang.start(self.record.bundle, self.record.store, resume, None)
+        pending = list(gang.refs)
+        try:
+            while True:
+                done, pending = ray.wait(pending, num_returns=1)
+                outcome = gang.settle(done[0])
+                if outcome is not None:
+                    return outcome
+        finally:
+            gang.stop()
+
+    def supervise(self) -> dict[str, Any]:
         record = self.record
         while True:
             record.attempts += 1
             record.state = "running"
             self.save()
-            self.worker = TrainWorker.options(num_cpus=1, max_restarts=0).remote(self.env)
-            resume = "latest" if record.attempts > 1 else None
             started = time.time()
-            try:
-                outcome = ray.get(self.worker.run.remote(record.bundle, record.store, resume, None))
-            except Exception as exc:  # the worker died: a preemption
-                outcome = {"exit_code": 75, "reason": f"worker lost: {type(exc).__name__}"}
+            outcome = self.attempt()
+            if outcome.get("preempted"):
                 record.preemptions += 1
             record.history.append({"attempt": record.attempts, "seconds": round(time.time() - started, 3), "exit_code": outcome.get("exit_code"), "reason": outcome.get("reason")})
             code = int(outcome.get("exit_code", 1))
@@ -75,7 +93,8 @@ class SupervisorImpl:
 Supervisor = ray.remote(num_cpus=0, max_concurrency=2)(SupervisorImpl)
 
 
-def submit(bundle_url: str, store_url: str, slug: str, max_preemptions: Optional[int], env: dict[str, str]) -> tuple[Any, Any]:
+def submit(bundle_url: str, store_url: str, slug: str, max_preemptions: Optional[int], env: dict[str, str], devices: Optional[Devices] = None) -> tuple[Any, Any]:
     """Start the detached supervisor (Ray must be initialized); returns (actor, result ref)."""
-    actor = Supervisor.options(name=f"sexpgpu-submit-{slug}", lifetime="detached", get_if_exists=False).remote(bundle_url, store_url, slug, max_preemptions, env)
+    payload = (devices or Devices()).model_dump()
+    actor = Supervisor.options(name=f"sexpgpu-submit-{slug}", lifetime="detached", get_if_exists=False).remote(bundle_url, store_url, slug, max_preemptions, env, payload)
     return actor, actor.supervise.remote()

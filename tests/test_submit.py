@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -57,3 +59,35 @@ def test_submitted_run_survives_a_killed_worker(tmp_path: Path, ray_cluster: Any
     status = json.loads((store / manifest.slug / "status.json").read_text())
     assert status["state"] == "finished" and status["step"] == 600
     ray.kill(actor)
+
+
+def test_submit_from_the_command_line_then_disconnect_and_read_the_status(tmp_path: Path, ray_cluster: Any) -> None:
+    """The submitter is another process that exits at once; the run (two data-parallel
+    ranks) goes on in the cluster and is read back from the store with `sexpgpu status`."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "stdlib-docstrings.txt").write_bytes((REPO / "examples" / "data" / "stdlib-docstrings.txt").read_bytes())
+    run_file = tmp_path / "lm.lisp"
+    run_file.write_text((REPO / "examples" / "charlm.lisp").read_text().replace("(defrun :steps 600 :seed 0 :log-every 50)", "(defrun :steps 200 :seed 0 :log-every 20 :checkpoint (:every 50 :keep 2))"))
+    bundle = tmp_path / "bundle"
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    made = subprocess.run([sys.executable, "-m", "sexpgpu", "bundle", str(run_file), "-o", str(bundle), "--json"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    store = tmp_path / "runs"
+    address = ray.get_runtime_context().gcs_address
+    started = time.time()
+    submitted = subprocess.run([sys.executable, "-m", "sexpgpu", "submit", str(bundle), "--ray", address, "--store", str(store), "--devices", "2", "--json"],
+                               capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    run = json.loads(submitted.stdout)["run"]
+    state = None
+    while time.time() - started < 240:
+        status = subprocess.run([sys.executable, "-m", "sexpgpu", "status", run, "--json"], capture_output=True, text=True, env=env, cwd=tmp_path)
+        if status.returncode == 0:
+            state = json.loads(status.stdout)
+            if state["state"] in ("finished", "failed"):
+                break
+        time.sleep(1.0)
+    assert state is not None and state["state"] == "finished" and state["step"] == 200, state
+    info = json.loads((store / json.loads(submitted.stdout)["slug"] / "run.json").read_text())
+    assert info["devices"] == ["cpu", "cpu"]

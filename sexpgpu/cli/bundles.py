@@ -6,8 +6,9 @@ import argparse
 import sys
 
 from ..bundle import BundleError, make_bundle
-from .common import Exit, existing_file, print_json
+from .common import Exit, exit_for, existing_file, print_diagnostics, print_json
 from .selection import add_selection_flags, selection_from
+from .sweeps import add_rank_flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -43,13 +44,16 @@ def register_submit(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     s.add_argument("--store", required=True, metavar="URL", help="where the run folder goes (workers must reach it: s3://...)")
     s.add_argument("--max-preemptions", type=int, default=None, metavar="N")
     s.add_argument("--json", action="store_true")
+    add_rank_flags(s)
     s.set_defaults(run=run_submit)
 
 
 def run_submit(args: argparse.Namespace) -> int:
     import os
 
-    from ..bundle import BundleError, is_bundle
+    from ..bundle import BundleError, compile_bundle, is_bundle
+    from ..lisp.diagnostics import SourceMap
+    from .sweeps import devices_from
     from ..bundle import unpack as unpack_bundle
     from ..runtime.store import Store
 
@@ -65,6 +69,12 @@ def run_submit(args: argparse.Namespace) -> int:
         return Exit.CANNOT_START
     try:
         manifest, _ = unpack_bundle(args.bundle)
+        devices = devices_from(args)
+        if devices.count > 1:  # the ranks' programs must check (the batch splits over W) before anything is sent
+            _, result = compile_bundle(args.bundle, world=devices.count)
+            if result.experiment is None:
+                print_diagnostics(result.diagnostics, result.program.sources if result.program else SourceMap())
+                return exit_for(result.diagnostics) or Exit.CHECK_FAILED
     except BundleError as exc:
         print(f"sexpgpu: bundle refused: {exc}", file=sys.stderr)
         return Exit.CHECK_FAILED
@@ -76,11 +86,15 @@ def run_submit(args: argparse.Namespace) -> int:
         out.write_bytes(name, source.read_bytes(name))  # the bundle travels with the run folder
     env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "SEXPGPU_", "OPENBLAS"))}
     try:
-        ray.init(address=args.ray, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+        ray.init(address=args.ray, namespace="sexpgpu", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     except Exception as exc:  # the cluster is the finding
         print(f"sexpgpu: cannot reach the Ray cluster at {args.ray}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return Exit.CANNOT_START
-    submit(target, args.store, manifest.slug, args.max_preemptions, env)
+    problem = devices.feasible(ray.cluster_resources())
+    if problem is not None:
+        print(f"sexpgpu: cannot start here: {problem}", file=sys.stderr)
+        return Exit.CANNOT_START
+    submit(target, args.store, manifest.slug, args.max_preemptions, env, devices)
     url = store.url_of(manifest.slug)
     if args.json:
         print_json({"slug": manifest.slug, "run": url, "bundle": target})
