@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import platform
+import subprocess
 import sys
 import uuid
 from typing import Any, Literal, Optional
@@ -30,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     d.add_argument("file", nargs="?")
     d.add_argument("--store", default=None)
     d.add_argument("--device", default=None)
+    d.add_argument("--ray", default=None, metavar="ADDRESS", help="check this Ray cluster (default $SEXPGPU_RAY_ADDRESS)")
     d.add_argument("--json", action="store_true")
     d.set_defaults(run=run_doctor)
 
@@ -97,6 +100,67 @@ def store_finding(url: str, source: str) -> Finding:
         return Finding(check="store", level="fail", detail=f"{url} (from {source}): {type(exc).__name__}: {exc}", fix=fix)
 
 
+def nccl_finding() -> Finding:
+    """NCCL through CuPy: what data-parallel GPU ranks talk over."""
+    try:
+        import cupy  # noqa: F401
+    except Exception:
+        return Finding(check="nccl", level="warn", detail="CuPy is not installed: GPU ranks need it", fix="pip install -e '.[cuda]' on GPU machines")
+    try:
+        from cupy.cuda import nccl
+
+        version = nccl.get_version()
+        return Finding(check="nccl", level="ok", detail=f"NCCL {version // 10000}.{version // 100 % 100}.{version % 100} through CuPy")
+    except Exception as exc:  # CuPy without its NCCL binding
+        return Finding(check="nccl", level="warn", detail=f"CuPy has no NCCL here ({type(exc).__name__}): --devices W>1 with --device cuda will not start",
+                       fix="install NCCL for CuPy (pip install nvidia-nccl-cu13) or use CPU ranks")
+
+
+def credentials_finding(url: str) -> Optional[Finding]:
+    """For s3:// stores: which link of the AWS chain supplies credentials."""
+    if not url.startswith("s3://"):
+        return None
+    try:
+        import boto3
+
+        creds = boto3.Session().get_credentials()
+    except Exception as exc:  # boto3 missing or a broken profile
+        return Finding(check="credentials", level="fail", detail=f"{type(exc).__name__}: {exc}", fix="pip install -e '.[cluster]' and check ~/.aws/config")
+    if creds is None:
+        return Finding(check="credentials", level="fail", detail="no AWS credentials in the standard chain", fix="set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, or an instance role")
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "AWS"
+    return Finding(check="credentials", level="ok", detail=f"from {creds.method}; endpoint {endpoint}")
+
+
+RAY_PROBE = """
+import json, os, sys
+import ray
+ray.init(address=sys.argv[1], namespace="sexpgpu", include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+print(json.dumps({"resources": ray.cluster_resources(), "nodes": len([n for n in ray.nodes() if n.get("Alive")])}))
+"""
+
+
+def ray_finding(address: Optional[str], source: str) -> Finding:
+    """Connect to the Ray cluster (in a child process, under a timeout) and report what it holds."""
+    if not address:
+        return Finding(check="ray", level="ok", detail="sweep --ray starts a local Ray (set SEXPGPU_RAY_ADDRESS or doctor --ray ADDRESS to check a cluster)")
+    try:
+        import ray  # noqa: F401
+    except Exception:
+        return Finding(check="ray", level="fail", detail=f"{address} (from {source}): Ray is not installed", fix="pip install -e '.[cluster]'")
+    try:
+        probe = subprocess.run([sys.executable, "-c", RAY_PROBE, address], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return Finding(check="ray", level="fail", detail=f"{address} (from {source}): no answer within 60 s", fix="check the address (ray status on the head node) and the network")
+    lines = [line for line in probe.stdout.splitlines() if line.startswith("{")]
+    if probe.returncode != 0 or not lines:
+        last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        return Finding(check="ray", level="fail", detail=f"{address} (from {source}): cannot connect: {last}", fix="start the cluster (ray up ray-cluster.yaml, or deploy/local-cluster/start.sh)")
+    found = json.loads(lines[-1])
+    res = found["resources"]
+    return Finding(check="ray", level="ok", detail=f"{address} (from {source}): {found['nodes']} node(s), {res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU")
+
+
 def plan_finding(path: str) -> list[Finding]:
     from ..compile.pipeline import compile_file
     from .inspect import explain_document
@@ -124,10 +188,14 @@ def run_doctor(args: argparse.Namespace) -> int:
     findings += device_findings(device, device_source)
     store, store_source = setting(args.store, "SEXPGPU_STORE", "./runs")
     findings.append(store_finding(store, store_source))
+    credentials = credentials_finding(store)
+    if credentials is not None:
+        findings.append(credentials)
+    findings.append(nccl_finding())
     cache, cache_source = setting(None, "SEXPGPU_CACHE", "~/.cache/sexpgpu")
     findings.append(Finding(check="cache", level="ok", detail=f"{os.path.expanduser(cache)} (from {cache_source})"))
-    address = os.environ.get("SEXPGPU_RAY_ADDRESS")
-    findings.append(Finding(check="ray", level="ok", detail=f"sweep --ray uses {address}" if address else "sweep --ray starts a local Ray (set SEXPGPU_RAY_ADDRESS for a cluster)"))
+    address, address_source = setting(args.ray, "SEXPGPU_RAY_ADDRESS", "")
+    findings.append(ray_finding(address or None, address_source))
     if args.file:
         findings += plan_finding(args.file)
     failed = any(f.level == "fail" for f in findings)
