@@ -71,7 +71,7 @@ class Driver:
     def __init__(
         self, path: Path, sweep: str, store_url: str, address: Optional[str], max_preemptions: Optional[int], max_steps: Optional[int],
         say: Callable[[str], None], on_launch: Optional[Callable[[PointRecord, Any], None]] = None, devices: Optional[Devices] = None,
-        table: Optional[Callable[["SweepLedger", bool], None]] = None,
+        table: Optional[Callable[["SweepLedger", bool], None]] = None, capacity_wait_s: float = 900.0,
     ) -> None:
         self.devices = devices or Devices()
         self.on_launch = on_launch  # tests use it to play a preemption on a chosen rank of a gang
@@ -86,6 +86,8 @@ class Driver:
         self.id = uuid.uuid4().hex[:12]
         self.prefix = f"sweeps/{path.stem}.{sweep}"
         self.leases = Leases(self.store, self.prefix, self.id)
+        self.capacity_wait_s = capacity_wait_s
+        self.idle: list[Any] = []  # single workers whose point ended cleanly, for the next point
         self.leases_used = False  # the first write of a run takes merge()'s view as it is
         self.table = table  # the live table (the CLI draws it; None: no table)
 
@@ -163,9 +165,7 @@ class Driver:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
             ray.init(address=self.address or "local", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
         try:
-            problem = self.devices.feasible(ray.cluster_resources())
-            if problem is not None:
-                raise SweepError(problem)
+            self.wait_for_capacity(ray)
             return self.supervise(ledger, ray, TrainWorker)
         finally:
             if started_ray:
@@ -180,7 +180,7 @@ class Driver:
         resume = "latest" if any(c.valid for c in list_checkpoints(self.store, record.slug)) else None
         bundle = f"{self.store.url_of(self.prefix)}/bundles/point-{record.point:04d}"
         env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "SEXPGPU_", "OPENBLAS"))}
-        gang = Gang(ray, worker_class, self.devices, env)
+        gang = Gang(ray, worker_class, self.devices, env, self.idle)
         gang.start(bundle, self.store_url, resume, self.max_steps)
         if self.on_launch is not None:
             self.on_launch(record, gang)
@@ -204,16 +204,30 @@ class Driver:
         def unsettled() -> list[PointRecord]:
             return [p for p in ledger.points if p.state not in ("finished", "failed") and p.point not in gangs]
 
+        reserved: list[int] = []  # leased by this driver, not started yet
+
         def take_free_points() -> None:
-            for point in self.leases.claim([p.point for p in unsettled()]):
+            # run only what the cluster holds now (a worker whose point ended runs the next
+            # one); lease a few points ahead so the lease's settle wait is paid per batch
+            room = self.capacity(ray) - len(gangs)
+            reserved[:] = [p for p in reserved if record_of(p).state not in ("finished", "failed") and p not in gangs]
+            waiting = [p.point for p in unsettled() if p.point not in reserved]
+            self.ask_autoscaler(len(gangs) + len(reserved) + len(waiting))
+            if room <= 0:
+                return
+            if len(reserved) < room and waiting:
+                ahead = max(room, 2 * self.capacity(ray), 8) - len(reserved)
+                reserved.extend(self.leases.claim(waiting[:ahead]))
+            for point in reserved[:room]:
                 record = record_of(point)
                 start(record)
                 self.say(f"point {record.point}: started (attempt {record.attempts})  {record.slug}")
+            del reserved[:room]
 
-        def stop(record: PointRecord, gang: Gang) -> None:
+        def stop(record: PointRecord, gang: Gang, reuse: bool = False) -> None:
             for ref in gang.refs:
                 running.pop(ref, None)
-            gang.stop()
+            gang.release(self.idle) if reuse else gang.stop()
             gangs.pop(record.point, None)
 
         take_free_points()
@@ -230,7 +244,7 @@ class Driver:
                 outcome = gang.settle(ref)
                 if outcome is None:  # another rank still runs
                     continue
-                stop(record, gang)
+                stop(record, gang, reuse=not outcome.get("preempted"))
                 if outcome.get("preempted"):
                     record.preemptions += 1
                 if self.settle(record, outcome):
@@ -240,7 +254,10 @@ class Driver:
                     self.tolerant("release a lease", lambda: self.leases.release(record.point), None)
             if time.time() - last_renewal > self.leases.ttl_s / 4:
                 last_renewal = time.time()
-                for point in self.tolerant("renew the point leases", lambda: self.leases.renew(list(gangs)), []):
+                for point in self.tolerant("renew the point leases", lambda: self.leases.renew([*gangs, *reserved]), []):
+                    if point in reserved:
+                        reserved.remove(point)
+                        continue
                     self.say(f"point {point}: another driver took its lease over; stopping this driver's ranks")
                     record = record_of(point)
                     stop(record, gangs[point])
@@ -251,10 +268,51 @@ class Driver:
             self.tolerant("read the other drivers' points", lambda: self.follow_others(ledger, gangs), None)
             if unsettled():
                 self.tolerant("lease free points", take_free_points, None)
+            if not reserved:  # nothing of ours to start: idle workers give their CPUs/GPUs back
+                self.drop_idle(ray)
             self.show(ledger)
             self.tolerant("write sweep.json", lambda: self.write_ledger(ledger), None)
         self.show(ledger, final=True)
+        self.drop_idle(ray)
         return ledger
+
+    def drop_idle(self, ray: Any) -> None:
+        for worker in self.idle:
+            try:
+                ray.kill(worker, no_restart=True)
+            except Exception:  # already gone
+                pass
+        self.idle.clear()
+
+    def capacity(self, ray: Any) -> int:
+        """How many points (gangs of W ranks) the cluster holds at once, as it is now."""
+        resources = ray.cluster_resources()
+        need = self.devices.bundle()
+        return min(int(float(resources.get(k, 0.0)) // (v * self.devices.count)) for k, v in need.items())
+
+    def ask_autoscaler(self, gangs: int) -> None:
+        """Tell an autoscaling cluster (ray up) how much the sweep wants; a no-op elsewhere."""
+        if self.address is None:
+            return
+        try:
+            from ray.autoscaler.sdk import request_resources
+
+            request_resources(bundles=[self.devices.bundle()] * (gangs * self.devices.count))
+        except Exception:  # no autoscaler on this cluster: nothing to ask
+            pass
+
+    def wait_for_capacity(self, ray: Any) -> None:
+        """Before anything runs: the cluster must be able to hold one point. A cluster given
+        by address may be autoscaling (min 0 GPU workers): ask it and wait up to
+        capacity_wait_s; a local Ray cannot grow, so it fails at once (exit 4)."""
+        deadline = time.time() + (self.capacity_wait_s if self.address else 0.0)
+        while self.capacity(ray) < 1:
+            problem = self.devices.feasible(ray.cluster_resources()) or "the cluster cannot hold one point"
+            if time.time() >= deadline:
+                raise SweepError(problem)
+            self.ask_autoscaler(1)
+            self.say(f"waiting for the cluster to grow: {problem}")
+            time.sleep(10.0)
 
     def follow_others(self, ledger: SweepLedger, gangs: dict[int, Gang]) -> None:
         """Points another driver runs: learn when they finish or fail (from the run's status)."""

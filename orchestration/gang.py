@@ -43,7 +43,7 @@ class Devices(BaseModel):
 class Gang:
     """The W rank actors of one attempt, their placement group and their result refs."""
 
-    def __init__(self, ray: Any, worker_class: Any, devices: Devices, env: dict[str, str]) -> None:
+    def __init__(self, ray: Any, worker_class: Any, devices: Devices, env: dict[str, str], idle: Optional[list[Any]] = None) -> None:
         self.ray = ray
         self.devices = devices
         self.group = f"sexpgpu-{uuid.uuid4().hex[:12]}"
@@ -62,6 +62,8 @@ class Gang:
             for i in range(devices.count):
                 strategy = PlacementGroupSchedulingStrategy(placement_group=self.placement, placement_group_bundle_index=i)
                 self.workers.append(worker_class.options(scheduling_strategy=strategy, **options).remote(env))
+        elif idle:  # a worker whose point ended cleanly runs the next one (no new process)
+            self.workers.append(idle.pop())
         else:
             self.workers.append(worker_class.options(**options).remote(env))
 
@@ -97,6 +99,15 @@ class Gang:
         if int(outcome.get("exit_code", 1)) != 0 and 0 not in self.outcomes:
             return {**outcome, "reason": f"rank {rank}: {outcome.get('reason', '')}"}
         return None
+
+    def release(self, idle: list[Any]) -> None:
+        """After an outcome that is not a preemption: a single worker goes back to IDLE for
+        the next point; ranks of a placement group are stopped with their group."""
+        if self.placement is None and len(self.workers) == 1 and len(self.outcomes) == 1:
+            self.stopped = True
+            idle.append(self.workers[0])
+        else:
+            self.stop()
 
     def stop(self) -> None:
         self.stopped = True

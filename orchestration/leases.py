@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from sexpgpu.runtime.store import Store
 
 LEASE_TTL_S = 60.0
-LEASE_SETTLE_S = 2.0
+LEASE_SETTLE_S = 1.0
 
 
 class Lease(BaseModel):
