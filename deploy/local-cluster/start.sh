@@ -2,7 +2,7 @@
 # Try the whole cluster path on one machine: a Ray head on 127.0.0.1 and a loopback S3
 # server (moto's, from the test extra), then print what to export.
 #
-#   bash deploy/local-cluster/start.sh      # then: sexpgpu sweep exp.lisp --sweep S --ray $RAY_ADDRESS --store s3://sexpgpu/runs
+#   bash deploy/local-cluster/start.sh      # then the exports it prints, and: sexpgpu sweep examples/sweep.lisp --sweep lr --ray
 #   bash deploy/local-cluster/stop.sh
 set -euo pipefail
 state="${SEXPGPU_LOCAL_CLUSTER:-$HOME/.sexpgpu-local-cluster}"
@@ -32,7 +32,8 @@ python -c "import boto3; boto3.client('s3').create_bucket(Bucket='sexpgpu')"
 cat <<EOT
 local cluster up. In your shell:
   export AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local AWS_REGION=us-east-1
-  export AWS_ENDPOINT_URL=http://127.0.0.1:$s3_port RAY_ADDRESS=127.0.0.1:$ray_port
+  export AWS_ENDPOINT_URL=http://127.0.0.1:$s3_port SEXPGPU_RAY_ADDRESS=127.0.0.1:$ray_port
+  export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 RAY_AUTH_MODE=disabled   # keep Ray clients on 127.0.0.1
   export SEXPGPU_STORE=s3://sexpgpu/runs
-  sexpgpu sweep examples/quickstart.lisp --sweep S --ray 127.0.0.1:$ray_port
+  sexpgpu sweep examples/sweep.lisp --sweep lr --ray --devices 2
 EOT
