@@ -1,0 +1,221 @@
+"""How the CUDA device lowers an IR program: fusion groups, cuBLAS calls, other kernels.
+
+Elementwise ops (and `broadcast_to`, and scalar `full` constants) that compute over the same
+element space are fused into one group, which becomes one generated kernel: its values live
+in registers, only the group's inputs are read and only the values used outside it (or
+returned by the program) are written. Matmuls are cuBLAS calls. Every other op is one kernel
+of its own (reductions, gathers, the deterministic scatter-add, convolutions, ...).
+
+A node may join a group only if none of its other arguments depends on the group (else
+the group would need its own output before it ends): the partition stays a DAG.
+
+This is the backend's lowering of IR alone (no Lisp, no compiler): `explain --cuda` reads
+it on any machine, and the CUDA backend compiles what it names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional, Union
+
+from ...ir.dtypes import DType
+from ...ir.graph import Node, Program, TensorType
+from ...ir.ops import op_def
+
+Shape = tuple[int, ...]
+
+
+@dataclass
+class FusedGroup:
+    """Elementwise nodes computed by one generated kernel over `shape`."""
+
+    shape: Shape
+    nodes: list[Node] = field(default_factory=list)
+    inputs: list[int] = field(default_factory=list)  # values read (from outside the group)
+    outputs: list[int] = field(default_factory=list)  # values written (used outside, or returned)
+    kind: Literal["fused"] = "fused"
+
+    @property
+    def ids(self) -> set[int]:
+        return {n.id for n in self.nodes}
+
+
+@dataclass
+class GemmCall:
+    """One matmul through cuBLAS (bf16 inputs accumulate in f32)."""
+
+    node: Node
+    batch: int
+    m: int
+    n: int
+    k: int
+    kind: Literal["gemm"] = "gemm"
+
+
+@dataclass
+class OpKernel:
+    """A node that is a kernel of its own."""
+
+    node: Node
+    kind: Literal["op"] = "op"
+
+
+@dataclass
+class ViewStep:
+    """A node that moves no data on the device (a reshape of a contiguous buffer)."""
+
+    node: Node
+    kind: Literal["view"] = "view"
+
+
+Step = Union[FusedGroup, GemmCall, OpKernel, ViewStep]
+
+
+def fusible(node: Node) -> bool:
+    return node.op == "broadcast_to" or op_def(node.op).elementwise
+
+
+def gemm(node: Node, types: dict[int, TensorType]) -> GemmCall:
+    a, b = (types[i] for i in node.args)
+    out = node.type.shape
+    m, n = out[-2], out[-1]
+    k = a.shape[-1]
+    batch = 1
+    for d in out[:-2]:
+        batch *= d
+    return GemmCall(node=node, batch=batch, m=m, n=n, k=k)
+
+
+class Partition:
+    """The fusion pass over one program."""
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.types = program.types()
+        self.by_id = {n.id: n for n in program.nodes}
+        self.group_of: dict[int, FusedGroup] = {}
+        self.ancestors: dict[int, frozenset[int]] = {}
+
+    def ancestors_of(self, vid: int) -> frozenset[int]:
+        """Every node id VID depends on (itself included)."""
+        known = self.ancestors.get(vid)
+        if known is not None:
+            return known
+        node = self.by_id.get(vid)
+        if node is None:  # a program input
+            result = frozenset([vid])
+        else:
+            acc: set[int] = {vid}
+            for arg in node.args:
+                acc |= self.ancestors_of(arg)
+            result = frozenset(acc)
+        self.ancestors[vid] = result
+        return result
+
+    def can_join(self, node: Node, group: FusedGroup) -> bool:
+        if group.shape != tuple(node.type.shape):
+            return False
+        ids = group.ids
+        return all(arg in ids or arg in self.constants or not (self.ancestors_of(arg) & ids) for arg in node.args)
+
+    def inlined_constants(self) -> set[int]:
+        """`full` nodes whose every reader is fused: they become literals in the kernels
+        (no memory, no kernel of their own)."""
+        readers: dict[int, list[Node]] = {}
+        for node in self.program.nodes:
+            for arg in node.args:
+                readers.setdefault(arg, []).append(node)
+        returned = set(self.program.outputs.values())
+        return {
+            n.id for n in self.program.nodes
+            if n.op == "full" and n.id not in returned and all(fusible(r) for r in readers.get(n.id, []))
+        }
+
+    def run(self) -> list[Step]:
+        steps: list[Step] = []
+        self.constants = self.inlined_constants()
+        for node in self.program.nodes:
+            self.ancestors_of(node.id)  # memoized in program order: no deep recursion
+            if node.id in self.constants:
+                continue
+            if node.op == "matmul":
+                steps.append(gemm(node, self.types))
+            elif node.op == "reshape":
+                steps.append(ViewStep(node))
+            elif fusible(node):
+                group = next((g for g in (self.group_of.get(a) for a in node.args) if g is not None and self.can_join(node, g)), None)
+                if group is None:
+                    group = FusedGroup(shape=tuple(node.type.shape))
+                    steps.append(group)
+                group.nodes.append(node)
+                self.group_of[node.id] = group
+            else:
+                steps.append(OpKernel(node))
+        self.finish_groups(steps)
+        return self.ordered(steps)
+
+    def finish_groups(self, steps: list[Step]) -> None:
+        used_outside: dict[int, bool] = {}
+        returned = set(self.program.outputs.values())
+        for node in self.program.nodes:
+            group = self.group_of.get(node.id)
+            for arg in node.args:
+                if group is None or arg not in group.ids:
+                    used_outside[arg] = True
+        for step in steps:
+            if isinstance(step, FusedGroup):
+                ids = step.ids
+                seen: list[int] = []
+                for n in step.nodes:
+                    for arg in n.args:
+                        if arg not in ids and arg not in seen and arg not in self.constants:
+                            seen.append(arg)
+                step.inputs = seen
+                step.outputs = [n.id for n in step.nodes if used_outside.get(n.id) or n.id in returned]
+
+    def ordered(self, steps: list[Step]) -> list[Step]:
+        """Steps in an order where every value is made before it is read (a group runs once
+        all its inputs exist: groups may have grown past later steps)."""
+        made: set[int] = {i.id for i in self.program.inputs}
+        pending = list(steps)
+        out: list[Step] = []
+        while pending:
+            for i, step in enumerate(pending):
+                needs = step.inputs if isinstance(step, FusedGroup) else step.node.args
+                if all(a in made for a in needs):
+                    out.append(step)
+                    made |= step.ids if isinstance(step, FusedGroup) else {step.node.id}
+                    del pending[i]
+                    break
+            else:  # cannot happen for a DAG partition; keep the program order rather than loop
+                out.extend(pending)
+                break
+        return out
+
+
+@dataclass
+class Lowering:
+    """One program as the CUDA device runs it."""
+
+    program: Program
+    steps: list[Step]
+    constants: dict[int, Node]  # `full` nodes inlined as literals into the kernels reading them
+
+    @property
+    def groups(self) -> list[FusedGroup]:
+        return [s for s in self.steps if isinstance(s, FusedGroup)]
+
+
+def lower(program: Program) -> Lowering:
+    """The program as the CUDA device runs it: fused groups, cuBLAS calls, op kernels, views."""
+    partition = Partition(program)
+    steps = partition.run()
+    return Lowering(program=program, steps=steps, constants={n.id: n for n in program.nodes if n.id in partition.constants})
+
+
+def is_float_type(dtype: DType) -> bool:
+    return dtype in (DType.f32, DType.bf16, DType.f16, DType.f64)
+
+
+def group_of_node(steps: list[Step], node_id: int) -> Optional[FusedGroup]:
+    return next((s for s in steps if isinstance(s, FusedGroup) and node_id in s.ids), None)

@@ -1,0 +1,231 @@
+"""The CUDA code generator without a GPU: every elementwise op (f32, bf16, integers, booleans,
+broadcasting) and every fusion group of every example's programs is generated, compiled as
+C++ with a host shim, run on the CPU and compared with the NumPy backend; the same sources
+compile with the local nvcc (skipped where there is none)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from conftest import REPO
+from cuda_host import HostModule, nvcc, nvcc_compiles
+from sexpgpu.ir.builder import Builder
+from sexpgpu.ir.dtypes import DType
+from sexpgpu.ir.graph import Program, TensorType
+from sexpgpu.ir.ops import OPS, op_def
+from sexpgpu.runtime.cuda.codegen import KernelSource, elementwise_kernel
+from sexpgpu.runtime.cuda.fusion import FusedGroup, GemmCall, lower
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
+
+POSITIVE = {"log", "sqrt", "rsqrt", "log1p", "pow"}
+UNARY = ["neg", "abs", "sign", "exp", "log", "log1p", "sqrt", "rsqrt", "square", "tanh", "sigmoid", "relu", "sin", "cos"]
+BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum"]
+COMPARE = ["eq", "ne", "lt", "gt", "le", "ge"]
+
+
+def values(shape: tuple[int, ...], dtype: DType, rng: np.random.Generator, positive: bool = False) -> np.ndarray:
+    if dtype == DType.bool:
+        return rng.random(shape) > 0.5
+    if dtype in (DType.i32, DType.i64):
+        return rng.integers(-5, 6, size=shape).astype(np.int32 if dtype == DType.i32 else np.int64)
+    x = rng.standard_normal(shape).astype(np.float32) * 2.0
+    if positive:
+        x = np.abs(x) + 0.1
+    x.flat[0] = 0.0 if not positive else 1.0  # exact values and ties
+    if x.size > 1:
+        x.flat[1] = x.flat[0]
+    return x.astype(ml_dtypes.bfloat16) if dtype == DType.bf16 else x
+
+
+def reference(program: Program, feeds: dict[int, np.ndarray]) -> dict[int, Any]:
+    """Every value of PROGRAM, node by node, with the op table's NumPy kernels."""
+    vals: dict[int, Any] = dict(feeds)
+    for node in program.nodes:
+        with np.errstate(all="ignore"):
+            vals[node.id] = op_def(node.op).numpy([vals[a] for a in node.args], dict(node.attrs), None)
+    return vals
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, dtype: str, what: str) -> None:
+    want = np.asarray(want)
+    if dtype in ("bool", "i32", "i64"):
+        np.testing.assert_array_equal(got, want.astype(got.dtype), err_msg=what)
+        return
+    g, w = got.astype(np.float32), want.astype(np.float32)
+    same_nan = np.isnan(g) == np.isnan(w)
+    assert same_nan.all(), f"{what}: NaN where the other is not"
+    ok = ~np.isnan(w)
+    # libm and NumPy's vectorized transcendentals may differ by a few f32 ulps; one
+    # rounding apart in bf16 is one bf16 ulp
+    rtol = 2.0**-7 if dtype == "bf16" else 4e-6
+    tiny = np.abs(w[ok]) < 1e-30  # denormals (CUDA flushes them; the host may not)
+    np.testing.assert_allclose(np.where(tiny, 0, g[ok]), np.where(tiny, 0, w[ok]), rtol=rtol, atol=1e-30, err_msg=what)
+
+
+def check_program(program: Program, feeds: dict[int, np.ndarray], expect_groups: Optional[int] = None) -> list[KernelSource]:
+    """Generate every fused group of PROGRAM, run it on the host, compare with NumPy."""
+    lowering = lower(program)
+    vals = reference(program, feeds)
+    kernels = [(g, elementwise_kernel(g, program, lowering.constants)) for g in lowering.groups]
+    if expect_groups is not None:
+        assert len(kernels) == expect_groups, [[n.op for n in g.nodes] for g, _ in kernels]
+    module = HostModule([k for _, k in kernels])
+    types = program.types()
+    for group, kernel in kernels:
+        outs = module.run(kernel, [vals[v] for v in group.inputs])
+        for vid, got in zip(group.outputs, outs):
+            ops = "+".join(n.op for n in group.nodes)
+            assert_close(got, vals[vid], types[vid].dtype.value, f"%{vid} of group [{ops}]")
+    return [k for _, k in kernels]
+
+
+def one_op_program(op: str, dtypes: list[DType], shapes: list[tuple[int, ...]], **attrs: Any) -> tuple[Program, list[int]]:
+    b = Builder(f"op-{op}")
+    ins = [b.input(f"x{k}", "data", TensorType(dtype=d, shape=s)) for k, (d, s) in enumerate(zip(dtypes, shapes))]
+    out = b.op(op, *ins, **attrs)
+    return b.program({"out": out}), ins
+
+
+CASES: list[tuple[str, list[DType], list[tuple[int, ...]], dict[str, Any]]] = []
+for _op in UNARY:
+    for _dt in (DType.f32, DType.bf16):
+        CASES.append((_op, [_dt], [(5, 37)], {}))
+for _op in ("neg", "abs", "square", "relu", "sign"):
+    CASES.append((_op, [DType.i32], [(5, 37)], {}))
+for _op in BINARY:
+    for _dt in (DType.f32, DType.bf16):
+        for _shapes in ([(5, 37), (5, 37)], [(5, 37), (37,)], [(5, 1), (5, 37)], [(5, 37), ()]):
+            CASES.append((_op, [_dt, _dt], _shapes, {}))
+for _op in ("add", "sub", "mul", "maximum", "minimum"):
+    CASES.append((_op, [DType.i32, DType.i32], [(4, 9), (9,)], {}))
+for _op in COMPARE:
+    for _dt in (DType.f32, DType.bf16, DType.i32):
+        CASES.append((_op, [_dt, _dt], [(6, 11), (11,)], {}))
+for _op in ("logical_and", "logical_or"):
+    CASES.append((_op, [DType.bool, DType.bool], [(6, 11), (6, 11)], {}))
+CASES.append(("logical_not", [DType.bool], [(6, 11)], {}))
+for _dt in (DType.f32, DType.bf16, DType.i32):
+    CASES.append(("where", [DType.bool, _dt, _dt], [(6, 11), (6, 11), (11,)], {}))
+for _src, _dst in [("f32", "bf16"), ("bf16", "f32"), ("f32", "i32"), ("i32", "f32"), ("f32", "bool"), ("bool", "f32"), ("i32", "i64"), ("bf16", "i32")]:
+    CASES.append(("cast", [DType(_src)], [(5, 13)], {"dtype": _dst}))
+CASES.append(("broadcast_to", [DType.f32], [(1, 13)], {"shape": (4, 5, 13)}))
+
+
+def test_the_cases_cover_every_elementwise_op() -> None:
+    op_def("add")
+    elementwise = {name for name, op in OPS.items() if op.elementwise}
+    assert elementwise <= {case[0] for case in CASES}, elementwise - {case[0] for case in CASES}
+
+
+@pytest.mark.parametrize("op,dtypes,shapes,attrs", CASES, ids=[f"{c[0]}-{'-'.join(d.value for d in c[1])}-{'x'.join(str(s) for s in c[2])}" for c in CASES])
+def test_every_elementwise_op_matches_numpy(op: str, dtypes: list[DType], shapes: list[tuple[int, ...]], attrs: dict[str, Any]) -> None:
+    program, ins = one_op_program(op, dtypes, shapes, **attrs)
+    rng = np.random.default_rng(abs(hash(op)) % 2**32)
+    feeds = {vid: values(s, d, rng, positive=op in POSITIVE) for vid, d, s in zip(ins, dtypes, shapes)}
+    check_program(program, feeds, expect_groups=1)
+
+
+def test_a_chain_with_broadcasts_constants_and_two_outputs_is_one_kernel() -> None:
+    b = Builder("chain")
+    x = b.input("x", "data", TensorType(dtype=DType.f32, shape=(8, 16)))
+    w = b.input("w", "param", TensorType(dtype=DType.f32, shape=(16,)))
+    bias = b.input("b", "param", TensorType(dtype=DType.f32, shape=(8, 1)))
+    y = b.op("sigmoid", b.op("add", b.op("mul", x, w), bias))
+    y2 = b.op("mul", y, b.const(2.0, DType.f32))
+    half = b.const(0.5, DType.f32)
+    z = b.op("where", b.op("gt", y, half), y2, b.op("neg", y))
+    low = b.cast(b.op("exp", b.cast(z, DType.bf16)), DType.f32)
+    program = b.program({"y": y, "out": low})
+    rng = np.random.default_rng(1)
+    feeds = {x: values((8, 16), DType.f32, rng), w: values((16,), DType.f32, rng), bias: values((8, 1), DType.f32, rng)}
+    (kernel,) = check_program(program, feeds, expect_groups=1)
+    assert [p.role for p in kernel.params].count("out") == 2  # y (returned) and the final value
+    assert "0.5f" in kernel.source and "2.0f" in kernel.source  # constants are literals, not loads
+
+
+def test_nan_passes_through_relu_maximum_and_minimum_as_in_numpy() -> None:
+    b = Builder("nan")
+    x = b.input("x", "data", TensorType(dtype=DType.f32, shape=(6,)))
+    zero = b.const(0.0, DType.f32)
+    program = b.program({"r": b.op("relu", x), "mx": b.op("maximum", x, zero), "mn": b.op("minimum", zero, x)})
+    feeds = {x: np.array([np.nan, -1.0, 2.0, np.inf, -np.inf, 0.0], dtype=np.float32)}
+    check_program(program, feeds)
+
+
+def test_a_value_both_fused_and_needed_by_a_matmul_is_written() -> None:
+    b = Builder("mixed")
+    x = b.input("x", "data", TensorType(dtype=DType.f32, shape=(4, 8)))
+    w = b.input("w", "param", TensorType(dtype=DType.f32, shape=(8, 3)))
+    h = b.op("tanh", x)
+    y = b.op("matmul", h, w)
+    out = b.op("add", b.op("relu", y), b.const(1.0, DType.f32))
+    program = b.program({"out": out})
+    lowering = lower(program)
+    kinds = [s.kind for s in lowering.steps]
+    assert kinds == ["fused", "gemm", "fused"], kinds
+    gemm = lowering.steps[1]
+    assert isinstance(gemm, GemmCall) and (gemm.m, gemm.n, gemm.k) == (4, 3, 8)
+    rng = np.random.default_rng(2)
+    check_program(program, {x: values((4, 8), DType.f32, rng), w: values((8, 3), DType.f32, rng)})
+
+
+def example_programs() -> list[tuple[str, str, Program]]:
+    from sexpgpu.compile.pipeline import compile_file
+
+    out = []
+    for path in sorted((REPO / "examples").glob("*.lisp")):
+        result = compile_file(path)
+        if result.experiment is None:
+            continue
+        for name, program in result.experiment.module.programs.items():
+            out.append((path.stem, name, program))
+    return out
+
+
+def feeds_for(program: Program, rng: np.random.Generator) -> dict[int, np.ndarray]:
+    feeds: dict[int, np.ndarray] = {}
+    for i in program.inputs:
+        t = i.type
+        if t.dtype in (DType.i32, DType.i64):  # token ids, labels, counters: small and valid
+            feeds[i.id] = rng.integers(0, 3, size=t.shape).astype(np.int32 if t.dtype == DType.i32 else np.int64)
+        else:
+            feeds[i.id] = values(tuple(t.shape), t.dtype, rng, positive=i.kind == "state") * (0.1 if t.dtype != DType.bool else 1)
+    return feeds
+
+
+@pytest.fixture(scope="module")
+def examples() -> list[tuple[str, str, Program]]:
+    return example_programs()
+
+
+def test_every_fusion_group_of_every_example_matches_numpy_on_the_host(examples: list[tuple[str, str, Program]]) -> None:
+    rng = np.random.default_rng(3)
+    groups = 0
+    for stem, name, program in examples:
+        kernels = check_program(program, feeds_for(program, rng))
+        groups += len(kernels)
+    assert groups > 50, groups
+
+
+@pytest.mark.skipif(nvcc() is None, reason="no nvcc on this machine")
+def test_every_generated_kernel_compiles_with_nvcc(examples: list[tuple[str, str, Program]], tmp_path: Path) -> None:
+    sources: dict[str, str] = {}
+    for _, _, program in examples:
+        lowering = lower(program)
+        for group in lowering.groups:
+            kernel = elementwise_kernel(group, program, lowering.constants)
+            sources[kernel.name] = kernel.source
+    for case in CASES:
+        program, _ = one_op_program(case[0], case[1], case[2], **case[3])
+        lowering = lower(program)
+        for group in lowering.groups:
+            kernel = elementwise_kernel(group, program, lowering.constants)
+            sources[kernel.name] = kernel.source
+    nvcc_compiles(["".join(sources.values())], tmp_path)
