@@ -229,3 +229,40 @@ def test_every_generated_kernel_compiles_with_nvcc(examples: list[tuple[str, str
             kernel = elementwise_kernel(group, program, lowering.constants)
             sources[kernel.name] = kernel.source
     nvcc_compiles(["".join(sources.values())], tmp_path)
+
+
+def test_the_arena_never_overlaps_two_live_buffers(examples: list[tuple[str, str, Program]]) -> None:
+    from sexpgpu.runtime.cuda.plan import plan_arena
+
+    for stem, name, program in examples:
+        lowering = lower(program)
+        arena = plan_arena(lowering)
+        assert arena.size >= arena.peak_live > 0 or not arena.buffers, (stem, name)
+        bufs = arena.buffers
+        for i, a in enumerate(bufs):
+            assert a.offset % 256 == 0 and a.offset + a.bytes <= arena.size
+            for b in bufs[i + 1 :]:
+                live_together = a.first <= b.last and b.first <= a.last
+                apart = a.offset + a.bytes <= b.offset or b.offset + b.bytes <= a.offset
+                assert not live_together or apart, (stem, name, a, b)
+        written = {v for s in lowering.steps if s.kind != "view" for v in (s.outputs if isinstance(s, FusedGroup) else [s.node.id])}
+        assert written == {b.value for b in bufs}, (stem, name)
+
+
+def test_explain_cuda_reports_every_example(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    for path in sorted((REPO / "examples").glob("*.lisp")):
+        if path.stem == "tour":
+            continue
+        done = subprocess.run([sys.executable, "-m", "sexpgpu", "explain", str(path), "--cuda", "--json"], capture_output=True, text=True, cwd=REPO)
+        assert done.returncode == 0, (path, done.stderr)
+        cuda = json.loads(done.stdout)["cuda"]
+        train = cuda["programs"]["train"]
+        kinds = {k["kind"] for k in train["kernels"]}
+        assert {"fused", "gemm"} <= kinds, (path.stem, kinds)
+        assert train["arena"]["size"] > 0 and cuda["memory"]["total"] > cuda["memory"]["params"]
+        text = subprocess.run([sys.executable, "-m", "sexpgpu", "explain", str(path), "--cuda"], capture_output=True, text=True, cwd=REPO)
+        assert "CUDA lowering: train" in text.stdout and "memory plan (cuda)" in text.stdout and "cublasGemm" in text.stdout

@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e = sub.add_parser("explain", help="knobs, parameter tree, groups, FLOPs and the memory plan")
     e.add_argument("file")
     e.add_argument("--json", action="store_true")
+    e.add_argument("--cuda", action="store_true", help="the CUDA lowering report: kernels, the IR nodes each fuses, cuBLAS calls, bytes, FLOPs, the arena")
+    e.add_argument("--program", action="append", default=None, metavar="NAME", help="with --cuda: the programs to report (default train and update)")
     add_selection_flags(e)
     add_limit_flags(e)
     e.set_defaults(run=run_explain)
@@ -151,6 +153,9 @@ def run_explain(args: argparse.Namespace) -> int:
     if experiment is None:
         return code
     doc = explain_document(experiment)
+    cuda = cuda_document(experiment, args.program or ["train", "update"]) if args.cuda else None
+    if cuda is not None:
+        doc["cuda"] = cuda
     if args.json:
         print_json(doc)
         return Exit.OK
@@ -178,8 +183,49 @@ def run_explain(args: argparse.Namespace) -> int:
     out += ["", "memory plan (cpu)"]
     for key in ("params", "grads", "optimizer_state", "activations_peak", "update_peak", "total"):
         out.append(f"  {key.replace('_', ' '):<18} {_bytes(m[key]):>12}")
+    if cuda is not None:
+        out += cuda_text(cuda)
     print("\n".join(out))
     return Exit.OK
+
+
+def cuda_document(experiment: Experiment, names: list[str]) -> dict[str, Any]:
+    """The CUDA lowering of the selected programs and the device memory plan (no GPU needed)."""
+    from ..runtime.cuda.plan import report
+
+    programs = {}
+    for name in names:
+        program = select_program(experiment, name)
+        programs[name] = report(program).model_dump()
+    memory = explain_document(experiment)["memory"]
+    arenas = {name: programs[name]["arena"]["size"] for name in programs}
+    device = memory["params"] + memory["optimizer_state"] + sum(arenas.values())
+    return {"programs": programs, "memory": {"params": memory["params"], "optimizer_state": memory["optimizer_state"], "arenas": arenas, "total": device}}
+
+
+def cuda_text(cuda: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for name, rep in cuda["programs"].items():
+        fused = sum(1 for k in rep["kernels"] if k["kind"] == "fused")
+        gemms = sum(1 for k in rep["kernels"] if k["kind"] == "gemm")
+        out += ["", f"CUDA lowering: {name}  ({rep['launches']} launches: {fused} fused kernels, {gemms} cuBLAS calls, "
+                f"{rep['launches'] - fused - gemms} other kernels; {_bytes(rep['total_bytes'])} moved, {rep['total_flops']:,} FLOPs)"]
+        out.append(f"  {'#':>3}  {'kernel':<44} {'elements':>10} {'bytes':>10} {'FLOPs':>12}  IR nodes")
+        for k in rep["kernels"]:
+            if k["kind"] == "view":
+                continue
+            first, rest = k["nodes"][0], k["nodes"][1:]
+            out.append(f"  {k['step']:>3}  {k['kernel'][:44]:<44} {k['elements']:>10,} {k['bytes']:>10,} {k['flops']:>12,}  {first}")
+            for node in rest:
+                out.append(f"  {'':>3}  {'':<44} {'':>10} {'':>10} {'':>12}  {node}")
+        arena = rep["arena"]
+        out.append(f"  arena: {_bytes(arena['size'])} ({len(arena['buffers'])} buffers by liveness; peak live {_bytes(arena['peak_live'])})")
+    m = cuda["memory"]
+    out += ["", "memory plan (cuda)", f"  {'params':<18} {_bytes(m['params']):>12}", f"  {'optimizer state':<18} {_bytes(m['optimizer_state']):>12}"]
+    for name, size in m["arenas"].items():
+        out.append(f"  {('arena ' + name):<18} {_bytes(size):>12}")
+    out.append(f"  {'total':<18} {_bytes(m['total']):>12}")
+    return out
 
 
 def run_diff(args: argparse.Namespace) -> int:

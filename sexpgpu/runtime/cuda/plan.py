@@ -1,0 +1,188 @@
+"""The CUDA device's memory plan and lowering report for one program.
+
+Arena: every buffer a lowered program materializes (the outputs of fused groups, cuBLAS
+calls and op kernels; not the values a fused kernel keeps in registers, not inlined
+constants, not views) gets an offset in one arena, allocated first-fit over liveness
+intervals (a buffer lives from the step that writes it to the last step that reads it, or to
+the end when the program returns it) with 256-byte alignment. Program inputs (parameters,
+batches, optimizer state) live in their own buffers. The arena's size is what the device
+needs for the program beyond its inputs.
+
+Report: each step with its kernel (or cuBLAS call), the IR nodes it computes with their
+source lines, elements, bytes moved and FLOPs — the CUDA half of `sexpgpu explain --cuda`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from pydantic import BaseModel
+
+from ...ir.graph import Node, Program, shape_size
+from ...ir.ops import op_def
+from .codegen import BYTES, LoweringError, elementwise_kernel
+from .fusion import FusedGroup, GemmCall, Lowering, OpKernel, ViewStep, lower
+
+ALIGN = 256
+
+
+class Buffer(BaseModel):
+    value: int  # IR value id (a view's buffer is its source's)
+    bytes: int
+    first: int  # step that writes it
+    last: int  # last step that reads it
+    offset: int = 0
+
+
+class Arena(BaseModel):
+    size: int
+    peak_live: int
+    buffers: list[Buffer]
+
+
+class KernelLine(BaseModel):
+    step: int
+    kind: str  # fused | gemm | op | view
+    kernel: str
+    nodes: list[str]  # "%id op loc path"
+    elements: int
+    bytes: int
+    flops: int
+
+
+class ProgramReport(BaseModel):
+    program: str
+    kernels: list[KernelLine]
+    arena: Arena
+    launches: int
+    total_bytes: int
+    total_flops: int
+
+
+def node_label(node: Node) -> str:
+    return " ".join(x for x in (f"%{node.id}", node.op, node.loc or "", node.path or "") if x)
+
+
+def nbytes(program_types: dict[int, Any], vid: int) -> int:
+    t = program_types[vid]
+    return shape_size(t.shape) * BYTES[t.dtype]
+
+
+def step_values(step: Any) -> tuple[list[int], list[int]]:
+    """(values read, values written) of one step."""
+    if isinstance(step, FusedGroup):
+        return step.inputs, step.outputs
+    return list(step.node.args), [step.node.id]
+
+
+def plan_arena(lowering: Lowering) -> Arena:
+    program = lowering.program
+    types = program.types()
+    inputs = {i.id for i in program.inputs}
+    alias: dict[int, int] = {}
+    for step in lowering.steps:
+        if isinstance(step, ViewStep):
+            src = step.node.args[0]
+            alias[step.node.id] = alias.get(src, src)
+    end = len(lowering.steps)
+    returned = {alias.get(v, v) for v in program.outputs.values()}
+    buffers: dict[int, Buffer] = {}
+    for k, step in enumerate(lowering.steps):
+        reads, writes = step_values(step)
+        if not isinstance(step, ViewStep):
+            for v in writes:
+                buffers[v] = Buffer(value=v, bytes=nbytes(types, v), first=k, last=k)
+        for v in reads:
+            root = alias.get(v, v)
+            if root in buffers:
+                buffers[root].last = max(buffers[root].last, k)
+    for v in returned:
+        if v in buffers and v not in inputs:
+            buffers[v].last = end
+    ordered = sorted(buffers.values(), key=lambda b: (b.first, -b.bytes))
+    placed: list[Buffer] = []
+    size = 0
+    for buf in ordered:
+        live = sorted((p for p in placed if p.last >= buf.first), key=lambda p: p.offset)
+        offset = 0
+        need = _aligned(buf.bytes)
+        for p in live:
+            if offset + need <= p.offset:
+                break
+            offset = max(offset, p.offset + _aligned(p.bytes))
+        buf.offset = offset
+        placed.append(buf)
+        size = max(size, offset + need)
+    peak = max((sum(b.bytes for b in placed if b.first <= k <= b.last) for k in range(end + 1)), default=0)
+    return Arena(size=size, peak_live=peak, buffers=sorted(placed, key=lambda b: b.first))
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def kernel_line(k: int, step: Any, lowering: Lowering) -> KernelLine:
+    program = lowering.program
+    types = program.types()
+    if isinstance(step, FusedGroup):
+        kernel = elementwise_kernel(step, program, lowering.constants)
+        return KernelLine(step=k, kind="fused", kernel=kernel.name, nodes=[node_label(n) for n in step.nodes],
+                          elements=kernel.size, bytes=kernel.bytes, flops=kernel.flops)
+    node = step.node
+    reads = sum(nbytes(types, a) for a in node.args)
+    if isinstance(step, GemmCall):
+        a = types[node.args[0]]
+        precision = "bf16 in, f32 accumulate" if a.dtype.value == "bf16" else a.dtype.value
+        call = "cublasGemmStridedBatchedEx" if step.batch > 1 else "cublasGemmEx"
+        shape = f"{step.batch}x" if step.batch > 1 else ""
+        return KernelLine(step=k, kind="gemm", kernel=f"{call} {shape}{step.m}x{step.n}x{step.k} ({precision})", nodes=[node_label(node)],
+                          elements=shape_size(node.type.shape), bytes=reads + nbytes(types, node.id), flops=2 * step.batch * step.m * step.n * step.k)
+    if isinstance(step, ViewStep):
+        return KernelLine(step=k, kind="view", kernel="(view: no kernel)", nodes=[node_label(node)], elements=shape_size(node.type.shape), bytes=0, flops=0)
+    flops = op_def(node.op).flops(node, [types[a] for a in node.args])
+    name = OP_KERNELS.get(node.op, f"sx_{node.op}")
+    return KernelLine(step=k, kind="op", kernel=name, nodes=[node_label(node)], elements=shape_size(node.type.shape), bytes=reads + nbytes(types, node.id), flops=flops)
+
+
+# what the device runs for the ops that are kernels of their own
+OP_KERNELS = {
+    "sum": "sx_reduce_sum",
+    "mean": "sx_reduce_mean",
+    "max": "sx_reduce_max",
+    "min": "sx_reduce_min",
+    "scatter_add": "sx_scatter_add_sorted",  # sorted by index: deterministic, no float atomics
+    "take": "sx_gather_rows",
+    "conv2d": "sx_im2col + cublasGemmEx",
+    "conv2d_input_grad": "cublasGemmEx + sx_col2im",
+    "conv2d_weight_grad": "sx_im2col + cublasGemmEx",
+    "dropout_mask": "sx_philox_dropout",  # the CPU backend's Philox bits
+    "random_uniform": "sx_philox_uniform",
+    "random_normal": "sx_philox_normal",
+}
+
+
+def report(program: Program, lowering: Optional[Lowering] = None) -> ProgramReport:
+    lowering = lowering or lower(program)
+    lines = [kernel_line(k, step, lowering) for k, step in enumerate(lowering.steps)]
+    return ProgramReport(
+        program=program.name, kernels=lines, arena=plan_arena(lowering), launches=sum(1 for line in lines if line.kind != "view"),
+        total_bytes=sum(line.bytes for line in lines), total_flops=sum(line.flops for line in lines),
+    )
+
+
+@dataclass
+class DevicePlan:
+    """The memory the CUDA device needs for a run: parameters, optimizer state and
+    gradients (f32 masters) plus the largest program arena among the step's programs."""
+
+    params: int
+    optimizer_state: int
+    arenas: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return self.params + self.optimizer_state + max(self.arenas.values(), default=0)
+
+
+__all__ = ["report", "plan_arena", "ProgramReport", "Arena", "DevicePlan", "LoweringError"]
