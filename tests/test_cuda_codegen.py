@@ -19,7 +19,7 @@ from sexpgpu.ir.builder import Builder
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.graph import Program, TensorType
 from sexpgpu.ir.ops import OPS, op_def
-from sexpgpu.runtime.cuda.codegen import KernelSource, elementwise_kernel
+from sexpgpu.runtime.cuda.codegen import KernelSource, elementwise_kernel, reduce_kernel
 from sexpgpu.runtime.cuda.fusion import FusedGroup, GemmCall, lower
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
@@ -76,14 +76,44 @@ def check_program(program: Program, feeds: dict[int, np.ndarray], expect_groups:
     kernels = [(g, elementwise_kernel(g, program, lowering.constants)) for g in lowering.groups]
     if expect_groups is not None:
         assert len(kernels) == expect_groups, [[n.op for n in g.nodes] for g, _ in kernels]
-    module = HostModule([k for _, k in kernels])
+    reductions = [(r, reduce_kernel(r, program, lowering.constants)) for r in lowering.reductions]
+    module = HostModule([k for _, k in kernels + reductions])
     types = program.types()
     for group, kernel in kernels:
         outs = module.run(kernel, [vals[v] for v in group.inputs])
         for vid, got in zip(group.outputs, outs):
             ops = "+".join(n.op for n in group.nodes)
             assert_close(got, vals[vid], types[vid].dtype.value, f"%{vid} of group [{ops}]")
-    return [k for _, k in kernels]
+    for red, kernel in reductions:
+        (got,) = module.run(kernel, [vals[v] for v in red.inputs])
+        ops = "+".join(n.op for n in (red.prologue.nodes if red.prologue else [])) + f" -> {red.node.op}"
+        source = np.asarray(vals[red.node.args[0]]).astype(np.float64)
+        assert_reduced(got, vals[red.node.id], source, red.node, f"%{red.node.id} [{ops}]")
+    return [k for _, k in kernels + reductions]
+
+
+def assert_reduced(got: np.ndarray, want: Any, source: np.ndarray, node: Any, what: str) -> None:
+    """A reduction against NumPy: max/min exactly; sums within NumPy's own rounding bound,
+    which scales with the count and the sum of magnitudes."""
+    want = np.asarray(want)
+    if node.op in ("max", "min") or want.dtype.kind in "iu":
+        np.testing.assert_array_equal(np.asarray(got, dtype=np.float64), want.astype(np.float64), err_msg=what)
+        return
+    from sexpgpu.ir.ops_reduce import normalize_axes
+
+    axes = tuple(normalize_axes(node.op, node.attrs.get("axis"), source.ndim))
+    scale = np.abs(source).sum(axis=axes, keepdims=bool(node.attrs.get("keepdims", False)))
+    if node.op == "mean":
+        scale = scale / max(1, int(np.prod([source.shape[a] for a in axes])))
+    count = max(1, int(np.prod([source.shape[a] for a in axes])))
+    # NumPy may accumulate in the input's precision, sequentially along a strided axis:
+    # its error grows with the count; the kernel's (double) is far smaller
+    eps = (2.0**-8 if want.dtype.itemsize == 2 else 2.0**-24) * (count + 2)
+    g, w = np.asarray(got, dtype=np.float64), want.astype(np.float64)
+    assert (np.isnan(g) == np.isnan(w)).all(), f"{what}: NaN where the other is not"
+    ok = ~np.isnan(w)
+    err = np.abs(g - w)[ok]
+    assert (err <= (eps * scale)[ok] + 1e-30).all(), f"{what}: worst {float(np.max(err - (eps * scale)[ok]))}"
 
 
 def one_op_program(op: str, dtypes: list[DType], shapes: list[tuple[int, ...]], **attrs: Any) -> tuple[Program, list[int]]:
@@ -222,6 +252,9 @@ def test_every_generated_kernel_compiles_with_nvcc(examples: list[tuple[str, str
         for group in lowering.groups:
             kernel = elementwise_kernel(group, program, lowering.constants)
             sources[kernel.name] = kernel.source
+        for red in lowering.reductions:
+            kernel = reduce_kernel(red, program, lowering.constants)
+            sources[kernel.name] = kernel.source
     for case in CASES:
         program, _ = one_op_program(case[0], case[1], case[2], **case[3])
         lowering = lower(program)
@@ -246,6 +279,7 @@ def test_the_arena_never_overlaps_two_live_buffers(examples: list[tuple[str, str
                 apart = a.offset + a.bytes <= b.offset or b.offset + b.bytes <= a.offset
                 assert not live_together or apart, (stem, name, a, b)
         written = {v for s in lowering.steps if s.kind != "view" for v in (s.outputs if isinstance(s, FusedGroup) else [s.node.id])}
+        assert all(r.node.id in written for r in lowering.reductions)
         assert written == {b.value for b in bufs}, (stem, name)
 
 
@@ -266,3 +300,36 @@ def test_explain_cuda_reports_every_example(tmp_path: Path) -> None:
         assert train["arena"]["size"] > 0 and cuda["memory"]["total"] > cuda["memory"]["params"]
         text = subprocess.run([sys.executable, "-m", "sexpgpu", "explain", str(path), "--cuda"], capture_output=True, text=True, cwd=REPO)
         assert "CUDA lowering: train" in text.stdout and "memory plan (cuda)" in text.stdout and "cublasGemm" in text.stdout
+
+
+REDUCE_CASES = [
+    (op, dtype, axis, keep)
+    for op in ("sum", "mean", "max", "min")
+    for dtype in (DType.f32, DType.bf16, DType.i32)
+    for axis, keep in ((None, False), (0, False), (-1, True), ((0, 2), False), (1, True))
+    if not (op == "mean" and dtype == DType.i32)
+]
+
+
+@pytest.mark.parametrize("op,dtype,axis,keep", REDUCE_CASES, ids=[f"{c[0]}-{c[1].value}-{c[2]}-{c[3]}" for c in REDUCE_CASES])
+def test_every_reduction_matches_numpy(op: str, dtype: DType, axis: Any, keep: bool) -> None:
+    program, ins = one_op_program(op, [dtype], [(3, 7, 5)], axis=axis, keepdims=keep)
+    rng = np.random.default_rng(5)
+    lowering = lower(program)
+    assert [s.kind for s in lowering.steps] == ["reduce"]
+    check_program(program, {ins[0]: values((3, 7, 5), dtype, rng)})
+
+
+def test_a_reduction_takes_in_its_prologue_and_propagates_nan() -> None:
+    b = Builder("softmax-ish")
+    x = b.input("x", "data", TensorType(dtype=DType.f32, shape=(6, 9)))
+    m = b.op("max", x, axis=-1, keepdims=True)
+    e = b.op("exp", b.op("sub", x, m))
+    s = b.op("sum", e, axis=-1, keepdims=True)
+    program = b.program({"m": m, "s": s})
+    lowering = lower(program)
+    assert [st.kind for st in lowering.steps] == ["reduce", "reduce"]
+    assert [n.op for n in lowering.steps[1].prologue.nodes] == ["sub", "exp"]
+    feeds = values((6, 9), DType.f32, np.random.default_rng(6))
+    feeds[2, 3] = np.nan
+    check_program(program, {x: feeds})

@@ -206,9 +206,9 @@ def cuda_document(experiment: Experiment, names: list[str]) -> dict[str, Any]:
 def cuda_text(cuda: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for name, rep in cuda["programs"].items():
-        fused = sum(1 for k in rep["kernels"] if k["kind"] == "fused")
+        fused = sum(1 for k in rep["kernels"] if k["kind"] in ("fused", "reduce"))
         gemms = sum(1 for k in rep["kernels"] if k["kind"] == "gemm")
-        out += ["", f"CUDA lowering: {name}  ({rep['launches']} launches: {fused} fused kernels, {gemms} cuBLAS calls, "
+        out += ["", f"CUDA lowering: {name}  ({rep['launches']} launches: {fused} generated kernels, {gemms} cuBLAS calls, "
                 f"{rep['launches'] - fused - gemms} other kernels; {_bytes(rep['total_bytes'])} moved, {rep['total_flops']:,} FLOPs)"]
         out.append(f"  {'#':>3}  {'kernel':<44} {'elements':>10} {'bytes':>10} {'FLOPs':>12}  IR nodes")
         for k in rep["kernels"]:

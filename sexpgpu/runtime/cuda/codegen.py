@@ -15,12 +15,15 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ...ir.dtypes import DType, parse_dtype
 from ...ir.graph import Node, Program, TensorType, shape_size
 from ...ir.ops import op_def
 from .fusion import FusedGroup
+
+if TYPE_CHECKING:
+    from .fusion import ReduceGroup
 
 PRELUDE = r"""
 #ifdef __CUDACC__
@@ -205,3 +208,137 @@ def elementwise_kernel(group: FusedGroup, program: Program, constants: Optional[
 
 
 BYTES = {DType.f32: 4, DType.bf16: 2, DType.f16: 2, DType.f64: 8, DType.i32: 4, DType.i64: 8, DType.bool: 1}
+
+
+def load_expr(k: int, t: TensorType, space: tuple[int, ...], index: str) -> str:
+    load = f"in{k}[{broadcast_index(tuple(t.shape), space, index)}]"
+    if t.dtype == DType.bf16:
+        return f"sx_bf16_to_f32({load})"
+    if t.dtype == DType.bool:
+        return f"({load} != 0)"
+    return load
+
+
+def chain_lines(nodes: list[Node], names: dict[int, str], types: dict[int, TensorType], constants: dict[int, Node], indent: str) -> tuple[list[str], int]:
+    """One C line per node over registers (NAMES maps value ids to C names; extended)."""
+    lines, flops = [], 0
+    for node in nodes:
+        args = []
+        for a in node.args:
+            if a in names:
+                args.append(names[a])
+            elif a in constants:
+                args.append(literal(constants[a].attrs["value"], constants[a].type.dtype))
+            else:
+                raise LoweringError(f"value %{a} is neither an input nor computed in the kernel")
+        expression = node_expression(node, args, types)
+        _, compute = c_types(node.type.dtype)
+        if node.type.dtype == DType.bf16:
+            expression = f"sx_bf16_round({expression})"
+        names[node.id] = f"v{node.id}"
+        lines.append(f"{indent}const {compute} v{node.id} = {expression};")
+        if node.op != "broadcast_to":
+            flops += op_def(node.op).flops(node, [types[a] for a in node.args])
+    return lines, flops
+
+
+def flat_index(coords: list[tuple[int, int, int]], var: str) -> str:
+    """sum over (size, stride in the loop's space, stride in memory) of coordinate * memory stride."""
+    terms = []
+    for size, loop_stride, mem_stride in coords:
+        coord = f"(({var} / {loop_stride}LL) % {size}LL)" if loop_stride > 1 else f"({var} % {size}LL)"
+        terms.append(coord if mem_stride == 1 else f"{coord} * {mem_stride}LL")
+    return " + ".join(terms) if terms else "0"
+
+
+def reduce_kernel(group: "ReduceGroup", program: Program, constants: Optional[dict[int, Node]] = None) -> KernelSource:
+    """One thread per output element, looping over the reduced elements in a fixed order
+    (deterministic), accumulating in double (ints in 64 bits); the prologue (the fused group
+    that makes the reduction's input) is computed per element inside the loop."""
+    from ...ir.ops_reduce import normalize_axes
+
+    types = program.types()
+    constants = constants or {}
+    node = group.node
+    source = node.args[0]
+    in_t = types[source]
+    space = tuple(in_t.shape)
+    axes = normalize_axes(node.op, node.attrs.get("axis"), len(space))
+    kept = [d for d in range(len(space)) if d not in axes]
+    mem = [1] * len(space)
+    for d in range(len(space) - 2, -1, -1):
+        mem[d] = mem[d + 1] * space[d + 1]
+
+    def coords(dims: list[int]) -> list[tuple[int, int, int]]:
+        out, stride = [], 1
+        for d in reversed(dims):
+            out.append((space[d], stride, mem[d]))
+            stride *= space[d]
+        return out
+
+    reduced_size = 1
+    for d in axes:
+        reduced_size *= space[d]
+    params: list[Param] = []
+    decls: list[str] = []
+    names: dict[int, str] = {}
+    inner: list[str] = []
+    inputs = group.inputs
+    for k, vid in enumerate(inputs):
+        t = types[vid]
+        store, compute = c_types(t.dtype)
+        decls.append(f"const {store}* __restrict__ in{k}")
+        params.append(Param("in", vid, t.dtype, tuple(t.shape)))
+        names[vid] = f"a{k}"
+        inner.append(f"      const {compute} a{k} = {load_expr(k, t, space, 'idx')};")
+    flops = 0
+    if group.prologue is not None:
+        lines, flops = chain_lines(group.prologue.nodes, names, types, constants, "      ")
+        inner += lines
+    x = names[source]
+    integer = in_t.dtype in (DType.i32, DType.i64)
+    acc_type = "long long" if integer else "double"
+    init = {"sum": "0", "mean": "0", "max": "-sx_inf()" if not integer else "(-9223372036854775807LL - 1)", "min": "sx_inf()" if not integer else "9223372036854775807LL"}[node.op]
+    if node.op in ("sum", "mean"):
+        step = f"acc += ({acc_type}){x};"
+    else:  # NaN wins, as in NumPy; ties keep the first
+        better = ">" if node.op == "max" else "<"
+        step = f"if (({acc_type}){x} {better} acc || {x} != {x}) acc = ({acc_type}){x};" if not integer else f"if (({acc_type}){x} {better} acc) acc = ({acc_type}){x};"
+        if not integer:
+            step = f"if (acc == acc) {{ {step} }}"
+    flops += reduced_size * (shape_size(node.type.shape) or 1)
+    out_t = node.type
+    store, _ = c_types(out_t.dtype)
+    decls.append(f"{store}* __restrict__ out0")
+    params.append(Param("out", node.id, out_t.dtype, tuple(out_t.shape)))
+    result = "acc" if node.op != "mean" else f"(acc / {reduced_size}.0)"
+    if out_t.dtype == DType.bf16:
+        result = f"sx_f32_to_bf16((float){result})"
+    else:
+        result = f"({store}){result}"
+    body = [
+        f"    const long long base = {flat_index(coords(kept), 'o')};",
+        f"    {acc_type} acc = {init};",
+        f"    for (long long j = 0; j < {reduced_size}LL; ++j) {{",
+        f"      const long long idx = base + {flat_index(coords(axes), 'j')};",
+        *inner,
+        f"      {step}",
+        "    }",
+        f"    out0[o] = {result};",
+    ]
+    signature = ", ".join(decls + ["long long n"])
+    text = (
+        'extern "C" __global__ void {name}(' + signature + ") {{\n"
+        "  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < n; o += (long long)blockDim.x * gridDim.x) {{\n"
+        + "\n".join(body).replace("{", "{{").replace("}", "}}") + "\n  }}\n}}\n"
+    )
+    name = f"sx_reduce_{node.op}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    moved = sum(shape_size(p.shape) * BYTES[p.dtype] for p in params)
+    return KernelSource(name=name, source=text.format(name=name), params=params, size=shape_size(out_t.shape) or 1, flops=flops, bytes=moved)
+
+
+def kernel_for(step: Any, program: Program, constants: Optional[dict[int, Node]] = None) -> KernelSource:
+    """The generated kernel of a fused group or a reduction."""
+    from .fusion import ReduceGroup
+
+    return reduce_kernel(step, program, constants) if isinstance(step, ReduceGroup) else elementwise_kernel(step, program, constants)

@@ -41,6 +41,24 @@ class FusedGroup:
 
 
 @dataclass
+class ReduceGroup:
+    """A reduction (sum mean max min) computed by one generated kernel, with the elementwise
+    group that produces its input fused in as a prologue when nothing else reads it."""
+
+    node: Node
+    prologue: Optional[FusedGroup] = None
+    kind: Literal["reduce"] = "reduce"
+
+    @property
+    def inputs(self) -> list[int]:
+        return self.prologue.inputs if self.prologue is not None else list(self.node.args)
+
+    @property
+    def ids(self) -> set[int]:
+        return {self.node.id} | (self.prologue.ids if self.prologue is not None else set())
+
+
+@dataclass
 class GemmCall:
     """One matmul through cuBLAS (bf16 inputs accumulate in f32)."""
 
@@ -68,7 +86,8 @@ class ViewStep:
     kind: Literal["view"] = "view"
 
 
-Step = Union[FusedGroup, GemmCall, OpKernel, ViewStep]
+Step = Union[FusedGroup, ReduceGroup, GemmCall, OpKernel, ViewStep]
+REDUCTIONS = ("sum", "mean", "max", "min")
 
 
 def fusible(node: Node) -> bool:
@@ -142,6 +161,8 @@ class Partition:
                 steps.append(gemm(node, self.types))
             elif node.op == "reshape":
                 steps.append(ViewStep(node))
+            elif node.op in REDUCTIONS and self.types[node.args[0]].dtype in (DType.f32, DType.bf16, DType.i32, DType.i64):
+                steps.append(ReduceGroup(node))
             elif fusible(node):
                 group = next((g for g in (self.group_of.get(a) for a in node.args) if g is not None and self.can_join(node, g)), None)
                 if group is None:
@@ -152,7 +173,30 @@ class Partition:
             else:
                 steps.append(OpKernel(node))
         self.finish_groups(steps)
+        steps = self.fuse_prologues(steps)
         return self.ordered(steps)
+
+    def fuse_prologues(self, steps: list[Step]) -> list[Step]:
+        """A reduction takes in the fused group that makes its input when that group makes
+        nothing else (its one output is read by the reduction alone)."""
+        readers: dict[int, int] = {}
+        for node in self.program.nodes:
+            for arg in node.args:
+                readers[arg] = readers.get(arg, 0) + 1
+        returned = set(self.program.outputs.values())
+        absorbed: set[int] = set()
+        for step in steps:
+            if not isinstance(step, ReduceGroup):
+                continue
+            source = step.node.args[0]
+            group = self.group_of.get(source)
+            if group is None or group.outputs != [source] or readers.get(source) != 1 or source in returned:
+                continue
+            if group.shape != tuple(self.types[source].shape):
+                continue
+            step.prologue = group
+            absorbed.add(id(group))
+        return [s for s in steps if id(s) not in absorbed]
 
     def finish_groups(self, steps: list[Step]) -> None:
         used_outside: dict[int, bool] = {}
@@ -181,10 +225,10 @@ class Partition:
         out: list[Step] = []
         while pending:
             for i, step in enumerate(pending):
-                needs = step.inputs if isinstance(step, FusedGroup) else step.node.args
+                needs = step.inputs if isinstance(step, (FusedGroup, ReduceGroup)) else step.node.args
                 if all(a in made for a in needs):
                     out.append(step)
-                    made |= step.ids if isinstance(step, FusedGroup) else {step.node.id}
+                    made |= step.ids if isinstance(step, (FusedGroup, ReduceGroup)) else {step.node.id}
                     del pending[i]
                     break
             else:  # cannot happen for a DAG partition; keep the program order rather than loop
@@ -204,6 +248,10 @@ class Lowering:
     @property
     def groups(self) -> list[FusedGroup]:
         return [s for s in self.steps if isinstance(s, FusedGroup)]
+
+    @property
+    def reductions(self) -> list[ReduceGroup]:
+        return [s for s in self.steps if isinstance(s, ReduceGroup)]
 
 
 def lower(program: Program) -> Lowering:

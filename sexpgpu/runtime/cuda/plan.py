@@ -21,8 +21,8 @@ from pydantic import BaseModel
 
 from ...ir.graph import Node, Program, shape_size
 from ...ir.ops import op_def
-from .codegen import BYTES, LoweringError, elementwise_kernel
-from .fusion import FusedGroup, GemmCall, Lowering, OpKernel, ViewStep, lower
+from .codegen import BYTES, LoweringError, elementwise_kernel, reduce_kernel
+from .fusion import FusedGroup, GemmCall, Lowering, OpKernel, ReduceGroup, ViewStep, lower
 
 ALIGN = 256
 
@@ -73,6 +73,8 @@ def step_values(step: Any) -> tuple[list[int], list[int]]:
     """(values read, values written) of one step."""
     if isinstance(step, FusedGroup):
         return step.inputs, step.outputs
+    if isinstance(step, ReduceGroup):
+        return step.inputs, [step.node.id]
     return list(step.node.args), [step.node.id]
 
 
@@ -129,6 +131,10 @@ def kernel_line(k: int, step: Any, lowering: Lowering) -> KernelLine:
         kernel = elementwise_kernel(step, program, lowering.constants)
         return KernelLine(step=k, kind="fused", kernel=kernel.name, nodes=[node_label(n) for n in step.nodes],
                           elements=kernel.size, bytes=kernel.bytes, flops=kernel.flops)
+    if isinstance(step, ReduceGroup):
+        kernel = reduce_kernel(step, program, lowering.constants)
+        nodes = (step.prologue.nodes if step.prologue is not None else []) + [step.node]
+        return KernelLine(step=k, kind="reduce", kernel=kernel.name, nodes=[node_label(n) for n in nodes], elements=kernel.size, bytes=kernel.bytes, flops=kernel.flops)
     node = step.node
     reads = sum(nbytes(types, a) for a in node.args)
     if isinstance(step, GemmCall):
@@ -147,10 +153,6 @@ def kernel_line(k: int, step: Any, lowering: Lowering) -> KernelLine:
 
 # what the device runs for the ops that are kernels of their own
 OP_KERNELS = {
-    "sum": "sx_reduce_sum",
-    "mean": "sx_reduce_mean",
-    "max": "sx_reduce_max",
-    "min": "sx_reduce_min",
     "scatter_add": "sx_scatter_add_sorted",  # sorted by index: deterministic, no float atomics
     "take": "sx_gather_rows",
     "conv2d": "sx_im2col + cublasGemmEx",
