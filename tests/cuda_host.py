@@ -128,3 +128,26 @@ def nvcc_compiles(sources: list[str], workdir: Path) -> None:
     done = subprocess.run([compiler, "--ptx", "-arch=sm_90", "-ftz=true", "-odir", str(workdir), *files], capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"nvcc refused a generated kernel:\n{done.stderr[-4000:]}")
+
+
+class HostRunner:
+    """The executor's kernel runner on the host: kernels compiled by g++ with the shim (one
+    library per prepare call, like one RawModule per program on the device)."""
+
+    def __init__(self) -> None:
+        self.modules: dict[str, HostModule] = {}
+
+    def prepare(self, kernels: list[KernelSource]) -> None:
+        new = [k for k in kernels if k.name not in self.modules]
+        if new:
+            module = HostModule(new)
+            for k in new:
+                self.modules[k.name] = module
+
+    def launch(self, kernel: KernelSource, arrays: list[np.ndarray]) -> None:
+        fn = getattr(self.modules[kernel.name].lib, f"launch_{kernel.name}")
+        fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_longlong, ctypes.c_uint, ctypes.c_uint]
+        for a in arrays:
+            assert a.flags.c_contiguous, kernel.name
+        pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        fn(pointers, kernel.size, 2, 64)

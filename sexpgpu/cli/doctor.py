@@ -78,8 +78,20 @@ def free_memory() -> Optional[int]:
 
 def device_findings(device: str, source: str) -> list[Finding]:
     out = [Finding(check="device", level="ok", detail=f"{device} (from {source}); {os.cpu_count()} CPU cores")]
-    if device.startswith("cuda"):
-        out.append(Finding(check="cuda", level="fail", detail="the CUDA backend arrives with a later release", fix="use --device cpu"))
+    if device.startswith("cuda") or device == "auto":
+        from ..runtime.cuda.device import DeviceError, cuda_device, free_device_memory
+
+        try:
+            cuda_device("cuda" if device == "auto" else device)
+            import cupy
+
+            index = int(device.split(":", 1)[1]) if ":" in device else 0
+            name = cupy.cuda.runtime.getDeviceProperties(index)["name"]
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            out.append(Finding(check="cuda", level="ok", detail=f"{name}: {free_device_memory():,} bytes free"))
+        except DeviceError as exc:
+            level = "warn" if device == "auto" else "fail"
+            out.append(Finding(check="cuda", level=level, detail=str(exc), fix="use --device cpu, or a machine with an NVIDIA GPU and pip install -e '.[cuda]'"))
     return out
 
 
@@ -161,7 +173,25 @@ def ray_finding(address: Optional[str], source: str) -> Finding:
     return Finding(check="ray", level="ok", detail=f"{address} (from {source}): {found['nodes']} node(s), {res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU")
 
 
-def plan_finding(path: str) -> list[Finding]:
+def cuda_plan_finding(experiment: Any, device: str) -> Optional[Finding]:
+    """With a CUDA device: the device memory plan (explain --cuda) against its free memory."""
+    if not device.startswith("cuda"):
+        return None
+    from ..runtime.cuda.device import DeviceError, cuda_device, free_device_memory
+    from .inspect import cuda_document
+
+    need = cuda_document(experiment, ["train", "update"])["memory"]["total"]
+    try:
+        cuda_device(device)
+        free = free_device_memory()
+    except DeviceError:
+        return Finding(check="device memory", level="warn", detail=f"plan needs {need:,} bytes of device memory; no CUDA device to compare with")
+    if need > free:
+        return Finding(check="device memory", level="fail", detail=f"plan needs {need:,} bytes, the device has {free:,} free", fix="a smaller batch, :microbatches, or a bigger GPU")
+    return Finding(check="device memory", level="ok", detail=f"plan needs {need:,} bytes of {free:,} free on the device")
+
+
+def plan_finding(path: str, device: str = "cpu") -> list[Finding]:
     from ..compile.pipeline import compile_file
     from .inspect import explain_document
 
@@ -178,6 +208,9 @@ def plan_finding(path: str) -> list[Finding]:
         out.append(Finding(check="memory", level="fail", detail=f"plan needs {need:,} bytes, {free:,} are free", fix="a smaller batch, :microbatches, or a bigger machine"))
     else:
         out.append(Finding(check="memory", level="ok", detail=f"plan needs {need:,} bytes of {free:,} free"))
+    cuda = cuda_plan_finding(result.experiment, device)
+    if cuda is not None:
+        out.append(cuda)
     return out
 
 
@@ -197,7 +230,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     address, address_source = setting(args.ray, "SEXPGPU_RAY_ADDRESS", "")
     findings.append(ray_finding(address or None, address_source))
     if args.file:
-        findings += plan_finding(args.file)
+        findings += plan_finding(args.file, device)
     failed = any(f.level == "fail" for f in findings)
     if args.json:
         print_json({"ok": not failed, "findings": [f.model_dump() for f in findings]})

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
 from ..bundle import BundleError, compile_bundle, is_bundle
 from ..compile.pipeline import CompileResult, compile_file
@@ -19,12 +20,15 @@ from .check import add_limit_flags, limits_from
 from .common import Exit, existing_file, exit_for, fail_usage, print_diagnostics, print_json
 from .selection import add_selection_flags, selection_from
 
+if TYPE_CHECKING:
+    from ..ir.experiment import Experiment
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("run", help="train a run file")
     p.add_argument("file")
     p.add_argument("--store", default=None, help="where run folders go (default $SEXPGPU_STORE or ./runs)")
-    p.add_argument("--device", default=None, help="cpu (default $SEXPGPU_DEVICE or cpu)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default $SEXPGPU_DEVICE or cpu)")
     p.add_argument("--max-steps", type=int, default=None, metavar="N", help="stop after N steps (smoke tests; recorded in run.json)")
     p.add_argument("--resume", default=None, metavar="latest|STEP|PATH", help="continue from a checkpoint (a stopped run resumes from its latest on its own)")
     p.add_argument("--quiet", action="store_true", help="no progress")
@@ -42,9 +46,18 @@ def stop_before_training(signum: int, frame: object) -> None:
 def run_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop_before_training)
     device = args.device or os.environ.get("SEXPGPU_DEVICE") or "cpu"
-    if device not in ("cpu", "auto"):
-        print(f"sexpgpu: device {device} is not available in this release; use --device cpu", file=sys.stderr)
-        return Exit.CANNOT_START
+    if device != "cpu" and device != "auto" and device != "cuda" and not device.startswith("cuda:"):
+        fail_usage(f"--device {device}: use cpu, cuda, cuda:N or auto")
+    from ..runtime.cuda.device import DeviceError, cuda_device, resolve
+
+    device = resolve(device)
+    if device != "cpu":
+        try:
+            cuda_device(device)
+        except DeviceError as exc:
+            print(f"sexpgpu: cannot start here: {exc}", file=sys.stderr)
+            return Exit.CANNOT_START
+    args.device = device
     if args.max_steps is not None and args.max_steps <= 0:
         fail_usage("--max-steps needs a positive integer")
     if is_bundle(args.file):
@@ -78,7 +91,12 @@ def train_compiled(args: argparse.Namespace, path: Path, result: "CompileResult"
         return Exit.CHECK_FAILED
     assert result.program is not None
     sources = {f.name if i == 0 else os.path.relpath(f, path.resolve().parent): f.read_bytes() for i, f in enumerate(result.program.files)}
-    options = RunOptions(store=store, device="cpu", max_steps=args.max_steps, progress=not args.quiet and not args.json and sys.stderr.isatty(), sources=sources, resume=args.resume)
+    if args.device != "cpu":
+        problem = device_memory_problem(result.experiment)
+        if problem is not None:
+            print(f"sexpgpu: cannot start here: {problem}", file=sys.stderr)
+            return Exit.CANNOT_START
+    options = RunOptions(store=store, device=args.device, max_steps=args.max_steps, progress=not args.quiet and not args.json and sys.stderr.isatty(), sources=sources, resume=args.resume)
     say = (lambda text: print(text, file=sys.stderr)) if args.json else print
     try:
         outcome = train(result.experiment, options, say=say)
@@ -104,3 +122,15 @@ def _empty():  # type: ignore[no-untyped-def]
     from ..lisp.diagnostics import SourceMap
 
     return SourceMap()
+
+
+def device_memory_problem(experiment: "Experiment") -> Optional[str]:
+    """The CUDA memory plan (explain --cuda) against the device's free memory."""
+    from ..runtime.cuda.device import free_device_memory
+    from .inspect import cuda_document
+
+    need = cuda_document(experiment, ["train", "update"])["memory"]["total"]
+    free = free_device_memory()
+    if need > free:
+        return f"the run needs {need:,} bytes of device memory (sexpgpu explain --cuda), the device has {free:,} free; lower the batch or use :microbatches"
+    return None

@@ -27,6 +27,7 @@ from .init import initial_value
 from .checkpoint import CheckpointState, ResumeError, list_checkpoints, load_checkpoint, resolve, step_name, write_checkpoint
 from .checkpoint import prune as prune_checkpoints
 from .numpy_backend import CompiledProgram, NonFiniteNode, first_nonfinite
+from .cuda.device import program_factory
 from .ranks import Collective, rows_of
 from .runfolder import RunFolder, RunInfo, Selection, slug
 from .status import Summary
@@ -44,6 +45,9 @@ class RunOptions:
     signals: bool = True  # handle SIGINT/SIGTERM (only possible on the main thread)
     store_patience_s: float = 600.0  # how long the end of a run waits for an unreachable store
     ranks: Optional[Collective] = None  # data parallel: this process is one of W ranks
+    # how IR programs become runnable ones (None: from `device`); the tests pass the CUDA
+    # executor over host-compiled kernels here
+    programs: Optional[Callable[[Any], Any]] = None
 
 
 class RunResult(BaseModel):
@@ -88,7 +92,7 @@ class Evaluator:
     """One defeval: the whole loader, full batches through its program and the examples of
     the last partial batch one by one, so every example counts once and exactly."""
 
-    def __init__(self, experiment: Experiment, name: str, train_data: Dataset) -> None:
+    def __init__(self, experiment: Experiment, name: str, train_data: Dataset, make: Callable[[Any], Any] = CompiledProgram) -> None:
         spec = next(e for e in experiment.evals if e.name == name)
         self.spec = spec
         record = experiment.loaders[spec.loader]
@@ -103,8 +107,8 @@ class Evaluator:
                 )
         self.batch = record.batch
         self.fields = [f.name for f in record.fields]
-        self.full = CompiledProgram(experiment.module.programs[f"eval:{name}"])
-        self.single = CompiledProgram(experiment.module.programs[f"eval:{name}:1"])
+        self.full = make(experiment.module.programs[f"eval:{name}"])
+        self.single = make(experiment.module.programs[f"eval:{name}:1"])
 
     def run(self, params: dict[str, np.ndarray]) -> dict[str, float]:
         totals: dict[str, float] = {m: 0.0 for m in self.spec.metrics}
@@ -129,7 +133,7 @@ class Evaluator:
 class Trainer:
     """One run in progress: parameters, optimizer state, compiled programs, data stream."""
 
-    def __init__(self, experiment: Experiment, ranks: Optional[Collective] = None) -> None:
+    def __init__(self, experiment: Experiment, ranks: Optional[Collective] = None, make: Callable[[Any], Any] = CompiledProgram) -> None:
         self.experiment = experiment
         self.ranks = ranks
         self.rank, self.world = (ranks.rank, ranks.world) if ranks is not None else (0, 1)
@@ -144,23 +148,23 @@ class Trainer:
             for path in group.params:
                 for state in group.states:
                     self.states[f"state:{path}:{state.name}"] = initial_state(state.init, self.params[path])
-        self.update_program = CompiledProgram(experiment.module.programs["update"])
+        self.update_program = make(experiment.module.programs["update"])
         loader = experiment.loaders["train"]
         self.dataset = load_dataset(loader_spec(loader, seed))
         self.field_names = [f.name for f in loader.fields]
         # one compiled program and one data stream per loader stage (None: no stage)
-        self.programs: dict[Optional[str], CompiledProgram] = {None: CompiledProgram(train_programs["train"])}
+        self.programs: dict[Optional[str], Any] = {None: make(train_programs["train"])}
         self.streams: dict[Optional[str], BatchStream] = {None: BatchStream(self.dataset, loader.batch, loader.shuffle, seed)}
         for stage in loader.stages:
             staged = loader.staged(stage.name)
             data = self.dataset if staged.prepare == loader.prepare else load_dataset(loader_spec(staged, seed))
-            self.programs[stage.name] = CompiledProgram(train_programs[f"train@{stage.name}"])
+            self.programs[stage.name] = make(train_programs[f"train@{stage.name}"])
             self.streams[stage.name] = BatchStream(data, staged.batch, staged.shuffle, seed)
         self.stage_names: list[Optional[str]] = [None] + [s.name for s in loader.stages]
         programs = experiment.module.programs
-        self.diagnostic_program = CompiledProgram(train_programs["train:diagnostics"]) if "train:diagnostics" in train_programs else None
+        self.diagnostic_program = make(train_programs["train:diagnostics"]) if "train:diagnostics" in train_programs else None
         self.curriculum = experiment.curriculum
-        self.curriculum_program = CompiledProgram(experiment.module.programs["curriculum"]) if self.curriculum else None
+        self.curriculum_program = make(experiment.module.programs["curriculum"]) if self.curriculum else None
         self.stage: Optional[str] = self.curriculum.start.get("train") if self.curriculum else None
         self.train_program = self.programs[self.stage]
         self.stream = self.streams[self.stage]
@@ -413,9 +417,10 @@ class Run:
         emit(events, "run.start", step=0, slug=self.slug, steps=self.steps, attempt=self.attempt)
         emit(events, "compile", step=0, ir_hash=self.experiment.ir_hash, params=sum(int(np.prod(p.shape)) for p in self.experiment.params))
         try:
-            trainer = Trainer(self.experiment, self.ranks)
+            make = self.options.programs or program_factory(self.options.device)
+            trainer = Trainer(self.experiment, self.ranks, make)
             self.trainer = trainer
-            self.evaluators = {e.name: Evaluator(self.experiment, e.name, trainer.dataset) for e in self.experiment.evals}
+            self.evaluators = {e.name: Evaluator(self.experiment, e.name, trainer.dataset, make) for e in self.experiment.evals}
         except DataError as exc:
             status.update(state="failed", summary=Summary(exit_code=5, reason=f"data error: {exc}"))
             emit(events, "run.end", step=0, exit_code=5, reason=f"data error: {exc}")

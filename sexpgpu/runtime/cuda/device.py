@@ -1,0 +1,95 @@
+"""The CUDA device through CuPy: generated kernels compiled with NVRTC (`cupy.RawModule`, one
+module per program, cached by source hash), matmuls through CuPy's cuBLAS, the arena as one
+device allocation. `--device cuda|cuda:N|auto`.
+
+CuPy compiles with `-ftz=true`: denormals flush to zero on the device (the CPU keeps them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable
+
+import numpy as np
+
+from ...ir.graph import Program
+from .codegen import PRELUDE, KernelSource
+from .executor import ArrayDevice, LoweredProgram
+
+BLOCK = 256
+
+
+class DeviceError(Exception):
+    """The device cannot be used here (exit 4, with the fix)."""
+
+
+class CupyRunner:
+    """Compiles a program's kernels into one RawModule and launches them."""
+
+    def __init__(self, cupy: Any) -> None:
+        self.cupy = cupy
+        self.modules: dict[str, Any] = {}  # source hash -> RawModule (this device's cache)
+        self.functions: dict[str, Any] = {}
+        self.max_grid = 65535 * 32
+
+    def prepare(self, kernels: list[KernelSource]) -> None:
+        unique = {k.name: k for k in kernels if k.name not in self.functions}
+        if not unique:
+            return
+        source = PRELUDE + "".join(k.source for k in unique.values())
+        digest = hashlib.sha256(source.encode()).hexdigest()
+        module = self.modules.get(digest)
+        if module is None:
+            module = self.cupy.RawModule(code=source, options=("--std=c++14",))
+            self.modules[digest] = module
+        for name in unique:
+            self.functions[name] = module.get_function(name)
+
+    def launch(self, kernel: KernelSource, arrays: list[Any]) -> None:
+        grid = max(1, min(self.max_grid, (kernel.size + BLOCK - 1) // BLOCK))
+        self.functions[kernel.name]((grid,), (BLOCK,), (*arrays, np.int64(kernel.size)))
+
+
+def cuda_device(spec: str) -> ArrayDevice:
+    """The device named by SPEC (`cuda`, `cuda:N`), or DeviceError saying why not."""
+    try:
+        import cupy
+    except ImportError:
+        raise DeviceError("--device cuda needs CuPy: pip install -e '.[cuda]' (on a machine with an NVIDIA GPU and driver)") from None
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:  # no driver, or no device
+        raise DeviceError(f"CuPy sees no CUDA device ({type(exc).__name__}: {exc}); use --device cpu") from None
+    index = int(spec.split(":", 1)[1]) if ":" in spec else 0
+    if not 0 <= index < count:
+        raise DeviceError(f"--device {spec}: this machine has {count} CUDA device(s) (cuda:0 to cuda:{count - 1})")
+    cupy.cuda.Device(index).use()
+    return ArrayDevice(cupy, CupyRunner(cupy))
+
+
+def free_device_memory() -> int:
+    import cupy
+
+    free, _total = cupy.cuda.runtime.memGetInfo()
+    return int(free)
+
+
+def resolve(spec: str) -> str:
+    """`auto` is `cuda` when CuPy sees a GPU, else `cpu`."""
+    if spec != "auto":
+        return spec
+    try:
+        cuda_device("cuda")
+        return "cuda"
+    except DeviceError:
+        return "cpu"
+
+
+def program_factory(spec: str) -> Callable[[Program], Any]:
+    """How the loop turns IR programs into runnable ones on SPEC."""
+    if spec == "cpu":
+        from ..numpy_backend import CompiledProgram
+
+        return CompiledProgram
+    device = cuda_device(spec)
+    return lambda program: LoweredProgram(program, device)

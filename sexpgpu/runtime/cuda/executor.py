@@ -1,0 +1,174 @@
+"""Running a lowered program: the arena, the generated kernels, cuBLAS calls and op kernels,
+over an array module (CuPy on a GPU; NumPy with host-compiled kernels in the tests, which
+run whole programs of the examples this way and compare them with the NumPy backend).
+
+Arrays on the device are in their storage dtype: bf16 as its 16 bits (uint16), booleans as
+bytes. The program's inputs come from the host and its outputs go back to it (the loop's
+interface, the same as the NumPy backend's `CompiledProgram.run`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from ...ir.dtypes import DType, numpy_dtype
+from ...ir.graph import Node, Program, TensorType
+from ...ir.ops import op_def
+from .codegen import KernelSource, kernel_for
+from .fusion import FusedGroup, GemmCall, OpKernel, ReduceGroup, ViewStep, lower
+from .plan import plan_arena
+
+STORAGE = {DType.f32: np.float32, DType.bf16: np.uint16, DType.i32: np.int32, DType.i64: np.int64, DType.bool: np.uint8, DType.f64: np.float64}
+# ops that only move elements: they run on the storage bits whatever the dtype
+MOVES = {"transpose", "take", "concat", "slice", "unslice", "broadcast_to", "reshape"}
+
+
+class KernelRunner(Protocol):
+    def prepare(self, kernels: list[KernelSource]) -> None:
+        """Compile every kernel once (cached by source)."""
+        ...
+
+    def launch(self, kernel: KernelSource, arrays: list[Any]) -> None:
+        """Run KERNEL over ARRAYS (its params, in order; contiguous, storage dtypes)."""
+        ...
+
+
+class ArrayDevice:
+    """An array module plus a kernel runner: what a lowered program runs on."""
+
+    def __init__(self, xp: Any, runner: KernelRunner) -> None:
+        self.xp = xp
+        self.runner = runner
+
+    def to_device(self, host: Any, t: TensorType) -> Any:
+        a = np.asarray(host)
+        if t.dtype == DType.bf16:
+            a = a.view(np.uint16)
+        elif t.dtype == DType.bool:
+            a = a.astype(np.uint8)
+        return self.xp.ascontiguousarray(self.xp.asarray(a))
+
+    def to_host(self, value: Any, t: TensorType) -> np.ndarray:
+        a = value.get() if hasattr(value, "get") and self.xp is not np else np.asarray(value)
+        if t.dtype == DType.bf16:
+            return np.ascontiguousarray(a).view(numpy_dtype(DType.bf16))
+        if t.dtype == DType.bool:
+            return a.astype(bool)
+        return a
+
+    def typed(self, value: Any, t: TensorType) -> Any:
+        """A storage array as the NumPy backend's dtype (host only: bf16 through ml_dtypes)."""
+        if t.dtype == DType.bf16:
+            return value.view(numpy_dtype(DType.bf16))
+        if t.dtype == DType.bool:
+            return value.astype(bool)
+        return value
+
+    def storage(self, value: Any, t: TensorType) -> Any:
+        value = self.xp.asarray(value)
+        if t.dtype == DType.bf16:
+            return value.view(np.uint16) if value.dtype.itemsize == 2 else self.round_bf16(value)
+        if t.dtype == DType.bool:
+            return value.astype(np.uint8)
+        return value.astype(STORAGE[t.dtype], copy=False)
+
+    def round_bf16(self, value: Any) -> Any:
+        """f32 values to bf16 bits, rounding to nearest even (as ml_dtypes does)."""
+        bits = self.xp.ascontiguousarray(value.astype(np.float32)).view(np.uint32)
+        nan = (bits & 0x7FFFFFFF) > 0x7F800000
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        return self.xp.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
+
+    def widen_bf16(self, bits: Any) -> Any:
+        return (bits.astype(np.uint32) << 16).view(np.float32)
+
+    def op(self, node: Node, args: list[Any], types: dict[int, TensorType]) -> Any:
+        """An op that is a kernel of its own. Element moves run on the storage bits; other ops
+        run the op table's kernel (NumPy's API, which CuPy arrays also dispatch), with bf16
+        widened to f32 and rounded back on a device without a bf16 array type."""
+        kernel = op_def(node.op).numpy
+        attrs = dict(node.attrs)
+        arg_types = [types[a] for a in node.args]
+        if node.op in MOVES:
+            return kernel(args, attrs, None)
+        if self.xp is np:
+            with np.errstate(all="ignore"):
+                return self.storage(kernel([self.typed(a, t) for a, t in zip(args, arg_types)], attrs, None), node.type)
+        wide = [self.widen_bf16(a) if t.dtype == DType.bf16 else (a.astype(bool) if t.dtype == DType.bool else a) for a, t in zip(args, arg_types)]
+        if node.type.dtype == DType.bf16 and "dtype" in attrs:
+            attrs["dtype"] = "f32"
+        return self.storage(kernel(wide, attrs, None), node.type)
+
+    def matmul(self, node: Node, a: Any, b: Any, types: dict[int, TensorType]) -> Any:
+        """cuBLAS through the array module's matmul; bf16 operands accumulate in f32 and the
+        product is rounded to bf16 once (the NumPy backend's bf16 matmul on the host)."""
+        ta, tb = types[node.args[0]], types[node.args[1]]
+        if self.xp is np:
+            return self.storage(op_def("matmul").numpy([self.typed(a, ta), self.typed(b, tb)], dict(node.attrs), None), node.type)
+        if ta.dtype == DType.bf16:
+            return self.round_bf16(self.xp.matmul(self.widen_bf16(a), self.widen_bf16(b)))
+        return self.xp.matmul(a, b)
+
+
+class LoweredProgram:
+    """A program lowered for the CUDA device, with its arena, ready to run many times; the
+    same interface as the NumPy backend's CompiledProgram."""
+
+    def __init__(self, program: Program, device: ArrayDevice) -> None:
+        self.program = program
+        self.device = device
+        self.lowering = lower(program)
+        self.arena = plan_arena(self.lowering)
+        self.types = program.types()
+        self.input_ids = {i.name: i.id for i in program.inputs}
+        self.input_types = {i.name: i.type for i in program.inputs}
+        xp = device.xp
+        self.memory = xp.zeros(max(self.arena.size, 1), dtype=np.uint8)
+        self.views: dict[int, Any] = {}
+        for buf in self.arena.buffers:
+            t = self.types[buf.value]
+            itemsize = np.dtype(STORAGE[t.dtype]).itemsize
+            count = buf.bytes // itemsize
+            self.views[buf.value] = self.memory[buf.offset : buf.offset + buf.bytes].view(STORAGE[t.dtype])[:count].reshape(t.shape)
+        self.kernels: dict[int, KernelSource] = {}
+        for k, step in enumerate(self.lowering.steps):
+            if isinstance(step, (FusedGroup, ReduceGroup)):
+                self.kernels[k] = kernel_for(step, program, self.lowering.constants)
+        device.runner.prepare(list(self.kernels.values()))
+
+    def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+        device, types = self.device, self.types
+        values: dict[int, Any] = {}
+        for name, vid in self.input_ids.items():
+            values[vid] = device.to_device(feeds[name], self.input_types[name])
+        for k, step in enumerate(self.lowering.steps):
+            if isinstance(step, FusedGroup):
+                outs = [self.views[v] for v in step.outputs]
+                device.runner.launch(self.kernels[k], [self.contiguous(values[v]) for v in step.inputs] + outs)
+                values.update(zip(step.outputs, outs))
+            elif isinstance(step, ReduceGroup):
+                out = self.views[step.node.id]
+                device.runner.launch(self.kernels[k], [self.contiguous(values[v]) for v in step.inputs] + [out])
+                values[step.node.id] = out
+            elif isinstance(step, ViewStep):
+                values[step.node.id] = self.contiguous(values[step.node.args[0]]).reshape(step.node.type.shape)
+            elif isinstance(step, GemmCall):
+                a, b = (values[x] for x in step.node.args)
+                values[step.node.id] = self.place(step.node, device.matmul(step.node, a, b, types))
+            else:
+                assert isinstance(step, OpKernel)
+                values[step.node.id] = self.place(step.node, device.op(step.node, [values[a] for a in step.node.args], types))
+        return {name: device.to_host(values[vid], types[vid]) for name, vid in self.program.outputs.items()}
+
+    def place(self, node: Node, result: Any) -> Any:
+        out = self.views[node.id]
+        out[...] = result
+        return out
+
+    def contiguous(self, value: Any) -> Any:
+        return self.device.xp.ascontiguousarray(value)
+
+    def run_copy(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+        return {k: np.array(v, copy=True) for k, v in self.run(feeds).items()}
