@@ -1,0 +1,93 @@
+"""The CUDA device on a real GPU (skipped elsewhere; `bench/gpu_check.sh` runs it on a lent
+GPU machine): every elementwise op and reduction through NVRTC kernels against NumPy, every
+example program against the NumPy backend, and the examples' losses against the CPU's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from sexpgpu.ir.dtypes import DType
+from sexpgpu.runtime.numpy_backend import CompiledProgram
+
+cupy = pytest.importorskip("cupy")
+
+
+def gpu() -> bool:
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount()) > 0
+    except Exception:  # no driver
+        return False
+
+
+pytestmark = pytest.mark.skipif(not gpu(), reason="no CUDA device")
+
+
+def device() -> Any:
+    from sexpgpu.runtime.cuda.device import cuda_device
+
+    return cuda_device("cuda")
+
+
+def compare(got: dict[str, np.ndarray], want: dict[str, Any], program: Any, what: str, f32_tol: float = 2e-4) -> None:
+    types = program.types()
+    for key, w in want.items():
+        g, t = got[key], types[program.outputs[key]]
+        if t.dtype in (DType.i32, DType.i64, DType.bool):
+            np.testing.assert_array_equal(g, w, err_msg=f"{what} {key}")
+            continue
+        g64, w64 = np.asarray(g, dtype=np.float64), np.asarray(w, dtype=np.float64)
+        finite = np.isfinite(w64)
+        assert (np.isfinite(g64) == finite).all(), f"{what} {key}: non-finite values differ"
+        scale = max(1e-3, float(np.max(np.abs(w64[finite])))) if finite.any() else 1.0
+        tol = 2.0**-6 if t.dtype == DType.bf16 else f32_tol
+        np.testing.assert_allclose(g64[finite], w64[finite], rtol=tol, atol=tol * scale, err_msg=f"{what} {key}")
+
+
+def test_every_op_case_on_the_gpu_matches_numpy() -> None:
+    from sexpgpu.runtime.cuda.executor import LoweredProgram
+    from test_cuda_codegen import CASES, REDUCE_CASES, one_op_program, values
+
+    dev = device()
+    cases = [(op, dts, shapes, attrs) for op, dts, shapes, attrs in CASES]
+    cases += [(op, [dt], [(3, 7, 5)], {"axis": axis, "keepdims": keep}) for op, dt, axis, keep in REDUCE_CASES]
+    for op, dtypes, shapes, attrs in cases:
+        program, ins = one_op_program(op, dtypes, shapes, **attrs)
+        rng = np.random.default_rng(0)
+        feeds = {i.name: values(s, d, rng, positive=op in ("log", "sqrt", "rsqrt", "log1p", "pow")) for i, d, s in zip(program.inputs, dtypes, shapes)}
+        compare(LoweredProgram(program, dev).run(feeds), CompiledProgram(program).run_copy(feeds), program, f"{op} {dtypes} {shapes} {attrs}", f32_tol=1e-5)
+
+
+def test_every_example_program_on_the_gpu_matches_the_numpy_backend() -> None:
+    from sexpgpu.runtime.cuda.executor import LoweredProgram
+    from test_cuda_codegen import example_programs, feeds_for
+
+    dev = device()
+    rng = np.random.default_rng(11)
+    for stem, name, program in example_programs():
+        by_id = feeds_for(program, rng)
+        feeds = {i.name: by_id[i.id] for i in program.inputs}
+        compare(LoweredProgram(program, dev).run(feeds), CompiledProgram(program).run_copy(feeds), program, f"{stem} {name}")
+
+
+@pytest.mark.parametrize("example,steps,rtol", [("quickstart", 100, 1e-4), ("charlm", 50, 1e-3), ("char-transformer", 50, 1e-3), ("cnn", 50, 1e-3)])
+def test_examples_train_on_the_gpu_like_on_the_cpu(example: str, steps: int, rtol: float, tmp_path: Path) -> None:
+    import json
+
+    from sexpgpu.compile.pipeline import compile_file
+    from sexpgpu.runtime.loop import RunOptions, train
+
+    experiment = compile_file(REPO / "examples" / f"{example}.lisp").experiment
+    assert experiment is not None
+    experiment.run.log_every = 1
+    runs = {}
+    for dev in ("cpu", "cuda"):
+        result = train(experiment, RunOptions(store=str(tmp_path / dev), device=dev, max_steps=steps, signals=False), say=lambda _: None)
+        assert result.exit_code == 0
+        events = [json.loads(line) for line in (tmp_path / dev / result.slug / "events.jsonl").read_text().splitlines()]
+        runs[dev] = [e["loss"] for e in events if e["kind"] == "step"]
+    np.testing.assert_allclose(runs["cuda"], runs["cpu"], rtol=rtol)
