@@ -246,15 +246,16 @@ def test_every_fusion_group_of_every_example_matches_numpy_on_the_host(examples:
 
 @pytest.mark.skipif(nvcc() is None, reason="no nvcc on this machine")
 def test_every_generated_kernel_compiles_with_nvcc(examples: list[tuple[str, str, Program]], tmp_path: Path) -> None:
+    from sexpgpu.runtime.cuda.codegen import kernel_for
+
     sources: dict[str, str] = {}
     for _, _, program in examples:
         lowering = lower(program)
-        for group in lowering.groups:
-            kernel = elementwise_kernel(group, program, lowering.constants)
-            sources[kernel.name] = kernel.source
-        for red in lowering.reductions:
-            kernel = reduce_kernel(red, program, lowering.constants)
-            sources[kernel.name] = kernel.source
+        for step in lowering.steps:
+            if step.kind in ("fused", "reduce", "scatter"):
+                kernel = kernel_for(step, program, lowering.constants)
+                sources[kernel.name] = kernel.source
+    assert any(name.startswith("sx_scatter_sorted_") for name in sources)
     for case in CASES:
         program, _ = one_op_program(case[0], case[1], case[2], **case[3])
         lowering = lower(program)
@@ -333,3 +334,24 @@ def test_a_reduction_takes_in_its_prologue_and_propagates_nan() -> None:
     feeds = values((6, 9), DType.f32, np.random.default_rng(6))
     feeds[2, 3] = np.nan
     check_program(program, {x: feeds})
+
+
+@pytest.mark.parametrize("dtype", [DType.f32, DType.bf16])
+def test_the_sorted_scatter_add_gives_the_cpu_backends_bits(dtype: DType) -> None:
+    """Repeated and out-of-range indices; the same order of additions as np.add.at, so the
+    same bits (not merely close)."""
+    from cuda_host import HostRunner
+    from sexpgpu.runtime.cuda.executor import ArrayDevice, LoweredProgram
+    from sexpgpu.runtime.numpy_backend import CompiledProgram
+
+    b = Builder("scatter")
+    g = b.input("g", "data", TensorType(dtype=dtype, shape=(4, 9, 6)))
+    idx = b.input("idx", "data", TensorType(dtype=DType.i32, shape=(4, 9)))
+    out = b.op("scatter_add", g, idx, shape=[11, 6], axis=0)
+    program = b.program({"out": out})
+    assert [s.kind for s in lower(program).steps] == ["scatter"]
+    rng = np.random.default_rng(9)
+    feeds = {"g": values((4, 9, 6), dtype, rng), "idx": rng.integers(-2, 14, size=(4, 9)).astype(np.int32)}
+    want = CompiledProgram(program).run_copy(feeds)["out"]
+    got = LoweredProgram(program, ArrayDevice(np, HostRunner())).run(feeds)["out"]
+    assert got.tobytes() == np.ascontiguousarray(want).tobytes()

@@ -337,8 +337,44 @@ def reduce_kernel(group: "ReduceGroup", program: Program, constants: Optional[di
     return KernelSource(name=name, source=text.format(name=name), params=params, size=shape_size(out_t.shape) or 1, flops=flops, bytes=moved)
 
 
-def kernel_for(step: Any, program: Program, constants: Optional[dict[int, Node]] = None) -> KernelSource:
-    """The generated kernel of a fused group or a reduction."""
-    from .fusion import ReduceGroup
+def scatter_kernel(node: Node, program: Program) -> KernelSource:
+    """scatter_add along axis 0 over positions sorted by index (`order`) and each output
+    row's range in them (`starts`, rows + 1 entries): one thread per output element adds its
+    rows in index order, in f32, and rounds once for bf16."""
+    types = program.types()
+    values_t = types[node.args[0]]
+    rows = node.type.shape[0]
+    width = shape_size(node.type.shape[1:]) or 1
+    store, _ = c_types(node.type.dtype)
+    load = "sx_bf16_to_f32(g[order[p] * {w}LL + c])" if node.type.dtype == DType.bf16 else "g[order[p] * {w}LL + c]"
+    result = "sx_f32_to_bf16(acc)" if node.type.dtype == DType.bf16 else "acc"
+    text = (
+        'extern "C" __global__ void {name}(const ' + store + "* __restrict__ g, const long long* __restrict__ order, "
+        "const long long* __restrict__ starts, " + store + "* __restrict__ out, long long n) {{\n"
+        "  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < n; o += (long long)blockDim.x * gridDim.x) {{\n"
+        f"    const long long r = o / {width}LL;\n"
+        f"    const long long c = o % {width}LL;\n"
+        "    float acc = 0.0f;\n"
+        f"    for (long long p = starts[r]; p < starts[r + 1]; ++p) acc += {load.format(w=width)};\n"
+        f"    out[o] = {result};\n"
+        "  }}\n}}\n"
+    )
+    name = f"sx_scatter_sorted_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    count = shape_size(types[node.args[1]].shape)
+    params = [
+        Param("in", node.args[0], values_t.dtype, tuple(values_t.shape)),
+        Param("in", -1, DType.i64, (count,)),
+        Param("in", -2, DType.i64, (rows + 1,)),
+        Param("out", node.id, node.type.dtype, tuple(node.type.shape)),
+    ]
+    moved = sum(shape_size(p.shape) * BYTES[p.dtype] for p in params)
+    return KernelSource(name=name, source=text.format(name=name), params=params, size=shape_size(node.type.shape), flops=shape_size(values_t.shape), bytes=moved)
 
+
+def kernel_for(step: Any, program: Program, constants: Optional[dict[int, Node]] = None) -> KernelSource:
+    """The generated kernel of a fused group, a reduction or a sorted scatter-add."""
+    from .fusion import ReduceGroup, ScatterStep
+
+    if isinstance(step, ScatterStep):
+        return scatter_kernel(step.node, program)
     return reduce_kernel(step, program, constants) if isinstance(step, ReduceGroup) else elementwise_kernel(step, program, constants)

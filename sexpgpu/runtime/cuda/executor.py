@@ -17,7 +17,7 @@ from ...ir.dtypes import DType, numpy_dtype
 from ...ir.graph import Node, Program, TensorType
 from ...ir.ops import op_def
 from .codegen import KernelSource, kernel_for
-from .fusion import FusedGroup, GemmCall, OpKernel, ReduceGroup, ViewStep, lower
+from .fusion import FusedGroup, GemmCall, OpKernel, ReduceGroup, ScatterStep, ViewStep, lower
 from .plan import plan_arena
 
 STORAGE = {DType.f32: np.float32, DType.bf16: np.uint16, DType.i32: np.int32, DType.i64: np.int64, DType.bool: np.uint8, DType.f64: np.float64}
@@ -134,7 +134,7 @@ class LoweredProgram:
             self.views[buf.value] = self.memory[buf.offset : buf.offset + buf.bytes].view(STORAGE[t.dtype])[:count].reshape(t.shape)
         self.kernels: dict[int, KernelSource] = {}
         for k, step in enumerate(self.lowering.steps):
-            if isinstance(step, (FusedGroup, ReduceGroup)):
+            if isinstance(step, (FusedGroup, ReduceGroup, ScatterStep)):
                 self.kernels[k] = kernel_for(step, program, self.lowering.constants)
         device.runner.prepare(list(self.kernels.values()))
 
@@ -152,6 +152,8 @@ class LoweredProgram:
                 out = self.views[step.node.id]
                 device.runner.launch(self.kernels[k], [self.contiguous(values[v]) for v in step.inputs] + [out])
                 values[step.node.id] = out
+            elif isinstance(step, ScatterStep):
+                values[step.node.id] = self.scatter(k, step.node, values)
             elif isinstance(step, ViewStep):
                 values[step.node.id] = self.contiguous(values[step.node.args[0]]).reshape(step.node.type.shape)
             elif isinstance(step, GemmCall):
@@ -161,6 +163,18 @@ class LoweredProgram:
                 assert isinstance(step, OpKernel)
                 values[step.node.id] = self.place(step.node, device.op(step.node, [values[a] for a in step.node.args], types))
         return {name: device.to_host(values[vid], types[vid]) for name, vid in self.program.outputs.items()}
+
+    def scatter(self, k: int, node: Node, values: dict[int, Any]) -> Any:
+        """Sort the positions by index (stable: equal indices keep their order), find each
+        row's range, and let the kernel add the rows in that order."""
+        xp = self.device.xp
+        rows = node.type.shape[0]
+        idx = xp.clip(values[node.args[1]].reshape(-1).astype(np.int64), 0, rows - 1)
+        order = xp.ascontiguousarray(xp.argsort(idx, kind="stable").astype(np.int64))
+        starts = xp.ascontiguousarray(xp.searchsorted(idx[order], xp.arange(rows + 1, dtype=np.int64)).astype(np.int64))
+        out = self.views[node.id]
+        self.device.runner.launch(self.kernels[k], [self.contiguous(values[node.args[0]]), order, starts, out])
+        return out
 
     def place(self, node: Node, result: Any) -> Any:
         out = self.views[node.id]

@@ -59,6 +59,16 @@ class ReduceGroup:
 
 
 @dataclass
+class ScatterStep:
+    """scatter_add along axis 0 (the embedding gradient): positions sorted stably by index,
+    then one thread per output element adds its rows in that order: deterministic, no float
+    atomics, and the same order (so the same f32 bits) as the CPU backend's np.add.at."""
+
+    node: Node
+    kind: Literal["scatter"] = "scatter"
+
+
+@dataclass
 class GemmCall:
     """One matmul through cuBLAS (bf16 inputs accumulate in f32)."""
 
@@ -86,7 +96,7 @@ class ViewStep:
     kind: Literal["view"] = "view"
 
 
-Step = Union[FusedGroup, ReduceGroup, GemmCall, OpKernel, ViewStep]
+Step = Union[FusedGroup, ReduceGroup, ScatterStep, GemmCall, OpKernel, ViewStep]
 REDUCTIONS = ("sum", "mean", "max", "min")
 
 
@@ -161,6 +171,8 @@ class Partition:
                 steps.append(gemm(node, self.types))
             elif node.op == "reshape":
                 steps.append(ViewStep(node))
+            elif node.op == "scatter_add" and node.attrs.get("axis", 0) % len(node.type.shape) == 0 and node.type.dtype in (DType.f32, DType.bf16):
+                steps.append(ScatterStep(node))
             elif node.op in REDUCTIONS and self.types[node.args[0]].dtype in (DType.f32, DType.bf16, DType.i32, DType.i64):
                 steps.append(ReduceGroup(node))
             elif fusible(node):

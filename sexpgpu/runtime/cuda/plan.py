@@ -21,8 +21,8 @@ from pydantic import BaseModel
 
 from ...ir.graph import Node, Program, shape_size
 from ...ir.ops import op_def
-from .codegen import BYTES, LoweringError, elementwise_kernel, reduce_kernel
-from .fusion import FusedGroup, GemmCall, Lowering, OpKernel, ReduceGroup, ViewStep, lower
+from .codegen import BYTES, LoweringError, elementwise_kernel, reduce_kernel, scatter_kernel
+from .fusion import FusedGroup, GemmCall, Lowering, OpKernel, ReduceGroup, ScatterStep, ViewStep, lower
 
 ALIGN = 256
 
@@ -135,6 +135,9 @@ def kernel_line(k: int, step: Any, lowering: Lowering) -> KernelLine:
         kernel = reduce_kernel(step, program, lowering.constants)
         nodes = (step.prologue.nodes if step.prologue is not None else []) + [step.node]
         return KernelLine(step=k, kind="reduce", kernel=kernel.name, nodes=[node_label(n) for n in nodes], elements=kernel.size, bytes=kernel.bytes, flops=kernel.flops)
+    if isinstance(step, ScatterStep):
+        kernel = scatter_kernel(step.node, program)
+        return KernelLine(step=k, kind="scatter", kernel=kernel.name + " (sorted by index)", nodes=[node_label(step.node)], elements=kernel.size, bytes=kernel.bytes, flops=kernel.flops)
     node = step.node
     reads = sum(nbytes(types, a) for a in node.args)
     if isinstance(step, GemmCall):
@@ -153,7 +156,6 @@ def kernel_line(k: int, step: Any, lowering: Lowering) -> KernelLine:
 
 # what the device runs for the ops that are kernels of their own
 OP_KERNELS = {
-    "scatter_add": "sx_scatter_add_sorted",  # sorted by index: deterministic, no float atomics
     "take": "sx_gather_rows",
     "conv2d": "sx_im2col + cublasGemmEx",
     "conv2d_input_grad": "cublasGemmEx + sx_col2im",
