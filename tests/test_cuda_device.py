@@ -91,3 +91,16 @@ def test_examples_train_on_the_gpu_like_on_the_cpu(example: str, steps: int, rto
         events = [json.loads(line) for line in (tmp_path / dev / result.slug / "events.jsonl").read_text().splitlines()]
         runs[dev] = [e["loss"] for e in events if e["kind"] == "step"]
     np.testing.assert_allclose(runs["cuda"], runs["cpu"], rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [DType.f32, DType.bf16])
+@pytest.mark.parametrize("shapes", [[(33, 17), (17, 9)], [(4, 33, 17), (17, 9)], [(2, 3, 33, 17), (2, 3, 17, 9)]])
+def test_matmuls_through_cublas_match_numpy(dtype: DType, shapes: list[tuple[int, ...]]) -> None:
+    from sexpgpu.runtime.cuda.executor import LoweredProgram
+    from test_cuda_codegen import one_op_program, values
+
+    program, _ = one_op_program("matmul", [dtype, dtype], shapes)
+    rng = np.random.default_rng(4)
+    feeds = {i.name: values(s, dtype, rng) for i, s in zip(program.inputs, shapes)}
+    compare(LoweredProgram(program, device()).run(feeds), CompiledProgram(program).run_copy(feeds), program, f"matmul {dtype} {shapes}", f32_tol=1e-5)
+

@@ -108,6 +108,9 @@ class ArrayDevice:
         if self.xp is np:
             return self.storage(op_def("matmul").numpy([self.typed(a, ta), self.typed(b, tb)], dict(node.attrs), None), node.type)
         if ta.dtype == DType.bf16:
+            out = bf16_gemm(self.xp, a, b, tuple(node.type.shape))
+            if out is not None:
+                return out
             return self.round_bf16(self.xp.matmul(self.widen_bf16(a), self.widen_bf16(b)))
         return self.xp.matmul(a, b)
 
@@ -186,3 +189,38 @@ class LoweredProgram:
 
     def run_copy(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
         return {k: np.array(v, copy=True) for k, v in self.run(feeds).items()}
+
+
+CUDA_R_16BF = 14  # cudaDataType: bf16
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_GEMM_DEFAULT = -1
+CUBLAS_OP_N = 0
+
+
+def bf16_gemm(cupy: Any, a: Any, b: Any, shape: tuple[int, ...]) -> Any:
+    """bf16 x bf16 -> bf16 with f32 accumulation through cuBLAS (cublasGemmEx, or
+    cublasGemmStridedBatchedEx for equal batch shapes), on row-major operands given as their
+    16-bit storage. None when the shapes need broadcasting the batched call cannot express
+    (the caller widens to f32 instead)."""
+    from cupy.cuda import cublas, device
+
+    a, b = cupy.ascontiguousarray(a), cupy.ascontiguousarray(b)
+    k, n = b.shape[-2], b.shape[-1]
+    m = a.shape[-2] if a.ndim >= 2 else 1
+    out = cupy.empty(shape, dtype=np.uint16)
+    one, zero = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
+    handle = device.get_cublas_handle()
+    # row-major C = A @ B is column-major C^T = B^T @ A^T: swap the operands, no transposes
+    if b.ndim == 2 and a.ndim >= 2:
+        rows = int(np.prod(a.shape[:-1]))
+        cublas.gemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, rows, k, one.ctypes.data, b.data.ptr, CUDA_R_16BF, n,
+                      a.data.ptr, CUDA_R_16BF, k, zero.ctypes.data, out.data.ptr, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+        return out
+    if a.ndim == b.ndim and a.shape[:-2] == b.shape[:-2] and a.ndim > 2:
+        batch = int(np.prod(a.shape[:-2]))
+        cublas.gemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, one.ctypes.data, b.data.ptr, CUDA_R_16BF, n, k * n,
+                                    a.data.ptr, CUDA_R_16BF, k, m * k, zero.ctypes.data, out.data.ptr, CUDA_R_16BF, n, m * n,
+                                    batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+        return out
+    return None
+
