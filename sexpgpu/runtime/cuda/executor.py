@@ -23,6 +23,9 @@ from .plan import plan_arena
 STORAGE = {DType.f32: np.float32, DType.bf16: np.uint16, DType.i32: np.int32, DType.i64: np.int64, DType.bool: np.uint8, DType.f64: np.float64}
 # ops that only move elements: they run on the storage bits whatever the dtype
 MOVES = {"transpose", "take", "concat", "slice", "unslice", "broadcast_to", "reshape"}
+# computed by the CPU backend's kernel and sent to the device: the random bits (Philox keyed
+# by seed, step and op) must be the CPU's, bit for bit
+ON_HOST = {"dropout_mask", "random_uniform", "random_normal"}
 
 
 class KernelRunner(Protocol):
@@ -91,15 +94,41 @@ class ArrayDevice:
         kernel = op_def(node.op).numpy
         attrs = dict(node.attrs)
         arg_types = [types[a] for a in node.args]
+        if node.op == "take" and self.xp is not np:  # CuPy's take has no mode=: clip first, as the CPU does
+            rows = args[0].shape[attrs.get("axis", 0)]
+            return self.xp.take(args[0], self.xp.clip(args[1], 0, rows - 1), axis=attrs.get("axis", 0))
         if node.op in MOVES:
-            return kernel(args, attrs, None)
+            try:
+                return kernel(args, attrs, None)
+            except (TypeError, ValueError, NotImplementedError):  # NumPy API CuPy lacks
+                return self.on_host(node, args, arg_types)
         if self.xp is np:
             with np.errstate(all="ignore"):
                 return self.storage(kernel([self.typed(a, t) for a, t in zip(args, arg_types)], attrs, None), node.type)
+        if node.op in ON_HOST:
+            return self.on_host(node, args, arg_types)
         wide = [self.widen_bf16(a) if t.dtype == DType.bf16 else (a.astype(bool) if t.dtype == DType.bool else a) for a, t in zip(args, arg_types)]
         if node.type.dtype == DType.bf16 and "dtype" in attrs:
             attrs["dtype"] = "f32"
-        return self.storage(kernel(wide, attrs, None), node.type)
+        try:
+            return self.storage(kernel(wide, attrs, None), node.type)
+        except (TypeError, ValueError, NotImplementedError):  # NumPy API CuPy lacks (take's mode=, ...)
+            return self.on_host(node, args, arg_types)
+
+    def on_host(self, node: Node, args: list[Any], arg_types: list[TensorType]) -> Any:
+        """The op table's NumPy kernel on host copies, the result sent back: the CPU
+        backend's exact values (Philox bits), at the price of two copies."""
+        host = [self.typed(np.asarray(a.get() if hasattr(a, "get") else a), t) for a, t in zip(args, arg_types)]
+        with np.errstate(all="ignore"):
+            result = op_def(node.op).numpy(host, dict(node.attrs), None)
+        return self.storage(self.xp.asarray(self.to_storage_host(np.asarray(result), node.type)), node.type)
+
+    def to_storage_host(self, value: np.ndarray, t: TensorType) -> np.ndarray:
+        if t.dtype == DType.bf16:
+            return np.ascontiguousarray(value.astype(numpy_dtype(DType.bf16))).view(np.uint16)
+        if t.dtype == DType.bool:
+            return value.astype(np.uint8)
+        return value
 
     def matmul(self, node: Node, a: Any, b: Any, types: dict[int, TensorType]) -> Any:
         """cuBLAS through the array module's matmul; bf16 operands accumulate in f32 and the
