@@ -252,10 +252,17 @@ def test_every_generated_kernel_compiles_with_nvcc(examples: list[tuple[str, str
     for _, _, program in examples:
         lowering = lower(program)
         for step in lowering.steps:
-            if step.kind in ("fused", "reduce", "scatter"):
+            if step.kind in ("fused", "reduce", "scatter", "random"):
                 kernel = kernel_for(step, program, lowering.constants)
                 sources[kernel.name] = kernel.source
     assert any(name.startswith("sx_scatter_sorted_") for name in sources)
+    for op, attrs in (("dropout_mask", {"rate": 0.25}), ("random_uniform", {"dtype": "bf16", "low": 0.0, "high": 1.0})):
+        b = Builder("random")
+        step = b.input("rng.step", "data", TensorType(dtype=DType.i64, shape=()))
+        random_program = b.program({"out": b.op(op, step, shape=[9, 5], seed=1, key=2, **attrs)})
+        lowering = lower(random_program)
+        kernel = kernel_for(lowering.steps[0], random_program, lowering.constants)
+        sources[kernel.name] = kernel.source
     for case in CASES:
         program, _ = one_op_program(case[0], case[1], case[2], **case[3])
         lowering = lower(program)
@@ -355,3 +362,24 @@ def test_the_sorted_scatter_add_gives_the_cpu_backends_bits(dtype: DType) -> Non
     want = CompiledProgram(program).run_copy(feeds)["out"]
     got = LoweredProgram(program, ArrayDevice(np, HostRunner())).run(feeds)["out"]
     assert got.tobytes() == np.ascontiguousarray(want).tobytes()
+
+
+@pytest.mark.parametrize("op,dtype,attrs", [
+    ("dropout_mask", DType.bool, {"rate": 0.1}), ("dropout_mask", DType.bool, {"rate": 0.5}),
+    ("random_uniform", DType.f32, {"dtype": "f32", "low": -0.3, "high": 1.7}), ("random_uniform", DType.bf16, {"dtype": "bf16", "low": 0.0, "high": 1.0}),
+])
+def test_device_philox_gives_the_cpu_backends_bits(op: str, dtype: DType, attrs: dict[str, Any]) -> None:
+    from cuda_host import HostRunner
+    from sexpgpu.runtime.cuda.executor import ArrayDevice, LoweredProgram
+    from sexpgpu.runtime.numpy_backend import CompiledProgram
+
+    b = Builder("random")
+    step = b.input("rng.step", "data", TensorType(dtype=DType.i64, shape=()))
+    out = b.op(op, step, shape=[5, 7, 3], seed=12345, key=2**32 - 7, **attrs)  # 105 elements: a partial last block
+    program = b.program({"out": out})
+    assert [s.kind for s in lower(program).steps] == ["random"]
+    for counter in (0, 3, 2**40 + 17):
+        feeds = {"rng.step": np.asarray(counter, dtype=np.int64)}
+        want = CompiledProgram(program).run_copy(feeds)["out"]
+        got = LoweredProgram(program, ArrayDevice(np, HostRunner())).run(feeds)["out"]
+        assert np.ascontiguousarray(got).tobytes() == np.ascontiguousarray(want).tobytes(), counter

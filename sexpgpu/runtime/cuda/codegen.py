@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+
+import numpy as np
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -45,6 +47,24 @@ SX_FN float sx_maxf(float a, float b) { return (a != a || b != b) ? a + b : (a >
 SX_FN float sx_minf(float a, float b) { return (a != a || b != b) ? a + b : (a <= b ? a : b); }
 SX_FN float sx_inf() { return sx_bits_float(0x7f800000u); }
 SX_FN float sx_nan() { return sx_bits_float(0x7fc00000u); }
+#ifdef __CUDACC__
+SX_FN unsigned int sx_mulhi(unsigned int a, unsigned int b) { return __umulhi(a, b); }
+SX_FN float sx_fadd(float a, float b) { return __fadd_rn(a, b); }
+SX_FN float sx_fmul(float a, float b) { return __fmul_rn(a, b); }
+#else
+SX_FN unsigned int sx_mulhi(unsigned int a, unsigned int b) { return (unsigned int)(((unsigned long long)a * b) >> 32); }
+SX_FN float sx_fadd(float a, float b) { volatile float r = a + b; return r; }
+SX_FN float sx_fmul(float a, float b) { volatile float r = a * b; return r; }
+#endif
+SX_FN void sx_philox(unsigned int c[4], unsigned int k0, unsigned int k1) {
+  for (int r = 0; r < 10; ++r) {
+    if (r) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
+    const unsigned int hi0 = sx_mulhi(0xD2511F53u, c[0]), lo0 = 0xD2511F53u * c[0];
+    const unsigned int hi1 = sx_mulhi(0xCD9E8D57u, c[2]), lo1 = 0xCD9E8D57u * c[2];
+    const unsigned int n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+    c[0] = n0; c[1] = lo1; c[2] = n2; c[3] = lo0;
+  }
+}
 """
 
 # storage type in memory, type the kernel computes in
@@ -372,9 +392,53 @@ def scatter_kernel(node: Node, program: Program) -> KernelSource:
 
 
 def kernel_for(step: Any, program: Program, constants: Optional[dict[int, Node]] = None) -> KernelSource:
-    """The generated kernel of a fused group, a reduction or a sorted scatter-add."""
-    from .fusion import ReduceGroup, ScatterStep
+    """The generated kernel of a fused group, a reduction, a sorted scatter-add or a
+    random op."""
+    from .fusion import RandomStep, ReduceGroup, ScatterStep
 
     if isinstance(step, ScatterStep):
         return scatter_kernel(step.node, program)
+    if isinstance(step, RandomStep):
+        return random_kernel(step.node, program)
     return reduce_kernel(step, program, constants) if isinstance(step, ReduceGroup) else elementwise_kernel(step, program, constants)
+
+
+
+
+
+def random_kernel(node: Node, program: Program) -> KernelSource:
+    """dropout_mask and random_uniform (f32, bf16) as a device kernel: one thread per Philox
+    block of four elements, the derivation of ir/ops_random.py word for word (no fused
+    multiply-add in the uniform), so the bits equal the CPU backend's."""
+    from ...ir.ops_random import dropout_threshold
+
+    types = program.types()
+    step_t = types[node.args[0]]
+    step_store, _ = c_types(step_t.dtype)
+    size = shape_size(node.type.shape)
+    out_store, _ = c_types(node.type.dtype)
+    seed, key = int(node.attrs["seed"]) & 0xFFFFFFFF, int(node.attrs["key"]) & 0xFFFFFFFF
+    if node.op == "dropout_mask":
+        value = f"(unsigned char)((w[l] >> 8) >= {dropout_threshold(node.attrs['rate'])}u)"
+    else:
+        low32 = float(np.float32(node.attrs.get("low", 0.0)))
+        width32 = float(np.float32(np.float32(node.attrs.get("high", 1.0)) - np.float32(low32)))
+        u = "((float)(w[l] >> 8) * 5.9604644775390625e-08f)"
+        value = f"sx_fadd({literal(low32, DType.f32)}, sx_fmul({literal(width32, DType.f32)}, {u}))"
+        if node.type.dtype == DType.bf16:
+            value = f"sx_f32_to_bf16({value})"
+    text = (
+        'extern "C" __global__ void {name}(const ' + step_store + "* __restrict__ step, " + out_store + "* __restrict__ out, long long n) {{\n"
+        "  const unsigned long long s = (unsigned long long)(long long)step[0];\n"
+        "  for (long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x; b < n; b += (long long)blockDim.x * gridDim.x) {{\n"
+        "    unsigned int w[4] = {{(unsigned int)((unsigned long long)b & 0xffffffffu), (unsigned int)((unsigned long long)b >> 32), "
+        "(unsigned int)(s & 0xffffffffu), (unsigned int)(s >> 32)}};\n"
+        f"    sx_philox(w, {seed}u, {key}u);\n"
+        "    for (int l = 0; l < 4; ++l) {{\n"
+        "      const long long i = 4 * b + l;\n"
+        f"      if (i < {size}LL) out[i] = {value.replace('{', '{{').replace('}', '}}')};\n"
+        "    }}\n  }}\n}}\n"
+    )
+    name = f"sx_{node.op}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    params = [Param("in", node.args[0], step_t.dtype, ()), Param("out", node.id, node.type.dtype, tuple(node.type.shape))]
+    return KernelSource(name=name, source=text.format(name=name), params=params, size=(size + 3) // 4, flops=size * 20, bytes=size * BYTES[node.type.dtype])

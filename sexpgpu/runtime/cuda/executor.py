@@ -17,7 +17,7 @@ from ...ir.dtypes import DType, numpy_dtype
 from ...ir.graph import Node, Program, TensorType
 from ...ir.ops import op_def
 from .codegen import KernelSource, kernel_for
-from .fusion import FusedGroup, GemmCall, OpKernel, ReduceGroup, ScatterStep, ViewStep, lower
+from .fusion import FusedGroup, GemmCall, OpKernel, RandomStep, ReduceGroup, ScatterStep, ViewStep, lower
 from .plan import plan_arena
 
 STORAGE = {DType.f32: np.float32, DType.bf16: np.uint16, DType.i32: np.int32, DType.i64: np.int64, DType.bool: np.uint8, DType.f64: np.float64}
@@ -166,7 +166,7 @@ class LoweredProgram:
             self.views[buf.value] = self.memory[buf.offset : buf.offset + buf.bytes].view(STORAGE[t.dtype])[:count].reshape(t.shape)
         self.kernels: dict[int, KernelSource] = {}
         for k, step in enumerate(self.lowering.steps):
-            if isinstance(step, (FusedGroup, ReduceGroup, ScatterStep)):
+            if isinstance(step, (FusedGroup, ReduceGroup, ScatterStep, RandomStep)):
                 self.kernels[k] = kernel_for(step, program, self.lowering.constants)
         device.runner.prepare(list(self.kernels.values()))
 
@@ -183,6 +183,10 @@ class LoweredProgram:
             elif isinstance(step, ReduceGroup):
                 out = self.views[step.node.id]
                 device.runner.launch(self.kernels[k], [self.contiguous(values[v]) for v in step.inputs] + [out])
+                values[step.node.id] = out
+            elif isinstance(step, RandomStep):
+                out = self.views[step.node.id]
+                device.runner.launch(self.kernels[k], [self.contiguous(values[step.node.args[0]]), out])
                 values[step.node.id] = out
             elif isinstance(step, ScatterStep):
                 values[step.node.id] = self.scatter(k, step.node, values)

@@ -69,6 +69,15 @@ class ScatterStep:
 
 
 @dataclass
+class RandomStep:
+    """dropout_mask or random_uniform (f32, bf16) as a device Philox kernel with the CPU
+    backend's bits."""
+
+    node: Node
+    kind: Literal["random"] = "random"
+
+
+@dataclass
 class GemmCall:
     """One matmul through cuBLAS (bf16 inputs accumulate in f32)."""
 
@@ -96,7 +105,7 @@ class ViewStep:
     kind: Literal["view"] = "view"
 
 
-Step = Union[FusedGroup, ReduceGroup, ScatterStep, GemmCall, OpKernel, ViewStep]
+Step = Union[FusedGroup, ReduceGroup, ScatterStep, RandomStep, GemmCall, OpKernel, ViewStep]
 REDUCTIONS = ("sum", "mean", "max", "min")
 
 
@@ -171,6 +180,8 @@ class Partition:
                 steps.append(gemm(node, self.types))
             elif node.op == "reshape":
                 steps.append(ViewStep(node))
+            elif node.op == "dropout_mask" or (node.op == "random_uniform" and node.type.dtype in (DType.f32, DType.bf16)):
+                steps.append(RandomStep(node))
             elif node.op == "scatter_add" and node.attrs.get("axis", 0) % len(node.type.shape) == 0 and node.type.dtype in (DType.f32, DType.bf16):
                 steps.append(ScatterStep(node))
             elif node.op in REDUCTIONS and self.types[node.args[0]].dtype in (DType.f32, DType.bf16, DType.i32, DType.i64):

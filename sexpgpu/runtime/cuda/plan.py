@@ -21,8 +21,8 @@ from pydantic import BaseModel
 
 from ...ir.graph import Node, Program, shape_size
 from ...ir.ops import op_def
-from .codegen import BYTES, LoweringError, elementwise_kernel, reduce_kernel, scatter_kernel
-from .fusion import FusedGroup, GemmCall, Lowering, OpKernel, ReduceGroup, ScatterStep, ViewStep, lower
+from .codegen import BYTES, LoweringError, elementwise_kernel, random_kernel, reduce_kernel, scatter_kernel
+from .fusion import FusedGroup, GemmCall, Lowering, OpKernel, RandomStep, ReduceGroup, ScatterStep, ViewStep, lower
 
 ALIGN = 256
 
@@ -135,6 +135,9 @@ def kernel_line(k: int, step: Any, lowering: Lowering) -> KernelLine:
         kernel = reduce_kernel(step, program, lowering.constants)
         nodes = (step.prologue.nodes if step.prologue is not None else []) + [step.node]
         return KernelLine(step=k, kind="reduce", kernel=kernel.name, nodes=[node_label(n) for n in nodes], elements=kernel.size, bytes=kernel.bytes, flops=kernel.flops)
+    if isinstance(step, RandomStep):
+        kernel = random_kernel(step.node, program)
+        return KernelLine(step=k, kind="random", kernel=kernel.name + " (Philox4x32-10)", nodes=[node_label(step.node)], elements=shape_size(step.node.type.shape), bytes=kernel.bytes, flops=kernel.flops)
     if isinstance(step, ScatterStep):
         kernel = scatter_kernel(step.node, program)
         return KernelLine(step=k, kind="scatter", kernel=kernel.name + " (sorted by index)", nodes=[node_label(step.node)], elements=kernel.size, bytes=kernel.bytes, flops=kernel.flops)
@@ -160,9 +163,7 @@ OP_KERNELS = {
     "conv2d": "sx_im2col + cublasGemmEx",
     "conv2d_input_grad": "cublasGemmEx + sx_col2im",
     "conv2d_weight_grad": "sx_im2col + cublasGemmEx",
-    "dropout_mask": "sx_philox_dropout",  # the CPU backend's Philox bits
-    "random_uniform": "sx_philox_uniform",
-    "random_normal": "sx_philox_normal",
+    "random_normal": "random_normal (the CPU's Philox kernel, copied to the device)",
 }
 
 
