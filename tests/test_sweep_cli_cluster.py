@@ -1,0 +1,51 @@
+"""The cluster flags of `sweep` without a cluster: usage errors, the live table's drawing."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+from sexpgpu.runtime.store import Store
+
+
+def sexpgpu(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sexpgpu", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_devices_without_ray_is_a_usage_error(tmp_path: Path) -> None:
+    done = sexpgpu("sweep", str(REPO / "examples" / "sweep.lisp"), "--sweep", "lr", "--devices", "2", "--store", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 2 and "--devices 2 needs --ray" in done.stderr, done.stderr
+
+
+def test_a_batch_the_ranks_cannot_split_fails_before_anything_runs(tmp_path: Path) -> None:
+    done = sexpgpu("sweep", str(REPO / "examples" / "sweep.lisp"), "--sweep", "lr", "--ray", "--devices", "3", "--store", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 3 and "does not split over 3 data-parallel ranks" in done.stderr, done.stderr
+    assert not (tmp_path / "sweeps").exists()
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_live_table_redraws_in_place_and_keeps_log_lines_above(tmp_path: Path) -> None:
+    from orchestration.driver import PointRecord, SweepLedger
+    from sexpgpu.cli.sweeps import LiveTable
+
+    screen = Terminal()
+    table = LiveTable(screen, Store.open(str(tmp_path)), enabled=True)
+    ledger = SweepLedger(file="x.lisp", sweep="lr", points=[PointRecord(point=0, slug="x.a", knobs={"lr": 0.1}, state="running", attempts=1),
+                                                            PointRecord(point=1, slug="x.b", knobs={"lr": 0.2}, state="finished", attempts=2, final_loss=0.5)])
+    table(ledger, False)
+    first = screen.getvalue()
+    assert "running" in first and "finished" in first and "0.5" in first and "lr=0.2" in first
+    table.say("point 0: preempted, resumed (attempt 2)")
+    table(ledger, False)
+    text = screen.getvalue()
+    assert "\x1b[3F\x1b[J" in text  # the 3-line table (header + 2 points) is erased before the log line
+    assert text.index("preempted, resumed") < text.rindex("finished")
+    table(ledger, True)
+    assert screen.getvalue().endswith("\x1b[3F\x1b[J")  # the final table is the caller's to print
