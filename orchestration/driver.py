@@ -88,6 +88,7 @@ class Driver:
         self.leases = Leases(self.store, self.prefix, self.id)
         self.capacity_wait_s = capacity_wait_s
         self.idle: list[Any] = []  # single workers whose point ended cleanly, for the next point
+        self.wanted: dict[str, int] = {}  # slug -> the steps this sweep asks of it (--max-steps included)
         self.leases_used = False  # the first write of a run takes merge()'s view as it is
         self.table = table  # the live table (the CLI draws it; None: no table)
 
@@ -107,7 +108,9 @@ class Driver:
         records = []
         for i, knobs, _ in points:
             url = f"{self.store.url_of(self.prefix)}/bundles/point-{i:04d}"
-            manifest, _ = make_bundle(self.path, Selection(sweep=self.sweep, point=i), url)
+            manifest, result = make_bundle(self.path, Selection(sweep=self.sweep, point=i), url)
+            steps = result.experiment.run.steps if result.experiment is not None else 0
+            self.wanted[manifest.slug] = steps if self.max_steps is None else min(steps, self.max_steps)
             records.append(PointRecord(point=i, slug=manifest.slug, knobs=knobs))
         return records
 
@@ -145,7 +148,7 @@ class Driver:
             if previous is not None:
                 record = previous.model_copy(update={"point": record.point, "knobs": record.knobs})
             status = RunFolder(self.store, record.slug).read_status()
-            if status is not None and status.state == "finished":
+            if self.settled(status, record.slug) == "finished":
                 record.state = "finished"
                 record.final_loss = status.metrics.get("loss")
             points.append(record)
@@ -177,7 +180,10 @@ class Driver:
         record.lease, record.heartbeat = self.id, time.time()
         # resume from the latest published checkpoint; a point lost before its first
         # checkpoint starts over (its run folder records that attempt's history too)
-        resume = "latest" if any(c.valid for c in list_checkpoints(self.store, record.slug)) else None
+        # every rank resumes from the same, named checkpoint (a rank left over from a killed
+        # gang may still publish one while the new ranks start)
+        valid = [c.name for c in list_checkpoints(self.store, record.slug) if c.valid]
+        resume = valid[-1] if valid else None
         bundle = f"{self.store.url_of(self.prefix)}/bundles/point-{record.point:04d}"
         env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "SEXPGPU_", "OPENBLAS"))}
         gang = Gang(ray, worker_class, self.devices, env, self.idle)
@@ -195,11 +201,18 @@ class Driver:
         def record_of(point: int) -> PointRecord:  # write_ledger may adopt another driver's record
             return next(p for p in ledger.points if p.point == point)
 
-        def start(record: PointRecord) -> None:
-            gang = self.launch(record, ray, worker_class)
+        def start(record: PointRecord) -> bool:
+            try:
+                gang = self.launch(record, ray, worker_class)
+            except Exception as exc:  # the gang could not start (a rank's node went away, the store): next round
+                record.state = "preempted"
+                record.preemptions += 1
+                self.say(f"point {record.point}: could not start ({type(exc).__name__}: {exc}); trying again")
+                return False
             gangs[record.point] = gang
             for ref in gang.refs:
                 running[ref] = (record, gang)
+            return True
 
         def unsettled() -> list[PointRecord]:
             return [p for p in ledger.points if p.state not in ("finished", "failed") and p.point not in gangs]
@@ -217,12 +230,21 @@ class Driver:
                 return
             if len(reserved) < room and waiting:
                 ahead = max(room, 2 * self.capacity(ray), 8) - len(reserved)
-                reserved.extend(self.leases.claim(waiting[:ahead]))
-            for point in reserved[:room]:
+                for point in self.leases.claim(waiting[:ahead]):
+                    # another driver may have settled it since we last looked
+                    state = self.settled(RunFolder(self.store, record_of(point).slug).read_status(), record_of(point).slug)
+                    if state is None:
+                        reserved.append(point)
+                    else:
+                        record_of(point).state = "finished" if state == "finished" else "failed"
+                        self.leases.release(point)
+            starting, reserved[:] = reserved[:room], reserved[room:]
+            for point in starting:
                 record = record_of(point)
-                start(record)
-                self.say(f"point {record.point}: started (attempt {record.attempts})  {record.slug}")
-            del reserved[:room]
+                if start(record):
+                    self.say(f"point {record.point}: started (attempt {record.attempts})  {record.slug}")
+                else:
+                    reserved.append(point)
 
         def stop(record: PointRecord, gang: Gang, reuse: bool = False) -> None:
             for ref in gang.refs:
@@ -230,9 +252,19 @@ class Driver:
             gang.release(self.idle) if reuse else gang.stop()
             gangs.pop(record.point, None)
 
-        take_free_points()
-        self.write_ledger(ledger)
-        last_renewal = time.time()
+        # leases are renewed from a thread, so a slow round (a gang starting, a slow store)
+        # never lets them expire under a live driver
+        renewal = self.leases.keep_renewed(lambda: [*gangs, *reserved])
+        try:
+            return self.supervise_rounds(ledger, ray, running, gangs, reserved, record_of, start, unsettled, take_free_points, stop, renewal)
+        finally:
+            renewal.stop()
+
+    def supervise_rounds(self, ledger: SweepLedger, ray: Any, running: dict[Any, Any], gangs: dict[int, Gang], reserved: list[int],
+                         record_of: Callable[[int], PointRecord], start: Callable[[PointRecord], bool], unsettled: Callable[[], list[PointRecord]],
+                         take_free_points: Callable[[], None], stop: Callable[..., None], renewal: Any) -> SweepLedger:
+        self.tolerant("lease free points", take_free_points, None)
+        self.tolerant("write sweep.json", lambda: self.write_ledger(ledger), None)
         while running or unsettled():
             done, _ = ray.wait(list(running), num_returns=1, timeout=5.0) if running else ([], [])
             if not running:
@@ -248,16 +280,14 @@ class Driver:
                 if outcome.get("preempted"):
                     record.preemptions += 1
                 if self.settle(record, outcome):
-                    start(record)
-                    self.say(f"point {record.point}: preempted, resumed (attempt {record.attempts})")
+                    if start(record):
+                        self.say(f"point {record.point}: preempted, resumed (attempt {record.attempts})")
                 else:
                     self.tolerant("release a lease", lambda: self.leases.release(record.point), None)
-            if time.time() - last_renewal > self.leases.ttl_s / 4:
-                last_renewal = time.time()
-                for point in self.tolerant("renew the point leases", lambda: self.leases.renew([*gangs, *reserved]), []):
-                    if point in reserved:
-                        reserved.remove(point)
-                        continue
+            for point in renewal.take_lost():
+                if point in reserved:
+                    reserved.remove(point)
+                elif point in gangs:
                     self.say(f"point {point}: another driver took its lease over; stopping this driver's ranks")
                     record = record_of(point)
                     stop(record, gangs[point])
@@ -320,8 +350,9 @@ class Driver:
             if record.point in gangs or record.state in ("finished", "failed"):
                 continue
             status = RunFolder(self.store, record.slug).read_status()
-            if status is not None and status.summary is not None and status.state in ("finished", "failed"):
-                record.state = "finished" if status.state == "finished" else "failed"
+            state = self.settled(status, record.slug)
+            if state is not None:
+                record.state = "finished" if state == "finished" else "failed"
                 record.exit_code = status.summary.exit_code
                 record.reason = status.summary.reason
                 record.final_loss = status.metrics.get("loss")
@@ -329,13 +360,24 @@ class Driver:
             elif (lease := self.leases.held_elsewhere(record.point)) is not None:
                 record.state, record.lease, record.heartbeat = "leased", lease.driver, lease.heartbeat
 
+    def settled(self, status: Any, slug: str) -> Optional[str]:
+        """"finished" or "failed" when the run's status says so for the steps this sweep wants
+        (a run finished under a smaller --max-steps is not finished for a longer sweep)."""
+        if status is None or status.summary is None:
+            return None
+        if status.state == "finished" and status.step >= self.wanted.get(slug, 0):
+            return "finished"
+        if status.state == "failed":
+            return "failed"
+        return None
+
     def tolerant(self, what: str, action: Callable[[], T], fallback: T) -> T:
         """The store may be away for a while (after its own retries): the driver keeps
         supervising and does the bookkeeping on a later round; the runs themselves wait for
         the store to write what they must."""
         try:
             return action()
-        except (StoreError, OSError) as exc:
+        except StoreError as exc:
             self.say(f"warning: could not {what}, the store is unreachable ({type(exc).__name__}); trying again in a few seconds")
             return fallback
 

@@ -68,6 +68,14 @@ class Gang:
             self.workers.append(worker_class.options(**options).remote(env))
 
     def start(self, bundle: str, store: str, resume: Optional[str], max_steps: Optional[int]) -> None:
+        """Start every rank; on any error the gang stops itself (no leaked actors or groups)."""
+        try:
+            self._start(bundle, store, resume, max_steps)
+        except Exception:
+            self.stop()
+            raise
+
+    def _start(self, bundle: str, store: str, resume: Optional[str], max_steps: Optional[int]) -> None:
         devices = self.devices
         device = "cuda" if devices.kind == "cuda" else "cpu"
         if devices.count == 1:
@@ -87,17 +95,37 @@ class Gang:
         rank = self.refs.index(ref)
         from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
 
+        lost = (RayActorError, WorkerCrashedError, NodeDiedError)
         try:
             outcome = self.ray.get(ref)
-        except (RayActorError, WorkerCrashedError, NodeDiedError) as exc:  # a rank's process or node died: a preemption, never the run's fault
+        except lost as exc:  # a rank's process or node died: a preemption, never the run's fault
             return {"exit_code": 75, "reason": f"rank {rank} of {len(self.refs)} lost: {type(exc).__name__}", "preempted": True}
-        except Exception as exc:  # the run raised: its own failure, not retried
+        except Exception as exc:
+            # with several ranks, a rank that died makes the others' collectives raise too:
+            # look whether one of them died before calling this the run's own failure
+            dead = self.dead_rank(lost)
+            if dead is not None:
+                return {"exit_code": 75, "reason": f"rank {dead} of {len(self.refs)} lost (rank {rank} then raised {type(exc).__name__})", "preempted": True}
             return {"exit_code": 1, "reason": f"rank {rank} raised {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"}
         self.outcomes[rank] = outcome
         if rank == 0:
             return outcome
         if int(outcome.get("exit_code", 1)) != 0 and 0 not in self.outcomes:
             return {**outcome, "reason": f"rank {rank}: {outcome.get('reason', '')}"}
+        return None
+
+    def dead_rank(self, lost: tuple[type, ...], wait_s: float = 10.0) -> Optional[int]:
+        """The first rank whose actor died, waiting up to WAIT_S for the others to settle."""
+        if len(self.refs) == 1:
+            return None
+        ready, _ = self.ray.wait(list(self.refs), num_returns=len(self.refs), timeout=wait_s)
+        for ref in ready:
+            try:
+                self.ray.get(ref)
+            except lost:
+                return self.refs.index(ref)
+            except Exception:  # another rank's own error: not a death
+                continue
         return None
 
     def release(self, idle: list[Any]) -> None:

@@ -15,8 +15,9 @@ consistent since 2020) and drivers whose clocks agree to well within `ttl_s`.
 from __future__ import annotations
 
 import socket
+import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from pydantic import BaseModel
 
@@ -87,3 +88,41 @@ class Leases:
         lease = self.holder(point)
         if lease is not None and lease.driver == self.driver:
             self.store.delete(self.key(point))
+
+    def keep_renewed(self, points: Callable[[], list[int]]) -> "Renewal":
+        """Renew the leases of POINTS() every ttl/4 from a thread until stopped."""
+        renewal = Renewal(self, points)
+        renewal.start()
+        return renewal
+
+
+class Renewal(threading.Thread):
+    """The driver's lease heartbeat. Points whose lease another driver took are collected for
+    the driver's loop (take_lost); a store outage only delays a renewal."""
+
+    def __init__(self, leases: Leases, points: Callable[[], list[int]]) -> None:
+        super().__init__(name="sexpgpu lease renewal", daemon=True)
+        self.leases = leases
+        self.points = points
+        self.halt = threading.Event()
+        self.lock = threading.Lock()
+        self.lost: set[int] = set()
+
+    def run(self) -> None:
+        while not self.halt.wait(self.leases.ttl_s / 4):
+            try:
+                lost = self.leases.renew(list(self.points()))
+            except Exception:  # the store is away (after its retries): renew on the next beat
+                continue
+            with self.lock:
+                self.lost.update(lost)
+
+    def take_lost(self) -> list[int]:
+        with self.lock:
+            lost, self.lost = sorted(self.lost), set()
+        return lost
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=10)
+

@@ -10,6 +10,7 @@ recorded in STORE/SLUG/submit.json. The submitter can disconnect: `sexpgpu statu
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any, Optional
 
 import ray
@@ -54,12 +55,16 @@ class SupervisorImpl:
         """One attempt: W ranks (a gang); its outcome is rank 0's, or a preemption."""
         from workers.train_worker import TrainWorker
 
-        resume = "latest" if any(c.valid for c in list_checkpoints(self.store, self.record.slug)) else None
+        valid = [c.name for c in list_checkpoints(self.store, self.record.slug) if c.valid]
+        resume = valid[-1] if valid else None  # every rank resumes from the same checkpoint
         gang = Gang(ray, TrainWorker, self.devices, self.env)
         self.gang = gang
-        gang.start(self.record.bundle, self.record.store, resume, None)
-        pending = list(gang.refs)
         try:
+            try:
+                gang.start(self.record.bundle, self.record.store, resume, None)
+            except Exception as exc:  # the ranks could not start: retried like a lost node
+                return {"exit_code": 75, "reason": f"could not start: {type(exc).__name__}: {exc}", "preempted": True}
+            pending = list(gang.refs)
             while True:
                 done, pending = ray.wait(pending, num_returns=1)
                 outcome = gang.settle(done[0])
@@ -96,5 +101,7 @@ Supervisor = ray.remote(num_cpus=0, max_concurrency=2)(SupervisorImpl)
 def submit(bundle_url: str, store_url: str, slug: str, max_preemptions: Optional[int], env: dict[str, str], devices: Optional[Devices] = None) -> tuple[Any, Any]:
     """Start the detached supervisor (Ray must be initialized); returns (actor, result ref)."""
     payload = (devices or Devices()).model_dump()
-    actor = Supervisor.options(name=f"sexpgpu-submit-{slug}", lifetime="detached", get_if_exists=False).remote(bundle_url, store_url, slug, max_preemptions, env, payload)
+    # one name per submission: submitting the same run again (after it ended) is allowed
+    name = f"sexpgpu-submit-{slug}-{uuid.uuid4().hex[:8]}"
+    actor = Supervisor.options(name=name, lifetime="detached", get_if_exists=False).remote(bundle_url, store_url, slug, max_preemptions, env, payload)
     return actor, actor.supervise.remote()

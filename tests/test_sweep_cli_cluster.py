@@ -49,3 +49,16 @@ def test_the_live_table_redraws_in_place_and_keeps_log_lines_above(tmp_path: Pat
     assert text.index("preempted, resumed") < text.rindex("finished")
     table(ledger, True)
     assert screen.getvalue().endswith("\x1b[3F\x1b[J")  # the final table is the caller's to print
+
+
+def test_a_point_finished_under_a_smaller_max_steps_is_not_finished_for_the_full_sweep(tmp_path: Path) -> None:
+    from orchestration.driver import Driver
+    from sexpgpu.runtime.status import Status, Summary
+
+    driver = Driver(REPO / "examples" / "sweep.lisp", "lr", str(tmp_path), None, None, None, say=lambda _: None)
+    driver.wanted["s"] = 300
+    smoke = Status(state="finished", step=10, steps=300, summary=Summary(exit_code=0, reason="finished"))
+    assert driver.settled(smoke, "s") is None
+    assert driver.settled(smoke.model_copy(update={"step": 300}), "s") == "finished"
+    assert driver.settled(Status(state="failed", step=5, summary=Summary(exit_code=1, reason="non-finite")), "s") == "failed"
+    assert driver.settled(Status(state="running", step=50), "s") is None

@@ -128,7 +128,6 @@ class NcclBackend:
         if spec.nccl_id is None:
             raise RendezvousError("NCCL needs rank 0's unique id; the driver did not pass one")
         self.cupy, self.nccl = cupy, nccl
-        self.stream = cupy.cuda.Stream(non_blocking=True)
         unique_id = tuple(spec.nccl_id)
         self.comm = within(spec.rendezvous_timeout_s, f"NCCL communicator {spec.group} (rank {spec.rank} of {spec.world})",
                            lambda: nccl.NcclCommunicator(spec.world, unique_id, spec.rank))
@@ -137,6 +136,8 @@ class NcclBackend:
     def nccl_dtype(self, buffer: np.ndarray) -> int:
         if buffer.dtype == np.float32:
             return int(self.nccl.NCCL_FLOAT32)
+        if buffer.dtype == np.float64:  # the loss and metrics
+            return int(getattr(self.nccl, "NCCL_FLOAT64", 8))
         if buffer.dtype == bfloat16():
             return int(getattr(self.nccl, "NCCL_BFLOAT16", 9))  # ncclBfloat16
         raise TypeError(f"NCCL buckets are f32 or bf16, not {buffer.dtype}")
@@ -144,10 +145,12 @@ class NcclBackend:
     def reduce(self, buffer: np.ndarray, op: int) -> None:
         cp = self.cupy
         wire = buffer.view(np.uint16) if buffer.dtype == bfloat16() else buffer
+        # the copy in, the all-reduce and the copy out on one stream, in that order
+        stream = cp.cuda.get_current_stream()
         device = cp.asarray(wire)
-        self.comm.allReduce(device.data.ptr, device.data.ptr, buffer.size, self.nccl_dtype(buffer), op, self.stream.ptr)
-        self.stream.synchronize()
-        wire[...] = cp.asnumpy(device)
+        self.comm.allReduce(device.data.ptr, device.data.ptr, buffer.size, self.nccl_dtype(buffer), op, stream.ptr)
+        wire[...] = cp.asnumpy(device, stream=stream)
+        stream.synchronize()
 
     def allreduce_sum(self, buffer: np.ndarray) -> None:
         self.reduce(buffer, int(self.nccl.NCCL_SUM))
@@ -243,6 +246,12 @@ class RankCollective:
         self.flag[0] = 1.0 if (value and self.rank == 0) else 0.0
         self.backend.allreduce_sum(self.flag)
         return bool(self.flag[0] > 0)
+
+    def broadcast(self, value: float) -> float:
+        """Rank 0's VALUE on every rank (e.g. the elapsed time the ctx and curriculum read)."""
+        box = np.array([value if self.rank == 0 else 0.0], dtype=np.float64)
+        self.backend.allreduce_sum(box)
+        return float(box[0])
 
 
 def join(spec: RankSpec) -> RankCollective:

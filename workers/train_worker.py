@@ -54,8 +54,8 @@ class TrainWorkerImpl:
         if spec is not None:
             try:
                 collective = join(spec)
-            except RendezvousError as exc:
-                return {"slug": manifest.slug, "exit_code": 4, "reason": f"rendezvous failed: {exc}"}
+            except RendezvousError as exc:  # a rank that never came: retried like a lost node
+                return {"slug": manifest.slug, "exit_code": 75, "reason": f"rendezvous failed: {exc}", "preempted": True}
         options = RunOptions(store=store_url, device=device, max_steps=max_steps, resume=resume, signals=False, ranks=collective)
         try:
             outcome = train(result.experiment, options, say=lambda _text: None)

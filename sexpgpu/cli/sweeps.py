@@ -191,7 +191,7 @@ def add_rank_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allreduce-dtype", choices=["f32", "bf16"], default="f32", help="the wire format of gradient buckets")
     p.add_argument("--allreduce-op", choices=["avg", "sum"], default="avg", help="avg: the gradient of the global batch's mean loss")
     p.add_argument("--bucket-mb", type=float, default=25.0, metavar="MB", help="gradient bucket size")
-    p.add_argument("--rendezvous-timeout", type=float, default=120.0, metavar="S", help="how long ranks wait for each other before failing (exit 4)")
+    p.add_argument("--rendezvous-timeout", type=float, default=120.0, metavar="S", help="how long ranks wait for each other; then the attempt ends as a preemption")
 
 
 def devices_from(args: argparse.Namespace) -> Any:

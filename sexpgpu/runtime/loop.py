@@ -184,9 +184,12 @@ class Trainer:
     def ctx_values(self) -> dict[str, float]:
         """Every ctx key at this step boundary (runfile.md's list)."""
         examples, tokens = self.seen()
+        elapsed = time.time() - self.started
+        if self.ranks is not None:  # every rank must see rank 0's clock, or stages could diverge
+            elapsed = self.ranks.broadcast(elapsed)
         return {
             "step": float(self.step), "epoch": float(self.stream.state().epoch), "examples": float(examples),
-            "tokens": float(tokens), "stage": float(self.stage_index), "elapsed": time.time() - self.started,
+            "tokens": float(tokens), "stage": float(self.stage_index), "elapsed": elapsed,
             "loss": self.last_loss, "seed": float(self.experiment.run.seed), "rank": float(self.rank), "world-size": float(self.world),
             "microbatch": float(self.microbatches), "lr-scale": self.lr_scale,
         }

@@ -27,6 +27,11 @@ class Collective(Protocol):
         checkpoint was published)."""
         ...
 
+    def broadcast(self, value: float) -> float:
+        """Rank 0's VALUE on every rank (values that differ by rank but must not, e.g. the
+        elapsed time, which the ctx and the curriculum read)."""
+        ...
+
 
 def rows_of(batch: np.ndarray, rank: int, world: int) -> np.ndarray:
     """This rank's contiguous share of a global batch (its first axis)."""
