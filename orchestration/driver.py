@@ -195,116 +195,7 @@ class Driver:
     def supervise(self, ledger: SweepLedger, ray: Any, worker_class: Any) -> SweepLedger:
         """Run every unsettled point this driver can lease; wait for the points another live
         driver holds, and take over those whose driver stops renewing its lease."""
-        running: dict[Any, tuple[PointRecord, Gang]] = {}
-        gangs: dict[int, Gang] = {}
-
-        def record_of(point: int) -> PointRecord:  # write_ledger may adopt another driver's record
-            return next(p for p in ledger.points if p.point == point)
-
-        def start(record: PointRecord) -> bool:
-            try:
-                gang = self.launch(record, ray, worker_class)
-            except Exception as exc:  # the gang could not start (a rank's node went away, the store): next round
-                record.state = "preempted"
-                record.preemptions += 1
-                self.say(f"point {record.point}: could not start ({type(exc).__name__}: {exc}); trying again")
-                return False
-            gangs[record.point] = gang
-            for ref in gang.refs:
-                running[ref] = (record, gang)
-            return True
-
-        def unsettled() -> list[PointRecord]:
-            return [p for p in ledger.points if p.state not in ("finished", "failed") and p.point not in gangs]
-
-        reserved: list[int] = []  # leased by this driver, not started yet
-
-        def take_free_points() -> None:
-            # run only what the cluster holds now (a worker whose point ended runs the next
-            # one); lease a few points ahead so the lease's settle wait is paid per batch
-            room = self.capacity(ray) - len(gangs)
-            reserved[:] = [p for p in reserved if record_of(p).state not in ("finished", "failed") and p not in gangs]
-            waiting = [p.point for p in unsettled() if p.point not in reserved]
-            self.ask_autoscaler(len(gangs) + len(reserved) + len(waiting))
-            if room <= 0:
-                return
-            if len(reserved) < room and waiting:
-                ahead = max(room, 2 * self.capacity(ray), 8) - len(reserved)
-                for point in self.leases.claim(waiting[:ahead]):
-                    # another driver may have settled it since we last looked
-                    state = self.settled(RunFolder(self.store, record_of(point).slug).read_status(), record_of(point).slug)
-                    if state is None:
-                        reserved.append(point)
-                    else:
-                        record_of(point).state = "finished" if state == "finished" else "failed"
-                        self.leases.release(point)
-            starting, reserved[:] = reserved[:room], reserved[room:]
-            for point in starting:
-                record = record_of(point)
-                if start(record):
-                    self.say(f"point {record.point}: started (attempt {record.attempts})  {record.slug}")
-                else:
-                    reserved.append(point)
-
-        def stop(record: PointRecord, gang: Gang, reuse: bool = False) -> None:
-            for ref in gang.refs:
-                running.pop(ref, None)
-            gang.release(self.idle) if reuse else gang.stop()
-            gangs.pop(record.point, None)
-
-        # leases are renewed from a thread, so a slow round (a gang starting, a slow store)
-        # never lets them expire under a live driver
-        renewal = self.leases.keep_renewed(lambda: [*gangs, *reserved])
-        try:
-            return self.supervise_rounds(ledger, ray, running, gangs, reserved, record_of, start, unsettled, take_free_points, stop, renewal)
-        finally:
-            renewal.stop()
-
-    def supervise_rounds(self, ledger: SweepLedger, ray: Any, running: dict[Any, Any], gangs: dict[int, Gang], reserved: list[int],
-                         record_of: Callable[[int], PointRecord], start: Callable[[PointRecord], bool], unsettled: Callable[[], list[PointRecord]],
-                         take_free_points: Callable[[], None], stop: Callable[..., None], renewal: Any) -> SweepLedger:
-        self.tolerant("lease free points", take_free_points, None)
-        self.tolerant("write sweep.json", lambda: self.write_ledger(ledger), None)
-        while running or unsettled():
-            done, _ = ray.wait(list(running), num_returns=1, timeout=5.0) if running else ([], [])
-            if not running:
-                time.sleep(5.0)
-            for ref in done:
-                if ref not in running:  # its gang was already settled
-                    continue
-                record, gang = running.pop(ref)
-                outcome = gang.settle(ref)
-                if outcome is None:  # another rank still runs
-                    continue
-                stop(record, gang, reuse=not outcome.get("preempted"))
-                if outcome.get("preempted"):
-                    record.preemptions += 1
-                if self.settle(record, outcome):
-                    if start(record):
-                        self.say(f"point {record.point}: preempted, resumed (attempt {record.attempts})")
-                else:
-                    self.tolerant("release a lease", lambda: self.leases.release(record.point), None)
-            for point in renewal.take_lost():
-                if point in reserved:
-                    reserved.remove(point)
-                elif point in gangs:
-                    self.say(f"point {point}: another driver took its lease over; stopping this driver's ranks")
-                    record = record_of(point)
-                    stop(record, gangs[point])
-                    record.state, record.lease = "leased", None
-            for record in ledger.points:
-                if record.point in gangs:
-                    record.heartbeat = time.time()
-            self.tolerant("read the other drivers' points", lambda: self.follow_others(ledger, gangs), None)
-            if unsettled():
-                self.tolerant("lease free points", take_free_points, None)
-            if not reserved:  # nothing of ours to start: idle workers give their CPUs/GPUs back
-                self.drop_idle(ray)
-            self.show(ledger)
-            self.tolerant("write sweep.json", lambda: self.write_ledger(ledger), None)
-        self.show(ledger, final=True)
-        self.drop_idle(ray)
-        return ledger
+        return Supervision(self, ledger, ray, worker_class).run()
 
     def drop_idle(self, ray: Any) -> None:
         for worker in self.idle:
@@ -405,6 +296,128 @@ class Driver:
         record.state, record.lease = "failed", None
         self.say(f"point {record.point}: failed: {record.reason}")
         return False
+
+
+class Supervision:
+    """One driver's supervision of one sweep: the gangs it runs, the points it has leased
+    but not started, and the rounds of waiting, settling, renewing and leasing."""
+
+    def __init__(self, driver: Driver, ledger: SweepLedger, ray: Any, worker_class: Any) -> None:
+        self.driver, self.ledger, self.ray, self.worker_class = driver, ledger, ray, worker_class
+        self.running: dict[Any, tuple[PointRecord, Gang]] = {}  # result ref -> its point and gang
+        self.gangs: dict[int, Gang] = {}  # point -> the gang running it
+        self.reserved: list[int] = []  # leased by this driver, not started yet
+
+    def record_of(self, point: int) -> PointRecord:  # write_ledger may adopt another driver's record
+        return next(p for p in self.ledger.points if p.point == point)
+
+    def unsettled(self) -> list[PointRecord]:
+        return [p for p in self.ledger.points if p.state not in ("finished", "failed") and p.point not in self.gangs]
+
+    def start(self, record: PointRecord) -> bool:
+        try:
+            gang = self.driver.launch(record, self.ray, self.worker_class)
+        except Exception as exc:  # the gang could not start (a rank's node went away, the store): next round
+            record.state = "preempted"
+            record.preemptions += 1
+            self.driver.say(f"point {record.point}: could not start ({type(exc).__name__}: {exc}); trying again")
+            return False
+        self.gangs[record.point] = gang
+        for ref in gang.refs:
+            self.running[ref] = (record, gang)
+        return True
+
+    def stop(self, record: PointRecord, gang: Gang, reuse: bool = False) -> None:
+        for ref in gang.refs:
+            self.running.pop(ref, None)
+        gang.release(self.driver.idle) if reuse else gang.stop()
+        self.gangs.pop(record.point, None)
+
+    def take_free_points(self) -> None:
+        """Start what the cluster holds now (a worker whose point ended runs the next one);
+        lease a few points ahead so the lease's settle wait is paid per batch."""
+        driver = self.driver
+        room = driver.capacity(self.ray) - len(self.gangs)
+        self.reserved[:] = [p for p in self.reserved if self.record_of(p).state not in ("finished", "failed") and p not in self.gangs]
+        waiting = [p.point for p in self.unsettled() if p.point not in self.reserved]
+        driver.ask_autoscaler(len(self.gangs) + len(self.reserved) + len(waiting))
+        if room <= 0:
+            return
+        if len(self.reserved) < room and waiting:
+            ahead = max(room, 2 * driver.capacity(self.ray), 8) - len(self.reserved)
+            for point in driver.leases.claim(waiting[:ahead]):
+                record = self.record_of(point)
+                state = driver.settled(RunFolder(driver.store, record.slug).read_status(), record.slug)
+                if state is None:
+                    self.reserved.append(point)
+                else:  # another driver settled it since we last looked
+                    record.state = "finished" if state == "finished" else "failed"
+                    driver.leases.release(point)
+        starting, self.reserved[:] = self.reserved[:room], self.reserved[room:]
+        for point in starting:
+            record = self.record_of(point)
+            if self.start(record):
+                driver.say(f"point {record.point}: started (attempt {record.attempts})  {record.slug}")
+            else:
+                self.reserved.append(point)
+
+    def settle_done(self, done: list[Any]) -> None:
+        driver = self.driver
+        for ref in done:
+            if ref not in self.running:  # its gang was already settled
+                continue
+            record, gang = self.running.pop(ref)
+            outcome = gang.settle(ref)
+            if outcome is None:  # another rank still runs
+                continue
+            self.stop(record, gang, reuse=not outcome.get("preempted"))
+            if outcome.get("preempted"):
+                record.preemptions += 1
+            if driver.settle(record, outcome):
+                if self.start(record):
+                    driver.say(f"point {record.point}: preempted, resumed (attempt {record.attempts})")
+            else:
+                driver.tolerant("release a lease", lambda: driver.leases.release(record.point), None)
+
+    def give_up_lost_leases(self, lost: list[int]) -> None:
+        for point in lost:
+            if point in self.reserved:
+                self.reserved.remove(point)
+            elif point in self.gangs:
+                self.driver.say(f"point {point}: another driver took its lease over; stopping this driver's ranks")
+                record = self.record_of(point)
+                self.stop(record, self.gangs[point])
+                record.state, record.lease = "leased", None
+
+    def run(self) -> SweepLedger:
+        driver, ledger = self.driver, self.ledger
+        # leases are renewed from a thread, so a slow round (a gang starting, a slow store)
+        # never lets them expire under a live driver
+        renewal = driver.leases.keep_renewed(lambda: [*self.gangs, *self.reserved])
+        try:
+            driver.tolerant("lease free points", self.take_free_points, None)
+            driver.tolerant("write sweep.json", lambda: driver.write_ledger(ledger), None)
+            while self.running or self.unsettled():
+                done, _ = self.ray.wait(list(self.running), num_returns=1, timeout=5.0) if self.running else ([], [])
+                if not self.running:
+                    time.sleep(5.0)
+                self.settle_done(done)
+                self.give_up_lost_leases(renewal.take_lost())
+                for record in ledger.points:
+                    if record.point in self.gangs:
+                        record.heartbeat = time.time()
+                driver.tolerant("read the other drivers' points", lambda: driver.follow_others(ledger, self.gangs), None)
+                if self.unsettled():
+                    driver.tolerant("lease free points", self.take_free_points, None)
+                if not self.reserved:  # nothing of ours to start: idle workers give their CPUs/GPUs back
+                    driver.drop_idle(self.ray)
+                driver.show(ledger)
+                driver.tolerant("write sweep.json", lambda: driver.write_ledger(ledger), None)
+        finally:
+            renewal.stop()
+        driver.show(ledger, final=True)
+        driver.drop_idle(self.ray)
+        return ledger
 
 
 __all__ = ["Driver", "SweepLedger", "PointRecord", "SweepError", "sys"]
