@@ -383,3 +383,18 @@ def test_device_philox_gives_the_cpu_backends_bits(op: str, dtype: DType, attrs:
         want = CompiledProgram(program).run_copy(feeds)["out"]
         got = LoweredProgram(program, ArrayDevice(np, HostRunner())).run(feeds)["out"]
         assert np.ascontiguousarray(got).tobytes() == np.ascontiguousarray(want).tobytes(), counter
+
+
+def test_bf16_constants_are_rounded_like_the_cpu_backend_and_big_integers_stay_exact() -> None:
+    b = Builder("constants")
+    x = b.input("x", "data", TensorType(dtype=DType.bf16, shape=(3, 8)))
+    y = b.op("mul", x, b.const(0.044715, DType.bf16))  # 0.044715 is 0.0446777... in bf16
+    i = b.input("i", "data", TensorType(dtype=DType.i64, shape=(4,)))
+    j = b.input("j", "data", TensorType(dtype=DType.i64, shape=(4,)))
+    program = b.program({"y": y, "m": b.op("maximum", i, j), "a": b.op("abs", b.op("neg", i))})
+    rng = np.random.default_rng(8)
+    big = np.array([2**40 + 1, -(2**33) - 3, 16777217, 5], dtype=np.int64)
+    check_program(program, {x: values((3, 8), DType.bf16, rng), i: big, j: big - 1})
+    lowering = lower(program)
+    kernel = elementwise_kernel(lowering.groups[0], program, lowering.constants)
+    assert "0.044677734375f" in kernel.source or any("0.044677734375f" in elementwise_kernel(g, program, lowering.constants).source for g in lowering.groups)

@@ -19,7 +19,16 @@ def gpu_count() -> int:
         return 0
 
 
-pytestmark = pytest.mark.skipif(gpu_count() == 0, reason="no CUDA device")
+def nccl_available() -> bool:
+    try:
+        from cupy.cuda import nccl
+
+        return bool(getattr(nccl, "available", True))
+    except Exception:  # CuPy built without its NCCL module
+        return False
+
+
+pytestmark = [pytest.mark.skipif(gpu_count() == 0, reason="no CUDA device"), pytest.mark.skipif(not nccl_available(), reason="CuPy has no NCCL")]
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])

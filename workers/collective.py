@@ -125,12 +125,19 @@ class NcclBackend:
         import cupy
         from cupy.cuda import nccl
 
+        if not getattr(nccl, "available", True):
+            raise RendezvousError("this CuPy has no NCCL (cupy.cuda.nccl.available is False): install NCCL for CuPy (pip install nvidia-nccl-cu13)")
         if spec.nccl_id is None:
             raise RendezvousError("NCCL needs rank 0's unique id; the driver did not pass one")
         self.cupy, self.nccl = cupy, nccl
         unique_id = tuple(spec.nccl_id)
-        self.comm = within(spec.rendezvous_timeout_s, f"NCCL communicator {spec.group} (rank {spec.rank} of {spec.world})",
-                           lambda: nccl.NcclCommunicator(spec.world, unique_id, spec.rank))
+        device = cupy.cuda.Device().id  # this rank's GPU (Ray sets CUDA_VISIBLE_DEVICES per actor)
+
+        def join() -> Any:
+            cupy.cuda.Device(device).use()  # NCCL binds the communicator to the current device
+            return nccl.NcclCommunicator(spec.world, unique_id, spec.rank)
+
+        self.comm = within(spec.rendezvous_timeout_s, f"NCCL communicator {spec.group} (rank {spec.rank} of {spec.world})", join)
         self.avg = getattr(nccl, "NCCL_AVG", 4)  # ncclAvg (NCCL >= 2.10)
 
     def nccl_dtype(self, buffer: np.ndarray) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from ...ir.dtypes import DType, parse_dtype
+from ...ir.dtypes import DType, numpy_dtype, parse_dtype
 from ...ir.graph import Node, Program, TensorType, shape_size
 from ...ir.ops import op_def
 from .fusion import FusedGroup
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .fusion import ReduceGroup
 
 PRELUDE = r"""
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 #define SX_FN __device__ __forceinline__
 SX_FN float sx_bits_float(unsigned int b) { return __uint_as_float(b); }
 SX_FN unsigned int sx_float_bits(float f) { return __float_as_uint(f); }
@@ -47,7 +47,7 @@ SX_FN float sx_maxf(float a, float b) { return (a != a || b != b) ? a + b : (a >
 SX_FN float sx_minf(float a, float b) { return (a != a || b != b) ? a + b : (a <= b ? a : b); }
 SX_FN float sx_inf() { return sx_bits_float(0x7f800000u); }
 SX_FN float sx_nan() { return sx_bits_float(0x7fc00000u); }
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 SX_FN unsigned int sx_mulhi(unsigned int a, unsigned int b) { return __umulhi(a, b); }
 SX_FN float sx_fadd(float a, float b) { return __fadd_rn(a, b); }
 SX_FN float sx_fmul(float a, float b) { return __fmul_rn(a, b); }
@@ -114,7 +114,8 @@ def literal(value: Any, dtype: DType) -> str:
         return "true" if value else "false"
     if dtype in (DType.i32, DType.i64):
         return f"{int(value)}" + ("LL" if dtype == DType.i64 else "")
-    v = float(value)
+    # the constant as the NumPy backend holds it: rounded to the dtype (bf16 has 8 bits)
+    v = float(np.asarray(value, dtype=np.float32).astype(numpy_dtype(dtype)).astype(np.float32)) if dtype in (DType.f32, DType.bf16) else float(value)
     if math.isnan(v):
         return "sx_nan()"
     if math.isinf(v):
@@ -150,9 +151,19 @@ def broadcast_index(shape: tuple[int, ...], space: tuple[int, ...], i: str) -> s
     return " + ".join(terms) if terms else "0"
 
 
+INTEGER_FORMS = {
+    "maximum": "(({0}) > ({1}) ? ({0}) : ({1}))",
+    "minimum": "(({0}) < ({1}) ? ({0}) : ({1}))",
+    "relu": "(({0}) > 0 ? ({0}) : 0)",
+    "abs": "(({0}) < 0 ? -({0}) : ({0}))",
+}
+
+
 def node_expression(node: Node, args: list[str], types: dict[int, TensorType]) -> str:
     if node.op == "broadcast_to":
         return args[0]
+    if node.type.dtype in (DType.i32, DType.i64) and node.op in INTEGER_FORMS:  # the float helpers would round past 2^24
+        return INTEGER_FORMS[node.op].format(*args)
     template = op_def(node.op).cuda
     if template is None:
         raise LoweringError(f"op {node.op} has no CUDA template")

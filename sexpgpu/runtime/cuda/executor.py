@@ -46,7 +46,9 @@ class ArrayDevice:
         self.runner = runner
 
     def to_device(self, host: Any, t: TensorType) -> Any:
-        a = np.asarray(host)
+        a = np.asarray(host, dtype=numpy_dtype(t.dtype))  # the declared type, as the kernels read it
+        if a.shape != tuple(t.shape):
+            raise ValueError(f"an input of shape {a.shape} for {t}")
         if t.dtype == DType.bf16:
             a = a.view(np.uint16)
         elif t.dtype == DType.bool:
@@ -243,6 +245,15 @@ def bf16_gemm(cupy: Any, a: Any, b: Any, shape: tuple[int, ...]) -> Any:
     out = cupy.empty(shape, dtype=np.uint16)
     one, zero = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
     handle = device.get_cublas_handle()
+    mode = cublas.getPointerMode(handle)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)  # alpha and beta live on the host
+    try:
+        return _bf16_gemm_calls(cupy, cublas, handle, a, b, out, m, n, k, one, zero)
+    finally:
+        cublas.setPointerMode(handle, mode)
+
+
+def _bf16_gemm_calls(cupy: Any, cublas: Any, handle: int, a: Any, b: Any, out: Any, m: int, n: int, k: int, one: np.ndarray, zero: np.ndarray) -> Any:
     # row-major C = A @ B is column-major C^T = B^T @ A^T: swap the operands, no transposes
     if b.ndim == 2 and a.ndim >= 2:
         rows = int(np.prod(a.shape[:-1]))
