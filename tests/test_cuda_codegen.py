@@ -21,6 +21,7 @@ from sexpgpu.ir.graph import Program, TensorType
 from sexpgpu.ir.ops import OPS, op_def
 from sexpgpu.runtime.cuda.codegen import KernelSource, elementwise_kernel, reduce_kernel
 from sexpgpu.runtime.cuda.fusion import FusedGroup, GemmCall, lower
+from sexpgpu.runtime.cuda.rows import RowGroup, rows_kernel
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
@@ -53,7 +54,7 @@ def reference(program: Program, feeds: dict[int, np.ndarray]) -> dict[int, Any]:
     return vals
 
 
-def assert_close(got: np.ndarray, want: np.ndarray, dtype: str, what: str) -> None:
+def assert_close(got: np.ndarray, want: np.ndarray, dtype: str, what: str, scale_atol: bool = False) -> None:
     want = np.asarray(want)
     if dtype in ("bool", "i32", "i64"):
         np.testing.assert_array_equal(got, want.astype(got.dtype), err_msg=what)
@@ -66,7 +67,9 @@ def assert_close(got: np.ndarray, want: np.ndarray, dtype: str, what: str) -> No
     # rounding apart in bf16 is one bf16 ulp
     rtol = 2.0**-7 if dtype == "bf16" else 4e-6
     tiny = np.abs(w[ok]) < 1e-30  # denormals (CUDA flushes them; the host may not)
-    np.testing.assert_allclose(np.where(tiny, 0, g[ok]), np.where(tiny, 0, w[ok]), rtol=rtol, atol=1e-30, err_msg=what)
+    finite = w[ok][np.isfinite(w[ok])]
+    atol = (rtol * float(np.max(np.abs(finite)))) if scale_atol and finite.size else 1e-30
+    np.testing.assert_allclose(np.where(tiny, 0, g[ok]), np.where(tiny, 0, w[ok]), rtol=rtol, atol=atol, err_msg=what)
 
 
 def check_program(program: Program, feeds: dict[int, np.ndarray], expect_groups: Optional[int] = None) -> list[KernelSource]:
@@ -77,19 +80,32 @@ def check_program(program: Program, feeds: dict[int, np.ndarray], expect_groups:
     if expect_groups is not None:
         assert len(kernels) == expect_groups, [[n.op for n in g.nodes] for g, _ in kernels]
     reductions = [(r, reduce_kernel(r, program, lowering.constants)) for r in lowering.reductions]
-    module = HostModule([k for _, k in kernels + reductions])
+    rows = [(g, rows_kernel(g, program, lowering.constants)) for g in lowering.steps if isinstance(g, RowGroup)]
+    module = HostModule([k for _, k in kernels + reductions + rows])
     types = program.types()
     for group, kernel in kernels:
         outs = module.run(kernel, [vals[v] for v in group.inputs])
         for vid, got in zip(group.outputs, outs):
             ops = "+".join(n.op for n in group.nodes)
             assert_close(got, vals[vid], types[vid].dtype.value, f"%{vid} of group [{ops}]")
+    for row_group, kernel in rows:
+        outs = module.run(kernel, [vals[v] for v in row_group.inputs])
+        by_id = {n.id: n for n in row_group.nodes}
+        for vid, got in zip(row_group.outputs, outs):
+            node = by_id[vid]
+            what = f"%{vid} of row group [{'+'.join(n.op for n in row_group.nodes)}]"
+            if node.op in ("sum", "mean", "max", "min"):
+                assert_reduced(got, vals[vid], np.asarray(vals[node.args[0]]).astype(np.float64), node, what)
+            else:
+                # downstream of a reduction (double here, f32 in NumPy): cancellation (x - mean)
+                # turns a last-bit difference of the mean into a relative one; compare to scale
+                assert_close(got, vals[vid], types[vid].dtype.value, what, scale_atol=True)
     for red, kernel in reductions:
         (got,) = module.run(kernel, [vals[v] for v in red.inputs])
         ops = "+".join(n.op for n in (red.prologue.nodes if red.prologue else [])) + f" -> {red.node.op}"
         source = np.asarray(vals[red.node.args[0]]).astype(np.float64)
         assert_reduced(got, vals[red.node.id], source, red.node, f"%{red.node.id} [{ops}]")
-    return [k for _, k in kernels + reductions]
+    return [k for _, k in kernels + reductions + rows]
 
 
 def assert_reduced(got: np.ndarray, want: Any, source: np.ndarray, node: Any, what: str) -> None:
@@ -252,7 +268,7 @@ def test_every_generated_kernel_compiles_with_nvcc(examples: list[tuple[str, str
     for _, _, program in examples:
         lowering = lower(program)
         for step in lowering.steps:
-            if step.kind in ("fused", "reduce", "scatter", "random"):
+            if step.kind in ("fused", "reduce", "scatter", "random", "rows"):
                 kernel = kernel_for(step, program, lowering.constants)
                 sources[kernel.name] = kernel.source
     assert any(name.startswith("sx_scatter_sorted_") for name in sources)
@@ -286,7 +302,7 @@ def test_the_arena_never_overlaps_two_live_buffers(examples: list[tuple[str, str
                 live_together = a.first <= b.last and b.first <= a.last
                 apart = a.offset + a.bytes <= b.offset or b.offset + b.bytes <= a.offset
                 assert not live_together or apart, (stem, name, a, b)
-        written = {v for s in lowering.steps if s.kind != "view" for v in (s.outputs if isinstance(s, FusedGroup) else [s.node.id])}
+        written = {v for s in lowering.steps if s.kind != "view" for v in (s.outputs if isinstance(s, (FusedGroup, RowGroup)) else [s.node.id])}
         assert all(r.node.id in written for r in lowering.reductions)
         assert written == {b.value for b in bufs}, (stem, name)
 
@@ -331,9 +347,9 @@ def test_every_reduction_matches_numpy(op: str, dtype: DType, axis: Any, keep: b
 def test_a_reduction_takes_in_its_prologue_and_propagates_nan() -> None:
     b = Builder("softmax-ish")
     x = b.input("x", "data", TensorType(dtype=DType.f32, shape=(6, 9)))
-    m = b.op("max", x, axis=-1, keepdims=True)
+    m = b.op("max", x, axis=0, keepdims=True)  # over the first axis: not a row group
     e = b.op("exp", b.op("sub", x, m))
-    s = b.op("sum", e, axis=-1, keepdims=True)
+    s = b.op("sum", e, axis=0, keepdims=True)
     program = b.program({"m": m, "s": s})
     lowering = lower(program)
     assert [st.kind for st in lowering.steps] == ["reduce", "reduce"]
@@ -398,3 +414,24 @@ def test_bf16_constants_are_rounded_like_the_cpu_backend_and_big_integers_stay_e
     lowering = lower(program)
     kernel = elementwise_kernel(lowering.groups[0], program, lowering.constants)
     assert "0.044677734375f" in kernel.source or any("0.044677734375f" in elementwise_kernel(g, program, lowering.constants).source for g in lowering.groups)
+
+
+def test_softmax_and_layer_norm_are_one_row_kernel_each() -> None:
+    b = Builder("rows")
+    x = b.input("x", "data", TensorType(dtype=DType.f32, shape=(5, 6, 33)))
+    w = b.input("w", "param", TensorType(dtype=DType.f32, shape=(33,)))
+    m = b.op("max", x, axis=-1, keepdims=True)
+    e = b.op("exp", b.op("sub", x, m))
+    soft = b.op("div", e, b.op("sum", e, axis=-1, keepdims=True))
+    mean = b.op("mean", soft, axis=-1, keepdims=True)
+    centered = b.op("sub", soft, mean)
+    var = b.op("mean", b.op("mul", centered, centered), axis=-1, keepdims=True)
+    normed = b.op("mul", b.op("mul", centered, b.op("rsqrt", b.op("add", var, b.const(1e-5, DType.f32)))), w)
+    program = b.program({"soft": soft, "out": normed})
+    lowering = lower(program)
+    assert [st.kind for st in lowering.steps] == ["rows"], [st.kind for st in lowering.steps]
+    rng = np.random.default_rng(12)
+    feeds = values((5, 6, 33), DType.f32, rng)
+    feeds[1, 2, 4] = np.nan  # one row goes NaN, as in NumPy; the others are untouched
+    check_program(program, {x: feeds, w: values((33,), DType.f32, rng)})
+

@@ -411,6 +411,10 @@ def kernel_for(step: Any, program: Program, constants: Optional[dict[int, Node]]
         return scatter_kernel(step.node, program)
     if isinstance(step, RandomStep):
         return random_kernel(step.node, program)
+    from .rows import RowGroup, rows_kernel
+
+    if isinstance(step, RowGroup):
+        return rows_kernel(step, program, constants or {})
     return reduce_kernel(step, program, constants) if isinstance(step, ReduceGroup) else elementwise_kernel(step, program, constants)
 
 

@@ -19,6 +19,7 @@ from ...ir.ops import op_def
 from .codegen import KernelSource, kernel_for
 from .fusion import FusedGroup, GemmCall, OpKernel, RandomStep, ReduceGroup, ScatterStep, ViewStep, lower
 from .plan import plan_arena
+from .rows import RowGroup
 
 STORAGE = {DType.f32: np.float32, DType.bf16: np.uint16, DType.i32: np.int32, DType.i64: np.int64, DType.bool: np.uint8, DType.f64: np.float64}
 # ops that only move elements: they run on the storage bits whatever the dtype
@@ -168,7 +169,7 @@ class LoweredProgram:
             self.views[buf.value] = self.memory[buf.offset : buf.offset + buf.bytes].view(STORAGE[t.dtype])[:count].reshape(t.shape)
         self.kernels: dict[int, KernelSource] = {}
         for k, step in enumerate(self.lowering.steps):
-            if isinstance(step, (FusedGroup, ReduceGroup, ScatterStep, RandomStep)):
+            if isinstance(step, (FusedGroup, RowGroup, ReduceGroup, ScatterStep, RandomStep)):
                 self.kernels[k] = kernel_for(step, program, self.lowering.constants)
         device.runner.prepare(list(self.kernels.values()))
 
@@ -178,7 +179,7 @@ class LoweredProgram:
         for name, vid in self.input_ids.items():
             values[vid] = device.to_device(feeds[name], self.input_types[name])
         for k, step in enumerate(self.lowering.steps):
-            if isinstance(step, FusedGroup):
+            if isinstance(step, (FusedGroup, RowGroup)):
                 outs = [self.views[v] for v in step.outputs]
                 device.runner.launch(self.kernels[k], [self.contiguous(values[v]) for v in step.inputs] + outs)
                 values.update(zip(step.outputs, outs))

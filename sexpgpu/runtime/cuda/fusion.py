@@ -197,7 +197,9 @@ class Partition:
                 steps.append(OpKernel(node))
         self.finish_groups(steps)
         steps = self.fuse_prologues(steps)
-        return self.ordered(steps)
+        from .rows import fuse_rows  # the row pass works on the lowered steps
+
+        return fuse_rows(self.ordered(steps), self.program, self.constants)
 
     def fuse_prologues(self, steps: list[Step]) -> list[Step]:
         """A reduction takes in the fused group that makes its input when that group makes

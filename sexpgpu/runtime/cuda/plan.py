@@ -23,6 +23,7 @@ from ...ir.graph import Node, Program, shape_size
 from ...ir.ops import op_def
 from .codegen import BYTES, LoweringError, elementwise_kernel, random_kernel, reduce_kernel, scatter_kernel
 from .fusion import FusedGroup, GemmCall, Lowering, OpKernel, RandomStep, ReduceGroup, ScatterStep, ViewStep, lower
+from .rows import RowGroup, rows_kernel
 
 ALIGN = 256
 
@@ -71,7 +72,7 @@ def nbytes(program_types: dict[int, Any], vid: int) -> int:
 
 def step_values(step: Any) -> tuple[list[int], list[int]]:
     """(values read, values written) of one step."""
-    if isinstance(step, FusedGroup):
+    if isinstance(step, (FusedGroup, RowGroup)):
         return step.inputs, step.outputs
     if isinstance(step, ReduceGroup):
         return step.inputs, [step.node.id]
@@ -131,6 +132,9 @@ def kernel_line(k: int, step: Any, lowering: Lowering) -> KernelLine:
         kernel = elementwise_kernel(step, program, lowering.constants)
         return KernelLine(step=k, kind="fused", kernel=kernel.name, nodes=[node_label(n) for n in step.nodes],
                           elements=kernel.size, bytes=kernel.bytes, flops=kernel.flops)
+    if isinstance(step, RowGroup):
+        kernel = rows_kernel(step, program, lowering.constants)
+        return KernelLine(step=k, kind="rows", kernel=kernel.name + " (one thread per row)", nodes=[node_label(n) for n in step.nodes], elements=shape_size(step.space), bytes=kernel.bytes, flops=kernel.flops)
     if isinstance(step, ReduceGroup):
         kernel = reduce_kernel(step, program, lowering.constants)
         nodes = (step.prologue.nodes if step.prologue is not None else []) + [step.node]
