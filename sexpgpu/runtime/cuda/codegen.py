@@ -181,11 +181,17 @@ def elementwise_kernel(group: FusedGroup, program: Program, constants: Optional[
     names: dict[int, str] = {}
     lines: list[str] = []
     arg_decls: list[str] = []
+    # values read only by a concat are loaded inside its piecewise expression, in range only
+    read_elsewhere = {a for n in group.nodes if n.op != "concat" for a in n.args}
+    piece: dict[int, int] = {}
     for k, vid in enumerate(group.inputs):
         t = types[vid]
         store, compute = c_types(t.dtype)
         arg_decls.append(f"const {store}* __restrict__ in{k}")
         params.append(Param("in", vid, t.dtype, tuple(t.shape)))
+        piece[vid] = k
+        if vid not in read_elsewhere:
+            continue
         index = broadcast_index(tuple(t.shape), space, "i")
         load = f"in{k}[{index}]"
         if t.dtype == DType.bf16:
@@ -195,7 +201,18 @@ def elementwise_kernel(group: FusedGroup, program: Program, constants: Optional[
         names[vid] = f"a{k}"
         lines.append(f"    const {compute} a{k} = {load};")
     flops = 0
+    windows: dict[int, tuple[int, int]] = {}  # slice node -> [start, stop) of the loop index
     for node in group.nodes:
+        if node.op == "concat":
+            _, compute = c_types(node.type.dtype)
+            names[node.id] = f"v{node.id}"
+            lines.append(f"    const {compute} v{node.id} = {piecewise(node, piece, types, constants)};")
+            continue
+        if node.op == "slice":
+            start, stop = int(node.attrs["starts"][0]), int(node.attrs["stops"][0])
+            windows[node.id] = (start, stop)
+            names[node.id] = names[node.args[0]]
+            continue
         args = []
         for a in node.args:
             if a in names:
@@ -223,7 +240,11 @@ def elementwise_kernel(group: FusedGroup, program: Program, constants: Optional[
             value = f"sx_f32_to_bf16({value})"
         elif t.dtype == DType.bool:
             value = f"(unsigned char)({value})"
-        lines.append(f"    out{k}[i] = {value};")
+        if vid in windows:  # a window of the loop: its own buffer, from its start
+            start, stop = windows[vid]
+            lines.append(f"    if (i >= {start}LL && i < {stop}LL) out{k}[i - {start}LL] = {value};")
+        else:
+            lines.append(f"    out{k}[i] = {value};")
     body = "\n".join(lines)
     signature = ", ".join(arg_decls + ["long long n"])
     template = (
@@ -239,6 +260,30 @@ def elementwise_kernel(group: FusedGroup, program: Program, constants: Optional[
 
 
 BYTES = {DType.f32: 4, DType.bf16: 2, DType.f16: 2, DType.f64: 8, DType.i32: 4, DType.i64: 8, DType.bool: 1}
+
+
+def piecewise(node: Node, piece: dict[int, int], types: dict[int, TensorType], constants: dict[int, Node]) -> str:
+    """A 1-D concat at loop index i: each part read only inside its own range."""
+    parts: list[tuple[int, str]] = []
+    offset = 0
+    for a in node.args:
+        size = shape_size(types[a].shape)
+        if a in constants:
+            value = literal(constants[a].attrs["value"], constants[a].type.dtype)
+        elif a in piece:
+            value = f"in{piece[a]}[i - {offset}LL]"
+            if types[a].dtype == DType.bf16:
+                value = f"sx_bf16_to_f32({value})"
+            elif types[a].dtype == DType.bool:
+                value = f"({value} != 0)"
+        else:
+            raise LoweringError(f"concat %{node.id}: part %{a} is neither an input of the kernel nor a constant")
+        offset += size
+        parts.append((offset, value))
+    expression = parts[-1][1]
+    for end, value in reversed(parts[:-1]):
+        expression = f"(i < {end}LL ? {value} : {expression})"
+    return expression
 
 
 def load_expr(k: int, t: TensorType, space: tuple[int, ...], index: str) -> str:

@@ -109,8 +109,19 @@ Step = Union[FusedGroup, ReduceGroup, ScatterStep, RandomStep, GemmCall, OpKerne
 REDUCTIONS = ("sum", "mean", "max", "min")
 
 
+def joins_flat(node: Node) -> bool:
+    """A concat of 1-D values (the optimizer's joined group): fused as a piecewise load."""
+    return node.op == "concat" and len(node.type.shape) == 1
+
+
+def windows_flat(node: Node) -> bool:
+    """A contiguous window of a 1-D value (a parameter's part of the joined update): fused as
+    a windowed store of the group that computes the value."""
+    return node.op == "slice" and len(node.type.shape) == 1
+
+
 def fusible(node: Node) -> bool:
-    return node.op == "broadcast_to" or op_def(node.op).elementwise
+    return node.op == "broadcast_to" or joins_flat(node) or op_def(node.op).elementwise
 
 
 def gemm(node: Node, types: dict[int, TensorType]) -> GemmCall:
@@ -151,10 +162,30 @@ class Partition:
         return result
 
     def can_join(self, node: Node, group: FusedGroup) -> bool:
+        if windows_flat(node):  # a window of a value the group computes
+            return node.args[0] in group.ids and len(group.shape) == 1
         if group.shape != tuple(node.type.shape):
             return False
         ids = group.ids
         return all(arg in ids or arg in self.constants or not (self.ancestors_of(arg) & ids) for arg in node.args)
+
+    def can_merge(self, group: FusedGroup, other: FusedGroup) -> bool:
+        """Whether OTHER can become part of GROUP: the same space, and no value outside both
+        that one of them needs and the other makes."""
+        if other.shape != group.shape:
+            return False
+        both = group.ids | other.ids
+        for node in group.nodes + other.nodes:
+            for arg in node.args:
+                if arg not in both and arg not in self.constants and self.ancestors_of(arg) & both:
+                    return False
+        return True
+
+    def merge(self, group: FusedGroup, other: FusedGroup, steps: list[Step]) -> None:
+        group.nodes = sorted(group.nodes + other.nodes, key=lambda n: n.id)
+        for node in other.nodes:
+            self.group_of[node.id] = group
+        steps.remove(other)
 
     def inlined_constants(self) -> set[int]:
         """`full` nodes whose every reader is fused: they become literals in the kernels
@@ -186,13 +217,19 @@ class Partition:
                 steps.append(ScatterStep(node))
             elif node.op in REDUCTIONS and self.types[node.args[0]].dtype in (DType.f32, DType.bf16, DType.i32, DType.i64):
                 steps.append(ReduceGroup(node))
-            elif fusible(node):
+            elif fusible(node) or (windows_flat(node) and self.group_of.get(node.args[0]) is not None):
                 group = next((g for g in (self.group_of.get(a) for a in node.args) if g is not None and self.can_join(node, g)), None)
+                if group is None and windows_flat(node):
+                    steps.append(OpKernel(node))
+                    continue
                 if group is None:
                     group = FusedGroup(shape=tuple(node.type.shape))
                     steps.append(group)
                 group.nodes.append(node)
                 self.group_of[node.id] = group
+                for other in {id(g): g for g in (self.group_of.get(a) for a in node.args) if g is not None and g is not group}.values():
+                    if self.can_merge(group, other):  # the node joins two groups: one kernel
+                        self.merge(group, other, steps)
             else:
                 steps.append(OpKernel(node))
         self.finish_groups(steps)
@@ -216,6 +253,8 @@ class Partition:
             source = step.node.args[0]
             group = self.group_of.get(source)
             if group is None or group.outputs != [source] or readers.get(source) != 1 or source in returned:
+                continue
+            if any(n.op in ("concat", "slice") for n in group.nodes):  # piecewise groups stay whole
                 continue
             if group.shape != tuple(self.types[source].shape):
                 continue

@@ -73,7 +73,7 @@ def fits(step: Step, space: Shape, types: dict[int, TensorType], region: set[int
     if isinstance(step, FusedGroup):
         if step.shape not in (space, reduced):
             return False
-        if any(n.type.dtype not in (DType.f32, DType.bf16, DType.bool, DType.i32) for n in step.nodes):
+        if any(n.type.dtype not in (DType.f32, DType.bf16, DType.bool, DType.i32) or n.op in ("concat", "slice") for n in step.nodes):
             return False
         # a row-space node may read a reduced value only in its keepdims form
         for n in step.nodes:
