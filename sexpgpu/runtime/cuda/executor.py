@@ -196,7 +196,9 @@ class LoweredProgram:
             elif isinstance(step, ViewStep):
                 values[step.node.id] = self.contiguous(values[step.node.args[0]]).reshape(step.node.type.shape)
             elif isinstance(step, GemmCall):
-                a, b = (values[x] for x in step.node.args)
+                a, b = values[step.a], values[step.b]
+                a = a.swapaxes(-1, -2) if step.trans_a else a  # a view: the transpose flag
+                b = b.swapaxes(-1, -2) if step.trans_b else b
                 values[step.node.id] = self.place(step.node, device.matmul(step.node, a, b, types))
             else:
                 assert isinstance(step, OpKernel)

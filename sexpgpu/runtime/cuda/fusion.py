@@ -87,6 +87,16 @@ class GemmCall:
     n: int
     k: int
     kind: Literal["gemm"] = "gemm"
+    # an operand that is a transpose of the last two axes is read untransposed, with
+    # cuBLAS's transpose flag: the transpose costs no kernel and no memory
+    a: int = -1
+    b: int = -1
+    trans_a: bool = False
+    trans_b: bool = False
+
+    @property
+    def inputs(self) -> list[int]:
+        return [self.a, self.b]
 
 
 @dataclass
@@ -132,7 +142,13 @@ def gemm(node: Node, types: dict[int, TensorType]) -> GemmCall:
     batch = 1
     for d in out[:-2]:
         batch *= d
-    return GemmCall(node=node, batch=batch, m=m, n=n, k=k)
+    return GemmCall(node=node, batch=batch, m=m, n=n, k=k, a=node.args[0], b=node.args[1])
+
+
+def swaps_last_axes(node: Node) -> bool:
+    perm = list(node.attrs.get("perm", []))
+    r = len(perm)
+    return node.op == "transpose" and r >= 2 and perm == list(range(r - 2)) + [r - 1, r - 2]
 
 
 class Partition:
@@ -187,6 +203,18 @@ class Partition:
             self.group_of[node.id] = group
         steps.remove(other)
 
+    def transposes_for_gemm(self) -> dict[int, int]:
+        """Transposes of the last two axes read only by matmuls: transposed node -> its source."""
+        readers: dict[int, list[Node]] = {}
+        for node in self.program.nodes:
+            for arg in node.args:
+                readers.setdefault(arg, []).append(node)
+        returned = set(self.program.outputs.values())
+        return {
+            n.id: n.args[0] for n in self.program.nodes
+            if swaps_last_axes(n) and n.id not in returned and readers.get(n.id) and all(r.op == "matmul" for r in readers[n.id])
+        }
+
     def inlined_constants(self) -> set[int]:
         """`full` nodes whose every reader is fused: they become literals in the kernels
         (no memory, no kernel of their own)."""
@@ -203,12 +231,20 @@ class Partition:
     def run(self) -> list[Step]:
         steps: list[Step] = []
         self.constants = self.inlined_constants()
+        self.flag_transposes = self.transposes_for_gemm()
         for node in self.program.nodes:
             self.ancestors_of(node.id)  # memoized in program order: no deep recursion
             if node.id in self.constants:
                 continue
+            if node.id in self.flag_transposes:
+                continue
             if node.op == "matmul":
-                steps.append(gemm(node, self.types))
+                call = gemm(node, self.types)
+                if call.a in self.flag_transposes:
+                    call.a, call.trans_a = self.flag_transposes[call.a], True
+                if call.b in self.flag_transposes:
+                    call.b, call.trans_b = self.flag_transposes[call.b], True
+                steps.append(call)
             elif node.op == "reshape":
                 steps.append(ViewStep(node))
             elif node.op == "dropout_mask" or (node.op == "random_uniform" and node.type.dtype in (DType.f32, DType.bf16)):
@@ -289,7 +325,7 @@ class Partition:
         out: list[Step] = []
         while pending:
             for i, step in enumerate(pending):
-                needs = step.inputs if isinstance(step, (FusedGroup, ReduceGroup)) else step.node.args
+                needs = step.inputs if isinstance(step, (FusedGroup, ReduceGroup, GemmCall)) else step.node.args
                 if all(a in made for a in needs):
                     out.append(step)
                     made |= step.ids if isinstance(step, (FusedGroup, ReduceGroup)) else {step.node.id}

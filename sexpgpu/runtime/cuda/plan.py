@@ -74,7 +74,7 @@ def step_values(step: Any) -> tuple[list[int], list[int]]:
     """(values read, values written) of one step."""
     if isinstance(step, (FusedGroup, RowGroup)):
         return step.inputs, step.outputs
-    if isinstance(step, ReduceGroup):
+    if isinstance(step, (ReduceGroup, GemmCall)):
         return step.inputs, [step.node.id]
     return list(step.node.args), [step.node.id]
 
@@ -152,7 +152,8 @@ def kernel_line(k: int, step: Any, lowering: Lowering) -> KernelLine:
         precision = "bf16 in, f32 accumulate" if a.dtype.value == "bf16" else a.dtype.value
         call = "cublasGemmStridedBatchedEx" if step.batch > 1 else "cublasGemmEx"
         shape = f"{step.batch}x" if step.batch > 1 else ""
-        return KernelLine(step=k, kind="gemm", kernel=f"{call} {shape}{step.m}x{step.n}x{step.k} ({precision})", nodes=[node_label(node)],
+        flags = "".join(f", {x}^T" for x, t in (("A", step.trans_a), ("B", step.trans_b)) if t)
+        return KernelLine(step=k, kind="gemm", kernel=f"{call} {shape}{step.m}x{step.n}x{step.k} ({precision}{flags})", nodes=[node_label(node)],
                           elements=shape_size(node.type.shape), bytes=reads + nbytes(types, node.id), flops=2 * step.batch * step.m * step.n * step.k)
     if isinstance(step, ViewStep):
         return KernelLine(step=k, kind="view", kernel="(view: no kernel)", nodes=[node_label(node)], elements=shape_size(node.type.shape), bytes=0, flops=0)
