@@ -360,6 +360,16 @@ class Trainer:
         return record
 
 
+def peak_memory() -> Optional[int]:
+    """The process's peak resident memory in bytes (what a step event reports as `memory`)."""
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+    except (ImportError, OSError):  # not a POSIX system
+        return None
+
+
 def emit(events: Any, kind: str, **fields: Any) -> None:
     events.emit({"kind": kind, **fields})
 
@@ -475,7 +485,7 @@ class Run:
                 examples, tokens = seen[0] - window_seen[0], seen[1] - window_seen[1]
                 emit(events, "step", step=step, loss=record["loss"], metrics=record["metrics"], lr=record["lr"], grad_norm=record["grad_norm"],
                      step_time=step_time, examples_per_s=examples / window_time if window_time > 0 else None,
-                     tokens_per_s=tokens / window_time if window_time > 0 and tokens else None)
+                     tokens_per_s=tokens / window_time if window_time > 0 and tokens else None, memory=peak_memory())
                 eta = step_time * (self.steps - step)
                 status.update(step=step, metrics={"loss": record["loss"], **record["metrics"]}, eta_s=eta)
                 if self.options.progress:
