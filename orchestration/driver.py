@@ -94,6 +94,9 @@ class Driver:
 
     # -- before anything runs ----------------------------------------------------------------------
     def preflight(self) -> None:
+        missing = self.devices.software()
+        if missing is not None:
+            raise SweepError(missing)
         probe = f"{self.prefix}/.preflight-{self.id}"
         try:
             self.store.write_text(probe, "ok")

@@ -29,6 +29,16 @@ class Devices(BaseModel):
         """The resources of one rank."""
         return {"CPU": 1.0, "GPU": 1.0} if self.kind == "cuda" else {"CPU": 1.0}
 
+    def software(self) -> Optional[str]:
+        """Why CPU ranks cannot meet (PyTorch missing for GLOO), checked here before anything
+        runs: the workers run the same installation. NCCL is checked by each GPU rank (a CPU
+        head node may lack what the GPU workers have), which then exits 4."""
+        if self.count == 1 or self.kind == "cuda":
+            return None
+        from workers.collective import unavailable
+
+        return unavailable("gloo")
+
     def feasible(self, cluster: dict[str, float]) -> Optional[str]:
         """Why the cluster can never hold one run of these devices (None: it can)."""
         for resource, amount in self.bundle().items():

@@ -62,3 +62,19 @@ def test_a_point_finished_under_a_smaller_max_steps_is_not_finished_for_the_full
     assert driver.settled(smoke.model_copy(update={"step": 300}), "s") == "finished"
     assert driver.settled(Status(state="failed", step=5, summary=Summary(exit_code=1, reason="non-finite")), "s") == "failed"
     assert driver.settled(Status(state="running", step=50), "s") is None
+
+
+def test_a_rank_without_its_collective_library_is_exit_4_not_a_retry() -> None:
+    """Missing software is not a preemption: retrying cannot fix it."""
+    from workers.collective import CollectiveUnavailable, RankSpec, join, unavailable
+
+    assert unavailable("gloo") is None  # the test extra installs torch
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        try:
+            join(RankSpec(rank=0, world=2, group="g", backend="nccl", nccl_id=[0]))
+        except CollectiveUnavailable as exc:
+            assert "CuPy" in str(exc) and "pip install" in str(exc)
+        else:
+            raise AssertionError("NCCL ranks without CuPy must refuse to start")

@@ -46,6 +46,27 @@ class RendezvousError(RuntimeError):
     """A rank did not join its group in time."""
 
 
+class CollectiveUnavailable(RuntimeError):
+    """The collective library is missing on this worker (not retried: exit 4 with the fix)."""
+
+
+def unavailable(backend: str) -> Optional[str]:
+    """Why BACKEND cannot run in this process (None: it can)."""
+    if backend == "gloo":
+        try:
+            import torch.distributed  # noqa: F401  Ray's GLOO group is torch.distributed's gloo
+        except ImportError:
+            return "CPU ranks use Ray's GLOO collective, which needs PyTorch: pip install torch==2.13.0 (the test extra has it) on every worker"
+        return None
+    try:
+        from cupy.cuda import nccl
+    except ImportError:
+        return "GPU ranks need CuPy with NCCL: pip install -e '.[cuda]' on every worker"
+    if not getattr(nccl, "available", True):
+        return "this CuPy has no NCCL (cupy.cuda.nccl.available is False): install NCCL for CuPy (pip install nvidia-nccl-cu13)"
+    return None
+
+
 class Backend(Protocol):
     def allreduce_sum(self, buffer: np.ndarray) -> None:
         """Sum BUFFER over the ranks, in place."""
@@ -125,8 +146,6 @@ class NcclBackend:
         import cupy
         from cupy.cuda import nccl
 
-        if not getattr(nccl, "available", True):
-            raise RendezvousError("this CuPy has no NCCL (cupy.cuda.nccl.available is False): install NCCL for CuPy (pip install nvidia-nccl-cu13)")
         if spec.nccl_id is None:
             raise RendezvousError("NCCL needs rank 0's unique id; the driver did not pass one")
         self.cupy, self.nccl = cupy, nccl
@@ -263,5 +282,8 @@ class RankCollective:
 
 def join(spec: RankSpec) -> RankCollective:
     """Join this rank's group (under the rendezvous timeout) and return its collective."""
+    problem = unavailable(spec.backend)
+    if problem is not None:
+        raise CollectiveUnavailable(problem)
     backend: Backend = NcclBackend(spec) if spec.backend == "nccl" else GlooBackend(spec)
     return RankCollective(spec, backend)

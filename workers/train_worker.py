@@ -40,7 +40,7 @@ class TrainWorkerImpl:
         from sexpgpu.runtime.data import DataError
         from sexpgpu.runtime.loop import RunOptions, train
         from sexpgpu.runtime.store import StoreError
-        from workers.collective import RankSpec, RendezvousError, join
+        from workers.collective import CollectiveUnavailable, RankSpec, RendezvousError, join
 
         spec = RankSpec.model_validate(rank) if rank is not None else None
         try:
@@ -54,6 +54,8 @@ class TrainWorkerImpl:
         if spec is not None:
             try:
                 collective = join(spec)
+            except CollectiveUnavailable as exc:  # missing software is not fixed by retrying
+                return {"slug": manifest.slug, "exit_code": 4, "reason": f"cannot start here: {exc}"}
             except RendezvousError as exc:  # a rank that never came: retried like a lost node
                 return {"slug": manifest.slug, "exit_code": 75, "reason": f"rendezvous failed: {exc}", "preempted": True}
         options = RunOptions(store=store_url, device=device, max_steps=max_steps, resume=resume, signals=False, ranks=collective)

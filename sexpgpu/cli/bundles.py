@@ -90,7 +90,7 @@ def run_submit(args: argparse.Namespace) -> int:
     except Exception as exc:  # the cluster is the finding
         print(f"sexpgpu: cannot reach the Ray cluster at {args.ray}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return Exit.CANNOT_START
-    problem = devices.feasible(ray.cluster_resources())
+    problem = devices.software() or devices.feasible(ray.cluster_resources())
     if problem is not None:
         print(f"sexpgpu: cannot start here: {problem}", file=sys.stderr)
         return Exit.CANNOT_START

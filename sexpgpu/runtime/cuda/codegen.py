@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import math
-
-import numpy as np
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
 
 from ...ir.dtypes import DType, numpy_dtype, parse_dtype
 from ...ir.graph import Node, Program, TensorType, shape_size
@@ -172,91 +172,91 @@ def node_expression(node: Node, args: list[str], types: dict[int, TensorType]) -
     return template.format(*args)
 
 
+def from_storage(memory: str, dtype: DType) -> str:
+    """A value read from memory as the kernel computes with it."""
+    if dtype == DType.bf16:
+        return f"sx_bf16_to_f32({memory})"
+    if dtype == DType.bool:
+        return f"({memory} != 0)"
+    return memory
+
+
+def to_storage(value: str, dtype: DType) -> str:
+    """A computed value as memory holds it."""
+    if dtype == DType.bf16:
+        return f"sx_f32_to_bf16({value})"
+    if dtype == DType.bool:
+        return f"(unsigned char)({value})"
+    return value
+
+
+def declare(inputs: list[int], outputs: list[int], types: dict[int, TensorType]) -> tuple[list[str], list[Param]]:
+    """The kernel parameters in0.. (read) and out0.. (written), and their Params."""
+    decls, params = [], []
+    for role, values in (("in", inputs), ("out", outputs)):
+        for k, vid in enumerate(values):
+            t = types[vid]
+            store, _ = c_types(t.dtype)
+            decls.append(f"const {store}* __restrict__ in{k}" if role == "in" else f"{store}* __restrict__ out{k}")
+            params.append(Param(role, vid, t.dtype, tuple(t.shape)))
+    return decls, params
+
+
+def assemble(prefix: str, decls: list[str], loop: str, lines: list[str], params: list[Param], size: int, flops: int,
+             before: tuple[str, ...] = (), moved: Optional[int] = None) -> KernelSource:
+    """A kernel: LINES inside a grid-stride loop over `LOOP < n`, named PREFIX_<hash of its text>."""
+    signature = ", ".join(decls + ["long long n"])
+    text = (
+        f'extern "C" __global__ void @NAME@({signature}) {{\n' + "".join(f"{line}\n" for line in before)
+        + f"  for (long long {loop} = (long long)blockIdx.x * blockDim.x + threadIdx.x; {loop} < n; {loop} += (long long)blockDim.x * gridDim.x) {{\n"
+        + "\n".join(lines) + "\n  }\n}\n"
+    )
+    name = f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    if moved is None:
+        moved = sum(shape_size(p.shape) * BYTES[p.dtype] for p in params)
+    return KernelSource(name=name, source=text.replace("@NAME@", name), params=params, size=size, flops=flops, bytes=moved)
+
+
+def load_expr(k: int, t: TensorType, space: tuple[int, ...], index: str) -> str:
+    return from_storage(f"in{k}[{broadcast_index(tuple(t.shape), space, index)}]", t.dtype)
+
+
 def elementwise_kernel(group: FusedGroup, program: Program, constants: Optional[dict[int, Node]] = None) -> KernelSource:
     """The kernel computing GROUP (its inputs are read, its outputs written)."""
     types = program.types()
     constants = constants or {}
     space = group.shape
-    params: list[Param] = []
+    decls, params = declare(group.inputs, group.outputs, types)
     names: dict[int, str] = {}
     lines: list[str] = []
-    arg_decls: list[str] = []
     # values read only by a concat are loaded inside its piecewise expression, in range only
     read_elsewhere = {a for n in group.nodes if n.op != "concat" for a in n.args}
-    piece: dict[int, int] = {}
+    piece = {vid: k for k, vid in enumerate(group.inputs)}
     for k, vid in enumerate(group.inputs):
-        t = types[vid]
-        store, compute = c_types(t.dtype)
-        arg_decls.append(f"const {store}* __restrict__ in{k}")
-        params.append(Param("in", vid, t.dtype, tuple(t.shape)))
-        piece[vid] = k
-        if vid not in read_elsewhere:
-            continue
-        index = broadcast_index(tuple(t.shape), space, "i")
-        load = f"in{k}[{index}]"
-        if t.dtype == DType.bf16:
-            load = f"sx_bf16_to_f32({load})"
-        elif t.dtype == DType.bool:
-            load = f"({load} != 0)"
-        names[vid] = f"a{k}"
-        lines.append(f"    const {compute} a{k} = {load};")
+        if vid in read_elsewhere:
+            names[vid] = f"a{k}"
+            lines.append(f"    const {c_types(types[vid].dtype)[1]} a{k} = {load_expr(k, types[vid], space, 'i')};")
     flops = 0
     windows: dict[int, tuple[int, int]] = {}  # slice node -> [start, stop) of the loop index
     for node in group.nodes:
         if node.op == "concat":
-            _, compute = c_types(node.type.dtype)
             names[node.id] = f"v{node.id}"
-            lines.append(f"    const {compute} v{node.id} = {piecewise(node, piece, types, constants)};")
-            continue
-        if node.op == "slice":
-            start, stop = int(node.attrs["starts"][0]), int(node.attrs["stops"][0])
-            windows[node.id] = (start, stop)
+            lines.append(f"    const {c_types(node.type.dtype)[1]} v{node.id} = {piecewise(node, piece, types, constants)};")
+        elif node.op == "slice":
+            windows[node.id] = (int(node.attrs["starts"][0]), int(node.attrs["stops"][0]))
             names[node.id] = names[node.args[0]]
-            continue
-        args = []
-        for a in node.args:
-            if a in names:
-                args.append(names[a])
-            elif a in constants:
-                c = constants[a]
-                args.append(literal(c.attrs["value"], c.type.dtype))
-            else:
-                raise LoweringError(f"value %{a} is neither an input nor computed in the group")
-        expression = node_expression(node, args, types)
-        _, compute = c_types(node.type.dtype)
-        if node.type.dtype == DType.bf16:
-            expression = f"sx_bf16_round({expression})"
-        names[node.id] = f"v{node.id}"
-        lines.append(f"    const {compute} v{node.id} = {expression};")
-        if node.op != "broadcast_to":
-            flops += op_def(node.op).flops(node, [types[a] for a in node.args])
+        else:
+            more, cost = chain_lines([node], names, types, constants, "    ")
+            lines += more
+            flops += cost
     for k, vid in enumerate(group.outputs):
-        t = types[vid]
-        store, _ = c_types(t.dtype)
-        arg_decls.append(f"{store}* __restrict__ out{k}")
-        params.append(Param("out", vid, t.dtype, tuple(t.shape)))
-        value = names[vid]
-        if t.dtype == DType.bf16:
-            value = f"sx_f32_to_bf16({value})"
-        elif t.dtype == DType.bool:
-            value = f"(unsigned char)({value})"
+        value = to_storage(names[vid], types[vid].dtype)
         if vid in windows:  # a window of the loop: its own buffer, from its start
             start, stop = windows[vid]
             lines.append(f"    if (i >= {start}LL && i < {stop}LL) out{k}[i - {start}LL] = {value};")
         else:
             lines.append(f"    out{k}[i] = {value};")
-    body = "\n".join(lines)
-    signature = ", ".join(arg_decls + ["long long n"])
-    template = (
-        'extern "C" __global__ void {name}(' + signature + ") {{\n"
-        "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)blockDim.x * gridDim.x) {{\n"
-        + body.replace("{", "{{").replace("}", "}}") + "\n  }}\n}}\n"
-    )
-    digest = hashlib.sha256(template.encode()).hexdigest()[:12]
-    name = f"sx_fused_{digest}"
-    size = shape_size(space)
-    moved = sum(shape_size(p.shape) * max(1, BYTES[p.dtype]) for p in params)
-    return KernelSource(name=name, source=template.format(name=name), params=params, size=size, flops=flops, bytes=moved)
+    return assemble("sx_fused", decls, "i", lines, params, shape_size(space), flops)
 
 
 BYTES = {DType.f32: 4, DType.bf16: 2, DType.f16: 2, DType.f64: 8, DType.i32: 4, DType.i64: 8, DType.bool: 1}
@@ -267,32 +267,18 @@ def piecewise(node: Node, piece: dict[int, int], types: dict[int, TensorType], c
     parts: list[tuple[int, str]] = []
     offset = 0
     for a in node.args:
-        size = shape_size(types[a].shape)
         if a in constants:
             value = literal(constants[a].attrs["value"], constants[a].type.dtype)
         elif a in piece:
-            value = f"in{piece[a]}[i - {offset}LL]"
-            if types[a].dtype == DType.bf16:
-                value = f"sx_bf16_to_f32({value})"
-            elif types[a].dtype == DType.bool:
-                value = f"({value} != 0)"
+            value = from_storage(f"in{piece[a]}[i - {offset}LL]", types[a].dtype)
         else:
             raise LoweringError(f"concat %{node.id}: part %{a} is neither an input of the kernel nor a constant")
-        offset += size
+        offset += shape_size(types[a].shape)
         parts.append((offset, value))
     expression = parts[-1][1]
     for end, value in reversed(parts[:-1]):
         expression = f"(i < {end}LL ? {value} : {expression})"
     return expression
-
-
-def load_expr(k: int, t: TensorType, space: tuple[int, ...], index: str) -> str:
-    load = f"in{k}[{broadcast_index(tuple(t.shape), space, index)}]"
-    if t.dtype == DType.bf16:
-        return f"sx_bf16_to_f32({load})"
-    if t.dtype == DType.bool:
-        return f"({load} != 0)"
-    return load
 
 
 def chain_lines(nodes: list[Node], names: dict[int, str], types: dict[int, TensorType], constants: dict[int, Node], indent: str) -> tuple[list[str], int]:
@@ -355,18 +341,11 @@ def reduce_kernel(group: "ReduceGroup", program: Program, constants: Optional[di
     reduced_size = 1
     for d in axes:
         reduced_size *= space[d]
-    params: list[Param] = []
-    decls: list[str] = []
     names: dict[int, str] = {}
     inner: list[str] = []
-    inputs = group.inputs
-    for k, vid in enumerate(inputs):
-        t = types[vid]
-        store, compute = c_types(t.dtype)
-        decls.append(f"const {store}* __restrict__ in{k}")
-        params.append(Param("in", vid, t.dtype, tuple(t.shape)))
+    for k, vid in enumerate(group.inputs):
         names[vid] = f"a{k}"
-        inner.append(f"      const {compute} a{k} = {load_expr(k, t, space, 'idx')};")
+        inner.append(f"      const {c_types(types[vid].dtype)[1]} a{k} = {load_expr(k, types[vid], space, 'idx')};")
     flops = 0
     if group.prologue is not None:
         lines, flops = chain_lines(group.prologue.nodes, names, types, constants, "      ")
@@ -384,14 +363,9 @@ def reduce_kernel(group: "ReduceGroup", program: Program, constants: Optional[di
             step = f"if (acc == acc) {{ {step} }}"
     flops += reduced_size * (shape_size(node.type.shape) or 1)
     out_t = node.type
-    store, _ = c_types(out_t.dtype)
-    decls.append(f"{store}* __restrict__ out0")
-    params.append(Param("out", node.id, out_t.dtype, tuple(out_t.shape)))
+    decls, params = declare(group.inputs, [node.id], types)
     result = "acc" if node.op != "mean" else f"(acc / {reduced_size}.0)"
-    if out_t.dtype == DType.bf16:
-        result = f"sx_f32_to_bf16((float){result})"
-    else:
-        result = f"({store}){result}"
+    result = to_storage(f"(float){result}", out_t.dtype) if out_t.dtype == DType.bf16 else f"({c_types(out_t.dtype)[0]}){result}"
     body = [
         f"    const long long base = {flat_index(coords(kept), 'o')};",
         f"    {acc_type} acc = {init};",
@@ -402,15 +376,7 @@ def reduce_kernel(group: "ReduceGroup", program: Program, constants: Optional[di
         "    }",
         f"    out0[o] = {result};",
     ]
-    signature = ", ".join(decls + ["long long n"])
-    text = (
-        'extern "C" __global__ void {name}(' + signature + ") {{\n"
-        "  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < n; o += (long long)blockDim.x * gridDim.x) {{\n"
-        + "\n".join(body).replace("{", "{{").replace("}", "}}") + "\n  }}\n}}\n"
-    )
-    name = f"sx_reduce_{node.op}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-    moved = sum(shape_size(p.shape) * BYTES[p.dtype] for p in params)
-    return KernelSource(name=name, source=text.format(name=name), params=params, size=shape_size(out_t.shape) or 1, flops=flops, bytes=moved)
+    return assemble(f"sx_reduce_{node.op}", decls, "o", body, params, shape_size(out_t.shape) or 1, flops)
 
 
 def scatter_kernel(node: Node, program: Program) -> KernelSource:
@@ -422,20 +388,14 @@ def scatter_kernel(node: Node, program: Program) -> KernelSource:
     rows = node.type.shape[0]
     width = shape_size(node.type.shape[1:]) or 1
     store, _ = c_types(node.type.dtype)
-    load = "sx_bf16_to_f32(g[order[p] * {w}LL + c])" if node.type.dtype == DType.bf16 else "g[order[p] * {w}LL + c]"
-    result = "sx_f32_to_bf16(acc)" if node.type.dtype == DType.bf16 else "acc"
-    text = (
-        'extern "C" __global__ void {name}(const ' + store + "* __restrict__ g, const long long* __restrict__ order, "
-        "const long long* __restrict__ starts, " + store + "* __restrict__ out, long long n) {{\n"
-        "  for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < n; o += (long long)blockDim.x * gridDim.x) {{\n"
-        f"    const long long r = o / {width}LL;\n"
-        f"    const long long c = o % {width}LL;\n"
-        "    float acc = 0.0f;\n"
-        f"    for (long long p = starts[r]; p < starts[r + 1]; ++p) acc += {load.format(w=width)};\n"
-        f"    out[o] = {result};\n"
-        "  }}\n}}\n"
-    )
-    name = f"sx_scatter_sorted_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    decls = [f"const {store}* __restrict__ g", "const long long* __restrict__ order", "const long long* __restrict__ starts", f"{store}* __restrict__ out"]
+    body = [
+        f"    const long long r = o / {width}LL;",
+        f"    const long long c = o % {width}LL;",
+        "    float acc = 0.0f;",
+        f"    for (long long p = starts[r]; p < starts[r + 1]; ++p) acc += {from_storage(f'g[order[p] * {width}LL + c]', node.type.dtype)};",
+        f"    out[o] = {to_storage('acc', node.type.dtype)};",
+    ]
     count = shape_size(types[node.args[1]].shape)
     params = [
         Param("in", node.args[0], values_t.dtype, tuple(values_t.shape)),
@@ -443,8 +403,7 @@ def scatter_kernel(node: Node, program: Program) -> KernelSource:
         Param("in", -2, DType.i64, (rows + 1,)),
         Param("out", node.id, node.type.dtype, tuple(node.type.shape)),
     ]
-    moved = sum(shape_size(p.shape) * BYTES[p.dtype] for p in params)
-    return KernelSource(name=name, source=text.format(name=name), params=params, size=shape_size(node.type.shape), flops=shape_size(values_t.shape), bytes=moved)
+    return assemble("sx_scatter_sorted", decls, "o", body, params, shape_size(node.type.shape), shape_size(values_t.shape))
 
 
 def kernel_for(step: Any, program: Program, constants: Optional[dict[int, Node]] = None) -> KernelSource:
@@ -464,8 +423,6 @@ def kernel_for(step: Any, program: Program, constants: Optional[dict[int, Node]]
 
 
 
-
-
 def random_kernel(node: Node, program: Program) -> KernelSource:
     """dropout_mask and random_uniform (f32, bf16) as a device kernel: one thread per Philox
     block of four elements, the derivation of ir/ops_random.py word for word (no fused
@@ -479,26 +436,22 @@ def random_kernel(node: Node, program: Program) -> KernelSource:
     out_store, _ = c_types(node.type.dtype)
     seed, key = int(node.attrs["seed"]) & 0xFFFFFFFF, int(node.attrs["key"]) & 0xFFFFFFFF
     if node.op == "dropout_mask":
-        value = f"(unsigned char)((w[l] >> 8) >= {dropout_threshold(node.attrs['rate'])}u)"
+        value = to_storage(f"(w[l] >> 8) >= {dropout_threshold(node.attrs['rate'])}u", DType.bool)
     else:
         low32 = float(np.float32(node.attrs.get("low", 0.0)))
         width32 = float(np.float32(np.float32(node.attrs.get("high", 1.0)) - np.float32(low32)))
         u = "((float)(w[l] >> 8) * 5.9604644775390625e-08f)"
-        value = f"sx_fadd({literal(low32, DType.f32)}, sx_fmul({literal(width32, DType.f32)}, {u}))"
-        if node.type.dtype == DType.bf16:
-            value = f"sx_f32_to_bf16({value})"
-    text = (
-        'extern "C" __global__ void {name}(const ' + step_store + "* __restrict__ step, " + out_store + "* __restrict__ out, long long n) {{\n"
-        "  const unsigned long long s = (unsigned long long)(long long)step[0];\n"
-        "  for (long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x; b < n; b += (long long)blockDim.x * gridDim.x) {{\n"
-        "    unsigned int w[4] = {{(unsigned int)((unsigned long long)b & 0xffffffffu), (unsigned int)((unsigned long long)b >> 32), "
-        "(unsigned int)(s & 0xffffffffu), (unsigned int)(s >> 32)}};\n"
-        f"    sx_philox(w, {seed}u, {key}u);\n"
-        "    for (int l = 0; l < 4; ++l) {{\n"
-        "      const long long i = 4 * b + l;\n"
-        f"      if (i < {size}LL) out[i] = {value.replace('{', '{{').replace('}', '}}')};\n"
-        "    }}\n  }}\n}}\n"
-    )
-    name = f"sx_{node.op}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+        value = to_storage(f"sx_fadd({literal(low32, DType.f32)}, sx_fmul({literal(width32, DType.f32)}, {u}))", node.type.dtype)
+    body = [
+        "    unsigned int w[4] = {(unsigned int)((unsigned long long)b & 0xffffffffu), (unsigned int)((unsigned long long)b >> 32), "
+        "(unsigned int)(s & 0xffffffffu), (unsigned int)(s >> 32)};",
+        f"    sx_philox(w, {seed}u, {key}u);",
+        "    for (int l = 0; l < 4; ++l) {",
+        "      const long long i = 4 * b + l;",
+        f"      if (i < {size}LL) out[i] = {value};",
+        "    }",
+    ]
+    decls = [f"const {step_store}* __restrict__ step", f"{out_store}* __restrict__ out"]
     params = [Param("in", node.args[0], step_t.dtype, ()), Param("out", node.id, node.type.dtype, tuple(node.type.shape))]
-    return KernelSource(name=name, source=text.format(name=name), params=params, size=(size + 3) // 4, flops=size * 20, bytes=size * BYTES[node.type.dtype])
+    return assemble(f"sx_{node.op}", decls, "b", body, params, (size + 3) // 4, size * 20,
+                    before=("  const unsigned long long s = (unsigned long long)(long long)step[0];",), moved=size * BYTES[node.type.dtype])

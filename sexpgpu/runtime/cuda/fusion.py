@@ -359,11 +359,3 @@ def lower(program: Program) -> Lowering:
     partition = Partition(program)
     steps = partition.run()
     return Lowering(program=program, steps=steps, constants={n.id: n for n in program.nodes if n.id in partition.constants})
-
-
-def is_float_type(dtype: DType) -> bool:
-    return dtype in (DType.f32, DType.bf16, DType.f16, DType.f64)
-
-
-def group_of_node(steps: list[Step], node_id: int) -> Optional[FusedGroup]:
-    return next((s for s in steps if isinstance(s, FusedGroup) and node_id in s.ids), None)

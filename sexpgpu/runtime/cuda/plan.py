@@ -14,7 +14,6 @@ source lines, elements, bytes moved and FLOPs — the CUDA half of `sexpgpu expl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from pydantic import BaseModel
@@ -22,7 +21,7 @@ from pydantic import BaseModel
 from ...ir.graph import Node, Program, shape_size
 from ...ir.ops import op_def
 from .codegen import BYTES, LoweringError, elementwise_kernel, random_kernel, reduce_kernel, scatter_kernel
-from .fusion import FusedGroup, GemmCall, Lowering, OpKernel, RandomStep, ReduceGroup, ScatterStep, ViewStep, lower
+from .fusion import FusedGroup, GemmCall, Lowering, RandomStep, ReduceGroup, ScatterStep, ViewStep, lower
 from .rows import RowGroup, rows_kernel
 
 ALIGN = 256
@@ -181,18 +180,4 @@ def report(program: Program, lowering: Optional[Lowering] = None) -> ProgramRepo
     )
 
 
-@dataclass
-class DevicePlan:
-    """The memory the CUDA device needs for a run: parameters, optimizer state and
-    gradients (f32 masters) plus the largest program arena among the step's programs."""
-
-    params: int
-    optimizer_state: int
-    arenas: dict[str, int]
-
-    @property
-    def total(self) -> int:
-        return self.params + self.optimizer_state + max(self.arenas.values(), default=0)
-
-
-__all__ = ["report", "plan_arena", "ProgramReport", "Arena", "DevicePlan", "LoweringError"]
+__all__ = ["report", "plan_arena", "ProgramReport", "Arena", "LoweringError"]

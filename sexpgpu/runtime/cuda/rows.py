@@ -15,7 +15,6 @@ so the merged plan stays acyclic; the run ends at the first step that cannot joi
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -23,10 +22,11 @@ from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, TensorType, shape_size
 from ...ir.ops import op_def
 from ...ir.ops_reduce import normalize_axes
-from .codegen import BYTES, KernelSource, Param, broadcast_index, c_types, literal, node_expression
+from .codegen import KernelSource, assemble, c_types, chain_lines, declare, load_expr, to_storage
 from .fusion import FusedGroup, ReduceGroup, Step
 
 Shape = tuple[int, ...]
+REDUCE_OPS = ("sum", "mean", "max", "min")
 
 
 @dataclass
@@ -44,7 +44,7 @@ class RowGroup:
 
 def last_axis_reduction(step: Step, types: dict[int, TensorType]) -> Optional[Shape]:
     """The row space of a reduction over the last axis with keepdims (None otherwise)."""
-    if not isinstance(step, ReduceGroup) or step.node.op not in ("sum", "mean", "max", "min"):
+    if not isinstance(step, ReduceGroup) or step.node.op not in REDUCE_OPS:
         return None
     space = tuple(types[step.node.args[0]].shape)
     if len(space) < 1 or space[-1] < 2 or not step.node.attrs.get("keepdims", False):
@@ -147,162 +147,86 @@ def rows_kernel(group: RowGroup, program: Program, constants: dict[int, Node]) -
     types = program.types()
     space = group.space
     width = space[-1]
-    rows = shape_size(space) // width
-    ids = group.ids
-    row_nodes = [n for n in group.nodes if tuple(n.type.shape) == space and n.op not in ("sum", "mean", "max", "min")]
-    reductions = [n for n in group.nodes if n.op in ("sum", "mean", "max", "min")]
+    by_id = {n.id: n for n in group.nodes}
+    row_nodes = [n for n in group.nodes if tuple(n.type.shape) == space and n.op not in REDUCE_OPS]
+    reductions = [n for n in group.nodes if n.op in REDUCE_OPS]
     reduced_nodes = [n for n in group.nodes if n not in row_nodes and n not in reductions]
-    params: list[Param] = []
-    decls: list[str] = []
+    decls, params = declare(group.inputs, group.outputs, types)
     input_index = {vid: k for k, vid in enumerate(group.inputs)}
-    for k, vid in enumerate(group.inputs):
-        t = types[vid]
-        store, _ = c_types(t.dtype)
-        decls.append(f"const {store}* __restrict__ in{k}")
-        params.append(Param("in", vid, t.dtype, tuple(t.shape)))
     output_index = {vid: k for k, vid in enumerate(group.outputs)}
-    for k, vid in enumerate(group.outputs):
-        t = types[vid]
-        store, _ = c_types(t.dtype)
-        decls.append(f"{store}* __restrict__ out{k}")
-        params.append(Param("out", vid, t.dtype, tuple(t.shape)))
-
-    def load(vid: int, index: str, relative_to: Shape) -> str:
-        t = types[vid]
-        text = f"in{input_index[vid]}[{broadcast_index(tuple(t.shape), relative_to, index)}]"
-        if t.dtype == DType.bf16:
-            return f"sx_bf16_to_f32({text})"
-        if t.dtype == DType.bool:
-            return f"({text} != 0)"
-        return text
-
-    def store(vid: int, value: str, index: str) -> str:
-        t = types[vid]
-        if t.dtype == DType.bf16:
-            value = f"sx_f32_to_bf16({value})"
-        elif t.dtype == DType.bool:
-            value = f"(unsigned char)({value})"
-        return f"out{output_index[vid]}[{index}] = {value};"
-
     scalars: dict[int, str] = {}  # reduced values computed so far (registers for the row)
+    lines: list[str] = []
+    flops = 0
 
-    def argument(a: int, names: dict[int, str], loads: dict[int, str], index: str, relative_to: Shape) -> str:
-        if a in names:
-            return names[a]
-        if a in scalars:
-            return scalars[a]
-        if a in constants:
-            return literal(constants[a].attrs["value"], constants[a].type.dtype)
-        if a not in loads:
-            loads[a] = f"x{a}"
-        return loads[a]
+    def loads(nodes: list[Node], index: str, relative_to: Shape, indent: str, tag: str) -> tuple[list[str], dict[int, str]]:
+        """The inputs NODES read, loaded at INDEX, and the names of everything they read."""
+        names = dict(scalars)
+        out = []
+        for node in nodes:
+            for a in node.args:
+                if a in input_index and a not in names:
+                    names[a] = f"x{a}{tag}"
+                    out.append(f"{indent}const {c_types(types[a].dtype)[1]} {names[a]} = {load_expr(input_index[a], types[a], relative_to, index)};")
+        return out, names
 
-    def row_lines(targets: list[int], indent: str) -> tuple[list[str], dict[int, str]]:
-        """Lines computing the row-space nodes TARGETS need, at flat index idx."""
+    def row_pass(targets: list[int]) -> tuple[list[str], dict[int, str], int]:
+        """The loop body computing the row-space values TARGETS need, at flat index idx."""
         needed: set[int] = set()
         stack = list(targets)
         while stack:
             v = stack.pop()
-            if v in needed or v not in ids or v in scalars:
-                continue
-            node = next(n for n in group.nodes if n.id == v)
-            if node in row_nodes:
+            node = by_id.get(v)
+            if node is not None and node in row_nodes and v not in needed:
                 needed.add(v)
                 stack.extend(node.args)
-        names: dict[int, str] = {}
-        loads: dict[int, str] = {}
-        body: list[str] = []
-        for node in row_nodes:
-            if node.id not in needed:
-                continue
-            args = [argument(a, names, loads, "idx", space) for a in node.args]
-            expression = node_expression(node, args, types)
-            _, compute = c_types(node.type.dtype)
-            if node.type.dtype == DType.bf16:
-                expression = f"sx_bf16_round({expression})"
-            names[node.id] = f"v{node.id}"
-            body.append(f"{indent}const {compute} v{node.id} = {expression};")
-        for a in targets:  # a target that is an input itself
-            if a not in names and a not in scalars and a not in constants and a not in ids:
-                argument(a, names, loads, "idx", space)
-        head = []
-        for a, name in loads.items():
-            _, compute = c_types(types[a].dtype)
-            head.append(f"{indent}const {compute} {name} = {load(a, 'idx', space)};")
-        names.update(loads)
-        return head + body, names
-
-    lines: list[str] = []
-    done_reduced: set[int] = set()
+        nodes = [n for n in row_nodes if n.id in needed]
+        head, names = loads(nodes, "idx", space, "      ", "")
+        for v in targets:  # a reduction straight over an input
+            if v in input_index and v not in names:
+                names[v] = f"x{v}"
+                head.append(f"      const {c_types(types[v].dtype)[1]} x{v} = {load_expr(input_index[v], types[v], space, 'idx')};")
+        body, cost = chain_lines(nodes, names, types, constants, "      ")
+        return head + body, names, cost
 
     def reduced_ready() -> None:
-        progress = True
-        while progress:
-            progress = False
-            for node in reduced_nodes:
-                if node.id in done_reduced:
-                    continue
-                if not all(a in scalars or a in constants or (a not in ids) for a in node.args):
-                    continue
-                loads: dict[int, str] = {}
-                args = [argument(a, {}, loads, "r", tuple(node.type.shape)) for a in node.args]
-                for a, name in loads.items():
-                    _, compute = c_types(types[a].dtype)
-                    lines.append(f"    const {compute} {name}_{node.id} = {load(a, 'r', tuple(node.type.shape))};")
-                args = [f"{x}_{node.id}" if x in loads.values() else x for x in args]
-                expression = node_expression(node, args, types)
-                _, compute = c_types(node.type.dtype)
-                if node.type.dtype == DType.bf16:
-                    expression = f"sx_bf16_round({expression})"
-                lines.append(f"    const {compute} s{node.id} = {expression};")
-                scalars[node.id] = f"s{node.id}"
-                if node.id in output_index:
-                    lines.append(f"    {store(node.id, scalars[node.id], 'r')}")
-                done_reduced.add(node.id)
-                progress = True
+        """Every reduced-space node whose arguments are known now, in order."""
+        for node in reduced_nodes:
+            if node.id in scalars or not all(a in scalars or a in constants or a not in by_id for a in node.args):
+                continue
+            head, names = loads([node], "r", tuple(node.type.shape), "    ", f"_{node.id}")
+            body, _ = chain_lines([node], names, types, constants, "    ")
+            lines.extend(head + body)
+            scalars[node.id] = names[node.id]
+            if node.id in output_index:
+                lines.append(f"    out{output_index[node.id]}[r] = {to_storage(scalars[node.id], node.type.dtype)};")
 
     reduced_ready()
-    flops = 0
     for red in reductions:
-        source = red.args[0]
-        body, names = row_lines([source], "      ")
-        x = names.get(source) or scalars.get(source)
-        init = {"sum": "0.0", "mean": "0.0", "max": "-sx_inf()", "min": "sx_inf()"}[red.op]
+        body, names, cost = row_pass([red.args[0]])
+        flops += cost + shape_size(space)
+        x, acc = names[red.args[0]], f"acc{red.id}"
         if red.op in ("sum", "mean"):
-            step = f"acc += (double){x};"
-        else:
+            step, init = f"{acc} += (double){x};", "0.0"
+        else:  # NaN wins, as in NumPy
             better = ">" if red.op == "max" else "<"
-            step = f"if (acc == acc) {{ if ((double){x} {better} acc || {x} != {x}) acc = (double){x}; }}"
-        acc = f"acc{red.id}"
+            step = f"if ({acc} == {acc}) {{ if ((double){x} {better} {acc} || {x} != {x}) {acc} = (double){x}; }}"
+            init = "-sx_inf()" if red.op == "max" else "sx_inf()"
         lines += [f"    double {acc} = {init};", f"    for (long long c = 0; c < {width}LL; ++c) {{", f"      const long long idx = r * {width}LL + c;",
-                  *body, f"      {step.replace('acc', acc)}", "    }"]
-        value = acc if red.op != "mean" else f"({acc} / {width}.0)"
-        expression = f"(float){value}"
-        if red.type.dtype == DType.bf16:
-            expression = f"sx_bf16_round({expression})"
-        lines.append(f"    const float s{red.id} = {expression};")
+                  *body, f"      {step}", "    }"]
+        value = f"(float){acc}" if red.op != "mean" else f"(float)({acc} / {width}.0)"
+        lines.append(f"    const float s{red.id} = {f'sx_bf16_round({value})' if red.type.dtype == DType.bf16 else value};")
         scalars[red.id] = f"s{red.id}"
         if red.id in output_index:
-            lines.append(f"    {store(red.id, scalars[red.id], 'r')}")
-        flops += shape_size(space)
+            lines.append(f"    out{output_index[red.id]}[r] = {to_storage(scalars[red.id], red.type.dtype)};")
         reduced_ready()
     row_outputs = [v for v in group.outputs if v not in scalars]
     if row_outputs:
-        body, names = row_lines(row_outputs, "      ")
+        body, names, _ = row_pass(row_outputs)
         lines += [f"    for (long long c = 0; c < {width}LL; ++c) {{", f"      const long long idx = r * {width}LL + c;", *body]
-        lines += [f"      {store(v, names[v], 'idx')}" for v in row_outputs]
+        lines += [f"      out{output_index[v]}[idx] = {to_storage(names[v], types[v].dtype)};" for v in row_outputs]
         lines.append("    }")
-    for node in row_nodes + reduced_nodes:
-        flops += op_def(node.op).flops(node, [types[a] for a in node.args]) if node.op != "broadcast_to" else 0
-    signature = ", ".join(decls + ["long long n"])
-    text = (
-        'extern "C" __global__ void {name}(' + signature + ") {{\n"
-        "  for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < n; r += (long long)blockDim.x * gridDim.x) {{\n"
-        + "\n".join(lines).replace("{", "{{").replace("}", "}}") + "\n  }}\n}}\n"
-    )
-    name = f"sx_rows_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-    moved = sum(shape_size(p.shape) * BYTES[p.dtype] for p in params)
-    return KernelSource(name=name, source=text.format(name=name), params=params, size=rows, flops=flops, bytes=moved)
+    flops += sum(op_def(n.op).flops(n, [types[a] for a in n.args]) for n in reduced_nodes if n.op != "broadcast_to")
+    return assemble("sx_rows", decls, "r", lines, params, shape_size(space) // width, flops)
 
 
 __all__ = ["RowGroup", "fuse_rows", "rows_kernel"]
