@@ -47,12 +47,12 @@ def run_file(tmp: Path, config: dict[str, int]) -> Path:
 def ours(path: Path, steps: int) -> tuple[float, Any]:
     """Seconds per step of the CUDA device (after 3 warm-up steps) and the experiment."""
     from sexpgpu.compile.pipeline import compile_file
-    from sexpgpu.runtime.cuda.device import program_factory
+    from sexpgpu.runtime.backend import backend_for
     from sexpgpu.runtime.loop import Trainer
 
     experiment = compile_file(path).experiment
     assert experiment is not None
-    trainer = Trainer(experiment, None, program_factory("cuda"))
+    trainer = Trainer(experiment, None, backend_for("cuda"))
     for _ in range(3):
         trainer.train_step()
     start = time.perf_counter()
@@ -73,7 +73,7 @@ def torch_side(path: Path, steps: int, compiled: bool) -> float:
     assert experiment is not None
     trainer = Trainer(experiment)  # the same initial parameters and batches
     torch.set_default_device("cuda")
-    P = {k: torch.tensor(v.copy(), requires_grad=True, device="cuda") for k, v in trainer.params.items()}
+    P = {k: torch.tensor(v.copy(), requires_grad=True, device="cuda") for k, v in trainer.host_params().items()}
     forward: Callable[..., Any] = ref.char_transformer(P, experiment.knob_values())
     if compiled:
         forward = torch.compile(forward)

@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO
 from cuda_host import HostRunner
 from sexpgpu.ir.dtypes import DType
-from sexpgpu.runtime.cuda.executor import ArrayDevice, LoweredProgram
+from sexpgpu.runtime.cuda.executor import ArrayDevice, DeviceBackend, LoweredProgram
 from sexpgpu.runtime.numpy_backend import CompiledProgram
 from test_cuda_codegen import example_programs, feeds_for
 
@@ -63,8 +63,80 @@ def test_examples_train_on_the_emulated_device_like_on_the_cpu(example: str, ste
     device = ArrayDevice(np, HostRunner())
     cpu = train(experiment, RunOptions(store=str(tmp_path / "cpu"), max_steps=steps, signals=False), say=lambda _: None)
     emulated = train(experiment, RunOptions(store=str(tmp_path / "cuda"), max_steps=steps, signals=False,
-                                            programs=lambda program: LoweredProgram(program, device)), say=lambda _: None)
+                                            backend=DeviceBackend(device)), say=lambda _: None)
     assert cpu.exit_code == emulated.exit_code == 0
     a, b = losses_of(tmp_path / "cpu" / cpu.slug), losses_of(tmp_path / "cuda" / emulated.slug)
     assert len(a) == len(b) == steps
     np.testing.assert_allclose(b, a, rtol=1e-4)
+
+
+WHOLE_LOOP = """
+(require "sexpgpu/nn" :as nn)
+(require "sexpgpu/optim" :as optim)
+(defloader train :source (synthetic :spirals :n 512 :classes 3 :seed 0)
+  :fields ((x :f32 (2)) (y :i32 ())) :batch 16)
+(defloader val :source (synthetic :spirals :n 100 :classes 3 :seed 7)
+  :fields ((x :f32 (2)) (y :i32 ())) :batch 32)
+(defpart net (nn:mlp 2 32 3))
+(defobjective (batch)
+  (let ((logits (net (field batch x))))
+    (metric acc (nn:accuracy logits (field batch y)))
+    (nn:cross-entropy logits (field batch y))))
+(defevaluate (batch)
+  (metric loss (nn:cross-entropy (net (field batch x)) (field batch y))))
+(defeval val :loader val :every 4 :overlap t)
+(defgroups (all "**" (optim:adamw :lr 0.01 :weight-decay 0.1)))
+(defrun :steps 12 :seed 3 :microbatches 2 :precision :bf16 :log-every 1
+  :checkpoint (:every 3 :keep 5) :diagnostics (:every 2 :select ("**")))
+"""
+
+
+def test_the_whole_loop_keeps_its_tensors_on_the_emulated_device(tmp_path: Path) -> None:
+    """Parameters, optimizer state and gradients resident on the device between programs,
+    with microbatches, bf16, diagnostics, evaluation, checkpoints and a resume: the same
+    events and checkpoints as the CPU's, within f32 reduction order."""
+    from sexpgpu.compile.pipeline import compile_file
+    from sexpgpu.runtime.checkpoint import load_checkpoint
+    from sexpgpu.runtime.loop import RunOptions, Trainer, train
+    from sexpgpu.runtime.store import Store
+
+    (tmp_path / ".git").mkdir()
+    path = tmp_path / "loop.lisp"
+    path.write_text(WHOLE_LOOP)
+    result = compile_file(path)
+    experiment = result.experiment
+    assert experiment is not None, [d.headline() for d in result.diagnostics]
+    backend = DeviceBackend(ArrayDevice(np, HostRunner()))
+
+    trainer = Trainer(experiment, None, backend)
+    host = Trainer(experiment).params
+    assert all(trainer.params[p] is not host[p] for p in host)  # resident copies, not the host's arrays
+
+    cpu = train(experiment, RunOptions(store=str(tmp_path / "cpu"), signals=False), say=lambda _: None)
+    first = train(experiment, RunOptions(store=str(tmp_path / "cuda"), max_steps=6, signals=False, backend=backend), say=lambda _: None)
+    resumed = train(experiment, RunOptions(store=str(tmp_path / "cuda"), signals=False, backend=backend), say=lambda _: None)
+    assert cpu.exit_code == first.exit_code == resumed.exit_code == 0
+    events = {side: [json.loads(line) for line in (tmp_path / side / cpu.slug / "events.jsonl").read_text().splitlines()] for side in ("cpu", "cuda")}
+    assert any(e["kind"] == "resume" and e["from_step"] == 6 for e in events["cuda"])
+    ratios = [v for e in events["cpu"] if e["kind"] == "diagnostic" for k, v in e["values"].items() if k.startswith("update-ratio/")]
+    assert ratios and min(ratios) > 0  # "before" is a copy, not the updated parameters themselves
+    for kind, field in (("step", "loss"), ("step", "grad_norm"), ("eval", "metrics"), ("diagnostic", "values")):
+        # by step (the stopped attempt also evaluated at its end, step 6)
+        want = {e["step"]: e[field] for e in events["cpu"] if e["kind"] == kind and e.get(field) is not None}
+        got = {e["step"]: e[field] for e in events["cuda"] if e["kind"] == kind and e.get(field) is not None}
+        assert set(want) <= set(got) and want, (kind, field)
+        for step, w in want.items():
+            g = got[step]
+            if isinstance(w, dict):
+                assert w.keys() == g.keys()
+                np.testing.assert_allclose([g[k] for k in w], [w[k] for k in w], rtol=2e-3, atol=1e-6, err_msg=field)
+            else:
+                np.testing.assert_allclose(g, w, rtol=2e-3, err_msg=field)
+    for step in ("step-000006", "step-000012"):
+        want_params, want_states, _ = load_checkpoint(Store.open(str(tmp_path / "cpu")), cpu.slug, step)
+        got_params, got_states, _ = load_checkpoint(Store.open(str(tmp_path / "cuda")), cpu.slug, step)
+        for want, got in ((want_params, got_params), (want_states, got_states)):
+            assert want.keys() == got.keys()
+            for key in want:
+                assert got[key].dtype == want[key].dtype, key
+                np.testing.assert_allclose(got[key], want[key], rtol=1e-2, atol=1e-4, err_msg=f"{step} {key}")

@@ -27,7 +27,7 @@ from .init import initial_value
 from .checkpoint import CheckpointState, ResumeError, list_checkpoints, load_checkpoint, resolve, step_name, write_checkpoint
 from .checkpoint import prune as prune_checkpoints
 from .numpy_backend import CompiledProgram, NonFiniteNode, first_nonfinite
-from .cuda.device import program_factory
+from .backend import Backend, HostBackend, backend_for
 from .ranks import Collective, rows_of
 from .runfolder import RunFolder, RunInfo, Selection, slug
 from .status import Summary
@@ -45,9 +45,9 @@ class RunOptions:
     signals: bool = True  # handle SIGINT/SIGTERM (only possible on the main thread)
     store_patience_s: float = 600.0  # how long the end of a run waits for an unreachable store
     ranks: Optional[Collective] = None  # data parallel: this process is one of W ranks
-    # how IR programs become runnable ones (None: from `device`); the tests pass the CUDA
-    # executor over host-compiled kernels here
-    programs: Optional[Callable[[Any], Any]] = None
+    # where tensors live and how IR programs run (None: from `device`); the tests pass the
+    # CUDA executor over host-compiled kernels here
+    backend: Optional[Backend] = None
 
 
 class RunResult(BaseModel):
@@ -110,7 +110,7 @@ class Evaluator:
         self.full = make(experiment.module.programs[f"eval:{name}"])
         self.single = make(experiment.module.programs[f"eval:{name}:1"])
 
-    def run(self, params: dict[str, np.ndarray]) -> dict[str, float]:
+    def run(self, params: dict[str, Any]) -> dict[str, float]:
         totals: dict[str, float] = {m: 0.0 for m in self.spec.metrics}
         n = self.dataset.n
         full_batches = n // self.batch
@@ -121,7 +121,7 @@ class Evaluator:
             self._accumulate(self.single, params, slice(i, i + 1), 1, totals)
         return {m: totals[m] / n for m in self.spec.metrics}
 
-    def _accumulate(self, program: CompiledProgram, params: dict[str, np.ndarray], rows: slice, count: int, totals: dict[str, float]) -> None:
+    def _accumulate(self, program: Any, params: dict[str, Any], rows: slice, count: int, totals: dict[str, float]) -> None:
         feeds = dict(params)
         for name in self.fields:
             feeds[f"data.{name}"] = self.dataset.fields[name][rows]
@@ -133,8 +133,10 @@ class Evaluator:
 class Trainer:
     """One run in progress: parameters, optimizer state, compiled programs, data stream."""
 
-    def __init__(self, experiment: Experiment, ranks: Optional[Collective] = None, make: Callable[[Any], Any] = CompiledProgram) -> None:
+    def __init__(self, experiment: Experiment, ranks: Optional[Collective] = None, backend: Optional[Backend] = None) -> None:
         self.experiment = experiment
+        self.backend: Backend = backend or HostBackend()
+        make = self.backend.program
         self.ranks = ranks
         self.rank, self.world = (ranks.rank, ranks.world) if ranks is not None else (0, 1)
         if self.world > 1 and experiment.world != self.world:
@@ -142,13 +144,19 @@ class Trainer:
         # each rank traces its train programs at batch/world; evaluation and the update are shared
         train_programs = experiment.rank_programs if self.world > 1 else experiment.module.programs
         seed = experiment.run.seed
-        self.params = {p.path: initial_value(p, seed) for p in experiment.params}
-        self.states: dict[str, np.ndarray] = {}
+        update = experiment.module.programs["update"]
+        # parameters, optimizer state and gradients: their types, and the backend's resident arrays
+        self.types = {i.name: i.type for i in update.inputs}
+        host_params = {p.path: initial_value(p, seed) for p in experiment.params}
+        self.params = {path: self.backend.put(value, self.types[path]) for path, value in host_params.items()}
+        self.states: dict[str, Any] = {}
         for group in experiment.groups:
             for path in group.params:
                 for state in group.states:
-                    self.states[f"state:{path}:{state.name}"] = initial_state(state.init, self.params[path])
-        self.update_program = make(experiment.module.programs["update"])
+                    key = f"state:{path}:{state.name}"
+                    self.states[key] = self.backend.put(initial_state(state.init, host_params[path]), self.types[key])
+        self.update_program = make(update)
+        self.kept_updates = frozenset(k for k in update.outputs if k.startswith(("param:", "state:")))
         loader = experiment.loaders["train"]
         self.dataset = load_dataset(loader_spec(loader, seed))
         self.field_names = [f.name for f in loader.fields]
@@ -172,6 +180,8 @@ class Trainer:
         self.step_input = np.zeros((), dtype=np.float32)
         self.random_step = np.zeros((), dtype=np.int64)
         self.train_uses_step = "rng.step" in self.train_program.input_ids
+        # gradients stay resident for the update, unless a collective reduces them on the host
+        self.kept_grads = frozenset(k for k in self.types if k.startswith("grad:")) if self.world == 1 else frozenset()
         self.ctx_names = [name for name in self.update_program.input_ids if name.startswith("ctx.")]
         self.ctx_arrays = {name: np.zeros((), dtype=np.float32) for name in self.ctx_names}
         self.started = time.time()
@@ -207,7 +217,13 @@ class Trainer:
             self.ctx_arrays[name][...] = values[name[4:]]
         return self.ctx_arrays
 
-    def diagnose(self, out: dict[str, np.ndarray], before: dict[str, np.ndarray]) -> dict[str, float]:
+    def host_params(self) -> dict[str, np.ndarray]:
+        return {path: self.backend.get(value, self.types[path]) for path, value in self.params.items()}
+
+    def host_states(self) -> dict[str, np.ndarray]:
+        return {key: self.backend.get(value, self.types[key]) for key, value in self.states.items()}
+
+    def diagnose(self, out: dict[str, Any], before: dict[str, np.ndarray]) -> dict[str, float]:
         """The selected diagnostics at a sampled step: the IR ones from the train program's
         extra outputs, the others from the gradients, parameters and optimizer state."""
         spec = self.experiment.run.diagnostics
@@ -218,8 +234,10 @@ class Trainer:
             return any(glob_match(g.replace("/", "."), name.replace("/", ".")) for g in spec.select)
 
         values = {k[5:]: float(v) for k, v in out.items() if k.startswith("diag:")}
-        for path, param in self.params.items():
+        for path, param in self.host_params().items():
             grad = out.get(f"grad:{path}")
+            if grad is not None and f"grad:{path}" in self.kept_grads:
+                grad = self.backend.get(grad, self.types[f"grad:{path}"])
             candidates = {
                 f"grad-norm/{path}": (lambda g=grad: float(np.linalg.norm(g))) if grad is not None else None,
                 f"param-norm/{path}": lambda p=param: float(np.linalg.norm(p)),
@@ -228,7 +246,7 @@ class Trainer:
             for name, compute in candidates.items():
                 if compute is not None and wanted(name):
                     values[name] = compute()
-        for key, state in self.states.items():
+        for key, state in self.host_states().items():
             _, path, slot = key.split(":")
             name = f"optim/{slot}/{path}"
             if wanted(name):
@@ -255,9 +273,9 @@ class Trainer:
         data stream's position and counters, the stage and the step (random bits are keyed
         by the step, so they continue too)."""
         for path, value in self.params.items():
-            value[...] = params[path]
+            value[...] = self.backend.put(params[path], self.types[path])
         for key, value in self.states.items():
-            value[...] = states[key]
+            value[...] = self.backend.put(states[key], self.types[key])
         for name, loader_state in state.loaders.items():
             self.streams[name or None].restore(loader_state)
         self.stage = state.stage
@@ -272,11 +290,12 @@ class Trainer:
         """Name the IR node that first produced a non-finite value in the last step."""
         if self.last_feeds is None:
             return None
-        return first_nonfinite(self.train_program.program, self.last_feeds)
+        feeds = {k: self.backend.get(v, self.types[k]) if k in self.params else v for k, v in self.last_feeds.items()}
+        return first_nonfinite(self.train_program.program, feeds)
 
-    def forward_backward(self, microbatch: int) -> dict[str, np.ndarray]:
+    def forward_backward(self, microbatch: int) -> dict[str, Any]:
         batch = self.stream.next()
-        feeds: dict[str, np.ndarray] = dict(self.params)
+        feeds: dict[str, Any] = dict(self.params)
         for name in self.field_names:
             feeds[f"data.{name}"] = batch[name] if self.world == 1 else rows_of(batch[name], self.rank, self.world)
         if self.train_uses_step:
@@ -284,7 +303,7 @@ class Trainer:
             # different bits (one rank: the key is step * microbatches + microbatch)
             self.random_step[...] = (self.step * self.microbatches + microbatch) * self.world + self.rank
             feeds["rng.step"] = self.random_step
-        out = self.train_program.run(feeds)
+        out = self.train_program.run(feeds, keep=self.kept_grads)
         if microbatch == 0:
             # a non-finite step leaves the parameters untouched and every batch is a fresh
             # array, so a replay needs copies only of the step counter reused across steps
@@ -299,12 +318,17 @@ class Trainer:
         out = self.forward_backward(0)
         if self.microbatches == 1:
             return out
-        sums = {k: np.array(v, dtype=np.float64 if k == "loss" or k.startswith("metric:") else v.dtype, copy=True) for k, v in out.items()}
+        backend, kept = self.backend, self.kept_grads
+        sums = {k: backend.add(None, v, self.types[k]) if k in kept else np.array(v, dtype=np.float64 if k == "loss" or k.startswith("metric:") else v.dtype, copy=True)
+                for k, v in out.items()}
         for m in range(1, self.microbatches):
             for k, v in self.forward_backward(m).items():
-                sums[k] += v
+                if k in kept:
+                    sums[k] = backend.add(sums[k], v, self.types[k])
+                else:
+                    sums[k] += v
         scale = 1.0 / self.microbatches
-        return {k: (v * scale).astype(out[k].dtype) for k, v in sums.items()}
+        return {k: backend.scaled(v, scale, self.types[k]) if k in kept else (v * scale).astype(out[k].dtype) for k, v in sums.items()}
 
     def choose_stage(self) -> Optional[str]:
         """Run the curriculum at this step boundary; returns the new stage when it changes."""
@@ -337,13 +361,13 @@ class Trainer:
             self.train_program = self.programs[self.stage]
         if self.ranks is not None:
             out = self.ranks.reduce_step(out)
-        before = {p: v.copy() for p, v in self.params.items()} if sampled else {}
+        before = self.host_params() if sampled else {}
         self.last_loss = float(out["loss"])
-        update_feeds: dict[str, np.ndarray] = {**self.params, **self.states, **self.ctx_feeds()}
+        update_feeds: dict[str, Any] = {**self.params, **self.states, **self.ctx_feeds()}
         for key, value in out.items():
             if key.startswith("grad:"):
                 update_feeds[key] = value
-        new = self.update_program.run(update_feeds)
+        new = self.update_program.run(update_feeds, keep=self.kept_updates)
         finite = math.isfinite(float(out["loss"])) and math.isfinite(float(new["grad-norm"]))
         if finite:
             for key, value in new.items():
@@ -430,10 +454,10 @@ class Run:
         emit(events, "run.start", step=0, slug=self.slug, steps=self.steps, attempt=self.attempt)
         emit(events, "compile", step=0, ir_hash=self.experiment.ir_hash, params=sum(int(np.prod(p.shape)) for p in self.experiment.params))
         try:
-            make = self.options.programs or program_factory(self.options.device)
-            trainer = Trainer(self.experiment, self.ranks, make)
+            backend = self.options.backend or backend_for(self.options.device)
+            trainer = Trainer(self.experiment, self.ranks, backend)
             self.trainer = trainer
-            self.evaluators = {e.name: Evaluator(self.experiment, e.name, trainer.dataset, make) for e in self.experiment.evals}
+            self.evaluators = {e.name: Evaluator(self.experiment, e.name, trainer.dataset, backend.program) for e in self.experiment.evals}
         except DataError as exc:
             status.update(state="failed", summary=Summary(exit_code=5, reason=f"data error: {exc}"))
             emit(events, "run.end", step=0, exit_code=5, reason=f"data error: {exc}")
@@ -534,7 +558,7 @@ class Run:
             # every event up to the checkpoint is durable before the checkpoint exists, so a
             # resume from it never lacks the history it continues
             self.folder.events.flush()
-            name = write_checkpoint(self.store, self.slug, trainer.step, trainer.params, trainer.states, state)
+            name = write_checkpoint(self.store, self.slug, trainer.step, trainer.host_params(), trainer.host_states(), state)
             prune_checkpoints(self.store, self.slug, self.experiment.run.checkpoint.keep, protect=name)
         except StoreError as exc:
             emit(self.folder.events, "warning", step=trainer.step, message=f"checkpoint at step {trainer.step} not written, the store is unreachable: {exc}")

@@ -110,7 +110,9 @@ class CompiledProgram:
         self.input_ids = {i.name: i.id for i in program.inputs}
         self.input_types = {i.name: i.type for i in program.inputs}
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray], keep: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
+        """Run on FEEDS. The results may be this program's buffers, overwritten by its next run;
+        KEEP (which outputs the caller keeps resident) changes nothing on the host."""
         with np.errstate(all="ignore"):  # non-finite values are the finite guard's business
             return self._run(feeds)
 

@@ -8,13 +8,12 @@ CuPy compiles with `-ftz=true`: denormals flush to zero on the device (the CPU k
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from ...ir.graph import Program
 from .codegen import PRELUDE, KernelSource
-from .executor import ArrayDevice, LoweredProgram
+from .executor import ArrayDevice
 
 BLOCK = 256
 
@@ -84,13 +83,3 @@ def resolve(spec: str) -> str:
         return "cuda"
     except DeviceError:
         return "cpu"
-
-
-def program_factory(spec: str) -> Callable[[Program], Any]:
-    """How the loop turns IR programs into runnable ones on SPEC."""
-    if spec == "cpu":
-        from ..numpy_backend import CompiledProgram
-
-        return CompiledProgram
-    device = cuda_device(spec)
-    return lambda program: LoweredProgram(program, device)

@@ -3,19 +3,21 @@ over an array module (CuPy on a GPU; NumPy with host-compiled kernels in the tes
 run whole programs of the examples this way and compare them with the NumPy backend).
 
 Arrays on the device are in their storage dtype: bf16 as its 16 bits (uint16), booleans as
-bytes. The program's inputs come from the host and its outputs go back to it (the loop's
-interface, the same as the NumPy backend's `CompiledProgram.run`).
+bytes. A program's inputs are host arrays (copied in) or arrays already on the device (used
+as they are: the loop's resident parameters, optimizer state and gradients); its outputs go
+back to the host unless the caller keeps them on the device (`run(feeds, keep=...)`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol
 
 import numpy as np
 
 from ...ir.dtypes import DType, numpy_dtype
 from ...ir.graph import Node, Program, TensorType
 from ...ir.ops import op_def
+from ..backend import HostBackend
 from .codegen import KernelSource, kernel_for
 from .fusion import FusedGroup, GemmCall, OpKernel, RandomStep, ReduceGroup, ScatterStep, ViewStep, lower
 from .plan import plan_arena
@@ -27,6 +29,16 @@ MOVES = {"transpose", "take", "concat", "slice", "unslice", "broadcast_to", "res
 # computed by the CPU backend's kernel and sent to the device: the random bits (Philox keyed
 # by seed, step and op) must be the CPU's, bit for bit
 ON_HOST = {"dropout_mask", "random_uniform", "random_normal"}
+
+
+def c_order(xp: Any, a: Any) -> Any:
+    """A in C order, with its shape (ascontiguousarray makes a 0-d array 1-d)."""
+    return a if a.flags.c_contiguous else xp.ascontiguousarray(a).reshape(a.shape)
+
+
+def stored_as_bits(t: TensorType) -> bool:
+    """Whether T's device storage differs from its host dtype (bf16 as uint16, bool as bytes)."""
+    return np.dtype(STORAGE[t.dtype]) != np.dtype(numpy_dtype(t.dtype))
 
 
 class KernelRunner(Protocol):
@@ -47,6 +59,10 @@ class ArrayDevice:
         self.runner = runner
 
     def to_device(self, host: Any, t: TensorType) -> Any:
+        if isinstance(host, self.xp.ndarray) and host.dtype == STORAGE[t.dtype]:  # already on the device
+            if host.shape != tuple(t.shape):
+                raise ValueError(f"an input of shape {host.shape} for {t}")
+            return c_order(self.xp, host)
         a = np.asarray(host, dtype=numpy_dtype(t.dtype))  # the declared type, as the kernels read it
         if a.shape != tuple(t.shape):
             raise ValueError(f"an input of shape {a.shape} for {t}")
@@ -54,12 +70,12 @@ class ArrayDevice:
             a = a.view(np.uint16)
         elif t.dtype == DType.bool:
             a = a.astype(np.uint8)
-        return self.xp.ascontiguousarray(self.xp.asarray(a))
+        return c_order(self.xp, self.xp.asarray(a))
 
     def to_host(self, value: Any, t: TensorType) -> np.ndarray:
         a = value.get() if hasattr(value, "get") and self.xp is not np else np.asarray(value)
         if t.dtype == DType.bf16:
-            return np.ascontiguousarray(a).view(numpy_dtype(DType.bf16))
+            return c_order(np, a).view(numpy_dtype(DType.bf16))
         if t.dtype == DType.bool:
             return a.astype(bool)
         return a
@@ -82,7 +98,7 @@ class ArrayDevice:
 
     def round_bf16(self, value: Any) -> Any:
         """f32 values to bf16 bits, rounding to nearest even (as ml_dtypes does)."""
-        bits = self.xp.ascontiguousarray(value.astype(np.float32)).view(np.uint32)
+        bits = c_order(self.xp, value.astype(np.float32)).view(np.uint32)
         nan = (bits & 0x7FFFFFFF) > 0x7F800000
         rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
         return self.xp.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
@@ -128,7 +144,7 @@ class ArrayDevice:
 
     def to_storage_host(self, value: np.ndarray, t: TensorType) -> np.ndarray:
         if t.dtype == DType.bf16:
-            return np.ascontiguousarray(value.astype(numpy_dtype(DType.bf16))).view(np.uint16)
+            return c_order(np, value.astype(numpy_dtype(DType.bf16))).view(np.uint16)
         if t.dtype == DType.bool:
             return value.astype(np.uint8)
         return value
@@ -173,7 +189,9 @@ class LoweredProgram:
                 self.kernels[k] = kernel_for(step, program, self.lowering.constants)
         device.runner.prepare(list(self.kernels.values()))
 
-    def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, Any], keep: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """Run on FEEDS; the outputs named in KEEP stay on the device (views of the arena or
+        of an input: valid until the next run), the others come back as host arrays."""
         device, types = self.device, self.types
         values: dict[int, Any] = {}
         for name, vid in self.input_ids.items():
@@ -203,7 +221,7 @@ class LoweredProgram:
             else:
                 assert isinstance(step, OpKernel)
                 values[step.node.id] = self.place(step.node, device.op(step.node, [values[a] for a in step.node.args], types))
-        return {name: device.to_host(values[vid], types[vid]) for name, vid in self.program.outputs.items()}
+        return {name: values[vid] if name in keep else device.to_host(values[vid], types[vid]) for name, vid in self.program.outputs.items()}
 
     def scatter(self, k: int, node: Node, values: dict[int, Any]) -> Any:
         """Sort the positions by index (stable: equal indices keep their order), find each
@@ -223,10 +241,41 @@ class LoweredProgram:
         return out
 
     def contiguous(self, value: Any) -> Any:
-        return self.device.xp.ascontiguousarray(value)
+        return c_order(self.device.xp, value)
 
     def run_copy(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
         return {k: np.array(v, copy=True) for k, v in self.run(feeds).items()}
+
+
+class DeviceBackend:
+    """The loop's backend on a device: programs lowered for it, parameters, optimizer state and
+    gradients resident in its memory between programs (see runtime/backend.py)."""
+
+    def __init__(self, device: ArrayDevice) -> None:
+        self.device = device
+
+    def program(self, program: Program) -> LoweredProgram:
+        return LoweredProgram(program, self.device)
+
+    def put(self, host: np.ndarray, t: TensorType) -> Any:
+        return self.device.xp.array(self.device.to_device(host, t), copy=True)
+
+    def get(self, value: Any, t: TensorType) -> np.ndarray:
+        return np.array(self.device.to_host(value, t), copy=True)
+
+    def add(self, total: Optional[Any], value: Any, t: TensorType) -> Any:
+        if stored_as_bits(t):  # bf16 and bool: their bits, summed on the host
+            host = HostBackend().add(None if total is None else self.get(total, t), self.get(value, t), t)
+            return self.put(host, t)
+        if total is None:
+            return self.device.xp.array(value, copy=True)
+        total += value
+        return total
+
+    def scaled(self, total: Any, factor: float, t: TensorType) -> Any:
+        if stored_as_bits(t):
+            return self.put(HostBackend().scaled(self.get(total, t), factor, t), t)
+        return (total * total.dtype.type(factor)).astype(total.dtype)
 
 
 CUDA_R_16BF = 14  # cudaDataType: bf16

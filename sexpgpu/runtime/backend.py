@@ -1,0 +1,74 @@
+"""Where a run's tensors live and how its programs run: the host (NumPy) or a device.
+
+The training loop holds parameters, optimizer state and gradients as the backend's resident
+arrays and asks programs to keep those outputs resident (`run(feeds, keep=...)`); everything
+else (loss, metrics, learning rates, the gradient norm) comes back to the host. It converts
+to host arrays only where the host needs them: checkpoints, diagnostics, the non-finite
+replay, a collective that reduces host buffers. On the host backend all of this is the
+identity; on the CUDA device it keeps a step's tensors on the GPU between programs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol
+
+import numpy as np
+
+from ..ir.graph import Program, TensorType
+
+
+class Backend(Protocol):
+    def program(self, program: Program) -> Any:
+        """PROGRAM ready to run many times: `run(feeds, keep=...)` returns the outputs named
+        in keep as resident arrays (valid until the program runs again), the rest on the host."""
+        ...
+
+    def put(self, host: np.ndarray, t: TensorType) -> Any:
+        """A resident copy of the host array HOST, of type T."""
+        ...
+
+    def get(self, value: Any, t: TensorType) -> np.ndarray:
+        """A host copy of the resident VALUE (the NumPy backend's dtype: bf16 through ml_dtypes)."""
+        ...
+
+    def add(self, total: Optional[Any], value: Any, t: TensorType) -> Any:
+        """TOTAL + VALUE, in place when it can; a copy of VALUE when TOTAL is None."""
+        ...
+
+    def scaled(self, total: Any, factor: float, t: TensorType) -> Any:
+        """TOTAL * FACTOR, in T's dtype (the factor rounded to it, as NumPy does)."""
+        ...
+
+
+class HostBackend:
+    """The CPU: programs run by the NumPy interpreter, resident arrays are host arrays."""
+
+    def program(self, program: Program) -> Any:
+        from .numpy_backend import CompiledProgram
+
+        return CompiledProgram(program)
+
+    def put(self, host: np.ndarray, t: TensorType) -> np.ndarray:
+        return host
+
+    def get(self, value: Any, t: TensorType) -> np.ndarray:
+        return np.array(value, copy=True)
+
+    def add(self, total: Optional[Any], value: Any, t: TensorType) -> np.ndarray:
+        if total is None:
+            return np.array(value, copy=True)
+        total += value
+        return total
+
+    def scaled(self, total: Any, factor: float, t: TensorType) -> np.ndarray:
+        return np.asarray(total * total.dtype.type(factor)).astype(total.dtype)
+
+
+def backend_for(spec: str) -> Backend:
+    """The backend of `--device SPEC` (`cpu`, `cuda`, `cuda:N`; `auto` resolved before)."""
+    if spec == "cpu":
+        return HostBackend()
+    from .cuda.device import cuda_device
+    from .cuda.executor import DeviceBackend
+
+    return DeviceBackend(cuda_device(spec))
