@@ -9,6 +9,7 @@ recorded in STORE/SLUG/submit.json. The submitter can disconnect: `sexpgpu statu
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any, Optional
@@ -43,6 +44,35 @@ class SupervisorImpl:
         self.devices = Devices.model_validate(devices or {})
         self.store = Store.open(store_url)
         self.gang: Optional[Gang] = None
+        self.thread: Optional[threading.Thread] = None
+        self.outcome: Optional[dict[str, Any]] = None
+
+    def start(self) -> bool:
+        """Begin supervising on the actor's own thread and return at once. The submitter
+        waits for this answer before it exits: a call still on its way when its caller exits
+        is lost with it, and the run would never start."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self.supervise_to_the_end, name="supervise", daemon=True)
+            self.thread.start()
+        return True
+
+    def supervise_to_the_end(self) -> None:
+        try:
+            self.outcome = self.supervise()
+        except Exception as exc:  # the supervisor's own failure is the run's outcome, recorded
+            self.record.state, self.record.exit_code = "failed", 1
+            self.record.reason = f"the supervisor failed: {type(exc).__name__}: {exc}"
+            try:
+                self.save()
+            finally:
+                self.outcome = self.record.model_dump()
+
+    def result(self) -> dict[str, Any]:
+        """The submit record once the run has ended (waits for it)."""
+        assert self.thread is not None, "start() first"
+        self.thread.join()
+        assert self.outcome is not None
+        return self.outcome
 
     def save(self) -> None:
         self.store.write_text(f"{self.record.slug}/submit.json", self.record.model_dump_json(indent=2))
@@ -95,7 +125,8 @@ class SupervisorImpl:
             return record.model_dump()
 
 
-Supervisor = ray.remote(num_cpus=0, max_concurrency=2)(SupervisorImpl)
+SUPERVISOR_START_S = 300.0  # the supervisor actor's start on a busy cluster (a worker process to launch)
+Supervisor = ray.remote(num_cpus=0, max_concurrency=4)(SupervisorImpl)
 
 
 def submit(bundle_url: str, store_url: str, slug: str, max_preemptions: Optional[int], env: dict[str, str], devices: Optional[Devices] = None) -> tuple[Any, Any]:
@@ -104,4 +135,5 @@ def submit(bundle_url: str, store_url: str, slug: str, max_preemptions: Optional
     # one name per submission: submitting the same run again (after it ended) is allowed
     name = f"sexpgpu-submit-{slug}-{uuid.uuid4().hex[:8]}"
     actor = Supervisor.options(name=name, lifetime="detached", get_if_exists=False).remote(bundle_url, store_url, slug, max_preemptions, env, payload)
-    return actor, actor.supervise.remote()
+    ray.get(actor.start.remote(), timeout=SUPERVISOR_START_S)  # the run has begun before the submitter may exit
+    return actor, actor.result.remote()

@@ -3,10 +3,13 @@
 as its 16 bits with the same conversions the kernel uses) and run on NumPy arrays through
 ctypes. The code generator is then tested on every op and fusion pattern without a GPU.
 
-    module = HostModule([kernel, ...])        # one g++ call (cached by source hash)
-    outputs = module.run(kernel, inputs, grid=3, block=32)
+Kernels whose lanes cooperate (a warp or a block per item, through shared memory and
+`__syncwarp`/`__syncthreads`) are compiled as C++20 coroutines, one per CUDA thread: a block
+at a time, every lane runs to its next barrier, then the next round starts; the rounds go
+through the lanes forward and backward in turn, so a value one lane writes and another reads
+between two barriers (a race on the GPU) is seen written too early in one of the orders and
+fails the comparison. Shared memory is a static array of the kernel.
 
-`nvcc_compiles(sources)` checks that sources compile for the GPU with the local nvcc.
 """
 
 from __future__ import annotations
@@ -26,10 +29,27 @@ from sexpgpu.runtime.cuda.codegen import PRELUDE, KernelSource, c_types
 
 SHIM = r"""
 #include <cmath>
+#include <coroutine>
 #include <cstring>
+#include <exception>
+#include <vector>
 struct sx_dim3 { unsigned int x, y, z; };
 static sx_dim3 blockIdx, threadIdx, blockDim, gridDim;
 #define __global__
+struct sx_lane {
+  struct promise_type {
+    sx_lane get_return_object() { return sx_lane{std::coroutine_handle<promise_type>::from_promise(*this)}; }
+    std::suspend_always initial_suspend() noexcept { return {}; }
+    std::suspend_always final_suspend() noexcept { return {}; }
+    void return_void() {}
+    void unhandled_exception() { std::terminate(); }
+  };
+  std::coroutine_handle<promise_type> handle;
+};
+#define SX_COOPERATIVE sx_lane
+#define SX_SHARED static
+#define SX_SYNC_WARP co_await std::suspend_always{}
+#define SX_SYNC_BLOCK co_await std::suspend_always{}
 static inline float sx_bits_float(unsigned int b) { float f; std::memcpy(&f, &b, 4); return f; }
 static inline unsigned int sx_float_bits(float f) { unsigned int b; std::memcpy(&b, &f, 4); return b; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
@@ -45,6 +65,28 @@ def launcher(kernel: KernelSource) -> str:
         qualifier = "const " if p.role == "in" else ""
         casts.append(f"({qualifier}{store}*)args[{k}]")
     call = f"{kernel.name}({', '.join(casts + ['n'])});"
+    if kernel.lanes != "thread":  # cooperating lanes: a coroutine per CUDA thread, a block at a time
+        return (
+            f'extern "C" void launch_{kernel.name}(void** args, long long n, unsigned int grid, unsigned int block) {{\n'
+            "  gridDim.x = grid; blockDim.x = block; gridDim.y = gridDim.z = blockDim.y = blockDim.z = 1;\n"
+            "  for (unsigned int b = 0; b < grid; ++b) {\n"
+            "    blockIdx.x = b; blockIdx.y = blockIdx.z = threadIdx.y = threadIdx.z = 0;\n"
+            "    std::vector<sx_lane> lanes;\n"
+            f"    for (unsigned int t = 0; t < block; ++t) lanes.push_back({call.rstrip(';')});\n"
+            "    bool running = true;\n"
+            "    for (unsigned int round = 0; running; ++round) {\n"
+            "      running = false;\n"
+            "      for (unsigned int k = 0; k < block; ++k) {\n"
+            "        const unsigned int t = round % 2 ? block - 1 - k : k;\n"
+            "        if (lanes[t].handle.done()) continue;\n"
+            "        threadIdx.x = t;\n"
+            "        lanes[t].handle.resume();\n"
+            "        running = running || !lanes[t].handle.done();\n"
+            "      }\n"
+            "    }\n"
+            "    for (sx_lane& lane : lanes) lane.handle.destroy();\n"
+            "  }\n}\n"
+        )
     return (
         f'extern "C" void launch_{kernel.name}(void** args, long long n, unsigned int grid, unsigned int block) {{\n'
         "  gridDim.x = grid; blockDim.x = block; gridDim.y = gridDim.z = blockDim.y = blockDim.z = 1;\n"
@@ -68,14 +110,15 @@ class HostModule:
             cpp = CACHE / f"{digest}.cpp"
             cpp.write_text(source)
             tmp = CACHE / f"{digest}.{os.getpid()}.so"
-            done = subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(tmp), str(cpp)], capture_output=True, text=True)
+            done = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-o", str(tmp), str(cpp)], capture_output=True, text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"a kernel does not compile as C++:\n{done.stderr[-4000:]}")
             tmp.rename(lib)
         self.lib = ctypes.CDLL(str(lib))
 
     def run(self, kernel: KernelSource, inputs: list[np.ndarray], grid: int = 3, block: int = 32) -> list[np.ndarray]:
-        """Run KERNEL on INPUTS (in the order of its input params); returns its outputs."""
+        """Run KERNEL on INPUTS (in the order of its input params); returns its outputs.
+        BLOCK is a multiple of 32 (a warp) and a power of two (the lanes' tree)."""
         fn = getattr(self.lib, f"launch_{kernel.name}")
         fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_longlong, ctypes.c_uint, ctypes.c_uint]
         ins = [p for p in kernel.params if p.role == "in"]
@@ -90,7 +133,7 @@ class HostModule:
 
 
 def storage_dtype(dtype: str) -> np.dtype:
-    return np.dtype({"f32": np.float32, "bf16": np.uint16, "i32": np.int32, "i64": np.int64, "bool": np.uint8}[dtype])
+    return np.dtype({"f32": np.float32, "bf16": np.uint16, "i32": np.int32, "i64": np.int64, "bool": np.uint8, "f64": np.float64}[dtype])
 
 
 def storage(x: np.ndarray, dtype: str) -> np.ndarray:

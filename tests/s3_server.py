@@ -312,8 +312,11 @@ class PausableProxy:
         pair = {client: upstream, upstream: client}
         cut_reply = False
         try:
-            for sock in pair:
-                sock.setblocking(False)
+            try:
+                for sock in pair:
+                    sock.setblocking(False)
+            except OSError:
+                return  # closed under us before the pipe started (the outage cut it)
             while not self._stop.is_set():
                 try:
                     readable, _, broken = select.select(list(pair), [], list(pair), POLL)

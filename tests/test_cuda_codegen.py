@@ -19,14 +19,14 @@ from sexpgpu.ir.builder import Builder
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.graph import Program, TensorType
 from sexpgpu.ir.ops import OPS, op_def
-from sexpgpu.runtime.cuda.codegen import KernelSource, elementwise_kernel, reduce_kernel
+from sexpgpu.runtime.cuda.codegen import KernelSource, ReduceStrategy, elementwise_kernel, planned_strategy, reduce_geometry, reduce_kernels
 from sexpgpu.runtime.cuda.fusion import FusedGroup, GemmCall, lower
 from sexpgpu.runtime.cuda.rows import RowGroup, rows_kernel
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
 POSITIVE = {"log", "sqrt", "rsqrt", "log1p", "pow"}
-UNARY = ["neg", "abs", "sign", "exp", "log", "log1p", "sqrt", "rsqrt", "square", "tanh", "sigmoid", "relu", "sin", "cos"]
+UNARY = ["neg", "abs", "sign", "stop_gradient", "exp", "log", "log1p", "sqrt", "rsqrt", "square", "tanh", "sigmoid", "relu", "sin", "cos"]
 BINARY = ["add", "sub", "mul", "div", "pow", "maximum", "minimum"]
 COMPARE = ["eq", "ne", "lt", "gt", "le", "ge"]
 
@@ -79,17 +79,19 @@ def check_program(program: Program, feeds: dict[int, np.ndarray], expect_groups:
     kernels = [(g, elementwise_kernel(g, program, lowering.constants)) for g in lowering.groups]
     if expect_groups is not None:
         assert len(kernels) == expect_groups, [[n.op for n in g.nodes] for g, _ in kernels]
-    reductions = [(r, reduce_kernel(r, program, lowering.constants)) for r in lowering.reductions]
-    rows = [(g, rows_kernel(g, program, lowering.constants)) for g in lowering.steps if isinstance(g, RowGroup)]
-    module = HostModule([k for _, k in kernels + reductions + rows])
     types = program.types()
+    # every way a reduction or a row group can be spread over the GPU, not only the one its
+    # shapes choose: the tests' shapes are small
+    reductions = [(r, reduce_kernels(r, program, lowering.constants, strategy)) for r in lowering.reductions for strategy in strategies(r, types)]
+    rows = [(g, rows_kernel(g, program, lowering.constants, lanes)) for g in lowering.steps if isinstance(g, RowGroup) for lanes in ("thread", "warp")]
+    module = HostModule([k for _, k in kernels + rows] + [k for _, ks in reductions for k in ks])
     for group, kernel in kernels:
         outs = module.run(kernel, [vals[v] for v in group.inputs])
         for vid, got in zip(group.outputs, outs):
             ops = "+".join(n.op for n in group.nodes)
             assert_close(got, vals[vid], types[vid].dtype.value, f"%{vid} of group [{ops}]")
     for row_group, kernel in rows:
-        outs = module.run(kernel, [vals[v] for v in row_group.inputs])
+        outs = module.run(kernel, [vals[v] for v in row_group.inputs], grid=2, block=64)
         by_id = {n.id: n for n in row_group.nodes}
         for vid, got in zip(row_group.outputs, outs):
             node = by_id[vid]
@@ -100,12 +102,26 @@ def check_program(program: Program, feeds: dict[int, np.ndarray], expect_groups:
                 # downstream of a reduction (double here, f32 in NumPy): cancellation (x - mean)
                 # turns a last-bit difference of the mean into a relative one; compare to scale
                 assert_close(got, vals[vid], types[vid].dtype.value, what, scale_atol=True)
-    for red, kernel in reductions:
-        (got,) = module.run(kernel, [vals[v] for v in red.inputs])
+    for red, chain in reductions:
+        outs = [vals[v] for v in red.inputs]
+        for kernel in chain:  # a split reduction: its partial results, then their combination
+            outs = module.run(kernel, outs, grid=2, block=64)
         ops = "+".join(n.op for n in (red.prologue.nodes if red.prologue else [])) + f" -> {red.node.op}"
         source = np.asarray(vals[red.node.args[0]]).astype(np.float64)
-        assert_reduced(got, vals[red.node.id], source, red.node, f"%{red.node.id} [{ops}]")
-    return [k for _, k in kernels + reductions + rows]
+        how = ", ".join(f"{k.lanes} x {k.size}" for k in chain)
+        assert_reduced(outs[0], vals[red.node.id], source, red.node, f"%{red.node.id} [{ops}] ({how})")
+    return [k for _, k in kernels + rows] + [k for _, ks in reductions for k in ks]
+
+
+def strategies(red: Any, types: dict[int, Any]) -> list[ReduceStrategy]:
+    """Every strategy that fits reduction RED: a thread, a warp or a block per output, and
+    split into chunks of a thread or a block (integer reductions: a thread per output)."""
+    _, reduced, _, integer = reduce_geometry(red, types)
+    if integer:
+        return [ReduceStrategy("thread")]
+    split = min(3, reduced)
+    return [ReduceStrategy("thread"), ReduceStrategy("warp"), ReduceStrategy("block")] + (
+        [ReduceStrategy("thread", split), ReduceStrategy("block", split)] if split >= 2 else [])
 
 
 def assert_reduced(got: np.ndarray, want: Any, source: np.ndarray, node: Any, what: str) -> None:
@@ -262,22 +278,32 @@ def test_every_fusion_group_of_every_example_matches_numpy_on_the_host(examples:
 
 @pytest.mark.skipif(nvcc() is None, reason="no nvcc on this machine")
 def test_every_generated_kernel_compiles_with_nvcc(examples: list[tuple[str, str, Program]], tmp_path: Path) -> None:
-    from sexpgpu.runtime.cuda.codegen import kernel_for
+    from sexpgpu.runtime.cuda.codegen import kernels_for
 
     sources: dict[str, str] = {}
     for _, _, program in examples:
         lowering = lower(program)
+        types = program.types()
         for step in lowering.steps:
             if step.kind in ("fused", "reduce", "scatter", "random", "rows"):
-                kernel = kernel_for(step, program, lowering.constants)
-                sources[kernel.name] = kernel.source
+                for kernel in kernels_for(step, program, lowering.constants):
+                    sources[kernel.name] = kernel.source
+            # every other way it could be spread over the GPU
+            if isinstance(step, RowGroup):
+                for lanes in ("thread", "warp"):
+                    kernel = rows_kernel(step, program, lowering.constants, lanes)
+                    sources[kernel.name] = kernel.source
+            if step.kind == "reduce":
+                for strategy in strategies(step, types):
+                    for kernel in reduce_kernels(step, program, lowering.constants, strategy):
+                        sources[kernel.name] = kernel.source
     assert any(name.startswith("sx_scatter_sorted_") for name in sources)
     for op, attrs in (("dropout_mask", {"rate": 0.25}), ("random_uniform", {"dtype": "bf16", "low": 0.0, "high": 1.0})):
         b = Builder("random")
         step = b.input("rng.step", "data", TensorType(dtype=DType.i64, shape=()))
         random_program = b.program({"out": b.op(op, step, shape=[9, 5], seed=1, key=2, **attrs)})
         lowering = lower(random_program)
-        kernel = kernel_for(lowering.steps[0], random_program, lowering.constants)
+        (kernel,) = kernels_for(lowering.steps[0], random_program, lowering.constants)
         sources[kernel.name] = kernel.source
     for case in CASES:
         program, _ = one_op_program(case[0], case[1], case[2], **case[3])
@@ -304,7 +330,10 @@ def test_the_arena_never_overlaps_two_live_buffers(examples: list[tuple[str, str
                 assert not live_together or apart, (stem, name, a, b)
         written = {v for s in lowering.steps if s.kind != "view" for v in (s.outputs if isinstance(s, (FusedGroup, RowGroup)) else [s.node.id])}
         assert all(r.node.id in written for r in lowering.reductions)
-        assert written == {b.value for b in bufs}, (stem, name)
+        # and the split reductions' partial results, named by their step
+        types = program.types()
+        split = {-(k + 1) for k, s in enumerate(lowering.steps) if s.kind == "reduce" and planned_strategy(s, types).split > 1}
+        assert written | split == {b.value for b in bufs}, (stem, name)
 
 
 def test_explain_cuda_reports_every_example(tmp_path: Path) -> None:

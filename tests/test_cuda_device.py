@@ -104,3 +104,85 @@ def test_matmuls_through_cublas_match_numpy(dtype: DType, shapes: list[tuple[int
     feeds = {i.name: values(s, dtype, rng) for i, s in zip(program.inputs, shapes)}
     compare(LoweredProgram(program, device()).run(feeds), CompiledProgram(program).run_copy(feeds), program, f"matmul {dtype} {shapes}", f32_tol=1e-5)
 
+
+
+def test_every_reduction_strategy_and_row_layout_on_the_gpu_matches_numpy() -> None:
+    """Each way a reduction spreads over the GPU (a thread, a warp or a block per output;
+    thread or block chunks) and a row group (a thread or a warp per row), at sizes where
+    warps and blocks have real work, through NVRTC against NumPy."""
+    from sexpgpu.ir.builder import Builder
+    from sexpgpu.ir.graph import TensorType
+    from sexpgpu.runtime.cuda.codegen import reduce_kernels
+    from sexpgpu.runtime.cuda.fusion import lower
+    from sexpgpu.runtime.cuda.rows import RowGroup, rows_kernel
+    from test_cuda_codegen import REDUCE_CASES, assert_close, assert_reduced, one_op_program, reference, strategies, values
+
+    dev = device()
+    runner = dev.runner
+
+    def run(kernels: list[Any], inputs: list[np.ndarray]) -> np.ndarray:
+        runner.prepare(kernels)
+        arrays = [cupy.asarray(x.view(np.uint16) if x.dtype.itemsize == 2 and x.dtype.kind == "V" else x) for x in inputs]
+        for kernel in kernels:
+            outs = [cupy.zeros(p.shape, dtype={"f32": np.float32, "bf16": np.uint16, "i32": np.int32, "i64": np.int64, "f64": np.float64}[p.dtype.value])
+                    for p in kernel.params if p.role == "out"]
+            runner.launch(kernel, arrays + outs)
+            arrays = outs
+        return cupy.asnumpy(arrays[0])
+
+    for op, dtype, axis, keep in REDUCE_CASES:
+        for shape in ((3, 7, 5), (2, 300, 257)):
+            program, (x,) = one_op_program(op, [dtype], [shape], axis=axis, keepdims=keep)
+            rng = np.random.default_rng(1)
+            feeds = {x: values(shape, dtype, rng)}
+            vals = reference(program, feeds)
+            lowering = lower(program)
+            types = program.types()
+            for red in lowering.reductions:
+                for strategy in strategies(red, types):
+                    got = run(reduce_kernels(red, program, lowering.constants, strategy), [np.asarray(vals[v]) for v in red.inputs])
+                    if types[red.node.id].dtype == DType.bf16:
+                        got = got.view(np.dtype(vals[red.node.id].dtype))
+                    assert_reduced(got, vals[red.node.id], np.asarray(vals[red.node.args[0]]).astype(np.float64), red.node, f"{op} {dtype} {shape} {axis} {strategy}")
+    b = Builder("rows")
+    x = b.input("x", "data", TensorType(dtype=DType.f32, shape=(64, 1000)))
+    m = b.op("max", x, axis=-1, keepdims=True)
+    e = b.op("exp", b.op("sub", x, m))
+    program = b.program({"soft": b.op("div", e, b.op("sum", e, axis=-1, keepdims=True))})
+    vals = reference(program, {x: values((64, 1000), DType.f32, np.random.default_rng(2))})
+    lowering = lower(program)
+    (group,) = [g for g in lowering.steps if isinstance(g, RowGroup)]
+    for lanes in ("thread", "warp"):
+        got = run([rows_kernel(group, program, lowering.constants, lanes)], [np.asarray(vals[v]) for v in group.inputs])
+        assert_close(got, vals[group.outputs[0]], "f32", f"softmax rows, a {lanes} per row", scale_atol=True)
+
+
+@pytest.mark.parametrize("shapes", [[(33, 17), (9, 17)], [(2, 3, 33, 17), (2, 3, 9, 17)], [(2, 17, 33), (2, 17, 9)]])
+def test_bf16_matmuls_of_transposes_go_to_cublas_with_its_transpose_flags(shapes: list[tuple[int, ...]]) -> None:
+    """`a @ b^T` and `a^T @ b` (the backward pass's shapes): the transpose is cuBLAS's flag on
+    the stored operand, and the product equals NumPy's bf16 matmul."""
+    from sexpgpu.ir.builder import Builder
+    from sexpgpu.ir.graph import TensorType
+    from sexpgpu.runtime.cuda.executor import LoweredProgram
+    from sexpgpu.runtime.cuda.fusion import GemmCall, lower
+    from test_cuda_codegen import values
+
+    b = Builder("mt")
+    x = b.input("x", "data", TensorType(dtype=DType.bf16, shape=shapes[0]))
+    y = b.input("y", "data", TensorType(dtype=DType.bf16, shape=shapes[1]))
+    first = shapes[0][-1] != shapes[1][-1]  # (k x m)^T @ (k x n) when the last axes differ
+    out = b.op("matmul", b.op("transpose", x, perm=list(range(len(shapes[0]) - 2)) + [len(shapes[0]) - 1, len(shapes[0]) - 2]), y) if first else \
+        b.op("matmul", x, b.op("transpose", y, perm=list(range(len(shapes[1]) - 2)) + [len(shapes[1]) - 1, len(shapes[1]) - 2]))
+    program = b.program({"out": out})
+    (gemm,) = [s for s in lower(program).steps if isinstance(s, GemmCall)]
+    assert gemm.trans_a or gemm.trans_b
+    rng = np.random.default_rng(6)
+    feeds = {"x": values(shapes[0], DType.bf16, rng), "y": values(shapes[1], DType.bf16, rng)}
+    compare(LoweredProgram(program, device()).run(feeds), CompiledProgram(program).run_copy(feeds), program, f"transposed matmul {shapes}")
+
+
+def test_the_whole_loop_keeps_its_tensors_on_the_gpu(tmp_path: Path) -> None:
+    from sexpgpu.runtime.backend import backend_for
+    from test_cuda_executor import check_whole_loop
+
+    check_whole_loop(tmp_path, backend_for("cuda"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -95,6 +96,11 @@ def test_the_whole_loop_keeps_its_tensors_on_the_emulated_device(tmp_path: Path)
     """Parameters, optimizer state and gradients resident on the device between programs,
     with microbatches, bf16, diagnostics, evaluation, checkpoints and a resume: the same
     events and checkpoints as the CPU's, within f32 reduction order."""
+    check_whole_loop(tmp_path, DeviceBackend(ArrayDevice(np, HostRunner())))
+
+
+def check_whole_loop(tmp_path: Path, backend: Any) -> None:
+    """WHOLE_LOOP on BACKEND (stopped at step 6, resumed to 12) against the CPU."""
     from sexpgpu.compile.pipeline import compile_file
     from sexpgpu.runtime.checkpoint import load_checkpoint
     from sexpgpu.runtime.loop import RunOptions, Trainer, train
@@ -106,8 +112,6 @@ def test_the_whole_loop_keeps_its_tensors_on_the_emulated_device(tmp_path: Path)
     result = compile_file(path)
     experiment = result.experiment
     assert experiment is not None, [d.headline() for d in result.diagnostics]
-    backend = DeviceBackend(ArrayDevice(np, HostRunner()))
-
     trainer = Trainer(experiment, None, backend)
     host = Trainer(experiment).params
     assert all(trainer.params[p] is not host[p] for p in host)  # resident copies, not the host's arrays
@@ -140,3 +144,42 @@ def test_the_whole_loop_keeps_its_tensors_on_the_emulated_device(tmp_path: Path)
             for key in want:
                 assert got[key].dtype == want[key].dtype, key
                 np.testing.assert_allclose(got[key], want[key], rtol=1e-2, atol=1e-4, err_msg=f"{step} {key}")
+
+
+def column_major(flat: np.ndarray, rows: int, cols: int, ld: int) -> np.ndarray:
+    """The rows x cols matrix whose element (i, j) is flat[i + j * ld] (cuBLAS's layout)."""
+    return flat[: cols * ld].reshape(cols, ld)[:, :rows].T
+
+
+def cublas_gemm(call: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """cuBLAS's documented contract for gemm(transX, transY, m, n, k, X, ldx, Y, ldy, C, ldc):
+    C (m x n, column-major, ldc) = op(X) op(Y), X being the first matrix (here B's storage)."""
+    out = np.zeros(call.batch * call.stride_c if call.batch > 1 else call.ldc * call.cols)
+    for i in range(call.batch):
+        x = b.reshape(-1)[i * call.stride_b :]
+        y = a.reshape(-1)[i * call.stride_a :]
+        X = column_major(x, call.rows, call.depth, call.ldb) if call.op_b == 0 else column_major(x, call.depth, call.rows, call.ldb).T
+        Y = column_major(y, call.depth, call.cols, call.lda) if call.op_a == 0 else column_major(y, call.cols, call.depth, call.lda).T
+        C = X @ Y
+        for j in range(call.cols):
+            out[i * call.stride_c + j * call.ldc : i * call.stride_c + j * call.ldc + call.rows] = C[:, j]
+    return out
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((5, 3), (3, 4)), ((2, 6, 5, 3), (3, 4)), ((4, 5, 3), (4, 3, 7)), ((2, 3, 5, 3), (2, 3, 3, 2))])
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
+def test_the_bf16_gemm_arguments_compute_a_matmul_by_cublas_contract(a_shape: tuple[int, ...], b_shape: tuple[int, ...], trans_a: bool, trans_b: bool) -> None:
+    """The row-major product through cuBLAS's column-major call, transposed operands passed
+    as they are stored (the transpose flag), checked against the call's documented meaning."""
+    from sexpgpu.runtime.cuda.executor import gemm_arguments
+
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    stored_a = np.ascontiguousarray(a.swapaxes(-1, -2)) if trans_a else a
+    stored_b = np.ascontiguousarray(b.swapaxes(-1, -2)) if trans_b else b
+    call = gemm_arguments(stored_a.shape, stored_b.shape, trans_a, trans_b)
+    if call is None:  # broadcasting: the caller widens to f32 instead
+        assert len(a_shape) != len(b_shape) and trans_a
+        return
+    want = a @ b
+    np.testing.assert_allclose(cublas_gemm(call, stored_a, stored_b)[: want.size], want.reshape(-1), rtol=1e-12, atol=1e-12)

@@ -280,6 +280,7 @@ FORWARD_CASES: dict[str, list[Case]] = {
     "arange": [Case([], {"shape": [5], "dtype": "i64"}), Case([], {"shape": [4], "dtype": "f32", "start": 2, "step": 3})],
     "tril_mask": [Case([], {"shape": [3, 4], "dtype": "bool"}), Case([], {"shape": [4, 4], "dtype": "bool", "k": -1}), Case([], {"shape": [2, 3], "dtype": "f32"})],
     "sign": [Case([I([[-2, 0, 3]], "i32")]), Case([F(2, 3)])],
+    "stop_gradient": [Case([I([[-2, 0, 3]], "i32")]), Case([F(2, 3)])],
     "logical_not": [Case([B(3, 4)])],
     "logical_and": [Case([B(3, 4), B(4)])],
     "logical_or": [Case([B(2, 1), B(1, 3)])],

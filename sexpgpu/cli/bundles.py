@@ -94,7 +94,11 @@ def run_submit(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"sexpgpu: cannot start here: {problem}", file=sys.stderr)
         return Exit.CANNOT_START
-    submit(target, args.store, manifest.slug, args.max_preemptions, env, devices)
+    try:
+        submit(target, args.store, manifest.slug, args.max_preemptions, env, devices)
+    except ray.exceptions.RayError as exc:  # the supervisor did not start (a timeout, a dead worker)
+        print(f"sexpgpu: the run's supervisor did not start on the cluster: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return Exit.CANNOT_START
     url = store.url_of(manifest.slug)
     if args.json:
         print_json({"slug": manifest.slug, "run": url, "bundle": target})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
@@ -206,7 +207,7 @@ def cuda_document(experiment: Experiment, names: list[str]) -> dict[str, Any]:
 def cuda_text(cuda: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for name, rep in cuda["programs"].items():
-        fused = sum(1 for k in rep["kernels"] if k["kind"] in ("fused", "reduce"))
+        fused = sum(k["launches"] for k in rep["kernels"] if k["kind"] in ("fused", "rows", "reduce", "scatter", "random"))
         gemms = sum(1 for k in rep["kernels"] if k["kind"] == "gemm")
         out += ["", f"CUDA lowering: {name}  ({rep['launches']} launches: {fused} generated kernels, {gemms} cuBLAS calls, "
                 f"{rep['launches'] - fused - gemms} other kernels; {_bytes(rep['total_bytes'])} moved, {rep['total_flops']:,} FLOPs)"]
@@ -214,10 +215,14 @@ def cuda_text(cuda: dict[str, Any]) -> list[str]:
         for k in rep["kernels"]:
             if k["kind"] == "view":
                 continue
-            first, rest = k["nodes"][0], k["nodes"][1:]
-            out.append(f"  {k['step']:>3}  {k['kernel'][:44]:<44} {k['elements']:>10,} {k['bytes']:>10,} {k['flops']:>12,}  {first}")
-            for node in rest:
-                out.append(f"  {'':>3}  {'':<44} {'':>10} {'':>10} {'':>12}  {node}")
+            # the kernel's name, then (below it) a second kernel's and who computes what
+            names = k["kernel"].split(" + ")
+            column = [names[0]] + [f"+ {n}" for n in names[1:]] + (textwrap.wrap(f"({k['how']})", 44) if k.get("how") else [])
+            nodes = k["nodes"]
+            out.append(f"  {k['step']:>3}  {column[0][:44]:<44} {k['elements']:>10,} {k['bytes']:>10,} {k['flops']:>12,}  {nodes[0]}")
+            for i in range(1, max(len(nodes), len(column))):
+                left = column[i][:44] if i < len(column) else ""
+                out.append(f"  {'':>3}  {left:<44} {'':>10} {'':>10} {'':>12}  {nodes[i] if i < len(nodes) else ''}".rstrip())
         arena = rep["arena"]
         out.append(f"  arena: {_bytes(arena['size'])} ({len(arena['buffers'])} buffers by liveness; peak live {_bytes(arena['peak_live'])})")
     m = cuda["memory"]

@@ -286,7 +286,8 @@ class TensorLib:
         for lisp, op in [("exp", "exp"), ("log", "log"), ("sqrt", "sqrt"), ("abs", "abs"), ("sin", "sin"), ("cos", "cos"), ("tanh", "tanh")]:
             self.generic(lisp, self.unary_fn(lisp, op))
         self.generic("signum", self.unary_fn("signum", "sign"))
-        for lisp, op in [("neg", "neg"), ("sign", "sign"), ("log1p", "log1p"), ("rsqrt", "rsqrt"), ("square", "square"), ("sigmoid", "sigmoid"), ("relu", "relu")]:
+        for lisp, op in [("neg", "neg"), ("sign", "sign"), ("log1p", "log1p"), ("rsqrt", "rsqrt"), ("square", "square"), ("sigmoid", "sigmoid"), ("relu", "relu"),
+                         ("stop-gradient", "stop_gradient")]:
             self.add(lisp, self.unary_fn(lisp, op))
 
         def gelu(x: Any) -> Any:
@@ -367,7 +368,7 @@ class TensorLib:
         def logsumexp(x: Any, *args: Any) -> Any:
             axis, keep = self.axis_keys("logsumexp", args, 2)
             s = self.wide("logsumexp", x)
-            peak = self.op("logsumexp", "max", s, axis=axis, keepdims=True)
+            peak = self.shift("logsumexp", s, axis)
             total = self.op("logsumexp", "sum", self.op("logsumexp", "exp", self.binary("logsumexp", "sub", s, peak)), axis=axis, keepdims=True)
             result = self.add2(self.op("logsumexp", "log", total), peak)
             return result if keep else self.squeeze_axes("logsumexp", result, axis)
@@ -632,19 +633,26 @@ class TensorLib:
         return [v for p in parts for v in p[0]], [len(items)] + inner
 
     # -- composites ----------------------------------------------------------------------------------------
+    def shift(self, fn: str, s: Any, axis: Any) -> Any:
+        """The maximum along AXIS (kept), subtracted before an exp for stability. Softmax,
+        log-softmax and logsumexp do not change with it, so its gradient is zero: it is a
+        stop-gradient, and the backward pass has no path through the max (no mask, no
+        extra reduction, nothing saved for it)."""
+        return self.op(fn, "stop_gradient", self.op(fn, "max", s, axis=axis, keepdims=True))
+
     def install_composites(self) -> None:
         def softmax(x: Any, *args: Any) -> Any:
             axis = self.single_axis("softmax", args)
             like = self.staged("softmax", 1, x).type.dtype
             s = self.wide("softmax", x)
-            shifted = self.binary("softmax", "sub", s, self.op("softmax", "max", s, axis=[axis], keepdims=True))
+            shifted = self.binary("softmax", "sub", s, self.shift("softmax", s, [axis]))
             e = self.op("softmax", "exp", shifted)
             return self.narrow("softmax", self.binary("softmax", "div", e, self.op("softmax", "sum", e, axis=[axis], keepdims=True)), like)
 
         def log_softmax(x: Any, *args: Any) -> Any:
             axis = self.single_axis("log-softmax", args)
             s = self.wide("log-softmax", x)
-            shifted = self.binary("log-softmax", "sub", s, self.op("log-softmax", "max", s, axis=[axis], keepdims=True))
+            shifted = self.binary("log-softmax", "sub", s, self.shift("log-softmax", s, [axis]))
             total = self.op("log-softmax", "sum", self.op("log-softmax", "exp", shifted), axis=[axis], keepdims=True)
             return self.binary("log-softmax", "sub", shifted, self.op("log-softmax", "log", total))
 

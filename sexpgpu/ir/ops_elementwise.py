@@ -171,7 +171,15 @@ def _sign(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     return np.sign(x, out=out) if out is not None else np.sign(x)
 
 
+def _identity(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+    if out is not None:
+        out[...] = x
+        return out
+    return x
+
+
 unary("neg", np.negative, _g_neg, "(-{0})", numeric=True, doc="-x")
+unary("stop_gradient", _identity, None, "({0})", numeric=True, doc="x, passing no gradient (a value autodiff treats as a constant)")
 unary("abs", np.absolute, _g_abs, "fabsf({0})", numeric=True, doc="|x|")
 unary("sign", _sign, None, "(({0} > 0) - ({0} < 0))", numeric=True, doc="-1, 0 or 1")
 unary("exp", np.exp, _g_exp, "expf({0})", doc="e^x")

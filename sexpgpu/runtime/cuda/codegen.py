@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 PRELUDE = r"""
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define SX_COOPERATIVE extern "C" __global__ void
+#define SX_SHARED __shared__
+#define SX_SYNC_WARP __syncwarp()
+#define SX_SYNC_BLOCK __syncthreads()
 #define SX_FN __device__ __forceinline__
 SX_FN float sx_bits_float(unsigned int b) { return __uint_as_float(b); }
 SX_FN unsigned int sx_float_bits(float f) { return __float_as_uint(f); }
@@ -45,6 +49,8 @@ SX_FN unsigned short sx_f32_to_bf16(float f) {
 SX_FN float sx_bf16_round(float f) { return sx_bf16_to_f32(sx_f32_to_bf16(f)); }
 SX_FN float sx_maxf(float a, float b) { return (a != a || b != b) ? a + b : (a >= b ? a : b); }
 SX_FN float sx_minf(float a, float b) { return (a != a || b != b) ? a + b : (a <= b ? a : b); }
+SX_FN double sx_maxd(double a, double b) { return (a != a || b != b) ? a + b : (a >= b ? a : b); }
+SX_FN double sx_mind(double a, double b) { return (a != a || b != b) ? a + b : (a <= b ? a : b); }
 SX_FN float sx_inf() { return sx_bits_float(0x7f800000u); }
 SX_FN float sx_nan() { return sx_bits_float(0x7fc00000u); }
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -74,6 +80,7 @@ C_TYPES: dict[DType, tuple[str, str]] = {
     DType.i32: ("int", "int"),
     DType.i64: ("long long", "long long"),
     DType.bool: ("unsigned char", "bool"),
+    DType.f64: ("double", "double"),  # only a split reduction's partial results
 }
 
 
@@ -94,9 +101,10 @@ class KernelSource:
     name: str
     source: str  # the kernel alone; compile PRELUDE + source
     params: list[Param]
-    size: int  # elements of the loop
+    size: int  # items of the loop: elements, rows or outputs
     flops: int
     bytes: int
+    lanes: str = "thread"  # who computes one item: a "thread", a "warp" (32 lanes) or a "block"
 
     def full_source(self) -> str:
         return PRELUDE + self.source
@@ -202,19 +210,51 @@ def declare(inputs: list[int], outputs: list[int], types: dict[int, TensorType])
     return decls, params
 
 
+# the grid-stride loop over items, by who computes one item; a warp's or a block's lanes
+# cooperate through `part` (shared memory) with `lane` in [0, lanes)
+LOOPS = {
+    "thread": ((), "(long long)blockIdx.x * blockDim.x + threadIdx.x", "(long long)blockDim.x * gridDim.x"),
+    "warp": (("  SX_SHARED double sx_part[1024];", "  const int lane = threadIdx.x & 31, lanes = 32;", "  double* part = sx_part + (threadIdx.x & ~31u);"),
+             "((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5", "((long long)blockDim.x * gridDim.x) >> 5"),
+    "block": (("  SX_SHARED double sx_part[1024];", "  const int lane = threadIdx.x, lanes = blockDim.x;", "  double* part = sx_part;"),
+              "(long long)blockIdx.x", "(long long)gridDim.x"),
+}
+SYNC = {"warp": "SX_SYNC_WARP;", "block": "SX_SYNC_BLOCK;"}
+
+
 def assemble(prefix: str, decls: list[str], loop: str, lines: list[str], params: list[Param], size: int, flops: int,
-             before: tuple[str, ...] = (), moved: Optional[int] = None) -> KernelSource:
-    """A kernel: LINES inside a grid-stride loop over `LOOP < n`, named PREFIX_<hash of its text>."""
+             before: tuple[str, ...] = (), moved: Optional[int] = None, lanes: str = "thread") -> KernelSource:
+    """A kernel: LINES inside a grid-stride loop over `LOOP < n` (items given to threads,
+    warps or blocks, as LANES says), named PREFIX_<hash of its text>."""
     signature = ", ".join(decls + ["long long n"])
+    setup, first, stride = LOOPS[lanes]
+    # a kernel whose lanes cooperate is SX_COOPERATIVE: a CUDA kernel on the device, a
+    # coroutine per lane in the host emulation (tests/cuda_host.py)
+    head = 'extern "C" __global__ void' if lanes == "thread" else "SX_COOPERATIVE"
     text = (
-        f'extern "C" __global__ void @NAME@({signature}) {{\n' + "".join(f"{line}\n" for line in before)
-        + f"  for (long long {loop} = (long long)blockIdx.x * blockDim.x + threadIdx.x; {loop} < n; {loop} += (long long)blockDim.x * gridDim.x) {{\n"
+        f"{head} @NAME@({signature}) {{\n" + "".join(f"{line}\n" for line in (*setup, *before))
+        + f"  for (long long {loop} = {first}; {loop} < n; {loop} += {stride}) {{\n"
         + "\n".join(lines) + "\n  }\n}\n"
     )
     name = f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     if moved is None:
         moved = sum(shape_size(p.shape) * BYTES[p.dtype] for p in params)
-    return KernelSource(name=name, source=text.replace("@NAME@", name), params=params, size=size, flops=flops, bytes=moved)
+    return KernelSource(name=name, source=text.replace("@NAME@", name), params=params, size=size, flops=flops, bytes=moved, lanes=lanes)
+
+
+def combine_lanes(acc: str, op: str, lanes: str, indent: str = "    ") -> list[str]:
+    """Every lane's partial ACC combined, in a fixed tree order (deterministic), into ACC on
+    every lane: a power-of-two tree over `part` in shared memory."""
+    if lanes == "thread":
+        return []
+    pair = {"sum": "part[lane] + part[lane + s]", "mean": "part[lane] + part[lane + s]",
+            "max": "sx_maxd(part[lane], part[lane + s])", "min": "sx_mind(part[lane], part[lane + s])"}[op]
+    sync = SYNC[lanes]
+    return [
+        f"{indent}part[lane] = {acc};", f"{indent}{sync}",
+        f"{indent}for (int s = lanes >> 1; s > 0; s >>= 1) {{ if (lane < s) part[lane] = {pair}; {sync} }}",
+        f"{indent}{acc} = part[0];", f"{indent}{sync}",
+    ]
 
 
 def load_expr(k: int, t: TensorType, space: tuple[int, ...], index: str) -> str:
@@ -313,19 +353,66 @@ def flat_index(coords: list[tuple[int, int, int]], var: str) -> str:
     return " + ".join(terms) if terms else "0"
 
 
-def reduce_kernel(group: "ReduceGroup", program: Program, constants: Optional[dict[int, Node]] = None) -> KernelSource:
-    """One thread per output element, looping over the reduced elements in a fixed order
-    (deterministic), accumulating in double (ints in 64 bits); the prologue (the fused group
-    that makes the reduction's input) is computed per element inside the loop."""
+@dataclass(frozen=True)
+class ReduceStrategy:
+    lanes: str  # who reduces one output (or one chunk of it): "thread", "warp" or "block"
+    split: int = 1  # chunks per output: > 1 is a partial-results kernel, then a finishing one
+
+
+def reduce_strategy(outputs: int, extent: int, innermost: bool, integer: bool) -> ReduceStrategy:
+    """How a reduction of EXTENT elements into each of OUTPUTS spreads over the GPU.
+    INNERMOST: the reduced axes include the last one (lanes stride along memory: a warp or a
+    block per output coalesces); otherwise neighbouring outputs are neighbours in memory and a
+    thread per output coalesces. Few outputs of many elements are split into chunks, so that
+    enough threads work; the chunks' partial results are combined by a second kernel."""
+    if integer or extent < 32:
+        return ReduceStrategy("thread")
+    if not innermost:
+        if outputs >= 16384 or outputs * extent < 1 << 16:
+            return ReduceStrategy("thread")
+        split = min(1024, extent // 16, -(-65536 // outputs))
+        return ReduceStrategy("thread", split) if split >= 2 else ReduceStrategy("thread")
+    if outputs * extent >= 1 << 20 and outputs < 2048:
+        split = min(1024, -(-extent // 8192))
+        if split >= 2:
+            return ReduceStrategy("block", split)
+    return ReduceStrategy("warp")
+
+
+def reduce_geometry(group: "ReduceGroup", types: dict[int, TensorType]) -> tuple[list[int], int, int, bool]:
+    """A reduction's reduced axes, elements per output, outputs, and whether its input is integer."""
     from ...ir.ops_reduce import normalize_axes
 
+    node = group.node
+    in_t = types[node.args[0]]
+    axes = normalize_axes(node.op, node.attrs.get("axis"), len(in_t.shape))
+    reduced = 1
+    for d in axes:
+        reduced *= in_t.shape[d]
+    return axes, reduced, shape_size(node.type.shape) or 1, in_t.dtype in (DType.i32, DType.i64)
+
+
+def planned_strategy(group: "ReduceGroup", types: dict[int, TensorType]) -> ReduceStrategy:
+    axes, reduced, outputs, integer = reduce_geometry(group, types)
+    return reduce_strategy(outputs, reduced, bool(axes) and axes[-1] == len(types[group.node.args[0]].shape) - 1, integer)
+
+
+def reduce_kernels(group: "ReduceGroup", program: Program, constants: Optional[dict[int, Node]] = None,
+                   strategy: Optional[ReduceStrategy] = None) -> list[KernelSource]:
+    """A reduction as one kernel, or two when it is split (partial results per chunk, then
+    their combination): each output (or chunk) by a thread, a warp or a block (the
+    strategy, chosen from the shapes unless given), looping over its elements in a fixed
+    order and combining the lanes in a fixed tree (deterministic), accumulating in double
+    (ints in 64 bits); the prologue (the fused group that makes the reduction's input) is
+    computed per element inside the loop."""
     types = program.types()
     constants = constants or {}
     node = group.node
     source = node.args[0]
     in_t = types[source]
     space = tuple(in_t.shape)
-    axes = normalize_axes(node.op, node.attrs.get("axis"), len(space))
+    axes, reduced_size, outputs, integer = reduce_geometry(group, types)
+    strategy = strategy or planned_strategy(group, types)
     kept = [d for d in range(len(space)) if d not in axes]
     mem = [1] * len(space)
     for d in range(len(space) - 2, -1, -1):
@@ -338,9 +425,8 @@ def reduce_kernel(group: "ReduceGroup", program: Program, constants: Optional[di
             stride *= space[d]
         return out
 
-    reduced_size = 1
-    for d in axes:
-        reduced_size *= space[d]
+    if integer and strategy.lanes != "thread" or strategy.split > reduced_size:
+        raise LoweringError(f"reduction %{node.id}: strategy {strategy} does not fit {in_t}")
     names: dict[int, str] = {}
     inner: list[str] = []
     for k, vid in enumerate(group.inputs):
@@ -351,7 +437,6 @@ def reduce_kernel(group: "ReduceGroup", program: Program, constants: Optional[di
         lines, flops = chain_lines(group.prologue.nodes, names, types, constants, "      ")
         inner += lines
     x = names[source]
-    integer = in_t.dtype in (DType.i32, DType.i64)
     acc_type = "long long" if integer else "double"
     init = {"sum": "0", "mean": "0", "max": "-sx_inf()" if not integer else "(-9223372036854775807LL - 1)", "min": "sx_inf()" if not integer else "9223372036854775807LL"}[node.op]
     if node.op in ("sum", "mean"):
@@ -361,22 +446,49 @@ def reduce_kernel(group: "ReduceGroup", program: Program, constants: Optional[di
         step = f"if (({acc_type}){x} {better} acc || {x} != {x}) acc = ({acc_type}){x};" if not integer else f"if (({acc_type}){x} {better} acc) acc = ({acc_type}){x};"
         if not integer:
             step = f"if (acc == acc) {{ {step} }}"
-    flops += reduced_size * (shape_size(node.type.shape) or 1)
+    flops += reduced_size * outputs
     out_t = node.type
-    decls, params = declare(group.inputs, [node.id], types)
     result = "acc" if node.op != "mean" else f"(acc / {reduced_size}.0)"
     result = to_storage(f"(float){result}", out_t.dtype) if out_t.dtype == DType.bf16 else f"({c_types(out_t.dtype)[0]}){result}"
+    lanes, split = strategy.lanes, strategy.split
+    chunk = -(-reduced_size // split)
+    first = "0" if split == 1 else f"c * {chunk}LL"
+    end = f"{reduced_size}LL" if split == 1 else f"(c * {chunk}LL + {chunk}LL < {reduced_size}LL ? c * {chunk}LL + {chunk}LL : {reduced_size}LL)"
+    loop = f"for (long long j = {first}; j < {end}; ++j) {{" if lanes == "thread" else f"for (long long j = {first} + lane; j < {end}; j += lanes) {{"
+    only_lane0 = "" if lanes == "thread" else "if (lane == 0) "
     body = [
+        *([f"    const long long o = item % {outputs}LL, c = item / {outputs}LL;"] if split > 1 else []),
         f"    const long long base = {flat_index(coords(kept), 'o')};",
         f"    {acc_type} acc = {init};",
-        f"    for (long long j = 0; j < {reduced_size}LL; ++j) {{",
+        f"    {loop}",
         f"      const long long idx = base + {flat_index(coords(axes), 'j')};",
         *inner,
         f"      {step}",
         "    }",
-        f"    out0[o] = {result};",
+        *combine_lanes("acc", node.op, lanes),
     ]
-    return assemble(f"sx_reduce_{node.op}", decls, "o", body, params, shape_size(out_t.shape) or 1, flops)
+    if split == 1:
+        decls, params = declare(group.inputs, [node.id], types)
+        body.append(f"    {only_lane0}out0[o] = {result};")
+        return [assemble(f"sx_reduce_{node.op}", decls, "o", body, params, outputs, flops, lanes=lanes)]
+    decls, params = declare(group.inputs, [], types)
+    decls.append("double* __restrict__ out0")
+    params.append(Param("out", -1, DType.f64, (split * outputs,)))
+    body.append(f"    {only_lane0}out0[item] = acc;")
+    partials = assemble(f"sx_reduce_{node.op}_chunks", decls, "item", body, params, split * outputs, flops, lanes=lanes)
+    # the chunks' partial results, combined per output in chunk order
+    finish_lanes = "thread" if lanes == "thread" else "warp"
+    pair = {"sum": "acc + p", "mean": "acc + p", "max": "sx_maxd(acc, p)", "min": "sx_mind(acc, p)"}[node.op]
+    loop = f"for (long long c = 0; c < {split}LL; ++c) {{" if finish_lanes == "thread" else f"for (long long c = lane; c < {split}LL; c += lanes) {{"
+    store, _ = c_types(out_t.dtype)
+    finish = [
+        f"    double acc = {init};", f"    {loop}", f"      const double p = in0[c * {outputs}LL + o];", f"      acc = {pair};", "    }",
+        *combine_lanes("acc", node.op, finish_lanes), f"    {'' if finish_lanes == 'thread' else 'if (lane == 0) '}out0[o] = {result};",
+    ]
+    finish_params = [Param("in", -1, DType.f64, (split * outputs,)), Param("out", node.id, out_t.dtype, tuple(out_t.shape))]
+    done = assemble(f"sx_reduce_{node.op}_finish", ["const double* __restrict__ in0", f"{store}* __restrict__ out0"], "o", finish, finish_params,
+                    outputs, split * outputs, lanes=finish_lanes)
+    return [partials, done]
 
 
 def scatter_kernel(node: Node, program: Program) -> KernelSource:
@@ -406,20 +518,20 @@ def scatter_kernel(node: Node, program: Program) -> KernelSource:
     return assemble("sx_scatter_sorted", decls, "o", body, params, shape_size(node.type.shape), shape_size(values_t.shape))
 
 
-def kernel_for(step: Any, program: Program, constants: Optional[dict[int, Node]] = None) -> KernelSource:
-    """The generated kernel of a fused group, a reduction, a sorted scatter-add or a
-    random op."""
+def kernels_for(step: Any, program: Program, constants: Optional[dict[int, Node]] = None) -> list[KernelSource]:
+    """The generated kernels of a fused group, a row group, a reduction (two when it is
+    split), a sorted scatter-add or a random op, in launch order."""
     from .fusion import RandomStep, ReduceGroup, ScatterStep
 
     if isinstance(step, ScatterStep):
-        return scatter_kernel(step.node, program)
+        return [scatter_kernel(step.node, program)]
     if isinstance(step, RandomStep):
-        return random_kernel(step.node, program)
+        return [random_kernel(step.node, program)]
     from .rows import RowGroup, rows_kernel
 
     if isinstance(step, RowGroup):
-        return rows_kernel(step, program, constants or {})
-    return reduce_kernel(step, program, constants) if isinstance(step, ReduceGroup) else elementwise_kernel(step, program, constants)
+        return [rows_kernel(step, program, constants or {})]
+    return reduce_kernels(step, program, constants) if isinstance(step, ReduceGroup) else [elementwise_kernel(step, program, constants)]
 
 
 

@@ -46,8 +46,14 @@ class CupyRunner:
             self.functions[name] = module.get_function(name)
 
     def launch(self, kernel: KernelSource, arrays: list[Any]) -> None:
-        grid = max(1, min(self.max_grid, (kernel.size + BLOCK - 1) // BLOCK))
-        self.functions[kernel.name]((grid,), (BLOCK,), (*arrays, np.int64(kernel.size)))
+        self.functions[kernel.name]((grid_size(kernel, BLOCK, self.max_grid),), (BLOCK,), (*arrays, np.int64(kernel.size)))
+
+
+def grid_size(kernel: KernelSource, block: int, most: int) -> int:
+    """Blocks for KERNEL's items: a thread, a warp or a block each (grid-stride loops cover
+    what MOST blocks do not)."""
+    per_block = {"thread": block, "warp": block // 32, "block": 1}[kernel.lanes]
+    return max(1, min(most, -(-kernel.size // per_block)))
 
 
 def cuda_device(spec: str) -> ArrayDevice:

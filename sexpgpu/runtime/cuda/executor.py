@@ -13,14 +13,15 @@ from __future__ import annotations
 from typing import Any, Optional, Protocol
 
 import numpy as np
+from pydantic import BaseModel
 
 from ...ir.dtypes import DType, numpy_dtype
 from ...ir.graph import Node, Program, TensorType
 from ...ir.ops import op_def
 from ..backend import HostBackend
-from .codegen import KernelSource, kernel_for
+from .codegen import KernelSource, kernels_for
 from .fusion import FusedGroup, GemmCall, OpKernel, RandomStep, ReduceGroup, ScatterStep, ViewStep, lower
-from .plan import plan_arena
+from .plan import plan_arena, scratch_value
 from .rows import RowGroup
 
 STORAGE = {DType.f32: np.float32, DType.bf16: np.uint16, DType.i32: np.int32, DType.i64: np.int64, DType.bool: np.uint8, DType.f64: np.float64}
@@ -149,16 +150,20 @@ class ArrayDevice:
             return value.astype(np.uint8)
         return value
 
-    def matmul(self, node: Node, a: Any, b: Any, types: dict[int, TensorType]) -> Any:
+    def matmul(self, node: Node, a: Any, b: Any, types: dict[int, TensorType], trans_a: bool = False, trans_b: bool = False) -> Any:
         """cuBLAS through the array module's matmul; bf16 operands accumulate in f32 and the
-        product is rounded to bf16 once (the NumPy backend's bf16 matmul on the host)."""
+        product is rounded to bf16 once (the NumPy backend's bf16 matmul on the host). An
+        operand whose flag is set is given as its transpose (of the last two axes)."""
         ta, tb = types[node.args[0]], types[node.args[1]]
+        if ta.dtype == DType.bf16 and self.xp is not np:
+            out = bf16_gemm(self.xp, a, b, tuple(node.type.shape), trans_a, trans_b)
+            if out is not None:
+                return out
+        a = a.swapaxes(-1, -2) if trans_a else a  # a view: CuPy's matmul passes cuBLAS the flag
+        b = b.swapaxes(-1, -2) if trans_b else b
         if self.xp is np:
             return self.storage(op_def("matmul").numpy([self.typed(a, ta), self.typed(b, tb)], dict(node.attrs), None), node.type)
         if ta.dtype == DType.bf16:
-            out = bf16_gemm(self.xp, a, b, tuple(node.type.shape))
-            if out is not None:
-                return out
             return self.round_bf16(self.xp.matmul(self.widen_bf16(a), self.widen_bf16(b)))
         return self.xp.matmul(a, b)
 
@@ -179,15 +184,16 @@ class LoweredProgram:
         self.memory = xp.zeros(max(self.arena.size, 1), dtype=np.uint8)
         self.views: dict[int, Any] = {}
         for buf in self.arena.buffers:
-            t = self.types[buf.value]
+            # a value's buffer, or a split reduction's partial results (f64)
+            t = self.types[buf.value] if buf.value >= 0 else TensorType(dtype=DType.f64, shape=(buf.bytes // 8,))
             itemsize = np.dtype(STORAGE[t.dtype]).itemsize
             count = buf.bytes // itemsize
             self.views[buf.value] = self.memory[buf.offset : buf.offset + buf.bytes].view(STORAGE[t.dtype])[:count].reshape(t.shape)
-        self.kernels: dict[int, KernelSource] = {}
+        self.kernels: dict[int, list[KernelSource]] = {}
         for k, step in enumerate(self.lowering.steps):
             if isinstance(step, (FusedGroup, RowGroup, ReduceGroup, ScatterStep, RandomStep)):
-                self.kernels[k] = kernel_for(step, program, self.lowering.constants)
-        device.runner.prepare(list(self.kernels.values()))
+                self.kernels[k] = kernels_for(step, program, self.lowering.constants)
+        device.runner.prepare([kernel for kernels in self.kernels.values() for kernel in kernels])
 
     def run(self, feeds: dict[str, Any], keep: frozenset[str] = frozenset()) -> dict[str, Any]:
         """Run on FEEDS; the outputs named in KEEP stay on the device (views of the arena or
@@ -199,25 +205,29 @@ class LoweredProgram:
         for k, step in enumerate(self.lowering.steps):
             if isinstance(step, (FusedGroup, RowGroup)):
                 outs = [self.views[v] for v in step.outputs]
-                device.runner.launch(self.kernels[k], [self.contiguous(values[v]) for v in step.inputs] + outs)
+                device.runner.launch(self.kernels[k][0], [self.contiguous(values[v]) for v in step.inputs] + outs)
                 values.update(zip(step.outputs, outs))
             elif isinstance(step, ReduceGroup):
                 out = self.views[step.node.id]
-                device.runner.launch(self.kernels[k], [self.contiguous(values[v]) for v in step.inputs] + [out])
+                inputs = [self.contiguous(values[v]) for v in step.inputs]
+                if len(self.kernels[k]) == 2:  # split: the chunks' partial results, then their combination
+                    partials, finish = self.kernels[k]
+                    scratch = self.views[scratch_value(k)]
+                    device.runner.launch(partials, inputs + [scratch])
+                    device.runner.launch(finish, [scratch, out])
+                else:
+                    device.runner.launch(self.kernels[k][0], inputs + [out])
                 values[step.node.id] = out
             elif isinstance(step, RandomStep):
                 out = self.views[step.node.id]
-                device.runner.launch(self.kernels[k], [self.contiguous(values[step.node.args[0]]), out])
+                device.runner.launch(self.kernels[k][0], [self.contiguous(values[step.node.args[0]]), out])
                 values[step.node.id] = out
             elif isinstance(step, ScatterStep):
                 values[step.node.id] = self.scatter(k, step.node, values)
             elif isinstance(step, ViewStep):
                 values[step.node.id] = self.contiguous(values[step.node.args[0]]).reshape(step.node.type.shape)
             elif isinstance(step, GemmCall):
-                a, b = values[step.a], values[step.b]
-                a = a.swapaxes(-1, -2) if step.trans_a else a  # a view: the transpose flag
-                b = b.swapaxes(-1, -2) if step.trans_b else b
-                values[step.node.id] = self.place(step.node, device.matmul(step.node, a, b, types))
+                values[step.node.id] = self.place(step.node, device.matmul(step.node, values[step.a], values[step.b], types, step.trans_a, step.trans_b))
             else:
                 assert isinstance(step, OpKernel)
                 values[step.node.id] = self.place(step.node, device.op(step.node, [values[a] for a in step.node.args], types))
@@ -232,7 +242,7 @@ class LoweredProgram:
         order = xp.ascontiguousarray(xp.argsort(idx, kind="stable").astype(np.int64))
         starts = xp.ascontiguousarray(xp.searchsorted(idx[order], xp.arange(rows + 1, dtype=np.int64)).astype(np.int64))
         out = self.views[node.id]
-        self.device.runner.launch(self.kernels[k], [self.contiguous(values[node.args[0]]), order, starts, out])
+        self.device.runner.launch(self.kernels[k][0], [self.contiguous(values[node.args[0]]), order, starts, out])
         return out
 
     def place(self, node: Node, result: Any) -> Any:
@@ -281,42 +291,71 @@ class DeviceBackend:
 CUDA_R_16BF = 14  # cudaDataType: bf16
 CUBLAS_COMPUTE_32F = 68
 CUBLAS_GEMM_DEFAULT = -1
-CUBLAS_OP_N = 0
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 
 
-def bf16_gemm(cupy: Any, a: Any, b: Any, shape: tuple[int, ...]) -> Any:
+class GemmArguments(BaseModel, frozen=True):
+    """One cuBLAS call for a row-major C = op(A) @ op(B), in cuBLAS's column-major terms:
+    row-major C (m x n) is column-major C^T, and C^T = op(B)^T op(A)^T, so the call takes B
+    first. An operand given transposed (stored as its transpose, contiguous) flips its op."""
+
+    op_b: int  # applied to the first (B's) matrix
+    op_a: int
+    rows: int  # of column-major C^T: n
+    cols: int  # m (all of a 2-D call's rows of A when B is a plain matrix)
+    depth: int  # k
+    ldb: int
+    lda: int
+    ldc: int
+    stride_b: int
+    stride_a: int
+    stride_c: int
+    batch: int  # 1: cublasGemmEx; more: cublasGemmStridedBatchedEx
+
+
+def gemm_arguments(a_shape: tuple[int, ...], b_shape: tuple[int, ...], trans_a: bool, trans_b: bool) -> Optional[GemmArguments]:
+    """The call computing A @ B from the stored (contiguous) operands of shapes A_SHAPE and
+    B_SHAPE, each the transpose of the operand when its flag is set; None when the batch
+    shapes differ (broadcasting the strided call cannot express)."""
+    k, m = (a_shape[-2], a_shape[-1]) if trans_a else (a_shape[-1], a_shape[-2] if len(a_shape) >= 2 else 1)
+    n = b_shape[-2] if trans_b else b_shape[-1]
+    ldb = k if trans_b else n
+    op_b = CUBLAS_OP_T if trans_b else CUBLAS_OP_N
+    op_a = CUBLAS_OP_T if trans_a else CUBLAS_OP_N
+    if len(b_shape) == 2 and len(a_shape) >= 2 and not trans_a:
+        rows = int(np.prod(a_shape[:-1]))  # every leading axis of A is a row of one gemm
+        return GemmArguments(op_b=op_b, op_a=op_a, rows=n, cols=rows, depth=k, ldb=ldb, lda=k, ldc=n, stride_b=0, stride_a=0, stride_c=0, batch=1)
+    if len(a_shape) == len(b_shape) and a_shape[:-2] == b_shape[:-2] and len(a_shape) >= 2:
+        batch = int(np.prod(a_shape[:-2], dtype=np.int64))
+        return GemmArguments(op_b=op_b, op_a=op_a, rows=n, cols=m, depth=k, ldb=ldb, lda=m if trans_a else k, ldc=n,
+                             stride_b=k * n, stride_a=m * k, stride_c=m * n, batch=batch)
+    return None
+
+
+def bf16_gemm(cupy: Any, a: Any, b: Any, shape: tuple[int, ...], trans_a: bool = False, trans_b: bool = False) -> Any:
     """bf16 x bf16 -> bf16 with f32 accumulation through cuBLAS (cublasGemmEx, or
     cublasGemmStridedBatchedEx for equal batch shapes), on row-major operands given as their
-    16-bit storage. None when the shapes need broadcasting the batched call cannot express
-    (the caller widens to f32 instead)."""
+    16-bit storage, each stored transposed when its flag says so (cuBLAS's transpose flag:
+    no copy). None when the shapes need broadcasting (the caller widens to f32 instead)."""
     from cupy.cuda import cublas, device
 
-    a, b = cupy.ascontiguousarray(a), cupy.ascontiguousarray(b)
-    k, n = b.shape[-2], b.shape[-1]
-    m = a.shape[-2] if a.ndim >= 2 else 1
+    call = gemm_arguments(tuple(a.shape), tuple(b.shape), trans_a, trans_b)
+    if call is None:
+        return None
+    a, b = c_order(cupy, a), c_order(cupy, b)
     out = cupy.empty(shape, dtype=np.uint16)
     one, zero = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
     handle = device.get_cublas_handle()
     mode = cublas.getPointerMode(handle)
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)  # alpha and beta live on the host
     try:
-        return _bf16_gemm_calls(cupy, cublas, handle, a, b, out, m, n, k, one, zero)
+        if call.batch == 1:
+            cublas.gemmEx(handle, call.op_b, call.op_a, call.rows, call.cols, call.depth, one.ctypes.data, b.data.ptr, CUDA_R_16BF, call.ldb,
+                          a.data.ptr, CUDA_R_16BF, call.lda, zero.ctypes.data, out.data.ptr, CUDA_R_16BF, call.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+        else:
+            cublas.gemmStridedBatchedEx(handle, call.op_b, call.op_a, call.rows, call.cols, call.depth, one.ctypes.data,
+                                        b.data.ptr, CUDA_R_16BF, call.ldb, call.stride_b, a.data.ptr, CUDA_R_16BF, call.lda, call.stride_a,
+                                        zero.ctypes.data, out.data.ptr, CUDA_R_16BF, call.ldc, call.stride_c, call.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
     finally:
         cublas.setPointerMode(handle, mode)
-
-
-def _bf16_gemm_calls(cupy: Any, cublas: Any, handle: int, a: Any, b: Any, out: Any, m: int, n: int, k: int, one: np.ndarray, zero: np.ndarray) -> Any:
-    # row-major C = A @ B is column-major C^T = B^T @ A^T: swap the operands, no transposes
-    if b.ndim == 2 and a.ndim >= 2:
-        rows = int(np.prod(a.shape[:-1]))
-        cublas.gemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, rows, k, one.ctypes.data, b.data.ptr, CUDA_R_16BF, n,
-                      a.data.ptr, CUDA_R_16BF, k, zero.ctypes.data, out.data.ptr, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
-        return out
-    if a.ndim == b.ndim and a.shape[:-2] == b.shape[:-2] and a.ndim > 2:
-        batch = int(np.prod(a.shape[:-2]))
-        cublas.gemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, one.ctypes.data, b.data.ptr, CUDA_R_16BF, n, k * n,
-                                    a.data.ptr, CUDA_R_16BF, k, m * k, zero.ctypes.data, out.data.ptr, CUDA_R_16BF, n, m * n,
-                                    batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
-        return out
-    return None
-
+    return out

@@ -20,11 +20,12 @@ from pydantic import BaseModel
 
 from ...ir.graph import Node, Program, shape_size
 from ...ir.ops import op_def
-from .codegen import BYTES, LoweringError, elementwise_kernel, random_kernel, reduce_kernel, scatter_kernel
+from .codegen import BYTES, KernelSource, LoweringError, elementwise_kernel, planned_strategy, random_kernel, reduce_kernels, scatter_kernel
 from .fusion import FusedGroup, GemmCall, Lowering, RandomStep, ReduceGroup, ScatterStep, ViewStep, lower
 from .rows import RowGroup, rows_kernel
 
 ALIGN = 256
+LANES = {"thread": "a thread", "warp": "a warp", "block": "a block"}
 
 
 class Buffer(BaseModel):
@@ -49,6 +50,8 @@ class KernelLine(BaseModel):
     elements: int
     bytes: int
     flops: int
+    launches: int = 1  # a split reduction is two kernels
+    how: str = ""  # who computes what: "a warp per row", "a thread per output", ...
 
 
 class ProgramReport(BaseModel):
@@ -78,6 +81,11 @@ def step_values(step: Any) -> tuple[list[int], list[int]]:
     return list(step.node.args), [step.node.id]
 
 
+def scratch_value(step: int) -> int:
+    """The arena's name for step STEP's scratch buffer (IR values are never negative)."""
+    return -(step + 1)
+
+
 def plan_arena(lowering: Lowering) -> Arena:
     program = lowering.program
     types = program.types()
@@ -91,6 +99,9 @@ def plan_arena(lowering: Lowering) -> Arena:
     returned = {alias.get(v, v) for v in program.outputs.values()}
     buffers: dict[int, Buffer] = {}
     for k, step in enumerate(lowering.steps):
+        if isinstance(step, ReduceGroup) and (strategy := planned_strategy(step, types)).split > 1:
+            # a split reduction's partial results (f64), alive during its step only
+            buffers[scratch_value(k)] = Buffer(value=scratch_value(k), bytes=8 * strategy.split * (shape_size(step.node.type.shape) or 1), first=k, last=k)
         reads, writes = step_values(step)
         if not isinstance(step, ViewStep):
             for v in writes:
@@ -133,11 +144,18 @@ def kernel_line(k: int, step: Any, lowering: Lowering) -> KernelLine:
                           elements=kernel.size, bytes=kernel.bytes, flops=kernel.flops)
     if isinstance(step, RowGroup):
         kernel = rows_kernel(step, program, lowering.constants)
-        return KernelLine(step=k, kind="rows", kernel=kernel.name + " (one thread per row)", nodes=[node_label(n) for n in step.nodes], elements=shape_size(step.space), bytes=kernel.bytes, flops=kernel.flops)
+        return KernelLine(step=k, kind="rows", kernel=kernel.name, how=f"{LANES[kernel.lanes]} per row", nodes=[node_label(n) for n in step.nodes],
+                          elements=shape_size(step.space), bytes=kernel.bytes, flops=kernel.flops)
     if isinstance(step, ReduceGroup):
-        kernel = reduce_kernel(step, program, lowering.constants)
+        kernels = reduce_kernels(step, program, lowering.constants)
         nodes = (step.prologue.nodes if step.prologue is not None else []) + [step.node]
-        return KernelLine(step=k, kind="reduce", kernel=kernel.name, nodes=[node_label(n) for n in nodes], elements=kernel.size, bytes=kernel.bytes, flops=kernel.flops)
+        outputs = kernels[-1].size
+        if len(kernels) == 1:
+            how = f"{LANES[kernels[0].lanes]} per output"
+        else:
+            how = f"{kernels[0].size // outputs} chunks per output, {LANES[kernels[0].lanes]} per chunk; then {LANES[kernels[1].lanes]} per output"
+        return KernelLine(step=k, kind="reduce", kernel=" + ".join(x.name for x in kernels), how=how, nodes=[node_label(n) for n in nodes], elements=outputs,
+                          bytes=sum(x.bytes for x in kernels), flops=sum(x.flops for x in kernels), launches=len(kernels))
     if isinstance(step, RandomStep):
         kernel = random_kernel(step.node, program)
         return KernelLine(step=k, kind="random", kernel=kernel.name + " (Philox4x32-10)", nodes=[node_label(step.node)], elements=shape_size(step.node.type.shape), bytes=kernel.bytes, flops=kernel.flops)
@@ -175,7 +193,7 @@ def report(program: Program, lowering: Optional[Lowering] = None) -> ProgramRepo
     lowering = lowering or lower(program)
     lines = [kernel_line(k, step, lowering) for k, step in enumerate(lowering.steps)]
     return ProgramReport(
-        program=program.name, kernels=lines, arena=plan_arena(lowering), launches=sum(1 for line in lines if line.kind != "view"),
+        program=program.name, kernels=lines, arena=plan_arena(lowering), launches=sum(line.launches for line in lines if line.kind != "view"),
         total_bytes=sum(line.bytes for line in lines), total_flops=sum(line.flops for line in lines),
     )
 

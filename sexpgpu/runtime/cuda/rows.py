@@ -4,9 +4,11 @@ Those functions are staged as primitive ops (a max, a subtraction, an exp, a sum
 division...), so the fusion pass sees a run of steps over one row space S = (..., C): fused
 elementwise groups over S, reductions over S's last axis (keepdims), and elementwise work on
 the reduced values. `fuse_rows` merges such a contiguous run into a RowGroup, and
-`rows_kernel` computes it with one thread per row: one loop over the row per reduction (the
-row-space values it needs are recomputed from the inputs in that loop), the reduced values in
-registers, and a last loop that writes the row-space outputs. Only the group's inputs are
+`rows_kernel` computes it with one warp per row (one thread per row when rows are shorter
+than a warp): one loop over the row per reduction, its lanes striding along the row (the
+row-space values it needs are recomputed from the inputs in that loop) and their partial
+results combined in a fixed tree, the reduced values in registers, and a last loop that
+writes the row-space outputs. Only the group's inputs are
 read and only the values used outside it are written.
 
 A step joins the run only if everything it reads is made before the run starts or inside it,
@@ -22,7 +24,7 @@ from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, TensorType, shape_size
 from ...ir.ops import op_def
 from ...ir.ops_reduce import normalize_axes
-from .codegen import KernelSource, assemble, c_types, chain_lines, declare, load_expr, to_storage
+from .codegen import KernelSource, assemble, c_types, chain_lines, combine_lanes, declare, load_expr, to_storage
 from .fusion import FusedGroup, ReduceGroup, Step
 
 Shape = tuple[int, ...]
@@ -143,10 +145,18 @@ def produced(step: Step) -> set[int]:
     return {node.id} if node is not None else set()
 
 
-def rows_kernel(group: RowGroup, program: Program, constants: dict[int, Node]) -> KernelSource:
+WARP_ROWS = 32  # rows at least this long get a warp each
+
+
+def rows_kernel(group: RowGroup, program: Program, constants: dict[int, Node], lanes: Optional[str] = None) -> KernelSource:
+    """GROUP's kernel, with a warp per row (or a thread per row, as LANES says; by default
+    from the row length)."""
     types = program.types()
     space = group.space
     width = space[-1]
+    lanes = lanes or ("warp" if width >= WARP_ROWS else "thread")
+    columns = f"for (long long c = 0; c < {width}LL; ++c) {{" if lanes == "thread" else f"for (long long c = lane; c < {width}LL; c += lanes) {{"
+    only_lane0 = "" if lanes == "thread" else "if (lane == 0) "
     by_id = {n.id: n for n in group.nodes}
     row_nodes = [n for n in group.nodes if tuple(n.type.shape) == space and n.op not in REDUCE_OPS]
     reductions = [n for n in group.nodes if n.op in REDUCE_OPS]
@@ -198,7 +208,7 @@ def rows_kernel(group: RowGroup, program: Program, constants: dict[int, Node]) -
             lines.extend(head + body)
             scalars[node.id] = names[node.id]
             if node.id in output_index:
-                lines.append(f"    out{output_index[node.id]}[r] = {to_storage(scalars[node.id], node.type.dtype)};")
+                lines.append(f"    {only_lane0}out{output_index[node.id]}[r] = {to_storage(scalars[node.id], node.type.dtype)};")
 
     reduced_ready()
     for red in reductions:
@@ -211,22 +221,22 @@ def rows_kernel(group: RowGroup, program: Program, constants: dict[int, Node]) -
             better = ">" if red.op == "max" else "<"
             step = f"if ({acc} == {acc}) {{ if ((double){x} {better} {acc} || {x} != {x}) {acc} = (double){x}; }}"
             init = "-sx_inf()" if red.op == "max" else "sx_inf()"
-        lines += [f"    double {acc} = {init};", f"    for (long long c = 0; c < {width}LL; ++c) {{", f"      const long long idx = r * {width}LL + c;",
-                  *body, f"      {step}", "    }"]
+        lines += [f"    double {acc} = {init};", f"    {columns}", f"      const long long idx = r * {width}LL + c;",
+                  *body, f"      {step}", "    }", *combine_lanes(acc, red.op, lanes)]
         value = f"(float){acc}" if red.op != "mean" else f"(float)({acc} / {width}.0)"
         lines.append(f"    const float s{red.id} = {f'sx_bf16_round({value})' if red.type.dtype == DType.bf16 else value};")
         scalars[red.id] = f"s{red.id}"
         if red.id in output_index:
-            lines.append(f"    out{output_index[red.id]}[r] = {to_storage(scalars[red.id], red.type.dtype)};")
+            lines.append(f"    {only_lane0}out{output_index[red.id]}[r] = {to_storage(scalars[red.id], red.type.dtype)};")
         reduced_ready()
     row_outputs = [v for v in group.outputs if v not in scalars]
     if row_outputs:
         body, names, _ = row_pass(row_outputs)
-        lines += [f"    for (long long c = 0; c < {width}LL; ++c) {{", f"      const long long idx = r * {width}LL + c;", *body]
+        lines += [f"    {columns}", f"      const long long idx = r * {width}LL + c;", *body]
         lines += [f"      out{output_index[v]}[idx] = {to_storage(names[v], types[v].dtype)};" for v in row_outputs]
         lines.append("    }")
     flops += sum(op_def(n.op).flops(n, [types[a] for a in n.args]) for n in reduced_nodes if n.op != "broadcast_to")
-    return assemble("sx_rows", decls, "r", lines, params, shape_size(space) // width, flops)
+    return assemble("sx_rows", decls, "r", lines, params, shape_size(space) // width, flops, lanes=lanes)
 
 
 __all__ = ["RowGroup", "fuse_rows", "rows_kernel"]
