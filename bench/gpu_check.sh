@@ -3,15 +3,19 @@
 # its minutes:
 #   bash bench/gpu_wheels.sh                       # here, once: the wheels the machine lacks
 #   run(command="bash bench/gpu_check.sh", carry=[".gpu-wheels"], timeout_s=540)
-# It installs sexpgpu without touching the machine's torch/cupy/ml-dtypes, runs the CUDA
-# tests (every op and every example program against NumPy, the examples' losses against the
-# CPU's, the NCCL backend), then the benchmark against PyTorch eager and torch.compile.
-# Results (pytest's log, the benchmark table) go to $OUT when it is set.
+# It installs sexpgpu without touching the machine's torch/cupy/ml-dtypes, then, cheapest
+# first so that a cut-off run still reports what it reached: the small benchmark (the char
+# transformer against PyTorch eager and torch.compile), the CUDA tests (every op and every
+# reduction strategy through NVRTC, cuBLAS with transpose flags, every example program
+# against NumPy, the examples' losses and the whole loop against the CPU's, the NCCL
+# backend), then the GPT-2-sized benchmark. No test stops the others (no -x). Each part's
+# output goes to $OUT (machine.txt, bench-small.txt, tests.txt, bench-gpt2.txt) as it runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/sexpgpu-gpu-check}"
 mkdir -p "$out"
 export OPENBLAS_NUM_THREADS=1 PYTHONUNBUFFERED=1
+started=$SECONDS
 {
     python -V
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
@@ -21,5 +25,10 @@ if [ -d .gpu-wheels ]; then
     pip install -q --no-index --find-links .gpu-wheels pydantic fsspec safetensors pytest 2>&1 | tail -3
 fi
 pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -3 || pip install -q --no-deps -e . 2>&1 | tail -3
-timeout 300 python -m pytest -q -x -p no:cacheprovider tests/test_cuda_device.py tests/test_nccl.py tests/test_cuda_codegen.py 2>&1 | tee "$out/tests.txt" | tail -25
-timeout 200 python bench/gpu_vs_torch.py --steps 10 2>&1 | tee "$out/bench.txt" | tail -20
+echo "installed after $((SECONDS - started)) s" | tee -a "$out/machine.txt"
+timeout 120 python bench/gpu_vs_torch.py --steps 20 --only char-transformer 2>&1 | tee "$out/bench-small.txt" | tail -8
+echo "small benchmark done after $((SECONDS - started)) s" | tee -a "$out/machine.txt"
+timeout 240 python -m pytest -q -p no:cacheprovider --durations=10 tests/test_cuda_device.py tests/test_nccl.py 2>&1 | tee "$out/tests.txt" | tail -30
+echo "tests done after $((SECONDS - started)) s" | tee -a "$out/machine.txt"
+timeout 150 python bench/gpu_vs_torch.py --steps 10 --only gpt2 2>&1 | tee "$out/bench-gpt2.txt" | tail -8
+echo "all done after $((SECONDS - started)) s" | tee -a "$out/machine.txt"

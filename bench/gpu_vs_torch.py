@@ -52,9 +52,12 @@ def ours(path: Path, steps: int) -> tuple[float, Any]:
 
     experiment = compile_file(path).experiment
     assert experiment is not None
+    began = time.perf_counter()
     trainer = Trainer(experiment, None, backend_for("cuda"))
     for _ in range(3):
         trainer.train_step()
+    # lowering, NVRTC compiles (one module per program) and the first steps
+    print(f"ours: lowering, compiling and 3 warm-up steps took {time.perf_counter() - began:.1f} s", file=sys.stderr)
     start = time.perf_counter()
     for _ in range(steps):
         trainer.train_step()  # returns host values: the step is complete on the device

@@ -83,7 +83,7 @@ def check_program(program: Program, feeds: dict[int, np.ndarray], expect_groups:
     # every way a reduction or a row group can be spread over the GPU, not only the one its
     # shapes choose: the tests' shapes are small
     reductions = [(r, reduce_kernels(r, program, lowering.constants, strategy)) for r in lowering.reductions for strategy in strategies(r, types)]
-    rows = [(g, rows_kernel(g, program, lowering.constants, lanes)) for g in lowering.steps if isinstance(g, RowGroup) for lanes in ("thread", "warp")]
+    rows = [(g, rows_kernel(g, program, lowering.constants, lanes)) for g in lowering.steps if isinstance(g, RowGroup) for lanes in ("thread", "warp", "block")]
     module = HostModule([k for _, k in kernels + rows] + [k for _, ks in reductions for k in ks])
     for group, kernel in kernels:
         outs = module.run(kernel, [vals[v] for v in group.inputs])
@@ -290,7 +290,7 @@ def test_every_generated_kernel_compiles_with_nvcc(examples: list[tuple[str, str
                     sources[kernel.name] = kernel.source
             # every other way it could be spread over the GPU
             if isinstance(step, RowGroup):
-                for lanes in ("thread", "warp"):
+                for lanes in ("thread", "warp", "block"):
                     kernel = rows_kernel(step, program, lowering.constants, lanes)
                     sources[kernel.name] = kernel.source
             if step.kind == "reduce":

@@ -108,7 +108,7 @@ def test_matmuls_through_cublas_match_numpy(dtype: DType, shapes: list[tuple[int
 
 def test_every_reduction_strategy_and_row_layout_on_the_gpu_matches_numpy() -> None:
     """Each way a reduction spreads over the GPU (a thread, a warp or a block per output;
-    thread or block chunks) and a row group (a thread or a warp per row), at sizes where
+    thread or block chunks) and a row group (a thread, a warp or a block per row), at sizes where
     warps and blocks have real work, through NVRTC against NumPy."""
     from sexpgpu.ir.builder import Builder
     from sexpgpu.ir.graph import TensorType
@@ -152,7 +152,7 @@ def test_every_reduction_strategy_and_row_layout_on_the_gpu_matches_numpy() -> N
     vals = reference(program, {x: values((64, 1000), DType.f32, np.random.default_rng(2))})
     lowering = lower(program)
     (group,) = [g for g in lowering.steps if isinstance(g, RowGroup)]
-    for lanes in ("thread", "warp"):
+    for lanes in ("thread", "warp", "block"):
         got = run([rows_kernel(group, program, lowering.constants, lanes)], [np.asarray(vals[v]) for v in group.inputs])
         assert_close(got, vals[group.outputs[0]], "f32", f"softmax rows, a {lanes} per row", scale_atol=True)
 

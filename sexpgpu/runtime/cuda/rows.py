@@ -5,7 +5,8 @@ division...), so the fusion pass sees a run of steps over one row space S = (...
 elementwise groups over S, reductions over S's last axis (keepdims), and elementwise work on
 the reduced values. `fuse_rows` merges such a contiguous run into a RowGroup, and
 `rows_kernel` computes it with one warp per row (one thread per row when rows are shorter
-than a warp): one loop over the row per reduction, its lanes striding along the row (the
+than a warp, a block per row when they are thousands long): one loop over the row per
+reduction, its lanes striding along the row (the
 row-space values it needs are recomputed from the inputs in that loop) and their partial
 results combined in a fixed tree, the reduced values in registers, and a last loop that
 writes the row-space outputs. Only the group's inputs are
@@ -146,15 +147,16 @@ def produced(step: Step) -> set[int]:
 
 
 WARP_ROWS = 32  # rows at least this long get a warp each
+BLOCK_ROWS = 4096  # and rows at least this long a block each (a vocabulary's logits)
 
 
 def rows_kernel(group: RowGroup, program: Program, constants: dict[int, Node], lanes: Optional[str] = None) -> KernelSource:
-    """GROUP's kernel, with a warp per row (or a thread per row, as LANES says; by default
+    """GROUP's kernel, with a thread, a warp or a block per row (as LANES says; by default
     from the row length)."""
     types = program.types()
     space = group.space
     width = space[-1]
-    lanes = lanes or ("warp" if width >= WARP_ROWS else "thread")
+    lanes = lanes or ("block" if width >= BLOCK_ROWS else "warp" if width >= WARP_ROWS else "thread")
     columns = f"for (long long c = 0; c < {width}LL; ++c) {{" if lanes == "thread" else f"for (long long c = lane; c < {width}LL; c += lanes) {{"
     only_lane0 = "" if lanes == "thread" else "if (lane == 0) "
     by_id = {n.id: n for n in group.nodes}
