@@ -135,5 +135,11 @@ def submit(bundle_url: str, store_url: str, slug: str, max_preemptions: Optional
     # one name per submission: submitting the same run again (after it ended) is allowed
     name = f"sexpgpu-submit-{slug}-{uuid.uuid4().hex[:8]}"
     actor = Supervisor.options(name=name, lifetime="detached", get_if_exists=False).remote(bundle_url, store_url, slug, max_preemptions, env, payload)
-    ray.get(actor.start.remote(), timeout=SUPERVISOR_START_S)  # the run has begun before the submitter may exit
+    try:
+        ray.get(actor.start.remote(), timeout=SUPERVISOR_START_S)  # the run has begun before the submitter may exit
+    except Exception:
+        # the submitter is told the run did not start: it must not start later behind its back
+        # (a second submission would then run the same slug twice)
+        ray.kill(actor)
+        raise
     return actor, actor.result.remote()

@@ -8,7 +8,9 @@ Kernels whose lanes cooperate (a warp or a block per item, through shared memory
 at a time, every lane runs to its next barrier, then the next round starts; the rounds go
 through the lanes forward and backward in turn, so a value one lane writes and another reads
 between two barriers (a race on the GPU) is seen written too early in one of the orders and
-fails the comparison. Shared memory is a static array of the kernel.
+fails the comparison. After each round a warp's (or a block's) lanes must all be waiting or
+all be done: lanes that reach different numbers of barriers (a hang on the GPU) fail the run.
+Shared memory is a static array of the kernel.
 
 """
 
@@ -67,8 +69,10 @@ def launcher(kernel: KernelSource) -> str:
     call = f"{kernel.name}({', '.join(casts + ['n'])});"
     if kernel.lanes != "thread":  # cooperating lanes: a coroutine per CUDA thread, a block at a time
         return (
-            f'extern "C" void launch_{kernel.name}(void** args, long long n, unsigned int grid, unsigned int block) {{\n'
+            f'extern "C" int launch_{kernel.name}(void** args, long long n, unsigned int grid, unsigned int block) {{\n'
             "  gridDim.x = grid; blockDim.x = block; gridDim.y = gridDim.z = blockDim.y = blockDim.z = 1;\n"
+            f"  const unsigned int group = {32 if kernel.lanes == 'warp' else 0} ? {32 if kernel.lanes == 'warp' else 0} : block;  // lanes that meet at each barrier\n"
+            "  int mismatched = 0;\n"
             "  for (unsigned int b = 0; b < grid; ++b) {\n"
             "    blockIdx.x = b; blockIdx.y = blockIdx.z = threadIdx.y = threadIdx.z = 0;\n"
             "    std::vector<sx_lane> lanes;\n"
@@ -83,16 +87,23 @@ def launcher(kernel: KernelSource) -> str:
             "        lanes[t].handle.resume();\n"
             "        running = running || !lanes[t].handle.done();\n"
             "      }\n"
+            "      // a group's lanes are all at the same barrier or all done: some done and some\n"
+            "      // waiting means they reached different numbers of barriers (a hang on the GPU)\n"
+            "      for (unsigned int g = 0; g < block; g += group) {\n"
+            "        int done = 0;\n"
+            "        for (unsigned int t = g; t < g + group && t < block; ++t) done += lanes[t].handle.done() ? 1 : 0;\n"
+            "        if (done != 0 && done != (int)(g + group < block ? group : block - g)) mismatched = 1;\n"
+            "      }\n"
             "    }\n"
             "    for (sx_lane& lane : lanes) lane.handle.destroy();\n"
-            "  }\n}\n"
+            "  }\n  return mismatched;\n}\n"
         )
     return (
-        f'extern "C" void launch_{kernel.name}(void** args, long long n, unsigned int grid, unsigned int block) {{\n'
+        f'extern "C" int launch_{kernel.name}(void** args, long long n, unsigned int grid, unsigned int block) {{\n'
         "  gridDim.x = grid; blockDim.x = block; gridDim.y = gridDim.z = blockDim.y = blockDim.z = 1;\n"
         "  for (unsigned int b = 0; b < grid; ++b) { for (unsigned int t = 0; t < block; ++t) {\n"
         f"    blockIdx.x = b; threadIdx.x = t; {call}\n"
-        "  } }\n}\n"
+        "  } }\n  return 0;\n}\n"
     )
 
 
@@ -121,6 +132,7 @@ class HostModule:
         BLOCK is a multiple of 32 (a warp) and a power of two (the lanes' tree)."""
         fn = getattr(self.lib, f"launch_{kernel.name}")
         fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_longlong, ctypes.c_uint, ctypes.c_uint]
+        fn.restype = ctypes.c_int
         ins = [p for p in kernel.params if p.role == "in"]
         outs = [p for p in kernel.params if p.role == "out"]
         assert len(inputs) == len(ins)
@@ -128,7 +140,7 @@ class HostModule:
         results = [np.zeros(p.shape, dtype=storage_dtype(p.dtype.value)) for p in outs]
         buffers += results
         pointers = (ctypes.c_void_p * len(buffers))(*[b.ctypes.data for b in buffers])
-        fn(pointers, kernel.size, grid, block)
+        assert fn(pointers, kernel.size, grid, block) == 0, f"{kernel.name}: the lanes of a {kernel.lanes} reached different numbers of barriers"
         return [from_storage(r, p.dtype.value) for r, p in zip(results, outs)]
 
 
@@ -190,7 +202,8 @@ class HostRunner:
     def launch(self, kernel: KernelSource, arrays: list[np.ndarray]) -> None:
         fn = getattr(self.modules[kernel.name].lib, f"launch_{kernel.name}")
         fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_longlong, ctypes.c_uint, ctypes.c_uint]
+        fn.restype = ctypes.c_int
         for a in arrays:
             assert a.flags.c_contiguous, kernel.name
         pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        fn(pointers, kernel.size, 2, 64)
+        assert fn(pointers, kernel.size, 2, 64) == 0, f"{kernel.name}: the lanes of a {kernel.lanes} reached different numbers of barriers"

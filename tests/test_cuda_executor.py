@@ -183,3 +183,28 @@ def test_the_bf16_gemm_arguments_compute_a_matmul_by_cublas_contract(a_shape: tu
         return
     want = a @ b
     np.testing.assert_allclose(cublas_gemm(call, stored_a, stored_b)[: want.size], want.reshape(-1), rtol=1e-12, atol=1e-12)
+
+
+def test_frozen_parameters_stay_put_on_the_cpu_and_the_emulated_device(tmp_path: Path) -> None:
+    """A :frozen group's parameters are resident too (the update program does not read them)
+    and never change; the others train the same on both backends."""
+    from sexpgpu.compile.pipeline import compile_file
+    from sexpgpu.runtime.backend import HostBackend
+    from sexpgpu.runtime.loop import Trainer
+
+    (tmp_path / ".git").mkdir()
+    path = tmp_path / "frozen.lisp"
+    path.write_text(WHOLE_LOOP.replace('(defgroups (all "**" (optim:adamw :lr 0.01 :weight-decay 0.1)))',
+                                       '(defgroups (frozen "net.layers.0.*" :frozen) (all "**" (optim:adamw :lr 0.01 :weight-decay 0.1)))'))
+    result = compile_file(path)
+    experiment = result.experiment
+    assert experiment is not None, [d.headline() for d in result.diagnostics]
+    losses = {}
+    for name, backend in (("cpu", HostBackend()), ("device", DeviceBackend(ArrayDevice(np, HostRunner())))):
+        trainer = Trainer(experiment, None, backend)
+        start = trainer.host_params()
+        losses[name] = [trainer.train_step()["loss"] for _ in range(4)]
+        end = trainer.host_params()
+        assert all(np.array_equal(start[p], end[p]) for p in start if p.startswith("net.layers.0.")), name
+        assert not np.array_equal(start["net.layers.1.w"], end["net.layers.1.w"]), name
+    np.testing.assert_allclose(losses["device"], losses["cpu"], rtol=2e-3)

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from ..ir.experiment import Experiment, LoaderRecord
 from ..ir.dtypes import DType, numpy_dtype
+from ..ir.graph import TensorType
 from .data import BatchStream, DataError, Dataset, FieldSpec, LoaderSpec, PrepareStep, SourceSpec, load_dataset, shared_examples
 from .init import initial_value
 from .checkpoint import CheckpointState, ResumeError, list_checkpoints, load_checkpoint, resolve, step_name, write_checkpoint
@@ -145,8 +146,10 @@ class Trainer:
         train_programs = experiment.rank_programs if self.world > 1 else experiment.module.programs
         seed = experiment.run.seed
         update = experiment.module.programs["update"]
-        # parameters, optimizer state and gradients: their types, and the backend's resident arrays
-        self.types = {i.name: i.type for i in update.inputs}
+        # parameters (frozen ones too: the update does not read them), optimizer state and
+        # gradients: their types, and the backend's resident arrays
+        self.types = {p.path: TensorType(dtype=p.dtype, shape=tuple(p.shape)) for p in experiment.params}
+        self.types.update({i.name: i.type for i in update.inputs})
         host_params = {p.path: initial_value(p, seed) for p in experiment.params}
         self.params = {path: self.backend.put(value, self.types[path]) for path, value in host_params.items()}
         self.states: dict[str, Any] = {}

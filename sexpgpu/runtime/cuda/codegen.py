@@ -425,7 +425,8 @@ def reduce_kernels(group: "ReduceGroup", program: Program, constants: Optional[d
             stride *= space[d]
         return out
 
-    if integer and strategy.lanes != "thread" or strategy.split > reduced_size:
+    # integers stay exact only in a thread's 64-bit accumulator (the lanes' tree and the chunks' partials are f64)
+    if integer and (strategy.lanes != "thread" or strategy.split > 1) or strategy.split > reduced_size:
         raise LoweringError(f"reduction %{node.id}: strategy {strategy} does not fit {in_t}")
     names: dict[int, str] = {}
     inner: list[str] = []
