@@ -192,16 +192,22 @@ def run_explain(args: argparse.Namespace) -> int:
 
 def cuda_document(experiment: Experiment, names: list[str]) -> dict[str, Any]:
     """The CUDA lowering of the selected programs and the device memory plan (no GPU needed)."""
-    from ..runtime.cuda.plan import report
+    from ..runtime.cuda.fusion import lower
+    from ..runtime.cuda.plan import plan_arena, report
 
     programs = {}
     for name in names:
         program = select_program(experiment, name)
         programs[name] = report(program).model_dump()
     memory = explain_document(experiment)["memory"]
-    arenas = {name: programs[name]["arena"]["size"] for name in programs}
-    device = memory["params"] + memory["optimizer_state"] + sum(arenas.values())
-    return {"programs": programs, "memory": {"params": memory["params"], "optimizer_state": memory["optimizer_state"], "arenas": arenas, "total": device}}
+    # every program the run loads holds its arena for the whole run (all but `forward`, which
+    # only explain shows), and with microbatches the gradients are summed in one more copy
+    loaded = [name for name in experiment.module.programs if name != "forward"]
+    arenas = {name: programs[name]["arena"]["size"] if name in programs else plan_arena(lower(experiment.module.programs[name])).size for name in loaded}
+    accumulator = memory["grads"] if experiment.run.microbatches > 1 else 0
+    device = memory["params"] + memory["optimizer_state"] + sum(arenas.values()) + accumulator
+    return {"programs": programs, "memory": {"params": memory["params"], "optimizer_state": memory["optimizer_state"], "arenas": arenas,
+                                             "gradient_accumulator": accumulator, "total": device}}
 
 
 def cuda_text(cuda: dict[str, Any]) -> list[str]:
@@ -229,6 +235,8 @@ def cuda_text(cuda: dict[str, Any]) -> list[str]:
     out += ["", "memory plan (cuda)", f"  {'params':<18} {_bytes(m['params']):>12}", f"  {'optimizer state':<18} {_bytes(m['optimizer_state']):>12}"]
     for name, size in m["arenas"].items():
         out.append(f"  {('arena ' + name):<18} {_bytes(size):>12}")
+    if m["gradient_accumulator"]:
+        out.append(f"  {'grad accumulator':<18} {_bytes(m['gradient_accumulator']):>12}")
     out.append(f"  {'total':<18} {_bytes(m['total']):>12}")
     return out
 
