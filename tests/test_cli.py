@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -205,3 +206,24 @@ def test_diff_shows_defrun_and_loader_changes(tmp_path: Path) -> None:
     changes = json.loads(result.stdout)
     assert "steps: 300 -> 500" in changes["run"] and "seed: 0 -> 1" in changes["run"]
     assert changes["loaders"] == ["train: batch changed"]
+
+
+def test_each_verb_loads_only_its_own_module_and_the_table_matches_the_parser() -> None:
+    """`sexpgpu VERB` registers (and imports) only VERB's module; the table main.py keeps of
+    which module defines which verbs agrees with what the modules register."""
+    from sexpgpu.cli.main import REGISTRARS, build_parser
+
+    def verbs(parser: Any) -> list[str]:
+        return [name for action in parser._subparsers._group_actions for name in action.choices]
+
+    everything = verbs(build_parser())
+    assert everything == [v for _, _, names in REGISTRARS for v in names]
+    for module, _, names in REGISTRARS:
+        for verb in names:
+            alone = verbs(build_parser([verb, "x"]))
+            assert alone == [v for m, _, n in REGISTRARS if m == module for v in n if v in alone] and verb in alone, verb
+    done = subprocess.run([sys.executable, "-c", "import sys; from sexpgpu.cli.main import build_parser; build_parser(['check', 'f.lisp']); "
+                           "print(sorted(m for m in sys.modules if m.startswith(('sexpgpu.runtime', 'sexpgpu.bundle', 'fsspec', 'ray'))))"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
