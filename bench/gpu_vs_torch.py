@@ -65,7 +65,6 @@ def ours(path: Path, steps: int) -> tuple[float, Any]:
 
 
 def torch_side(path: Path, steps: int, compiled: bool) -> float:
-    import numpy as np
     import torch
 
     import torch_reference as ref
@@ -76,6 +75,15 @@ def torch_side(path: Path, steps: int, compiled: bool) -> float:
     assert experiment is not None
     trainer = Trainer(experiment)  # the same initial parameters and batches
     torch.set_default_device("cuda")
+    try:
+        return timed_torch_steps(torch, ref, trainer, experiment, steps, compiled)
+    finally:
+        torch.set_default_device("cpu")  # a failed side must not leave the next one on "cuda"
+
+
+def timed_torch_steps(torch: Any, ref: Any, trainer: Any, experiment: Any, steps: int, compiled: bool) -> float:
+    import numpy as np
+
     P = {k: torch.tensor(v.copy(), requires_grad=True, device="cuda") for k, v in trainer.host_params().items()}
     forward: Callable[..., Any] = ref.char_transformer(P, experiment.knob_values())
     if compiled:
@@ -101,7 +109,6 @@ def torch_side(path: Path, steps: int, compiled: bool) -> float:
     for i in range(steps):
         step(i)
     torch.cuda.synchronize()
-    torch.set_default_device("cpu")
     return (time.perf_counter() - start) / steps
 
 
