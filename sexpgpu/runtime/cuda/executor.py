@@ -150,22 +150,23 @@ class ArrayDevice:
             return value.astype(np.uint8)
         return value
 
-    def matmul(self, node: Node, a: Any, b: Any, types: dict[int, TensorType], trans_a: bool = False, trans_b: bool = False) -> Any:
-        """cuBLAS through the array module's matmul; bf16 operands accumulate in f32 and the
-        product is rounded to bf16 once (the NumPy backend's bf16 matmul on the host). An
-        operand whose flag is set is given as its transpose (of the last two axes)."""
+    def matmul(self, node: Node, a: Any, b: Any, types: dict[int, TensorType], out: Any, trans_a: bool = False, trans_b: bool = False) -> Any:
+        """OUT = A @ B through cuBLAS, written straight into OUT (the product's arena buffer,
+        in storage dtype): bf16 operands accumulate in f32 and the product is rounded to
+        bf16 once (the NumPy backend's bf16 matmul on the host). An operand whose flag is
+        set is given as its transpose (of the last two axes)."""
         ta, tb = types[node.args[0]], types[node.args[1]]
-        if ta.dtype == DType.bf16 and self.xp is not np:
-            out = bf16_gemm(self.xp, a, b, tuple(node.type.shape), trans_a, trans_b)
-            if out is not None:
-                return out
+        if ta.dtype == DType.bf16 and self.xp is not np and bf16_gemm(self.xp, a, b, out, trans_a, trans_b):
+            return out
         a = a.swapaxes(-1, -2) if trans_a else a  # a view: CuPy's matmul passes cuBLAS the flag
         b = b.swapaxes(-1, -2) if trans_b else b
         if self.xp is np:
-            return self.storage(op_def("matmul").numpy([self.typed(a, ta), self.typed(b, tb)], dict(node.attrs), None), node.type)
-        if ta.dtype == DType.bf16:
-            return self.round_bf16(self.xp.matmul(self.widen_bf16(a), self.widen_bf16(b)))
-        return self.xp.matmul(a, b)
+            op_def("matmul").numpy([self.typed(a, ta), self.typed(b, tb)], dict(node.attrs), self.typed(out, node.type))
+        elif ta.dtype == DType.bf16:  # a broadcast batch: widened to f32, rounded once
+            out[...] = self.round_bf16(self.xp.matmul(self.widen_bf16(a), self.widen_bf16(b)))
+        else:
+            self.xp.matmul(a, b, out=out)
+        return out
 
 
 class LoweredProgram:
@@ -227,7 +228,7 @@ class LoweredProgram:
             elif isinstance(step, ViewStep):
                 values[step.node.id] = self.contiguous(values[step.node.args[0]]).reshape(step.node.type.shape)
             elif isinstance(step, GemmCall):
-                values[step.node.id] = self.place(step.node, device.matmul(step.node, values[step.a], values[step.b], types, step.trans_a, step.trans_b))
+                values[step.node.id] = device.matmul(step.node, values[step.a], values[step.b], types, self.views[step.node.id], step.trans_a, step.trans_b)
             else:
                 assert isinstance(step, OpKernel)
                 values[step.node.id] = self.place(step.node, device.op(step.node, [values[a] for a in step.node.args], types))
@@ -332,18 +333,19 @@ def gemm_arguments(a_shape: tuple[int, ...], b_shape: tuple[int, ...], trans_a: 
     return None
 
 
-def bf16_gemm(cupy: Any, a: Any, b: Any, shape: tuple[int, ...], trans_a: bool = False, trans_b: bool = False) -> Any:
-    """bf16 x bf16 -> bf16 with f32 accumulation through cuBLAS (cublasGemmEx, or
-    cublasGemmStridedBatchedEx for equal batch shapes), on row-major operands given as their
-    16-bit storage, each stored transposed when its flag says so (cuBLAS's transpose flag:
-    no copy). None when the shapes need broadcasting (the caller widens to f32 instead)."""
+def bf16_gemm(cupy: Any, a: Any, b: Any, out: Any, trans_a: bool = False, trans_b: bool = False) -> bool:
+    """OUT = A @ B, bf16 x bf16 -> bf16 with f32 accumulation through cuBLAS (cublasGemmEx,
+    or cublasGemmStridedBatchedEx for equal batch shapes), on row-major operands given as
+    their 16-bit storage, each stored transposed when its flag says so (cuBLAS's transpose
+    flag: no copy), written into OUT (contiguous uint16). False when the shapes need
+    broadcasting (the caller widens to f32 instead)."""
     from cupy.cuda import cublas, device
 
     call = gemm_arguments(tuple(a.shape), tuple(b.shape), trans_a, trans_b)
     if call is None:
-        return None
+        return False
     a, b = c_order(cupy, a), c_order(cupy, b)
-    out = cupy.empty(shape, dtype=np.uint16)
+    assert out.flags.c_contiguous and out.dtype == np.uint16
     one, zero = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
     handle = device.get_cublas_handle()
     mode = cublas.getPointerMode(handle)
@@ -358,4 +360,4 @@ def bf16_gemm(cupy: Any, a: Any, b: Any, shape: tuple[int, ...], trans_a: bool =
                                         zero.ctypes.data, out.data.ptr, CUDA_R_16BF, call.ldc, call.stride_c, call.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
     finally:
         cublas.setPointerMode(handle, mode)
-    return out
+    return True
