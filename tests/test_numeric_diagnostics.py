@@ -64,3 +64,23 @@ def test_grad_norm_diagnostic_is_the_gradient_norm(tmp_path: Path) -> None:
     record = trainer.train_step()
     out = replay.forward_backward(0)
     assert np.isclose(record["diagnostics"]["grad-norm/net.inner.layers.0.w"], np.linalg.norm(out["grad:net.inner.layers.0.w"]))
+
+
+def test_ir_diagnostics_are_computed_in_every_loader_stage(tmp_path: Path) -> None:
+    """act/ and defdiagnostic values on sampled steps after the curriculum switched the
+    loader to another stage (each stage has its own diagnostics program)."""
+    text = RUN.replace(":batch 32)", ":batch 32 :stages ((big :batch 64)))").replace(
+        "(defrun", "(defcurriculum (when (>= (ctx :step) 5) (stage train big)))\n(defrun")
+    path = tmp_path / "staged.lisp"
+    path.write_text(text.replace("DIAG", ':diagnostics (:every 10 :select ("act/net.inner/rms" "frac-positive/**"))'))
+    result = compile_file(path)
+    exp = result.experiment
+    assert exp is not None, [d.headline() for d in result.diagnostics]
+    assert {"train:diagnostics", "train:diagnostics@big"} <= set(exp.module.programs)
+    run = train(exp, RunOptions(store=str(tmp_path / "runs")), say=lambda _: None)
+    events = RunFolder(Store.open(str(tmp_path / "runs")), run.slug).read_events()
+    assert [e["step"] for e in events if e["kind"] == "stage"] == [5]  # the switch to big, before both samples
+    sampled = [e for e in events if e["kind"] == "diagnostic"]
+    assert [e["step"] for e in sampled] == [10, 20]
+    for e in sampled:
+        assert {"act/net.inner/rms", "frac-positive/net"} <= set(e["values"]), e

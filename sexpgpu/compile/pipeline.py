@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..ir.check import IRError, check_program
 from ..ir.dtypes import DType
@@ -124,6 +124,7 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
         _, staged, _, _ = stage_train(compiler, loader)
         staged.name = f"train@{stage.name}"
         programs[staged.name] = staged
+        add_stage_diagnostics(compiler, programs, stage.name)
     rank_programs = stage_rank_programs(compiler, train_loader, world) if world > 1 else {}
     curriculum = stage_curriculum(compiler, programs)
     evals = stage_evals(compiler, programs)
@@ -190,12 +191,20 @@ def stage_rank_programs(compiler: Compiler, train_loader: Any, world: int) -> di
         _, train, _, _ = stage_train(compiler, loader.model_copy(update={"batch": loader.batch // world}))
         train.name = "train" if stage is None else f"train@{stage}"
         programs[train.name] = prune(train)
-        diagnostics = compiler.diagnostic_program  # type: ignore[attr-defined]
-        if stage is None and diagnostics is not None:
-            programs["train:diagnostics"] = prune(diagnostics)
+        add_stage_diagnostics(compiler, programs, stage, prune)
     for prog in programs.values():
         check_program(prog)
     return programs
+
+
+def add_stage_diagnostics(compiler: Compiler, programs: dict[str, Program], stage: Optional[str], finish: Callable[[Program], Program] = lambda p: p) -> None:
+    """The diagnostics program of the train program just staged (for STAGE, or the base one),
+    as `train:diagnostics` or `train:diagnostics@STAGE`: sampled steps of every stage compute
+    the selected IR diagnostics."""
+    diagnostics = compiler.diagnostic_program  # type: ignore[attr-defined]
+    if diagnostics is not None:
+        diagnostics.name = "train:diagnostics" if stage is None else f"train:diagnostics@{stage}"
+        programs[diagnostics.name] = finish(diagnostics)
 
 
 def check_presence(compiler: Compiler) -> None:

@@ -173,7 +173,11 @@ class Trainer:
             self.streams[stage.name] = BatchStream(data, staged.batch, staged.shuffle, seed)
         self.stage_names: list[Optional[str]] = [None] + [s.name for s in loader.stages]
         programs = experiment.module.programs
-        self.diagnostic_program = make(train_programs["train:diagnostics"]) if "train:diagnostics" in train_programs else None
+        # each stage's train program with the selected IR diagnostics, for sampled steps
+        self.diagnostic_programs: dict[Optional[str], Any] = {
+            stage: make(train_programs[name]) for stage in self.stage_names
+            if (name := "train:diagnostics" if stage is None else f"train:diagnostics@{stage}") in train_programs
+        }
         self.curriculum = experiment.curriculum
         self.curriculum_program = make(experiment.module.programs["curriculum"]) if self.curriculum else None
         self.stage: Optional[str] = self.curriculum.start.get("train") if self.curriculum else None
@@ -356,8 +360,8 @@ class Trainer:
         changed = self.choose_stage()
         spec = self.experiment.run.diagnostics
         sampled = spec is not None and (self.step + 1) % spec.every == 0
-        if sampled and self.diagnostic_program is not None and self.stage is None:
-            self.train_program = self.diagnostic_program
+        if sampled and self.stage in self.diagnostic_programs:
+            self.train_program = self.diagnostic_programs[self.stage]
         try:
             out = self.accumulated()
         finally:
