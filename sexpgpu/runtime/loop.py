@@ -29,6 +29,7 @@ from .checkpoint import CheckpointState, ResumeError, list_checkpoints, load_che
 from .checkpoint import prune as prune_checkpoints
 from .numpy_backend import CompiledProgram, NonFiniteNode, first_nonfinite
 from .backend import Backend, HostBackend, backend_for
+from .cuda.device import describe as describe_device
 from .ranks import Collective, rows_of
 from .runfolder import RunFolder, RunInfo, Selection, slug
 from .status import Summary
@@ -743,7 +744,7 @@ def write_header(folder: RunFolder, experiment: Experiment, name: str, options: 
         knobs=experiment.knob_values(),
         source_hash=experiment.source_hash,
         ir_hash=experiment.ir_hash,
-        devices=[options.device] * (options.ranks.world if options.ranks is not None else 1),
+        devices=[describe_device(options.device)] * (options.ranks.world if options.ranks is not None else 1),
         meta=experiment.run.meta,
         max_steps=options.max_steps,
     )

@@ -8,7 +8,7 @@ CuPy compiles with `-ftz=true`: denormals flush to zero on the device (the CPU k
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 
@@ -71,6 +71,24 @@ def cuda_device(spec: str) -> ArrayDevice:
         raise DeviceError(f"--device {spec}: this machine has {count} CUDA device(s) (cuda:0 to cuda:{count - 1})")
     cupy.cuda.Device(index).use()
     return ArrayDevice(cupy, CupyRunner(cupy))
+
+
+def describe(spec: str) -> Union[str, dict[str, Any]]:
+    """What run.json records for `--device SPEC`: for a GPU its index, name, memory and the
+    CUDA and CuPy versions (the numbers a result depends on); `cpu` stays a word."""
+    if spec == "cpu":
+        return spec
+    try:
+        import cupy
+
+        index = int(spec.split(":", 1)[1]) if ":" in spec else 0
+        props = cupy.cuda.runtime.getDeviceProperties(index)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        return {"device": f"cuda:{index}", "name": name, "memory_bytes": int(props["totalGlobalMem"]),
+                "compute_capability": f"{props['major']}.{props['minor']}", "cuda_runtime": int(cupy.cuda.runtime.runtimeGetVersion()),
+                "cupy": cupy.__version__}
+    except Exception:  # no CuPy or no such device: the run itself says why; the header keeps the word
+        return spec
 
 
 def free_device_memory() -> int:
