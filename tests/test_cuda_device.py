@@ -90,6 +90,9 @@ def test_examples_train_on_the_gpu_like_on_the_cpu(example: str, steps: int, rto
         assert result.exit_code == 0
         events = [json.loads(line) for line in (tmp_path / dev / result.slug / "events.jsonl").read_text().splitlines()]
         runs[dev] = [e["loss"] for e in events if e["kind"] == "step"]
+        if dev == "cuda":  # run.json names the GPU
+            (device,) = json.loads((tmp_path / dev / result.slug / "run.json").read_text())["devices"]
+            assert device["device"] == "cuda:0" and device["name"] and device["memory_bytes"] > 0, device
     np.testing.assert_allclose(runs["cuda"], runs["cpu"], rtol=rtol)
 
 
