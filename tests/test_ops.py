@@ -156,6 +156,8 @@ GRAD_CASES.update(
         ],
         "sum": _reductions(F),
         "mean": _reductions(F),
+        "softmax": [Case([F(3, 5)]), Case([F(2, 4, 3)], {"axis": 1}), Case([F(6)], {"axis": 0})],
+        "log_softmax": [Case([F(3, 5)]), Case([F(2, 4, 3)], {"axis": 1}), Case([F(6)], {"axis": 0})],
         "max": _reductions(D),
         "min": _reductions(D),
         "matmul": [

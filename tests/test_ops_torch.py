@@ -133,6 +133,8 @@ TORCH: dict[str, TorchFn] = {
     "minimum": lambda xs, a: torch.minimum(xs[0], xs[1]),
     "where": lambda xs, a: torch.where(xs[0], xs[1], xs[2]),
     "sum": _reduce(torch.sum),
+    "softmax": lambda xs, a: torch.softmax(xs[0], dim=a.get("axis", -1)),
+    "log_softmax": lambda xs, a: torch.log_softmax(xs[0], dim=a.get("axis", -1)),
     "mean": _reduce(torch.mean),
     "max": _reduce(torch.amax),
     "min": _reduce(torch.amin),

@@ -634,27 +634,22 @@ class TensorLib:
 
     # -- composites ----------------------------------------------------------------------------------------
     def shift(self, fn: str, s: Any, axis: Any) -> Any:
-        """The maximum along AXIS (kept), subtracted before an exp for stability. Softmax,
-        log-softmax and logsumexp do not change with it, so its gradient is zero: it is a
-        stop-gradient, and the backward pass has no path through the max (no mask, no
-        extra reduction, nothing saved for it)."""
+        """The maximum along AXIS (kept), subtracted before an exp for stability. logsumexp
+        does not change with it, so its gradient is zero: it is a stop-gradient, and the
+        backward pass has no path through the max (no mask, no extra reduction, nothing
+        saved for it). (softmax and log-softmax are ops of their own, with closed-form
+        gradients.)"""
         return self.op(fn, "stop_gradient", self.op(fn, "max", s, axis=axis, keepdims=True))
 
     def install_composites(self) -> None:
         def softmax(x: Any, *args: Any) -> Any:
             axis = self.single_axis("softmax", args)
             like = self.staged("softmax", 1, x).type.dtype
-            s = self.wide("softmax", x)
-            shifted = self.binary("softmax", "sub", s, self.shift("softmax", s, [axis]))
-            e = self.op("softmax", "exp", shifted)
-            return self.narrow("softmax", self.binary("softmax", "div", e, self.op("softmax", "sum", e, axis=[axis], keepdims=True)), like)
+            return self.narrow("softmax", self.op("softmax", "softmax", self.wide("softmax", x), axis=axis), like)
 
         def log_softmax(x: Any, *args: Any) -> Any:
             axis = self.single_axis("log-softmax", args)
-            s = self.wide("log-softmax", x)
-            shifted = self.binary("log-softmax", "sub", s, self.shift("log-softmax", s, [axis]))
-            total = self.op("log-softmax", "sum", self.op("log-softmax", "exp", shifted), axis=[axis], keepdims=True)
-            return self.binary("log-softmax", "sub", shifted, self.op("log-softmax", "log", total))
+            return self.op("log-softmax", "log_softmax", self.wide("log-softmax", x), axis=axis)
 
         def one_hot(idx: Any, n: Any, *args: Any) -> Any:
             keys = parse_keys("one-hot", args, {"DTYPE"}, 3)

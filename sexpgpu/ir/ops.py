@@ -52,6 +52,9 @@ class OpDef:
     # optional: (attrs, input types) -> a kernel with the attrs worked out once, which the
     # NumPy plan uses instead of `numpy` so a step does no per-call attribute work
     specialize: Optional[Callable[[dict[str, Any], list[TensorType]], Kernel]] = None
+    # optional: how the CUDA lowering builds the op from other ops (which it then fuses), for
+    # an op that is a primitive for its gradient's sake: (builder, node with its args) -> value
+    decompose: Optional[Callable[["Builder", Node], int]] = None
 
 
 OPS: dict[str, OpDef] = {}

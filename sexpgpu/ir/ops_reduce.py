@@ -159,3 +159,79 @@ def _argmax_kernel(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[np
 
 
 register(OpDef("argmax", _argmax_type, _argmax_kernel, grad=None, arity=1, flops=_reduce_flops, doc="index of the maximum along an axis"))
+
+
+# -- softmax and log-softmax over one axis ---------------------------------------------------------
+# Primitives of their own so that their gradients are the short closed forms (which keep only
+# the output for the backward pass), not the chain rule through max, exp, sum and div. The
+# CUDA lowering builds each from those primitives again (`decompose`) and fuses them into one
+# row kernel; the NumPy kernels compute exactly that chain, so results are the same bits.
+def _softmax_type(name: str) -> Any:
+    def infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+        (t,) = types
+        if not t.dtype.is_float:
+            raise OpError(f"{name}: needs a float tensor, got {t}")
+        normalize_axes(name, attrs.get("axis", -1), t.rank)
+        return t
+
+    return infer
+
+
+def _axis(attrs: dict[str, Any], rank: int) -> int:
+    return normalize_axes("softmax", attrs.get("axis", -1), rank)[0]
+
+
+def _softmax_parts(x: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x - max, its exp, and the exp's sum (16-bit floats summed in f32, rounded once, as `sum`)."""
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    e = np.exp(shifted)
+    total = np.add.reduce(e.astype(np.float32), axis=axis, keepdims=True).astype(x.dtype) if x.dtype.itemsize == 2 else np.add.reduce(e, axis=axis, keepdims=True)
+    return shifted, e, total
+
+
+def _softmax_kernel(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
+    _, e, total = _softmax_parts(xs[0], _axis(attrs, xs[0].ndim))
+    return np.divide(e, total, out=out)
+
+
+def _log_softmax_kernel(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
+    shifted, _, total = _softmax_parts(xs[0], _axis(attrs, xs[0].ndim))
+    return np.subtract(shifted, np.log(total), out=out)
+
+
+def _g_softmax(b: Builder, n: Node, g: int) -> list[Optional[int]]:
+    """y (g - sum(g y)): only the output y is kept for the backward pass."""
+    axis = _axis(n.attrs, b.type(n.id).rank)
+    inner = b.op("sum", b.op("mul", g, n.id), axis=[axis], keepdims=True)
+    return [b.op("mul", n.id, b.op("sub", g, inner))]
+
+
+def _g_log_softmax(b: Builder, n: Node, g: int) -> list[Optional[int]]:
+    """g - exp(y) sum(g)."""
+    axis = _axis(n.attrs, b.type(n.id).rank)
+    total = b.op("sum", g, axis=[axis], keepdims=True)
+    return [b.op("sub", g, b.op("mul", b.op("exp", n.id), total))]
+
+
+def _decompose_softmax(b: Builder, n: Node) -> int:
+    x = n.args[0]
+    axis = _axis(n.attrs, b.type(x).rank)
+    e = b.op("exp", b.op("sub", x, b.op("max", x, axis=[axis], keepdims=True)))
+    return b.op("div", e, b.op("sum", e, axis=[axis], keepdims=True))
+
+
+def _decompose_log_softmax(b: Builder, n: Node) -> int:
+    x = n.args[0]
+    axis = _axis(n.attrs, b.type(x).rank)
+    shifted = b.op("sub", x, b.op("max", x, axis=[axis], keepdims=True))
+    return b.op("sub", shifted, b.op("log", b.op("sum", b.op("exp", shifted), axis=[axis], keepdims=True)))
+
+
+def _softmax_flops(node: Node, inputs: list[TensorType]) -> int:
+    return 5 * inputs[0].size
+
+
+register(OpDef("softmax", _softmax_type("softmax"), _softmax_kernel, grad=_g_softmax, arity=1, flops=_softmax_flops,
+               doc="exp(x - max) / sum(exp(x - max)) along :axis (default -1)", decompose=_decompose_softmax))
+register(OpDef("log_softmax", _softmax_type("log_softmax"), _log_softmax_kernel, grad=_g_log_softmax, arity=1, flops=_softmax_flops,
+               doc="(x - max) - log(sum(exp(x - max))) along :axis (default -1)", decompose=_decompose_log_softmax))

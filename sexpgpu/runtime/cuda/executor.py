@@ -174,9 +174,9 @@ class LoweredProgram:
     same interface as the NumPy backend's CompiledProgram."""
 
     def __init__(self, program: Program, device: ArrayDevice) -> None:
-        self.program = program
         self.device = device
         self.lowering = lower(program)
+        self.program = program = self.lowering.program  # softmax and the like built from their parts
         self.arena = plan_arena(self.lowering)
         self.types = program.types()
         self.input_ids = {i.name: i.id for i in program.inputs}

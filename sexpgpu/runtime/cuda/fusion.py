@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
+from ...ir.builder import Builder
 from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, TensorType
 from ...ir.ops import op_def
@@ -158,6 +159,8 @@ class Partition:
         self.program = program
         self.types = program.types()
         self.by_id = {n.id: n for n in program.nodes}
+        # program order (ids follow it, except the nodes a decomposition added at the end)
+        self.position = {n.id: k for k, n in enumerate(program.nodes)}
         self.group_of: dict[int, FusedGroup] = {}
         self.ancestors: dict[int, frozenset[int]] = {}
 
@@ -198,7 +201,7 @@ class Partition:
         return True
 
     def merge(self, group: FusedGroup, other: FusedGroup, steps: list[Step]) -> None:
-        group.nodes = sorted(group.nodes + other.nodes, key=lambda n: n.id)
+        group.nodes = sorted(group.nodes + other.nodes, key=lambda n: self.position[n.id])
         for node in other.nodes:
             self.group_of[node.id] = group
         steps.remove(other)
@@ -344,6 +347,8 @@ class Lowering:
     program: Program
     steps: list[Step]
     constants: dict[int, Node]  # `full` nodes inlined as literals into the kernels reading them
+    # the nodes a decomposition made -> the op they build ("%11 log_softmax"), for the report
+    origins: dict[int, str] = field(default_factory=dict)
 
     @property
     def groups(self) -> list[FusedGroup]:
@@ -354,8 +359,35 @@ class Lowering:
         return [s for s in self.steps if isinstance(s, ReduceGroup)]
 
 
+def decomposed(program: Program) -> tuple[Program, dict[int, str]]:
+    """PROGRAM with every op that says how to build it from other ops (softmax, log-softmax:
+    primitives for their gradients' sake) built that way, so the fusion below sees the
+    parts (a row group), and which op each new node builds. Other nodes keep their ids; the
+    new ones come after the largest (so ids no longer follow program order)."""
+    origins: dict[int, str] = {}
+    if not any(op_def(n.op).decompose is not None for n in program.nodes):
+        return program, origins
+    types = program.types()
+    b = Builder(program.name, first_id=max(types) + 1)
+    b.inputs = list(program.inputs)
+    b.types = dict(types)
+    renamed: dict[int, int] = {}
+    for node in program.nodes:
+        args = [renamed.get(a, a) for a in node.args]
+        rule = op_def(node.op).decompose
+        if rule is None:
+            b.nodes.append(node.model_copy(update={"args": args}))
+            continue
+        b.loc, b.path = node.loc, node.path
+        first = b.next_id
+        renamed[node.id] = rule(b, node.model_copy(update={"args": args}))
+        origins.update({nid: f"%{node.id} {node.op}" for nid in range(first, b.next_id)})
+    return b.program({name: renamed.get(v, v) for name, v in program.outputs.items()}), origins
+
+
 def lower(program: Program) -> Lowering:
     """The program as the CUDA device runs it: fused groups, cuBLAS calls, op kernels, views."""
+    program, origins = decomposed(program)
     partition = Partition(program)
     steps = partition.run()
-    return Lowering(program=program, steps=steps, constants={n.id: n for n in program.nodes if n.id in partition.constants})
+    return Lowering(program=program, steps=steps, constants={n.id: n for n in program.nodes if n.id in partition.constants}, origins=origins)

@@ -63,8 +63,11 @@ class ProgramReport(BaseModel):
     total_flops: int
 
 
-def node_label(node: Node) -> str:
-    return " ".join(x for x in (f"%{node.id}", node.op, node.loc or "", node.path or "") if x)
+def node_label(node: Node, origins: Optional[dict[int, str]] = None) -> str:
+    """"%id op loc path"; a node a decomposition made also names the op it builds, whose id
+    is the one `sexpgpu ir` prints: "%48 max (of %11 log_softmax) ..."."""
+    origin = (origins or {}).get(node.id)
+    return " ".join(x for x in (f"%{node.id}", node.op, f"(of {origin})" if origin else "", node.loc or "", node.path or "") if x)
 
 
 def nbytes(program_types: dict[int, Any], vid: int) -> int:
@@ -138,13 +141,17 @@ def _aligned(n: int) -> int:
 def kernel_line(k: int, step: Any, lowering: Lowering) -> KernelLine:
     program = lowering.program
     types = program.types()
+
+    def label(node: Node) -> str:
+        return node_label(node, lowering.origins)
+
     if isinstance(step, FusedGroup):
         kernel = elementwise_kernel(step, program, lowering.constants)
-        return KernelLine(step=k, kind="fused", kernel=kernel.name, nodes=[node_label(n) for n in step.nodes],
+        return KernelLine(step=k, kind="fused", kernel=kernel.name, nodes=[label(n) for n in step.nodes],
                           elements=kernel.size, bytes=kernel.bytes, flops=kernel.flops)
     if isinstance(step, RowGroup):
         kernel = rows_kernel(step, program, lowering.constants)
-        return KernelLine(step=k, kind="rows", kernel=kernel.name, how=f"{LANES[kernel.lanes]} per row", nodes=[node_label(n) for n in step.nodes],
+        return KernelLine(step=k, kind="rows", kernel=kernel.name, how=f"{LANES[kernel.lanes]} per row", nodes=[label(n) for n in step.nodes],
                           elements=shape_size(step.space), bytes=kernel.bytes, flops=kernel.flops)
     if isinstance(step, ReduceGroup):
         kernels = reduce_kernels(step, program, lowering.constants)
@@ -154,14 +161,14 @@ def kernel_line(k: int, step: Any, lowering: Lowering) -> KernelLine:
             how = f"{LANES[kernels[0].lanes]} per output"
         else:
             how = f"{kernels[0].size // outputs} chunks per output, {LANES[kernels[0].lanes]} per chunk; then {LANES[kernels[1].lanes]} per output"
-        return KernelLine(step=k, kind="reduce", kernel=" + ".join(x.name for x in kernels), how=how, nodes=[node_label(n) for n in nodes], elements=outputs,
+        return KernelLine(step=k, kind="reduce", kernel=" + ".join(x.name for x in kernels), how=how, nodes=[label(n) for n in nodes], elements=outputs,
                           bytes=sum(x.bytes for x in kernels), flops=sum(x.flops for x in kernels), launches=len(kernels))
     if isinstance(step, RandomStep):
         kernel = random_kernel(step.node, program)
-        return KernelLine(step=k, kind="random", kernel=kernel.name + " (Philox4x32-10)", nodes=[node_label(step.node)], elements=shape_size(step.node.type.shape), bytes=kernel.bytes, flops=kernel.flops)
+        return KernelLine(step=k, kind="random", kernel=kernel.name + " (Philox4x32-10)", nodes=[label(step.node)], elements=shape_size(step.node.type.shape), bytes=kernel.bytes, flops=kernel.flops)
     if isinstance(step, ScatterStep):
         kernel = scatter_kernel(step.node, program)
-        return KernelLine(step=k, kind="scatter", kernel=kernel.name + " (sorted by index)", nodes=[node_label(step.node)], elements=kernel.size, bytes=kernel.bytes, flops=kernel.flops)
+        return KernelLine(step=k, kind="scatter", kernel=kernel.name + " (sorted by index)", nodes=[label(step.node)], elements=kernel.size, bytes=kernel.bytes, flops=kernel.flops)
     node = step.node
     reads = sum(nbytes(types, a) for a in node.args)
     if isinstance(step, GemmCall):
@@ -170,13 +177,13 @@ def kernel_line(k: int, step: Any, lowering: Lowering) -> KernelLine:
         call = "cublasGemmStridedBatchedEx" if step.batch > 1 else "cublasGemmEx"
         shape = f"{step.batch}x" if step.batch > 1 else ""
         flags = "".join(f", {x}^T" for x, t in (("A", step.trans_a), ("B", step.trans_b)) if t)
-        return KernelLine(step=k, kind="gemm", kernel=f"{call} {shape}{step.m}x{step.n}x{step.k} ({precision}{flags})", nodes=[node_label(node)],
+        return KernelLine(step=k, kind="gemm", kernel=f"{call} {shape}{step.m}x{step.n}x{step.k} ({precision}{flags})", nodes=[label(node)],
                           elements=shape_size(node.type.shape), bytes=reads + nbytes(types, node.id), flops=2 * step.batch * step.m * step.n * step.k)
     if isinstance(step, ViewStep):
-        return KernelLine(step=k, kind="view", kernel="(view: no kernel)", nodes=[node_label(node)], elements=shape_size(node.type.shape), bytes=0, flops=0)
+        return KernelLine(step=k, kind="view", kernel="(view: no kernel)", nodes=[label(node)], elements=shape_size(node.type.shape), bytes=0, flops=0)
     flops = op_def(node.op).flops(node, [types[a] for a in node.args])
     name = OP_KERNELS.get(node.op, f"sx_{node.op}")
-    return KernelLine(step=k, kind="op", kernel=name, nodes=[node_label(node)], elements=shape_size(node.type.shape), bytes=reads + nbytes(types, node.id), flops=flops)
+    return KernelLine(step=k, kind="op", kernel=name, nodes=[label(node)], elements=shape_size(node.type.shape), bytes=reads + nbytes(types, node.id), flops=flops)
 
 
 # what the device runs for the ops that are kernels of their own

@@ -92,6 +92,7 @@ def fuse_rows(steps: list[Step], program: Program, constants: set[int]) -> list[
     """Merge contiguous runs of row-space steps that contain at least one reduction and at
     least two steps into RowGroups."""
     types = program.types()
+    position = {n.id: k for k, n in enumerate(program.nodes)}
     returned = set(program.outputs.values())
     readers: dict[int, set[int]] = {}
     for node in program.nodes:
@@ -125,7 +126,7 @@ def fuse_rows(steps: list[Step], program: Program, constants: set[int]) -> list[
             made |= produced(step)
             i += 1
             continue
-        nodes = sorted((n for s in run for n in step_nodes(s)), key=lambda n: n.id)
+        nodes = sorted((n for s in run for n in step_nodes(s)), key=lambda n: position[n.id])  # program order
         group = RowGroup(space=space, nodes=nodes)
         ids = group.ids
         for n in nodes:
