@@ -176,7 +176,9 @@ class LoweredProgram:
     def __init__(self, program: Program, device: ArrayDevice) -> None:
         self.device = device
         self.lowering = lower(program)
-        self.program = program = self.lowering.program  # softmax and the like built from their parts
+        self.program = program  # the IR as `sexpgpu ir` prints it (the non-finite replay names its nodes)
+        program = self.lowering.program  # what runs: softmax and the like built from their parts
+        self.outputs = program.outputs
         self.arena = plan_arena(self.lowering)
         self.types = program.types()
         self.input_ids = {i.name: i.id for i in program.inputs}
@@ -232,7 +234,7 @@ class LoweredProgram:
             else:
                 assert isinstance(step, OpKernel)
                 values[step.node.id] = self.place(step.node, device.op(step.node, [values[a] for a in step.node.args], types))
-        return {name: values[vid] if name in keep else device.to_host(values[vid], types[vid]) for name, vid in self.program.outputs.items()}
+        return {name: values[vid] if name in keep else device.to_host(values[vid], types[vid]) for name, vid in self.outputs.items()}
 
     def scatter(self, k: int, node: Node, values: dict[int, Any]) -> Any:
         """Sort the positions by index (stable: equal indices keep their order), find each
