@@ -158,6 +158,8 @@ GRAD_CASES.update(
         "mean": _reductions(F),
         "softmax": [Case([F(3, 5)]), Case([F(2, 4, 3)], {"axis": 1}), Case([F(6)], {"axis": 0})],
         "log_softmax": [Case([F(3, 5)]), Case([F(2, 4, 3)], {"axis": 1}), Case([F(6)], {"axis": 0})],
+        "layer_norm": [Case([F(3, 5)], {"eps": 1e-5}), Case([F(2, 4, 6)], {"eps": 0.1})],
+        "rms_norm": [Case([F(3, 5)], {"eps": 1e-6}), Case([F(2, 4, 6)], {"eps": 0.1})],
         "max": _reductions(D),
         "min": _reductions(D),
         "matmul": [

@@ -135,6 +135,8 @@ TORCH: dict[str, TorchFn] = {
     "sum": _reduce(torch.sum),
     "softmax": lambda xs, a: torch.softmax(xs[0], dim=a.get("axis", -1)),
     "log_softmax": lambda xs, a: torch.log_softmax(xs[0], dim=a.get("axis", -1)),
+    "layer_norm": lambda xs, a: torch.nn.functional.layer_norm(xs[0], (xs[0].shape[-1],), eps=a["eps"]),
+    "rms_norm": lambda xs, a: torch.nn.functional.rms_norm(xs[0], (xs[0].shape[-1],), eps=a["eps"]),
     "mean": _reduce(torch.mean),
     "max": _reduce(torch.amax),
     "min": _reduce(torch.amin),

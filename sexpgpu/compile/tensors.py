@@ -398,6 +398,12 @@ class TensorLib:
                 raise type_error(fn, pos, "a shape: a list of non-negative integers", x)
         return dims
 
+    def float_arg(self, fn: str, x: Any, pos: int = 3) -> float:
+        """A number given as a keyword's value (such as :eps), as a float."""
+        if type(x) not in (int, float):
+            raise type_error(fn, pos, "a number", x)
+        return float(x)
+
     def int_arg(self, fn: str, pos: int, x: Any) -> int:
         if type(x) is not int:
             raise type_error(fn, pos, "an integer", x)
@@ -663,20 +669,13 @@ class TensorLib:
         def layer_norm(x: Any, *args: Any) -> Any:
             keys = parse_keys("layer-norm", args, {"EPS", "WEIGHT", "BIAS"}, 2)
             like = self.staged("layer-norm", 1, x).type.dtype
-            s = self.wide("layer-norm", x)
-            mean = self.op("layer-norm", "mean", s, axis=[-1], keepdims=True)
-            dev = self.binary("layer-norm", "sub", s, mean)
-            var = self.op("layer-norm", "mean", self.mul(dev, dev), axis=[-1], keepdims=True)
-            eps = keys.get("EPS", 1e-5)
-            out = self.mul(dev, self.op("layer-norm", "rsqrt", self.add2(var, eps)))
+            out = self.op("layer-norm", "layer_norm", self.wide("layer-norm", x), eps=self.float_arg("layer-norm", keys.get("EPS", 1e-5)))
             return self.affine("layer-norm", self.narrow("layer-norm", out, like), keys)
 
         def rms_norm(x: Any, *args: Any) -> Any:
             keys = parse_keys("rms-norm", args, {"EPS", "WEIGHT", "BIAS"}, 2)
             like = self.staged("rms-norm", 1, x).type.dtype
-            s = self.wide("rms-norm", x)
-            ms = self.op("rms-norm", "mean", self.mul(s, s), axis=[-1], keepdims=True)
-            out = self.mul(s, self.op("rms-norm", "rsqrt", self.add2(ms, keys.get("EPS", 1e-6))))
+            out = self.op("rms-norm", "rms_norm", self.wide("rms-norm", x), eps=self.float_arg("rms-norm", keys.get("EPS", 1e-6)))
             return self.affine("rms-norm", self.narrow("rms-norm", out, like), keys)
 
         def einsum(spec: Any, *operands: Any) -> Any:

@@ -235,3 +235,88 @@ register(OpDef("softmax", _softmax_type("softmax"), _softmax_kernel, grad=_g_sof
                doc="exp(x - max) / sum(exp(x - max)) along :axis (default -1)", decompose=_decompose_softmax))
 register(OpDef("log_softmax", _softmax_type("log_softmax"), _log_softmax_kernel, grad=_g_log_softmax, arity=1, flops=_softmax_flops,
                doc="(x - max) - log(sum(exp(x - max))) along :axis (default -1)", decompose=_decompose_log_softmax))
+
+
+# -- layer-norm and rms-norm over the last axis (without the affine part) ---------------------------
+# Ops of their own for the same reason as softmax: closed-form gradients. The NumPy kernels
+# compute exactly the chain of `mean`, `sub`, `mul`, `add`, `rsqrt` the CUDA lowering builds.
+def _norm_type(name: str) -> Any:
+    def infer(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
+        (t,) = types
+        if not t.dtype.is_float or t.rank < 1:
+            raise OpError(f"{name}: needs a float tensor with at least one axis, got {t}")
+        if not isinstance(attrs.get("eps"), (int, float)):
+            raise OpError(f"{name}: needs a number :eps")
+        return t
+
+    return infer
+
+
+def _last_mean(x: np.ndarray) -> np.ndarray:
+    """The mean over the last axis, kept, as the `mean` op computes it (a sum, then a division;
+    16-bit floats summed in f32 and rounded once)."""
+    count = x.dtype.type(x.shape[-1])
+    if x.dtype.itemsize == 2:
+        return (np.add.reduce(x.astype(np.float32), axis=(x.ndim - 1,), keepdims=True) / np.float32(x.shape[-1])).astype(x.dtype)
+    return np.divide(np.add.reduce(x, axis=(x.ndim - 1,), keepdims=True), count)
+
+
+def _rsqrt_of(x: np.ndarray) -> np.ndarray:
+    return np.divide(1.0, np.sqrt(x)).astype(x.dtype, copy=False)
+
+
+def _layer_norm_kernel(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
+    x = xs[0]
+    dev = x - _last_mean(x)
+    rstd = _rsqrt_of(_last_mean(dev * dev) + x.dtype.type(attrs["eps"]))
+    return np.multiply(dev, rstd, out=out)
+
+
+def _rms_norm_kernel(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
+    x = xs[0]
+    return np.multiply(x, _rsqrt_of(_last_mean(x * x) + x.dtype.type(attrs["eps"])), out=out)
+
+
+def _last_axis_mean(b: Builder, x: int) -> int:
+    return b.op("mean", x, axis=[-1], keepdims=True)
+
+
+def _layer_norm_parts(b: Builder, x: int, eps: float) -> tuple[int, int]:
+    """x - mean and 1/sqrt(var + eps), from x."""
+    dev = b.op("sub", x, _last_axis_mean(b, x))
+    var = _last_axis_mean(b, b.op("mul", dev, dev))
+    return dev, b.op("rsqrt", b.op("add", var, b.scalar_like(eps, var)))
+
+
+def _rms_scale(b: Builder, x: int, eps: float) -> int:
+    ms = _last_axis_mean(b, b.op("mul", x, x))
+    return b.op("rsqrt", b.op("add", ms, b.scalar_like(eps, ms)))
+
+
+def _g_layer_norm(b: Builder, n: Node, g: int) -> list[Optional[int]]:
+    """rstd (g - mean(g) - y mean(g y)); rstd is recomputed from x (a row's two numbers), y kept."""
+    _, rstd = _layer_norm_parts(b, n.args[0], float(n.attrs["eps"]))
+    centered = b.op("sub", g, _last_axis_mean(b, g))
+    return [b.op("mul", rstd, b.op("sub", centered, b.op("mul", n.id, _last_axis_mean(b, b.op("mul", g, n.id)))))]
+
+
+def _g_rms_norm(b: Builder, n: Node, g: int) -> list[Optional[int]]:
+    """r (g - y mean(g y)), r recomputed from x."""
+    r = _rms_scale(b, n.args[0], float(n.attrs["eps"]))
+    return [b.op("mul", r, b.op("sub", g, b.op("mul", n.id, _last_axis_mean(b, b.op("mul", g, n.id)))))]
+
+
+def _decompose_layer_norm(b: Builder, n: Node) -> int:
+    dev, rstd = _layer_norm_parts(b, n.args[0], float(n.attrs["eps"]))
+    return b.op("mul", dev, rstd)
+
+
+def _decompose_rms_norm(b: Builder, n: Node) -> int:
+    x = n.args[0]
+    return b.op("mul", x, _rms_scale(b, x, float(n.attrs["eps"])))
+
+
+register(OpDef("layer_norm", _norm_type("layer_norm"), _layer_norm_kernel, grad=_g_layer_norm, arity=1, flops=_softmax_flops,
+               doc="(x - mean) / sqrt(var + eps) over the last axis", decompose=_decompose_layer_norm))
+register(OpDef("rms_norm", _norm_type("rms_norm"), _rms_norm_kernel, grad=_g_rms_norm, arity=1, flops=_softmax_flops,
+               doc="x / sqrt(mean(x^2) + eps) over the last axis", decompose=_decompose_rms_norm))
