@@ -25,7 +25,7 @@ PROGRAMS = ("forward", "train", "backward", "update")
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     i = sub.add_parser("ir", help="print the IR (one SSA line per node)")
     i.add_argument("file")
-    i.add_argument("--program", default="train", help="forward | train | backward | update | eval:NAME | train@STAGE | curriculum | train:diagnostics (default train)")
+    i.add_argument("--program", default="train", help="forward | train | backward | update | eval:NAME | train@STAGE | curriculum | train:diagnostics | train:diagnostics@STAGE (default train)")
     i.add_argument("--json", action="store_true", help="the machine form")
     add_selection_flags(i)
     add_limit_flags(i)

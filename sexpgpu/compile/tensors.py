@@ -19,7 +19,7 @@ from ..ir.ops import OpError
 from ..lisp.builtins import Registry, list_items, parse_keys, to_lisp_list, type_error
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.objects import Builtin
-from ..lisp.types import NIL, T, Cons, Symbol
+from ..lisp.types import NIL, T, Cons, Symbol, is_number
 
 if TYPE_CHECKING:
     from ..lisp.evaluator import Interpreter
@@ -399,8 +399,8 @@ class TensorLib:
         return dims
 
     def float_arg(self, fn: str, x: Any, pos: int = 3) -> float:
-        """A number given as a keyword's value (such as :eps), as a float."""
-        if type(x) not in (int, float):
+        """A number given as a keyword's value (such as :eps: an integer, a float or a ratio), as a float."""
+        if not is_number(x):
             raise type_error(fn, pos, "a number", x)
         return float(x)
 

@@ -111,7 +111,9 @@ def _specialized(ufunc: Any, mean: bool = False) -> Any:
         count = 1
         for a in axes:
             count *= t.shape[a]
-        scale = t.dtype.numpy().type(count) if mean and count else None
+        # the count as a float of the input's width, except for 16-bit floats (whose sums are
+        # f32: a count like 257 is not a bf16 number)
+        scale = (np.float32(count) if t.dtype.numpy().itemsize == 2 and t.dtype.is_float else t.dtype.numpy().type(count)) if mean and count else None
 
         def run(xs: list[np.ndarray], at: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
             x = xs[0]
@@ -171,6 +173,8 @@ def _softmax_type(name: str) -> Any:
         (t,) = types
         if not t.dtype.is_float:
             raise OpError(f"{name}: needs a float tensor, got {t}")
+        if not isinstance(attrs.get("axis", -1), int) or isinstance(attrs.get("axis", -1), bool):
+            raise OpError(f"{name}: needs one :axis (an integer), got {attrs.get('axis')!r}")
         normalize_axes(name, attrs.get("axis", -1), t.rank)
         return t
 
@@ -245,8 +249,9 @@ def _norm_type(name: str) -> Any:
         (t,) = types
         if not t.dtype.is_float or t.rank < 1:
             raise OpError(f"{name}: needs a float tensor with at least one axis, got {t}")
-        if not isinstance(attrs.get("eps"), (int, float)):
-            raise OpError(f"{name}: needs a number :eps")
+        eps = attrs.get("eps")
+        if not isinstance(eps, (int, float)) or isinstance(eps, bool):
+            raise OpError(f"{name}: needs a number :eps, got {eps!r}")
         return t
 
     return infer

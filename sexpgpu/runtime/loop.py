@@ -29,7 +29,6 @@ from .checkpoint import CheckpointState, ResumeError, list_checkpoints, load_che
 from .checkpoint import prune as prune_checkpoints
 from .numpy_backend import CompiledProgram, NonFiniteNode, first_nonfinite
 from .backend import Backend, HostBackend, backend_for
-from .cuda.device import describe as describe_device
 from .ranks import Collective, rows_of
 from .runfolder import RunFolder, RunInfo, Selection, slug
 from .status import Summary
@@ -174,11 +173,14 @@ class Trainer:
             self.streams[stage.name] = BatchStream(data, staged.batch, staged.shuffle, seed)
         self.stage_names: list[Optional[str]] = [None] + [s.name for s in loader.stages]
         programs = experiment.module.programs
-        # each stage's train program with the selected IR diagnostics, for sampled steps
-        self.diagnostic_programs: dict[Optional[str], Any] = {
-            stage: make(train_programs[name]) for stage in self.stage_names
+        # each stage's train program with the selected IR diagnostics, for sampled steps; made
+        # the first time its stage is sampled (on a device each holds a train-sized arena)
+        self.make = make
+        self.diagnostic_sources = {
+            stage: train_programs[name] for stage in self.stage_names
             if (name := "train:diagnostics" if stage is None else f"train:diagnostics@{stage}") in train_programs
         }
+        self.diagnostic_programs: dict[Optional[str], Any] = {}
         self.curriculum = experiment.curriculum
         self.curriculum_program = make(experiment.module.programs["curriculum"]) if self.curriculum else None
         self.stage: Optional[str] = self.curriculum.start.get("train") if self.curriculum else None
@@ -361,7 +363,9 @@ class Trainer:
         changed = self.choose_stage()
         spec = self.experiment.run.diagnostics
         sampled = spec is not None and (self.step + 1) % spec.every == 0
-        if sampled and self.stage in self.diagnostic_programs:
+        if sampled and self.stage in self.diagnostic_sources:
+            if self.stage not in self.diagnostic_programs:
+                self.diagnostic_programs[self.stage] = self.make(self.diagnostic_sources[self.stage])
             self.train_program = self.diagnostic_programs[self.stage]
         try:
             out = self.accumulated()
@@ -736,6 +740,8 @@ def _higher_is_better(metric: str) -> bool:
 
 
 def write_header(folder: RunFolder, experiment: Experiment, name: str, options: RunOptions) -> None:
+    from .cuda.device import describe as describe_device  # here: a CPU run does not load the CUDA lowering
+
     sel = experiment.selection
     info = RunInfo(
         slug=name,
