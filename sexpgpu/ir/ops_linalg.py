@@ -49,9 +49,19 @@ def _swap_last(b: Builder, x: int) -> int:
 
 def _g_matmul(b: Builder, n: Node, g: int) -> list[Optional[int]]:
     x, y = n.args
+    tx, ty = b.type(x), b.type(y)
     ga = b.op("matmul", g, _swap_last(b, y))
+    if ty.rank == 2 and tx.rank > 2:
+        # y (a weight) is shared by every batch: its gradient is one matmul over all the rows,
+        # x^T g with the batch folded into the rows, not a batch of products summed afterwards
+        rows = 1
+        for d in tx.shape[:-1]:
+            rows *= d
+        flat_x = b.op("reshape", x, shape=[rows, tx.shape[-1]])
+        flat_g = b.op("reshape", g, shape=[rows, b.type(g).shape[-1]])
+        return [b.sum_to(ga, tx.shape), b.op("matmul", _swap_last(b, flat_x), flat_g)]
     gb = b.op("matmul", _swap_last(b, x), g)
-    return [b.sum_to(ga, b.type(x).shape), b.sum_to(gb, b.type(y).shape)]
+    return [b.sum_to(ga, tx.shape), b.sum_to(gb, ty.shape)]
 
 
 def _matmul_flops(node: Node, inputs: list[TensorType]) -> int:
