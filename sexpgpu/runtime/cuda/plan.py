@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from ...ir.graph import Node, Program, shape_size
 from ...ir.ops import op_def
-from .codegen import BYTES, KernelSource, LoweringError, elementwise_kernel, planned_strategy, random_kernel, reduce_kernels, scatter_kernel
+from .codegen import BYTES, LoweringError, elementwise_kernel, planned_strategy, random_kernel, reduce_kernels, scatter_kernel
 from .fusion import FusedGroup, GemmCall, Lowering, RandomStep, ReduceGroup, ScatterStep, ViewStep, lower
 from .rows import RowGroup, rows_kernel
 
