@@ -152,6 +152,15 @@ def swaps_last_axes(node: Node) -> bool:
     return node.op == "transpose" and r >= 2 and perm == list(range(r - 2)) + [r - 1, r - 2]
 
 
+def readers_of(program: Program) -> dict[int, list[Node]]:
+    """Value id -> the nodes that read it (a node reading it twice is there twice)."""
+    readers: dict[int, list[Node]] = {}
+    for node in program.nodes:
+        for arg in node.args:
+            readers.setdefault(arg, []).append(node)
+    return readers
+
+
 class Partition:
     """The fusion pass over one program."""
 
@@ -161,6 +170,8 @@ class Partition:
         self.by_id = {n.id: n for n in program.nodes}
         # program order (ids follow it, except the nodes a decomposition added at the end)
         self.position = {n.id: k for k, n in enumerate(program.nodes)}
+        self.readers = readers_of(program)
+        self.returned = set(program.outputs.values())
         self.group_of: dict[int, FusedGroup] = {}
         self.ancestors: dict[int, frozenset[int]] = {}
 
@@ -208,27 +219,18 @@ class Partition:
 
     def transposes_for_gemm(self) -> dict[int, int]:
         """Transposes of the last two axes read only by matmuls: transposed node -> its source."""
-        readers: dict[int, list[Node]] = {}
-        for node in self.program.nodes:
-            for arg in node.args:
-                readers.setdefault(arg, []).append(node)
-        returned = set(self.program.outputs.values())
+        readers = self.readers
         return {
             n.id: n.args[0] for n in self.program.nodes
-            if swaps_last_axes(n) and n.id not in returned and readers.get(n.id) and all(r.op == "matmul" for r in readers[n.id])
+            if swaps_last_axes(n) and n.id not in self.returned and readers.get(n.id) and all(r.op == "matmul" for r in readers[n.id])
         }
 
     def inlined_constants(self) -> set[int]:
         """`full` nodes whose every reader is fused: they become literals in the kernels
         (no memory, no kernel of their own)."""
-        readers: dict[int, list[Node]] = {}
-        for node in self.program.nodes:
-            for arg in node.args:
-                readers.setdefault(arg, []).append(node)
-        returned = set(self.program.outputs.values())
         return {
             n.id for n in self.program.nodes
-            if n.op == "full" and n.id not in returned and all(fusible(r) for r in readers.get(n.id, []))
+            if n.op == "full" and n.id not in self.returned and all(fusible(r) for r in self.readers.get(n.id, []))
         }
 
     def run(self) -> list[Step]:
@@ -280,18 +282,13 @@ class Partition:
     def fuse_prologues(self, steps: list[Step]) -> list[Step]:
         """A reduction takes in the fused group that makes its input when that group makes
         nothing else (its one output is read by the reduction alone)."""
-        readers: dict[int, int] = {}
-        for node in self.program.nodes:
-            for arg in node.args:
-                readers[arg] = readers.get(arg, 0) + 1
-        returned = set(self.program.outputs.values())
         absorbed: set[int] = set()
         for step in steps:
             if not isinstance(step, ReduceGroup):
                 continue
             source = step.node.args[0]
             group = self.group_of.get(source)
-            if group is None or group.outputs != [source] or readers.get(source) != 1 or source in returned:
+            if group is None or group.outputs != [source] or len(self.readers.get(source, [])) != 1 or source in self.returned:
                 continue
             if any(n.op in ("concat", "slice") for n in group.nodes):  # piecewise groups stay whole
                 continue
@@ -303,7 +300,6 @@ class Partition:
 
     def finish_groups(self, steps: list[Step]) -> None:
         used_outside: dict[int, bool] = {}
-        returned = set(self.program.outputs.values())
         for node in self.program.nodes:
             group = self.group_of.get(node.id)
             for arg in node.args:
@@ -318,7 +314,7 @@ class Partition:
                         if arg not in ids and arg not in seen and arg not in self.constants:
                             seen.append(arg)
                 step.inputs = seen
-                step.outputs = [n.id for n in step.nodes if used_outside.get(n.id) or n.id in returned]
+                step.outputs = [n.id for n in step.nodes if used_outside.get(n.id) or n.id in self.returned]
 
     def ordered(self, steps: list[Step]) -> list[Step]:
         """Steps in an order where every value is made before it is read (a group runs once

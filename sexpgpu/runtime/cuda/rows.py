@@ -26,7 +26,7 @@ from ...ir.graph import Node, Program, TensorType, shape_size
 from ...ir.ops import op_def
 from ...ir.ops_reduce import normalize_axes
 from .codegen import KernelSource, assemble, c_types, chain_lines, combine_lanes, declare, load_expr, to_storage
-from .fusion import FusedGroup, ReduceGroup, Step
+from .fusion import FusedGroup, ReduceGroup, Step, readers_of
 
 Shape = tuple[int, ...]
 REDUCE_OPS = ("sum", "mean", "max", "min")
@@ -94,10 +94,7 @@ def fuse_rows(steps: list[Step], program: Program, constants: set[int]) -> list[
     types = program.types()
     position = {n.id: k for k, n in enumerate(program.nodes)}
     returned = set(program.outputs.values())
-    readers: dict[int, set[int]] = {}
-    for node in program.nodes:
-        for a in node.args:
-            readers.setdefault(a, set()).add(node.id)
+    readers = {v: {n.id for n in nodes} for v, nodes in readers_of(program).items()}
     made: set[int] = {i.id for i in program.inputs}
     out: list[Step] = []
     i = 0
