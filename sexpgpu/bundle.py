@@ -24,7 +24,7 @@ from .compile.pipeline import CompileResult, compile_file
 from .ir.experiment import Experiment, Selection
 from .lisp.modules import find_project_root
 from .runtime.data_io import has_protocol
-from .runtime.loop import run_slug
+from .runtime.runfolder import run_slug
 from .runtime.store import Store
 
 FORMAT_VERSION = 1

@@ -24,7 +24,8 @@ from sexpgpu.runtime.events import (
     read_events,
     utc_now,
 )
-from sexpgpu.runtime.runfolder import RunFolder, RunInfo, Selection, run_hash, slug
+from sexpgpu.ir.experiment import Selection
+from sexpgpu.runtime.runfolder import RunFolder, RunInfo, run_hash, slug
 from sexpgpu.runtime.status import Status, StatusWriter, Summary, read_status
 from sexpgpu.runtime.store import RetryPolicy, Store, StoreError
 

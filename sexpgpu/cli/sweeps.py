@@ -16,7 +16,8 @@ from ..ir.experiment import Selection
 from ..lisp.conditions import LispError
 from ..lisp.program import diagnostic_from, has_errors
 from ..runtime.data import DataError
-from ..runtime.loop import RunOptions, run_slug, train
+from ..runtime.loop import RunOptions, train
+from ..runtime.runfolder import run_slug
 from ..runtime.runfolder import RunFolder
 from ..runtime.store import Store
 from .check import add_limit_flags, limits_from

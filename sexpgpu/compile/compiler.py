@@ -7,7 +7,6 @@ and checks the contract's order as each top-level form arrives.
 
 from __future__ import annotations
 
-import fnmatch
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -20,6 +19,7 @@ from ..lisp.objects import Builtin, Closure
 from ..lisp.printer import prin1_to_string
 from ..lisp.reader import Reader
 from ..lisp.types import NIL, T, Cons, Loc, MultipleValues, Symbol, SymbolTable
+from ..ir.selectors import glob_match
 from ..ir.experiment import EvalSpec, FieldRecord, KnobSpec, LoaderRecord, RunSpec, Selection, StageRecord, TargetSpec
 from .models import Batch, Ctx, Frozen, Group, InitSpec, Model, ModelList, Optimizer, Param
 from .tensors import Staged, TensorLib, Tracer
@@ -745,21 +745,6 @@ class SourceValue:
         return f"#<source {self.kind} {self.url or self.options.get('name', '')}>"
 
 
-def glob_match(selector: str, path: str) -> bool:
-    """Selectors over parameter paths: `*` matches one segment (or part of one, as in
-    `w*`), `**` any number of segments, including none."""
-    return _match(selector.split("."), path.split("."))
-
-
-def _match(pattern: list[str], segments: list[str]) -> bool:
-    if not pattern:
-        return not segments
-    head, rest = pattern[0], pattern[1:]
-    if head == "**":
-        return any(_match(rest, segments[i:]) for i in range(len(segments) + 1))
-    return bool(segments) and fnmatch.fnmatchcase(segments[0], head) and _match(rest, segments[1:])
-
-
 def _same(a: Any, b: Any) -> bool:
     return a == b if type(a) is type(b) else False
 
@@ -786,4 +771,4 @@ def lisp_to_json(x: Any) -> Any:
     return prin1_to_string(x)
 
 
-__all__ = ["Compiler", "glob_match", "lisp_to_json", "MultipleValues", "Staged"]
+__all__ = ["Compiler", "lisp_to_json", "MultipleValues", "Staged"]

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 from ..ir.check import IRError, check_program
 from ..ir.dtypes import DType
 from ..ir.graph import Module, Program, TensorType, prune, shape_size
+from ..ir.selectors import selects
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.diagnostics import Diagnostic
 from ..lisp.evaluator import Limits
@@ -278,10 +279,9 @@ def diagnostic_program(compiler: Compiler, tracer: Tracer, outputs: dict[str, in
     option = compiler.run.get("diagnostics")
     if option is None:
         return None
-    from .compiler import glob_match
 
     def selected(name: str) -> bool:
-        return any(glob_match(g.replace("/", "."), name.replace("/", ".")) for g in option["select"])
+        return selects(option["select"], name)
 
     lib = compiler.lib
     extra: dict[str, int] = {}

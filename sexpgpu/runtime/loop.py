@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from ..ir.experiment import Experiment, LoaderRecord
 from ..ir.dtypes import DType, numpy_dtype
 from ..ir.graph import TensorType
+from ..ir.selectors import selects
 from .data import BatchStream, DataError, Dataset, FieldSpec, LoaderSpec, PrepareStep, SourceSpec, load_dataset, shared_examples
 from .init import initial_value
 from .checkpoint import CheckpointState, ResumeError, list_checkpoints, load_checkpoint, resolve, step_name, write_checkpoint
@@ -30,7 +31,7 @@ from .checkpoint import prune as prune_checkpoints
 from .numpy_backend import CompiledProgram, NonFiniteNode, first_nonfinite
 from .backend import Backend, HostBackend, backend_for
 from .ranks import Collective, rows_of
-from .runfolder import RunFolder, RunInfo, Selection, slug
+from .runfolder import RunFolder, RunInfo, run_slug
 from .status import Summary
 from .store import Store, StoreError
 
@@ -74,11 +75,6 @@ def loader_spec(record: LoaderRecord, seed: int) -> LoaderSpec:
         part=record.part,
         base_dir=record.base_dir,
     )
-
-
-def run_slug(experiment: Experiment) -> str:
-    sel = experiment.selection
-    return slug(experiment.file_stem, sel.variant, sel.sweep, sel.point, experiment.identity_hash(), experiment.knob_values())
 
 
 def initial_state(init: Any, like: np.ndarray) -> np.ndarray:
@@ -238,10 +234,9 @@ class Trainer:
         extra outputs, the others from the gradients, parameters and optimizer state."""
         spec = self.experiment.run.diagnostics
         assert spec is not None
-        from ..compile.compiler import glob_match
 
         def wanted(name: str) -> bool:
-            return any(glob_match(g.replace("/", "."), name.replace("/", ".")) for g in spec.select)
+            return selects(spec.select, name)
 
         values = {k[5:]: float(v) for k, v in out.items() if k.startswith("diag:")}
         for path, param in self.host_params().items():
@@ -742,11 +737,10 @@ def _higher_is_better(metric: str) -> bool:
 def write_header(folder: RunFolder, experiment: Experiment, name: str, options: RunOptions) -> None:
     from .cuda.device import describe as describe_device  # here: a CPU run does not load the CUDA lowering
 
-    sel = experiment.selection
     info = RunInfo(
         slug=name,
         file=experiment.file,
-        selection=Selection(variant=sel.variant, set=sel.set, sweep=sel.sweep, point=sel.point),
+        selection=experiment.selection,
         knobs=experiment.knob_values(),
         source_hash=experiment.source_hash,
         ir_hash=experiment.ir_hash,

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import __version__
+from ..ir.experiment import Experiment, Selection
 from .events import EventLog, read_events, utc_now
 from .status import Status, StatusWriter, read_status
 from .store import Store, check_path
@@ -68,6 +69,12 @@ def slug(
     return ".".join(parts)
 
 
+def run_slug(experiment: Experiment) -> str:
+    """The slug of a compiled experiment: its file, selection, IR and knob values."""
+    sel = experiment.selection
+    return slug(experiment.file_stem, sel.variant, sel.sweep, sel.point, experiment.identity_hash(), experiment.knob_values())
+
+
 # ---------------------------------------------------------------------------------------------
 # run.json
 
@@ -93,15 +100,6 @@ class Versions(BaseModel):
             sexpgpu=__version__,
             numpy=_package_version("numpy"),
         )
-
-
-class Selection(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    variant: Optional[str] = None
-    set: dict[str, Any] = Field(default_factory=dict)  # --set KNOB=VALUE, as given
-    sweep: Optional[str] = None
-    point: Optional[int] = None
 
 
 class RunInfo(BaseModel):
