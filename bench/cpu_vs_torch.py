@@ -56,7 +56,7 @@ def workloads(tmp: Path) -> dict[str, tuple[Path, str]]:
 
 def trainer_for(path: Path):  # type: ignore[no-untyped-def]
     from sexpgpu.compile.pipeline import compile_file
-    from sexpgpu.runtime.loop import Trainer
+    from sexpgpu.runtime.trainer import Trainer
 
     result = compile_file(path)
     assert result.experiment is not None, [d.headline() for d in result.diagnostics]

@@ -47,13 +47,13 @@ def run_file(tmp: Path, config: dict[str, int]) -> Path:
 def ours(path: Path, steps: int) -> tuple[float, Any]:
     """Seconds per step of the CUDA device (after 3 warm-up steps) and the experiment."""
     from sexpgpu.compile.pipeline import compile_file
-    from sexpgpu.runtime.backend import backend_for
-    from sexpgpu.runtime.loop import Trainer
+    from sexpgpu.runtime.devices import open_backend
+    from sexpgpu.runtime.trainer import Trainer
 
     experiment = compile_file(path).experiment
     assert experiment is not None
     began = time.perf_counter()
-    trainer = Trainer(experiment, None, backend_for("cuda"))
+    trainer = Trainer(experiment, None, open_backend("cuda"))
     for _ in range(3):
         trainer.train_step()
     # lowering, NVRTC compiles (one module per program) and the first steps
@@ -69,7 +69,7 @@ def torch_side(path: Path, steps: int, compiled: bool) -> float:
 
     import torch_reference as ref
     from sexpgpu.compile.pipeline import compile_file
-    from sexpgpu.runtime.loop import Trainer
+    from sexpgpu.runtime.trainer import Trainer
 
     experiment = compile_file(path).experiment
     assert experiment is not None

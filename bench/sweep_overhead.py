@@ -44,26 +44,36 @@ def own_time(store: Path, slug: str) -> float:
     return float(status["summary"]["wall_time_s"])
 
 
+def compiled_points(path: Path, points: int) -> list[Any]:
+    """Every point compiled once, as `sexpgpu sweep` does before anything runs."""
+    from orchestration.driver import sweep_points
+    from sexpgpu.session import Session, Settings
+
+    compiled, refusal = Session(Settings()).compile_sweep(path, "lrs", points)
+    assert refusal is None, refusal
+    return sweep_points(compiled, [{"lr": 0.02 + 0.01 * i} for i in range(points)])
+
+
 def local_sweep(path: Path, points: int, store: Path) -> tuple[float, float]:
-    from sexpgpu.compile.pipeline import compile_file
-    from sexpgpu.ir.experiment import Selection
-    from sexpgpu.runtime.loop import RunOptions, train
+    """The local sweep's path: one session, every point compiled first, then trained."""
+    from sexpgpu.session import Session, Settings
 
     started = time.time()
+    session = Session(Settings(store=str(store), signals=False))
     own = 0.0
-    for i in range(points):
-        experiment = compile_file(path, Selection(sweep="lrs", point=i)).experiment
-        assert experiment is not None
-        result = train(experiment, RunOptions(store=str(store), signals=False), say=lambda _: None)
-        own += own_time(store, result.slug)
+    for point in compiled_points(path, points):
+        outcome = session.train(point.compiled)
+        assert outcome.exit_code == 0 and outcome.slug is not None, outcome
+        own += own_time(store, outcome.slug)
     return time.time() - started, own
 
 
-def ray_sweep(path: Path, points: list[tuple[int, dict[str, Any], Any]], store: Path, on_launch: Any = None) -> tuple[float, float, Any]:
+def ray_sweep(path: Path, points: int, store: Path, on_launch: Any = None) -> tuple[float, float, Any]:
+    """`sweep --ray`'s path, its compile included (as in the local sweep's time)."""
     from orchestration.driver import Driver
 
     started = time.time()
-    ledger = Driver(path, "lrs", str(store), None, None, None, say=lambda _: None, on_launch=on_launch).run(points)
+    ledger = Driver(path, "lrs", str(store), None, None, None, say=lambda _: None, on_launch=on_launch).run(compiled_points(path, points))
     wall = time.time() - started
     assert all(p.state == "finished" for p in ledger.points), [(p.point, p.state, p.reason) for p in ledger.points]
     return wall, sum(own_time(store, p.slug) for p in ledger.points), ledger
@@ -94,7 +104,7 @@ def kill_to_resumed(path: Path, store: Path) -> tuple[float, float]:
 
         threading.Thread(target=kill, daemon=True).start()
 
-    _, _, ledger = ray_sweep(path, [(0, {"lr": 0.02}, None)], store, on_launch=kill_once)
+    _, _, ledger = ray_sweep(path, 1, store, on_launch=kill_once)
     slug = ledger.points[0].slug
     events = [json.loads(line) for line in (store / slug / "events.jsonl").read_text().splitlines()]
     resume = next(e for e in events if e["kind"] == "resume")
@@ -119,8 +129,7 @@ def main() -> None:
         ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
         try:
             slots = min(args.cpus, args.points)
-            points = [(i, {"lr": 0.02 + 0.01 * i}, None) for i in range(args.points)]
-            ray_wall, ray_own, _ = ray_sweep(path, points, root / "ray")
+            ray_wall, ray_own, _ = ray_sweep(path, args.points, root / "ray")
             long_path = root / "long.lisp"
             long_path.write_text(run_file(1, 2000).replace(":checkpoint (:every 10 :keep 2)", ":checkpoint (:every 200 :keep 2)"))
             to_resume, to_step = kill_to_resumed(long_path, root / "kill")

@@ -14,21 +14,23 @@ and a lease (driver id + heartbeat) so that two drivers never run the same point
 from __future__ import annotations
 
 import os
-import sys
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, TypeVar
 
 from pydantic import BaseModel, Field
 
-from sexpgpu.bundle import make_bundle
-from sexpgpu.ir.experiment import Selection
-from sexpgpu.runtime.checkpoint import list_checkpoints
-from sexpgpu.runtime.runfolder import RunFolder
+from sexpgpu.bundle import write_bundle
+from sexpgpu.outcome import AttemptOutcome
+from sexpgpu.runtime.runfolder import RunFolder, run_slug
+from sexpgpu.runtime.status import Status
 from sexpgpu.runtime.store import Store, StoreError
+from sexpgpu.session import Compiled, store_check
 
+from .attempts import Attempts, record_attempt, resume_from, worker_env
 from .gang import Devices, Gang
 from .leases import Leases
 
@@ -40,17 +42,25 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-class PointRecord(BaseModel):
+@dataclass(frozen=True)
+class SweepPoint:
+    """One point of the sweep, compiled (once, before anything runs)."""
+
+    index: int
+    knobs: dict[str, Any]
+    compiled: Compiled
+
+
+def sweep_points(compiled: list[Compiled], knobs: list[dict[str, Any]]) -> list[SweepPoint]:
+    """The driver's points: each point's compiled result (Session.compile_sweep) and its knobs."""
+    return [SweepPoint(index=i, knobs=values, compiled=c) for i, (c, values) in enumerate(zip(compiled, knobs, strict=True))]
+
+
+class PointRecord(Attempts):
     point: int
     slug: str
     knobs: dict[str, Any]
     state: PointState = "pending"
-    attempts: int = 0
-    preemptions: int = 0
-    exit_code: Optional[int] = None
-    reason: str = ""
-    final_loss: Optional[float] = None
-    metrics: dict[str, float] = Field(default_factory=dict)
     lease: Optional[str] = None  # driver id holding the point
     heartbeat: Optional[float] = None  # unix time of the holder's last heartbeat
 
@@ -94,27 +104,22 @@ class Driver:
 
     # -- before anything runs ----------------------------------------------------------------------
     def preflight(self) -> None:
-        missing = self.devices.software()
-        if missing is not None:
-            raise SweepError(missing)
-        probe = f"{self.prefix}/.preflight-{self.id}"
-        try:
-            self.store.write_text(probe, "ok")
-            ok = self.store.read_text(probe) == "ok"
-            self.store.delete(probe)
-        except Exception as exc:  # the store is the finding
-            raise SweepError(f"the store {self.store_url} does not take a write and a read back: {type(exc).__name__}: {exc}") from None
-        if not ok:
-            raise SweepError(f"the store {self.store_url} read back something else than it was given")
+        """What would stop every point, found before any runs: missing software, a store
+        that takes no writes (in the words `run` would end with)."""
+        problem = self.devices.software() or store_check(self.store_url)
+        if problem is not None:
+            raise SweepError(problem)
 
-    def bundles(self, points: list[tuple[int, dict[str, Any], Any]]) -> list[PointRecord]:
+    def bundles(self, points: list[SweepPoint]) -> list[PointRecord]:
+        """One bundle per point, from the point's compiled result (no second compile)."""
         records = []
-        for i, knobs, _ in points:
-            url = f"{self.store.url_of(self.prefix)}/bundles/point-{i:04d}"
-            manifest, result = make_bundle(self.path, Selection(sweep=self.sweep, point=i), url)
-            steps = result.experiment.run.steps if result.experiment is not None else 0
-            self.wanted[manifest.slug] = steps if self.max_steps is None else min(steps, self.max_steps)
-            records.append(PointRecord(point=i, slug=manifest.slug, knobs=knobs))
+        for point in points:
+            url = f"{self.store.url_of(self.prefix)}/bundles/point-{point.index:04d}"
+            write_bundle(point.compiled.path, point.compiled.result, url)
+            slug = run_slug(point.compiled.experiment)
+            steps = point.compiled.experiment.run.steps
+            self.wanted[slug] = steps if self.max_steps is None else min(steps, self.max_steps)
+            records.append(PointRecord(point=point.index, slug=slug, knobs=point.knobs))
         return records
 
     # -- the ledger -------------------------------------------------------------------------------------
@@ -126,7 +131,7 @@ class Driver:
 
     def write_ledger(self, ledger: SweepLedger) -> None:
         """Write the ledger; for points another driver has advanced further (more attempts,
-        or settled), keep that driver's record rather than an older view of ours."""
+        or ended), keep that driver's record rather than an older view of ours."""
         stored = self.read_ledger() if self.leases_used else None
         if stored is not None:
             theirs = {p.slug: p for p in stored.points}
@@ -151,14 +156,14 @@ class Driver:
             if previous is not None:
                 record = previous.model_copy(update={"point": record.point, "knobs": record.knobs})
             status = RunFolder(self.store, record.slug).read_status()
-            if self.settled(status, record.slug) == "finished":
+            if status is not None and self.ended(status, record.slug) == "finished":
                 record.state = "finished"
                 record.final_loss = status.metrics.get("loss")
             points.append(record)
         return SweepLedger(file=self.path.name, sweep=self.sweep, points=points)
 
     # -- running ----------------------------------------------------------------------------------------
-    def run(self, points: list[tuple[int, dict[str, Any], Any]]) -> SweepLedger:
+    def run(self, points: list[SweepPoint]) -> SweepLedger:
         import ray
 
         from workers.train_worker import TrainWorker
@@ -181,23 +186,16 @@ class Driver:
         record.attempts += 1
         record.state = "running"
         record.lease, record.heartbeat = self.id, time.time()
-        # resume from the latest published checkpoint; a point lost before its first
-        # checkpoint starts over (its run folder records that attempt's history too)
-        # every rank resumes from the same, named checkpoint (a rank left over from a killed
-        # gang may still publish one while the new ranks start)
-        valid = [c.name for c in list_checkpoints(self.store, record.slug) if c.valid]
-        resume = valid[-1] if valid else None
         bundle = f"{self.store.url_of(self.prefix)}/bundles/point-{record.point:04d}"
-        env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "SEXPGPU_", "OPENBLAS"))}
-        gang = Gang(ray, worker_class, self.devices, env, self.idle)
-        gang.start(bundle, self.store_url, resume, self.max_steps)
+        gang = Gang(ray, worker_class, self.devices, worker_env(), self.idle)
+        gang.start(bundle, self.store_url, resume_from(self.store, record.slug), self.max_steps)
         if self.on_launch is not None:
             self.on_launch(record, gang)
         return gang
 
     def supervise(self, ledger: SweepLedger, ray: Any, worker_class: Any) -> SweepLedger:
-        """Run every unsettled point this driver can lease; wait for the points another live
-        driver holds, and take over those whose driver stops renewing its lease."""
+        """Run every point still open that this driver can lease; wait for the points another
+        live driver holds, and take over those whose driver stops renewing its lease."""
         return Supervision(self, ledger, ray, worker_class).run()
 
     def drop_idle(self, ray: Any) -> None:
@@ -244,9 +242,9 @@ class Driver:
             if record.point in gangs or record.state in ("finished", "failed"):
                 continue
             status = RunFolder(self.store, record.slug).read_status()
-            state = self.settled(status, record.slug)
-            if state is not None:
-                record.state = "finished" if state == "finished" else "failed"
+            state = self.ended(status, record.slug) if status is not None else None
+            if state is not None and status is not None and status.summary is not None:
+                record.state = state
                 record.exit_code = status.summary.exit_code
                 record.reason = status.summary.reason
                 record.final_loss = status.metrics.get("loss")
@@ -254,10 +252,10 @@ class Driver:
             elif (lease := self.leases.held_elsewhere(record.point)) is not None:
                 record.state, record.lease, record.heartbeat = "leased", lease.driver, lease.heartbeat
 
-    def settled(self, status: Any, slug: str) -> Optional[str]:
+    def ended(self, status: Status, slug: str) -> Optional[Literal["finished", "failed"]]:
         """"finished" or "failed" when the run's status says so for the steps this sweep wants
         (a run finished under a smaller --max-steps is not finished for a longer sweep)."""
-        if status is None or status.summary is None:
+        if status.summary is None:
             return None
         if status.state == "finished" and status.step >= self.wanted.get(slug, 0):
             return "finished"
@@ -279,25 +277,16 @@ class Driver:
         if self.table is not None:
             self.table(ledger, final)
 
-    def settle(self, record: PointRecord, outcome: dict[str, Any]) -> bool:
-        """Record a finished attempt; True when the point must run again (a preemption)."""
-        code = int(outcome.get("exit_code", 1))
-        record.exit_code, record.reason = code, str(outcome.get("reason", ""))
-        record.final_loss = outcome.get("final_loss")
-        record.metrics = dict(outcome.get("metrics") or {})
-        if code == 0:
-            record.state, record.lease = "finished", None
-            self.say(f"point {record.point}: {record.reason}  loss {record.final_loss}")
-            return False
-        if code == 75:
-            record.state = "preempted"
-            if self.max_preemptions is not None and record.preemptions > self.max_preemptions:
-                record.state, record.lease = "failed", None
-                record.reason = f"preempted {record.preemptions} times (--max-preemptions {self.max_preemptions})"
-                return False
+    def record_outcome(self, record: PointRecord, outcome: AttemptOutcome) -> bool:
+        """Count an ended attempt into the point's record; True when it must run again."""
+        record.state = record_attempt(record, outcome, self.max_preemptions)
+        if record.state == "preempted":
             return True
-        record.state, record.lease = "failed", None
-        self.say(f"point {record.point}: failed: {record.reason}")
+        record.lease = None
+        if record.state == "finished":
+            self.say(f"point {record.point}: {record.reason}  loss {record.final_loss}")
+        else:
+            self.say(f"point {record.point}: failed: {record.reason}")
         return False
 
 
@@ -314,7 +303,8 @@ class Supervision:
     def record_of(self, point: int) -> PointRecord:  # write_ledger may adopt another driver's record
         return next(p for p in self.ledger.points if p.point == point)
 
-    def unsettled(self) -> list[PointRecord]:
+    def open_points(self) -> list[PointRecord]:
+        """Points not ended and not running here."""
         return [p for p in self.ledger.points if p.state not in ("finished", "failed") and p.point not in self.gangs]
 
     def start(self, record: PointRecord) -> bool:
@@ -338,11 +328,11 @@ class Supervision:
 
     def take_free_points(self) -> None:
         """Start what the cluster holds now (a worker whose point ended runs the next one);
-        lease a few points ahead so the lease's settle wait is paid per batch."""
+        lease a few points ahead so the wait before a lease is read back is paid per batch."""
         driver = self.driver
         room = driver.capacity(self.ray) - len(self.gangs)
         self.reserved[:] = [p for p in self.reserved if self.record_of(p).state not in ("finished", "failed") and p not in self.gangs]
-        waiting = [p.point for p in self.unsettled() if p.point not in self.reserved]
+        waiting = [p.point for p in self.open_points() if p.point not in self.reserved]
         driver.ask_autoscaler(len(self.gangs) + len(self.reserved) + len(waiting))
         if room <= 0:
             return
@@ -350,11 +340,12 @@ class Supervision:
             ahead = max(room, 2 * driver.capacity(self.ray), 8) - len(self.reserved)
             for point in driver.leases.claim(waiting[:ahead]):
                 record = self.record_of(point)
-                state = driver.settled(RunFolder(driver.store, record.slug).read_status(), record.slug)
+                status = RunFolder(driver.store, record.slug).read_status()
+                state = driver.ended(status, record.slug) if status is not None else None
                 if state is None:
                     self.reserved.append(point)
-                else:  # another driver settled it since we last looked
-                    record.state = "finished" if state == "finished" else "failed"
+                else:  # another driver ended it since we last looked
+                    record.state = state
                     driver.leases.release(point)
         starting, self.reserved[:] = self.reserved[:room], self.reserved[room:]
         for point in starting:
@@ -364,19 +355,18 @@ class Supervision:
             else:
                 self.reserved.append(point)
 
-    def settle_done(self, done: list[Any]) -> None:
+    def collect_done(self, done: list[Any]) -> None:
+        """The attempts whose ranks returned: record each, start the preempted ones again."""
         driver = self.driver
         for ref in done:
-            if ref not in self.running:  # its gang was already settled
+            if ref not in self.running:  # its gang's outcome is known already
                 continue
             record, gang = self.running.pop(ref)
-            outcome = gang.settle(ref)
+            outcome = gang.collect(ref)
             if outcome is None:  # another rank still runs
                 continue
-            self.stop(record, gang, reuse=not outcome.get("preempted"))
-            if outcome.get("preempted"):
-                record.preemptions += 1
-            if driver.settle(record, outcome):
+            self.stop(record, gang, reuse=not outcome.preempted)
+            if driver.record_outcome(record, outcome):
                 if self.start(record):
                     driver.say(f"point {record.point}: preempted, resumed (attempt {record.attempts})")
             else:
@@ -400,17 +390,17 @@ class Supervision:
         try:
             driver.tolerant("lease free points", self.take_free_points, None)
             driver.tolerant("write sweep.json", lambda: driver.write_ledger(ledger), None)
-            while self.running or self.unsettled():
+            while self.running or self.open_points():
                 done, _ = self.ray.wait(list(self.running), num_returns=1, timeout=5.0) if self.running else ([], [])
                 if not self.running:
                     time.sleep(5.0)
-                self.settle_done(done)
+                self.collect_done(done)
                 self.give_up_lost_leases(renewal.take_lost())
                 for record in ledger.points:
                     if record.point in self.gangs:
                         record.heartbeat = time.time()
                 driver.tolerant("read the other drivers' points", lambda: driver.follow_others(ledger, self.gangs), None)
-                if self.unsettled():
+                if self.open_points():
                     driver.tolerant("lease free points", self.take_free_points, None)
                 if not self.reserved:  # nothing of ours to start: idle workers give their CPUs/GPUs back
                     driver.drop_idle(self.ray)
@@ -421,6 +411,3 @@ class Supervision:
         driver.show(ledger, final=True)
         driver.drop_idle(self.ray)
         return ledger
-
-
-__all__ = ["Driver", "SweepLedger", "PointRecord", "SweepError", "sys"]

@@ -14,6 +14,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel
 
+from sexpgpu.outcome import AttemptOutcome, Exit, lost
 from workers.collective import AllReduceSpec, RankSpec
 
 
@@ -60,7 +61,7 @@ class Gang:
         self.placement: Any = None
         self.workers: list[Any] = []
         self.refs: list[Any] = []
-        self.outcomes: dict[int, dict[str, Any]] = {}
+        self.outcomes: dict[int, AttemptOutcome] = {}
         self.stopped = False
         options: dict[str, Any] = {"max_restarts": 0, "num_cpus": 1}
         if devices.kind == "cuda":
@@ -98,34 +99,36 @@ class Gang:
         for rank, worker in enumerate(self.workers):
             spec = RankSpec(rank=rank, world=devices.count, group=self.group, backend=backend, nccl_id=nccl_id,
                             allreduce=devices.allreduce, rendezvous_timeout_s=devices.rendezvous_timeout_s)
-            self.refs.append(worker.run.remote(bundle, store, resume, max_steps, spec.model_dump(), device))
+            self.refs.append(worker.run.remote(bundle, store, resume, max_steps, spec, device))
 
-    def settle(self, ref: Any) -> Optional[dict[str, Any]]:
-        """Take one finished ref; the attempt's outcome once it is known, else None."""
+    def collect(self, ref: Any) -> Optional[AttemptOutcome]:
+        """Take one rank's finished ref; the attempt's outcome once it is known, else None."""
         rank = self.refs.index(ref)
         from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
 
-        lost = (RayActorError, WorkerCrashedError, NodeDiedError)
+        died = (RayActorError, WorkerCrashedError, NodeDiedError)
+        world = len(self.refs)
         try:
-            outcome = self.ray.get(ref)
-        except lost as exc:  # a rank's process or node died: a preemption, never the run's fault
-            return {"exit_code": 75, "reason": f"rank {rank} of {len(self.refs)} lost: {type(exc).__name__}", "preempted": True}
+            outcome: AttemptOutcome = self.ray.get(ref)
+        except died as exc:  # a rank's process or node died: a preemption, never the run's fault
+            return lost(f"rank {rank} of {world} lost: {type(exc).__name__}")
         except Exception as exc:
             # with several ranks, a rank that died makes the others' collectives raise too:
             # look whether one of them died before calling this the run's own failure
-            dead = self.dead_rank(lost)
+            dead = self.dead_rank(died)
             if dead is not None:
-                return {"exit_code": 75, "reason": f"rank {dead} of {len(self.refs)} lost (rank {rank} then raised {type(exc).__name__})", "preempted": True}
-            return {"exit_code": 1, "reason": f"rank {rank} raised {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"}
+                return lost(f"rank {dead} of {world} lost (rank {rank} then raised {type(exc).__name__})")
+            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+            return AttemptOutcome(exit_code=Exit.RUN_FAILED, reason=f"rank {rank} raised {type(exc).__name__}: {last}", rank=rank)
         self.outcomes[rank] = outcome
         if rank == 0:
             return outcome
-        if int(outcome.get("exit_code", 1)) != 0 and 0 not in self.outcomes:
-            return {**outcome, "reason": f"rank {rank}: {outcome.get('reason', '')}"}
+        if outcome.exit_code != Exit.OK and 0 not in self.outcomes:
+            return outcome.with_rank_note(rank, world)
         return None
 
     def dead_rank(self, lost: tuple[type, ...], wait_s: float = 10.0) -> Optional[int]:
-        """The first rank whose actor died, waiting up to WAIT_S for the others to settle."""
+        """The first rank whose actor died, waiting up to WAIT_S for the others to return."""
         if len(self.refs) == 1:
             return None
         ready, _ = self.ray.wait(list(self.refs), num_returns=len(self.refs), timeout=wait_s)

@@ -2,7 +2,7 @@
 
 A lease is one small object per point, STORE/sweeps/STEM.SWEEP/leases/point-NNNN.json, that
 names the driver holding it and its last heartbeat. Taking points is write-then-verify: a
-driver writes its lease on every free point, waits `settle_s`, and keeps only the points
+driver writes its lease on every free point, waits `verify_after_s`, and keeps only the points
 whose lease still names it (of two drivers racing for a point the later write wins and the
 other backs off). The holder renews its leases while the points run; a lease whose
 heartbeat is older than `ttl_s` belongs to a driver that is gone, and another driver may take
@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from sexpgpu.runtime.store import Store
 
 LEASE_TTL_S = 60.0
-LEASE_SETTLE_S = 1.0
+LEASE_VERIFY_AFTER_S = 1.0
 
 
 class Lease(BaseModel):
@@ -34,12 +34,12 @@ class Lease(BaseModel):
 
 
 class Leases:
-    def __init__(self, store: Store, prefix: str, driver: str, ttl_s: float = LEASE_TTL_S, settle_s: float = LEASE_SETTLE_S) -> None:
+    def __init__(self, store: Store, prefix: str, driver: str, ttl_s: float = LEASE_TTL_S, verify_after_s: float = LEASE_VERIFY_AFTER_S) -> None:
         self.store = store
         self.prefix = f"{prefix}/leases"
         self.driver = driver
         self.ttl_s = ttl_s
-        self.settle_s = settle_s
+        self.verify_after_s = verify_after_s
         self.host = socket.gethostname()
 
     def key(self, point: int) -> str:
@@ -70,7 +70,7 @@ class Leases:
                 written.append(point)
         if not written:
             return []
-        time.sleep(self.settle_s)
+        time.sleep(self.verify_after_s)
         return [p for p in written if (lease := self.holder(p)) is not None and lease.driver == self.driver]
 
     def renew(self, points: list[int]) -> list[int]:

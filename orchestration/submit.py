@@ -12,28 +12,34 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import ray
 from pydantic import BaseModel, Field
 
-from sexpgpu.runtime.checkpoint import list_checkpoints
+from sexpgpu.outcome import AttemptOutcome, Exit, lost
 from sexpgpu.runtime.store import Store
 
+from .attempts import Attempts, record_attempt, resume_from
 from .gang import Devices, Gang
 
 
-class SubmitRecord(BaseModel):
+class AttemptEntry(BaseModel):
+    attempt: int
+    seconds: float
+    exit_code: int
+    reason: str
+
+
+class SubmitRecord(Attempts):
+    """STORE/SLUG/submit.json: a submitted run's attempts."""
+
     version: int = 1
     slug: str
     bundle: str
     store: str
-    state: str = "submitted"  # submitted running preempted finished failed
-    attempts: int = 0
-    preemptions: int = 0
-    exit_code: Optional[int] = None
-    reason: str = ""
-    history: list[dict[str, Any]] = Field(default_factory=list)
+    state: Literal["submitted", "running", "preempted", "finished", "failed"] = "submitted"
+    history: list[AttemptEntry] = Field(default_factory=list)
 
 
 class SupervisorImpl:
@@ -45,7 +51,7 @@ class SupervisorImpl:
         self.store = Store.open(store_url)
         self.gang: Optional[Gang] = None
         self.thread: Optional[threading.Thread] = None
-        self.outcome: Optional[dict[str, Any]] = None
+        self.outcome: Optional[SubmitRecord] = None
 
     def start(self) -> bool:
         """Begin supervising on the actor's own thread and return at once. The submitter
@@ -60,14 +66,14 @@ class SupervisorImpl:
         try:
             self.outcome = self.supervise()
         except Exception as exc:  # the supervisor's own failure is the run's outcome, recorded
-            self.record.state, self.record.exit_code = "failed", 1
+            self.record.state, self.record.exit_code = "failed", int(Exit.RUN_FAILED)
             self.record.reason = f"the supervisor failed: {type(exc).__name__}: {exc}"
             try:
                 self.save()
             finally:
-                self.outcome = self.record.model_dump()
+                self.outcome = self.record
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> SubmitRecord:
         """The submit record once the run has ended (waits for it)."""
         assert self.thread is not None, "start() first"
         self.thread.join()
@@ -81,29 +87,27 @@ class SupervisorImpl:
         """Rank 0 of the attempt in progress (tests kill it to play a preemption)."""
         return self.gang.workers[0] if self.gang is not None else None
 
-    def attempt(self) -> dict[str, Any]:
+    def attempt(self) -> AttemptOutcome:
         """One attempt: W ranks (a gang); its outcome is rank 0's, or a preemption."""
         from workers.train_worker import TrainWorker
 
-        valid = [c.name for c in list_checkpoints(self.store, self.record.slug) if c.valid]
-        resume = valid[-1] if valid else None  # every rank resumes from the same checkpoint
         gang = Gang(ray, TrainWorker, self.devices, self.env)
         self.gang = gang
         try:
             try:
-                gang.start(self.record.bundle, self.record.store, resume, None)
+                gang.start(self.record.bundle, self.record.store, resume_from(self.store, self.record.slug), None)
             except Exception as exc:  # the ranks could not start: retried like a lost node
-                return {"exit_code": 75, "reason": f"could not start: {type(exc).__name__}: {exc}", "preempted": True}
+                return lost(f"could not start: {type(exc).__name__}: {exc}", self.record.slug)
             pending = list(gang.refs)
             while True:
                 done, pending = ray.wait(pending, num_returns=1)
-                outcome = gang.settle(done[0])
+                outcome = gang.collect(done[0])
                 if outcome is not None:
                     return outcome
         finally:
             gang.stop()
 
-    def supervise(self) -> dict[str, Any]:
+    def supervise(self) -> SubmitRecord:
         record = self.record
         while True:
             record.attempts += 1
@@ -111,18 +115,11 @@ class SupervisorImpl:
             self.save()
             started = time.time()
             outcome = self.attempt()
-            if outcome.get("preempted"):
-                record.preemptions += 1
-            record.history.append({"attempt": record.attempts, "seconds": round(time.time() - started, 3), "exit_code": outcome.get("exit_code"), "reason": outcome.get("reason")})
-            code = int(outcome.get("exit_code", 1))
-            record.exit_code, record.reason = code, str(outcome.get("reason", ""))
-            if code == 75 and (self.max_preemptions is None or record.preemptions <= self.max_preemptions):
-                record.state = "preempted"
-                self.save()
-                continue
-            record.state = "finished" if code == 0 else "failed"
+            record.state = record_attempt(record, outcome, self.max_preemptions)
+            record.history.append(AttemptEntry(attempt=record.attempts, seconds=round(time.time() - started, 3), exit_code=int(outcome.exit_code), reason=outcome.reason))
             self.save()
-            return record.model_dump()
+            if record.state != "preempted":
+                return record
 
 
 SUPERVISOR_START_S = 300.0  # the supervisor actor's start on a busy cluster (a worker process to launch)

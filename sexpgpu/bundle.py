@@ -23,7 +23,7 @@ from . import __version__
 from .compile.pipeline import CompileResult, compile_file
 from .ir.experiment import Experiment, Selection
 from .lisp.modules import find_project_root
-from .runtime.data_io import has_protocol
+from .runtime.data.raw import has_protocol
 from .runtime.runfolder import run_slug
 from .runtime.store import Store
 
@@ -59,8 +59,14 @@ class BundleManifest(BaseModel):
 def make_bundle(path: Path, selection: Selection, out: str, devices: Optional[list[str]] = None) -> tuple[BundleManifest, CompileResult]:
     """Compile PATH and write its bundle to OUT (a folder or an fsspec URL)."""
     result = compile_file(path, selection)
+    return write_bundle(path, result, out, devices), result
+
+
+def write_bundle(path: Path, result: CompileResult, out: str, devices: Optional[list[str]] = None) -> BundleManifest:
+    """Write the bundle of PATH, compiled as RESULT (a sweep's points are compiled once,
+    before any is bundled), to OUT."""
     if result.experiment is None or result.program is None:
-        return _failed(result)
+        raise _failed(result)
     experiment, program = result.experiment, result.program
     root = find_project_root(path)
     files: dict[str, bytes] = {}
@@ -90,11 +96,12 @@ def make_bundle(path: Path, selection: Selection, out: str, devices: Optional[li
         store.write_bytes(f"source/{name}", payload)
     store.write_text("ir.json", experiment.module.model_dump_json())
     store.write_text("bundle.json", manifest.model_dump_json(indent=2))  # last: the bundle exists once this does
-    return manifest, result
+    return manifest
 
 
-def _failed(result: CompileResult) -> tuple[BundleManifest, CompileResult]:
-    raise BundleError("the file does not check: " + "; ".join(d.headline() for d in result.diagnostics if d.severity == "error")) if result.diagnostics else BundleError("not a run file (no defrun)")
+def _failed(result: CompileResult) -> BundleError:
+    errors = [d.headline() for d in result.diagnostics if d.severity == "error"]
+    return BundleError("the file does not check: " + "; ".join(errors)) if errors else BundleError("not a run file (no defrun)")
 
 
 def _relative(path: Path, root: Path) -> str:

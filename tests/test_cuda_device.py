@@ -79,14 +79,15 @@ def test_examples_train_on_the_gpu_like_on_the_cpu(example: str, steps: int, rto
     import json
 
     from sexpgpu.compile.pipeline import compile_file
-    from sexpgpu.runtime.loop import RunOptions, train
+    from sexpgpu.runtime.attempt import RunOptions, train
+    from sexpgpu.runtime.devices import open_backend
 
     experiment = compile_file(REPO / "examples" / f"{example}.lisp").experiment
     assert experiment is not None
     experiment.run.log_every = 1
     runs = {}
     for dev in ("cpu", "cuda"):
-        result = train(experiment, RunOptions(store=str(tmp_path / dev), device=dev, max_steps=steps, signals=False), say=lambda _: None)
+        result = train(experiment, RunOptions(store=str(tmp_path / dev), device=dev, backend=open_backend(dev), max_steps=steps, signals=False), say=lambda _: None)
         assert result.exit_code == 0
         events = [json.loads(line) for line in (tmp_path / dev / result.slug / "events.jsonl").read_text().splitlines()]
         runs[dev] = [e["loss"] for e in events if e["kind"] == "step"]
@@ -185,7 +186,7 @@ def test_bf16_matmuls_of_transposes_go_to_cublas_with_its_transpose_flags(shapes
 
 
 def test_the_whole_loop_keeps_its_tensors_on_the_gpu(tmp_path: Path) -> None:
-    from sexpgpu.runtime.backend import backend_for
+    from sexpgpu.runtime.devices import open_backend
     from test_cuda_executor import check_whole_loop
 
-    check_whole_loop(tmp_path, backend_for("cuda"))
+    check_whole_loop(tmp_path, open_backend("cuda"))

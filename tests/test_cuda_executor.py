@@ -56,7 +56,7 @@ def test_examples_train_on_the_emulated_device_like_on_the_cpu(example: str, ste
     """The one training loop with the CUDA executor (host-compiled kernels) in place of the
     NumPy backend: the same loss at every step, within f32 reduction order."""
     from sexpgpu.compile.pipeline import compile_file
-    from sexpgpu.runtime.loop import RunOptions, train
+    from sexpgpu.runtime.attempt import RunOptions, train
 
     experiment = compile_file(REPO / "examples" / f"{example}.lisp").experiment
     assert experiment is not None
@@ -103,7 +103,8 @@ def check_whole_loop(tmp_path: Path, backend: Any) -> None:
     """WHOLE_LOOP on BACKEND (stopped at step 6, resumed to 12) against the CPU."""
     from sexpgpu.compile.pipeline import compile_file
     from sexpgpu.runtime.checkpoint import load_checkpoint
-    from sexpgpu.runtime.loop import RunOptions, Trainer, train
+    from sexpgpu.runtime.attempt import RunOptions, train
+    from sexpgpu.runtime.trainer import Trainer
     from sexpgpu.runtime.store import Store
 
     (tmp_path / ".git").mkdir()
@@ -190,7 +191,7 @@ def test_frozen_parameters_stay_put_on_the_cpu_and_the_emulated_device(tmp_path:
     and never change; the others train the same on both backends."""
     from sexpgpu.compile.pipeline import compile_file
     from sexpgpu.runtime.backend import HostBackend
-    from sexpgpu.runtime.loop import Trainer
+    from sexpgpu.runtime.trainer import Trainer
 
     (tmp_path / ".git").mkdir()
     path = tmp_path / "frozen.lisp"
@@ -203,7 +204,7 @@ def test_frozen_parameters_stay_put_on_the_cpu_and_the_emulated_device(tmp_path:
     for name, backend in (("cpu", HostBackend()), ("device", DeviceBackend(ArrayDevice(np, HostRunner())))):
         trainer = Trainer(experiment, None, backend)
         start = trainer.host_params()
-        losses[name] = [trainer.train_step()["loss"] for _ in range(4)]
+        losses[name] = [trainer.train_step().loss for _ in range(4)]
         end = trainer.host_params()
         assert all(np.array_equal(start[p], end[p]) for p in start if p.startswith("net.layers.0.")), name
         assert not np.array_equal(start["net.layers.1.w"], end["net.layers.1.w"]), name

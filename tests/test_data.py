@@ -11,21 +11,10 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
-from sexpgpu.runtime.data import (
-    MASK_FIELD,
-    BatchStream,
-    DataError,
-    Dataset,
-    EvalBatches,
-    FieldSpec,
-    LoaderSpec,
-    LoaderState,
-    PrepareStep,
-    SourceSpec,
-    default_cache_dir,
-    load_dataset,
-    shared_examples,
-)
+from sexpgpu.runtime.data.cache import default_cache_dir
+from sexpgpu.runtime.data.load import load_dataset
+from sexpgpu.runtime.data.spec import MASK_FIELD, DataError, Dataset, FieldSpec, LoaderSpec, PrepareStep, SourceSpec, shared_examples
+from sexpgpu.runtime.data.stream import BatchStream, EvalBatches, LoaderState
 
 XY = [("x", "f32", (2,)), ("y", "i32", ())]
 LM = [("tokens", "i32", (4,)), ("targets", "i32", (4,))]

@@ -19,7 +19,7 @@ from conftest import REPO
 from sexpgpu.compile.pipeline import compile_file
 from sexpgpu.ir.experiment import Selection
 from sexpgpu.runtime.checkpoint import list_checkpoints, load_checkpoint
-from sexpgpu.runtime.loop import RunOptions, train
+from sexpgpu.runtime.attempt import RunOptions, train
 from sexpgpu.runtime.store import Store
 
 ray = pytest.importorskip("ray")
@@ -83,7 +83,12 @@ def ranks(path: Path, store: Path, max_steps: Any = None, on_launch: Any = None,
     from workers.collective import AllReduceSpec
 
     devices = Devices(count=2, allreduce=AllReduceSpec(**allreduce))
-    ledger = Driver(path, "one", str(store), None, None, max_steps, say=lambda _: None, devices=devices, on_launch=on_launch).run([(0, {"lr": 0.003}, None)])
+    from orchestration.driver import sweep_points
+    from sexpgpu.session import Session, Settings
+
+    compiled, refusal = Session(Settings(world=2)).compile_sweep(path, "one", 1)
+    assert refusal is None, refusal
+    ledger = Driver(path, "one", str(store), None, None, max_steps, say=lambda _: None, devices=devices, on_launch=on_launch).run(sweep_points(compiled, [{"lr": 0.003}]))
     point = ledger.points[0]
     assert point.state == "finished", point
     return point
@@ -160,9 +165,9 @@ def test_a_rank_alone_at_the_rendezvous_fails_clearly(project: Path, ray_cluster
     worker = TrainWorker.options(num_cpus=1, max_restarts=0).remote({})
     spec = RankSpec(rank=1, world=2, group="lonely", rendezvous_timeout_s=3.0)
     started = time.time()
-    outcome = ray.get(worker.run.remote(str(bundle), str(project.parent / "store"), None, None, spec.model_dump(), "cpu"), timeout=120)
-    assert outcome["exit_code"] == 75 and outcome["preempted"], outcome  # retried like a lost node
-    assert "rendezvous" in outcome["reason"] and "3 s" in outcome["reason"], outcome["reason"]
+    outcome = ray.get(worker.run.remote(str(bundle), str(project.parent / "store"), None, None, spec, "cpu"), timeout=120)
+    assert outcome.exit_code == 75 and outcome.preempted and outcome.rank == 1, outcome  # retried like a lost node
+    assert "rendezvous" in outcome.reason and "3 s" in outcome.reason, outcome.reason
     assert time.time() - started < 60
     ray.kill(worker)
 

@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 
 from sexpgpu.compile.pipeline import compile_file
-from sexpgpu.runtime.data import DataError
-from sexpgpu.runtime.loop import Evaluator, RunOptions, Trainer, train
+from sexpgpu.runtime.data.spec import DataError
+from sexpgpu.runtime.evaluation import EvalPass
+from sexpgpu.runtime.attempt import RunOptions, train
+from sexpgpu.runtime.trainer import Trainer
+from sexpgpu.runtime.backend import HostBackend
 from sexpgpu.runtime.numpy_backend import CompiledProgram
 from sexpgpu.runtime.runfolder import RunFolder
 from sexpgpu.runtime.store import Store
@@ -48,7 +51,7 @@ def test_eval_metrics_are_exact_means_over_every_example(tmp_path: Path) -> None
     trainer = Trainer(exp)
     for _ in range(50):
         trainer.train_step()
-    evaluator = Evaluator(exp, "val", trainer.dataset)
+    evaluator = EvalPass(exp, exp.evals[0], trainer.dataset, HostBackend())
     assert evaluator.dataset.n == 200 and evaluator.dataset.n % 64 != 0
     got = evaluator.run(trainer.params)
     single = CompiledProgram(exp.module.programs["eval:val:1"])

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from sexpgpu.compile.pipeline import compile_file
-from sexpgpu.runtime.loop import Trainer
+from sexpgpu.runtime.trainer import Trainer
 
 RUN = """
 (require "sexpgpu/nn" :as nn)
@@ -36,7 +36,7 @@ def test_microbatches_equal_the_large_batch(tmp_path: Path) -> None:
     small, large = trainer(tmp_path, 16, 4), trainer(tmp_path, 64, 1)
     for step in range(20):
         a, b = small.train_step(), large.train_step()
-        assert abs(a["loss"] - b["loss"]) <= 1e-5 * max(1.0, abs(b["loss"])), step
-        assert abs(a["metrics"]["acc"] - b["metrics"]["acc"]) <= 1e-6
+        assert abs(a.loss - b.loss) <= 1e-5 * max(1.0, abs(b.loss)), step
+        assert abs(a.metrics["acc"] - b.metrics["acc"]) <= 1e-6
     for path in small.params:
         np.testing.assert_allclose(small.params[path], large.params[path], rtol=1e-4, atol=1e-6)

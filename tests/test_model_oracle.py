@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO
 from sexpgpu.compile.pipeline import compile_file
-from sexpgpu.runtime.loop import Trainer
+from sexpgpu.runtime.trainer import Trainer
 
 torch = pytest.importorskip("torch")
 import torch_reference as ref  # noqa: E402
@@ -34,7 +34,7 @@ def compare(
     opt = make_opt(list(P.values()))
     for step in range(50):
         batch = replay.stream.next()
-        ours_loss = ours.train_step()["loss"]
+        ours_loss = ours.train_step().loss
         x = torch.tensor(batch[inputs].astype(np.int64) if batch[inputs].dtype.kind == "i" else batch[inputs])
         loss = ref.sequence_loss(forward(x), torch.tensor(batch[labels].astype(np.int64)))
         opt.zero_grad()

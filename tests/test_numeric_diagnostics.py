@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from sexpgpu.compile.pipeline import compile_file
-from sexpgpu.runtime.loop import RunOptions, Trainer, train
+from sexpgpu.runtime.attempt import RunOptions, train
+from sexpgpu.runtime.trainer import Trainer
 from sexpgpu.runtime.runfolder import RunFolder
 from sexpgpu.runtime.store import Store
 
@@ -63,7 +64,7 @@ def test_grad_norm_diagnostic_is_the_gradient_norm(tmp_path: Path) -> None:
     replay = Trainer(exp)
     record = trainer.train_step()
     out = replay.forward_backward(0)
-    assert np.isclose(record["diagnostics"]["grad-norm/net.inner.layers.0.w"], np.linalg.norm(out["grad:net.inner.layers.0.w"]))
+    assert np.isclose(record.diagnostics["grad-norm/net.inner.layers.0.w"], np.linalg.norm(out["grad:net.inner.layers.0.w"]))
 
 
 def test_ir_diagnostics_are_computed_in_every_loader_stage(tmp_path: Path) -> None:

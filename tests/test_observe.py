@@ -25,7 +25,8 @@ from sexpgpu.cli.observe import event_line, read_safetensors_header, split_run
 from sexpgpu.compile.pipeline import compile_file
 from sexpgpu.runtime import checkpoint as ck
 from sexpgpu.runtime.events import events_prefix
-from sexpgpu.runtime.loop import RunOptions, Trainer, train
+from sexpgpu.runtime.attempt import RunOptions, train
+from sexpgpu.runtime.trainer import Trainer
 from sexpgpu.runtime.store import Store
 
 QUICKSTART = REPO / "examples" / "quickstart.lisp"

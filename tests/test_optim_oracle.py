@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sexpgpu.compile.pipeline import compile_file
-from sexpgpu.runtime.loop import Trainer
+from sexpgpu.runtime.trainer import Trainer
 
 torch = pytest.importorskip("torch")
 
@@ -80,7 +80,7 @@ def test_optimizer_matches_torch(name: str, tmp_path: Path) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        ours_loss = ours.train_step()["loss"]
+        ours_loss = ours.train_step().loss
         assert abs(ours_loss - loss.item()) <= 1e-5 * max(1.0, abs(loss.item())), f"step {step}"
         np.testing.assert_allclose(ours.params["net.w"], w.detach().numpy(), rtol=2e-5, atol=1e-6, err_msg=f"step {step}")
         np.testing.assert_allclose(ours.params["net.b"], b.detach().numpy(), rtol=2e-5, atol=1e-6, err_msg=f"step {step}")

@@ -9,7 +9,7 @@ import numpy as np
 
 from conftest import REPO
 from sexpgpu.compile.pipeline import compile_file
-from sexpgpu.runtime.loop import Trainer
+from sexpgpu.runtime.trainer import Trainer
 
 
 def compiled(path: Path):  # type: ignore[no-untyped-def]
@@ -35,7 +35,7 @@ def test_bf16_char_transformer_tracks_f32(tmp_path: Path) -> None:
     assert {i.type.dtype.value for i in train.inputs if i.kind == "param"} == {"f32"}
     assert all(experiment.module.programs["update"].types()[i.id].dtype.value == "f32" for i in experiment.module.programs["update"].inputs)
     for step in range(50):
-        a, b = f32.train_step()["loss"], bf16.train_step()["loss"]
+        a, b = f32.train_step().loss, bf16.train_step().loss
         assert abs(a - b) <= 1e-2 * abs(a), f"step {step}: f32 {a}, bf16 {b}"
     for path, value in bf16.params.items():
         assert value.dtype == np.float32, path

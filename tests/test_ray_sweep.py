@@ -21,14 +21,15 @@ from conftest import REPO
 from sexpgpu.compile.pipeline import compile_file
 from sexpgpu.ir.experiment import Selection
 from sexpgpu.runtime.checkpoint import list_checkpoints, load_checkpoint
-from sexpgpu.runtime.loop import RunOptions, train
+from sexpgpu.runtime.attempt import RunOptions, train
 from sexpgpu.runtime.store import Store
+from sexpgpu.session import Session, Settings
 
 ray = pytest.importorskip("ray")
+from orchestration.driver import SweepPoint, sweep_points  # noqa: E402 (needs Ray)
 pytestmark = pytest.mark.slow
 
 LRS = [0.003, 0.002, 0.001, 0.0005]
-POINTS = [(i, {"lr": lr}, None) for i, lr in enumerate(LRS)]
 STEPS = 300
 RUN = (REPO / "examples" / "charlm.lisp").read_text().replace(
     "(defrun :steps 600 :seed 0 :log-every 50)", f"(defrun :steps {STEPS} :seed 0 :log-every 10 :checkpoint (:every 20 :keep 2))"
@@ -58,14 +59,23 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def points(project: Path) -> list[SweepPoint]:
+    """Every point compiled once, as `sexpgpu sweep --ray` hands them to the driver."""
+    compiled, refusal = Session(Settings()).compile_sweep(project, "lrs", len(LRS))
+    assert refusal is None, refusal
+    return sweep_points(compiled, [{"lr": lr} for lr in LRS])
+
+
+@pytest.fixture(scope="module")
 def local(project: Path) -> dict[str, dict[str, np.ndarray]]:
     """The same sweep run locally, point by point: slug -> final parameters."""
     store = project.parent / "local"
     finals = {}
-    for point, _, _ in POINTS:
+    for point in range(len(LRS)):
         experiment = compile_file(project, Selection(sweep="lrs", point=point)).experiment
         assert experiment is not None
         slug = train(experiment, RunOptions(store=str(store), signals=False), say=lambda _: None).slug
+        assert slug is not None
         finals[slug] = final(Store.open(str(store)), slug)
     return finals
 
@@ -78,7 +88,7 @@ def final(store: Store, slug: str) -> dict[str, np.ndarray]:
 
 
 def assert_same_as_local(store: Store, ledger: Any, local: dict[str, dict[str, np.ndarray]], attempts: bool = True) -> None:
-    assert [p.state for p in ledger.points] == ["finished"] * len(POINTS), [(p.state, p.reason) for p in ledger.points]
+    assert [p.state for p in ledger.points] == ["finished"] * len(LRS), [(p.state, p.reason) for p in ledger.points]
     assert sorted(p.slug for p in ledger.points) == sorted(local)
     for p in ledger.points:
         theirs = final(store, p.slug)
@@ -109,7 +119,7 @@ def events_of(store: Store, slug: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def test_a_sweep_with_workers_killed_at_random_equals_the_local_sweep(project: Path, ray_cluster: Any, local: Any) -> None:
+def test_a_sweep_with_workers_killed_at_random_equals_the_local_sweep(project: Path, points: list[SweepPoint], ray_cluster: Any, local: Any) -> None:
     from orchestration.driver import Driver
 
     gangs: list[Any] = []
@@ -134,7 +144,7 @@ def test_a_sweep_with_workers_killed_at_random_equals_the_local_sweep(project: P
     thread.start()
     remote = project.parent / "remote"
     try:
-        ledger = Driver(project, "lrs", str(remote), None, None, None, say=lambda _: None, on_launch=lambda r, g: gangs.append(g)).run(POINTS)
+        ledger = Driver(project, "lrs", str(remote), None, None, None, say=lambda _: None, on_launch=lambda r, g: gangs.append(g)).run(points)
     finally:
         done.set()
         thread.join(10)
@@ -147,11 +157,11 @@ def test_a_sweep_with_workers_killed_at_random_equals_the_local_sweep(project: P
     stored = json.loads((remote / "sweeps" / "lm.lrs" / "sweep.json").read_text())
     assert [(p["state"], p["attempts"]) for p in stored["points"]] == [("finished", p.attempts) for p in ledger.points]
 
-    again = Driver(project, "lrs", str(remote), None, None, None, say=lambda _: None).run(POINTS)
+    again = Driver(project, "lrs", str(remote), None, None, None, say=lambda _: None).run(points)
     assert [p.attempts for p in again.points] == [p.attempts for p in ledger.points], "finished points are skipped"
 
 
-def test_two_drivers_on_one_sweep_never_run_a_point_twice(project: Path, ray_cluster: Any, local: Any) -> None:
+def test_two_drivers_on_one_sweep_never_run_a_point_twice(project: Path, points: list[SweepPoint], ray_cluster: Any, local: Any) -> None:
     from orchestration.driver import Driver
 
     store_dir = project.parent / "shared"
@@ -164,7 +174,7 @@ def test_two_drivers_on_one_sweep_never_run_a_point_twice(project: Path, ray_clu
             with lock:
                 launches.append((name, r.point))
 
-        results[name] = Driver(project, "lrs", str(store_dir), None, None, None, say=lambda _: None, on_launch=record).run(POINTS)
+        results[name] = Driver(project, "lrs", str(store_dir), None, None, None, say=lambda _: None, on_launch=record).run(points)
 
     threads = [threading.Thread(target=drive, args=(name,)) for name in ("a", "b")]
     for t in threads:
@@ -180,7 +190,7 @@ def test_two_drivers_on_one_sweep_never_run_a_point_twice(project: Path, ray_clu
         assert results[name].points[point].attempts == 1, (name, results[name].points[point])
 
 
-def test_the_store_going_away_during_a_ray_sweep_loses_nothing(project: Path, ray_cluster: Any, local: Any) -> None:
+def test_the_store_going_away_during_a_ray_sweep_loses_nothing(project: Path, points: list[SweepPoint], ray_cluster: Any, local: Any) -> None:
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")
     import s3fs
@@ -207,7 +217,7 @@ def test_the_store_going_away_during_a_ray_sweep_loses_nothing(project: Path, ra
 
                     threading.Thread(target=outage, daemon=True).start()
 
-            ledger = Driver(project, "lrs", url, None, None, None, say=lambda _: None, on_launch=flaky).run(POINTS[:2])
+            ledger = Driver(project, "lrs", url, None, None, None, say=lambda _: None, on_launch=flaky).run(points[:2])
             assert outages, "the outage did not happen"
             store = Store.open(url)
             assert [p.state for p in ledger.points] == ["finished", "finished"], [(p.state, p.reason) for p in ledger.points]

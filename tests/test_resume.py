@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO
 from sexpgpu.compile.pipeline import compile_file
 from sexpgpu.runtime.checkpoint import ResumeError, list_checkpoints, load_checkpoint
-from sexpgpu.runtime.loop import RunOptions, train
+from sexpgpu.runtime.attempt import RunOptions, train
 from sexpgpu.runtime.runfolder import RunFolder
 from sexpgpu.runtime.store import Store
 

@@ -13,7 +13,8 @@ import numpy as np
 from conftest import REPO
 from sexpgpu.compile.pipeline import compile_file
 from sexpgpu.ir.experiment import Selection
-from sexpgpu.runtime.loop import RunOptions, Trainer, train
+from sexpgpu.runtime.attempt import RunOptions, train
+from sexpgpu.runtime.trainer import Trainer
 from sexpgpu.runtime.runfolder import RunFolder
 from sexpgpu.runtime.store import Store
 
@@ -36,8 +37,8 @@ def test_same_file_and_selection_give_the_same_ir_bytes() -> None:
 
 def test_training_is_bit_identical_across_runs() -> None:
     first, second = Trainer(experiment()), Trainer(experiment())
-    losses_a = [first.train_step()["loss"] for _ in range(40)]
-    losses_b = [second.train_step()["loss"] for _ in range(40)]
+    losses_a = [first.train_step().loss for _ in range(40)]
+    losses_b = [second.train_step().loss for _ in range(40)]
     assert losses_a == losses_b
     for path in first.params:
         assert first.params[path].tobytes() == second.params[path].tobytes()
@@ -45,7 +46,7 @@ def test_training_is_bit_identical_across_runs() -> None:
 
 def test_loss_goes_down() -> None:
     trainer = Trainer(experiment())
-    losses = [trainer.train_step()["loss"] for _ in range(300)]
+    losses = [trainer.train_step().loss for _ in range(300)]
     assert np.mean(losses[-20:]) < 0.8 * np.mean(losses[:20])
 
 

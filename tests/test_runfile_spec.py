@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from sexpgpu.compile.pipeline import compile_file
-from sexpgpu.runtime.loop import RunOptions, train
+from sexpgpu.runtime.attempt import RunOptions, train
 
 # runfile.md's examples, joined into one file in contract order (the corpus is generated)
 SPEC_FILE = """

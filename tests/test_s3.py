@@ -282,7 +282,7 @@ def experiment() -> Any:
 
 
 def run_options(**fields: Any) -> Any:
-    from sexpgpu.runtime.loop import RunOptions
+    from sexpgpu.runtime.attempt import RunOptions
 
     return RunOptions(sources={"quickstart.lisp": QUICKSTART.read_bytes()}, **fields)
 
@@ -325,7 +325,7 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_run_on_s3_reads_back_through_the_store_and_the_cli(s3: S3, experiment: Any) -> None:
-    from sexpgpu.runtime.loop import train
+    from sexpgpu.runtime.attempt import train
 
     url = s3.url("runs")
     result = train(experiment, run_options(store=url, max_steps=30), say=lambda _: None)
@@ -351,7 +351,7 @@ def test_a_run_on_s3_reads_back_through_the_store_and_the_cli(s3: S3, experiment
 
 def pausing_at(monkeypatch: pytest.MonkeyPatch, actions: dict[int, Callable[[], None]]) -> None:
     """Run ACTIONS[step] right after the trainer finishes that step."""
-    from sexpgpu.runtime.loop import Trainer
+    from sexpgpu.runtime.trainer import Trainer
 
     original = Trainer.train_step
 
@@ -370,7 +370,7 @@ def test_a_run_rides_out_a_short_store_outage(
 ) -> None:
     """The store goes down at step 10 for a second: the status update of that step waits in
     the store's retries (the default policy) and lands once it is back."""
-    from sexpgpu.runtime.loop import train
+    from sexpgpu.runtime.attempt import train
 
     timers: list[threading.Timer] = []
 
@@ -399,7 +399,7 @@ def test_a_run_keeps_training_through_a_long_outage_and_loses_nothing(
 ) -> None:
     """Down from step 5 to step 25, far past the retries: status updates and events are held
     and published once the store is back; the run finishes with its whole history."""
-    from sexpgpu.runtime.loop import train
+    from sexpgpu.runtime.attempt import train
 
     sleeps = Sleeps()
 
@@ -423,7 +423,7 @@ def test_a_run_keeps_training_through_a_long_outage_and_loses_nothing(
 
 
 def test_a_run_resumes_from_s3(s3: S3, experiment: Any) -> None:
-    from sexpgpu.runtime.loop import RunOptions, train
+    from sexpgpu.runtime.attempt import RunOptions, train
 
     if not hasattr(RunOptions(), "resume"):
         pytest.skip("RunOptions has no `resume` yet (checkpoints and resume are being added to loop.py)")

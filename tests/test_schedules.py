@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from sexpgpu.compile.pipeline import compile_file, new_world
-from sexpgpu.runtime.loop import Trainer
+from sexpgpu.runtime.trainer import Trainer
 
 torch = pytest.importorskip("torch")
 
@@ -108,8 +108,8 @@ def check_against(ours: Trainer, replay: Trainer, opt, scheduler) -> None:
         opt.step()
         scheduler.step()
         record = ours.train_step()
-        assert record["lr"]["all"] == pytest.approx(expected_lr, rel=1e-5, abs=1e-9), f"step {step}"
-        assert abs(record["loss"] - loss.item()) <= 1e-5 * max(1.0, abs(loss.item())), f"step {step}"
+        assert record.lr["all"] == pytest.approx(expected_lr, rel=1e-5, abs=1e-9), f"step {step}"
+        assert abs(record.loss - loss.item()) <= 1e-5 * max(1.0, abs(loss.item())), f"step {step}"
         np.testing.assert_allclose(ours.params["net.w"], w.detach().numpy(), rtol=2e-5, atol=1e-6, err_msg=f"step {step}")
         np.testing.assert_allclose(ours.params["net.b"], b.detach().numpy(), rtol=2e-5, atol=1e-6, err_msg=f"step {step}")
 
@@ -154,7 +154,7 @@ def test_schedules_at_large_steps(form: str, reference: Callable[[int], float], 
     for step in steps:
         ours.step = step
         expected = reference(step)
-        got = ours.train_step()["lr"]["all"]
+        got = ours.train_step().lr["all"]
         assert got == pytest.approx(expected, rel=1e-5, abs=1e-12), f"step {step}"
 
 

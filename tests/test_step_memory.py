@@ -7,7 +7,7 @@ from pathlib import Path
 
 from conftest import REPO
 from sexpgpu.compile.pipeline import compile_file
-from sexpgpu.runtime.loop import RunOptions, train
+from sexpgpu.runtime.attempt import RunOptions, train
 
 
 def test_step_events_carry_the_peak_memory(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ def test_submitted_run_survives_a_killed_worker(tmp_path: Path, ray_cluster: Any
     time.sleep(1.0)
     os.kill(pid, signal.SIGKILL)
     result = ray.get(ref, timeout=240)
-    assert result["state"] == "finished" and result["attempts"] >= 2 and result["preemptions"] >= 1
+    assert result.state == "finished" and result.attempts >= 2 and result.preemptions >= 1
     record = json.loads(Store.open(str(store)).read_text(f"{manifest.slug}/submit.json"))
     assert record["state"] == "finished"
     status = json.loads((store / manifest.slug / "status.json").read_text())

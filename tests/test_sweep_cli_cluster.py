@@ -58,10 +58,10 @@ def test_a_point_finished_under_a_smaller_max_steps_is_not_finished_for_the_full
     driver = Driver(REPO / "examples" / "sweep.lisp", "lr", str(tmp_path), None, None, None, say=lambda _: None)
     driver.wanted["s"] = 300
     smoke = Status(state="finished", step=10, steps=300, summary=Summary(exit_code=0, reason="finished"))
-    assert driver.settled(smoke, "s") is None
-    assert driver.settled(smoke.model_copy(update={"step": 300}), "s") == "finished"
-    assert driver.settled(Status(state="failed", step=5, summary=Summary(exit_code=1, reason="non-finite")), "s") == "failed"
-    assert driver.settled(Status(state="running", step=50), "s") is None
+    assert driver.ended(smoke, "s") is None
+    assert driver.ended(smoke.model_copy(update={"step": 300}), "s") == "finished"
+    assert driver.ended(Status(state="failed", step=5, summary=Summary(exit_code=1, reason="non-finite")), "s") == "failed"
+    assert driver.ended(Status(state="running", step=50), "s") is None
 
 
 def test_a_rank_without_its_collective_library_is_exit_4_not_a_retry() -> None:

@@ -1,4 +1,4 @@
-"""TrainWorker: a Ray actor that runs one bundle from the store through the one training loop.
+"""TrainWorker: a Ray actor that runs one bundle from the store through the one session layer.
 
 A worker that dies (node lost, spot reclaim, SIGKILL) is a preemption for the driver, which
 starts a new worker with resume="latest"; the store holds everything the new one needs.
@@ -11,6 +11,11 @@ import socket
 from typing import Any, Optional
 
 import ray
+
+from sexpgpu.outcome import AttemptOutcome, Exit, lost, refused
+from sexpgpu.runtime.runfolder import run_slug
+from sexpgpu.session import Session, Settings
+from workers.collective import CollectiveUnavailable, RankSpec, RendezvousError, join
 
 
 class TrainWorkerImpl:
@@ -32,42 +37,27 @@ class TrainWorkerImpl:
 
     def run(
         self, bundle_url: str, store_url: str, resume: Optional[str] = None, max_steps: Optional[int] = None,
-        rank: Optional[dict[str, Any]] = None, device: str = "cpu",
-    ) -> dict[str, Any]:
-        """Train the bundle; with RANK (a RankSpec) as one of W data-parallel ranks."""
-        from sexpgpu.bundle import BundleError, compile_bundle
-        from sexpgpu.runtime.checkpoint import ResumeError
-        from sexpgpu.runtime.data import DataError
-        from sexpgpu.runtime.loop import RunOptions, train
-        from sexpgpu.runtime.store import StoreError
-        from workers.collective import CollectiveUnavailable, RankSpec, RendezvousError, join
+        rank: Optional[RankSpec] = None, device: str = "cpu",
+    ) -> AttemptOutcome:
+        """Train the bundle; with RANK as one of W data-parallel ranks. The run's own failures
+        are outcomes (never retried); only a death or a failed rendezvous is a preemption."""
+        settings = Settings(store=store_url, device=device, max_steps=max_steps, resume=resume, signals=False, world=rank.world if rank else 1)
+        outcome = self.attempt(Session(settings), bundle_url, rank)
+        return outcome.model_copy(update={"rank": rank.rank if rank else 0})
 
-        spec = RankSpec.model_validate(rank) if rank is not None else None
-        try:
-            manifest, result = compile_bundle(bundle_url, world=spec.world if spec else 1)
-        except BundleError as exc:
-            return {"exit_code": 3, "reason": f"bundle refused: {exc}"}
-        if result.experiment is None:
-            errors = "; ".join(d.headline() for d in result.diagnostics if d.severity == "error")
-            return {"slug": manifest.slug, "exit_code": 3, "reason": f"the bundle does not check: {errors}"}
+    def attempt(self, session: Session, bundle_url: str, rank: Optional[RankSpec]) -> AttemptOutcome:
+        prepared = session.open_device() or session.compile_bundle(bundle_url)
+        if isinstance(prepared, AttemptOutcome):
+            return prepared
         collective = None
-        if spec is not None:
+        if rank is not None:
+            slug = run_slug(prepared.experiment)
             try:
-                collective = join(spec)
+                collective = join(rank)
             except CollectiveUnavailable as exc:  # missing software is not fixed by retrying
-                return {"slug": manifest.slug, "exit_code": 4, "reason": f"cannot start here: {exc}"}
+                return refused(Exit.CANNOT_START, f"cannot start here: {exc}", slug)
             except RendezvousError as exc:  # a rank that never came: retried like a lost node
-                return {"slug": manifest.slug, "exit_code": 75, "reason": f"rendezvous failed: {exc}", "preempted": True}
-        options = RunOptions(store=store_url, device=device, max_steps=max_steps, resume=resume, signals=False, ranks=collective)
-        try:
-            outcome = train(result.experiment, options, say=lambda _text: None)
-        except DataError as exc:  # the run's own failures are outcomes (never retried); only a death is a preemption
-            return {"slug": manifest.slug, "exit_code": 5, "reason": f"data error: {exc}"}
-        except ResumeError as exc:
-            return {"slug": manifest.slug, "exit_code": 6, "reason": f"resume refused: {exc}"}
-        except StoreError as exc:
-            return {"slug": manifest.slug, "exit_code": 4, "reason": f"the store is not writable from this worker: {exc}"}
-        return {**outcome.model_dump(), "rank": spec.rank if spec else 0}
-
+                return lost(f"rendezvous failed: {exc}", slug)
+        return session.train(prepared, ranks=collective)
 
 TrainWorker = ray.remote(max_concurrency=2)(TrainWorkerImpl)

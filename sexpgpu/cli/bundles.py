@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..bundle import BundleError, make_bundle
-from .common import Exit, exit_for, existing_file, print_diagnostics, print_json
-from .selection import add_selection_flags, selection_from
-from .sweeps import add_rank_flags
+from ..bundle import BundleError, is_bundle, make_bundle
+from ..outcome import AttemptOutcome, Exit
+from ..runtime.runfolder import run_slug
+from ..runtime.store import Store
+from ..session import Session, Settings, store_check
+from .common import Console, existing_file, print_json
+from .flags import add_rank_flags, add_selection_flags, devices_from, selection_from
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -49,42 +52,33 @@ def register_submit(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run_submit(args: argparse.Namespace) -> int:
-    import os
-
-    from ..bundle import BundleError, compile_bundle, is_bundle
-    from ..lisp.diagnostics import SourceMap
-    from .sweeps import devices_from
-    from ..bundle import unpack as unpack_bundle
-    from ..runtime.store import Store
-
     if not is_bundle(args.bundle):
         print(f"sexpgpu: {args.bundle} is not a bundle (no bundle.json); make one with `sexpgpu bundle FILE -o DIR`", file=sys.stderr)
         return Exit.USAGE
     try:
         import ray
 
+        from orchestration.attempts import worker_env
         from orchestration.submit import submit
     except ImportError as exc:
         print(f"sexpgpu: submit needs the cluster extra (pip install -e '.[cluster]'): {exc}", file=sys.stderr)
         return Exit.CANNOT_START
-    try:
-        manifest, _ = unpack_bundle(args.bundle)
-        devices = devices_from(args)
-        if devices.count > 1:  # the ranks' programs must check (the batch splits over W) before anything is sent
-            _, result = compile_bundle(args.bundle, world=devices.count)
-            if result.experiment is None:
-                print_diagnostics(result.diagnostics, result.program.sources if result.program else SourceMap())
-                return exit_for(result.diagnostics) or Exit.CHECK_FAILED
-    except BundleError as exc:
-        print(f"sexpgpu: bundle refused: {exc}", file=sys.stderr)
-        return Exit.CHECK_FAILED
+    devices = devices_from(args)
+    # the ranks' programs must check (the batch splits over W) before anything is sent
+    session = Session(Settings(store=args.store, world=devices.count), Console())
+    prepared = session.compile_bundle(args.bundle)
+    if isinstance(prepared, AttemptOutcome):
+        return int(prepared.exit_code)
+    slug = run_slug(prepared.experiment)
+    problem = store_check(args.store)
+    if problem is not None:
+        print(f"sexpgpu: cannot start here: {problem}", file=sys.stderr)
+        return Exit.CANNOT_START
     store = Store.open(args.store)
-    target = f"{store.url_of(manifest.slug)}/bundle"
-    source = Store.open(args.bundle)
-    out = Store.open(target)
+    target = f"{store.url_of(slug)}/bundle"
+    source, out = Store.open(args.bundle), Store.open(target)
     for name in source.list(""):
         out.write_bytes(name, source.read_bytes(name))  # the bundle travels with the run folder
-    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "SEXPGPU_", "OPENBLAS"))}
     try:
         ray.init(address=args.ray, namespace="sexpgpu", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     except Exception as exc:  # the cluster is the finding
@@ -95,13 +89,13 @@ def run_submit(args: argparse.Namespace) -> int:
         print(f"sexpgpu: cannot start here: {problem}", file=sys.stderr)
         return Exit.CANNOT_START
     try:
-        submit(target, args.store, manifest.slug, args.max_preemptions, env, devices)
+        submit(target, args.store, slug, args.max_preemptions, worker_env(), devices)
     except ray.exceptions.RayError as exc:  # the supervisor did not start (a timeout, a dead worker)
         print(f"sexpgpu: the run's supervisor did not start on the cluster: {type(exc).__name__}: {exc}", file=sys.stderr)
         return Exit.CANNOT_START
-    url = store.url_of(manifest.slug)
+    url = store.url_of(slug)
     if args.json:
-        print_json({"slug": manifest.slug, "run": url, "bundle": target})
+        print_json({"slug": slug, "run": url, "bundle": target})
     else:
-        print(f"{manifest.slug}  submitted; follow it with: sexpgpu logs {url} --follow")
+        print(f"{slug}  submitted; follow it with: sexpgpu logs {url} --follow")
     return Exit.OK

@@ -14,29 +14,9 @@ from ..lisp.evaluator import Limits
 from ..ir.experiment import Selection
 from ..compile.pipeline import compile_file
 from ..lisp.program import has_errors
-from .common import Exit, diagnostics_json, existing_file, exit_for, print_diagnostics, print_json
-from .selection import add_selection_flags, selection_from
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
-    return value
-
-
-def add_limit_flags(parser: argparse.ArgumentParser) -> None:
-    defaults = Limits()
-    parser.add_argument("--max-eval-steps", type=positive_int, default=defaults.steps, metavar="N", help=f"evaluation step budget (default {defaults.steps})")
-    parser.add_argument("--max-eval-depth", type=positive_int, default=defaults.depth, metavar="N", help=f"nested call limit (default {defaults.depth})")
-    parser.add_argument("--max-eval-alloc", type=positive_int, default=defaults.alloc, metavar="N", help=f"allocation limit in cells (default {defaults.alloc})")
-
-
-def limits_from(args: argparse.Namespace) -> Limits:
-    return Limits(steps=args.max_eval_steps, depth=args.max_eval_depth, alloc=args.max_eval_alloc)
+from ..outcome import Exit
+from .common import diagnostics_json, existing_file, exit_for, print_diagnostics, print_json
+from .flags import add_limit_flags, add_selection_flags, limits_from, selection_from
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

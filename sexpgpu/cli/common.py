@@ -5,24 +5,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from enum import IntEnum
 from pathlib import Path
 from typing import Any, Iterable, NoReturn
 
 from ..lisp.diagnostics import Diagnostic, SourceMap, render
-
-
-class Exit(IntEnum):
-    """Exit codes, the same for every verb (docs/command-line.md)."""
-
-    OK = 0
-    RUN_FAILED = 1
-    USAGE = 2
-    CHECK_FAILED = 3
-    CANNOT_START = 4
-    DATA = 5
-    RESUME_REFUSED = 6
-    STOPPED = 75
+from ..outcome import Exit
 
 
 class UsageError(Exception):
@@ -74,3 +61,24 @@ def exit_for(diagnostics: Iterable[Diagnostic]) -> int:
     if all(d.code == "C004" and d.file is None for d in errors):
         return Exit.USAGE
     return Exit.CHECK_FAILED
+
+
+class Console:
+    """The session's Reporter on a terminal: progress on stdout (stderr under --json, whose
+    stdout is the document), the file's own output and every diagnostic and refusal on
+    stderr."""
+
+    def __init__(self, progress_to_stderr: bool = False) -> None:
+        self.stream = sys.stderr if progress_to_stderr else sys.stdout
+
+    def say(self, text: str) -> None:
+        print(text, file=self.stream)
+
+    def output(self, text: str) -> None:
+        sys.stderr.write(text)
+
+    def diagnostics(self, diagnostics: list[Diagnostic], sources: SourceMap) -> None:
+        print_diagnostics(diagnostics, sources)
+
+    def refusal(self, reason: str) -> None:
+        print(f"sexpgpu: {reason}", file=sys.stderr)

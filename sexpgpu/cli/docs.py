@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .common import Exit, fail_usage
+from ..outcome import Exit
+from .common import fail_usage
 
 
 def docs_folder() -> Optional[Path]:

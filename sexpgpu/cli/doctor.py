@@ -10,12 +10,15 @@ import os
 import platform
 import subprocess
 import sys
-import uuid
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Literal, Optional
 
 from pydantic import BaseModel
 
-from .common import Exit, existing_file, print_json
+from ..outcome import Exit
+from .common import existing_file, print_json
+
+if TYPE_CHECKING:
+    from ..ir.experiment import Experiment
 
 Level = Literal["ok", "warn", "fail"]
 
@@ -79,10 +82,11 @@ def free_memory() -> Optional[int]:
 def device_findings(device: str, source: str) -> list[Finding]:
     out = [Finding(check="device", level="ok", detail=f"{device} (from {source}); {os.cpu_count()} CPU cores")]
     if device.startswith("cuda") or device == "auto":
-        from ..runtime.cuda.device import DeviceError, cuda_device, free_device_memory
+        from ..runtime.backend import DeviceError
+        from ..runtime.devices import free_device_memory, open_backend
 
         try:
-            cuda_device("cuda" if device == "auto" else device)
+            open_backend("cuda" if device == "auto" else device)
             import cupy
 
             index = int(device.split(":", 1)[1]) if ":" in device else 0
@@ -96,20 +100,12 @@ def device_findings(device: str, source: str) -> list[Finding]:
 
 
 def store_finding(url: str, source: str) -> Finding:
-    from ..runtime.store import Store
+    from ..session import store_check
 
-    try:
-        store = Store.open(url)
-        probe = f".doctor-{uuid.uuid4().hex[:8]}"
-        store.write_text(probe, "ok")
-        back = store.read_text(probe)
-        store.delete(probe)
-        if back != "ok":
-            return Finding(check="store", level="fail", detail=f"{url} (from {source}) read back something else", fix="check the store's consistency")
-        return Finding(check="store", level="ok", detail=f"{store.url} (from {source}): writable, read back")
-    except Exception as exc:  # any failure to reach the store is the finding itself
-        fix = "check AWS credentials and AWS_ENDPOINT_URL" if url.startswith("s3://") else "choose a writable folder with --store or SEXPGPU_STORE"
-        return Finding(check="store", level="fail", detail=f"{url} (from {source}): {type(exc).__name__}: {exc}", fix=fix)
+    problem = store_check(url)
+    if problem is not None:
+        return Finding(check="store", level="fail", detail=f"{problem} (from {source})")
+    return Finding(check="store", level="ok", detail=f"{url} (from {source}): writable, read back")
 
 
 def nccl_finding() -> Finding:
@@ -173,16 +169,17 @@ def ray_finding(address: Optional[str], source: str) -> Finding:
     return Finding(check="ray", level="ok", detail=f"{address} (from {source}): {found['nodes']} node(s), {res.get('CPU', 0):g} CPU, {res.get('GPU', 0):g} GPU")
 
 
-def cuda_plan_finding(experiment: Any, device: str) -> Optional[Finding]:
+def cuda_plan_finding(experiment: "Experiment", device: str) -> Optional[Finding]:
     """With a CUDA device: the device memory plan (explain --cuda) against its free memory."""
     if not device.startswith("cuda"):
         return None
-    from ..runtime.cuda.device import DeviceError, cuda_device, free_device_memory
-    from .inspect import cuda_document
+    from ..runtime.backend import DeviceError
+    from ..runtime.devices import free_device_memory, open_backend
+    from ..runtime.memory import device_memory_plan
 
-    need = cuda_document(experiment, ["train", "update"])["memory"]["total"]
+    need = device_memory_plan(experiment).total
     try:
-        cuda_device(device)
+        open_backend(device)
         free = free_device_memory()
     except DeviceError:
         return Finding(check="device memory", level="warn", detail=f"plan needs {need:,} bytes of device memory; no CUDA device to compare with")
@@ -193,14 +190,13 @@ def cuda_plan_finding(experiment: Any, device: str) -> Optional[Finding]:
 
 def plan_finding(path: str, device: str = "cpu") -> list[Finding]:
     from ..compile.pipeline import compile_file
-    from .inspect import explain_document
+    from ..runtime.memory import host_memory_plan
 
     result = compile_file(existing_file(path))
     if result.experiment is None:
         errors = [d.headline() for d in result.diagnostics if d.severity == "error"]
         return [Finding(check="file", level="fail", detail=errors[0] if errors else "not a run file", fix=f"sexpgpu check {path}")]
-    memory = explain_document(result.experiment)["memory"]
-    need, free = memory["total"], free_memory()
+    need, free = host_memory_plan(result.experiment).total, free_memory()
     out = [Finding(check="file", level="ok", detail=f"{path} compiles (IR {result.experiment.ir_hash[:12]})")]
     if free is None:
         out.append(Finding(check="memory", level="warn", detail=f"plan needs {need:,} bytes; free memory unknown"))
@@ -238,6 +234,3 @@ def run_doctor(args: argparse.Namespace) -> int:
         for f in findings:
             print(f"{f.level:<4}  {f.check:<18} {f.detail}" + (f"\n      fix: {f.fix}" if f.fix and f.level != "ok" else ""))
     return Exit.CANNOT_START if failed else Exit.OK
-
-
-__all__ = ["register", "Any"]

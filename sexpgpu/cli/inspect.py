@@ -14,10 +14,10 @@ from ..ir.graph import Program, shape_size
 from ..ir.ops import op_def
 from ..lisp.diagnostics import SourceMap
 from ..lisp.program import has_errors
-from ..runtime.numpy_backend import make_plan
-from .check import add_limit_flags, limits_from
-from .common import Exit, existing_file, exit_for, fail_usage, print_diagnostics, print_json
-from .selection import add_selection_flags, selection_from
+from ..runtime.memory import device_memory_plan, host_memory_plan
+from ..outcome import Exit
+from .common import existing_file, exit_for, fail_usage, print_diagnostics, print_json
+from .flags import add_limit_flags, add_selection_flags, limits_from, selection_from
 
 PROGRAMS = ("forward", "train", "backward", "update")
 
@@ -100,11 +100,6 @@ def program_flops(program: Program) -> int:
 def explain_document(experiment: Experiment) -> dict[str, Any]:
     programs = experiment.module.programs
     params = [{"path": p.path, "shape": list(p.shape), "dtype": p.dtype.value, "count": shape_size(p.shape), "init": p.init.kind} for p in experiment.params]
-    param_bytes = sum(shape_size(p.shape) * 4 for p in experiment.params)
-    state_bytes = sum(shape_size(next(q.shape for q in experiment.params if q.path == path)) * 4 * len(g.states) for g in experiment.groups for path in g.params)
-    train_plan = make_plan(programs["train"])
-    update_plan = make_plan(programs["update"])
-    grad_bytes = sum(shape_size(next(q.shape for q in experiment.params if q.path == path)) * 4 for g in experiment.groups if g.optimizer for path in g.params)
     return {
         "file": experiment.file,
         "ir_hash": experiment.ir_hash,
@@ -114,15 +109,7 @@ def explain_document(experiment: Experiment) -> dict[str, Any]:
         "ties": dict(experiment.ties),
         "groups": [{"name": g.name, "selector": g.selector, "optimizer": g.optimizer or "frozen", "params": g.params, "states": [s.name for s in g.states]} for g in experiment.groups],
         "flops_per_step": {"forward": program_flops(programs["forward"]), "train": program_flops(programs["train"]), "update": program_flops(programs["update"])},
-        "memory": {
-            "params": param_bytes,
-            "grads": grad_bytes,
-            "optimizer_state": state_bytes,
-            "activations_peak": train_plan.peak_bytes,
-            "update_peak": update_plan.peak_bytes,
-            "total": param_bytes + state_bytes + train_plan.peak_bytes + update_plan.peak_bytes,
-            "device": "cpu",
-        },
+        "memory": host_memory_plan(experiment).model_dump(),
         "run": experiment.run.model_dump(),
         "precision": experiment.run.precision,
         "casts": cast_points(programs["forward"]),
@@ -192,22 +179,11 @@ def run_explain(args: argparse.Namespace) -> int:
 
 def cuda_document(experiment: Experiment, names: list[str]) -> dict[str, Any]:
     """The CUDA lowering of the selected programs and the device memory plan (no GPU needed)."""
-    from ..runtime.cuda.fusion import lower
-    from ..runtime.cuda.plan import plan_arena, report
+    from ..runtime.cuda.plan import report
 
-    programs = {}
-    for name in names:
-        program = select_program(experiment, name)
-        programs[name] = report(program).model_dump()
-    memory = explain_document(experiment)["memory"]
-    # every program the run loads holds its arena for the whole run (all but `forward`, which
-    # only explain shows), and with microbatches the gradients are summed in one more copy
-    loaded = [name for name in experiment.module.programs if name != "forward"]
-    arenas = {name: programs[name]["arena"]["size"] if name in programs else plan_arena(lower(experiment.module.programs[name])).size for name in loaded}
-    accumulator = memory["grads"] if experiment.run.microbatches > 1 else 0
-    device = memory["params"] + memory["optimizer_state"] + sum(arenas.values()) + accumulator
-    return {"programs": programs, "memory": {"params": memory["params"], "optimizer_state": memory["optimizer_state"], "arenas": arenas,
-                                             "gradient_accumulator": accumulator, "total": device}}
+    programs = {name: report(select_program(experiment, name)).model_dump() for name in names}
+    arenas = {name: programs[name]["arena"]["size"] for name in names if name in experiment.module.programs}
+    return {"programs": programs, "memory": device_memory_plan(experiment, arenas).model_dump()}
 
 
 def cuda_text(cuda: dict[str, Any]) -> list[str]:
@@ -322,6 +298,3 @@ def _op_counts(program: Program) -> dict[str, int]:
     for n in program.nodes:
         counts[n.op] = counts.get(n.op, 0) + 1
     return counts
-
-
-__all__ = ["register", "Path"]

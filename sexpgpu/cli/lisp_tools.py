@@ -12,9 +12,9 @@ from ..lisp.formatter import format_source
 from ..compile.pipeline import compile_file, new_world
 from ..lisp.program import EvalResult, Program, display_path, guarded, has_errors
 from ..lisp.reader import decode_source
-from .check import add_limit_flags, limits_from
-from .common import Exit, existing_file, exit_for, print_diagnostics, print_json
-from .selection import add_selection_flags, selection_from
+from ..outcome import Exit
+from .common import existing_file, exit_for, print_diagnostics, print_json
+from .flags import add_limit_flags, add_selection_flags, limits_from, selection_from
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

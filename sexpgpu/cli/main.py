@@ -8,7 +8,8 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from .common import Exit, UsageError
+from ..outcome import Exit
+from .common import UsageError
 
 # the module that defines each verb and its registering function, in `sexpgpu --help` order.
 # A command imports only its own verb's module: `sexpgpu check` does not load the runtime,

@@ -21,10 +21,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from ..runtime.events import AnnotationEvent, apply_resumes, events_prefix
+from ..runtime.events import AnnotationEvent, apply_resumes, events_prefix, read_event_lines
 from ..runtime.status import Status, status_path
-from ..runtime.store import Store, StoreError
-from .common import Exit, fail_usage, print_json
+from ..runtime.store import Store, is_store_failure, store_problem
+from ..outcome import Exit
+from .common import fail_usage, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -129,28 +130,15 @@ def _guarded(verb: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
         except CannotReach as exc:
             print(f"sexpgpu: {exc}", file=sys.stderr)
             return Exit.CANNOT_START
-        except StoreError as exc:
-            print(f"sexpgpu: the store failed: {exc}", file=sys.stderr)
-            return Exit.CANNOT_START
-        except PermissionError as exc:
-            print(f"sexpgpu: the store refused access: {exc}", file=sys.stderr)
-            return Exit.CANNOT_START
-        except Exception as exc:  # the S3 client's own errors (credentials, endpoint, access)
-            if not _client_error(exc):
+        except Exception as exc:  # the store's own failures (no credentials, no access, gone)
+            if not is_store_failure(exc):
                 raise
-            print(f"sexpgpu: cannot read the store ({type(exc).__name__}: {exc}); check the AWS_* settings and the bucket", file=sys.stderr)
+            print(f"sexpgpu: {store_problem(split_run(args.target, args.store)[0], exc)}", file=sys.stderr)
             return Exit.CANNOT_START
 
     wrapper.__name__ = verb.__name__
     wrapper.__doc__ = verb.__doc__
     return wrapper
-
-
-def _client_error(exc: BaseException) -> bool:
-    return any(cls.__module__.split(".")[0] in CLIENT_MODULES for cls in type(exc).__mro__)
-
-
-CLIENT_MODULES = frozenset({"botocore", "aiobotocore", "s3fs", "aiohttp", "boto3"})
 
 
 def _is_run(ref: RunRef) -> bool:
@@ -340,24 +328,6 @@ def event_line(event: dict[str, Any]) -> str:
     return f"{clock:<8}  {step_text:>7}  {kind:<11} {'  '.join(parts)}".rstrip()
 
 
-def _decode(line: str) -> Optional[dict[str, Any]]:
-    try:
-        value = json.loads(line)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def read_raw(ref: RunRef) -> list[tuple[str, dict[str, Any]]]:
-    """Every event line of the run with its decoded object, in order; others skipped."""
-    pairs = []
-    for line in ref.store.read_lines(events_prefix(ref.slug)):
-        event = _decode(line)
-        if event is not None:
-            pairs.append((line, event))
-    return pairs
-
-
 def supersede(pairs: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
     kept = {id(event) for event in apply_resumes([event for _, event in pairs])}
     return [pair for pair in pairs if id(pair[1]) in kept]
@@ -395,7 +365,7 @@ def run_logs(args: argparse.Namespace) -> int:
     def wanted(pairs: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
         return [p for p in pairs if not kinds or p[1].get("kind") in kinds]
 
-    pairs = read_raw(ref)
+    pairs = read_event_lines(ref.store, ref.slug)
     first = wanted(pairs if args.all else supersede(pairs))
     if args.tail is not None:
         first = first[len(first) - args.tail:] if args.tail else []
@@ -411,7 +381,7 @@ def run_logs(args: argparse.Namespace) -> int:
                 break
             pause = args.interval if deadline is None else max(0.0, min(args.interval, deadline - time.monotonic()))
             time.sleep(pause)
-            pairs = read_raw(ref)
+            pairs = read_event_lines(ref.store, ref.slug)
             if len(pairs) < seen:  # the log was rewritten (a torn tail dropped): start over
                 seen = 0
                 history = []

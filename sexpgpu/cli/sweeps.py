@@ -8,20 +8,19 @@ import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..compile.pipeline import compile_file
-from ..compile.selection import Declared, prescan
+from ..compile.selection import Declared, SweepDecl, prescan
 from ..ir.experiment import Selection
 from ..lisp.conditions import LispError
 from ..lisp.program import diagnostic_from, has_errors
-from ..runtime.data import DataError
-from ..runtime.loop import RunOptions, train
-from ..runtime.runfolder import run_slug
-from ..runtime.runfolder import RunFolder
+from ..outcome import AttemptOutcome, Exit
+from ..runtime.runfolder import RunFolder, run_slug
 from ..runtime.store import Store
-from .check import add_limit_flags, limits_from
-from .common import Exit, existing_file, exit_for, fail_usage, print_diagnostics, print_json
+from ..session import Compiled, Session, Settings
+from .common import Console, existing_file, exit_for, fail_usage, print_diagnostics, print_json
+from .flags import add_limit_flags, add_rank_flags, devices_from, limits_from
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -136,73 +135,42 @@ def run_sweep(args: argparse.Namespace) -> int:
     sweep = declared.sweeps.get(args.sweep)
     if sweep is None:
         fail_usage(f"--sweep {args.sweep}: the file declares no such sweep (sweeps: {', '.join(declared.sweeps) or 'none'})")
-    store_url = args.store or os.environ.get("SEXPGPU_STORE") or "./runs"
-    experiments = []
-    for i in range(len(sweep.points())):  # compile every point first: a bad point fails before any training
-        world = args.devices if args.ray is not None else 1
-        result = compile_file(path, Selection(sweep=args.sweep, point=i), limits_from(args), output=sys.stderr.write, world=world)
-        if has_errors(result.diagnostics) or result.experiment is None:
-            print_diagnostics(result.diagnostics, result.program.sources if result.program else _sources())
-            print(f"sweep {args.sweep}: point {i} does not check; nothing was run", file=sys.stderr)
-            return exit_for(result.diagnostics) or Exit.CHECK_FAILED
-        experiments.append((result.experiment, result.program))
-    if args.ray is not None:
-        return ray_sweep(args, path, sweep, store_url)
-    if args.devices != 1:
+    over_ray = args.ray is not None
+    if not over_ray and args.devices != 1:
         fail_usage(f"--devices {args.devices} needs --ray: data-parallel ranks run as Ray actors (a local Ray when --ray has no address)")
-    store = Store.open(store_url)
-    rows = []
-    worst = Exit.OK
-    for i, (experiment, program) in enumerate(experiments):
-        slug = run_slug(experiment)
-        status = RunFolder(store, slug).read_status()
-        if status is not None and status.state == "finished":
-            rows.append({"point": i, "slug": slug, "state": "finished (skipped)", "loss": status.metrics.get("loss"), "metrics": status.metrics})
-            continue
-        sources = {f.name: f.read_bytes() for f in program.files}
-        options = RunOptions(store=store_url, max_steps=args.max_steps, progress=False, sources=sources)
-        print(f"point {i}/{len(experiments) - 1}: {' '.join(f'{k}={v}' for k, v in sweep.points()[i].items())}", file=sys.stderr)
-        try:
-            outcome = train(experiment, options, say=lambda text: print(text, file=sys.stderr))
-        except DataError as exc:
-            print(f"sexpgpu: data error: {exc}", file=sys.stderr)
-            return Exit.DATA
-        rows.append({"point": i, "slug": outcome.slug, "state": outcome.reason, "loss": outcome.final_loss, "metrics": outcome.metrics})
-        worst = max(worst, outcome.exit_code)
+    store_url = args.store or os.environ.get("SEXPGPU_STORE") or "./runs"
+    settings = Settings(store=store_url, device=args.device, max_steps=args.max_steps, limits=limits_from(args), world=args.devices if over_ray else 1)
+    session = Session(settings, Console(progress_to_stderr=True))
+    points, refusal = session.compile_sweep(path, args.sweep, len(sweep.points()))  # a bad point fails before any training
+    if refusal is not None:
+        print(f"sweep {args.sweep}: point {len(points)} does not check; nothing was run", file=sys.stderr)
+        return int(refusal.exit_code)
+    if over_ray:
+        return ray_sweep(args, path, sweep, store_url, points)
+    rows: list[AttemptOutcome] = []
+    for i, point in enumerate(points):
+        knobs = " ".join(f"{k}={v}" for k, v in sweep.points()[i].items())
+        print(f"point {i} ({i + 1} of {len(points)}): {knobs}", file=sys.stderr)
+        outcome = session.train(point)
+        rows.append(outcome)
         if outcome.exit_code == Exit.STOPPED:
             print(f"sweep {args.sweep}: stopped at point {i}; run the same command again to continue", file=sys.stderr)
             break
+        if outcome.exit_code == Exit.CANNOT_START:  # the store or the device: every later point would fail alike
+            print(f"sweep {args.sweep}: stopped at point {i}: nothing more can start here", file=sys.stderr)
+            break
     if args.json:
-        print_json({"sweep": args.sweep, "points": rows})
+        print_json({"sweep": args.sweep, "points": [{"point": i, **r.model_dump(mode="json")} for i, r in enumerate(rows)]})
     else:
-        names = sorted({m for r in rows for m in (r["metrics"] or {}) if m != "loss"})
+        names = sorted({m for r in rows for m in r.metrics if m != "loss"})
         print(f"{'point':>5}  {'knobs':<32} {'loss':>10} " + " ".join(f"{n:>10}" for n in names) + "  state")
-        for r, values in zip(rows, sweep.points()):
+        for i, (r, values) in enumerate(zip(rows, sweep.points())):
             knobs = " ".join(f"{k}={v}" for k, v in values.items())
-            loss = f"{r['loss']:.4g}" if isinstance(r["loss"], (int, float)) else "-"
-            metrics = " ".join(f"{(r['metrics'] or {}).get(n, float('nan')):>10.4g}" for n in names)
-            print(f"{r['point']:>5}  {knobs:<32} {loss:>10} {metrics}  {r['state']}")
-    return worst
-
-
-def add_rank_flags(p: argparse.ArgumentParser) -> None:
-    """Devices per point (data parallel) for the Ray paths: sweep --ray and submit."""
-    p.add_argument("--devices", type=int, default=1, metavar="W", help="data-parallel ranks per point (each takes batch/W; default 1)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="what each rank runs on (cuda: one GPU per rank, NCCL between them)")
-    p.add_argument("--allreduce-dtype", choices=["f32", "bf16"], default="f32", help="the wire format of gradient buckets")
-    p.add_argument("--allreduce-op", choices=["avg", "sum"], default="avg", help="avg: the gradient of the global batch's mean loss")
-    p.add_argument("--bucket-mb", type=float, default=25.0, metavar="MB", help="gradient bucket size")
-    p.add_argument("--rendezvous-timeout", type=float, default=120.0, metavar="S", help="how long ranks wait for each other; then the attempt ends as a preemption")
-
-
-def devices_from(args: argparse.Namespace) -> Any:
-    from orchestration.gang import Devices
-    from workers.collective import AllReduceSpec
-
-    if args.devices < 1:
-        fail_usage(f"--devices {args.devices}: a point needs at least one rank")
-    return Devices(count=args.devices, kind=args.device, rendezvous_timeout_s=args.rendezvous_timeout,
-                   allreduce=AllReduceSpec(dtype=args.allreduce_dtype, op=args.allreduce_op, bucket_mb=args.bucket_mb))
+            loss = f"{r.final_loss:.4g}" if r.final_loss is not None else "-"
+            metrics = " ".join(f"{r.metrics.get(n, float('nan')):>10.4g}" for n in names)
+            state = "finished (skipped)" if r.reason == "already finished" else r.reason
+            print(f"{i:>5}  {knobs:<32} {loss:>10} {metrics}  {state}")
+    return max((int(r.exit_code) for r in rows), default=0)
 
 
 class LiveTable:
@@ -243,10 +211,10 @@ class LiveTable:
         self.drawn = len(lines)
 
 
-def ray_sweep(args: argparse.Namespace, path: Path, sweep: Any, store_url: str) -> int:
+def ray_sweep(args: argparse.Namespace, path: Path, sweep: SweepDecl, store_url: str, compiled: list[Compiled]) -> int:
     """The same sweep, fanned out over Ray by orchestration.driver (the cluster extra)."""
     try:
-        from orchestration.driver import Driver, SweepError
+        from orchestration.driver import Driver, SweepError, sweep_points
     except ImportError as exc:
         print(f"sexpgpu: --ray needs the cluster extra (pip install -e '.[cluster]'): {exc}", file=sys.stderr)
         return Exit.CANNOT_START
@@ -254,9 +222,9 @@ def ray_sweep(args: argparse.Namespace, path: Path, sweep: Any, store_url: str) 
     live = LiveTable(sys.stderr, Store.open(store_url), enabled=sys.stderr.isatty() and not args.json)
     driver = Driver(path, args.sweep, store_url, address, args.max_preemptions, args.max_steps, say=live.say, devices=devices_from(args), table=live)
     try:
-        ledger = driver.run([(i, values, None) for i, values in enumerate(sweep.points())])
+        ledger = driver.run(sweep_points(compiled, sweep.points()))
     except SweepError as exc:
-        print(f"sexpgpu: cannot start the sweep: {exc}", file=sys.stderr)
+        print(f"sexpgpu: cannot start here: {exc}", file=sys.stderr)
         return Exit.CANNOT_START
     if args.json:
         print_json(ledger.model_dump(mode="json"))
@@ -266,7 +234,7 @@ def ray_sweep(args: argparse.Namespace, path: Path, sweep: Any, store_url: str) 
             knobs = " ".join(f"{k}={v}" for k, v in p.knobs.items())
             loss = f"{p.final_loss:.4g}" if isinstance(p.final_loss, (int, float)) else "-"
             print(f"{p.point:>5}  {knobs:<32} {loss:>10}  {p.attempts:>8}  {p.state}")
-    return max((p.exit_code or 0) for p in ledger.points if p.state == "failed") if any(p.state == "failed" for p in ledger.points) else Exit.OK
+    return max((p.exit_code or 0 for p in ledger.points if p.state == "failed"), default=0)
 
 
 # -- new ---------------------------------------------------------------------------------------------------
@@ -318,6 +286,3 @@ def run_new(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {out} from {source.name}" + (f" with {sets}" if sets else ""))
     return exit_for(result.diagnostics)
-
-
-__all__ = ["register", "Optional"]

@@ -17,8 +17,21 @@ import numpy as np
 from ..ir.graph import Program, TensorType
 
 
+class DeviceError(Exception):
+    """The device cannot be used here (exit 4, with the fix)."""
+
+
+class RunnableProgram(Protocol):
+    """An IR program made ready by a backend, to run many times."""
+
+    program: Program  # the IR as `sexpgpu ir` prints it (the non-finite replay names its nodes)
+    input_ids: dict[str, int]
+
+    def run(self, feeds: dict[str, Any], keep: frozenset[str] = frozenset()) -> dict[str, Any]: ...
+
+
 class Backend(Protocol):
-    def program(self, program: Program) -> Any:
+    def program(self, program: Program) -> RunnableProgram:
         """PROGRAM ready to run many times: `run(feeds, keep=...)` returns the outputs named
         in keep as resident arrays (valid until the program runs again), the rest on the host."""
         ...
@@ -43,7 +56,7 @@ class Backend(Protocol):
 class HostBackend:
     """The CPU: programs run by the NumPy interpreter, resident arrays are host arrays."""
 
-    def program(self, program: Program) -> Any:
+    def program(self, program: Program) -> RunnableProgram:
         from .numpy_backend import CompiledProgram
 
         return CompiledProgram(program)
@@ -62,13 +75,3 @@ class HostBackend:
 
     def scaled(self, total: Any, factor: float, t: TensorType) -> np.ndarray:
         return np.asarray(total * total.dtype.type(factor)).astype(total.dtype)
-
-
-def backend_for(spec: str) -> Backend:
-    """The backend of `--device SPEC` (`cpu`, `cuda`, `cuda:N`; `auto` resolved before)."""
-    if spec == "cpu":
-        return HostBackend()
-    from .cuda.device import cuda_device
-    from .cuda.executor import DeviceBackend
-
-    return DeviceBackend(cuda_device(spec))

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from safetensors.numpy import load as load_tensors
 from safetensors.numpy import save as save_tensors
 
-from .data import LoaderState
+from .data.stream import LoaderState
 from .store import Store
 
 FORMAT_VERSION = 1

@@ -355,6 +355,16 @@ def read_events(
     """A run's events as dicts, in order, with resumes applied (all of them if SUPERSEDED).
 
     Lines that are not JSON objects are skipped."""
-    lines = store.read_lines(events_prefix(run_prefix))
-    events = [event for event in map(_decode, lines) if event is not None]
+    events = [event for _, event in read_event_lines(store, run_prefix)]
     return events if superseded else apply_resumes(events)
+
+
+def read_event_lines(store: Store, run_prefix: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every event line of a run with its decoded object, in order (`logs --raw` prints the
+    lines as they are); lines that are not JSON objects are skipped."""
+    pairs = []
+    for line in store.read_lines(events_prefix(run_prefix)):
+        event = _decode(line)
+        if event is not None:
+            pairs.append((line, event))
+    return pairs

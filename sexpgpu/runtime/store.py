@@ -92,6 +92,25 @@ def is_transient(error: BaseException) -> bool:
     )
 
 
+# The S3 client libraries; their own errors (no credentials, a refused request) are not
+# OSErrors, and they are told apart by module so that checking one imports nothing.
+CLIENT_MODULES = frozenset({"botocore", "aiobotocore", "s3fs", "aiohttp", "boto3"})
+
+
+def is_store_failure(error: BaseException) -> bool:
+    """The store cannot be used (a finding for the user, exit 4), not a bug: an OSError
+    (StoreError, a path under a file, no permission...) or an S3 client's own error."""
+    if isinstance(error, OSError):
+        return True
+    return any(cls.__module__.split(".")[0] in CLIENT_MODULES for cls in type(error).__mro__)
+
+
+def store_problem(url: str, error: BaseException) -> str:
+    """One line for the user: which store, what it said, and the fix."""
+    fix = "check the AWS_* settings and the bucket" if url.startswith("s3://") else "choose a writable folder with --store or SEXPGPU_STORE"
+    return f"the store {url} cannot be used ({type(error).__name__}: {error}); {fix}"
+
+
 # ---------------------------------------------------------------------------------------------
 # JSON
 

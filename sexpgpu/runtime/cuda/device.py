@@ -12,14 +12,11 @@ from typing import Any, Union
 
 import numpy as np
 
+from ..backend import DeviceError
 from .codegen import PRELUDE, KernelSource
 from .executor import ArrayDevice
 
 BLOCK = 256
-
-
-class DeviceError(Exception):
-    """The device cannot be used here (exit 4, with the fix)."""
 
 
 class CupyRunner:
@@ -96,14 +93,3 @@ def free_device_memory() -> int:
 
     free, _total = cupy.cuda.runtime.memGetInfo()
     return int(free)
-
-
-def resolve(spec: str) -> str:
-    """`auto` is `cuda` when CuPy sees a GPU, else `cpu`."""
-    if spec != "auto":
-        return spec
-    try:
-        cuda_device("cuda")
-        return "cuda"
-    except DeviceError:
-        return "cpu"

@@ -11,9 +11,9 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .data_check import show_shape
-from .data_io import check_options
-from .data_spec import DataError, FieldSpec
+from .check import show_shape
+from .raw import check_options
+from .spec import DataError, FieldSpec
 
 Arrays = tuple[np.ndarray, np.ndarray, dict[str, Any]]
 

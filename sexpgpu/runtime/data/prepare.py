@@ -7,10 +7,10 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .data_check import check_counts, coerce_array, show_shape
-from .data_io import check_options
-from .data_sources import Work
-from .data_spec import LoaderSpec, PrepareStep
+from .check import check_counts, coerce_array, show_shape
+from .raw import check_options
+from .sources import Work
+from .spec import LoaderSpec, PrepareStep
 
 Step = Callable[[Work, dict[str, Any], LoaderSpec, list[PrepareStep]], None]
 

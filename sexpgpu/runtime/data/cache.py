@@ -18,8 +18,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..ir.dtypes import DType, numpy_dtype
-from .data_spec import Dataset, LoaderSpec, hash_arrays
+from ...ir.dtypes import DType, numpy_dtype
+from .spec import Dataset, LoaderSpec, hash_arrays
 
 CACHE_FORMAT = 2  # bump when preparation changes what it produces (2: synthetic examples interleaved)
 META_KEY = "__meta__"

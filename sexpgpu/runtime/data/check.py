@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.dtypes import DType, numpy_dtype
-from .data_io import Origin
-from .data_spec import DataError, FieldSpec
+from ...ir.dtypes import DType, numpy_dtype
+from .raw import Origin
+from .spec import DataError, FieldSpec
 
 
 def coerce_array(array: np.ndarray, spec: FieldSpec, origin: Origin) -> np.ndarray:

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .data_spec import DataError, LoaderSpec
+from .spec import DataError, LoaderSpec
 
 SYNTHETIC_VERSION = 1  # bump when a generator's output changes, so cached datasets are remade
 

@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 from pydantic import BaseModel, Field
 
-from .data_spec import MASK_FIELD, DataError, Dataset
+from .spec import MASK_FIELD, DataError, Dataset
 
 
 class LoaderState(BaseModel):

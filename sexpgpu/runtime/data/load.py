@@ -1,50 +1,15 @@
-"""The data layer: loader specs in, prepared and cached datasets out, batches for training and eval.
-
-load_dataset reads the source (any fsspec URL, or a path relative to spec.base_dir), hashes
-its bytes, and returns the cached prepared dataset for (content, pipeline, fields, part) when
-there is one; otherwise it parses, validates and prepares, then caches. Every problem with the
-data raises DataError naming what is wrong and where (file, line or example, field).
-"""
+"""load_dataset: a loader spec in, its prepared (and cached) dataset out."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Optional
 
-from .data_cache import cache_key, cache_path, default_cache_dir, load_cached, store
-from .data_io import Raw, read_raw
-from .data_prepare import finish, run_prepare
-from .data_sources import parse_source
-from .data_spec import (
-    MASK_FIELD,
-    DataError,
-    Dataset,
-    FieldSpec,
-    LoaderSpec,
-    PrepareStep,
-    SourceSpec,
-    hash_arrays,
-    shared_examples,
-)
-from .data_stream import BatchStream, EvalBatches, LoaderState, epoch_order, tokens_per_example
-
-__all__ = [
-    "MASK_FIELD",
-    "BatchStream",
-    "DataError",
-    "Dataset",
-    "EvalBatches",
-    "FieldSpec",
-    "LoaderSpec",
-    "LoaderState",
-    "PrepareStep",
-    "SourceSpec",
-    "default_cache_dir",
-    "epoch_order",
-    "load_dataset",
-    "shared_examples",
-    "tokens_per_example",
-]
+from .cache import cache_key, cache_path, default_cache_dir, load_cached, store
+from .raw import Raw, read_raw
+from .prepare import finish, run_prepare
+from .sources import parse_source
+from .spec import DataError, Dataset, LoaderSpec, hash_arrays
 
 
 def load_dataset(spec: LoaderSpec, cache_dir: Optional[Path] = None, *, use_cache: bool = True) -> Dataset:

@@ -11,11 +11,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..ir.dtypes import DType
-from .data_check import check_counts, coerce_array, error_from_array_load, show_shape
-from .data_io import Origin, Raw, check_options, decode_utf8
-from .data_spec import DataError, FieldSpec, LoaderSpec
-from .data_synthetic import generate
+from ...ir.dtypes import DType
+from .check import check_counts, coerce_array, error_from_array_load, show_shape
+from .raw import Origin, Raw, check_options, decode_utf8
+from .spec import DataError, FieldSpec, LoaderSpec
+from .synthetic import generate
 
 
 @dataclass

@@ -9,7 +9,8 @@ from typing import Any, Literal, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..ir.dtypes import DType
+from ...ir.dtypes import DType
+from ...ir.experiment import LoaderRecord
 
 MASK_FIELD = "__mask__"
 
@@ -156,3 +157,18 @@ def shared_examples(reference: Dataset, other: Dataset) -> list[int]:
     """Indices of OTHER's examples that also occur in REFERENCE (same bytes in every field)."""
     seen = set(reference.example_hashes())
     return [i for i, h in enumerate(other.example_hashes()) if h in seen]
+
+
+def loader_spec(record: LoaderRecord, seed: int) -> LoaderSpec:
+    """What the data layer needs of a compiled loader, with the run's seed."""
+    return LoaderSpec(
+        name=record.name,
+        source=SourceSpec(kind=record.source["kind"], url=record.source.get("url"), options=record.source.get("options") or {}),
+        prepare=[PrepareStep(kind=p["kind"], options=p.get("options") or {}) for p in record.prepare],
+        fields=[FieldSpec(name=f.name, dtype=DType(f.dtype), shape=tuple(f.shape)) for f in record.fields],
+        batch=record.batch,
+        shuffle=record.shuffle,
+        seed=seed,
+        part=record.part,
+        base_dir=record.base_dir,
+    )

@@ -1,0 +1,75 @@
+"""The flags several verbs share, in one place (a verb never imports another verb's module):
+the selection (--variant, --set, --sweep/--point), the evaluation limits, and the ranks of
+the Ray paths (sweep --ray, submit)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from ..ir.experiment import Selection
+from ..lisp.evaluator import Limits
+from .common import fail_usage
+
+if TYPE_CHECKING:  # the cluster code loads only when a verb asks for it
+    from orchestration.gang import Devices
+
+
+def add_selection_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--variant", metavar="V", help="a variant declared with defvariant")
+    parser.add_argument("--set", dest="set_values", action="append", default=[], metavar="KNOB=VALUE", help="override a knob (repeatable)")
+    parser.add_argument("--sweep", metavar="S", help="a sweep declared with defsweep (with --point)")
+    parser.add_argument("--point", type=int, metavar="N", help="the point of the sweep, from 0")
+
+
+def selection_from(args: argparse.Namespace) -> Selection:
+    values: dict[str, str] = {}
+    for item in args.set_values:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            fail_usage(f"--set {item}: write --set KNOB=VALUE")
+        values[name.strip().lower()] = value
+    if (args.sweep is None) != (args.point is None):
+        fail_usage("--sweep and --point go together: --sweep S --point N")
+    return Selection(variant=args.variant, set=values, sweep=args.sweep, point=args.point)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+    return value
+
+
+def add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    defaults = Limits()
+    parser.add_argument("--max-eval-steps", type=positive_int, default=defaults.steps, metavar="N", help=f"evaluation step budget (default {defaults.steps})")
+    parser.add_argument("--max-eval-depth", type=positive_int, default=defaults.depth, metavar="N", help=f"nested call limit (default {defaults.depth})")
+    parser.add_argument("--max-eval-alloc", type=positive_int, default=defaults.alloc, metavar="N", help=f"allocation limit in cells (default {defaults.alloc})")
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    return Limits(steps=args.max_eval_steps, depth=args.max_eval_depth, alloc=args.max_eval_alloc)
+
+
+def add_rank_flags(p: argparse.ArgumentParser) -> None:
+    """Devices per point (data parallel) for the Ray paths: sweep --ray and submit."""
+    p.add_argument("--devices", type=int, default=1, metavar="W", help="data-parallel ranks per point (each takes batch/W; default 1)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="what each rank runs on (cuda: one GPU per rank, NCCL between them)")
+    p.add_argument("--allreduce-dtype", choices=["f32", "bf16"], default="f32", help="the wire format of gradient buckets")
+    p.add_argument("--allreduce-op", choices=["avg", "sum"], default="avg", help="avg: the gradient of the global batch's mean loss")
+    p.add_argument("--bucket-mb", type=float, default=25.0, metavar="MB", help="gradient bucket size")
+    p.add_argument("--rendezvous-timeout", type=float, default=120.0, metavar="S", help="how long ranks wait for each other; then the attempt ends as a preemption")
+
+
+def devices_from(args: argparse.Namespace) -> "Devices":
+    from orchestration.gang import Devices
+    from workers.collective import AllReduceSpec
+
+    if args.devices < 1:
+        fail_usage(f"--devices {args.devices}: a point needs at least one rank")
+    return Devices(count=args.devices, kind=args.device, rendezvous_timeout_s=args.rendezvous_timeout,
+                   allreduce=AllReduceSpec(dtype=args.allreduce_dtype, op=args.allreduce_op, bucket_mb=args.bucket_mb))

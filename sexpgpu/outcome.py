@@ -1,0 +1,63 @@
+"""How one attempt of a run ended, and the exit codes every path reports it with.
+
+`sexpgpu run`, a local sweep, a Ray worker and a submitted job all start runs through
+`sexpgpu.session`, which turns whatever happened (a finished run, a data error, a store that
+takes no writes, a rank that never came) into one `AttemptOutcome`. The record crosses Ray
+and is what the sweep ledger and `submit.json` keep, so the same failure reads the same
+everywhere (docs/command-line.md lists the codes).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Optional
+
+from pydantic import BaseModel, Field
+
+
+class Exit(IntEnum):
+    """Exit codes, the same for every verb and every path that runs an attempt."""
+
+    OK = 0
+    RUN_FAILED = 1  # the run itself failed: a non-finite step the guard stopped at, a rank's exception
+    USAGE = 2
+    CHECK_FAILED = 3
+    CANNOT_START = 4  # the store, the device, the cluster or missing software
+    DATA = 5
+    RESUME_REFUSED = 6
+    STOPPED = 75  # resumable: a signal, or the attempt was lost (preempted)
+
+
+class AttemptOutcome(BaseModel):
+    """One attempt of one run, as it ended."""
+
+    exit_code: Exit
+    reason: str  # one line: "finished", "data error: ...", "cannot start here: ..."
+    slug: Optional[str] = None
+    folder: Optional[str] = None  # the run folder's URL, once the run had one
+    steps: int = 0  # the step the run stands at
+    final_loss: Optional[float] = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    wall_time_s: float = 0.0
+    # lost rather than stopped: a killed rank, a lost node, ranks that never met. Retried by
+    # the sweep driver and by submit, like any exit 75, and counted against --max-preemptions
+    preempted: bool = False
+    rank: int = 0  # which data-parallel rank reported it (rank 0's outcome is the run's)
+
+    @property
+    def resumable(self) -> bool:
+        return self.exit_code == Exit.STOPPED
+
+    def with_rank_note(self, rank: int, world: int) -> "AttemptOutcome":
+        """This outcome as the gang's, when rank RANK of WORLD ended it."""
+        return self.model_copy(update={"reason": f"rank {rank} of {world}: {self.reason}"})
+
+
+def refused(code: Exit, reason: str, slug: Optional[str] = None) -> AttemptOutcome:
+    """An attempt that ended before training: nothing ran, nothing was written."""
+    return AttemptOutcome(exit_code=code, reason=reason, slug=slug)
+
+
+def lost(reason: str, slug: Optional[str] = None) -> AttemptOutcome:
+    """An attempt lost from outside (a death, a rendezvous that failed): run it again."""
+    return AttemptOutcome(exit_code=Exit.STOPPED, reason=reason, slug=slug, preempted=True)

@@ -1,0 +1,67 @@
+"""The memory plans of a compiled experiment: what a run holds on the host (`explain`) and on
+a CUDA device (`explain --cuda`), and the check that a run fits before it starts."""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from pydantic import BaseModel
+
+from ..ir.experiment import Experiment
+from ..ir.graph import shape_size
+from .numpy_backend import make_plan
+
+F32_BYTES = 4  # parameters, gradients and optimizer state are held in f32 (master weights under bf16)
+
+
+class HostMemoryPlan(BaseModel):
+    params: int
+    grads: int
+    optimizer_state: int
+    activations_peak: int
+    update_peak: int
+    total: int
+    device: str = "cpu"
+
+
+class DeviceMemoryPlan(BaseModel):
+    params: int
+    optimizer_state: int
+    arenas: dict[str, int]  # program -> its arena's bytes, held for the whole run
+    gradient_accumulator: int
+    total: int
+
+
+def host_memory_plan(experiment: Experiment) -> HostMemoryPlan:
+    shapes = {p.path: p.shape for p in experiment.params}
+    params = sum(shape_size(shape) * F32_BYTES for shape in shapes.values())
+    states = sum(shape_size(shapes[path]) * F32_BYTES * len(g.states) for g in experiment.groups for path in g.params)
+    grads = sum(shape_size(shapes[path]) * F32_BYTES for g in experiment.groups if g.optimizer for path in g.params)
+    train = make_plan(experiment.module.programs["train"]).peak_bytes
+    update = make_plan(experiment.module.programs["update"]).peak_bytes
+    return HostMemoryPlan(params=params, grads=grads, optimizer_state=states, activations_peak=train, update_peak=update,
+                          total=params + states + train + update)
+
+
+def device_memory_plan(experiment: Experiment, arenas: Optional[Mapping[str, int]] = None) -> DeviceMemoryPlan:
+    """Every program the run loads holds its arena for the whole run (all but `forward`,
+    which only explain shows), and with microbatches the gradients are summed in one more
+    copy. ARENAS: sizes already known (from lowering reports), the others are planned here."""
+    from .cuda.fusion import lower
+    from .cuda.plan import plan_arena
+
+    host = host_memory_plan(experiment)
+    known = dict(arenas or {})
+    loaded = [name for name in experiment.module.programs if name != "forward"]
+    sizes = {name: known[name] if name in known else plan_arena(lower(experiment.module.programs[name])).size for name in loaded}
+    accumulator = host.grads if experiment.run.microbatches > 1 else 0
+    total = host.params + host.optimizer_state + sum(sizes.values()) + accumulator
+    return DeviceMemoryPlan(params=host.params, optimizer_state=host.optimizer_state, arenas=sizes, gradient_accumulator=accumulator, total=total)
+
+
+def device_memory_problem(experiment: Experiment, free: int) -> Optional[str]:
+    """Why the run cannot fit in FREE bytes of device memory (None: it fits)."""
+    need = device_memory_plan(experiment).total
+    if need > free:
+        return f"the run needs {need:,} bytes of device memory (sexpgpu explain --cuda), the device has {free:,} free; lower the batch or use :microbatches"
+    return None

@@ -1,0 +1,252 @@
+"""The one way to start a run: compile a file (or a bundle) with a selection, then hand it to
+the runtime.
+
+`sexpgpu run`, a local `sweep`, a Ray `TrainWorker` and a submitted job all start their runs
+here. The session resolves the device once, compiles once, checks the memory plan, starts
+the attempt, and turns whatever happens into one `AttemptOutcome` with its `Exit` code, so
+the same failure reads the same on every path (docs/command-line.md, "Exit codes").
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Protocol, Union
+
+from .bundle import BundleError, compile_bundle
+from .compile.pipeline import CompileResult, compile_file
+from .ir.experiment import Experiment, Selection
+from .lisp.diagnostics import Diagnostic, SourceMap
+from .lisp.evaluator import Limits
+from .lisp.program import Program as LispProgram
+from .outcome import AttemptOutcome, Exit, refused
+from .runtime.attempt import RunOptions, train
+from .runtime.backend import Backend, DeviceError
+from .runtime.checkpoint import ResumeError
+from .runtime.data.spec import DataError
+from .runtime.devices import DEVICE_FORMS, is_device_spec, open_backend, resolve
+from .runtime.ranks import Collective
+from .runtime.runfolder import run_slug
+from .runtime.store import is_store_failure, store_problem
+
+
+class Reporter(Protocol):
+    """Where a session's words go: the CLI prints them, a worker keeps none."""
+
+    def say(self, text: str) -> None:
+        """A progress line: the slug and the run folder, a resume, a warning."""
+
+    def output(self, text: str) -> None:
+        """What the run file itself prints while it is evaluated."""
+
+    def diagnostics(self, diagnostics: list[Diagnostic], sources: SourceMap) -> None:
+        """The compiler's diagnostics (the errors of a file that does not check included)."""
+
+    def refusal(self, reason: str) -> None:
+        """Why the attempt ends before training (a data error, a store, a device...)."""
+
+
+class Silent:
+    """A Reporter that keeps nothing: a worker's outcome carries what matters."""
+
+    def say(self, text: str) -> None:
+        pass
+
+    def output(self, text: str) -> None:
+        pass
+
+    def diagnostics(self, diagnostics: list[Diagnostic], sources: SourceMap) -> None:
+        pass
+
+    def refusal(self, reason: str) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the user chose for the attempt, beyond the file and its selection."""
+
+    store: str = "./runs"
+    device: str = "cpu"  # cpu, cuda, cuda:N or auto; resolved once by the session
+    max_steps: Optional[int] = None
+    resume: Optional[str] = None
+    progress: bool = False
+    signals: bool = True  # SIGINT/SIGTERM stop the attempt resumably (main thread only)
+    limits: Optional[Limits] = None
+    world: int = 1  # data-parallel ranks the programs are compiled for
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A run file that checks and has a defrun: what the runtime trains, and its sources."""
+
+    path: Path  # the run file (inside the unpacked bundle, for a bundle)
+    experiment: Experiment
+    program: LispProgram
+    result: CompileResult
+
+    def sources(self) -> dict[str, bytes]:
+        """Every file the compile read, by its path relative to the run file's folder (what
+        the run folder's source/ keeps)."""
+        base = self.path.resolve().parent
+        return {f.name if i == 0 else os.path.relpath(f, base): f.read_bytes() for i, f in enumerate(self.program.files)}
+
+
+Prepared = Union[Compiled, AttemptOutcome]
+
+
+class Session:
+    """Attempts started with one Settings: the device is resolved when the session opens
+    (every attempt of a local sweep shares it), each file is compiled once."""
+
+    def __init__(self, settings: Settings, reporter: Optional[Reporter] = None) -> None:
+        self.settings = settings
+        self.reporter: Reporter = reporter or Silent()
+        self.device = settings.device
+        self.backend: Optional[Backend] = None
+
+    # -- the device -----------------------------------------------------------------------------
+    def open_device(self) -> Optional[AttemptOutcome]:
+        """Resolve `auto` and open the device; the refusal when this machine cannot."""
+        if self.backend is not None:
+            return None
+        if not is_device_spec(self.settings.device):
+            return self.refuse(Exit.USAGE, f"--device {self.settings.device}: use {DEVICE_FORMS}")
+        try:
+            self.device = resolve(self.settings.device)
+            self.backend = open_backend(self.device)
+        except DeviceError as exc:
+            return self.refuse(Exit.CANNOT_START, f"cannot start here: {exc}")
+        return None
+
+    # -- compiling ------------------------------------------------------------------------------
+    def compile(self, path: Path, selection: Selection) -> Prepared:
+        result = compile_file(path, selection, self.settings.limits, output=self.reporter.output, world=self.settings.world)
+        return self.checked(path, result)
+
+    def compile_sweep(self, path: Path, sweep: str, count: int) -> tuple[list[Compiled], Optional[AttemptOutcome]]:
+        """The COUNT points of SWEEP, compiled in order before any trains: the compiled points,
+        and the refusal of the first one that does not check (then no later one is compiled)."""
+        points: list[Compiled] = []
+        for i in range(count):
+            prepared = self.compile(path, Selection(sweep=sweep, point=i))
+            if isinstance(prepared, AttemptOutcome):
+                return points, prepared
+            points.append(prepared)
+        return points, None
+
+    def compile_bundle(self, location: str) -> Prepared:
+        """Recompile a bundle's source with its selection; another IR is refused."""
+        try:
+            manifest, result = compile_bundle(location, world=self.settings.world)
+        except BundleError as exc:
+            return self.refuse(Exit.CHECK_FAILED, f"bundle refused: {exc}")
+        program = result.program
+        return self.checked(Path(program.path) if program is not None and program.path else Path(manifest.main), result, manifest.slug)
+
+    def checked(self, path: Path, result: CompileResult, slug: Optional[str] = None) -> Prepared:
+        sources = result.program.sources if result.program is not None else SourceMap()
+        self.reporter.diagnostics(result.diagnostics, sources)
+        errors = [d for d in result.diagnostics if d.severity == "error"]
+        if errors:
+            # a selection naming what the file does not declare has no position: a usage error
+            usage = all(d.code == "C004" and d.file is None for d in errors)
+            return refused(Exit.USAGE if usage else Exit.CHECK_FAILED, "does not check: " + "; ".join(d.headline() for d in errors), slug)
+        if result.experiment is None or result.program is None:
+            return self.refuse(Exit.CHECK_FAILED, f"{path} is not a run file: it has no defrun (see `sexpgpu docs the-run-file`)", slug)
+        return Compiled(path, result.experiment, result.program, result)
+
+    # -- training -------------------------------------------------------------------------------
+    def train(self, compiled: Compiled, ranks: Optional[Collective] = None) -> AttemptOutcome:
+        """Train COMPILED (as one of the data-parallel RANKS, when given)."""
+        refusal = self.open_device()
+        if refusal is not None:
+            return refusal
+        assert self.backend is not None
+        slug = run_slug(compiled.experiment)
+        if self.device != "cpu":
+            problem = self.device_memory_problem(compiled.experiment)
+            if problem is not None:
+                return self.refuse(Exit.CANNOT_START, f"cannot start here: {problem}", slug)
+        settings = self.settings
+        options = RunOptions(store=settings.store, device=self.device, backend=self.backend, max_steps=settings.max_steps,
+                             progress=settings.progress, sources=compiled.sources(), resume=settings.resume,
+                             signals=settings.signals, ranks=ranks)
+        return self.guarded(slug, lambda: train(compiled.experiment, options, say=self.reporter.say))
+
+    def run_file(self, path: Path, selection: Selection) -> AttemptOutcome:
+        """`sexpgpu run FILE`: open the device, compile, train."""
+        with self.stop_before_training():
+            prepared = self.open_device() or self.compile(path, selection)
+            return prepared if isinstance(prepared, AttemptOutcome) else self.train(prepared)
+
+    def run_bundle(self, location: str) -> AttemptOutcome:
+        """`sexpgpu run BUNDLE`: the same, from a bundle."""
+        with self.stop_before_training():
+            prepared = self.open_device() or self.compile_bundle(location)
+            return prepared if isinstance(prepared, AttemptOutcome) else self.train(prepared)
+
+    def device_memory_problem(self, experiment: Experiment) -> Optional[str]:
+        from .runtime.devices import free_device_memory
+        from .runtime.memory import device_memory_problem
+
+        return device_memory_problem(experiment, free_device_memory())
+
+    # -- outcomes -------------------------------------------------------------------------------
+    def guarded(self, slug: Optional[str], attempt: Callable[[], AttemptOutcome]) -> AttemptOutcome:
+        """ATTEMPT's outcome; the failures that end it before its end, mapped to theirs."""
+        try:
+            return attempt()
+        except DataError as exc:
+            return self.refuse(Exit.DATA, f"data error: {exc}", slug)
+        except ResumeError as exc:
+            return self.refuse(Exit.RESUME_REFUSED, f"resume refused: {exc}", slug)
+        except DeviceError as exc:
+            return self.refuse(Exit.CANNOT_START, f"cannot start here: {exc}", slug)
+        except Exception as exc:
+            if not is_store_failure(exc):
+                raise
+            return self.refuse(Exit.CANNOT_START, f"cannot start here: {store_problem(self.settings.store, exc)}", slug)
+
+    def refuse(self, code: Exit, reason: str, slug: Optional[str] = None) -> AttemptOutcome:
+        self.reporter.refusal(reason)
+        return refused(code, reason, slug)
+
+    @contextmanager
+    def stop_before_training(self) -> Iterator[None]:
+        """SIGTERM while opening the device or compiling: nothing to checkpoint yet, stop as
+        resumable (the attempt installs its own handlers while it trains)."""
+        if not self.settings.signals or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGTERM, _stop_before_training)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_before_training(signum: int, frame: object) -> None:
+    raise SystemExit(Exit.STOPPED)
+
+
+def store_check(url: str) -> Optional[str]:
+    """Before anything is sent to a cluster: the store takes a write and reads it back. The
+    problem when it does not, in the words an attempt would end with."""
+    from .runtime.store import Store
+
+    probe = f".sexpgpu-probe-{os.getpid()}-{threading.get_ident()}"
+    try:
+        store = Store.open(url)
+        store.write_text(probe, "ok")
+        back = store.read_text(probe)
+        store.delete(probe)
+    except Exception as exc:
+        if not is_store_failure(exc):
+            raise
+        return store_problem(url, exc)
+    return None if back == "ok" else f"the store {url} read back something else than it was given"
