@@ -23,8 +23,8 @@ from typing import Any, Callable, Literal, Optional, TypeVar
 
 from pydantic import BaseModel, Field
 
-from sexpgpu.bundle import write_bundle
-from sexpgpu.outcome import AttemptOutcome
+from sexpgpu.bundle import BundleError, write_bundle
+from sexpgpu.outcome import AttemptOutcome, Exit
 from sexpgpu.runtime.runfolder import RunFolder, run_slug
 from sexpgpu.runtime.status import Status
 from sexpgpu.runtime.store import Store, StoreError
@@ -74,7 +74,12 @@ class SweepLedger(BaseModel):
 
 
 class SweepError(Exception):
-    """The sweep cannot start (exit 4) or a point does not check (exit 3)."""
+    """The sweep cannot start: REASON in the words a run would end with, and its exit CODE
+    (4: the store, the cluster, missing software; 3 or 5: a point a bundle cannot carry)."""
+
+    def __init__(self, reason: str, code: Exit = Exit.CANNOT_START) -> None:
+        super().__init__(reason)
+        self.reason, self.code = reason, code
 
 
 class Driver:
@@ -108,14 +113,18 @@ class Driver:
         that takes no writes (in the words `run` would end with)."""
         problem = self.devices.software() or store_check(self.store_url)
         if problem is not None:
-            raise SweepError(problem)
+            raise SweepError(f"cannot start here: {problem}")
 
     def bundles(self, points: list[SweepPoint]) -> list[PointRecord]:
         """One bundle per point, from the point's compiled result (no second compile)."""
         records = []
         for point in points:
             url = f"{self.store.url_of(self.prefix)}/bundles/point-{point.index:04d}"
-            write_bundle(point.compiled.path, point.compiled.result, url)
+            try:
+                write_bundle(point.compiled.path, point.compiled.result, url)
+            except BundleError as exc:
+                what = "data error" if exc.code == Exit.DATA else "bundle refused"
+                raise SweepError(f"{what}: point {point.index}: {exc}", exc.code) from None
             slug = run_slug(point.compiled.experiment)
             steps = point.compiled.experiment.run.steps
             self.wanted[slug] = steps if self.max_steps is None else min(steps, self.max_steps)
@@ -231,7 +240,7 @@ class Driver:
         while self.capacity(ray) < 1:
             problem = self.devices.feasible(ray.cluster_resources()) or "the cluster cannot hold one point"
             if time.time() >= deadline:
-                raise SweepError(problem)
+                raise SweepError(f"cannot start here: {problem}")
             self.ask_autoscaler(1)
             self.say(f"waiting for the cluster to grow: {problem}")
             time.sleep(10.0)

@@ -20,6 +20,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, Field
 
 from . import __version__
+from .outcome import Exit
 from .compile.pipeline import CompileResult, compile_file
 from .ir.experiment import Experiment, Selection
 from .lisp.modules import find_project_root
@@ -32,7 +33,12 @@ MAX_COPIED_BYTES = 64 * 1024 * 1024  # local data larger than this must be a URL
 
 
 class BundleError(Exception):
-    """The bundle cannot be made or run; the message says why and what to do."""
+    """The bundle cannot be made or run; the message says why and what to do. CODE: a
+    file that does not check (3), or data a bundle cannot carry (5)."""
+
+    def __init__(self, message: str, code: Exit = Exit.CHECK_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class DataEntry(BaseModel):
@@ -121,20 +127,20 @@ def data_entry(loader: str, url: str, base_dir: str, root: Path) -> tuple[DataEn
             with fsspec.open(url, "rb") as f:
                 payload = f.read()
         except Exception as exc:  # any failure to read is the answer: workers could not either
-            raise BundleError(f"loader {loader}: {url} cannot be read from here ({type(exc).__name__}: {exc}); workers need a URL they can read") from None
+            raise BundleError(f"loader {loader}: {url} cannot be read from here ({type(exc).__name__}: {exc}); workers need a URL they can read", Exit.DATA) from None
         return DataEntry(loader=loader, url=url, copied=False, sha256=hashlib.sha256(payload).hexdigest(), bytes=len(payload)), None
     local = Path(url[len("file://") :] if url.startswith("file://") else url)
     if not local.is_absolute():
         local = Path(base_dir) / local
     if not local.is_file():
-        raise BundleError(f"loader {loader}: no file {local}")
+        raise BundleError(f"loader {loader}: no file {local}", Exit.DATA)
     size = local.stat().st_size
     if size > MAX_COPIED_BYTES:
-        raise BundleError(f"loader {loader}: {local} is {size:,} bytes, more than a bundle copies ({MAX_COPIED_BYTES:,}); put it at a URL the workers can read (s3://...) and name that URL in the run file")
+        raise BundleError(f"loader {loader}: {local} is {size:,} bytes, more than a bundle copies ({MAX_COPIED_BYTES:,}); put it at a URL the workers can read (s3://...) and name that URL in the run file", Exit.DATA)
     try:
         rel = _relative(local, root)
     except BundleError:
-        raise BundleError(f"loader {loader}: {local} is outside the project root {root}; copy it inside, or use a URL") from None
+        raise BundleError(f"loader {loader}: {local} is outside the project root {root}; copy it inside, or use a URL", Exit.DATA) from None
     payload = local.read_bytes()
     return DataEntry(loader=loader, url=rel, copied=True, sha256=hashlib.sha256(payload).hexdigest(), bytes=len(payload)), payload
 
@@ -163,7 +169,7 @@ def unpack(location: str, into: Optional[Path] = None) -> tuple[BundleManifest, 
         if entry.copied:
             digest = hashlib.sha256((target / entry.url).read_bytes()).hexdigest()
             if digest != entry.sha256:
-                raise BundleError(f"bundle data {entry.url} does not match its sha256 in bundle.json")
+                raise BundleError(f"bundle data {entry.url} does not match its sha256 in bundle.json", Exit.DATA)
     return manifest, target / manifest.main
 
 

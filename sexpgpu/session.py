@@ -144,7 +144,7 @@ class Session:
         try:
             manifest, result = compile_bundle(location, world=self.settings.world)
         except BundleError as exc:
-            return self.refuse(Exit.CHECK_FAILED, f"bundle refused: {exc}")
+            return self.refuse(exc.code, f"bundle refused: {exc}")
         program = result.program
         return self.checked(Path(program.path) if program is not None and program.path else Path(manifest.main), result, manifest.slug)
 

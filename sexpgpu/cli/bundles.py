@@ -30,7 +30,7 @@ def run_bundle(args: argparse.Namespace) -> int:
         manifest, _ = make_bundle(path, selection_from(args), args.out, args.devices)
     except BundleError as exc:
         print(f"sexpgpu: bundle: {exc}", file=sys.stderr)
-        return Exit.CHECK_FAILED if "does not check" in str(exc) else Exit.DATA
+        return exc.code
     if args.json:
         print_json(manifest.model_dump(mode="json"))
     else:

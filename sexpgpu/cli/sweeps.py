@@ -224,8 +224,8 @@ def ray_sweep(args: argparse.Namespace, path: Path, sweep: SweepDecl, store_url:
     try:
         ledger = driver.run(sweep_points(compiled, sweep.points()))
     except SweepError as exc:
-        print(f"sexpgpu: cannot start here: {exc}", file=sys.stderr)
-        return Exit.CANNOT_START
+        print(f"sexpgpu: {exc.reason}", file=sys.stderr)
+        return int(exc.code)
     if args.json:
         print_json(ledger.model_dump(mode="json"))
     else:
