@@ -21,7 +21,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, TypeVar
 
+import ray
 from pydantic import BaseModel, Field
+from ray.actor import ActorHandle
 
 from sexpgpu.bundle import BundleError, write_bundle
 from sexpgpu.outcome import AttemptOutcome, Exit
@@ -85,7 +87,7 @@ class SweepError(Exception):
 class Driver:
     def __init__(
         self, path: Path, sweep: str, store_url: str, address: Optional[str], max_preemptions: Optional[int], max_steps: Optional[int],
-        say: Callable[[str], None], on_launch: Optional[Callable[[PointRecord, Any], None]] = None, devices: Optional[Devices] = None,
+        say: Callable[[str], None], on_launch: Optional[Callable[[PointRecord, Gang], None]] = None, devices: Optional[Devices] = None,
         table: Optional[Callable[["SweepLedger", bool], None]] = None, capacity_wait_s: float = 900.0,
     ) -> None:
         self.devices = devices or Devices()
@@ -102,7 +104,7 @@ class Driver:
         self.prefix = f"sweeps/{path.stem}.{sweep}"
         self.leases = Leases(self.store, self.prefix, self.id)
         self.capacity_wait_s = capacity_wait_s
-        self.idle: list[Any] = []  # single workers whose point ended cleanly, for the next point
+        self.idle: list[ActorHandle] = []  # single workers whose point ended cleanly, for the next point
         self.wanted: dict[str, int] = {}  # slug -> the steps this sweep asks of it (--max-steps included)
         self.leases_used = False  # the first write of a run takes merge()'s view as it is
         self.table = table  # the live table (the CLI draws it; None: no table)
@@ -173,10 +175,6 @@ class Driver:
 
     # -- running ----------------------------------------------------------------------------------------
     def run(self, points: list[SweepPoint]) -> SweepLedger:
-        import ray
-
-        from workers.train_worker import TrainWorker
-
         self.preflight()
         ledger = self.merge(self.bundles(points))
         self.write_ledger(ledger)
@@ -185,29 +183,29 @@ class Driver:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
             ray.init(address=self.address or "local", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
         try:
-            self.wait_for_capacity(ray)
-            return self.supervise(ledger, ray, TrainWorker)
+            self.wait_for_capacity()
+            return self.supervise(ledger)
         finally:
             if started_ray:
                 ray.shutdown()
 
-    def launch(self, record: PointRecord, ray: Any, worker_class: Any) -> Gang:
+    def launch(self, record: PointRecord) -> Gang:
         record.attempts += 1
         record.state = "running"
         record.lease, record.heartbeat = self.id, time.time()
         bundle = f"{self.store.url_of(self.prefix)}/bundles/point-{record.point:04d}"
-        gang = Gang(ray, worker_class, self.devices, worker_env(), self.idle)
+        gang = Gang(self.devices, worker_env(), self.idle)
         gang.start(bundle, self.store_url, resume_from(self.store, record.slug), self.max_steps)
         if self.on_launch is not None:
             self.on_launch(record, gang)
         return gang
 
-    def supervise(self, ledger: SweepLedger, ray: Any, worker_class: Any) -> SweepLedger:
+    def supervise(self, ledger: SweepLedger) -> SweepLedger:
         """Run every point still open that this driver can lease; wait for the points another
         live driver holds, and take over those whose driver stops renewing its lease."""
-        return Supervision(self, ledger, ray, worker_class).run()
+        return Supervision(self, ledger).run()
 
-    def drop_idle(self, ray: Any) -> None:
+    def drop_idle(self) -> None:
         for worker in self.idle:
             try:
                 ray.kill(worker, no_restart=True)
@@ -215,7 +213,7 @@ class Driver:
                 pass
         self.idle.clear()
 
-    def capacity(self, ray: Any) -> int:
+    def capacity(self) -> int:
         """How many points (gangs of W ranks) the cluster holds at once, as it is now."""
         resources = ray.cluster_resources()
         need = self.devices.bundle()
@@ -232,12 +230,12 @@ class Driver:
         except Exception:  # no autoscaler on this cluster: nothing to ask
             pass
 
-    def wait_for_capacity(self, ray: Any) -> None:
+    def wait_for_capacity(self) -> None:
         """Before anything runs: the cluster must be able to hold one point. A cluster given
         by address may be autoscaling (min 0 GPU workers): ask it and wait up to
         capacity_wait_s; a local Ray cannot grow, so it fails at once (exit 4)."""
         deadline = time.time() + (self.capacity_wait_s if self.address else 0.0)
-        while self.capacity(ray) < 1:
+        while self.capacity() < 1:
             problem = self.devices.feasible(ray.cluster_resources()) or "the cluster cannot hold one point"
             if time.time() >= deadline:
                 raise SweepError(f"cannot start here: {problem}")
@@ -303,9 +301,9 @@ class Supervision:
     """One driver's supervision of one sweep: the gangs it runs, the points it has leased
     but not started, and the rounds of waiting, settling, renewing and leasing."""
 
-    def __init__(self, driver: Driver, ledger: SweepLedger, ray: Any, worker_class: Any) -> None:
-        self.driver, self.ledger, self.ray, self.worker_class = driver, ledger, ray, worker_class
-        self.running: dict[Any, tuple[PointRecord, Gang]] = {}  # result ref -> its point and gang
+    def __init__(self, driver: Driver, ledger: SweepLedger) -> None:
+        self.driver, self.ledger = driver, ledger
+        self.running: dict[ray.ObjectRef, tuple[PointRecord, Gang]] = {}  # result ref -> its point and gang
         self.gangs: dict[int, Gang] = {}  # point -> the gang running it
         self.reserved: list[int] = []  # leased by this driver, not started yet
 
@@ -318,7 +316,7 @@ class Supervision:
 
     def start(self, record: PointRecord) -> bool:
         try:
-            gang = self.driver.launch(record, self.ray, self.worker_class)
+            gang = self.driver.launch(record)
         except Exception as exc:  # the gang could not start (a rank's node went away, the store): next round
             record.state = "preempted"
             record.preemptions += 1
@@ -339,14 +337,14 @@ class Supervision:
         """Start what the cluster holds now (a worker whose point ended runs the next one);
         lease a few points ahead so the wait before a lease is read back is paid per batch."""
         driver = self.driver
-        room = driver.capacity(self.ray) - len(self.gangs)
+        room = driver.capacity() - len(self.gangs)
         self.reserved[:] = [p for p in self.reserved if self.record_of(p).state not in ("finished", "failed") and p not in self.gangs]
         waiting = [p.point for p in self.open_points() if p.point not in self.reserved]
         driver.ask_autoscaler(len(self.gangs) + len(self.reserved) + len(waiting))
         if room <= 0:
             return
         if len(self.reserved) < room and waiting:
-            ahead = max(room, 2 * driver.capacity(self.ray), 8) - len(self.reserved)
+            ahead = max(room, 2 * driver.capacity(), 8) - len(self.reserved)
             for point in driver.leases.claim(waiting[:ahead]):
                 record = self.record_of(point)
                 status = RunFolder(driver.store, record.slug).read_status()
@@ -364,7 +362,7 @@ class Supervision:
             else:
                 self.reserved.append(point)
 
-    def collect_done(self, done: list[Any]) -> None:
+    def collect_done(self, done: list[ray.ObjectRef]) -> None:
         """The attempts whose ranks returned: record each, start the preempted ones again."""
         driver = self.driver
         for ref in done:
@@ -400,7 +398,7 @@ class Supervision:
             driver.tolerant("lease free points", self.take_free_points, None)
             driver.tolerant("write sweep.json", lambda: driver.write_ledger(ledger), None)
             while self.running or self.open_points():
-                done, _ = self.ray.wait(list(self.running), num_returns=1, timeout=5.0) if self.running else ([], [])
+                done, _ = ray.wait(list(self.running), num_returns=1, timeout=5.0) if self.running else ([], [])
                 if not self.running:
                     time.sleep(5.0)
                 self.collect_done(done)
@@ -412,11 +410,11 @@ class Supervision:
                 if self.open_points():
                     driver.tolerant("lease free points", self.take_free_points, None)
                 if not self.reserved:  # nothing of ours to start: idle workers give their CPUs/GPUs back
-                    driver.drop_idle(self.ray)
+                    driver.drop_idle()
                 driver.show(ledger)
                 driver.tolerant("write sweep.json", lambda: driver.write_ledger(ledger), None)
         finally:
             renewal.stop()
         driver.show(ledger, final=True)
-        driver.drop_idle(self.ray)
+        driver.drop_idle()
         return ledger

@@ -14,8 +14,18 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel
 
+import ray
+from ray.actor import ActorHandle
+from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
 from sexpgpu.outcome import AttemptOutcome, Exit, lost
 from workers.collective import AllReduceSpec, RankSpec
+from workers.train_worker import TRAIN_WORKER_OPTIONS, TrainWorker
+
+# how Ray says a rank's process or node died (a preemption, never the run's own failure)
+DIED: tuple[type[BaseException], ...] = (RayActorError, WorkerCrashedError, NodeDiedError)
 
 
 class Devices(BaseModel):
@@ -54,29 +64,27 @@ class Devices(BaseModel):
 class Gang:
     """The W rank actors of one attempt, their placement group and their result refs."""
 
-    def __init__(self, ray: Any, worker_class: Any, devices: Devices, env: dict[str, str], idle: Optional[list[Any]] = None) -> None:
-        self.ray = ray
+    def __init__(self, devices: Devices, env: dict[str, str], idle: Optional[list[ActorHandle]] = None) -> None:
         self.devices = devices
         self.group = f"sexpgpu-{uuid.uuid4().hex[:12]}"
-        self.placement: Any = None
-        self.workers: list[Any] = []
-        self.refs: list[Any] = []
+        self.placement: Optional[PlacementGroup] = None
+        self.workers: list[ActorHandle] = []
+        self.refs: list[ray.ObjectRef] = []
         self.outcomes: dict[int, AttemptOutcome] = {}
         self.stopped = False
-        options: dict[str, Any] = {"max_restarts": 0, "num_cpus": 1}
+        options: dict[str, Any] = {"max_restarts": 0, "num_cpus": 1, **TRAIN_WORKER_OPTIONS}
         if devices.kind == "cuda":
             options["num_gpus"] = 1
         if devices.count > 1:
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-            self.placement = ray.util.placement_group([devices.bundle() for _ in range(devices.count)], strategy="PACK")
+            placement = ray.util.placement_group([devices.bundle() for _ in range(devices.count)], strategy="PACK")
+            self.placement = placement
             for i in range(devices.count):
-                strategy = PlacementGroupSchedulingStrategy(placement_group=self.placement, placement_group_bundle_index=i)
-                self.workers.append(worker_class.options(scheduling_strategy=strategy, **options).remote(env))
+                strategy = PlacementGroupSchedulingStrategy(placement_group=placement, placement_group_bundle_index=i)
+                self.workers.append(TrainWorker.options(scheduling_strategy=strategy, **options).remote(env))
         elif idle:  # a worker whose point ended cleanly runs the next one (no new process)
             self.workers.append(idle.pop())
         else:
-            self.workers.append(worker_class.options(**options).remote(env))
+            self.workers.append(TrainWorker.options(**options).remote(env))
 
     def start(self, bundle: str, store: str, resume: Optional[str], max_steps: Optional[int]) -> None:
         """Start every rank; on any error the gang stops itself (no leaked actors or groups)."""
@@ -92,10 +100,10 @@ class Gang:
         if devices.count == 1:
             self.refs = [self.workers[0].run.remote(bundle, store, resume, max_steps, None, device)]
             return
-        backend = "nccl" if devices.kind == "cuda" else "gloo"
-        nccl_id = None
+        backend: Literal["gloo", "nccl"] = "nccl" if devices.kind == "cuda" else "gloo"
+        nccl_id: Optional[list[int]] = None
         if backend == "nccl":
-            nccl_id = self.ray.get(self.workers[0].nccl_unique_id.remote(), timeout=devices.rendezvous_timeout_s)
+            nccl_id = ray.get(self.workers[0].nccl_unique_id.remote(), timeout=devices.rendezvous_timeout_s)
         for rank, worker in enumerate(self.workers):
             spec = RankSpec(rank=rank, world=devices.count, group=self.group, backend=backend, nccl_id=nccl_id,
                             allreduce=devices.allreduce, rendezvous_timeout_s=devices.rendezvous_timeout_s)
@@ -104,12 +112,10 @@ class Gang:
     def collect(self, ref: Any) -> Optional[AttemptOutcome]:
         """Take one rank's finished ref; the attempt's outcome once it is known, else None."""
         rank = self.refs.index(ref)
-        from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
-
-        died = (RayActorError, WorkerCrashedError, NodeDiedError)
+        died = DIED
         world = len(self.refs)
         try:
-            outcome: AttemptOutcome = self.ray.get(ref)
+            outcome: AttemptOutcome = ray.get(ref)
         except died as exc:  # a rank's process or node died: a preemption, never the run's fault
             return lost(f"rank {rank} of {world} lost: {type(exc).__name__}")
         except Exception as exc:
@@ -127,14 +133,14 @@ class Gang:
             return outcome.with_rank_note(rank, world)
         return None
 
-    def dead_rank(self, lost: tuple[type, ...], wait_s: float = 10.0) -> Optional[int]:
+    def dead_rank(self, lost: tuple[type[BaseException], ...], wait_s: float = 10.0) -> Optional[int]:
         """The first rank whose actor died, waiting up to WAIT_S for the others to return."""
         if len(self.refs) == 1:
             return None
-        ready, _ = self.ray.wait(list(self.refs), num_returns=len(self.refs), timeout=wait_s)
+        ready, _ = ray.wait(list(self.refs), num_returns=len(self.refs), timeout=wait_s)
         for ref in ready:
             try:
-                self.ray.get(ref)
+                ray.get(ref)
             except lost:
                 return self.refs.index(ref)
             except Exception:  # another rank's own error: not a death
@@ -154,11 +160,11 @@ class Gang:
         self.stopped = True
         for worker in self.workers:
             try:
-                self.ray.kill(worker, no_restart=True)
+                ray.kill(worker, no_restart=True)
             except Exception:  # already gone
                 pass
         if self.placement is not None:
             try:
-                self.ray.util.remove_placement_group(self.placement)
+                ray.util.remove_placement_group(self.placement)
             except Exception:  # already removed
                 pass

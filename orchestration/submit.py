@@ -89,9 +89,7 @@ class SupervisorImpl:
 
     def attempt(self) -> AttemptOutcome:
         """One attempt: W ranks (a gang); its outcome is rank 0's, or a preemption."""
-        from workers.train_worker import TrainWorker
-
-        gang = Gang(ray, TrainWorker, self.devices, self.env)
+        gang = Gang(self.devices, self.env)
         self.gang = gang
         try:
             try:
@@ -123,7 +121,7 @@ class SupervisorImpl:
 
 
 SUPERVISOR_START_S = 300.0  # the supervisor actor's start on a busy cluster (a worker process to launch)
-Supervisor = ray.remote(num_cpus=0, max_concurrency=4)(SupervisorImpl)
+Supervisor = ray.remote(SupervisorImpl)
 
 
 def submit(bundle_url: str, store_url: str, slug: str, max_preemptions: Optional[int], env: dict[str, str], devices: Optional[Devices] = None) -> tuple[Any, Any]:
@@ -131,7 +129,7 @@ def submit(bundle_url: str, store_url: str, slug: str, max_preemptions: Optional
     payload = (devices or Devices()).model_dump()
     # one name per submission: submitting the same run again (after it ended) is allowed
     name = f"sexpgpu-submit-{slug}-{uuid.uuid4().hex[:8]}"
-    actor = Supervisor.options(name=name, lifetime="detached", get_if_exists=False).remote(bundle_url, store_url, slug, max_preemptions, env, payload)
+    actor = Supervisor.options(name=name, lifetime="detached", get_if_exists=False, num_cpus=0, max_concurrency=4).remote(bundle_url, store_url, slug, max_preemptions, env, payload)
     try:
         ray.get(actor.start.remote(), timeout=SUPERVISOR_START_S)  # the run has begun before the submitter may exit
     except Exception:

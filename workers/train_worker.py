@@ -60,4 +60,6 @@ class TrainWorkerImpl:
                 return lost(f"rendezvous failed: {exc}", slug)
         return session.train(prepared, ranks=collective)
 
-TrainWorker = ray.remote(max_concurrency=2)(TrainWorkerImpl)
+# two calls at once: `run`, and `where` while it runs (the tests kill the process it names)
+TRAIN_WORKER_OPTIONS: dict[str, int] = {"max_concurrency": 2}
+TrainWorker = ray.remote(TrainWorkerImpl)
