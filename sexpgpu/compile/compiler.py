@@ -18,10 +18,10 @@ from ..lisp.evaluator import Interpreter
 from ..lisp.objects import Builtin, Closure
 from ..lisp.printer import prin1_to_string
 from ..lisp.reader import Reader
-from ..lisp.types import NIL, T, Cons, Loc, MultipleValues, Symbol, SymbolTable
+from ..lisp.types import NIL, T, Cons, Loc, Symbol, SymbolTable
 from ..ir.selectors import glob_match
-from ..ir.experiment import EvalSpec, FieldRecord, KnobSpec, LoaderRecord, RunSpec, Selection, StageRecord, TargetSpec
-from .models import Batch, Ctx, Frozen, Group, InitSpec, Model, ModelList, Optimizer, Param
+from ..ir.experiment import EvalSpec, FieldRecord, KnobSpec, LoaderRecord, Selection, StageRecord, TargetSpec
+from .models import Batch, Group, InitSpec, Model, ModelList, Optimizer, Param
 from .tensors import Staged, TensorLib, Tracer
 
 # contract order: (rank, form names); forms not listed may appear anywhere
@@ -769,6 +769,3 @@ def lisp_to_json(x: Any) -> Any:
     if type(x).__name__ == "Fraction":
         return float(x)
     return prin1_to_string(x)
-
-
-__all__ = ["Compiler", "lisp_to_json", "MultipleValues", "Staged"]

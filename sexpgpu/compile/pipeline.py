@@ -468,7 +468,3 @@ def update_group(compiler: Compiler, tracer: Tracer, group: Any, paths: list[str
     for (name, _), value in zip(group.optimizer.states, new_states):
         split(value, "state:{path}:" + name)
     del total
-
-
-
-__all__ = ["compile_file", "CompileResult", "LispError"]

@@ -9,7 +9,6 @@ composition of op-table entries, so autodiff and the backends only see primitive
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..ir.builder import Builder
@@ -90,10 +89,6 @@ class Tracer:
             nid = self.builder.input(p.path, "param", TensorType(dtype=p.dtype, shape=p.shape))
             self.params[p.path] = nid
         return Staged(self, nid)
-
-
-def is_number(x: Any) -> bool:
-    return type(x) in (int, float, Fraction)
 
 
 class TensorLib:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, PositiveInt
 
-from .conditions import Condition, LimitExceeded, LispError, condition_isa, lisp_error
+from .conditions import LimitExceeded, LispError, condition_isa, lisp_error
 from .lambda_list import LambdaList, parse_lambda_list
 from .objects import (
     Builtin,
@@ -31,7 +31,6 @@ from .objects import (
 from .printer import prin1_to_string
 from .reader import Reader
 from .types import (
-    FUNCTION,
     NIL,
     QUASIQUOTE,
     QUOTE,
@@ -1045,12 +1044,6 @@ class Interpreter:
             result = Cons(p, result)
         return result
 
-    # -- running with a big stack ------------------------------------------------------------
-    def run_with_stack(self, thunk: Callable[[], Any]) -> Any:
-        """Run THUNK on a thread with a large stack so deep Lisp recursion reaches the depth
-        limit (a diagnostic) long before the Python stack runs out."""
-        return run_with_big_stack(thunk)
-
 
 _UNBOUND = object()
 
@@ -1097,6 +1090,8 @@ RECURSION_LIMIT = 400_000
 
 
 def run_with_big_stack(thunk: Callable[[], Any]) -> Any:
+    """Run THUNK on a thread with a large stack, so deep Lisp recursion reaches the depth
+    limit (a diagnostic) long before the Python stack runs out."""
     result: list[Any] = []
     error: list[BaseException] = []
 
@@ -1121,6 +1116,3 @@ def run_with_big_stack(thunk: Callable[[], Any]) -> Any:
     if error:
         raise error[0]
     return result[0]
-
-
-__all__ = ["Interpreter", "Limits", "Condition", "run_with_big_stack", "skip_declarations"]
