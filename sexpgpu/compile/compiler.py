@@ -14,9 +14,9 @@ from typing import Any, Callable, Optional
 from ..ir.dtypes import DType
 from ..lisp.builtins import Registry, list_items, parse_keys, short, to_lisp_list, type_error
 from ..lisp.conditions import lisp_error
+from ..lisp.data import as_data
 from ..lisp.evaluator import Interpreter
 from ..lisp.objects import Builtin, Closure
-from ..lisp.printer import prin1_to_string
 from ..lisp.reader import Reader
 from ..lisp.types import NIL, T, Cons, Loc, Symbol, SymbolTable
 from ..ir.selectors import glob_match
@@ -170,7 +170,7 @@ class Compiler:
             for key, value in zip(rest[::2], rest[1::2]):
                 if type(key) is not Symbol or not key.is_keyword:
                     raise type_error(kind, 2, "keyword options", key)
-                options[key.name.lower()] = lisp_to_json(value)
+                options[key.name.lower()] = as_data(value)
             return SourceValue(kind, url, options)
 
         return make
@@ -192,7 +192,7 @@ class Compiler:
         declared = keys.get("TYPE", NIL)
         kind = declared.name.lower() if type(declared) is Symbol and declared is not NIL else None
         self.check_knob_type(knob, value, kind)
-        self.knobs[knob] = KnobSpec(name=knob, default=lisp_to_json(default), value=lisp_to_json(value), type=kind, doc=doc if type(doc) is str else None)
+        self.knobs[knob] = KnobSpec(name=knob, default=as_data(default), value=as_data(value), type=kind, doc=doc if type(doc) is str else None)
         # a knob is a global value, not a special variable: a parameter or let of the same
         # name (an optimizer's &key lr, say) binds lexically, as the reader of the file expects
         self.interp.values[name] = value
@@ -476,7 +476,7 @@ class Compiler:
         prepare = []
         for step in list_items("defloader", 3, keys.get("PREPARE", NIL)):
             items = list_items("defloader", 3, step)
-            options = {k.name.lower(): lisp_to_json(v) for k, v in zip(items[1::2], items[2::2])}
+            options = {k.name.lower(): as_data(v) for k, v in zip(items[1::2], items[2::2])}
             prepare.append({"kind": items[0].name.lower(), "options": options})
         part = keys.get("PART", NIL)
         stages = []
@@ -630,7 +630,7 @@ class Compiler:
             "seed": keys.get("SEED", 0),
             "log_every": keys.get("LOG-EVERY", 10),
             "microbatches": micro,
-            "meta": lisp_to_json(keys.get("META", NIL)) or {},
+            "meta": as_data(keys.get("META", NIL)) or {},
         }
         return NIL
 
@@ -747,25 +747,3 @@ class SourceValue:
 
 def _same(a: Any, b: Any) -> bool:
     return a == b if type(a) is type(b) else False
-
-
-def lisp_to_json(x: Any) -> Any:
-    """A Lisp value as JSON data (for records that leave the Lisp)."""
-    if x is NIL:
-        return None
-    if x is T:
-        return True
-    if type(x) is Symbol:
-        return x.name.lower() if not x.is_keyword else ":" + x.name.lower()
-    if type(x) is Cons:
-        items = list(x)
-        if items and all(type(k) is Symbol and k.is_keyword for k in items[::2]) and len(items) % 2 == 0:
-            return {k.name.lower(): lisp_to_json(v) for k, v in zip(items[::2], items[1::2])}
-        return [lisp_to_json(i) for i in items]
-    if type(x) is list:
-        return [lisp_to_json(i) for i in x]
-    if type(x) in (int, float, str, bool):
-        return x
-    if type(x).__name__ == "Fraction":
-        return float(x)
-    return prin1_to_string(x)
