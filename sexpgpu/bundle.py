@@ -68,7 +68,7 @@ def make_bundle(path: Path, selection: Selection, out: str, devices: Optional[li
         files[_relative(f, root)] = f.read_bytes()
     data = []
     for name, loader in experiment.loaders.items():
-        url = loader.source.get("url")
+        url = loader.source.url
         if not url:
             continue
         entry, payload = data_entry(name, url, loader.base_dir, root)

@@ -20,7 +20,7 @@ from ..lisp.objects import Builtin, Closure
 from ..lisp.reader import Reader
 from ..lisp.types import NIL, T, Cons, Loc, Symbol, SymbolTable
 from ..ir.selectors import glob_match
-from ..ir.experiment import CheckpointPolicy, DiagnosticsSpec, EvalSpec, FieldRecord, FiniteGuard, KnobSpec, LoaderRecord, RunSpec, Selection, StageRecord, TargetSpec
+from ..ir.experiment import CheckpointPolicy, DiagnosticsSpec, EvalSpec, FieldRecord, FiniteGuard, KnobSpec, LoaderRecord, PrepareRecord, RunSpec, Selection, SourceRecord, StageRecord, TargetSpec
 from .models import Batch, Group, InitSpec, Model, ModelList, Optimizer, Param
 from .tensors import Staged, TensorLib
 
@@ -169,7 +169,7 @@ class Compiler:
                 if type(key) is not Symbol or not key.is_keyword:
                     raise type_error(kind, 2, "keyword options", key)
                 options[key.name.lower()] = as_data(value)
-            return SourceValue(kind, url, options)
+            return SourceValue(SourceRecord(kind=kind, url=url, options=options))
 
         return make
 
@@ -475,7 +475,7 @@ class Compiler:
         for step in list_items("defloader", 3, keys.get("PREPARE", NIL)):
             items = list_items("defloader", 3, step)
             options = {k.name.lower(): as_data(v) for k, v in zip(items[1::2], items[2::2])}
-            prepare.append({"kind": items[0].name.lower(), "options": options})
+            prepare.append(PrepareRecord(kind=items[0].name.lower(), options=options))
         part = keys.get("PART", NIL)
         stages = []
         for spec in list_items("defloader", 7, keys.get("STAGES", NIL)):
@@ -488,7 +488,7 @@ class Compiler:
             stages.append(StageRecord(name=items[0].name.lower(), **values))
         self.loaders[key] = LoaderRecord(
             name=key,
-            source=source.record(),
+            source=source.record,
             prepare=prepare,
             fields=fields,
             batch=batch,
@@ -727,18 +727,14 @@ class Compiler:
 
 
 class SourceValue:
-    """What (synthetic ...), (npz "...") and friends return: a data source description."""
+    """What (synthetic ...), (npz "...") and friends return: a data source, as the Lisp
+    sees it (defloader :source takes its record)."""
 
-    def __init__(self, kind: str, url: Optional[str], options: dict[str, Any]) -> None:
-        self.kind = kind
-        self.url = url
-        self.options = options
-
-    def record(self) -> dict[str, Any]:
-        return {"kind": self.kind, "url": self.url, "options": self.options}
+    def __init__(self, record: SourceRecord) -> None:
+        self.record = record
 
     def lisp_print(self) -> str:
-        return f"#<source {self.kind} {self.url or self.options.get('name', '')}>"
+        return f"#<source {self.record.kind} {self.record.url or self.record.options.get('name', '')}>"
 
 
 def finite_guard(settings: Optional[dict[str, Any]]) -> FiniteGuard:
