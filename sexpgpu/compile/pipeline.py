@@ -51,16 +51,10 @@ class CompileResult:
 def compile_file(path: Path, selection: Optional[Selection] = None, limits: Optional[Limits] = None, output: Any = None, world: int = 1) -> CompileResult:
     """Read, evaluate, stage and check PATH. WORLD > 1 also stages each data-parallel rank's
     train programs at batch/WORLD (the experiment's identity stays the single-device IR's)."""
-    selection = selection or Selection()
     try:
-        declared = prescan(path)
-        imposed = overrides(declared, selection)
-        sweep = declared.sweeps.get(selection.sweep or "")
-        if sweep is not None and sweep.variant and selection.variant is None:
-            selection = selection.model_copy(update={"variant": sweep.variant})
+        chosen, imposed = resolve_selection(path, selection or Selection())
     except LispError as exc:
         return CompileResult(diagnostics=[diagnostic_from(exc)])
-    chosen = selection
     made, problem = guarded(lambda: compiling_world(path, limits, output, chosen, imposed))
     if made is None:
         return CompileResult(diagnostics=[problem] if problem else [])
@@ -69,7 +63,7 @@ def compile_file(path: Path, selection: Optional[Selection] = None, limits: Opti
     result = CompileResult(diagnostics=list(diagnostics), program=program, compiler=compiler)
     if program is None or not result.ok:
         return result
-    unknown = sorted(set(selection.set) - set(compiler.knobs))
+    unknown = sorted(set(chosen.set) - set(compiler.knobs))
     if unknown:
         result.diagnostics.append(Diagnostic(code="C004", message=f"--set {unknown[0]}: no knob named {unknown[0]} (declared: {', '.join(compiler.knobs) or 'none'})"))
         return result
@@ -91,6 +85,17 @@ def compile_file(path: Path, selection: Optional[Selection] = None, limits: Opti
         result.diagnostics.append(problem)
     result.experiment = experiment
     return result
+
+
+def resolve_selection(path: Path, selection: Selection) -> tuple[Selection, dict[str, Any]]:
+    """SELECTION with its sweep's variant filled in, and the knob values it imposes (from the
+    pre-read of PATH's variants and sweeps)."""
+    declared = prescan(path)
+    imposed = overrides(declared, selection)
+    sweep = declared.sweeps.get(selection.sweep or "")
+    if sweep is not None and sweep.variant and selection.variant is None:
+        selection = selection.model_copy(update={"variant": sweep.variant})
+    return selection, imposed
 
 
 def compiling_world(path: Path, limits: Optional[Limits], output: Any, selection: Selection, imposed: dict[str, Any]) -> tuple[LispProgram, Compiler]:
@@ -122,6 +127,8 @@ class TrainPrograms:
 
 
 def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selection: Selection, world: int = 1) -> Experiment:
+    """Stage, check and describe the run PROGRAM's file declared (its contract evaluated
+    into COMPILER)."""
     run = defined_run(compiler)
     compiler.assign_groups()
     precision = DType(run.precision)
