@@ -80,7 +80,7 @@ def write_bundle(path: Path, result: CompileResult, out: str, devices: Optional[
         files[_relative(f, root)] = f.read_bytes()
     data = []
     for name, loader in experiment.loaders.items():
-        url = loader.source.get("url")
+        url = loader.source.url
         if not url:
             continue
         entry, payload = data_entry(name, url, loader.base_dir, root)

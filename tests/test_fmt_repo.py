@@ -8,7 +8,7 @@ import pytest
 
 from conftest import REPO
 from sexpgpu.lisp.evaluator import run_with_big_stack
-from sexpgpu.lisp.formatter import SyntaxSymbolTable, format_source
+from sexpgpu.lisp.layout import SyntaxSymbolTable, format_source
 from sexpgpu.lisp.printer import prin1_to_string
 from sexpgpu.lisp.reader import read_all
 

@@ -644,13 +644,15 @@ def test_image_staging_builtins() -> None:
 
     interp = Interpreter()
     tracer = Tracer("images")
-    TensorLib(interp, lambda: tracer).install()
+    lib = TensorLib(interp)
+    lib.install()
     b = tracer.builder
     for name, shape in [("x", (8, 3, 32, 32)), ("w", (16, 3, 3, 3)), ("wd", (6, 1, 3, 3)), ("w4", (16, 4, 3, 3))]:
         interp.values[interp.sym(name)] = Staged(tracer, b.input(name, "value", TensorType(dtype=DType.f32, shape=shape)))
 
     def stage(text: str) -> tuple[TensorType, dict[str, Any]]:
-        result = interp.load_text(text, "images.lisp", interp.base)
+        with lib.tracing(tracer):
+            result = interp.load_text(text, "images.lisp", interp.base)
         node = b.nodes[-1]
         assert node.id == result.id
         return result.type, node.attrs
@@ -669,7 +671,7 @@ def test_image_staging_builtins() -> None:
         ("(max-pool2d x '(2 0))", "`max-pool2d`: argument 2 must be a positive integer or a list of two, got (2 0) (a cons)"),
         ("(max-pool2d x 2 :padding 2)", "max-pool2d: f32[8,3,32,32]: padding 2 is more than half the kernel height 2"),
     ]:
-        with pytest.raises(LispError) as info:
+        with pytest.raises(LispError) as info, lib.tracing(tracer):
             interp.load_text(text, "images.lisp", interp.base)
         assert str(info.value) == message, text
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..lisp.diagnostics import Diagnostic, DiagnosticError, SourceMap, render
-from ..lisp.formatter import format_source
+from ..lisp.layout import format_source
 from ..compile.pipeline import compile_file, new_world
 from ..lisp.program import EvalResult, Program, display_path, guarded, has_errors
 from ..lisp.reader import decode_source

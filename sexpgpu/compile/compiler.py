@@ -14,15 +14,15 @@ from typing import Any, Callable, Optional
 from ..ir.dtypes import DType
 from ..lisp.builtins import Registry, list_items, parse_keys, short, to_lisp_list, type_error
 from ..lisp.conditions import lisp_error
+from ..lisp.data import as_data
 from ..lisp.evaluator import Interpreter
 from ..lisp.objects import Builtin, Closure
-from ..lisp.printer import prin1_to_string
 from ..lisp.reader import Reader
-from ..lisp.types import NIL, T, Cons, Loc, MultipleValues, Symbol, SymbolTable
+from ..lisp.types import NIL, T, Cons, Loc, Symbol, SymbolTable
 from ..ir.selectors import glob_match
-from ..ir.experiment import EvalSpec, FieldRecord, KnobSpec, LoaderRecord, RunSpec, Selection, StageRecord, TargetSpec
-from .models import Batch, Ctx, Frozen, Group, InitSpec, Model, ModelList, Optimizer, Param
-from .tensors import Staged, TensorLib, Tracer
+from ..ir.experiment import CheckpointPolicy, DiagnosticsSpec, EvalSpec, FieldRecord, FiniteGuard, KnobSpec, LoaderRecord, PrepareRecord, RunSpec, Selection, SourceRecord, StageRecord, TargetSpec
+from .models import Batch, Group, InitSpec, Model, ModelList, Optimizer, Param
+from .tensors import Staged, TensorLib
 
 # contract order: (rank, form names); forms not listed may appear anywhere
 ORDER: list[tuple[int, tuple[str, ...]]] = [
@@ -51,7 +51,6 @@ class Compiler:
         self.selection = selection
         self.overrides = overrides or {}
         self.base_dir = base_dir
-        self.tracer: Optional[Tracer] = None
         self.knobs: dict[str, KnobSpec] = {}
         self.variants: dict[str, dict[str, Any]] = {}
         self.sweeps: dict[str, dict[str, Any]] = {}
@@ -67,12 +66,11 @@ class Compiler:
         self.targets: list[TargetSpec] = []
         self.groups: list[Group] = []
         self.clip: Optional[float] = None
-        self.run: Optional[dict[str, Any]] = None
+        self.run: Optional[RunSpec] = None  # defrun's settings; :clip (defgroups) and the IR diagnostics' names come at staging
         self.path: list[str] = []
         self.model_stack: list[Model] = []
         self.seen: list[tuple[str, Loc]] = []
-        self.current_group: Optional[str] = None
-        self.lib = TensorLib(interp, lambda: self.tracer)
+        self.lib = TensorLib(interp)
         self.lib.install()
         self.install_builtins()
         self.load_contract_macros()
@@ -170,8 +168,8 @@ class Compiler:
             for key, value in zip(rest[::2], rest[1::2]):
                 if type(key) is not Symbol or not key.is_keyword:
                     raise type_error(kind, 2, "keyword options", key)
-                options[key.name.lower()] = lisp_to_json(value)
-            return SourceValue(kind, url, options)
+                options[key.name.lower()] = as_data(value)
+            return SourceValue(SourceRecord(kind=kind, url=url, options=options))
 
         return make
 
@@ -192,7 +190,7 @@ class Compiler:
         declared = keys.get("TYPE", NIL)
         kind = declared.name.lower() if type(declared) is Symbol and declared is not NIL else None
         self.check_knob_type(knob, value, kind)
-        self.knobs[knob] = KnobSpec(name=knob, default=lisp_to_json(default), value=lisp_to_json(value), type=kind, doc=doc if type(doc) is str else None)
+        self.knobs[knob] = KnobSpec(name=knob, default=as_data(default), value=as_data(value), type=kind, doc=doc if type(doc) is str else None)
         # a knob is a global value, not a special variable: a parameter or let of the same
         # name (an optimizer's &key lr, say) binds lexically, as the reader of the file expects
         self.interp.values[name] = value
@@ -421,7 +419,7 @@ class Compiler:
             table.own[name] = Symbol(name, table.package)
         return NIL
 
-    def b_defmodel_constructor(self, name: Any, fn: Any) -> Any:
+    def b_defmodel_constructor(self, name: Symbol, fn: Any) -> Any:
         """defmodel's function. A name the standard library already uses is shadowed in the
         defining file (a new symbol of that file), so later forms call the model."""
         interp, table = self.interp, self.interp.table
@@ -440,7 +438,7 @@ class Compiler:
         update is staged, after defrun)."""
         if self.run is None:
             raise lisp_error("C008", "(run-steps) is only known once defrun has been read: call it inside a schedule", "PROGRAM-ERROR")
-        return self.run["steps"]
+        return self.run.steps
 
     def b_training_p(self) -> Any:
         tracer = self.lib.tracer("training-p")
@@ -476,8 +474,8 @@ class Compiler:
         prepare = []
         for step in list_items("defloader", 3, keys.get("PREPARE", NIL)):
             items = list_items("defloader", 3, step)
-            options = {k.name.lower(): lisp_to_json(v) for k, v in zip(items[1::2], items[2::2])}
-            prepare.append({"kind": items[0].name.lower(), "options": options})
+            options = {k.name.lower(): as_data(v) for k, v in zip(items[1::2], items[2::2])}
+            prepare.append(PrepareRecord(kind=items[0].name.lower(), options=options))
         part = keys.get("PART", NIL)
         stages = []
         for spec in list_items("defloader", 7, keys.get("STAGES", NIL)):
@@ -490,7 +488,7 @@ class Compiler:
             stages.append(StageRecord(name=items[0].name.lower(), **values))
         self.loaders[key] = LoaderRecord(
             name=key,
-            source=source.record(),
+            source=source.record,
             prepare=prepare,
             fields=fields,
             batch=batch,
@@ -552,7 +550,7 @@ class Compiler:
             raise lisp_error("C008", f"defeval {key}: say when it runs, with :every N or :at :end", "PROGRAM-ERROR")
         if any(e.name == key for e in self.evals):
             raise lisp_error("C003", f"defeval {key} is defined twice", "PROGRAM-ERROR")
-        self.evals.append(EvalSpec(name=key, loader=loader.name.lower(), every=None if every is NIL else every, at_end=at is not NIL, overlap=keys.get("OVERLAP", NIL) is not NIL))
+        self.evals.append(EvalSpec(name=key, loader=loader.name.lower(), every=every if type(every) is int else None, at_end=at is not NIL, overlap=keys.get("OVERLAP", NIL) is not NIL))
         return name
 
     def b_deftarget(self, name: Any, metric: Any, test: Any, value: Any) -> Any:
@@ -619,19 +617,18 @@ class Compiler:
         diagnostics = self.diagnostics_option(keys.get("DIAGNOSTICS", NIL))
         checkpoint = self.plist_option("checkpoint", keys.get("CHECKPOINT", NIL), {"EVERY": None, "KEEP": 3})
         guard = self.plist_option("finite-guard", keys.get("FINITE-GUARD", NIL), {"SKIP": 0, "ROLLBACK": None, "LR-SCALE": None})
-        if guard is not None:
-            guard = {"skip": guard["skip"], "rollback": guard["rollback"] not in (None, False), "lr_scale": guard["lr-scale"]}
-        self.run = {
-            "checkpoint": checkpoint,
-            "finite_guard": guard,
-            "diagnostics": diagnostics,
-            "precision": precision.name.lower(),
-            "steps": steps,
-            "seed": keys.get("SEED", 0),
-            "log_every": keys.get("LOG-EVERY", 10),
-            "microbatches": micro,
-            "meta": lisp_to_json(keys.get("META", NIL)) or {},
-        }
+        meta = as_data(keys.get("META", NIL)) or {}
+        self.run = RunSpec(
+            steps=steps,
+            seed=seed,
+            log_every=log_every,
+            microbatches=micro,
+            precision="bf16" if precision.name == "BF16" else "f32",
+            checkpoint=CheckpointPolicy(**(checkpoint or {})),
+            finite_guard=finite_guard(guard),
+            diagnostics=diagnostics,
+            meta=meta,
+        )
         return NIL
 
     def plist_option(self, name: str, option: Any, defaults: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -649,7 +646,7 @@ class Compiler:
             out[key.lower()] = value
         return out
 
-    def diagnostics_option(self, option: Any) -> Optional[dict[str, Any]]:
+    def diagnostics_option(self, option: Any) -> Optional[DiagnosticsSpec]:
         """:diagnostics (:every N :select ("glob" ...)) from defrun."""
         if option is NIL:
             return None
@@ -661,7 +658,7 @@ class Compiler:
         globs = [select] if type(select) is str else list_items("defrun :diagnostics :select", 1, select)
         if not globs or any(type(g) is not str for g in globs):
             raise lisp_error("C008", 'defrun :diagnostics :select needs glob strings such as ("grad-norm/**" "act/**/rms")', "PROGRAM-ERROR")
-        return {"every": every, "select": globs}
+        return DiagnosticsSpec(every=every, select=globs)
 
     def b_defdiagnostic(self, name: Any, reducer: Any) -> Any:
         self.reducers[name.name.lower()] = reducer
@@ -690,13 +687,12 @@ class Compiler:
         else:
             raise type_error("schedule", 1, "a learning rate: a number or a schedule", lr)
         tracer = self.lib.tracer("schedule")
-        guard = (self.run or {}).get("finite_guard") or {}
-        if guard.get("lr_scale") is not None:
+        if self.run is not None and self.run.finite_guard.lr_scale is not None:
             # a finite-guard rollback scales the learning rate at run time
             value = self.lib.mul(value, Staged(tracer, tracer.ctx_input("lr-scale")))
-        if self.current_group is not None:
+        if tracer.group is not None:
             staged = self.lib.staged("schedule", 1, value)
-            tracer.metrics[f"lr:{self.current_group}"] = staged.id
+            tracer.metrics[f"lr:{tracer.group}"] = staged.id
         return value
 
     def b_ctx(self, key: Any, *rest: Any) -> Any:
@@ -706,7 +702,7 @@ class Compiler:
             raise lisp_error("C008", f"(ctx {short(key)}): ctx keys are {', '.join(':' + k for k in CTX_KEYS)}", "PROGRAM-ERROR")
         if name in ("lr", "eval"):
             raise lisp_error("C008", f"(ctx :{name}) is not available where it is read: the learning rate is what a schedule computes, and eval metrics reach defcurriculum in a later release", "PROGRAM-ERROR")
-        if not getattr(tracer, "ctx_allowed", False):
+        if not tracer.ctx_allowed:
             raise lisp_error("C008", f"(ctx :{name}) is read in optimizer updates, schedules and defcurriculum, not in the model or objective", "PROGRAM-ERROR")
         return Staged(tracer, tracer.ctx_input(name))
 
@@ -731,44 +727,22 @@ class Compiler:
 
 
 class SourceValue:
-    """What (synthetic ...), (npz "...") and friends return: a data source description."""
+    """What (synthetic ...), (npz "...") and friends return: a data source, as the Lisp
+    sees it (defloader :source takes its record)."""
 
-    def __init__(self, kind: str, url: Optional[str], options: dict[str, Any]) -> None:
-        self.kind = kind
-        self.url = url
-        self.options = options
-
-    def record(self) -> dict[str, Any]:
-        return {"kind": self.kind, "url": self.url, "options": self.options}
+    def __init__(self, record: SourceRecord) -> None:
+        self.record = record
 
     def lisp_print(self) -> str:
-        return f"#<source {self.kind} {self.url or self.options.get('name', '')}>"
+        return f"#<source {self.record.kind} {self.record.url or self.record.options.get('name', '')}>"
+
+
+def finite_guard(settings: Optional[dict[str, Any]]) -> FiniteGuard:
+    """defrun :finite-guard's checked settings (plist_option) as the record."""
+    if settings is None:
+        return FiniteGuard()
+    return FiniteGuard(skip=settings["skip"], rollback=settings["rollback"] not in (None, False), lr_scale=settings["lr-scale"])
 
 
 def _same(a: Any, b: Any) -> bool:
     return a == b if type(a) is type(b) else False
-
-
-def lisp_to_json(x: Any) -> Any:
-    """A Lisp value as JSON data (for records that leave the Lisp)."""
-    if x is NIL:
-        return None
-    if x is T:
-        return True
-    if type(x) is Symbol:
-        return x.name.lower() if not x.is_keyword else ":" + x.name.lower()
-    if type(x) is Cons:
-        items = list(x)
-        if items and all(type(k) is Symbol and k.is_keyword for k in items[::2]) and len(items) % 2 == 0:
-            return {k.name.lower(): lisp_to_json(v) for k, v in zip(items[::2], items[1::2])}
-        return [lisp_to_json(i) for i in items]
-    if type(x) is list:
-        return [lisp_to_json(i) for i in x]
-    if type(x) in (int, float, str, bool):
-        return x
-    if type(x).__name__ == "Fraction":
-        return float(x)
-    return prin1_to_string(x)
-
-
-__all__ = ["Compiler", "lisp_to_json", "MultipleValues", "Staged"]

@@ -1,6 +1,12 @@
 """The one way to compile a file: read and evaluate it with the contract forms installed,
 check the contract, stage the objective, differentiate it, lower the optimizer groups, and
-check every program. The CLI, bundles and workers all call compile_file."""
+check every program. The CLI, bundles and workers all call compile_file.
+
+Each stage returns what it makes: stage_train a TrainPrograms (forward, train and the train
+program with the selected IR diagnostics), stage_update the update program, stage_curriculum
+and stage_evals their specs (adding their programs to the module's), and build_experiment
+the Experiment. Tensor builtins stage into the tracer of the `lib.tracing` block around them.
+"""
 
 from __future__ import annotations
 
@@ -11,21 +17,20 @@ from typing import Any, Callable, Optional
 
 from ..ir.check import IRError, check_program
 from ..ir.dtypes import DType
+from ..ir.experiment import CurriculumSpec, EvalSpec, Experiment, GroupSpec, LoaderRecord, RunSpec, Selection, StateSpec
 from ..ir.graph import Module, Program, TensorType, prune, shape_size
 from ..ir.selectors import selects
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.diagnostics import Diagnostic
 from ..lisp.evaluator import Limits
 from ..lisp.program import Program as LispProgram
-from ..lisp.program import display_path, guarded, has_errors, load_file
+from ..lisp.program import diagnostic_from, display_path, evaluate_file, guarded, has_errors, new_program
 from ..lisp.types import NIL, MultipleValues
 from .autodiff import backward
 from .compiler import Compiler
+from .models import Batch, Ctx, Group, Param
 from .selection import overrides, prescan
-from ..ir.experiment import CheckpointPolicy, CurriculumSpec, DiagnosticsSpec, EvalSpec, FiniteGuard, Experiment, GroupSpec, RunSpec, Selection, StateSpec
-from .models import Batch, Ctx
-from .tensors import Staged, Tracer
-
+from .tensors import Staged, TensorLib, Tracer
 
 # the contract form a whole-file problem is reported at
 BLAME = {"C001": "DEFRUN", "C005": "DEFGROUPS", "C006": "DEFOBJECTIVE", "C007": "DEFGROUPS", "C008": "DEFEVAL"}
@@ -46,39 +51,28 @@ class CompileResult:
 def compile_file(path: Path, selection: Optional[Selection] = None, limits: Optional[Limits] = None, output: Any = None, world: int = 1) -> CompileResult:
     """Read, evaluate, stage and check PATH. WORLD > 1 also stages each data-parallel rank's
     train programs at batch/WORLD (the experiment's identity stays the single-device IR's)."""
-    selection = selection or Selection()
-    holder: dict[str, Compiler] = {}
     try:
-        declared = prescan(path)
-        imposed = overrides(declared, selection)
-        sweep = declared.sweeps.get(selection.sweep or "")
-        if sweep is not None and sweep.variant and selection.variant is None:
-            selection = selection.model_copy(update={"variant": sweep.variant})
+        chosen, imposed = resolve_selection(path, selection or Selection())
     except LispError as exc:
-        from ..lisp.program import diagnostic_from
-
         return CompileResult(diagnostics=[diagnostic_from(exc)])
-
-    def setup(program: LispProgram) -> None:
-        compiler = Compiler(program.interp, selection, path.resolve().parent, imposed)
-        compiler.declared = declared  # type: ignore[attr-defined]
-        compiler.watch(program.table)
-        holder["compiler"] = compiler
-
-    program, diagnostics = load_file(path, limits, output=output, setup=setup)
-    result = CompileResult(diagnostics=list(diagnostics), program=program, compiler=holder.get("compiler"))
-    compiler = result.compiler
-    if program is None or compiler is None or not result.ok:
+    made, problem = guarded(lambda: compiling_world(path, limits, output, chosen, imposed))
+    if made is None:
+        return CompileResult(diagnostics=[problem] if problem else [])
+    fresh, compiler = made
+    program, diagnostics = evaluate_file(fresh)
+    result = CompileResult(diagnostics=list(diagnostics), program=program, compiler=compiler)
+    if program is None or not result.ok:
         return result
-    unknown = sorted(set(selection.set) - set(compiler.knobs))
+    unknown = sorted(set(chosen.set) - set(compiler.knobs))
     if unknown:
         result.diagnostics.append(Diagnostic(code="C004", message=f"--set {unknown[0]}: no knob named {unknown[0]} (declared: {', '.join(compiler.knobs) or 'none'})"))
         return result
     if not compiler.is_run_file:
         return result
+
     def build() -> Experiment:
         try:
-            return build_experiment(path, program, compiler, selection, world)
+            return build_experiment(path, program, compiler, chosen, world)
         except LispError as exc:
             if exc.loc is None:
                 exc.loc = compiler.form_loc(BLAME.get(exc.condition.code, "DEFRUN"))
@@ -93,62 +87,71 @@ def compile_file(path: Path, selection: Optional[Selection] = None, limits: Opti
     return result
 
 
+def resolve_selection(path: Path, selection: Selection) -> tuple[Selection, dict[str, Any]]:
+    """SELECTION with its sweep's variant filled in, and the knob values it imposes (from the
+    pre-read of PATH's variants and sweeps)."""
+    declared = prescan(path)
+    imposed = overrides(declared, selection)
+    sweep = declared.sweeps.get(selection.sweep or "")
+    if sweep is not None and sweep.variant and selection.variant is None:
+        selection = selection.model_copy(update={"variant": sweep.variant})
+    return selection, imposed
+
+
+def compiling_world(path: Path, limits: Optional[Limits], output: Any, selection: Selection, imposed: dict[str, Any]) -> tuple[LispProgram, Compiler]:
+    """A fresh world for PATH with the compiler installed, watching the file's contract order."""
+    program = new_program(path, limits, output=output)
+    compiler = Compiler(program.interp, selection, path.resolve().parent, imposed)
+    compiler.watch(program.table)
+    return program, compiler
+
+
 def new_world(limits: Optional[Limits] = None, output: Any = None) -> LispProgram:
     """A fresh world with no file, with the tensor builtins and contract forms installed
     (what `sexpgpu eval` without a file evaluates in)."""
-    from ..lisp.program import new_program
-
     program = new_program(None, limits, output=output)
     Compiler(program.interp, Selection(), Path.cwd())
     return program
 
 
+@dataclass
+class TrainPrograms:
+    """One staging of the objective (for one shape of the train loader)."""
+
+    forward: Program
+    train: Program
+    diagnostics: Optional[Program]  # train plus the selected IR diagnostics; None when none is selected
+    diagnostic_names: list[str]  # the IR diagnostics computed (run.diagnostics.ir_names)
+    metrics: list[str]
+    trainable: list[str]
+
+
 def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selection: Selection, world: int = 1) -> Experiment:
-    check_presence(compiler)
-    interp = program.interp
+    """Stage, check and describe the run PROGRAM's file declared (its contract evaluated
+    into COMPILER)."""
+    run = defined_run(compiler)
     compiler.assign_groups()
+    precision = DType(run.precision)
     train_loader = compiler.loaders["train"]
-    compiler.lib.precision = DType(compiler.run["precision"]) if compiler.run else DType.f32
-    forward, train, metrics, trainable = stage_train(compiler, train_loader)
-    diagnostics = compiler.diagnostic_program  # type: ignore[attr-defined]
-    compiler.lib.precision = DType.f32  # master weights, gradients and optimizer state are f32
-    update = stage_update(compiler, trainable)
-    compiler.lib.precision = DType(compiler.run["precision"])
-    programs = {"forward": forward, "train": train, "update": update}
-    if diagnostics is not None:
-        programs["train:diagnostics"] = diagnostics
+    base = stage_train(compiler, train_loader, precision)
+    update = stage_update(compiler, base.trainable)
+    programs = {"forward": base.forward, "train": base.train, "update": update}
+    add_diagnostics(programs, base, None)
     for stage in train_loader.stages:
-        try:
-            loader = train_loader.staged(stage.name)
-        except ValueError as exc:
-            raise lisp_error("C008", str(exc), "PROGRAM-ERROR") from None
-        _, staged, _, _ = stage_train(compiler, loader)
-        staged.name = f"train@{stage.name}"
-        programs[staged.name] = staged
-        add_stage_diagnostics(compiler, programs, stage.name)
-    rank_programs = stage_rank_programs(compiler, train_loader, world) if world > 1 else {}
-    curriculum = stage_curriculum(compiler, programs)
-    evals = stage_evals(compiler, programs)
-    programs = {name: prune(prog) for name, prog in programs.items()}
-    module = Module(programs=programs)
+        staged = stage_train(compiler, stage_loader(train_loader, stage.name), precision)
+        staged.train.name = f"train@{stage.name}"
+        programs[staged.train.name] = staged.train
+        add_diagnostics(programs, staged, stage.name)
+    rank_programs = stage_rank_programs(compiler, train_loader, world, precision) if world > 1 else {}
+    curriculum = stage_curriculum(compiler, programs, run.seed, precision)
+    evals = stage_evals(compiler, programs, run.seed, precision)
+    module = Module(programs={name: prune(prog) for name, prog in programs.items()})
     for prog in module.programs.values():
         try:
             check_program(prog)
         except IRError as exc:
             raise lisp_error("X001", f"internal error: the IR does not check: {exc}", "ERROR") from None
     sources = b"".join(f.read_bytes() for f in program.files)
-    assert compiler.run is not None
-    groups = [
-        GroupSpec(
-            name=g.name,
-            selector=g.selector,
-            optimizer=g.optimizer.name if g.optimizer else None,
-            params=g.params,
-            states=[StateSpec(name=n, init=i) for n, i in (g.optimizer.states if g.optimizer else [])],
-        )
-        for g in compiler.groups
-    ]
-    del interp
     return Experiment(
         file=display_path(path),
         file_stem=path.stem,
@@ -156,14 +159,9 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
         knobs=list(compiler.knobs.values()),
         params=[p.spec() for p in compiler.all_params()],
         loaders=dict(compiler.loaders),
-        groups=groups,
-        run=RunSpec(
-            steps=compiler.run["steps"], seed=compiler.run["seed"], log_every=compiler.run["log_every"], microbatches=compiler.run["microbatches"],
-            clip=compiler.clip, meta=compiler.run["meta"], precision=compiler.run["precision"],
-            checkpoint=CheckpointPolicy(**(compiler.run["checkpoint"] or {})), finite_guard=FiniteGuard(**(compiler.run["finite_guard"] or {})),
-            diagnostics=DiagnosticsSpec(**compiler.run["diagnostics"]) if compiler.run.get("diagnostics") else None,
-        ),
-        metrics=metrics,
+        groups=[group_spec(g) for g in compiler.groups],
+        run=staged_run(run, compiler.clip, base.diagnostic_names),
+        metrics=base.metrics,
         evals=evals,
         curriculum=curriculum,
         ties={k: v[0] + (" (transposed)" if v[1] else "") for k, v in compiler.ties.items()},
@@ -176,7 +174,39 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
     )
 
 
-def stage_rank_programs(compiler: Compiler, train_loader: Any, world: int) -> dict[str, Program]:
+def defined_run(compiler: Compiler) -> RunSpec:
+    """defrun's settings, once the file is known to state the whole contract."""
+    check_presence(compiler)
+    assert compiler.run is not None, "check_presence saw the defrun form"
+    return compiler.run
+
+
+def staged_run(run: RunSpec, clip: Optional[float], diagnostic_names: list[str]) -> RunSpec:
+    """defrun's record completed by what is known only after staging: defgroups' :clip and
+    the names of the IR diagnostics the train program computes."""
+    diagnostics = run.diagnostics.model_copy(update={"ir_names": diagnostic_names}) if run.diagnostics is not None else None
+    return run.model_copy(update={"clip": clip, "diagnostics": diagnostics})
+
+
+def group_spec(group: Group) -> GroupSpec:
+    optimizer = group.optimizer
+    return GroupSpec(
+        name=group.name,
+        selector=group.selector,
+        optimizer=optimizer.name if optimizer else None,
+        params=group.params,
+        states=[StateSpec(name=n, init=i) for n, i in (optimizer.states if optimizer else [])],
+    )
+
+
+def stage_loader(loader: LoaderRecord, stage: str) -> LoaderRecord:
+    try:
+        return loader.staged(stage)
+    except ValueError as exc:
+        raise lisp_error("C008", str(exc), "PROGRAM-ERROR") from None
+
+
+def stage_rank_programs(compiler: Compiler, train_loader: LoaderRecord, world: int, precision: DType) -> dict[str, Program]:
     """Each data-parallel rank's train programs (and stages, and the diagnostics program),
     traced at the rank's share of the batch: the global batch stays what the file says."""
     programs: dict[str, Program] = {}
@@ -189,23 +219,22 @@ def stage_rank_programs(compiler: Compiler, train_loader: Any, world: int) -> di
                 f"use a number of devices that divides {loader.batch}, or a batch that {world} divides", "PROGRAM-ERROR")
             err.loc = compiler.form_loc("DEFLOADER")
             raise err
-        _, train, _, _ = stage_train(compiler, loader.model_copy(update={"batch": loader.batch // world}))
-        train.name = "train" if stage is None else f"train@{stage}"
-        programs[train.name] = prune(train)
-        add_stage_diagnostics(compiler, programs, stage, prune)
+        staged = stage_train(compiler, loader.model_copy(update={"batch": loader.batch // world}), precision)
+        staged.train.name = "train" if stage is None else f"train@{stage}"
+        programs[staged.train.name] = prune(staged.train)
+        add_diagnostics(programs, staged, stage, prune)
     for prog in programs.values():
         check_program(prog)
     return programs
 
 
-def add_stage_diagnostics(compiler: Compiler, programs: dict[str, Program], stage: Optional[str], finish: Callable[[Program], Program] = lambda p: p) -> None:
-    """The diagnostics program of the train program just staged (for STAGE, or the base one),
-    as `train:diagnostics` or `train:diagnostics@STAGE`: sampled steps of every stage compute
-    the selected IR diagnostics."""
-    diagnostics = compiler.diagnostic_program  # type: ignore[attr-defined]
-    if diagnostics is not None:
-        diagnostics.name = "train:diagnostics" if stage is None else f"train:diagnostics@{stage}"
-        programs[diagnostics.name] = finish(diagnostics)
+def add_diagnostics(programs: dict[str, Program], staged: TrainPrograms, stage: Optional[str], finish: Callable[[Program], Program] = lambda p: p) -> None:
+    """STAGED's diagnostics program, if any, as `train:diagnostics` or
+    `train:diagnostics@STAGE`: sampled steps of every stage compute the selected IR
+    diagnostics."""
+    if staged.diagnostics is not None:
+        staged.diagnostics.name = "train:diagnostics" if stage is None else f"train:diagnostics@{stage}"
+        programs[staged.diagnostics.name] = finish(staged.diagnostics)
 
 
 def check_presence(compiler: Compiler) -> None:
@@ -217,29 +246,26 @@ def check_presence(compiler: Compiler) -> None:
         raise lisp_error("C001", f"no loader is named train (loaders: {', '.join(compiler.loaders)}); name the training loader train", "PROGRAM-ERROR")
 
 
-def data_inputs(tracer: Tracer, loader: Any, precision: DType = DType.f32) -> Batch:
+def data_inputs(tracer: Tracer, loader: LoaderRecord) -> Batch:
     fields = {}
     for f in loader.fields:
         nid = tracer.builder.input(f"data.{f.name}", "data", TensorType(dtype=DType(f.dtype), shape=(loader.batch, *f.shape)))
-        if precision == DType.bf16 and DType(f.dtype) == DType.f32:
+        if tracer.precision == DType.bf16 and DType(f.dtype) == DType.f32:
             nid = tracer.builder.op("cast", nid, dtype="bf16")
         fields[f.name] = Staged(tracer, nid)
     return Batch(loader=loader.name, fields=fields)
 
 
-def stage_train(compiler: Compiler, loader: Any) -> tuple[Program, Program, list[str], list[str]]:
+def stage_train(compiler: Compiler, loader: LoaderRecord, precision: DType) -> TrainPrograms:
     assert compiler.run is not None
-    tracer = Tracer("train", seed=int(compiler.run["seed"]), training=True)
-    batch = data_inputs(tracer, loader, compiler.lib.precision)
-    compiler.tracer = tracer
-    try:
+    tracer = Tracer("train", seed=compiler.run.seed, training=True, precision=precision)
+    batch = data_inputs(tracer, loader)
+    with compiler.lib.tracing(tracer):
         loss = compiler.interp.call(compiler.objective, batch)
         if type(loss) is MultipleValues:
             loss = loss[0]
         if type(loss) is Staged and loss.type.dtype in (DType.bf16, DType.f16):
             loss = compiler.lib.cast_to("defobjective", loss, DType.f32)
-    finally:
-        compiler.tracer = None
     if type(loss) is not Staged or loss.type.rank != 0 or loss.type.dtype != DType.f32:
         what = str(loss.type) if type(loss) is Staged else "a Lisp value"
         raise lisp_error("C006", f"defobjective must return one f32 scalar loss, got {what}", "TYPE-ERROR")
@@ -254,39 +280,38 @@ def stage_train(compiler: Compiler, loader: Any) -> tuple[Program, Program, list
     if missing:
         raise lisp_error("C007", f"parameter {missing[0]} is not used by the objective, so it gets no gradient; use it or freeze it in defgroups", "PROGRAM-ERROR")
     grads = backward(builder, loss.id, [tracer.params[p] for p in trainable])
+    train_outputs = dict(outputs)
     for p in trainable:
-        if grads[tracer.params[p]] is None:
+        grad = grads[tracer.params[p]]
+        if grad is None:
             raise lisp_error("C007", f"parameter {p} gets no gradient from the loss (it only reaches it through non-differentiable ops); freeze it in defgroups", "PROGRAM-ERROR")
+        train_outputs[f"grad:{p}"] = grad
     for path in all_paths:
         if path not in tracer.params:
             builder.input(path, "param", TensorType(dtype=DType.f32, shape=next(p.shape for p in compiler.all_params() if p.path == path)))
-    train_outputs = dict(outputs)
-    for p in trainable:
-        train_outputs[f"grad:{p}"] = grads[tracer.params[p]]  # type: ignore[assignment]
     train = builder.program(train_outputs)
-    compiler.diagnostic_program = diagnostic_program(compiler, tracer, train_outputs)  # type: ignore[attr-defined]
-    return forward, train, list(tracer.metrics), trainable
+    diagnostics, names = diagnostic_program(compiler, tracer, train_outputs)
+    return TrainPrograms(forward, train, diagnostics, names, list(tracer.metrics), trainable)
 
 
 ACT_REDUCERS = ("mean", "rms", "max-abs", "frac-zero")
 
 
-def diagnostic_program(compiler: Compiler, tracer: Tracer, outputs: dict[str, int]) -> Optional[Program]:
+def diagnostic_program(compiler: Compiler, tracer: Tracer, outputs: dict[str, int]) -> tuple[Optional[Program], list[str]]:
     """The train program plus the selected IR diagnostics (act/PATH/..., defdiagnostic
-    taps) as extra outputs; None when none is selected, so unselected diagnostics leave
-    the IR, and its hash, unchanged."""
+    taps) as extra outputs, and their names; None when none is selected, so unselected
+    diagnostics leave the IR, and its hash, unchanged."""
     assert compiler.run is not None
-    option = compiler.run.get("diagnostics")
+    option = compiler.run.diagnostics
     if option is None:
-        return None
+        return None, []
 
     def selected(name: str) -> bool:
-        return selects(option["select"], name)
+        return selects(option.select, name)
 
     lib = compiler.lib
     extra: dict[str, int] = {}
-    compiler.tracer = tracer
-    try:
+    with lib.tracing(tracer):
         for path, nid in tracer.activations.items():
             x = Staged(tracer, nid)
             if not x.type.dtype.is_float:
@@ -301,17 +326,15 @@ def diagnostic_program(compiler: Compiler, tracer: Tracer, outputs: dict[str, in
                 if value.type.rank != 0:
                     value = lib.op("diagnostic", "mean", lib.cast_to("diagnostic", value, DType.f32))
                 extra[f"diag:{name}"] = value.id
-    finally:
-        compiler.tracer = None
-    option["ir_names"] = [k[5:] for k in extra]
+    names = [k[5:] for k in extra]
     if not extra:
-        return None
+        return None, names
     program = tracer.builder.program({**outputs, **extra})
     program.name = "train:diagnostics"
-    return program
+    return program, names
 
 
-def act_reduce(lib: Any, x: Staged, reducer: str) -> Staged:
+def act_reduce(lib: TensorLib, x: Staged, reducer: str) -> Staged:
     if reducer == "mean":
         return lib.op("act", "mean", x)
     if reducer == "rms":
@@ -322,36 +345,32 @@ def act_reduce(lib: Any, x: Staged, reducer: str) -> Staged:
     return lib.op("act", "mean", lib.cast_to("act", zero, x.type.dtype))
 
 
-def stage_curriculum(compiler: Compiler, programs: dict[str, Program]) -> Optional[CurriculumSpec]:
+def stage_curriculum(compiler: Compiler, programs: dict[str, Program], seed: int, precision: DType) -> Optional[CurriculumSpec]:
     """defcurriculum's tests, staged over ctx into one program with a boolean per rule."""
     if compiler.curriculum is None:
         return None
-    assert compiler.run is not None
-    tracer = Tracer("curriculum", seed=int(compiler.run["seed"]))
-    tracer.ctx_allowed = True  # type: ignore[attr-defined]
+    tracer = Tracer("curriculum", seed=seed, precision=precision, ctx_allowed=True)
     spec = CurriculumSpec()
     outputs: dict[str, int] = {}
-    compiler.tracer = tracer
-    try:
+    lib = compiler.lib
+    with lib.tracing(tracer):
         for kind, test, pairs in compiler.curriculum:
             if kind == "start":
                 spec.start.update(dict(pairs))
                 continue
             value = compiler.interp.call(test)
             if type(value) is not Staged:
-                value = compiler.lib.staged("defcurriculum", 1, 1.0 if value is not NIL else 0.0)
-                value = compiler.lib.op("defcurriculum", "gt", value, compiler.lib.staged("defcurriculum", 1, 0.0))
+                value = lib.staged("defcurriculum", 1, 1.0 if value is not NIL else 0.0)
+                value = lib.op("defcurriculum", "gt", value, lib.staged("defcurriculum", 1, 0.0))
             if value.type.dtype != DType.bool or value.type.rank != 0:
                 raise lisp_error("T001", f"defcurriculum: a test must be a boolean scalar, got {value.type}", "TYPE-ERROR")
             outputs[f"rule:{len(spec.rules)}"] = value.id
             spec.rules.append(dict(pairs))
-    finally:
-        compiler.tracer = None
     programs["curriculum"] = tracer.builder.program(outputs)
     return spec
 
 
-def stage_evals(compiler: Compiler, programs: dict[str, Program]) -> list[EvalSpec]:
+def stage_evals(compiler: Compiler, programs: dict[str, Program], seed: int, precision: DType) -> list[EvalSpec]:
     """Each defeval's program, traced from defevaluate at the loader's batch and at batch 1:
     full batches run the first, the examples of the last partial batch the second, so the
     metrics are exact example-weighted means over the whole loader."""
@@ -364,8 +383,8 @@ def stage_evals(compiler: Compiler, programs: dict[str, Program]) -> list[EvalSp
             raise lisp_error("C008", f"defeval {spec.name}: no loader named {spec.loader} (loaders: {', '.join(compiler.loaders)})", "PROGRAM-ERROR")
         names: list[str] = []
         for batch, key in ((loader.batch, f"eval:{spec.name}"), (1, f"eval:{spec.name}:1")):
-            program, names = stage_evaluate(compiler, loader.model_copy(update={"batch": batch}), key)
-            programs[key] = program
+            tracer = Tracer(key, seed=seed, precision=precision)
+            programs[key], names = stage_evaluate(compiler, tracer, loader.model_copy(update={"batch": batch}))
         if not names:
             raise lisp_error("C008", "defevaluate records no metric: use (metric name value) in its body", "PROGRAM-ERROR")
         out.append(spec.model_copy(update={"metrics": names}))
@@ -376,25 +395,20 @@ def stage_evals(compiler: Compiler, programs: dict[str, Program]) -> list[EvalSp
     return out
 
 
-def stage_evaluate(compiler: Compiler, loader: Any, name: str) -> tuple[Program, list[str]]:
-    assert compiler.run is not None
-    tracer = Tracer(name, seed=int(compiler.run["seed"]))
-    batch = data_inputs(tracer, loader, compiler.lib.precision)
-    compiler.tracer = tracer
-    try:
+def stage_evaluate(compiler: Compiler, tracer: Tracer, loader: LoaderRecord) -> tuple[Program, list[str]]:
+    batch = data_inputs(tracer, loader)
+    with compiler.lib.tracing(tracer):
         compiler.interp.call(compiler.evaluate, batch)
-    finally:
-        compiler.tracer = None
     outputs = {f"metric:{k}": v for k, v in tracer.metrics.items()}
     return tracer.builder.program(outputs), list(tracer.metrics)
 
 
 def stage_update(compiler: Compiler, trainable: list[str]) -> Program:
-    tracer = Tracer("update")
+    """The optimizer step, in f32: master weights, gradients and optimizer state are f32."""
+    tracer = Tracer("update", ctx_allowed=True)
     b = tracer.builder
     params = {p.path: p for p in compiler.all_params()}
     tracer.ctx_input("step")
-    tracer.ctx_allowed = True  # type: ignore[attr-defined]
     ctx = Ctx(values={})
     grads = {p: b.input(f"grad:{p}", "value", TensorType(dtype=DType.f32, shape=params[p].shape)) for p in trainable}
     squares = [b.op("sum", b.op("mul", g, g), axis=None, keepdims=False) for g in grads.values()]
@@ -406,55 +420,50 @@ def stage_update(compiler: Compiler, trainable: list[str]) -> Program:
     if compiler.clip is not None:
         scale = b.op("minimum", b.const(1.0, DType.f32), b.op("div", b.const(compiler.clip, DType.f32), b.op("add", norm, b.const(1e-6, DType.f32))))
         grads = {p: b.op("mul", g, scale) for p, g in grads.items()}
-    compiler.tracer = tracer
-    try:
+    with compiler.lib.tracing(tracer):
         for group in compiler.groups:
-            if group.optimizer is None:
+            if group.optimizer is None or not group.params:
                 continue
-            compiler.current_group = group.name
-            if not group.params:
-                continue
+            tracer.group = group.name
             by_dtype: dict[DType, list[str]] = {}
             for path in group.params:
                 by_dtype.setdefault(params[path].dtype, []).append(path)
             for paths in by_dtype.values():  # parameters are joined only with their own dtype
                 update_group(compiler, tracer, group, paths, params, grads, ctx, outputs)
-    finally:
-        compiler.tracer = None
-        compiler.current_group = None
     for key, nid in tracer.metrics.items():
         outputs[key] = nid
     return b.program(outputs)
 
 
-def update_group(compiler: Compiler, tracer: Tracer, group: Any, paths: list[str], params: dict[str, Any], grads: dict[str, int], ctx: Any, outputs: dict[str, int]) -> None:
+def update_group(compiler: Compiler, tracer: Tracer, group: Group, paths: list[str], params: dict[str, Param], grads: dict[str, int], ctx: Ctx, outputs: dict[str, int]) -> None:
     """One traced update for the whole group (multi-tensor): the group's parameters,
     gradients and states are flattened and joined into one vector each, the optimizer's
     update runs once on them, and the results are split back. Updates are elementwise, so
     this equals updating each parameter alone, with a few kernels instead of a few per
     parameter."""
+    optimizer = group.optimizer
+    assert optimizer is not None, "frozen groups have no update"
     b = tracer.builder
     sizes = [shape_size(params[p].shape) for p in paths]
-    total = sum(sizes)
 
     def joined(ids: list[int]) -> int:
         flat = [b.op("reshape", i, shape=[n]) for i, n in zip(ids, sizes)]
         return flat[0] if len(flat) == 1 else b.op("concat", *flat, axis=0)
 
     param_ids = [tracer.param(params[p]).id for p in paths]
-    state_ids = {name: [b.input(f"state:{p}:{name}", "state", TensorType(dtype=DType.f32, shape=params[p].shape)) for p in paths] for name, _ in group.optimizer.states}
+    state_ids = {name: [b.input(f"state:{p}:{name}", "state", TensorType(dtype=DType.f32, shape=params[p].shape)) for p in paths] for name, _ in optimizer.states}
     flat_param = Staged(tracer, joined(param_ids))
     flat_grad = Staged(tracer, joined([grads[p] for p in paths]))
     flat_states = [Staged(tracer, joined(ids)) for ids in state_ids.values()]
     tracer.path_stack.append(group.name)
     try:
-        result = compiler.interp.apply(group.optimizer.update, [flat_param, flat_grad, ctx, *flat_states])
+        result = compiler.interp.apply(optimizer.update, [flat_param, flat_grad, ctx, *flat_states])
     finally:
         tracer.path_stack.pop()
     values = list(result) if type(result) is MultipleValues else [result]
     new_param = compiler.lib.staged("optimizer-update", 1, values[0], flat_param.type)
     if new_param.type != flat_param.type:
-        raise lisp_error("T001", f"optimizer {group.optimizer.name}: its update returned {new_param.type} for parameters {flat_param.type}; updates must keep the parameter's shape and dtype", "TYPE-ERROR")
+        raise lisp_error("T001", f"optimizer {optimizer.name}: its update returned {new_param.type} for parameters {flat_param.type}; updates must keep the parameter's shape and dtype", "TYPE-ERROR")
     new_states = [compiler.lib.staged("optimizer-update", 1, v, flat_param.type) for v in values[1:]]
 
     def split(flat: Staged, key: str) -> None:
@@ -465,10 +474,5 @@ def update_group(compiler: Compiler, tracer: Tracer, group: Any, paths: list[str
             start += n
 
     split(new_param, "param:{path}")
-    for (name, _), value in zip(group.optimizer.states, new_states):
+    for (name, _), value in zip(optimizer.states, new_states):
         split(value, "state:{path}:" + name)
-    del total
-
-
-
-__all__ = ["compile_file", "CompileResult", "LispError"]

@@ -15,10 +15,11 @@ from typing import Any, Optional
 
 from ..ir.experiment import Selection
 from ..lisp.conditions import LispError, lisp_error
+from ..lisp.data import as_data
 from ..lisp.diagnostics import DiagnosticError
 from ..lisp.evaluator import run_with_big_stack
 from ..lisp.reader import Reader, decode_source
-from ..lisp.types import NIL, T, Cons, Loc, Symbol, SymbolTable
+from ..lisp.types import Cons, Loc, Symbol, SymbolTable
 
 
 class _AnyPrefix(SymbolTable):
@@ -61,25 +62,6 @@ class Declared:
     sweeps: dict[str, SweepDecl] = field(default_factory=dict)
 
 
-def literal(x: Any) -> Any:
-    """A literal from the pre-read as plain data: keywords become ':name' strings."""
-    if x is NIL:
-        return None
-    if x is T:
-        return True
-    if type(x) is Symbol:
-        return ":" + x.name.lower() if x.package == "KEYWORD" else x.name.lower()
-    if type(x) is Cons:
-        if type(x.car) is Symbol and x.car.name == "QUOTE" and type(x.cdr) is Cons:
-            return literal(x.cdr.car)
-        return [literal(i) for i in x]
-    if type(x) is list:
-        return [literal(i) for i in x]
-    if type(x).__name__ == "Fraction":
-        return float(x)
-    return x
-
-
 def prescan(path: Path) -> Declared:
     """The variants and sweeps a file declares. Problems reading the file are left for the
     real read to report; malformed declarations are diagnostics here."""
@@ -103,16 +85,16 @@ def prescan(path: Path) -> Declared:
         pairs = list(zip(items[2::2], items[3::2]))
         for key, _ in pairs:
             if type(key) is not Symbol or key.package != "KEYWORD":
-                raise located(lisp_error("C008", f"{head.lower()} {name}: {literal(key)} is not a :knob keyword", "PROGRAM-ERROR"), read.loc)
+                raise located(lisp_error("C008", f"{head.lower()} {name}: {as_data(key, form=True)} is not a :knob keyword", "PROGRAM-ERROR"), read.loc)
         if head == "DEFVARIANT":
-            declared.variants[name] = VariantDecl(name, {k.name.lower(): literal(v) for k, v in pairs}, read.loc)
+            declared.variants[name] = VariantDecl(name, {k.name.lower(): as_data(v, form=True) for k, v in pairs}, read.loc)
         else:
-            options = {k.name.lower(): literal(v) for k, v in pairs if k.name in ("ZIP", "VARIANT")}
+            options = {k.name.lower(): as_data(v, form=True) for k, v in pairs if k.name in ("ZIP", "VARIANT")}
             axes = {}
             for k, v in pairs:
                 if k.name in ("ZIP", "VARIANT"):
                     continue
-                values = literal(v)
+                values = as_data(v, form=True)
                 if not isinstance(values, list) or not values:
                     raise located(lisp_error("C008", f"defsweep {name}: :{k.name.lower()} needs a list of values, got {values!r}", "PROGRAM-ERROR"), read.loc)
                 axes[k.name.lower()] = values

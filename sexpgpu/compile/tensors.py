@@ -1,16 +1,26 @@
-"""Staging: the tensor builtins. Calling a tensor operation on staged values records an IR
-node instead of computing; on plain Lisp numbers the generic ones (+, exp, max ...) compute
-as before.
+"""Staging: tensor values, the program being traced, and the tensor builtins.
 
-Composite operations (softmax, layer-norm, logsumexp, one-hot ...) are defined here by their
-composition of op-table entries, so autodiff and the backends only see primitives.
+A Tracer is one program being staged: its IR builder, the parameters and ctx inputs it has
+read, its metrics, activations and diagnostic taps, and the precision it reads parameters
+and data in. A Staged value is a node of it. TensorLib registers the tensor builtins into an
+interpreter; `TensorLib.tracing(tracer)` makes TRACER the program they stage into. Called on
+staged values or parameters, a builtin records an IR node (stamped with the calling form's
+position) whose shape and dtype the op table checks; on plain Lisp numbers the generic ones
+(+, exp, max ...) still compute.
+
+Numbers meet a tensor as weak literals of its dtype, two float dtypes meet at the wider, and
+integer and float tensors need an explicit cast. In :bf16 programs parameters and float data
+are read as bf16 while reductions, norms and losses run in f32 islands (with-numerics opens
+more). A few builtins (gelu, silu, clamp, logsumexp, var, one-hot, einsum, the weight and
+bias of layer-norm and rms-norm) are compositions of op-table entries, so autodiff and the
+backends only ever see the op table.
 """
 
 from __future__ import annotations
 
 import math
-from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from ..ir.builder import Builder
 from ..ir.dtypes import DType, promote_floats
@@ -44,11 +54,16 @@ class Staged:
 
 
 class Tracer:
-    """One program being staged: its builder, the parameters it has read, its metrics."""
+    """One program being staged: its builder, the parameters it has read, its metrics.
+    PRECISION is the dtype parameters and float data are read in; CTX_ALLOWED says whether
+    `(ctx ...)` may be read (optimizer updates, schedules and defcurriculum)."""
 
-    def __init__(self, name: str, seed: int = 0, training: bool = False) -> None:
+    def __init__(self, name: str, seed: int = 0, training: bool = False, precision: DType = DType.f32, ctx_allowed: bool = False) -> None:
         self.builder = Builder(name)
         self.training = training
+        self.precision = precision
+        self.ctx_allowed = ctx_allowed
+        self.group: Optional[str] = None  # the optimizer group whose update is being staged (its lr:GROUP metric)
         self.params: dict[str, int] = {}
         self.metrics: dict[str, int] = {}
         self.path_stack: list[str] = []
@@ -92,26 +107,28 @@ class Tracer:
         return Staged(self, nid)
 
 
-def is_number(x: Any) -> bool:
-    return type(x) in (int, float, Fraction)
-
-
 class TensorLib:
-    """Registers the tensor builtins into an interpreter. `tracer()` gives the program being
-    staged (the compiler sets it while it traces objectives, forwards and updates)."""
+    """Registers the tensor builtins into an interpreter. They stage into the program given
+    to `tracing` (the pipeline traces objectives, forwards, updates and evaluations there)."""
 
-    def __init__(self, interp: "Interpreter", current: Callable[[], Optional[Tracer]]) -> None:
+    def __init__(self, interp: "Interpreter") -> None:
         self.interp = interp
-        self.current = current
         self.reg = Registry(interp)
-        # :bf16 runs: parameters and float data are read as bf16; reductions, norms and
-        # losses run in f32 islands; with-numerics opens more islands
-        self.precision = DType.f32
-        self.islands = 0
+        self.active: Optional[Tracer] = None
+        self.islands = 0  # open f32 islands (with-numerics) in a :bf16 program
+
+    @contextmanager
+    def tracing(self, tracer: Tracer) -> Iterator[Tracer]:
+        """Stage the tensor builtins called inside the block into TRACER."""
+        previous, self.active = self.active, tracer
+        try:
+            yield tracer
+        finally:
+            self.active = previous
 
     # -- values ------------------------------------------------------------------------------
     def tracer(self, fn: str) -> Tracer:
-        tracer = self.current()
+        tracer = self.active
         if tracer is None:
             raise lisp_error("T003", f"`{fn}` stages a tensor operation, which only happens inside forward, defobjective, defevaluate or an optimizer update", "PROGRAM-ERROR")
         return tracer
@@ -126,8 +143,9 @@ class TensorLib:
                 return self.op(fn, "cast", x, dtype="f32")
             return x
         if type(x) is Param:
-            staged = self.tracer(fn).param(x)
-            if self.precision == DType.bf16 and not self.islands and staged.type.dtype == DType.f32:
+            tracer = self.tracer(fn)
+            staged = tracer.param(x)
+            if tracer.precision == DType.bf16 and not self.islands and staged.type.dtype == DType.f32:
                 return self.op(fn, "cast", staged, dtype="bf16")
             return staged
         if is_number(x):
@@ -695,7 +713,7 @@ class TensorLib:
                 result = self.interp.call(thunk)
             finally:
                 self.islands -= 1
-            if type(result) is Staged and self.precision == DType.bf16 and not self.islands and result.type.dtype == DType.f32:
+            if type(result) is Staged and result.tracer.precision == DType.bf16 and not self.islands and result.type.dtype == DType.f32:
                 return self.op("with-numerics", "cast", result, dtype="bf16")
             return result
 

@@ -67,10 +67,25 @@ class StageRecord(BaseModel):
     length: Optional[int] = None
 
 
+class SourceRecord(BaseModel):
+    """A loader's :source, as (synthetic :spirals ...), (npz "file.npz") and friends state it."""
+
+    kind: str
+    url: Optional[str] = None
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class PrepareRecord(BaseModel):
+    """One step of a loader's :prepare, such as (windows :length 17)."""
+
+    kind: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
 class LoaderRecord(BaseModel):
     name: str
-    source: dict[str, Any]
-    prepare: list[dict[str, Any]] = Field(default_factory=list)
+    source: SourceRecord
+    prepare: list[PrepareRecord] = Field(default_factory=list)
     fields: list[FieldRecord]
     batch: int
     shuffle: bool = False
@@ -91,11 +106,11 @@ class LoaderRecord(BaseModel):
         if spec.batch is not None:
             update["batch"] = spec.batch
         if spec.length is not None:
-            old = next((int(p["options"].get("length", 0)) for p in self.prepare if p["kind"] == "windows"), None)
+            old = next((int(p.options.get("length", 0)) for p in self.prepare if p.kind == "windows"), None)
             if old is None:
                 raise ValueError(f"loader {self.name}: stage {stage} sets :length but the loader has no (windows ...) step")
             update["prepare"] = [
-                {**p, "options": {**p["options"], "length": spec.length}} if p["kind"] == "windows" else p for p in self.prepare
+                p.model_copy(update={"options": {**p.options, "length": spec.length}}) if p.kind == "windows" else p for p in self.prepare
             ]
             update["fields"] = [
                 f.model_copy(update={"shape": (spec.length - (old - f.shape[0]),)}) if len(f.shape) == 1 and old - f.shape[0] in (0, 1) else f

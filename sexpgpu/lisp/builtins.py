@@ -9,7 +9,7 @@ import inspect
 import math
 from fractions import Fraction
 from functools import cmp_to_key
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable
 
 from .conditions import Condition, LispError, lisp_error
 from .objects import (
@@ -18,11 +18,9 @@ from .objects import (
     HashTable,
     Macro,
     StructInstance,
-    StructType,
-    equal_key,
 )
 from .printer import Printer, PrintTooLarge, prin1_to_string, princ_to_string
-from .types import NIL, T, Char, Cons, MultipleValues, Symbol
+from .types import NIL, T, Char, Cons, Symbol
 
 if TYPE_CHECKING:
     from .evaluator import Interpreter
@@ -471,17 +469,3 @@ def sort_items(interp: "Interpreter", fn: str, items: list[Any], pred: Any, key:
 
     keyed.sort(key=cmp_to_key(compare))
     return [x for _, x in keyed]
-
-
-def check_int_size(fn: str, x: Any) -> Any:
-    if type(x) is int and x.bit_length() > MAX_INTEGER_BITS:
-        raise lisp_error("L003", f"`{fn}`: integer result larger than {MAX_INTEGER_BITS} bits", "STORAGE-CONDITION")
-    return x
-
-
-__all__ = [
-    "MultipleValues",
-    "Optional",
-    "StructType",
-    "equal_key",
-]

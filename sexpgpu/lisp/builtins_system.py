@@ -14,8 +14,6 @@ from .builtins import (
     format_to_string,
     lbool,
     list_items,
-    need_index,
-    need_list,
     need_string,
     need_symbol,
     parse_keys,
@@ -25,7 +23,7 @@ from .builtins import (
     typep,
 )
 from .conditions import Condition, LispError, lisp_error
-from .objects import Builtin, Closure, Env, HashTable, Macro, StructInstance, StructType
+from .objects import Builtin, Closure, Env, HashTable, StructInstance, StructType
 from .types import NIL, T, Cons, MultipleValues, Symbol
 
 if TYPE_CHECKING:

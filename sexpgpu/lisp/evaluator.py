@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, PositiveInt
 
-from .conditions import Condition, LimitExceeded, LispError, condition_isa, lisp_error
+from .conditions import LimitExceeded, LispError, condition_isa, lisp_error
 from .lambda_list import LambdaList, parse_lambda_list
 from .objects import (
     Builtin,
@@ -31,7 +31,6 @@ from .objects import (
 from .printer import prin1_to_string
 from .reader import Reader
 from .types import (
-    FUNCTION,
     NIL,
     QUASIQUOTE,
     QUOTE,
@@ -454,16 +453,24 @@ class Interpreter:
             self.depth -= 1
 
     def bind_args(self, ll: LambdaList, args: list[Any], env: Env, name: Any, saved: list[tuple[Symbol, Any]]) -> None:
+        """Bind an ordinary lambda list to the arguments of a call."""
         n = len(args)
         nreq = len(ll.required)
         if n < nreq or (ll.max_args is not None and n > ll.max_args):
             raise self.arity_error(function_name_of(name), nreq, ll.max_args, n)
-        for pattern, value in zip(ll.required, args):
+        self.bind_parameters(ll, args, args[nreq + len(ll.optional) :], True, env, name, saved)
+
+    def bind_parameters(self, ll: LambdaList, given: list[Any], more: Any, from_call: bool, env: Env, name: Any, saved: list[tuple[Symbol, Any]]) -> None:
+        """The binding that calls and destructuring share. GIVEN starts with the positional
+        values (the required ones, then the optional ones supplied); MORE is what follows them, for
+        &rest and &key: the call's remaining arguments as a Python list when FROM_CALL (&rest
+        gets a fresh list), else the rest of the destructured list itself (&rest shares it)."""
+        for pattern, value in zip(ll.required, given):
             self.bind_pattern(pattern, value, env, name, saved)
-        i = nreq
+        i = len(ll.required)
         for opt in ll.optional:
-            if i < n:
-                self.bind_pattern(opt.pattern, args[i], env, name, saved)
+            if i < len(given):
+                self.bind_pattern(opt.pattern, given[i], env, name, saved)
                 supplied = T
             else:
                 self.bind_pattern(opt.pattern, self.ev1(opt.default, env), env, name, saved)
@@ -471,15 +478,15 @@ class Interpreter:
             if opt.supplied is not None:
                 self.bind(env, opt.supplied, supplied, saved)
             i += 1
-        rest = args[i:]
         if ll.rest is not None:
-            self.alloc(len(rest))
-            lisp_rest: Any = NIL
-            for v in reversed(rest):
-                lisp_rest = Cons(v, lisp_rest)
-            self.bind_pattern(ll.rest, lisp_rest, env, name, saved)
+            if from_call:
+                self.alloc(len(more))
+                more_list = _pylist_to_lisp(more)
+            else:
+                more_list = more
+            self.bind_pattern(ll.rest, more_list, env, name, saved)
         if ll.has_key:
-            self.bind_keys(ll, rest, env, name, saved)
+            self.bind_keys(ll, more if from_call else list(_iter_list(more)), env, name, saved)
         for var, form in ll.aux:
             self.bind(env, var, self.ev1(form, env), saved)
 
@@ -531,29 +538,7 @@ class Interpreter:
             raise lisp_error("E105", f"`{prin1_to_string(name)}`: expected at least {len(ll.required)} argument{'s' if len(ll.required) != 1 else ''} in {prin1_to_string(value)}", "PROGRAM-ERROR")
         if ll.rest is None and not ll.has_key and cell is not NIL:
             raise lisp_error("E105", f"`{prin1_to_string(name)}`: too many elements in {prin1_to_string(value)}, expected at most {limit}", "PROGRAM-ERROR")
-        for pattern, v in zip(ll.required, items):
-            self.bind_pattern(pattern, v, env, name, saved)
-        i = len(ll.required)
-        for opt in ll.optional:
-            if i < len(items):
-                self.bind_pattern(opt.pattern, items[i], env, name, saved)
-                supplied = T
-            else:
-                self.bind_pattern(opt.pattern, self.ev1(opt.default, env), env, name, saved)
-                supplied = NIL
-            if opt.supplied is not None:
-                self.bind(env, opt.supplied, supplied, saved)
-            i += 1
-        if ll.rest is not None:
-            self.bind_pattern(ll.rest, cell, env, name, saved)
-        if ll.has_key:
-            rest: list[Any] = []
-            while type(cell) is Cons:
-                rest.append(cell.car)
-                cell = cell.cdr
-            self.bind_keys(ll, rest, env, name, saved)
-        for var, form in ll.aux:
-            self.bind(env, var, self.ev1(form, env), saved)
+        self.bind_parameters(ll, items, cell, False, env, name, saved)
 
     def lambda_list(self, spec: Any, macro: bool = False) -> LambdaList:
         key = id(spec)
@@ -1045,12 +1030,6 @@ class Interpreter:
             result = Cons(p, result)
         return result
 
-    # -- running with a big stack ------------------------------------------------------------
-    def run_with_stack(self, thunk: Callable[[], Any]) -> Any:
-        """Run THUNK on a thread with a large stack so deep Lisp recursion reaches the depth
-        limit (a diagnostic) long before the Python stack runs out."""
-        return run_with_big_stack(thunk)
-
 
 _UNBOUND = object()
 
@@ -1097,6 +1076,8 @@ RECURSION_LIMIT = 400_000
 
 
 def run_with_big_stack(thunk: Callable[[], Any]) -> Any:
+    """Run THUNK on a thread with a large stack, so deep Lisp recursion reaches the depth
+    limit (a diagnostic) long before the Python stack runs out."""
     result: list[Any] = []
     error: list[BaseException] = []
 
@@ -1121,6 +1102,3 @@ def run_with_big_stack(thunk: Callable[[], Any]) -> Any:
     if error:
         raise error[0]
     return result[0]
-
-
-__all__ = ["Interpreter", "Limits", "Condition", "run_with_big_stack", "skip_declarations"]

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from .conditions import lisp_error
 from .diagnostics import SourceMap
-from .evaluator import skip_declarations
 from .objects import Env
 from .printer import prin1_to_string
 from .reader import decode_source
@@ -180,6 +179,3 @@ def publish_exports(interp: "Interpreter", table: SymbolTable) -> None:
     for name, sym in table.own.items():
         if not name.startswith("%") and _defined(interp, sym):
             table.exported[name] = sym
-
-
-__all__ = ["ModuleLoader", "find_project_root", "standard_module_names", "publish_exports", "skip_declarations", "Symbol"]

@@ -149,26 +149,21 @@ def new_program(path: Optional[Path], limits: Optional[Limits] = None, stdlib: A
     return Program(interp, table, loader, sources, path)
 
 
-def load_file(
-    path: Path,
-    limits: Optional[Limits] = None,
-    stdlib: Any = None,
-    output: Optional[Output] = None,
-    setup: Optional[Callable[[Program], None]] = None,
-) -> tuple[Optional[Program], list[Diagnostic]]:
-    """Read and evaluate PATH. Returns the program (None when it could not be made) and
-    every diagnostic, warnings included. SETUP runs on the fresh world before the file is
-    read (the compiler installs its builtins there)."""
-
-    def make() -> Program:
-        fresh = new_program(path, limits, stdlib, output)
-        if setup is not None:
-            setup(fresh)
-        return fresh
-
-    program, problem = guarded(make)
+def load_file(path: Path, limits: Optional[Limits] = None, stdlib: Any = None, output: Optional[Output] = None) -> tuple[Optional[Program], list[Diagnostic]]:
+    """Read and evaluate PATH in a fresh world (see evaluate_file)."""
+    program, problem = guarded(lambda: new_program(path, limits, stdlib, output))
     if program is None:
         return None, [problem] if problem else []
+    return evaluate_file(program)
+
+
+def evaluate_file(program: Program) -> tuple[Optional[Program], list[Diagnostic]]:
+    """Read PROGRAM's file and evaluate it in PROGRAM's world (a fresh one, or one the
+    compiler has installed its builtins in). Returns the program (None when the file could
+    not be read) and every diagnostic, warnings included."""
+    path = program.path
+    if path is None:
+        raise ValueError("evaluate_file needs a program made for a file")
     name = display_path(path)
     try:
         data = path.read_bytes()

@@ -194,26 +194,6 @@ def from_iter(items: Any, tail: Any = NIL, loc: Optional[Loc] = None) -> Any:
     return result
 
 
-def to_pylist(x: Any) -> list[Any]:
-    """The elements of a proper list. Raises ValueError on a dotted or circular list."""
-    out: list[Any] = []
-    while type(x) is Cons:
-        out.append(x.car)
-        x = x.cdr
-        if len(out) > 50_000_000:
-            raise ValueError("list too long or circular")
-    if x is not NIL:
-        raise ValueError("dotted list")
-    return out
-
-
-def normalize_number(x: Any) -> Any:
-    """Ratios with denominator 1 are integers, as in CL."""
-    if type(x) is Fraction and x.denominator == 1:
-        return x.numerator
-    return x
-
-
 class MultipleValues(tuple):  # type: ignore[type-arg]
     """What `values` returns when it does not return exactly one value."""
 

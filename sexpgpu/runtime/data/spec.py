@@ -163,8 +163,8 @@ def loader_spec(record: LoaderRecord, seed: int) -> LoaderSpec:
     """What the data layer needs of a compiled loader, with the run's seed."""
     return LoaderSpec(
         name=record.name,
-        source=SourceSpec(kind=record.source["kind"], url=record.source.get("url"), options=record.source.get("options") or {}),
-        prepare=[PrepareStep(kind=p["kind"], options=p.get("options") or {}) for p in record.prepare],
+        source=SourceSpec.model_validate(record.source.model_dump()),
+        prepare=[PrepareStep.model_validate(p.model_dump()) for p in record.prepare],
         fields=[FieldSpec(name=f.name, dtype=DType(f.dtype), shape=tuple(f.shape)) for f in record.fields],
         batch=record.batch,
         shuffle=record.shuffle,

@@ -1,4 +1,5 @@
-"""The formatter: the one canonical layout of a SexpGPU source file.
+"""The layout behind `sexpgpu fmt`: the one canonical layout of a SexpGPU source file.
+(Not to be confused with format.py, which is Common Lisp's `format` directives.)
 
 `format_source(text, file)` first reads `text` with the reader, so a file that does not read
 raises the reader's own `DiagnosticError`. It then parses the text again into a lossless
@@ -42,7 +43,7 @@ Body forms
        when unless dolist dotimes handler-case handler-bind restart-case unwind-protect block
        prog1 with-gensyms once-only defstruct case ecase typecase etypecase forward
        optimizer-update defcurriculum defgroups defrun defloader defdiagnostic eval-when
-       catch with-numerics
+       catch with-numerics defobjective defevaluate
   2    defun defmacro defmodel defoptimizer defpart do do*
        destructuring-bind multiple-value-bind
   ===  ======================================================================================
@@ -90,9 +91,10 @@ Prefixes and atoms
 
 Limits
   The input is checked with the reader first; a qualified symbol `prefix:name` is accepted
-  whether or not a `require` binds the prefix (only syntax is checked). The formatter
-  recurses over the nesting of the file; nesting deeper than about 150 levels raises
-  RecursionError.
+  whether or not a `require` binds the prefix (only syntax is checked), and nesting deeper
+  than the reader's limit (2000 levels) is its R003 error. The layout recurses over the
+  nesting of the file, so it runs on the big evaluation stack (`sexpgpu fmt` calls it through
+  `program.guarded`); on Python's default stack, about 150 levels raise RecursionError.
 """
 
 from __future__ import annotations

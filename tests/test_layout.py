@@ -1,4 +1,4 @@
-"""The formatter: idempotent, form-preserving, comment-preserving, and the canonical layout."""
+"""The layout (`sexpgpu fmt`): idempotent, form-preserving, comment-preserving, and canonical."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sexpgpu.lisp.diagnostics import DiagnosticError
-from sexpgpu.lisp.formatter import WIDTH, SyntaxSymbolTable, format_source
+from sexpgpu.lisp.layout import WIDTH, SyntaxSymbolTable, format_source
 from sexpgpu.lisp.printer import prin1_to_string
 from sexpgpu.lisp.reader import read_all
 from sexpgpu.lisp.types import SymbolTable
