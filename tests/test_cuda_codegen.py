@@ -19,9 +19,11 @@ from sexpgpu.ir.builder import Builder
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.graph import Program, TensorType
 from sexpgpu.ir.ops import OPS, op_def
-from sexpgpu.runtime.cuda.codegen import KernelSource, ReduceStrategy, elementwise_kernel, planned_strategy, reduce_geometry, reduce_kernels
-from sexpgpu.runtime.cuda.fusion import FusedGroup, GemmCall, lower
-from sexpgpu.runtime.cuda.rows import RowGroup, rows_kernel
+from sexpgpu.runtime.cuda.codegen import KernelSource
+from sexpgpu.runtime.cuda.fusion import lower
+from sexpgpu.runtime.cuda.kernels import ReduceStrategy, elementwise_kernel, planned_strategy, reduce_geometry, reduce_kernels
+from sexpgpu.runtime.cuda.row_kernel import rows_kernel
+from sexpgpu.runtime.cuda.steps import FusedGroup, GemmCall, RowGroup
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
@@ -239,6 +241,19 @@ def test_a_value_both_fused_and_needed_by_a_matmul_is_written() -> None:
     check_program(program, {x: values((4, 8), DType.f32, rng), w: values((8, 3), DType.f32, rng)})
 
 
+
+def test_a_constant_a_matmul_reads_is_a_kernel_of_its_own_and_a_transpose_it_reads_a_flag() -> None:
+    """A `full` becomes a literal only when every reader is fused: a matmul's is materialized
+    (and a transpose only matmuls read is cuBLAS's flag, whichever operand it is)."""
+    b = Builder("constant-operand")
+    x = b.input("x", "data", TensorType(dtype=DType.f32, shape=(4, 3)))
+    w = b.const(0.5, DType.f32, (2, 3))
+    program = b.program({"out": b.op("matmul", x, b.op("transpose", w, perm=[1, 0]))})
+    lowering = lower(program)
+    assert [s.kind for s in lowering.steps] == ["op", "gemm"] and not lowering.constants
+    gemm = lowering.steps[1]
+    assert isinstance(gemm, GemmCall) and gemm.trans_b and gemm.b == w
+
 def example_programs() -> list[tuple[str, str, Program]]:
     from sexpgpu.compile.pipeline import compile_file
 
@@ -279,7 +294,7 @@ def test_every_fusion_group_of_every_example_matches_numpy_on_the_host(examples:
 
 @pytest.mark.skipif(nvcc() is None, reason="no nvcc on this machine")
 def test_every_generated_kernel_compiles_with_nvcc(examples: list[tuple[str, str, Program]], tmp_path: Path) -> None:
-    from sexpgpu.runtime.cuda.codegen import kernels_for
+    from sexpgpu.runtime.cuda.kernels import kernels_for
 
     sources: dict[str, str] = {}
     for _, _, program in examples:

@@ -116,9 +116,10 @@ def test_every_reduction_strategy_and_row_layout_on_the_gpu_matches_numpy() -> N
     warps and blocks have real work, through NVRTC against NumPy."""
     from sexpgpu.ir.builder import Builder
     from sexpgpu.ir.graph import TensorType
-    from sexpgpu.runtime.cuda.codegen import reduce_kernels
     from sexpgpu.runtime.cuda.fusion import lower
-    from sexpgpu.runtime.cuda.rows import RowGroup, rows_kernel
+    from sexpgpu.runtime.cuda.kernels import reduce_kernels
+    from sexpgpu.runtime.cuda.row_kernel import rows_kernel
+    from sexpgpu.runtime.cuda.steps import RowGroup
     from test_cuda_codegen import REDUCE_CASES, assert_close, assert_reduced, one_op_program, reference, strategies, values
 
     dev = device()
@@ -168,7 +169,8 @@ def test_bf16_matmuls_of_transposes_go_to_cublas_with_its_transpose_flags(shapes
     from sexpgpu.ir.builder import Builder
     from sexpgpu.ir.graph import TensorType
     from sexpgpu.runtime.cuda.executor import LoweredProgram
-    from sexpgpu.runtime.cuda.fusion import GemmCall, lower
+    from sexpgpu.runtime.cuda.fusion import lower
+    from sexpgpu.runtime.cuda.steps import GemmCall
     from test_cuda_codegen import values
 
     b = Builder("mt")

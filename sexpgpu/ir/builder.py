@@ -99,6 +99,3 @@ class Builder:
 
     def program(self, outputs: dict[str, int]) -> Program:
         return Program(name=self.name, inputs=list(self.inputs), nodes=list(self.nodes), outputs=dict(outputs))
-
-
-__all__ = ["Builder", "OpError", "broadcast_shapes", "TensorType"]

@@ -136,3 +136,12 @@ def prune(program: Program) -> Program:
             live.update(node.args)
     nodes = [n for n in program.nodes if n.id in live]
     return program.model_copy(update={"nodes": nodes})
+
+
+def readers_of(program: Program) -> dict[int, list[Node]]:
+    """Value id -> the nodes that read it (a node reading it twice is there twice)."""
+    readers: dict[int, list[Node]] = {}
+    for node in program.nodes:
+        for arg in node.args:
+            readers.setdefault(arg, []).append(node)
+    return readers

@@ -1,14 +1,19 @@
 """The op table: each tensor operation declared once, with its shape and dtype rule, its
-gradient written as IR, its NumPy kernel and its CUDA lowering (an expression template for
-elementwise ops; the CUDA code generator reads it).
+gradient written as IR, its NumPy kernel, its kind, and what the CUDA lowering reads from it
+(a C expression template for elementwise ops; for a row op, how to build it from other ops).
+
+The kind says what the op computes as far as a backend cares, and so which generic lowering
+it gets: the NumPy plan shares a view's memory and computes a constant once; the CUDA
+lowering (runtime/cuda/lowering.py) looks an op's rule up by its name, then by its kind.
 
 Entries live in ops_*.py next to this file and register themselves here; adding an op
-touches one entry.
+touches one entry (and, for an op with a CUDA kernel of its own, one lowering file).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
@@ -37,16 +42,41 @@ def no_flops(node: Node, inputs: list[TensorType]) -> int:
     return 0
 
 
+class OpKind(str, Enum):
+    """What an op computes, as far as a backend cares."""
+
+    CONSTANT = "constant"  # no arguments: a tensor made from its attributes
+    ELEMENTWISE = "elementwise"  # each output element from the same (broadcast) element of every argument
+    REDUCTION = "reduction"  # over axes
+    ROW = "row"  # a function of each row along an axis, which `decompose` builds from other ops
+    VIEW = "view"  # the argument's elements seen through another shape or order (may share its memory)
+    LAYOUT = "layout"  # the arguments' elements copied into a new arrangement
+    GATHER = "gather"  # elements picked by integer indices
+    SCATTER = "scatter"  # values added into zeros at integer indices
+    MATMUL = "matmul"
+    RANDOM = "random"  # counter-based random bits: the same on every backend only through the op's own kernel
+    IMAGE = "image"  # windows over NCHW images: convolutions and pools
+
+
+# the kinds whose result elements are argument elements, unchanged
+MOVING_KINDS = frozenset({OpKind.VIEW, OpKind.LAYOUT, OpKind.GATHER})
+
+
 @dataclass(frozen=True)
 class OpDef:
     name: str
     infer: ShapeRule
     numpy: Kernel
     grad: Optional[GradRule]  # None: not differentiable (integer or boolean results)
+    kind: OpKind
     arity: Optional[int] = None  # None: any number of arguments
-    cuda: Optional[str] = None  # elementwise: a C expression over {0}, {1}, ...
+    # inside a fused CUDA kernel: a C expression over {0}, {1}, ... ({dtype}: the C type the
+    # result is computed in); every elementwise op has one
+    cuda: Optional[str] = None
+    # the expression for i32 and i64 results, where `cuda` calls float helpers (which round
+    # past 2^24)
+    cuda_integer: Optional[str] = None
     flops: FlopRule = elementwise_flops
-    elementwise: bool = False
     doc: str = ""
     attrs: tuple[str, ...] = field(default=())
     # optional: (attrs, input types) -> a kernel with the attrs worked out once, which the
@@ -56,6 +86,16 @@ class OpDef:
     # an op that is a primitive for its gradient's sake: (builder, node with its args) -> value
     decompose: Optional[Callable[["Builder", Node], int]] = None
 
+    @property
+    def elementwise(self) -> bool:
+        return self.kind is OpKind.ELEMENTWISE
+
+    @property
+    def moves_elements(self) -> bool:
+        """Whether every result element is an argument element, unchanged: a backend may
+        compute the op on the storage bits of any dtype."""
+        return self.kind in MOVING_KINDS
+
 
 OPS: dict[str, OpDef] = {}
 
@@ -63,6 +103,12 @@ OPS: dict[str, OpDef] = {}
 def register(op: OpDef) -> OpDef:
     if op.name in OPS:
         raise ValueError(f"op {op.name} registered twice")
+    if op.kind is OpKind.ELEMENTWISE and op.cuda is None:
+        raise ValueError(f"op {op.name}: an elementwise op needs its C expression (cuda=)")
+    if op.kind is OpKind.ROW and op.decompose is None:
+        raise ValueError(f"op {op.name}: a row op needs its decomposition into other ops (decompose=)")
+    if op.kind is OpKind.CONSTANT and op.arity != 0:
+        raise ValueError(f"op {op.name}: a constant takes no arguments (arity=0)")
     OPS[op.name] = op
     return op
 

@@ -45,7 +45,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .builder import Builder
 from .graph import Node, TensorType
-from .ops import Kernel, OpDef, OpError, register
+from .ops import Kernel, OpDef, OpError, OpKind, register
 
 Pair = tuple[int, int]
 
@@ -414,7 +414,7 @@ for _name, _infer, _grad, _doc in [
     ("conv2d_weight_grad", _conv_weight_grad_type, _g_conv_weight_grad, "conv2d's gradient for its weight"),
 ]:
     _plain, _spec = _conv_kernels(_name)
-    register(OpDef(_name, _infer, _plain, grad=_grad, arity=2, flops=_conv_flops, doc=_doc, specialize=_spec))
+    register(OpDef(_name, _infer, _plain, grad=_grad, kind=OpKind.IMAGE, arity=2, flops=_conv_flops, doc=_doc, specialize=_spec))
 
 
 # == pooling ===========================================================================================
@@ -689,6 +689,4 @@ for _name, _user, _infer, _compute, _shape, _grad, _arity, _doc in [
     ("avg_pool2d_grad", "avg-pool2d-grad", _avg_pool_grad_type, _avg_pool_grad, _given, _g_avg_pool_grad, 1, "avg_pool2d's gradient"),
 ]:
     _plain, _spec = _pool_kernels(_user, _compute, _shape)
-    register(OpDef(_name, _infer, _plain, grad=_grad, arity=_arity, flops=_pool_flops, doc=_doc, specialize=_spec))
-
-__all__ = ["ConvGeom", "PoolGeom", "conv_geometry", "pool_geometry", "release_scratch"]
+    register(OpDef(_name, _infer, _plain, grad=_grad, kind=OpKind.IMAGE, arity=_arity, flops=_pool_flops, doc=_doc, specialize=_spec))

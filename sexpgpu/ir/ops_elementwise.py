@@ -10,13 +10,9 @@ import numpy as np
 from .builder import Builder, broadcast_shapes
 from .dtypes import DType, numpy_dtype, parse_dtype
 from .graph import Node, TensorType
-from .ops import OpDef, OpError, no_flops, register
+from .ops import OpDef, OpError, OpKind, no_flops, register
 
 Arrays = list[np.ndarray]
-
-
-def _out(out: Optional[np.ndarray]) -> Any:
-    return out if out is not None else None
 
 
 # -- creation ---------------------------------------------------------------------------------
@@ -32,7 +28,7 @@ def _full_kernel(xs: Arrays, attrs: dict[str, Any], out: Optional[np.ndarray]) -
     return np.full(tuple(attrs["shape"]), attrs["value"], dtype=dtype)
 
 
-register(OpDef("full", _full_type, _full_kernel, grad=None, arity=0, flops=no_flops, doc="a constant tensor of one value"))
+register(OpDef("full", _full_type, _full_kernel, grad=None, kind=OpKind.CONSTANT, arity=0, flops=no_flops, doc="a constant tensor of one value"))
 
 
 def _constant_kernel(xs: Arrays, attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
@@ -40,7 +36,7 @@ def _constant_kernel(xs: Arrays, attrs: dict[str, Any], out: Optional[np.ndarray
     return np.asarray(attrs["data"], dtype=dtype).reshape(tuple(attrs["shape"]))
 
 
-register(OpDef("constant", _full_type, _constant_kernel, grad=None, arity=0, flops=no_flops, doc="a tensor from literal data"))
+register(OpDef("constant", _full_type, _constant_kernel, grad=None, kind=OpKind.CONSTANT, arity=0, flops=no_flops, doc="a tensor from literal data"))
 
 
 def _arange_kernel(xs: Arrays, attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
@@ -48,7 +44,7 @@ def _arange_kernel(xs: Arrays, attrs: dict[str, Any], out: Optional[np.ndarray])
     return (attrs.get("start", 0) + attrs.get("step", 1) * np.arange(n)).astype(numpy_dtype(parse_dtype(attrs["dtype"])))
 
 
-register(OpDef("arange", _full_type, _arange_kernel, grad=None, arity=0, flops=no_flops, doc="start, start+step, ..."))
+register(OpDef("arange", _full_type, _arange_kernel, grad=None, kind=OpKind.CONSTANT, arity=0, flops=no_flops, doc="start, start+step, ..."))
 
 
 def _tril_kernel(xs: Arrays, attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
@@ -56,7 +52,7 @@ def _tril_kernel(xs: Arrays, attrs: dict[str, Any], out: Optional[np.ndarray]) -
     return np.tril(np.ones((n, m), dtype=numpy_dtype(parse_dtype(attrs["dtype"]))), k=attrs.get("k", 0))
 
 
-register(OpDef("tril_mask", _full_type, _tril_kernel, grad=None, arity=0, flops=no_flops, doc="lower-triangular boolean mask"))
+register(OpDef("tril_mask", _full_type, _tril_kernel, grad=None, kind=OpKind.CONSTANT, arity=0, flops=no_flops, doc="lower-triangular boolean mask"))
 
 
 # -- unary ------------------------------------------------------------------------------------------
@@ -80,12 +76,13 @@ def _same_numeric(name: str) -> Callable[[list[TensorType], dict[str, Any]], Ten
     return infer
 
 
-def unary(name: str, kernel: Callable[..., np.ndarray], grad: Optional[Callable[[Builder, Node, int], list[Optional[int]]]], cuda: str, numeric: bool = False, doc: str = "") -> None:
+def unary(name: str, kernel: Callable[..., np.ndarray], grad: Optional[Callable[[Builder, Node, int], list[Optional[int]]]], cuda: str, numeric: bool = False, doc: str = "",
+          cuda_integer: Optional[str] = None) -> None:
     def run(xs: Arrays, attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
         return kernel(xs[0], out=out) if out is not None else kernel(xs[0])
 
     infer = _same_numeric(name) if numeric else _same_float(name)
-    register(OpDef(name, infer, run, grad=grad, arity=1, cuda=cuda, elementwise=True, doc=doc))
+    register(OpDef(name, infer, run, grad=grad, kind=OpKind.ELEMENTWISE, arity=1, cuda=cuda, cuda_integer=cuda_integer, doc=doc))
 
 
 def _g_neg(b: Builder, n: Node, g: int) -> list[Optional[int]]:
@@ -180,7 +177,7 @@ def _identity(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
 
 unary("neg", np.negative, _g_neg, "(-{0})", numeric=True, doc="-x")
 unary("stop_gradient", _identity, None, "({0})", numeric=True, doc="x, passing no gradient (a value autodiff treats as a constant)")
-unary("abs", np.absolute, _g_abs, "fabsf({0})", numeric=True, doc="|x|")
+unary("abs", np.absolute, _g_abs, "fabsf({0})", numeric=True, doc="|x|", cuda_integer="(({0}) < 0 ? -({0}) : ({0}))")
 unary("sign", _sign, None, "(({0} > 0) - ({0} < 0))", numeric=True, doc="-1, 0 or 1")
 unary("exp", np.exp, _g_exp, "expf({0})", doc="e^x")
 unary("log", np.log, _g_log, "logf({0})", doc="natural logarithm")
@@ -190,7 +187,7 @@ unary("rsqrt", _rsqrt, _g_rsqrt, "rsqrtf({0})", doc="1 / sqrt(x)")
 unary("square", np.square, _g_square, "({0} * {0})", numeric=True, doc="x * x")
 unary("tanh", np.tanh, _g_tanh, "tanhf({0})", doc="hyperbolic tangent")
 unary("sigmoid", _sigmoid, _g_sigmoid, "(1.0f / (1.0f + expf(-{0})))", doc="1 / (1 + e^-x), computed stably")
-unary("relu", _relu, _g_relu, "sx_maxf({0}, 0.0f)", numeric=True, doc="max(x, 0)")
+unary("relu", _relu, _g_relu, "sx_maxf({0}, 0.0f)", numeric=True, doc="max(x, 0)", cuda_integer="(({0}) > 0 ? ({0}) : 0)")
 unary("sin", np.sin, _g_sin, "sinf({0})", doc="sine")
 unary("cos", np.cos, _g_cos, "cosf({0})", doc="cosine")
 
@@ -215,7 +212,7 @@ def _g_cast(b: Builder, n: Node, g: int) -> list[Optional[int]]:
     return [b.cast(g, source)]
 
 
-register(OpDef("cast", _cast_type, _cast_kernel, grad=_g_cast, arity=1, cuda="(({dtype}){0})", elementwise=True, doc="convert the element type"))
+register(OpDef("cast", _cast_type, _cast_kernel, grad=_g_cast, kind=OpKind.ELEMENTWISE, arity=1, cuda="(({dtype}){0})", doc="convert the element type"))
 
 
 # -- binary ---------------------------------------------------------------------------------------------
@@ -236,13 +233,14 @@ def _binary_type(name: str, result: Optional[DType] = None, floats_only: bool = 
     return infer
 
 
-def binary(name: str, ufunc: Any, grad: Optional[Callable[[Builder, Node, int], list[Optional[int]]]], cuda: str, result: Optional[DType] = None, floats_only: bool = False, bools_only: bool = False, doc: str = "") -> None:
+def binary(name: str, ufunc: Any, grad: Optional[Callable[[Builder, Node, int], list[Optional[int]]]], cuda: str, result: Optional[DType] = None, floats_only: bool = False, bools_only: bool = False, doc: str = "",
+           cuda_integer: Optional[str] = None) -> None:
     def run(xs: Arrays, attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
         if out is not None:
             return ufunc(xs[0], xs[1], out=out)
         return ufunc(xs[0], xs[1])
 
-    register(OpDef(name, _binary_type(name, result, floats_only, bools_only), run, grad=grad, arity=2, cuda=cuda, elementwise=True, doc=doc))
+    register(OpDef(name, _binary_type(name, result, floats_only, bools_only), run, grad=grad, kind=OpKind.ELEMENTWISE, arity=2, cuda=cuda, cuda_integer=cuda_integer, doc=doc))
 
 
 def _shapes(b: Builder, n: Node) -> tuple[Any, Any]:
@@ -307,8 +305,8 @@ binary("sub", np.subtract, _g_sub, "({0} - {1})", doc="a - b, broadcasting")
 binary("mul", np.multiply, _g_mul, "({0} * {1})", doc="a * b, broadcasting")
 binary("div", np.divide, _g_div, "({0} / {1})", floats_only=True, doc="a / b, broadcasting")
 binary("pow", np.power, _g_pow, "powf({0}, {1})", floats_only=True, doc="a ^ b, broadcasting")
-binary("maximum", np.maximum, _g_maximum, "sx_maxf({0}, {1})", doc="elementwise maximum (ties send the gradient to a)")
-binary("minimum", np.minimum, _g_minimum, "sx_minf({0}, {1})", doc="elementwise minimum (ties send the gradient to a)")
+binary("maximum", np.maximum, _g_maximum, "sx_maxf({0}, {1})", doc="elementwise maximum (ties send the gradient to a)", cuda_integer="(({0}) > ({1}) ? ({0}) : ({1}))")
+binary("minimum", np.minimum, _g_minimum, "sx_minf({0}, {1})", doc="elementwise minimum (ties send the gradient to a)", cuda_integer="(({0}) < ({1}) ? ({0}) : ({1}))")
 for _name, _ufunc, _c in [("eq", np.equal, "=="), ("ne", np.not_equal, "!="), ("lt", np.less, "<"), ("gt", np.greater, ">"), ("le", np.less_equal, "<="), ("ge", np.greater_equal, ">=")]:
     binary(_name, _ufunc, None, "({0} " + _c + " {1})", result=DType.bool, doc=f"a {_c} b as a boolean tensor")
 binary("logical_and", np.logical_and, None, "({0} && {1})", result=DType.bool, bools_only=True, doc="a and b")
@@ -322,7 +320,7 @@ def _not_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     return t
 
 
-register(OpDef("logical_not", _not_type, lambda xs, at, out: np.logical_not(xs[0], out=out) if out is not None else np.logical_not(xs[0]), grad=None, arity=1, cuda="(!{0})", elementwise=True, doc="not a"))
+register(OpDef("logical_not", _not_type, lambda xs, at, out: np.logical_not(xs[0], out=out) if out is not None else np.logical_not(xs[0]), grad=None, kind=OpKind.ELEMENTWISE, arity=1, cuda="(!{0})", doc="not a"))
 
 
 # -- where ------------------------------------------------------------------------------------------------
@@ -350,4 +348,4 @@ def _g_where(b: Builder, n: Node, g: int) -> list[Optional[int]]:
     return [None, b.sum_to(b.op("where", c, g, zero), b.type(x).shape), b.sum_to(b.op("where", c, zero, g), b.type(y).shape)]
 
 
-register(OpDef("where", _where_type, _where_kernel, grad=_g_where, arity=3, cuda="({0} ? {1} : {2})", elementwise=True, doc="a where c, else b"))
+register(OpDef("where", _where_type, _where_kernel, grad=_g_where, kind=OpKind.ELEMENTWISE, arity=3, cuda="({0} ? {1} : {2})", doc="a where c, else b"))

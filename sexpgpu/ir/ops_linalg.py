@@ -9,7 +9,7 @@ import numpy as np
 
 from .builder import Builder, broadcast_shapes
 from .graph import Node, TensorType
-from .ops import OpDef, OpError, register
+from .ops import OpDef, OpError, OpKind, register
 
 
 def _matmul_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -69,4 +69,4 @@ def _matmul_flops(node: Node, inputs: list[TensorType]) -> int:
     return 2 * node.type.size * a.shape[-1]
 
 
-register(OpDef("matmul", _matmul_type, _matmul_kernel, grad=_g_matmul, arity=2, flops=_matmul_flops, doc="batched matrix product"))
+register(OpDef("matmul", _matmul_type, _matmul_kernel, grad=_g_matmul, kind=OpKind.MATMUL, arity=2, flops=_matmul_flops, doc="batched matrix product"))

@@ -68,7 +68,7 @@ import numpy as np
 
 from .dtypes import DType, numpy_dtype, parse_dtype
 from .graph import TensorType
-from .ops import OpDef, OpError, register
+from .ops import OpDef, OpError, OpKind, register
 
 PHILOX_M0 = 0xD2511F53
 PHILOX_M1 = 0xCD9E8D57
@@ -218,6 +218,7 @@ register(
         _float_type("random-uniform"),
         _uniform_kernel,
         grad=None,
+        kind=OpKind.RANDOM,
         arity=1,
         doc="uniform in [low, high) from Philox4x32-10 keyed by (seed, key), counter (element block, step)",
         attrs=("shape", "dtype", "seed", "key", "low", "high"),
@@ -229,6 +230,7 @@ register(
         _float_type("random-normal"),
         _normal_kernel,
         grad=None,
+        kind=OpKind.RANDOM,
         arity=1,
         doc="normal(mean, std) by Box-Muller on Philox4x32-10 words",
         attrs=("shape", "dtype", "seed", "key", "mean", "std"),
@@ -240,10 +242,9 @@ register(
         _dropout_type,
         _dropout_kernel,
         grad=None,
+        kind=OpKind.RANDOM,
         arity=1,
         doc="boolean keep mask (true = keep) with P(keep) = 1 - rate, from Philox4x32-10 words",
         attrs=("shape", "rate", "seed", "key"),
     )
 )
-
-__all__ = ["philox4x32", "random_words", "uniform01", "dropout_threshold", "PHILOX_M0", "PHILOX_M1", "PHILOX_W0", "PHILOX_W1"]

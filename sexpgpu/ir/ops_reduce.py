@@ -9,7 +9,7 @@ import numpy as np
 from .builder import Builder
 from .dtypes import DType
 from .graph import Node, TensorType
-from .ops import OpDef, OpError, register
+from .ops import OpDef, OpError, OpKind, register
 
 
 def normalize_axes(name: str, axis: Any, rank: int) -> list[int]:
@@ -137,10 +137,10 @@ def _specialized(ufunc: Any, mean: bool = False) -> Any:
     return make
 
 
-register(OpDef("sum", _reduce_type("sum"), _kernel(np.sum), grad=_g_sum, arity=1, flops=_reduce_flops, doc="sum over axes", specialize=_specialized(np.add)))
-register(OpDef("mean", _reduce_type("mean", floats_only=True), _kernel(np.mean), grad=_g_mean, arity=1, flops=_reduce_flops, doc="mean over axes", specialize=_specialized(np.add, mean=True)))
-register(OpDef("max", _reduce_type("max"), _kernel(np.max), grad=_g_extreme, arity=1, flops=_reduce_flops, doc="maximum over axes", specialize=_specialized(np.maximum)))
-register(OpDef("min", _reduce_type("min"), _kernel(np.min), grad=_g_extreme, arity=1, flops=_reduce_flops, doc="minimum over axes", specialize=_specialized(np.minimum)))
+register(OpDef("sum", _reduce_type("sum"), _kernel(np.sum), grad=_g_sum, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="sum over axes", specialize=_specialized(np.add)))
+register(OpDef("mean", _reduce_type("mean", floats_only=True), _kernel(np.mean), grad=_g_mean, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="mean over axes", specialize=_specialized(np.add, mean=True)))
+register(OpDef("max", _reduce_type("max"), _kernel(np.max), grad=_g_extreme, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="maximum over axes", specialize=_specialized(np.maximum)))
+register(OpDef("min", _reduce_type("min"), _kernel(np.min), grad=_g_extreme, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="minimum over axes", specialize=_specialized(np.minimum)))
 
 
 def _argmax_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -160,7 +160,7 @@ def _argmax_kernel(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[np
     return result
 
 
-register(OpDef("argmax", _argmax_type, _argmax_kernel, grad=None, arity=1, flops=_reduce_flops, doc="index of the maximum along an axis"))
+register(OpDef("argmax", _argmax_type, _argmax_kernel, grad=None, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="index of the maximum along an axis"))
 
 
 # -- softmax and log-softmax over one axis ---------------------------------------------------------
@@ -235,9 +235,9 @@ def _softmax_flops(node: Node, inputs: list[TensorType]) -> int:
     return 5 * inputs[0].size
 
 
-register(OpDef("softmax", _softmax_type("softmax"), _softmax_kernel, grad=_g_softmax, arity=1, flops=_softmax_flops,
+register(OpDef("softmax", _softmax_type("softmax"), _softmax_kernel, grad=_g_softmax, kind=OpKind.ROW, arity=1, flops=_softmax_flops,
                doc="exp(x - max) / sum(exp(x - max)) along :axis (default -1)", decompose=_decompose_softmax))
-register(OpDef("log_softmax", _softmax_type("log_softmax"), _log_softmax_kernel, grad=_g_log_softmax, arity=1, flops=_softmax_flops,
+register(OpDef("log_softmax", _softmax_type("log_softmax"), _log_softmax_kernel, grad=_g_log_softmax, kind=OpKind.ROW, arity=1, flops=_softmax_flops,
                doc="(x - max) - log(sum(exp(x - max))) along :axis (default -1)", decompose=_decompose_log_softmax))
 
 
@@ -321,7 +321,7 @@ def _decompose_rms_norm(b: Builder, n: Node) -> int:
     return b.op("mul", x, _rms_scale(b, x, float(n.attrs["eps"])))
 
 
-register(OpDef("layer_norm", _norm_type("layer_norm"), _layer_norm_kernel, grad=_g_layer_norm, arity=1, flops=_softmax_flops,
+register(OpDef("layer_norm", _norm_type("layer_norm"), _layer_norm_kernel, grad=_g_layer_norm, kind=OpKind.ROW, arity=1, flops=_softmax_flops,
                doc="(x - mean) / sqrt(var + eps) over the last axis", decompose=_decompose_layer_norm))
-register(OpDef("rms_norm", _norm_type("rms_norm"), _rms_norm_kernel, grad=_g_rms_norm, arity=1, flops=_softmax_flops,
+register(OpDef("rms_norm", _norm_type("rms_norm"), _rms_norm_kernel, grad=_g_rms_norm, kind=OpKind.ROW, arity=1, flops=_softmax_flops,
                doc="x / sqrt(mean(x^2) + eps) over the last axis", decompose=_decompose_rms_norm))

@@ -8,9 +8,8 @@ from typing import Any, Optional
 import numpy as np
 
 from .builder import Builder
-from .dtypes import DType
 from .graph import Node, TensorType
-from .ops import OpDef, OpError, no_flops, register
+from .ops import OpDef, OpError, OpKind, no_flops, register
 
 
 def _fmt(shape: tuple[int, ...]) -> str:
@@ -37,7 +36,7 @@ def _g_reshape(b: Builder, n: Node, g: int) -> list[Optional[int]]:
     return [b.op("reshape", g, shape=list(b.type(n.args[0]).shape))]
 
 
-register(OpDef("reshape", _reshape_type, _reshape_kernel, grad=_g_reshape, arity=1, flops=no_flops, doc="same elements, new shape"))
+register(OpDef("reshape", _reshape_type, _reshape_kernel, grad=_g_reshape, kind=OpKind.VIEW, arity=1, flops=no_flops, doc="same elements, new shape"))
 
 
 # -- transpose ------------------------------------------------------------------------------------------
@@ -59,7 +58,7 @@ def _g_transpose(b: Builder, n: Node, g: int) -> list[Optional[int]]:
     return [b.op("transpose", g, perm=inverse)]
 
 
-register(OpDef("transpose", _transpose_type, _transpose_kernel, grad=_g_transpose, arity=1, flops=no_flops, doc="permute axes"))
+register(OpDef("transpose", _transpose_type, _transpose_kernel, grad=_g_transpose, kind=OpKind.VIEW, arity=1, flops=no_flops, doc="permute axes"))
 
 
 # -- broadcast_to -------------------------------------------------------------------------------------------
@@ -80,7 +79,7 @@ def _g_broadcast(b: Builder, n: Node, g: int) -> list[Optional[int]]:
     return [b.sum_to(g, b.type(n.args[0]).shape)]
 
 
-register(OpDef("broadcast_to", _broadcast_type, _broadcast_kernel, grad=_g_broadcast, arity=1, flops=no_flops, doc="repeat along size-1 and new leading axes"))
+register(OpDef("broadcast_to", _broadcast_type, _broadcast_kernel, grad=_g_broadcast, kind=OpKind.VIEW, arity=1, cuda="{0}", flops=no_flops, doc="repeat along size-1 and new leading axes"))
 
 
 # -- concat ----------------------------------------------------------------------------------------------------
@@ -124,7 +123,7 @@ def _g_concat(b: Builder, n: Node, g: int) -> list[Optional[int]]:
     return grads
 
 
-register(OpDef("concat", _concat_type, _concat_kernel, grad=_g_concat, flops=no_flops, doc="join along an axis"))
+register(OpDef("concat", _concat_type, _concat_kernel, grad=_g_concat, kind=OpKind.LAYOUT, flops=no_flops, doc="join along an axis"))
 
 
 # -- slice (static bounds, step 1) -------------------------------------------------------------------------------
@@ -151,7 +150,7 @@ def _g_slice(b: Builder, n: Node, g: int) -> list[Optional[int]]:
     return [b.op("unslice", g, shape=list(b.type(n.args[0]).shape), starts=n.attrs["starts"], stops=n.attrs["stops"])]
 
 
-register(OpDef("slice", _slice_type, _slice_kernel, grad=_g_slice, arity=1, flops=no_flops, doc="a static window"))
+register(OpDef("slice", _slice_type, _slice_kernel, grad=_g_slice, kind=OpKind.VIEW, arity=1, flops=no_flops, doc="a static window"))
 
 
 def _unslice_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -174,7 +173,7 @@ def _g_unslice(b: Builder, n: Node, g: int) -> list[Optional[int]]:
     return [b.op("slice", g, starts=n.attrs["starts"], stops=n.attrs["stops"])]
 
 
-register(OpDef("unslice", _unslice_type, _unslice_kernel, grad=_g_unslice, arity=1, flops=no_flops, doc="zeros with a window set (slice's gradient)"))
+register(OpDef("unslice", _unslice_type, _unslice_kernel, grad=_g_unslice, kind=OpKind.LAYOUT, arity=1, flops=no_flops, doc="zeros with a window set (slice's gradient)"))
 
 
 # -- take (gather) and scatter_add -------------------------------------------------------------------------------
@@ -209,7 +208,7 @@ def _g_take(b: Builder, n: Node, g: int) -> list[Optional[int]]:
     return [b.op("scatter_add", g, idx, shape=list(b.type(x).shape), axis=n.attrs.get("axis", 0)), None]
 
 
-register(OpDef("take", _take_type, _take_kernel, grad=_g_take, arity=2, flops=no_flops, doc="gather rows by integer indices"))
+register(OpDef("take", _take_type, _take_kernel, grad=_g_take, kind=OpKind.GATHER, arity=2, flops=no_flops, doc="gather rows by integer indices"))
 
 
 def _scatter_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -250,6 +249,4 @@ def _g_scatter(b: Builder, n: Node, g: int) -> list[Optional[int]]:
     return [b.op("take", g, n.args[1], axis=n.attrs.get("axis", 0)), None]
 
 
-register(OpDef("scatter_add", _scatter_type, _scatter_kernel, grad=_g_scatter, arity=2, doc="add rows into zeros at integer indices (take's gradient)"))
-
-__all__ = ["DType"]
+register(OpDef("scatter_add", _scatter_type, _scatter_kernel, grad=_g_scatter, kind=OpKind.SCATTER, arity=2, doc="add rows into zeros at integer indices (take's gradient)"))

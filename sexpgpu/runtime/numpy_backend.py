@@ -1,9 +1,10 @@
 """The CPU backend: runs an IR program with NumPy under a memory plan made once.
 
 The plan (liveness analysis) gives every non-view result a preallocated buffer, reused once
-its last reader has run, and passes it as `out=`; view ops (reshape, transpose,
-broadcast_to, slice) keep their source alive instead. Constants are computed once. Running
-a step is then one kernel call per node and nothing else.
+its last reader has run, and passes it as `out=`; views (ops of the op table's kind `view`:
+reshape, transpose, broadcast_to, slice) keep their source alive instead. Constants (kind
+`constant`) are computed once. Running a step is then one kernel call per node and nothing
+else.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import numpy as np
 from pydantic import BaseModel
 
 from ..ir.dtypes import numpy_dtype
-from ..ir.graph import Program, TensorType
-from ..ir.ops import op_def
+from ..ir.graph import Node, Program, TensorType
+from ..ir.ops import OpKind, op_def
 
-VIEW_OPS = frozenset({"reshape", "transpose", "broadcast_to", "slice"})
-CONSTANT_OPS = frozenset({"full", "constant", "arange", "tril_mask"})
+
+def is_view(node: Node) -> bool:
+    """Whether NODE's result may share its first argument's memory."""
+    return op_def(node.op).kind is OpKind.VIEW
 
 
 @dataclass
@@ -50,7 +53,7 @@ def _last_uses(program: Program) -> dict[int, int]:
         for a in node.args:
             root = alias.get(a, a)
             last[root] = index
-        if node.op in VIEW_OPS:
+        if is_view(node):
             alias[node.id] = alias.get(node.args[0], node.args[0])
     end = len(program.nodes)
     for nid in program.outputs.values():
@@ -71,14 +74,14 @@ def make_plan(program: Program) -> Plan:
     for index, node in enumerate(program.nodes):
         definition = op_def(node.op)
         dtype = numpy_dtype(node.type.dtype)
-        if node.op in CONSTANT_OPS:
+        if definition.kind is OpKind.CONSTANT:
             constants[node.id] = definition.numpy([], node.attrs, None)
             continue
         for key, buffer_index in releases.pop(index, []):
             free.setdefault(key, []).append(buffer_index)
             live_bytes -= buffers[buffer_index].nbytes
         out: Optional[int] = None
-        if node.op in VIEW_OPS:
+        if is_view(node):
             alias[node.id] = alias.get(node.args[0], node.args[0])
         else:
             key = (node.type.shape, dtype)

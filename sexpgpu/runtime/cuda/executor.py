@@ -17,19 +17,14 @@ from pydantic import BaseModel
 
 from ...ir.dtypes import DType, numpy_dtype
 from ...ir.graph import Node, Program, TensorType
-from ...ir.ops import op_def
+from ...ir.ops import OpKind, op_def
 from ..backend import HostBackend
-from .codegen import KernelSource, kernels_for
-from .fusion import FusedGroup, GemmCall, OpKernel, RandomStep, ReduceGroup, ScatterStep, ViewStep, lower
+from .codegen import KernelSource
+from .fusion import lower
+from .kernels import kernels_for
 from .plan import plan_arena, scratch_value
-from .rows import RowGroup
 
 STORAGE = {DType.f32: np.float32, DType.bf16: np.uint16, DType.i32: np.int32, DType.i64: np.int64, DType.bool: np.uint8, DType.f64: np.float64}
-# ops that only move elements: they run on the storage bits whatever the dtype
-MOVES = {"transpose", "take", "concat", "slice", "unslice", "broadcast_to", "reshape"}
-# computed by the CPU backend's kernel and sent to the device: the random bits (Philox keyed
-# by seed, step and op) must be the CPU's, bit for bit
-ON_HOST = {"dropout_mask", "random_uniform", "random_normal"}
 
 
 def c_order(xp: Any, a: Any) -> Any:
@@ -110,14 +105,14 @@ class ArrayDevice:
     def op(self, node: Node, args: list[Any], types: dict[int, TensorType]) -> Any:
         """An op that is a kernel of its own. Element moves run on the storage bits; other ops
         run the op table's kernel (NumPy's API, which CuPy arrays also dispatch), with bf16
-        widened to f32 and rounded back on a device without a bf16 array type."""
-        kernel = op_def(node.op).numpy
+        widened to f32 and rounded back on a device without a bf16 array type. A random op
+        runs the CPU backend's kernel on the host: its bits (Philox keyed by seed, step and
+        op) must be the CPU's, bit for bit."""
+        definition = op_def(node.op)
+        kernel = definition.numpy
         attrs = dict(node.attrs)
         arg_types = [types[a] for a in node.args]
-        if node.op == "take" and self.xp is not np:  # CuPy's take has no mode=: clip first, as the CPU does
-            rows = args[0].shape[attrs.get("axis", 0)]
-            return self.xp.take(args[0], self.xp.clip(args[1], 0, rows - 1), axis=attrs.get("axis", 0))
-        if node.op in MOVES:
+        if definition.moves_elements:
             try:
                 return kernel(args, attrs, None)
             except (TypeError, ValueError, NotImplementedError):  # NumPy API CuPy lacks
@@ -125,7 +120,7 @@ class ArrayDevice:
         if self.xp is np:
             with np.errstate(all="ignore"):
                 return self.storage(kernel([self.typed(a, t) for a, t in zip(args, arg_types)], attrs, None), node.type)
-        if node.op in ON_HOST:
+        if definition.kind is OpKind.RANDOM:
             return self.on_host(node, args, arg_types)
         wide = [self.widen_bf16(a) if t.dtype == DType.bf16 else (a.astype(bool) if t.dtype == DType.bool else a) for a, t in zip(args, arg_types)]
         if node.type.dtype == DType.bf16 and "dtype" in attrs:
@@ -192,11 +187,8 @@ class LoweredProgram:
             itemsize = np.dtype(STORAGE[t.dtype]).itemsize
             count = buf.bytes // itemsize
             self.views[buf.value] = self.memory[buf.offset : buf.offset + buf.bytes].view(STORAGE[t.dtype])[:count].reshape(t.shape)
-        self.kernels: dict[int, list[KernelSource]] = {}
-        for k, step in enumerate(self.lowering.steps):
-            if isinstance(step, (FusedGroup, RowGroup, ReduceGroup, ScatterStep, RandomStep)):
-                self.kernels[k] = kernels_for(step, program, self.lowering.constants)
-        device.runner.prepare([kernel for kernels in self.kernels.values() for kernel in kernels])
+        self.kernels = [kernels_for(step, program, self.lowering.constants) for step in self.lowering.steps]
+        device.runner.prepare([kernel for kernels in self.kernels for kernel in kernels])
 
     def run(self, feeds: dict[str, Any], keep: frozenset[str] = frozenset()) -> dict[str, Any]:
         """Run on FEEDS; the outputs named in KEEP stay on the device (views of the arena or
@@ -205,59 +197,52 @@ class LoweredProgram:
         values: dict[int, Any] = {}
         for name, vid in self.input_ids.items():
             values[vid] = device.to_device(feeds[name], self.input_types[name])
+        run = ProgramRun(self, values)
         for k, step in enumerate(self.lowering.steps):
-            if isinstance(step, (FusedGroup, RowGroup)):
-                outs = [self.views[v] for v in step.outputs]
-                device.runner.launch(self.kernels[k][0], [self.contiguous(values[v]) for v in step.inputs] + outs)
-                values.update(zip(step.outputs, outs))
-            elif isinstance(step, ReduceGroup):
-                out = self.views[step.node.id]
-                inputs = [self.contiguous(values[v]) for v in step.inputs]
-                if len(self.kernels[k]) == 2:  # split: the chunks' partial results, then their combination
-                    partials, finish = self.kernels[k]
-                    scratch = self.views[scratch_value(k)]
-                    device.runner.launch(partials, inputs + [scratch])
-                    device.runner.launch(finish, [scratch, out])
-                else:
-                    device.runner.launch(self.kernels[k][0], inputs + [out])
-                values[step.node.id] = out
-            elif isinstance(step, RandomStep):
-                out = self.views[step.node.id]
-                device.runner.launch(self.kernels[k][0], [self.contiguous(values[step.node.args[0]]), out])
-                values[step.node.id] = out
-            elif isinstance(step, ScatterStep):
-                values[step.node.id] = self.scatter(k, step.node, values)
-            elif isinstance(step, ViewStep):
-                values[step.node.id] = self.contiguous(values[step.node.args[0]]).reshape(step.node.type.shape)
-            elif isinstance(step, GemmCall):
-                values[step.node.id] = device.matmul(step.node, values[step.a], values[step.b], types, self.views[step.node.id], step.trans_a, step.trans_b)
-            else:
-                assert isinstance(step, OpKernel)
-                values[step.node.id] = self.place(step.node, device.op(step.node, [values[a] for a in step.node.args], types))
+            run.step = k
+            step.launch(run, self.kernels[k])
         return {name: values[vid] if name in keep else device.to_host(values[vid], types[vid]) for name, vid in self.outputs.items()}
-
-    def scatter(self, k: int, node: Node, values: dict[int, Any]) -> Any:
-        """Sort the positions by index (stable: equal indices keep their order), find each
-        row's range, and let the kernel add the rows in that order."""
-        xp = self.device.xp
-        rows = node.type.shape[0]
-        idx = xp.clip(values[node.args[1]].reshape(-1).astype(np.int64), 0, rows - 1)
-        order = xp.ascontiguousarray(xp.argsort(idx, kind="stable").astype(np.int64))
-        starts = xp.ascontiguousarray(xp.searchsorted(idx[order], xp.arange(rows + 1, dtype=np.int64)).astype(np.int64))
-        out = self.views[node.id]
-        self.device.runner.launch(self.kernels[k][0], [self.contiguous(values[node.args[0]]), order, starts, out])
-        return out
-
-    def place(self, node: Node, result: Any) -> Any:
-        out = self.views[node.id]
-        out[...] = result
-        return out
-
-    def contiguous(self, value: Any) -> Any:
-        return c_order(self.device.xp, value)
 
     def run_copy(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
         return {k: np.array(v, copy=True) for k, v in self.run(feeds).items()}
+
+
+class ProgramRun:
+    """One run of a lowered program, as its steps see it (lowering.StepRun)."""
+
+    def __init__(self, lowered: LoweredProgram, values: dict[int, Any]) -> None:
+        self.lowered = lowered
+        self.device = lowered.device
+        self.values = values
+        self.step = 0  # the step running now (whose scratch buffer `scratch` is)
+
+    @property
+    def xp(self) -> Any:
+        return self.device.xp
+
+    def value(self, vid: int) -> Any:
+        return self.values[vid]
+
+    def contiguous(self, vid: int) -> Any:
+        return c_order(self.device.xp, self.values[vid])
+
+    def buffer(self, vid: int) -> Any:
+        return self.lowered.views[vid]
+
+    def scratch(self) -> Any:
+        return self.lowered.views[scratch_value(self.step)]
+
+    def set(self, vid: int, value: Any) -> None:
+        self.values[vid] = value
+
+    def launch(self, kernel: KernelSource, arrays: list[Any]) -> None:
+        self.device.runner.launch(kernel, arrays)
+
+    def matmul(self, node: Node, a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool) -> Any:
+        return self.device.matmul(node, a, b, self.lowered.types, out, trans_a, trans_b)
+
+    def array_op(self, node: Node) -> Any:
+        return self.device.op(node, [self.values[a] for a in node.args], self.lowered.types)
 
 
 class DeviceBackend:

@@ -1,10 +1,13 @@
 """How the CUDA device lowers an IR program: fusion groups, cuBLAS calls, other kernels.
 
-Elementwise ops (and `broadcast_to`, and scalar `full` constants) that compute over the same
-element space are fused into one group, which becomes one generated kernel: its values live
-in registers, only the group's inputs are read and only the values used outside it (or
+Every node is placed by its op's rule (lowering.py's registry, filled by steps.py): elementwise
+ops (and `broadcast_to`, 1-D joins and windows, scalar `full` constants) that compute over the
+same element space are fused into one group, which becomes one generated kernel: its values
+live in registers, only the group's inputs are read and only the values used outside it (or
 returned by the program) are written. Matmuls are cuBLAS calls. Every other op is one kernel
-of its own (reductions, gathers, the deterministic scatter-add, convolutions, ...).
+of its own (reductions, gathers, the deterministic scatter-add, convolutions, ...). Then a
+reduction takes in the group that makes its input, and the row pass (rows.py) merges runs
+over one row space.
 
 A node may join a group only if none of its other arguments depends on the group (else
 the group would need its own output before it ends): the partition stays a DAG.
@@ -16,165 +19,45 @@ it on any machine, and the CUDA backend compiles what it names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Union
+from typing import Optional
 
 from ...ir.builder import Builder
-from ...ir.dtypes import DType
-from ...ir.graph import Node, Program, TensorType
+from ...ir.graph import Node, Program, TensorType, readers_of
 from ...ir.ops import op_def
-
-Shape = tuple[int, ...]
-
-
-@dataclass
-class FusedGroup:
-    """Elementwise nodes computed by one generated kernel over `shape`."""
-
-    shape: Shape
-    nodes: list[Node] = field(default_factory=list)
-    inputs: list[int] = field(default_factory=list)  # values read (from outside the group)
-    outputs: list[int] = field(default_factory=list)  # values written (used outside, or returned)
-    kind: Literal["fused"] = "fused"
-
-    @property
-    def ids(self) -> set[int]:
-        return {n.id for n in self.nodes}
-
-
-@dataclass
-class ReduceGroup:
-    """A reduction (sum mean max min) computed by one generated kernel, with the elementwise
-    group that produces its input fused in as a prologue when nothing else reads it."""
-
-    node: Node
-    prologue: Optional[FusedGroup] = None
-    kind: Literal["reduce"] = "reduce"
-
-    @property
-    def inputs(self) -> list[int]:
-        return self.prologue.inputs if self.prologue is not None else list(self.node.args)
-
-    @property
-    def ids(self) -> set[int]:
-        return {self.node.id} | (self.prologue.ids if self.prologue is not None else set())
-
-
-@dataclass
-class ScatterStep:
-    """scatter_add along axis 0 (the embedding gradient): positions sorted stably by index,
-    then one thread per output element adds its rows in that order: deterministic, no float
-    atomics, and the same order (so the same f32 bits) as the CPU backend's np.add.at."""
-
-    node: Node
-    kind: Literal["scatter"] = "scatter"
-
-
-@dataclass
-class RandomStep:
-    """dropout_mask or random_uniform (f32, bf16) as a device Philox kernel with the CPU
-    backend's bits."""
-
-    node: Node
-    kind: Literal["random"] = "random"
-
-
-@dataclass
-class GemmCall:
-    """One matmul through cuBLAS (bf16 inputs accumulate in f32)."""
-
-    node: Node
-    batch: int
-    m: int
-    n: int
-    k: int
-    kind: Literal["gemm"] = "gemm"
-    # an operand that is a transpose of the last two axes is read untransposed, with
-    # cuBLAS's transpose flag: the transpose costs no kernel and no memory
-    a: int = -1
-    b: int = -1
-    trans_a: bool = False
-    trans_b: bool = False
-
-    @property
-    def inputs(self) -> list[int]:
-        return [self.a, self.b]
-
-
-@dataclass
-class OpKernel:
-    """A node that is a kernel of its own."""
-
-    node: Node
-    kind: Literal["op"] = "op"
-
-
-@dataclass
-class ViewStep:
-    """A node that moves no data on the device (a reshape of a contiguous buffer)."""
-
-    node: Node
-    kind: Literal["view"] = "view"
-
-
-Step = Union[FusedGroup, ReduceGroup, ScatterStep, RandomStep, GemmCall, OpKernel, ViewStep]
-REDUCTIONS = ("sum", "mean", "max", "min")
-
-
-def joins_flat(node: Node) -> bool:
-    """A concat of 1-D values (the optimizer's joined group): fused as a piecewise load."""
-    return node.op == "concat" and len(node.type.shape) == 1
-
-
-def windows_flat(node: Node) -> bool:
-    """A contiguous window of a 1-D value (a parameter's part of the joined update): fused as
-    a windowed store of the group that computes the value."""
-    return node.op == "slice" and len(node.type.shape) == 1
-
-
-def fusible(node: Node) -> bool:
-    return node.op == "broadcast_to" or joins_flat(node) or op_def(node.op).elementwise
-
-
-def gemm(node: Node, types: dict[int, TensorType]) -> GemmCall:
-    a, b = (types[i] for i in node.args)
-    out = node.type.shape
-    m, n = out[-2], out[-1]
-    k = a.shape[-1]
-    batch = 1
-    for d in out[:-2]:
-        batch *= d
-    return GemmCall(node=node, batch=batch, m=m, n=n, k=k, a=node.args[0], b=node.args[1])
-
-
-def swaps_last_axes(node: Node) -> bool:
-    perm = list(node.attrs.get("perm", []))
-    r = len(perm)
-    return node.op == "transpose" and r >= 2 and perm == list(range(r - 2)) + [r - 1, r - 2]
-
-
-def readers_of(program: Program) -> dict[int, list[Node]]:
-    """Value id -> the nodes that read it (a node reading it twice is there twice)."""
-    readers: dict[int, list[Node]] = {}
-    for node in program.nodes:
-        for arg in node.args:
-            readers.setdefault(arg, []).append(node)
-    return readers
+from .lowering import Absorbed, Fuse, Placement, Step, lowering_for
+from .rows import fuse_rows
+from .steps import FusedGroup, OpKernel, ReduceGroup
 
 
 class Partition:
-    """The fusion pass over one program."""
+    """The fusion pass over one program; the context its nodes' rules see."""
 
     def __init__(self, program: Program) -> None:
         self.program = program
-        self.types = program.types()
+        self.types: dict[int, TensorType] = program.types()
         self.by_id = {n.id: n for n in program.nodes}
         # program order (ids follow it, except the nodes a decomposition added at the end)
         self.position = {n.id: k for k, n in enumerate(program.nodes)}
-        self.readers = readers_of(program)
+        self.reading = readers_of(program)
         self.returned = set(program.outputs.values())
+        self.constants: set[int] = set()  # `full` nodes written as literals into the kernels reading them
         self.group_of: dict[int, FusedGroup] = {}
         self.ancestors: dict[int, frozenset[int]] = {}
 
+    # -- what a rule may ask (lowering.LoweringContext) --------------------------------------------
+    def producer(self, vid: int) -> Optional[Node]:
+        return self.by_id.get(vid)
+
+    def readers(self, vid: int) -> list[Node]:
+        return self.reading.get(vid, [])
+
+    def is_returned(self, vid: int) -> bool:
+        return vid in self.returned
+
+    def place(self, node: Node) -> Placement:
+        return lowering_for(op_def(node.op))(node, self)
+
+    # -- the pass -------------------------------------------------------------------------------------
     def ancestors_of(self, vid: int) -> frozenset[int]:
         """Every node id VID depends on (itself included)."""
         known = self.ancestors.get(vid)
@@ -191,8 +74,8 @@ class Partition:
         self.ancestors[vid] = result
         return result
 
-    def can_join(self, node: Node, group: FusedGroup) -> bool:
-        if windows_flat(node):  # a window of a value the group computes
+    def can_join(self, node: Node, fuse: Fuse, group: FusedGroup) -> bool:
+        if fuse.window is not None:  # a window of a value the group computes
             return node.args[0] in group.ids and len(group.shape) == 1
         if group.shape != tuple(node.type.shape):
             return False
@@ -212,71 +95,40 @@ class Partition:
         return True
 
     def merge(self, group: FusedGroup, other: FusedGroup, steps: list[Step]) -> None:
-        group.nodes = sorted(group.nodes + other.nodes, key=lambda n: self.position[n.id])
+        group.absorb(other, self.position)
         for node in other.nodes:
             self.group_of[node.id] = group
         steps.remove(other)
 
-    def transposes_for_gemm(self) -> dict[int, int]:
-        """Transposes of the last two axes read only by matmuls: transposed node -> its source."""
-        readers = self.readers
-        return {
-            n.id: n.args[0] for n in self.program.nodes
-            if swaps_last_axes(n) and n.id not in self.returned and readers.get(n.id) and all(r.op == "matmul" for r in readers[n.id])
-        }
-
-    def inlined_constants(self) -> set[int]:
-        """`full` nodes whose every reader is fused: they become literals in the kernels
-        (no memory, no kernel of their own)."""
-        return {
-            n.id for n in self.program.nodes
-            if n.op == "full" and n.id not in self.returned and all(fusible(r) for r in self.readers.get(n.id, []))
-        }
+    def fuse(self, node: Node, fuse: Fuse, steps: list[Step]) -> None:
+        """NODE joins the group of one of its arguments (merging the others' it can), or
+        starts one; a window that cannot join its source's group is a kernel of its own."""
+        group = next((g for g in (self.group_of.get(a) for a in node.args) if g is not None and self.can_join(node, fuse, g)), None)
+        if group is None and fuse.window is not None:
+            steps.append(OpKernel(node))
+            return
+        if group is None:
+            group = FusedGroup(shape=tuple(node.type.shape))
+            steps.append(group)
+        group.add(node, fuse)
+        self.group_of[node.id] = group
+        for other in {id(g): g for g in (self.group_of.get(a) for a in node.args) if g is not None and g is not group}.values():
+            if self.can_merge(group, other):  # the node joins two groups: one kernel
+                self.merge(group, other, steps)
 
     def run(self) -> list[Step]:
         steps: list[Step] = []
-        self.constants = self.inlined_constants()
-        self.flag_transposes = self.transposes_for_gemm()
         for node in self.program.nodes:
             self.ancestors_of(node.id)  # memoized in program order: no deep recursion
-            if node.id in self.constants:
-                continue
-            if node.id in self.flag_transposes:
-                continue
-            if node.op == "matmul":
-                call = gemm(node, self.types)
-                if call.a in self.flag_transposes:
-                    call.a, call.trans_a = self.flag_transposes[call.a], True
-                if call.b in self.flag_transposes:
-                    call.b, call.trans_b = self.flag_transposes[call.b], True
-                steps.append(call)
-            elif node.op == "reshape":
-                steps.append(ViewStep(node))
-            elif node.op == "dropout_mask" or (node.op == "random_uniform" and node.type.dtype in (DType.f32, DType.bf16)):
-                steps.append(RandomStep(node))
-            elif node.op == "scatter_add" and node.attrs.get("axis", 0) % len(node.type.shape) == 0 and node.type.dtype in (DType.f32, DType.bf16):
-                steps.append(ScatterStep(node))
-            elif node.op in REDUCTIONS and self.types[node.args[0]].dtype in (DType.f32, DType.bf16, DType.i32, DType.i64):
-                steps.append(ReduceGroup(node))
-            elif fusible(node) or (windows_flat(node) and self.group_of.get(node.args[0]) is not None):
-                group = next((g for g in (self.group_of.get(a) for a in node.args) if g is not None and self.can_join(node, g)), None)
-                if group is None and windows_flat(node):
-                    steps.append(OpKernel(node))
-                    continue
-                if group is None:
-                    group = FusedGroup(shape=tuple(node.type.shape))
-                    steps.append(group)
-                group.nodes.append(node)
-                self.group_of[node.id] = group
-                for other in {id(g): g for g in (self.group_of.get(a) for a in node.args) if g is not None and g is not group}.values():
-                    if self.can_merge(group, other):  # the node joins two groups: one kernel
-                        self.merge(group, other, steps)
-            else:
-                steps.append(OpKernel(node))
+            placement = self.place(node)
+            if isinstance(placement, Fuse):
+                self.fuse(node, placement, steps)
+            elif placement is Absorbed.LITERAL:
+                self.constants.add(node.id)
+            elif not isinstance(placement, Absorbed):  # a transpose flag is no step: its matmuls read its source
+                steps.append(placement)
         self.finish_groups(steps)
         steps = self.fuse_prologues(steps)
-        from .rows import fuse_rows  # the row pass works on the lowered steps
-
         return fuse_rows(self.ordered(steps), self.program, self.constants)
 
     def fuse_prologues(self, steps: list[Step]) -> list[Step]:
@@ -288,9 +140,9 @@ class Partition:
                 continue
             source = step.node.args[0]
             group = self.group_of.get(source)
-            if group is None or group.outputs != [source] or len(self.readers.get(source, [])) != 1 or source in self.returned:
+            if group is None or group.outputs != [source] or len(self.readers(source)) != 1 or source in self.returned:
                 continue
-            if any(n.op in ("concat", "slice") for n in group.nodes):  # piecewise groups stay whole
+            if group.piecewise:
                 continue
             if group.shape != tuple(self.types[source].shape):
                 continue
@@ -324,10 +176,9 @@ class Partition:
         out: list[Step] = []
         while pending:
             for i, step in enumerate(pending):
-                needs = step.inputs if isinstance(step, (FusedGroup, ReduceGroup, GemmCall)) else step.node.args
-                if all(a in made for a in needs):
+                if all(a in made for a in step.reads):
                     out.append(step)
-                    made |= step.ids if isinstance(step, (FusedGroup, ReduceGroup)) else {step.node.id}
+                    made |= {n.id for n in step.nodes}
                     del pending[i]
                     break
             else:  # cannot happen for a DAG partition; keep the program order rather than loop
@@ -353,6 +204,12 @@ class Lowering:
     @property
     def reductions(self) -> list[ReduceGroup]:
         return [s for s in self.steps if isinstance(s, ReduceGroup)]
+
+    def label(self, node: Node) -> str:
+        """"%id op loc path"; a node a decomposition made also names the op it builds, whose
+        id is the one `sexpgpu ir` prints: "%48 max (of %11 log_softmax) ..."."""
+        origin = self.origins.get(node.id)
+        return " ".join(x for x in (f"%{node.id}", node.op, f"(of {origin})" if origin else "", node.loc or "", node.path or "") if x)
 
 
 def decomposed(program: Program) -> tuple[Program, dict[int, str]]:

@@ -1,0 +1,222 @@
+"""What a lowered program is made of, and which rule lowers each op.
+
+A lowering rule takes one IR node and says where it goes in the CUDA program: a step of its
+own (a generated kernel, a cuBLAS call, array code, a view), `Fuse` (computed inside a fused
+elementwise kernel), or no step at all (`Absorbed`). Rules are registered by op name
+(`register_lowering`), or for every op of a kind that has no rule of its own
+(`register_kind_lowering`), as JAX registers each primitive's lowering; steps.py registers
+the op table's rules when it is imported. The fusion pass finds a node's rule with
+`lowering_for` and nothing else.
+
+Every step implements `Step`: the values it reads and writes (the arena's liveness), the
+kernels it generates, how it runs (`launch`, over the `StepRun` the executor gives it) and
+its line in the report (`describe`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable, ClassVar, Optional, Protocol, Union
+
+from pydantic import BaseModel
+
+from ...ir.graph import Node, Program, TensorType
+from ...ir.ops import OpDef, OpKind
+from .codegen import KernelSource, LoweringError
+
+
+class KernelLine(BaseModel):
+    """One step in the report of `sexpgpu explain --cuda`."""
+
+    step: int
+    kind: str  # fused | rows | reduce | scatter | random | gemm | op | view
+    kernel: str
+    nodes: list[str]  # "%id op loc path"
+    elements: int
+    bytes: int
+    flops: int
+    launches: int = 1  # a split reduction is two kernels
+    how: str = ""  # who computes what: "a warp per row", "a thread per output", ...
+
+
+class Lowered(Protocol):
+    """A lowered program, as a step's report line reads it."""
+
+    @property
+    def program(self) -> Program: ...
+
+    @property
+    def constants(self) -> dict[int, Node]:
+        """The `full` nodes written as literals into the kernels that read them."""
+        ...
+
+    def label(self, node: Node) -> str:
+        """"%id op loc path", naming the op a decomposition built NODE for."""
+        ...
+
+
+class StepRun(Protocol):
+    """One run of a lowered program, as a step's `launch` sees it: the values made so far,
+    the program's arena, and the device."""
+
+    @property
+    def xp(self) -> Any:
+        """The device's array module (CuPy; NumPy in the host emulation)."""
+        ...
+
+    def value(self, vid: int) -> Any: ...
+
+    def contiguous(self, vid: int) -> Any:
+        """Value VID in C order (what a generated kernel reads)."""
+        ...
+
+    def buffer(self, vid: int) -> Any:
+        """Value VID's buffer in the arena, in its storage dtype."""
+        ...
+
+    def scratch(self) -> Any:
+        """The running step's scratch buffer in the arena (f64; see `Step.scratch_bytes`)."""
+        ...
+
+    def set(self, vid: int, value: Any) -> None: ...
+
+    def launch(self, kernel: KernelSource, arrays: list[Any]) -> None:
+        """Run a generated kernel over ARRAYS (its params in order: contiguous, storage dtypes)."""
+        ...
+
+    def matmul(self, node: Node, a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool) -> Any:
+        """OUT = A @ B through cuBLAS, an operand whose flag is set given as its transpose."""
+        ...
+
+    def array_op(self, node: Node) -> Any:
+        """NODE's result from the op table's array code on the device, over its arguments."""
+        ...
+
+
+class Step(Protocol):
+    """One step of a lowered program: one kernel launch or more, a cuBLAS call, array code,
+    or a view."""
+
+    kind: ClassVar[str]  # the report's: fused | rows | reduce | scatter | random | gemm | op | view
+
+    @property
+    def nodes(self) -> list[Node]:
+        """The IR nodes the step computes."""
+        ...
+
+    @property
+    def reads(self) -> list[int]:
+        """The values it reads: program inputs or values earlier steps made."""
+        ...
+
+    @property
+    def writes(self) -> list[int]:
+        """The values it makes for later steps (or the program's outputs)."""
+        ...
+
+    @property
+    def aliases(self) -> dict[int, int]:
+        """Written value -> the value whose buffer it shares (a view); the others get one each."""
+        ...
+
+    def scratch_bytes(self, types: dict[int, TensorType]) -> int:
+        """Bytes of arena the step needs while it runs (a split reduction's partial results)."""
+        ...
+
+    def kernels(self, program: Program, constants: dict[int, Node]) -> list[KernelSource]:
+        """The generated kernels it launches, in launch order."""
+        ...
+
+    def launch(self, run: StepRun, kernels: list[KernelSource]) -> None:
+        """Compute the step on the device (KERNELS: its `kernels`, compiled)."""
+        ...
+
+    def describe(self, index: int, lowered: Lowered) -> KernelLine: ...
+
+
+@dataclass(frozen=True)
+class Fuse:
+    """The node is computed inside a fused elementwise kernel."""
+
+    piecewise: bool = False  # a 1-D join of its arguments: each part loaded inside its own range
+    window: Optional[tuple[int, int]] = None  # a window [start, stop) of a 1-D value the group computes: a windowed store
+
+    @property
+    def takes_literals(self) -> bool:
+        """Whether the node's constant arguments can be literals in the kernel (a window
+        stores a value the group computes, so its argument must be one)."""
+        return self.window is None
+
+
+class Absorbed(Enum):
+    """A node that is no step of its own."""
+
+    LITERAL = "literal"  # a constant written as a literal into every kernel that reads it
+    TRANSPOSE_FLAG = "transpose flag"  # a transpose of the last two axes its readers (matmuls) take as cuBLAS's flag on its source
+
+
+Placement = Union[Step, Fuse, Absorbed]
+
+
+class LoweringContext(Protocol):
+    """What a rule may ask about the program it lowers."""
+
+    @property
+    def types(self) -> dict[int, TensorType]: ...
+
+    def producer(self, vid: int) -> Optional[Node]:
+        """The node that makes value VID (None for a program input)."""
+        ...
+
+    def readers(self, vid: int) -> list[Node]:
+        """The nodes that read value VID (a node reading it twice is there twice)."""
+        ...
+
+    def is_returned(self, vid: int) -> bool: ...
+
+    def place(self, node: Node) -> Placement:
+        """Where NODE goes: its rule's answer. A rule asks it only of the nodes that read its
+        own (later ones), so that placing a node never comes back to it."""
+        ...
+
+
+Rule = Callable[[Node, LoweringContext], Placement]
+
+# filled once, when the modules that define rules are imported (steps.py)
+LOWERINGS_BY_OP: dict[str, Rule] = {}
+LOWERINGS_BY_KIND: dict[OpKind, Rule] = {}
+
+
+def register_lowering(*ops: str) -> Callable[[Rule], Rule]:
+    """A decorator: the rule lowers the ops named OPS."""
+
+    def add(rule: Rule) -> Rule:
+        for op in ops:
+            if op in LOWERINGS_BY_OP:
+                raise ValueError(f"a CUDA lowering for op {op} is registered twice")
+            LOWERINGS_BY_OP[op] = rule
+        return rule
+
+    return add
+
+
+def register_kind_lowering(*kinds: OpKind) -> Callable[[Rule], Rule]:
+    """A decorator: the rule lowers every op of KINDS that has no rule of its own."""
+
+    def add(rule: Rule) -> Rule:
+        for kind in kinds:
+            if kind in LOWERINGS_BY_KIND:
+                raise ValueError(f"a CUDA lowering for the kind {kind.value} is registered twice")
+            LOWERINGS_BY_KIND[kind] = rule
+        return rule
+
+    return add
+
+
+def lowering_for(op: OpDef) -> Rule:
+    """The rule that lowers OP: its own, else its kind's."""
+    rule = LOWERINGS_BY_OP.get(op.name) or LOWERINGS_BY_KIND.get(op.kind)
+    if rule is None:
+        raise LoweringError(f"no CUDA lowering for op {op.name} (kind {op.kind.value})")
+    return rule
