@@ -13,6 +13,7 @@ and a lease (driver id + heartbeat) so that two drivers never run the same point
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import uuid
@@ -377,7 +378,7 @@ class Supervision:
                 if self.start(record):
                     driver.say(f"point {record.point}: preempted, resumed (attempt {record.attempts})")
             else:
-                driver.tolerant("release a lease", lambda: driver.leases.release(record.point), None)
+                driver.tolerant("release a lease", functools.partial(driver.leases.release, record.point), None)
 
     def give_up_lost_leases(self, lost: list[int]) -> None:
         for point in lost:

@@ -286,7 +286,7 @@ def examples() -> list[tuple[str, str, Program]]:
 def test_every_fusion_group_of_every_example_matches_numpy_on_the_host(examples: list[tuple[str, str, Program]]) -> None:
     rng = np.random.default_rng(3)
     groups = 0
-    for stem, name, program in examples:
+    for _, _, program in examples:
         kernels = check_program(program, feeds_for(program, rng))
         groups += len(kernels)
     assert groups > 50, groups

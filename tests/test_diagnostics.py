@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sexpgpu.lisp.diagnostics import CODES, SourceMap, render
+from sexpgpu.lisp.diagnostics import CODES, render
 from sexpgpu.compile.pipeline import compile_file
 from sexpgpu.lisp.program import load_file
 

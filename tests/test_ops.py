@@ -373,7 +373,7 @@ def test_gradient_matches_finite_differences(op: str) -> None:
         result = built.compiled.run_copy(feeds)
         grads = {i: result[f"g{i}"] for i in built.diff}
 
-        def loss_at(direction: dict[int, np.ndarray], scale: float) -> float:
+        def loss_at(direction: dict[int, np.ndarray], scale: float, feeds: dict[str, np.ndarray] = feeds, built: Any = built) -> float:
             moved = dict(feeds)
             for i, d in direction.items():
                 moved[built.names[i]] = feeds[built.names[i]] + scale * d

@@ -58,7 +58,7 @@ def test_killed_and_resumed_runs_end_bit_identical(tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     rng = random.Random(7)
     kills = 0
-    for attempt in range(12):
+    for _ in range(12):
         proc = cli_run(path, broken)
         if kills < 4:
             time.sleep(rng.uniform(0.8, 2.0))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
-from pathlib import Path
 from typing import Any, Optional
 
 from ..ir.experiment import Experiment

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -161,7 +162,7 @@ def run_fmt(args: argparse.Namespace) -> int:
         except DiagnosticError as exc:
             problems.append(exc.diagnostic)
             continue
-        formatted, problem = guarded(lambda: format_source(text, name))
+        formatted, problem = guarded(functools.partial(format_source, text, name))
         if formatted is None:
             problems.append(problem or Diagnostic(code="X001", message=f"internal error formatting {name}"))
             continue

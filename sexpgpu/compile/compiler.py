@@ -20,8 +20,8 @@ from ..lisp.objects import Builtin, Closure
 from ..lisp.reader import Reader
 from ..lisp.types import NIL, T, Cons, Loc, Symbol, SymbolTable
 from ..ir.selectors import glob_match
-from ..ir.experiment import CheckpointPolicy, DiagnosticsSpec, EvalSpec, FieldRecord, FiniteGuard, KnobSpec, LoaderRecord, PrepareRecord, RunSpec, Selection, SourceRecord, StageRecord, TargetSpec
-from .models import Batch, Group, InitSpec, Model, ModelList, Optimizer, Param
+from ..ir.experiment import CheckpointPolicy, DiagnosticsSpec, EvalSpec, FieldRecord, FiniteGuard, InitSpec, KnobSpec, LoaderRecord, PrepareRecord, RunSpec, Selection, SourceRecord, StageRecord, TargetSpec
+from .models import Batch, Group, Model, ModelList, Optimizer, Param
 from .tensors import Staged, TensorLib
 
 # contract order: (rank, form names); forms not listed may appear anywhere
@@ -101,7 +101,7 @@ class Compiler:
         if rank is None:
             return
         if name in ONCE and any(n == name for n, _ in self.seen):
-            first = next(l for n, l in self.seen if n == name)
+            first = next(where for n, where in self.seen if n == name)
             raise self.at(loc, "C003", f"{name.lower()} may appear once; the first is at {first}")
         if self.seen and any(n == "DEFRUN" for n, _ in self.seen):
             raise self.at(loc, "C002", f"{name.lower()} after defrun: defrun must be the last form (order: {ORDER_TEXT})")
@@ -148,7 +148,7 @@ class Compiler:
         def make(*args: Any) -> Any:
             keys = parse_keys(kind, args, {"MEAN", "STD", "LOW", "HIGH", "GAIN"}, 1)
             values = {k.lower(): float(v) for k, v in keys.items()}
-            return InitSpec(kind=kind, **values)  # type: ignore[arg-type]
+            return InitSpec(kind=kind, **values)
 
         return make
 
@@ -309,7 +309,7 @@ class Compiler:
         if init is NIL:
             return InitSpec(kind="zeros") if rank <= 1 else InitSpec(kind="kaiming")
         if type(init) is Symbol and init.is_keyword and init.name in ("ZEROS", "ONES"):
-            return InitSpec(kind=init.name.lower())  # type: ignore[arg-type]
+            return InitSpec(kind=init.name.lower())
         if type(init) in (int, float):
             return InitSpec(kind="constant", value=float(init))
         raise type_error("defparam", 3, "an initializer (:zeros :ones (normal :std s) (uniform ...) (xavier) (kaiming))", init)
@@ -560,7 +560,7 @@ class Compiler:
             raise lisp_error("C008", f"deftarget: the test is one of :<= :>= :< :>, got {short(test)}", "PROGRAM-ERROR")
         if type(value) not in (int, float):
             raise lisp_error("C008", f"deftarget: the threshold must be a number, got {short(value)}", "PROGRAM-ERROR")
-        self.targets.append(TargetSpec(eval=name.name.lower(), metric=metric.name.lower(), test=test.name, value=float(value)))  # type: ignore[arg-type]
+        self.targets.append(TargetSpec(eval=name.name.lower(), metric=metric.name.lower(), test=test.name, value=float(value)))
         return name
 
     def b_metric(self, name: Any, value: Any) -> Any:

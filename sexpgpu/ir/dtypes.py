@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from enum import Enum
 from typing import Any
 
@@ -15,14 +16,14 @@ class DType(str, Enum):
     f64 = "f64"
     i32 = "i32"
     i64 = "i64"
-    bool = "bool"
+    bool = "bool"  # from here on, `bool` in this class's annotations is this member: builtins.bool
 
     @property
-    def is_float(self) -> bool:
+    def is_float(self) -> builtins.bool:
         return self in FLOATS
 
     @property
-    def is_int(self) -> bool:
+    def is_int(self) -> builtins.bool:
         return self in (DType.i32, DType.i64)
 
     @property

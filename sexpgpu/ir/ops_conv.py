@@ -45,7 +45,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .builder import Builder
 from .graph import Node, TensorType
-from .ops import Kernel, OpDef, OpError, OpKind, register
+from .ops import GradRule, Kernel, OpDef, OpError, OpKind, ShapeRule, register
 
 Pair = tuple[int, int]
 
@@ -408,11 +408,12 @@ def _conv_flops(node: Node, inputs: list[TensorType]) -> int:
     return 2 * out[0] * out[1] * out[2] * out[3] * w[1] * w[2] * w[3]
 
 
-for _name, _infer, _grad, _doc in [
+CONVOLUTIONS: list[tuple[str, ShapeRule, GradRule, str]] = [
     ("conv2d", _conv_type, _g_conv, "2-D convolution (cross-correlation), NCHW"),
     ("conv2d_input_grad", _conv_input_grad_type, _g_conv_input_grad, "conv2d's gradient for its input (the transposed convolution)"),
     ("conv2d_weight_grad", _conv_weight_grad_type, _g_conv_weight_grad, "conv2d's gradient for its weight"),
-]:
+]
+for _name, _infer, _grad, _doc in CONVOLUTIONS:
     _plain, _spec = _conv_kernels(_name)
     register(OpDef(_name, _infer, _plain, grad=_grad, kind=OpKind.IMAGE, arity=2, flops=_conv_flops, doc=_doc, specialize=_spec))
 
@@ -681,12 +682,14 @@ def _given(attrs: dict[str, Any], shapes: list[tuple[int, ...]]) -> tuple[int, .
     return tuple(attrs["input_shape"])
 
 
-for _name, _user, _infer, _compute, _shape, _grad, _arity, _doc in [
+PoolShape = Callable[[dict[str, Any], list[tuple[int, ...]]], tuple[int, ...]]
+POOLS: list[tuple[str, str, ShapeRule, Callable[..., np.ndarray], PoolShape, GradRule, int, str]] = [
     ("max_pool2d", "max-pool2d", _pool_type("max-pool2d"), _max_pool, _first, _g_max_pool, 1, "maximum over KHxKW windows, NCHW"),
     ("max_pool2d_grad", "max-pool2d-grad", _max_pool_grad_type("max-pool2d-grad"), _max_pool_grad, _first, _g_max_pool_grad, 2, "max_pool2d's gradient: each window's to its first maximum"),
     ("max_pool2d_select", "max-pool2d-select", _max_pool_grad_type("max-pool2d-select"), _max_pool_select, _first, _g_max_pool_select, 2, "values read at each window's first maximum"),
     ("avg_pool2d", "avg-pool2d", _pool_type("avg-pool2d"), _avg_pool, _first, _g_avg_pool, 1, "mean over KHxKW windows (padding counts as zeros), NCHW"),
     ("avg_pool2d_grad", "avg-pool2d-grad", _avg_pool_grad_type, _avg_pool_grad, _given, _g_avg_pool_grad, 1, "avg_pool2d's gradient"),
-]:
+]
+for _name, _user, _infer, _compute, _shape, _grad, _arity, _doc in POOLS:
     _plain, _spec = _pool_kernels(_user, _compute, _shape)
     register(OpDef(_name, _infer, _plain, grad=_grad, kind=OpKind.IMAGE, arity=_arity, flops=_pool_flops, doc=_doc, specialize=_spec))

@@ -457,7 +457,9 @@ def parse_keys(fn: str, args: tuple[Any, ...], allowed: set[str], first_pos: int
 
 
 def sort_items(interp: "Interpreter", fn: str, items: list[Any], pred: Any, key: Any) -> list[Any]:
-    keyfn = (lambda x: x) if key is NIL else (lambda x: interp.call(key, x))
+    def keyfn(x: Any) -> Any:
+        return x if key is NIL else interp.call(key, x)
+
     keyed = [(keyfn(x), x) for x in items]
 
     def compare(a: tuple[Any, Any], b: tuple[Any, Any]) -> int:

@@ -314,7 +314,7 @@ def install(reg: Registry) -> None:
         reg.interp.values[sym] = value
         reg.interp.constants.add(sym)
 
-    for name, fn in {
+    table: dict[str, Callable[..., Any]] = {
         "+": add,
         "-": sub,
         "*": mul,
@@ -373,5 +373,6 @@ def install(reg: Registry) -> None:
         "floatp": lambda x: lbool(type(x) is float),
         "rationalp": lambda x: lbool(type(x) in (int, Fraction)),
         "lognot": lambda x: ~need_integer("lognot", 1, x),
-    }.items():
+    }
+    for name, fn in table.items():
         reg.add(name, fn)

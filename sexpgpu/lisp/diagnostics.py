@@ -86,8 +86,8 @@ class Diagnostic(BaseModel):
     @classmethod
     def at(cls, code: str, message: str, loc: Optional[Loc], **kw: object) -> "Diagnostic":
         if loc is None:
-            return cls(code=code, message=message, **kw)  # type: ignore[arg-type]
-        return cls(code=code, message=message, file=loc.file, line=loc.line, col=loc.col, **kw)  # type: ignore[arg-type]
+            return cls(code=code, message=message, **kw)
+        return cls(code=code, message=message, file=loc.file, line=loc.line, col=loc.col, **kw)
 
     def headline(self) -> str:
         where = f"{self.file}:{self.line}:{self.col}: " if self.file and self.line else ""

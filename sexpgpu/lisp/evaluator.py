@@ -440,7 +440,7 @@ class Interpreter:
                 if len(args) != len(required):
                     raise self.arity_error(function_name(fn), len(required), len(required), len(args))
                 if not self.specials or not any(p in self.specials for p in required):
-                    return self.progn(fn.body, Env(fn.env, dict(zip(required, args))))  # type: ignore[arg-type]
+                    return self.progn(fn.body, Env(fn.env, dict(zip(required, args))))
             env = Env(fn.env)
             saved: list[tuple[Symbol, Any]] = []
             try:

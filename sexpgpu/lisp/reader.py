@@ -302,12 +302,12 @@ class Reader:
         if _FLOAT.match(token):
             mantissa = re.sub(r"[ESFDL]", "e", token)
             try:
-                value = float(mantissa)
+                double = float(mantissa)
             except ValueError:
                 return None
-            if value in (float("inf"), float("-inf")):
+            if double in (float("inf"), float("-inf")):
                 raise self.error("R003", f"float `{token.lower()}` is too large for a double", start)
-            return value
+            return double
         return None
 
     def make_symbol(self, token: str, raw: str, escaped: bool, start: int) -> Any:

@@ -18,6 +18,7 @@ URL) and paths relative to it, always with `/`. It gives:
 
 from __future__ import annotations
 
+import builtins
 import json
 import math
 import os
@@ -338,6 +339,7 @@ class Store:
             self.fs.invalidate_cache(full)
         return bool(self.fs.exists(full))
 
+    # below this method, `list` in the class's annotations names it: they say builtins.list
     def list(self, prefix: str = "") -> list[str]:
         """Every file under the folder PREFIX, as store paths, sorted; temp files left out."""
         full = self._full(prefix, allow_root=True)
@@ -345,7 +347,7 @@ class Store:
         paths = [self._relative(item) for item in found]
         return sorted(p for p in paths if not _is_temp_name(posixpath.basename(p)))
 
-    def _find(self, full: str) -> list[str]:
+    def _find(self, full: str) -> builtins.list[str]:
         if not self.is_local:
             self.fs.invalidate_cache(full)
         try:
@@ -418,7 +420,7 @@ class Store:
         existing = self._segment_numbers(folder)
         return (max(existing) + 1) if existing else 0
 
-    def _segment_numbers(self, folder: str) -> list[int]:
+    def _segment_numbers(self, folder: str) -> builtins.list[int]:
         numbers = []
         for item in self._find(self._full(folder)):
             match = SEGMENT_RE.match(posixpath.basename(item))
@@ -426,12 +428,12 @@ class Store:
                 numbers.append(int(match.group(1)))
         return sorted(numbers)
 
-    def read_lines(self, path_prefix: str) -> list[str]:
+    def read_lines(self, path_prefix: str) -> builtins.list[str]:
         """Every line of the log at PATH_PREFIX: the single file, then the segments in order.
 
         A final line without its newline is a torn local append and is left out."""
         single, folder = self.log_paths(path_prefix)
-        lines: list[str] = []
+        lines: builtins.list[str] = []
         if self.exists(single):
             text = self.read_text(single)
             complete = text[: text.rfind("\n") + 1]

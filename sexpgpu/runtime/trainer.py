@@ -88,7 +88,6 @@ class Trainer:
             self.programs[stage.name] = make(train_programs[f"train@{stage.name}"])
             self.streams[stage.name] = BatchStream(data, staged.batch, staged.shuffle, seed)
         self.stage_names: list[Optional[str]] = [None] + [s.name for s in loader.stages]
-        programs = experiment.module.programs
         # each stage's train program with the selected IR diagnostics, for sampled steps; made
         # the first time its stage is sampled (on a device each holds a train-sized arena)
         self.make = make
@@ -161,16 +160,13 @@ class Trainer:
         values = {k[5:]: float(v) for k, v in out.items() if k.startswith("diag:")}
         for path, param in self.host_params().items():
             grad = out.get(f"grad:{path}")
-            if grad is not None and f"grad:{path}" in self.kept_grads:
-                grad = self.backend.get(grad, self.types[f"grad:{path}"])
-            candidates = {
-                f"grad-norm/{path}": (lambda g=grad: float(np.linalg.norm(g))) if grad is not None else None,
-                f"param-norm/{path}": lambda p=param: float(np.linalg.norm(p)),
-                f"update-ratio/{path}": lambda p=param, b=before[path]: float(np.linalg.norm(p - b) / max(np.linalg.norm(b), 1e-12)),
-            }
-            for name, compute in candidates.items():
-                if compute is not None and wanted(name):
-                    values[name] = compute()
+            if grad is not None and wanted(f"grad-norm/{path}"):
+                host = self.backend.get(grad, self.types[f"grad:{path}"]) if f"grad:{path}" in self.kept_grads else grad
+                values[f"grad-norm/{path}"] = float(np.linalg.norm(host))
+            if wanted(f"param-norm/{path}"):
+                values[f"param-norm/{path}"] = float(np.linalg.norm(param))
+            if wanted(f"update-ratio/{path}"):
+                values[f"update-ratio/{path}"] = float(np.linalg.norm(param - before[path]) / max(float(np.linalg.norm(before[path])), 1e-12))
         for key, state in self.host_states().items():
             _, path, slot = key.split(":")
             name = f"optim/{slot}/{path}"
