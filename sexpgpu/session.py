@@ -28,7 +28,7 @@ from .runtime.attempt import RunOptions, train
 from .runtime.backend import Backend, DeviceError
 from .runtime.checkpoint import ResumeError
 from .runtime.data.spec import DataError
-from .runtime.devices import DEVICE_FORMS, is_device_spec, open_backend, resolve
+from .runtime.devices import DEVICE_FORMS, is_device_spec, open_device
 from .runtime.ranks import Collective
 from .runtime.runfolder import run_slug
 from .runtime.store import is_store_failure, store_problem
@@ -117,8 +117,7 @@ class Session:
         if not is_device_spec(self.settings.device):
             return self.refuse(Exit.USAGE, f"--device {self.settings.device}: use {DEVICE_FORMS}")
         try:
-            self.device = resolve(self.settings.device)
-            self.backend = open_backend(self.device)
+            self.device, self.backend = open_device(self.settings.device)
         except DeviceError as exc:
             return self.refuse(Exit.CANNOT_START, f"cannot start here: {exc}")
         return None

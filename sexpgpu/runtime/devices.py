@@ -17,16 +17,15 @@ def is_device_spec(spec: str) -> bool:
     return _SPEC.match(spec) is not None
 
 
-def resolve(spec: str) -> str:
-    """`auto` is `cuda` when a CUDA device can be opened here, else `cpu`; any other spec is
-    itself."""
-    if spec != "auto":
-        return spec
-    try:
-        open_backend("cuda")
-        return "cuda"
-    except DeviceError:
-        return "cpu"
+def open_device(spec: str) -> tuple[str, Backend]:
+    """SPEC resolved and its backend, opened once: `auto` is `cuda` when a CUDA device opens
+    here, else `cpu`. DeviceError says why another SPEC cannot run here."""
+    if spec == "auto":
+        try:
+            return "cuda", open_backend("cuda")
+        except DeviceError:
+            return "cpu", HostBackend()
+    return spec, open_backend(spec)
 
 
 def open_backend(spec: str) -> Backend:
