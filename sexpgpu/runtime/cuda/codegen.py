@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import numpy as np
 
@@ -79,6 +79,19 @@ C_TYPES: dict[DType, tuple[str, str]] = {
     DType.bool: ("unsigned char", "bool"),
     DType.f64: ("double", "double"),  # only a split reduction's partial results
 }
+
+
+class GroupNodes(Protocol):
+    """The nodes one generated kernel computes, the values it reads and those it writes."""
+
+    @property
+    def nodes(self) -> list[Node]: ...
+
+    @property
+    def inputs(self) -> list[int]: ...
+
+    @property
+    def outputs(self) -> list[int]: ...
 
 
 class LoweringError(Exception):

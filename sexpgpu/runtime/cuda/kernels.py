@@ -19,26 +19,17 @@ from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, Shape, TensorType, shape_size
 from ...ir.ops_random import dropout_threshold
 from ...ir.ops_reduce import normalize_axes
-from .codegen import BYTES, KernelSource, LoweringError, Param, assemble, c_types, chain_lines, combine_lanes, declare, flat_index, from_storage, literal, load_expr, to_storage
+from .codegen import BYTES, GroupNodes, KernelSource, LoweringError, Param, assemble, c_types, chain_lines, combine_lanes, declare, flat_index, from_storage, literal, load_expr, to_storage
 from .lowering import Step
 
 Draw = Callable[[Node], str]  # a random op's element from its Philox word w[l], as C
 
 
-class FusedNodes(Protocol):
+class FusedNodes(GroupNodes, Protocol):
     """The elementwise nodes one kernel computes over SHAPE."""
 
     @property
     def shape(self) -> Shape: ...
-
-    @property
-    def nodes(self) -> list[Node]: ...
-
-    @property
-    def inputs(self) -> list[int]: ...
-
-    @property
-    def outputs(self) -> list[int]: ...
 
     @property
     def pieces(self) -> set[int]:

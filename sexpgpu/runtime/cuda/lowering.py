@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, ClassVar, Optional, Protocol, Union
+from typing import Any, Callable, ClassVar, Optional, Protocol, TypeVar, Union
 
 from pydantic import BaseModel
 
@@ -183,6 +183,8 @@ class LoweringContext(Protocol):
 
 Rule = Callable[[Node, LoweringContext], Placement]
 
+K = TypeVar("K")
+
 # filled once, when the modules that define rules are imported (steps.py)
 LOWERINGS_BY_OP: dict[str, Rule] = {}
 LOWERINGS_BY_KIND: dict[OpKind, Rule] = {}
@@ -190,25 +192,20 @@ LOWERINGS_BY_KIND: dict[OpKind, Rule] = {}
 
 def register_lowering(*ops: str) -> Callable[[Rule], Rule]:
     """A decorator: the rule lowers the ops named OPS."""
-
-    def add(rule: Rule) -> Rule:
-        for op in ops:
-            if op in LOWERINGS_BY_OP:
-                raise ValueError(f"a CUDA lowering for op {op} is registered twice")
-            LOWERINGS_BY_OP[op] = rule
-        return rule
-
-    return add
+    return _registering(LOWERINGS_BY_OP, ops, lambda op: f"op {op}")
 
 
 def register_kind_lowering(*kinds: OpKind) -> Callable[[Rule], Rule]:
     """A decorator: the rule lowers every op of KINDS that has no rule of its own."""
+    return _registering(LOWERINGS_BY_KIND, kinds, lambda kind: f"the kind {kind.value}")
 
+
+def _registering(table: dict[K, Rule], keys: tuple[K, ...], named: Callable[[K], str]) -> Callable[[Rule], Rule]:
     def add(rule: Rule) -> Rule:
-        for kind in kinds:
-            if kind in LOWERINGS_BY_KIND:
-                raise ValueError(f"a CUDA lowering for the kind {kind.value} is registered twice")
-            LOWERINGS_BY_KIND[kind] = rule
+        for key in keys:
+            if key in table:
+                raise ValueError(f"a CUDA lowering for {named(key)} is registered twice")
+            table[key] = rule
         return rule
 
     return add

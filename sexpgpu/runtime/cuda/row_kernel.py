@@ -16,24 +16,15 @@ from typing import Optional, Protocol
 from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, Shape, shape_size
 from ...ir.ops import OpKind, op_def
-from .codegen import KernelSource, assemble, c_types, chain_lines, combine_lanes, declare, load_expr, to_storage
+from .codegen import GroupNodes, KernelSource, assemble, c_types, chain_lines, combine_lanes, declare, load_expr, to_storage
 
 
-class RowNodes(Protocol):
+class RowNodes(GroupNodes, Protocol):
     """The nodes one row kernel computes: row-space elementwise work, reductions over the
     row (keepdims), and elementwise work on the reduced values, in program order."""
 
     @property
     def space(self) -> Shape: ...
-
-    @property
-    def nodes(self) -> list[Node]: ...
-
-    @property
-    def inputs(self) -> list[int]: ...
-
-    @property
-    def outputs(self) -> list[int]: ...
 
 
 WARP_ROWS = 32  # rows at least this long get a warp each

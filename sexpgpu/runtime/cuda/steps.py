@@ -33,8 +33,39 @@ def launch_group(run: StepRun, kernel: KernelSource, inputs: list[int], outputs:
 
 
 # -- groups: one generated kernel over many nodes ---------------------------------------------
+class OneKernelGroup:
+    """What the groups of one generated kernel share: the kernel reads the group's inputs and
+    writes its outputs into their buffers, and nothing else."""
+
+    nodes: list[Node]
+    inputs: list[int]
+    outputs: list[int]
+
+    @property
+    def ids(self) -> set[int]:
+        return {n.id for n in self.nodes}
+
+    @property
+    def reads(self) -> list[int]:
+        return self.inputs
+
+    @property
+    def writes(self) -> list[int]:
+        return self.outputs
+
+    @property
+    def aliases(self) -> dict[int, int]:
+        return {}
+
+    def scratch_bytes(self, types: dict[int, TensorType]) -> int:
+        return 0
+
+    def launch(self, run: StepRun, kernels: list[KernelSource]) -> None:
+        launch_group(run, kernels[0], self.inputs, self.outputs)
+
+
 @dataclass
-class FusedGroup:
+class FusedGroup(OneKernelGroup):
     """Elementwise nodes computed by one generated kernel over `shape`."""
 
     shape: Shape
@@ -44,10 +75,6 @@ class FusedGroup:
     pieces: set[int] = field(default_factory=set)  # 1-D concats, loaded piecewise
     windows: dict[int, tuple[int, int]] = field(default_factory=dict)  # 1-D slices: node -> [start, stop), stored windowed
     kind: ClassVar[str] = "fused"
-
-    @property
-    def ids(self) -> set[int]:
-        return {n.id for n in self.nodes}
 
     @property
     def piecewise(self) -> bool:
@@ -68,26 +95,8 @@ class FusedGroup:
         self.pieces |= other.pieces
         self.windows.update(other.windows)
 
-    @property
-    def reads(self) -> list[int]:
-        return self.inputs
-
-    @property
-    def writes(self) -> list[int]:
-        return self.outputs
-
-    @property
-    def aliases(self) -> dict[int, int]:
-        return {}
-
-    def scratch_bytes(self, types: dict[int, TensorType]) -> int:
-        return 0
-
     def kernels(self, program: Program, constants: dict[int, Node]) -> list[KernelSource]:
         return [elementwise_kernel(self, program, constants)]
-
-    def launch(self, run: StepRun, kernels: list[KernelSource]) -> None:
-        launch_group(run, kernels[0], self.inputs, self.outputs)
 
     def describe(self, index: int, lowered: Lowered) -> KernelLine:
         kernel = elementwise_kernel(self, lowered.program, lowered.constants)
@@ -159,7 +168,7 @@ class ReduceGroup:
 
 
 @dataclass
-class RowGroup:
+class RowGroup(OneKernelGroup):
     """A run of row-space steps computed by one kernel (rows.py makes them, row_kernel.py
     generates the kernel)."""
 
@@ -169,30 +178,8 @@ class RowGroup:
     outputs: list[int] = field(default_factory=list)
     kind: ClassVar[str] = "rows"
 
-    @property
-    def ids(self) -> set[int]:
-        return {n.id for n in self.nodes}
-
-    @property
-    def reads(self) -> list[int]:
-        return self.inputs
-
-    @property
-    def writes(self) -> list[int]:
-        return self.outputs
-
-    @property
-    def aliases(self) -> dict[int, int]:
-        return {}
-
-    def scratch_bytes(self, types: dict[int, TensorType]) -> int:
-        return 0
-
     def kernels(self, program: Program, constants: dict[int, Node]) -> list[KernelSource]:
         return [rows_kernel(self, program, constants)]
-
-    def launch(self, run: StepRun, kernels: list[KernelSource]) -> None:
-        launch_group(run, kernels[0], self.inputs, self.outputs)
 
     def describe(self, index: int, lowered: Lowered) -> KernelLine:
         kernel = rows_kernel(self, lowered.program, lowered.constants)
