@@ -31,7 +31,7 @@ from .runtime.data.spec import DataError
 from .runtime.devices import DEVICE_FORMS, is_device_spec, open_device
 from .runtime.ranks import Collective
 from .runtime.runfolder import run_slug
-from .runtime.store import is_store_failure, store_problem
+from .runtime.store import DEFAULT_PATIENCE_S, is_store_failure, store_problem
 
 
 class Reporter(Protocol):
@@ -78,6 +78,7 @@ class Settings:
     signals: bool = True  # SIGINT/SIGTERM stop the attempt resumably (main thread only)
     limits: Optional[Limits] = None
     world: int = 1  # data-parallel ranks the programs are compiled for
+    store_patience_s: float = DEFAULT_PATIENCE_S  # how long a run waits for an unreachable store
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ class Session:
         settings = self.settings
         options = RunOptions(store=settings.store, device=self.device, backend=self.backend, max_steps=settings.max_steps,
                              progress=settings.progress, sources=compiled.sources(), resume=settings.resume,
-                             signals=settings.signals, ranks=ranks)
+                             signals=settings.signals, store_patience_s=settings.store_patience_s, ranks=ranks)
         return self.guarded(slug, lambda: train(compiled.experiment, options, say=self.reporter.say))
 
     def run_file(self, path: Path, selection: Selection) -> AttemptOutcome:

@@ -14,6 +14,7 @@ import ray
 
 from sexpgpu.outcome import AttemptOutcome, Exit, lost, refused
 from sexpgpu.runtime.runfolder import run_slug
+from sexpgpu.runtime.store import patience_configured
 from sexpgpu.session import Session, Settings
 from workers.collective import CollectiveUnavailable, RankSpec, RendezvousError, join
 
@@ -41,7 +42,8 @@ class TrainWorkerImpl:
     ) -> AttemptOutcome:
         """Train the bundle; with RANK as one of W data-parallel ranks. The run's own failures
         are outcomes (never retried); only a death or a failed rendezvous is a preemption."""
-        settings = Settings(store=store_url, device=device, max_steps=max_steps, resume=resume, signals=False, world=rank.world if rank else 1)
+        settings = Settings(store=store_url, device=device, max_steps=max_steps, resume=resume, signals=False, world=rank.world if rank else 1,
+                            store_patience_s=patience_configured(os.environ))
         outcome = self.attempt(Session(settings), bundle_url, rank)
         return outcome.model_copy(update={"rank": rank.rank if rank else 0})
 

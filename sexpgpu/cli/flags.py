@@ -5,6 +5,7 @@ the Ray paths (sweep --ray, submit)."""
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
 
 from ..ir.experiment import Selection
@@ -73,3 +74,16 @@ def devices_from(args: argparse.Namespace) -> "Devices":
         fail_usage(f"--devices {args.devices}: a point needs at least one rank")
     return Devices(count=args.devices, kind=args.device, rendezvous_timeout_s=args.rendezvous_timeout,
                    allreduce=AllReduceSpec(dtype=args.allreduce_dtype, op=args.allreduce_op, bucket_mb=args.bucket_mb))
+
+
+def store_patience() -> float:
+    """The run's patience with an unreachable store, from the environment; a malformed
+    $SEXPGPU_STORE_PATIENCE or $SEXPGPU_STORE_RETRIES is a usage error here, before any
+    store is opened."""
+    from ..runtime.store import RetryPolicy, patience_configured
+
+    try:
+        RetryPolicy.configured(os.environ)
+        return patience_configured(os.environ)
+    except ValueError as exc:
+        fail_usage(str(exc))

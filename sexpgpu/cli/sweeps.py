@@ -20,7 +20,7 @@ from ..runtime.runfolder import RunFolder, run_slug
 from ..runtime.store import Store
 from ..session import Compiled, Session, Settings
 from .common import Console, existing_file, exit_for, fail_usage, print_diagnostics, print_json
-from .flags import add_limit_flags, add_rank_flags, devices_from, limits_from
+from .flags import add_limit_flags, add_rank_flags, devices_from, limits_from, store_patience
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -139,7 +139,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     if not over_ray and args.devices != 1:
         fail_usage(f"--devices {args.devices} needs --ray: data-parallel ranks run as Ray actors (a local Ray when --ray has no address)")
     store_url = args.store or os.environ.get("SEXPGPU_STORE") or "./runs"
-    settings = Settings(store=store_url, device=args.device, max_steps=args.max_steps, limits=limits_from(args), world=args.devices if over_ray else 1)
+    settings = Settings(store=store_url, device=args.device, max_steps=args.max_steps, limits=limits_from(args),
+                        world=args.devices if over_ray else 1, store_patience_s=store_patience())
     session = Session(settings, Console(progress_to_stderr=True))
     points, refusal = session.compile_sweep(path, args.sweep, len(sweep.points()))  # a bad point fails before any training
     if refusal is not None:

@@ -32,10 +32,26 @@ from .events import EventLog
 from .ranks import Collective
 from .runfolder import RunFolder, RunInfo, run_slug
 from .status import Status, Summary
-from .store import Store, StoreError
+from .store import DEFAULT_PATIENCE_S, Store, StoreError, is_store_failure
 from .trainer import StepResult, Trainer
 
 Loaded = tuple[str, list[str], dict[str, np.ndarray], dict[str, np.ndarray], CheckpointState]
+
+
+class AttemptEnds(Exception):
+    """The attempt cannot go on; CODE and REASON are its end."""
+
+    def __init__(self, code: Exit, reason: str) -> None:
+        super().__init__(reason)
+        self.code, self.reason = code, reason
+
+
+class RecordsLost(Exception):
+    """The store no longer holds records this attempt wrote (WHAT)."""
+
+    def __init__(self, what: list[str]) -> None:
+        super().__init__(", ".join(what))
+        self.what = what
 
 
 @dataclass
@@ -48,7 +64,7 @@ class RunOptions:
     sources: dict[str, bytes] = field(default_factory=dict)
     resume: Optional[str] = None  # "latest", a step, or a checkpoint folder
     signals: bool = True  # handle SIGINT/SIGTERM (only possible on the main thread)
-    store_patience_s: float = 600.0  # how long the end of a run waits for an unreachable store
+    store_patience_s: float = DEFAULT_PATIENCE_S  # how long a run waits for an unreachable store at its start and end
     ranks: Optional[Collective] = None  # data parallel: this process is one of W ranks
 
 
@@ -160,6 +176,10 @@ class Attempt:
             except KeyboardInterrupt:
                 reason, code = "interrupted twice: stopped at once (resume from the last checkpoint)", Exit.STOPPED
                 emit(self.events, "signal", step=self.trainer.step, signal="SIGINT", action="stopped at once")
+            except RecordsLost as lost:
+                reason, code = self.after_records_lost(lost)
+            except AttemptEnds as end:
+                reason, code = end.reason, end.code
         return self.finish(started, reason, code)
 
     def begin(self, loaded: Optional[Loaded], previous: Optional[Status]) -> None:
@@ -230,9 +250,23 @@ class Attempt:
         return {"skipped_in_a_row": self.skipped_in_a_row, "rolled_back": self.rolled_back, "lr_scale": self.trainer.lr_scale}
 
     def checkpoint(self) -> Optional[str]:
-        """Write and publish a checkpoint. With the store unreachable (after its retries) the
-        run goes on: this checkpoint is not published (its MANIFEST was never written) and
-        the next one will be."""
+        """A periodic checkpoint. With the store unreachable (after its retries) the run goes
+        on: this checkpoint is not published (its MANIFEST was never written) and the next one
+        will be. A store that refuses for good (full, a quota, no access) ends the attempt:
+        the steps since the last published checkpoint exist nowhere else."""
+        try:
+            return self.publish_checkpoint()
+        except StoreError as exc:
+            emit(self.events, "warning", step=self.trainer.step, message=f"checkpoint at step {self.trainer.step} not written, the store is unreachable: {exc}")
+            return None
+        except Exception as exc:
+            if not is_store_failure(exc):
+                raise
+            raise AttemptEnds(Exit.CANNOT_START, self.unsafe(f"the store refused the checkpoint at step {self.trainer.step}", exc)) from exc
+
+    def publish_checkpoint(self) -> Optional[str]:
+        """Write and publish a checkpoint of this step (every event before it first), or
+        raise the store's failure. Ranks agree on whether it was published."""
         status = self.folder.status
         status.update(state="checkpointing")
         trainer = self.trainer
@@ -245,23 +279,62 @@ class Attempt:
             status.update(state="running")
             return self.last_checkpoint
         try:
+            self.records_still_there()
             # every event up to the checkpoint is durable before the checkpoint exists, so a
             # resume from it never lacks the history it continues
             self.events.flush()
             name = write_checkpoint(self.store, self.slug, trainer.step, trainer.host_params(), trainer.host_states(), state)
             prune_checkpoints(self.store, self.slug, self.experiment.run.checkpoint.keep, protect=name)
-        except StoreError as exc:
-            emit(self.events, "warning", step=trainer.step, message=f"checkpoint at step {trainer.step} not written, the store is unreachable: {exc}")
+        except BaseException:
             status.update(state="running")
             if self.ranks is not None:
                 self.ranks.agree(False)
-            return None
+            raise
         if self.ranks is not None:
             self.ranks.agree(True)
         self.last_checkpoint = name
         emit(self.events, "checkpoint", step=trainer.step, path=f"checkpoints/{name}", seconds=time.time() - started)
         status.update(state="running", last_checkpoint=name)
         return name
+
+    def records_still_there(self) -> None:
+        """The run's earlier records are where this attempt left them: a store that lost them
+        (an S3 server restarted empty) ends the attempt, with this step checkpointed anew."""
+        lost = [what for what, path in self.records() if not self.store.exists(path)]
+        if lost:
+            raise RecordsLost(lost)
+
+    def records(self) -> list[tuple[str, str]]:
+        records = [("run.json", f"{self.slug}/run.json")]
+        if self.last_checkpoint is not None:
+            records.append((f"checkpoint {self.last_checkpoint}", f"{self.slug}/checkpoints/{self.last_checkpoint}/MANIFEST.json"))
+        return records
+
+    def after_records_lost(self, lost: RecordsLost) -> tuple[str, Exit]:
+        """Write what this attempt still holds (run.json and a checkpoint of this step) so a
+        rerun continues from here; the history before it is gone, and the attempt stops."""
+        step = self.trainer.step
+        self.when_the_store_answers(lambda: write_header(self.folder, self.experiment, self.slug, self.options))
+        self.last_checkpoint = None
+        emit(self.events, "warning", step=step, message=f"the store lost this run's {', '.join(lost.what)}; its history before step {step} is gone")
+        try:
+            self.when_the_store_answers(self.publish_checkpoint)
+        except Exception as exc:
+            if not is_store_failure(exc):
+                raise
+            return self.unsafe(f"the store lost this run's {', '.join(lost.what)} and refused a new checkpoint at step {step}", exc), Exit.CANNOT_START
+        return (f"stopped at step {step}: the store lost this run's {', '.join(lost.what)}; the state at step {step} is checkpointed "
+                f"again, the history before it is gone; run the same command to continue"), Exit.STOPPED
+
+    def unsafe(self, what: str, exc: BaseException) -> str:
+        """Why the attempt ends, and the last step that is safe in the store."""
+        safe = (f"the last safe step is {self.step_of(self.last_checkpoint)} (checkpoints/{self.last_checkpoint})" if self.last_checkpoint
+                else "no checkpoint was published: a rerun starts from step 0")
+        return f"{what} ({type(exc).__name__}: {exc}); {safe}; make room or fix the store, then run the same command to resume"
+
+    @staticmethod
+    def step_of(name: Optional[str]) -> int:
+        return int(name.rsplit("-", 1)[1]) if name else 0
 
     def load_resume(self, which: str) -> Loaded:
         """Find, verify and read the checkpoint to resume; refuse one of another run."""
@@ -330,10 +403,12 @@ class Attempt:
 
     # -- the end ------------------------------------------------------------------------------------------
     def finish(self, started: float, reason: str, code: Exit) -> AttemptOutcome:
+        """The end: a run is `finished` only once its final checkpoint is published; then the
+        status and run.end. A store that will not take them makes the end resumable."""
         trainer, status = self.trainer, self.folder.status
         last = self.last
         if code == Exit.OK and trainer.step > 0:
-            self.checkpoint()  # the final checkpoint
+            reason, code = self.final_checkpoint(reason)
         wall = time.time() - started
         loss = last.loss if last is not None else None
         metrics = last.metrics if last is not None else {}
@@ -346,8 +421,31 @@ class Attempt:
              final={"loss": loss if loss is not None else float("nan"), **metrics})
         if self.options.progress:
             sys.stderr.write("\n")
-        self.close_when_the_store_answers()
+        try:
+            self.close_when_the_store_answers()
+        except Exception as exc:
+            if not is_store_failure(exc):
+                raise
+            code = Exit.STOPPED if isinstance(exc, StoreError) else Exit.CANNOT_START
+            reason = self.unsafe(f"the store did not take the end of the run at step {trainer.step}", exc)
         return self.outcome(trainer.step, loss, metrics, wall, code, reason)
+
+    def final_checkpoint(self, reason: str) -> tuple[str, Exit]:
+        """The last checkpoint, waited for while the store is unreachable (up to the
+        patience); the run's end as it then stands."""
+        try:
+            if self.ranks is None:
+                self.when_the_store_answers(self.publish_checkpoint)
+            else:  # the ranks agree once per checkpoint: no second try
+                self.publish_checkpoint()
+        except RecordsLost as lost:
+            return self.after_records_lost(lost)
+        except Exception as exc:
+            if not is_store_failure(exc):
+                raise
+            code = Exit.STOPPED if isinstance(exc, StoreError) else Exit.CANNOT_START
+            return self.unsafe(f"the final checkpoint at step {self.trainer.step} was not published", exc), code
+        return reason, Exit.OK
 
     def close_when_the_store_answers(self) -> None:
         """Flush the buffered events and the status; if the store is down, wait for it (up to

@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .store import Store, StoreError, dump_json
+from .store import Store, dump_json, is_store_failure
 
 EVENT_VERSION = 1
 
@@ -288,7 +288,9 @@ class EventLog:
     def _flush_quietly(self) -> None:
         try:
             self.flush()
-        except StoreError as error:
+        except Exception as error:  # the store's failures wait for the next flush; others are bugs
+            if not is_store_failure(error):
+                raise
             self.last_error = error
 
     def flush(self) -> None:

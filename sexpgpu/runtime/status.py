@@ -15,7 +15,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from .events import utc_now
-from .store import Store, StoreError
+from .store import Store, is_store_failure
 
 STATUS_VERSION = 1
 
@@ -124,7 +124,9 @@ class StatusWriter:
         self._dirty = True
         try:
             self.store.write_json(self.path, status)
-        except StoreError as error:
+        except Exception as error:  # kept for the next publish (flush raises it); others are bugs
+            if not is_store_failure(error):
+                raise
             self.last_error = error
             if not quiet:
                 raise

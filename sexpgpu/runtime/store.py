@@ -19,6 +19,7 @@ URL) and paths relative to it, always with `/`. It gives:
 from __future__ import annotations
 
 import builtins
+import errno
 import json
 import math
 import os
@@ -27,7 +28,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, TypeVar, overload
+from typing import Any, Callable, Iterable, Mapping, Optional, TypeVar, overload
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -45,6 +46,19 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     NotADirectoryError,
     PermissionError,
 )
+# errnos that say the store cannot take the write, now or in a few seconds: a full disk, a
+# quota, a read-only mount, a name or file the filesystem refuses. Retrying only spends the
+# budget (a full store once took 605 s to be reported).
+PERMANENT_ERRNOS = frozenset({
+    errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM,
+    errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.ENOENT, errno.EEXIST,
+})
+# S3's error codes for the same (s3fs passes some on as the cause of an OSError)
+PERMANENT_CLIENT_CODES = frozenset({
+    "AccessDenied", "AllAccessDisabled", "AccountProblem", "InvalidAccessKeyId", "InvalidBucketName",
+    "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "NoSuchBucket", "NotSignedUp",
+    "QuotaExceeded", "ServiceQuotaExceededException", "EntityTooLarge",
+})
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (OSError, ConnectionError, TimeoutError)
 # Client libraries whose connection errors are not OSErrors, by (module, class name), so that
 # checking them imports nothing: s3fs lets botocore's through untranslated (the endpoint
@@ -68,11 +82,15 @@ class StoreError(OSError):
     """A store operation still failed after every retry."""
 
 
+RETRIES_VARIABLE = "SEXPGPU_STORE_RETRIES"
+DEFAULT_ATTEMPTS = 6  # with the backoff below: 6.2 s of waiting before an operation gives up
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Exponential backoff: attempt k (from 1) waits base_delay * 2**(k-1), at most max_delay."""
 
-    attempts: int = 6
+    attempts: int = DEFAULT_ATTEMPTS
     base_delay: float = 0.2
     max_delay: float = 10.0
     sleep: Callable[[float], None] = field(default=time.sleep, compare=False)
@@ -80,17 +98,64 @@ class RetryPolicy:
     def delay(self, attempt: int) -> float:
         return min(self.max_delay, self.base_delay * (2 ** (attempt - 1)))
 
+    @classmethod
+    def configured(cls, environ: Mapping[str, str]) -> "RetryPolicy":
+        """The policy `$SEXPGPU_STORE_RETRIES` asks for: attempts per store operation
+        (docs/environment.md); 1 turns retrying off."""
+        text = environ.get(RETRIES_VARIABLE, "").strip()
+        if not text:
+            return cls()
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"${RETRIES_VARIABLE}={text!r}: use a whole number of attempts, 1 or more")
+        return cls(attempts=int(text))
+
+
+PATIENCE_VARIABLE = "SEXPGPU_STORE_PATIENCE"
+DEFAULT_PATIENCE_S = 600.0
+
+
+def patience_configured(environ: Mapping[str, str]) -> float:
+    """How long a run waits for an unreachable store (after each operation's own retries)
+    before it writes its header and before it ends: `$SEXPGPU_STORE_PATIENCE` seconds, else
+    600. Refusals (a full store, no access) are never waited for."""
+    text = environ.get(PATIENCE_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_PATIENCE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ValueError(f"${PATIENCE_VARIABLE}={text!r}: use a number of seconds, 0 or more")
+    return value
+
 
 def is_transient(error: BaseException) -> bool:
-    """Worth another attempt: a connection-ish error, not one about the path, and not an
-    operation that already spent its own retries."""
-    if isinstance(error, (StoreError, *PERMANENT_ERRORS)):
+    """Worth another attempt: a connection-ish error, not one about the path or the store's
+    room, and not an operation that already spent its own retries."""
+    if isinstance(error, (StoreError, *PERMANENT_ERRORS)) or is_permanent(error):
         return False
     if isinstance(error, TRANSIENT_ERRORS):
         return True
     return any(
         (cls.__module__, cls.__name__) in CLIENT_TRANSIENT_ERRORS for cls in type(error).__mro__
     )
+
+
+def is_permanent(error: BaseException) -> bool:
+    """The store refused for good (full, a quota, no access), directly or as the cause of
+    what the client raised."""
+    seen: set[int] = set()
+    current: Optional[BaseException] = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in PERMANENT_ERRNOS:
+            return True
+        response = getattr(current, "response", None)
+        if isinstance(response, dict) and response.get("Error", {}).get("Code") in PERMANENT_CLIENT_CODES:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 # The S3 client libraries; their own errors (no credentials, a refused request) are not
@@ -223,10 +288,18 @@ class Store:
     def open(
         cls, url: str = "./runs", retry: Optional[RetryPolicy] = None, **storage_options: Any
     ) -> "Store":
-        """A store at URL: a local folder path, `file://...`, `memory://...`, `s3://...`."""
+        """A store at URL: a local folder path, `file://...`, `memory://...`, `s3://...`.
+        Its retries: RETRY, else `$SEXPGPU_STORE_RETRIES`, else 6 attempts."""
+        retry = retry or RetryPolicy.configured(os.environ)
         if "://" not in url:
             return cls(fsspec.filesystem("file"), os.path.abspath(url), retry)
+        if url.startswith(("s3://", "s3a://")):
+            # the store's RetryPolicy is the one retry layer: botocore's and s3fs's own retries
+            # (and botocore's 60 s connect timeout) made an unreachable endpoint take 69 s
+            storage_options.setdefault("config_kwargs", {"retries": {"max_attempts": 1, "mode": "standard"}, "connect_timeout": 10})
         fs, root = url_to_fs(url, **storage_options)
+        if hasattr(fs, "retries"):
+            fs.retries = 1
         if bool(_protocols(fs) & LOCAL_PROTOCOLS):
             root = os.path.abspath(root)
         return cls(fs, root, retry)
