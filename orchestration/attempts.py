@@ -14,7 +14,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, Field
 
-from sexpgpu.outcome import AttemptOutcome, Exit
+from sexpgpu.outcome import AttemptOutcome, Exit, bounded
 from sexpgpu.runtime.checkpoint import list_checkpoints
 from sexpgpu.runtime.store import Store
 
@@ -43,7 +43,7 @@ def record_attempt(record: Attempts, outcome: AttemptOutcome, max_preemptions: O
     if outcome.exit_code != Exit.STOPPED:
         return "failed"
     if max_preemptions is not None and record.preemptions > max_preemptions:
-        record.reason = f"preempted {record.preemptions} times (--max-preemptions {max_preemptions}); last: {outcome.reason}"
+        record.reason = bounded(f"preempted {record.preemptions} times (--max-preemptions {max_preemptions}); last: {outcome.reason}")
         return "failed"
     return "preempted"
 

@@ -17,7 +17,7 @@ from typing import Any, Literal, Optional
 import ray
 from pydantic import BaseModel, Field
 
-from sexpgpu.outcome import AttemptOutcome, Exit, lost
+from sexpgpu.outcome import AttemptOutcome, Exit, bounded, lost
 from sexpgpu.runtime.store import Store
 
 from .attempts import Attempts, record_attempt, resume_from
@@ -67,7 +67,7 @@ class SupervisorImpl:
             self.outcome = self.supervise()
         except Exception as exc:  # the supervisor's own failure is the run's outcome, recorded
             self.record.state, self.record.exit_code = "failed", int(Exit.RUN_FAILED)
-            self.record.reason = f"the supervisor failed: {type(exc).__name__}: {exc}"
+            self.record.reason = bounded(f"the supervisor failed: {type(exc).__name__}: {exc}")
             try:
                 self.save()
             finally:

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from pydantic import BaseModel, Field
 
@@ -26,7 +29,7 @@ from .ir.experiment import Experiment, Selection
 from .lisp.modules import find_project_root
 from .runtime.data.raw import has_protocol
 from .runtime.runfolder import run_slug
-from .runtime.store import Store
+from .runtime.store import NotARegularFile, Store, UnexpectedSize
 
 FORMAT_VERSION = 1
 MAX_COPIED_BYTES = 64 * 1024 * 1024  # local data larger than this must be a URL workers can read
@@ -152,33 +155,113 @@ def is_bundle(location: str) -> bool:
         return False
 
 
-def unpack(location: str, into: Optional[Path] = None) -> tuple[BundleManifest, Path]:
-    """Read a bundle (folder or URL) into a local folder; returns its manifest and the run
-    file's local path. Data files are checked against their hashes."""
+@dataclass(frozen=True)
+class Unpacked:
+    """A bundle unpacked into a temporary project: its manifest and the run file there."""
+
+    manifest: BundleManifest
+    root: Path
+    main: Path
+
+
+MANIFEST_LIMIT = 16 * 1024 * 1024  # a bundle.json lists files; one this large is not one
+
+
+@contextmanager
+def unpacked(location: str) -> Iterator[Unpacked]:
+    """The bundle at LOCATION (a folder or a URL) in a temporary project, removed when the
+    block ends. Every path the bundle names stays inside it, or the bundle is refused (exit
+    4) before anything is read; copied data must match its sha256 (exit 5)."""
+    remove_orphans(Path(tempfile.gettempdir()))
+    target = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-"))
+    try:
+        yield unpack_into(location, target)
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+
+
+TEMP_PREFIX = "sexpgpu-bundle-"
+
+
+def remove_orphans(folder: Path) -> None:
+    """Remove the temporary projects of processes that are gone (a worker killed outright
+    cannot remove its own)."""
+    for path in folder.glob(f"{TEMP_PREFIX}*-*"):
+        pid = path.name[len(TEMP_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, and not ours to clean
+        return True
+    return True
+
+
+def unpack_into(location: str, target: Path) -> Unpacked:
     store = Store.open(location)
-    manifest = BundleManifest.model_validate_json(store.read_bytes("bundle.json"))
-    if manifest.format_version != FORMAT_VERSION:
-        raise BundleError(f"bundle format {manifest.format_version}; this sexpgpu reads {FORMAT_VERSION}")
-    target = into or Path(tempfile.mkdtemp(prefix="sexpgpu-bundle-"))
+    manifest = read_manifest(store)
+    main = inside(target, manifest.main, "main")
+    copied = {entry.url: inside(target, entry.url, f"data of loader {entry.loader}") for entry in manifest.data if entry.copied}
+    names = store.list("source")
+    files = [(name, inside(target, name[len("source/"):], "a file")) for name in names]
     (target / "sexpgpu.toml").write_text("# the project root of an unpacked bundle\n")
-    for name in store.list("source"):
-        local = target / name[len("source/") :]
+    for name, local in files:
         local.parent.mkdir(parents=True, exist_ok=True)
-        local.write_bytes(store.read_bytes(name))
+        store.copy_to_local(name, local)  # streamed: a bundle's data may be large
     for entry in manifest.data:
         if entry.copied:
-            digest = hashlib.sha256((target / entry.url).read_bytes()).hexdigest()
-            if digest != entry.sha256:
+            if file_digest(copied[entry.url]) != entry.sha256:
                 raise BundleError(f"bundle data {entry.url} does not match its sha256 in bundle.json", Exit.DATA)
-    return manifest, target / manifest.main
+    if not main.is_file():
+        raise BundleError(f"bundle.json names main {manifest.main!r}, which the bundle does not hold", Exit.CANNOT_START)
+    return Unpacked(manifest, target, main)
 
 
-def compile_bundle(location: str, world: int = 1) -> tuple[BundleManifest, CompileResult]:
-    """Recompile a bundle from its source with its selection (and WORLD data-parallel ranks'
-    programs); refuse another IR."""
-    manifest, main = unpack(location)
-    result = compile_file(main, manifest.selection, world=world)
+def read_manifest(store: Store) -> BundleManifest:
+    try:
+        manifest = BundleManifest.model_validate_json(store.read_bytes("bundle.json", limit=MANIFEST_LIMIT))
+    except ValueError as exc:
+        raise BundleError(f"bundle.json is malformed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})", Exit.CANNOT_START) from None
+    except (NotARegularFile, UnexpectedSize) as exc:
+        raise BundleError(f"bundle.json refused: {exc}", Exit.CANNOT_START) from None
+    if manifest.format_version != FORMAT_VERSION:
+        raise BundleError(f"bundle format {manifest.format_version}; this sexpgpu reads {FORMAT_VERSION}", Exit.CANNOT_START)
+    return manifest
+
+
+def inside(root: Path, relative: str, what: str) -> Path:
+    """ROOT/RELATIVE, for a path that is relative, normalised (no `.`, `..` or empty parts,
+    no `\\`) and stays inside ROOT; else the bundle is refused."""
+    parts = relative.split("/")
+    if (not relative or relative.startswith("/") or "\\" in relative or "\x00" in relative
+            or any(part in ("", ".", "..") for part in parts) or len(relative) > 4096):
+        raise BundleError(f"bundle.json or the bundle's files name {what} at {relative[:200]!r}: a bundle's paths must be "
+                          "relative, normalised and inside it", Exit.CANNOT_START)
+    local = root.joinpath(*parts)
+    if not local.resolve().is_relative_to(root.resolve()):
+        raise BundleError(f"{what} {relative[:200]!r} leads outside the bundle", Exit.CANNOT_START)
+    return local
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def compile_unpacked(bundle: Unpacked, world: int = 1) -> CompileResult:
+    """Recompile an unpacked bundle's source with its selection (and WORLD data-parallel
+    ranks' programs); refuse another IR."""
+    manifest = bundle.manifest
+    result = compile_file(bundle.main, manifest.selection, world=world)
     experiment: Optional[Experiment] = result.experiment
     if experiment is not None and experiment.ir_hash != manifest.ir_hash:
         raise BundleError(f"the bundle's source compiles to IR {experiment.ir_hash[:12]}, but bundle.json records {manifest.ir_hash[:12]}: refusing to run something else than what was bundled")
-    return manifest, result
+    return result

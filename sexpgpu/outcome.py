@@ -10,9 +10,9 @@ everywhere (docs/command-line.md lists the codes).
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Optional
+from typing import Annotated, Optional
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 
 class Exit(IntEnum):
@@ -28,11 +28,23 @@ class Exit(IntEnum):
     STOPPED = 75  # resumable: a signal, or the attempt was lost (preempted)
 
 
+REASON_LIMIT = 2000  # characters: a reason is echoed into the store (sweep.json, submit.json, status.json)
+
+
+def bounded(text: str, limit: int = REASON_LIMIT) -> str:
+    """TEXT, cut to LIMIT characters with a note of how much was left out: a message that
+    quotes a file (a diagnostic, a data error) must not carry the file into the store."""
+    if len(text) <= limit:
+        return text
+    note = f" ... ({len(text) - limit:,} more characters)"
+    return text[: limit - len(note)] + note
+
+
 class AttemptOutcome(BaseModel):
     """One attempt of one run, as it ended."""
 
     exit_code: Exit
-    reason: str  # one line: "finished", "data error: ...", "cannot start here: ..."
+    reason: Annotated[str, AfterValidator(bounded)]  # one line: "finished", "data error: ...", "cannot start here: ..."
     slug: Optional[str] = None
     folder: Optional[str] = None  # the run folder's URL, once the run had one
     steps: int = 0  # the step the run stands at

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Protocol, Union
 
-from .bundle import BundleError, compile_bundle
+from .bundle import BundleError, compile_unpacked, unpacked
 from .compile.pipeline import CompileResult, compile_file
 from .ir.experiment import Experiment, Selection
 from .lisp.diagnostics import Diagnostic, SourceMap
@@ -139,14 +139,17 @@ class Session:
             points.append(prepared)
         return points, None
 
-    def compile_bundle(self, location: str) -> Prepared:
-        """Recompile a bundle's source with its selection; another IR is refused."""
+    def with_bundle(self, location: str, then: Callable[[Compiled], AttemptOutcome]) -> AttemptOutcome:
+        """Unpack the bundle at LOCATION into a temporary project, recompile it with its
+        selection (another IR is refused), and THEN (train it, for instance); the temporary
+        project is removed when THEN returns."""
         try:
-            manifest, result = compile_bundle(location, world=self.settings.world)
+            with unpacked(location) as bundle:
+                result = compile_unpacked(bundle, world=self.settings.world)
+                prepared = self.checked(bundle.main, result, bundle.manifest.slug)
+                return prepared if isinstance(prepared, AttemptOutcome) else then(prepared)
         except BundleError as exc:
             return self.refuse(exc.code, f"bundle refused: {exc}")
-        program = result.program
-        return self.checked(Path(program.path) if program is not None and program.path else Path(manifest.main), result, manifest.slug)
 
     def checked(self, path: Path, result: CompileResult, slug: Optional[str] = None) -> Prepared:
         sources = result.program.sources if result.program is not None else SourceMap()
@@ -187,8 +190,7 @@ class Session:
     def run_bundle(self, location: str) -> AttemptOutcome:
         """`sexpgpu run BUNDLE`: the same, from a bundle."""
         with self.stop_before_training():
-            prepared = self.open_device() or self.compile_bundle(location)
-            return prepared if isinstance(prepared, AttemptOutcome) else self.train(prepared)
+            return self.open_device() or self.with_bundle(location, self.train)
 
     def device_memory_problem(self, experiment: Experiment) -> Optional[str]:
         from .runtime.devices import free_device_memory

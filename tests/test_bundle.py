@@ -13,7 +13,7 @@ import pytest
 
 import sexpgpu.bundle as bundle_module
 from conftest import REPO
-from sexpgpu.bundle import BundleError, compile_bundle, make_bundle
+from sexpgpu.bundle import BundleError, compile_unpacked, make_bundle, unpacked
 from sexpgpu.ir.experiment import Selection
 
 
@@ -38,8 +38,8 @@ def test_a_bundle_whose_source_changed_is_refused(tmp_path: Path) -> None:
     make_bundle(REPO / "examples" / "quickstart.lisp", Selection(), str(tmp_path / "b"))
     bundled = tmp_path / "b" / "source" / "examples" / "quickstart.lisp"
     bundled.write_text(bundled.read_text().replace("(nn:mlp 2 64 3)", "(nn:mlp 2 32 3)"))
-    with pytest.raises(BundleError, match="refusing"):
-        compile_bundle(str(tmp_path / "b"))
+    with pytest.raises(BundleError, match="refusing"), unpacked(str(tmp_path / "b")) as bundle:
+        compile_unpacked(bundle)
     ran = sexpgpu("run", str(tmp_path / "b"), "--store", str(tmp_path / "runs"), cwd=tmp_path)
     assert ran.returncode == 3 and "bundle refused" in ran.stderr
 

@@ -15,7 +15,7 @@ import ray
 from sexpgpu.outcome import AttemptOutcome, Exit, lost, refused
 from sexpgpu.runtime.runfolder import run_slug
 from sexpgpu.runtime.store import patience_configured
-from sexpgpu.session import Session, Settings
+from sexpgpu.session import Compiled, Session, Settings
 from workers.collective import CollectiveUnavailable, RankSpec, RendezvousError, join
 
 
@@ -48,19 +48,19 @@ class TrainWorkerImpl:
         return outcome.model_copy(update={"rank": rank.rank if rank else 0})
 
     def attempt(self, session: Session, bundle_url: str, rank: Optional[RankSpec]) -> AttemptOutcome:
-        prepared = session.open_device() or session.compile_bundle(bundle_url)
-        if isinstance(prepared, AttemptOutcome):
-            return prepared
+        return session.open_device() or session.with_bundle(bundle_url, lambda compiled: self.join_and_train(session, compiled, rank))
+
+    def join_and_train(self, session: Session, compiled: Compiled, rank: Optional[RankSpec]) -> AttemptOutcome:
         collective = None
         if rank is not None:
-            slug = run_slug(prepared.experiment)
+            slug = run_slug(compiled.experiment)
             try:
                 collective = join(rank)
             except CollectiveUnavailable as exc:  # missing software is not fixed by retrying
                 return refused(Exit.CANNOT_START, f"cannot start here: {exc}", slug)
             except RendezvousError as exc:  # a rank that never came: retried like a lost node
                 return lost(f"rendezvous failed: {exc}", slug)
-        return session.train(prepared, ranks=collective)
+        return session.train(compiled, ranks=collective)
 
 # two calls at once: `run`, and `where` while it runs (the tests kill the process it names)
 TRAIN_WORKER_OPTIONS: dict[str, int] = {"max_concurrency": 2}

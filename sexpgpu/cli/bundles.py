@@ -66,10 +66,10 @@ def run_submit(args: argparse.Namespace) -> int:
     devices = devices_from(args)
     # the ranks' programs must check (the batch splits over W) before anything is sent
     session = Session(Settings(store=args.store, world=devices.count), Console())
-    prepared = session.compile_bundle(args.bundle)
-    if isinstance(prepared, AttemptOutcome):
-        return int(prepared.exit_code)
-    slug = run_slug(prepared.experiment)
+    checked = session.with_bundle(args.bundle, lambda compiled: AttemptOutcome(exit_code=Exit.OK, reason="checks", slug=run_slug(compiled.experiment)))
+    if checked.exit_code != Exit.OK or checked.slug is None:
+        return int(checked.exit_code)
+    slug = checked.slug
     problem = store_check(args.store)
     if problem is not None:
         print(f"sexpgpu: cannot start here: {problem}", file=sys.stderr)

@@ -406,10 +406,10 @@ def _ckpt() -> Any:
 def _checkpoint_name(ref: RunRef, which: str) -> str:
     ck = _ckpt()
     if which == "latest":
-        latest = f"{ref.slug}/checkpoints/LATEST"
-        if not ref.store.exists(latest):
-            raise Missing(f"no LATEST at {ref.url_of('checkpoints/LATEST')}")
-        return ref.store.read_text(latest).strip()
+        named, warnings = ck.latest_named(ref.store, ref.slug)
+        if not named:
+            raise Missing("; ".join(warnings) or f"no LATEST at {ref.url_of('checkpoints/LATEST')}")
+        return str(named)
     if which.isdigit():
         return str(ck.step_name(int(which)))
     name = which.rstrip("/").split("/")[-1]
@@ -440,24 +440,41 @@ def read_safetensors_header(data: bytes) -> tuple[dict[str, dict[str, Any]], dic
     return tensors, meta
 
 
+def _expected(ref: RunRef) -> Any:
+    """What the run's checkpoints must hold, from its ir.json (None when it has none)."""
+    ck = _ckpt()
+    from ..ir.graph import Module
+
+    try:
+        module = Module.model_validate_json(ref.store.read_bytes(f"{ref.slug}/ir.json", limit=IR_LIMIT))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        print(f"sexpgpu: warning: {ref.url_of('ir.json')} unreadable ({type(exc).__name__}); checkpoints are checked without it", file=sys.stderr)
+        return None
+    return ck.Expected.of_module(module)
+
+
+IR_LIMIT = 1 << 30  # an ir.json larger than this is not one
+
+
 def _list_doc(ref: RunRef, deep: bool) -> dict[str, Any]:
     ck = _ckpt()
-    infos = ck.list_checkpoints(ref.store, ref.slug, verify=deep)
-    latest_path = f"{ref.slug}/checkpoints/LATEST"
-    latest = ref.store.read_text(latest_path).strip() if ref.store.exists(latest_path) else None
+    infos = ck.list_checkpoints(ref.store, ref.slug, verify=deep, expected=_expected(ref) if deep else None)
+    latest_name, latest_warnings = ck.latest_named(ref.store, ref.slug)
+    latest = latest_name or None
     rows = []
     for info in infos:
         published = ref.store.exists(f"{ref.slug}/checkpoints/{info.name}/MANIFEST.json")
         size = None
         if published:
             try:
-                manifest = ck.Manifest.model_validate_json(ref.store.read_bytes(f"{ref.slug}/checkpoints/{info.name}/MANIFEST.json"))
-                size = sum(entry.bytes for entry in manifest.files.values())
-            except ValueError:
+                size = sum(entry.bytes for entry in ck.read_manifest(ref.store, f"{ref.slug}/checkpoints/{info.name}").files.values())
+            except ck.CheckpointProblem:
                 pass
         rows.append({"name": info.name, "step": info.step, "valid": info.valid, "published": published,
                      "reason": info.reason, "bytes": size, "latest": info.name == latest})
-    return {"run": ref.url, "latest": latest, "checkpoints": rows}
+    return {"run": ref.url, "latest": latest, "latest_warnings": latest_warnings, "checkpoints": rows}
 
 
 @_guarded
@@ -516,13 +533,15 @@ def _ck_verify(ref: RunRef, args: argparse.Namespace) -> int:
         if row["corrupt"]:
             problems.append(f"{row['name']}: {row['reason']}")
     latest = doc["latest"]
-    doc["latest_problem"] = None
+    doc["latest_problem"] = "; ".join(doc["latest_warnings"]) or None
     if latest is not None:
         target = next((r for r in rows if r["name"] == latest), None)
         if target is None:
             doc["latest_problem"] = f"LATEST names {latest}, which does not exist"
         elif not target["valid"]:
             doc["latest_problem"] = f"LATEST names {latest}, which cannot be loaded"
+    if doc["latest_problem"]:
+        problems.append(doc["latest_problem"])
     doc["ok"] = not problems
     if args.json:
         print_json(doc)
@@ -542,23 +561,40 @@ def _ck_verify(ref: RunRef, args: argparse.Namespace) -> int:
 def _ck_show(ref: RunRef, name: str, args: argparse.Namespace) -> int:
     ck = _ckpt()
     folder = f"{ref.slug}/checkpoints/{name}"
-    problem = ck.check(ref.store, ref.slug, name, deep=True)
+    problem = ck.check(ref.store, ref.slug, name, deep=True, expected=_expected(ref))
     doc: dict[str, Any] = {"name": name, "folder": ref.url_of(f"checkpoints/{name}"), "valid": problem is None, "reason": problem or ""}
     try:
-        doc["manifest"] = json.loads(ref.store.read_text(f"{folder}/MANIFEST.json"))
-    except (FileNotFoundError, ValueError):
-        doc["manifest"] = None
+        manifest = ck.read_manifest(ref.store, folder)
+    except ck.CheckpointProblem:
+        manifest = None
+    doc["manifest"] = manifest.model_dump() if manifest is not None else None
+    # each file is read only as the manifest records it: a regular file of its size
+    contents: dict[str, bytes] = {}
+    errors: dict[str, str] = {}
+    for file in ck.CHECKPOINT_FILES:
+        entry = manifest.files.get(file) if manifest is not None else None
+        if entry is None:
+            errors[file] = "not in MANIFEST.json"
+            continue
+        try:
+            contents[file] = ref.store.read_bytes(f"{folder}/{file}", exactly=entry.bytes)
+        except OSError as exc:
+            errors[file] = f"{type(exc).__name__}: {exc}"
     try:
-        doc["state"] = json.loads(ref.store.read_text(f"{folder}/state.json"))
-    except (FileNotFoundError, ValueError) as exc:
+        doc["state"] = json.loads(contents["state.json"]) if "state.json" in contents else None
+    except ValueError as exc:
         doc["state"] = None
-        doc["state_error"] = f"{type(exc).__name__}: {exc}"
+        errors["state.json"] = f"{type(exc).__name__}: {exc}"
+    if doc["state"] is None:
+        doc["state_error"] = errors.get("state.json")
     for part in ("params", "optim"):
         try:
-            tensors, meta = read_safetensors_header(ref.store.read_bytes(f"{folder}/{part}.safetensors"))
+            if f"{part}.safetensors" not in contents:
+                raise ValueError(errors[f"{part}.safetensors"])
+            tensors, meta = read_safetensors_header(contents[f"{part}.safetensors"])
             doc[part] = {"tensors": tensors, "metadata": meta, "count": len(tensors),
                          "values": sum(math.prod(t["shape"]) for t in tensors.values())}
-        except (FileNotFoundError, ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, AttributeError, TypeError) as exc:
             doc[part] = {"error": f"{type(exc).__name__}: {exc}"}
     code = Exit.OK if problem is None else Exit.RESUME_REFUSED
     if args.json:
@@ -596,19 +632,14 @@ def _ck_export(ref: RunRef, name: str, args: argparse.Namespace) -> int:
     if fmt is None:
         fmt = "npz" if args.output and args.output.endswith(".npz") else "safetensors"
     output = Path(args.output) if args.output else Path(f"{ref.slug}.{name}.{fmt}")
-    problem = ck.check(ref.store, ref.slug, name, deep=True)
-    if problem is not None:
+    folder = f"{ref.slug}/checkpoints/{name}"
+    try:  # what is exported is what was checked: the files are read once, against the manifest
+        files = ck.read_files(ref.store, folder, ck.read_manifest(ref.store, folder))
+        ck.decode(files, _expected(ref))
+    except ck.CheckpointProblem as problem:
         print(f"sexpgpu: checkpoint {name} cannot be exported: {problem}", file=sys.stderr)
         return Exit.RESUME_REFUSED
-    data = ref.store.read_bytes(f"{ref.slug}/checkpoints/{name}/params.safetensors")
-    # Checked against its hash just above; the bytes read now are checked again below.
-    import hashlib
-
-    manifest = ck.Manifest.model_validate_json(ref.store.read_bytes(f"{ref.slug}/checkpoints/{name}/MANIFEST.json"))
-    entry = manifest.files.get("params.safetensors")
-    if entry is None or hashlib.sha256(data).hexdigest() != entry.sha256:
-        print(f"sexpgpu: checkpoint {name} changed while it was read; not exported", file=sys.stderr)
-        return Exit.RESUME_REFUSED
+    data = files["params.safetensors"]
     tensors, _ = read_safetensors_header(data)
     if output.parent and not output.parent.exists():
         fail_usage(f"-o {output}: the folder {output.parent} does not exist")

@@ -23,7 +23,7 @@ import numpy as np
 from ..ir.experiment import Experiment
 from ..outcome import AttemptOutcome, Exit
 from .backend import Backend, HostBackend
-from .checkpoint import CheckpointState, ResumeError, list_checkpoints, load_checkpoint, resolve, step_name, write_checkpoint
+from .checkpoint import CheckpointState, Expected, ResumeError, list_checkpoints, load_checkpoint, resolve, step_name, write_checkpoint
 from .checkpoint import prune as prune_checkpoints
 from .data.spec import DataError
 from .devices import describe
@@ -136,6 +136,7 @@ class Attempt:
         self.last_checkpoint: Optional[str] = None
         self.last: Optional[StepResult] = None
         self.attempt = 1
+        self.expected = Expected.of_module(experiment.module)  # what a checkpoint of this run holds
 
     @property
     def events(self) -> EventLog:
@@ -338,25 +339,18 @@ class Attempt:
 
     def load_resume(self, which: str) -> Loaded:
         """Find, verify and read the checkpoint to resume; refuse one of another run."""
-        name, warnings = resolve(self.store, self.slug, which)
+        name, warnings = resolve(self.store, self.slug, which, self.expected)
         for warning in warnings:
             self.say(f"warning: {warning}")
-        params, states, state = load_checkpoint(self.store, self.slug, name)
+        params, states, state = load_checkpoint(self.store, self.slug, name, self.expected)
         if state.source_hash != self.experiment.source_hash or state.ir_hash != self.experiment.ir_hash:
             what = "source" if state.source_hash != self.experiment.source_hash else "IR (selection)"
             raise ResumeError(f"checkpoint {name} belongs to another {what}: it was written by a run of a different file or selection; start a fresh run instead")
-        expected = [p.path for p in self.experiment.params]
-        missing = [p for p in expected if p not in params]
-        if missing:
-            raise ResumeError(f"checkpoint {name} lacks {missing[0]}; it belongs to another model")
         return name, warnings, params, states, state
 
     def apply_resume(self, name: str, warnings: list[str], params: dict[str, np.ndarray], states: dict[str, np.ndarray], state: CheckpointState) -> None:
         for warning in warnings:
             emit(self.events, "warning", step=None, message=warning)
-        missing = [k for k in self.trainer.states if k not in states]
-        if missing:
-            raise ResumeError(f"checkpoint {name} lacks optimizer state {missing[0]}; it belongs to another optimizer")
         self.trainer.restore(params, states, state)
         self.evaluations.restore(state.eval)
         self.skipped_in_a_row = int(state.guard.get("skipped_in_a_row", 0))
@@ -393,7 +387,7 @@ class Attempt:
     def roll_back(self, lr_scale: Optional[float]) -> None:
         assert self.last_checkpoint is not None
         trainer = self.trainer
-        params, states, state = load_checkpoint(self.store, self.slug, self.last_checkpoint)
+        params, states, state = load_checkpoint(self.store, self.slug, self.last_checkpoint, self.expected)
         trainer.restore(params, states, state)
         self.rolled_back = True
         self.skipped_in_a_row = 0

@@ -22,7 +22,8 @@ from safetensors.numpy import load as load_tensors
 from safetensors.numpy import save as save_tensors
 
 from .data.stream import LoaderState
-from .store import Store
+from ..ir.graph import Module
+from .store import NotARegularFile, Store, UnexpectedSize
 
 FORMAT_VERSION = 1
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
@@ -98,91 +99,187 @@ def write_checkpoint(store: Store, slug: str, step: int, params: dict[str, np.nd
     return name
 
 
-def list_checkpoints(store: Store, slug: str, verify: bool = False) -> list[CheckpointInfo]:
+def list_checkpoints(store: Store, slug: str, verify: bool = False, expected: Optional["Expected"] = None) -> list[CheckpointInfo]:
     """Every checkpoint folder, oldest first; `valid` says whether it is published (and,
-    with verify, whether every file matches its hash)."""
+    with verify, whether every file matches its hash and holds what it should)."""
     names = sorted({p.split("/")[2] for p in store.list(f"{slug}/checkpoints") if len(p.split("/")) > 3})
     out = []
     for name in names:
         match = STEP_DIR.match(name)
         if not match:
             continue
-        problem = check(store, slug, name, deep=verify)
+        problem = check(store, slug, name, deep=verify, expected=expected)
         out.append(CheckpointInfo(name=name, step=int(match.group(1)), valid=problem is None, reason=problem or ""))
     return out
 
 
-def check(store: Store, slug: str, name: str, deep: bool = True) -> Optional[str]:
-    """Why the checkpoint cannot be loaded, or None when it can."""
-    folder = f"{slug}/checkpoints/{name}"
+class Expected(BaseModel):
+    """The tensors a checkpoint of a run must hold: parameter path -> shape, and optimizer
+    state `PATH:SLOT` -> shape."""
+
+    params: dict[str, tuple[int, ...]]
+    states: dict[str, tuple[int, ...]]
+
+    @classmethod
+    def of_module(cls, module: Module) -> "Expected":
+        """From the run's IR: parameters are the train program's inputs that are not data
+        (frozen ones included), optimizer state the update program's `state:` inputs."""
+        train, update = module.programs["train"], module.programs["update"]
+        params = {i.name: tuple(i.type.shape) for i in train.inputs if not i.name.startswith(("data.", "rng.", "ctx."))}
+        states = {i.name.split(":", 1)[1]: tuple(i.type.shape) for i in update.inputs if i.name.startswith("state:")}
+        return cls(params=params, states=states)
+
+
+class CheckpointProblem(Exception):
+    """Why a checkpoint cannot be loaded (corrupt, tampered, unpublished, another model)."""
+
+
+CHECKPOINT_FILES = ("params.safetensors", "optim.safetensors", "state.json")
+SMALL_FILE_LIMIT = 16 * 1024 * 1024  # MANIFEST.json, LATEST: a few KiB; anything this large is not one
+
+
+def read_manifest(store: Store, folder: str) -> Manifest:
     try:
-        manifest = Manifest.model_validate_json(store.read_bytes(f"{folder}/MANIFEST.json"))
+        manifest = Manifest.model_validate_json(store.read_bytes(f"{folder}/MANIFEST.json", limit=SMALL_FILE_LIMIT))
     except FileNotFoundError:
-        return "not published (no MANIFEST.json): the write did not finish"
+        raise CheckpointProblem("not published (no MANIFEST.json): the write did not finish") from None
+    except (NotARegularFile, UnexpectedSize) as exc:
+        raise CheckpointProblem(f"MANIFEST.json refused: {exc}") from None
     except ValueError as exc:
-        return f"MANIFEST.json is unreadable ({exc.__class__.__name__})"
+        raise CheckpointProblem(f"MANIFEST.json is unreadable ({exc.__class__.__name__})") from None
     if manifest.format_version != FORMAT_VERSION:
-        return f"checkpoint format {manifest.format_version}, this sexpgpu reads {FORMAT_VERSION}"
-    if not deep:
-        return None
+        raise CheckpointProblem(f"checkpoint format {manifest.format_version}, this sexpgpu reads {FORMAT_VERSION}")
+    unknown = sorted(set(manifest.files) - set(CHECKPOINT_FILES))
+    missing = sorted(set(CHECKPOINT_FILES) - set(manifest.files))
+    if unknown or missing:
+        raise CheckpointProblem(f"MANIFEST.json lists {', '.join(unknown) or 'no'} unknown file(s) and lacks {', '.join(missing) or 'none'}")
+    return manifest
+
+
+def read_files(store: Store, folder: str, manifest: Manifest) -> dict[str, bytes]:
+    """Each file the manifest lists, read only if it is a regular file of the size it records,
+    and only if its hash matches."""
+    files = {}
     for file, entry in manifest.files.items():
         try:
-            data = store.read_bytes(f"{folder}/{file}")
+            data = store.read_bytes(f"{folder}/{file}", exactly=entry.bytes)
         except FileNotFoundError:
-            return f"{file} is missing"
-        if len(data) != entry.bytes:
-            return f"{file} is {len(data)} bytes, the manifest says {entry.bytes} (truncated?)"
+            raise CheckpointProblem(f"{file} is missing") from None
+        except UnexpectedSize as exc:
+            raise CheckpointProblem(f"{exc} (truncated or replaced?)") from None
+        except NotARegularFile as exc:
+            raise CheckpointProblem(str(exc)) from None
         if _digest(data) != entry.sha256:
-            return f"{file} does not match its sha256 in MANIFEST.json (tampered or corrupt)"
+            raise CheckpointProblem(f"{file} does not match its sha256 in MANIFEST.json (tampered or corrupt)")
+        files[file] = data
+    return files
+
+
+def decode(files: dict[str, bytes], expected: Optional[Expected]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], CheckpointState]:
+    """The tensors and the loop state, checked for what they must hold."""
+    try:
+        params = dict(load_tensors(files["params.safetensors"]))
+        optim = dict(load_tensors(files["optim.safetensors"]))
+    except Exception as exc:  # safetensors' own errors: a malformed header or offsets
+        raise CheckpointProblem(f"a tensor file is malformed ({type(exc).__name__}: {exc})") from None
+    try:
+        state = CheckpointState.model_validate(json.loads(files["state.json"]))
+    except ValueError as exc:
+        raise CheckpointProblem(f"state.json is malformed ({type(exc).__name__})") from None
+    for key, value in optim.items():
+        path = key.rsplit(":", 1)[0]
+        if path in params and value.shape != params[path].shape:
+            raise CheckpointProblem(f"optimizer state {key} has shape {value.shape}, its parameter {params[path].shape}")
+    if expected is not None:
+        wrong(params, expected.params, "parameter")
+        wrong(optim, expected.states, "optimizer state")
+    return params, {f"state:{k}": v for k, v in optim.items()}, state
+
+
+def wrong(tensors: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]], what: str) -> None:
+    for name, shape in shapes.items():
+        if name not in tensors:
+            raise CheckpointProblem(f"it lacks {what} {name}; it belongs to another model")
+        if tuple(tensors[name].shape) != shape:
+            raise CheckpointProblem(f"{what} {name} has shape {tuple(tensors[name].shape)}, the run's is {shape}")
+
+
+def open_checkpoint(store: Store, slug: str, name: str, expected: Optional[Expected] = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], CheckpointState]:
+    """Parameters, optimizer state ("state:PATH:SLOT" keys) and loop state of a checkpoint,
+    or CheckpointProblem. safetensors and JSON only: loading never executes code."""
+    folder = f"{slug}/checkpoints/{name}"
+    manifest = read_manifest(store, folder)
+    return decode(read_files(store, folder, manifest), expected)
+
+
+def check(store: Store, slug: str, name: str, deep: bool = True, expected: Optional[Expected] = None) -> Optional[str]:
+    """Why the checkpoint cannot be loaded, or None when it can."""
+    try:
+        if deep:
+            open_checkpoint(store, slug, name, expected)
+        else:
+            read_manifest(store, f"{slug}/checkpoints/{name}")
+    except CheckpointProblem as problem:
+        return str(problem)
     return None
 
 
-def resolve(store: Store, slug: str, which: Union[str, int]) -> tuple[str, list[str]]:
+def latest_named(store: Store, slug: str) -> tuple[str, list[str]]:
+    """The folder LATEST names ("" when none), and a warning when what it holds is not one."""
+    try:
+        named = store.read_text(f"{slug}/checkpoints/LATEST", limit=SMALL_FILE_LIMIT).strip()
+    except FileNotFoundError:
+        return "", []
+    except (NotARegularFile, UnexpectedSize, UnicodeDecodeError) as exc:
+        return "", [f"LATEST skipped: {exc}"]
+    if named and not STEP_DIR.match(named):
+        return "", [f"LATEST skipped: it names {named[:80]!r}, not a checkpoint folder (step-NNNNNN)"]
+    return named, []
+
+
+def resolve(store: Store, slug: str, which: Union[str, int], expected: Optional[Expected] = None) -> tuple[str, list[str]]:
     """The checkpoint to resume: 'latest' falls back to the newest valid one (with a warning
     for each newer one skipped); a step or a folder name must itself be valid."""
-    warnings: list[str] = []
     if which == "latest":
-        try:
-            named = store.read_text(f"{slug}/checkpoints/LATEST").strip()
-        except FileNotFoundError:
-            named = ""
-        if named and check(store, slug, named, deep=True) is None:
+        named, warnings = latest_named(store, slug)
+        problem = check(store, slug, named, deep=True, expected=expected) if named else None
+        if named and problem is None:
             return named, warnings
         if named:
-            warnings.append(f"checkpoint {named} (named by LATEST) skipped: {check(store, slug, named, deep=True)}")
+            warnings.append(f"checkpoint {named} (named by LATEST) skipped: {problem}")
         candidates = [c for c in reversed(list_checkpoints(store, slug)) if c.name != named]
         for info in candidates:
-            problem = check(store, slug, info.name, deep=True)
+            problem = check(store, slug, info.name, deep=True, expected=expected)
             if problem is None:
                 return info.name, warnings
             warnings.append(f"checkpoint {info.name} skipped: {problem}")
         raise ResumeError(f"no valid checkpoint in {store.url_of(slug + '/checkpoints')}" + (f" ({'; '.join(warnings)})" if warnings else ""))
     name = step_name(int(which)) if isinstance(which, int) or str(which).isdigit() else str(which).rstrip("/").split("/")[-1]
+    if not STEP_DIR.match(name):
+        raise ResumeError(f"--resume {which}: name a step (500), a folder (step-000500) or latest")
     known = [c.name for c in list_checkpoints(store, slug)]
     if name not in known:
         raise ResumeError(f"no checkpoint {name} in {store.url_of(slug + '/checkpoints')} (checkpoints: {', '.join(known) or 'none'})")
-    problem = check(store, slug, name, deep=True)
+    problem = check(store, slug, name, deep=True, expected=expected)
     if problem is not None:
         raise ResumeError(f"checkpoint {name} cannot be resumed: {problem}")
-    return name, warnings
+    return name, []
 
 
-def load_checkpoint(store: Store, slug: str, name: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], CheckpointState]:
-    """Parameters, optimizer state ("state:PATH:SLOT" keys) and loop state of a verified
-    checkpoint. safetensors and JSON only: loading never executes code."""
-    folder = f"{slug}/checkpoints/{name}"
-    problem = check(store, slug, name, deep=True)
-    if problem is not None:
-        raise ResumeError(f"checkpoint {name}: {problem}")
-    params = dict(load_tensors(store.read_bytes(f"{folder}/params.safetensors")))
-    optim = {f"state:{k}": v for k, v in load_tensors(store.read_bytes(f"{folder}/optim.safetensors")).items()}
-    state = CheckpointState.model_validate(json.loads(store.read_bytes(f"{folder}/state.json")))
-    return params, optim, state
+def load_checkpoint(store: Store, slug: str, name: str, expected: Optional[Expected] = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], CheckpointState]:
+    """A checked checkpoint's contents; ResumeError when it cannot be loaded."""
+    try:
+        return open_checkpoint(store, slug, name, expected)
+    except CheckpointProblem as problem:
+        raise ResumeError(f"checkpoint {name}: {problem}") from None
 
 
 def prune(store: Store, slug: str, keep: int, protect: Optional[str] = None) -> None:
-    """Keep the newest KEEP published checkpoints (and PROTECT); delete the others."""
+    """Keep the newest KEEP published checkpoints (and PROTECT); delete the others. Each is
+    unpublished first (its MANIFEST goes before its files), so a kill in the middle of a
+    deletion leaves a folder that is never loaded, not a published one that fails."""
     published = [c for c in list_checkpoints(store, slug) if c.valid]
     for info in published[: max(len(published) - keep, 0)]:
         if info.name != protect:
+            store.delete(f"{slug}/checkpoints/{info.name}/MANIFEST.json")
             store.delete(f"{slug}/checkpoints/{info.name}", recursive=True)

@@ -13,10 +13,11 @@ import json
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, ClassVar, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from ..outcome import bounded
 from .store import Store, dump_json, is_store_failure
 
 EVENT_VERSION = 1
@@ -181,7 +182,7 @@ class AnnotationEvent(Event):
 class RunEndEvent(Event):
     kind: Literal["run.end"] = "run.end"
     exit_code: int
-    reason: str
+    reason: Annotated[str, AfterValidator(bounded)]
     state: Optional[str] = None
 
 

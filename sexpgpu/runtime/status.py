@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from ..outcome import bounded
 from .events import utc_now
 from .store import Store, is_store_failure
 
@@ -47,7 +48,7 @@ class Summary(BaseModel):
     examples_seen: int = 0
     tokens_seen: Optional[int] = None
     exit_code: int = 0
-    reason: str = ""
+    reason: Annotated[str, AfterValidator(bounded)] = ""
 
 
 class Status(BaseModel):
