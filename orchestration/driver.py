@@ -34,8 +34,10 @@ from sexpgpu.runtime.store import Store, StoreError
 from sexpgpu.session import Compiled, store_check
 
 from .attempts import Attempts, record_attempt, resume_from, worker_env
+from workers.train_worker import AttemptRequest
+
 from .gang import Devices, Gang
-from .leases import Leases
+from .leases import PointLeases
 
 T = TypeVar("T")
 PointState = Literal["pending", "leased", "running", "preempted", "finished", "failed"]
@@ -103,7 +105,7 @@ class Driver:
         self.say = say
         self.id = uuid.uuid4().hex[:12]
         self.prefix = f"sweeps/{path.stem}.{sweep}"
-        self.leases = Leases(self.store, self.prefix, self.id)
+        self.leases = PointLeases(self.store, self.prefix, self.id)
         self.capacity_wait_s = capacity_wait_s
         self.idle: list[ActorHandle] = []  # single workers whose point ended cleanly, for the next point
         self.wanted: dict[str, int] = {}  # slug -> the steps this sweep asks of it (--max-steps included)
@@ -196,7 +198,8 @@ class Driver:
         record.lease, record.heartbeat = self.id, time.time()
         bundle = f"{self.store.url_of(self.prefix)}/bundles/point-{record.point:04d}"
         gang = Gang(self.devices, worker_env(), self.idle)
-        gang.start(bundle, self.store_url, resume_from(self.store, record.slug), self.max_steps)
+        gang.start(AttemptRequest(bundle=bundle, store=self.store_url, resume=resume_from(self.store, record.slug), max_steps=self.max_steps,
+                                  take_over=record.attempts > 1))  # a later attempt: the earlier one's workers are stopped
         if self.on_launch is not None:
             self.on_launch(record, gang)
         return gang
@@ -258,7 +261,7 @@ class Driver:
                 record.final_loss = status.metrics.get("loss")
                 record.lease = None
             elif (lease := self.leases.held_elsewhere(record.point)) is not None:
-                record.state, record.lease, record.heartbeat = "leased", lease.driver, lease.heartbeat
+                record.state, record.lease, record.heartbeat = "leased", lease.holder, lease.heartbeat
 
     def ended(self, status: Status, slug: str) -> Optional[Literal["finished", "failed"]]:
         """"finished" or "failed" when the run's status says so for the steps this sweep wants

@@ -22,7 +22,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from sexpgpu.outcome import AttemptOutcome, Exit, lost
 from workers.collective import AllReduceSpec, RankSpec
-from workers.train_worker import TRAIN_WORKER_OPTIONS, TrainWorker
+from workers.train_worker import TRAIN_WORKER_OPTIONS, AttemptRequest, TrainWorker
 
 # how Ray says a rank's process or node died (a preemption, never the run's own failure)
 DIED: tuple[type[BaseException], ...] = (RayActorError, WorkerCrashedError, NodeDiedError)
@@ -86,19 +86,19 @@ class Gang:
         else:
             self.workers.append(TrainWorker.options(**options).remote(env))
 
-    def start(self, bundle: str, store: str, resume: Optional[str], max_steps: Optional[int]) -> None:
-        """Start every rank; on any error the gang stops itself (no leaked actors or groups)."""
+    def start(self, request: AttemptRequest) -> None:
+        """Start every rank on REQUEST; on any error the gang stops itself (no leaked actors
+        or groups)."""
         try:
-            self._start(bundle, store, resume, max_steps)
+            self._start(request.model_copy(update={"device": "cuda" if self.devices.kind == "cuda" else "cpu"}))
         except Exception:
             self.stop()
             raise
 
-    def _start(self, bundle: str, store: str, resume: Optional[str], max_steps: Optional[int]) -> None:
+    def _start(self, request: AttemptRequest) -> None:
         devices = self.devices
-        device = "cuda" if devices.kind == "cuda" else "cpu"
         if devices.count == 1:
-            self.refs = [self.workers[0].run.remote(bundle, store, resume, max_steps, None, device)]
+            self.refs = [self.workers[0].run.remote(request, None)]
             return
         backend: Literal["gloo", "nccl"] = "nccl" if devices.kind == "cuda" else "gloo"
         nccl_id: Optional[list[int]] = None
@@ -107,7 +107,7 @@ class Gang:
         for rank, worker in enumerate(self.workers):
             spec = RankSpec(rank=rank, world=devices.count, group=self.group, backend=backend, nccl_id=nccl_id,
                             allreduce=devices.allreduce, rendezvous_timeout_s=devices.rendezvous_timeout_s)
-            self.refs.append(worker.run.remote(bundle, store, resume, max_steps, spec, device))
+            self.refs.append(worker.run.remote(request, spec))
 
     def collect(self, ref: Any) -> Optional[AttemptOutcome]:
         """Take one rank's finished ref; the attempt's outcome once it is known, else None."""

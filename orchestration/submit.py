@@ -21,6 +21,8 @@ from sexpgpu.outcome import AttemptOutcome, Exit, bounded, lost
 from sexpgpu.runtime.store import Store
 
 from .attempts import Attempts, record_attempt, resume_from
+from workers.train_worker import AttemptRequest
+
 from .gang import Devices, Gang
 
 
@@ -93,7 +95,8 @@ class SupervisorImpl:
         self.gang = gang
         try:
             try:
-                gang.start(self.record.bundle, self.record.store, resume_from(self.store, self.record.slug), None)
+                gang.start(AttemptRequest(bundle=self.record.bundle, store=self.record.store, resume=resume_from(self.store, self.record.slug),
+                                          take_over=self.record.attempts > 1))  # a later attempt: the earlier one's workers are stopped
             except Exception as exc:  # the ranks could not start: retried like a lost node
                 return lost(f"could not start: {type(exc).__name__}: {exc}", self.record.slug)
             pending = list(gang.refs)

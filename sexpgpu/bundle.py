@@ -28,6 +28,7 @@ from .compile.pipeline import CompileResult, compile_file
 from .ir.experiment import Experiment, Selection
 from .lisp.modules import find_project_root
 from .runtime.data.raw import has_protocol
+from .runtime.lease import process_alive
 from .runtime.runfolder import run_slug
 from .runtime.store import NotARegularFile, Store, UnexpectedSize
 
@@ -190,16 +191,6 @@ def remove_orphans(folder: Path) -> None:
         pid = path.name[len(TEMP_PREFIX):].split("-", 1)[0]
         if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive, and not ours to clean
-        return True
-    return True
 
 
 def unpack_into(location: str, target: Path) -> Unpacked:

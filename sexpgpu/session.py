@@ -30,7 +30,7 @@ from .runtime.checkpoint import ResumeError
 from .runtime.data.spec import DataError
 from .runtime.devices import DEVICE_FORMS, is_device_spec, open_device
 from .runtime.ranks import Collective
-from .runtime.runfolder import run_slug
+from .runtime.runfolder import FolderHeld, run_slug
 from .runtime.store import DEFAULT_PATIENCE_S, is_store_failure, store_problem
 
 
@@ -78,6 +78,7 @@ class Settings:
     signals: bool = True  # SIGINT/SIGTERM stop the attempt resumably (main thread only)
     limits: Optional[Limits] = None
     world: int = 1  # data-parallel ranks the programs are compiled for
+    take_over: bool = False  # the run folder's last writer is known to be gone (a preempted attempt)
     store_patience_s: float = DEFAULT_PATIENCE_S  # how long a run waits for an unreachable store
 
 
@@ -178,7 +179,8 @@ class Session:
         settings = self.settings
         options = RunOptions(store=settings.store, device=self.device, backend=self.backend, max_steps=settings.max_steps,
                              progress=settings.progress, sources=compiled.sources(), resume=settings.resume,
-                             signals=settings.signals, store_patience_s=settings.store_patience_s, ranks=ranks)
+                             signals=settings.signals, store_patience_s=settings.store_patience_s, ranks=ranks,
+                             take_over=settings.take_over)
         return self.guarded(slug, lambda: train(compiled.experiment, options, say=self.reporter.say))
 
     def run_file(self, path: Path, selection: Selection) -> AttemptOutcome:
@@ -207,7 +209,7 @@ class Session:
             return self.refuse(Exit.DATA, f"data error: {exc}", slug)
         except ResumeError as exc:
             return self.refuse(Exit.RESUME_REFUSED, f"resume refused: {exc}", slug)
-        except DeviceError as exc:
+        except (DeviceError, FolderHeld) as exc:
             return self.refuse(Exit.CANNOT_START, f"cannot start here: {exc}", slug)
         except Exception as exc:
             if not is_store_failure(exc):

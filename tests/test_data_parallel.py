@@ -158,14 +158,14 @@ def test_bf16_gradient_buckets_stay_close(project: Path, ray_cluster: Any) -> No
 def test_a_rank_alone_at_the_rendezvous_fails_clearly(project: Path, ray_cluster: Any) -> None:
     from sexpgpu.bundle import make_bundle
     from workers.collective import RankSpec
-    from workers.train_worker import TRAIN_WORKER_OPTIONS, TrainWorker
+    from workers.train_worker import TRAIN_WORKER_OPTIONS, AttemptRequest, TrainWorker
 
     bundle = project.parent / "bundle"
     make_bundle(project, Selection(sweep="one", point=0), str(bundle))
     worker = TrainWorker.options(num_cpus=1, max_restarts=0, **TRAIN_WORKER_OPTIONS).remote({})
     spec = RankSpec(rank=1, world=2, group="lonely", rendezvous_timeout_s=3.0)
     started = time.time()
-    outcome = ray.get(worker.run.remote(str(bundle), str(project.parent / "store"), None, None, spec, "cpu"), timeout=120)
+    outcome = ray.get(worker.run.remote(AttemptRequest(bundle=str(bundle), store=str(project.parent / "store")), spec), timeout=120)
     assert outcome.exit_code == 75 and outcome.preempted and outcome.rank == 1, outcome  # retried like a lost node
     assert "rendezvous" in outcome.reason and "3 s" in outcome.reason, outcome.reason
     assert time.time() - started < 60

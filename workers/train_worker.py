@@ -11,12 +11,25 @@ import socket
 from typing import Any, Optional
 
 import ray
+from pydantic import BaseModel
 
 from sexpgpu.outcome import AttemptOutcome, Exit, lost, refused
 from sexpgpu.runtime.runfolder import run_slug
 from sexpgpu.runtime.store import patience_configured
 from sexpgpu.session import Compiled, Session, Settings
 from workers.collective import CollectiveUnavailable, RankSpec, RendezvousError, join
+
+
+class AttemptRequest(BaseModel):
+    """What a supervisor (the sweep driver, a submitted job's) asks of a worker: one attempt."""
+
+    bundle: str  # the bundle's URL
+    store: str  # where the run folder is
+    resume: Optional[str] = None  # the checkpoint to resume from (every rank the same one)
+    max_steps: Optional[int] = None
+    device: str = "cpu"
+    # the previous attempt's workers are stopped: the run folder's lease is taken over
+    take_over: bool = False
 
 
 class TrainWorkerImpl:
@@ -36,15 +49,12 @@ class TrainWorkerImpl:
 
         return nccl_unique_id()
 
-    def run(
-        self, bundle_url: str, store_url: str, resume: Optional[str] = None, max_steps: Optional[int] = None,
-        rank: Optional[RankSpec] = None, device: str = "cpu",
-    ) -> AttemptOutcome:
+    def run(self, request: AttemptRequest, rank: Optional[RankSpec] = None) -> AttemptOutcome:
         """Train the bundle; with RANK as one of W data-parallel ranks. The run's own failures
         are outcomes (never retried); only a death or a failed rendezvous is a preemption."""
-        settings = Settings(store=store_url, device=device, max_steps=max_steps, resume=resume, signals=False, world=rank.world if rank else 1,
-                            store_patience_s=patience_configured(os.environ))
-        outcome = self.attempt(Session(settings), bundle_url, rank)
+        settings = Settings(store=request.store, device=request.device, max_steps=request.max_steps, resume=request.resume, signals=False,
+                            world=rank.world if rank else 1, store_patience_s=patience_configured(os.environ), take_over=request.take_over)
+        outcome = self.attempt(Session(settings), request.bundle, rank)
         return outcome.model_copy(update={"rank": rank.rank if rank else 0})
 
     def attempt(self, session: Session, bundle_url: str, rank: Optional[RankSpec]) -> AttemptOutcome:

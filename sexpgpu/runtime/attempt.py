@@ -30,7 +30,7 @@ from .devices import describe
 from .evaluation import Evaluations
 from .events import EventLog
 from .ranks import Collective
-from .runfolder import RunFolder, RunInfo, run_slug
+from .runfolder import FolderTaken, RunFolder, RunInfo, WriterLease, run_slug
 from .status import Status, Summary
 from .store import DEFAULT_PATIENCE_S, Store, StoreError, is_store_failure
 from .trainer import StepResult, Trainer
@@ -66,6 +66,9 @@ class RunOptions:
     signals: bool = True  # handle SIGINT/SIGTERM (only possible on the main thread)
     store_patience_s: float = DEFAULT_PATIENCE_S  # how long a run waits for an unreachable store at its start and end
     ranks: Optional[Collective] = None  # data parallel: this process is one of W ranks
+    # the run folder's last writer is known to be gone (a preempted worker the driver stopped):
+    # its lease is taken over at once, not after its heartbeat expires
+    take_over: bool = False
 
 
 def train(experiment: Experiment, options: RunOptions, say: Callable[[str], None] = print) -> AttemptOutcome:
@@ -144,6 +147,18 @@ class Attempt:
 
     # -- the attempt ----------------------------------------------------------------------------
     def execute(self) -> AttemptOutcome:
+        """The attempt, holding the run folder's writer lease throughout (only rank 0 writes)."""
+        lease = WriterLease(self.shared, self.options.take_over) if self.writer else None
+        if lease is not None:
+            lease.take()  # another writer: FolderHeld, before anything is read or written
+        self.lease = lease
+        try:
+            return self.attempt_holding_the_folder()
+        finally:
+            if lease is not None:
+                lease.release()
+
+    def attempt_holding_the_folder(self) -> AttemptOutcome:
         started = time.time()
         previous = self.shared.read_status() if self.shared.exists() else None
         if previous is not None and previous.state == "finished" and self.options.resume is None and previous.step >= self.steps:
@@ -181,6 +196,9 @@ class Attempt:
                 reason, code = self.after_records_lost(lost)
             except AttemptEnds as end:
                 reason, code = end.reason, end.code
+            except FolderTaken as taken:  # presumed dead and replaced: write nothing more
+                return self.outcome(self.trainer.step, None, {}, time.time() - started, Exit.STOPPED,
+                                    f"stopped at step {self.trainer.step}: {taken}; this attempt wrote nothing more")
         return self.finish(started, reason, code)
 
     def begin(self, loaded: Optional[Loaded], previous: Optional[Status]) -> None:
@@ -198,6 +216,8 @@ class Attempt:
         window = ThroughputWindow(trainer)
         policy = experiment.run.checkpoint
         while trainer.step < self.steps:
+            if self.lease is not None and self.lease.taken():
+                raise FolderTaken(f"another attempt took the run folder {self.folder.url} over")
             started = time.time()
             result = trainer.train_step()
             window.add(time.time() - started)
@@ -280,6 +300,8 @@ class Attempt:
             status.update(state="running")
             return self.last_checkpoint
         try:
+            if self.lease is not None:
+                self.lease.check()
             self.records_still_there()
             # every event up to the checkpoint is durable before the checkpoint exists, so a
             # resume from it never lacks the history it continues
@@ -402,7 +424,11 @@ class Attempt:
         trainer, status = self.trainer, self.folder.status
         last = self.last
         if code == Exit.OK and trainer.step > 0:
-            reason, code = self.final_checkpoint(reason)
+            try:
+                reason, code = self.final_checkpoint(reason)
+            except FolderTaken as taken:  # presumed dead and replaced: write nothing more
+                return self.outcome(trainer.step, None, {}, time.time() - started, Exit.STOPPED,
+                                    f"stopped at step {trainer.step}: {taken}; this attempt wrote nothing more")
         wall = time.time() - started
         loss = last.loss if last is not None else None
         metrics = last.metrics if last is not None else {}

@@ -11,6 +11,8 @@ import hashlib
 import json
 import platform
 import socket
+import time
+import uuid
 from importlib import metadata
 from typing import Any, Mapping, Optional, Union
 
@@ -19,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .. import __version__
 from ..ir.experiment import Experiment, Selection
 from .events import EventLog, read_events, utc_now
+from .lease import Leases, Renewal
 from .status import Status, StatusWriter, read_status
 from .store import Store, check_path
 
@@ -223,3 +226,52 @@ class RunFolder:
             self._events.close()
         if self._status is not None:
             self._status.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# One writer per folder
+
+
+class FolderHeld(Exception):
+    """Another writer holds the run folder (exit 4: it says who, and when it is free)."""
+
+
+class FolderTaken(Exception):
+    """This writer's lease on the folder was taken over (it was presumed dead): it must stop
+    writing."""
+
+
+class WriterLease:
+    """An attempt's lease on its run folder, SLUG/lease.json: two `run`s of one slug at once
+    never interleave their events; a writer that is gone (no heartbeat for a minute, or a
+    process of this host that no longer runs) is taken over."""
+
+    def __init__(self, folder: RunFolder, take_over: bool = False) -> None:
+        self.folder = folder
+        self.path = folder.path("lease.json")
+        self.leases = Leases(folder.store, f"attempt-{uuid.uuid4().hex[:12]}")
+        self.take_over = take_over
+        self.renewal: Optional[Renewal] = None
+
+    def take(self) -> None:
+        if self.leases.claim([self.path], take_over=self.take_over):
+            self.renewal = self.leases.keep_renewed(lambda: [self.path])
+            return
+        holder = self.leases.held_elsewhere(self.path)
+        who = holder.describe(time.time()) if holder is not None else "another writer that took it just now"
+        raise FolderHeld(f"the run folder {self.folder.url} is being written by another attempt ({who}); it is free "
+                         f"when that one ends, or {self.leases.ttl_s:.0f} s after its last heartbeat")
+
+    def taken(self) -> bool:
+        """Whether a renewal found the lease taken over (checked at every step)."""
+        return self.renewal is not None and bool(self.renewal.take_lost())
+
+    def check(self) -> None:
+        """Before a publish: still ours, or FolderTaken."""
+        if not self.leases.still_mine(self.path):
+            raise FolderTaken(f"another attempt took the run folder {self.folder.url} over")
+
+    def release(self) -> None:
+        if self.renewal is not None:
+            self.renewal.stop()
+            self.leases.release(self.path)

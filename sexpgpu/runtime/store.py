@@ -384,6 +384,25 @@ class Store:
         text = dump_json(obj, indent=indent)
         self.write_text(path, text + "\n")
 
+    def create_new(self, path: str, data: bytes) -> bool:
+        """On a local store: write DATA at PATH only if nothing is there (an exclusive
+        create, so of two writers exactly one succeeds); False when PATH exists. Object
+        stores have no such operation: use write and read back (runtime/lease.py)."""
+        if not self.is_local:
+            raise NotImplementedError("an object store has no exclusive create")
+        full = self._full(path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        try:
+            descriptor = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _fsync_dir(os.path.dirname(full))
+        return True
+
     def _publish_local(self, full: str, data: bytes) -> None:
         folder, name = os.path.split(full)
         os.makedirs(folder, exist_ok=True)

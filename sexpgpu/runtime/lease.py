@@ -1,0 +1,166 @@
+"""Leases: one writer at a time for a thing in the store (a run folder, a sweep's point).
+
+A lease is one small JSON object naming its holder and the holder's last heartbeat. It is
+taken so that of two claimants exactly one wins:
+
+- on a local folder, by creating the file exclusively (O_EXCL): the filesystem decides;
+- on an object store, which has no exclusive create, by writing it, waiting `verify_after_s`
+  and reading it back: of two claimants the later write wins and the other backs off. This
+  needs a store whose reads see a completed write (S3 is strongly consistent) and clocks
+  that agree to well within `ttl_s`.
+
+The holder renews it while it works; a lease whose heartbeat is older than `ttl_s`, or whose
+holder is a process of this host that is gone, belongs to nobody and may be taken over. A
+holder that finds its lease taken (it was presumed dead) must stop writing: renewals report
+it, and a writer checks before each publish.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Callable, Optional
+
+from pydantic import BaseModel
+
+from .store import Store
+
+LEASE_TTL_S = 60.0
+LEASE_VERIFY_AFTER_S = 1.0
+
+
+class Lease(BaseModel):
+    holder: str  # an id chosen by the holder: a driver's, an attempt's
+    host: str
+    pid: int = 0
+    heartbeat: float  # unix time
+
+    def describe(self, now: float) -> str:
+        return f"{self.host} pid {self.pid}, heartbeat {max(0.0, now - self.heartbeat):.0f} s ago"
+
+
+class Leases:
+    """The leases of one holder, at paths of one store."""
+
+    def __init__(self, store: Store, holder: str, ttl_s: float = LEASE_TTL_S, verify_after_s: float = LEASE_VERIFY_AFTER_S) -> None:
+        self.store = store
+        self.holder = holder
+        self.ttl_s = ttl_s
+        self.verify_after_s = verify_after_s
+        self.host = socket.gethostname()
+
+    def mine(self) -> Lease:
+        return Lease(holder=self.holder, host=self.host, pid=os.getpid(), heartbeat=time.time())
+
+    def holder_of(self, path: str) -> Optional[Lease]:
+        try:
+            return Lease.model_validate_json(self.store.read_bytes(path, limit=64 * 1024))
+        except FileNotFoundError:
+            return None
+        except ValueError:  # a torn or foreign file holds nothing
+            return None
+
+    def live(self, lease: Lease) -> bool:
+        """Whether LEASE's holder may still be at work: a recent heartbeat, and when it is a
+        process of this host, that process still running."""
+        if time.time() - lease.heartbeat > self.ttl_s:
+            return False
+        return lease.host != self.host or lease.pid <= 0 or process_alive(lease.pid)
+
+    def held_elsewhere(self, path: str) -> Optional[Lease]:
+        """The live lease of another holder at PATH, if any."""
+        lease = self.holder_of(path)
+        if lease is None or lease.holder == self.holder or not self.live(lease):
+            return None
+        return lease
+
+    def claim(self, paths: list[str], take_over: bool = False) -> list[str]:
+        """Take every lease of PATHS that no live holder has (every one with TAKE_OVER: the
+        caller knows their holders are gone); returns the paths now held."""
+        free = [p for p in paths if take_over or self.held_elsewhere(p) is None]
+        if self.store.is_local:
+            return [p for p in free if self.create(p)]
+        for path in free:
+            self.write(path)
+        if not free:
+            return []
+        time.sleep(self.verify_after_s)
+        return [p for p in free if (lease := self.holder_of(p)) is not None and lease.holder == self.holder]
+
+    def create(self, path: str) -> bool:
+        """The lease at PATH made ours by an exclusive create, after removing one that holds
+        nothing any more (expired, dead, or one we take over)."""
+        if self.store.exists(path):
+            self.store.delete(path)
+        return self.store.create_new(path, self.mine().model_dump_json().encode())
+
+    def write(self, path: str) -> None:
+        self.store.write_text(path, self.mine().model_dump_json())
+
+    def still_mine(self, path: str) -> bool:
+        lease = self.holder_of(path)
+        return lease is not None and lease.holder == self.holder
+
+    def renew(self, paths: list[str]) -> list[str]:
+        """Renew our leases at PATHS; returns those another holder took."""
+        lost = []
+        for path in paths:
+            if self.still_mine(path):
+                self.write(path)
+            else:
+                lost.append(path)
+        return lost
+
+    def release(self, path: str) -> None:
+        if self.still_mine(path):
+            self.store.delete(path)
+
+    def keep_renewed(self, paths: Callable[[], list[str]]) -> "Renewal":
+        """Renew the leases of PATHS() every ttl/4 from a thread until stopped."""
+        renewal = Renewal(self, paths)
+        renewal.start()
+        return renewal
+
+
+class Renewal(threading.Thread):
+    """A holder's heartbeat. Leases another holder took are collected (take_lost); a store
+    outage only delays a renewal."""
+
+    def __init__(self, leases: Leases, paths: Callable[[], list[str]]) -> None:
+        super().__init__(name="sexpgpu lease renewal", daemon=True)
+        self.leases = leases
+        self.paths = paths
+        self.halt = threading.Event()
+        self.lock = threading.Lock()
+        self.lost: set[str] = set()
+
+    def run(self) -> None:
+        while not self.halt.wait(self.leases.ttl_s / 4):
+            try:
+                lost = self.leases.renew(list(self.paths()))
+            except Exception:  # the store is away (after its retries): renew on the next beat
+                continue
+            with self.lock:
+                self.lost.update(lost)
+
+    def take_lost(self) -> list[str]:
+        with self.lock:
+            lost, self.lost = sorted(self.lost), set()
+        return lost
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=10)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process PID of this host runs (another user's counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
