@@ -26,6 +26,8 @@ class Exit(IntEnum):
     DATA = 5
     RESUME_REFUSED = 6
     STOPPED = 75  # resumable: a signal, or the attempt was lost (preempted)
+    INTERRUPTED = 130  # SIGINT before the attempt wrote anything (128 + 2, as shells report it)
+    TERMINATED = 143  # SIGTERM before the attempt wrote anything (128 + 15)
 
 
 REASON_LIMIT = 2000  # characters: a reason is echoed into the store (sweep.json, submit.json, status.json)

@@ -15,7 +15,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Protocol, Union
+from typing import Callable, Iterator, Optional, Protocol, TypeVar, Union
 
 from .bundle import BundleError, compile_unpacked, unpacked
 from .compile.pipeline import CompileResult, compile_file
@@ -31,7 +31,10 @@ from .runtime.data.spec import DataError
 from .runtime.devices import DEVICE_FORMS, is_device_spec, open_device
 from .runtime.ranks import Collective
 from .runtime.runfolder import FolderHeld, run_slug
+from .runtime.stops import StopRequests
 from .runtime.store import DEFAULT_PATIENCE_S, is_store_failure, store_problem
+
+T = TypeVar("T")
 
 
 class Reporter(Protocol):
@@ -110,6 +113,7 @@ class Session:
         self.reporter: Reporter = reporter or Silent()
         self.device = settings.device
         self.backend: Optional[Backend] = None
+        self.stops: Optional[StopRequests] = None  # while the session listens for SIGINT/SIGTERM
 
     # -- the device -----------------------------------------------------------------------------
     def open_device(self) -> Optional[AttemptOutcome]:
@@ -126,7 +130,7 @@ class Session:
 
     # -- compiling ------------------------------------------------------------------------------
     def compile(self, path: Path, selection: Selection) -> Prepared:
-        result = compile_file(path, selection, self.settings.limits, output=self.reporter.output, world=self.settings.world)
+        result = self.interruptible(lambda: compile_file(path, selection, self.settings.limits, output=self.reporter.output, world=self.settings.world))
         return self.checked(path, result)
 
     def compile_sweep(self, path: Path, sweep: str, count: int) -> tuple[list[Compiled], Optional[AttemptOutcome]]:
@@ -146,7 +150,7 @@ class Session:
         project is removed when THEN returns."""
         try:
             with unpacked(location) as bundle:
-                result = compile_unpacked(bundle, world=self.settings.world)
+                result = self.interruptible(lambda: compile_unpacked(bundle, world=self.settings.world))
                 prepared = self.checked(bundle.main, result, bundle.manifest.slug)
                 return prepared if isinstance(prepared, AttemptOutcome) else then(prepared)
         except BundleError as exc:
@@ -177,7 +181,7 @@ class Session:
             if problem is not None:
                 return self.refuse(Exit.CANNOT_START, f"cannot start here: {problem}", slug)
         settings = self.settings
-        options = RunOptions(store=settings.store, device=self.device, backend=self.backend, max_steps=settings.max_steps,
+        options = RunOptions(store=settings.store, device=self.device, backend=self.backend, max_steps=settings.max_steps, stops=self.stops,
                              progress=settings.progress, sources=compiled.sources(), resume=settings.resume,
                              signals=settings.signals, store_patience_s=settings.store_patience_s, ranks=ranks,
                              take_over=settings.take_over)
@@ -185,14 +189,62 @@ class Session:
 
     def run_file(self, path: Path, selection: Selection) -> AttemptOutcome:
         """`sexpgpu run FILE`: open the device, compile, train."""
-        with self.stop_before_training():
-            prepared = self.open_device() or self.compile(path, selection)
+        with self.listening():
+            try:
+                prepared = self.open_device() or self.compile(path, selection)
+            except Stopped as stop:
+                return self.refuse(stop.outcome.exit_code, stop.outcome.reason)
             return prepared if isinstance(prepared, AttemptOutcome) else self.train(prepared)
 
     def run_bundle(self, location: str) -> AttemptOutcome:
         """`sexpgpu run BUNDLE`: the same, from a bundle."""
-        with self.stop_before_training():
-            return self.open_device() or self.with_bundle(location, self.train)
+        with self.listening():
+            try:
+                return self.open_device() or self.with_bundle(location, self.train)
+            except Stopped as stop:
+                return self.refuse(stop.outcome.exit_code, stop.outcome.reason)
+
+    @contextmanager
+    def listening(self) -> Iterator[None]:
+        """SIGINT/SIGTERM recorded for the whole block (when Settings.signals, on the main
+        thread): a request while the session compiles ends it with 130/143 (nothing was
+        written), one while it trains is the attempt's to honour (a checkpoint, then 75)."""
+        if not self.settings.signals or self.stops is not None:
+            yield
+            return
+        stops = StopRequests()
+        with stops.listening():
+            self.stops = stops
+            try:
+                yield
+            finally:
+                self.stops = None
+
+    def interruptible(self, work: Callable[[], T]) -> T:
+        """WORK's result; while the session listens, WORK runs on a thread of its own and a
+        stop request ends the wait at once (Stopped; the abandoned thread ends with the
+        process)."""
+        stops = self.stops
+        if stops is None or threading.current_thread() is not threading.main_thread():
+            return work()
+        done: list[T] = []
+        failed: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                done.append(work())
+            except BaseException as exc:  # handed back to the waiting thread
+                failed.append(exc)
+
+        worker = threading.Thread(target=target, name="sexpgpu-compile", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.05)
+            if stops.signal is not None:
+                raise Stopped(stops)
+        if failed:
+            raise failed[0]
+        return done[0]
 
     def device_memory_problem(self, experiment: Experiment) -> Optional[str]:
         from .runtime.devices import free_device_memory
@@ -220,22 +272,13 @@ class Session:
         self.reporter.refusal(reason)
         return refused(code, reason, slug)
 
-    @contextmanager
-    def stop_before_training(self) -> Iterator[None]:
-        """SIGTERM while opening the device or compiling: nothing to checkpoint yet, stop as
-        resumable (the attempt installs its own handlers while it trains)."""
-        if not self.settings.signals or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = signal.signal(signal.SIGTERM, _stop_before_training)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+class Stopped(Exception):
+    """A stop request arrived before the attempt wrote anything: its outcome (130 or 143)."""
 
-
-def _stop_before_training(signum: int, frame: object) -> None:
-    raise SystemExit(Exit.STOPPED)
+    def __init__(self, stops: StopRequests) -> None:
+        super().__init__(stops.name)
+        code = Exit.INTERRUPTED if stops.signal == signal.SIGINT else Exit.TERMINATED
+        self.outcome = refused(code, f"stopped by {stops.name} before training: nothing was written")
 
 
 def store_check(url: str) -> Optional[str]:

@@ -18,7 +18,7 @@ from ..lisp.program import diagnostic_from, has_errors
 from ..outcome import AttemptOutcome, Exit
 from ..runtime.runfolder import RunFolder, run_slug
 from ..runtime.store import Store
-from ..session import Compiled, Session, Settings
+from ..session import Compiled, Session, Settings, Stopped
 from .common import Console, existing_file, exit_for, fail_usage, print_diagnostics, print_json
 from .flags import add_limit_flags, add_rank_flags, devices_from, limits_from, store_patience
 
@@ -142,12 +142,22 @@ def run_sweep(args: argparse.Namespace) -> int:
     settings = Settings(store=store_url, device=args.device, max_steps=args.max_steps, limits=limits_from(args),
                         world=args.devices if over_ray else 1, store_patience_s=store_patience())
     session = Session(settings, Console(progress_to_stderr=True))
-    points, refusal = session.compile_sweep(path, args.sweep, len(sweep.points()))  # a bad point fails before any training
-    if refusal is not None:
-        print(f"sweep {args.sweep}: point {len(points)} does not check; nothing was run", file=sys.stderr)
-        return int(refusal.exit_code)
-    if over_ray:
-        return ray_sweep(args, path, sweep, store_url, points)
+    with session.listening():
+        try:
+            points, refusal = session.compile_sweep(path, args.sweep, len(sweep.points()))  # a bad point fails before any training
+        except Stopped as stop:
+            print(f"sexpgpu: {stop.outcome.reason}", file=sys.stderr)
+            return int(stop.outcome.exit_code)
+        if refusal is not None:
+            print(f"sweep {args.sweep}: point {len(points)} does not check; nothing was run", file=sys.stderr)
+            return int(refusal.exit_code)
+        if not over_ray:
+            return local_sweep(args, sweep, session, points)
+    return ray_sweep(args, path, sweep, store_url, points)  # Ctrl-C there is the driver's own
+
+
+def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, points: list[Compiled]) -> int:
+    """The points in order, on this machine, through the one session."""
     rows: list[AttemptOutcome] = []
     for i, point in enumerate(points):
         knobs = " ".join(f"{k}={v}" for k, v in sweep.points()[i].items())

@@ -9,10 +9,8 @@ outcome; the step numerics are runtime/trainer.py's.
 
 from __future__ import annotations
 
-import signal
 import socket
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +30,7 @@ from .events import EventLog
 from .ranks import Collective
 from .runfolder import FolderTaken, RunFolder, RunInfo, WriterLease, run_slug
 from .status import Status, Summary
+from .stops import StopRequests
 from .store import DEFAULT_PATIENCE_S, Store, StoreError, is_store_failure
 from .trainer import StepResult, Trainer
 
@@ -66,6 +65,9 @@ class RunOptions:
     signals: bool = True  # handle SIGINT/SIGTERM (only possible on the main thread)
     store_patience_s: float = DEFAULT_PATIENCE_S  # how long a run waits for an unreachable store at its start and end
     ranks: Optional[Collective] = None  # data parallel: this process is one of W ranks
+    # who records SIGINT/SIGTERM: a session's, listening since before it compiled; None: the
+    # attempt listens itself while it trains (when `signals`)
+    stops: Optional[StopRequests] = None
     # the run folder's last writer is known to be gone (a preempted worker the driver stopped):
     # its lease is taken over at once, not after its heartbeat expires
     take_over: bool = False
@@ -133,7 +135,7 @@ class Attempt:
         spec = experiment.run
         self.steps = spec.steps if options.max_steps is None else min(options.max_steps, spec.steps)
         self.target_step: Optional[int] = None
-        self.signal: Optional[int] = None
+        self.stops = options.stops or StopRequests()
         self.skipped_in_a_row = 0
         self.rolled_back = False
         self.last_checkpoint: Optional[str] = None
@@ -186,7 +188,7 @@ class Attempt:
             self.close_when_the_store_answers()
             raise
         self.begin(loaded, previous)
-        with self.signal_handlers():
+        with self.listening_for_stops():
             try:
                 reason, code = self.loop()
             except KeyboardInterrupt:
@@ -218,6 +220,8 @@ class Attempt:
         while trainer.step < self.steps:
             if self.lease is not None and self.lease.taken():
                 raise FolderTaken(f"another attempt took the run folder {self.folder.url} over")
+            if self.stops.signal is not None:
+                return self.stop_for_signal()
             started = time.time()
             result = trainer.train_step()
             window.add(time.time() - started)
@@ -242,17 +246,20 @@ class Attempt:
                 return f"target reached: {reached}", Exit.OK
             if policy.every and step % policy.every == 0 and step < self.steps:
                 self.checkpoint()
-            if self.signal is not None:
-                name = signal.Signals(self.signal).name
-                emit(self.events, "signal", step=step, signal=name, action="checkpoint and stop")
-                self.checkpoint()
-                return f"stopped by {name} after step {step}: resumable", Exit.STOPPED
         step = trainer.step
         reached = self.evaluations.run(self.evaluations.at_end(step), trainer.params, step, self.events, self.folder.status)
         if reached:
             self.target_step = step
             return f"target reached: {reached}", Exit.OK
         return "finished", Exit.OK
+
+    def stop_for_signal(self) -> tuple[str, Exit]:
+        """SIGINT/SIGTERM arrived: checkpoint this step (unless it just was) and stop."""
+        step, name = self.trainer.step, self.stops.name
+        emit(self.events, "signal", step=step, signal=name, action="checkpoint and stop")
+        if step > 0 and self.last_checkpoint != step_name(step):
+            self.checkpoint()
+        return f"stopped by {name} after step {step}: resumable", Exit.STOPPED
 
     def log_step(self, result: StepResult, window: ThroughputWindow) -> None:
         step = self.trainer.step
@@ -490,24 +497,15 @@ class Attempt:
                               exit_code=code, reason=reason, rank=self.ranks.rank if self.ranks is not None else 0)
 
     @contextmanager
-    def signal_handlers(self) -> Iterator[None]:
+    def listening_for_stops(self) -> Iterator[None]:
         """SIGINT/SIGTERM: finish the step, checkpoint, stop (exit 75). A second SIGINT stops
-        at once; only published checkpoints (MANIFEST written last) are ever resumed."""
-        if not self.options.signals or threading.current_thread() is not threading.main_thread():
+        at once; only published checkpoints (MANIFEST written last) are ever resumed. A
+        session that listens already hands its StopRequests over."""
+        if self.options.stops is not None or not self.options.signals:
             yield
             return
-
-        def on_signal(signum: int, frame: Any) -> None:
-            if self.signal is not None and signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            self.signal = signum
-
-        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        with self.stops.listening():
             yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
 
 
 def write_header(folder: RunFolder, experiment: Experiment, name: str, options: RunOptions) -> None:
