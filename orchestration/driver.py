@@ -91,8 +91,9 @@ class Driver:
     def __init__(
         self, path: Path, sweep: str, store_url: str, address: Optional[str], max_preemptions: Optional[int], max_steps: Optional[int],
         say: Callable[[str], None], on_launch: Optional[Callable[[PointRecord, Gang], None]] = None, devices: Optional[Devices] = None,
-        table: Optional[Callable[["SweepLedger", bool], None]] = None, capacity_wait_s: float = 900.0,
+        table: Optional[Callable[["SweepLedger", bool], None]] = None, capacity_wait_s: float = 900.0, data_roots: tuple[str, ...] = (),
     ) -> None:
+        self.data_roots = data_roots
         self.devices = devices or Devices()
         self.on_launch = on_launch  # tests use it to play a preemption on a chosen rank of a gang
         self.path = path
@@ -199,7 +200,7 @@ class Driver:
         bundle = f"{self.store.url_of(self.prefix)}/bundles/point-{record.point:04d}"
         gang = Gang(self.devices, worker_env(), self.idle)
         gang.start(AttemptRequest(bundle=bundle, store=self.store_url, resume=resume_from(self.store, record.slug), max_steps=self.max_steps,
-                                  take_over=record.attempts > 1))  # a later attempt: the earlier one's workers are stopped
+                                  take_over=record.attempts > 1, data_roots=self.data_roots))  # a later attempt: the earlier one's workers are stopped
         if self.on_launch is not None:
             self.on_launch(record, gang)
         return gang

@@ -45,7 +45,9 @@ class SubmitRecord(Attempts):
 
 
 class SupervisorImpl:
-    def __init__(self, bundle_url: str, store_url: str, slug: str, max_preemptions: Optional[int], env: dict[str, str], devices: Optional[dict[str, Any]] = None) -> None:
+    def __init__(self, bundle_url: str, store_url: str, slug: str, max_preemptions: Optional[int], env: dict[str, str], devices: Optional[dict[str, Any]] = None,
+                 data_roots: tuple[str, ...] = ()) -> None:
+        self.data_roots = data_roots
         self.record = SubmitRecord(slug=slug, bundle=bundle_url, store=store_url)
         self.max_preemptions = max_preemptions
         self.env = env
@@ -96,7 +98,7 @@ class SupervisorImpl:
         try:
             try:
                 gang.start(AttemptRequest(bundle=self.record.bundle, store=self.record.store, resume=resume_from(self.store, self.record.slug),
-                                          take_over=self.record.attempts > 1))  # a later attempt: the earlier one's workers are stopped
+                                          take_over=self.record.attempts > 1, data_roots=self.data_roots))  # a later attempt: the earlier one's workers are stopped
             except Exception as exc:  # the ranks could not start: retried like a lost node
                 return lost(f"could not start: {type(exc).__name__}: {exc}", self.record.slug)
             pending = list(gang.refs)
@@ -127,12 +129,13 @@ SUPERVISOR_START_S = 300.0  # the supervisor actor's start on a busy cluster (a 
 Supervisor = ray.remote(SupervisorImpl)
 
 
-def submit(bundle_url: str, store_url: str, slug: str, max_preemptions: Optional[int], env: dict[str, str], devices: Optional[Devices] = None) -> tuple[Any, Any]:
+def submit(bundle_url: str, store_url: str, slug: str, max_preemptions: Optional[int], env: dict[str, str], devices: Optional[Devices] = None,
+           data_roots: tuple[str, ...] = ()) -> tuple[Any, Any]:
     """Start the detached supervisor (Ray must be initialized); returns (actor, result ref)."""
     payload = (devices or Devices()).model_dump()
     # one name per submission: submitting the same run again (after it ended) is allowed
     name = f"sexpgpu-submit-{slug}-{uuid.uuid4().hex[:8]}"
-    actor = Supervisor.options(name=name, lifetime="detached", get_if_exists=False, num_cpus=0, max_concurrency=4).remote(bundle_url, store_url, slug, max_preemptions, env, payload)
+    actor = Supervisor.options(name=name, lifetime="detached", get_if_exists=False, num_cpus=0, max_concurrency=4).remote(bundle_url, store_url, slug, max_preemptions, env, payload, data_roots)
     try:
         ray.get(actor.start.remote(), timeout=SUPERVISOR_START_S)  # the run has begun before the submitter may exit
     except Exception:

@@ -27,6 +27,7 @@ from .outcome import AttemptOutcome, Exit, refused
 from .runtime.attempt import RunOptions, train
 from .runtime.backend import Backend, DeviceError
 from .runtime.checkpoint import ResumeError
+from .runtime.data.raw import has_protocol
 from .runtime.data.spec import DataError
 from .runtime.devices import DEVICE_FORMS, is_device_spec, open_device
 from .runtime.ranks import Collective
@@ -82,6 +83,7 @@ class Settings:
     limits: Optional[Limits] = None
     world: int = 1  # data-parallel ranks the programs are compiled for
     take_over: bool = False  # the run folder's last writer is known to be gone (a preempted attempt)
+    data_roots: tuple[str, ...] = ()  # where loader sources may be read besides the project (--data-root)
     store_patience_s: float = DEFAULT_PATIENCE_S  # how long a run waits for an unreachable store
 
 
@@ -184,7 +186,7 @@ class Session:
         options = RunOptions(store=settings.store, device=self.device, backend=self.backend, max_steps=settings.max_steps, stops=self.stops,
                              progress=settings.progress, sources=compiled.sources(), resume=settings.resume,
                              signals=settings.signals, store_patience_s=settings.store_patience_s, ranks=ranks,
-                             take_over=settings.take_over)
+                             take_over=settings.take_over, data_roots=self.data_roots())
         return self.guarded(slug, lambda: train(compiled.experiment, options, say=self.reporter.say))
 
     def run_file(self, path: Path, selection: Selection) -> AttemptOutcome:
@@ -245,6 +247,11 @@ class Session:
         if failed:
             raise failed[0]
         return done[0]
+
+    def data_roots(self) -> tuple[str, ...]:
+        """The declared data roots, and a URL store itself (its objects may be read)."""
+        store = (self.settings.store,) if has_protocol(self.settings.store) else ()
+        return (*self.settings.data_roots, *store)
 
     def device_memory_problem(self, experiment: Experiment) -> Optional[str]:
         from .runtime.devices import free_device_memory

@@ -28,7 +28,7 @@ def bf16_copy(tmp_path: Path, example: str) -> Path:
 def test_bf16_char_transformer_tracks_f32(tmp_path: Path) -> None:
     f32 = Trainer(compiled(REPO / "examples" / "char-transformer.lisp"))
     experiment = compiled(bf16_copy(tmp_path, "char-transformer.lisp"))
-    bf16 = Trainer(experiment)
+    bf16 = Trainer(experiment, data_roots=(str(REPO / "examples" / "data"),))  # the copy reads the examples' data
     train = experiment.module.programs["train"]
     dtypes = {n.type.dtype.value for n in train.nodes if n.op == "matmul"}
     assert dtypes == {"bf16"}, dtypes

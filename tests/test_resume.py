@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,11 +25,14 @@ from sexpgpu.runtime.store import Store
 
 LONG = (REPO / "examples" / "charlm.lisp").read_text().replace(
     "(defrun :steps 600 :seed 0 :log-every 50)", "(defrun :steps 400 :seed 0 :log-every 10 :checkpoint (:every 10 :keep 2))"
-).replace('"data/', f'"{REPO / "examples" / "data"}/')
+)
 
 
 def write_run(tmp_path: Path, text: str = LONG) -> Path:
+    """The run file in a project of its own, its data beside it."""
     (tmp_path / ".git").mkdir(exist_ok=True)
+    (tmp_path / "data").mkdir(exist_ok=True)
+    shutil.copy(REPO / "examples" / "data" / "stdlib-docstrings.txt", tmp_path / "data")
     path = tmp_path / "long.lisp"
     path.write_text(text)
     return path

@@ -30,6 +30,7 @@ class AttemptRequest(BaseModel):
     device: str = "cpu"
     # the previous attempt's workers are stopped: the run folder's lease is taken over
     take_over: bool = False
+    data_roots: tuple[str, ...] = ()  # where loader sources may be read besides the bundle
 
 
 class TrainWorkerImpl:
@@ -53,7 +54,8 @@ class TrainWorkerImpl:
         """Train the bundle; with RANK as one of W data-parallel ranks. The run's own failures
         are outcomes (never retried); only a death or a failed rendezvous is a preemption."""
         settings = Settings(store=request.store, device=request.device, max_steps=request.max_steps, resume=request.resume, signals=False,
-                            world=rank.world if rank else 1, store_patience_s=patience_configured(os.environ), take_over=request.take_over)
+                            world=rank.world if rank else 1, store_patience_s=patience_configured(os.environ), take_over=request.take_over,
+                            data_roots=request.data_roots)
         outcome = self.attempt(Session(settings), request.bundle, rank)
         return outcome.model_copy(update={"rank": rank.rank if rank else 0})
 

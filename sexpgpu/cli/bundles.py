@@ -11,7 +11,7 @@ from ..runtime.runfolder import run_slug
 from ..runtime.store import Store
 from ..session import Session, Settings, store_check
 from .common import Console, existing_file, print_json
-from .flags import add_rank_flags, add_selection_flags, devices_from, selection_from
+from .flags import add_data_root_flag, add_rank_flags, add_selection_flags, data_roots_from, devices_from, selection_from
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -48,6 +48,7 @@ def register_submit(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     s.add_argument("--max-preemptions", type=int, default=None, metavar="N")
     s.add_argument("--json", action="store_true")
     add_rank_flags(s)
+    add_data_root_flag(s)
     s.set_defaults(run=run_submit)
 
 
@@ -89,7 +90,7 @@ def run_submit(args: argparse.Namespace) -> int:
         print(f"sexpgpu: cannot start here: {problem}", file=sys.stderr)
         return Exit.CANNOT_START
     try:
-        submit(target, args.store, slug, args.max_preemptions, worker_env(), devices)
+        submit(target, args.store, slug, args.max_preemptions, worker_env(), devices, data_roots_from(args))
     except ray.exceptions.RayError as exc:  # the supervisor did not start (a timeout, a dead worker)
         print(f"sexpgpu: the run's supervisor did not start on the cluster: {type(exc).__name__}: {exc}", file=sys.stderr)
         return Exit.CANNOT_START

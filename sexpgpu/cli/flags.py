@@ -87,3 +87,17 @@ def store_patience() -> float:
         return patience_configured(os.environ)
     except ValueError as exc:
         fail_usage(str(exc))
+
+
+DATA_ROOTS_VARIABLE = "SEXPGPU_DATA_ROOTS"
+
+
+def add_data_root_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-root", dest="data_roots", action="append", default=[], metavar="DIR|URL",
+                        help="a folder or URL prefix loader sources may be read from, besides the project (repeatable; also $SEXPGPU_DATA_ROOTS, comma-separated)")
+
+
+def data_roots_from(args: argparse.Namespace) -> tuple[str, ...]:
+    """--data-root values, then $SEXPGPU_DATA_ROOTS's; folders made absolute."""
+    declared = [*args.data_roots, *(part.strip() for part in os.environ.get(DATA_ROOTS_VARIABLE, "").split(",") if part.strip())]
+    return tuple(root if "://" in root else os.path.abspath(os.path.expanduser(root)) for root in declared)

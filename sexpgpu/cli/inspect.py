@@ -248,8 +248,8 @@ def diff_documents(a: dict[str, Any], b: dict[str, Any], ea: Experiment, eb: Exp
         if a["run"].get(key) != b["run"].get(key):
             out["run"].append(f"{key}: {a['run'].get(key)} -> {b['run'].get(key)}")
     for name in sorted(set(ea.loaders) | set(eb.loaders)):
-        la = ea.loaders[name].model_dump(mode="json", exclude={"base_dir"}) if name in ea.loaders else None
-        lb = eb.loaders[name].model_dump(mode="json", exclude={"base_dir"}) if name in eb.loaders else None
+        la = ea.loaders[name].model_dump(mode="json", exclude={"base_dir", "root"}) if name in ea.loaders else None
+        lb = eb.loaders[name].model_dump(mode="json", exclude={"base_dir", "root"}) if name in eb.loaders else None
         if la != lb:
             keys = sorted(k for k in set(la or {}) | set(lb or {}) if (la or {}).get(k) != (lb or {}).get(k))
             out["loaders"].append(f"{name}: {', '.join(keys) if la and lb else ('added' if lb else 'removed')} changed" if la and lb else f"{name}: {'added' if lb else 'removed'}")

@@ -11,7 +11,7 @@ from ..bundle import is_bundle
 from ..outcome import AttemptOutcome
 from ..session import Session, Settings
 from .common import Console, existing_file, fail_usage, print_json
-from .flags import add_limit_flags, add_selection_flags, limits_from, selection_from, store_patience
+from .flags import add_data_root_flag, add_limit_flags, add_selection_flags, data_roots_from, limits_from, selection_from, store_patience
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     add_selection_flags(p)
     add_limit_flags(p)
+    add_data_root_flag(p)
     p.set_defaults(run=run_run)
 
 
@@ -35,7 +36,7 @@ def run_run(args: argparse.Namespace) -> int:
         store=args.store or os.environ.get("SEXPGPU_STORE") or "./runs",
         device=args.device or os.environ.get("SEXPGPU_DEVICE") or "cpu",
         max_steps=args.max_steps, resume=args.resume, progress=not args.quiet and not args.json and sys.stderr.isatty(),
-        limits=limits_from(args), store_patience_s=store_patience(),
+        limits=limits_from(args), store_patience_s=store_patience(), data_roots=data_roots_from(args),
     )
     session = Session(settings, Console(progress_to_stderr=args.json))
     if is_bundle(args.file):

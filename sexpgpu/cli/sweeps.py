@@ -20,7 +20,7 @@ from ..runtime.runfolder import RunFolder, run_slug
 from ..runtime.store import Store
 from ..session import Compiled, Session, Settings, Stopped
 from .common import Console, existing_file, exit_for, fail_usage, print_diagnostics, print_json
-from .flags import add_limit_flags, add_rank_flags, devices_from, limits_from, store_patience
+from .flags import add_data_root_flag, add_limit_flags, add_rank_flags, data_roots_from, devices_from, limits_from, store_patience
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -42,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--max-preemptions", type=int, default=None, metavar="N", help="give up on a point preempted more than N times (default: never)")
     add_rank_flags(s)
     add_limit_flags(s)
+    add_data_root_flag(s)
     s.set_defaults(run=run_sweep)
 
     n = sub.add_parser("new", help="start a run file from a template or another file, knob defaults changed")
@@ -140,7 +141,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         fail_usage(f"--devices {args.devices} needs --ray: data-parallel ranks run as Ray actors (a local Ray when --ray has no address)")
     store_url = args.store or os.environ.get("SEXPGPU_STORE") or "./runs"
     settings = Settings(store=store_url, device=args.device, max_steps=args.max_steps, limits=limits_from(args),
-                        world=args.devices if over_ray else 1, store_patience_s=store_patience())
+                        world=args.devices if over_ray else 1, store_patience_s=store_patience(), data_roots=data_roots_from(args))
     session = Session(settings, Console(progress_to_stderr=True))
     with session.listening():
         try:
@@ -231,7 +232,8 @@ def ray_sweep(args: argparse.Namespace, path: Path, sweep: SweepDecl, store_url:
         return Exit.CANNOT_START
     address = args.ray or os.environ.get("SEXPGPU_RAY_ADDRESS") or None
     live = LiveTable(sys.stderr, Store.open(store_url), enabled=sys.stderr.isatty() and not args.json)
-    driver = Driver(path, args.sweep, store_url, address, args.max_preemptions, args.max_steps, say=live.say, devices=devices_from(args), table=live)
+    driver = Driver(path, args.sweep, store_url, address, args.max_preemptions, args.max_steps, say=live.say, devices=devices_from(args), table=live,
+                    data_roots=data_roots_from(args))
     try:
         ledger = driver.run(sweep_points(compiled, sweep.points()))
     except SweepError as exc:

@@ -46,11 +46,12 @@ ORDER_TEXT = "require, defknob/defvariant/defsweep, definitions, defloader, defp
 
 
 class Compiler:
-    def __init__(self, interp: Interpreter, selection: Selection, base_dir: Path, overrides: Optional[dict[str, Any]] = None) -> None:
+    def __init__(self, interp: Interpreter, selection: Selection, base_dir: Path, overrides: Optional[dict[str, Any]] = None, root: Optional[Path] = None) -> None:
         self.interp = interp
         self.selection = selection
         self.overrides = overrides or {}
         self.base_dir = base_dir
+        self.root = root or base_dir  # the project root, where loader sources must stay
         self.knobs: dict[str, KnobSpec] = {}
         self.variants: dict[str, dict[str, Any]] = {}
         self.sweeps: dict[str, dict[str, Any]] = {}
@@ -495,6 +496,7 @@ class Compiler:
             shuffle=keys.get("SHUFFLE", NIL) is not NIL,
             part=None if part is NIL else part.name.lower(),
             base_dir=str(self.base_dir),
+            root=str(self.root),
             stages=stages,
         )
         return name

@@ -101,7 +101,7 @@ def resolve_selection(path: Path, selection: Selection) -> tuple[Selection, dict
 def compiling_world(path: Path, limits: Optional[Limits], output: Any, selection: Selection, imposed: dict[str, Any]) -> tuple[LispProgram, Compiler]:
     """A fresh world for PATH with the compiler installed, watching the file's contract order."""
     program = new_program(path, limits, output=output)
-    compiler = Compiler(program.interp, selection, path.resolve().parent, imposed)
+    compiler = Compiler(program.interp, selection, path.resolve().parent, imposed, root=program.loader.root)
     compiler.watch(program.table)
     return program, compiler
 

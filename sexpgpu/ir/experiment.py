@@ -90,7 +90,8 @@ class LoaderRecord(BaseModel):
     batch: int
     shuffle: bool = False
     part: Optional[str] = None
-    base_dir: str = "."
+    base_dir: str = "."  # the run file's folder: relative sources resolve against it
+    root: str = ""  # the project root: local sources must stay inside it or a declared data root
     stages: list[StageRecord] = Field(default_factory=list)
 
     def staged(self, stage: Optional[str]) -> "LoaderRecord":
@@ -232,7 +233,7 @@ class Experiment(BaseModel):
         import hashlib
         import json
 
-        loaders = {name: record.model_dump(mode="json", exclude={"base_dir"}) for name, record in self.loaders.items()}
+        loaders = {name: record.model_dump(mode="json", exclude={"base_dir", "root"}) for name, record in self.loaders.items()}
         data = {
             "ir": self.module.hash(),
             "loaders": loaders,

@@ -65,6 +65,8 @@ class RunOptions:
     signals: bool = True  # handle SIGINT/SIGTERM (only possible on the main thread)
     store_patience_s: float = DEFAULT_PATIENCE_S  # how long a run waits for an unreachable store at its start and end
     ranks: Optional[Collective] = None  # data parallel: this process is one of W ranks
+    # where loader sources may be read besides the project: folders or URL prefixes
+    data_roots: tuple[str, ...] = ()
     # who records SIGINT/SIGTERM: a session's, listening since before it compiled; None: the
     # attempt listens itself while it trains (when `signals`)
     stops: Optional[StopRequests] = None
@@ -180,8 +182,8 @@ class Attempt:
         emit(self.events, "run.start", step=0, slug=self.slug, steps=self.steps, attempt=self.attempt)
         emit(self.events, "compile", step=0, ir_hash=self.experiment.ir_hash, params=sum(int(np.prod(p.shape)) for p in self.experiment.params))
         try:
-            self.trainer = Trainer(self.experiment, self.ranks, self.options.backend)
-            self.evaluations = Evaluations(self.experiment, self.trainer.dataset, self.options.backend)
+            self.trainer = Trainer(self.experiment, self.ranks, self.options.backend, self.options.data_roots)
+            self.evaluations = Evaluations(self.experiment, self.trainer.dataset, self.options.backend, self.options.data_roots)
         except DataError as exc:
             status.update(state="failed", summary=Summary(exit_code=int(Exit.DATA), reason=f"data error: {exc}"))
             emit(self.events, "run.end", step=0, exit_code=int(Exit.DATA), reason=f"data error: {exc}")

@@ -18,10 +18,10 @@ class EvalPass:
     """One defeval: the whole loader, full batches through its program and the examples of
     the last partial batch one by one, so every example counts once and exactly."""
 
-    def __init__(self, experiment: Experiment, spec: EvalSpec, train_data: Dataset, backend: Backend) -> None:
+    def __init__(self, experiment: Experiment, spec: EvalSpec, train_data: Dataset, backend: Backend, data_roots: tuple[str, ...] = ()) -> None:
         self.spec = spec
         record = experiment.loaders[spec.loader]
-        self.dataset = load_dataset(loader_spec(record, experiment.run.seed))
+        self.dataset = load_dataset(loader_spec(record, experiment.run.seed, data_roots))
         if not spec.overlap and spec.loader != "train":
             shared = shared_examples(train_data, self.dataset)
             if shared:
@@ -59,9 +59,9 @@ class Evaluations:
     """Every evaluation pass of a run: what each measured last, the best value of each metric
     so far (both go into checkpoints), and the targets they are held to."""
 
-    def __init__(self, experiment: Experiment, train_data: Dataset, backend: Backend) -> None:
+    def __init__(self, experiment: Experiment, train_data: Dataset, backend: Backend, data_roots: tuple[str, ...] = ()) -> None:
         self.experiment = experiment
-        self.passes = {e.name: EvalPass(experiment, e, train_data, backend) for e in experiment.evals}
+        self.passes = {e.name: EvalPass(experiment, e, train_data, backend, data_roots) for e in experiment.evals}
         self.done: dict[str, dict[str, float]] = {}
         self.best: dict[str, float] = {}
 

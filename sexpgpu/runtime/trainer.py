@@ -50,7 +50,8 @@ def initial_state(init: InitSpec, like: np.ndarray) -> np.ndarray:
 class Trainer:
     """One run in progress: parameters, optimizer state, compiled programs, data stream."""
 
-    def __init__(self, experiment: Experiment, ranks: Optional[Collective] = None, backend: Optional[Backend] = None) -> None:
+    def __init__(self, experiment: Experiment, ranks: Optional[Collective] = None, backend: Optional[Backend] = None,
+                 data_roots: tuple[str, ...] = ()) -> None:
         self.experiment = experiment
         self.backend: Backend = backend or HostBackend()
         make = self.backend.program
@@ -77,14 +78,14 @@ class Trainer:
         self.update_program = make(update)
         self.kept_updates = frozenset(k for k in update.outputs if k.startswith(("param:", "state:")))
         loader = experiment.loaders["train"]
-        self.dataset = load_dataset(loader_spec(loader, seed))
+        self.dataset = load_dataset(loader_spec(loader, seed, data_roots))
         self.field_names = [f.name for f in loader.fields]
         # one compiled program and one data stream per loader stage (None: no stage)
         self.programs: dict[Optional[str], RunnableProgram] = {None: make(train_programs["train"])}
         self.streams: dict[Optional[str], BatchStream] = {None: BatchStream(self.dataset, loader.batch, loader.shuffle, seed)}
         for stage in loader.stages:
             staged = loader.staged(stage.name)
-            data = self.dataset if staged.prepare == loader.prepare else load_dataset(loader_spec(staged, seed))
+            data = self.dataset if staged.prepare == loader.prepare else load_dataset(loader_spec(staged, seed, data_roots))
             self.programs[stage.name] = make(train_programs[f"train@{stage.name}"])
             self.streams[stage.name] = BatchStream(data, staged.batch, staged.shuffle, seed)
         self.stage_names: list[Optional[str]] = [None] + [s.name for s in loader.stages]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -59,10 +60,45 @@ def read_raw(spec: LoaderSpec) -> Raw:
     if not source.url:
         raise DataError(f"the {source.kind} source needs a file or URL")
     where = resolve_url(source.url, spec.base_dir)
+    if spec.roots:
+        confine(where, spec.roots)
     data = read_bytes(where)
     if not data:
         raise DataError("empty source (the file has 0 bytes)", source=where)
     return Raw(where, data, hashlib.sha256(data).hexdigest())
+
+
+DATA_ROOT_HELP = "declare its folder (or URL prefix) with --data-root, or in $SEXPGPU_DATA_ROOTS"
+SYSTEM_FOLDERS = ("/proc", "/sys", "/dev")
+
+
+def confine(where: str, roots: tuple[str, ...]) -> None:
+    """A source is read only inside ROOTS (the project root first, then the data roots the
+    user declared; URL roots are prefixes): a run file cannot make a run read ~/.bashrc,
+    /etc/passwd or /proc/self/environ into its cache. Special files are refused too."""
+    if has_protocol(where) and not where.startswith("file://"):
+        if not any(has_protocol(root) and where.startswith(root.rstrip("/") + "/") for root in roots):
+            raise DataError(f"the URL is outside the store and the declared data roots; {DATA_ROOT_HELP}", source=where)
+        return
+    real = os.path.realpath(where.removeprefix("file://"))  # links resolved: a link inside may point out
+    inside = [root for root in roots if not has_protocol(root) and _within(real, os.path.realpath(root))]
+    if not inside or any(_within(real, folder) for folder in SYSTEM_FOLDERS):
+        named = ", ".join(root for root in roots[:3])
+        raise DataError(f"outside the project and the declared data roots ({named}); {DATA_ROOT_HELP}", source=where)
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        raise DataError("file not found", source=where) from None
+    except OSError as exc:
+        raise DataError(f"cannot read: {exc.strerror or exc}", source=where) from None
+    if stat.S_ISDIR(mode):
+        raise DataError("is a folder, not a file", source=where)
+    if not stat.S_ISREG(mode):
+        raise DataError("is not a regular file (a device, a FIFO or a socket): refused", source=where)
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def read_bytes(url: str) -> bytes:

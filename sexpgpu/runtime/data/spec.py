@@ -53,6 +53,9 @@ class LoaderSpec(_Spec):
     seed: int = 0
     part: Optional[str] = None  # "train" or "val" (checked when a split selects it)
     base_dir: str = "."
+    # where sources may be read: the project root, and the data roots the user declared
+    # (folders, or URL prefixes such as the store's); empty: anywhere (tests of the data layer)
+    roots: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _distinct_fields(self) -> "LoaderSpec":
@@ -159,7 +162,7 @@ def shared_examples(reference: Dataset, other: Dataset) -> list[int]:
     return [i for i, h in enumerate(other.example_hashes()) if h in seen]
 
 
-def loader_spec(record: LoaderRecord, seed: int) -> LoaderSpec:
+def loader_spec(record: LoaderRecord, seed: int, data_roots: tuple[str, ...] = ()) -> LoaderSpec:
     """What the data layer needs of a compiled loader, with the run's seed."""
     return LoaderSpec(
         name=record.name,
@@ -171,4 +174,5 @@ def loader_spec(record: LoaderRecord, seed: int) -> LoaderSpec:
         seed=seed,
         part=record.part,
         base_dir=record.base_dir,
+        roots=(record.root or record.base_dir, *data_roots),
     )
