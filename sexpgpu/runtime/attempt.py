@@ -153,8 +153,8 @@ class Attempt:
     def execute(self) -> AttemptOutcome:
         """The attempt, holding the run folder's writer lease throughout (only rank 0 writes)."""
         lease = WriterLease(self.shared, self.options.take_over) if self.writer else None
-        if lease is not None:
-            lease.take()  # another writer: FolderHeld, before anything is read or written
+        if lease is not None:  # another writer: FolderHeld, before anything is read or written
+            self.when_the_store_answers(lease.take)
         self.lease = lease
         try:
             return self.attempt_holding_the_folder()

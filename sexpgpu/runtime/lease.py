@@ -79,9 +79,9 @@ class Leases:
     def claim(self, paths: list[str], take_over: bool = False) -> list[str]:
         """Take every lease of PATHS that no live holder has (every one with TAKE_OVER: the
         caller knows their holders are gone); returns the paths now held."""
-        free = [p for p in paths if take_over or self.held_elsewhere(p) is None]
         if self.store.is_local:
-            return [p for p in free if self.create(p)]
+            return [p for p in paths if self.create(p, take_over)]
+        free = [p for p in paths if take_over or self.held_elsewhere(p) is None]
         for path in free:
             self.write(path)
         if not free:
@@ -89,11 +89,23 @@ class Leases:
         time.sleep(self.verify_after_s)
         return [p for p in free if (lease := self.holder_of(p)) is not None and lease.holder == self.holder]
 
-    def create(self, path: str) -> bool:
-        """The lease at PATH made ours by an exclusive create, after removing one that holds
-        nothing any more (expired, dead, or one we take over)."""
-        if self.store.exists(path):
-            self.store.delete(path)
+    def create(self, path: str, take_over: bool) -> bool:
+        """The lease at PATH made ours by an exclusive create (of two claimants one wins),
+        after moving aside one that holds nothing any more (expired, dead, or one we take
+        over): the move is atomic, and a lease that turns out to be another claimant's fresh
+        one is put back."""
+        current = self.holder_of(path)
+        if current is not None:
+            if current.holder != self.holder and self.live(current) and not take_over:
+                return False
+            moved = self.store.move_aside(path)
+            if moved is None:  # another claimant moved it first: the exclusive create decides
+                pass
+            elif Lease.model_validate_json(moved.data) != current:  # not the one we judged: put it back
+                moved.restore()
+                return False
+            else:
+                moved.discard()
         return self.store.create_new(path, self.mine().model_dump_json().encode())
 
     def write(self, path: str) -> None:

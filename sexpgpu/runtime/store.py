@@ -403,6 +403,21 @@ class Store:
         _fsync_dir(os.path.dirname(full))
         return True
 
+    def move_aside(self, path: str) -> Optional["MovedAside"]:
+        """On a local store: rename the file at PATH to a unique name beside it (atomic: of
+        two movers one gets it); None when nothing was there."""
+        if not self.is_local:
+            raise NotImplementedError("an object store has no atomic rename")
+        full = self._full(path)
+        folder, name = os.path.split(full)
+        aside = os.path.join(folder, f".{name}.aside-{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}")  # a temp name: never listed
+        try:
+            os.rename(full, aside)
+        except FileNotFoundError:
+            return None
+        with open(aside, "rb") as handle:
+            return MovedAside(full, aside, handle.read(64 * 1024))
+
     def _publish_local(self, full: str, data: bytes) -> None:
         folder, name = os.path.split(full)
         os.makedirs(folder, exist_ok=True)
@@ -601,6 +616,29 @@ class Store:
         for number in numbers:
             lines.extend(self.read_text(f"{folder}/{number:06d}.jsonl").splitlines())
         return [line for line in lines if line.strip()]
+
+
+@dataclass(frozen=True)
+class MovedAside:
+    """A file Store.move_aside renamed: its first bytes, and the way back or out."""
+
+    original: str
+    aside: str
+    data: bytes
+
+    def restore(self) -> None:
+        """Back to its name, unless something took the name since (then it is dropped)."""
+        try:
+            os.link(self.aside, self.original)
+        except FileExistsError:
+            pass
+        self.discard()
+
+    def discard(self) -> None:
+        try:
+            os.unlink(self.aside)
+        except FileNotFoundError:
+            pass
 
 
 def _clean_end(full: str) -> int:
