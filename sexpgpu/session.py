@@ -30,6 +30,7 @@ from .runtime.checkpoint import ResumeError
 from .runtime.data.raw import has_protocol
 from .runtime.data.spec import DataError
 from .runtime.devices import DEVICE_FORMS, is_device_spec, open_device
+from .runtime.memory import host_memory_problem
 from .runtime.ranks import Collective
 from .runtime.runfolder import FolderHeld, run_slug
 from .runtime.stops import StopRequests
@@ -178,10 +179,9 @@ class Session:
             return refusal
         assert self.backend is not None
         slug = run_slug(compiled.experiment)
-        if self.device != "cpu":
-            problem = self.device_memory_problem(compiled.experiment)
-            if problem is not None:
-                return self.refuse(Exit.CANNOT_START, f"cannot start here: {problem}", slug)
+        problem = self.device_memory_problem(compiled.experiment) if self.device != "cpu" else host_memory_problem(compiled.experiment)
+        if problem is not None:
+            return self.refuse(Exit.CANNOT_START, f"cannot start here: {problem}", slug)
         settings = self.settings
         options = RunOptions(store=settings.store, device=self.device, backend=self.backend, max_steps=settings.max_steps, stops=self.stops,
                              progress=settings.progress, sources=compiled.sources(), resume=settings.resume,

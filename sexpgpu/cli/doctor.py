@@ -68,17 +68,6 @@ def package_versions() -> list[Finding]:
     return out
 
 
-def free_memory() -> Optional[int]:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def device_findings(device: str, source: str) -> list[Finding]:
     out = [Finding(check="device", level="ok", detail=f"{device} (from {source}); {os.cpu_count()} CPU cores")]
     if device.startswith("cuda") or device == "auto":
@@ -190,13 +179,13 @@ def cuda_plan_finding(experiment: "Experiment", device: str) -> Optional[Finding
 
 def plan_finding(path: str, device: str = "cpu") -> list[Finding]:
     from ..compile.pipeline import compile_file
-    from ..runtime.memory import host_memory_plan
+    from ..runtime.memory import available_memory, host_memory_plan
 
     result = compile_file(existing_file(path))
     if result.experiment is None:
         errors = [d.headline() for d in result.diagnostics if d.severity == "error"]
         return [Finding(check="file", level="fail", detail=errors[0] if errors else "not a run file", fix=f"sexpgpu check {path}")]
-    need, free = host_memory_plan(result.experiment).total, free_memory()
+    need, free = host_memory_plan(result.experiment).total, available_memory()
     out = [Finding(check="file", level="ok", detail=f"{path} compiles (IR {result.experiment.ir_hash[:12]})")]
     if free is None:
         out.append(Finding(check="memory", level="warn", detail=f"plan needs {need:,} bytes; free memory unknown"))

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from ..ir.experiment import Experiment
 from ..ir.graph import shape_size
-from .numpy_backend import make_plan
+from .numpy_backend import plan_layout
 
 F32_BYTES = 4  # parameters, gradients and optimizer state are held in f32 (master weights under bf16)
 
@@ -37,8 +37,8 @@ def host_memory_plan(experiment: Experiment) -> HostMemoryPlan:
     params = sum(shape_size(shape) * F32_BYTES for shape in shapes.values())
     states = sum(shape_size(shapes[path]) * F32_BYTES * len(g.states) for g in experiment.groups for path in g.params)
     grads = sum(shape_size(shapes[path]) * F32_BYTES for g in experiment.groups if g.optimizer for path in g.params)
-    train = make_plan(experiment.module.programs["train"]).peak_bytes
-    update = make_plan(experiment.module.programs["update"]).peak_bytes
+    train = plan_layout(experiment.module.programs["train"]).peak_bytes
+    update = plan_layout(experiment.module.programs["update"]).peak_bytes
     return HostMemoryPlan(params=params, grads=grads, optimizer_state=states, activations_peak=train, update_peak=update,
                           total=params + states + train + update)
 
@@ -64,4 +64,26 @@ def device_memory_problem(experiment: Experiment, free: int) -> Optional[str]:
     need = device_memory_plan(experiment).total
     if need > free:
         return f"the run needs {need:,} bytes of device memory (sexpgpu explain --cuda), the device has {free:,} free; lower the batch or use :microbatches"
+    return None
+
+
+def available_memory() -> Optional[int]:
+    """The bytes the machine can give a new process now (Linux's MemAvailable), or None
+    where it does not say."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def host_memory_problem(experiment: Experiment) -> Optional[str]:
+    """Why the run cannot fit in the machine's memory (None: it fits, or the machine does not
+    say what it has), found from the plan's sizes before anything is allocated."""
+    need, free = host_memory_plan(experiment).total, available_memory()
+    if free is not None and need > free:
+        return f"the run needs {need:,} bytes of memory (sexpgpu explain), the machine has {free:,} available; lower the batch or the model, or use :microbatches"
     return None

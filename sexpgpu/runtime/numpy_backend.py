@@ -61,47 +61,72 @@ def _last_uses(program: Program) -> dict[int, int]:
     return last
 
 
-def make_plan(program: Program) -> Plan:
-    types: dict[int, TensorType] = program.types()
+@dataclass(frozen=True)
+class Layout:
+    """Where each result goes, worked out without allocating anything: a buffer index for
+    each node that needs one (None: a view or a constant), and the buffers' shapes."""
+
+    placed: list[tuple[Node, Optional[int]]]
+    buffers: list[tuple[tuple[int, ...], Any]]  # (shape, NumPy dtype)
+    peak_bytes: int
+    total_bytes: int
+
+
+def plan_layout(program: Program) -> Layout:
+    """Liveness analysis: a buffer per non-view result, reused by a later result of its
+    shape and dtype once its last reader has run. Sizes only: `explain` and the memory
+    check read it for programs too large to allocate."""
     last = _last_uses(program)
     free: dict[tuple[tuple[int, ...], Any], list[int]] = {}
-    buffers: list[np.ndarray] = []
-    steps: list[Step] = []
-    constants: dict[int, np.ndarray] = {}
+    buffers: list[tuple[tuple[int, ...], Any]] = []
+    placed: list[tuple[Node, Optional[int]]] = []
     releases: dict[int, list[tuple[tuple[tuple[int, ...], Any], int]]] = {}
     live_bytes = peak = 0
-    alias: dict[int, int] = {}
     for index, node in enumerate(program.nodes):
-        definition = op_def(node.op)
-        dtype = numpy_dtype(node.type.dtype)
-        if definition.kind is OpKind.CONSTANT:
-            constants[node.id] = definition.numpy([], node.attrs, None)
+        if op_def(node.op).kind is OpKind.CONSTANT:
+            placed.append((node, None))
             continue
         for key, buffer_index in releases.pop(index, []):
             free.setdefault(key, []).append(buffer_index)
-            live_bytes -= buffers[buffer_index].nbytes
+            live_bytes -= nbytes(buffers[buffer_index])
         out: Optional[int] = None
-        if is_view(node):
-            alias[node.id] = alias.get(node.args[0], node.args[0])
-        else:
-            key = (node.type.shape, dtype)
+        if not is_view(node):
+            key = (node.type.shape, numpy_dtype(node.type.dtype))
             pool = free.get(key)
             if pool:
                 out = pool.pop()
             else:
-                buffers.append(np.empty(node.type.shape, dtype=dtype))
+                buffers.append(key)
                 out = len(buffers) - 1
-            live_bytes += buffers[out].nbytes
+            live_bytes += nbytes(buffers[out])
             peak = max(peak, live_bytes)
-            end = last.get(node.id, index)
-            releases.setdefault(end + 1, []).append((key, out))
+            releases.setdefault(last.get(node.id, index) + 1, []).append((key, out))
+        placed.append((node, out))
+    return Layout(placed, buffers, peak, sum(nbytes(b) for b in buffers))
+
+
+def nbytes(buffer: tuple[tuple[int, ...], Any]) -> int:
+    shape, dtype = buffer
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def make_plan(program: Program) -> Plan:
+    types: dict[int, TensorType] = program.types()
+    layout = plan_layout(program)
+    buffers = [np.empty(shape, dtype=dtype) for shape, dtype in layout.buffers]
+    steps: list[Step] = []
+    constants: dict[int, np.ndarray] = {}
+    for node, out in layout.placed:
+        definition = op_def(node.op)
+        if definition.kind is OpKind.CONSTANT:
+            constants[node.id] = definition.numpy([], node.attrs, None)
+            continue
         kernel = definition.numpy
         if definition.specialize is not None:
             kernel = definition.specialize(dict(node.attrs), [types[a] for a in node.args])
-        steps.append(Step(kernel, list(node.args), dict(node.attrs), out, node.id, dtype))
-    total = sum(b.nbytes for b in buffers)
+        steps.append(Step(kernel, list(node.args), dict(node.attrs), out, node.id, numpy_dtype(node.type.dtype)))
     slots = max([i.id for i in program.inputs] + [n.id for n in program.nodes] + [0]) + 1
-    return Plan(steps, buffers, constants, slots, peak, total)
+    return Plan(steps, buffers, constants, slots, layout.peak_bytes, layout.total_bytes)
 
 
 class CompiledProgram:
