@@ -1,9 +1,12 @@
 """Training steps/s on the CPU: SexpGPU's NumPy backend against PyTorch eager, same model,
-same batches, same optimizer, same threads, in one process. Prints one table with the ratio
-(ours / torch: > 1 means SexpGPU is faster) and the peak memory of each side (VmHWM, the peak resident
-set, of a child process that trains only that side).
+same batches, same optimizer, same threads, in one process. For each workload it times our
+side at the threads the runtime chooses by itself (no variable set: what a user gets) and at
+every thread count from 1 to the cores, and torch at the same counts; sides and settings
+alternate, several repeats each, the median kept. Prints the default against the best
+setting (goal: within 5%), ours / torch at each thread count (> 1: SexpGPU is faster), and
+the peak memory of each side (VmHWM of a child process that trains only that side).
 
-    OPENBLAS_NUM_THREADS=1 python bench/cpu_vs_torch.py [--steps N] [--threads T]
+    python bench/cpu_vs_torch.py [--steps N] [--repeats R]
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -65,11 +69,16 @@ def trainer_for(path: Path):  # type: ignore[no-untyped-def]
 
 def ours(path: Path, steps: int, model: str = "") -> float:
     _, trainer = trainer_for(path)
+    return timed(trainer.train_step, steps)
+
+
+def timed(step: Callable[[], object], steps: int) -> float:
+    """Steps per second of STEP, after five warm-up steps."""
     for _ in range(5):
-        trainer.train_step()
+        step()
     start = time.perf_counter()
     for _ in range(steps):
-        trainer.train_step()
+        step()
     return steps / (time.perf_counter() - start)
 
 
@@ -105,12 +114,8 @@ def torch_side(path: Path, steps: int, model: str = "mlp") -> float:
         loss.backward()
         opt.step()
 
-    for i in range(5):
-        step(i)
-    start = time.perf_counter()
-    for i in range(steps):
-        step(i)
-    return steps / (time.perf_counter() - start)
+    counter = iter(range(1 << 62))
+    return timed(lambda: step(next(counter)), steps)
 
 
 def peak_rss_mib(side: str, path: Path, steps: int, model: str) -> float:
@@ -126,31 +131,62 @@ def peak_rss_mib(side: str, path: Path, steps: int, model: str) -> float:
     return int(out.stdout.strip().splitlines()[-1]) / 1024
 
 
+def side_by_side(path: Path, model: str, steps: int, repeats: int, cores: int) -> dict[str, object]:
+    """One workload: ours at the default plan and at 1..CORES threads, torch at 1..CORES,
+    interleaved, REPEATS times; the median of each."""
+    import statistics
+
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    from sexpgpu.runtime.threads import blas_threads, plan_threads
+
+    experiment, trainer = trainer_for(path)
+    default = plan_threads(experiment.module.programs.values(), environ={})
+    samples: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        with blas_threads(default):
+            samples.setdefault("default", []).append(timed(trainer.train_step, steps))
+        for threads in range(1, cores + 1):
+            with threadpool_limits(threads, user_api="blas"):
+                samples.setdefault(f"ours {threads}", []).append(timed(trainer.train_step, steps))
+            torch.set_num_threads(threads)
+            samples.setdefault(f"torch {threads}", []).append(torch_side(path, steps, model))
+    median = {k: statistics.median(v) for k, v in samples.items()}
+    best = max(range(1, cores + 1), key=lambda t: median[f"ours {t}"])
+    return {"default_threads": default.blas, "default_reason": default.reason, "median": median, "best_threads": best,
+            "default_vs_best": median["default"] / median[f"ours {best}"],
+            "ratios": {t: median[f"ours {t}"] / median[f"torch {t}"] for t in range(1, cores + 1)}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=int(os.environ.get("OPENBLAS_NUM_THREADS", "1")))
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    import torch
+    from sexpgpu.runtime.threads import process_cores
 
-    torch.set_num_threads(args.threads)
+    cores = process_cores()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, (path, model) in workloads(Path(tmp)).items():
             steps = args.steps if "quickstart" in name else max(20, args.steps // 10)
-            a = ours(path, steps)
-            b = torch_side(path, steps, model)
-            rows.append({"workload": name, "ours_steps_per_s": a, "torch_steps_per_s": b, "ratio": a / b,
-                         "ours_peak_rss_mib": peak_rss_mib("ours", path, steps, model),
-                         "torch_peak_rss_mib": peak_rss_mib("torch_side", path, steps, model)})
+            row = {"workload": name, **side_by_side(path, model, steps, args.repeats, cores)}
+            row["ours_peak_rss_mib"] = peak_rss_mib("ours", path, steps, model)
+            row["torch_peak_rss_mib"] = peak_rss_mib("torch_side", path, steps, model)
+            rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"threads: {args.threads}  (ratio = ours / torch eager; goal >= 1.0)")
-    print(f"{'workload':<42} {'ours steps/s':>13} {'torch steps/s':>14} {'ratio':>7} {'ours MiB':>9} {'torch MiB':>10}")
+    threads = " ".join(f"{'ours/torch ' + str(t) + 't':>14}" for t in range(1, cores + 1))
+    print(f"{cores} cores; default = the threads the runtime chose by itself (goal: within 5% of the best); ours/torch > 1: SexpGPU is faster")
+    print(f"{'workload':<42} {'default':>8} {'steps/s':>9} {'best':>5} {'vs best':>8} {threads} {'ours MiB':>9} {'torch MiB':>10}")
     for r in rows:
-        print(f"{r['workload']:<42} {r['ours_steps_per_s']:>13.1f} {r['torch_steps_per_s']:>14.1f} {r['ratio']:>7.2f} {r['ours_peak_rss_mib']:>9.0f} {r['torch_peak_rss_mib']:>10.0f}")
+        median = r["median"]
+        cells = " ".join(f"{r['ratios'][t]:>14.2f}" for t in range(1, cores + 1))
+        print(f"{r['workload']:<42} {str(r['default_threads']) + 't':>8} {median['default']:>9.1f} {str(r['best_threads']) + 't':>5} "
+              f"{r['default_vs_best']:>8.2f} {cells} {r['ours_peak_rss_mib']:>9.0f} {r['torch_peak_rss_mib']:>10.0f}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/sexpgpu-gpu-check}"
 mkdir -p "$out"
-export OPENBLAS_NUM_THREADS=1 PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1
 started=$SECONDS
 {
     python -V

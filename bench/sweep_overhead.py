@@ -8,7 +8,7 @@ Prints, in one process run:
 - kill to resumed: a point's worker is SIGKILLed; the seconds from the kill to its `resume`
   event and to its first `step` event after the resume
 
-    OPENBLAS_NUM_THREADS=1 python bench/sweep_overhead.py [--points 16] [--steps 60] [--cpus 2]
+    python bench/sweep_overhead.py [--points 16] [--steps 60] [--cpus 2]
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 

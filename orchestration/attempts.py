@@ -49,8 +49,8 @@ def record_attempt(record: Attempts, outcome: AttemptOutcome, max_preemptions: O
 
 
 # the settings a worker needs from the process that started the run: the store's
-# credentials and endpoint, sexpgpu's own settings, the BLAS threads
-WORKER_ENV_PREFIXES = ("AWS_", "SEXPGPU_", "OPENBLAS")
+# credentials and endpoint, sexpgpu's own settings, BLAS threads the user set
+WORKER_ENV_PREFIXES = ("AWS_", "SEXPGPU_", "OPENBLAS_", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def worker_env() -> dict[str, str]:

@@ -34,6 +34,7 @@ from .runtime.memory import host_memory_problem
 from .runtime.ranks import Collective
 from .runtime.runfolder import FolderHeld, run_slug
 from .runtime.stops import StopRequests
+from .runtime.threads import blas_threads, plan_threads
 from .runtime.store import DEFAULT_PATIENCE_S, is_store_failure, store_problem
 
 T = TypeVar("T")
@@ -85,6 +86,7 @@ class Settings:
     world: int = 1  # data-parallel ranks the programs are compiled for
     take_over: bool = False  # the run folder's last writer is known to be gone (a preempted attempt)
     data_roots: tuple[str, ...] = ()  # where loader sources may be read besides the project (--data-root)
+    threads: Optional[int] = None  # the BLAS threads (--threads); None: the runtime's plan
     store_patience_s: float = DEFAULT_PATIENCE_S  # how long a run waits for an unreachable store
 
 
@@ -183,11 +185,13 @@ class Session:
         if problem is not None:
             return self.refuse(Exit.CANNOT_START, f"cannot start here: {problem}", slug)
         settings = self.settings
-        options = RunOptions(store=settings.store, device=self.device, backend=self.backend, max_steps=settings.max_steps, stops=self.stops,
+        threads = plan_threads(compiled.experiment.module.programs.values(), settings.threads)
+        options = RunOptions(threads=threads, store=settings.store, device=self.device, backend=self.backend, max_steps=settings.max_steps, stops=self.stops,
                              progress=settings.progress, sources=compiled.sources(), resume=settings.resume,
                              signals=settings.signals, store_patience_s=settings.store_patience_s, ranks=ranks,
                              take_over=settings.take_over, data_roots=self.data_roots())
-        return self.guarded(slug, lambda: train(compiled.experiment, options, say=self.reporter.say))
+        with blas_threads(threads):
+            return self.guarded(slug, lambda: train(compiled.experiment, options, say=self.reporter.say))
 
     def run_file(self, path: Path, selection: Selection) -> AttemptOutcome:
         """`sexpgpu run FILE`: open the device, compile, train."""

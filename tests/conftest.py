@@ -1,16 +1,20 @@
-"""Shared test setup: single-threaded BLAS, and helpers for evaluating Lisp text."""
+"""Shared test setup: one BLAS thread for what the tests train in their own process, and
+helpers for evaluating Lisp text.
+
+A run started through `sexpgpu run` (or the session) chooses its threads itself; a test that
+builds a Trainer directly is not a run, and on a 2-core machine shared with a second test
+process one BLAS thread is the fast setting (runtime/threads.py says why)."""
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import pytest
+from threadpoolctl import threadpool_limits
 
-from pathlib import Path  # noqa: E402
+from sexpgpu.lisp.program import EvalResult, Program, new_program
 
-import pytest  # noqa: E402
-
-from sexpgpu.lisp.program import EvalResult, Program, new_program  # noqa: E402
+threadpool_limits(limits=1, user_api="blas")
 
 REPO = Path(__file__).resolve().parents[1]
 

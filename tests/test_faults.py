@@ -54,7 +54,7 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 
 def spawn(*args: str, cwd: Optional[Path] = None) -> "subprocess.Popen[str]":
-    env = {**os.environ, "NO_COLOR": "1", "OPENBLAS_NUM_THREADS": "1"}
+    env = {**os.environ, "NO_COLOR": "1"}
     return subprocess.Popen([sys.executable, "-m", "sexpgpu", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
 
 

@@ -48,7 +48,7 @@ def final_params(store: Path) -> dict[str, np.ndarray]:
 
 
 def cli_run(path: Path, store: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "NO_COLOR": "1", "OPENBLAS_NUM_THREADS": "1"}
+    env = {**os.environ, "NO_COLOR": "1"}
     return subprocess.Popen([sys.executable, "-m", "sexpgpu", "run", str(path), "--store", str(store), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 

@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from conftest import REPO
+from sexpgpu.cli.main import main
 from sexpgpu.compile.pipeline import compile_file
 from sexpgpu.ir.experiment import Selection
 from sexpgpu.runtime.attempt import RunOptions, train
@@ -107,3 +109,37 @@ def test_slug_does_not_depend_on_the_working_folder(tmp_path: Path) -> None:
     outer = subprocess.run([sys.executable, "-m", "sexpgpu", "variants", "--json", "demo/q.lisp"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=60)
     inner = subprocess.run([sys.executable, "-m", "sexpgpu", "variants", "--json", "q.lisp"], cwd=tmp_path / "demo", capture_output=True, text=True, env=env, timeout=60)
     assert json.loads(outer.stdout)["base"] == json.loads(inner.stdout)["base"]
+
+
+def test_the_runtime_chooses_the_blas_threads_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No variable needed: a run of small products gets one BLAS thread; large products get
+    the cores other work leaves free; --threads, $SEXPGPU_THREADS and the BLAS's own
+    variables win, in that order. run.json records the plan."""
+    from sexpgpu.runtime import threads
+    from sexpgpu.runtime.threads import plan_threads
+
+    small = experiment(Selection()).module.programs.values()
+    monkeypatch.setattr(threads, "process_cores", lambda: 4)
+    assert plan_threads(small, environ={}).blas == 1
+    monkeypatch.setattr(threads, "largest_product", lambda programs: 10**8)
+    monkeypatch.setattr(threads, "busy_cores", lambda: 0.1)
+    assert plan_threads(small, environ={}).blas == 4
+    monkeypatch.setattr(threads, "busy_cores", lambda: 2.9)
+    assert plan_threads(small, environ={}).blas == 1
+    monkeypatch.setattr(threads, "busy_cores", lambda: 1.0)
+    assert plan_threads(small, environ={}).blas == 3
+    assert plan_threads(small, environ={"OPENBLAS_NUM_THREADS": "2"}).source == "OPENBLAS_NUM_THREADS"
+    assert plan_threads(small, environ={"OPENBLAS_NUM_THREADS": "2", "SEXPGPU_THREADS": "3"}).blas == 3
+    assert plan_threads(small, requested=5, environ={"SEXPGPU_THREADS": "3"}).blas == 5
+    with pytest.raises(ValueError, match="SEXPGPU_THREADS"):
+        plan_threads(small, environ={"SEXPGPU_THREADS": "lots"})
+    monkeypatch.undo()
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    store = tmp_path / "runs"
+    code = main(["run", str(REPO / "examples" / "quickstart.lisp"), "--store", str(store), "--max-steps", "3", "--quiet"])
+    assert code == 0
+    (info,) = [json.loads(p.read_text()) for p in store.glob("*/run.json")]
+    assert info["threads"]["blas"] == 1 and info["threads"]["source"] == "chosen", info["threads"]
+    code = main(["run", str(REPO / "examples" / "quickstart.lisp"), "--store", str(tmp_path / "two"), "--max-steps", "3", "--quiet", "--threads", "2"])
+    (info,) = [json.loads(p.read_text()) for p in (tmp_path / "two").glob("*/run.json")]
+    assert code == 0 and info["threads"] == {**info["threads"], "blas": 2, "source": "flag"}

@@ -38,7 +38,6 @@ class TrainWorkerImpl:
 
     def __init__(self, env: Optional[dict[str, str]] = None) -> None:
         os.environ.update(env or {})
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
     def where(self) -> dict[str, Any]:
         """This worker's host and process (the driver's tests kill it to play a preemption)."""
@@ -55,7 +54,7 @@ class TrainWorkerImpl:
         are outcomes (never retried); only a death or a failed rendezvous is a preemption."""
         settings = Settings(store=request.store, device=request.device, max_steps=request.max_steps, resume=request.resume, signals=False,
                             world=rank.world if rank else 1, store_patience_s=patience_configured(os.environ), take_over=request.take_over,
-                            data_roots=request.data_roots)
+                            data_roots=request.data_roots, threads=assigned_cpus())
         outcome = self.attempt(Session(settings), request.bundle, rank)
         return outcome.model_copy(update={"rank": rank.rank if rank else 0})
 
@@ -76,4 +75,14 @@ class TrainWorkerImpl:
 
 # two calls at once: `run`, and `where` while it runs (the tests kill the process it names)
 TRAIN_WORKER_OPTIONS: dict[str, int] = {"max_concurrency": 2}
+def assigned_cpus() -> Optional[int]:
+    """The CPUs Ray gave this actor (its BLAS threads: the node's other CPUs are other
+    workers'); None outside an actor, where the runtime's own plan applies."""
+    try:
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    except Exception:  # not inside a Ray worker
+        return None
+    return max(1, int(cpus)) if cpus else None
+
+
 TrainWorker = ray.remote(TrainWorkerImpl)

@@ -19,6 +19,7 @@ from .common import existing_file, print_json
 
 if TYPE_CHECKING:
     from ..ir.experiment import Experiment
+    from ..ir.graph import Program
 
 Level = Literal["ok", "warn", "fail"]
 
@@ -193,10 +194,23 @@ def plan_finding(path: str, device: str = "cpu") -> list[Finding]:
         out.append(Finding(check="memory", level="fail", detail=f"plan needs {need:,} bytes, {free:,} are free", fix="a smaller batch, :microbatches, or a bigger machine"))
     else:
         out.append(Finding(check="memory", level="ok", detail=f"plan needs {need:,} bytes of {free:,} free"))
+    out.append(threads_finding(list(result.experiment.module.programs.values())))
     cuda = cuda_plan_finding(result.experiment, device)
     if cuda is not None:
         out.append(cuda)
     return out
+
+
+def threads_finding(programs: list["Program"]) -> Finding:
+    """The BLAS threads a run of PROGRAMS would get here now (all a run's work when given;
+    without a file, a run whose products are large)."""
+    from ..runtime.threads import blas_library, plan_threads
+
+    try:
+        plan = plan_threads(programs) if programs else plan_threads([], environ=None, assume_large=True)
+    except ValueError as exc:
+        return Finding(check="threads", level="fail", detail=str(exc), fix="unset it, or set a whole number")
+    return Finding(check="threads", level="ok", detail=f"{plan.blas} BLAS thread(s) of {plan.cores} core(s), {plan.source}: {plan.reason}; BLAS: {blas_library()}")
 
 
 def run_doctor(args: argparse.Namespace) -> int:
@@ -216,6 +230,8 @@ def run_doctor(args: argparse.Namespace) -> int:
     findings.append(ray_finding(address or None, address_source))
     if args.file:
         findings += plan_finding(args.file, device)
+    else:
+        findings.append(threads_finding([]))
     failed = any(f.level == "fail" for f in findings)
     if args.json:
         print_json({"ok": not failed, "findings": [f.model_dump() for f in findings]})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from ..ir.experiment import Selection
 from ..lisp.evaluator import Limits
@@ -101,3 +101,20 @@ def data_roots_from(args: argparse.Namespace) -> tuple[str, ...]:
     """--data-root values, then $SEXPGPU_DATA_ROOTS's; folders made absolute."""
     declared = [*args.data_roots, *(part.strip() for part in os.environ.get(DATA_ROOTS_VARIABLE, "").split(",") if part.strip())]
     return tuple(root if "://" in root else os.path.abspath(os.path.expanduser(root)) for root in declared)
+
+
+def add_threads_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                        help="the CPU's BLAS threads (default: chosen from the run's work and the free cores; also $SEXPGPU_THREADS)")
+
+
+def threads_from(args: argparse.Namespace) -> Optional[int]:
+    """--threads; a malformed thread variable is a usage error here, before anything runs."""
+    from ..runtime.threads import BLAS_VARIABLES, THREADS_VARIABLE
+
+    for variable in (THREADS_VARIABLE, *BLAS_VARIABLES):
+        text = os.environ.get(variable, "").strip()
+        if text and (not text.isdigit() or int(text) < 1):
+            fail_usage(f"${variable}={text!r}: use a whole number of threads, 1 or more")
+    threads: Optional[int] = args.threads
+    return threads

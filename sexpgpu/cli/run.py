@@ -11,7 +11,7 @@ from ..bundle import is_bundle
 from ..outcome import AttemptOutcome
 from ..session import Session, Settings
 from .common import Console, existing_file, fail_usage, print_json
-from .flags import add_data_root_flag, add_limit_flags, add_selection_flags, data_roots_from, limits_from, selection_from, store_patience
+from .flags import add_data_root_flag, add_limit_flags, add_selection_flags, add_threads_flag, data_roots_from, limits_from, selection_from, store_patience, threads_from
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_selection_flags(p)
     add_limit_flags(p)
     add_data_root_flag(p)
+    add_threads_flag(p)
     p.set_defaults(run=run_run)
 
 
@@ -36,7 +37,7 @@ def run_run(args: argparse.Namespace) -> int:
         store=args.store or os.environ.get("SEXPGPU_STORE") or "./runs",
         device=args.device or os.environ.get("SEXPGPU_DEVICE") or "cpu",
         max_steps=args.max_steps, resume=args.resume, progress=not args.quiet and not args.json and sys.stderr.isatty(),
-        limits=limits_from(args), store_patience_s=store_patience(), data_roots=data_roots_from(args),
+        limits=limits_from(args), store_patience_s=store_patience(), data_roots=data_roots_from(args), threads=threads_from(args),
     )
     session = Session(settings, Console(progress_to_stderr=args.json))
     if is_bundle(args.file):

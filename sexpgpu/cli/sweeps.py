@@ -20,7 +20,7 @@ from ..runtime.runfolder import RunFolder, run_slug
 from ..runtime.store import Store
 from ..session import Compiled, Session, Settings, Stopped
 from .common import Console, existing_file, exit_for, fail_usage, print_diagnostics, print_json
-from .flags import add_data_root_flag, add_limit_flags, add_rank_flags, data_roots_from, devices_from, limits_from, store_patience
+from .flags import add_data_root_flag, add_limit_flags, add_rank_flags, add_threads_flag, data_roots_from, devices_from, limits_from, store_patience, threads_from
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_rank_flags(s)
     add_limit_flags(s)
     add_data_root_flag(s)
+    add_threads_flag(s)
     s.set_defaults(run=run_sweep)
 
     n = sub.add_parser("new", help="start a run file from a template or another file, knob defaults changed")
@@ -141,7 +142,8 @@ def run_sweep(args: argparse.Namespace) -> int:
         fail_usage(f"--devices {args.devices} needs --ray: data-parallel ranks run as Ray actors (a local Ray when --ray has no address)")
     store_url = args.store or os.environ.get("SEXPGPU_STORE") or "./runs"
     settings = Settings(store=store_url, device=args.device, max_steps=args.max_steps, limits=limits_from(args),
-                        world=args.devices if over_ray else 1, store_patience_s=store_patience(), data_roots=data_roots_from(args))
+                        world=args.devices if over_ray else 1, store_patience_s=store_patience(), data_roots=data_roots_from(args),
+                        threads=threads_from(args))
     session = Session(settings, Console(progress_to_stderr=True))
     with session.listening():
         try:

@@ -31,6 +31,7 @@ from .ranks import Collective
 from .runfolder import FolderTaken, RunFolder, RunInfo, WriterLease, run_slug
 from .status import Status, Summary
 from .stops import StopRequests
+from .threads import ThreadPlan
 from .store import DEFAULT_PATIENCE_S, Store, StoreError, is_store_failure
 from .trainer import StepResult, Trainer
 
@@ -65,6 +66,7 @@ class RunOptions:
     signals: bool = True  # handle SIGINT/SIGTERM (only possible on the main thread)
     store_patience_s: float = DEFAULT_PATIENCE_S  # how long a run waits for an unreachable store at its start and end
     ranks: Optional[Collective] = None  # data parallel: this process is one of W ranks
+    threads: Optional[ThreadPlan] = None  # the BLAS threads the run was given (recorded in run.json)
     # where loader sources may be read besides the project: folders or URL prefixes
     data_roots: tuple[str, ...] = ()
     # who records SIGINT/SIGTERM: a session's, listening since before it compiled; None: the
@@ -521,6 +523,7 @@ def write_header(folder: RunFolder, experiment: Experiment, name: str, options: 
         devices=[describe(options.device)] * (options.ranks.world if options.ranks is not None else 1),
         meta=experiment.run.meta,
         max_steps=options.max_steps,
+        threads=options.threads,
     )
     folder.write_run_info(info)
     folder.write_sources(options.sources)

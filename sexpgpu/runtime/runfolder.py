@@ -22,6 +22,7 @@ from .. import __version__
 from ..ir.experiment import Experiment, Selection
 from .events import EventLog, read_events, utc_now
 from .lease import Leases, Renewal
+from .threads import ThreadPlan
 from .status import Status, StatusWriter, read_status
 from .store import Store, check_path
 
@@ -122,6 +123,7 @@ class RunInfo(BaseModel):
     devices: list[Union[str, dict[str, Any]]] = Field(default_factory=list)
     meta: dict[str, Any] = Field(default_factory=dict)
     max_steps: Optional[int] = None  # set only under --max-steps
+    threads: Optional[ThreadPlan] = None  # the CPU's BLAS threads, and why
     created: str = Field(default_factory=utc_now)
 
 

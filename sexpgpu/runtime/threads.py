@@ -1,0 +1,127 @@
+"""How many threads the CPU's BLAS gets for a run, chosen by the runtime so that no user sets
+a variable to get the speed we quote.
+
+Measured on a 2-core machine (docs/performance.md): with both cores idle, two OpenBLAS
+threads are as fast or faster on every example (up to 1.7x on the wide MLP); with the other
+core busy, a second thread waits for it at every matrix product, and the char model trained
+9x slower than on one. So the plan looks at the run's work and at the cores free now:
+
+- a run whose largest matrix product is small (under a million multiply-adds) gets one
+  thread: threads cannot help it, and they cost it on a busy machine;
+- otherwise it gets as many threads as there are cores free for it: the cores of this
+  process's affinity, less those other processes keep busy (sampled over 0.1 s from
+  /proc/stat, this process idle meanwhile).
+
+`--threads N`, `$SEXPGPU_THREADS`, and a BLAS variable the user set (`OPENBLAS_NUM_THREADS`,
+`OMP_NUM_THREADS`, `MKL_NUM_THREADS`) win over the plan, in that order. The plan is
+recorded in run.json and `doctor` prints it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from typing import Iterable, Iterator, Mapping, Optional
+
+from pydantic import BaseModel
+
+from ..ir.graph import Program, shape_size
+
+THREADS_VARIABLE = "SEXPGPU_THREADS"
+BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+SMALL_PRODUCT = 1_000_000  # multiply-adds: below this, a product gains nothing from threads
+SAMPLE_S = 0.1
+
+class ThreadPlan(BaseModel):
+    """What run.json records of the run's threads."""
+
+    blas: int
+    cores: int  # this process's cores (its affinity)
+    source: str  # "flag", the variable that set it, or "chosen"
+    reason: str
+
+
+def largest_product(programs: Iterable[Program]) -> int:
+    """The multiply-adds of the largest matrix product (or convolution) of PROGRAMS."""
+    largest = 0
+    for program in programs:
+        types = program.types()
+        for node in program.nodes:
+            if node.op == "matmul":
+                largest = max(largest, shape_size(node.type.shape) * types[node.args[0]].shape[-1])
+            elif node.op.startswith("conv2d"):
+                weight = types[node.args[1]].shape
+                largest = max(largest, shape_size(node.type.shape) * shape_size(weight[1:]))
+    return largest
+
+
+def process_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def busy_cores(sample_s: float = SAMPLE_S) -> Optional[float]:
+    """How many cores other processes keep busy now, from two reads of /proc/stat SAMPLE_S
+    apart (None where there is no /proc/stat)."""
+
+    def totals() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields), idle
+
+    try:
+        total0, idle0 = totals()
+        time.sleep(sample_s)
+        total1, idle1 = totals()
+    except (OSError, ValueError, IndexError):
+        return None
+    elapsed = total1 - total0
+    if elapsed <= 0:
+        return None
+    return (os.cpu_count() or 1) * (1.0 - (idle1 - idle0) / elapsed)
+
+
+def plan_threads(programs: Iterable[Program], requested: Optional[int] = None, environ: Optional[Mapping[str, str]] = None,
+                 assume_large: bool = False) -> ThreadPlan:
+    """The BLAS threads for a run of PROGRAMS (REQUESTED: --threads; ASSUME_LARGE: as for a
+    run whose products are large, when there is no run to look at)."""
+    environ = os.environ if environ is None else environ
+    cores = process_cores()
+    if requested is not None:
+        return ThreadPlan(blas=requested, cores=cores, source="flag", reason=f"--threads {requested}")
+    for variable in (THREADS_VARIABLE, *BLAS_VARIABLES):
+        text = environ.get(variable, "").strip()
+        if text:
+            if not text.isdigit() or int(text) < 1:
+                raise ValueError(f"${variable}={text!r}: use a whole number of threads, 1 or more")
+            return ThreadPlan(blas=int(text), cores=cores, source=variable, reason=f"${variable}={text}")
+    largest = SMALL_PRODUCT if assume_large else largest_product(programs)
+    if largest < SMALL_PRODUCT or cores == 1:
+        why = "one core" if cores == 1 else f"the largest product is {largest:,} multiply-adds: threads cannot help it"
+        return ThreadPlan(blas=1, cores=cores, source="chosen", reason=why)
+    busy = busy_cores()
+    if busy is None:
+        return ThreadPlan(blas=cores, cores=cores, source="chosen", reason="every core (how busy they are is not known here)")
+    free = max(1, min(cores, int(cores - busy + 0.25)))
+    return ThreadPlan(blas=free, cores=cores, source="chosen", reason=f"{busy:.1f} of {cores} cores busy with other work")
+
+
+@contextmanager
+def blas_threads(plan: ThreadPlan) -> Iterator[None]:
+    """The BLAS limited to PLAN's threads while the block runs (threadpoolctl)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=plan.blas, user_api="blas"):
+        yield
+
+
+def blas_library() -> str:
+    """The BLAS NumPy calls, as threadpoolctl finds it (`doctor` prints it)."""
+    from threadpoolctl import threadpool_info
+
+    found = [f"{i.get('internal_api')} {i.get('version') or ''}".strip() for i in threadpool_info() if i.get("user_api") == "blas"]
+    return ", ".join(found) or "none found"
