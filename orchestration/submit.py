@@ -9,6 +9,8 @@ recorded in STORE/SLUG/submit.json. The submitter can disconnect: `sexpgpu statu
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 import uuid
@@ -18,7 +20,7 @@ import ray
 from pydantic import BaseModel, Field
 
 from sexpgpu.outcome import AttemptOutcome, Exit, bounded, lost
-from sexpgpu.runtime.store import Store
+from sexpgpu.runtime.store import Store, is_store_failure, store_problem
 
 from .attempts import Attempts, record_attempt, resume_from
 from workers.train_worker import AttemptRequest
@@ -47,6 +49,9 @@ class SubmitRecord(Attempts):
 class SupervisorImpl:
     def __init__(self, bundle_url: str, store_url: str, slug: str, max_preemptions: Optional[int], env: dict[str, str], devices: Optional[dict[str, Any]] = None,
                  data_roots: tuple[str, ...] = ()) -> None:
+        # the submitter's store settings and credentials: the supervisor writes the store too,
+        # and the cluster's processes may have been started before they were exported
+        os.environ.update(env)
         self.data_roots = data_roots
         self.record = SubmitRecord(slug=slug, bundle=bundle_url, store=store_url)
         self.max_preemptions = max_preemptions
@@ -55,34 +60,34 @@ class SupervisorImpl:
         self.store = Store.open(store_url)
         self.gang: Optional[Gang] = None
         self.thread: Optional[threading.Thread] = None
-        self.outcome: Optional[SubmitRecord] = None
 
-    def start(self) -> bool:
-        """Begin supervising on the actor's own thread and return at once. The submitter
-        waits for this answer before it exits: a call still on its way when its caller exits
-        is lost with it, and the run would never start."""
+    def start(self) -> Optional[str]:
+        """Write submit.json, then supervise on the actor's own thread; returns at once: None,
+        or why the store refused the first write (nothing then runs). The submitter waits for
+        this answer before it exits: a call still on its way when its caller exits is lost
+        with it, and the run would never start."""
         if self.thread is None:
+            try:
+                self.save()
+            except Exception as exc:
+                if not is_store_failure(exc):
+                    raise
+                return store_problem(self.record.store, exc)
             self.thread = threading.Thread(target=self.supervise_to_the_end, name="supervise", daemon=True)
             self.thread.start()
-        return True
+        return None
 
     def supervise_to_the_end(self) -> None:
+        """The job, then the supervisor's own end: a detached actor lives until it is killed,
+        so a job that ended kills its supervisor."""
         try:
-            self.outcome = self.supervise()
+            self.supervise()
         except Exception as exc:  # the supervisor's own failure is the run's outcome, recorded
             self.record.state, self.record.exit_code = "failed", int(Exit.RUN_FAILED)
             self.record.reason = bounded(f"the supervisor failed: {type(exc).__name__}: {exc}")
-            try:
+            with contextlib.suppress(Exception):
                 self.save()
-            finally:
-                self.outcome = self.record
-
-    def result(self) -> SubmitRecord:
-        """The submit record once the run has ended (waits for it)."""
-        assert self.thread is not None, "start() first"
-        self.thread.join()
-        assert self.outcome is not None
-        return self.outcome
+        ray.kill(ray.get_runtime_context().current_actor)
 
     def save(self) -> None:
         self.store.write_text(f"{self.record.slug}/submit.json", self.record.model_dump_json(indent=2))
@@ -129,18 +134,26 @@ SUPERVISOR_START_S = 300.0  # the supervisor actor's start on a busy cluster (a 
 Supervisor = ray.remote(SupervisorImpl)
 
 
+class SubmitRefused(Exception):
+    """The supervisor could not write the run's first record: nothing runs (exit 4)."""
+
+
 def submit(bundle_url: str, store_url: str, slug: str, max_preemptions: Optional[int], env: dict[str, str], devices: Optional[Devices] = None,
-           data_roots: tuple[str, ...] = ()) -> tuple[Any, Any]:
-    """Start the detached supervisor (Ray must be initialized); returns (actor, result ref)."""
+           data_roots: tuple[str, ...] = ()) -> Any:
+    """Start the detached supervisor (Ray must be initialized) once its first write to the
+    store succeeded; returns the actor. SubmitRefused when the store refused it."""
     payload = (devices or Devices()).model_dump()
     # one name per submission: submitting the same run again (after it ended) is allowed
     name = f"sexpgpu-submit-{slug}-{uuid.uuid4().hex[:8]}"
     actor = Supervisor.options(name=name, lifetime="detached", get_if_exists=False, num_cpus=0, max_concurrency=4).remote(bundle_url, store_url, slug, max_preemptions, env, payload, data_roots)
     try:
-        ray.get(actor.start.remote(), timeout=SUPERVISOR_START_S)  # the run has begun before the submitter may exit
+        problem = ray.get(actor.start.remote(), timeout=SUPERVISOR_START_S)  # the run has begun before the submitter may exit
     except Exception:
         # the submitter is told the run did not start: it must not start later behind its back
         # (a second submission would then run the same slug twice)
         ray.kill(actor)
         raise
-    return actor, actor.result.remote()
+    if problem is not None:
+        ray.kill(actor)
+        raise SubmitRefused(problem)
+    return actor

@@ -41,7 +41,7 @@ def test_submitted_run_survives_a_killed_worker(tmp_path: Path, ray_cluster: Any
     run_file.write_text((REPO / "examples" / "charlm.lisp").read_text().replace("(defrun :steps 600 :seed 0 :log-every 50)", "(defrun :steps 600 :seed 0 :log-every 20 :checkpoint (:every 20 :keep 2))"))
     manifest, _ = make_bundle(run_file, Selection(), str(tmp_path / "bundle"))
     store = tmp_path / "runs"
-    actor, ref = submit(str(tmp_path / "bundle"), str(store), manifest.slug, None, {})
+    actor = submit(str(tmp_path / "bundle"), str(store), manifest.slug, None, {})
     worker = None
     for _ in range(100):
         worker = ray.get(actor.current_worker.remote())
@@ -52,13 +52,24 @@ def test_submitted_run_survives_a_killed_worker(tmp_path: Path, ray_cluster: Any
     pid = ray.get(worker.where.remote())["pid"]
     time.sleep(1.0)
     os.kill(pid, signal.SIGKILL)
-    result = ray.get(ref, timeout=240)
-    assert result.state == "finished" and result.attempts >= 2 and result.preemptions >= 1
-    record = json.loads(Store.open(str(store)).read_text(f"{manifest.slug}/submit.json"))
-    assert record["state"] == "finished"
+    record = ended(store / manifest.slug / "submit.json")
+    assert record["state"] == "finished" and record["attempts"] >= 2 and record["preemptions"] >= 1, record
     status = json.loads((store / manifest.slug / "status.json").read_text())
     assert status["state"] == "finished" and status["step"] == 600
-    ray.kill(actor)
+    with pytest.raises(ray.exceptions.RayActorError):  # a job that ended takes its supervisor with it
+        ray.get(actor.current_worker.remote(), timeout=60)
+
+
+def ended(path: Path, within_s: float = 240.0) -> dict[str, Any]:
+    """The submit record once the supervisor wrote a final state (the event waited for)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            record: dict[str, Any] = json.loads(path.read_text())
+            if record["state"] in ("finished", "failed"):
+                return record
+        time.sleep(0.2)
+    raise AssertionError(f"{path} never recorded an end")
 
 
 def test_submit_from_the_command_line_then_disconnect_and_read_the_status(tmp_path: Path, ray_cluster: Any) -> None:
@@ -91,3 +102,42 @@ def test_submit_from_the_command_line_then_disconnect_and_read_the_status(tmp_pa
     assert state is not None and state["state"] == "finished" and state["step"] == 200, state
     info = json.loads((store / json.loads(submitted.stdout)["slug"] / "run.json").read_text())
     assert info["devices"] == ["cpu", "cpu"]
+
+
+def test_a_cluster_started_before_the_credentials_were_exported_still_runs_the_job(tmp_path: Path, ray_cluster: Any) -> None:
+    """The README's order: the cluster's processes have no AWS_* variables (they started
+    first), the submitter has them. The supervisor takes the submitter's store settings, so
+    submit.json and the run land in S3; and a store the supervisor cannot write makes
+    `submit` exit 4 instead of reporting success."""
+    from s3_server import MotoS3, make_bucket, s3_env
+
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"} & set(os.environ), "the cluster must start without credentials"
+    path = tmp_path / "q.lisp"
+    (tmp_path / ".git").mkdir()
+    path.write_text((REPO / "examples" / "quickstart.lisp").read_text().replace("(defrun :steps 300 :seed 0)", "(defrun :steps 20 :seed 0)"))
+    bundle = tmp_path / "bundle"
+    env = dict(os.environ)
+    assert subprocess.run([sys.executable, "-m", "sexpgpu", "bundle", str(path), "-o", str(bundle)], env=env, capture_output=True).returncode == 0
+    address = ray.get_runtime_context().gcs_address
+    with MotoS3() as moto:
+        client = {**env, **s3_env(moto.endpoint)}
+        bucket = make_bucket(None, moto.endpoint)
+        store = f"s3://{bucket}/runs"
+        done = subprocess.run([sys.executable, "-m", "sexpgpu", "submit", str(bundle), "--ray", address, "--store", store, "--json"],
+                              capture_output=True, text=True, env=client, timeout=180)
+        assert done.returncode == 0, done.stderr
+        slug = json.loads(done.stdout)["slug"]
+        os.environ.update(s3_env(moto.endpoint))  # this process reads with the submitter's credentials
+        try:
+            reader = Store.open(store)
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and not (reader.exists(f"{slug}/submit.json") and json.loads(reader.read_text(f"{slug}/submit.json"))["state"] == "finished"):
+                time.sleep(0.2)
+            assert json.loads(reader.read_text(f"{slug}/submit.json"))["state"] == "finished"
+            assert json.loads(reader.read_text(f"{slug}/status.json"))["state"] == "finished"
+        finally:
+            for key in s3_env(moto.endpoint):
+                os.environ.pop(key, None)
+        refused = subprocess.run([sys.executable, "-m", "sexpgpu", "submit", str(bundle), "--ray", address, "--store", "s3://no-such-bucket/runs"],
+                                 capture_output=True, text=True, env=client, timeout=180)
+        assert refused.returncode == 4 and "cannot start here" in refused.stderr, refused.stderr

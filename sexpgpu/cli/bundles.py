@@ -60,7 +60,7 @@ def run_submit(args: argparse.Namespace) -> int:
         import ray
 
         from orchestration.attempts import worker_env
-        from orchestration.submit import submit
+        from orchestration.submit import SubmitRefused, submit
     except ImportError as exc:
         print(f"sexpgpu: submit needs the cluster extra (pip install -e '.[cluster]'): {exc}", file=sys.stderr)
         return Exit.CANNOT_START
@@ -91,6 +91,9 @@ def run_submit(args: argparse.Namespace) -> int:
         return Exit.CANNOT_START
     try:
         submit(target, args.store, slug, args.max_preemptions, worker_env(), devices, data_roots_from(args))
+    except SubmitRefused as exc:  # its first write to the store: the store the job would write
+        print(f"sexpgpu: cannot start here: the run's supervisor cannot write the store: {exc}", file=sys.stderr)
+        return Exit.CANNOT_START
     except ray.exceptions.RayError as exc:  # the supervisor did not start (a timeout, a dead worker)
         print(f"sexpgpu: the run's supervisor did not start on the cluster: {type(exc).__name__}: {exc}", file=sys.stderr)
         return Exit.CANNOT_START

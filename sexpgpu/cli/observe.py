@@ -145,6 +145,26 @@ def _is_run(ref: RunRef) -> bool:
     return ref.store.exists(f"{ref.slug}/run.json") or ref.store.exists(status_path(ref.slug))
 
 
+def _has_run(ref: RunRef) -> bool:
+    return _is_run(ref) or bool(ref.store.read_lines(events_prefix(ref.slug)))
+
+
+def _wait_for_run(ref: RunRef, interval: float, deadline: Optional[float]) -> bool:
+    """`logs --follow` of a run that has not started yet (submitted, or about to be): wait
+    for it, saying what for, until it appears (True) or DEADLINE passes (False)."""
+    submitted = ref.store.exists(f"{ref.slug}/submit.json")
+    what = "its submitted job has not started it yet" if submitted else "nothing is there yet"
+    print(f"sexpgpu: waiting for the run at {ref.url} to start ({what}; Ctrl-C or --timeout to stop)", file=sys.stderr)
+    try:
+        while not _has_run(ref):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic())))
+    except KeyboardInterrupt:
+        return False
+    return True
+
+
 def _no_run(ref: RunRef) -> int:
     print(f"sexpgpu: no run at {ref.url} (looked for {ref.url_of('run.json')} and {ref.url_of('status.json')})", file=sys.stderr)
     return Exit.USAGE
@@ -353,8 +373,10 @@ def run_logs(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         fail_usage("--interval needs a positive number of seconds")
     ref = open_run(args)
-    if not _is_run(ref) and not ref.store.read_lines(events_prefix(ref.slug)):
-        return _no_run(ref)
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    if not _has_run(ref):
+        if not args.follow or not _wait_for_run(ref, args.interval, deadline):
+            return _no_run(ref)
     kinds = set(args.kinds)
 
     def show(pairs: list[tuple[str, dict[str, Any]]]) -> None:
@@ -374,7 +396,6 @@ def run_logs(args: argparse.Namespace) -> int:
         return Exit.OK
     seen = len(pairs)
     history = [event for _, event in pairs]
-    deadline = None if args.timeout is None else time.monotonic() + args.timeout
     try:
         while not _ended(history):
             if deadline is not None and time.monotonic() >= deadline:
