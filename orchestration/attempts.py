@@ -16,9 +16,11 @@ from pydantic import BaseModel, Field
 
 from sexpgpu.outcome import AttemptOutcome, Exit, bounded
 from sexpgpu.runtime.checkpoint import list_checkpoints
+from sexpgpu.runtime.events import utc_now
+from sexpgpu.runtime.status import FINAL_STATES, StatusWriter, Summary, read_status
 from sexpgpu.runtime.store import Store
 
-AfterAttempt = Literal["finished", "preempted", "failed"]  # "preempted": run it again
+AfterAttempt = Literal["finished", "truncated", "preempted", "failed"]  # "preempted": run it again
 
 
 class Attempts(BaseModel):
@@ -39,7 +41,7 @@ def record_attempt(record: Attempts, outcome: AttemptOutcome, max_preemptions: O
     record.exit_code, record.reason = int(outcome.exit_code), outcome.reason
     record.final_loss, record.metrics = outcome.final_loss, dict(outcome.metrics)
     if outcome.exit_code == Exit.OK:
-        return "finished"
+        return "truncated" if outcome.reason.startswith("truncated") else "finished"
     if outcome.exit_code != Exit.STOPPED:
         return "failed"
     if max_preemptions is not None and record.preemptions > max_preemptions:
@@ -63,3 +65,16 @@ def resume_from(store: Store, slug: str) -> Optional[str]:
     publish another while the new ranks start); None: start over."""
     valid = [c.name for c in list_checkpoints(store, slug) if c.valid]
     return valid[-1] if valid else None
+
+
+def close_status(store: Store, slug: str, outcome: AttemptOutcome) -> None:
+    """An attempt lost from outside (or one whose rank raised) cannot write its own end: its
+    supervisor writes it, once the attempt's ranks are stopped, so that no run stays
+    `running`, with a dead heartbeat, after its attempt ended. A status the attempt ended
+    itself is left as it is."""
+    status = read_status(store, slug)
+    if status is None or status.state in FINAL_STATES:
+        return
+    state = "preempted" if outcome.resumable else "failed"
+    summary = Summary(exit_code=int(outcome.exit_code), reason=outcome.reason)
+    StatusWriter(store, slug, status).write(status.model_copy(update={"state": state, "summary": summary, "heartbeat": utc_now()}))

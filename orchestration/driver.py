@@ -33,14 +33,16 @@ from sexpgpu.runtime.status import Status
 from sexpgpu.runtime.store import Store, StoreError
 from sexpgpu.session import Compiled, store_check
 
-from .attempts import Attempts, record_attempt, resume_from, worker_env
+from .attempts import Attempts, close_status, record_attempt, resume_from, worker_env
 from workers.train_worker import AttemptRequest
 
 from .gang import Devices, Gang
 from .leases import PointLeases
 
 T = TypeVar("T")
-PointState = Literal["pending", "leased", "running", "preempted", "finished", "failed"]
+PointState = Literal["pending", "leased", "running", "preempted", "finished", "truncated", "failed"]
+Ended = Literal["finished", "truncated", "failed"]
+DONE = ("finished", "truncated", "failed")  # for this sweep: not run again by it
 
 
 def now() -> str:
@@ -92,8 +94,10 @@ class Driver:
         self, path: Path, sweep: str, store_url: str, address: Optional[str], max_preemptions: Optional[int], max_steps: Optional[int],
         say: Callable[[str], None], on_launch: Optional[Callable[[PointRecord, Gang], None]] = None, devices: Optional[Devices] = None,
         table: Optional[Callable[["SweepLedger", bool], None]] = None, capacity_wait_s: float = 900.0, data_roots: tuple[str, ...] = (),
+        retry_failed: bool = False,
     ) -> None:
         self.data_roots = data_roots
+        self.retry_failed = retry_failed  # points that failed before run again (else they stay failed)
         self.devices = devices or Devices()
         self.on_launch = on_launch  # tests use it to play a preemption on a chosen rank of a gang
         self.path = path
@@ -152,9 +156,9 @@ class Driver:
             theirs = {p.slug: p for p in stored.points}
             for i, ours in enumerate(ledger.points):
                 other = theirs.get(ours.slug)
-                if other is None or ours.lease == self.id or other.lease == self.id or ours.state in ("finished", "failed"):
+                if other is None or ours.lease == self.id or other.lease == self.id or ours.state in DONE:
                     continue
-                if other.attempts > ours.attempts or other.state in ("finished", "failed"):
+                if other.attempts > ours.attempts or other.state in DONE:
                     ledger.points[i] = other.model_copy(update={"point": ours.point, "knobs": ours.knobs})
         self.leases_used = True
         ledger.updated = now()
@@ -171,9 +175,11 @@ class Driver:
             if previous is not None:
                 record = previous.model_copy(update={"point": record.point, "knobs": record.knobs})
             status = RunFolder(self.store, record.slug).read_status()
-            if status is not None and self.ended(status, record.slug) == "finished":
-                record.state = "finished"
-                record.final_loss = status.metrics.get("loss")
+            ended = self.ended(status, record.slug) if status is not None else None
+            if ended is not None and status is not None:
+                record.state, record.final_loss = ended, status.metrics.get("loss")
+            elif record.state in DONE:  # done for an earlier sweep, not for this one (longer, or retrying failures)
+                record.state, record.lease = "pending", None
             points.append(record)
         return SweepLedger(file=self.path.name, sweep=self.sweep, points=points)
 
@@ -251,7 +257,7 @@ class Driver:
     def follow_others(self, ledger: SweepLedger, gangs: dict[int, Gang]) -> None:
         """Points another driver runs: learn when they finish or fail (from the run's status)."""
         for record in ledger.points:
-            if record.point in gangs or record.state in ("finished", "failed"):
+            if record.point in gangs or record.state in DONE:
                 continue
             status = RunFolder(self.store, record.slug).read_status()
             state = self.ended(status, record.slug) if status is not None else None
@@ -264,14 +270,15 @@ class Driver:
             elif (lease := self.leases.held_elsewhere(record.point)) is not None:
                 record.state, record.lease, record.heartbeat = "leased", lease.holder, lease.heartbeat
 
-    def ended(self, status: Status, slug: str) -> Optional[Literal["finished", "failed"]]:
-        """"finished" or "failed" when the run's status says so for the steps this sweep wants
-        (a run finished under a smaller --max-steps is not finished for a longer sweep)."""
+    def ended(self, status: Status, slug: str) -> Optional[Ended]:
+        """How the run's status says it ended, when that ends it for this sweep: finished or
+        truncated (--max-steps) at the steps this sweep wants (a run truncated by a smaller
+        --max-steps is not done for a longer sweep), or failed (unless failures are retried)."""
         if status.summary is None:
             return None
-        if status.state == "finished" and status.step >= self.wanted.get(slug, 0):
-            return "finished"
-        if status.state == "failed":
+        if status.state in ("finished", "truncated") and status.step >= self.wanted.get(slug, 0):
+            return "finished" if status.state == "finished" else "truncated"
+        if status.state == "failed" and not self.retry_failed:
             return "failed"
         return None
 
@@ -295,7 +302,7 @@ class Driver:
         if record.state == "preempted":
             return True
         record.lease = None
-        if record.state == "finished":
+        if record.state in ("finished", "truncated"):
             self.say(f"point {record.point}: {record.reason}  loss {record.final_loss}")
         else:
             self.say(f"point {record.point}: failed: {record.reason}")
@@ -317,7 +324,7 @@ class Supervision:
 
     def open_points(self) -> list[PointRecord]:
         """Points not ended and not running here."""
-        return [p for p in self.ledger.points if p.state not in ("finished", "failed") and p.point not in self.gangs]
+        return [p for p in self.ledger.points if p.state not in DONE and p.point not in self.gangs]
 
     def start(self, record: PointRecord) -> bool:
         try:
@@ -343,7 +350,7 @@ class Supervision:
         lease a few points ahead so the wait before a lease is read back is paid per batch."""
         driver = self.driver
         room = driver.capacity() - len(self.gangs)
-        self.reserved[:] = [p for p in self.reserved if self.record_of(p).state not in ("finished", "failed") and p not in self.gangs]
+        self.reserved[:] = [p for p in self.reserved if self.record_of(p).state not in DONE and p not in self.gangs]
         waiting = [p.point for p in self.open_points() if p.point not in self.reserved]
         driver.ask_autoscaler(len(self.gangs) + len(self.reserved) + len(waiting))
         if room <= 0:
@@ -378,6 +385,7 @@ class Supervision:
             if outcome is None:  # another rank still runs
                 continue
             self.stop(record, gang, reuse=not outcome.preempted)
+            driver.tolerant("write the attempt's end into status.json", functools.partial(close_status, driver.store, record.slug, outcome), None)
             if driver.record_outcome(record, outcome):
                 if self.start(record):
                     driver.say(f"point {record.point}: preempted, resumed (attempt {record.attempts})")

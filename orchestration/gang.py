@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 import ray
 from ray.actor import ActorHandle
-from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
+from ray.exceptions import OutOfMemoryError, RayError, RayTaskError
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -24,8 +24,13 @@ from sexpgpu.outcome import AttemptOutcome, Exit, lost
 from workers.collective import AllReduceSpec, RankSpec
 from workers.train_worker import TRAIN_WORKER_OPTIONS, AttemptRequest, TrainWorker
 
-# how Ray says a rank's process or node died (a preemption, never the run's own failure)
-DIED: tuple[type[BaseException], ...] = (RayActorError, WorkerCrashedError, NodeDiedError)
+
+
+def death(error: BaseException) -> str:
+    """How a rank died, in a few words for the ledger."""
+    if isinstance(error, OutOfMemoryError):
+        return "killed by Ray's memory monitor (the node ran out of memory)"
+    return type(error).__name__
 
 
 class Devices(BaseModel):
@@ -110,22 +115,26 @@ class Gang:
             self.refs.append(worker.run.remote(request, spec))
 
     def collect(self, ref: Any) -> Optional[AttemptOutcome]:
-        """Take one rank's finished ref; the attempt's outcome once it is known, else None."""
+        """Take one rank's finished ref; the attempt's outcome once it is known, else None.
+
+        How a rank ended decides what the attempt was: its process killed from outside (a
+        SIGKILL, Ray's memory monitor, its node lost) is a preemption, retried; an exception
+        raised by the run's own code (Ray's RayTaskError) is the run's failure."""
         rank = self.refs.index(ref)
-        died = DIED
         world = len(self.refs)
         try:
             outcome: AttemptOutcome = ray.get(ref)
-        except died as exc:  # a rank's process or node died: a preemption, never the run's fault
-            return lost(f"rank {rank} of {world} lost: {type(exc).__name__}")
-        except Exception as exc:
+        except RayTaskError as exc:
             # with several ranks, a rank that died makes the others' collectives raise too:
             # look whether one of them died before calling this the run's own failure
-            dead = self.dead_rank(died)
+            dead = self.dead_rank()
             if dead is not None:
-                return lost(f"rank {dead} of {world} lost (rank {rank} then raised {type(exc).__name__})")
-            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
-            return AttemptOutcome(exit_code=Exit.RUN_FAILED, reason=f"rank {rank} raised {type(exc).__name__}: {last}", rank=rank)
+                return lost(f"rank {dead} of {world} lost (rank {rank} then raised {exc.cause.__class__.__name__ if exc.cause else 'an error'})")
+            cause = exc.cause if exc.cause is not None else exc
+            last = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
+            return AttemptOutcome(exit_code=Exit.RUN_FAILED, reason=f"rank {rank} raised {type(cause).__name__}: {last}", rank=rank)
+        except RayError as exc:  # the process or its node is gone: never the run's own fault
+            return lost(f"rank {rank} of {world} lost: {death(exc)}")
         self.outcomes[rank] = outcome
         if rank == 0:
             return outcome
@@ -133,18 +142,18 @@ class Gang:
             return outcome.with_rank_note(rank, world)
         return None
 
-    def dead_rank(self, lost: tuple[type[BaseException], ...], wait_s: float = 10.0) -> Optional[int]:
-        """The first rank whose actor died, waiting up to WAIT_S for the others to return."""
+    def dead_rank(self, wait_s: float = 10.0) -> Optional[int]:
+        """The first rank whose process died, waiting up to WAIT_S for the others to return."""
         if len(self.refs) == 1:
             return None
         ready, _ = ray.wait(list(self.refs), num_returns=len(self.refs), timeout=wait_s)
         for ref in ready:
             try:
                 ray.get(ref)
-            except lost:
-                return self.refs.index(ref)
-            except Exception:  # another rank's own error: not a death
+            except RayTaskError:  # another rank's own error: not a death
                 continue
+            except RayError:
+                return self.refs.index(ref)
         return None
 
     def release(self, idle: list[Any]) -> None:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from sexpgpu.outcome import AttemptOutcome, Exit, bounded, lost
 from sexpgpu.runtime.store import Store, is_store_failure, store_problem
 
-from .attempts import Attempts, record_attempt, resume_from
+from .attempts import Attempts, close_status, record_attempt, resume_from
 from workers.train_worker import AttemptRequest
 
 from .gang import Devices, Gang
@@ -42,7 +42,7 @@ class SubmitRecord(Attempts):
     slug: str
     bundle: str
     store: str
-    state: Literal["submitted", "running", "preempted", "finished", "failed"] = "submitted"
+    state: Literal["submitted", "running", "preempted", "finished", "truncated", "failed"] = "submitted"
     history: list[AttemptEntry] = Field(default_factory=list)
 
 
@@ -123,6 +123,11 @@ class SupervisorImpl:
             self.save()
             started = time.time()
             outcome = self.attempt()
+            try:
+                close_status(self.store, record.slug, outcome)
+            except Exception as exc:  # the store away: the next attempt writes the status anyway
+                if not is_store_failure(exc):
+                    raise
             record.state = record_attempt(record, outcome, self.max_preemptions)
             record.history.append(AttemptEntry(attempt=record.attempts, seconds=round(time.time() - started, 3), exit_code=int(outcome.exit_code), reason=outcome.reason))
             self.save()

@@ -32,10 +32,10 @@ from .runtime.data.spec import DataError
 from .runtime.devices import DEVICE_FORMS, is_device_spec, open_device
 from .runtime.memory import host_memory_problem
 from .runtime.ranks import Collective
-from .runtime.runfolder import FolderHeld, run_slug
+from .runtime.runfolder import FolderHeld, RunFolder, run_slug
 from .runtime.stops import StopRequests
 from .runtime.threads import blas_threads, plan_threads
-from .runtime.store import DEFAULT_PATIENCE_S, is_store_failure, store_problem
+from .runtime.store import DEFAULT_PATIENCE_S, Store, is_store_failure, store_problem
 
 T = TypeVar("T")
 
@@ -192,6 +192,20 @@ class Session:
                              take_over=settings.take_over, data_roots=self.data_roots())
         with blas_threads(threads):
             return self.guarded(slug, lambda: train(compiled.experiment, options, say=self.reporter.say))
+
+    def failed_before(self, compiled: Compiled) -> Optional[AttemptOutcome]:
+        """The outcome an earlier attempt of COMPILED's run ended with, when it failed (a
+        sweep runs such a point again only when asked: --retry-failed)."""
+        try:
+            status = RunFolder(Store.open(self.settings.store), run_slug(compiled.experiment)).read_status()
+        except Exception as exc:  # the store: the attempt itself will say what is wrong
+            if not is_store_failure(exc):
+                raise
+            return None
+        if status is None or status.state != "failed" or status.summary is None:
+            return None
+        return AttemptOutcome(exit_code=status.summary.exit_code, reason=status.summary.reason, slug=run_slug(compiled.experiment),
+                              steps=status.step, final_loss=status.metrics.get("loss"))
 
     def run_file(self, path: Path, selection: Selection) -> AttemptOutcome:
         """`sexpgpu run FILE`: open the device, compile, train."""

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 from sexpgpu.runtime.store import Store
 
@@ -78,3 +80,74 @@ def test_a_rank_without_its_collective_library_is_exit_4_not_a_retry() -> None:
             assert "CuPy" in str(exc) and "pip install" in str(exc)
         else:
             raise AssertionError("NCCL ranks without CuPy must refuse to start")
+
+
+def test_a_lost_attempt_does_not_leave_its_run_running(tmp_path: Path) -> None:
+    """The supervisor writes the end of an attempt that could not (its rank was killed): the
+    status says preempted, with the reason, not `running` with a dead heartbeat."""
+    from orchestration.attempts import close_status
+    from sexpgpu.outcome import AttemptOutcome, Exit, lost
+    from sexpgpu.runtime.status import Status, StatusWriter, read_status
+
+    store = Store.open(str(tmp_path))
+    StatusWriter(store, "s").write(Status(state="running", step=40, steps=300))
+    close_status(store, "s", lost("rank 0 of 1 lost: killed by Ray's memory monitor (the node ran out of memory)"))
+    status = read_status(store, "s")
+    assert status is not None and status.state == "preempted" and status.step == 40
+    assert status.summary is not None and status.summary.exit_code == 75 and "memory monitor" in status.summary.reason
+    StatusWriter(store, "t").write(Status(state="finished", step=300, steps=300))
+    close_status(store, "t", AttemptOutcome(exit_code=Exit.RUN_FAILED, reason="late"))
+    ended = read_status(store, "t")
+    assert ended is not None and ended.state == "finished"  # an attempt's own end is left as it is
+
+
+def test_a_rank_killed_from_outside_is_a_preemption_and_its_own_exception_a_failure() -> None:
+    """Classified by how Ray reports the death: the memory monitor and a lost node are
+    RayErrors, an exception in the run's code a RayTaskError."""
+    ray = pytest.importorskip("ray")
+    from orchestration.gang import death
+    from ray.exceptions import OutOfMemoryError, RayError, RayTaskError
+
+    assert "memory monitor" in death(OutOfMemoryError("the node is out of memory"))
+    assert issubclass(OutOfMemoryError, RayError) and not issubclass(OutOfMemoryError, RayTaskError)
+    assert ray is not None
+
+
+def sweep_file(tmp_path: Path, lrs: str) -> Path:
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    path = tmp_path / "s.lisp"
+    path.write_text((REPO / "examples" / "sweep.lisp").read_text().replace("(defsweep lr :lr (0.025 0.05 0.1 0.2))", f"(defsweep lr :lr ({lrs}))")
+                    .replace("(defrun :steps 300 :seed 0 :checkpoint (:every 100 :keep 2))", "(defrun :steps 40 :seed 0 :checkpoint (:every 10 :keep 2))"))
+    return path
+
+
+def test_a_failed_point_is_run_again_only_with_retry_failed(tmp_path: Path) -> None:
+    import json
+
+    from sexpgpu.cli.main import main
+
+    path = sweep_file(tmp_path, "0.05 1e30")
+    store = str(tmp_path / "runs")
+    assert main(["sweep", str(path), "--sweep", "lr", "--store", store]) == 1  # point 1's loss is not finite
+    assert main(["sweep", str(path), "--sweep", "lr", "--store", store]) == 1
+    (failed,) = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*lr-1*/status.json")]
+    assert failed["attempt"] == 1, failed  # skipped: not run again
+    assert main(["sweep", str(path), "--sweep", "lr", "--store", store, "--retry-failed"]) == 1
+    (failed,) = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*lr-1*/status.json")]
+    assert failed["attempt"] == 2, failed
+
+
+def test_a_smoke_sweep_is_truncated_and_a_full_sweep_resumes_it(tmp_path: Path) -> None:
+    import json
+
+    from sexpgpu.cli.main import main
+
+    path = sweep_file(tmp_path, "0.05 0.1")
+    store = str(tmp_path / "runs")
+    assert main(["sweep", str(path), "--sweep", "lr", "--store", store, "--max-steps", "10"]) == 0
+    states = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/status.json")}
+    assert {s["state"] for s in states.values()} == {"truncated"} and {s["step"] for s in states.values()} == {10}
+    assert main(["sweep", str(path), "--sweep", "lr", "--store", store]) == 0
+    states = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/status.json")}
+    assert {s["state"] for s in states.values()} == {"finished"} and {s["step"] for s in states.values()} == {40}
+    assert {s["attempt"] for s in states.values()} == {2}  # resumed, not started over

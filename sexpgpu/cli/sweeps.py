@@ -40,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--json", action="store_true")
     s.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help="fan the points out over a Ray cluster (no ADDRESS: a local Ray started for the sweep)")
     s.add_argument("--max-preemptions", type=int, default=None, metavar="N", help="give up on a point preempted more than N times (default: never)")
+    s.add_argument("--retry-failed", action="store_true", help="run again the points that failed before (they are skipped otherwise)")
     add_rank_flags(s)
     add_limit_flags(s)
     add_data_root_flag(s)
@@ -165,6 +166,11 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
     for i, point in enumerate(points):
         knobs = " ".join(f"{k}={v}" for k, v in sweep.points()[i].items())
         print(f"point {i} ({i + 1} of {len(points)}): {knobs}", file=sys.stderr)
+        failed = session.failed_before(point)
+        if failed is not None and not args.retry_failed:
+            print(f"point {i} failed before ({failed.reason}); not run again: --retry-failed runs it again", file=sys.stderr)
+            rows.append(failed)
+            continue
         outcome = session.train(point)
         rows.append(outcome)
         if outcome.exit_code == Exit.STOPPED:
@@ -235,7 +241,7 @@ def ray_sweep(args: argparse.Namespace, path: Path, sweep: SweepDecl, store_url:
     address = args.ray or os.environ.get("SEXPGPU_RAY_ADDRESS") or None
     live = LiveTable(sys.stderr, Store.open(store_url), enabled=sys.stderr.isatty() and not args.json)
     driver = Driver(path, args.sweep, store_url, address, args.max_preemptions, args.max_steps, say=live.say, devices=devices_from(args), table=live,
-                    data_roots=data_roots_from(args))
+                    data_roots=data_roots_from(args), retry_failed=args.retry_failed)
     try:
         ledger = driver.run(sweep_points(compiled, sweep.points()))
     except SweepError as exc:

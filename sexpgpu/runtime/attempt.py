@@ -167,7 +167,7 @@ class Attempt:
     def attempt_holding_the_folder(self) -> AttemptOutcome:
         started = time.time()
         previous = self.shared.read_status() if self.shared.exists() else None
-        if previous is not None and previous.state == "finished" and self.options.resume is None and previous.step >= self.steps:
+        if previous is not None and previous.state in ("finished", "truncated") and self.options.resume is None and previous.step >= self.steps:
             self.say(f"{self.slug}  {self.folder.url}")
             self.say("already finished: nothing to do (pass --resume to continue from a checkpoint)")
             metrics = {k: v for k, v in previous.metrics.items() if k != "loss" and v is not None}
@@ -255,6 +255,8 @@ class Attempt:
         if reached:
             self.target_step = step
             return f"target reached: {reached}", Exit.OK
+        if self.steps < experiment.run.steps:  # --max-steps: what the run asks is not done
+            return f"truncated at step {self.steps} by --max-steps (the run asks for {experiment.run.steps})", Exit.OK
         return "finished", Exit.OK
 
     def stop_for_signal(self) -> tuple[str, Exit]:
@@ -446,7 +448,7 @@ class Attempt:
         examples, tokens = trainer.seen()
         summary = Summary(last_eval=self.evaluations.last(), best_eval=self.evaluations.best, target_reached_at_step=self.target_step,
                           wall_time_s=wall, examples_seen=examples, tokens_seen=tokens, exit_code=int(code), reason=reason)
-        state = "finished" if code == Exit.OK else ("stopped" if code == Exit.STOPPED else "failed")
+        state = ("truncated" if reason.startswith("truncated") else "finished") if code == Exit.OK else ("stopped" if code == Exit.STOPPED else "failed")
         status.update(state=state, step=trainer.step, summary=summary, last_checkpoint=self.last_checkpoint)
         emit(self.events, "run.end", step=trainer.step, exit_code=int(code), reason=reason, wall_time_s=wall,
              final={"loss": loss if loss is not None else float("nan"), **metrics})

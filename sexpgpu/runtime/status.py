@@ -28,9 +28,10 @@ State = Literal[
     "stopped",
     "preempted",
     "finished",
+    "truncated",  # ended at --max-steps, before the run's own :steps: a longer run resumes it
     "failed",
 ]
-FINAL_STATES = frozenset({"stopped", "preempted", "finished", "failed"})
+FINAL_STATES = frozenset({"stopped", "preempted", "finished", "truncated", "failed"})
 
 # Metric values may be non-finite (written as null).
 Metrics = dict[str, Optional[float]]
