@@ -14,6 +14,7 @@ and a lease (driver id + heartbeat) so that two drivers never run the same point
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
 import uuid
@@ -78,6 +79,16 @@ class SweepLedger(BaseModel):
     sweep: str
     points: list[PointRecord]
     updated: str = Field(default_factory=now)
+
+
+def ray_logs() -> str:
+    """Where this Ray session writes its logs."""
+    try:
+        from ray._private.worker import global_worker
+
+        return str(global_worker.node.get_logs_dir_path())
+    except Exception:  # a Ray without this internal: its usual place
+        return "/tmp/ray/session_latest/logs"
 
 
 class SweepError(Exception):
@@ -191,7 +202,10 @@ class Driver:
         started_ray = not ray.is_initialized()
         if started_ray:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-            ray.init(address=self.address or "local", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+            # Ray's own INFO lines and its raylet's notes go to its log files, not the sweep's output
+            ray.init(address=self.address or "local", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+                     logging_level=logging.WARNING)
+            self.say(f"ray: {'a local Ray for this sweep' if self.address is None else self.address}; its logs: {ray_logs()}")
         try:
             self.wait_for_capacity()
             return self.supervise(ledger)

@@ -50,6 +50,7 @@ class AttemptOutcome(BaseModel):
     slug: Optional[str] = None
     folder: Optional[str] = None  # the run folder's URL, once the run had one
     steps: int = 0  # the step the run stands at
+    first_step: int = 0  # the step this attempt began at (a resumed attempt's checkpoint)
     final_loss: Optional[float] = None
     metrics: dict[str, float] = Field(default_factory=dict)
     wall_time_s: float = 0.0

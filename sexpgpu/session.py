@@ -87,6 +87,8 @@ class Settings:
     take_over: bool = False  # the run folder's last writer is known to be gone (a preempted attempt)
     data_roots: tuple[str, ...] = ()  # where loader sources may be read besides the project (--data-root)
     threads: Optional[int] = None  # the BLAS threads (--threads); None: the runtime's plan
+    fresh: bool = False  # --fresh: a new run, the slug's earlier folder kept as SLUG~N
+    worker: Optional[str] = None  # who trains, for status.json (a Ray worker says which actor)
     store_patience_s: float = DEFAULT_PATIENCE_S  # how long a run waits for an unreachable store
 
 
@@ -189,7 +191,7 @@ class Session:
         options = RunOptions(threads=threads, store=settings.store, device=self.device, backend=self.backend, max_steps=settings.max_steps, stops=self.stops,
                              progress=settings.progress, sources=compiled.sources(), resume=settings.resume,
                              signals=settings.signals, store_patience_s=settings.store_patience_s, ranks=ranks,
-                             take_over=settings.take_over, data_roots=self.data_roots())
+                             take_over=settings.take_over, data_roots=self.data_roots(), fresh=settings.fresh, worker=settings.worker)
         with blas_threads(threads):
             return self.guarded(slug, lambda: train(compiled.experiment, options, say=self.reporter.say))
 

@@ -4,6 +4,7 @@ deploy/local-cluster's scripts are valid bash."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,3 +51,37 @@ def test_the_cluster_has_a_cpu_head_and_spot_gpu_workers_from_zero() -> None:
 @pytest.mark.parametrize("script", ["start.sh", "stop.sh"])
 def test_local_cluster_scripts_parse(script: str) -> None:
     subprocess.run(["bash", "-n", str(REPO / "deploy" / "local-cluster" / script)], check=True)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_stop_stops_only_what_start_started(tmp_path: Path) -> None:
+    """Another Ray on the machine (here this test's own) survives stop.sh; the local
+    cluster's processes are gone after it."""
+    import os
+
+    import ray
+
+    env = {**os.environ, "SEXPGPU_LOCAL_CLUSTER": str(tmp_path), "S3_PORT": str(free_port()), "RAY_PORT": str(20000 + free_port() % 20000)}
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        started = subprocess.run(["bash", str(REPO / "deploy" / "local-cluster" / "start.sh")], env=env, capture_output=True, text=True, timeout=180)
+        assert started.returncode == 0, started.stderr + (tmp_path / "ray.log").read_text()[-2000:]
+        pids = [int((tmp_path / f"{name}.pid").read_text()) for name in ("ray", "s3")]
+        stopped = subprocess.run(["bash", str(REPO / "deploy" / "local-cluster" / "stop.sh")], env=env, capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 0, stopped.stderr
+        for pid in pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+        assert ray.get(ray.remote(lambda: 42).remote(), timeout=60) == 42  # the other Ray still works
+    finally:
+        ray.shutdown()

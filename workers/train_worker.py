@@ -43,6 +43,14 @@ class TrainWorkerImpl:
         """This worker's host and process (the driver's tests kill it to play a preemption)."""
         return {"host": socket.gethostname(), "pid": os.getpid()}
 
+    def describe(self) -> str:
+        """This worker, for the run's status.json: its Ray actor and process."""
+        try:
+            actor = ray.get_runtime_context().get_actor_id()
+        except Exception:  # not inside a Ray actor (the plain class in a test)
+            actor = None
+        return f"ray actor {actor} on {socket.gethostname()}, pid {os.getpid()}" if actor else f"pid {os.getpid()}"
+
     def nccl_unique_id(self) -> list[int]:
         """Rank 0 makes the NCCL unique id; the driver hands it to every rank."""
         from workers.collective import nccl_unique_id
@@ -54,7 +62,7 @@ class TrainWorkerImpl:
         are outcomes (never retried); only a death or a failed rendezvous is a preemption."""
         settings = Settings(store=request.store, device=request.device, max_steps=request.max_steps, resume=request.resume, signals=False,
                             world=rank.world if rank else 1, store_patience_s=patience_configured(os.environ), take_over=request.take_over,
-                            data_roots=request.data_roots, threads=assigned_cpus())
+                            data_roots=request.data_roots, threads=assigned_cpus(), worker=self.describe())
         outcome = self.attempt(Session(settings), request.bundle, rank)
         return outcome.model_copy(update={"rank": rank.rank if rank else 0})
 

@@ -246,16 +246,18 @@ def diff_documents(a: dict[str, Any], b: dict[str, Any], ea: Experiment, eb: Exp
     out: dict[str, list[str]] = {"knobs": [], "parameters": [], "groups": [], "run": [], "loaders": [], "ir": [], "flops": [], "memory": []}
     for key in sorted(set(a["run"]) | set(b["run"])):
         if a["run"].get(key) != b["run"].get(key):
-            out["run"].append(f"{key}: {a['run'].get(key)} -> {b['run'].get(key)}")
+            out["run"].append(f"{key}: {as_lisp(a['run'].get(key))} -> {as_lisp(b['run'].get(key))}")
     for name in sorted(set(ea.loaders) | set(eb.loaders)):
         la = ea.loaders[name].model_dump(mode="json", exclude={"base_dir", "root"}) if name in ea.loaders else None
         lb = eb.loaders[name].model_dump(mode="json", exclude={"base_dir", "root"}) if name in eb.loaders else None
-        if la != lb:
-            keys = sorted(k for k in set(la or {}) | set(lb or {}) if (la or {}).get(k) != (lb or {}).get(k))
-            out["loaders"].append(f"{name}: {', '.join(keys) if la and lb else ('added' if lb else 'removed')} changed" if la and lb else f"{name}: {'added' if lb else 'removed'}")
+        if la is None or lb is None:
+            out["loaders"].append(f"{name}: {'added' if lb else 'removed'}")
+        elif la != lb:
+            for key in sorted(k for k in set(la) | set(lb) if la.get(k) != lb.get(k)):
+                out["loaders"].append(f"{name} {key}: {as_lisp(la.get(key))} -> {as_lisp(lb.get(key))}")
     for k in sorted(set(a["knobs"]) | set(b["knobs"])):
         if a["knobs"].get(k) != b["knobs"].get(k):
-            out["knobs"].append(f"{k}: {a['knobs'].get(k)} -> {b['knobs'].get(k)}")
+            out["knobs"].append(f"{k}: {as_lisp(a['knobs'].get(k))} -> {as_lisp(b['knobs'].get(k))}")
     pa = {p["path"]: p for p in a["params"]}
     pb = {p["path"]: p for p in b["params"]}
     for path in sorted(set(pa) | set(pb)):
@@ -284,6 +286,25 @@ def diff_documents(a: dict[str, Any], b: dict[str, Any], ea: Experiment, eb: Exp
         if a["memory"][key] != b["memory"][key]:
             out["memory"].append(f"{key}: {a['memory'][key]:,} -> {b['memory'][key]:,}")
     return out
+
+
+def as_lisp(value: Any, limit: int = 120) -> str:
+    """VALUE as the run file would write it: nil, t, a plist for a record, a list."""
+    def text(v: Any) -> str:
+        if v is None or v is False:
+            return "nil"
+        if v is True:
+            return "t"
+        if isinstance(v, dict):
+            return "(" + " ".join(f":{k.replace('_', '-')} {text(x)}" for k, x in v.items()) + ")"
+        if isinstance(v, (list, tuple)):
+            return "(" + " ".join(text(x) for x in v) + ")"
+        if isinstance(v, str):
+            return v if v.startswith(":") else f'"{v}"'
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    shown = text(value)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
 def _group(g: Optional[dict[str, Any]]) -> str:

@@ -320,6 +320,8 @@ def _field(key: str, value: Any) -> str:
         return f"{key}={_duration(value) if value >= 1 else f'{value * 1000:.3g}ms'}"
     if key == "bytes" and isinstance(value, int):
         return _bytes(value)
+    if key == "memory" and isinstance(value, int):  # a step's peak resident memory
+        return f"memory={value / (1 << 20):.1f}MiB"
     if key in ("metrics", "values") and isinstance(value, dict):
         return _metrics(value) if value else ""
     if key == "final" and isinstance(value, dict):

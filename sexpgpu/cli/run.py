@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default $SEXPGPU_DEVICE or cpu)")
     p.add_argument("--max-steps", type=int, default=None, metavar="N", help="stop after N steps (smoke tests; recorded in run.json)")
     p.add_argument("--resume", default=None, metavar="latest|STEP|PATH", help="continue from a checkpoint (a stopped run resumes from its latest on its own)")
+    p.add_argument("--fresh", action="store_true", help="start from step 0: the slug's earlier folder is kept as SLUG~N, nothing deleted")
     p.add_argument("--quiet", action="store_true", help="no progress")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     add_selection_flags(p)
@@ -33,11 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run_run(args: argparse.Namespace) -> int:
     if args.max_steps is not None and args.max_steps <= 0:
         fail_usage("--max-steps needs a positive integer")
+    if args.fresh and args.resume is not None:
+        fail_usage("--fresh starts from step 0; --resume continues: give one of them")
     settings = Settings(
         store=args.store or os.environ.get("SEXPGPU_STORE") or "./runs",
         device=args.device or os.environ.get("SEXPGPU_DEVICE") or "cpu",
         max_steps=args.max_steps, resume=args.resume, progress=not args.quiet and not args.json and sys.stderr.isatty(),
-        limits=limits_from(args), store_patience_s=store_patience(), data_roots=data_roots_from(args), threads=threads_from(args),
+        limits=limits_from(args), store_patience_s=store_patience(), data_roots=data_roots_from(args), threads=threads_from(args), fresh=args.fresh,
     )
     session = Session(settings, Console(progress_to_stderr=args.json))
     if is_bundle(args.file):
@@ -57,4 +60,5 @@ def show_outcome(outcome: AttemptOutcome, as_json: bool) -> None:
     elif outcome.folder is not None:
         metrics = "  ".join(f"{k} {v:.4g}" for k, v in outcome.metrics.items())
         loss = f"{outcome.final_loss:.6g}" if outcome.final_loss is not None else "-"
-        print(f"{outcome.reason}: {outcome.steps} steps in {outcome.wall_time_s:.1f}s  loss {loss}  {metrics}".rstrip())
+        trained = f" ({outcome.steps - outcome.first_step} in this attempt)" if outcome.first_step else ""
+        print(f"{outcome.reason}: {outcome.steps} steps{trained} in {outcome.wall_time_s:.1f}s  loss {loss}  {metrics}".rstrip())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_limit_flags(v)
     v.set_defaults(run=run_variants)
 
-    s = sub.add_parser("sweep", help="run every point of a sweep, in order, locally")
+    s = sub.add_parser("sweep", help="run every point of a sweep: in order on this machine, or over a Ray cluster with --ray")
     s.add_argument("file")
     s.add_argument("--sweep", required=True, metavar="S")
     s.add_argument("--store", default=None)
@@ -300,10 +301,33 @@ def run_new(args: argparse.Namespace) -> int:
     sets = " ".join(f"--set {k}={v}" for k, v in changes.items())
     header = f";;;; {out.name}: made by `sexpgpu new {origin}{(' ' + sets) if sets else ''}` on {stamp}\n;;;; lineage: {source.name}\n"
     out.write_text(header + text, encoding="utf-8")
+    copied = copy_local_data(source, out)
     result = compile_file(out, Selection())
     print_diagnostics(result.diagnostics, result.program.sources if result.program else _sources())
     if args.json:
-        print_json({"file": str(out), "from": str(source), "knobs": changes, "ok": not has_errors(result.diagnostics)})
+        print_json({"file": str(out), "from": str(source), "knobs": changes, "data": copied, "ok": not has_errors(result.diagnostics)})
     else:
         print(f"wrote {out} from {source.name}" + (f" with {sets}" if sets else ""))
+        for name in copied:
+            print(f"copied {name} beside it (its loader reads it from there)")
     return exit_for(result.diagnostics)
+
+
+def copy_local_data(source: Path, out: Path) -> list[str]:
+    """The local files SOURCE's loaders read by relative path, copied to the same place
+    beside OUT (which must find them there, inside its own project); returns their names.
+    A file already there is kept."""
+    experiment = compile_file(source, Selection()).experiment
+    if experiment is None:
+        return []
+    copied = []
+    for loader in experiment.loaders.values():
+        url = loader.source.url
+        if not url or "://" in url or Path(url).is_absolute() or url.startswith("~"):
+            continue
+        origin, target = Path(loader.base_dir) / url, out.resolve().parent / url
+        if origin.is_file() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(origin, target)
+            copied.append(url)
+    return copied

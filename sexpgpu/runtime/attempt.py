@@ -9,6 +9,7 @@ outcome; the step numerics are runtime/trainer.py's.
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
@@ -72,6 +73,8 @@ class RunOptions:
     # who records SIGINT/SIGTERM: a session's, listening since before it compiled; None: the
     # attempt listens itself while it trains (when `signals`)
     stops: Optional[StopRequests] = None
+    fresh: bool = False  # start from step 0; an earlier folder of the slug is kept as SLUG~N
+    worker: Optional[str] = None  # who trains it, for status.json (a Ray actor's id; None: this process)
     # the run folder's last writer is known to be gone (a preempted worker the driver stopped):
     # its lease is taken over at once, not after its heartbeat expires
     take_over: bool = False
@@ -146,6 +149,8 @@ class Attempt:
         self.last: Optional[StepResult] = None
         self.attempt = 1
         self.expected = Expected.of_module(experiment.module)  # what a checkpoint of this run holds
+        self.first_step = 0  # the step this attempt started from (a resume's)
+        self.resumed_metrics: dict[str, float] = {}  # the run's last metrics before this attempt
 
     @property
     def events(self) -> EventLog:
@@ -166,6 +171,9 @@ class Attempt:
 
     def attempt_holding_the_folder(self) -> AttemptOutcome:
         started = time.time()
+        if self.options.fresh and self.writer and self.store.list(self.slug):
+            aside = self.shared.set_aside()
+            self.say(f"fresh run: the earlier attempts' folder is kept as {self.store.url_of(aside)}")
         previous = self.shared.read_status() if self.shared.exists() else None
         if previous is not None and previous.state in ("finished", "truncated") and self.options.resume is None and previous.step >= self.steps:
             self.say(f"{self.slug}  {self.folder.url}")
@@ -180,7 +188,8 @@ class Attempt:
         loaded = self.load_resume(resume) if resume is not None else None  # refused: nothing written
         self.when_the_store_answers(lambda: write_header(self.folder, self.experiment, self.slug, self.options))
         status = self.folder.status
-        status.update(state="compiling", step=0, steps=self.steps, attempt=self.attempt, host=socket.gethostname(), summary=None)
+        status.update(state="compiling", step=0, steps=self.steps, attempt=self.attempt, host=socket.gethostname(),
+                      worker=self.options.worker or f"pid {os.getpid()}", summary=None)
         emit(self.events, "run.start", step=0, slug=self.slug, steps=self.steps, attempt=self.attempt)
         emit(self.events, "compile", step=0, ir_hash=self.experiment.ir_hash, params=sum(int(np.prod(p.shape)) for p in self.experiment.params))
         try:
@@ -208,8 +217,11 @@ class Attempt:
         return self.finish(started, reason, code)
 
     def begin(self, loaded: Optional[Loaded], previous: Optional[Status]) -> None:
+        if previous is not None:
+            self.resumed_metrics = {k: v for k, v in previous.metrics.items() if v is not None}
         if loaded is not None:
             self.apply_resume(*loaded)
+            self.first_step = self.trainer.step
         elif previous is not None:
             # an earlier attempt stopped before publishing any checkpoint: this one starts over,
             # and its events supersede that attempt's (readers keep one series)
@@ -380,7 +392,7 @@ class Attempt:
         params, states, state = load_checkpoint(self.store, self.slug, name, self.expected)
         if state.source_hash != self.experiment.source_hash or state.ir_hash != self.experiment.ir_hash:
             what = "source" if state.source_hash != self.experiment.source_hash else "IR (selection)"
-            raise ResumeError(f"checkpoint {name} belongs to another {what}: it was written by a run of a different file or selection; start a fresh run instead")
+            raise ResumeError(f"checkpoint {name} belongs to another {what}: it was written by a run of a different file or selection; start a fresh run with `run --fresh` (the old folder is kept)")
         return name, warnings, params, states, state
 
     def apply_resume(self, name: str, warnings: list[str], params: dict[str, np.ndarray], states: dict[str, np.ndarray], state: CheckpointState) -> None:
@@ -443,8 +455,9 @@ class Attempt:
                 return self.outcome(trainer.step, None, {}, time.time() - started, Exit.STOPPED,
                                     f"stopped at step {trainer.step}: {taken}; this attempt wrote nothing more")
         wall = time.time() - started
-        loss = last.loss if last is not None else None
-        metrics = last.metrics if last is not None else {}
+        # an attempt that trained no step (resumed at its end) ends with what the run had
+        loss = last.loss if last is not None else self.resumed_metrics.get("loss")
+        metrics = last.metrics if last is not None else {k: v for k, v in self.resumed_metrics.items() if k != "loss"}
         examples, tokens = trainer.seen()
         summary = Summary(last_eval=self.evaluations.last(), best_eval=self.evaluations.best, target_reached_at_step=self.target_step,
                           wall_time_s=wall, examples_seen=examples, tokens_seen=tokens, exit_code=int(code), reason=reason)
@@ -499,8 +512,8 @@ class Attempt:
                 time.sleep(1.0)
 
     def outcome(self, steps: int, loss: Optional[float], metrics: dict[str, float], wall: float, code: Exit, reason: str) -> AttemptOutcome:
-        return AttemptOutcome(slug=self.slug, folder=self.folder.url, steps=steps, final_loss=loss, metrics=metrics, wall_time_s=wall,
-                              exit_code=code, reason=reason, rank=self.ranks.rank if self.ranks is not None else 0)
+        return AttemptOutcome(slug=self.slug, folder=self.folder.url, steps=steps, first_step=self.first_step, final_loss=loss, metrics=metrics,
+                              wall_time_s=wall, exit_code=code, reason=reason, rank=self.ranks.rank if self.ranks is not None else 0)
 
     @contextmanager
     def listening_for_stops(self) -> Iterator[None]:

@@ -529,6 +529,20 @@ class Store:
         except FileNotFoundError:
             return []
 
+    def rename(self, path: str, new_path: str) -> None:
+        """Move the file at PATH to NEW_PATH (a rename on a local folder; a copy, then the
+        original deleted, on an object store, which has no rename)."""
+        full, target = self._full(path), self._full(new_path)
+        if self.is_local:
+            def move() -> None:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.replace(full, target)
+
+            self._retrying(f"rename {path}", move)
+            return
+        self._retrying(f"copy {path}", lambda: self.fs.copy(full, target))
+        self._retrying(f"delete {path}", lambda: self.fs.rm(full))
+
     def delete(self, path: str, recursive: bool = False, missing_ok: bool = True) -> None:
         """Remove PATH (a folder only with RECURSIVE); a missing path is fine by default."""
         full = self._full(path, allow_root=True)
