@@ -140,12 +140,13 @@ class Session:
         result = self.interruptible(lambda: compile_file(path, selection, self.settings.limits, output=self.reporter.output, world=self.settings.world))
         return self.checked(path, result)
 
-    def compile_sweep(self, path: Path, sweep: str, count: int) -> tuple[list[Compiled], Optional[AttemptOutcome]]:
-        """The COUNT points of SWEEP, compiled in order before any trains: the compiled points,
-        and the refusal of the first one that does not check (then no later one is compiled)."""
+    def compile_sweep(self, path: Path, sweep: str, count: int, base: Optional[Selection] = None) -> tuple[list[Compiled], Optional[AttemptOutcome]]:
+        """The COUNT points of SWEEP (on BASE's --variant and --set), compiled in order before
+        any trains: the compiled points, and the refusal of the first one that does not check
+        (then no later one is compiled)."""
         points: list[Compiled] = []
         for i in range(count):
-            prepared = self.compile(path, Selection(sweep=sweep, point=i))
+            prepared = self.compile(path, (base or Selection()).model_copy(update={"sweep": sweep, "point": i}))
             if isinstance(prepared, AttemptOutcome):
                 return points, prepared
             points.append(prepared)

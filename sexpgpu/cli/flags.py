@@ -16,23 +16,32 @@ if TYPE_CHECKING:  # the cluster code loads only when a verb asks for it
     from orchestration.gang import Devices
 
 
-def add_selection_flags(parser: argparse.ArgumentParser) -> None:
+def add_knob_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant", metavar="V", help="a variant declared with defvariant")
     parser.add_argument("--set", dest="set_values", action="append", default=[], metavar="KNOB=VALUE", help="override a knob (repeatable)")
+
+
+def add_selection_flags(parser: argparse.ArgumentParser) -> None:
+    add_knob_flags(parser)
     parser.add_argument("--sweep", metavar="S", help="a sweep declared with defsweep (with --point)")
     parser.add_argument("--point", type=int, metavar="N", help="the point of the sweep, from 0")
 
 
-def selection_from(args: argparse.Namespace) -> Selection:
+def knobs_from(args: argparse.Namespace) -> Selection:
+    """--variant and --set, as a selection (a sweep's points add their own knobs to it)."""
     values: dict[str, str] = {}
     for item in args.set_values:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             fail_usage(f"--set {item}: write --set KNOB=VALUE")
         values[name.strip().lower()] = value
+    return Selection(variant=args.variant, set=values)
+
+
+def selection_from(args: argparse.Namespace) -> Selection:
     if (args.sweep is None) != (args.point is None):
         fail_usage("--sweep and --point go together: --sweep S --point N")
-    return Selection(variant=args.variant, set=values, sweep=args.sweep, point=args.point)
+    return knobs_from(args).model_copy(update={"sweep": args.sweep, "point": args.point})
 
 
 def positive_int(text: str) -> int:

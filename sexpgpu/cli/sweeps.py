@@ -21,7 +21,8 @@ from ..runtime.runfolder import RunFolder, run_slug
 from ..runtime.store import Store
 from ..session import Compiled, Session, Settings, Stopped
 from .common import Console, existing_file, exit_for, fail_usage, print_diagnostics, print_json
-from .flags import add_data_root_flag, add_limit_flags, add_rank_flags, add_threads_flag, data_roots_from, devices_from, limits_from, store_patience, threads_from
+from .flags import (add_data_root_flag, add_knob_flags, add_limit_flags, add_rank_flags, add_threads_flag, data_roots_from, devices_from, knobs_from,
+                    limits_from, store_patience, threads_from)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -42,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help="fan the points out over a Ray cluster (no ADDRESS: a local Ray started for the sweep)")
     s.add_argument("--max-preemptions", type=int, default=None, metavar="N", help="give up on a point preempted more than N times (default: never)")
     s.add_argument("--retry-failed", action="store_true", help="run again the points that failed before (they are skipped otherwise)")
+    add_knob_flags(s)
     add_rank_flags(s)
     add_limit_flags(s)
     add_data_root_flag(s)
@@ -139,6 +141,10 @@ def run_sweep(args: argparse.Namespace) -> int:
     sweep = declared.sweeps.get(args.sweep)
     if sweep is None:
         fail_usage(f"--sweep {args.sweep}: the file declares no such sweep (sweeps: {', '.join(declared.sweeps) or 'none'})")
+    base = knobs_from(args)
+    swept = sorted(set(base.set) & {k for point in sweep.points() for k in point})
+    if swept:
+        fail_usage(f"--set {swept[0]}: the sweep {args.sweep} sets {swept[0]} at each of its points; --set another knob, or run one point with run --sweep --point")
     over_ray = args.ray is not None
     if not over_ray and args.devices != 1:
         fail_usage(f"--devices {args.devices} needs --ray: data-parallel ranks run as Ray actors (a local Ray when --ray has no address)")
@@ -149,7 +155,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     session = Session(settings, Console(progress_to_stderr=True))
     with session.listening():
         try:
-            points, refusal = session.compile_sweep(path, args.sweep, len(sweep.points()))  # a bad point fails before any training
+            points, refusal = session.compile_sweep(path, args.sweep, len(sweep.points()), base)  # a bad point fails before any training
         except Stopped as stop:
             print(f"sexpgpu: {stop.outcome.reason}", file=sys.stderr)
             return int(stop.outcome.exit_code)
