@@ -205,7 +205,7 @@ def test_diff_shows_defrun_and_loader_changes(tmp_path: Path) -> None:
     result = sexpgpu("diff", "--json", str(REPO / "examples" / "quickstart.lisp"), str(other), cwd=REPO)
     changes = json.loads(result.stdout)
     assert "steps: 300 -> 500" in changes["run"] and "seed: 0 -> 1" in changes["run"]
-    assert changes["loaders"] == ["train: batch changed"]
+    assert changes["loaders"] == ["train batch: 64 -> 32"]  # the values, not only the name
 
 
 def test_each_verb_loads_only_its_own_module_and_the_table_matches_the_parser() -> None:

@@ -708,3 +708,27 @@ def test_eval_covers_every_example_once(n: int, batch: int) -> None:
         assert np.isin(padding, data.fields["w"]).all()  # padding repeats real examples
     assert real == list(range(n))
     assert sum(int(b[MASK_FIELD].sum()) for b in batches) == n
+
+
+def test_ids_past_the_models_sizes_are_a_data_error(tmp_path: Path) -> None:
+    """--set vocab=50 on a corpus of 96 characters: the embedding would clip the ids and the
+    one-hot of the targets would miss them; the run refuses to train (exit 5), naming the
+    field, its range, the vocabulary and the table it feeds. An ignore-index is allowed."""
+    import shutil
+
+    from conftest import REPO
+    from sexpgpu.cli.main import main
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "data").mkdir()
+    shutil.copy(REPO / "examples" / "data" / "stdlib-docstrings.txt", tmp_path / "data")
+    path = tmp_path / "c.lisp"
+    path.write_text((REPO / "examples" / "charlm.lisp").read_text())
+    assert main(["run", str(path), "--store", str(tmp_path / "runs"), "--set", "vocab=50", "--max-steps", "2"]) == 5
+    assert main(["run", str(path), "--store", str(tmp_path / "runs"), "--max-steps", "2"]) == 0
+    from sexpgpu.runtime.bounds import Bound, check_bounds
+
+    data = Dataset({"y": np.array([0, 1, 2, -100], dtype=np.int32)}, 4, "h", None, {})
+    check_bounds(data, {"y": Bound(3, "the 3 classes", {-100})}, "train")  # -100 is the ignore-index
+    with pytest.raises(DataError, match=r"holds -100\.\.2.*the 3 classes: its values must be 0\.\.2"):
+        check_bounds(data, {"y": Bound(3, "the 3 classes")}, "train")

@@ -61,7 +61,8 @@ def ensure_checkpoint(store: Store, slug: str, step: int) -> None:
 
 @pytest.fixture(scope="module")
 def base_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quickstart trained for 20 steps, with checkpoints at steps 10 and 20."""
+    """The quickstart trained for 20 of its 300 steps (truncated by --max-steps), with
+    checkpoints at steps 10 and 20."""
     root = tmp_path_factory.mktemp("observe") / "runs"
     result = train(experiment(), RunOptions(store=str(root), max_steps=20, sources={"quickstart.lisp": QUICKSTART.read_bytes()}), say=lambda _: None)
     assert result.exit_code == 0, result.reason
@@ -98,7 +99,7 @@ def test_a_bare_slug_is_found_in_the_store(run_dir: Path, tmp_path: Path) -> Non
     assert by_env.returncode == 0, by_env.stderr
     by_flag = sexpgpu("status", run_dir.name, "--store", str(run_dir.parent), "--json")
     assert by_flag.returncode == 0, by_flag.stderr
-    assert json.loads(by_env.stdout)["state"] == json.loads(by_flag.stdout)["state"] == "finished"
+    assert json.loads(by_env.stdout)["state"] == json.loads(by_flag.stdout)["state"] == "truncated"
     by_default = sexpgpu("status", run_dir.name, cwd=run_dir.parent.parent, env={"SEXPGPU_STORE": ""})
     assert by_default.returncode == 0, by_default.stderr  # ./runs
 
@@ -112,7 +113,7 @@ def test_status_for_people_and_as_json(run_dir: Path) -> None:
     lines = text.stdout.splitlines()
     assert lines[0] == f"{run_dir.name}  {run_dir}"
     body = "\n".join(lines)
-    for label in ("state      finished", "step       20/20", "metrics    loss ", "heartbeat  ", "attempt    1 on ", "summary    finished (exit 0)", "examples seen 1280"):
+    for label in ("state      truncated", "step       20/20", "metrics    loss ", "heartbeat  ", "attempt    1 on ", "summary    truncated at step 20 by --max-steps (the run asks for 300) (exit 0)", "examples seen 1280"):
         assert label in body, body
     doc = sexpgpu("status", str(run_dir), "--json")
     assert doc.returncode == 0
@@ -156,7 +157,7 @@ def test_logs_for_people(run_dir: Path) -> None:
     assert len(lines) == len((run_dir / "events.jsonl").read_text().splitlines())
     step = next(line for line in lines if " step " in line)
     assert "loss " in step and "lr all=0.1" in step and "grad_norm " in step
-    assert "run.end" in lines[-1] and "exit_code=0" in lines[-1] and "finished" in lines[-1]
+    assert "run.end" in lines[-1] and "exit_code=0" in lines[-1] and "truncated at step 20 by --max-steps" in lines[-1]
 
 
 def test_logs_kind_and_tail(run_dir: Path) -> None:

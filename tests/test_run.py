@@ -71,8 +71,9 @@ def test_run_writes_the_run_folder(tmp_path: Path) -> None:
         assert set(e) >= {"v", "t", "kind", "step", "loss", "metrics", "lr", "grad_norm", "step_time", "examples_per_s"}
         assert e["lr"] == {"all": 0.10000000149011612}
     status = folder.read_status()
-    assert status is not None and status.state == "finished" and status.step == 30
+    assert status is not None and status.state == "truncated" and status.step == 30
     assert status.summary is not None and status.summary.exit_code == 0 and status.summary.examples_seen == 30 * 64
+    assert status.summary.reason.startswith("truncated at step 30 by --max-steps")
 
 
 def test_the_run_verb(tmp_path: Path) -> None:

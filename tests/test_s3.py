@@ -292,11 +292,12 @@ def steps_of(events: list[dict[str, Any]]) -> list[int]:
 
 
 def check_finished_run(store: Store, slug: str, steps: int) -> list[dict[str, Any]]:
-    """The run folder of a finished run, read back; its events."""
+    """The run folder of a run that trained its `steps` (a --max-steps cut of the quickstart,
+    so `truncated`), read back; its events."""
     folder = RunFolder(store, slug)
     assert folder.exists() and folder.read_run_info().slug == slug
     status = folder.read_status()
-    assert status is not None and status.state == "finished" and status.step == steps
+    assert status is not None and status.state == "truncated" and status.step == steps
     events = folder.read_events()
     kinds = [e["kind"] for e in events]
     assert kinds[0] == "run.start" and kinds[-1] == "run.end"
@@ -341,7 +342,7 @@ def test_a_run_on_s3_reads_back_through_the_store_and_the_cli(s3: S3, experiment
         pytest.skip("`sexpgpu status` does not exist yet: the store side passed, the CLI is unchecked")
     shown = cli(env, "status", f"{url}/{result.slug}")
     assert shown.returncode == 0, shown.stderr
-    assert "finished" in shown.stdout and "30" in shown.stdout
+    assert "truncated" in shown.stdout and "30" in shown.stdout
     if not cli_has("logs", env):
         pytest.skip("`sexpgpu logs` does not exist yet: status was checked, logs is unchecked")
     logs = cli(env, "logs", f"{url}/{result.slug}")
@@ -439,7 +440,7 @@ def test_a_run_resumes_from_s3(s3: S3, experiment: Any) -> None:
     assert len(resumes) == 1 and resumes[0]["from_step"] == 20
     assert steps_of(events) == [10, 20, 30]
     status = read_status(store, first.slug)
-    assert status is not None and status.state == "finished" and status.step == 30
+    assert status is not None and status.state == "truncated" and status.step == 30
     # Bit-exact with a run that was never interrupted (in memory, same file and selection).
     whole = train(experiment, run_options(store=f"memory://s3-resume-{s3.bucket}", max_steps=30), say=lambda _: None)
     assert resumed.final_loss == whole.final_loss

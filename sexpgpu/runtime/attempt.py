@@ -177,7 +177,10 @@ class Attempt:
         previous = self.shared.read_status() if self.shared.exists() else None
         if previous is not None and previous.state in ("finished", "truncated") and self.options.resume is None and previous.step >= self.steps:
             self.say(f"{self.slug}  {self.folder.url}")
-            self.say("already finished: nothing to do (pass --resume to continue from a checkpoint)")
+            if previous.state == "truncated":
+                self.say(f"already at step {previous.step} (--max-steps {self.steps}): nothing to do (a larger --max-steps, or none, continues it)")
+            else:
+                self.say("already finished: nothing to do (pass --resume to continue from a checkpoint)")
             metrics = {k: v for k, v in previous.metrics.items() if k != "loss" and v is not None}
             return self.outcome(previous.step, previous.metrics.get("loss"), metrics, 0.0, Exit.OK, "already finished")
         resume = self.options.resume

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from ..ir.experiment import EvalSpec, Experiment
 from .backend import Backend, RunnableProgram
+from .bounds import check_bounds, index_bounds
 from .data.load import load_dataset
 from .data.spec import DataError, Dataset, loader_spec, shared_examples
 from .events import EventLog
@@ -22,6 +23,7 @@ class EvalPass:
         self.spec = spec
         record = experiment.loaders[spec.loader]
         self.dataset = load_dataset(loader_spec(record, experiment.run.seed, data_roots))
+        check_bounds(self.dataset, index_bounds(experiment.module.programs[f"eval:{spec.name}"]), spec.loader)
         if not spec.overlap and spec.loader != "train":
             shared = shared_examples(train_data, self.dataset)
             if shared:

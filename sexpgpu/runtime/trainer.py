@@ -17,6 +17,7 @@ from ..ir.experiment import Experiment, InitSpec
 from ..ir.graph import TensorType
 from ..ir.selectors import selects
 from .backend import Backend, HostBackend, RunnableProgram
+from .bounds import check_bounds, index_bounds
 from .checkpoint import CheckpointState
 from .data.load import load_dataset
 from .data.spec import loader_spec
@@ -79,6 +80,7 @@ class Trainer:
         self.kept_updates = frozenset(k for k in update.outputs if k.startswith(("param:", "state:")))
         loader = experiment.loaders["train"]
         self.dataset = load_dataset(loader_spec(loader, seed, data_roots))
+        check_bounds(self.dataset, index_bounds(train_programs["train"]), "train")  # ids past the model's sizes: a data error
         self.field_names = [f.name for f in loader.fields]
         # one compiled program and one data stream per loader stage (None: no stage)
         self.programs: dict[Optional[str], RunnableProgram] = {None: make(train_programs["train"])}
@@ -86,6 +88,7 @@ class Trainer:
         for stage in loader.stages:
             staged = loader.staged(stage.name)
             data = self.dataset if staged.prepare == loader.prepare else load_dataset(loader_spec(staged, seed, data_roots))
+            check_bounds(data, index_bounds(train_programs[f"train@{stage.name}"]), "train")
             self.programs[stage.name] = make(train_programs[f"train@{stage.name}"])
             self.streams[stage.name] = BatchStream(data, staged.batch, staged.shuffle, seed)
         self.stage_names: list[Optional[str]] = [None] + [s.name for s in loader.stages]
