@@ -7,7 +7,9 @@ process one BLAS thread is the fast setting (runtime/threads.py says why)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from threadpoolctl import threadpool_limits
@@ -36,3 +38,13 @@ def value_of(program: Program, text: str) -> str:
     result = evaluate(program, text)
     assert result.error is None, result.error.headline()
     return result.values[0] if result.values else ""
+
+
+def wait_for(test: Callable[[], bool], what: str, within_s: float = 300.0) -> None:
+    """Until TEST holds (the event waited for: a file written, a step logged), polling;
+    fails after WITHIN_S. The poll interval is not a delay anything depends on."""
+    deadline = time.monotonic() + within_s
+    while not test():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.02)

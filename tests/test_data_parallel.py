@@ -24,7 +24,7 @@ from sexpgpu.runtime.store import Store
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("torch")  # Ray's GLOO collective runs on torch.distributed
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one local Ray cluster at a time
 
 RUN = (REPO / "examples" / "charlm.lisp").read_text().replace(
     "(defrun :steps 600 :seed 0 :log-every 50)", "(defrun :steps 60 :seed 0 :log-every 5 :checkpoint (:every 20 :keep 3))"

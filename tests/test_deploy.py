@@ -14,6 +14,8 @@ from conftest import REPO
 pytest.importorskip("ray")
 yaml = pytest.importorskip("yaml")
 
+pytestmark = pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
+
 
 def config() -> dict[str, Any]:
     return yaml.safe_load((REPO / "ray-cluster.yaml").read_text())

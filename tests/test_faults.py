@@ -12,14 +12,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, wait_for
 from sexpgpu.cli.main import main
 from sexpgpu.runtime.checkpoint import FileEntry, Manifest, encode_tensors, list_checkpoints
 from sexpgpu.runtime.store import RetryPolicy, Store, is_transient
@@ -56,15 +55,6 @@ def cli(*args: str) -> tuple[int, str, str]:
 def spawn(*args: str, cwd: Optional[Path] = None) -> "subprocess.Popen[str]":
     env = {**os.environ, "NO_COLOR": "1"}
     return subprocess.Popen([sys.executable, "-m", "sexpgpu", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
-
-
-def wait_for(test: Callable[[], bool], what: str, within_s: float = 120.0) -> None:
-    """Until TEST holds (the event waited for), polling; fails after WITHIN_S."""
-    deadline = time.monotonic() + within_s
-    while not test():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.02)
 
 
 def status_of(store: Path) -> dict[str, Any]:

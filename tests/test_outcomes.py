@@ -23,7 +23,7 @@ import pytest
 from sexpgpu.cli.main import main
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one local Ray cluster at a time
 
 RUN = """;;;; f.lisp -- a small MLP on a CSV, one sweep point
 (require "sexpgpu/nn" :as nn)

@@ -27,7 +27,7 @@ from sexpgpu.session import Session, Settings
 
 ray = pytest.importorskip("ray")
 from orchestration.driver import SweepPoint, sweep_points  # noqa: E402 (needs Ray)
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one local Ray cluster at a time
 
 LRS = [0.003, 0.002, 0.001, 0.0005]
 STEPS = 300

@@ -19,7 +19,7 @@ from sexpgpu.ir.experiment import Selection
 from sexpgpu.runtime.store import Store
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one local Ray cluster at a time
 
 
 @pytest.fixture(scope="module")

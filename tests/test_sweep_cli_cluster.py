@@ -12,6 +12,8 @@ import pytest
 from conftest import REPO
 from sexpgpu.runtime.store import Store
 
+pytestmark = pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
+
 
 def sexpgpu(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "sexpgpu", *args], capture_output=True, text=True, cwd=cwd)
