@@ -23,7 +23,7 @@ from sexpgpu.runtime.cuda.codegen import KernelSource
 from sexpgpu.runtime.cuda.fusion import lower
 from sexpgpu.runtime.cuda.kernels import ReduceStrategy, elementwise_kernel, planned_strategy, reduce_geometry, reduce_kernels
 from sexpgpu.runtime.cuda.row_kernel import rows_kernel
-from sexpgpu.runtime.cuda.steps import FusedGroup, GemmCall, RowGroup
+from sexpgpu.runtime.cuda.steps import GemmCall, RowGroup
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
@@ -243,14 +243,14 @@ def test_a_value_both_fused_and_needed_by_a_matmul_is_written() -> None:
 
 
 def test_a_constant_a_matmul_reads_is_a_kernel_of_its_own_and_a_transpose_it_reads_a_flag() -> None:
-    """A `full` becomes a literal only when every reader is fused: a matmul's is materialized
+    """A `full` becomes a literal only when every reader is fused: a matmul's is made (once)
     (and a transpose only matmuls read is cuBLAS's flag, whichever operand it is)."""
     b = Builder("constant-operand")
     x = b.input("x", "data", TensorType(dtype=DType.f32, shape=(4, 3)))
     w = b.const(0.5, DType.f32, (2, 3))
     program = b.program({"out": b.op("matmul", x, b.op("transpose", w, perm=[1, 0]))})
     lowering = lower(program)
-    assert [s.kind for s in lowering.steps] == ["op", "gemm"] and not lowering.constants
+    assert [s.kind for s in lowering.steps] == ["constant", "gemm"] and not lowering.constants
     gemm = lowering.steps[1]
     assert isinstance(gemm, GemmCall) and gemm.trans_b and gemm.b == w
 
@@ -302,9 +302,8 @@ def test_every_generated_kernel_compiles_with_nvcc(examples: list[tuple[str, str
         program = lowering.program
         types = program.types()
         for step in lowering.steps:
-            if step.kind in ("fused", "reduce", "scatter", "random", "rows"):
-                for kernel in kernels_for(step, program, lowering.constants):
-                    sources[kernel.name] = kernel.source
+            for kernel in kernels_for(step, program, lowering.constants):
+                sources[kernel.name] = kernel.source
             # every other way it could be spread over the GPU
             if isinstance(step, RowGroup):
                 for lanes in ("thread", "warp", "block"):
@@ -346,12 +345,13 @@ def test_the_arena_never_overlaps_two_live_buffers(examples: list[tuple[str, str
                 live_together = a.first <= b.last and b.first <= a.last
                 apart = a.offset + a.bytes <= b.offset or b.offset + b.bytes <= a.offset
                 assert not live_together or apart, (stem, name, a, b)
-        written = {v for s in lowering.steps if s.kind != "view" for v in (s.outputs if isinstance(s, (FusedGroup, RowGroup)) else [s.node.id])}
+        written = {v for s in lowering.steps if s.kind != "view" for v in s.writes}
         assert all(r.node.id in written for r in lowering.reductions)
-        # and the split reductions' partial results, named by their step
+        # and the steps' scratch buffers (a split reduction's partial results, im2col), named by their step
         types = program.types()
-        split = {-(k + 1) for k, s in enumerate(lowering.steps) if s.kind == "reduce" and planned_strategy(s, types).split > 1}
-        assert written | split == {b.value for b in bufs}, (stem, name)
+        scratch = {-(k + 1) for k, s in enumerate(lowering.steps) if s.scratch_bytes(types)}
+        assert {-(k + 1) for k, s in enumerate(lowering.steps) if s.kind == "reduce" and planned_strategy(s, types).split > 1} <= scratch
+        assert written | scratch == {b.value for b in bufs}, (stem, name)
 
 
 def test_explain_cuda_reports_every_example(tmp_path: Path) -> None:

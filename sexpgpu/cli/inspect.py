@@ -188,15 +188,15 @@ def cuda_document(experiment: Experiment, names: list[str]) -> dict[str, Any]:
 def cuda_text(cuda: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for name, rep in cuda["programs"].items():
-        fused = sum(k["launches"] for k in rep["kernels"] if k["kind"] in ("fused", "rows", "reduce", "scatter", "random"))
-        gemms = sum(1 for k in rep["kernels"] if k["kind"] == "gemm")
-        out += ["", f"CUDA lowering: {name}  ({rep['launches']} launches: {fused} generated kernels, {gemms} cuBLAS calls, "
-                f"{rep['launches'] - fused - gemms} other kernels; {_bytes(rep['total_bytes'])} moved, {rep['total_flops']:,} FLOPs)"]
+        cublas = sum(k["cublas"] for k in rep["kernels"])
+        out += ["", f"CUDA lowering: {name}  ({rep['launches']} launches: {rep['launches'] - cublas} generated kernels, {cublas} cuBLAS calls; "
+                f"{_bytes(rep['total_bytes'])} moved, {rep['total_flops']:,} FLOPs)"]
+        out += [f"  warning: %{k['nodes'][0].split()[0][1:]} {k['warning']}" for k in rep["kernels"] if k["warning"]]
         out.append(f"  {'#':>3}  {'kernel':<44} {'elements':>10} {'bytes':>10} {'FLOPs':>12}  IR nodes")
         for k in rep["kernels"]:
             if k["kind"] == "view":
                 continue
-            # the kernel's name, then (below it) a second kernel's and who computes what
+            # the kernel's name, then (below it) the next launches' and who computes what
             names = k["kernel"].split(" + ")
             column = [names[0]] + [f"+ {n}" for n in names[1:]] + (textwrap.wrap(f"({k['how']})", 44) if k.get("how") else [])
             nodes = k["nodes"]

@@ -85,6 +85,10 @@ class OpDef:
     # optional: how the CUDA lowering builds the op from other ops (which it then fuses), for
     # an op that is a primitive for its gradient's sake: (builder, node with its args) -> value
     decompose: Optional[Callable[["Builder", Node], int]] = None
+    # the op has no device kernel: on a device it runs this NumPy kernel on host copies of its
+    # arguments and its result is copied back, every run (`explain --cuda` warns of it, and
+    # `run --device cuda` names it with the bytes it copies)
+    on_host: bool = False
 
     @property
     def elementwise(self) -> bool:

@@ -31,6 +31,7 @@ PRELUDE = r"""
 #define SX_SYNC_WARP __syncwarp()
 #define SX_SYNC_BLOCK __syncthreads()
 #define SX_FN __device__ __forceinline__
+#define SX_TABLE __device__ const
 SX_FN float sx_bits_float(unsigned int b) { return __uint_as_float(b); }
 SX_FN unsigned int sx_float_bits(float f) { return __float_as_uint(f); }
 #else
@@ -115,6 +116,7 @@ class KernelSource:
     flops: int
     bytes: int
     lanes: str = "thread"  # who computes one item: a "thread", a "warp" (32 lanes) or a "block"
+    threads: Optional[int] = None  # the block size the kernel is written for (None: any multiple of 32)
 
 
 def c_types(dtype: DType) -> tuple[str, str]:
@@ -258,6 +260,8 @@ def load_expr(k: int, t: TensorType, space: Shape, index: str) -> str:
     return from_storage(f"in{k}[{broadcast_index(tuple(t.shape), space, index)}]", t.dtype)
 
 
+# the NumPy dtype of each dtype's device storage (bf16 as its 16 bits, booleans as bytes)
+STORAGE = {DType.f32: np.float32, DType.bf16: np.uint16, DType.i32: np.int32, DType.i64: np.int64, DType.bool: np.uint8, DType.f64: np.float64}
 BYTES = {DType.f32: 4, DType.bf16: 2, DType.f16: 2, DType.f64: 8, DType.i32: 4, DType.i64: 8, DType.bool: 1}
 
 

@@ -1,13 +1,15 @@
 """How the CUDA device lowers an IR program: fusion groups, cuBLAS calls, other kernels.
 
-Every node is placed by its op's rule (lowering.py's registry, filled by steps.py): elementwise
-ops (and `broadcast_to`, 1-D joins and windows, scalar `full` constants) that compute over the
-same element space are fused into one group, which becomes one generated kernel: its values
-live in registers, only the group's inputs are read and only the values used outside it (or
-returned by the program) are written. Matmuls are cuBLAS calls. Every other op is one kernel
-of its own (reductions, gathers, the deterministic scatter-add, convolutions, ...). Then a
-reduction takes in the group that makes its input, and the row pass (rows.py) merges runs
-over one row space.
+Every node is placed by its op's rule (lowering.py's registry, filled by steps.py, images.py
+and attention.py, which this module imports): elementwise ops (and `broadcast_to`, 1-D joins
+and windows, scalar `full` constants) that compute over the same element space are fused into
+one group, which becomes one generated kernel: its values live in registers, only the group's
+inputs are read and only the values used outside it (or returned by the program) are written.
+Matmuls are cuBLAS calls. Every other op is a step of its own: generated kernels (reductions,
+moves, gathers, the deterministic scatter-add, pools, attention), cuBLAS calls with the
+kernels around them (convolutions), or, for an op the table declares `on_host`, its NumPy
+kernel on the host. Then a reduction takes in the group that makes its input, and the row pass
+(rows.py) merges runs over one row space.
 
 A node may join a group only if none of its other arguments depends on the group (else
 the group would need its own output before it ends): the partition stays a DAG.
@@ -24,9 +26,10 @@ from typing import Optional
 from ...ir.builder import Builder
 from ...ir.graph import Node, Program, TensorType, readers_of
 from ...ir.ops import op_def
+from . import images, moves  # noqa: F401  (images registers its rules)
 from .lowering import Absorbed, Fuse, Placement, Step, lowering_for
 from .rows import fuse_rows
-from .steps import FusedGroup, OpKernel, ReduceGroup
+from .steps import FusedGroup, KernelStep, ReduceGroup
 
 
 class Partition:
@@ -105,7 +108,7 @@ class Partition:
         starts one; a window that cannot join its source's group is a kernel of its own."""
         group = next((g for g in (self.group_of.get(a) for a in node.args) if g is not None and self.can_join(node, fuse, g)), None)
         if group is None and fuse.window is not None:
-            steps.append(OpKernel(node))
+            steps.append(KernelStep(node, moves.slice_kernel))
             return
         if group is None:
             group = FusedGroup(shape=tuple(node.type.shape))
