@@ -206,3 +206,26 @@ def test_frozen_parameters_stay_put_on_the_cpu_and_the_emulated_device(tmp_path:
         assert all(np.array_equal(start[p], end[p]) for p in start if p.startswith("net.layers.0.")), name
         assert not np.array_equal(start["net.layers.1.w"], end["net.layers.1.w"]), name
     np.testing.assert_allclose(losses["device"], losses["cpu"], rtol=2e-3)
+
+
+def test_a_device_run_says_for_each_program_which_ops_run_on_the_host(tmp_path: Path) -> None:
+    """`run --device cuda` prints one line per program it loads, from the runtime's side
+    (the attempt's say): every op on the device, or the ops on the host with the bytes they
+    copy per run (here random-normal noise on the inputs)."""
+    from sexpgpu.compile.pipeline import compile_file
+    from sexpgpu.runtime.attempt import RunOptions, train
+
+    (tmp_path / ".git").mkdir()
+    path = tmp_path / "noisy.lisp"
+    path.write_text(WHOLE_LOOP.replace("(net (field batch x))))\n    (metric acc", "(net (+ (field batch x) (* 0.01 (random-normal '(16 2)))))))\n    (metric acc")
+                    .replace(":microbatches 2 :precision :bf16", ":precision :f32"))
+    experiment = compile_file(path).experiment
+    assert experiment is not None
+    said: list[str] = []
+    outcome = train(experiment, RunOptions(store=str(tmp_path / "runs"), max_steps=2, signals=False, backend=DeviceBackend(ArrayDevice(np, HostRunner()))),
+                    say=said.append)
+    assert outcome.exit_code == 0
+    notices = [line for line in said if line.startswith("cuda: ")]
+    assert "cuda: update: every op runs on the device" in notices and "cuda: eval:val: every op runs on the device" in notices, notices
+    (train_line,) = [line for line in notices if line.startswith("cuda: train: ")]
+    assert train_line.endswith(f"1 op on the host (%{train_line.split('%')[1].split()[0]} random_normal): {8 + 16 * 2 * 4:,} bytes copied per run"), train_line

@@ -14,9 +14,9 @@ from typing import Any, Optional
 import numpy as np
 
 from ..ir.experiment import Experiment, InitSpec
-from ..ir.graph import TensorType
+from ..ir.graph import Program, TensorType
 from ..ir.selectors import selects
-from .backend import Backend, HostBackend, RunnableProgram
+from .backend import Backend, HostBackend, RunnableProgram, Say, made
 from .checkpoint import CheckpointState
 from .data.load import load_dataset
 from .data.spec import loader_spec
@@ -50,10 +50,15 @@ def initial_state(init: InitSpec, like: np.ndarray) -> np.ndarray:
 class Trainer:
     """One run in progress: parameters, optimizer state, compiled programs, data stream."""
 
-    def __init__(self, experiment: Experiment, ranks: Optional[Collective] = None, backend: Optional[Backend] = None) -> None:
+    def __init__(self, experiment: Experiment, ranks: Optional[Collective] = None, backend: Optional[Backend] = None, say: Optional[Say] = None) -> None:
+        """SAY, if given, hears each program's notice as the backend makes it (on a device,
+        the ops that run on the host)."""
         self.experiment = experiment
         self.backend: Backend = backend or HostBackend()
-        make = self.backend.program
+
+        def make(program: Program) -> RunnableProgram:
+            return made(self.backend, program, say)
+
         self.ranks = ranks
         self.rank, self.world = (ranks.rank, ranks.world) if ranks is not None else (0, 1)
         if self.world > 1 and experiment.world != self.world:

@@ -10,20 +10,18 @@ back to the host unless the caller keeps them on the device (`run(feeds, keep=..
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Optional, Protocol
 
 import numpy as np
 from ...ir.dtypes import DType, numpy_dtype
 from ...ir.graph import Node, Program, TensorType
 from ...ir.ops import op_def
-from ..backend import HostBackend
+from ..backend import HostBackend, Ready
 from .blas import BlasCall
-from .codegen import STORAGE, KernelSource
+from .codegen import STORAGE, KernelSource, storage_bytes
 from .fusion import lower
 from .kernels import kernels_for
 from .plan import plan_arena, scratch_value
-
-Ready = Callable[[str, Any], None]  # (output name, its resident value)
 
 
 
@@ -190,6 +188,17 @@ class LoweredProgram:
 
     def run_copy(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
         return {k: np.array(v, copy=True) for k, v in self.run(feeds).items()}
+
+    def notice(self) -> Optional[str]:
+        """The ops of this program that run on the host (`on_host` in the op table) and the
+        bytes they copy per run, in one line."""
+        host = [step for step in self.lowering.steps if step.kind == "host"]
+        name = self.program.name
+        if not host:
+            return f"cuda: {name}: every op runs on the device"
+        ops = ", ".join(f"%{n.id} {n.op}" for step in host for n in step.nodes)
+        copied = sum(storage_bytes(self.types[v]) for step in host for v in step.reads + step.writes)
+        return f"cuda: {name}: {len(host)} op{'s' if len(host) > 1 else ''} on the host ({ops}): {copied:,} bytes copied per run"
 
 
 class ProgramRun:
