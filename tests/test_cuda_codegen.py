@@ -88,11 +88,18 @@ def check_program(program: Program, feeds: dict[int, np.ndarray], expect_groups:
     reductions = [(r, reduce_kernels(r, program, lowering.constants, strategy)) for r in lowering.reductions for strategy in strategies(r, types)]
     rows = [(g, rows_kernel(g, program, lowering.constants, lanes)) for g in lowering.steps if isinstance(g, RowGroup) for lanes in ("thread", "warp", "block")]
     module = HostModule([k for _, k in kernels + rows] + [k for _, ks in reductions for k in ks])
+    # nodes a group recomputes (rematerialized from another group's inputs): from inputs that
+    # are NumPy's values, a last-place difference of libm (tanh) can cancel into a relative one
+    steps_of: dict[int, int] = {}
+    for step in lowering.steps:
+        for n in step.nodes:
+            steps_of[n.id] = steps_of.get(n.id, 0) + 1
     for group, kernel in kernels:
         outs = module.run(kernel, [vals[v] for v in group.inputs])
+        recomputes = any(steps_of[n.id] > 1 for n in group.nodes)
         for vid, got in zip(group.outputs, outs):
             ops = "+".join(n.op for n in group.nodes)
-            assert_close(got, vals[vid], types[vid].dtype.value, f"%{vid} of group [{ops}]")
+            assert_close(got, vals[vid], types[vid].dtype.value, f"%{vid} of group [{ops}]", scale_atol=recomputes)
     for row_group, kernel in rows:
         outs = module.run(kernel, [vals[v] for v in row_group.inputs], grid=2, block=64)
         by_id = {n.id: n for n in row_group.nodes}

@@ -56,6 +56,7 @@ class OpKind(str, Enum):
     MATMUL = "matmul"
     RANDOM = "random"  # counter-based random bits: the same on every backend only through the op's own kernel
     IMAGE = "image"  # windows over NCHW images: convolutions and pools
+    ATTENTION = "attention"  # softmax(q k^T * scale + mask) v, and its gradient
 
 
 # the kinds whose result elements are argument elements, unchanged
@@ -132,7 +133,7 @@ def _load_entries() -> None:
     if _LOADED:
         return
     _LOADED.append(True)
-    from . import ops_conv, ops_elementwise, ops_linalg, ops_random, ops_reduce, ops_shape  # noqa: F401  (they register)
+    from . import ops_attention, ops_conv, ops_elementwise, ops_linalg, ops_random, ops_reduce, ops_shape  # noqa: F401  (they register)
 
 
 def all_ops() -> dict[str, OpDef]:

@@ -59,7 +59,9 @@ the identity in evaluation. The mask is Philox keyed by the seed, the step and t
 
 (defmodel causal-attention (d heads &key (dropout 0.0))
   "Multi-head self-attention where position i sees positions 0..i. The diagonal is always
-visible, so no row is fully masked."
+visible, so no row is fully masked. Without dropout it is one attention op over the
+projections split into heads (fused on a device: the scores never reach memory); with
+DROPOUT on the weights, the ops it is made of."
   (defpart wq (linear d d))
   (defpart wk (linear d d))
   (defpart wv (linear d d))
@@ -68,14 +70,16 @@ visible, so no row is fully masked."
     (destructuring-bind (b s width) (shape x)
       (declare (ignore width))
       (let* ((hd (floor d heads))
-             (split (lambda (y) (permute (reshape y (list b s heads hd)) '(0 2 1 3))))
+             (split (lambda (y) (reshape y (list b s heads hd))))
              (q (funcall split (wq x)))
              (k (funcall split (wk x)))
              (v (funcall split (wv x)))
-             (scores (/ (matmul q (transpose k)) (sqrt (float hd))))
-             (masked (where (tril-mask s) scores -1e9))
-             (weights (dropout (softmax masked :axis -1) dropout))
-             (mixed (permute (matmul weights v) '(0 2 1 3))))
+             (mixed (if (zerop dropout)
+                        (attention q k v :causal t)
+                        (let* ((heads-first (lambda (y) (permute y '(0 2 1 3))))
+                               (scores (/ (matmul (funcall heads-first q) (transpose (funcall heads-first k))) (sqrt (float hd))))
+                               (weights (dropout (softmax (where (tril-mask s) scores -1e9) :axis -1) dropout)))
+                          (permute (matmul weights (funcall heads-first v)) '(0 2 1 3))))))
         (wo (reshape mixed (list b s d)))))))
 
 (defmodel transformer-block (d heads &key (mlp-ratio 4) (dropout 0.0))

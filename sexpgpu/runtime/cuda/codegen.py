@@ -217,12 +217,15 @@ LOOPS = {
              "((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5", "((long long)blockDim.x * gridDim.x) >> 5"),
     "block": (("  SX_SHARED double sx_part[1024];", "  const int lane = threadIdx.x, lanes = blockDim.x;", "  double* part = sx_part;"),
               "(long long)blockIdx.x", "(long long)gridDim.x"),
+    # a block per item whose lanes share tiles of their own (`before` declares them): the
+    # kernel is written for `threads` lanes
+    "tile": (("  const int lane = threadIdx.x;",), "(long long)blockIdx.x", "(long long)gridDim.x"),
 }
 SYNC = {"warp": "SX_SYNC_WARP;", "block": "SX_SYNC_BLOCK;"}
 
 
 def assemble(prefix: str, decls: list[str], loop: str, lines: list[str], params: list[Param], size: int, flops: int,
-             before: tuple[str, ...] = (), moved: Optional[int] = None, lanes: str = "thread") -> KernelSource:
+             before: tuple[str, ...] = (), moved: Optional[int] = None, lanes: str = "thread", threads: Optional[int] = None) -> KernelSource:
     """A kernel: LINES inside a grid-stride loop over `LOOP < n` (items given to threads,
     warps or blocks, as LANES says), named PREFIX_<hash of its text>."""
     signature = ", ".join(decls + ["long long n"])
@@ -238,7 +241,7 @@ def assemble(prefix: str, decls: list[str], loop: str, lines: list[str], params:
     name = f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     if moved is None:
         moved = sum(shape_size(p.shape) * BYTES[p.dtype] for p in params)
-    return KernelSource(name=name, source=text.replace("@NAME@", name), params=params, size=size, flops=flops, bytes=moved, lanes=lanes)
+    return KernelSource(name=name, source=text.replace("@NAME@", name), params=params, size=size, flops=flops, bytes=moved, lanes=lanes, threads=threads)
 
 
 def combine_lanes(acc: str, op: str, lanes: str, indent: str = "    ") -> list[str]:

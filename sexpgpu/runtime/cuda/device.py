@@ -79,7 +79,7 @@ class CupyRunner:
 def grid_size(kernel: KernelSource, block: int, most: int) -> int:
     """Blocks for KERNEL's items: a thread, a warp or a block each (grid-stride loops cover
     what MOST blocks do not)."""
-    per_block = {"thread": block, "warp": block // 32, "block": 1}[kernel.lanes]
+    per_block = {"thread": block, "warp": block // 32, "block": 1, "tile": 1}[kernel.lanes]
     return max(1, min(most, -(-kernel.size // per_block)))
 
 

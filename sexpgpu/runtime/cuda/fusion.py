@@ -21,15 +21,19 @@ it on any machine, and the CUDA backend compiles what it names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from ...ir.builder import Builder
 from ...ir.graph import Node, Program, TensorType, readers_of
 from ...ir.ops import op_def
-from . import images, moves  # noqa: F401  (images registers its rules)
+from . import attention, images, moves  # noqa: F401  (attention and images register their rules)
+from .codegen import storage_bytes
 from .lowering import Absorbed, Fuse, Placement, Step, lowering_for
 from .rows import fuse_rows
 from .steps import FusedGroup, KernelStep, ReduceGroup
+
+
+RECOMPUTED_NODES = 32  # the longest chain of ops a reader recomputes instead of reading its value
 
 
 class Partition:
@@ -131,6 +135,10 @@ class Partition:
             elif not isinstance(placement, Absorbed):  # a transpose flag is no step: its matmuls read its source
                 steps.append(placement)
         self.finish_groups(steps)
+        self.rematerialize(steps)
+        self.finish_groups(steps)
+        # a group whose every value its readers now recompute has nothing left to do
+        steps = [s for s in steps if not isinstance(s, FusedGroup) or s.outputs]
         steps = self.fuse_prologues(steps)
         return fuse_rows(self.ordered(steps), self.program, self.constants)
 
@@ -139,7 +147,7 @@ class Partition:
         nothing else (its one output is read by the reduction alone)."""
         absorbed: set[int] = set()
         for step in steps:
-            if not isinstance(step, ReduceGroup):
+            if not isinstance(step, ReduceGroup) or step.prologue is not None:
                 continue
             source = step.node.args[0]
             group = self.group_of.get(source)
@@ -154,22 +162,87 @@ class Partition:
         return [s for s in steps if id(s) not in absorbed]
 
     def finish_groups(self, steps: list[Step]) -> None:
-        used_outside: dict[int, bool] = {}
-        for node in self.program.nodes:
-            group = self.group_of.get(node.id)
-            for arg in node.args:
-                if group is None or arg not in group.ids:
-                    used_outside[arg] = True
+        """Each fused group's inputs (what its nodes read from outside it) and outputs (its
+        own nodes' values that another step reads, or the program returns; a node a group
+        recomputes is written by its own group alone)."""
         for step in steps:
             if isinstance(step, FusedGroup):
                 ids = step.ids
-                seen: list[int] = []
-                for n in step.nodes:
-                    for arg in n.args:
-                        if arg not in ids and arg not in seen and arg not in self.constants:
-                            seen.append(arg)
-                step.inputs = seen
-                step.outputs = [n.id for n in step.nodes if used_outside.get(n.id) or n.id in self.returned]
+                step.inputs = list(dict.fromkeys(a for n in step.nodes for a in n.args if a not in ids and a not in self.constants))
+        used = {v for step in steps for v in step.reads}
+        for step in steps:
+            if isinstance(step, FusedGroup):
+                step.outputs = [n.id for n in step.nodes if self.group_of.get(n.id) is step and (n.id in used or n.id in self.returned)]
+
+    def rematerialize(self, steps: list[Step]) -> None:
+        """A value a fused group writes only for other fused groups and reductions over the
+        same element space (the backward pass's reads of the forward pass's intermediates: a
+        GELU's, a norm's) is recomputed by each of them from the writer's inputs when that
+        moves fewer bytes: the writer no longer writes it, the readers read the inputs they
+        lack instead (a reduction through a prologue of its own). The same ops in the same
+        order: the same bits."""
+        reductions = {s.node.id: s for s in steps if isinstance(s, ReduceGroup)}
+        for group in [s for s in steps if isinstance(s, FusedGroup) and not s.piecewise]:
+            candidates = {v: self.reading_steps(v, group, reductions) for v in group.outputs}
+            written = {v for v, readers in candidates.items() if readers is None}  # in memory anyway: a chain reads it there
+            for value in list(group.outputs):
+                readers = candidates[value]
+                if readers is None:
+                    continue
+                chain = self.chain(value, group, written)
+                inside = {c.id for c in chain}
+                needed = list(dict.fromkeys(a for n in chain for a in n.args if a not in inside and a not in self.constants))
+                if len(chain) > RECOMPUTED_NODES or not self.saves_bytes(value, needed, readers):
+                    written.add(value)
+                    continue
+                for reader in readers:
+                    if isinstance(reader, ReduceGroup):
+                        reader.prologue = FusedGroup(shape=group.shape, nodes=list(chain), inputs=needed, outputs=[value])
+                        continue
+                    known = reader.ids
+                    reader.nodes = sorted(reader.nodes + [n for n in chain if n.id not in known], key=lambda n: self.position[n.id])
+                    reader.inputs = list(dict.fromkeys(reader.inputs + [a for a in needed if a not in reader.ids]))
+                group.outputs.remove(value)
+
+    def saves_bytes(self, value: int, needed: list[int], readers: list[Union[FusedGroup, ReduceGroup]]) -> bool:
+        """Whether recomputing VALUE in READERS from NEEDED moves fewer bytes than writing it
+        once and reading it in each."""
+        kept = storage_bytes(self.types[value]) * (1 + len(readers))
+        extra = sum(storage_bytes(self.types[a]) for r in readers for a in needed if a not in r.inputs and a not in r.ids)
+        return extra < kept
+
+    def reading_steps(self, value: int, group: FusedGroup, reductions: dict[int, ReduceGroup]) -> Optional[list[Union[FusedGroup, ReduceGroup]]]:
+        """The other fused groups over GROUP's element space, and the reductions without a
+        prologue, that read VALUE, when nothing else does (and the program does not return
+        it); else None."""
+        if value in self.returned:
+            return None
+        found: dict[int, Union[FusedGroup, ReduceGroup]] = {}
+        for reader in self.readers(value):
+            home = self.group_of.get(reader.id)
+            if home is group:
+                continue
+            if home is not None and not home.piecewise and home.shape == group.shape:
+                found[id(home)] = home
+            elif home is None and reader.id in reductions and reductions[reader.id].prologue is None:
+                found[reader.id] = reductions[reader.id]
+            else:
+                return None
+        return list(found.values()) or None
+
+    def chain(self, value: int, group: FusedGroup, written: set[int]) -> list[Node]:
+        """The nodes of GROUP that VALUE is computed from (itself included), in program order,
+        up to the values it writes to memory anyway (WRITTEN), which are read from there."""
+        inside = {n.id: n for n in group.nodes}
+        needed: dict[int, Node] = {}
+        stack = [value]
+        while stack:
+            vid = stack.pop()
+            node = inside.get(vid)
+            if node is not None and vid not in needed and (vid == value or vid not in written):
+                needed[vid] = node
+                stack.extend(node.args)
+        return sorted(needed.values(), key=lambda n: self.position[n.id])
 
     def ordered(self, steps: list[Step]) -> list[Step]:
         """Steps in an order where every value is made before it is read (a group runs once

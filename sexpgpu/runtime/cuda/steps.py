@@ -572,7 +572,7 @@ def _on_host(node: Node, context: LoweringContext) -> Placement:
 
 
 @register_kind_lowering(OpKind.CONSTANT, OpKind.REDUCTION, OpKind.ROW, OpKind.VIEW, OpKind.LAYOUT, OpKind.GATHER, OpKind.SCATTER,
-                        OpKind.RANDOM, OpKind.IMAGE)
+                        OpKind.RANDOM, OpKind.IMAGE, OpKind.ATTENTION)
 def _no_kernel(node: Node, context: LoweringContext) -> Placement:
     """An op of these kinds needs a rule of its own (its kernel); one without is an error
     here, never a silent detour. (A row op gets here only undecomposed: fusion.py builds each
