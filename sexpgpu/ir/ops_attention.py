@@ -31,6 +31,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .builder import Builder
+from .dtypes import numpy_dtype
 from .graph import Node, TensorType
 from .ops import Kernel, OpDef, OpError, OpKind, register
 
@@ -75,9 +76,15 @@ def _heads_first(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.swapaxes(x.astype(dtype, copy=False), -3, -2)
 
 
-def _hidden(size: int, causal: bool) -> Optional[np.ndarray]:
-    """The [S, S] mask of the keys each query does not see (None: it sees them all)."""
-    return np.triu(np.ones((size, size), dtype=bool), 1) if causal else None
+def _hidden(size: int, causal: bool, dtype: np.dtype) -> Optional[np.ndarray]:
+    """-inf where a query [S, S] does not see the key, 0 where it does (None: it sees all)."""
+    return np.where(np.triu(np.ones((size, size), dtype=bool), 1), dtype.type(-np.inf), dtype.type(0)) if causal else None
+
+
+def _row_sums(x: np.ndarray) -> np.ndarray:
+    """The sums along the last axis, keepdims, through BLAS (a matrix-vector product is far
+    faster than NumPy's reduction over a short last axis)."""
+    return np.matmul(x, np.ones(x.shape[-1], dtype=x.dtype))[..., None]
 
 
 def _probabilities(q: np.ndarray, k: np.ndarray, scale: float, hidden: Optional[np.ndarray], dtype: np.dtype) -> np.ndarray:
@@ -85,10 +92,10 @@ def _probabilities(q: np.ndarray, k: np.ndarray, scale: float, hidden: Optional[
     s = np.matmul(q, np.swapaxes(k, -1, -2))
     s *= dtype.type(scale)
     if hidden is not None:
-        np.copyto(s, dtype.type(-np.inf), where=hidden)
+        s += hidden
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
+    s /= _row_sums(s)
     return s
 
 
@@ -113,7 +120,7 @@ def _backward(xs: list[np.ndarray], scale: float, hidden: Optional[np.ndarray], 
     parts = np.swapaxes(result, -3, -2)  # [3, ..., H, S, D] views of the result
     np.matmul(np.swapaxes(p, -1, -2), g, out=parts[2])
     ds = np.matmul(g, np.swapaxes(v, -1, -2))
-    ds -= (g * o).sum(axis=-1, keepdims=True)
+    ds -= _row_sums(g * o)
     ds *= p
     np.matmul(ds, k, out=parts[0])
     np.matmul(np.swapaxes(ds, -1, -2), q, out=parts[1])
@@ -125,10 +132,11 @@ def _kernels(compute: Any) -> tuple[Kernel, Any]:
     """The plain kernel and its specializer (the mask made once per node)."""
 
     def plain(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
-        return compute(xs, float(attrs["scale"]), _hidden(xs[0].shape[-3], bool(attrs["causal"])), out)
+        return compute(xs, float(attrs["scale"]), _hidden(xs[0].shape[-3], bool(attrs["causal"]), _compute_dtype(xs[0].dtype)), out)
 
     def specialize(attrs: dict[str, Any], types: list[TensorType]) -> Kernel:
-        scale, hidden = float(attrs["scale"]), _hidden(types[0].shape[-3], bool(attrs["causal"]))
+        dtype = _compute_dtype(np.dtype(numpy_dtype(types[0].dtype)))
+        scale, hidden = float(attrs["scale"]), _hidden(types[0].shape[-3], bool(attrs["causal"]), dtype)
 
         def run(xs: list[np.ndarray], at: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
             return compute(xs, scale, hidden, out)
