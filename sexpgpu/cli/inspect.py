@@ -212,6 +212,8 @@ def cuda_text(cuda: dict[str, Any]) -> list[str]:
         out.append(f"  {('arena ' + name):<18} {_bytes(size):>12}")
     if m["gradient_accumulator"]:
         out.append(f"  {'grad accumulator':<18} {_bytes(m['gradient_accumulator']):>12}")
+    if m.get("allreduce_buckets"):
+        out.append(f"  {'all-reduce buckets':<18} {_bytes(m['allreduce_buckets']):>12}")
     out.append(f"  {'total':<18} {_bytes(m['total']):>12}")
     return out
 

@@ -29,6 +29,9 @@ class DeviceMemoryPlan(BaseModel):
     optimizer_state: int
     arenas: dict[str, int]  # program -> its arena's bytes, held for the whole run
     gradient_accumulator: int
+    # data-parallel ranks (NCCL) reduce their gradients in buckets on the device: the wire
+    # copy and, for a bf16 wire, the gradients unpacked from it (at most 1.5 x the gradients)
+    allreduce_buckets: int = 0
     total: int
 
 
@@ -55,8 +58,10 @@ def device_memory_plan(experiment: Experiment, arenas: Optional[Mapping[str, int
     loaded = [name for name in experiment.module.programs if name != "forward"]
     sizes = {name: known[name] if name in known else plan_arena(lower(experiment.module.programs[name])).size for name in loaded}
     accumulator = host.grads if experiment.run.microbatches > 1 else 0
-    total = host.params + host.optimizer_state + sum(sizes.values()) + accumulator
-    return DeviceMemoryPlan(params=host.params, optimizer_state=host.optimizer_state, arenas=sizes, gradient_accumulator=accumulator, total=total)
+    buckets = host.grads * 3 // 2 if experiment.world > 1 else 0
+    total = host.params + host.optimizer_state + sum(sizes.values()) + accumulator + buckets
+    return DeviceMemoryPlan(params=host.params, optimizer_state=host.optimizer_state, arenas=sizes, gradient_accumulator=accumulator,
+                            allreduce_buckets=buckets, total=total)
 
 
 def device_memory_problem(experiment: Experiment, free: int) -> Optional[str]:

@@ -111,7 +111,9 @@ class Trainer:
         self.random_step = np.zeros((), dtype=np.int64)
         self.train_uses_step = "rng.step" in self.train_program.input_ids
         # gradients stay resident for the update, unless a collective reduces them on the host
-        self.kept_grads = frozenset(k for k in self.types if k.startswith("grad:")) if self.world == 1 else frozenset()
+        grads = {k: t for k, t in self.types.items() if k.startswith("grad:")}
+        self.resident_reduce = ranks is not None and ranks.reduces_resident(self.backend, grads)
+        self.kept_grads = frozenset(grads) if self.world == 1 or self.resident_reduce else frozenset()
         self.ctx_names = [name for name in self.update_program.input_ids if name.startswith("ctx.")]
         self.ctx_arrays = {name: np.zeros((), dtype=np.float32) for name in self.ctx_names}
         self.started = time.time()
@@ -229,7 +231,9 @@ class Trainer:
             # different bits (one rank: the key is step * microbatches + microbatch)
             self.random_step[...] = (self.step * self.microbatches + microbatch) * self.world + self.rank
             feeds["rng.step"] = self.random_step
-        out = self.train_program.run(feeds, keep=self.kept_grads)
+        # one microbatch: each gradient's bucket all-reduces as soon as it is complete
+        ready = self.ranks.gradient_ready if self.ranks is not None and self.resident_reduce and self.microbatches == 1 else None
+        out = self.train_program.run(feeds, keep=self.kept_grads, ready=ready)
         if microbatch == 0:
             # a non-finite step leaves the parameters untouched and every batch is a fresh
             # array, so a replay needs copies only of the step counter reused across steps

@@ -150,26 +150,30 @@ class LoweredProgram:
         self.kernels = [kernels_for(step, program, self.lowering.constants) for step in self.lowering.steps]
         device.runner.prepare([kernel for kernels in self.kernels for kernel in kernels])
         self.made_once = False  # whether the constants made once are in their buffers
-        # the step after which each output is complete (a gradient can travel from then on)
-        self.output_steps: dict[int, list[str]] = {}
+        # the step after which each output is done with: written, and read by no later step
+        # (a gradient can travel from then on while the program goes on)
+        last: dict[str, int] = {}
         for k, step in enumerate(self.lowering.steps):
             for name, vid in self.outputs.items():
-                if vid in step.writes:
-                    self.output_steps.setdefault(k, []).append(name)
+                if vid in step.writes or vid in step.reads:
+                    last[name] = k
+        self.output_steps: dict[int, list[str]] = {}
+        for name, k in last.items():
+            self.output_steps.setdefault(k, []).append(name)
 
     def run(self, feeds: dict[str, Any], keep: frozenset[str] = frozenset(), ready: Optional[Ready] = None) -> dict[str, Any]:
         """Run on FEEDS; the outputs named in KEEP stay on the device (views of the arena or
         of an input: valid until the next run), the others come back as host arrays. READY,
-        if given, is called with each kept output as soon as the step that completes it has
-        been launched (a data-parallel rank starts all-reducing gradients while the
-        backward pass goes on)."""
+        if given, is called with each kept output as soon as the last step that writes or
+        reads it has been launched (a data-parallel rank starts all-reducing gradients while
+        the backward pass goes on)."""
         device, types = self.device, self.types
         values: dict[int, Any] = {}
         for name, vid in self.input_ids.items():
             values[vid] = device.to_device(feeds[name], self.input_types[name])
         if ready is not None:
             for name, vid in self.outputs.items():
-                if name in keep and vid in values:  # an input returned as it is
+                if name in keep and vid in values and not any(name in names for names in self.output_steps.values()):  # an input returned as it is
                     ready(name, values[vid])
         run = ProgramRun(self, values)
         for k, step in enumerate(self.lowering.steps):
