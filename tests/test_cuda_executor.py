@@ -229,3 +229,24 @@ def test_a_device_run_says_for_each_program_which_ops_run_on_the_host(tmp_path: 
     assert "cuda: update: every op runs on the device" in notices and "cuda: eval:val: every op runs on the device" in notices, notices
     (train_line,) = [line for line in notices if line.startswith("cuda: train: ")]
     assert train_line.endswith(f"1 op on the host (%{train_line.split('%')[1].split()[0]} random_normal): {8 + 16 * 2 * 4:,} bytes copied per run"), train_line
+
+
+@pytest.mark.parametrize("dtype", [DType.f32, DType.bf16])
+def test_microbatch_sums_and_scalings_stay_on_the_device_and_equal_the_host(dtype: DType) -> None:
+    """DeviceBackend.add and .scaled (the microbatches' gradient sums) are generated kernels,
+    bf16 as its bits: the host backend's values exactly."""
+    import ml_dtypes
+
+    from sexpgpu.ir.graph import TensorType
+    from sexpgpu.runtime.backend import HostBackend
+
+    t = TensorType(dtype=dtype, shape=(3, 7))
+    rng = np.random.default_rng(3)
+    host_dtype = ml_dtypes.bfloat16 if dtype == DType.bf16 else np.float32
+    a, b = (rng.standard_normal((3, 7)).astype(host_dtype) for _ in range(2))
+    device, host = DeviceBackend(ArrayDevice(np, HostRunner())), HostBackend()
+    total = device.add(None, device.put(a, t), t)
+    total = device.add(total, device.put(b, t), t)
+    want = host.add(host.add(None, a.copy(), t), b, t)
+    np.testing.assert_array_equal(device.get(total, t), want)
+    np.testing.assert_array_equal(device.get(device.scaled(total, 1 / 3, t), t), host.scaled(want, 1 / 3, t))

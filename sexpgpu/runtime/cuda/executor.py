@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Any, Optional, Protocol
 
 import numpy as np
+from ...ir.builder import Builder
 from ...ir.dtypes import DType, numpy_dtype
 from ...ir.graph import Node, Program, TensorType
 from ...ir.ops import op_def
-from ..backend import HostBackend, Ready
+from ..backend import Ready
 from .blas import BlasCall
 from .codegen import STORAGE, KernelSource, storage_bytes
 from .fusion import lower
@@ -28,11 +29,6 @@ from .plan import plan_arena, scratch_value
 def c_order(xp: Any, a: Any) -> Any:
     """A in C order, with its shape (ascontiguousarray makes a 0-d array 1-d)."""
     return a if a.flags.c_contiguous else xp.ascontiguousarray(a).reshape(a.shape)
-
-
-def stored_as_bits(t: TensorType) -> bool:
-    """Whether T's device storage differs from its host dtype (bf16 as uint16, bool as bytes)."""
-    return np.dtype(STORAGE[t.dtype]) != np.dtype(numpy_dtype(t.dtype))
 
 
 class KernelRunner(Protocol):
@@ -247,10 +243,12 @@ class ProgramRun:
 
 class DeviceBackend:
     """The loop's backend on a device: programs lowered for it, parameters, optimizer state and
-    gradients resident in its memory between programs (see runtime/backend.py)."""
+    gradients resident in its memory between programs (see runtime/backend.py). Summing and
+    scaling resident arrays (microbatches) are generated kernels too, bf16 as its bits."""
 
     def __init__(self, device: ArrayDevice) -> None:
         self.device = device
+        self.arithmetic: dict[tuple[str, str, tuple[int, ...], float], LoweredProgram] = {}  # the sums and scalings made so far
 
     def program(self, program: Program) -> LoweredProgram:
         return LoweredProgram(program, self.device)
@@ -262,15 +260,20 @@ class DeviceBackend:
         return np.array(self.device.to_host(value, t), copy=True)
 
     def add(self, total: Optional[Any], value: Any, t: TensorType) -> Any:
-        if stored_as_bits(t):  # bf16 and bool: their bits, summed on the host
-            host = HostBackend().add(None if total is None else self.get(total, t), self.get(value, t), t)
-            return self.put(host, t)
         if total is None:
             return self.device.xp.array(value, copy=True)
-        total += value
+        total[...] = self.elementwise("add", t, 0.0).run({"a": total, "b": value}, keep=frozenset({"out"}))["out"]
         return total
 
     def scaled(self, total: Any, factor: float, t: TensorType) -> Any:
-        if stored_as_bits(t):
-            return self.put(HostBackend().scaled(self.get(total, t), factor, t), t)
-        return (total * total.dtype.type(factor)).astype(total.dtype)
+        return self.device.xp.array(self.elementwise("mul", t, factor).run({"a": total}, keep=frozenset({"out"}))["out"], copy=True)
+
+    def elementwise(self, op: str, t: TensorType, factor: float) -> LoweredProgram:
+        """out = a + b, or a * FACTOR (rounded to T's dtype, as NumPy rounds it), lowered once."""
+        key = (op, t.dtype.value, tuple(t.shape), factor)
+        if key not in self.arithmetic:
+            b = Builder(f"{op}:{t}")
+            a = b.input("a", "value", t)
+            other = b.input("b", "value", t) if op == "add" else b.const(factor, t.dtype)
+            self.arithmetic[key] = self.program(b.program({"out": b.op(op, a, other)}))
+        return self.arithmetic[key]
