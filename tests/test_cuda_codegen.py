@@ -113,13 +113,15 @@ def check_program(program: Program, feeds: dict[int, np.ndarray], expect_groups:
                 # turns a last-bit difference of the mean into a relative one; compare to scale
                 assert_close(got, vals[vid], types[vid].dtype.value, what, scale_atol=True)
     for red, chain in reductions:
-        outs = [vals[v] for v in red.inputs]
-        for kernel in chain:  # a split reduction: its partial results, then their combination
-            outs = module.run(kernel, outs, grid=2, block=64)
+        first = module.run(chain[0], [vals[v] for v in red.inputs], grid=2, block=64)
+        # a split reduction: its partial results, then their combination
+        result = module.run(chain[1], first[:1], grid=2, block=64)[0] if len(chain) == 2 else first[0]
         ops = "+".join(n.op for n in (red.prologue.nodes if red.prologue else [])) + f" -> {red.node.op}"
         source = np.asarray(vals[red.node.args[0]]).astype(np.float64)
         how = ", ".join(f"{k.lanes} x {k.size}" for k in chain)
-        assert_reduced(outs[0], vals[red.node.id], source, red.node, f"%{red.node.id} [{ops}] ({how})")
+        assert_reduced(result, vals[red.node.id], source, red.node, f"%{red.node.id} [{ops}] ({how})")
+        for vid, got in zip(red.sides, first[1:]):  # the prologue's values the kernel stores
+            assert_close(got, vals[vid], types[vid].dtype.value, f"%{vid}, a side of %{red.node.id} [{ops}] ({how})", scale_atol=True)
     return [k for _, k in kernels + rows] + [k for _, ks in reductions for k in ks]
 
 

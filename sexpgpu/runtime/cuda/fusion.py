@@ -143,21 +143,24 @@ class Partition:
         return fuse_rows(self.ordered(steps), self.program, self.constants)
 
     def fuse_prologues(self, steps: list[Step]) -> list[Step]:
-        """A reduction takes in the fused group that makes its input when that group makes
-        nothing else (its one output is read by the reduction alone)."""
+        """A reduction takes in the fused group that makes its input: the group's kernel is
+        gone, its values that other steps read the reduction stores as it visits them."""
         absorbed: set[int] = set()
+        readers: dict[int, list[int]] = {}  # value -> the steps that read it
+        for step in steps:
+            for v in step.reads:
+                readers.setdefault(v, []).append(id(step))
         for step in steps:
             if not isinstance(step, ReduceGroup) or step.prologue is not None:
                 continue
             source = step.node.args[0]
             group = self.group_of.get(source)
-            if group is None or group.outputs != [source] or len(self.readers(source)) != 1 or source in self.returned:
-                continue
-            if group.piecewise:
+            if group is None or id(group) in absorbed or source not in group.outputs or group.piecewise:
                 continue
             if group.shape != tuple(self.types[source].shape):
                 continue
             step.prologue = group
+            step.sides = [v for v in group.outputs if v != source or v in self.returned or any(r != id(step) for r in readers.get(v, []))]
             absorbed.add(id(group))
         return [s for s in steps if id(s) not in absorbed]
 

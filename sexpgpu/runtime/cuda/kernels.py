@@ -54,6 +54,12 @@ class Reduction(Protocol):
     @property
     def inputs(self) -> list[int]: ...
 
+    @property
+    def sides(self) -> list[int]:
+        """Values of the prologue the kernel also writes (other steps read them): each input
+        element is visited once, so each is stored once."""
+        ...
+
 
 def kernels_for(step: Step, program: Program, constants: Optional[dict[int, Node]] = None) -> list[KernelSource]:
     """The generated kernels STEP launches, in launch order (none for a cuBLAS call, a view
@@ -165,7 +171,8 @@ def reduce_kernels(group: Reduction, program: Program, constants: Optional[dict[
     strategy, chosen from the shapes unless given), looping over its elements in a fixed
     order and combining the lanes in a fixed tree (deterministic), accumulating in double
     (ints in 64 bits); the prologue (the fused group that makes the reduction's input) is
-    computed per element inside the loop."""
+    computed per element inside the loop, and the values of it that other steps read (its
+    sides) are stored there."""
     types = program.types()
     constants = constants or {}
     node = group.node
@@ -198,6 +205,8 @@ def reduce_kernels(group: Reduction, program: Program, constants: Optional[dict[
     if group.prologue is not None:
         lines, flops = chain_lines(group.prologue.nodes, names, types, constants, "      ")
         inner += lines
+    sides = list(group.sides)
+    inner += [f"      out{k + 1}[idx] = {to_storage(names[v], types[v].dtype)};" for k, v in enumerate(sides)]
     x = names[source]
     acc_type = "long long" if integer else "double"
     init = {"sum": "0", "mean": "0", "max": "-sx_inf()" if not integer else "(-9223372036854775807LL - 1)", "min": "sx_inf()" if not integer else "9223372036854775807LL"}[node.op]
@@ -230,12 +239,15 @@ def reduce_kernels(group: Reduction, program: Program, constants: Optional[dict[
         *combine_lanes("acc", node.op, lanes),
     ]
     if split == 1:
-        decls, params = declare(group.inputs, [node.id], types)
+        decls, params = declare(group.inputs, [node.id] + sides, types)
         body.append(f"    {only_lane0}out0[o] = {result};")
         return [assemble(f"sx_reduce_{node.op}", decls, "o", body, params, outputs, flops, lanes=lanes)]
     decls, params = declare(group.inputs, [], types)
     decls.append("double* __restrict__ out0")
     params.append(Param("out", -1, DType.f64, (split * outputs,)))
+    for k, v in enumerate(sides):
+        decls.append(f"{c_types(types[v].dtype)[0]}* __restrict__ out{k + 1}")
+        params.append(Param("out", v, types[v].dtype, tuple(types[v].shape)))
     body.append(f"    {only_lane0}out0[item] = acc;")
     partials = assemble(f"sx_reduce_{node.op}_chunks", decls, "item", body, params, split * outputs, flops, lanes=lanes)
     # the chunks' partial results, combined per output in chunk order

@@ -111,10 +111,12 @@ class FusedGroup(OneKernelGroup):
 @dataclass
 class ReduceGroup:
     """A reduction (sum mean max min) computed by one generated kernel, with the elementwise
-    group that produces its input fused in as a prologue when nothing else reads it."""
+    group that produces its input fused in as a prologue; the group's values that other steps
+    read (`sides`) the kernel stores as it goes (a bias gradient summed as it is made)."""
 
     node: Node
     prologue: Optional[FusedGroup] = None
+    sides: list[int] = field(default_factory=list)
     kind: ClassVar[str] = "reduce"
     once: ClassVar[bool] = False
 
@@ -136,7 +138,7 @@ class ReduceGroup:
 
     @property
     def writes(self) -> list[int]:
-        return [self.node.id]
+        return [self.node.id] + self.sides
 
     @property
     def aliases(self) -> dict[int, int]:
@@ -152,14 +154,16 @@ class ReduceGroup:
     def launch(self, run: StepRun, kernels: list[KernelSource]) -> None:
         out = run.buffer(self.node.id)
         inputs = [run.contiguous(v) for v in self.inputs]
+        sides = [run.buffer(v) for v in self.sides]
         if len(kernels) == 2:  # split: the chunks' partial results, then their combination
             partials, finish = kernels
             scratch = run.scratch(np.float64, partials.size)
-            run.launch(partials, inputs + [scratch])
+            run.launch(partials, inputs + [scratch] + sides)
             run.launch(finish, [scratch, out])
         else:
-            run.launch(kernels[0], inputs + [out])
-        run.set(self.node.id, out)
+            run.launch(kernels[0], inputs + [out] + sides)
+        for vid, value in zip(self.writes, [out] + sides):
+            run.set(vid, value)
 
     def describe(self, index: int, lowered: Lowered) -> KernelLine:
         kernels = reduce_kernels(self, lowered.program, lowered.constants)
