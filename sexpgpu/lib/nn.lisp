@@ -58,10 +58,8 @@ the identity in evaluation. The mask is Philox keyed by the seed, the step and t
       (/ (where (dropout-mask (shape x) rate) x 0.0) (- 1.0 rate))))
 
 (defmodel causal-attention (d heads &key (dropout 0.0))
-  "Multi-head self-attention where position i sees positions 0..i. The diagonal is always
-visible, so no row is fully masked. Without dropout it is one attention op over the
-projections split into heads (fused on a device: the scores never reach memory); with
-DROPOUT on the weights, the ops it is made of."
+  "Multi-head self-attention where position i sees positions 0..i (the diagonal is always
+visible): one attention op, fused on a device; with DROPOUT on the weights, its parts."
   (defpart wq (linear d d))
   (defpart wk (linear d d))
   (defpart wv (linear d d))
@@ -74,12 +72,10 @@ DROPOUT on the weights, the ops it is made of."
              (q (funcall split (wq x)))
              (k (funcall split (wk x)))
              (v (funcall split (wv x)))
-             (mixed (if (zerop dropout)
-                        (attention q k v :causal t)
-                        (let* ((heads-first (lambda (y) (permute y '(0 2 1 3))))
-                               (scores (/ (matmul (funcall heads-first q) (transpose (funcall heads-first k))) (sqrt (float hd))))
-                               (weights (dropout (softmax (where (tril-mask s) scores -1e9) :axis -1) dropout)))
-                          (permute (matmul weights (funcall heads-first v)) '(0 2 1 3))))))
+             (heads-first (lambda (y) (permute y '(0 2 1 3))))
+             (scores (lambda () (/ (matmul (funcall heads-first q) (transpose (funcall heads-first k))) (sqrt (float hd)))))
+             (weights (lambda () (dropout (softmax (where (tril-mask s) (funcall scores) -1e9) :axis -1) dropout)))
+             (mixed (if (zerop dropout) (attention q k v :causal t) (permute (matmul (funcall weights) (funcall heads-first v)) '(0 2 1 3)))))
         (wo (reshape mixed (list b s d)))))))
 
 (defmodel transformer-block (d heads &key (mlp-ratio 4) (dropout 0.0))
