@@ -59,10 +59,6 @@ class OpKind(str, Enum):
     ATTENTION = "attention"  # softmax(q k^T * scale + mask) v, and its gradient
 
 
-# the kinds whose result elements are argument elements, unchanged
-MOVING_KINDS = frozenset({OpKind.VIEW, OpKind.LAYOUT, OpKind.GATHER})
-
-
 @dataclass(frozen=True)
 class OpDef:
     name: str
@@ -94,12 +90,6 @@ class OpDef:
     @property
     def elementwise(self) -> bool:
         return self.kind is OpKind.ELEMENTWISE
-
-    @property
-    def moves_elements(self) -> bool:
-        """Whether every result element is an argument element, unchanged: a backend may
-        compute the op on the storage bits of any dtype."""
-        return self.kind in MOVING_KINDS
 
 
 OPS: dict[str, OpDef] = {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Optional, Protocol
 
 import numpy as np
+
 from ...ir.builder import Builder
 from ...ir.dtypes import DType, numpy_dtype
 from ...ir.graph import Node, Program, TensorType
@@ -23,7 +24,6 @@ from .codegen import STORAGE, KernelSource, storage_bytes
 from .fusion import lower
 from .kernels import kernels_for
 from .plan import plan_arena, scratch_value
-
 
 
 def c_order(xp: Any, a: Any) -> Any:
@@ -77,46 +77,13 @@ class ArrayDevice:
             return a.astype(bool)
         return a
 
-    def typed(self, value: Any, t: TensorType) -> Any:
-        """A storage array as the NumPy backend's dtype (host only: bf16 through ml_dtypes)."""
-        if t.dtype == DType.bf16:
-            return value.view(numpy_dtype(DType.bf16))
-        if t.dtype == DType.bool:
-            return value.astype(bool)
-        return value
-
-    def storage(self, value: Any, t: TensorType) -> Any:
-        value = self.xp.asarray(value)
-        if t.dtype == DType.bf16:
-            return value.view(np.uint16) if value.dtype.itemsize == 2 else self.round_bf16(value)
-        if t.dtype == DType.bool:
-            return value.astype(np.uint8)
-        return value.astype(STORAGE[t.dtype], copy=False)
-
-    def round_bf16(self, value: Any) -> Any:
-        """f32 values to bf16 bits, rounding to nearest even (as ml_dtypes does)."""
-        bits = c_order(self.xp, value.astype(np.float32)).view(np.uint32)
-        nan = (bits & 0x7FFFFFFF) > 0x7F800000
-        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-        return self.xp.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
-
-    def widen_bf16(self, bits: Any) -> Any:
-        return (bits.astype(np.uint32) << 16).view(np.float32)
-
     def on_host(self, node: Node, args: list[Any], arg_types: list[TensorType]) -> Any:
         """The op table's NumPy kernel on host copies, the result sent back (an op declared
         `on_host`): the CPU backend's exact values, at the price of the copies."""
-        host = [self.typed(np.asarray(a.get() if hasattr(a, "get") else a), t) for a, t in zip(args, arg_types)]
+        host = [self.to_host(a, t) for a, t in zip(args, arg_types)]
         with np.errstate(all="ignore"):
             result = op_def(node.op).numpy(host, dict(node.attrs), None)
-        return self.storage(self.xp.asarray(self.to_storage_host(np.asarray(result), node.type)), node.type)
-
-    def to_storage_host(self, value: np.ndarray, t: TensorType) -> np.ndarray:
-        if t.dtype == DType.bf16:
-            return c_order(np, value.astype(numpy_dtype(DType.bf16))).view(np.uint16)
-        if t.dtype == DType.bool:
-            return value.astype(np.uint8)
-        return value
+        return self.to_device(np.asarray(result), node.type)
 
 
 class LoweredProgram:

@@ -239,7 +239,7 @@ class KernelStep(NodeStep):
     """A node computed by one generated kernel over its arguments (moves.py's: transposes,
     slices, joins, gathers, argmax)."""
 
-    generate: Generator = field(default=moves.transpose_kernel)
+    generate: Generator
     kind: ClassVar[str] = "move"
 
     def kernels(self, program: Program, constants: dict[int, Node]) -> list[KernelSource]:
@@ -306,7 +306,7 @@ class RandomStep(NodeStep):
     """A random op (dropout_mask, random_uniform in f32 or bf16) as a device Philox kernel
     with the CPU backend's bits: each element DRAW's value of its Philox word."""
 
-    draw: Draw = field(default=dropout_draw)
+    draw: Draw
     kind: ClassVar[str] = "random"
 
     def kernels(self, program: Program, constants: dict[int, Node]) -> list[KernelSource]:
@@ -327,10 +327,10 @@ class RandomStep(NodeStep):
 class GemmCall(NodeStep):
     """One matmul through cuBLAS (bf16 inputs accumulate in f32): `calls`, from blas.py."""
 
-    batch: int = 1
-    m: int = 0
-    n: int = 0
-    k: int = 0
+    batch: int
+    m: int
+    n: int
+    k: int
     # an operand that is a transpose of the last two axes is read untransposed, with
     # cuBLAS's transpose flag: the transpose costs no kernel and no memory
     a: int = -1
