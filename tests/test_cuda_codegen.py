@@ -491,3 +491,36 @@ def test_softmax_and_layer_norm_are_one_row_kernel_each() -> None:
     feeds[1, 2, 4] = np.nan  # one row goes NaN, as in NumPy; the others are untouched
     check_program(program, {x: feeds, w: values((33,), DType.f32, rng)})
 
+
+
+F64_FILE = """
+(require "sexpgpu/nn" :as nn)
+(require "sexpgpu/optim" :as optim)
+(defloader train :source (synthetic :spirals :n 64 :classes 3 :seed 0) :fields ((x :f32 (2)) (y :i32 ())) :batch 16)
+(defpart net (nn:mlp 2 8 3))
+(defobjective (batch) (nn:cross-entropy (cast (net (cast (field batch x) :f64)) :f32) (field batch y)))
+(defgroups (all "**" (optim:sgd :lr 0.1)))
+(defrun :steps 2 :seed 0)
+"""
+
+
+def test_a_program_the_device_cannot_compute_is_refused_with_its_reason(tmp_path: Path) -> None:
+    """f64 matmuls: the lowering says so (a LoweringError, a DeviceError), `explain --cuda`
+    prints it for the program instead of a report, and the run's device check refuses with
+    it (exit 4 on `run --device cuda`), never running the op some other way."""
+    import subprocess
+    import sys
+
+    from sexpgpu.compile.pipeline import compile_file
+    from sexpgpu.runtime.memory import device_memory_problem
+
+    (tmp_path / ".git").mkdir()
+    path = tmp_path / "f64.lisp"
+    path.write_text(F64_FILE)
+    experiment = compile_file(path).experiment
+    assert experiment is not None
+    problem = device_memory_problem(experiment, 2**40)
+    assert problem is not None and problem.startswith("the CUDA device cannot run it: matmul %") and "not f64" in problem, problem
+    done = subprocess.run([sys.executable, "-m", "sexpgpu", "explain", str(path), "--cuda"], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "CUDA lowering: train  cannot run on the CUDA device: matmul %" in done.stdout and "memory plan (cuda)" not in done.stdout, done.stdout

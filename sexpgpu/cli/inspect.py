@@ -177,17 +177,31 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 def cuda_document(experiment: Experiment, names: list[str]) -> dict[str, Any]:
-    """The CUDA lowering of the selected programs and the device memory plan (no GPU needed)."""
+    """The CUDA lowering of the selected programs and the device memory plan (no GPU needed);
+    a program the lowering cannot express is `{"error": why}` and leaves the plan out."""
+    from ..runtime.backend import DeviceError
     from ..runtime.cuda.plan import report
 
-    programs = {name: report(select_program(experiment, name)).model_dump() for name in names}
-    arenas = {name: programs[name]["arena"]["size"] for name in names if name in experiment.module.programs}
-    return {"programs": programs, "memory": device_memory_plan(experiment, arenas).model_dump()}
+    programs: dict[str, Any] = {}
+    for name in names:
+        try:
+            programs[name] = report(select_program(experiment, name)).model_dump()
+        except DeviceError as exc:
+            programs[name] = {"error": str(exc)}
+    arenas = {name: programs[name]["arena"]["size"] for name in names if name in experiment.module.programs and "arena" in programs[name]}
+    try:
+        memory: Optional[dict[str, Any]] = device_memory_plan(experiment, arenas).model_dump()
+    except DeviceError:
+        memory = None
+    return {"programs": programs, "memory": memory}
 
 
 def cuda_text(cuda: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for name, rep in cuda["programs"].items():
+        if "error" in rep:
+            out += ["", f"CUDA lowering: {name}  cannot run on the CUDA device: {rep['error']}"]
+            continue
         cublas = sum(k["cublas"] for k in rep["kernels"])
         out += ["", f"CUDA lowering: {name}  ({rep['launches']} launches: {rep['launches'] - cublas} generated kernels, {cublas} cuBLAS calls; "
                 f"{_bytes(rep['total_bytes'])} moved, {rep['total_flops']:,} FLOPs)"]
@@ -207,6 +221,8 @@ def cuda_text(cuda: dict[str, Any]) -> list[str]:
         arena = rep["arena"]
         out.append(f"  arena: {_bytes(arena['size'])} ({len(arena['buffers'])} buffers by liveness; peak live {_bytes(arena['peak_live'])})")
     m = cuda["memory"]
+    if m is None:
+        return out
     out += ["", "memory plan (cuda)", f"  {'params':<18} {_bytes(m['params']):>12}", f"  {'optimizer state':<18} {_bytes(m['optimizer_state']):>12}"]
     for name, size in m["arenas"].items():
         out.append(f"  {('arena ' + name):<18} {_bytes(size):>12}")

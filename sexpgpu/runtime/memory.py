@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from ..ir.experiment import Experiment
 from ..ir.graph import shape_size
+from .backend import DeviceError
 from .numpy_backend import make_plan
 
 F32_BYTES = 4  # parameters, gradients and optimizer state are held in f32 (master weights under bf16)
@@ -65,8 +66,12 @@ def device_memory_plan(experiment: Experiment, arenas: Optional[Mapping[str, int
 
 
 def device_memory_problem(experiment: Experiment, free: int) -> Optional[str]:
-    """Why the run cannot fit in FREE bytes of device memory (None: it fits)."""
-    need = device_memory_plan(experiment).total
+    """Why the run cannot fit in FREE bytes of device memory, or cannot run on the device at
+    all (None: it fits)."""
+    try:
+        need = device_memory_plan(experiment).total
+    except DeviceError as exc:  # a program the CUDA lowering cannot express
+        return f"the CUDA device cannot run it: {exc}"
     if need > free:
         return f"the run needs {need:,} bytes of device memory (sexpgpu explain --cuda), the device has {free:,} free; lower the batch or use :microbatches"
     return None

@@ -23,6 +23,7 @@ import numpy as np
 from ...ir.dtypes import DType, numpy_dtype
 from ...ir.graph import Node, Shape, TensorType, shape_size
 from ...ir.ops import op_def
+from ..backend import DeviceError
 
 PRELUDE = r"""
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -95,8 +96,9 @@ class GroupNodes(Protocol):
     def outputs(self) -> list[int]: ...
 
 
-class LoweringError(Exception):
-    """The CUDA lowering cannot express this program (an unsupported dtype or op)."""
+class LoweringError(DeviceError):
+    """The CUDA lowering cannot express this program (an unsupported dtype or op): the device
+    cannot run it, which a run reports as it reports any device it cannot use (exit 4)."""
 
 
 @dataclass
