@@ -110,3 +110,36 @@ def test_the_plan_holds_no_scores() -> None:
     fused, unfused = (plan_arena(lower(attention_program(length, DType.f32, True, fused=f))) for f in (True, False))
     assert max(b.bytes for b in unfused.buffers) >= heads * length * length * 4
     assert max(b.bytes for b in fused.buffers) == 3 * heads * length * WIDTH * 4
+
+
+def test_a_bias_added_to_the_projections_is_computed_as_the_kernels_load_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """q, k, v = reshape(x W + b), as nn:causal-attention makes them: the attention kernels
+    compute the bias addition as they load (no kernel writes q, k or v), and give the NumPy
+    backend's values, forward and backward."""
+    monkeypatch.setattr(attention, "TILE", 16)
+    length, width = 37, HEADS * WIDTH
+    for dtype in (DType.f32, DType.bf16):
+        b = Builder("projected")
+        h = {name: b.input(f"h{name}", "data", TensorType(dtype=dtype, shape=(BATCH, length, width))) for name in "qkv"}
+        bias = {name: b.input(f"b{name}", "data", TensorType(dtype=dtype, shape=(width,))) for name in "qkv"}
+        q, k, v = (b.op("reshape", b.op("add", h[n], bias[n]), shape=[BATCH, length, HEADS, WIDTH]) for n in "qkv")
+        o = b.op("attention", q, k, v, causal=True, scale=WIDTH**-0.5)
+        c = b.input("c", "data", TensorType(dtype=DType.f32, shape=(BATCH, length, HEADS, WIDTH)))
+        loss = b.op("sum", b.op("mul", b.op("cast", o, dtype="f32") if dtype != DType.f32 else o, c), axis=None, keepdims=False)
+        grads = backward(b, loss, list(h.values()) + list(bias.values()))
+        program = b.program({"o": o, **{f"d{name}": grads[vid] for name, vid in {**{f"h{n}": h[n] for n in "qkv"}, **{f"b{n}": bias[n] for n in "qkv"}}.items()}})
+        steps = lower(program).steps
+        assert not [s for s in steps if s.kind == "fused" and any(n.op == "add" and n.args[0] in h.values() for n in s.nodes)], "a kernel still writes q, k or v"
+        assert all(getattr(s, "prologues", None) for s in steps if s.kind == "attention")
+        rng = np.random.default_rng(5)
+        feeds = {f"h{n}": rng.standard_normal((BATCH, length, width)).astype(numpy_dtype(dtype)) for n in "qkv"}
+        feeds |= {f"b{n}": rng.standard_normal(width).astype(numpy_dtype(dtype)) for n in "qkv"}
+        feeds["c"] = rng.standard_normal((BATCH, length, HEADS, WIDTH)).astype(np.float32)
+        want = CompiledProgram(program).run_copy(feeds)
+        got = LoweredProgram(program, ArrayDevice(np, HostRunner())).run(feeds)
+        tol = 2e-5 if dtype == DType.f32 else 2.0**-6
+        # the key bias's gradient is zero up to rounding (softmax does not see a constant
+        # added to every score of a row): compared at the scale of the other gradients
+        scale = max(float(np.max(np.abs(np.asarray(w, np.float64)))) for w in want.values())
+        for key, w in want.items():
+            np.testing.assert_allclose(np.asarray(got[key], np.float64), np.asarray(w, np.float64), rtol=tol, atol=tol * scale, err_msg=f"{dtype.value} {key}")

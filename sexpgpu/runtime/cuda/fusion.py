@@ -21,16 +21,16 @@ it on any machine, and the CUDA backend compiles what it names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Optional
 
 from ...ir.builder import Builder
 from ...ir.graph import Node, Program, TensorType, readers_of
 from ...ir.ops import op_def
 from . import attention, images, moves  # noqa: F401  (attention and images register their rules)
 from .codegen import storage_bytes
-from .lowering import Absorbed, Fuse, Placement, Step, lowering_for
+from .lowering import Absorbed, ComputesInputs, Fuse, Placement, Prologue, Step, lowering_for
 from .rows import fuse_rows
-from .steps import FusedGroup, KernelStep, ReduceGroup
+from .steps import FusedGroup, KernelStep, ReduceGroup, ViewStep
 
 
 RECOMPUTED_NODES = 32  # the longest chain of ops a reader recomputes instead of reading its value
@@ -135,7 +135,7 @@ class Partition:
             elif not isinstance(placement, Absorbed):  # a transpose flag is no step: its matmuls read its source
                 steps.append(placement)
         self.finish_groups(steps)
-        self.rematerialize(steps)
+        steps = self.rematerialize(steps)
         self.finish_groups(steps)
         # a group whose every value its readers now recompute has nothing left to do
         steps = [s for s in steps if not isinstance(s, FusedGroup) or s.outputs]
@@ -177,16 +177,20 @@ class Partition:
             if isinstance(step, FusedGroup):
                 step.outputs = [n.id for n in step.nodes if self.group_of.get(n.id) is step and (n.id in used or n.id in self.returned)]
 
-    def rematerialize(self, steps: list[Step]) -> None:
+    def rematerialize(self, steps: list[Step]) -> list[Step]:
         """A value a fused group writes only for other fused groups and reductions over the
         same element space (the backward pass's reads of the forward pass's intermediates: a
-        GELU's, a norm's) is recomputed by each of them from the writer's inputs when that
-        moves fewer bytes: the writer no longer writes it, the readers read the inputs they
-        lack instead (a reduction through a prologue of its own). The same ops in the same
-        order: the same bits."""
+        GELU's, a norm's), or for steps that compute their arguments as they load them
+        through a reshape (attention's q, k, v), is recomputed by each of them from the
+        writer's inputs when that moves fewer bytes: the writer no longer writes it, the
+        readers read the inputs they lack instead (a reduction through a prologue of its
+        own). The same ops in the same order: the same bits. Returns the steps without the
+        reshapes nothing reads any more."""
         reductions = {s.node.id: s for s in steps if isinstance(s, ReduceGroup)}
+        step_of = {n.id: s for s in steps for n in s.nodes}
+        dropped: set[int] = set()
         for group in [s for s in steps if isinstance(s, FusedGroup) and not s.piecewise]:
-            candidates = {v: self.reading_steps(v, group, reductions) for v in group.outputs}
+            candidates = {v: self.reading_steps(v, group, reductions, step_of) for v in group.outputs}
             written = {v for v, readers in candidates.items() if readers is None}  # in memory anyway: a chain reads it there
             for value in list(group.outputs):
                 readers = candidates[value]
@@ -195,40 +199,53 @@ class Partition:
                 chain = self.chain(value, group, written)
                 inside = {c.id for c in chain}
                 needed = list(dict.fromkeys(a for n in chain for a in n.args if a not in inside and a not in self.constants))
-                if len(chain) > RECOMPUTED_NODES or not self.saves_bytes(value, needed, readers):
+                if len(chain) > RECOMPUTED_NODES or not self.saves_bytes(value, needed, [r for r, _ in readers]):
                     written.add(value)
                     continue
-                for reader in readers:
-                    if isinstance(reader, ReduceGroup):
+                for reader, through in readers:
+                    if through is not None and isinstance(reader, ComputesInputs):  # a reshape of the value, an argument the reader computes
+                        reader.compute_input(through.id, Prologue(nodes=list(chain), inputs=needed, value=value))
+                        dropped.add(through.id)
+                    elif isinstance(reader, ReduceGroup):
                         reader.prologue = FusedGroup(shape=group.shape, nodes=list(chain), inputs=needed, outputs=[value])
-                        continue
-                    known = reader.ids
-                    reader.nodes = sorted(reader.nodes + [n for n in chain if n.id not in known], key=lambda n: self.position[n.id])
-                    reader.inputs = list(dict.fromkeys(reader.inputs + [a for a in needed if a not in reader.ids]))
+                    elif isinstance(reader, FusedGroup):
+                        known = reader.ids
+                        reader.nodes = sorted(reader.nodes + [n for n in chain if n.id not in known], key=lambda n: self.position[n.id])
+                        reader.inputs = list(dict.fromkeys(reader.inputs + [a for a in needed if a not in reader.ids]))
                 group.outputs.remove(value)
+        return [s for s in steps if not (isinstance(s, ViewStep) and s.node.id in dropped)]
 
-    def saves_bytes(self, value: int, needed: list[int], readers: list[Union[FusedGroup, ReduceGroup]]) -> bool:
+    def saves_bytes(self, value: int, needed: list[int], readers: list[Step]) -> bool:
         """Whether recomputing VALUE in READERS from NEEDED moves fewer bytes than writing it
         once and reading it in each."""
         kept = storage_bytes(self.types[value]) * (1 + len(readers))
-        extra = sum(storage_bytes(self.types[a]) for r in readers for a in needed if a not in r.inputs and a not in r.ids)
+        extra = sum(storage_bytes(self.types[a]) for r in readers for a in needed if a not in r.reads and a not in {n.id for n in r.nodes})
         return extra < kept
 
-    def reading_steps(self, value: int, group: FusedGroup, reductions: dict[int, ReduceGroup]) -> Optional[list[Union[FusedGroup, ReduceGroup]]]:
-        """The other fused groups over GROUP's element space, and the reductions without a
-        prologue, that read VALUE, when nothing else does (and the program does not return
-        it); else None."""
+    def reading_steps(self, value: int, group: FusedGroup, reductions: dict[int, ReduceGroup],
+                      step_of: dict[int, Step]) -> Optional[list[tuple[Step, Optional[Node]]]]:
+        """The steps that read VALUE and can compute it instead, each with the reshape it
+        reads VALUE through (None: it reads VALUE itself) — the other fused groups over
+        GROUP's element space, the reductions without a prologue, the steps that compute
+        their arguments (through a reshape that only they read) — when nothing else reads it
+        (and the program does not return it); else None."""
         if value in self.returned:
             return None
-        found: dict[int, Union[FusedGroup, ReduceGroup]] = {}
+        found: dict[int, tuple[Step, Optional[Node]]] = {}
         for reader in self.readers(value):
             home = self.group_of.get(reader.id)
             if home is group:
                 continue
             if home is not None and not home.piecewise and home.shape == group.shape:
-                found[id(home)] = home
+                found[id(home)] = (home, None)
             elif home is None and reader.id in reductions and reductions[reader.id].prologue is None:
-                found[reader.id] = reductions[reader.id]
+                found[reader.id] = (reductions[reader.id], None)
+            elif home is None and reader.op == "reshape" and reader.id not in self.returned and self.readers(reader.id):
+                for computer in self.readers(reader.id):
+                    step = step_of.get(computer.id)
+                    if not isinstance(step, ComputesInputs) or not step.computes(reader.id):
+                        return None
+                    found[id(step)] = (step, reader)
             else:
                 return None
         return list(found.values()) or None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, ClassVar, Optional, Protocol, TypeVar, Union
+from typing import Any, Callable, ClassVar, Optional, Protocol, TypeVar, Union, runtime_checkable
 
 from pydantic import BaseModel
 
@@ -145,6 +145,30 @@ class Step(Protocol):
         ...
 
     def describe(self, index: int, lowered: Lowered) -> KernelLine: ...
+
+
+@dataclass(frozen=True)
+class Prologue:
+    """The elementwise nodes that make VALUE from INPUTS (in program order): a step computes
+    them as it loads its argument instead of reading the value from memory."""
+
+    nodes: list[Node]
+    inputs: list[int]
+    value: int
+
+
+@runtime_checkable
+class ComputesInputs(Protocol):
+    """A step that can compute an argument's elements as it loads them (attention's q, k and
+    v: a projection plus its bias), given the chain that makes it: the fusion pass's
+    recomputation hands it the chain when that moves fewer bytes."""
+
+    def computes(self, vid: int) -> bool:
+        """Whether it can compute its argument VID (a contiguous value, its flat index the
+        chain's) itself."""
+        ...
+
+    def compute_input(self, vid: int, prologue: Prologue) -> None: ...
 
 
 @dataclass(frozen=True)
