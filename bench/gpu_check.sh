@@ -29,9 +29,9 @@ if [ -d .gpu-wheels ]; then
 fi
 pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -3 || pip install -q --no-deps -e . 2>&1 | tail -3
 echo "installed after $((SECONDS - started)) s" | tee -a "$out/machine.txt"
-timeout 120 python bench/gpu_vs_torch.py --steps 20 --only char-transformer 2>&1 | tee "$out/bench-small.txt" | tail -8
+timeout 100 python bench/gpu_vs_torch.py --steps 20 --only char-transformer 2>&1 | tee "$out/bench-small.txt" | tail -8
 echo "small benchmark done after $((SECONDS - started)) s" | tee -a "$out/machine.txt"
-timeout 300 python -m pytest -q -p no:cacheprovider -rs --durations=10 tests/test_cuda_device.py tests/test_nccl.py 2>&1 | tee "$out/tests.txt" | tail -30
+timeout 270 python -m pytest -q -p no:cacheprovider -rs --durations=10 tests/test_cuda_device.py tests/test_nccl.py 2>&1 | tee "$out/tests.txt" | tail -30
 echo "tests done after $((SECONDS - started)) s" | tee -a "$out/machine.txt"
-timeout 150 python bench/gpu_vs_torch.py --steps 10 --only gpt2 2>&1 | tee "$out/bench-gpt2.txt" | tail -8
+timeout 130 python bench/gpu_vs_torch.py --steps 10 --only gpt2 2>&1 | tee "$out/bench-gpt2.txt" | tail -8
 echo "all done after $((SECONDS - started)) s" | tee -a "$out/machine.txt"

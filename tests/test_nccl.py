@@ -89,7 +89,7 @@ import numpy as np
 rank, uid, store, path, steps = int(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 from pathlib import Path
 from workers.collective import AllReduceSpec, NcclBackend, RankCollective, RankSpec
-spec = RankSpec(rank=rank, world=2, group="two-on-one", backend="nccl", nccl_id=uid, allreduce=AllReduceSpec(bucket_mb=1.0), rendezvous_timeout_s=60)
+spec = RankSpec(rank=rank, world=2, group="two-on-one", backend="nccl", nccl_id=uid, allreduce=AllReduceSpec(bucket_mb=1.0), rendezvous_timeout_s=30)
 try:
     nccl = NcclBackend(spec)
 except Exception as exc:  # NCCL's answer to two ranks on one GPU
@@ -129,7 +129,7 @@ def test_two_nccl_ranks_on_one_gpu_train_as_one_device(tmp_path: Path) -> None:
                               stderr=subprocess.PIPE, text=True, env=env, cwd=REPO) for r in (0, 1)]
     results = []
     for rank in ranks:
-        out, err = rank.communicate(timeout=300)
+        out, err = rank.communicate(timeout=150)
         assert rank.returncode == 0, err[-3000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
     refused = [r["refused"] for r in results if "refused" in r]
