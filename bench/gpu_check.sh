@@ -5,11 +5,14 @@
 #   run(command="bash bench/gpu_check.sh", carry=[".gpu-wheels"], timeout_s=540)
 # It installs sexpgpu without touching the machine's torch/cupy/ml-dtypes, then, cheapest
 # first so that a cut-off run still reports what it reached: the small benchmark (the char
-# transformer against PyTorch eager and torch.compile), the CUDA tests (every op and every
-# reduction strategy through NVRTC, cuBLAS with transpose flags, every example program
-# against NumPy, the examples' losses and the whole loop against the CPU's, the NCCL
-# backend), then the GPT-2-sized benchmark. No test stops the others (no -x). Each part's
-# output goes to $OUT (machine.txt, bench-small.txt, tests.txt, bench-gpt2.txt) as it runs.
+# transformer against PyTorch eager and torch.compile), the CUDA tests (every op of the op
+# tables through NVRTC and cuBLAS against NumPy, every reduction strategy, cuBLAS with
+# transpose flags, fused attention against the unfused path, every example program against
+# NumPy, the examples' losses and the whole loop against the CPU's, the NCCL backend from
+# host and from device buffers, and W=2 against W=1 on this one GPU, which NCCL may refuse:
+# the test then skips with NCCL's message, printed by -rs), then the GPT-2-sized benchmark.
+# No test stops the others (no -x). Each part's output goes to $OUT (machine.txt,
+# bench-small.txt, tests.txt, bench-gpt2.txt) as it runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/sexpgpu-gpu-check}"
@@ -26,9 +29,9 @@ if [ -d .gpu-wheels ]; then
 fi
 pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -3 || pip install -q --no-deps -e . 2>&1 | tail -3
 echo "installed after $((SECONDS - started)) s" | tee -a "$out/machine.txt"
-timeout 120 python bench/gpu_vs_torch.py --steps 20 --only char-transformer 2>&1 | tee "$out/bench-small.txt" | tail -8
+timeout 100 python bench/gpu_vs_torch.py --steps 20 --only char-transformer 2>&1 | tee "$out/bench-small.txt" | tail -8
 echo "small benchmark done after $((SECONDS - started)) s" | tee -a "$out/machine.txt"
-timeout 240 python -m pytest -q -p no:cacheprovider --durations=10 tests/test_cuda_device.py tests/test_nccl.py 2>&1 | tee "$out/tests.txt" | tail -30
+timeout 270 python -m pytest -q -p no:cacheprovider -rs --durations=10 tests/test_cuda_device.py tests/test_nccl.py 2>&1 | tee "$out/tests.txt" | tail -30
 echo "tests done after $((SECONDS - started)) s" | tee -a "$out/machine.txt"
-timeout 150 python bench/gpu_vs_torch.py --steps 10 --only gpt2 2>&1 | tee "$out/bench-gpt2.txt" | tail -8
+timeout 130 python bench/gpu_vs_torch.py --steps 10 --only gpt2 2>&1 | tee "$out/bench-gpt2.txt" | tail -8
 echo "all done after $((SECONDS - started)) s" | tee -a "$out/machine.txt"

@@ -27,6 +27,8 @@ from typing import Optional
 
 import numpy as np
 
+from sexpgpu.ir.dtypes import DType
+from sexpgpu.runtime.cuda.blas import CUBLAS_OP_N, BlasCall
 from sexpgpu.runtime.cuda.codegen import PRELUDE, KernelSource, c_types
 
 SHIM = r"""
@@ -50,6 +52,7 @@ struct sx_lane {
 };
 #define SX_COOPERATIVE sx_lane
 #define SX_SHARED static
+#define SX_TABLE static const
 #define SX_SYNC_WARP co_await std::suspend_always{}
 #define SX_SYNC_BLOCK co_await std::suspend_always{}
 static inline float sx_bits_float(unsigned int b) { float f; std::memcpy(&f, &b, 4); return f; }
@@ -140,6 +143,7 @@ class HostModule:
         results = [np.zeros(p.shape, dtype=storage_dtype(p.dtype.value)) for p in outs]
         buffers += results
         pointers = (ctypes.c_void_p * len(buffers))(*[b.ctypes.data for b in buffers])
+        block = kernel.threads or block
         assert fn(pointers, kernel.size, grid, block) == 0, f"{kernel.name}: the lanes of a {kernel.lanes} reached different numbers of barriers"
         return [from_storage(r, p.dtype.value) for r, p in zip(results, outs)]
 
@@ -206,4 +210,43 @@ class HostRunner:
         for a in arrays:
             assert a.flags.c_contiguous, kernel.name
         pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        assert fn(pointers, kernel.size, 2, 64) == 0, f"{kernel.name}: the lanes of a {kernel.lanes} reached different numbers of barriers"
+        assert fn(pointers, kernel.size, 2, kernel.threads or 64) == 0, f"{kernel.name}: the lanes of a {kernel.lanes} reached different numbers of barriers"
+
+    def gemm(self, call: BlasCall, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
+        cublas_gemm(call, a, b, c)
+
+
+def column_major(flat: np.ndarray, offset: int, rows: int, cols: int, ld: int) -> np.ndarray:
+    """The rows x cols matrix whose element (i, j) is flat[offset + i + j * ld] (cuBLAS's
+    layout), as a view; the call must stay inside the buffer."""
+    assert ld >= max(1, rows), f"ld {ld} < {rows} rows"
+    assert offset >= 0 and offset + (rows - 1) + (cols - 1) * ld < flat.size, f"a {rows}x{cols} matrix (ld {ld}) at {offset} leaves a buffer of {flat.size}"
+    return np.lib.stride_tricks.as_strided(flat[offset:], shape=(rows, cols), strides=(flat.itemsize, ld * flat.itemsize))
+
+
+def widened(x: np.ndarray, dtype: DType) -> np.ndarray:
+    return (x.astype(np.uint32) << 16).view(np.float32) if dtype == DType.bf16 else x.astype(np.float32)
+
+
+def cublas_gemm(call: BlasCall, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
+    """What cuBLAS's documentation says gemm(op_a, op_b, m, n, k, A, lda, B, ldb, C, ldc)
+    computes, strided over the batch: C (m x n, column-major) = op(A) op(B), in f32 from the
+    operands' storage (bf16 as its bits), stored once in C's dtype."""
+    for x in (a, b, c):
+        assert x.flags.c_contiguous
+    a, b, c = a.reshape(-1), b.reshape(-1), c.reshape(-1)
+    for i in range(call.batch):
+        shape_a = (call.m, call.k) if call.op_a == CUBLAS_OP_N else (call.k, call.m)
+        shape_b = (call.k, call.n) if call.op_b == CUBLAS_OP_N else (call.n, call.k)
+        first = column_major(a, call.a.offset + i * call.a.stride, *shape_a, call.a.ld)
+        second = column_major(b, call.b.offset + i * call.b.stride, *shape_b, call.b.ld)
+        out = column_major(c, call.c.offset + i * call.c.stride, call.m, call.n, call.c.ld)
+        op_a = widened(first, call.in_dtype) if call.op_a == CUBLAS_OP_N else widened(first, call.in_dtype).T
+        op_b = widened(second, call.in_dtype) if call.op_b == CUBLAS_OP_N else widened(second, call.in_dtype).T
+        product = np.matmul(np.ascontiguousarray(op_a), np.ascontiguousarray(op_b))
+        if call.out_dtype == DType.bf16:
+            import ml_dtypes
+
+            out[...] = product.astype(ml_dtypes.bfloat16).view(np.uint16)
+        else:
+            out[...] = product

@@ -1,6 +1,9 @@
 """The CUDA device on a real GPU (skipped elsewhere; `bench/gpu_check.sh` runs it on a lent
 GPU machine): every elementwise op and reduction through NVRTC kernels against NumPy, every
-example program against the NumPy backend, and the examples' losses against the CPU's."""
+case of the op tables (moves, gathers, scatters, convolutions through cuBLAS, pools,
+attention) against the NumPy backend, fused attention against the unfused path up to 1,030
+positions, every example program against the NumPy backend, and the examples' losses
+against the CPU's."""
 
 from __future__ import annotations
 
@@ -192,3 +195,52 @@ def test_the_whole_loop_keeps_its_tensors_on_the_gpu(tmp_path: Path) -> None:
     from test_cuda_executor import check_whole_loop
 
     check_whole_loop(tmp_path, open_backend("cuda"))
+
+
+def test_every_op_of_the_table_on_the_gpu_matches_the_numpy_backend() -> None:
+    """Every case of the op tables (tests/test_cuda_ops.py's, edge cases included) through
+    NVRTC kernels and cuBLAS, in f32 and bf16: bit for bit where the device adds in the
+    CPU's order, within rounding elsewhere. The kernels compile as one module first."""
+    from sexpgpu.ir.ops import OpError, all_ops
+    from sexpgpu.runtime.cuda.codegen import LoweringError
+    from sexpgpu.runtime.cuda.executor import LoweredProgram
+    from sexpgpu.runtime.cuda.fusion import lower
+    from sexpgpu.runtime.cuda.kernels import kernels_for
+    from test_cuda_ops import EDGE_CASES, EXACT, assert_equal_or_close, cases_of, one_op, pool_edge_cases
+    from test_ops import _rng
+
+    dev = device()
+    programs = []
+    for op in sorted(all_ops()):
+        cases = [(c, dt) for c in cases_of(op) for dt in ("f32", "bf16")] + [(c, dt) for o, c, dt in EDGE_CASES + pool_edge_cases() if o == op]
+        for index, (case, float_dtype) in enumerate(cases):
+            try:
+                program = one_op(op, case, float_dtype)
+                lowering = lower(program)
+            except (OpError, LoweringError):
+                continue
+            programs.append((op, index, case, float_dtype, program, [k for step in lowering.steps for k in kernels_for(step, lowering.program, lowering.constants)]))
+    dev.runner.prepare([k for *_, kernels in programs for k in kernels])  # one NVRTC module
+    for op, index, case, float_dtype, program, _ in programs:
+        lowered = LoweredProgram(program, dev)
+        feeds = {f"x{i}": arg.draw(_rng(op, index, float_dtype, "gpu"), float_dtype) for i, arg in enumerate(case.args)}
+        want = CompiledProgram(program).run_copy(feeds)
+        out_t = program.types()[program.outputs["y"]]
+        for run in range(2):  # a constant is made on the first run only
+            assert_equal_or_close(lowered.run(feeds)["y"], want["y"], out_t.dtype, op in EXACT, f"{op} {case.label()} {float_dtype} run {run}")
+    assert len(programs) > 250, len(programs)
+
+
+@pytest.mark.parametrize("dtype", [DType.f32, DType.bf16])
+@pytest.mark.parametrize("length,tile", [(37, 16), (70, 64), (1030, 64)])
+def test_fused_attention_on_the_gpu_matches_the_unfused_numpy_path(dtype: DType, length: int, tile: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sexpgpu.runtime.cuda import attention
+    from sexpgpu.runtime.cuda.executor import LoweredProgram
+    from test_cuda_attention import attention_program, compare, feeds
+
+    monkeypatch.setattr(attention, "TILE", tile)
+    data = feeds(length, dtype, length)
+    wide = {k: v.astype(np.float32) for k, v in data.items()}
+    want = CompiledProgram(attention_program(length, DType.f32, True, fused=False)).run_copy(wide)
+    got = LoweredProgram(attention_program(length, dtype, True, fused=True), device()).run(data)
+    compare(got, want, 1e-4 if dtype == DType.f32 else 1e-2, f"{dtype.value} length {length} tile {tile}")

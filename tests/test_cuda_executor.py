@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -147,43 +148,39 @@ def check_whole_loop(tmp_path: Path, backend: Any) -> None:
                 np.testing.assert_allclose(got[key], want[key], rtol=1e-2, atol=1e-4, err_msg=f"{step} {key}")
 
 
-def column_major(flat: np.ndarray, rows: int, cols: int, ld: int) -> np.ndarray:
-    """The rows x cols matrix whose element (i, j) is flat[i + j * ld] (cuBLAS's layout)."""
-    return flat[: cols * ld].reshape(cols, ld)[:, :rows].T
+MATMUL_SHAPES = [((5, 3), (3, 4)), ((2, 6, 5, 3), (3, 4)), ((4, 5, 3), (4, 3, 7)), ((2, 3, 5, 3), (2, 3, 3, 2)), ((3, 5, 3), (1, 3, 2)),
+                 ((2, 1, 5, 3), (4, 3, 2)), ((5, 3), (2, 3, 4)), ((1, 1), (1, 1))]
 
 
-def cublas_gemm(call: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """cuBLAS's documented contract for gemm(transX, transY, m, n, k, X, ldx, Y, ldy, C, ldc):
-    C (m x n, column-major, ldc) = op(X) op(Y), X being the first matrix (here B's storage)."""
-    out = np.zeros(call.batch * call.stride_c if call.batch > 1 else call.ldc * call.cols)
-    for i in range(call.batch):
-        x = b.reshape(-1)[i * call.stride_b :]
-        y = a.reshape(-1)[i * call.stride_a :]
-        X = column_major(x, call.rows, call.depth, call.ldb) if call.op_b == 0 else column_major(x, call.depth, call.rows, call.ldb).T
-        Y = column_major(y, call.depth, call.cols, call.lda) if call.op_a == 0 else column_major(y, call.cols, call.depth, call.lda).T
-        C = X @ Y
-        for j in range(call.cols):
-            out[i * call.stride_c + j * call.ldc : i * call.stride_c + j * call.ldc + call.rows] = C[:, j]
-    return out
-
-
-@pytest.mark.parametrize("a_shape,b_shape", [((5, 3), (3, 4)), ((2, 6, 5, 3), (3, 4)), ((4, 5, 3), (4, 3, 7)), ((2, 3, 5, 3), (2, 3, 3, 2))])
+@pytest.mark.parametrize("a_shape,b_shape", MATMUL_SHAPES)
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
-def test_the_bf16_gemm_arguments_compute_a_matmul_by_cublas_contract(a_shape: tuple[int, ...], b_shape: tuple[int, ...], trans_a: bool, trans_b: bool) -> None:
-    """The row-major product through cuBLAS's column-major call, transposed operands passed
-    as they are stored (the transpose flag), checked against the call's documented meaning."""
-    from sexpgpu.runtime.cuda.executor import gemm_arguments
+@pytest.mark.parametrize("dtype", [DType.f32, DType.bf16])
+def test_the_cublas_calls_of_a_matmul_compute_it_by_cublas_contract(a_shape: tuple[int, ...], b_shape: tuple[int, ...], trans_a: bool, trans_b: bool,
+                                                                       dtype: DType) -> None:
+    """The row-major product (broadcast batches included) through cuBLAS's column-major calls,
+    transposed operands passed as they are stored (the transpose flag), checked against what
+    cuBLAS's documentation says each call computes; bf16 accumulates in f32, rounded once."""
+    from cuda_host import cublas_gemm
+    from sexpgpu.ir.builder import broadcast_shapes
+    from sexpgpu.runtime.cuda.blas import matmul_calls
 
     rng = np.random.default_rng(5)
-    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    a, b = rng.standard_normal(a_shape).astype(np.float32), rng.standard_normal(b_shape).astype(np.float32)
+    if dtype == DType.bf16:
+        a, b = a.astype(ml_dtypes.bfloat16), b.astype(ml_dtypes.bfloat16)
+    want = np.matmul(a.astype(np.float32), b.astype(np.float32))
     stored_a = np.ascontiguousarray(a.swapaxes(-1, -2)) if trans_a else a
     stored_b = np.ascontiguousarray(b.swapaxes(-1, -2)) if trans_b else b
-    call = gemm_arguments(stored_a.shape, stored_b.shape, trans_a, trans_b)
-    if call is None:  # broadcasting: the caller widens to f32 instead
-        assert len(a_shape) != len(b_shape) and trans_a
-        return
-    want = a @ b
-    np.testing.assert_allclose(cublas_gemm(call, stored_a, stored_b)[: want.size], want.reshape(-1), rtol=1e-12, atol=1e-12)
+    out_shape = broadcast_shapes(a_shape[:-2], b_shape[:-2], "matmul") + (a_shape[-2], b_shape[-1])
+    calls = matmul_calls(stored_a.shape, stored_b.shape, out_shape, trans_a, trans_b, dtype)
+    storage = np.uint16 if dtype == DType.bf16 else np.float32
+    out = np.full(out_shape, 7, dtype=storage)
+    for call in calls:
+        cublas_gemm(call, np.ascontiguousarray(stored_b).view(storage), np.ascontiguousarray(stored_a).view(storage), out)
+    got = out.view(ml_dtypes.bfloat16).astype(np.float32) if dtype == DType.bf16 else out
+    tol = 2.0**-8 if dtype == DType.bf16 else 1e-6  # bf16: the f32 product rounded once
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    assert len(calls) == (2 if (a_shape, b_shape) == ((2, 1, 5, 3), (4, 3, 2)) else 1), calls  # one call unless no stride describes the batch
 
 
 def test_frozen_parameters_stay_put_on_the_cpu_and_the_emulated_device(tmp_path: Path) -> None:
@@ -209,3 +206,47 @@ def test_frozen_parameters_stay_put_on_the_cpu_and_the_emulated_device(tmp_path:
         assert all(np.array_equal(start[p], end[p]) for p in start if p.startswith("net.layers.0.")), name
         assert not np.array_equal(start["net.layers.1.w"], end["net.layers.1.w"]), name
     np.testing.assert_allclose(losses["device"], losses["cpu"], rtol=2e-3)
+
+
+def test_a_device_run_says_for_each_program_which_ops_run_on_the_host(tmp_path: Path) -> None:
+    """`run --device cuda` prints one line per program it loads, from the runtime's side
+    (the attempt's say): every op on the device, or the ops on the host with the bytes they
+    copy per run (here random-normal noise on the inputs)."""
+    from sexpgpu.compile.pipeline import compile_file
+    from sexpgpu.runtime.attempt import RunOptions, train
+
+    (tmp_path / ".git").mkdir()
+    path = tmp_path / "noisy.lisp"
+    path.write_text(WHOLE_LOOP.replace("(net (field batch x))))\n    (metric acc", "(net (+ (field batch x) (* 0.01 (random-normal '(16 2)))))))\n    (metric acc")
+                    .replace(":microbatches 2 :precision :bf16", ":precision :f32"))
+    experiment = compile_file(path).experiment
+    assert experiment is not None
+    said: list[str] = []
+    outcome = train(experiment, RunOptions(store=str(tmp_path / "runs"), max_steps=2, signals=False, backend=DeviceBackend(ArrayDevice(np, HostRunner()))),
+                    say=said.append)
+    assert outcome.exit_code == 0
+    notices = [line for line in said if line.startswith("cuda: ")]
+    assert "cuda: update: every op runs on the device" in notices and "cuda: eval:val: every op runs on the device" in notices, notices
+    (train_line,) = [line for line in notices if line.startswith("cuda: train: ")]
+    assert train_line.endswith(f"1 op on the host (%{train_line.split('%')[1].split()[0]} random_normal): {8 + 16 * 2 * 4:,} bytes copied per run"), train_line
+
+
+@pytest.mark.parametrize("dtype", [DType.f32, DType.bf16])
+def test_microbatch_sums_and_scalings_stay_on_the_device_and_equal_the_host(dtype: DType) -> None:
+    """DeviceBackend.add and .scaled (the microbatches' gradient sums) are generated kernels,
+    bf16 as its bits: the host backend's values exactly."""
+    import ml_dtypes
+
+    from sexpgpu.ir.graph import TensorType
+    from sexpgpu.runtime.backend import HostBackend
+
+    t = TensorType(dtype=dtype, shape=(3, 7))
+    rng = np.random.default_rng(3)
+    host_dtype = ml_dtypes.bfloat16 if dtype == DType.bf16 else np.float32
+    a, b = (rng.standard_normal((3, 7)).astype(host_dtype) for _ in range(2))
+    device, host = DeviceBackend(ArrayDevice(np, HostRunner())), HostBackend()
+    total = device.add(None, device.put(a, t), t)
+    total = device.add(total, device.put(b, t), t)
+    want = host.add(host.add(None, a.copy(), t), b, t)
+    np.testing.assert_array_equal(device.get(total, t), want)
+    np.testing.assert_array_equal(device.get(device.scaled(total, 1 / 3, t), t), host.scaled(want, 1 / 3, t))

@@ -278,6 +278,15 @@ GRAD_CASES.update(
     }
 )
 
+# -- attention: q, k, v of one shape [..., S, H, D]; causal or not; lengths that are no multiple of any tile
+GRAD_CASES["attention"] = [
+    Case([F(2, 5, 1, 3)] * 3, {"causal": True, "scale": 3**-0.5}),
+    Case([F(1, 7, 2, 4)] * 3, {"causal": True, "scale": 0.5}),
+    Case([F(3, 6, 2, 2)] * 3, {"causal": False, "scale": 0.9}),
+    Case([F(2, 1, 3, 3)] * 3, {"causal": True, "scale": 1.0}),  # one position: attends to itself
+    Case([F(4, 3, 2)] * 3, {"causal": True, "scale": 0.7}),  # no batch axis
+]
+
 FORWARD_CASES: dict[str, list[Case]] = {
     "full": [Case([], {"value": 1.5, "dtype": "f32", "shape": [2, 3]}), Case([], {"value": 3, "dtype": "i64", "shape": []})],
     "constant": [Case([], {"data": [1.0, 2.0, 3.0, 4.0], "dtype": "f64", "shape": [2, 2]}), Case([], {"data": [True, False], "dtype": "bool", "shape": [2]})],
@@ -298,6 +307,11 @@ FORWARD_CASES: dict[str, list[Case]] = {
         Case([S(1, "i32")], {"shape": [7], "dtype": "bf16", "seed": 5, "key": 9, "mean": 0.0, "std": 1.0}),
     ],
     "dropout_mask": [Case([S(2)], {"shape": [6, 5], "rate": 0.3, "seed": 11, "key": 4})],
+    # its values are attention's gradients, which the finite differences of "attention" check
+    "attention_grad": [
+        Case([F(2, 5, 1, 3)] * 5, {"causal": True, "scale": 3**-0.5}),
+        Case([F(1, 6, 2, 4)] * 5, {"causal": False, "scale": 0.5}),
+    ],
 }
 for _cmp in ("eq", "ne", "lt", "gt", "le", "ge"):
     FORWARD_CASES[_cmp] = [Case([G(3, 4), G(4)]), Case([I([1, 2, 3]), I([[2], [1]])])]

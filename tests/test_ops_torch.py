@@ -149,6 +149,8 @@ TORCH: dict[str, TorchFn] = {
     "unslice": _unslice,
     "take": _take,
     "scatter_add": _scatter_add,
+    "attention": lambda xs, a: torch.nn.functional.scaled_dot_product_attention(*(x.transpose(-3, -2) for x in xs), is_causal=a["causal"],
+                                                                                 scale=a["scale"]).transpose(-3, -2),
     **IMAGES,
 }
 
@@ -242,5 +244,6 @@ def test_larger_shapes_match_torch() -> None:
         ("conv2d", Case([F(2, 32, 9, 9), _weight(32, 8, 3, 3)], {"stride": [2, 2], "padding": [1, 1], "dilation": [1, 1], "groups": 4})),
         ("max_pool2d", Case([D(4, 8, 12, 12)], {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1]})),
         ("avg_pool2d", Case([F(4, 8, 12, 12)], {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1]})),
+        ("attention", Case([F(2, 37, 4, 16)] * 3, {"causal": True, "scale": 0.25})),  # the char transformer's heads, an odd length
     ]:
         _check_against_torch(op, case, 7)

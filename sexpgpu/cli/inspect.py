@@ -177,26 +177,40 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 def cuda_document(experiment: Experiment, names: list[str]) -> dict[str, Any]:
-    """The CUDA lowering of the selected programs and the device memory plan (no GPU needed)."""
+    """The CUDA lowering of the selected programs and the device memory plan (no GPU needed);
+    a program the lowering cannot express is `{"error": why}` and leaves the plan out."""
+    from ..runtime.backend import DeviceError
     from ..runtime.cuda.plan import report
 
-    programs = {name: report(select_program(experiment, name)).model_dump() for name in names}
-    arenas = {name: programs[name]["arena"]["size"] for name in names if name in experiment.module.programs}
-    return {"programs": programs, "memory": device_memory_plan(experiment, arenas).model_dump()}
+    programs: dict[str, Any] = {}
+    for name in names:
+        try:
+            programs[name] = report(select_program(experiment, name)).model_dump()
+        except DeviceError as exc:
+            programs[name] = {"error": str(exc)}
+    arenas = {name: programs[name]["arena"]["size"] for name in names if name in experiment.module.programs and "arena" in programs[name]}
+    try:
+        memory: Optional[dict[str, Any]] = device_memory_plan(experiment, arenas).model_dump()
+    except DeviceError:
+        memory = None
+    return {"programs": programs, "memory": memory}
 
 
 def cuda_text(cuda: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for name, rep in cuda["programs"].items():
-        fused = sum(k["launches"] for k in rep["kernels"] if k["kind"] in ("fused", "rows", "reduce", "scatter", "random"))
-        gemms = sum(1 for k in rep["kernels"] if k["kind"] == "gemm")
-        out += ["", f"CUDA lowering: {name}  ({rep['launches']} launches: {fused} generated kernels, {gemms} cuBLAS calls, "
-                f"{rep['launches'] - fused - gemms} other kernels; {_bytes(rep['total_bytes'])} moved, {rep['total_flops']:,} FLOPs)"]
+        if "error" in rep:
+            out += ["", f"CUDA lowering: {name}  cannot run on the CUDA device: {rep['error']}"]
+            continue
+        cublas = sum(k["cublas"] for k in rep["kernels"])
+        out += ["", f"CUDA lowering: {name}  ({rep['launches']} launches: {rep['launches'] - cublas} generated kernels, {cublas} cuBLAS calls; "
+                f"{_bytes(rep['total_bytes'])} moved, {rep['total_flops']:,} FLOPs)"]
+        out += [f"  warning: %{k['nodes'][0].split()[0][1:]} {k['warning']}" for k in rep["kernels"] if k["warning"]]
         out.append(f"  {'#':>3}  {'kernel':<44} {'elements':>10} {'bytes':>10} {'FLOPs':>12}  IR nodes")
         for k in rep["kernels"]:
             if k["kind"] == "view":
                 continue
-            # the kernel's name, then (below it) a second kernel's and who computes what
+            # the kernel's name, then (below it) the next launches' and who computes what
             names = k["kernel"].split(" + ")
             column = [names[0]] + [f"+ {n}" for n in names[1:]] + (textwrap.wrap(f"({k['how']})", 44) if k.get("how") else [])
             nodes = k["nodes"]
@@ -207,11 +221,15 @@ def cuda_text(cuda: dict[str, Any]) -> list[str]:
         arena = rep["arena"]
         out.append(f"  arena: {_bytes(arena['size'])} ({len(arena['buffers'])} buffers by liveness; peak live {_bytes(arena['peak_live'])})")
     m = cuda["memory"]
+    if m is None:
+        return out
     out += ["", "memory plan (cuda)", f"  {'params':<18} {_bytes(m['params']):>12}", f"  {'optimizer state':<18} {_bytes(m['optimizer_state']):>12}"]
     for name, size in m["arenas"].items():
         out.append(f"  {('arena ' + name):<18} {_bytes(size):>12}")
     if m["gradient_accumulator"]:
         out.append(f"  {'grad accumulator':<18} {_bytes(m['gradient_accumulator']):>12}")
+    if m.get("allreduce_buckets"):
+        out.append(f"  {'all-reduce buckets':<18} {_bytes(m['allreduce_buckets']):>12}")
     out.append(f"  {'total':<18} {_bytes(m['total']):>12}")
     return out
 

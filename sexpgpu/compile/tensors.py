@@ -703,6 +703,17 @@ class TensorLib:
                 raise type_error("einsum", 1, 'a subscript string like "bij,bjk->bik"', spec)
             return stage_einsum(self, spec, [self.staged("einsum", i + 2, x) for i, x in enumerate(operands)])
 
+        def attention(q: Any, k: Any, v: Any, *args: Any) -> Any:
+            """(attention q k v &key (causal t) scale): q, k, v [..., S, H, D] (S positions of H
+            heads of width D); per head softmax(q k^T * scale + mask) v, one op (its gradient in
+            closed form; fused on a device); SCALE defaults to 1/sqrt(D). Computed in f32 in a
+            :bf16 run, its result rounded once."""
+            keys = parse_keys("attention", args, {"CAUSAL", "SCALE"}, 4)
+            sq, sk, sv = (self.staged("attention", i + 1, x) for i, x in enumerate((q, k, v)))
+            width = sq.type.shape[-1] if sq.type.rank else 1
+            scale = self.float_arg("attention", keys["SCALE"], 5) if "SCALE" in keys else 1.0 / math.sqrt(width)
+            return self.op("attention", "attention", sq, sk, sv, causal=keys.get("CAUSAL", T) is not NIL, scale=scale)
+
         def with_numerics(dtype: Any, thunk: Any) -> Any:
             """(with-numerics (:f32) body...): BODY's tensor ops run in f32 in a :bf16 run;
             its tensor result goes back to bf16 at the island's exit."""
@@ -727,6 +738,7 @@ class TensorLib:
         self.add("%layer-norm", layer_norm)
         self.add("%rms-norm", rms_norm)
         self.add("einsum", einsum)
+        self.add("attention", attention)
 
     # -- images ------------------------------------------------------------------------------------------
     def install_images(self) -> None:

@@ -56,10 +56,7 @@ class OpKind(str, Enum):
     MATMUL = "matmul"
     RANDOM = "random"  # counter-based random bits: the same on every backend only through the op's own kernel
     IMAGE = "image"  # windows over NCHW images: convolutions and pools
-
-
-# the kinds whose result elements are argument elements, unchanged
-MOVING_KINDS = frozenset({OpKind.VIEW, OpKind.LAYOUT, OpKind.GATHER})
+    ATTENTION = "attention"  # softmax(q k^T * scale + mask) v, and its gradient
 
 
 @dataclass(frozen=True)
@@ -85,16 +82,14 @@ class OpDef:
     # optional: how the CUDA lowering builds the op from other ops (which it then fuses), for
     # an op that is a primitive for its gradient's sake: (builder, node with its args) -> value
     decompose: Optional[Callable[["Builder", Node], int]] = None
+    # the op has no device kernel: on a device it runs this NumPy kernel on host copies of its
+    # arguments and its result is copied back, every run (`explain --cuda` warns of it, and
+    # `run --device cuda` names it with the bytes it copies)
+    on_host: bool = False
 
     @property
     def elementwise(self) -> bool:
         return self.kind is OpKind.ELEMENTWISE
-
-    @property
-    def moves_elements(self) -> bool:
-        """Whether every result element is an argument element, unchanged: a backend may
-        compute the op on the storage bits of any dtype."""
-        return self.kind in MOVING_KINDS
 
 
 OPS: dict[str, OpDef] = {}
@@ -128,7 +123,7 @@ def _load_entries() -> None:
     if _LOADED:
         return
     _LOADED.append(True)
-    from . import ops_conv, ops_elementwise, ops_linalg, ops_random, ops_reduce, ops_shape  # noqa: F401  (they register)
+    from . import ops_attention, ops_conv, ops_elementwise, ops_linalg, ops_random, ops_reduce, ops_shape  # noqa: F401  (they register)
 
 
 def all_ops() -> dict[str, OpDef]:

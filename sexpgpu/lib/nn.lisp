@@ -58,8 +58,8 @@ the identity in evaluation. The mask is Philox keyed by the seed, the step and t
       (/ (where (dropout-mask (shape x) rate) x 0.0) (- 1.0 rate))))
 
 (defmodel causal-attention (d heads &key (dropout 0.0))
-  "Multi-head self-attention where position i sees positions 0..i. The diagonal is always
-visible, so no row is fully masked."
+  "Multi-head self-attention where position i sees positions 0..i (the diagonal is always
+visible): one attention op, fused on a device; with DROPOUT on the weights, its parts."
   (defpart wq (linear d d))
   (defpart wk (linear d d))
   (defpart wv (linear d d))
@@ -68,14 +68,14 @@ visible, so no row is fully masked."
     (destructuring-bind (b s width) (shape x)
       (declare (ignore width))
       (let* ((hd (floor d heads))
-             (split (lambda (y) (permute (reshape y (list b s heads hd)) '(0 2 1 3))))
+             (split (lambda (y) (reshape y (list b s heads hd))))
              (q (funcall split (wq x)))
              (k (funcall split (wk x)))
              (v (funcall split (wv x)))
-             (scores (/ (matmul q (transpose k)) (sqrt (float hd))))
-             (masked (where (tril-mask s) scores -1e9))
-             (weights (dropout (softmax masked :axis -1) dropout))
-             (mixed (permute (matmul weights v) '(0 2 1 3))))
+             (heads-first (lambda (y) (permute y '(0 2 1 3))))
+             (scores (lambda () (/ (matmul (funcall heads-first q) (transpose (funcall heads-first k))) (sqrt (float hd)))))
+             (weights (lambda () (dropout (softmax (where (tril-mask s) (funcall scores) -1e9) :axis -1) dropout)))
+             (mixed (if (zerop dropout) (attention q k v :causal t) (permute (matmul (funcall weights) (funcall heads-first v)) '(0 2 1 3)))))
         (wo (reshape mixed (list b s d)))))))
 
 (defmodel transformer-block (d heads &key (mlp-ratio 4) (dropout 0.0))

@@ -196,8 +196,8 @@ class Attempt:
         emit(self.events, "run.start", step=0, slug=self.slug, steps=self.steps, attempt=self.attempt)
         emit(self.events, "compile", step=0, ir_hash=self.experiment.ir_hash, params=sum(int(np.prod(p.shape)) for p in self.experiment.params))
         try:
-            self.trainer = Trainer(self.experiment, self.ranks, self.options.backend, self.options.data_roots)
-            self.evaluations = Evaluations(self.experiment, self.trainer.dataset, self.options.backend, self.options.data_roots)
+            self.trainer = Trainer(self.experiment, self.ranks, self.options.backend, self.options.data_roots, say=self.say)
+            self.evaluations = Evaluations(self.experiment, self.trainer.dataset, self.options.backend, self.options.data_roots, say=self.say)
         except DataError as exc:
             status.update(state="failed", summary=Summary(exit_code=int(Exit.DATA), reason=f"data error: {exc}"))
             emit(self.events, "run.end", step=0, exit_code=int(Exit.DATA), reason=f"data error: {exc}")

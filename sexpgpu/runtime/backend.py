@@ -10,11 +10,15 @@ identity; on the CUDA device it keeps a step's tensors on the GPU between progra
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
 from ..ir.graph import Program, TensorType
+
+
+Ready = Callable[[str, Any], None]  # (output name, its resident value)
+Say = Callable[[str], None]
 
 
 class DeviceError(Exception):
@@ -27,7 +31,16 @@ class RunnableProgram(Protocol):
     program: Program  # the IR as `sexpgpu ir` prints it (the non-finite replay names its nodes)
     input_ids: dict[str, int]
 
-    def run(self, feeds: dict[str, Any], keep: frozenset[str] = frozenset()) -> dict[str, Any]: ...
+    def run(self, feeds: dict[str, Any], keep: frozenset[str] = frozenset(), ready: Optional[Ready] = None) -> dict[str, Any]:
+        """The outputs; those named in KEEP resident. READY, if given, is called with each kept
+        output once it is complete (on a device, as soon as the step that makes it has been
+        launched; on the host, after the run)."""
+        ...
+
+    def notice(self) -> Optional[str]:
+        """One line on how the program runs here, for the run's output: on a device, which
+        ops run on the host and the bytes they copy per run (None on the host)."""
+        ...
 
 
 class Backend(Protocol):
@@ -51,6 +64,15 @@ class Backend(Protocol):
     def scaled(self, total: Any, factor: float, t: TensorType) -> Any:
         """TOTAL * FACTOR, in T's dtype (the factor rounded to it, as NumPy does)."""
         ...
+
+
+def made(backend: Backend, program: Program, say: Optional[Say]) -> RunnableProgram:
+    """BACKEND's PROGRAM, its notice (if any) said through SAY."""
+    runnable = backend.program(program)
+    line = runnable.notice() if say is not None else None
+    if say is not None and line:
+        say(line)
+    return runnable
 
 
 class HostBackend:

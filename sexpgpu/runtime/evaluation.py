@@ -7,7 +7,7 @@ import time
 from typing import Any, Optional
 
 from ..ir.experiment import EvalSpec, Experiment
-from .backend import Backend, RunnableProgram
+from .backend import Backend, RunnableProgram, Say, made
 from .bounds import check_bounds, index_bounds
 from .data.load import load_dataset
 from .data.spec import DataError, Dataset, loader_spec, shared_examples
@@ -19,7 +19,8 @@ class EvalPass:
     """One defeval: the whole loader, full batches through its program and the examples of
     the last partial batch one by one, so every example counts once and exactly."""
 
-    def __init__(self, experiment: Experiment, spec: EvalSpec, train_data: Dataset, backend: Backend, data_roots: tuple[str, ...] = ()) -> None:
+    def __init__(self, experiment: Experiment, spec: EvalSpec, train_data: Dataset, backend: Backend, data_roots: tuple[str, ...] = (),
+                 say: Optional[Say] = None) -> None:
         self.spec = spec
         record = experiment.loaders[spec.loader]
         self.dataset = load_dataset(loader_spec(record, experiment.run.seed, data_roots))
@@ -34,8 +35,8 @@ class EvalPass:
                 )
         self.batch = record.batch
         self.fields = [f.name for f in record.fields]
-        self.full = backend.program(experiment.module.programs[f"eval:{spec.name}"])
-        self.single = backend.program(experiment.module.programs[f"eval:{spec.name}:1"])
+        self.full = made(backend, experiment.module.programs[f"eval:{spec.name}"], say)
+        self.single = made(backend, experiment.module.programs[f"eval:{spec.name}:1"], say)
 
     def run(self, params: dict[str, Any]) -> dict[str, float]:
         totals: dict[str, float] = {m: 0.0 for m in self.spec.metrics}
@@ -61,9 +62,10 @@ class Evaluations:
     """Every evaluation pass of a run: what each measured last, the best value of each metric
     so far (both go into checkpoints), and the targets they are held to."""
 
-    def __init__(self, experiment: Experiment, train_data: Dataset, backend: Backend, data_roots: tuple[str, ...] = ()) -> None:
+    def __init__(self, experiment: Experiment, train_data: Dataset, backend: Backend, data_roots: tuple[str, ...] = (),
+                 say: Optional[Say] = None) -> None:
         self.experiment = experiment
-        self.passes = {e.name: EvalPass(experiment, e, train_data, backend, data_roots) for e in experiment.evals}
+        self.passes = {e.name: EvalPass(experiment, e, train_data, backend, data_roots, say) for e in experiment.evals}
         self.done: dict[str, dict[str, float]] = {}
         self.best: dict[str, float] = {}
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from ..ir.experiment import Experiment
 from ..ir.graph import shape_size
+from .backend import DeviceError
 from .numpy_backend import plan_layout
 
 F32_BYTES = 4  # parameters, gradients and optimizer state are held in f32 (master weights under bf16)
@@ -29,6 +30,9 @@ class DeviceMemoryPlan(BaseModel):
     optimizer_state: int
     arenas: dict[str, int]  # program -> its arena's bytes, held for the whole run
     gradient_accumulator: int
+    # data-parallel ranks (NCCL) reduce their gradients in buckets on the device: the wire
+    # copy and, for a bf16 wire, the gradients unpacked from it (at most 1.5 x the gradients)
+    allreduce_buckets: int = 0
     total: int
 
 
@@ -55,13 +59,19 @@ def device_memory_plan(experiment: Experiment, arenas: Optional[Mapping[str, int
     loaded = [name for name in experiment.module.programs if name != "forward"]
     sizes = {name: known[name] if name in known else plan_arena(lower(experiment.module.programs[name])).size for name in loaded}
     accumulator = host.grads if experiment.run.microbatches > 1 else 0
-    total = host.params + host.optimizer_state + sum(sizes.values()) + accumulator
-    return DeviceMemoryPlan(params=host.params, optimizer_state=host.optimizer_state, arenas=sizes, gradient_accumulator=accumulator, total=total)
+    buckets = host.grads * 3 // 2 if experiment.world > 1 else 0
+    total = host.params + host.optimizer_state + sum(sizes.values()) + accumulator + buckets
+    return DeviceMemoryPlan(params=host.params, optimizer_state=host.optimizer_state, arenas=sizes, gradient_accumulator=accumulator,
+                            allreduce_buckets=buckets, total=total)
 
 
 def device_memory_problem(experiment: Experiment, free: int) -> Optional[str]:
-    """Why the run cannot fit in FREE bytes of device memory (None: it fits)."""
-    need = device_memory_plan(experiment).total
+    """Why the run cannot fit in FREE bytes of device memory, or cannot run on the device at
+    all (None: it fits)."""
+    try:
+        need = device_memory_plan(experiment).total
+    except DeviceError as exc:  # a program the CUDA lowering cannot express
+        return f"the CUDA device cannot run it: {exc}"
     if need > free:
         return f"the run needs {need:,} bytes of device memory (sexpgpu explain --cuda), the device has {free:,} free; lower the batch or use :microbatches"
     return None

@@ -138,11 +138,21 @@ class CompiledProgram:
         self.input_ids = {i.name: i.id for i in program.inputs}
         self.input_types = {i.name: i.type for i in program.inputs}
 
-    def run(self, feeds: dict[str, np.ndarray], keep: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray], keep: frozenset[str] = frozenset(),
+            ready: Optional[Callable[[str, Any], None]] = None) -> dict[str, np.ndarray]:
         """Run on FEEDS. The results may be this program's buffers, overwritten by its next run;
-        KEEP (which outputs the caller keeps resident) changes nothing on the host."""
+        KEEP (which outputs the caller keeps resident) changes nothing on the host. READY is
+        called with each kept output after the run."""
         with np.errstate(all="ignore"):  # non-finite values are the finite guard's business
-            return self._run(feeds)
+            out = self._run(feeds)
+        if ready is not None:
+            for name in keep:
+                if name in out:
+                    ready(name, out[name])
+        return out
+
+    def notice(self) -> Optional[str]:
+        return None
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         values: list[Any] = [None] * self.plan.slots

@@ -9,17 +9,32 @@ themselves (Ray's GLOO on the CPU, NCCL through CuPy on GPUs) live in workers/co
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
+
+from ..ir.graph import TensorType
+from .backend import Backend
 
 
 class Collective(Protocol):
     rank: int
     world: int
 
-    def reduce_step(self, out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def reduce_step(self, out: dict[str, Any]) -> dict[str, Any]:
         """The step's outputs with gradients, loss and metrics reduced over the ranks."""
+        ...
+
+    def reduces_resident(self, backend: Backend, grads: dict[str, TensorType]) -> bool:
+        """Whether this collective reduces BACKEND's resident gradients (GRADS: their names
+        and types) where they live, on the device (NCCL with the CUDA device); otherwise the
+        loop gives `reduce_step` host arrays."""
+        ...
+
+    def gradient_ready(self, name: str, value: Any) -> None:
+        """Resident gradient NAME is complete (the step that makes it has been launched): a
+        bucket whose gradients are all complete can start its all-reduce while the backward
+        pass goes on."""
         ...
 
     def agree(self, value: bool) -> bool:

@@ -14,9 +14,9 @@ from typing import Any, Optional
 import numpy as np
 
 from ..ir.experiment import Experiment, InitSpec
-from ..ir.graph import TensorType
+from ..ir.graph import Program, TensorType
 from ..ir.selectors import selects
-from .backend import Backend, HostBackend, RunnableProgram
+from .backend import Backend, HostBackend, RunnableProgram, Say, made
 from .bounds import check_bounds, index_bounds
 from .checkpoint import CheckpointState
 from .data.load import load_dataset
@@ -52,10 +52,15 @@ class Trainer:
     """One run in progress: parameters, optimizer state, compiled programs, data stream."""
 
     def __init__(self, experiment: Experiment, ranks: Optional[Collective] = None, backend: Optional[Backend] = None,
-                 data_roots: tuple[str, ...] = ()) -> None:
+                 data_roots: tuple[str, ...] = (), say: Optional[Say] = None) -> None:
+        """SAY, if given, hears each program's notice as the backend makes it (on a device,
+        the ops that run on the host)."""
         self.experiment = experiment
         self.backend: Backend = backend or HostBackend()
-        make = self.backend.program
+
+        def make(program: Program) -> RunnableProgram:
+            return made(self.backend, program, say)
+
         self.ranks = ranks
         self.rank, self.world = (ranks.rank, ranks.world) if ranks is not None else (0, 1)
         if self.world > 1 and experiment.world != self.world:
@@ -110,7 +115,9 @@ class Trainer:
         self.random_step = np.zeros((), dtype=np.int64)
         self.train_uses_step = "rng.step" in self.train_program.input_ids
         # gradients stay resident for the update, unless a collective reduces them on the host
-        self.kept_grads = frozenset(k for k in self.types if k.startswith("grad:")) if self.world == 1 else frozenset()
+        grads = {k: t for k, t in self.types.items() if k.startswith("grad:")}
+        self.resident_reduce = ranks is not None and ranks.reduces_resident(self.backend, grads)
+        self.kept_grads = frozenset(grads) if self.world == 1 or self.resident_reduce else frozenset()
         self.ctx_names = [name for name in self.update_program.input_ids if name.startswith("ctx.")]
         self.ctx_arrays = {name: np.zeros((), dtype=np.float32) for name in self.ctx_names}
         self.started = time.time()
@@ -228,7 +235,9 @@ class Trainer:
             # different bits (one rank: the key is step * microbatches + microbatch)
             self.random_step[...] = (self.step * self.microbatches + microbatch) * self.world + self.rank
             feeds["rng.step"] = self.random_step
-        out = self.train_program.run(feeds, keep=self.kept_grads)
+        # one microbatch: each gradient's bucket all-reduces as soon as it is complete
+        ready = self.ranks.gradient_ready if self.ranks is not None and self.resident_reduce and self.microbatches == 1 else None
+        out = self.train_program.run(feeds, keep=self.kept_grads, ready=ready)
         if microbatch == 0:
             # a non-finite step leaves the parameters untouched and every batch is a fresh
             # array, so a replay needs copies only of the step counter reused across steps

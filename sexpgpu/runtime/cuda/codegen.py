@@ -23,6 +23,7 @@ import numpy as np
 from ...ir.dtypes import DType, numpy_dtype
 from ...ir.graph import Node, Shape, TensorType, shape_size
 from ...ir.ops import op_def
+from ..backend import DeviceError
 
 PRELUDE = r"""
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -31,6 +32,7 @@ PRELUDE = r"""
 #define SX_SYNC_WARP __syncwarp()
 #define SX_SYNC_BLOCK __syncthreads()
 #define SX_FN __device__ __forceinline__
+#define SX_TABLE __device__ const
 SX_FN float sx_bits_float(unsigned int b) { return __uint_as_float(b); }
 SX_FN unsigned int sx_float_bits(float f) { return __float_as_uint(f); }
 #else
@@ -94,8 +96,9 @@ class GroupNodes(Protocol):
     def outputs(self) -> list[int]: ...
 
 
-class LoweringError(Exception):
-    """The CUDA lowering cannot express this program (an unsupported dtype or op)."""
+class LoweringError(DeviceError):
+    """The CUDA lowering cannot express this program (an unsupported dtype or op): the device
+    cannot run it, which a run reports as it reports any device it cannot use (exit 4)."""
 
 
 @dataclass
@@ -115,6 +118,7 @@ class KernelSource:
     flops: int
     bytes: int
     lanes: str = "thread"  # who computes one item: a "thread", a "warp" (32 lanes) or a "block"
+    threads: Optional[int] = None  # the block size the kernel is written for (None: any multiple of 32)
 
 
 def c_types(dtype: DType) -> tuple[str, str]:
@@ -215,12 +219,15 @@ LOOPS = {
              "((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5", "((long long)blockDim.x * gridDim.x) >> 5"),
     "block": (("  SX_SHARED double sx_part[1024];", "  const int lane = threadIdx.x, lanes = blockDim.x;", "  double* part = sx_part;"),
               "(long long)blockIdx.x", "(long long)gridDim.x"),
+    # a block per item whose lanes share tiles of their own (`before` declares them): the
+    # kernel is written for `threads` lanes
+    "tile": (("  const int lane = threadIdx.x;",), "(long long)blockIdx.x", "(long long)gridDim.x"),
 }
 SYNC = {"warp": "SX_SYNC_WARP;", "block": "SX_SYNC_BLOCK;"}
 
 
 def assemble(prefix: str, decls: list[str], loop: str, lines: list[str], params: list[Param], size: int, flops: int,
-             before: tuple[str, ...] = (), moved: Optional[int] = None, lanes: str = "thread") -> KernelSource:
+             before: tuple[str, ...] = (), moved: Optional[int] = None, lanes: str = "thread", threads: Optional[int] = None) -> KernelSource:
     """A kernel: LINES inside a grid-stride loop over `LOOP < n` (items given to threads,
     warps or blocks, as LANES says), named PREFIX_<hash of its text>."""
     signature = ", ".join(decls + ["long long n"])
@@ -236,7 +243,7 @@ def assemble(prefix: str, decls: list[str], loop: str, lines: list[str], params:
     name = f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     if moved is None:
         moved = sum(shape_size(p.shape) * BYTES[p.dtype] for p in params)
-    return KernelSource(name=name, source=text.replace("@NAME@", name), params=params, size=size, flops=flops, bytes=moved, lanes=lanes)
+    return KernelSource(name=name, source=text.replace("@NAME@", name), params=params, size=size, flops=flops, bytes=moved, lanes=lanes, threads=threads)
 
 
 def combine_lanes(acc: str, op: str, lanes: str, indent: str = "    ") -> list[str]:
@@ -258,6 +265,8 @@ def load_expr(k: int, t: TensorType, space: Shape, index: str) -> str:
     return from_storage(f"in{k}[{broadcast_index(tuple(t.shape), space, index)}]", t.dtype)
 
 
+# the NumPy dtype of each dtype's device storage (bf16 as its 16 bits, booleans as bytes)
+STORAGE = {DType.f32: np.float32, DType.bf16: np.uint16, DType.i32: np.int32, DType.i64: np.int64, DType.bool: np.uint8, DType.f64: np.float64}
 BYTES = {DType.f32: 4, DType.bf16: 2, DType.f16: 2, DType.f64: 8, DType.i32: 4, DType.i64: 8, DType.bool: 1}
 
 

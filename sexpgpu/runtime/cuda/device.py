@@ -1,6 +1,7 @@
 """The CUDA device through CuPy: generated kernels compiled with NVRTC (`cupy.RawModule`, one
-module per program, cached by source hash), matmuls through CuPy's cuBLAS, the arena as one
-device allocation. `--device cuda|cuda:N|auto`.
+module per program, cached by source hash), cuBLAS calls (blas.py's, through CuPy's cuBLAS
+bindings on its handle and the current stream), the arena as one device allocation.
+`--device cuda|cuda:N|auto`.
 
 CuPy compiles with `-ftz=true`: denormals flush to zero on the device (the CPU keeps them).
 """
@@ -13,6 +14,7 @@ from typing import Any, Union
 import numpy as np
 
 from ..backend import DeviceError
+from .blas import CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUDA_TYPES, BlasCall
 from .codegen import PRELUDE, KernelSource
 from .executor import ArrayDevice
 
@@ -43,13 +45,41 @@ class CupyRunner:
             self.functions[name] = module.get_function(name)
 
     def launch(self, kernel: KernelSource, arrays: list[Any]) -> None:
-        self.functions[kernel.name]((grid_size(kernel, BLOCK, self.max_grid),), (BLOCK,), (*arrays, np.int64(kernel.size)))
+        block = kernel.threads or BLOCK
+        self.functions[kernel.name]((grid_size(kernel, block, self.max_grid),), (block,), (*arrays, np.int64(kernel.size)))
+
+    def gemm(self, call: BlasCall, a: Any, b: Any, c: Any) -> None:
+        """CALL through cublasGemmEx or cublasGemmStridedBatchedEx on the current stream,
+        alpha and beta given from the host."""
+        from cupy.cuda import cublas, device
+
+        def at(array: Any, offset: int) -> int:
+            return int(array.data.ptr) + offset * array.dtype.itemsize
+
+        one, zero = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
+        handle = device.get_cublas_handle()
+        cublas.setStream(handle, self.cupy.cuda.get_current_stream().ptr)
+        mode = cublas.getPointerMode(handle)
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        ab, out = CUDA_TYPES[call.in_dtype], CUDA_TYPES[call.out_dtype]
+        try:
+            if call.batch == 1:
+                cublas.gemmEx(handle, call.op_a, call.op_b, call.m, call.n, call.k, one.ctypes.data, at(a, call.a.offset), ab, call.a.ld,
+                              at(b, call.b.offset), ab, call.b.ld, zero.ctypes.data, at(c, call.c.offset), out, call.c.ld,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+            else:
+                cublas.gemmStridedBatchedEx(handle, call.op_a, call.op_b, call.m, call.n, call.k, one.ctypes.data,
+                                            at(a, call.a.offset), ab, call.a.ld, call.a.stride, at(b, call.b.offset), ab, call.b.ld, call.b.stride,
+                                            zero.ctypes.data, at(c, call.c.offset), out, call.c.ld, call.c.stride, call.batch,
+                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
+        finally:
+            cublas.setPointerMode(handle, mode)
 
 
 def grid_size(kernel: KernelSource, block: int, most: int) -> int:
     """Blocks for KERNEL's items: a thread, a warp or a block each (grid-stride loops cover
     what MOST blocks do not)."""
-    per_block = {"thread": block, "warp": block // 32, "block": 1}[kernel.lanes]
+    per_block = {"thread": block, "warp": block // 32, "block": 1, "tile": 1}[kernel.lanes]
     return max(1, min(most, -(-kernel.size // per_block)))
 
 

@@ -13,18 +13,17 @@ from __future__ import annotations
 from typing import Any, Optional, Protocol
 
 import numpy as np
-from pydantic import BaseModel
 
+from ...ir.builder import Builder
 from ...ir.dtypes import DType, numpy_dtype
 from ...ir.graph import Node, Program, TensorType
-from ...ir.ops import OpKind, op_def
-from ..backend import HostBackend
-from .codegen import KernelSource
+from ...ir.ops import op_def
+from ..backend import Ready
+from .blas import BlasCall
+from .codegen import STORAGE, KernelSource, storage_bytes
 from .fusion import lower
 from .kernels import kernels_for
 from .plan import plan_arena, scratch_value
-
-STORAGE = {DType.f32: np.float32, DType.bf16: np.uint16, DType.i32: np.int32, DType.i64: np.int64, DType.bool: np.uint8, DType.f64: np.float64}
 
 
 def c_order(xp: Any, a: Any) -> Any:
@@ -32,18 +31,20 @@ def c_order(xp: Any, a: Any) -> Any:
     return a if a.flags.c_contiguous else xp.ascontiguousarray(a).reshape(a.shape)
 
 
-def stored_as_bits(t: TensorType) -> bool:
-    """Whether T's device storage differs from its host dtype (bf16 as uint16, bool as bytes)."""
-    return np.dtype(STORAGE[t.dtype]) != np.dtype(numpy_dtype(t.dtype))
-
-
 class KernelRunner(Protocol):
+    """What launches work on a device: generated kernels and cuBLAS calls (CuPy's NVRTC and
+    cuBLAS on a GPU; the host emulation of both in the tests)."""
+
     def prepare(self, kernels: list[KernelSource]) -> None:
         """Compile every kernel once (cached by source)."""
         ...
 
     def launch(self, kernel: KernelSource, arrays: list[Any]) -> None:
         """Run KERNEL over ARRAYS (its params, in order; contiguous, storage dtypes)."""
+        ...
+
+    def gemm(self, call: BlasCall, a: Any, b: Any, c: Any) -> None:
+        """CALL on the flat storage of the contiguous arrays A, B (read) and C (written)."""
         ...
 
 
@@ -76,92 +77,13 @@ class ArrayDevice:
             return a.astype(bool)
         return a
 
-    def typed(self, value: Any, t: TensorType) -> Any:
-        """A storage array as the NumPy backend's dtype (host only: bf16 through ml_dtypes)."""
-        if t.dtype == DType.bf16:
-            return value.view(numpy_dtype(DType.bf16))
-        if t.dtype == DType.bool:
-            return value.astype(bool)
-        return value
-
-    def storage(self, value: Any, t: TensorType) -> Any:
-        value = self.xp.asarray(value)
-        if t.dtype == DType.bf16:
-            return value.view(np.uint16) if value.dtype.itemsize == 2 else self.round_bf16(value)
-        if t.dtype == DType.bool:
-            return value.astype(np.uint8)
-        return value.astype(STORAGE[t.dtype], copy=False)
-
-    def round_bf16(self, value: Any) -> Any:
-        """f32 values to bf16 bits, rounding to nearest even (as ml_dtypes does)."""
-        bits = c_order(self.xp, value.astype(np.float32)).view(np.uint32)
-        nan = (bits & 0x7FFFFFFF) > 0x7F800000
-        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-        return self.xp.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
-
-    def widen_bf16(self, bits: Any) -> Any:
-        return (bits.astype(np.uint32) << 16).view(np.float32)
-
-    def op(self, node: Node, args: list[Any], types: dict[int, TensorType]) -> Any:
-        """An op that is a kernel of its own. Element moves run on the storage bits; other ops
-        run the op table's kernel (NumPy's API, which CuPy arrays also dispatch), with bf16
-        widened to f32 and rounded back on a device without a bf16 array type. A random op
-        runs the CPU backend's kernel on the host: its bits (Philox keyed by seed, step and
-        op) must be the CPU's, bit for bit."""
-        definition = op_def(node.op)
-        kernel = definition.numpy
-        attrs = dict(node.attrs)
-        arg_types = [types[a] for a in node.args]
-        if definition.moves_elements:
-            try:
-                return kernel(args, attrs, None)
-            except (TypeError, ValueError, NotImplementedError):  # NumPy API CuPy lacks
-                return self.on_host(node, args, arg_types)
-        if self.xp is np:
-            with np.errstate(all="ignore"):
-                return self.storage(kernel([self.typed(a, t) for a, t in zip(args, arg_types)], attrs, None), node.type)
-        if definition.kind is OpKind.RANDOM:
-            return self.on_host(node, args, arg_types)
-        wide = [self.widen_bf16(a) if t.dtype == DType.bf16 else (a.astype(bool) if t.dtype == DType.bool else a) for a, t in zip(args, arg_types)]
-        if node.type.dtype == DType.bf16 and "dtype" in attrs:
-            attrs["dtype"] = "f32"
-        try:
-            return self.storage(kernel(wide, attrs, None), node.type)
-        except (TypeError, ValueError, NotImplementedError):  # NumPy API CuPy lacks (take's mode=, ...)
-            return self.on_host(node, args, arg_types)
-
     def on_host(self, node: Node, args: list[Any], arg_types: list[TensorType]) -> Any:
-        """The op table's NumPy kernel on host copies, the result sent back: the CPU
-        backend's exact values (Philox bits), at the price of two copies."""
-        host = [self.typed(np.asarray(a.get() if hasattr(a, "get") else a), t) for a, t in zip(args, arg_types)]
+        """The op table's NumPy kernel on host copies, the result sent back (an op declared
+        `on_host`): the CPU backend's exact values, at the price of the copies."""
+        host = [self.to_host(a, t) for a, t in zip(args, arg_types)]
         with np.errstate(all="ignore"):
             result = op_def(node.op).numpy(host, dict(node.attrs), None)
-        return self.storage(self.xp.asarray(self.to_storage_host(np.asarray(result), node.type)), node.type)
-
-    def to_storage_host(self, value: np.ndarray, t: TensorType) -> np.ndarray:
-        if t.dtype == DType.bf16:
-            return c_order(np, value.astype(numpy_dtype(DType.bf16))).view(np.uint16)
-        if t.dtype == DType.bool:
-            return value.astype(np.uint8)
-        return value
-
-    def matmul(self, node: Node, a: Any, b: Any, types: dict[int, TensorType], out: Any, trans_a: bool = False, trans_b: bool = False) -> Any:
-        """OUT = A @ B through cuBLAS, written straight into OUT (the product's arena buffer,
-        in storage dtype): bf16 operands accumulate in f32 and the product is rounded to
-        bf16 once (the NumPy backend's bf16 matmul on the host). An operand whose flag is
-        set is given as its transpose (of the last two axes)."""
-        ta, tb = types[node.args[0]], types[node.args[1]]
-        if ta.dtype == DType.bf16 and self.xp is not np and bf16_gemm(self.xp, a, b, out, trans_a, trans_b):
-            return out
-        a = a.swapaxes(-1, -2) if trans_a else a  # a view: CuPy's matmul passes cuBLAS the flag
-        b = b.swapaxes(-1, -2) if trans_b else b
-        if self.xp is np:
-            op_def("matmul").numpy([self.typed(a, ta), self.typed(b, tb)], dict(node.attrs), self.typed(out, node.type))
-        elif ta.dtype == DType.bf16:  # a broadcast batch: widened to f32, rounded once
-            out[...] = self.round_bf16(self.xp.matmul(self.widen_bf16(a), self.widen_bf16(b)))
-        else:
-            self.xp.matmul(a, b, out=out)
-        return out
+        return self.to_device(np.asarray(result), node.type)
 
 
 class LoweredProgram:
@@ -182,29 +104,68 @@ class LoweredProgram:
         self.memory = xp.zeros(max(self.arena.size, 1), dtype=np.uint8)
         self.views: dict[int, Any] = {}
         for buf in self.arena.buffers:
-            # a value's buffer, or a split reduction's partial results (f64)
-            t = self.types[buf.value] if buf.value >= 0 else TensorType(dtype=DType.f64, shape=(buf.bytes // 8,))
-            itemsize = np.dtype(STORAGE[t.dtype]).itemsize
-            count = buf.bytes // itemsize
-            self.views[buf.value] = self.memory[buf.offset : buf.offset + buf.bytes].view(STORAGE[t.dtype])[:count].reshape(t.shape)
+            raw = self.memory[buf.offset : buf.offset + buf.bytes]
+            if buf.value < 0:  # a step's scratch bytes, typed by the step (`ProgramRun.scratch`)
+                self.views[buf.value] = raw
+                continue
+            t = self.types[buf.value]
+            self.views[buf.value] = raw.view(STORAGE[t.dtype]).reshape(t.shape)
         self.kernels = [kernels_for(step, program, self.lowering.constants) for step in self.lowering.steps]
         device.runner.prepare([kernel for kernels in self.kernels for kernel in kernels])
+        self.made_once = False  # whether the constants made once are in their buffers
+        # the step after which each output is done with: written, and read by no later step
+        # (a gradient can travel from then on while the program goes on)
+        last: dict[str, int] = {}
+        for k, step in enumerate(self.lowering.steps):
+            for name, vid in self.outputs.items():
+                if vid in step.writes or vid in step.reads:
+                    last[name] = k
+        self.output_steps: dict[int, list[str]] = {}
+        for name, k in last.items():
+            self.output_steps.setdefault(k, []).append(name)
 
-    def run(self, feeds: dict[str, Any], keep: frozenset[str] = frozenset()) -> dict[str, Any]:
+    def run(self, feeds: dict[str, Any], keep: frozenset[str] = frozenset(), ready: Optional[Ready] = None) -> dict[str, Any]:
         """Run on FEEDS; the outputs named in KEEP stay on the device (views of the arena or
-        of an input: valid until the next run), the others come back as host arrays."""
+        of an input: valid until the next run), the others come back as host arrays. READY,
+        if given, is called with each kept output as soon as the last step that writes or
+        reads it has been launched (a data-parallel rank starts all-reducing gradients while
+        the backward pass goes on)."""
         device, types = self.device, self.types
         values: dict[int, Any] = {}
         for name, vid in self.input_ids.items():
             values[vid] = device.to_device(feeds[name], self.input_types[name])
+        if ready is not None:
+            for name, vid in self.outputs.items():
+                if name in keep and vid in values and not any(name in names for names in self.output_steps.values()):  # an input returned as it is
+                    ready(name, values[vid])
         run = ProgramRun(self, values)
         for k, step in enumerate(self.lowering.steps):
             run.step = k
-            step.launch(run, self.kernels[k])
+            if step.once and self.made_once:
+                for vid in step.writes:
+                    run.set(vid, run.buffer(vid))
+            else:
+                step.launch(run, self.kernels[k])
+            if ready is not None:
+                for name in self.output_steps.get(k, ()):
+                    if name in keep:
+                        ready(name, values[self.outputs[name]])
+        self.made_once = True
         return {name: values[vid] if name in keep else device.to_host(values[vid], types[vid]) for name, vid in self.outputs.items()}
 
     def run_copy(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
         return {k: np.array(v, copy=True) for k, v in self.run(feeds).items()}
+
+    def notice(self) -> Optional[str]:
+        """The ops of this program that run on the host (`on_host` in the op table) and the
+        bytes they copy per run, in one line."""
+        host = [step for step in self.lowering.steps if step.kind == "host"]
+        name = self.program.name
+        if not host:
+            return f"cuda: {name}: every op runs on the device"
+        ops = ", ".join(f"%{n.id} {n.op}" for step in host for n in step.nodes)
+        copied = sum(storage_bytes(self.types[v]) for step in host for v in step.reads + step.writes)
+        return f"cuda: {name}: {len(host)} op{'s' if len(host) > 1 else ''} on the host ({ops}): {copied:,} bytes copied per run"
 
 
 class ProgramRun:
@@ -229,8 +190,9 @@ class ProgramRun:
     def buffer(self, vid: int) -> Any:
         return self.lowered.views[vid]
 
-    def scratch(self) -> Any:
-        return self.lowered.views[scratch_value(self.step)]
+    def scratch(self, dtype: Any, count: int, offset: int = 0) -> Any:
+        raw = self.lowered.views[scratch_value(self.step)]
+        return raw[offset : offset + count * np.dtype(dtype).itemsize].view(dtype)
 
     def set(self, vid: int, value: Any) -> None:
         self.values[vid] = value
@@ -238,19 +200,22 @@ class ProgramRun:
     def launch(self, kernel: KernelSource, arrays: list[Any]) -> None:
         self.device.runner.launch(kernel, arrays)
 
-    def matmul(self, node: Node, a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool) -> Any:
-        return self.device.matmul(node, a, b, self.lowered.types, out, trans_a, trans_b)
+    def gemm(self, call: BlasCall, a: Any, b: Any, c: Any) -> None:
+        self.device.runner.gemm(call, a, b, c)
 
-    def array_op(self, node: Node) -> Any:
-        return self.device.op(node, [self.values[a] for a in node.args], self.lowered.types)
+    def host_op(self, node: Node) -> Any:
+        types = self.lowered.types
+        return self.device.on_host(node, [self.values[a] for a in node.args], [types[a] for a in node.args])
 
 
 class DeviceBackend:
     """The loop's backend on a device: programs lowered for it, parameters, optimizer state and
-    gradients resident in its memory between programs (see runtime/backend.py)."""
+    gradients resident in its memory between programs (see runtime/backend.py). Summing and
+    scaling resident arrays (microbatches) are generated kernels too, bf16 as its bits."""
 
     def __init__(self, device: ArrayDevice) -> None:
         self.device = device
+        self.arithmetic: dict[tuple[str, str, tuple[int, ...], float], LoweredProgram] = {}  # the sums and scalings made so far
 
     def program(self, program: Program) -> LoweredProgram:
         return LoweredProgram(program, self.device)
@@ -262,89 +227,20 @@ class DeviceBackend:
         return np.array(self.device.to_host(value, t), copy=True)
 
     def add(self, total: Optional[Any], value: Any, t: TensorType) -> Any:
-        if stored_as_bits(t):  # bf16 and bool: their bits, summed on the host
-            host = HostBackend().add(None if total is None else self.get(total, t), self.get(value, t), t)
-            return self.put(host, t)
         if total is None:
             return self.device.xp.array(value, copy=True)
-        total += value
+        total[...] = self.elementwise("add", t, 0.0).run({"a": total, "b": value}, keep=frozenset({"out"}))["out"]
         return total
 
     def scaled(self, total: Any, factor: float, t: TensorType) -> Any:
-        if stored_as_bits(t):
-            return self.put(HostBackend().scaled(self.get(total, t), factor, t), t)
-        return (total * total.dtype.type(factor)).astype(total.dtype)
+        return self.device.xp.array(self.elementwise("mul", t, factor).run({"a": total}, keep=frozenset({"out"}))["out"], copy=True)
 
-
-CUDA_R_16BF = 14  # cudaDataType: bf16
-CUBLAS_COMPUTE_32F = 68
-CUBLAS_GEMM_DEFAULT = -1
-CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
-
-
-class GemmArguments(BaseModel, frozen=True):
-    """One cuBLAS call for a row-major C = op(A) @ op(B), in cuBLAS's column-major terms:
-    row-major C (m x n) is column-major C^T, and C^T = op(B)^T op(A)^T, so the call takes B
-    first. An operand given transposed (stored as its transpose, contiguous) flips its op."""
-
-    op_b: int  # applied to the first (B's) matrix
-    op_a: int
-    rows: int  # of column-major C^T: n
-    cols: int  # m (all of a 2-D call's rows of A when B is a plain matrix)
-    depth: int  # k
-    ldb: int
-    lda: int
-    ldc: int
-    stride_b: int
-    stride_a: int
-    stride_c: int
-    batch: int  # 1: cublasGemmEx; more: cublasGemmStridedBatchedEx
-
-
-def gemm_arguments(a_shape: tuple[int, ...], b_shape: tuple[int, ...], trans_a: bool, trans_b: bool) -> Optional[GemmArguments]:
-    """The call computing A @ B from the stored (contiguous) operands of shapes A_SHAPE and
-    B_SHAPE, each the transpose of the operand when its flag is set; None when the batch
-    shapes differ (broadcasting the strided call cannot express)."""
-    k, m = (a_shape[-2], a_shape[-1]) if trans_a else (a_shape[-1], a_shape[-2] if len(a_shape) >= 2 else 1)
-    n = b_shape[-2] if trans_b else b_shape[-1]
-    ldb = k if trans_b else n
-    op_b = CUBLAS_OP_T if trans_b else CUBLAS_OP_N
-    op_a = CUBLAS_OP_T if trans_a else CUBLAS_OP_N
-    if len(b_shape) == 2 and len(a_shape) >= 2 and not trans_a:
-        rows = int(np.prod(a_shape[:-1]))  # every leading axis of A is a row of one gemm
-        return GemmArguments(op_b=op_b, op_a=op_a, rows=n, cols=rows, depth=k, ldb=ldb, lda=k, ldc=n, stride_b=0, stride_a=0, stride_c=0, batch=1)
-    if len(a_shape) == len(b_shape) and a_shape[:-2] == b_shape[:-2] and len(a_shape) >= 2:
-        batch = int(np.prod(a_shape[:-2], dtype=np.int64))
-        return GemmArguments(op_b=op_b, op_a=op_a, rows=n, cols=m, depth=k, ldb=ldb, lda=m if trans_a else k, ldc=n,
-                             stride_b=k * n, stride_a=m * k, stride_c=m * n, batch=batch)
-    return None
-
-
-def bf16_gemm(cupy: Any, a: Any, b: Any, out: Any, trans_a: bool = False, trans_b: bool = False) -> bool:
-    """OUT = A @ B, bf16 x bf16 -> bf16 with f32 accumulation through cuBLAS (cublasGemmEx,
-    or cublasGemmStridedBatchedEx for equal batch shapes), on row-major operands given as
-    their 16-bit storage, each stored transposed when its flag says so (cuBLAS's transpose
-    flag: no copy), written into OUT (contiguous uint16). False when the shapes need
-    broadcasting (the caller widens to f32 instead)."""
-    from cupy.cuda import cublas, device
-
-    call = gemm_arguments(tuple(a.shape), tuple(b.shape), trans_a, trans_b)
-    if call is None:
-        return False
-    a, b = c_order(cupy, a), c_order(cupy, b)
-    assert out.flags.c_contiguous and out.dtype == np.uint16
-    one, zero = np.ones(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
-    handle = device.get_cublas_handle()
-    mode = cublas.getPointerMode(handle)
-    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)  # alpha and beta live on the host
-    try:
-        if call.batch == 1:
-            cublas.gemmEx(handle, call.op_b, call.op_a, call.rows, call.cols, call.depth, one.ctypes.data, b.data.ptr, CUDA_R_16BF, call.ldb,
-                          a.data.ptr, CUDA_R_16BF, call.lda, zero.ctypes.data, out.data.ptr, CUDA_R_16BF, call.ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
-        else:
-            cublas.gemmStridedBatchedEx(handle, call.op_b, call.op_a, call.rows, call.cols, call.depth, one.ctypes.data,
-                                        b.data.ptr, CUDA_R_16BF, call.ldb, call.stride_b, a.data.ptr, CUDA_R_16BF, call.lda, call.stride_a,
-                                        zero.ctypes.data, out.data.ptr, CUDA_R_16BF, call.ldc, call.stride_c, call.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)
-    finally:
-        cublas.setPointerMode(handle, mode)
-    return True
+    def elementwise(self, op: str, t: TensorType, factor: float) -> LoweredProgram:
+        """out = a + b, or a * FACTOR (rounded to T's dtype, as NumPy rounds it), lowered once."""
+        key = (op, t.dtype.value, tuple(t.shape), factor)
+        if key not in self.arithmetic:
+            b = Builder(f"{op}:{t}")
+            a = b.input("a", "value", t)
+            other = b.input("b", "value", t) if op == "add" else b.const(factor, t.dtype)
+            self.arithmetic[key] = self.program(b.program({"out": b.op(op, a, other)}))
+        return self.arithmetic[key]

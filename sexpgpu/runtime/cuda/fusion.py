@@ -1,13 +1,15 @@
 """How the CUDA device lowers an IR program: fusion groups, cuBLAS calls, other kernels.
 
-Every node is placed by its op's rule (lowering.py's registry, filled by steps.py): elementwise
-ops (and `broadcast_to`, 1-D joins and windows, scalar `full` constants) that compute over the
-same element space are fused into one group, which becomes one generated kernel: its values
-live in registers, only the group's inputs are read and only the values used outside it (or
-returned by the program) are written. Matmuls are cuBLAS calls. Every other op is one kernel
-of its own (reductions, gathers, the deterministic scatter-add, convolutions, ...). Then a
-reduction takes in the group that makes its input, and the row pass (rows.py) merges runs
-over one row space.
+Every node is placed by its op's rule (lowering.py's registry, filled by steps.py, images.py
+and attention.py, which this module imports): elementwise ops (and `broadcast_to`, 1-D joins
+and windows, scalar `full` constants) that compute over the same element space are fused into
+one group, which becomes one generated kernel: its values live in registers, only the group's
+inputs are read and only the values used outside it (or returned by the program) are written.
+Matmuls are cuBLAS calls. Every other op is a step of its own: generated kernels (reductions,
+moves, gathers, the deterministic scatter-add, pools, attention), cuBLAS calls with the
+kernels around them (convolutions), or, for an op the table declares `on_host`, its NumPy
+kernel on the host. Then a reduction takes in the group that makes its input, and the row pass
+(rows.py) merges runs over one row space.
 
 A node may join a group only if none of its other arguments depends on the group (else
 the group would need its own output before it ends): the partition stays a DAG.
@@ -24,9 +26,14 @@ from typing import Optional
 from ...ir.builder import Builder
 from ...ir.graph import Node, Program, TensorType, readers_of
 from ...ir.ops import op_def
-from .lowering import Absorbed, Fuse, Placement, Step, lowering_for
+from . import attention, images, moves  # noqa: F401  (attention and images register their rules)
+from .codegen import storage_bytes
+from .lowering import Absorbed, ComputesInputs, Fuse, Placement, Prologue, Step, lowering_for
 from .rows import fuse_rows
-from .steps import FusedGroup, OpKernel, ReduceGroup
+from .steps import FusedGroup, KernelStep, ReduceGroup, ViewStep
+
+
+RECOMPUTED_NODES = 32  # the longest chain of ops a reader recomputes instead of reading its value
 
 
 class Partition:
@@ -105,7 +112,7 @@ class Partition:
         starts one; a window that cannot join its source's group is a kernel of its own."""
         group = next((g for g in (self.group_of.get(a) for a in node.args) if g is not None and self.can_join(node, fuse, g)), None)
         if group is None and fuse.window is not None:
-            steps.append(OpKernel(node))
+            steps.append(KernelStep(node, moves.slice_kernel))
             return
         if group is None:
             group = FusedGroup(shape=tuple(node.type.shape))
@@ -128,45 +135,134 @@ class Partition:
             elif not isinstance(placement, Absorbed):  # a transpose flag is no step: its matmuls read its source
                 steps.append(placement)
         self.finish_groups(steps)
+        steps = self.rematerialize(steps)
+        self.finish_groups(steps)
+        # a group whose every value its readers now recompute has nothing left to do
+        steps = [s for s in steps if not isinstance(s, FusedGroup) or s.outputs]
         steps = self.fuse_prologues(steps)
         return fuse_rows(self.ordered(steps), self.program, self.constants)
 
     def fuse_prologues(self, steps: list[Step]) -> list[Step]:
-        """A reduction takes in the fused group that makes its input when that group makes
-        nothing else (its one output is read by the reduction alone)."""
+        """A reduction takes in the fused group that makes its input: the group's kernel is
+        gone, its values that other steps read the reduction stores as it visits them."""
         absorbed: set[int] = set()
+        readers: dict[int, list[int]] = {}  # value -> the steps that read it
         for step in steps:
-            if not isinstance(step, ReduceGroup):
+            for v in step.reads:
+                readers.setdefault(v, []).append(id(step))
+        for step in steps:
+            if not isinstance(step, ReduceGroup) or step.prologue is not None:
                 continue
             source = step.node.args[0]
             group = self.group_of.get(source)
-            if group is None or group.outputs != [source] or len(self.readers(source)) != 1 or source in self.returned:
-                continue
-            if group.piecewise:
+            if group is None or id(group) in absorbed or source not in group.outputs or group.piecewise:
                 continue
             if group.shape != tuple(self.types[source].shape):
                 continue
             step.prologue = group
+            step.sides = [v for v in group.outputs if v != source or v in self.returned or any(r != id(step) for r in readers.get(v, []))]
             absorbed.add(id(group))
         return [s for s in steps if id(s) not in absorbed]
 
     def finish_groups(self, steps: list[Step]) -> None:
-        used_outside: dict[int, bool] = {}
-        for node in self.program.nodes:
-            group = self.group_of.get(node.id)
-            for arg in node.args:
-                if group is None or arg not in group.ids:
-                    used_outside[arg] = True
+        """Each fused group's inputs (what its nodes read from outside it) and outputs (its
+        own nodes' values that another step reads, or the program returns; a node a group
+        recomputes is written by its own group alone)."""
         for step in steps:
             if isinstance(step, FusedGroup):
                 ids = step.ids
-                seen: list[int] = []
-                for n in step.nodes:
-                    for arg in n.args:
-                        if arg not in ids and arg not in seen and arg not in self.constants:
-                            seen.append(arg)
-                step.inputs = seen
-                step.outputs = [n.id for n in step.nodes if used_outside.get(n.id) or n.id in self.returned]
+                step.inputs = list(dict.fromkeys(a for n in step.nodes for a in n.args if a not in ids and a not in self.constants))
+        used = {v for step in steps for v in step.reads}
+        for step in steps:
+            if isinstance(step, FusedGroup):
+                step.outputs = [n.id for n in step.nodes if self.group_of.get(n.id) is step and (n.id in used or n.id in self.returned)]
+
+    def rematerialize(self, steps: list[Step]) -> list[Step]:
+        """A value a fused group writes only for other fused groups and reductions over the
+        same element space (the backward pass's reads of the forward pass's intermediates: a
+        GELU's, a norm's), or for steps that compute their arguments as they load them
+        through a reshape (attention's q, k, v), is recomputed by each of them from the
+        writer's inputs when that moves fewer bytes: the writer no longer writes it, the
+        readers read the inputs they lack instead (a reduction through a prologue of its
+        own). The same ops in the same order: the same bits. Returns the steps without the
+        reshapes nothing reads any more."""
+        reductions = {s.node.id: s for s in steps if isinstance(s, ReduceGroup)}
+        step_of = {n.id: s for s in steps for n in s.nodes}
+        dropped: set[int] = set()
+        for group in [s for s in steps if isinstance(s, FusedGroup) and not s.piecewise]:
+            candidates = {v: self.reading_steps(v, group, reductions, step_of) for v in group.outputs}
+            written = {v for v, readers in candidates.items() if readers is None}  # in memory anyway: a chain reads it there
+            for value in list(group.outputs):
+                readers = candidates[value]
+                if readers is None:
+                    continue
+                chain = self.chain(value, group, written)
+                inside = {c.id for c in chain}
+                needed = list(dict.fromkeys(a for n in chain for a in n.args if a not in inside and a not in self.constants))
+                if len(chain) > RECOMPUTED_NODES or not self.saves_bytes(value, needed, [r for r, _ in readers]):
+                    written.add(value)
+                    continue
+                for reader, through in readers:
+                    if through is not None and isinstance(reader, ComputesInputs):  # a reshape of the value, an argument the reader computes
+                        reader.compute_input(through.id, Prologue(nodes=list(chain), inputs=needed, value=value))
+                        dropped.add(through.id)
+                    elif isinstance(reader, ReduceGroup):
+                        reader.prologue = FusedGroup(shape=group.shape, nodes=list(chain), inputs=needed, outputs=[value])
+                    elif isinstance(reader, FusedGroup):
+                        known = reader.ids
+                        reader.nodes = sorted(reader.nodes + [n for n in chain if n.id not in known], key=lambda n: self.position[n.id])
+                        reader.inputs = list(dict.fromkeys(reader.inputs + [a for a in needed if a not in reader.ids]))
+                group.outputs.remove(value)
+        return [s for s in steps if not (isinstance(s, ViewStep) and s.node.id in dropped)]
+
+    def saves_bytes(self, value: int, needed: list[int], readers: list[Step]) -> bool:
+        """Whether recomputing VALUE in READERS from NEEDED moves fewer bytes than writing it
+        once and reading it in each."""
+        kept = storage_bytes(self.types[value]) * (1 + len(readers))
+        extra = sum(storage_bytes(self.types[a]) for r in readers for a in needed if a not in r.reads and a not in {n.id for n in r.nodes})
+        return extra < kept
+
+    def reading_steps(self, value: int, group: FusedGroup, reductions: dict[int, ReduceGroup],
+                      step_of: dict[int, Step]) -> Optional[list[tuple[Step, Optional[Node]]]]:
+        """The steps that read VALUE and can compute it instead, each with the reshape it
+        reads VALUE through (None: it reads VALUE itself) — the other fused groups over
+        GROUP's element space, the reductions without a prologue, the steps that compute
+        their arguments (through a reshape that only they read) — when nothing else reads it
+        (and the program does not return it); else None."""
+        if value in self.returned:
+            return None
+        found: dict[int, tuple[Step, Optional[Node]]] = {}
+        for reader in self.readers(value):
+            home = self.group_of.get(reader.id)
+            if home is group:
+                continue
+            if home is not None and not home.piecewise and home.shape == group.shape:
+                found[id(home)] = (home, None)
+            elif home is None and reader.id in reductions and reductions[reader.id].prologue is None:
+                found[reader.id] = (reductions[reader.id], None)
+            elif home is None and reader.op == "reshape" and reader.id not in self.returned and self.readers(reader.id):
+                for computer in self.readers(reader.id):
+                    step = step_of.get(computer.id)
+                    if not isinstance(step, ComputesInputs) or not step.computes(reader.id):
+                        return None
+                    found[id(step)] = (step, reader)
+            else:
+                return None
+        return list(found.values()) or None
+
+    def chain(self, value: int, group: FusedGroup, written: set[int]) -> list[Node]:
+        """The nodes of GROUP that VALUE is computed from (itself included), in program order,
+        up to the values it writes to memory anyway (WRITTEN), which are read from there."""
+        inside = {n.id: n for n in group.nodes}
+        needed: dict[int, Node] = {}
+        stack = [value]
+        while stack:
+            vid = stack.pop()
+            node = inside.get(vid)
+            if node is not None and vid not in needed and (vid == value or vid not in written):
+                needed[vid] = node
+                stack.extend(node.args)
+        return sorted(needed.values(), key=lambda n: self.position[n.id])
 
     def ordered(self, steps: list[Step]) -> list[Step]:
         """Steps in an order where every value is made before it is read (a group runs once

@@ -54,6 +54,12 @@ class Reduction(Protocol):
     @property
     def inputs(self) -> list[int]: ...
 
+    @property
+    def sides(self) -> list[int]:
+        """Values of the prologue the kernel also writes (other steps read them): each input
+        element is visited once, so each is stored once."""
+        ...
+
 
 def kernels_for(step: Step, program: Program, constants: Optional[dict[int, Node]] = None) -> list[KernelSource]:
     """The generated kernels STEP launches, in launch order (none for a cuBLAS call, a view
@@ -165,7 +171,8 @@ def reduce_kernels(group: Reduction, program: Program, constants: Optional[dict[
     strategy, chosen from the shapes unless given), looping over its elements in a fixed
     order and combining the lanes in a fixed tree (deterministic), accumulating in double
     (ints in 64 bits); the prologue (the fused group that makes the reduction's input) is
-    computed per element inside the loop."""
+    computed per element inside the loop, and the values of it that other steps read (its
+    sides) are stored there."""
     types = program.types()
     constants = constants or {}
     node = group.node
@@ -198,6 +205,8 @@ def reduce_kernels(group: Reduction, program: Program, constants: Optional[dict[
     if group.prologue is not None:
         lines, flops = chain_lines(group.prologue.nodes, names, types, constants, "      ")
         inner += lines
+    sides = list(group.sides)
+    inner += [f"      out{k + 1}[idx] = {to_storage(names[v], types[v].dtype)};" for k, v in enumerate(sides)]
     x = names[source]
     acc_type = "long long" if integer else "double"
     init = {"sum": "0", "mean": "0", "max": "-sx_inf()" if not integer else "(-9223372036854775807LL - 1)", "min": "sx_inf()" if not integer else "9223372036854775807LL"}[node.op]
@@ -230,12 +239,15 @@ def reduce_kernels(group: Reduction, program: Program, constants: Optional[dict[
         *combine_lanes("acc", node.op, lanes),
     ]
     if split == 1:
-        decls, params = declare(group.inputs, [node.id], types)
+        decls, params = declare(group.inputs, [node.id] + sides, types)
         body.append(f"    {only_lane0}out0[o] = {result};")
         return [assemble(f"sx_reduce_{node.op}", decls, "o", body, params, outputs, flops, lanes=lanes)]
     decls, params = declare(group.inputs, [], types)
     decls.append("double* __restrict__ out0")
     params.append(Param("out", -1, DType.f64, (split * outputs,)))
+    for k, v in enumerate(sides):
+        decls.append(f"{c_types(types[v].dtype)[0]}* __restrict__ out{k + 1}")
+        params.append(Param("out", v, types[v].dtype, tuple(types[v].shape)))
     body.append(f"    {only_lane0}out0[item] = acc;")
     partials = assemble(f"sx_reduce_{node.op}_chunks", decls, "item", body, params, split * outputs, flops, lanes=lanes)
     # the chunks' partial results, combined per output in chunk order
@@ -254,31 +266,38 @@ def reduce_kernels(group: Reduction, program: Program, constants: Optional[dict[
 
 
 def scatter_kernel(node: Node, program: Program) -> KernelSource:
-    """scatter_add along axis 0 over positions sorted by index (`order`) and each output
-    row's range in them (`starts`, rows + 1 entries): one thread per output element adds its
-    rows in index order, in f32, and rounds once for bf16."""
+    """scatter_add along its axis over the positions sorted by index (`order`) and each
+    output row's range in them (`starts`, rows + 1 entries): one thread per output element
+    adds its values in index order, floats in f32 (rounded once for bf16), integers in 64
+    bits."""
     types = program.types()
     values_t = types[node.args[0]]
-    rows = node.type.shape[0]
-    width = shape_size(node.type.shape[1:]) or 1
-    store, _ = c_types(node.type.dtype)
-    decls = [f"const {store}* __restrict__ g", "const long long* __restrict__ order", "const long long* __restrict__ starts", f"{store}* __restrict__ out"]
+    shape = tuple(node.type.shape)
+    axis = int(node.attrs.get("axis", 0)) % len(shape)
+    rows = shape[axis]
+    inner = shape_size(shape[axis + 1:])
+    positions = shape_size(types[node.args[1]].shape)
+    dtype = node.type.dtype
+    store, _ = c_types(dtype)
+    integer = dtype in (DType.i32, DType.i64)
+    acc = "long long" if integer else "float"
+    value = f"g[(o * {positions}LL + order[p]) * {inner}LL + c]"
     body = [
-        f"    const long long r = o / {width}LL;",
-        f"    const long long c = o % {width}LL;",
-        "    float acc = 0.0f;",
-        f"    for (long long p = starts[r]; p < starts[r + 1]; ++p) acc += {from_storage(f'g[order[p] * {width}LL + c]', node.type.dtype)};",
-        f"    out[o] = {to_storage('acc', node.type.dtype)};",
+        f"    const long long c = e % {inner}LL;",
+        f"    const long long r = (e / {inner}LL) % {rows}LL;",
+        f"    const long long o = e / {rows * inner}LL;",
+        f"    {acc} acc = 0;",
+        f"    for (long long p = starts[r]; p < starts[r + 1]; ++p) acc += {value if integer else from_storage(value, dtype)};",
+        f"    out[e] = {f'({store})acc' if integer else to_storage('acc', dtype)};",
     ]
-    count = shape_size(types[node.args[1]].shape)
+    decls = [f"const {store}* __restrict__ g", "const long long* __restrict__ order", "const long long* __restrict__ starts", f"{store}* __restrict__ out"]
     params = [
         Param("in", node.args[0], values_t.dtype, tuple(values_t.shape)),
-        Param("in", -1, DType.i64, (count,)),
+        Param("in", -1, DType.i64, (positions,)),
         Param("in", -2, DType.i64, (rows + 1,)),
-        Param("out", node.id, node.type.dtype, tuple(node.type.shape)),
+        Param("out", node.id, dtype, shape),
     ]
-    return assemble("sx_scatter_sorted", decls, "o", body, params, shape_size(node.type.shape), shape_size(values_t.shape))
-
+    return assemble("sx_scatter_sorted", decls, "e", body, params, shape_size(shape), shape_size(values_t.shape))
 
 
 def random_kernel(node: Node, program: Program, draw: Draw) -> KernelSource:

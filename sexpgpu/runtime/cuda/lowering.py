@@ -1,11 +1,14 @@
 """What a lowered program is made of, and which rule lowers each op.
 
 A lowering rule takes one IR node and says where it goes in the CUDA program: a step of its
-own (a generated kernel, a cuBLAS call, array code, a view), `Fuse` (computed inside a fused
+own (generated kernels, cuBLAS calls, a view, or for an op the table declares `on_host` its
+NumPy kernel on the host), `Fuse` (computed inside a fused
 elementwise kernel), or no step at all (`Absorbed`). Rules are registered by op name
 (`register_lowering`), or for every op of a kind that has no rule of its own
-(`register_kind_lowering`), as JAX registers each primitive's lowering; steps.py registers
-the op table's rules when it is imported. The fusion pass finds a node's rule with
+(`register_kind_lowering`), as JAX registers each primitive's lowering; an op the table
+declares `on_host` gets the host rule (`register_host_lowering`). The lowering modules
+(steps.py, images.py, attention.py) register their rules when they are imported, which
+fusion.py does. The fusion pass finds a node's rule with
 `lowering_for` and nothing else.
 
 Every step implements `Step`: the values it reads and writes (the arena's liveness), the
@@ -17,12 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, ClassVar, Optional, Protocol, TypeVar, Union
+from typing import Any, Callable, ClassVar, Optional, Protocol, TypeVar, Union, runtime_checkable
 
 from pydantic import BaseModel
 
 from ...ir.graph import Node, Program, TensorType
 from ...ir.ops import OpDef, OpKind
+from .blas import BlasCall
 from .codegen import KernelSource, LoweringError
 
 
@@ -30,14 +34,19 @@ class KernelLine(BaseModel):
     """One step in the report of `sexpgpu explain --cuda`."""
 
     step: int
-    kind: str  # fused | rows | reduce | scatter | random | gemm | op | view
+    kind: str  # fused | rows | reduce | scatter | random | gemm | move | constant | image | attention | host | view
+    # what runs, " + " between launches of different kernels: generated kernels by their names
+    # (in the program's source), cuBLAS calls as "cublasGemmEx ..." (or "N x cublas... ")
     kernel: str
     nodes: list[str]  # "%id op loc path"
     elements: int
     bytes: int
     flops: int
-    launches: int = 1  # a split reduction is two kernels
+    launches: int = 1  # per run of the program (a split reduction is two kernels; a constant made once, none)
+    cublas: int = 0  # how many of the launches are cuBLAS calls
     how: str = ""  # who computes what: "a warp per row", "a thread per output", ...
+    host_bytes: int = 0  # bytes copied between the host and the device per run (an op that runs on the host)
+    warning: str = ""  # what the reader must know: an op that runs on the host
 
 
 class Lowered(Protocol):
@@ -75,8 +84,9 @@ class StepRun(Protocol):
         """Value VID's buffer in the arena, in its storage dtype."""
         ...
 
-    def scratch(self) -> Any:
-        """The running step's scratch buffer in the arena (f64; see `Step.scratch_bytes`)."""
+    def scratch(self, dtype: Any, count: int, offset: int = 0) -> Any:
+        """COUNT elements of DTYPE from byte OFFSET of the running step's scratch buffer in
+        the arena (see `Step.scratch_bytes`)."""
         ...
 
     def set(self, vid: int, value: Any) -> None: ...
@@ -85,20 +95,22 @@ class StepRun(Protocol):
         """Run a generated kernel over ARRAYS (its params in order: contiguous, storage dtypes)."""
         ...
 
-    def matmul(self, node: Node, a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool) -> Any:
-        """OUT = A @ B through cuBLAS, an operand whose flag is set given as its transpose."""
+    def gemm(self, call: BlasCall, a: Any, b: Any, c: Any) -> None:
+        """One cuBLAS call on the flat storage of A, B and C (cuBLAS's operands, in its order)."""
         ...
 
-    def array_op(self, node: Node) -> Any:
-        """NODE's result from the op table's array code on the device, over its arguments."""
+    def host_op(self, node: Node) -> Any:
+        """NODE's result from the op table's NumPy kernel on host copies of its arguments,
+        back on the device (an op that runs on the host, `OpDef.on_host`)."""
         ...
 
 
 class Step(Protocol):
-    """One step of a lowered program: one kernel launch or more, a cuBLAS call, array code,
-    or a view."""
+    """One step of a lowered program: generated kernels, cuBLAS calls, an op on the host, or
+    a view."""
 
-    kind: ClassVar[str]  # the report's: fused | rows | reduce | scatter | random | gemm | op | view
+    kind: ClassVar[str]  # the report's (KernelLine.kind)
+    once: ClassVar[bool]  # a constant: computed when the program first runs, its buffer kept for the program's life
 
     @property
     def nodes(self) -> list[Node]:
@@ -133,6 +145,30 @@ class Step(Protocol):
         ...
 
     def describe(self, index: int, lowered: Lowered) -> KernelLine: ...
+
+
+@dataclass(frozen=True)
+class Prologue:
+    """The elementwise nodes that make VALUE from INPUTS (in program order): a step computes
+    them as it loads its argument instead of reading the value from memory."""
+
+    nodes: list[Node]
+    inputs: list[int]
+    value: int
+
+
+@runtime_checkable
+class ComputesInputs(Protocol):
+    """A step that can compute an argument's elements as it loads them (attention's q, k and
+    v: a projection plus its bias), given the chain that makes it: the fusion pass's
+    recomputation hands it the chain when that moves fewer bytes."""
+
+    def computes(self, vid: int) -> bool:
+        """Whether it can compute its argument VID (a contiguous value, its flat index the
+        chain's) itself."""
+        ...
+
+    def compute_input(self, vid: int, prologue: Prologue) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -185,9 +221,11 @@ Rule = Callable[[Node, LoweringContext], Placement]
 
 K = TypeVar("K")
 
-# filled once, when the modules that define rules are imported (steps.py)
+# filled once, when the modules that define rules are imported (steps.py, images.py, attention.py)
 LOWERINGS_BY_OP: dict[str, Rule] = {}
 LOWERINGS_BY_KIND: dict[OpKind, Rule] = {}
+ON_HOST = "on host"
+LOWERINGS_ON_HOST: dict[str, Rule] = {}  # ON_HOST -> the rule of every op declared `on_host`
 
 
 def register_lowering(*ops: str) -> Callable[[Rule], Rule]:
@@ -198,6 +236,11 @@ def register_lowering(*ops: str) -> Callable[[Rule], Rule]:
 def register_kind_lowering(*kinds: OpKind) -> Callable[[Rule], Rule]:
     """A decorator: the rule lowers every op of KINDS that has no rule of its own."""
     return _registering(LOWERINGS_BY_KIND, kinds, lambda kind: f"the kind {kind.value}")
+
+
+def register_host_lowering(rule: Rule) -> Rule:
+    """A decorator: the rule lowers every op the table declares `on_host`."""
+    return _registering(LOWERINGS_ON_HOST, (ON_HOST,), lambda key: "the ops on the host")(rule)
 
 
 def _registering(table: dict[K, Rule], keys: tuple[K, ...], named: Callable[[K], str]) -> Callable[[Rule], Rule]:
@@ -212,8 +255,9 @@ def _registering(table: dict[K, Rule], keys: tuple[K, ...], named: Callable[[K],
 
 
 def lowering_for(op: OpDef) -> Rule:
-    """The rule that lowers OP: its own, else its kind's."""
-    rule = LOWERINGS_BY_OP.get(op.name) or LOWERINGS_BY_KIND.get(op.kind)
+    """The rule that lowers OP: the host's for an op declared `on_host`, else its own, else
+    its kind's."""
+    rule = LOWERINGS_ON_HOST.get(ON_HOST) if op.on_host else LOWERINGS_BY_OP.get(op.name) or LOWERINGS_BY_KIND.get(op.kind)
     if rule is None:
         raise LoweringError(f"no CUDA lowering for op {op.name} (kind {op.kind.value})")
     return rule

@@ -1,10 +1,11 @@
 """The CUDA device's memory plan and lowering report for one program.
 
-Arena: every buffer a lowered program materializes (what each step writes, and a split
-reduction's partial results while it runs; not the values a fused kernel keeps in registers,
-not inlined constants, not views) gets an offset in one arena, allocated first-fit over liveness
-intervals (a buffer lives from the step that writes it to the last step that reads it, or to
-the end when the program returns it) with 256-byte alignment. Program inputs (parameters,
+Arena: every buffer a lowered program materializes (what each step writes, and a step's
+scratch (a split reduction's partial results, a convolution's im2col matrix) while it runs;
+not the values a fused kernel keeps in registers, not inlined constants, not views) gets an
+offset in one arena, allocated first-fit over liveness intervals (a buffer lives from the
+step that writes it to the last step that reads it, or to the end when the program returns
+it; a constant made once lives for the whole program) with 256-byte alignment. Program inputs (parameters,
 batches, optimizer state) live in their own buffers. The arena's size is what the device
 needs for the program beyond its inputs.
 
@@ -80,6 +81,10 @@ def plan_arena(lowering: Lowering) -> Arena:
     for v in returned:
         if v in buffers and v not in inputs:
             buffers[v].last = end
+    for step in lowering.steps:
+        if step.once:  # a constant made when the program first runs keeps its buffer
+            for v in step.writes:
+                buffers[v].first, buffers[v].last = 0, end
     ordered = sorted(buffers.values(), key=lambda b: (b.first, -b.bytes))
     placed: list[Buffer] = []
     size = 0
@@ -106,6 +111,6 @@ def report(program: Program, lowering: Optional[Lowering] = None) -> ProgramRepo
     lowering = lowering or lower(program)
     lines = [step.describe(k, lowering) for k, step in enumerate(lowering.steps)]
     return ProgramReport(
-        program=program.name, kernels=lines, arena=plan_arena(lowering), launches=sum(line.launches for line in lines if line.kind != "view"),
+        program=program.name, kernels=lines, arena=plan_arena(lowering), launches=sum(line.launches for line in lines),
         total_bytes=sum(line.bytes for line in lines), total_flops=sum(line.flops for line in lines),
     )

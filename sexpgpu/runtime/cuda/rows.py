@@ -7,7 +7,9 @@ axis (keepdims), and elementwise work on the reduced values. `fuse_rows` merges 
 contiguous run into a RowGroup, which row_kernel.py computes as one kernel.
 
 A step joins the run only if everything it reads is made before the run starts or inside it,
-so the merged plan stays acyclic; the run ends at the first step that cannot join.
+so the merged plan stays acyclic; a step in between that depends on nothing the run makes (a
+parameter's cast) runs before the run instead; the run ends at the first step that can do
+neither.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ...ir.dtypes import DType
-from ...ir.graph import Program, Shape, TensorType, readers_of
+from ...ir.graph import Program, Shape, TensorType
 from ...ir.ops_reduce import normalize_axes
 from .lowering import Step
 from .steps import FusedGroup, ReduceGroup, RowGroup
@@ -58,7 +60,10 @@ def fuse_rows(steps: list[Step], program: Program, constants: set[int]) -> list[
     types = program.types()
     position = {n.id: k for k, n in enumerate(program.nodes)}
     returned = set(program.outputs.values())
-    readers = {v: {n.id for n in nodes} for v, nodes in readers_of(program).items()}
+    read_by: dict[int, set[int]] = {}  # value -> the steps that read it
+    for k, step in enumerate(steps):
+        for v in step.reads:
+            read_by.setdefault(v, set()).add(k)
     made: set[int] = {i.id for i in program.inputs}
     out: list[Step] = []
     i = 0
@@ -77,25 +82,44 @@ def fuse_rows(steps: list[Step], program: Program, constants: set[int]) -> list[
             i += 1
             continue
         region: set[int] = set()
+        members: list[int] = []  # the run's steps
+        hoisted: list[int] = []  # steps among them that do not depend on it: they run before it
+        available = set(made)
         j = start
-        while j < len(steps) and fits(steps[j], space, types, region, made, constants):
-            region |= {n.id for n in steps[j].nodes}
+        while j < len(steps):
+            candidate = steps[j]
+            if fits(candidate, space, types, region, available, constants):
+                members.append(j)
+                region |= {n.id for n in candidate.nodes}
+            elif members and not set(candidate.reads) & region and all(a in available or a in constants for a in candidate.reads):
+                hoisted.append(j)  # a parameter's cast, say, between a norm's parts
+                available |= set(candidate.writes)
+            else:
+                break
             j += 1
-        run = steps[start:j]
+        end = members[-1] + 1 if members else start
+        hoisted = [k for k in hoisted if k < end]
+        run = [steps[k] for k in members]
         if len(run) < 2 or not any(isinstance(s, ReduceGroup) for s in run):
             out.append(step)
             made |= set(step.writes)
             i += 1
             continue
-        nodes = sorted((n for s in run for n in s.nodes), key=lambda n: position[n.id])  # program order
+        for k in hoisted:
+            out.append(steps[k])
+            made |= set(steps[k].writes)
+        # program order; a node two of the steps compute (one recomputes it) once
+        nodes = sorted({n.id: n for s in run for n in s.nodes}.values(), key=lambda n: position[n.id])
         group = RowGroup(space=space, nodes=nodes)
         ids = group.ids
         for n in nodes:
             for a in n.args:
                 if a not in ids and a not in constants and a not in group.inputs:
                     group.inputs.append(a)
-        group.outputs = [n.id for n in nodes if n.id in returned or readers.get(n.id, set()) - ids]
+        # what the steps wrote that is read outside the run (each value has one writer)
+        written = [v for s in run for v in s.writes]
+        group.outputs = [v for v in sorted(written, key=lambda v: position[v]) if v in returned or read_by.get(v, set()) - set(members)]
         out.append(group)
         made |= set(group.outputs)
-        i = j
+        i = end
     return out

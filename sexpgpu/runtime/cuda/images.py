@@ -1,0 +1,399 @@
+"""Convolutions and pools on the device (NCHW), with the CPU backend's numbers.
+
+conv2d is im2col + cuBLAS, as the CPU computes it: a generated kernel writes the windows
+of the (zero-padded) input as the matrix cols [C, KH, KW, N, OH, OW] (= [G, K, N*OH*OW]) in
+the step's scratch, then one strided-batched gemm per group multiplies the group's weights
+[Og, K] by each image's columns, straight into the output [N, O, OH, OW] (the weights' batch
+stride is 0, the columns' and the output's are one image's). conv2d_input_grad is the
+transpose: gemms W_g^T @ g into f32 columns, then a generated col2im kernel in which each
+input cell adds the columns that read it in kernel-offset order (the CPU's order of
+additions: no atomics). conv2d_weight_grad: im2col of x and a kernel that moves g to
+[O, N, OH*OW], then one gemm batched over the groups, g_rows @ cols^T. bf16 operands are
+multiplied in f32 and rounded once, as the CPU does.
+
+The pools are generated kernels, a thread per output element: max (NaN-propagating), the
+max's gradient and select through each window's first maximum in window order (an index
+kernel, then a kernel in which each input cell gathers the windows that chose it), and the
+average and its gradient with the CPU's order of additions and its f32 reciprocal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ...ir.dtypes import DType
+from ...ir.graph import Node, Program, TensorType, shape_size
+from ...ir.ops_conv import ConvGeom, PoolGeom, conv_geometry, pool_geometry
+from .blas import BlasCall, Rows, row_major
+from .codegen import BYTES, STORAGE, KernelSource, Param, assemble, c_types, declare, from_storage, literal, to_storage
+from .lowering import KernelLine, Lowered, LoweringContext, Placement, StepRun, register_lowering
+from .steps import NodeStep, launch_group
+
+ALIGN = 256
+
+
+def aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def conv_geom(node: Node, types: dict[int, TensorType]) -> ConvGeom:
+    a, b = (tuple(types[v].shape) for v in node.args)
+    if node.op == "conv2d":
+        return conv_geometry(node.op, a, b, node.attrs, "")
+    if node.op == "conv2d_input_grad":
+        return conv_geometry(node.op, tuple(node.attrs["input_shape"]), b, node.attrs, "")
+    return conv_geometry(node.op, a, tuple(node.attrs["weight_shape"]), node.attrs, "")
+
+
+def columns(geom: ConvGeom) -> int:
+    """Elements of the im2col matrix [C, KH, KW, N, OH, OW]."""
+    return geom.c * geom.kernel[0] * geom.kernel[1] * geom.cells
+
+
+def im2col_kernel(node: Node, program: Program, geom: ConvGeom) -> KernelSource:
+    """cols[c, i, j, n, p, q] = x[n, c, p*sh + i*dh - ph, q*sw + j*dw - pw], 0 in the padding."""
+    x = node.args[0]
+    x_t = program.types()[x]
+    store, _ = c_types(x_t.dtype)
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.padding, geom.dilation
+    (h, w), (oh, ow) = geom.hw, geom.size
+    body = [
+        f"    const long long q = e % {ow}LL, p = (e / {ow}LL) % {oh}LL, n = (e / {oh * ow}LL) % {geom.n}LL;",
+        f"    const long long j = (e / {geom.cells}LL) % {kw}LL, i = (e / {kw * geom.cells}LL) % {kh}LL, c = e / {kh * kw * geom.cells}LL;",
+        f"    const long long y = p * {sh}LL + i * {dh}LL - {ph}LL, x = q * {sw}LL + j * {dw}LL - {pw}LL;",
+        f"    out0[e] = (y >= 0 && y < {h}LL && x >= 0 && x < {w}LL) ? in0[((n * {geom.c}LL + c) * {h}LL + y) * {w}LL + x] : ({store})0;",
+    ]
+    decls, _ = declare([x], [], program.types())
+    decls.append(f"{store}* __restrict__ out0")
+    params = [Param("in", x, x_t.dtype, tuple(x_t.shape)), Param("out", -1, x_t.dtype, (columns(geom),))]
+    return assemble("sx_im2col", decls, "e", body, params, columns(geom), 0)
+
+
+def col2im_kernel(node: Node, program: Program, geom: ConvGeom) -> KernelSource:
+    """gx[n, c, y, x] = the f32 columns that read the cell, added in kernel-offset order."""
+    dtype = node.type.dtype
+    store, _ = c_types(dtype)
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.padding, geom.dilation
+    (h, w), (oh, ow) = geom.hw, geom.size
+    body = [
+        f"    const long long x = e % {w}LL, y = (e / {w}LL) % {h}LL, c = (e / {h * w}LL) % {geom.c}LL, n = e / {geom.c * h * w}LL;",
+        "    float acc = 0.0f;",
+        f"    for (long long i = 0; i < {kh}LL; ++i) {{",
+        f"      const long long py = y + {ph}LL - i * {dh}LL;",
+        f"      if (py < 0 || py % {sh}LL != 0 || py / {sh}LL >= {oh}LL) continue;",
+        f"      for (long long j = 0; j < {kw}LL; ++j) {{",
+        f"        const long long px = x + {pw}LL - j * {dw}LL;",
+        f"        if (px < 0 || px % {sw}LL != 0 || px / {sw}LL >= {ow}LL) continue;",
+        f"        acc += in0[((c * {kh}LL + i) * {kw}LL + j) * {geom.cells}LL + n * {oh * ow}LL + (py / {sh}LL) * {ow}LL + px / {sw}LL];",
+        "      }",
+        "    }",
+        f"    out0[e] = {to_storage('acc', dtype)};",
+    ]
+    params = [Param("in", -1, DType.f32, (columns(geom),)), Param("out", node.id, dtype, tuple(node.type.shape))]
+    return assemble("sx_col2im", ["const float* __restrict__ in0", f"{store}* __restrict__ out0"], "e", body, params, shape_size(node.type.shape),
+                    shape_size(node.type.shape) * geom.kernel[0] * geom.kernel[1])
+
+
+def grad_rows_kernel(node: Node, program: Program, geom: ConvGeom) -> KernelSource:
+    """g [N, O, OH*OW] moved to [O, N, OH*OW] (a gemm's rows, every image's together)."""
+    g = node.args[1]
+    g_t = program.types()[g]
+    store, _ = c_types(g_t.dtype)
+    cells = geom.size[0] * geom.size[1]
+    body = [f"    const long long l = e % {cells}LL, n = (e / {cells}LL) % {geom.n}LL, o = e / {geom.n * cells}LL;",
+            f"    out0[e] = in0[(n * {geom.o}LL + o) * {cells}LL + l];"]
+    params = [Param("in", g, g_t.dtype, tuple(g_t.shape)), Param("out", -1, g_t.dtype, (shape_size(g_t.shape),))]
+    return assemble("sx_conv_grad_rows", [f"const {store}* __restrict__ in0", f"{store}* __restrict__ out0"], "e", body, params, shape_size(g_t.shape), 0)
+
+
+def conv_calls(node: Node, geom: ConvGeom, dtype: DType) -> list[BlasCall]:
+    """The gemms of the convolution op NODE, with cuBLAS's first matrix our B (see
+    `ConvStep.launch` for the buffers each reads and writes)."""
+    og, k, cells, n, groups = geom.og, geom.k, geom.size[0] * geom.size[1], geom.n, geom.groups
+    wide = n * cells
+    if node.op == "conv2d":  # y[n, g] (Og x L) = W_g (Og x K) @ cols[g][:, n] (K x L), batched over n
+        return [row_major(og, cells, k, Rows(k, g * og * k, 0), Rows(wide, g * k * wide, cells), Rows(cells, g * og * cells, geom.o * cells),
+                          False, False, n, dtype, dtype) for g in range(groups)]
+    if node.op == "conv2d_input_grad":  # cols[g][:, n] (K x L) = W_g^T (K x Og) @ g[n, g] (Og x L), into f32 columns
+        return [row_major(k, cells, og, Rows(k, g * og * k, 0), Rows(cells, g * og * cells, geom.o * cells), Rows(wide, g * k * wide, cells),
+                          True, False, n, dtype, DType.f32) for g in range(groups)]
+    # dW_g (Og x K) = rows_g (Og x N*L) @ cols_g^T (N*L x K), batched over the groups
+    return [row_major(og, k, wide, Rows(wide, 0, og * wide), Rows(wide, 0, k * wide), Rows(k, 0, og * k), False, True, groups, dtype, dtype)]
+
+
+@dataclass
+class ConvStep(NodeStep):
+    """conv2d, conv2d_input_grad or conv2d_weight_grad: generated kernels around cuBLAS
+    calls, the im2col matrix (and the moved gradient rows) in the step's scratch."""
+
+    parts: list[tuple[DType, int]] = field(default_factory=list)  # scratch_parts, worked out when lowered
+    gemms: list[BlasCall] = field(default_factory=list)  # calls, likewise
+    kind: ClassVar[str] = "image"
+
+    def geometry(self, types: dict[int, TensorType]) -> ConvGeom:
+        return conv_geom(self.node, types)
+
+    def scratch_parts(self, types: dict[int, TensorType]) -> list[tuple[DType, int]]:
+        """The scratch buffers, in order: (storage dtype, elements)."""
+        geom = self.geometry(types)
+        dtype = types[self.node.args[0]].dtype
+        if self.node.op == "conv2d":
+            return [(dtype, columns(geom))]
+        if self.node.op == "conv2d_input_grad":
+            return [(DType.f32, columns(geom))]
+        return [(dtype, columns(geom)), (dtype, shape_size(types[self.node.args[1]].shape))]
+
+    def scratch_bytes(self, types: dict[int, TensorType]) -> int:
+        return sum(aligned(count * BYTES[dtype]) for dtype, count in self.scratch_parts(types))
+
+    def kernels(self, program: Program, constants: dict[int, Node]) -> list[KernelSource]:
+        geom = self.geometry(program.types())
+        if self.node.op == "conv2d":
+            return [im2col_kernel(self.node, program, geom)]
+        if self.node.op == "conv2d_input_grad":
+            return [col2im_kernel(self.node, program, geom)]
+        return [im2col_kernel(self.node, program, geom), grad_rows_kernel(self.node, program, geom)]
+
+    def calls(self, types: dict[int, TensorType]) -> list[BlasCall]:
+        return conv_calls(self.node, self.geometry(types), types[self.node.args[0]].dtype)
+
+    def launch(self, run: StepRun, kernels: list[KernelSource]) -> None:
+        node = self.node
+        out = run.buffer(node.id)
+        parts = self.part_arrays(run)
+        first, second = run.contiguous(node.args[0]), run.contiguous(node.args[1])
+        if node.op == "conv2d":  # x, w
+            run.launch(kernels[0], [first, parts[0]])
+            for call in self.gemms:
+                run.gemm(call, parts[0], second, out)
+        elif node.op == "conv2d_input_grad":  # g, w
+            for call in self.gemms:
+                run.gemm(call, first, second, parts[0])
+            run.launch(kernels[0], [parts[0], out])
+        else:  # x, g
+            run.launch(kernels[0], [first, parts[0]])
+            run.launch(kernels[1], [second, parts[1]])
+            for call in self.gemms:
+                run.gemm(call, parts[0], parts[1], out)
+        run.set(node.id, out)
+
+    def part_arrays(self, run: StepRun) -> list[Any]:
+        """The scratch buffers of `parts`, typed, each at an aligned offset."""
+        offset, arrays = 0, []
+        for dtype, count in self.parts:
+            arrays.append(run.scratch(STORAGE[dtype], count, offset))
+            offset += aligned(count * BYTES[dtype])
+        return arrays
+
+    def describe(self, index: int, lowered: Lowered) -> KernelLine:
+        program = lowered.program
+        types = program.types()
+        kernels = self.kernels(program, lowered.constants)
+        calls = self.calls(types)
+        gemm = f"{len(calls)} x {calls[0].name}" if len(calls) > 1 else calls[0].name
+        shape = f"{calls[0].batch}x{calls[0].n}x{calls[0].m}x{calls[0].k}" if calls[0].batch > 1 else f"{calls[0].n}x{calls[0].m}x{calls[0].k}"
+        dtype = types[self.node.args[0]].dtype
+        precision = "bf16 in, f32 accumulate" if dtype == DType.bf16 else dtype.value
+        names = [k.name for k in kernels]
+        gemm_text = f"{gemm} {shape} ({precision})"
+        text = [names[0], gemm_text] if self.node.op == "conv2d" else [gemm_text, names[0]] if self.node.op == "conv2d_input_grad" else names + [gemm_text]
+        gemm_bytes = sum(call.batch * (call.m * call.k * BYTES[call.in_dtype] + call.k * call.n * BYTES[call.in_dtype] + call.m * call.n * BYTES[call.out_dtype])
+                         for call in calls)
+        return KernelLine(step=index, kind=self.kind, kernel=" + ".join(text), nodes=[lowered.label(self.node)], elements=shape_size(self.node.type.shape),
+                          bytes=sum(k.bytes for k in kernels) + gemm_bytes, flops=sum(c.flops for c in calls) + sum(k.flops for k in kernels),
+                          launches=len(kernels) + len(calls), cublas=len(calls), how="im2col in the step's scratch" if self.node.op != "conv2d_input_grad"
+                          else "f32 columns in the step's scratch, added back per input cell")
+
+
+@register_lowering("conv2d", "conv2d_input_grad", "conv2d_weight_grad")
+def _convolution(node: Node, context: LoweringContext) -> Placement:
+    step = ConvStep(node)
+    step.parts, step.gemms = step.scratch_parts(context.types), step.calls(context.types)
+    return step
+
+
+# -- pools -------------------------------------------------------------------------------------------
+def pool_geom(node: Node, types: dict[int, TensorType]) -> PoolGeom:
+    shape = tuple(node.attrs["input_shape"]) if node.op == "avg_pool2d_grad" else tuple(types[node.args[0]].shape)
+    return pool_geometry(node.op, shape, node.attrs, "")
+
+
+def window_cells(geom: PoolGeom, indent: str) -> tuple[str, str]:
+    """The loop over a window's cells in window order (row by row), for output (n, c, p, q):
+    opens `for k` with `real` (the cell is inside the input) and `cell` (its flat index)."""
+    (kh, kw), (sh, sw), (ph, pw), (h, w) = geom.kernel, geom.stride, geom.padding, geom.hw
+    head = (f"{indent}for (int k = 0; k < {kh * kw}; ++k) {{\n"
+            f"{indent}  const long long y = p * {sh}LL + k / {kw} - {ph}LL, x = q * {sw}LL + k % {kw} - {pw}LL;\n"
+            f"{indent}  const bool real = y >= 0 && y < {h}LL && x >= 0 && x < {w}LL;\n"
+            f"{indent}  const long long cell = (nc * {h}LL + y) * {w}LL + x;")
+    return head, f"{indent}}}"
+
+
+def output_coords(geom: PoolGeom) -> str:
+    oh, ow = geom.size
+    return f"    const long long q = e % {ow}LL, p = (e / {ow}LL) % {oh}LL, nc = e / {oh * ow}LL;"
+
+
+def argmax_lines(geom: PoolGeom, x_dtype: DType) -> list[str]:
+    """`at`: the window's first maximum in window order: the first NaN if it has one, else
+    the first real cell equal to the maximum; padding never wins (an all -inf window goes to
+    its first real cell), as the CPU backend's _argmax."""
+    value = from_storage("in0[cell]", x_dtype)
+    head, tail = window_cells(geom, "    ")
+    second, second_tail = window_cells(geom, "      ")
+    return [
+        "    float peak = -sx_inf();", "    int first_real = -1, first_nan = -1;",
+        head, "      if (!real) continue;", f"      const float v = {value};",
+        "      if (first_real < 0) first_real = k;", "      if (v != v && first_nan < 0) first_nan = k;", "      peak = sx_maxf(peak, v);", tail,
+        "    int at = first_nan >= 0 ? first_nan : first_real;",
+        "    if (first_nan < 0 && peak != -sx_inf()) {",
+        second, f"        if (real && {value} == peak) {{ at = k; break; }}", second_tail, "    }",
+    ]
+
+
+def max_pool_kernel(node: Node, program: Program) -> KernelSource:
+    types = program.types()
+    geom = pool_geom(node, types)
+    dtype = node.type.dtype
+    head, tail = window_cells(geom, "    ")
+    body = [output_coords(geom), "    float peak = -sx_inf();", head, f"      if (real) peak = sx_maxf(peak, {from_storage('in0[cell]', dtype)});", tail,
+            f"    out0[e] = {to_storage('peak', dtype)};"]
+    decls, params = declare([node.args[0]], [node.id], types)
+    return assemble("sx_max_pool", decls, "e", body, params, shape_size(node.type.shape), node.type.size * geom.kernel[0] * geom.kernel[1])
+
+
+def max_pool_select_kernel(node: Node, program: Program) -> KernelSource:
+    """out[window] = 0 + h[its first maximum's cell] (the CPU adds into zeros)."""
+    types = program.types()
+    geom = pool_geom(node, types)
+    dtype = node.type.dtype
+    body = [output_coords(geom), *argmax_lines(geom, types[node.args[0]].dtype),
+            f"    const long long chosen = (nc * {geom.hw[0]}LL + p * {geom.stride[0]}LL + at / {geom.kernel[1]} - {geom.padding[0]}LL) * {geom.hw[1]}LL"
+            f" + q * {geom.stride[1]}LL + at % {geom.kernel[1]} - {geom.padding[1]}LL;",
+            f"    out0[e] = {to_storage('0.0f + ' + from_storage('in1[chosen]', dtype), dtype)};"]
+    decls, params = declare(list(node.args), [node.id], types)
+    return assemble("sx_max_pool_select", decls, "e", body, params, shape_size(node.type.shape), node.type.size * geom.kernel[0] * geom.kernel[1])
+
+
+def max_pool_index_kernel(node: Node, program: Program) -> KernelSource:
+    """Each window's first maximum (its offset in window order), as int, in scratch."""
+    types = program.types()
+    geom = pool_geom(node, types)
+    x = node.args[0]
+    x_t = types[x]
+    windows = geom.n * geom.c * geom.size[0] * geom.size[1]
+    body = [output_coords(geom), *argmax_lines(geom, x_t.dtype), "    out0[e] = at;"]
+    params = [Param("in", x, x_t.dtype, tuple(x_t.shape)), Param("out", -1, DType.i32, (windows,))]
+    return assemble("sx_max_pool_index", [f"const {c_types(x_t.dtype)[0]}* __restrict__ in0", "int* __restrict__ out0"], "e", body, params, windows,
+                    windows * geom.kernel[0] * geom.kernel[1])
+
+
+def cell_windows(geom: PoolGeom, indent: str) -> tuple[str, str]:
+    """The loop over the windows that hold input cell (nc, y, x), in kernel-offset order:
+    opens `for k` with `window` (the flat index of the output element)."""
+    (kh, kw), (sh, sw), (ph, pw), (oh, ow) = geom.kernel, geom.stride, geom.padding, geom.size
+    head = (f"{indent}for (int k = 0; k < {kh * kw}; ++k) {{\n"
+            f"{indent}  const long long py = y + {ph}LL - k / {kw}, px = x + {pw}LL - k % {kw};\n"
+            f"{indent}  if (py < 0 || px < 0 || py % {sh}LL != 0 || px % {sw}LL != 0 || py / {sh}LL >= {oh}LL || px / {sw}LL >= {ow}LL) continue;\n"
+            f"{indent}  const long long window = (nc * {oh}LL + py / {sh}LL) * {ow}LL + px / {sw}LL;")
+    return head, f"{indent}}}"
+
+
+def input_coords(geom: PoolGeom) -> str:
+    h, w = geom.hw
+    return f"    const long long x = e % {w}LL, y = (e / {w}LL) % {h}LL, nc = e / {h * w}LL;"
+
+
+def max_pool_grad_kernel(node: Node, program: Program) -> KernelSource:
+    """gx[cell] = 0 + the gradients of the windows whose first maximum it is, in offset order."""
+    types = program.types()
+    geom = pool_geom(node, types)
+    g = node.args[1]
+    g_t = types[g]
+    windows = geom.n * geom.c * geom.size[0] * geom.size[1]
+    store, _ = c_types(node.type.dtype)
+    head, tail = cell_windows(geom, "    ")
+    body = [input_coords(geom), "    float acc = 0.0f;", head, f"      if (index[window] == k) acc += {from_storage('in0[window]', g_t.dtype)};", tail,
+            f"    out0[e] = {to_storage('acc', node.type.dtype)};"]
+    decls = ["const int* __restrict__ index", f"const {c_types(g_t.dtype)[0]}* __restrict__ in0", f"{store}* __restrict__ out0"]
+    params = [Param("in", -1, DType.i32, (windows,)), Param("in", g, g_t.dtype, tuple(g_t.shape)), Param("out", node.id, node.type.dtype, tuple(node.type.shape))]
+    return assemble("sx_max_pool_grad", decls, "e", body, params, shape_size(node.type.shape), 0)
+
+
+def reciprocal(geom: PoolGeom) -> str:
+    """1 / (KH * KW) as the CPU's f32 (the f64 quotient rounded once)."""
+    return literal(float(np.float32(1.0 / (geom.kernel[0] * geom.kernel[1]))), DType.f32)
+
+
+def avg_pool_kernel(node: Node, program: Program) -> KernelSource:
+    """The window's cells added in window order from the first (a padding cell is 0), times
+    the f32 reciprocal."""
+    types = program.types()
+    geom = pool_geom(node, types)
+    dtype = node.type.dtype
+    head, tail = window_cells(geom, "    ")
+    body = [output_coords(geom), "    float acc = 0.0f;", head, f"      const float v = real ? {from_storage('in0[cell]', dtype)} : 0.0f;",
+            "      acc = k == 0 ? v : acc + v;", tail, f"    out0[e] = {to_storage(f'sx_fmul(acc, {reciprocal(geom)})', dtype)};"]
+    decls, params = declare([node.args[0]], [node.id], types)
+    return assemble("sx_avg_pool", decls, "e", body, params, shape_size(node.type.shape), node.type.size * geom.kernel[0] * geom.kernel[1])
+
+
+def avg_pool_grad_kernel(node: Node, program: Program) -> KernelSource:
+    """gx[cell] = 0 + each covering window's g times the f32 reciprocal, in offset order."""
+    types = program.types()
+    geom = pool_geom(node, types)
+    g_t = types[node.args[0]]
+    head, tail = cell_windows(geom, "    ")
+    body = [input_coords(geom), "    float acc = 0.0f;", head, f"      acc += sx_fmul({from_storage('in0[window]', g_t.dtype)}, {reciprocal(geom)});", tail,
+            f"    out0[e] = {to_storage('acc', node.type.dtype)};"]
+    decls, params = declare([node.args[0]], [node.id], types)
+    return assemble("sx_avg_pool_grad", decls, "e", body, params, shape_size(node.type.shape), node.type.size * geom.kernel[0] * geom.kernel[1])
+
+
+@dataclass
+class PoolStep(NodeStep):
+    """A pool op as generated kernels (max_pool2d_grad: the windows' first maxima into
+    scratch, then the gather of each input cell's windows)."""
+
+    kind: ClassVar[str] = "image"
+
+    def kernels(self, program: Program, constants: dict[int, Node]) -> list[KernelSource]:
+        if self.node.op == "max_pool2d_grad":
+            return [max_pool_index_kernel(self.node, program), max_pool_grad_kernel(self.node, program)]
+        return [POOLS[self.node.op](self.node, program)]
+
+    def scratch_bytes(self, types: dict[int, TensorType]) -> int:
+        if self.node.op != "max_pool2d_grad":
+            return 0
+        geom = pool_geom(self.node, types)
+        return aligned(4 * geom.n * geom.c * geom.size[0] * geom.size[1])
+
+    def launch(self, run: StepRun, kernels: list[KernelSource]) -> None:
+        node = self.node
+        if node.op != "max_pool2d_grad":
+            launch_group(run, kernels[0], list(node.args), [node.id])
+            return
+        index = run.scratch(np.int32, kernels[0].size)
+        run.launch(kernels[0], [run.contiguous(node.args[0]), index])
+        out = run.buffer(node.id)
+        run.launch(kernels[1], [index, run.contiguous(node.args[1]), out])
+        run.set(node.id, out)
+
+    def describe(self, index: int, lowered: Lowered) -> KernelLine:
+        kernels = self.kernels(lowered.program, lowered.constants)
+        how = "a thread per window, then a thread per input cell" if len(kernels) == 2 else "a thread per output element"
+        return KernelLine(step=index, kind=self.kind, kernel=" + ".join(k.name for k in kernels), how=how, nodes=[lowered.label(self.node)],
+                          elements=shape_size(self.node.type.shape), bytes=sum(k.bytes for k in kernels), flops=sum(k.flops for k in kernels),
+                          launches=len(kernels))
+
+
+POOLS = {"max_pool2d": max_pool_kernel, "max_pool2d_select": max_pool_select_kernel, "avg_pool2d": avg_pool_kernel, "avg_pool2d_grad": avg_pool_grad_kernel}
+
+
+@register_lowering("max_pool2d", "max_pool2d_grad", "max_pool2d_select", "avg_pool2d", "avg_pool2d_grad")
+def _pool(node: Node, context: LoweringContext) -> Placement:
+    return PoolStep(node)
+
