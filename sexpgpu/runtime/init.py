@@ -19,11 +19,18 @@ def param_key(seed: int, path: str) -> int:
 
 
 def fans(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(fan-in, fan-out) of a weight as the layers that hold it use it, the numbers PyTorch's
+    torch.nn.init computes for the same layer. A matrix is laid out (in, out), since it is
+    applied as x @ w; a weight of three or more dimensions is a convolution's,
+    (c-out, c-in, k...), as conv2d reads it. PyTorch lays a linear weight out (out, in), so
+    its fans of the transposed matrix are these."""
     if len(shape) < 2:
         n = shape[0] if shape else 1
         return n, n
-    receptive = math.prod(shape[2:]) if len(shape) > 2 else 1
-    return shape[0] * receptive, shape[1] * receptive
+    if len(shape) == 2:
+        return shape[0], shape[1]
+    receptive = math.prod(shape[2:])
+    return shape[1] * receptive, shape[0] * receptive
 
 
 def initial_value(spec: ParamSpec, seed: int) -> np.ndarray:
