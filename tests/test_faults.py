@@ -372,7 +372,7 @@ def test_concurrent_writers_never_interleave(tmp_path: Path) -> None:
     for loser in (p for p in procs if p is not holder):
         err = loser.stderr.read() if loser.stderr else ""
         assert loser.returncode == 4 and "being written by another attempt" in err, (loser.returncode, err)
-    wait_for(lambda: any(store.glob("*/checkpoints/step-000050/MANIFEST.json")), "the holder's first checkpoint")
+    wait_for(lambda: any(store.glob("*/checkpoints/LATEST")), "the holder's first checkpoint")
     holder.send_signal(signal.SIGTERM)
     assert holder.wait(timeout=120) == 75, holder.stderr.read() if holder.stderr else ""
     events = [json.loads(line) for line in (run_folder(store) / "events.jsonl").read_text().splitlines()]
