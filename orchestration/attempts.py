@@ -1,54 +1,18 @@
-"""The rule a supervisor follows after each attempt of a run, written once for the sweep
-driver's points and for submitted runs.
-
-An attempt that finished ends the run. One that stopped resumably (exit 75: a signal, a
-killed worker, a lost node, ranks that never met) runs again from the latest checkpoint,
-until it has been preempted more than `--max-preemptions` times. Anything else is the run's
-own failure, and is not retried.
-"""
+"""What a supervisor (the sweep driver, a submitted job's) does around each attempt of a
+run: the environment its workers get, the checkpoint a new attempt resumes from, and the end
+of an attempt that could not write it. The rule that counts an attempt is
+sexpgpu.ledger.record_attempt, shared with local sweeps."""
 
 from __future__ import annotations
 
 import os
-from typing import Literal, Optional
+from typing import Optional
 
-from pydantic import BaseModel, Field
-
-from sexpgpu.outcome import AttemptOutcome, Exit, bounded
+from sexpgpu.outcome import AttemptOutcome
 from sexpgpu.runtime.checkpoint import list_checkpoints
 from sexpgpu.runtime.events import utc_now
 from sexpgpu.runtime.status import FINAL_STATES, StatusWriter, Summary, read_status
 from sexpgpu.runtime.store import Store
-
-AfterAttempt = Literal["finished", "truncated", "preempted", "failed"]  # "preempted": run it again
-
-
-class Attempts(BaseModel):
-    """What a supervisor knows of one run's attempts (a point of sweep.json, a submit.json)."""
-
-    attempts: int = 0
-    preemptions: int = 0
-    exit_code: Optional[int] = None
-    reason: str = ""
-    final_loss: Optional[float] = None
-    metrics: dict[str, float] = Field(default_factory=dict)
-
-
-def record_attempt(record: Attempts, outcome: AttemptOutcome, max_preemptions: Optional[int]) -> AfterAttempt:
-    """Count OUTCOME into RECORD; what the run's state is now."""
-    if outcome.resumable:  # a clean stop on SIGTERM (a spot reclaim) is a preemption too
-        record.preemptions += 1
-    record.exit_code, record.reason = int(outcome.exit_code), outcome.reason
-    record.final_loss, record.metrics = outcome.final_loss, dict(outcome.metrics)
-    if outcome.exit_code == Exit.OK:
-        return "truncated" if outcome.reason.startswith("truncated") else "finished"
-    if outcome.exit_code != Exit.STOPPED:
-        return "failed"
-    if max_preemptions is not None and record.preemptions > max_preemptions:
-        record.reason = bounded(f"preempted {record.preemptions} times (--max-preemptions {max_preemptions}); last: {outcome.reason}")
-        return "failed"
-    return "preempted"
-
 
 # the settings a worker needs from the process that started the run: the store's
 # credentials and endpoint, sexpgpu's own settings, BLAS threads the user set

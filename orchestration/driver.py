@@ -19,12 +19,10 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, TypeVar
 
 import ray
-from pydantic import BaseModel, Field
 from ray.actor import ActorHandle
 
 from sexpgpu.bundle import BundleError, write_bundle
@@ -34,20 +32,17 @@ from sexpgpu.runtime.status import Status
 from sexpgpu.runtime.store import Store, StoreError
 from sexpgpu.session import Compiled, store_check
 
-from .attempts import Attempts, close_status, record_attempt, resume_from, worker_env
+from sexpgpu.ir.experiment import Halving
+from sexpgpu.ledger import DONE, PointRecord, SweepLedger, now, record_attempt, take_status
+from sexpgpu.runtime.halving import Contender, Leg, search
+from .attempts import close_status, resume_from, worker_env
 from workers.train_worker import AttemptRequest
 
 from .gang import Devices, Gang
 from .leases import PointLeases
 
 T = TypeVar("T")
-PointState = Literal["pending", "leased", "running", "preempted", "finished", "truncated", "failed"]
 Ended = Literal["finished", "truncated", "failed"]
-DONE = ("finished", "truncated", "failed")  # for this sweep: not run again by it
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)
@@ -62,23 +57,6 @@ class SweepPoint:
 def sweep_points(compiled: list[Compiled], knobs: list[dict[str, Any]]) -> list[SweepPoint]:
     """The driver's points: each point's compiled result (Session.compile_sweep) and its knobs."""
     return [SweepPoint(index=i, knobs=values, compiled=c) for i, (c, values) in enumerate(zip(compiled, knobs, strict=True))]
-
-
-class PointRecord(Attempts):
-    point: int
-    slug: str
-    knobs: dict[str, Any]
-    state: PointState = "pending"
-    lease: Optional[str] = None  # driver id holding the point
-    heartbeat: Optional[float] = None  # unix time of the holder's last heartbeat
-
-
-class SweepLedger(BaseModel):
-    version: int = 1
-    file: str
-    sweep: str
-    points: list[PointRecord]
-    updated: str = Field(default_factory=now)
 
 
 def ray_logs() -> str:
@@ -124,7 +102,9 @@ class Driver:
         self.leases = PointLeases(self.store, self.prefix, self.id)
         self.capacity_wait_s = capacity_wait_s
         self.idle: list[ActorHandle] = []  # single workers whose point ended cleanly, for the next point
-        self.wanted: dict[str, int] = {}  # slug -> the steps this sweep asks of it (--max-steps included)
+        self.steps: dict[str, int] = {}  # slug -> the run's own :steps
+        self.wanted: dict[str, int] = {}  # slug -> the steps this sweep asks of it now (--max-steps, a halving rung)
+        self.limited_by: dict[str, str] = {}  # slug -> what set `wanted` below the run's steps (a rung), if not --max-steps
         self.leases_used = False  # the first write of a run takes merge()'s view as it is
         self.table = table  # the live table (the CLI draws it; None: no table)
 
@@ -148,8 +128,9 @@ class Driver:
                 raise SweepError(f"{what}: point {point.index}: {exc}", exc.code) from None
             slug = run_slug(point.compiled.experiment)
             steps = point.compiled.experiment.run.steps
+            self.steps[slug] = steps
             self.wanted[slug] = steps if self.max_steps is None else min(steps, self.max_steps)
-            records.append(PointRecord(point=point.index, slug=slug, knobs=point.knobs))
+            records.append(PointRecord(point=point.index, slug=slug, knobs=point.knobs, planned=self.wanted[slug]))
         return records
 
     # -- the ledger -------------------------------------------------------------------------------------
@@ -169,7 +150,10 @@ class Driver:
                 other = theirs.get(ours.slug)
                 if other is None or ours.lease == self.id or other.lease == self.id or ours.state in DONE:
                     continue
-                if other.attempts > ours.attempts or other.state in DONE:
+                # ended for as many steps as this driver asks now (a halving stage asks more of
+                # a point that an earlier stage ended at its rung)
+                ended = other.state in DONE and (other.state == "failed" or (other.planned or 0) >= (ours.planned or 0))
+                if other.attempts > ours.attempts or ended:
                     ledger.points[i] = other.model_copy(update={"point": ours.point, "knobs": ours.knobs})
         self.leases_used = True
         ledger.updated = now()
@@ -184,21 +168,24 @@ class Driver:
         for record in fresh:
             previous = known.get(record.slug)
             if previous is not None:
-                record = previous.model_copy(update={"point": record.point, "knobs": record.knobs})
+                record = previous.model_copy(update={"point": record.point, "knobs": record.knobs, "planned": record.planned})
+            record.planned = self.wanted[record.slug]
             status = RunFolder(self.store, record.slug).read_status()
             ended = self.ended(status, record.slug) if status is not None else None
             if ended is not None and status is not None:
-                record.state, record.final_loss = ended, status.metrics.get("loss")
+                record.state = ended
+                take_status(record, status)
             elif record.state in DONE:  # done for an earlier sweep, not for this one (longer, or retrying failures)
                 record.state, record.lease = "pending", None
             points.append(record)
         return SweepLedger(file=self.path.name, sweep=self.sweep, points=points)
 
     # -- running ----------------------------------------------------------------------------------------
-    def run(self, points: list[SweepPoint]) -> SweepLedger:
+    def run(self, points: list[SweepPoint], halving: Optional[Halving] = None) -> SweepLedger:
+        """Every point to its steps; with HALVING, stage by stage, pruning at each rung."""
         self.preflight()
-        ledger = self.merge(self.bundles(points))
-        self.write_ledger(ledger)
+        records = self.bundles(points)
+        self.write_ledger(self.merge(records))
         started_ray = not ray.is_initialized()
         if started_ray:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -208,10 +195,37 @@ class Driver:
             self.say(f"ray: {'a local Ray for this sweep' if self.address is None else self.address}; its logs: {ray_logs()}")
         try:
             self.wait_for_capacity()
-            return self.supervise(ledger)
+            if halving is None:
+                return self.supervise(self.merge(records))
+            return self.search(records, halving)
         finally:
             if started_ray:
                 ray.shutdown()
+
+    def search(self, records: list[PointRecord], halving: Halving) -> SweepLedger:
+        """Successive halving (sexpgpu.runtime.halving decides): each stage runs its points
+        to the stage's steps, as many at once as the cluster holds."""
+
+        def stage(legs: list[Leg]) -> bool:
+            for leg in legs:
+                self.wanted[leg.contender.slug] = leg.steps
+                if leg.by is not None:
+                    self.limited_by[leg.contender.slug] = leg.by
+                else:
+                    self.limited_by.pop(leg.contender.slug, None)
+            if legs:
+                self.supervise(self.merge(records), only={leg.contender.point for leg in legs})
+            return True
+
+        contenders = [Contender(point=r.point, slug=r.slug, steps=self.steps[r.slug]) for r in records]
+        pruned = search(halving, contenders, self.store, stage, cap=self.max_steps, say=self.say)
+        ledger = self.merge(records)
+        for record in ledger.points:
+            if record.point in pruned:
+                record.state, record.reason = "pruned", pruned[record.point]
+        self.write_ledger(ledger)
+        self.show(ledger, final=True)
+        return ledger
 
     def launch(self, record: PointRecord) -> Gang:
         record.attempts += 1
@@ -219,16 +233,18 @@ class Driver:
         record.lease, record.heartbeat = self.id, time.time()
         bundle = f"{self.store.url_of(self.prefix)}/bundles/point-{record.point:04d}"
         gang = Gang(self.devices, worker_env(), self.idle)
-        gang.start(AttemptRequest(bundle=bundle, store=self.store_url, resume=resume_from(self.store, record.slug), max_steps=self.max_steps,
+        gang.start(AttemptRequest(bundle=bundle, store=self.store_url, resume=resume_from(self.store, record.slug), max_steps=self.wanted[record.slug],
+                                  max_steps_by=self.limited_by.get(record.slug, "--max-steps"),
                                   take_over=record.attempts > 1, data_roots=self.data_roots))  # a later attempt: the earlier one's workers are stopped
         if self.on_launch is not None:
             self.on_launch(record, gang)
         return gang
 
-    def supervise(self, ledger: SweepLedger) -> SweepLedger:
-        """Run every point still open that this driver can lease; wait for the points another
-        live driver holds, and take over those whose driver stops renewing its lease."""
-        return Supervision(self, ledger).run()
+    def supervise(self, ledger: SweepLedger, only: Optional[set[int]] = None) -> SweepLedger:
+        """Run every point still open (of ONLY, when given) that this driver can lease; wait
+        for the points another live driver holds, and take over those whose driver stops
+        renewing its lease."""
+        return Supervision(self, ledger, only).run()
 
     def drop_idle(self) -> None:
         for worker in self.idle:
@@ -277,9 +293,7 @@ class Driver:
             state = self.ended(status, record.slug) if status is not None else None
             if state is not None and status is not None and status.summary is not None:
                 record.state = state
-                record.exit_code = status.summary.exit_code
-                record.reason = status.summary.reason
-                record.final_loss = status.metrics.get("loss")
+                take_status(record, status)
                 record.lease = None
             elif (lease := self.leases.held_elsewhere(record.point)) is not None:
                 record.state, record.lease, record.heartbeat = "leased", lease.holder, lease.heartbeat
@@ -290,7 +304,7 @@ class Driver:
         --max-steps is not done for a longer sweep), or failed (unless failures are retried)."""
         if status.summary is None:
             return None
-        if status.state in ("finished", "truncated") and status.step >= self.wanted.get(slug, 0):
+        if status.has_ended(self.wanted.get(slug, 0)):
             return "finished" if status.state == "finished" else "truncated"
         if status.state == "failed" and not self.retry_failed:
             return "failed"
@@ -327,8 +341,8 @@ class Supervision:
     """One driver's supervision of one sweep: the gangs it runs, the points it has leased
     but not started, and the rounds of waiting, settling, renewing and leasing."""
 
-    def __init__(self, driver: Driver, ledger: SweepLedger) -> None:
-        self.driver, self.ledger = driver, ledger
+    def __init__(self, driver: Driver, ledger: SweepLedger, only: Optional[set[int]] = None) -> None:
+        self.driver, self.ledger, self.only = driver, ledger, only
         self.running: dict[ray.ObjectRef, tuple[PointRecord, Gang]] = {}  # result ref -> its point and gang
         self.gangs: dict[int, Gang] = {}  # point -> the gang running it
         self.reserved: list[int] = []  # leased by this driver, not started yet
@@ -337,8 +351,8 @@ class Supervision:
         return next(p for p in self.ledger.points if p.point == point)
 
     def open_points(self) -> list[PointRecord]:
-        """Points not ended and not running here."""
-        return [p for p in self.ledger.points if p.state not in DONE and p.point not in self.gangs]
+        """Points not ended and not running here (of this stage's, in a halving sweep)."""
+        return [p for p in self.ledger.points if p.state not in DONE and p.point not in self.gangs and (self.only is None or p.point in self.only)]
 
     def start(self, record: PointRecord) -> bool:
         try:

@@ -42,6 +42,33 @@ def bounded(text: str, limit: int = REASON_LIMIT) -> str:
     return text[: limit - len(note)] + note
 
 
+class EvalSeen(BaseModel):
+    """The latest pass of one defeval: at which step, and what it measured."""
+
+    step: int
+    metrics: dict[str, float]
+
+
+def evals_line(evals: dict[str, EvalSeen]) -> str:
+    """The latest eval values, marked as eval and with their step:
+    `eval val: acc 0.8125 loss 0.51 (step 200)`."""
+    return "  ".join(f"eval {name}: " + " ".join(f"{k} {v:.4g}" for k, v in seen.metrics.items()) + f" (step {seen.step})"
+                     for name, seen in evals.items())
+
+
+class TargetHit(BaseModel):
+    """The deftarget that ended a run: the value that met it, at which step."""
+
+    metric: str  # EVAL/METRIC
+    test: str  # <= >= < >
+    threshold: float
+    value: float
+    step: int
+
+    def describe(self) -> str:
+        return f"{self.metric} {self.value:.4g} {self.test} {self.threshold:g} at step {self.step}"
+
+
 class AttemptOutcome(BaseModel):
     """One attempt of one run, as it ended."""
 
@@ -52,7 +79,9 @@ class AttemptOutcome(BaseModel):
     steps: int = 0  # the step the run stands at
     first_step: int = 0  # the step this attempt began at (a resumed attempt's checkpoint)
     final_loss: Optional[float] = None
-    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)  # the last logged training batch's
+    evals: dict[str, EvalSeen] = Field(default_factory=dict)  # the latest pass of each defeval
+    target: Optional[TargetHit] = None
     wall_time_s: float = 0.0
     # lost rather than stopped: a killed rank, a lost node, ranks that never met. Retried by
     # the sweep driver and by submit, like any exit 75, and counted against --max-preemptions

@@ -79,6 +79,7 @@ class Settings:
     store: str = "./runs"
     device: str = "cpu"  # cpu, cuda, cuda:N or auto; resolved once by the session
     max_steps: Optional[int] = None
+    max_steps_by: str = "--max-steps"  # what sets max_steps (a sweep's halving rung), for a truncated run's reason
     resume: Optional[str] = None
     progress: bool = False
     signals: bool = True  # SIGINT/SIGTERM stop the attempt resumably (main thread only)
@@ -177,8 +178,10 @@ class Session:
         return Compiled(path, result.experiment, result.program, result)
 
     # -- training -------------------------------------------------------------------------------
-    def train(self, compiled: Compiled, ranks: Optional[Collective] = None) -> AttemptOutcome:
-        """Train COMPILED (as one of the data-parallel RANKS, when given)."""
+    def train(self, compiled: Compiled, ranks: Optional[Collective] = None, max_steps: Optional[int] = None,
+              max_steps_by: Optional[str] = None) -> AttemptOutcome:
+        """Train COMPILED (as one of the data-parallel RANKS, when given); MAX_STEPS, set by
+        MAX_STEPS_BY (a halving sweep's rung), instead of the session's --max-steps."""
         refusal = self.open_device()
         if refusal is not None:
             return refusal
@@ -189,7 +192,9 @@ class Session:
             return self.refuse(Exit.CANNOT_START, f"cannot start here: {problem}", slug)
         settings = self.settings
         threads = plan_threads(compiled.experiment.module.programs.values(), settings.threads)
-        options = RunOptions(threads=threads, store=settings.store, device=self.device, backend=self.backend, max_steps=settings.max_steps, stops=self.stops,
+        options = RunOptions(threads=threads, store=settings.store, device=self.device, backend=self.backend, stops=self.stops,
+                             max_steps=max_steps if max_steps is not None else settings.max_steps,
+                             max_steps_by=max_steps_by if max_steps is not None and max_steps_by else settings.max_steps_by,
                              progress=settings.progress, sources=compiled.sources(), resume=settings.resume,
                              signals=settings.signals, store_patience_s=settings.store_patience_s, ranks=ranks,
                              take_over=settings.take_over, data_roots=self.data_roots(), fresh=settings.fresh, worker=settings.worker)

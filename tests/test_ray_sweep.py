@@ -1,5 +1,5 @@
 """The Ray driver on a real local Ray cluster (and a real S3 endpoint on loopback): a 4-point
-sweep equals the local sweep point by point even with workers SIGKILLed at random moments,
+sweep equals the local sweep point by point even with workers SIGKILLed after they published a checkpoint,
 two drivers on one sweep never run a point twice, and the store going away for a while
 during a sweep loses nothing."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import threading
 import time
@@ -17,11 +16,12 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, wait_for
 from sexpgpu.compile.pipeline import compile_file
 from sexpgpu.ir.experiment import Selection
 from sexpgpu.runtime.checkpoint import list_checkpoints, load_checkpoint
 from sexpgpu.runtime.attempt import RunOptions, train
+from sexpgpu.runtime.runfolder import RunFolder
 from sexpgpu.runtime.store import Store
 from sexpgpu.session import Session, Settings
 
@@ -119,32 +119,42 @@ def events_of(store: Store, slug: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def test_a_sweep_with_workers_killed_at_random_equals_the_local_sweep(project: Path, points: list[SweepPoint], ray_cluster: Any, local: Any) -> None:
+def test_a_sweep_with_workers_killed_after_a_checkpoint_equals_the_local_sweep(project: Path, points: list[SweepPoint], ray_cluster: Any, local: Any) -> None:
     from orchestration.driver import Driver
 
-    gangs: list[Any] = []
+    launched: list[tuple[Any, Any, int]] = []  # (point record, gang, its latest checkpoint's step at launch)
     killed: list[int] = []
     done = threading.Event()
+    remote = project.parent / "remote"
+
+    def latest(slug: str) -> int:
+        valid = [c.step for c in list_checkpoints(Store.open(str(remote)), slug) if c.valid] if remote.exists() else []
+        return max(valid, default=-1)
+
+    def on_launch(record: Any, gang: Any) -> None:
+        launched.append((record, gang, latest(record.slug)))
 
     def killer() -> None:
-        rng = random.Random(7)
+        """Each attempt is killed once it has published a checkpoint of its own (an event,
+        not a delay), until four workers died: the next attempt must resume from it."""
+        struck: set[int] = set()
         while not done.is_set() and len(killed) < 4:
-            time.sleep(rng.uniform(0.8, 2.5))
-            live = [g for g in gangs if g.refs and not g.stopped]
-            if not live:
-                continue
-            try:
-                pid = ray.get(rng.choice(live).workers[0].where.remote(), timeout=5)["pid"]
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            except Exception:  # that worker finished (or died) in the meantime
-                pass
+            for record, gang, base in list(launched):
+                if id(gang) in struck or not gang.refs or gang.stopped or latest(record.slug) <= base:
+                    continue
+                struck.add(id(gang))
+                try:
+                    pid = ray.get(gang.workers[0].where.remote(), timeout=5)["pid"]
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except Exception:  # that worker finished (or died) in the meantime
+                    pass
+            time.sleep(0.05)
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
-    remote = project.parent / "remote"
     try:
-        ledger = Driver(project, "lrs", str(remote), None, None, None, say=lambda _: None, on_launch=lambda r, g: gangs.append(g)).run(points)
+        ledger = Driver(project, "lrs", str(remote), None, None, None, say=lambda _: None, on_launch=on_launch).run(points)
     finally:
         done.set()
         thread.join(10)
@@ -208,8 +218,12 @@ def test_the_store_going_away_during_a_ray_sweep_loses_nothing(project: Path, po
 
             def flaky(record: Any, _gang: Any) -> None:
                 if record.point == 1 and record.attempts == 1:
+                    def training() -> bool:
+                        status = RunFolder(Store.open(url), record.slug).read_status()
+                        return status is not None and status.step >= 20
+
                     def outage() -> None:
-                        time.sleep(2.0)
+                        wait_for(training, "point 1 training")  # the outage falls mid-run, whatever the machine's speed
                         proxy.pause()
                         outages.append(time.time())
                         time.sleep(9.0)  # longer than the store's own retries (about 6 s)

@@ -27,6 +27,7 @@ class AttemptRequest(BaseModel):
     store: str  # where the run folder is
     resume: Optional[str] = None  # the checkpoint to resume from (every rank the same one)
     max_steps: Optional[int] = None
+    max_steps_by: str = "--max-steps"  # what set max_steps: the user, or a halving sweep's rung
     device: str = "cpu"
     # the previous attempt's workers are stopped: the run folder's lease is taken over
     take_over: bool = False
@@ -60,7 +61,8 @@ class TrainWorkerImpl:
     def run(self, request: AttemptRequest, rank: Optional[RankSpec] = None) -> AttemptOutcome:
         """Train the bundle; with RANK as one of W data-parallel ranks. The run's own failures
         are outcomes (never retried); only a death or a failed rendezvous is a preemption."""
-        settings = Settings(store=request.store, device=request.device, max_steps=request.max_steps, resume=request.resume, signals=False,
+        settings = Settings(store=request.store, device=request.device, max_steps=request.max_steps, max_steps_by=request.max_steps_by,
+                            resume=request.resume, signals=False,
                             world=rank.world if rank else 1, store_patience_s=patience_configured(os.environ), take_over=request.take_over,
                             data_roots=request.data_roots, threads=assigned_cpus(), worker=self.describe())
         outcome = self.attempt(Session(settings), request.bundle, rank)

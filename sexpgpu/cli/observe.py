@@ -260,7 +260,7 @@ def status_lines(ref: RunRef, s: Status) -> list[str]:
     rows: list[tuple[str, str]] = [("state", s.state)]
     rows.append(("step", f"{s.step}/{s.steps}" if s.steps is not None else str(s.step)))
     rows.append(("metrics", _metrics(s.metrics)))
-    rows.append(("last eval", _metrics(s.last_eval)))
+    rows.append(("last eval", _metrics(s.last_eval) + (f" (step {s.last_eval_step})" if s.last_eval and s.last_eval_step is not None else "")))
     if s.summary is None:
         rows.append(("eta", _duration(s.eta_s)))
     age = _age(s.heartbeat)

@@ -8,7 +8,7 @@ import os
 import sys
 
 from ..bundle import is_bundle
-from ..outcome import AttemptOutcome
+from ..outcome import AttemptOutcome, evals_line
 from ..session import Session, Settings
 from .common import Console, existing_file, fail_usage, print_json
 from .flags import add_data_root_flag, add_limit_flags, add_selection_flags, add_threads_flag, data_roots_from, limits_from, selection_from, store_patience, threads_from
@@ -61,4 +61,5 @@ def show_outcome(outcome: AttemptOutcome, as_json: bool) -> None:
         metrics = "  ".join(f"{k} {v:.4g}" for k, v in outcome.metrics.items())
         loss = f"{outcome.final_loss:.6g}" if outcome.final_loss is not None else "-"
         trained = f" ({outcome.steps - outcome.first_step} in this attempt)" if outcome.first_step else ""
-        print(f"{outcome.reason}: {outcome.steps} steps{trained} in {outcome.wall_time_s:.1f}s  loss {loss}  {metrics}".rstrip())
+        evals = f"  {evals_line(outcome.evals)}" if outcome.evals else ""
+        print(f"{outcome.reason}: {outcome.steps} steps{trained} in {outcome.wall_time_s:.1f}s  loss {loss}  {metrics}".rstrip() + evals)

@@ -9,14 +9,17 @@ import shutil
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from ..compile.pipeline import compile_file
-from ..compile.selection import Declared, SweepDecl, prescan
+from ..compile.search import halving_problem
+from ..compile.selection import Declared, SweepDecl, located, prescan
 from ..ir.experiment import Selection
-from ..lisp.conditions import LispError
+from ..lisp.conditions import LispError, lisp_error
 from ..lisp.program import diagnostic_from, has_errors
-from ..outcome import AttemptOutcome, Exit
+from ..ledger import PointRecord, SweepLedger, record_attempt, take_status
+from ..outcome import Exit, evals_line
+from ..runtime.halving import Contender, Leg, search
 from ..runtime.runfolder import RunFolder, run_slug
 from ..runtime.store import Store
 from ..session import Compiled, Session, Settings, Stopped
@@ -66,7 +69,7 @@ def declared_or_exit(path: Path) -> Declared:
     try:
         return prescan(path)
     except LispError as exc:
-        print_diagnostics([diagnostic_from(exc)], _sources())
+        print_diagnostics([diagnostic_from(exc)], _sources(path))
         raise SystemExit(Exit.CHECK_FAILED) from None
 
 
@@ -128,10 +131,14 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def _sources() -> Any:
+def _sources(path: Optional[Path] = None) -> Any:
+    """The source lines a diagnostic shows (PATH's, for a problem the pre-read found)."""
     from ..lisp.diagnostics import SourceMap
 
-    return SourceMap()
+    sources = SourceMap()
+    if path is not None:
+        sources.add(str(path), path.read_text(encoding="utf-8", errors="replace"))
+    return sources
 
 
 # -- sweep ---------------------------------------------------------------------------------------------
@@ -162,47 +169,142 @@ def run_sweep(args: argparse.Namespace) -> int:
         if refusal is not None:
             print(f"sweep {args.sweep}: point {len(points)} does not check; nothing was run", file=sys.stderr)
             return int(refusal.exit_code)
+        wrong = next((p for p in (halving_problem(sweep.halving, c.experiment) for c in points) if p), None) if sweep.halving else None
+        if wrong is not None:
+            print_diagnostics([diagnostic_from(located(lisp_error("C008", f"defsweep {sweep.name} {wrong}", "PROGRAM-ERROR"), sweep.loc))], _sources(path))
+            return Exit.CHECK_FAILED
         if not over_ray:
             return local_sweep(args, sweep, session, points)
     return ray_sweep(args, path, sweep, store_url, points)  # Ctrl-C there is the driver's own
 
 
 def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, points: list[Compiled]) -> int:
-    """The points in order, on this machine, through the one session."""
-    rows: list[AttemptOutcome] = []
-    for i, point in enumerate(points):
-        knobs = " ".join(f"{k}={v}" for k, v in sweep.points()[i].items())
-        print(f"point {i} ({i + 1} of {len(points)}): {knobs}", file=sys.stderr)
-        failed = session.failed_before(point)
-        if failed is not None and not args.retry_failed:
-            print(f"point {i} failed before ({failed.reason}); not run again: --retry-failed runs it again", file=sys.stderr)
-            rows.append(failed)
-            continue
-        outcome = session.train(point)
-        rows.append(outcome)
-        if outcome.exit_code == Exit.STOPPED:
-            print(f"sweep {args.sweep}: stopped at point {i}; run the same command again to continue", file=sys.stderr)
-            break
-        if outcome.exit_code == Exit.CANNOT_START:  # the store or the device: every later point would fail alike
-            print(f"sweep {args.sweep}: stopped at point {i}: nothing more can start here", file=sys.stderr)
-            break
-    if args.json:
-        print_json({"sweep": args.sweep, "points": [{"point": i, **r.model_dump(mode="json")} for i, r in enumerate(rows)]})
+    """The points in order, on this machine, through the one session; a halving sweep stage
+    by stage. Each point's row is printed as it ends, the whole table at the end."""
+    store = Store.open(session.settings.store)
+    records = [PointRecord(point=i, slug=run_slug(c.experiment), knobs=values, planned=planned(c, args.max_steps))
+               for i, (c, values) in enumerate(zip(points, sweep.points(), strict=True))]
+    table = SweepTable(records)
+    stopped = False
+
+    def train(legs: list[Leg]) -> bool:
+        nonlocal stopped
+        for leg in legs:
+            record = records[leg.contender.point]
+            record.planned = leg.steps
+            knobs = " ".join(f"{k}={_show(v)}" for k, v in record.knobs.items())
+            print(f"point {record.point} ({record.point + 1} of {len(points)}): {knobs}", file=sys.stderr)
+            failed = session.failed_before(points[record.point])
+            if failed is not None and not args.retry_failed:
+                print(f"point {record.point} failed before ({failed.reason}); not run again: --retry-failed runs it again", file=sys.stderr)
+                record.state = record_attempt(record, failed, None)
+                print(table.line(record), file=sys.stderr)
+                continue
+            outcome = session.train(points[record.point], max_steps=leg.steps, max_steps_by=leg.by)
+            record.attempts += 1
+            after = record_attempt(record, outcome, None)
+            record.state = "stopped" if outcome.exit_code == Exit.STOPPED else after
+            print(table.line(record), file=sys.stderr)
+            if outcome.exit_code == Exit.STOPPED:
+                print(f"sweep {args.sweep}: stopped at point {record.point}; run the same command again to continue", file=sys.stderr)
+                stopped = True
+                return False
+            if outcome.exit_code == Exit.CANNOT_START:  # the store or the device: every later point would fail alike
+                print(f"sweep {args.sweep}: stopped at point {record.point}: nothing more can start here", file=sys.stderr)
+                stopped = True
+                return False
+        return True
+
+    contenders = [Contender(point=r.point, slug=r.slug, steps=c.experiment.run.steps) for r, c in zip(records, points, strict=True)]
+    if sweep.halving is None:
+        train([Leg(c, planned(points[c.point], args.max_steps), None) for c in contenders])
+        pruned: dict[int, str] = {}
     else:
-        names = sorted({m for r in rows for m in r.metrics if m != "loss"})
-        print(f"{'point':>5}  {'knobs':<32} {'loss':>10} " + " ".join(f"{n:>10}" for n in names) + "  state")
-        for i, (r, values) in enumerate(zip(rows, sweep.points())):
-            knobs = " ".join(f"{k}={v}" for k, v in values.items())
-            loss = f"{r.final_loss:.4g}" if r.final_loss is not None else "-"
-            metrics = " ".join(f"{r.metrics.get(n, float('nan')):>10.4g}" for n in names)
-            state = "finished (skipped)" if r.reason == "already finished" else r.reason
-            print(f"{i:>5}  {knobs:<32} {loss:>10} {metrics}  {state}")
-    return max((int(r.exit_code) for r in rows), default=0)
+        pruned = search(sweep.halving, contenders, store, train, cap=args.max_steps, say=lambda text: print(text, file=sys.stderr))
+    for record in records:
+        if record.attempts == 0 and record.state == "pending" and not stopped:
+            take_status_of(store, record)  # nothing left to train: what the run folder says
+        if record.point in pruned:
+            record.state, record.reason, record.planned = "pruned", pruned[record.point], record.steps
+    ledger = SweepLedger(file=points[0].path.name if points else "", sweep=args.sweep, points=records)
+    if args.json:
+        print_json(ledger.model_dump(mode="json"))
+    else:
+        table.print_final(sys.stdout)
+    return max((int(r.exit_code or 0) for r in records if r.state in ("failed", "stopped")), default=0)
+
+
+def planned(compiled: Compiled, max_steps: Optional[int]) -> int:
+    steps = compiled.experiment.run.steps
+    return steps if max_steps is None else min(steps, max_steps)
+
+
+def take_status_of(store: Store, record: PointRecord) -> None:
+    status = RunFolder(store, record.slug).read_status()
+    if status is None:
+        return
+    take_status(record, status)
+    if status.state in ("finished", "truncated", "pruned", "failed"):
+        record.state = status.state
+
+
+class SweepTable:
+    """One table for every sweep, on this machine or over Ray, live and final: each point's
+    knobs, the steps it stands at, the last training batch's loss and metrics, its latest
+    eval metrics (EVAL/METRIC), its state, and what ended it."""
+
+    def __init__(self, points: list[PointRecord]) -> None:
+        self.points = points
+        self.train = sorted({m for p in points for m in p.metrics})
+        self.evals = sorted({f"{e}/{m}" for p in points for e, seen in p.evals.items() for m in seen.metrics})
+        self.knob_width = max([len(self.knobs(p)) for p in points] + [5])
+
+    @staticmethod
+    def knobs(p: PointRecord) -> str:
+        return " ".join(f"{k}={_show(v)}" for k, v in p.knobs.items())
+
+    def widen(self, points: list[PointRecord]) -> None:
+        """Columns for metrics that appeared since (a point that ended, a live status)."""
+        self.train = sorted(set(self.train) | {m for p in points for m in p.metrics})
+        self.evals = sorted(set(self.evals) | {f"{e}/{m}" for p in points for e, seen in p.evals.items() for m in seen.metrics})
+
+    def header(self) -> str:
+        metrics = "".join(f" {n:>10}" for n in [*self.train, *self.evals])
+        return f"{'point':>5}  {'knobs':<{self.knob_width}}  {'steps':>11} {'loss':>10}{metrics}  {'state':<10} ended by"
+
+    def row(self, p: PointRecord) -> str:
+        steps = f"{p.steps}/{p.planned}" if p.planned is not None else str(p.steps)
+        value = p.final_loss
+        values = [p.metrics.get(n) for n in self.train]
+        values += [p.evals[e].metrics.get(m) if e in p.evals else None for e, _, m in (n.partition("/") for n in self.evals)]
+        metrics = "".join(f" {cell(v):>10}" for v in values)
+        return f"{p.point:>5}  {self.knobs(p):<{self.knob_width}}  {steps:>11} {cell(value):>10}{metrics}  {p.state:<10} {p.ended_by()}".rstrip()
+
+    @staticmethod
+    def line(p: PointRecord) -> str:
+        """A point as it ends, on a line of its own: `point 3: truncated  50/50 steps  loss ...`."""
+        steps = f"{p.steps}/{p.planned}" if p.planned is not None else str(p.steps)
+        train = "".join(f"  {k} {v:.4g}" for k, v in p.metrics.items())
+        evals = f"  {evals_line(p.evals)}" if p.evals else ""
+        ended = p.ended_by()
+        return f"point {p.point}: {p.state}  {steps} steps  loss {cell(p.final_loss)}{train}{evals}" + (f"  ({ended})" if ended else "")
+
+    def lines(self, points: list[PointRecord]) -> list[str]:
+        self.widen(points)
+        return [self.header(), *(self.row(p) for p in points)]
+
+    def print_final(self, stream: Any, points: Optional[list[PointRecord]] = None) -> None:
+        for line in self.lines(points if points is not None else self.points):
+            print(line, file=stream)
+
+
+def cell(value: Optional[float]) -> str:
+    return f"{value:.4g}" if isinstance(value, (int, float)) else "-"
 
 
 class LiveTable:
-    """The driver's live table on a terminal: one line per point (state, attempts, step,
-    loss), redrawn in place every few seconds; log lines are printed above it."""
+    """The driver's live table on a terminal (SweepTable's, a running point as its status
+    says it stands), redrawn in place every few seconds; log lines are printed above it."""
 
     def __init__(self, stream: Any, store: Store, enabled: bool) -> None:
         self.stream, self.store, self.enabled = stream, store, enabled
@@ -223,16 +325,15 @@ class LiveTable:
         self.clear()
         if final:
             return
-        lines = [f"{'point':>5}  {'state':<10} {'attempts':>8}  {'step':>13}  {'loss':>10}  knobs"]
+        shown = []
         for p in ledger.points:
-            step, loss = "-", p.final_loss
-            if p.state in ("running", "leased"):
+            if p.state in ("running", "leased"):  # where it stands now, from its status
                 status = RunFolder(self.store, p.slug).read_status()
                 if status is not None:
-                    step, loss = f"{status.step}/{status.steps}", status.metrics.get("loss", loss)
-            knobs = " ".join(f"{k}={v}" for k, v in p.knobs.items())
-            shown = f"{loss:.4g}" if isinstance(loss, (int, float)) else "-"
-            lines.append(f"{p.point:>5}  {p.state:<10} {p.attempts:>8}  {step:>13}  {shown:>10}  {knobs}")
+                    p = p.model_copy(deep=True)
+                    take_status(p, status)
+            shown.append(p)
+        lines = SweepTable(shown).lines(shown)
         self.stream.write("\n".join(lines) + "\n")
         self.stream.flush()
         self.drawn = len(lines)
@@ -250,18 +351,14 @@ def ray_sweep(args: argparse.Namespace, path: Path, sweep: SweepDecl, store_url:
     driver = Driver(path, args.sweep, store_url, address, args.max_preemptions, args.max_steps, say=live.say, devices=devices_from(args), table=live,
                     data_roots=data_roots_from(args), retry_failed=args.retry_failed)
     try:
-        ledger = driver.run(sweep_points(compiled, sweep.points()))
+        ledger = driver.run(sweep_points(compiled, sweep.points()), sweep.halving)
     except SweepError as exc:
         print(f"sexpgpu: {exc.reason}", file=sys.stderr)
         return int(exc.code)
     if args.json:
         print_json(ledger.model_dump(mode="json"))
     else:
-        print(f"{'point':>5}  {'knobs':<32} {'loss':>10}  {'attempts':>8}  state")
-        for p in ledger.points:
-            knobs = " ".join(f"{k}={v}" for k, v in p.knobs.items())
-            loss = f"{p.final_loss:.4g}" if isinstance(p.final_loss, (int, float)) else "-"
-            print(f"{p.point:>5}  {knobs:<32} {loss:>10}  {p.attempts:>8}  {p.state}")
+        SweepTable(ledger.points).print_final(sys.stdout)
     return max((p.exit_code or 0 for p in ledger.points if p.state == "failed"), default=0)
 
 

@@ -266,7 +266,7 @@ class Compiler:
         return name
 
     def b_defsweep(self, name: Any, settings: Any) -> Any:
-        self.sweeps[name.name.lower()] = self.check_settings("defsweep", name, settings, ("zip", "variant"))
+        self.sweeps[name.name.lower()] = self.check_settings("defsweep", name, settings, ("zip", "variant", "sample", "seed", "halving"))
         return name
 
     # -- models ---------------------------------------------------------------------------------------

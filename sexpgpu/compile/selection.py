@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..ir.experiment import Selection
+from ..ir.experiment import Halving, Selection
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.data import as_data
 from ..lisp.diagnostics import DiagnosticError
 from ..lisp.evaluator import run_with_big_stack
 from ..lisp.reader import Reader, decode_source
 from ..lisp.types import Cons, Loc, Symbol, SymbolTable
+from .search import DISTRIBUTIONS, Distribution, distribution, halving, sampled_points
 
 
 class _AnyPrefix(SymbolTable):
@@ -43,8 +44,14 @@ class SweepDecl:
     zip: bool
     variant: Optional[str]
     loc: Loc
+    sample: Optional[int] = None  # a sampled sweep: this many points drawn from `draws`
+    seed: int = 0
+    draws: dict[str, Distribution] = field(default_factory=dict)
+    halving: Optional[Halving] = None
 
     def points(self) -> list[dict[str, Any]]:
+        if self.sample is not None:
+            return sampled_points(self.seed, self.sample, self.draws)
         names = list(self.axes)
         if not names:
             return [{}]
@@ -89,23 +96,50 @@ def prescan(path: Path) -> Declared:
         if head == "DEFVARIANT":
             declared.variants[name] = VariantDecl(name, {k.name.lower(): as_data(v, form=True) for k, v in pairs}, read.loc)
         else:
-            options = {k.name.lower(): as_data(v, form=True) for k, v in pairs if k.name in ("ZIP", "VARIANT")}
-            axes = {}
-            for k, v in pairs:
-                if k.name in ("ZIP", "VARIANT"):
-                    continue
-                values = as_data(v, form=True)
-                if not isinstance(values, list) or not values:
-                    raise located(lisp_error("C008", f"defsweep {name}: :{k.name.lower()} needs a list of values, got {values!r}", "PROGRAM-ERROR"), read.loc)
-                axes[k.name.lower()] = values
-            variant = options.get("variant")
-            sweep = SweepDecl(name, axes, bool(options.get("zip")), variant if isinstance(variant, str) else None, read.loc)
             try:
+                sweep = sweep_decl(name, pairs, read.loc)
                 sweep.points()
             except LispError as exc:
                 raise located(exc, read.loc) from None
             declared.sweeps[name] = sweep
     return declared
+
+
+SWEEP_OPTIONS = ("ZIP", "VARIANT", "SAMPLE", "SEED", "HALVING")
+
+
+def sweep_decl(name: str, pairs: list[tuple[Any, Any]], loc: Loc) -> SweepDecl:
+    """A defsweep's options and axes: lists of values (a grid, or :zip t), or with :sample N
+    the distributions each knob is drawn from."""
+    options = {k.name: v for k, v in pairs if k.name in SWEEP_OPTIONS}
+    sample = options.get("SAMPLE")
+    if sample is not None and (type(sample) is not int or sample < 1):
+        raise lisp_error("C008", f"defsweep {name}: :sample needs a positive number of points, got {as_data(sample, form=True)!r}", "PROGRAM-ERROR")
+    seed = options.get("SEED", 0)
+    if type(seed) is not int:
+        raise lisp_error("C008", f"defsweep {name}: :seed needs an integer, got {as_data(seed, form=True)!r}", "PROGRAM-ERROR")
+    if sample is None and "SEED" in options:
+        raise lisp_error("C008", f"defsweep {name}: :seed goes with :sample N (a grid has nothing to draw)", "PROGRAM-ERROR")
+    if sample is not None and "ZIP" in options:
+        raise lisp_error("C008", f"defsweep {name}: :zip and :sample do not go together (a sampled sweep draws each knob)", "PROGRAM-ERROR")
+    axes: dict[str, list[Any]] = {}
+    draws: dict[str, Distribution] = {}
+    for k, v in pairs:
+        if k.name in SWEEP_OPTIONS:
+            continue
+        if sample is not None:
+            draws[k.name.lower()] = distribution(name, k.name.lower(), v)
+            continue
+        values = as_data(v, form=True)
+        drawn = type(v) is Cons and type(v.car) is Symbol and v.car.name in DISTRIBUTIONS
+        if not isinstance(values, list) or not values or drawn:
+            hint = f" (a distribution such as ({v.car.name.lower()} ...) needs :sample N)" if drawn else ""
+            raise lisp_error("C008", f"defsweep {name}: :{k.name.lower()} needs a list of values, got {values!r}{hint}", "PROGRAM-ERROR")
+        axes[k.name.lower()] = values
+    variant = as_data(options.get("VARIANT"), form=True)
+    plan = halving(name, options["HALVING"]) if "HALVING" in options else None
+    return SweepDecl(name, axes, bool(as_data(options.get("ZIP"), form=True)), variant if isinstance(variant, str) else None, loc,
+                     sample=sample, seed=seed, draws=draws, halving=plan)
 
 
 def located(err: LispError, loc: Loc) -> LispError:

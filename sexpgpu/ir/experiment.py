@@ -45,6 +45,27 @@ class Selection(BaseModel):
     point: Optional[int] = None
 
 
+class Halving(BaseModel):
+    """defsweep :halving (:metric EVAL/METRIC :mode :min :rungs (100 300 900) :keep 1/3):
+    successive halving. At each rung (a step count), the points that reached it are ranked by
+    the metric's value at the rung; the best fraction KEEP (at least one) goes on, the rest are
+    pruned. A pure function of the runs' results, so a re-run of the sweep decides alike."""
+
+    metric: str  # EVAL/METRIC, e.g. val/loss
+    mode: Literal["min", "max"]
+    rungs: list[int]
+    keep: float  # 0 < keep < 1
+    keep_text: str  # as the file writes it, e.g. 1/3
+
+    @property
+    def eval(self) -> str:
+        return self.metric.split("/", 1)[0]
+
+    def kept(self, ranked: int) -> int:
+        """How many of RANKED points at a rung go on: floor(ranked * keep), at least one."""
+        return max(1, int(ranked * self.keep + 1e-9))
+
+
 class KnobSpec(BaseModel):
     name: str
     default: Any

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from ..ir.experiment import Experiment
-from ..outcome import AttemptOutcome, Exit
+from ..outcome import AttemptOutcome, EvalSeen, Exit, TargetHit, evals_line
 from .backend import Backend, HostBackend
 from .checkpoint import CheckpointState, Expected, ResumeError, list_checkpoints, load_checkpoint, resolve, step_name, write_checkpoint
 from .checkpoint import prune as prune_checkpoints
@@ -61,6 +61,7 @@ class RunOptions:
     device: str = "cpu"  # what run.json records; the backend below runs it
     backend: Backend = field(default_factory=HostBackend)  # where tensors live and how programs run
     max_steps: Optional[int] = None
+    max_steps_by: str = "--max-steps"  # what set max_steps, for the reason of a truncated run
     progress: bool = False
     sources: dict[str, bytes] = field(default_factory=dict)
     resume: Optional[str] = None  # "latest", a step, or a checkpoint folder
@@ -141,7 +142,7 @@ class Attempt:
         self.folder = self.shared if self.ranks is None or self.writer else RunFolder(Store.open(f"memory://sexpgpu-rank-{self.ranks.rank}-{id(self)}"), self.slug)
         spec = experiment.run
         self.steps = spec.steps if options.max_steps is None else min(options.max_steps, spec.steps)
-        self.target_step: Optional[int] = None
+        self.target: Optional[TargetHit] = None  # the deftarget that ended the run
         self.stops = options.stops or StopRequests()
         self.skipped_in_a_row = 0
         self.rolled_back = False
@@ -151,6 +152,7 @@ class Attempt:
         self.expected = Expected.of_module(experiment.module)  # what a checkpoint of this run holds
         self.first_step = 0  # the step this attempt started from (a resume's)
         self.resumed_metrics: dict[str, float] = {}  # the run's last metrics before this attempt
+        self.earlier_evals: dict[str, EvalSeen] = {}  # what an attempt that trains nothing reports
 
     @property
     def events(self) -> EventLog:
@@ -175,13 +177,14 @@ class Attempt:
             aside = self.shared.set_aside()
             self.say(f"fresh run: the earlier attempts' folder is kept as {self.store.url_of(aside)}")
         previous = self.shared.read_status() if self.shared.exists() else None
-        if previous is not None and previous.state in ("finished", "truncated") and self.options.resume is None and previous.step >= self.steps:
+        if previous is not None and self.options.resume is None and previous.has_ended(self.steps):
             self.say(f"{self.slug}  {self.folder.url}")
             if previous.state == "truncated":
-                self.say(f"already at step {previous.step} (--max-steps {self.steps}): nothing to do (a larger --max-steps, or none, continues it)")
+                self.say(f"already at step {previous.step} ({self.options.max_steps_by} {self.steps}): nothing to do (a larger --max-steps, or none, continues it)")
             else:
                 self.say("already finished: nothing to do (pass --resume to continue from a checkpoint)")
             metrics = {k: v for k, v in previous.metrics.items() if k != "loss" and v is not None}
+            self.earlier_evals = previous.evals()
             return self.outcome(previous.step, previous.metrics.get("loss"), metrics, 0.0, Exit.OK, "already finished")
         resume = self.options.resume
         if resume is None and previous is not None and any(c.valid for c in list_checkpoints(self.store, self.slug)):
@@ -260,18 +263,18 @@ class Attempt:
                 self.log_step(result, window)
                 window.reset()
             reached = self.evaluations.run(self.evaluations.due(step), trainer.params, step, self.events, self.folder.status)
-            if reached:
-                self.target_step = step
-                return f"target reached: {reached}", Exit.OK
+            if reached is not None:
+                self.target = reached
+                return f"target reached: {reached.describe()}", Exit.OK
             if policy.every and step % policy.every == 0 and step < self.steps:
                 self.checkpoint()
         step = trainer.step
         reached = self.evaluations.run(self.evaluations.at_end(step), trainer.params, step, self.events, self.folder.status)
-        if reached:
-            self.target_step = step
-            return f"target reached: {reached}", Exit.OK
+        if reached is not None:
+            self.target = reached
+            return f"target reached: {reached.describe()}", Exit.OK
         if self.steps < experiment.run.steps:  # --max-steps: what the run asks is not done
-            return f"truncated at step {self.steps} by --max-steps (the run asks for {experiment.run.steps})", Exit.OK
+            return f"truncated at step {self.steps} by {self.options.max_steps_by} (the run asks for {experiment.run.steps})", Exit.OK
         return "finished", Exit.OK
 
     def stop_for_signal(self) -> tuple[str, Exit]:
@@ -291,7 +294,9 @@ class Attempt:
         eta = step_time * (self.steps - step)
         self.folder.status.update(step=step, metrics={"loss": result.loss, **result.metrics}, eta_s=eta)
         if self.options.progress:
-            sys.stderr.write(f"\rstep {step}/{self.steps}  loss {result.loss:.4f}  {1 / step_time if step_time else 0:.0f} steps/s  ETA {eta:.0f}s   ")
+            train = "".join(f"  {k} {v:.4g}" for k, v in result.metrics.items())
+            evals = f"  {evals_line(self.evaluations.seen())}" if self.evaluations.done else ""
+            sys.stderr.write(f"\rstep {step}/{self.steps}  loss {result.loss:.4f}{train}{evals}  {1 / step_time if step_time else 0:.0f} steps/s  ETA {eta:.0f}s   ")
             sys.stderr.flush()
 
     # -- checkpoints and resume --------------------------------------------------------------------
@@ -462,10 +467,11 @@ class Attempt:
         loss = last.loss if last is not None else self.resumed_metrics.get("loss")
         metrics = last.metrics if last is not None else {k: v for k, v in self.resumed_metrics.items() if k != "loss"}
         examples, tokens = trainer.seen()
-        summary = Summary(last_eval=self.evaluations.last(), best_eval=self.evaluations.best, target_reached_at_step=self.target_step,
+        summary = Summary(last_eval=self.evaluations.last(), best_eval=self.evaluations.best, target_reached_at_step=self.target.step if self.target is not None else None,
                           wall_time_s=wall, examples_seen=examples, tokens_seen=tokens, exit_code=int(code), reason=reason)
         state = ("truncated" if reason.startswith("truncated") else "finished") if code == Exit.OK else ("stopped" if code == Exit.STOPPED else "failed")
-        status.update(state=state, step=trainer.step, summary=summary, last_checkpoint=self.last_checkpoint)
+        final = {"loss": loss, **metrics} if loss is not None else status.current.metrics  # the last step, logged or not
+        status.update(state=state, step=trainer.step, metrics=final, summary=summary, last_checkpoint=self.last_checkpoint)
         emit(self.events, "run.end", step=trainer.step, exit_code=int(code), reason=reason, wall_time_s=wall,
              final={"loss": loss if loss is not None else float("nan"), **metrics})
         if self.options.progress:
@@ -515,8 +521,10 @@ class Attempt:
                 time.sleep(1.0)
 
     def outcome(self, steps: int, loss: Optional[float], metrics: dict[str, float], wall: float, code: Exit, reason: str) -> AttemptOutcome:
+        evals = self.evaluations.seen() if hasattr(self, "evaluations") else self.earlier_evals
         return AttemptOutcome(slug=self.slug, folder=self.folder.url, steps=steps, first_step=self.first_step, final_loss=loss, metrics=metrics,
-                              wall_time_s=wall, exit_code=code, reason=reason, rank=self.ranks.rank if self.ranks is not None else 0)
+                              evals=evals, target=self.target, wall_time_s=wall, exit_code=code, reason=reason,
+                              rank=self.ranks.rank if self.ranks is not None else 0)
 
     @contextmanager
     def listening_for_stops(self) -> Iterator[None]:

@@ -7,6 +7,7 @@ import time
 from typing import Any, Optional
 
 from ..ir.experiment import EvalSpec, Experiment
+from ..outcome import EvalSeen, TargetHit
 from .backend import Backend, RunnableProgram, Say, made
 from .bounds import check_bounds, index_bounds
 from .data.load import load_dataset
@@ -67,6 +68,7 @@ class Evaluations:
         self.experiment = experiment
         self.passes = {e.name: EvalPass(experiment, e, train_data, backend, data_roots, say) for e in experiment.evals}
         self.done: dict[str, dict[str, float]] = {}
+        self.done_at: dict[str, int] = {}  # the step of each pass in `done`
         self.best: dict[str, float] = {}
 
     def due(self, step: int) -> list[EvalSpec]:
@@ -78,25 +80,34 @@ class Evaluations:
         return [e for e in self.experiment.evals if e.at_end or (e.every and step % e.every != 0)]
 
     def state(self) -> dict[str, Any]:
-        return {"done": self.done, "best": self.best}
+        return {"done": self.done, "done_at": self.done_at, "best": self.best}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.done = dict(state.get("done", {}))
+        self.done_at = {k: int(v) for k, v in state.get("done_at", {}).items()}
         self.best = dict(state.get("best", {}))
 
     def last(self) -> dict[str, float]:
         return {f"{name}/{k}": v for name, metrics in self.done.items() for k, v in metrics.items()}
 
-    def run(self, due: list[EvalSpec], params: dict[str, Any], step: int, events: EventLog, status: StatusWriter) -> Optional[str]:
+    def last_step(self) -> Optional[int]:
+        return max(self.done_at.values(), default=None)
+
+    def seen(self) -> dict[str, EvalSeen]:
+        """The latest pass of each defeval (a checkpoint from before steps were kept: step 0)."""
+        return {name: EvalSeen(step=self.done_at.get(name, 0), metrics=dict(metrics)) for name, metrics in self.done.items()}
+
+    def run(self, due: list[EvalSpec], params: dict[str, Any], step: int, events: EventLog, status: StatusWriter) -> Optional[TargetHit]:
         """Run the DUE passes; returns the target that now holds, if any."""
         if not due:
             return None
         status.update(state="evaluating")
-        reached = None
+        reached: Optional[TargetHit] = None
         for spec in due:
             started = time.time()
             metrics = self.passes[spec.name].run(params)
             self.done[spec.name] = metrics
+            self.done_at[spec.name] = step
             for k, v in metrics.items():
                 key = f"{spec.name}/{k}"
                 if key not in self.best or (v > self.best[key] if higher_is_better(k) else v < self.best[key]):
@@ -104,10 +115,10 @@ class Evaluations:
             events.emit({"kind": "eval", "step": step, "name": spec.name, "metrics": metrics, "seconds": time.time() - started})
             for target in self.experiment.targets:
                 if target.eval == spec.name and reached is None and target.holds(metrics[target.metric]):
-                    reached = f"{target.eval} {target.metric} {target.test} {target.value:g}"
-                    events.emit({"kind": "target", "step": step, "metric": f"{target.eval}/{target.metric}",
-                                 "value": metrics[target.metric], "threshold": target.value})
-        status.update(state="running", last_eval=self.last())
+                    reached = TargetHit(metric=f"{target.eval}/{target.metric}", test=target.test, threshold=target.value,
+                                        value=metrics[target.metric], step=step)
+                    events.emit({"kind": "target", "step": step, "metric": reached.metric, "value": reached.value, "threshold": target.value})
+        status.update(state="running", last_eval=self.last(), last_eval_step=step)
         return reached
 
 

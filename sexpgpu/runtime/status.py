@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from ..outcome import bounded
+from ..outcome import EvalSeen, bounded
 from .events import utc_now
 from .store import Store, is_store_failure
 
@@ -29,9 +29,10 @@ State = Literal[
     "preempted",
     "finished",
     "truncated",  # ended at --max-steps, before the run's own :steps: a longer run resumes it
+    "pruned",  # stopped by a sweep's successive halving at a rung; resumable, like truncated
     "failed",
 ]
-FINAL_STATES = frozenset({"stopped", "preempted", "finished", "truncated", "failed"})
+FINAL_STATES = frozenset({"stopped", "preempted", "finished", "truncated", "pruned", "failed"})
 
 # Metric values may be non-finite (written as null).
 Metrics = dict[str, Optional[float]]
@@ -61,6 +62,7 @@ class Status(BaseModel):
     steps: Optional[int] = None  # the planned total
     metrics: Metrics = Field(default_factory=dict)  # the latest logged step's
     last_eval: Optional[dict[str, Any]] = None
+    last_eval_step: Optional[int] = None  # the step of the latest evaluation pass
     eta_s: Optional[float] = None
     last_checkpoint: Optional[str] = None
     attempt: int = 1
@@ -69,6 +71,23 @@ class Status(BaseModel):
     heartbeat: str = Field(default_factory=utc_now)
     started: str = Field(default_factory=utc_now)
     summary: Optional[Summary] = None
+
+    def has_ended(self, steps: int) -> bool:
+        """Whether the run has nothing left to do for a run of STEPS: it reached its target,
+        or it trained STEPS (finished, or truncated at a --max-steps)."""
+        if self.state not in ("finished", "truncated"):
+            return False
+        reached = self.summary is not None and self.summary.target_reached_at_step is not None
+        return reached or self.step >= steps
+
+    def evals(self) -> dict[str, EvalSeen]:
+        """The latest pass of each defeval (`last_eval` keys them EVAL/METRIC)."""
+        evals: dict[str, EvalSeen] = {}
+        for key, value in (self.last_eval or {}).items():
+            name, _, metric = key.partition("/")
+            if isinstance(value, (int, float)):
+                evals.setdefault(name, EvalSeen(step=self.last_eval_step or self.step, metrics={})).metrics[metric] = float(value)
+        return evals
 
 
 def status_path(run_prefix: str) -> str:

@@ -1,0 +1,102 @@
+"""What a supervisor knows of a run's attempts, and a sweep of its points: one record per
+point, the same for a sweep on this machine and one over Ray (`sweep --json` prints it;
+the Ray driver keeps it in STORE/sweeps/STEM.SWEEP/sweep.json), and the rule that counts an
+ended attempt into it.
+
+An attempt that finished ends the run. One that stopped resumably (exit 75: a signal, a
+killed worker, a lost node, ranks that never met) runs again from the latest checkpoint,
+until it has been preempted more than `--max-preemptions` times. Anything else is the run's
+own failure, and is not retried.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, Field
+
+from .outcome import AttemptOutcome, EvalSeen, Exit, TargetHit, bounded
+from .runtime.status import Status
+
+AfterAttempt = Literal["finished", "truncated", "preempted", "failed"]  # "preempted": run it again
+PointState = Literal["pending", "leased", "running", "preempted", "stopped", "finished", "truncated", "pruned", "failed"]  # stopped: a local sweep stopped by a signal
+DONE = ("finished", "truncated", "pruned", "failed")  # for this sweep: not run again by it
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class Attempts(BaseModel):
+    """What a supervisor knows of one run's attempts (a point of a sweep, a submit.json)."""
+
+    attempts: int = 0
+    preemptions: int = 0
+    exit_code: Optional[int] = None
+    reason: str = ""
+    steps: int = 0  # the step the run stands at
+    final_loss: Optional[float] = None
+    metrics: dict[str, float] = Field(default_factory=dict)  # the last training batch's
+    evals: dict[str, EvalSeen] = Field(default_factory=dict)  # the latest pass of each defeval
+    target: Optional[TargetHit] = None
+
+
+def record_attempt(record: Attempts, outcome: AttemptOutcome, max_preemptions: Optional[int]) -> AfterAttempt:
+    """Count OUTCOME into RECORD; what the run's state is now."""
+    if outcome.resumable:  # a clean stop on SIGTERM (a spot reclaim) is a preemption too
+        record.preemptions += 1
+    record.exit_code, record.reason = int(outcome.exit_code), outcome.reason
+    if outcome.folder is not None:  # an attempt refused before training leaves what the run had
+        record.steps, record.final_loss, record.metrics = outcome.steps, outcome.final_loss, dict(outcome.metrics)
+        record.evals, record.target = dict(outcome.evals), outcome.target
+    if outcome.exit_code == Exit.OK:
+        return "truncated" if outcome.reason.startswith("truncated") else "finished"
+    if outcome.exit_code != Exit.STOPPED:
+        return "failed"
+    if max_preemptions is not None and record.preemptions > max_preemptions:
+        record.reason = bounded(f"preempted {record.preemptions} times (--max-preemptions {max_preemptions}); last: {outcome.reason}")
+        return "failed"
+    return "preempted"
+
+
+def take_status(record: Attempts, status: Status) -> None:
+    """What the run's STATUS says of where it stands, into RECORD (a point run elsewhere, or
+    before this sweep started)."""
+    record.steps = status.step
+    loss = status.metrics.get("loss")
+    record.final_loss = loss
+    record.metrics = {k: v for k, v in status.metrics.items() if k != "loss" and v is not None}
+    record.evals = status.evals()
+    if status.summary is not None:
+        record.exit_code, record.reason = status.summary.exit_code, status.summary.reason
+
+
+class PointRecord(Attempts):
+    point: int
+    slug: str
+    knobs: dict[str, Any]
+    planned: Optional[int] = None  # the steps this sweep asks of the point (--max-steps and rungs included)
+    state: PointState = "pending"
+    lease: Optional[str] = None  # driver id holding the point
+    heartbeat: Optional[float] = None  # unix time of the holder's last heartbeat
+
+    def ended_by(self) -> str:
+        """Why the point stands where it does, in a few words: `steps`, `--max-steps`, the
+        target and its value, the rung that pruned it, or the failure."""
+        if self.state == "finished":
+            return f"target {self.target.describe()}" if self.target is not None else "steps"
+        if self.state == "truncated":  # "truncated at step N by --max-steps (the run asks for M)"
+            limit = self.reason.partition(" by ")[2].partition(" (the run asks")[0]
+            return limit or self.reason
+        if self.state in ("pruned", "failed", "preempted", "stopped"):
+            return self.reason
+        return ""
+
+
+class SweepLedger(BaseModel):
+    version: int = 1
+    file: str
+    sweep: str
+    points: list[PointRecord]
+    updated: str = Field(default_factory=now)
