@@ -11,7 +11,9 @@
 ;; Point N is drawn from the seed alone: it is the same point whatever :sample says. At
 ;; step 50, the best third of the 16 points (by val/loss) go on to step 150; the best third
 ;; of those train to the end. The others are `pruned`, their checkpoints kept.
-(defsweep search :sample 16 :seed 0
+(defsweep search
+  :sample 16
+  :seed 0
   :lr (log-uniform 0.003 0.3)
   :width (choice 16 32 64 128)
   :halving (:metric val/loss :mode :min :rungs (50 150) :keep 1/3))

@@ -262,6 +262,20 @@ def test_keyword_pairs_one_per_line() -> None:
     )
 
 
+def test_a_keyword_value_stays_with_its_key() -> None:
+    run = "(defrun :steps 300 :seed 0 :log-every 10 :precision :bf16 :checkpoint (:every 100 :keep 2) :microbatches 4)"
+    assert format_source(run) == (
+        "(defrun\n  :steps 300\n  :seed 0\n  :log-every 10\n  :precision :bf16\n"
+        "  :checkpoint (:every 100 :keep 2)\n  :microbatches 4)\n"
+    )
+    sweep = "(defsweep search :sample 16 :seed 0 :lr (log-uniform 0.003 0.3) :width (choice 16 32 64 128) :act (:relu :gelu))"
+    assert format_source(sweep) == (
+        "(defsweep search\n  :sample 16\n  :seed 0\n  :lr (log-uniform 0.003 0.3)\n  :width (choice 16 32 64 128)\n"
+        "  :act (:relu :gelu))\n"
+    )
+    assert format_source("(f :a :b c)") == "(f :a :b c)\n"  # not all pairs: a keyword alone stays alone when broken
+
+
 def test_call_aligns_arguments_with_the_first() -> None:
     text = "(list (first-element-of-the-list 1 2 3) (second-element-of-the-list 4 5 6) (third-one 7 8 9 10 11 12 13))"
     assert format_source(text) == (

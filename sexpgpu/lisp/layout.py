@@ -121,6 +121,7 @@ BODY_HEADS: Mapping[str, int] = MappingProxyType(
                 " unwind-protect block prog1 with-gensyms once-only defstruct case ecase"
                 " typecase etypecase forward optimizer-update defcurriculum defgroups defrun"
                 " defloader defdiagnostic eval-when catch with-numerics defobjective defevaluate"
+                " defsweep defvariant"
             ).split(),
             1,
         ),
@@ -423,7 +424,11 @@ Group = tuple[Entry, ...]
 
 
 def keyword_groups(entries: Sequence[Entry]) -> list[Group]:
-    """`:key value` pairs and `. tail` pairs; everything else alone."""
+    """`:key value` pairs and `. tail` pairs; everything else alone. Entries that are all
+    `:key value` pairs (a keyword at every other place) pair up even where a value is a
+    keyword itself: `:precision :bf16` stays on one line."""
+    if entries and len(entries) % 2 == 0 and all(_is_keyword(e.node) for e in entries[::2]):
+        return pairwise_groups(entries)
     groups: list[Group] = []
     i = 0
     while i < len(entries):
