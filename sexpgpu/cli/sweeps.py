@@ -187,7 +187,7 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
     table = SweepTable(records)
     stopped = False
 
-    def train(legs: list[Leg]) -> bool:
+    def train_legs(legs: list[Leg]) -> bool:
         nonlocal stopped
         for leg in legs:
             record = records[leg.contender.point]
@@ -217,10 +217,10 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
 
     contenders = [Contender(point=r.point, slug=r.slug, steps=c.experiment.run.steps) for r, c in zip(records, points, strict=True)]
     if sweep.halving is None:
-        train([Leg(c, planned(points[c.point], args.max_steps), None) for c in contenders])
+        train_legs([Leg(c, planned(points[c.point], args.max_steps), None) for c in contenders])
         pruned: dict[int, str] = {}
     else:
-        pruned = search(sweep.halving, contenders, store, train, cap=args.max_steps, say=lambda text: print(text, file=sys.stderr))
+        pruned = search(sweep.halving, contenders, store, train_legs, cap=args.max_steps, say=lambda text: print(text, file=sys.stderr))
     for record in records:
         if record.attempts == 0 and record.state == "pending" and not stopped:
             take_status_of(store, record)  # nothing left to train: what the run folder says

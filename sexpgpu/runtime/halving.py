@@ -134,9 +134,9 @@ def to_train(store: Store, legs: list[Leg]) -> list[Leg]:
 Train = Callable[[list["Leg"]], bool]
 
 
-def search(halving: Halving, contenders: list[Contender], store: Store, train: Train, cap: Optional[int] = None,
+def search(halving: Halving, contenders: list[Contender], store: Store, train_legs: Train, cap: Optional[int] = None,
            say: Say = print) -> dict[int, str]:
-    """Run the halving: TRAIN each stage's legs (it returns False when the sweep must stop:
+    """Run the halving: TRAIN_LEGS trains each stage's legs (it returns False when the sweep must stop:
     a signal, nothing can start); decide at each rung. Returns the points pruned, with why.
     CAP (--max-steps) ends the search at the first stage past it, pruning nothing there."""
     alive = list(contenders)
@@ -149,7 +149,7 @@ def search(halving: Halving, contenders: list[Contender], store: Store, train: T
             say(f"halving: rung {index} (step {rung}) is past --max-steps {cap}; nothing is pruned there")
             break
         label = f"halving rung {index} of {len(halving.rungs)}"
-        if not train(to_train(store, [Leg(c, rung, label) for c in reaching])):
+        if not train_legs(to_train(store, [Leg(c, rung, label) for c in reaching])):
             return pruned
         at_rung, short = [], []
         for c in reaching:
@@ -174,5 +174,5 @@ def search(halving: Halving, contenders: list[Contender], store: Store, train: T
         say(f"halving: rung {index} (step {rung}): {len(decision.kept)} of {len(decision.ranked)} points go on: "
             + " ".join(str(p) for p in decision.kept))
     final = [Leg(c, c.steps if cap is None else min(cap, c.steps), None) for c in alive]
-    train(to_train(store, final))
+    train_legs(to_train(store, final))
     return pruned
