@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from ..ir.dtypes import DType
 from ..lisp.builtins import Registry, list_items, parse_keys, short, to_lisp_list, type_error
@@ -21,7 +21,7 @@ from ..lisp.reader import Reader
 from ..lisp.types import NIL, T, Cons, Loc, Symbol, SymbolTable
 from ..ir.selectors import glob_match
 from ..ir.experiment import CheckpointPolicy, DiagnosticsSpec, EvalSpec, FieldRecord, FiniteGuard, InitSpec, KnobSpec, LoaderRecord, PrepareRecord, RunSpec, Selection, SourceRecord, StageRecord, TargetSpec
-from .models import Batch, Group, Model, ModelList, Optimizer, Param
+from .models import Batch, Group, Model, ModelList, Optimizer, Param, rebase
 from .tensors import Staged, TensorLib
 
 # contract order: (rank, form names); forms not listed may appear anywhere
@@ -42,6 +42,7 @@ CONTRACT_FORMS = {"DEFKNOB", "DEFLOADER", "DEFPART", "DEFOBJECTIVE", "DEFGROUPS"
 ONCE = {"DEFOBJECTIVE", "DEFGROUPS", "DEFRUN", "DEFCURRICULUM", "DEFEVALUATE"}
 # every key runfile.md lists; the loop feeds each as an f32 scalar
 CTX_KEYS = ("step", "epoch", "examples", "tokens", "stage", "elapsed", "loss", "lr", "eval", "rank", "world-size", "seed", "microbatch", "lr-scale")
+TARGET_TESTS = ("<=", ">=", "<", ">")
 ORDER_TEXT = "require, defknob/defvariant/defsweep, definitions, defloader, defpart, defobjective, defevaluate/defeval/deftarget, defgroups, defcurriculum, defrun"
 
 
@@ -57,14 +58,15 @@ class Compiler:
         self.sweeps: dict[str, dict[str, Any]] = {}
         self.loaders: dict[str, LoaderRecord] = {}
         self.parts: dict[str, Any] = {}
+        self.part_locs: dict[str, Loc] = {}  # where each top-level defpart is
         self.objective: Any = None
         self.evaluate: Any = None
         self.evals: list[EvalSpec] = []
-        self.ties: dict[str, tuple[str, bool]] = {}
         self.curriculum: Optional[list[tuple[str, Any, list[tuple[str, str]]]]] = None
         self.reducers: dict[str, Any] = {}
         self.warnings: list[str] = []
         self.targets: list[TargetSpec] = []
+        self.target_locs: dict[int, Loc] = {}  # where each deftarget is, by its index in targets
         self.groups: list[Group] = []
         self.clip: Optional[float] = None
         self.run: Optional[RunSpec] = None  # defrun's settings; :clip (defgroups) and the IR diagnostics' names come at staging
@@ -118,7 +120,7 @@ class Compiler:
                 return loc
         return self.seen[-1][1] if self.seen else None
 
-    def at(self, loc: Loc, code: str, message: str) -> Exception:
+    def at(self, loc: Optional[Loc], code: str, message: str) -> Exception:
         err = lisp_error(code, message, "PROGRAM-ERROR")
         err.loc = loc
         return err
@@ -178,6 +180,7 @@ class Compiler:
     def b_defknob(self, name: Any, default: Any, *args: Any) -> Any:
         keys = parse_keys("defknob", args, {"TYPE", "RANGE", "CHOICES", "DOC"}, 3)
         knob = name.name.lower()
+        default = literal_default(self.interp, default)
         value = default
         raw = self.selection.set.get(knob)
         if raw is not None:
@@ -317,13 +320,23 @@ class Compiler:
 
     def b_defpart(self, name: Any, thunk: Any) -> Any:
         model = self.current_model("defpart")
+        value, part = self.made_part(name, thunk)
+        model.parts[name.name.lower()] = part
+        return value
+
+    def made_part(self, name: Any, thunk: Any) -> tuple[Any, Any]:
+        """What defpart NAME's constructor form returns, and the part it makes: a list of
+        models made by the form (a `loop ... collect`, say) is numbered as repeat's copies
+        are, NAME.0, NAME.1 ..., each with parameters of its own."""
         self.path.append(name.name.lower())
         try:
-            part = self.interp.call(thunk)
+            value = self.interp.call(thunk)
+            here = ".".join(self.path)
         finally:
             self.path.pop()
-        model.parts[name.name.lower()] = part
-        return part
+        if type(value) is Cons and made_at(value, here):
+            return value, numbered(value, here, here, set())
+        return value, value
 
     def b_forward(self, fn: Any) -> Any:
         self.current_model("forward").forward = fn
@@ -348,6 +361,8 @@ class Compiler:
         return ModelList(path=".".join(self.path), models=models)
 
     def b_models(self, part: Any) -> Any:
+        if type(part) is Cons:
+            return part
         if not isinstance(part, ModelList):
             raise type_error("models", 1, "a repeated part", part)
         return to_lisp_list(part.models)
@@ -356,9 +371,9 @@ class Compiler:
         return self.call_model(model, list_items("call model", 2, args))
 
     def call_model(self, model: Any, args: list[Any]) -> Any:
-        if isinstance(model, ModelList):
+        if isinstance(model, ModelList) or type(model) is Cons:
             value = args[0] if len(args) == 1 else to_lisp_list(args)
-            for m in model.models:
+            for m in (model.models if isinstance(model, ModelList) else list(model)):
                 value = self.call_model(m, [value])
             return value
         if not isinstance(model, Model):
@@ -377,15 +392,13 @@ class Compiler:
         key = name.name.lower()
         if key in self.parts:
             raise lisp_error("C003", f"defpart {key} is defined twice", "PROGRAM-ERROR")
-        self.path.append(key)
-        try:
-            part = self.interp.call(thunk)
-        finally:
-            self.path.pop()
+        value, part = self.made_part(name, thunk)
         if not isinstance(part, (Model, ModelList)):
             raise lisp_error("C008", f"defpart {key}: {short(part)} is not a model; call a defmodel constructor", "PROGRAM-ERROR")
         self.parts[key] = part
-        self.interp.values[name] = part
+        if self.interp.current_loc is not None:
+            self.part_locs[key] = self.interp.current_loc
+        self.interp.values[name] = value
         self.interp.functions[name] = Builtin(key, lambda *args: self.call_model(part, list(args)), 0, None)
         return name
 
@@ -400,7 +413,6 @@ class Compiler:
         if source.source() is target:
             raise lisp_error("C008", f"tie: {target.path} and {source.path} would read each other", "PROGRAM-ERROR")
         target.tie = (source, transpose is not NIL)
-        self.ties[target.path] = (source.path, transpose is not NIL)
         return target
 
     def b_part_param(self, part: Any, name: Any) -> Any:
@@ -446,6 +458,8 @@ class Compiler:
         return T if tracer.training else NIL
 
     def b_param_count(self, part: Any) -> Any:
+        if type(part) is Cons and made_at(part, None):
+            part = ModelList(path="", models=list(part))
         if isinstance(part, (Model, ModelList)):
             total = 0
             for p in part.all_params():
@@ -556,13 +570,24 @@ class Compiler:
         return name
 
     def b_deftarget(self, name: Any, metric: Any, test: Any, value: Any) -> Any:
-        if not any(e.name == name.name.lower() for e in self.evals):
-            raise lisp_error("C008", f"deftarget: no defeval named {name.name.lower()} (evals: {', '.join(e.name for e in self.evals) or 'none'})", "PROGRAM-ERROR")
-        if type(test) is not Symbol or test.name not in ("<=", ">=", "<", ">"):
-            raise lisp_error("C008", f"deftarget: the test is one of :<= :>= :< :>, got {short(test)}", "PROGRAM-ERROR")
+        """(deftarget EVAL METRIC TEST VALUE); every problem is reported at the form, and the
+        check of METRIC against defevaluate's metrics (at staging) too."""
+        loc = self.interp.current_loc
+        if type(name) is not Symbol or type(metric) is not Symbol:
+            raise self.at(loc, "C008", f"deftarget: write (deftarget EVAL METRIC TEST VALUE) with the names of a defeval and of a metric, got {short(name)} {short(metric)}")
+        key, what = name.name.lower(), f"deftarget {name.name.lower()} {metric.name.lower()}"
+        if not any(e.name == key for e in self.evals):
+            raise self.at(loc, "C008", f"{what}: no defeval named {key} (evals: {', '.join(e.name for e in self.evals) or 'none'})")
+        tests = " ".join(":" + t for t in TARGET_TESTS)
+        if type(test) is not Symbol or not test.is_keyword or test.name not in TARGET_TESTS:
+            if type(test) is Symbol and test.name in TARGET_TESTS:
+                raise self.at(loc, "C008", f"{what}: the test must be a keyword such as :{test.name}, not the symbol {test.name}; the tests are {tests}")
+            raise self.at(loc, "C008", f"{what}: the test must be a keyword, one of {tests}; got {short(test)}")
         if type(value) not in (int, float):
-            raise lisp_error("C008", f"deftarget: the threshold must be a number, got {short(value)}", "PROGRAM-ERROR")
-        self.targets.append(TargetSpec(eval=name.name.lower(), metric=metric.name.lower(), test=test.name, value=float(value)))
+            raise self.at(loc, "C008", f"{what}: the threshold must be a number, got {short(value)}")
+        if loc is not None:
+            self.target_locs[len(self.targets)] = loc
+        self.targets.append(TargetSpec(eval=key, metric=metric.name.lower(), test=test.name, value=float(value)))
         return name
 
     def b_metric(self, name: Any, value: Any) -> Any:
@@ -710,10 +735,29 @@ class Compiler:
 
     # -- queries for the pipeline ------------------------------------------------------------------------------
     def all_params(self) -> list[Param]:
-        out: list[Param] = []
+        """The run's parameters, each once (a model shared by two parts has its parameters once)."""
+        out: dict[int, Param] = {}
         for part in self.parts.values():
-            out.extend(part.all_params())
-        return out
+            for param in part.all_params():
+                out.setdefault(id(param), param)
+        return list(out.values())
+
+    def ties(self) -> dict[str, tuple[str, bool]]:
+        """Each tied place: the path of the parameter it reads, and whether transposed."""
+        return {p.path: (p.tie[0].path, p.tie[1]) for part in self.parts.values() for p in part.places() if p.tie is not None}
+
+    def check_unique_paths(self) -> None:
+        """Two parameters never share a path: the path keys the initial values, the
+        checkpoints and the optimizer groups."""
+        seen: set[str] = set()
+        for param in self.all_params():
+            if param.path in seen:
+                top = param.path.split(".")[0]
+                raise self.at(
+                    self.part_locs.get(top) or self.form_loc("DEFPART"), "C008",
+                    f"two parameters have the path {param.path}: two models made inside one defpart are both parts of the run; "
+                    "make numbered copies with (repeat n (constructor ...)), or return the models as one list from that defpart's form, which numbers them")
+            seen.add(param.path)
 
     def assign_groups(self) -> None:
         for param in self.all_params():
@@ -744,6 +788,35 @@ def finite_guard(settings: Optional[dict[str, Any]]) -> FiniteGuard:
     if settings is None:
         return FiniteGuard()
     return FiniteGuard(skip=settings["skip"], rollback=settings["rollback"] not in (None, False), lr_scale=settings["lr-scale"])
+
+
+def literal_default(interp: Interpreter, form: Any) -> Any:
+    """defknob's default as the datum it is written as: never evaluated, so a list is a list
+    (like defsweep values and --set), and a quoted datum 'x stands for x."""
+    if type(form) is Cons and form.car is interp.sym("QUOTE") and type(form.cdr) is Cons and form.cdr.cdr is NIL:
+        return form.cdr.car
+    return form
+
+
+def made_at(value: Any, path: Optional[str]) -> bool:
+    """Whether VALUE is a model made at PATH (any path when None), or a non-empty proper list
+    of such values."""
+    if type(value) is Cons:
+        items = []
+        cell: Any = value
+        while type(cell) is Cons:
+            items.append(cell.car)
+            cell = cell.cdr
+        return cell is NIL and all(made_at(item, path) for item in items)
+    return isinstance(value, (Model, ModelList)) and (path is None or value.path == path)
+
+
+def numbered(value: Any, made: str, target: str, seen: set[int]) -> Union[Model, ModelList]:
+    """VALUE (made_at MADE) moved to TARGET: a list becomes the parts TARGET.0, TARGET.1 ..."""
+    if type(value) is Cons:
+        return ModelList(path=target, models=[numbered(item, made, f"{target}.{i}", seen) for i, item in enumerate(value)])
+    rebase(value, made, target, seen)
+    return value
 
 
 def _same(a: Any, b: Any) -> bool:

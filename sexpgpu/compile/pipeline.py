@@ -21,11 +21,11 @@ from ..ir.experiment import CurriculumSpec, EvalSpec, Experiment, GroupSpec, Loa
 from ..ir.graph import Module, Program, TensorType, prune, shape_size
 from ..ir.selectors import selects
 from ..lisp.conditions import LispError, lisp_error
-from ..lisp.diagnostics import Diagnostic
+from ..lisp.diagnostics import Diagnostic, Note
 from ..lisp.evaluator import Limits
 from ..lisp.program import Program as LispProgram
 from ..lisp.program import diagnostic_from, display_path, evaluate_file, guarded, has_errors, new_program
-from ..lisp.types import NIL, MultipleValues
+from ..lisp.types import NIL, Loc, MultipleValues
 from .autodiff import backward
 from .compiler import Compiler
 from .models import Batch, Ctx, Group, Param
@@ -60,7 +60,7 @@ def compile_file(path: Path, selection: Optional[Selection] = None, limits: Opti
         return CompileResult(diagnostics=[problem] if problem else [])
     fresh, compiler = made
     program, diagnostics = evaluate_file(fresh)
-    result = CompileResult(diagnostics=list(diagnostics), program=program, compiler=compiler)
+    result = CompileResult(diagnostics=[at_users_call(d, fresh.interp.user_loc) for d in diagnostics], program=program, compiler=compiler)
     if program is None or not result.ok:
         return result
     unknown = sorted(set(chosen.set) - set(compiler.knobs))
@@ -82,9 +82,24 @@ def compile_file(path: Path, selection: Optional[Selection] = None, limits: Opti
     for message in compiler.warnings:
         result.diagnostics.append(Diagnostic.at("W002", message, compiler.form_loc("DEFGROUPS"), severity="warning"))
     if problem is not None:
-        result.diagnostics.append(problem)
+        result.diagnostics.append(at_users_call(problem, fresh.interp.user_loc))
     result.experiment = experiment
     return result
+
+
+LIBRARY = "sexpgpu/lib/"  # the standard modules, as diagnostics name their files
+
+
+def at_users_call(diagnostic: Diagnostic, user: Optional[Loc]) -> Diagnostic:
+    """An error raised inside a standard module (sexpgpu/nn, sexpgpu/optim) is reported at
+    USER, the latest call the user's own files made before the library took over: that is
+    where the arguments came from. The library's line becomes a note."""
+    if diagnostic.severity != "error" or user is None or not (diagnostic.file or "").startswith(LIBRARY) or diagnostic.line is None:
+        return diagnostic
+    inside = Note(message="raised here, inside the standard library", file=diagnostic.file, line=diagnostic.line, col=diagnostic.col)
+    toplevel = f"while evaluating the top-level form at {user}"
+    notes = [inside, *(n for n in diagnostic.notes if n.message != toplevel)]
+    return diagnostic.model_copy(update={"file": user.file, "line": user.line, "col": user.col, "macro": None, "notes": notes})
 
 
 def resolve_selection(path: Path, selection: Selection) -> tuple[Selection, dict[str, Any]]:
@@ -130,6 +145,7 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
     """Stage, check and describe the run PROGRAM's file declared (its contract evaluated
     into COMPILER)."""
     run = defined_run(compiler)
+    compiler.check_unique_paths()
     compiler.assign_groups()
     precision = DType(run.precision)
     train_loader = compiler.loaders["train"]
@@ -164,7 +180,7 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
         metrics=base.metrics,
         evals=evals,
         curriculum=curriculum,
-        ties={k: v[0] + (" (transposed)" if v[1] else "") for k, v in compiler.ties.items()},
+        ties={k: v[0] + (" (transposed)" if v[1] else "") for k, v in compiler.ties().items()},
         targets=list(compiler.targets),
         module=module,
         rank_programs=rank_programs,
@@ -388,10 +404,12 @@ def stage_evals(compiler: Compiler, programs: dict[str, Program], seed: int, pre
         if not names:
             raise lisp_error("C008", "defevaluate records no metric: use (metric name value) in its body", "PROGRAM-ERROR")
         out.append(spec.model_copy(update={"metrics": names}))
-    for target in compiler.targets:
+    for i, target in enumerate(compiler.targets):
         spec = next(e for e in out if e.name == target.eval)
         if target.metric not in spec.metrics:
-            raise lisp_error("C008", f"deftarget {target.eval} {target.metric}: defevaluate records no metric {target.metric} (it records: {', '.join(spec.metrics)})", "PROGRAM-ERROR")
+            err = lisp_error("C008", f"deftarget {target.eval} {target.metric}: defevaluate records no metric {target.metric} (it records: {', '.join(spec.metrics)})", "PROGRAM-ERROR")
+            err.loc = compiler.target_locs.get(i)
+            raise err
     return out
 
 

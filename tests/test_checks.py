@@ -1,0 +1,166 @@
+"""Checks that catch a wrong experiment before it trains (issue 14): each is seen as a user
+sees it, `sexpgpu check` in a real process, with the whole headline, the caret's line and
+column, and the exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from sexpgpu.compile.pipeline import compile_file
+from sexpgpu.ir.experiment import Selection
+
+HEAD = '(require "sexpgpu/nn" :as nn)\n(require "sexpgpu/optim" :as optim)\n'
+SPIRALS = "(defloader train :source (synthetic :spirals :n 256 :classes 3) :fields ((x :f32 (2)) (y :i32 ())) :batch 32)\n"
+GROUPS = '(defgroups (all "**" (optim:sgd :lr 0.1)))\n'
+CE = "(defobjective (batch)\n  (nn:cross-entropy (net (field batch x)) (field batch y)))\n"
+
+
+def check(folder: Path, text: str, *flags: str, name: str = "x.lisp") -> tuple[int, list[str], str]:
+    """`sexpgpu check` of TEXT written to FOLDER/NAME: the exit code, stderr's lines, stdout."""
+    (folder / name).write_text(text)
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "sexpgpu", "check", *flags, name], cwd=folder, capture_output=True, text=True, timeout=120, env=env)
+    return done.returncode, done.stderr.splitlines(), done.stdout
+
+
+def caret_column(lines: list[str], at: int = 2) -> int:
+    """The 1-based column the caret under the source line points at."""
+    gutter = lines[at - 1].index("|") + 2
+    return lines[at].index("^") - gutter + 1
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / ".git").mkdir()
+    return tmp_path
+
+
+# -- 9: a library's argument error at the user's call ------------------------------------------------
+
+ATTENTION = HEAD + """(defmodel seq-classifier ()
+  (defpart inp (nn:linear 2 64))
+  (defpart attn (nn:causal-attention 64 3))
+  (defpart out (nn:linear 64 3))
+  (forward (x)
+    (out (reshape (attn (reshape (inp x) (list 32 1 64))) (list 32 64)))))
+""" + SPIRALS + "(defpart net (seq-classifier))\n" + CE + GROUPS + "(defrun :steps 1)\n"
+
+
+def test_heads_that_do_not_divide_d_are_an_error_at_the_users_call(project: Path) -> None:
+    code, lines, _ = check(project, ATTENTION)
+    assert code == 3
+    assert lines[0] == "x.lisp:5:17: error[E104]: `causal-attention`: d=64 is not divisible by heads=3; use a number of heads that divides 64, such as 2 or 4"
+    assert lines[1] == "   5 |   (defpart attn (nn:causal-attention 64 3))"
+    assert caret_column(lines) == 17
+    assert lines[3].startswith("  note: sexpgpu/lib/nn.lisp:") and lines[3].endswith(": raised here, inside the standard library")
+
+
+def test_heads_through_a_transformer_block_are_blamed_at_the_block(project: Path) -> None:
+    text = (REPO / "examples" / "char-transformer.lisp").read_text().replace("(defknob heads 4)", "(defknob heads 5)")
+    (project / "data").mkdir()
+    (project / "data" / "stdlib-docstrings.txt").write_text("hello world\n")
+    code, lines, _ = check(project, text)
+    assert code == 3
+    where = next(i for i, line in enumerate(text.splitlines(), 1) if "(nn:transformer-block d heads)" in line)
+    col = text.splitlines()[where - 1].index("(nn:transformer-block") + 1
+    assert lines[0] == f"x.lisp:{where}:{col}: error[E104]: `causal-attention`: d=64 is not divisible by heads=5; use a number of heads that divides 64, such as 4 or 8"
+    assert caret_column(lines) == col
+
+
+# -- 11: deftarget ----------------------------------------------------------------------------------
+
+def target_file(target: str) -> str:
+    return (HEAD + SPIRALS + "(defloader val :source (synthetic :spirals :n 256 :classes 3 :seed 1) :fields ((x :f32 (2)) (y :i32 ())) :batch 32)\n"
+            "(defpart net (nn:mlp 2 8 3))\n" + CE +
+            "(defevaluate (batch)\n  (metric acc (nn:accuracy (net (field batch x)) (field batch y))))\n(defeval val :every 10)\n"
+            + target + "\n" + GROUPS + "(defrun :steps 1)\n")
+
+
+@pytest.mark.parametrize("target, message", [
+    ("(deftarget val acc >= 0.985)", "deftarget val acc: the test must be a keyword such as :>=, not the symbol >=; the tests are :<= :>= :< :>"),
+    ("(deftarget val acc :=> 0.985)", "deftarget val acc: the test must be a keyword, one of :<= :>= :< :>; got :=>"),
+    ("(deftarget val accuracy :>= 0.985)", "deftarget val accuracy: defevaluate records no metric accuracy (it records: acc)"),
+    ("(deftarget vol acc :>= 0.985)", "deftarget vol acc: no defeval named vol (evals: val)"),
+    ('(deftarget val acc :>= "high")', 'deftarget val acc: the threshold must be a number, got "high"'),
+])
+def test_deftarget_problems_point_at_the_deftarget_form(project: Path, target: str, message: str) -> None:
+    code, lines, _ = check(project, target_file(target))
+    assert code == 3
+    assert lines[0] == f"x.lisp:11:1: error[C008]: {message}"
+    assert lines[1] == f"  11 | {target}"
+    assert caret_column(lines) == 1
+    assert len(lines) == 3  # no macro note: the form itself is the place
+
+
+def test_a_keyword_test_and_a_knob_threshold_check(project: Path) -> None:
+    text = target_file("(deftarget val acc :>= goal)").replace(HEAD, HEAD + "(defknob goal 0.9)\n")
+    assert check(project, text)[0] == 0
+    result = compile_file(project / "x.lisp", Selection(set={"goal": "0.5"}))
+    assert result.experiment is not None
+    assert [(t.test, t.value) for t in result.experiment.targets] == [(">=", 0.5)]
+
+
+# -- 15: a list default in defknob is data --------------------------------------------------------
+
+STACK = """(defmodel stack (widths)
+  (defpart layers (loop for (a b) on widths while b collect (nn:linear a b)))
+  (forward (x)
+    (layers x)))
+"""
+
+
+def test_a_list_default_of_defknob_is_literal_data(project: Path) -> None:
+    text = HEAD + "(defknob widths (2 16 16 3))\n(defknob tag 'small)\n" + STACK + SPIRALS + "(defpart net (stack widths))\n" + CE + GROUPS + "(defrun :steps 1)\n"
+    code, lines, out = check(project, text)
+    assert (code, lines, out.strip()) == (0, [], "x.lisp: ok")
+    result = compile_file(project / "x.lisp")
+    assert result.experiment is not None
+    knobs = {k.name: (k.default, k.value) for k in result.experiment.knobs}
+    assert knobs == {"widths": ([2, 16, 16, 3], [2, 16, 16, 3]), "tag": ("small", "small")}
+    assert [p.shape for p in result.experiment.params if p.path.endswith(".w")] == [(2, 16), (16, 16), (16, 3)]
+    wider = compile_file(project / "x.lisp", Selection(set={"widths": "(2 32 3)"}))
+    assert wider.experiment is not None
+    assert [p.shape for p in wider.experiment.params if p.path.endswith(".w")] == [(2, 32), (32, 3)]
+
+
+# -- 20: models collected in a defpart are numbered like repeat's copies ---------------------------------
+
+def test_collected_models_get_numbered_paths_and_their_own_values(project: Path) -> None:
+    from sexpgpu.runtime.init import initial_value
+
+    text = (HEAD + "(defknob widths (2 8 8 3))\n" + STACK + SPIRALS + "(defpart net (stack widths))\n"
+            "(defpart heads (loop repeat 2 collect (nn:linear 3 3)))\n"
+            "(defobjective (batch)\n  (nn:cross-entropy (heads (net (field batch x))) (field batch y)))\n" + GROUPS + "(defrun :steps 1)\n")
+    assert check(project, text)[0] == 0
+    result = compile_file(project / "x.lisp")
+    assert result.experiment is not None
+    params = {p.path: p for p in result.experiment.params}
+    assert list(params) == [
+        "net.layers.0.w", "net.layers.0.b", "net.layers.1.w", "net.layers.1.b", "net.layers.2.w", "net.layers.2.b",
+        "heads.0.w", "heads.0.b", "heads.1.w", "heads.1.b",
+    ]
+    copies = [initial_value(params[f"heads.{i}.w"], 0) for i in (0, 1)]
+    assert copies[0].shape == copies[1].shape == (3, 3) and not np.array_equal(copies[0], copies[1])
+    assert not np.array_equal(initial_value(params["net.layers.1.w"], 0)[:3, :3], initial_value(params["net.layers.2.w"], 0)[:3, :3])
+    # the forward applies the copies in order, each to the output of the one before (as repeat)
+    names = [n.path for n in result.experiment.module.programs["forward"].nodes if n.op == "matmul"]
+    assert names == ["net.layers.0", "net.layers.1", "net.layers.2", "heads.0", "heads.1"]
+
+
+def test_two_models_made_in_one_defpart_and_both_used_are_an_error(project: Path) -> None:
+    text = (HEAD + "(defvar *kept* nil)\n(defmodel two ()\n  (defpart a (progn (setq *kept* (nn:linear 2 3)) (nn:linear 2 3)))\n"
+            "  (defpart b *kept*)\n  (forward (x) (+ (a x) (b x))))\n" + SPIRALS + "(defpart net (two))\n" + CE + GROUPS + "(defrun :steps 1)\n")
+    code, lines, _ = check(project, text)
+    assert code == 3
+    assert lines[0] == (
+        "x.lisp:9:1: error[C008]: two parameters have the path net.a.w: two models made inside one defpart are both parts of the run; "
+        "make numbered copies with (repeat n (constructor ...)), or return the models as one list from that defpart's form, which numbers them")
+    assert lines[1] == "   9 | (defpart net (two))" and caret_column(lines) == 1
