@@ -4,7 +4,6 @@ column, and the exit code."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -164,3 +163,70 @@ def test_two_models_made_in_one_defpart_and_both_used_are_an_error(project: Path
         "x.lisp:9:1: error[C008]: two parameters have the path net.a.w: two models made inside one defpart are both parts of the run; "
         "make numbered copies with (repeat n (constructor ...)), or return the models as one list from that defpart's form, which numbers them")
     assert lines[1] == "   9 | (defpart net (two))" and caret_column(lines) == 1
+
+
+# -- 13: prepare steps' and sources' options, from one table, at check ------------------------------
+
+def loader_file(prepare: str, source: str = "(synthetic :spirals :n 256 :classes 3)") -> str:
+    return (HEAD + f"(defloader train\n  :source {source}\n  :prepare ({prepare})\n  :fields ((x :f32 (2)) (y :i32 ()))\n  :batch 32)\n"
+            "(defpart net (nn:mlp 2 8 3))\n" + CE + GROUPS + "(defrun :steps 1)\n")
+
+
+@pytest.mark.parametrize("prepare, target, message", [
+    ("(split :val 0.9)", ":val", "(split): unknown option :val; its options are: :train, a fraction F with 0 < F < 1 (required); :seed, an integer (default: 0)"),
+    ("(split :train 1.5)", "1.5", "(split): :train must be a fraction F with 0 < F < 1, got 1.5"),
+    ("(split :train 0.8 :seed 0.5)", "0.5", "(split): :seed must be an integer, got 0.5"),
+    ("(split)", "(split)", "(split) needs :train, a fraction F with 0 < F < 1; write (split :train F [:seed S])"),
+    ("(windows :length 0)", "0", "(windows): :length must be a positive integer, got 0"),
+    ("(windows :length 8 :step 2)", ":step", "(windows): unknown option :step; its options are: :length, a positive integer (required); :stride, a positive integer (default: the length)"),
+    ("(char-vocab :lower t)", ":lower", "(char-vocab): unknown option :lower; its options are: none"),
+    ("(normalize z)", "z)", "(normalize): :field must be the name of a declared field (x, y), got z"),
+    ("(normalize y)", "y)", "(normalize): field y is i32; normalize standardizes a float field"),
+    ("(shuffle)", "(shuffle)", "unknown prepare step (shuffle); the steps are (char-vocab), (windows :length L [:stride S]), (split :train F [:seed S]), (normalize FIELD)"),
+])
+def test_prepare_options_are_checked_at_the_option(project: Path, prepare: str, target: str, message: str) -> None:
+    code, lines, _ = check(project, loader_file(prepare))
+    source_line = f"  :prepare ({prepare})"
+    col = source_line.index(target) + 1
+    assert code == 3
+    assert lines[0] == f"x.lisp:5:{col}: error[C008]: defloader train: {message}"
+    assert lines[1] == f"   5 | {source_line}"
+    assert caret_column(lines) == col
+
+
+@pytest.mark.parametrize("source, target, message", [
+    ("(synthetic :swirls :n 256)", ":swirls", "(synthetic): unknown data set :swirls; the data sets are :spirals, :moons, :blobs, :linear"),
+    ("(synthetic :spirals :count 256)", ":count", "a synthetic source: unknown option :count; its options are: :n, a positive integer (required); "
+     ":classes, a positive integer (default: 3 (2 for moons)); :seed, an integer (default: 0); :noise, a number (default: the generator's); "
+     ":dim, a positive integer (default: the inputs field's size)"),
+    ("(synthetic :spirals)", "(synthetic", "a synthetic source needs :n, a positive integer; write (synthetic :NAME :n N ...)"),
+    ("(synthetic :spirals :n 0)", "0", "a synthetic source: :n must be a positive integer, got 0"),
+    ('(csv "d.csv" :sep ";")', ":sep", "a csv source: unknown option :sep; its options are: :columns, a quoted plist such as '(:field \"name\") (optional); "
+     ":delimiter, a string (default: \",\")"),
+])
+def test_source_options_are_checked_at_the_option(project: Path, source: str, target: str, message: str) -> None:
+    code, lines, _ = check(project, loader_file("", source))
+    col = f"  :source {source}".index(target) + 1
+    assert code == 3
+    assert lines[0] == f"x.lisp:4:{col}: error[C008]: defloader train: {message}"
+    assert caret_column(lines) == col
+
+
+def test_the_data_layer_reads_the_same_table(project: Path) -> None:
+    """The runtime refuses a record that did not come through check with check's message
+    (exit 5 at run), and its steps, sources and data sets are exactly the table's."""
+    from sexpgpu.ir.data_options import PREPARE_STEPS, SOURCES, SYNTHETIC_NAMES
+    from sexpgpu.runtime.data.load import load_dataset
+    from sexpgpu.runtime.data.prepare import STEPS
+    from sexpgpu.runtime.data.sources import PARSERS
+    from sexpgpu.runtime.data.spec import DataError, LoaderSpec
+    from sexpgpu.runtime.data.synthetic import GENERATORS
+
+    assert set(STEPS) == set(PREPARE_STEPS) and set(PARSERS) == set(SOURCES) and set(GENERATORS) == set(SYNTHETIC_NAMES)
+    spec = LoaderSpec.model_validate({
+        "name": "train", "source": {"kind": "synthetic", "options": {"name": "spirals", "n": 64}},
+        "prepare": [{"kind": "split", "options": {"val": 0.9}}], "fields": [{"name": "x", "dtype": "f32", "shape": [2]}], "batch": 8})
+    with pytest.raises(DataError) as info:
+        load_dataset(spec, use_cache=False)
+    assert str(info.value) == ("loader 'train': synthetic:spirals: (split): unknown option :val; its options are: "
+                               ":train, a fraction F with 0 < F < 1 (required); :seed, an integer (default: 0)")

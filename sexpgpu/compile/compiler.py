@@ -19,6 +19,7 @@ from ..lisp.evaluator import Interpreter
 from ..lisp.objects import Builtin, Closure
 from ..lisp.reader import Reader
 from ..lisp.types import NIL, T, Cons, Loc, Symbol, SymbolTable
+from ..ir.data_options import PREPARE_STEPS, SOURCES, Problem, source_problem, step_problem
 from ..ir.selectors import glob_match
 from ..ir.experiment import CheckpointPolicy, DiagnosticsSpec, EvalSpec, FieldRecord, FiniteGuard, InitSpec, KnobSpec, LoaderRecord, PrepareRecord, RunSpec, Selection, SourceRecord, StageRecord, TargetSpec
 from .models import Batch, Group, Model, ModelList, Optimizer, Param, rebase
@@ -73,6 +74,7 @@ class Compiler:
         self.path: list[str] = []
         self.model_stack: list[Model] = []
         self.seen: list[tuple[str, Loc]] = []
+        self.toplevel: tuple[Any, Optional[Loc]] = (None, None)  # the main file's top-level form being evaluated
         self.lib = TensorLib(interp)
         self.lib.install()
         self.install_builtins()
@@ -97,6 +99,7 @@ class Compiler:
         return any(name in CONTRACT_FORMS for name, _ in self.seen)
 
     def on_toplevel(self, form: Any, loc: Loc) -> None:
+        self.toplevel = (form, loc)
         if type(form) is not Cons or type(form.car) is not Symbol:
             return
         name = form.car.name
@@ -112,6 +115,14 @@ class Compiler:
             if RANK[prev_name] > rank and (prev_name in CONTRACT_FORMS or name in CONTRACT_FORMS):
                 raise self.at(loc, "C002", f"{name.lower()} must come before {prev_name.lower()} (at {prev_loc}); the order is: {ORDER_TEXT}")
         self.seen.append((name, loc))
+
+    def source_form(self, head: str) -> Optional[Cons]:
+        """The top-level form being evaluated, as read, when it is a HEAD form of the main
+        file (a form a macro made, or one of another file, is not at hand: None)."""
+        form, loc = self.toplevel
+        if type(form) is Cons and type(form.car) is Symbol and form.car.name == head and loc == self.interp.current_loc:
+            return form
+        return None
 
     def form_loc(self, name: str) -> Optional[Loc]:
         """Where the file's NAME form is, else its last contract form."""
@@ -491,6 +502,7 @@ class Compiler:
             items = list_items("defloader", 3, step)
             options = {k.name.lower(): as_data(v) for k, v in zip(items[1::2], items[2::2])}
             prepare.append(PrepareRecord(kind=items[0].name.lower(), options=options))
+        self.check_data_options(key, source.record, prepare, fields)
         part = keys.get("PART", NIL)
         stages = []
         for spec in list_items("defloader", 7, keys.get("STAGES", NIL)):
@@ -514,6 +526,26 @@ class Compiler:
             stages=stages,
         )
         return name
+
+    def check_data_options(self, loader: str, source: SourceRecord, prepare: list[PrepareRecord], declared: list[FieldRecord]) -> None:
+        """The source's and each prepare step's options against their declarations (the
+        table the data layer reads too), at the option in the defloader form."""
+        fields = [f.name for f in declared]
+        dtypes = {f.name: f.dtype for f in declared}
+        form = self.source_form("DEFLOADER")
+        problem = source_problem(source.kind, source.options, fields)
+        if problem is not None:
+            where = option_loc(form_value(form, "SOURCE"), problem, [SOURCES[source.kind].positional if source.kind in SOURCES else None])
+            raise self.at(where or self.interp.current_loc, "C008", f"defloader {loader}: {problem.message}")
+        steps = form_value(form, "PREPARE")
+        step_forms = list_cells(steps.car) if steps is not None and type(steps.car) is Cons else []
+        for i, step in enumerate(prepare):
+            problem = step_problem(step.kind, step.options, fields) or float_field_problem(step, dtypes)
+            if problem is not None:
+                cell = step_forms[i] if i < len(step_forms) else None
+                step_decl = PREPARE_STEPS.get(step.kind)
+                where = option_loc(cell, problem, [step_decl.positional] if step_decl and step_decl.positional else [])
+                raise self.at(where or self.interp.current_loc, "C008", f"defloader {loader}: {problem.message}")
 
     def b_field(self, batch: Any, name: Any) -> Any:
         if not isinstance(batch, Batch):
@@ -605,7 +637,7 @@ class Compiler:
             keys = parse_keys("defstate", tuple(items[1:]), {"INIT"}, 2)
             init = keys.get("INIT", NIL)
             slots.append((items[0].name.lower(), self.init_spec(init, 0) if init is not NIL else InitSpec(kind="zeros")))
-        return Optimizer(name=name.name.lower(), states=slots, update=update)
+        return Optimizer(name=name.name.lower(), states=slots, update=update, made_at=self.interp.user_loc)
 
     def b_defgroups(self, groups: Any, *args: Any) -> Any:
         keys = parse_keys("defgroups", args, {"CLIP"}, 2)
@@ -796,6 +828,51 @@ def literal_default(interp: Interpreter, form: Any) -> Any:
     if type(form) is Cons and form.car is interp.sym("QUOTE") and type(form.cdr) is Cons and form.cdr.cdr is NIL:
         return form.cdr.car
     return form
+
+
+def float_field_problem(step: PrepareRecord, dtypes: dict[str, str]) -> Optional[Problem]:
+    """(normalize FIELD) standardizes a float field: an integer or boolean one is refused."""
+    name = step.options.get("field")
+    if step.kind != "normalize" or name not in dtypes or DType(dtypes[name]).is_float:
+        return None
+    return Problem("field", f"(normalize): field {name} is {dtypes[name]}; normalize standardizes a float field", at_value=True)
+
+
+def list_cells(form: Any) -> list[Cons]:
+    """The cells of a proper list, each holding one element (and its position)."""
+    out = []
+    while type(form) is Cons:
+        out.append(form)
+        form = form.cdr
+    return out
+
+
+def form_value(form: Optional[Cons], key: str) -> Optional[Cons]:
+    """The cell holding the value of keyword KEY in a (head name :key value ...) form."""
+    cells = list_cells(form)[2:] if form is not None else []
+    for key_cell, value_cell in zip(cells[::2], cells[1::2]):
+        if type(key_cell.car) is Symbol and key_cell.car.is_keyword and key_cell.car.name == key:
+            return value_cell
+    return None
+
+
+def option_loc(cell: Optional[Cons], problem: Problem, positional: list[Optional[str]]) -> Optional[Loc]:
+    """Where PROBLEM is in the form held by CELL, (kind positional... :option value ...),
+    whose positional arguments are the options POSITIONAL names (None: not an option, as a
+    source's path): the option's keyword, or its value when the value is at fault, or the
+    form itself."""
+    if cell is None or type(cell.car) is not Cons:
+        return None
+    form = cell.car
+    cells = list_cells(form)[1:]
+    for name, arg in zip(positional, cells):
+        if name is not None and name == problem.option:
+            return arg.loc
+    rest = cells[len(positional):]
+    for key_cell, value_cell in zip(rest[::2], rest[1::2]):
+        if type(key_cell.car) is Symbol and key_cell.car.is_keyword and key_cell.car.name.lower() == problem.option:
+            return value_cell.loc if problem.at_value else key_cell.loc
+    return form.loc
 
 
 def made_at(value: Any, path: Optional[str]) -> bool:

@@ -109,6 +109,7 @@ class Optimizer:
     name: str
     states: list[tuple[str, InitSpec]]
     update: Any  # a Lisp closure (param grad ctx state...) -> (values new-param new-state...)
+    made_at: Any = None  # the user's call that made it (a Loc): where errors in its update are reported
 
     def lisp_print(self) -> str:
         return f"#<optimizer {self.name}>"

@@ -474,6 +474,7 @@ def update_group(compiler: Compiler, tracer: Tracer, group: Group, paths: list[s
     flat_grad = Staged(tracer, joined([grads[p] for p in paths]))
     flat_states = [Staged(tracer, joined(ids)) for ids in state_ids.values()]
     tracer.path_stack.append(group.name)
+    compiler.interp.user_loc = optimizer.made_at  # the update is entered from here, not from the user's code
     try:
         result = compiler.interp.apply(optimizer.update, [flat_param, flat_grad, ctx, *flat_states])
     finally:
