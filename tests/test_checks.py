@@ -230,3 +230,31 @@ def test_the_data_layer_reads_the_same_table(project: Path) -> None:
         load_dataset(spec, use_cache=False)
     assert str(info.value) == ("loader 'train': synthetic:spirals: (split): unknown option :val; its options are: "
                                ":train, a fraction F with 0 < F < 1 (required); :seed, an integer (default: 0)")
+
+
+# -- 12: a diagnostic selection that matches nothing ---------------------------------------------------
+
+TAPPED = HEAD + """(defdiagnostic dead (h) (mean (cast (= h 0.0) :f32)))
+(defmodel tapped ()
+  (defpart hidden (nn:linear 2 4))
+  (defpart out (nn:linear 4 3))
+  (forward (x) (out (diagnostic dead (relu (hidden x))))))
+""" + SPIRALS + "(defpart net (tapped))\n" + CE + '(defgroups (all "**" (optim:adamw :lr 0.01)))\n'
+
+
+def test_a_glob_that_selects_nothing_is_an_error_listing_the_diagnostics(project: Path) -> None:
+    text = TAPPED + '(defrun :steps 10\n  :diagnostics (:every 5 :select ("grad-norm/**" "act/**/rsm")))\n'
+    code, lines, _ = check(project, text)
+    assert code == 3
+    paths = "net.hidden.w, net.hidden.b, net.out.w, net.out.b"
+    assert lines[0] == (
+        'x.lisp:14:50: error[C008]: defrun :diagnostics :select "act/**/rsm" matches no diagnostic of this run; it has '
+        f"grad-norm/PATH, param-norm/PATH, update-ratio/PATH, optim/m/PATH, optim/v/PATH for PATH in {paths}; "
+        "act/PART/mean, act/PART/rms, act/PART/max-abs, act/PART/frac-zero for PART in net.hidden, net.out, net; dead/PART for PART in net")
+    assert lines[1] == '  14 |   :diagnostics (:every 5 :select ("grad-norm/**" "act/**/rsm")))'
+    assert caret_column(lines) == 50
+
+
+@pytest.mark.parametrize("select", ['"dead/**"', '"**/net.out.w"', '"optim/v/**" "act/net/rms"'])
+def test_globs_that_select_something_check(project: Path, select: str) -> None:
+    assert check(project, TAPPED + f"(defrun :steps 10 :diagnostics (:every 5 :select ({select})))\n")[0] == 0

@@ -67,7 +67,8 @@ class Compiler:
         self.reducers: dict[str, Any] = {}
         self.warnings: list[str] = []
         self.targets: list[TargetSpec] = []
-        self.target_locs: dict[int, Loc] = {}  # where each deftarget is, by its index in targets
+        self.target_locs: dict[int, Loc] = {}
+        self.select_locs: dict[str, Loc] = {}  # where each glob of defrun :diagnostics :select is written  # where each deftarget is, by its index in targets
         self.groups: list[Group] = []
         self.clip: Optional[float] = None
         self.run: Optional[RunSpec] = None  # defrun's settings; :clip (defgroups) and the IR diagnostics' names come at staging
@@ -717,6 +718,7 @@ class Compiler:
         globs = [select] if type(select) is str else list_items("defrun :diagnostics :select", 1, select)
         if not globs or any(type(g) is not str for g in globs):
             raise lisp_error("C008", 'defrun :diagnostics :select needs glob strings such as ("grad-norm/**" "act/**/rms")', "PROGRAM-ERROR")
+        self.select_locs = glob_locs(self.source_form("DEFRUN"))
         return DiagnosticsSpec(every=every, select=globs)
 
     def b_defdiagnostic(self, name: Any, reducer: Any) -> Any:
@@ -838,6 +840,17 @@ def float_field_problem(step: PrepareRecord, dtypes: dict[str, str]) -> Optional
     return Problem("field", f"(normalize): field {name} is {dtypes[name]}; normalize standardizes a float field", at_value=True)
 
 
+def glob_locs(defrun: Optional[Cons]) -> dict[str, Loc]:
+    """Where each string of defrun :diagnostics's :select is written."""
+    option = form_value(defrun, "DIAGNOSTICS", named=False)
+    cells = list_cells(option.car) if option is not None else []
+    for key, value in zip(cells[::2], cells[1::2]):
+        if type(key.car) is Symbol and key.car.is_keyword and key.car.name == "SELECT":
+            strings = [value] if type(value.car) is str else list_cells(value.car)
+            return {cell.car: cell.loc for cell in strings if type(cell.car) is str and cell.loc is not None}
+    return {}
+
+
 def list_cells(form: Any) -> list[Cons]:
     """The cells of a proper list, each holding one element (and its position)."""
     out = []
@@ -847,9 +860,10 @@ def list_cells(form: Any) -> list[Cons]:
     return out
 
 
-def form_value(form: Optional[Cons], key: str) -> Optional[Cons]:
-    """The cell holding the value of keyword KEY in a (head name :key value ...) form."""
-    cells = list_cells(form)[2:] if form is not None else []
+def form_value(form: Optional[Cons], key: str, named: bool = True) -> Optional[Cons]:
+    """The cell holding the value of keyword KEY in a (head name :key value ...) form, or
+    in a (head :key value ...) form when not NAMED."""
+    cells = list_cells(form)[2 if named else 1:] if form is not None else []
     for key_cell, value_cell in zip(cells[::2], cells[1::2]):
         if type(key_cell.car) is Symbol and key_cell.car.is_keyword and key_cell.car.name == key:
             return value_cell

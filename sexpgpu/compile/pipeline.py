@@ -137,6 +137,7 @@ class TrainPrograms:
     train: Program
     diagnostics: Optional[Program]  # train plus the selected IR diagnostics; None when none is selected
     diagnostic_names: list[str]  # the IR diagnostics computed (run.diagnostics.ir_names)
+    ir_available: list[str]  # every IR diagnostic a selection could pick (act/ names, taps)
     metrics: list[str]
     trainable: list[str]
 
@@ -150,6 +151,7 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
     precision = DType(run.precision)
     train_loader = compiler.loaders["train"]
     base = stage_train(compiler, train_loader, precision)
+    check_selection(compiler, base)
     update = stage_update(compiler, base.trainable)
     programs = {"forward": base.forward, "train": base.train, "update": update}
     add_diagnostics(programs, base, None)
@@ -307,10 +309,73 @@ def stage_train(compiler: Compiler, loader: LoaderRecord, precision: DType) -> T
             builder.input(path, "param", TensorType(dtype=DType.f32, shape=next(p.shape for p in compiler.all_params() if p.path == path)))
     train = builder.program(train_outputs)
     diagnostics, names = diagnostic_program(compiler, tracer, train_outputs)
-    return TrainPrograms(forward, train, diagnostics, names, list(tracer.metrics), trainable)
+    available = ir_diagnostic_names(tracer) if compiler.run.diagnostics is not None else []
+    return TrainPrograms(forward, train, diagnostics, names, available, list(tracer.metrics), trainable)
 
 
 ACT_REDUCERS = ("mean", "rms", "max-abs", "frac-zero")
+
+
+def ir_diagnostic_names(tracer: Tracer) -> list[str]:
+    """The names of every IR diagnostic of the traced train program: the act/ statistics
+    of each part whose forward returned a float tensor, and each defdiagnostic tap."""
+    acts = [f"act/{path}/{r}" for path, nid in tracer.activations.items() if tracer.builder.type(nid).dtype.is_float for r in ACT_REDUCERS]
+    return acts + list(dict.fromkeys(name for name, _, _ in tracer.taps))
+
+
+def loop_diagnostic_names(compiler: Compiler, trainable: list[str]) -> list[str]:
+    """The names the loop computes (runtime/trainer.py's diagnose): grad-norm/ of each
+    trained parameter, param-norm/ and update-ratio/ of each, optim/STATE/ of each
+    parameter an optimizer with that state updates."""
+    paths = [p.path for p in compiler.all_params()]
+    names = [f"grad-norm/{p}" for p in trainable] + [f"param-norm/{p}" for p in paths] + [f"update-ratio/{p}" for p in paths]
+    for group in compiler.groups:
+        if group.optimizer is not None:
+            names.extend(f"optim/{slot}/{p}" for slot, _ in group.optimizer.states for p in group.params)
+    return names
+
+
+def check_selection(compiler: Compiler, base: TrainPrograms) -> None:
+    """Each glob of defrun :diagnostics :select must pick at least one diagnostic this run
+    has (a typo would otherwise give diagnostic events without it): C008 at the glob,
+    listing what there is."""
+    option = compiler.run.diagnostics if compiler.run is not None else None
+    if option is None:
+        return
+    names = loop_diagnostic_names(compiler, base.trainable) + base.ir_available
+    for glob in option.select:
+        if not any(selects([glob], name) for name in names):
+            err = lisp_error("C008", f'defrun :diagnostics :select "{glob}" matches no diagnostic of this run; it has {diagnostics_listing(names)}', "PROGRAM-ERROR")
+            err.loc = compiler.select_locs.get(glob) or compiler.form_loc("DEFRUN")
+            raise err
+
+
+def diagnostics_listing(names: list[str], most: int = 8) -> str:
+    """NAMES grouped by what varies in them: `grad-norm/PATH, param-norm/PATH for PATH in
+    a.w, a.b; act/PART/mean ... for PART in net`, each list cut after MOST."""
+    families: dict[str, list[str]] = {}
+    for name in names:
+        head, _, rest = name.partition("/")
+        if head == "optim":
+            state, _, path = rest.partition("/")
+            families.setdefault(f"optim/{state}/PATH", []).append(path)
+        elif head in ("grad-norm", "param-norm", "update-ratio"):
+            families.setdefault(f"{head}/PATH", []).append(rest)
+        elif head == "act":
+            part, _, reducer = rest.rpartition("/")
+            families.setdefault(f"act/PART/{reducer}", []).append(part)
+        else:
+            families.setdefault(f"{head}/PART", []).append(rest)
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for family, subjects in families.items():
+        groups.setdefault(tuple(subjects), []).append(family)
+    parts = []
+    for subjects_key, members in groups.items():
+        subjects = list(subjects_key)
+        word = "PART" if "PART" in members[0] else "PATH"
+        shown = ", ".join(subjects[:most]) + (f", ... ({len(subjects)} in all)" if len(subjects) > most else "")
+        parts.append(f"{', '.join(members)} for {word} in {shown}")
+    return "; ".join(parts)
 
 
 def diagnostic_program(compiler: Compiler, tracer: Tracer, outputs: dict[str, int]) -> tuple[Optional[Program], list[str]]:
