@@ -258,3 +258,70 @@ def test_a_glob_that_selects_nothing_is_an_error_listing_the_diagnostics(project
 @pytest.mark.parametrize("select", ['"dead/**"', '"**/net.out.w"', '"optim/v/**" "act/net/rms"'])
 def test_globs_that_select_something_check(project: Path, select: str) -> None:
     assert check(project, TAPPED + f"(defrun :steps 10 :diagnostics (:every 5 :select ({select})))\n")[0] == 0
+
+
+# -- 10: check compiles every variant and every sweep point -------------------------------------------
+
+SWEEP = HEAD + """(defknob lr 0.1)
+(defknob heads 2)
+SETTINGS
+(defmodel seq-classifier (heads)
+  (defpart inp (nn:linear 2 8))
+  (defpart attn (nn:causal-attention 8 heads))
+  (defpart out (nn:linear 8 3))
+  (forward (x)
+    (out (reshape (attn (reshape (inp x) (list 32 1 8))) (list 32 8)))))
+""" + SPIRALS + """(defpart net (seq-classifier heads))
+""" + CE + '(defgroups (all "**" (optim:sgd :lr lr)))\n(defrun :steps 1)\n'
+
+
+def test_a_call_where_sweep_values_belong_is_blamed_at_the_value(project: Path) -> None:
+    code, lines, _ = check(project, SWEEP.replace("SETTINGS", "(defsweep lrs :lr (log-grid 0.01 0.1 4))"))
+    assert code == 3
+    assert lines[:2] == [
+        "x.lisp:5:20: error[C004]: knob lr: log-grid is not a number like its default 0.1",
+        "   5 | (defsweep lrs :lr (log-grid 0.01 0.1 4))",
+    ]
+    assert caret_column(lines) == 20
+    assert lines[3:] == [
+        "  note: this value comes from point 0 of defsweep lrs; defvariant and defsweep values are literal data, read and never evaluated: "
+        "(log-grid 0.01 0.1 4) is a list of values, not a call; write the values themselves",
+        "  note: while evaluating the top-level form at x.lisp:3:1",
+        "  note: found when checking the selection --sweep lrs --point 0",
+    ]
+
+
+def test_a_variant_value_is_blamed_at_the_value(project: Path) -> None:
+    code, lines, _ = check(project, SWEEP.replace("SETTINGS", "(defvariant fast :lr (* 2 0.1))"))
+    assert code == 3
+    assert lines[0] == "x.lisp:5:22: error[C004]: knob lr: (* 2 0.1) is not a number like its default 0.1"
+    assert caret_column(lines) == 22
+    assert lines[-1] == "  note: found when checking the selection --variant fast"
+
+
+def test_a_point_that_does_not_compile_fails_check_and_is_named(project: Path) -> None:
+    text = SWEEP.replace("SETTINGS", "(defsweep h :heads (1 2 3 4 5))")
+    code, lines, _ = check(project, text)
+    assert code == 3
+    headlines = [line for line in lines if ": error[" in line]
+    assert headlines == [
+        "x.lisp:8:17: error[E104]: `causal-attention`: d=8 is not divisible by heads=3; use a number of heads that divides 8, such as 2 or 4",
+        "x.lisp:8:17: error[E104]: `causal-attention`: d=8 is not divisible by heads=5; use a number of heads that divides 8, such as 4 or 8",
+    ]
+    assert "  note: found when checking the selection --sweep h --point 2" in lines
+    assert "  note: found when checking the selection --sweep h --point 4" in lines
+    # one chosen selection is checked alone
+    assert check(project, text, "--sweep", "h", "--point", "3")[0] == 0
+    assert check(project, text, "--sweep", "h", "--point", "2")[0] == 3
+
+
+def test_selections_with_the_values_of_one_already_compiled_are_not_compiled_again(project: Path) -> None:
+    from sexpgpu.compile.pipeline import check_every_selection
+
+    text = SWEEP.replace("SETTINGS", "(defvariant same :lr 0.1)\n(defsweep lrs :lr (0.1 0.2 0.2))\n(defsweep both :zip t :lr (0.2 0.3) :heads (2 4))")
+    (project / "x.lisp").write_text(text)
+    checked = check_every_selection(project / "x.lisp")
+    assert checked.diagnostics == []
+    # the base, lr=0.2, lr=0.3 with heads=4: the variant, point 0 of lrs (the base's values)
+    # and the repeated 0.2 are the same compiles
+    assert checked.compiled == 3

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Union
 
 from ..ir.dtypes import DType
 from ..lisp.builtins import Registry, list_items, parse_keys, short, to_lisp_list, type_error
-from ..lisp.conditions import lisp_error
+from ..lisp.conditions import LispError, lisp_error
 from ..lisp.data import as_data
 from ..lisp.evaluator import Interpreter
 from ..lisp.objects import Builtin, Closure
@@ -23,6 +23,7 @@ from ..ir.data_options import PREPARE_STEPS, SOURCES, Problem, source_problem, s
 from ..ir.selectors import glob_match
 from ..ir.experiment import CheckpointPolicy, DiagnosticsSpec, EvalSpec, FieldRecord, FiniteGuard, InitSpec, KnobSpec, LoaderRecord, PrepareRecord, RunSpec, Selection, SourceRecord, StageRecord, TargetSpec
 from .models import Batch, Group, Model, ModelList, Optimizer, Param, rebase
+from .selection import Written
 from .tensors import Staged, TensorLib
 
 # contract order: (rank, form names); forms not listed may appear anywhere
@@ -48,10 +49,12 @@ ORDER_TEXT = "require, defknob/defvariant/defsweep, definitions, defloader, defp
 
 
 class Compiler:
-    def __init__(self, interp: Interpreter, selection: Selection, base_dir: Path, overrides: Optional[dict[str, Any]] = None, root: Optional[Path] = None) -> None:
+    def __init__(self, interp: Interpreter, selection: Selection, base_dir: Path, overrides: Optional[dict[str, Any]] = None, root: Optional[Path] = None,
+                 written: Optional[dict[str, Written]] = None) -> None:
         self.interp = interp
         self.selection = selection
         self.overrides = overrides or {}
+        self.written = written or {}  # where the variant's and sweep point's values are written
         self.base_dir = base_dir
         self.root = root or base_dir  # the project root, where loader sources must stay
         self.knobs: dict[str, KnobSpec] = {}
@@ -201,16 +204,33 @@ class Compiler:
             value = self.from_literal(self.overrides[knob])
             if type(default) is float and type(value) is int:
                 value = float(value)
-        self.check_knob(knob, value, default, keys)
+        written = self.written.get(knob) if raw is None and knob in self.overrides else None
+        shown = written.text if written is not None else short(value)
         doc = keys.get("DOC", NIL)
         declared = keys.get("TYPE", NIL)
         kind = declared.name.lower() if type(declared) is Symbol and declared is not NIL else None
-        self.check_knob_type(knob, value, kind)
+        try:
+            self.check_knob(knob, value, default, keys, shown)
+            self.check_knob_type(knob, value, kind, shown)
+        except LispError as err:
+            if written is None:
+                raise
+            raise self.blamed_on_value(err, written) from None
         self.knobs[knob] = KnobSpec(name=knob, default=as_data(default), value=as_data(value), type=kind, doc=doc if type(doc) is str else None)
         # a knob is a global value, not a special variable: a parameter or let of the same
         # name (an optimizer's &key lr, say) binds lexically, as the reader of the file expects
         self.interp.values[name] = value
         return name
+
+    def blamed_on_value(self, err: LispError, written: Written) -> LispError:
+        """ERR, about a value a defvariant or a defsweep gives a knob, at that value (the
+        evaluator's note names the defknob)."""
+        err.loc = written.loc
+        note = f"this value comes from {written.by}; defvariant and defsweep values are literal data, read and never evaluated"
+        if written.axis is not None:
+            note += f": {written.axis} is a list of values, not a call; write the values themselves"
+        err.notes.append(note)
+        return err
 
     def parse_knob_value(self, knob: str, raw: str, default: Any) -> Any:
         try:
@@ -230,28 +250,28 @@ class Compiler:
         "symbol": lambda v: type(v) is Symbol, "boolean": lambda v: v is T or v is NIL, "bool": lambda v: v is T or v is NIL,
     }
 
-    def check_knob_type(self, knob: str, value: Any, kind: Optional[str]) -> None:
+    def check_knob_type(self, knob: str, value: Any, kind: Optional[str], shown: str) -> None:
         if kind is None:
             return
         check = self.KNOB_TYPES.get(kind)
         if check is None:
             raise lisp_error("C004", f"knob {knob}: :type {kind} is not one of {', '.join(':' + k for k in self.KNOB_TYPES)}", "TYPE-ERROR")
         if not check(value):
-            raise lisp_error("C004", f"knob {knob}: {short(value)} is not of :type {kind}", "TYPE-ERROR")
+            raise lisp_error("C004", f"knob {knob}: {shown} is not of :type {kind}", "TYPE-ERROR")
 
-    def check_knob(self, knob: str, value: Any, default: Any, keys: dict[str, Any]) -> None:
+    def check_knob(self, knob: str, value: Any, default: Any, keys: dict[str, Any], shown: str) -> None:
         if type(default) in (int, float) and type(value) not in (int, float):
-            raise lisp_error("C004", f"knob {knob}: {short(value)} is not a number like its default {short(default)}", "TYPE-ERROR")
+            raise lisp_error("C004", f"knob {knob}: {shown} is not a number like its default {short(default)}", "TYPE-ERROR")
         if type(default) is int and type(value) is float:
-            raise lisp_error("C004", f"knob {knob}: {short(value)} is not an integer like its default {default}", "TYPE-ERROR")
+            raise lisp_error("C004", f"knob {knob}: {shown} is not an integer like its default {default}", "TYPE-ERROR")
         choices = keys.get("CHOICES", NIL)
         if choices is not NIL and not any(_same(value, c) for c in list_items("defknob", 5, choices)):
-            raise lisp_error("C004", f"knob {knob}: {short(value)} is not one of {short(choices)}", "TYPE-ERROR")
+            raise lisp_error("C004", f"knob {knob}: {shown} is not one of {short(choices)}", "TYPE-ERROR")
         bounds = keys.get("RANGE", NIL)
         if bounds is not NIL:
             lo, hi = list_items("defknob", 4, bounds)[:2]
             if not lo <= value <= hi:
-                raise lisp_error("C004", f"knob {knob}: {short(value)} is outside its range [{lo}, {hi}]", "TYPE-ERROR")
+                raise lisp_error("C004", f"knob {knob}: {shown} is outside its range [{lo}, {hi}]", "TYPE-ERROR")
 
     def from_literal(self, value: Any) -> Any:
         if value is None:

@@ -11,6 +11,7 @@ the Experiment. Tensor builtins stage into the tracer of the `lib.tracing` block
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -21,7 +22,7 @@ from ..ir.experiment import CurriculumSpec, EvalSpec, Experiment, GroupSpec, Loa
 from ..ir.graph import Module, Program, TensorType, prune, shape_size
 from ..ir.selectors import selects
 from ..lisp.conditions import LispError, lisp_error
-from ..lisp.diagnostics import Diagnostic, Note
+from ..lisp.diagnostics import Diagnostic, Note, SourceMap
 from ..lisp.evaluator import Limits
 from ..lisp.program import Program as LispProgram
 from ..lisp.program import diagnostic_from, display_path, evaluate_file, guarded, has_errors, new_program
@@ -29,7 +30,7 @@ from ..lisp.types import NIL, Loc, MultipleValues
 from .autodiff import backward
 from .compiler import Compiler
 from .models import Batch, Ctx, Group, Param
-from .selection import overrides, prescan
+from .selection import Declared, Written, overrides, prescan, written_values
 from .tensors import Staged, TensorLib, Tracer
 
 # the contract form a whole-file problem is reported at
@@ -52,10 +53,10 @@ def compile_file(path: Path, selection: Optional[Selection] = None, limits: Opti
     """Read, evaluate, stage and check PATH. WORLD > 1 also stages each data-parallel rank's
     train programs at batch/WORLD (the experiment's identity stays the single-device IR's)."""
     try:
-        chosen, imposed = resolve_selection(path, selection or Selection())
+        chosen, imposed, written = resolve_selection(path, selection or Selection())
     except LispError as exc:
         return CompileResult(diagnostics=[diagnostic_from(exc)])
-    made, problem = guarded(lambda: compiling_world(path, limits, output, chosen, imposed))
+    made, problem = guarded(lambda: compiling_world(path, limits, output, chosen, imposed, written))
     if made is None:
         return CompileResult(diagnostics=[problem] if problem else [])
     fresh, compiler = made
@@ -102,21 +103,96 @@ def at_users_call(diagnostic: Diagnostic, user: Optional[Loc]) -> Diagnostic:
     return diagnostic.model_copy(update={"file": user.file, "line": user.line, "col": user.col, "macro": None, "notes": notes})
 
 
-def resolve_selection(path: Path, selection: Selection) -> tuple[Selection, dict[str, Any]]:
-    """SELECTION with its sweep's variant filled in, and the knob values it imposes (from the
-    pre-read of PATH's variants and sweeps)."""
+@dataclass
+class Checked:
+    """What `check` reports for a file: the diagnostics of every selection it compiled, the
+    sources to show them, the files read (for watch), and how many selections it compiled."""
+
+    diagnostics: list[Diagnostic]
+    sources: SourceMap
+    files: list[Path]
+    compiled: int
+
+
+def check_every_selection(path: Path, limits: Optional[Limits] = None, output: Any = None) -> Checked:
+    """Compile PATH as it is, then with every defvariant and every point of every defsweep:
+    a problem only one selection has is reported once, with a note naming the selections
+    that have it. Selections that give the knobs the same values as one already compiled are
+    the same compile and are skipped. What the file prints is shown for the first compile only."""
+    base = compile_file(path, None, limits, output)
+    diagnostics = list(base.diagnostics)
+    sources = base.program.sources if base.program is not None else SourceMap()
+    files = base.program.files if base.program is not None else [path]
+    try:
+        declared = prescan(path)
+    except LispError:
+        return Checked(diagnostics, sources, files, 1)  # the base compile reported it
+    seen: dict[tuple[Any, ...], list[str]] = {same(d): [] for d in diagnostics}
+    from_base = set(seen)
+    defaults = {k.name: k.value for k in base.compiler.knobs.values()} if base.compiler is not None else {}
+    done = {json.dumps(defaults, sort_keys=True, default=str)}
+    compiled = 1
+    for selection, label in declared_selections(declared):
+        try:
+            values = json.dumps({**defaults, **overrides(declared, selection)}, sort_keys=True, default=str)
+        except LispError:
+            continue  # a sweep prescan refused is reported by the base compile
+        if values in done:
+            continue
+        done.add(values)
+        compiled += 1
+        for diagnostic in compile_file(path, selection, limits, output=lambda _: None).diagnostics:
+            key = same(diagnostic)
+            if key not in seen:
+                seen[key] = []
+                diagnostics.append(diagnostic)
+            if key not in from_base:
+                seen[key].append(label)
+    return Checked([with_selections(d, seen[same(d)]) for d in diagnostics], sources, files, compiled)
+
+
+def declared_selections(declared: Declared) -> list[tuple[Selection, str]]:
+    """Every variant and every sweep point, with the flags that choose it."""
+    out = [(Selection(variant=name), f"--variant {name}") for name in declared.variants]
+    for name, sweep in declared.sweeps.items():
+        try:
+            count = len(sweep.points())
+        except LispError:
+            continue
+        out.extend((Selection(sweep=name, point=i), f"--sweep {name} --point {i}") for i in range(count))
+    return out
+
+
+def same(diagnostic: Diagnostic) -> tuple[Any, ...]:
+    return (diagnostic.severity, diagnostic.code, diagnostic.message, diagnostic.file, diagnostic.line, diagnostic.col)
+
+
+def with_selections(diagnostic: Diagnostic, labels: list[str], most: int = 3) -> Diagnostic:
+    """DIAGNOSTIC with a note naming the selections it was found in (none: the file as it is)."""
+    if not labels:
+        return diagnostic
+    shown = ", ".join(labels[:most]) + (f" and {len(labels) - most} more" if len(labels) > most else "")
+    note = Note(message=f"found when checking the selection{'s' if len(labels) > 1 else ''} {shown}")
+    return diagnostic.model_copy(update={"notes": [*diagnostic.notes, note]})
+
+
+def resolve_selection(path: Path, selection: Selection) -> tuple[Selection, dict[str, Any], dict[str, Written]]:
+    """SELECTION with its sweep's variant filled in, the knob values it imposes (from the
+    pre-read of PATH's variants and sweeps), and where those values are written."""
     declared = prescan(path)
     imposed = overrides(declared, selection)
+    written = written_values(declared, selection)
     sweep = declared.sweeps.get(selection.sweep or "")
     if sweep is not None and sweep.variant and selection.variant is None:
         selection = selection.model_copy(update={"variant": sweep.variant})
-    return selection, imposed
+    return selection, imposed, written
 
 
-def compiling_world(path: Path, limits: Optional[Limits], output: Any, selection: Selection, imposed: dict[str, Any]) -> tuple[LispProgram, Compiler]:
+def compiling_world(path: Path, limits: Optional[Limits], output: Any, selection: Selection, imposed: dict[str, Any],
+                    written: Optional[dict[str, Written]] = None) -> tuple[LispProgram, Compiler]:
     """A fresh world for PATH with the compiler installed, watching the file's contract order."""
     program = new_program(path, limits, output=output)
-    compiler = Compiler(program.interp, selection, path.resolve().parent, imposed, root=program.loader.root)
+    compiler = Compiler(program.interp, selection, path.resolve().parent, imposed, root=program.loader.root, written=written)
     compiler.watch(program.table)
     return program, compiler
 
