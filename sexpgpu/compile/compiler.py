@@ -70,8 +70,8 @@ class Compiler:
         self.reducers: dict[str, Any] = {}
         self.warnings: list[str] = []
         self.targets: list[TargetSpec] = []
-        self.target_locs: dict[int, Loc] = {}
-        self.select_locs: dict[str, Loc] = {}  # where each glob of defrun :diagnostics :select is written  # where each deftarget is, by its index in targets
+        self.target_locs: dict[int, Loc] = {}  # where each deftarget is, by its index in targets
+        self.select_locs: dict[str, Loc] = {}  # where each glob of defrun :diagnostics :select is written
         self.groups: list[Group] = []
         self.clip: Optional[float] = None
         self.run: Optional[RunSpec] = None  # defrun's settings; :clip (defgroups) and the IR diagnostics' names come at staging
