@@ -545,13 +545,13 @@ def test_split_part_fewer_than_batch_names_part(tmp_path: Path, cache: Path) -> 
             [("w", "i32", (3,))],
             "windows of length 4 fill one field of shape (4) or two of shape (3) (inputs and next-token targets); declared: 'w' (3)",
         ),
-        ([("char-vocab", {}), ("windows", {"len": 4})], [("w", "i32", (4,))], "unknown option 'len' for (windows) (known: length, stride)"),
-        ([("char-vocab", {}), ("windows", {"length": 0})], [("w", "i32", (4,))], "option length must be an integer >= 1, got 0"),
+        ([("char-vocab", {}), ("windows", {"len": 4})], [("w", "i32", (4,))], "(windows): unknown option :len; its options are: :length, a positive integer (required); :stride, a positive integer (default: the length)"),
+        ([("char-vocab", {}), ("windows", {"length": 0})], [("w", "i32", (4,))], "(windows): :length must be a positive integer, got 0"),
         ([("windows", {"length": 4})], [("w", "i32", (4,))], "(windows) needs a token stream: a text source after (char-vocab), or a 1-D npy array"),
         (
             [("char-vocab", {}), ("windows", {"length": 4}), ("split", {"train": 1.5})],
             [("w", "i32", (4,))],
-            "(split) needs :train FRACTION with 0 < FRACTION < 1, got 1.5",
+            "(split): :train must be a fraction F with 0 < F < 1, got 1.5",
         ),
     ],
 )
@@ -568,7 +568,8 @@ def test_option_errors(tmp_path: Path, cache: Path) -> None:
     spec = make_spec("csv", "d.csv", XY, base=tmp_path, options={"columns": {"x": ["a"]}})
     assert data_error(spec, cache).endswith("d.csv, field 'x': option columns gives 1 columns for a field of 2 values")
     spec = make_spec("csv", "d.csv", XY, base=tmp_path, options={"sep": ";"})
-    assert data_error(spec, cache).endswith("d.csv: unknown option 'sep' for a csv source (known: columns, delimiter)")
+    assert data_error(spec, cache).endswith(
+        "d.csv: a csv source: unknown option :sep; its options are: :columns, a quoted plist such as '(:field \"name\") (optional); :delimiter, a string (default: \",\")")
     assert data_error(make_spec("npz", None, XY), cache) == "loader 'train': the npz source needs a file or URL"
 
 
@@ -578,15 +579,15 @@ def test_normalize_errors(tmp_path: Path, cache: Path) -> None:
     spec = make_spec("npz", "d.npz", XY, base=tmp_path, prepare=[("normalize", {"field": "y"})])
     assert data_error(spec, cache).endswith("d.npz, field 'y': (normalize) needs a float field; this one is int32")
     spec = make_spec("npz", "d.npz", XY, base=tmp_path, prepare=[("normalize", {"field": "z"})])
-    assert data_error(spec, cache).endswith("d.npz, field 'z': (normalize) names field 'z', which has no data here")
+    assert data_error(spec, cache).endswith("d.npz: (normalize): :field must be the name of a declared field (x, y), got z")
 
 
 def test_synthetic_errors(cache: Path) -> None:
     def message(options: dict[str, Any], fields: list[Any] = XY) -> str:
         return data_error(make_spec("synthetic", None, fields, options=options), cache)
 
-    assert message({"name": "swirls", "n": 5}) == "loader 'train': synthetic:swirls: unknown synthetic data set 'swirls' (known: spirals, moons, blobs, linear)"
-    assert message({"name": "spirals"}).endswith("option n must be a positive integer, got None")
+    assert message({"name": "swirls", "n": 5}) == "loader 'train': synthetic:swirls: (synthetic): unknown data set :swirls; the data sets are :spirals, :moons, :blobs, :linear"
+    assert message({"name": "spirals"}).endswith("a synthetic source needs :n, a positive integer; write (synthetic :NAME :n N ...)")
     assert message({"name": "spirals", "n": 9}, [("x", "f32", (3,)), ("y", "i32", ())]).endswith(
         "synthetic:spirals, field 'x': the inputs field must have shape (2), not (3)"
     )

@@ -6,10 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
+
 from sexpgpu.lisp.diagnostics import CODES, render
 from sexpgpu.compile.pipeline import compile_file
 from sexpgpu.lisp.program import load_file
 
+NN_SOURCE = (REPO / "sexpgpu" / "lib" / "nn.lisp").read_text(encoding="utf-8")
 HEAD = '(require "sexpgpu/nn" :as nn)\n(require "sexpgpu/optim" :as optim)\n'
 LOADER = "(defloader train :source (synthetic :spirals :n 256 :classes 3) :fields ((x :f32 (2)) (y :i32 ())) :batch 32)\n"
 GROUPS = '(defgroups (all "**" (optim:sgd :lr 0.1)))\n'
@@ -153,11 +156,34 @@ def test_prelude_macro_errors_point_at_user_code(project: Path) -> None:
     assert (diagnostics[0].file, diagnostics[0].line, diagnostics[0].col) == ("d.lisp", 3, 5)
 
 
-def test_shape_error_inside_a_standard_module_names_the_users_call(project: Path) -> None:
+def test_an_error_inside_a_standard_module_is_reported_at_the_users_call(project: Path) -> None:
+    """A tensor op that fails inside sexpgpu/nn is reported at the user's call into the
+    library, with the library's line as a note."""
+    (project / "t.lisp").write_text(
+        HEAD + "(defloader train :source (synthetic :spirals :n 256 :classes 3) :fields ((x :f32 (2)) (y :i32 ())) :batch 32)\n"
+        "(defpart net (nn:embedding 10 3))\n(defobjective (batch)\n  (mean (net (field batch x))))\n" + GROUPS + "(defrun :steps 1)\n"
+    )
+    result = compile_file(Path("t.lisp"))
+    (diag,) = [d for d in result.diagnostics if d.severity == "error"]
+    assert (diag.code, diag.message) == ("T001", "take: indices must be an integer tensor, got f32[32,2]")
+    assert (diag.file, diag.line, diag.col) == ("t.lisp", 6, 9)
+    (note,) = diag.notes
+    take = next(i for i, line in enumerate(NN_SOURCE.splitlines(), 1) if "(take table ids)" in line)
+    assert (note.message, note.file, note.line) == ("raised here, inside the standard library", "sexpgpu/lib/nn.lisp", take)
+    assert result.program is not None
+    assert render(diag, result.program.sources).splitlines()[1:] == [
+        "   6 |   (mean (net (field batch x))))",
+        "               ^",
+        f"  note: sexpgpu/lib/nn.lisp:{take}:{note.col}: raised here, inside the standard library",
+    ]
+
+
+def test_a_wrong_layer_size_is_the_layers_error_at_the_users_call(project: Path) -> None:
     (project / "t.lisp").write_text(
         HEAD + "(defloader train :source (synthetic :spirals :n 256 :classes 3) :fields ((x :f32 (2)) (y :i32 ())) :batch 32)\n"
         "(defpart net (nn:mlp 3 8 3))\n(defobjective (batch)\n  (nn:cross-entropy (net (field batch x)) (field batch y)))\n" + GROUPS + "(defrun :steps 1)\n"
     )
     (diag,) = [d for d in compile_file(Path("t.lisp")).diagnostics if d.severity == "error"]
-    assert diag.code == "T001" and diag.file == "sexpgpu/lib/nn.lisp"
-    assert [n.message for n in diag.notes] == ["reached from your code at t.lisp:6:21"]
+    assert diag.message == "`linear`: the input has shape (32 2), but this layer takes d-in=3 values on its last axis"
+    assert (diag.file, diag.line, diag.col) == ("t.lisp", 6, 21)
+    assert [n.file for n in diag.notes] == ["sexpgpu/lib/nn.lisp"]

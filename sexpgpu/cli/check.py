@@ -12,7 +12,7 @@ from typing import Optional
 from ..lisp.diagnostics import Diagnostic, SourceMap
 from ..lisp.evaluator import Limits
 from ..ir.experiment import Selection
-from ..compile.pipeline import compile_file
+from ..compile.pipeline import check_every_selection, compile_file
 from ..lisp.program import has_errors
 from ..outcome import Exit
 from .common import diagnostics_json, existing_file, exit_for, print_diagnostics, print_json
@@ -37,8 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def check_once(path: Path, limits: Limits, selection: Optional[Selection] = None) -> tuple[list[Diagnostic], SourceMap, list[Path]]:
-    """Compile PATH (read, evaluate, contract, staging, IR check); what the file prints goes
-    to stderr (stdout carries the result)."""
+    """Compile PATH (read, evaluate, contract, staging, IR check) with SELECTION, or, with
+    none chosen, as it is and with every variant and sweep point it declares; what the file
+    prints goes to stderr (stdout carries the result)."""
+    if selection is None or selection == Selection():
+        checked = check_every_selection(path, limits, output=sys.stderr.write)
+        return checked.diagnostics, checked.sources, checked.files
     result = compile_file(path, selection, limits, output=sys.stderr.write)
     program = result.program
     if program is None:

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from ..ir.dtypes import DType
 from ..lisp.builtins import Registry, list_items, parse_keys, short, to_lisp_list, type_error
-from ..lisp.conditions import lisp_error
+from ..lisp.conditions import LispError, lisp_error
 from ..lisp.data import as_data
 from ..lisp.evaluator import Interpreter
 from ..lisp.objects import Builtin, Closure
 from ..lisp.reader import Reader
 from ..lisp.types import NIL, T, Cons, Loc, Symbol, SymbolTable
+from ..ir.data_options import PREPARE_STEPS, SOURCES, Problem, source_problem, step_problem
 from ..ir.selectors import glob_match
 from ..ir.experiment import CheckpointPolicy, DiagnosticsSpec, EvalSpec, FieldRecord, FiniteGuard, InitSpec, KnobSpec, LoaderRecord, PrepareRecord, RunSpec, Selection, SourceRecord, StageRecord, TargetSpec
-from .models import Batch, Group, Model, ModelList, Optimizer, Param
+from .models import Batch, Group, Model, ModelList, Optimizer, Param, rebase
+from .selection import Written
 from .tensors import Staged, TensorLib
 
 # contract order: (rank, form names); forms not listed may appear anywhere
@@ -42,14 +44,17 @@ CONTRACT_FORMS = {"DEFKNOB", "DEFLOADER", "DEFPART", "DEFOBJECTIVE", "DEFGROUPS"
 ONCE = {"DEFOBJECTIVE", "DEFGROUPS", "DEFRUN", "DEFCURRICULUM", "DEFEVALUATE"}
 # every key runfile.md lists; the loop feeds each as an f32 scalar
 CTX_KEYS = ("step", "epoch", "examples", "tokens", "stage", "elapsed", "loss", "lr", "eval", "rank", "world-size", "seed", "microbatch", "lr-scale")
+TARGET_TESTS = ("<=", ">=", "<", ">")
 ORDER_TEXT = "require, defknob/defvariant/defsweep, definitions, defloader, defpart, defobjective, defevaluate/defeval/deftarget, defgroups, defcurriculum, defrun"
 
 
 class Compiler:
-    def __init__(self, interp: Interpreter, selection: Selection, base_dir: Path, overrides: Optional[dict[str, Any]] = None, root: Optional[Path] = None) -> None:
+    def __init__(self, interp: Interpreter, selection: Selection, base_dir: Path, overrides: Optional[dict[str, Any]] = None, root: Optional[Path] = None,
+                 written: Optional[dict[str, Written]] = None) -> None:
         self.interp = interp
         self.selection = selection
         self.overrides = overrides or {}
+        self.written = written or {}  # where the variant's and sweep point's values are written
         self.base_dir = base_dir
         self.root = root or base_dir  # the project root, where loader sources must stay
         self.knobs: dict[str, KnobSpec] = {}
@@ -57,20 +62,23 @@ class Compiler:
         self.sweeps: dict[str, dict[str, Any]] = {}
         self.loaders: dict[str, LoaderRecord] = {}
         self.parts: dict[str, Any] = {}
+        self.part_locs: dict[str, Loc] = {}  # where each top-level defpart is
         self.objective: Any = None
         self.evaluate: Any = None
         self.evals: list[EvalSpec] = []
-        self.ties: dict[str, tuple[str, bool]] = {}
         self.curriculum: Optional[list[tuple[str, Any, list[tuple[str, str]]]]] = None
         self.reducers: dict[str, Any] = {}
         self.warnings: list[str] = []
         self.targets: list[TargetSpec] = []
+        self.target_locs: dict[int, Loc] = {}  # where each deftarget is, by its index in targets
+        self.select_locs: dict[str, Loc] = {}  # where each glob of defrun :diagnostics :select is written
         self.groups: list[Group] = []
         self.clip: Optional[float] = None
         self.run: Optional[RunSpec] = None  # defrun's settings; :clip (defgroups) and the IR diagnostics' names come at staging
         self.path: list[str] = []
         self.model_stack: list[Model] = []
         self.seen: list[tuple[str, Loc]] = []
+        self.toplevel: tuple[Any, Optional[Loc]] = (None, None)  # the main file's top-level form being evaluated
         self.lib = TensorLib(interp)
         self.lib.install()
         self.install_builtins()
@@ -95,6 +103,7 @@ class Compiler:
         return any(name in CONTRACT_FORMS for name, _ in self.seen)
 
     def on_toplevel(self, form: Any, loc: Loc) -> None:
+        self.toplevel = (form, loc)
         if type(form) is not Cons or type(form.car) is not Symbol:
             return
         name = form.car.name
@@ -111,6 +120,14 @@ class Compiler:
                 raise self.at(loc, "C002", f"{name.lower()} must come before {prev_name.lower()} (at {prev_loc}); the order is: {ORDER_TEXT}")
         self.seen.append((name, loc))
 
+    def source_form(self, head: str) -> Optional[Cons]:
+        """The top-level form being evaluated, as read, when it is a HEAD form of the main
+        file (a form a macro made, or one of another file, is not at hand: None)."""
+        form, loc = self.toplevel
+        if type(form) is Cons and type(form.car) is Symbol and form.car.name == head and loc == self.interp.current_loc:
+            return form
+        return None
+
     def form_loc(self, name: str) -> Optional[Loc]:
         """Where the file's NAME form is, else its last contract form."""
         for form, loc in self.seen:
@@ -118,7 +135,7 @@ class Compiler:
                 return loc
         return self.seen[-1][1] if self.seen else None
 
-    def at(self, loc: Loc, code: str, message: str) -> Exception:
+    def at(self, loc: Optional[Loc], code: str, message: str) -> Exception:
         err = lisp_error(code, message, "PROGRAM-ERROR")
         err.loc = loc
         return err
@@ -178,6 +195,7 @@ class Compiler:
     def b_defknob(self, name: Any, default: Any, *args: Any) -> Any:
         keys = parse_keys("defknob", args, {"TYPE", "RANGE", "CHOICES", "DOC"}, 3)
         knob = name.name.lower()
+        default = literal_default(self.interp, default)
         value = default
         raw = self.selection.set.get(knob)
         if raw is not None:
@@ -186,16 +204,33 @@ class Compiler:
             value = self.from_literal(self.overrides[knob])
             if type(default) is float and type(value) is int:
                 value = float(value)
-        self.check_knob(knob, value, default, keys)
+        written = self.written.get(knob) if raw is None and knob in self.overrides else None
+        shown = written.text if written is not None else short(value)
         doc = keys.get("DOC", NIL)
         declared = keys.get("TYPE", NIL)
         kind = declared.name.lower() if type(declared) is Symbol and declared is not NIL else None
-        self.check_knob_type(knob, value, kind)
+        try:
+            self.check_knob(knob, value, default, keys, shown)
+            self.check_knob_type(knob, value, kind, shown)
+        except LispError as err:
+            if written is None:
+                raise
+            raise self.blamed_on_value(err, written) from None
         self.knobs[knob] = KnobSpec(name=knob, default=as_data(default), value=as_data(value), type=kind, doc=doc if type(doc) is str else None)
         # a knob is a global value, not a special variable: a parameter or let of the same
         # name (an optimizer's &key lr, say) binds lexically, as the reader of the file expects
         self.interp.values[name] = value
         return name
+
+    def blamed_on_value(self, err: LispError, written: Written) -> LispError:
+        """ERR, about a value a defvariant or a defsweep gives a knob, at that value (the
+        evaluator's note names the defknob)."""
+        err.loc = written.loc
+        note = f"this value comes from {written.by}; defvariant and defsweep values are literal data, read and never evaluated"
+        if written.axis is not None:
+            note += f": {written.axis} is a list of values, not a call; write the values themselves"
+        err.notes.append(note)
+        return err
 
     def parse_knob_value(self, knob: str, raw: str, default: Any) -> Any:
         try:
@@ -215,28 +250,28 @@ class Compiler:
         "symbol": lambda v: type(v) is Symbol, "boolean": lambda v: v is T or v is NIL, "bool": lambda v: v is T or v is NIL,
     }
 
-    def check_knob_type(self, knob: str, value: Any, kind: Optional[str]) -> None:
+    def check_knob_type(self, knob: str, value: Any, kind: Optional[str], shown: str) -> None:
         if kind is None:
             return
         check = self.KNOB_TYPES.get(kind)
         if check is None:
             raise lisp_error("C004", f"knob {knob}: :type {kind} is not one of {', '.join(':' + k for k in self.KNOB_TYPES)}", "TYPE-ERROR")
         if not check(value):
-            raise lisp_error("C004", f"knob {knob}: {short(value)} is not of :type {kind}", "TYPE-ERROR")
+            raise lisp_error("C004", f"knob {knob}: {shown} is not of :type {kind}", "TYPE-ERROR")
 
-    def check_knob(self, knob: str, value: Any, default: Any, keys: dict[str, Any]) -> None:
+    def check_knob(self, knob: str, value: Any, default: Any, keys: dict[str, Any], shown: str) -> None:
         if type(default) in (int, float) and type(value) not in (int, float):
-            raise lisp_error("C004", f"knob {knob}: {short(value)} is not a number like its default {short(default)}", "TYPE-ERROR")
+            raise lisp_error("C004", f"knob {knob}: {shown} is not a number like its default {short(default)}", "TYPE-ERROR")
         if type(default) is int and type(value) is float:
-            raise lisp_error("C004", f"knob {knob}: {short(value)} is not an integer like its default {default}", "TYPE-ERROR")
+            raise lisp_error("C004", f"knob {knob}: {shown} is not an integer like its default {default}", "TYPE-ERROR")
         choices = keys.get("CHOICES", NIL)
         if choices is not NIL and not any(_same(value, c) for c in list_items("defknob", 5, choices)):
-            raise lisp_error("C004", f"knob {knob}: {short(value)} is not one of {short(choices)}", "TYPE-ERROR")
+            raise lisp_error("C004", f"knob {knob}: {shown} is not one of {short(choices)}", "TYPE-ERROR")
         bounds = keys.get("RANGE", NIL)
         if bounds is not NIL:
             lo, hi = list_items("defknob", 4, bounds)[:2]
             if not lo <= value <= hi:
-                raise lisp_error("C004", f"knob {knob}: {short(value)} is outside its range [{lo}, {hi}]", "TYPE-ERROR")
+                raise lisp_error("C004", f"knob {knob}: {shown} is outside its range [{lo}, {hi}]", "TYPE-ERROR")
 
     def from_literal(self, value: Any) -> Any:
         if value is None:
@@ -317,13 +352,23 @@ class Compiler:
 
     def b_defpart(self, name: Any, thunk: Any) -> Any:
         model = self.current_model("defpart")
+        value, part = self.made_part(name, thunk)
+        model.parts[name.name.lower()] = part
+        return value
+
+    def made_part(self, name: Any, thunk: Any) -> tuple[Any, Any]:
+        """What defpart NAME's constructor form returns, and the part it makes: a list of
+        models made by the form (a `loop ... collect`, say) is numbered as repeat's copies
+        are, NAME.0, NAME.1 ..., each with parameters of its own."""
         self.path.append(name.name.lower())
         try:
-            part = self.interp.call(thunk)
+            value = self.interp.call(thunk)
+            here = ".".join(self.path)
         finally:
             self.path.pop()
-        model.parts[name.name.lower()] = part
-        return part
+        if type(value) is Cons and made_at(value, here):
+            return value, numbered(value, here, here, set())
+        return value, value
 
     def b_forward(self, fn: Any) -> Any:
         self.current_model("forward").forward = fn
@@ -348,6 +393,8 @@ class Compiler:
         return ModelList(path=".".join(self.path), models=models)
 
     def b_models(self, part: Any) -> Any:
+        if type(part) is Cons:
+            return part
         if not isinstance(part, ModelList):
             raise type_error("models", 1, "a repeated part", part)
         return to_lisp_list(part.models)
@@ -356,9 +403,9 @@ class Compiler:
         return self.call_model(model, list_items("call model", 2, args))
 
     def call_model(self, model: Any, args: list[Any]) -> Any:
-        if isinstance(model, ModelList):
+        if isinstance(model, ModelList) or type(model) is Cons:
             value = args[0] if len(args) == 1 else to_lisp_list(args)
-            for m in model.models:
+            for m in (model.models if isinstance(model, ModelList) else list(model)):
                 value = self.call_model(m, [value])
             return value
         if not isinstance(model, Model):
@@ -377,15 +424,13 @@ class Compiler:
         key = name.name.lower()
         if key in self.parts:
             raise lisp_error("C003", f"defpart {key} is defined twice", "PROGRAM-ERROR")
-        self.path.append(key)
-        try:
-            part = self.interp.call(thunk)
-        finally:
-            self.path.pop()
+        value, part = self.made_part(name, thunk)
         if not isinstance(part, (Model, ModelList)):
             raise lisp_error("C008", f"defpart {key}: {short(part)} is not a model; call a defmodel constructor", "PROGRAM-ERROR")
         self.parts[key] = part
-        self.interp.values[name] = part
+        if self.interp.current_loc is not None:
+            self.part_locs[key] = self.interp.current_loc
+        self.interp.values[name] = value
         self.interp.functions[name] = Builtin(key, lambda *args: self.call_model(part, list(args)), 0, None)
         return name
 
@@ -400,7 +445,6 @@ class Compiler:
         if source.source() is target:
             raise lisp_error("C008", f"tie: {target.path} and {source.path} would read each other", "PROGRAM-ERROR")
         target.tie = (source, transpose is not NIL)
-        self.ties[target.path] = (source.path, transpose is not NIL)
         return target
 
     def b_part_param(self, part: Any, name: Any) -> Any:
@@ -446,6 +490,8 @@ class Compiler:
         return T if tracer.training else NIL
 
     def b_param_count(self, part: Any) -> Any:
+        if type(part) is Cons and made_at(part, None):
+            part = ModelList(path="", models=list(part))
         if isinstance(part, (Model, ModelList)):
             total = 0
             for p in part.all_params():
@@ -477,6 +523,7 @@ class Compiler:
             items = list_items("defloader", 3, step)
             options = {k.name.lower(): as_data(v) for k, v in zip(items[1::2], items[2::2])}
             prepare.append(PrepareRecord(kind=items[0].name.lower(), options=options))
+        self.check_data_options(key, source.record, prepare, fields)
         part = keys.get("PART", NIL)
         stages = []
         for spec in list_items("defloader", 7, keys.get("STAGES", NIL)):
@@ -500,6 +547,26 @@ class Compiler:
             stages=stages,
         )
         return name
+
+    def check_data_options(self, loader: str, source: SourceRecord, prepare: list[PrepareRecord], declared: list[FieldRecord]) -> None:
+        """The source's and each prepare step's options against their declarations (the
+        table the data layer reads too), at the option in the defloader form."""
+        fields = [f.name for f in declared]
+        dtypes = {f.name: f.dtype for f in declared}
+        form = self.source_form("DEFLOADER")
+        problem = source_problem(source.kind, source.options, fields)
+        if problem is not None:
+            where = option_loc(form_value(form, "SOURCE"), problem, [SOURCES[source.kind].positional if source.kind in SOURCES else None])
+            raise self.at(where or self.interp.current_loc, "C008", f"defloader {loader}: {problem.message}")
+        steps = form_value(form, "PREPARE")
+        step_forms = list_cells(steps.car) if steps is not None and type(steps.car) is Cons else []
+        for i, step in enumerate(prepare):
+            problem = step_problem(step.kind, step.options, fields) or float_field_problem(step, dtypes)
+            if problem is not None:
+                cell = step_forms[i] if i < len(step_forms) else None
+                step_decl = PREPARE_STEPS.get(step.kind)
+                where = option_loc(cell, problem, [step_decl.positional] if step_decl and step_decl.positional else [])
+                raise self.at(where or self.interp.current_loc, "C008", f"defloader {loader}: {problem.message}")
 
     def b_field(self, batch: Any, name: Any) -> Any:
         if not isinstance(batch, Batch):
@@ -556,13 +623,24 @@ class Compiler:
         return name
 
     def b_deftarget(self, name: Any, metric: Any, test: Any, value: Any) -> Any:
-        if not any(e.name == name.name.lower() for e in self.evals):
-            raise lisp_error("C008", f"deftarget: no defeval named {name.name.lower()} (evals: {', '.join(e.name for e in self.evals) or 'none'})", "PROGRAM-ERROR")
-        if type(test) is not Symbol or test.name not in ("<=", ">=", "<", ">"):
-            raise lisp_error("C008", f"deftarget: the test is one of :<= :>= :< :>, got {short(test)}", "PROGRAM-ERROR")
+        """(deftarget EVAL METRIC TEST VALUE); every problem is reported at the form, and the
+        check of METRIC against defevaluate's metrics (at staging) too."""
+        loc = self.interp.current_loc
+        if type(name) is not Symbol or type(metric) is not Symbol:
+            raise self.at(loc, "C008", f"deftarget: write (deftarget EVAL METRIC TEST VALUE) with the names of a defeval and of a metric, got {short(name)} {short(metric)}")
+        key, what = name.name.lower(), f"deftarget {name.name.lower()} {metric.name.lower()}"
+        if not any(e.name == key for e in self.evals):
+            raise self.at(loc, "C008", f"{what}: no defeval named {key} (evals: {', '.join(e.name for e in self.evals) or 'none'})")
+        tests = " ".join(":" + t for t in TARGET_TESTS)
+        if type(test) is not Symbol or not test.is_keyword or test.name not in TARGET_TESTS:
+            if type(test) is Symbol and test.name in TARGET_TESTS:
+                raise self.at(loc, "C008", f"{what}: the test must be a keyword such as :{test.name}, not the symbol {test.name}; the tests are {tests}")
+            raise self.at(loc, "C008", f"{what}: the test must be a keyword, one of {tests}; got {short(test)}")
         if type(value) not in (int, float):
-            raise lisp_error("C008", f"deftarget: the threshold must be a number, got {short(value)}", "PROGRAM-ERROR")
-        self.targets.append(TargetSpec(eval=name.name.lower(), metric=metric.name.lower(), test=test.name, value=float(value)))
+            raise self.at(loc, "C008", f"{what}: the threshold must be a number, got {short(value)}")
+        if loc is not None:
+            self.target_locs[len(self.targets)] = loc
+        self.targets.append(TargetSpec(eval=key, metric=metric.name.lower(), test=test.name, value=float(value)))
         return name
 
     def b_metric(self, name: Any, value: Any) -> Any:
@@ -580,7 +658,7 @@ class Compiler:
             keys = parse_keys("defstate", tuple(items[1:]), {"INIT"}, 2)
             init = keys.get("INIT", NIL)
             slots.append((items[0].name.lower(), self.init_spec(init, 0) if init is not NIL else InitSpec(kind="zeros")))
-        return Optimizer(name=name.name.lower(), states=slots, update=update)
+        return Optimizer(name=name.name.lower(), states=slots, update=update, made_at=self.interp.user_loc)
 
     def b_defgroups(self, groups: Any, *args: Any) -> Any:
         keys = parse_keys("defgroups", args, {"CLIP"}, 2)
@@ -660,6 +738,7 @@ class Compiler:
         globs = [select] if type(select) is str else list_items("defrun :diagnostics :select", 1, select)
         if not globs or any(type(g) is not str for g in globs):
             raise lisp_error("C008", 'defrun :diagnostics :select needs glob strings such as ("grad-norm/**" "act/**/rms")', "PROGRAM-ERROR")
+        self.select_locs = glob_locs(self.source_form("DEFRUN"))
         return DiagnosticsSpec(every=every, select=globs)
 
     def b_defdiagnostic(self, name: Any, reducer: Any) -> Any:
@@ -710,10 +789,29 @@ class Compiler:
 
     # -- queries for the pipeline ------------------------------------------------------------------------------
     def all_params(self) -> list[Param]:
-        out: list[Param] = []
+        """The run's parameters, each once (a model shared by two parts has its parameters once)."""
+        out: dict[int, Param] = {}
         for part in self.parts.values():
-            out.extend(part.all_params())
-        return out
+            for param in part.all_params():
+                out.setdefault(id(param), param)
+        return list(out.values())
+
+    def ties(self) -> dict[str, tuple[str, bool]]:
+        """Each tied place: the path of the parameter it reads, and whether transposed."""
+        return {p.path: (p.tie[0].path, p.tie[1]) for part in self.parts.values() for p in part.places() if p.tie is not None}
+
+    def check_unique_paths(self) -> None:
+        """Two parameters never share a path: the path keys the initial values, the
+        checkpoints and the optimizer groups."""
+        seen: set[str] = set()
+        for param in self.all_params():
+            if param.path in seen:
+                top = param.path.split(".")[0]
+                raise self.at(
+                    self.part_locs.get(top) or self.form_loc("DEFPART"), "C008",
+                    f"two parameters have the path {param.path}: two models made inside one defpart are both parts of the run; "
+                    "make numbered copies with (repeat n (constructor ...)), or return the models as one list from that defpart's form, which numbers them")
+            seen.add(param.path)
 
     def assign_groups(self) -> None:
         for param in self.all_params():
@@ -744,6 +842,92 @@ def finite_guard(settings: Optional[dict[str, Any]]) -> FiniteGuard:
     if settings is None:
         return FiniteGuard()
     return FiniteGuard(skip=settings["skip"], rollback=settings["rollback"] not in (None, False), lr_scale=settings["lr-scale"])
+
+
+def literal_default(interp: Interpreter, form: Any) -> Any:
+    """defknob's default as the datum it is written as: never evaluated, so a list is a list
+    (like defsweep values and --set), and a quoted datum 'x stands for x."""
+    if type(form) is Cons and form.car is interp.sym("QUOTE") and type(form.cdr) is Cons and form.cdr.cdr is NIL:
+        return form.cdr.car
+    return form
+
+
+def float_field_problem(step: PrepareRecord, dtypes: dict[str, str]) -> Optional[Problem]:
+    """(normalize FIELD) standardizes a float field: an integer or boolean one is refused."""
+    name = step.options.get("field")
+    if step.kind != "normalize" or name not in dtypes or DType(dtypes[name]).is_float:
+        return None
+    return Problem("field", f"(normalize): field {name} is {dtypes[name]}; normalize standardizes a float field", at_value=True)
+
+
+def glob_locs(defrun: Optional[Cons]) -> dict[str, Loc]:
+    """Where each string of defrun :diagnostics's :select is written."""
+    option = form_value(defrun, "DIAGNOSTICS", named=False)
+    cells = list_cells(option.car) if option is not None else []
+    for key, value in zip(cells[::2], cells[1::2]):
+        if type(key.car) is Symbol and key.car.is_keyword and key.car.name == "SELECT":
+            strings = [value] if type(value.car) is str else list_cells(value.car)
+            return {cell.car: cell.loc for cell in strings if type(cell.car) is str and cell.loc is not None}
+    return {}
+
+
+def list_cells(form: Any) -> list[Cons]:
+    """The cells of a proper list, each holding one element (and its position)."""
+    out = []
+    while type(form) is Cons:
+        out.append(form)
+        form = form.cdr
+    return out
+
+
+def form_value(form: Optional[Cons], key: str, named: bool = True) -> Optional[Cons]:
+    """The cell holding the value of keyword KEY in a (head name :key value ...) form, or
+    in a (head :key value ...) form when not NAMED."""
+    cells = list_cells(form)[2 if named else 1:] if form is not None else []
+    for key_cell, value_cell in zip(cells[::2], cells[1::2]):
+        if type(key_cell.car) is Symbol and key_cell.car.is_keyword and key_cell.car.name == key:
+            return value_cell
+    return None
+
+
+def option_loc(cell: Optional[Cons], problem: Problem, positional: list[Optional[str]]) -> Optional[Loc]:
+    """Where PROBLEM is in the form held by CELL, (kind positional... :option value ...),
+    whose positional arguments are the options POSITIONAL names (None: not an option, as a
+    source's path): the option's keyword, or its value when the value is at fault, or the
+    form itself."""
+    if cell is None or type(cell.car) is not Cons:
+        return None
+    form = cell.car
+    cells = list_cells(form)[1:]
+    for name, arg in zip(positional, cells):
+        if name is not None and name == problem.option:
+            return arg.loc
+    rest = cells[len(positional):]
+    for key_cell, value_cell in zip(rest[::2], rest[1::2]):
+        if type(key_cell.car) is Symbol and key_cell.car.is_keyword and key_cell.car.name.lower() == problem.option:
+            return value_cell.loc if problem.at_value else key_cell.loc
+    return form.loc
+
+
+def made_at(value: Any, path: Optional[str]) -> bool:
+    """Whether VALUE is a model made at PATH (any path when None), or a non-empty proper list
+    of such values."""
+    if type(value) is Cons:
+        items = []
+        cell: Any = value
+        while type(cell) is Cons:
+            items.append(cell.car)
+            cell = cell.cdr
+        return cell is NIL and all(made_at(item, path) for item in items)
+    return isinstance(value, (Model, ModelList)) and (path is None or value.path == path)
+
+
+def numbered(value: Any, made: str, target: str, seen: set[int]) -> Union[Model, ModelList]:
+    """VALUE (made_at MADE) moved to TARGET: a list becomes the parts TARGET.0, TARGET.1 ..."""
+    if type(value) is Cons:
+        return ModelList(path=target, models=[numbered(item, made, f"{target}.{i}", seen) for i, item in enumerate(value)])
+    rebase(value, made, target, seen)
+    return value
 
 
 def _same(a: Any, b: Any) -> bool:

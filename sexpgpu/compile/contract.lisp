@@ -5,8 +5,10 @@
 
 ;;; Knobs, variants, sweeps
 
+;; the default is literal data, like defsweep values and --set: (defknob widths (2 64 3))
+;; is a list, never a call
 (defmacro defknob (name default &key type range choices doc)
-  `(%defknob ',name ,default :type ',type :range ',range :choices ',choices :doc ,doc))
+  `(%defknob ',name ',default :type ',type :range ',range :choices ',choices :doc ,doc))
 
 ;; variant and sweep settings are literal data, read before the file is evaluated (knob
 ;; values are bound first); here they are only checked against the declared knobs
@@ -126,8 +128,9 @@
 (defmacro defeval (name &key (loader name) every at overlap)
   `(%defeval ',name :loader ',loader :every ,every :at ,at :overlap ,overlap))
 
+;; the test is written, not computed: (deftarget val acc :>= 0.985); the value may be a knob
 (defmacro deftarget (eval metric test value)
-  `(%deftarget ',eval ',metric ,test ,value))
+  `(%deftarget ',eval ',metric ',test ,value))
 
 ;;; Curriculum
 

@@ -41,16 +41,24 @@ class Model:
         return f"#<model {self.type_name} {self.path or '(top)'}>"
 
     def all_params(self) -> list[Param]:
-        out = [p for p in self.params.values() if p.tie is None]
+        return [p for p in self.places() if p.tie is None]
+
+    def places(self) -> list[Param]:
+        """Every parameter place of the model and its parts, tied ones included."""
+        out = list(self.params.values())
         for part in self.parts.values():
             if isinstance(part, (Model, ModelList)):
-                out.extend(part.all_params())
+                out.extend(part.places())
         return out
+
+    def children(self) -> list[Union["Model", "ModelList"]]:
+        return [part for part in self.parts.values() if isinstance(part, (Model, ModelList))]
 
 
 @dataclass(eq=False)
 class ModelList:
-    """`(repeat n (ctor ...))`: parts named 0..n-1; calling it applies each in turn."""
+    """`(repeat n (ctor ...))`, or a list of models a defpart collected: parts named
+    0..n-1; calling it applies each in turn."""
 
     path: str
     models: list[Any] = field(default_factory=list)
@@ -59,11 +67,36 @@ class ModelList:
         return f"#<repeat {len(self.models)} {self.path}>"
 
     def all_params(self) -> list[Param]:
+        return [p for p in self.places() if p.tie is None]
+
+    def places(self) -> list[Param]:
         out: list[Param] = []
-        for m in self.models:
-            if isinstance(m, (Model, ModelList)):
-                out.extend(m.all_params())
+        for m in self.children():
+            out.extend(m.places())
         return out
+
+    def children(self) -> list[Union[Model, "ModelList"]]:
+        return [m for m in self.models if isinstance(m, (Model, ModelList))]
+
+
+def rebase(part: Union[Model, ModelList], old: str, new: str, seen: set[int]) -> None:
+    """Move PART and everything under it from path OLD to path NEW (OLD.x becomes NEW.x);
+    an object met twice (a model shared by two parts) moves once."""
+    if id(part) in seen:
+        return
+    seen.add(id(part))
+    part.path = moved(part.path, old, new)
+    if isinstance(part, Model):
+        for param in part.params.values():
+            if id(param) not in seen:
+                seen.add(id(param))
+                param.path = moved(param.path, old, new)
+    for child in part.children():
+        rebase(child, old, new, seen)
+
+
+def moved(path: str, old: str, new: str) -> str:
+    return new + path[len(old):] if path == old or path.startswith(old + ".") else path
 
 
 Part = Union[Model, ModelList, Any]
@@ -76,6 +109,7 @@ class Optimizer:
     name: str
     states: list[tuple[str, InitSpec]]
     update: Any  # a Lisp closure (param grad ctx state...) -> (values new-param new-state...)
+    made_at: Any = None  # the user's call that made it (a Loc): where errors in its update are reported
 
     def lisp_print(self) -> str:
         return f"#<optimizer {self.name}>"

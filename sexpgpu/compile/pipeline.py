@@ -11,6 +11,7 @@ the Experiment. Tensor builtins stage into the tracer of the `lib.tracing` block
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -21,15 +22,15 @@ from ..ir.experiment import CurriculumSpec, EvalSpec, Experiment, GroupSpec, Loa
 from ..ir.graph import Module, Program, TensorType, prune, shape_size
 from ..ir.selectors import selects
 from ..lisp.conditions import LispError, lisp_error
-from ..lisp.diagnostics import Diagnostic
+from ..lisp.diagnostics import Diagnostic, Note, SourceMap
 from ..lisp.evaluator import Limits
 from ..lisp.program import Program as LispProgram
 from ..lisp.program import diagnostic_from, display_path, evaluate_file, guarded, has_errors, new_program
-from ..lisp.types import NIL, MultipleValues
+from ..lisp.types import NIL, Loc, MultipleValues
 from .autodiff import backward
 from .compiler import Compiler
 from .models import Batch, Ctx, Group, Param
-from .selection import overrides, prescan
+from .selection import Declared, Written, overrides, prescan, written_values
 from .tensors import Staged, TensorLib, Tracer
 
 # the contract form a whole-file problem is reported at
@@ -52,15 +53,15 @@ def compile_file(path: Path, selection: Optional[Selection] = None, limits: Opti
     """Read, evaluate, stage and check PATH. WORLD > 1 also stages each data-parallel rank's
     train programs at batch/WORLD (the experiment's identity stays the single-device IR's)."""
     try:
-        chosen, imposed = resolve_selection(path, selection or Selection())
+        chosen, imposed, written = resolve_selection(path, selection or Selection())
     except LispError as exc:
         return CompileResult(diagnostics=[diagnostic_from(exc)])
-    made, problem = guarded(lambda: compiling_world(path, limits, output, chosen, imposed))
+    made, problem = guarded(lambda: compiling_world(path, limits, output, chosen, imposed, written))
     if made is None:
         return CompileResult(diagnostics=[problem] if problem else [])
     fresh, compiler = made
     program, diagnostics = evaluate_file(fresh)
-    result = CompileResult(diagnostics=list(diagnostics), program=program, compiler=compiler)
+    result = CompileResult(diagnostics=[at_users_call(d, fresh.interp.user_loc) for d in diagnostics], program=program, compiler=compiler)
     if program is None or not result.ok:
         return result
     unknown = sorted(set(chosen.set) - set(compiler.knobs))
@@ -82,26 +83,116 @@ def compile_file(path: Path, selection: Optional[Selection] = None, limits: Opti
     for message in compiler.warnings:
         result.diagnostics.append(Diagnostic.at("W002", message, compiler.form_loc("DEFGROUPS"), severity="warning"))
     if problem is not None:
-        result.diagnostics.append(problem)
+        result.diagnostics.append(at_users_call(problem, fresh.interp.user_loc))
     result.experiment = experiment
     return result
 
 
-def resolve_selection(path: Path, selection: Selection) -> tuple[Selection, dict[str, Any]]:
-    """SELECTION with its sweep's variant filled in, and the knob values it imposes (from the
-    pre-read of PATH's variants and sweeps)."""
+LIBRARY = "sexpgpu/lib/"  # the standard modules, as diagnostics name their files
+
+
+def at_users_call(diagnostic: Diagnostic, user: Optional[Loc]) -> Diagnostic:
+    """An error raised inside a standard module (sexpgpu/nn, sexpgpu/optim) is reported at
+    USER, the latest call the user's own files made before the library took over: that is
+    where the arguments came from. The library's line becomes a note."""
+    if diagnostic.severity != "error" or user is None or not (diagnostic.file or "").startswith(LIBRARY) or diagnostic.line is None:
+        return diagnostic
+    inside = Note(message="raised here, inside the standard library", file=diagnostic.file, line=diagnostic.line, col=diagnostic.col)
+    toplevel = f"while evaluating the top-level form at {user}"
+    notes = [inside, *(n for n in diagnostic.notes if n.message != toplevel)]
+    return diagnostic.model_copy(update={"file": user.file, "line": user.line, "col": user.col, "macro": None, "notes": notes})
+
+
+@dataclass
+class Checked:
+    """What `check` reports for a file: the diagnostics of every selection it compiled, the
+    sources to show them, the files read (for watch), and how many selections it compiled."""
+
+    diagnostics: list[Diagnostic]
+    sources: SourceMap
+    files: list[Path]
+    compiled: int
+
+
+def check_every_selection(path: Path, limits: Optional[Limits] = None, output: Any = None) -> Checked:
+    """Compile PATH as it is, then with every defvariant and every point of every defsweep:
+    a problem only one selection has is reported once, with a note naming the selections
+    that have it. Selections that give the knobs the same values as one already compiled are
+    the same compile and are skipped. What the file prints is shown for the first compile only."""
+    base = compile_file(path, None, limits, output)
+    diagnostics = list(base.diagnostics)
+    sources = base.program.sources if base.program is not None else SourceMap()
+    files = base.program.files if base.program is not None else [path]
+    try:
+        declared = prescan(path)
+    except LispError:
+        return Checked(diagnostics, sources, files, 1)  # the base compile reported it
+    seen: dict[tuple[Any, ...], list[str]] = {same(d): [] for d in diagnostics}
+    from_base = set(seen)
+    defaults = {k.name: k.value for k in base.compiler.knobs.values()} if base.compiler is not None else {}
+    done = {json.dumps(defaults, sort_keys=True, default=str)}
+    compiled = 1
+    for selection, label in declared_selections(declared):
+        try:
+            values = json.dumps({**defaults, **overrides(declared, selection)}, sort_keys=True, default=str)
+        except LispError:
+            continue  # a sweep prescan refused is reported by the base compile
+        if values in done:
+            continue
+        done.add(values)
+        compiled += 1
+        for diagnostic in compile_file(path, selection, limits, output=lambda _: None).diagnostics:
+            key = same(diagnostic)
+            if key not in seen:
+                seen[key] = []
+                diagnostics.append(diagnostic)
+            if key not in from_base:
+                seen[key].append(label)
+    return Checked([with_selections(d, seen[same(d)]) for d in diagnostics], sources, files, compiled)
+
+
+def declared_selections(declared: Declared) -> list[tuple[Selection, str]]:
+    """Every variant and every sweep point, with the flags that choose it."""
+    out = [(Selection(variant=name), f"--variant {name}") for name in declared.variants]
+    for name, sweep in declared.sweeps.items():
+        try:
+            count = len(sweep.points())
+        except LispError:
+            continue
+        out.extend((Selection(sweep=name, point=i), f"--sweep {name} --point {i}") for i in range(count))
+    return out
+
+
+def same(diagnostic: Diagnostic) -> tuple[Any, ...]:
+    return (diagnostic.severity, diagnostic.code, diagnostic.message, diagnostic.file, diagnostic.line, diagnostic.col)
+
+
+def with_selections(diagnostic: Diagnostic, labels: list[str], most: int = 3) -> Diagnostic:
+    """DIAGNOSTIC with a note naming the selections it was found in (none: the file as it is)."""
+    if not labels:
+        return diagnostic
+    shown = ", ".join(labels[:most]) + (f" and {len(labels) - most} more" if len(labels) > most else "")
+    note = Note(message=f"found when checking the selection{'s' if len(labels) > 1 else ''} {shown}")
+    return diagnostic.model_copy(update={"notes": [*diagnostic.notes, note]})
+
+
+def resolve_selection(path: Path, selection: Selection) -> tuple[Selection, dict[str, Any], dict[str, Written]]:
+    """SELECTION with its sweep's variant filled in, the knob values it imposes (from the
+    pre-read of PATH's variants and sweeps), and where those values are written."""
     declared = prescan(path)
     imposed = overrides(declared, selection)
+    written = written_values(declared, selection)
     sweep = declared.sweeps.get(selection.sweep or "")
     if sweep is not None and sweep.variant and selection.variant is None:
         selection = selection.model_copy(update={"variant": sweep.variant})
-    return selection, imposed
+    return selection, imposed, written
 
 
-def compiling_world(path: Path, limits: Optional[Limits], output: Any, selection: Selection, imposed: dict[str, Any]) -> tuple[LispProgram, Compiler]:
+def compiling_world(path: Path, limits: Optional[Limits], output: Any, selection: Selection, imposed: dict[str, Any],
+                    written: Optional[dict[str, Written]] = None) -> tuple[LispProgram, Compiler]:
     """A fresh world for PATH with the compiler installed, watching the file's contract order."""
     program = new_program(path, limits, output=output)
-    compiler = Compiler(program.interp, selection, path.resolve().parent, imposed, root=program.loader.root)
+    compiler = Compiler(program.interp, selection, path.resolve().parent, imposed, root=program.loader.root, written=written)
     compiler.watch(program.table)
     return program, compiler
 
@@ -122,6 +213,7 @@ class TrainPrograms:
     train: Program
     diagnostics: Optional[Program]  # train plus the selected IR diagnostics; None when none is selected
     diagnostic_names: list[str]  # the IR diagnostics computed (run.diagnostics.ir_names)
+    ir_available: list[str]  # every IR diagnostic a selection could pick (act/ names, taps)
     metrics: list[str]
     trainable: list[str]
 
@@ -130,10 +222,12 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
     """Stage, check and describe the run PROGRAM's file declared (its contract evaluated
     into COMPILER)."""
     run = defined_run(compiler)
+    compiler.check_unique_paths()
     compiler.assign_groups()
     precision = DType(run.precision)
     train_loader = compiler.loaders["train"]
     base = stage_train(compiler, train_loader, precision)
+    check_selection(compiler, base)
     update = stage_update(compiler, base.trainable)
     programs = {"forward": base.forward, "train": base.train, "update": update}
     add_diagnostics(programs, base, None)
@@ -164,7 +258,7 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
         metrics=base.metrics,
         evals=evals,
         curriculum=curriculum,
-        ties={k: v[0] + (" (transposed)" if v[1] else "") for k, v in compiler.ties.items()},
+        ties={k: v[0] + (" (transposed)" if v[1] else "") for k, v in compiler.ties().items()},
         targets=list(compiler.targets),
         module=module,
         rank_programs=rank_programs,
@@ -291,10 +385,73 @@ def stage_train(compiler: Compiler, loader: LoaderRecord, precision: DType) -> T
             builder.input(path, "param", TensorType(dtype=DType.f32, shape=next(p.shape for p in compiler.all_params() if p.path == path)))
     train = builder.program(train_outputs)
     diagnostics, names = diagnostic_program(compiler, tracer, train_outputs)
-    return TrainPrograms(forward, train, diagnostics, names, list(tracer.metrics), trainable)
+    available = ir_diagnostic_names(tracer) if compiler.run.diagnostics is not None else []
+    return TrainPrograms(forward, train, diagnostics, names, available, list(tracer.metrics), trainable)
 
 
 ACT_REDUCERS = ("mean", "rms", "max-abs", "frac-zero")
+
+
+def ir_diagnostic_names(tracer: Tracer) -> list[str]:
+    """The names of every IR diagnostic of the traced train program: the act/ statistics
+    of each part whose forward returned a float tensor, and each defdiagnostic tap."""
+    acts = [f"act/{path}/{r}" for path, nid in tracer.activations.items() if tracer.builder.type(nid).dtype.is_float for r in ACT_REDUCERS]
+    return acts + list(dict.fromkeys(name for name, _, _ in tracer.taps))
+
+
+def loop_diagnostic_names(compiler: Compiler, trainable: list[str]) -> list[str]:
+    """The names the loop computes (runtime/trainer.py's diagnose): grad-norm/ of each
+    trained parameter, param-norm/ and update-ratio/ of each, optim/STATE/ of each
+    parameter an optimizer with that state updates."""
+    paths = [p.path for p in compiler.all_params()]
+    names = [f"grad-norm/{p}" for p in trainable] + [f"param-norm/{p}" for p in paths] + [f"update-ratio/{p}" for p in paths]
+    for group in compiler.groups:
+        if group.optimizer is not None:
+            names.extend(f"optim/{slot}/{p}" for slot, _ in group.optimizer.states for p in group.params)
+    return names
+
+
+def check_selection(compiler: Compiler, base: TrainPrograms) -> None:
+    """Each glob of defrun :diagnostics :select must pick at least one diagnostic this run
+    has (a typo would otherwise give diagnostic events without it): C008 at the glob,
+    listing what there is."""
+    option = compiler.run.diagnostics if compiler.run is not None else None
+    if option is None:
+        return
+    names = loop_diagnostic_names(compiler, base.trainable) + base.ir_available
+    for glob in option.select:
+        if not any(selects([glob], name) for name in names):
+            err = lisp_error("C008", f'defrun :diagnostics :select "{glob}" matches no diagnostic of this run; it has {diagnostics_listing(names)}', "PROGRAM-ERROR")
+            err.loc = compiler.select_locs.get(glob) or compiler.form_loc("DEFRUN")
+            raise err
+
+
+def diagnostics_listing(names: list[str], most: int = 8) -> str:
+    """NAMES grouped by what varies in them: `grad-norm/PATH, param-norm/PATH for PATH in
+    a.w, a.b; act/PART/mean ... for PART in net`, each list cut after MOST."""
+    families: dict[str, list[str]] = {}
+    for name in names:
+        head, _, rest = name.partition("/")
+        if head == "optim":
+            state, _, path = rest.partition("/")
+            families.setdefault(f"optim/{state}/PATH", []).append(path)
+        elif head in ("grad-norm", "param-norm", "update-ratio"):
+            families.setdefault(f"{head}/PATH", []).append(rest)
+        elif head == "act":
+            part, _, reducer = rest.rpartition("/")
+            families.setdefault(f"act/PART/{reducer}", []).append(part)
+        else:
+            families.setdefault(f"{head}/PART", []).append(rest)
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for family, subjects in families.items():
+        groups.setdefault(tuple(subjects), []).append(family)
+    parts = []
+    for subjects_key, members in groups.items():
+        subjects = list(subjects_key)
+        word = "PART" if "PART" in members[0] else "PATH"
+        shown = ", ".join(subjects[:most]) + (f", ... ({len(subjects)} in all)" if len(subjects) > most else "")
+        parts.append(f"{', '.join(members)} for {word} in {shown}")
+    return "; ".join(parts)
 
 
 def diagnostic_program(compiler: Compiler, tracer: Tracer, outputs: dict[str, int]) -> tuple[Optional[Program], list[str]]:
@@ -388,10 +545,12 @@ def stage_evals(compiler: Compiler, programs: dict[str, Program], seed: int, pre
         if not names:
             raise lisp_error("C008", "defevaluate records no metric: use (metric name value) in its body", "PROGRAM-ERROR")
         out.append(spec.model_copy(update={"metrics": names}))
-    for target in compiler.targets:
+    for i, target in enumerate(compiler.targets):
         spec = next(e for e in out if e.name == target.eval)
         if target.metric not in spec.metrics:
-            raise lisp_error("C008", f"deftarget {target.eval} {target.metric}: defevaluate records no metric {target.metric} (it records: {', '.join(spec.metrics)})", "PROGRAM-ERROR")
+            err = lisp_error("C008", f"deftarget {target.eval} {target.metric}: defevaluate records no metric {target.metric} (it records: {', '.join(spec.metrics)})", "PROGRAM-ERROR")
+            err.loc = compiler.target_locs.get(i)
+            raise err
     return out
 
 
@@ -456,6 +615,7 @@ def update_group(compiler: Compiler, tracer: Tracer, group: Group, paths: list[s
     flat_grad = Staged(tracer, joined([grads[p] for p in paths]))
     flat_states = [Staged(tracer, joined(ids)) for ids in state_ids.values()]
     tracer.path_stack.append(group.name)
+    compiler.interp.user_loc = optimizer.made_at  # the update is entered from here, not from the user's code
     try:
         result = compiler.interp.apply(optimizer.update, [flat_param, flat_grad, ctx, *flat_states])
     finally:

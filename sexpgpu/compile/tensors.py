@@ -171,11 +171,7 @@ class TensorLib:
             message = str(exc)
             if not message.startswith(fn):
                 message = f"{fn}: {message}"
-            err = lisp_error("T001", message, "TYPE-ERROR")
-            user = self.interp.user_loc
-            if loc is not None and loc.file.startswith("sexpgpu/lib/") and user is not None:
-                err.notes.append(f"reached from your code at {user}")
-            raise err from None
+            raise lisp_error("T001", message, "TYPE-ERROR") from None
 
     def op(self, fn: str, name: str, *args: Staged, **attrs: Any) -> Staged:
         tracer = args[0].tracer if args else self.tracer(fn)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from ...ir.data_options import source_problem, step_problem
 from .cache import cache_key, cache_path, default_cache_dir, load_cached, store
-from .raw import Raw, read_raw
+from .raw import Raw, read_raw, resolve_url
 from .prepare import finish, run_prepare
 from .sources import parse_source
 from .spec import DataError, Dataset, LoaderSpec, hash_arrays
@@ -14,6 +15,7 @@ from .spec import DataError, Dataset, LoaderSpec, hash_arrays
 
 def load_dataset(spec: LoaderSpec, cache_dir: Optional[Path] = None, *, use_cache: bool = True) -> Dataset:
     try:
+        check_declared_options(spec)
         dataset, raw = _load(spec, Path(cache_dir) if cache_dir is not None else default_cache_dir(), use_cache)
         if dataset.n < spec.batch:
             raise DataError(f"{dataset.n} examples{_part_note(dataset)} are fewer than one batch of {spec.batch}", source=raw.where)
@@ -22,6 +24,20 @@ def load_dataset(spec: LoaderSpec, cache_dir: Optional[Path] = None, *, use_cach
         if error.loader is None:
             error.loader = spec.name
         raise
+
+
+def check_declared_options(spec: LoaderSpec) -> None:
+    """The source's and the prepare steps' options against the table `check` uses
+    (ir/data_options.py), before anything is read: the same messages as `check` gives."""
+    fields = [f.name for f in spec.fields]
+    problem = source_problem(spec.source.kind, spec.source.options, fields)
+    where = resolve_url(spec.source.url, spec.base_dir) if spec.source.url else f"synthetic:{spec.source.options.get('name')}"
+    if problem is not None:
+        raise DataError(problem.message, source=where)
+    for step in spec.prepare:
+        problem = step_problem(step.kind, step.options, fields)
+        if problem is not None:
+            raise DataError(problem.message, source=where)
 
 
 def _load(spec: LoaderSpec, cache_dir: Path, use_cache: bool) -> tuple[Dataset, Raw]:

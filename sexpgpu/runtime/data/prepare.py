@@ -8,7 +8,6 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .check import check_counts, coerce_array, show_shape
-from .raw import check_options
 from .sources import Work
 from .spec import LoaderSpec, PrepareStep
 
@@ -44,7 +43,6 @@ def finish(spec: LoaderSpec, work: Work) -> dict[str, np.ndarray]:
 
 
 def _char_vocab(work: Work, options: dict[str, Any], spec: LoaderSpec, rest: list[PrepareStep]) -> None:
-    check_options(options, set(), "(char-vocab)", work.origin.source)
     if work.text is None:
         raise work.origin.error("(char-vocab) needs a text source")
     if not work.text:
@@ -57,7 +55,6 @@ def _char_vocab(work: Work, options: dict[str, Any], spec: LoaderSpec, rest: lis
 
 
 def _windows(work: Work, options: dict[str, Any], spec: LoaderSpec, rest: list[PrepareStep]) -> None:
-    check_options(options, {"length", "stride"}, "(windows)", work.origin.source)
     length = _int_option(options, "length", None, work)
     stride = _int_option(options, "stride", length, work)
     if work.stream is None:
@@ -96,7 +93,6 @@ def _split(work: Work, options: dict[str, Any], spec: LoaderSpec, rest: list[Pre
 
 def split_rows(n: int, options: dict[str, Any], work: Work) -> tuple[np.ndarray, np.ndarray]:
     """A seeded permutation; "train" is its first floor(n * fraction) rows, "val" the rest."""
-    check_options(options, {"train", "seed"}, "(split)", work.origin.source)
     fraction = options.get("train")
     if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0.0 < fraction < 1.0:
         raise work.origin.error(f"(split) needs :train FRACTION with 0 < FRACTION < 1, got {fraction!r}")
@@ -107,7 +103,6 @@ def split_rows(n: int, options: dict[str, Any], work: Work) -> tuple[np.ndarray,
 
 
 def _normalize(work: Work, options: dict[str, Any], spec: LoaderSpec, rest: list[PrepareStep]) -> None:
-    check_options(options, {"field"}, "(normalize)", work.origin.source)
     name = options.get("field")
     if name not in work.columns:
         raise work.origin.error(f"(normalize) names field {name!r}, which has no data here", field=name if isinstance(name, str) else None)

@@ -8,7 +8,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -139,9 +139,3 @@ def decode_utf8(raw: Raw) -> str:
     except UnicodeDecodeError as exc:
         line = raw.data.count(b"\n", 0, exc.start) + 1
         raise DataError(f"not UTF-8 text (byte {exc.start}: {raw.data[exc.start:exc.start + 1]!r})", source=raw.where, line=line) from None
-
-
-def check_options(options: dict[str, Any], known: set[str], what: str, where: Optional[str] = None) -> None:
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise DataError(f"unknown option {', '.join(map(repr, unknown))} for {what} (known: {', '.join(sorted(known)) or 'none'})", source=where)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...ir.dtypes import DType
 from .check import check_counts, coerce_array, error_from_array_load, show_shape
-from .raw import Origin, Raw, check_options, decode_utf8
+from .raw import Origin, Raw, decode_utf8
 from .spec import DataError, FieldSpec, LoaderSpec
 from .synthetic import generate
 
@@ -60,7 +60,6 @@ def _load_arrays(raw: Raw) -> Any:
 
 def _parse_npz(spec: LoaderSpec, raw: Raw) -> Work:
     options = spec.source.options
-    check_options(options, {"map"}, "an npz source", raw.where)
     archive = _load_arrays(raw)
     if isinstance(archive, np.ndarray):
         raise DataError("is a single .npy array, not an .npz archive (use the npy source)", source=raw.where)
@@ -82,7 +81,6 @@ def _parse_npz(spec: LoaderSpec, raw: Raw) -> Work:
 
 def _parse_npy(spec: LoaderSpec, raw: Raw) -> Work:
     options = spec.source.options
-    check_options(options, {"field"}, "an npy source", raw.where)
     array = _load_arrays(raw)
     if not isinstance(array, np.ndarray):
         raise DataError("is an .npz archive, not a single .npy array (use the npz source)", source=raw.where)
@@ -108,13 +106,11 @@ def _token_stream(array: np.ndarray, origin: Origin) -> np.ndarray:
 
 
 def _parse_text(spec: LoaderSpec, raw: Raw) -> Work:
-    check_options(spec.source.options, set(), "a text source", raw.where)
     return Work(Origin(raw.where), text=decode_utf8(raw))
 
 
 def _parse_csv(spec: LoaderSpec, raw: Raw) -> Work:
     options = spec.source.options
-    check_options(options, {"columns", "delimiter"}, "a csv source", raw.where)
     header, header_line, rows, lines = _csv_rows(decode_utf8(raw), raw.where, str(options.get("delimiter", ",")))
     origin = Origin(raw.where, np.asarray(lines, dtype=np.int64))
     table = np.array(rows, dtype=str)
@@ -218,7 +214,6 @@ def _raise_not_number(cells: np.ndarray, names: list[str], spec_field: FieldSpec
 
 
 def _parse_jsonl(spec: LoaderSpec, raw: Raw) -> Work:
-    check_options(spec.source.options, set(), "a jsonl source", raw.where)
     flat: dict[str, list[list[Any]]] = {f.name: [] for f in spec.fields}
     lines: list[int] = []
     for number, line in enumerate(decode_utf8(raw).split("\n"), start=1):

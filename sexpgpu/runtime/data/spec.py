@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -14,8 +14,6 @@ from ...ir.experiment import LoaderRecord
 
 MASK_FIELD = "__mask__"
 
-SourceKind = Literal["npz", "npy", "csv", "jsonl", "text", "synthetic"]
-StepKind = Literal["char-vocab", "windows", "split", "normalize"]
 
 
 class _Spec(BaseModel):
@@ -33,13 +31,13 @@ class FieldSpec(_Spec):
 
 
 class SourceSpec(_Spec):
-    kind: SourceKind
+    kind: str  # one of ir/data_options.py's SOURCES, checked by load_dataset
     url: Optional[str] = None
     options: dict[str, Any] = {}
 
 
 class PrepareStep(_Spec):
-    kind: StepKind
+    kind: str  # one of ir/data_options.py's PREPARE_STEPS, checked by load_dataset
     options: dict[str, Any] = {}
 
 

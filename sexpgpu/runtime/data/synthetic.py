@@ -12,7 +12,6 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .check import show_shape
-from .raw import check_options
 from .spec import DataError, FieldSpec
 
 Arrays = tuple[np.ndarray, np.ndarray, dict[str, Any]]
@@ -22,7 +21,6 @@ DEFAULT_CLASSES = {"spirals": 3, "moons": 2, "blobs": 3}
 
 
 def generate(options: dict[str, Any], fields: list[FieldSpec], where: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    check_options(options, {"name", "n", "classes", "seed", "noise", "dim"}, "a synthetic source", where)
     name = options.get("name")
     if name not in GENERATORS:
         raise DataError(f"unknown synthetic data set {name!r} (known: {', '.join(GENERATORS)})", source=where)
