@@ -31,6 +31,7 @@
     if (value === null || value === undefined) return "nan";
     if (typeof value !== "number") return String(value);
     if (!isFinite(value)) return String(value);
+    if (Number.isInteger(value) && Math.abs(value) < 1e15) return String(value);
     if (value !== 0 && (Math.abs(value) >= 1e5 || Math.abs(value) < 1e-4)) return value.toExponential(3).replace(/\.?0+e/, "e");
     return String(Number(value.toPrecision(4)));
   }
@@ -250,7 +251,7 @@
       const body = rows.map((r) => el("tr", { "data-slug": r.slug }, cols.map(([name, value, cell, numeric]) =>
         el("td", { class: numeric ? "num" : null, "data-key": name }, cell ? cell(r) : shown(value(r))))));
       clear(holder);
-      holder.append(el("table", { id: "runs", "data-sort": sort.key, "data-desc": sort.desc }, el("thead", {}, head), el("tbody", {}, body)));
+      holder.append(el("table", { id: "runs", "data-sort": sort.key, "data-desc": String(sort.desc) }, el("thead", {}, head), el("tbody", {}, body)));
       count.textContent = `${rows.length} of ${runs.length} run(s) in ${store}`;
       view.ready = true;
     }
