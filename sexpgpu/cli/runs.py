@@ -94,14 +94,14 @@ def duration(seconds: Optional[float]) -> str:
 
 
 def started(stamp: Optional[str]) -> str:
-    """A UTC stamp in this machine's time, to the minute."""
+    """A UTC stamp in this machine's time, to the second."""
     if not stamp:
         return "-"
     try:
         when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
     except ValueError:
         return stamp
-    return when.astimezone().strftime("%Y-%m-%d %H:%M")
+    return when.astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
 def steps(record: RunRecord) -> str:

@@ -237,8 +237,7 @@ def known(records: Iterable[RunRecord], key: str) -> bool:
 def keys_of(records: Iterable[RunRecord]) -> list[str]:
     """The keys RECORDS have, for a message: the fields, then metrics, evals and knobs."""
     rows = list(records)
-    extra = dict.fromkeys(k for r in rows for source in (r.metrics, r.eval, r.knobs) for k in source)
-    return [*FIELD_KEYS, *extra]
+    return list(dict.fromkeys([*FIELD_KEYS, *(k for r in rows for source in (r.metrics, r.eval, r.knobs) for k in source)]))
 
 
 def _order(value: Any) -> tuple[int, Any]:

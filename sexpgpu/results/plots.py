@@ -15,6 +15,7 @@ from .listing import RunRecord
 
 EXTRA = "pip install 'sexpgpu[plot]'"
 IMAGE_FORMATS = ("png", "svg")
+TEXT_MARKERS = "x+o*#%@&"
 
 
 class MissingExtra(Exception):
@@ -130,12 +131,14 @@ def terminal_text(panels: Sequence[Panel], width: int, height: int, color: bool,
         figure.label("step", "x")
         if log_y and _log_ok(panel):
             figure.ruler("y").scale("log")
-        for line in panel.lines:
+        for i, line in enumerate(panel.lines):
             points = [(s, v) for s, v in zip(line.steps, line.values) if v is not None]
             if not points:
                 continue
             xs, ys = [p[0] for p in points], [p[1] for p in points]
-            signal = figure.signal(xs, ys).label(line.label)
+            # colours tell the lines apart on a terminal that has them; a letter each, where not
+            marker = None if color else TEXT_MARKERS[i % len(TEXT_MARKERS)]
+            signal = figure.signal(xs, ys, marker=marker).label(line.label)
             if len(points) > 1:
                 signal.lines()
             figure.draw(signal)
