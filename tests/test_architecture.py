@@ -9,6 +9,7 @@ inside functions included, so a lazy import cannot hide a broken rule.
   the verbs that ask for them (`sweep --ray`, `submit`).
 - A verb's module never imports another verb's module.
 - There is one way to start a run: sexpgpu/session.py.
+- results/ and dashboard/ (runs, ui, plot) only read: no Lisp, no compiler, no session.
 - Each op is declared once, with its kind; adding one with its own kernel touches its
   entry and one lowering.
 """
@@ -253,6 +254,15 @@ print(json.dumps({{"code": int(outcome.exit_code), "loaded": sorted(m for m in s
     assert report["loaded"] == [], report["loaded"]
     events = [json.loads(line) for line in (tmp_path / "runs").glob("*/events.jsonl").__next__().read_text().splitlines()]
     assert sum(e["kind"] == "diagnostic" for e in events) == 4  # the diagnostic steps did run
+
+
+def test_the_results_and_the_dashboard_only_read_runs() -> None:
+    """sexpgpu/results/ and sexpgpu/dashboard/ (runs, ui, plot) read run folders through the
+    runtime's readers: they know neither Lisp nor the compiler, nor the session that starts
+    runs, nor the CLI."""
+    offenders = [i for i in all_imports() if (under(i.module, "sexpgpu.results") or under(i.module, "sexpgpu.dashboard"))
+                 and any(under(i.target, f"sexpgpu.{p}") for p in ("lisp", "compile", "cli", "session", "bundle"))]
+    assert not offenders, broken("sexpgpu.results or sexpgpu.dashboard imports Lisp, the compiler or a layer above it", offenders)
 
 
 def test_the_core_reaches_the_cluster_only_inside_the_verbs_that_ask() -> None:

@@ -24,6 +24,9 @@ REGISTRARS: list[tuple[str, str, tuple[str, ...]]] = [
     ("bundles", "register", ("bundle",)),
     ("bundles", "register_submit", ("submit",)),
     ("observe", "register", ("status", "logs", "checkpoint", "annotate")),
+    ("runs", "register", ("runs",)),
+    ("ui", "register", ("ui",)),
+    ("plot", "register", ("plot",)),
     ("docs", "register", ("docs",)),
 ]
 

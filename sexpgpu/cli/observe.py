@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from ..results import locate
 from ..runtime.events import AnnotationEvent, apply_resumes, events_prefix, read_event_lines
 from ..runtime.status import Status, status_path
 from ..runtime.store import Store, is_store_failure, store_problem
@@ -82,28 +83,10 @@ class RunRef:
 
 def split_run(target: str, store: Optional[str] = None) -> tuple[str, str]:
     """(store URL, slug) for RUN: the last path segment is the slug, the rest the store."""
-    if store is not None:
-        slug = target.strip("/")
-        if not slug or "/" in slug:
-            fail_usage(f"with --store, RUN is a slug (no '/'): {target}")
-        return store, slug
-    if "://" in target:
-        protocol, rest = target.split("://", 1)
-        rest = rest.rstrip("/")
-        if not rest:
-            fail_usage(f"{target}: the URL names no run folder (its last segment is the slug)")
-        if "/" in rest:
-            root, slug = rest.rsplit("/", 1)
-            return f"{protocol}://{root}", slug
-        return f"{protocol}://", rest
-    path = Path(target).expanduser()
-    if "/" not in target.rstrip("/") and not path.exists():
-        default = os.environ.get("SEXPGPU_STORE") or "./runs"
-        return default, target.rstrip("/")
-    path = path.resolve()
-    if path.parent == path:
-        fail_usage(f"{target} is not a run folder")
-    return str(path.parent), path.name
+    try:
+        return locate.split_run(target, store)
+    except ValueError as exc:
+        fail_usage(str(exc))
 
 
 def open_run(args: argparse.Namespace) -> RunRef:

@@ -95,11 +95,12 @@ def status_path(run_prefix: str) -> str:
 
 
 def read_status(store: Store, run_prefix: str) -> Optional[Status]:
-    """The run's status, or None when it has none yet."""
-    path = status_path(run_prefix)
-    if not store.exists(path):
+    """The run's status, or None when it has none yet (one read: on an object store a GET,
+    not a HEAD and a GET, so a listing of many runs costs one request per file)."""
+    try:
+        return store.read_json(status_path(run_prefix), Status)
+    except FileNotFoundError:
         return None
-    return store.read_json(path, Status)
 
 
 class StatusWriter:

@@ -529,6 +529,19 @@ class Store:
         except FileNotFoundError:
             return []
 
+    def folders(self, prefix: str = "") -> builtins.list[str]:
+        """The names of the folders directly under PREFIX, sorted: one listing (on an object
+        store, one delimited LIST of the common prefixes), where `list` walks every file."""
+        full = self._full(prefix, allow_root=True)
+        entries = self._retrying(f"list folders {prefix or '/'}", lambda: self._ls(full))
+        names = (posixpath.basename(str(e["name"]).rstrip("/")) for e in entries if e.get("type") == "directory")
+        return sorted(n for n in names if n and not n.startswith("."))
+
+    def _ls(self, full: str) -> builtins.list[dict[str, Any]]:
+        if not self.is_local:
+            self.fs.invalidate_cache(full)
+        return list(self.fs.ls(full, detail=True))
+
     def rename(self, path: str, new_path: str) -> None:
         """Move the file at PATH to NEW_PATH (a rename on a local folder; a copy, then the
         original deleted, on an object store, which has no rename)."""
