@@ -96,6 +96,8 @@ def test_a_wrong_search_is_a_check_failure_at_its_defsweep(tmp_path: Path, head:
     line = path.read_text().splitlines().index(head) + 1
     assert f"{path}:{line}:1: error[C008]: {message}" in err, err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing ran
+    code, _, err = cli("check", str(path))  # check finds it too, without being asked for the sweep
+    assert code == 3 and f"{path}:{line}:1: error[C008]: {message}" in err, err
 
 
 # -- halving, decided -----------------------------------------------------------------------------

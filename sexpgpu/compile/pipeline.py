@@ -30,7 +30,8 @@ from ..lisp.types import NIL, Loc, MultipleValues
 from .autodiff import backward
 from .compiler import Compiler
 from .models import Batch, Ctx, Group, Param
-from .selection import Declared, Written, overrides, prescan, written_values
+from .search import halving_problem
+from .selection import Declared, Written, located, overrides, prescan, written_values
 from .tensors import Staged, TensorLib, Tracer
 
 # the contract form a whole-file problem is reported at
@@ -127,6 +128,10 @@ def check_every_selection(path: Path, limits: Optional[Limits] = None, output: A
         declared = prescan(path)
     except LispError:
         return Checked(diagnostics, sources, files, 1)  # the base compile reported it
+    for sweep in declared.sweeps.values():  # a halving the base run cannot rank is wrong for every point
+        problem = halving_problem(sweep.halving, base.experiment) if sweep.halving and base.experiment else None
+        if problem is not None:
+            diagnostics.append(diagnostic_from(located(lisp_error("C008", f"defsweep {sweep.name} {problem}", "PROGRAM-ERROR"), sweep.loc)))
     seen: dict[tuple[Any, ...], list[str]] = {same(d): [] for d in diagnostics}
     from_base = set(seen)
     defaults = {k.name: k.value for k in base.compiler.knobs.values()} if base.compiler is not None else {}
