@@ -125,6 +125,9 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("screenshots")
 
 
+ROW_SLUGS = "return [...document.querySelectorAll('#runs tbody tr')].map(r => r.dataset.slug)"
+
+
 def until(driver: Any, script: str, what: str) -> Any:
     """The value of SCRIPT once it is truthy (the page polled, not slept on)."""
     from selenium.webdriver.support.ui import WebDriverWait
@@ -176,21 +179,21 @@ def test_the_runs_page_lists_every_run_and_sorts_by_a_column(made: MadeStore, ui
     from selenium.webdriver.common.by import By
 
     open_page(browser, ui)
-    rows = browser.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
-    assert sorted(r.get_attribute("data-slug") for r in rows) == sorted(made.slugs)
-    headers = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#runs thead th")]
+    # each read is one script: the page redraws the table every 5 s, so elements found in one
+    # call can be gone in the next
+    assert sorted(browser.execute_script(ROW_SLUGS)) == sorted(made.slugs)
+    headers = browser.execute_script("return [...document.querySelectorAll('#runs thead th')].map(th => th.textContent)")
     assert headers[:5] == ["slug", "file", "selection", "state", "steps"] and "val/loss" in headers and headers[-3:] == ["started", "duration", "device"]
     store = Store.open(str(made.root))
     losses = {s: RunFolder(store, s).read_status().metrics["loss"] for s in made.slugs}  # type: ignore[union-attr]
     browser.find_element(By.CSS_SELECTOR, '#runs th[data-key="loss"]').click()
     until(browser, "return document.querySelector('#runs').dataset.sort === 'loss'", "sorted by loss")
-    order = [r.get_attribute("data-slug") for r in browser.find_elements(By.CSS_SELECTOR, "#runs tbody tr")]
-    assert order == sorted(made.slugs, key=lambda s: losses[s])
+    assert browser.execute_script(ROW_SLUGS) == sorted(made.slugs, key=lambda s: losses[s])
     browser.find_element(By.CSS_SELECTOR, '#runs th[data-key="loss"]').click()
     until(browser, "return document.querySelector('#runs').dataset.desc === 'true'", "sorted the other way")
-    order = [r.get_attribute("data-slug") for r in browser.find_elements(By.CSS_SELECTOR, "#runs tbody tr")]
-    assert order == sorted(made.slugs, key=lambda s: -losses[s])
-    assert browser.find_element(By.CSS_SELECTOR, f'#runs tr[data-slug="{made.points[1]}"] td[data-key="state"]').text == "finished"
+    assert browser.execute_script(ROW_SLUGS) == sorted(made.slugs, key=lambda s: -losses[s])
+    state = browser.execute_script(f"return document.querySelector('#runs tr[data-slug=\"{made.points[1]}\"] td[data-key=\"state\"]').textContent")
+    assert state == "finished"
     screenshot(browser, shots, "runs")
     assert severe_logs(browser) == []
 
@@ -289,9 +292,10 @@ def test_a_training_runs_curve_grows_while_the_page_watches(made: MadeStore, bro
             wait_for(lambda: logged() > max(seen, first), "more step events in the store")
             grown = until(browser, f"const n = window.sexpgpu.charts['metric:loss'].uplot.data[0].length; return n > {first} ? n : 0", "the curve grew")
             assert grown > first
-            from selenium.webdriver.common.by import By
-
-            assert browser.find_element(By.CSS_SELECTOR, "main span.state").text in ("running", "evaluating", "checkpointing")
+            # read in one script: the page redraws the header as status arrives, so an element
+            # found in one call can be gone by the next
+            state = until(browser, "const e = document.querySelector('main span.state'); return e ? e.textContent : ''", "the run's state shown")
+            assert state in ("running", "evaluating", "checkpointing"), state
             screenshot(browser, shots, "live")
     finally:
         run.send_signal(signal.SIGINT)
