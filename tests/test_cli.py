@@ -151,7 +151,10 @@ def test_watch_rechecks_on_save_of_a_required_file(tmp_path: Path) -> None:
     seen = lib.stat().st_mtime_ns
     lib.write_text("(defun helper () (car 1))\n")
     os.utime(lib, ns=(seen + 1_000_000_000, seen + 1_000_000_000))  # a change the watcher sees at any clock resolution
-    out, err = proc.communicate(timeout=30)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
     assert proc.returncode == 0
     assert out.strip().endswith("main.lisp: 1 error(s)")
     assert "lib.lisp:1:18: error[E103]" in err

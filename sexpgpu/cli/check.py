@@ -78,12 +78,17 @@ def run_watch(args: argparse.Namespace) -> int:
     checks = 0
     try:
         while True:
+            started = time.time_ns()
             diagnostics, sources, files = check_once(path, limits)
+            # the files' state is taken before the report, so that a save made as soon as
+            # the result shows is a change; a save made during the check checks again at once
+            before = snapshot(files)
             checks += 1
             report_watch(args, diagnostics, sources)
             if args.max_checks and checks >= args.max_checks:
                 return Exit.OK
-            before = snapshot(files)
+            if any(stamp >= started for stamp in before.values()):
+                continue
             while snapshot(files) == before:
                 time.sleep(args.interval)
     except KeyboardInterrupt:

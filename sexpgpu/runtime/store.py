@@ -315,7 +315,10 @@ class Store:
         if url.startswith(("s3://", "s3a://")):
             # the store's RetryPolicy is the one retry layer: botocore's and s3fs's own retries
             # (and botocore's 60 s connect timeout) made an unreachable endpoint take 69 s
-            storage_options.setdefault("config_kwargs", {"retries": {"max_attempts": 1, "mode": "standard"}, "connect_timeout": 10})
+            storage_options.setdefault("config_kwargs", {"retries": {"total_max_attempts": 1, "mode": "standard"}, "connect_timeout": 10})
+            # a fresh client: fsspec's instance cache would hand back one made for another
+            # endpoint or credentials (read from the environment when the client was made)
+            storage_options.setdefault("skip_instance_cache", True)
         fs, root = url_to_fs(url, **storage_options)
         if hasattr(fs, "retries"):
             fs.retries = 1
