@@ -18,7 +18,7 @@ from conftest import REPO, wait_for
 from sexpgpu.compile.pipeline import compile_file
 from sexpgpu.runtime.checkpoint import ResumeError, list_checkpoints, load_checkpoint
 from sexpgpu.runtime.attempt import RunOptions, train
-from sexpgpu.runtime.runfolder import RunFolder
+from sexpgpu.runtime.runfolder import RunFolder, run_slug
 from sexpgpu.runtime.store import Store
 
 LONG = (REPO / "examples" / "charlm.lisp").read_text().replace(
@@ -105,15 +105,22 @@ def compiled(path: Path):  # type: ignore[no-untyped-def]
 QUICK = (REPO / "examples" / "quickstart.lisp").read_text().replace("(defrun :steps 300 :seed 0)", "(defrun :steps 60 :seed 0 :checkpoint (:every 20 :keep 3))")
 
 
-def test_resume_refuses_another_source(tmp_path: Path) -> None:
+def test_an_edit_that_changes_no_number_resumes_and_another_run_is_refused(tmp_path: Path) -> None:
+    """A comment keeps the slug (docs/run.md, "The slug") and the run continues from its
+    checkpoint; a checkpoint of another run (a folder copied under this slug) is refused."""
     path = write_run(tmp_path, QUICK)
     store = str(tmp_path / "runs")
     done = train(compiled(path), RunOptions(store=store, max_steps=40, signals=False), say=lambda _: None)
     path.write_text(QUICK.replace(";;;; quickstart.lisp", ";;;; edited quickstart.lisp"))
-    edited = compiled(path)  # a comment changed: same IR, so the same slug, but another source
-    assert edited.ir_hash != "" and done.slug.endswith(done.slug.split(".")[-1])
-    with pytest.raises(ResumeError, match="another source"):
-        train(edited, RunOptions(store=store, resume="latest", signals=False), say=lambda _: None)
+    edited = compiled(path)
+    said: list[str] = []
+    again = train(edited, RunOptions(store=store, resume="latest", signals=False), say=said.append)
+    assert again.slug == done.slug and "resumed from step-000040 (step 40)" in said and again.steps == 60
+    path.write_text(QUICK.replace("(defrun :steps 60 :seed 0", "(defrun :steps 60 :seed 1"))
+    other = compiled(path)
+    (tmp_path / "runs" / done.slug).rename(tmp_path / "runs" / run_slug(other))
+    with pytest.raises(ResumeError, match="belongs to another run"):
+        train(other, RunOptions(store=store, resume="latest", signals=False), say=lambda _: None)
     env = {**os.environ, "NO_COLOR": "1"}
     proc = subprocess.run([sys.executable, "-m", "sexpgpu", "run", str(path), "--store", store, "--resume", "latest"], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 6 and "resume refused" in proc.stderr

@@ -393,7 +393,10 @@ class Attempt:
         for warning in warnings:
             self.say(f"warning: {warning}")
         params, states, state = load_checkpoint(self.store, self.slug, name, self.expected)
-        if state.source_hash != self.experiment.source_hash or state.ir_hash != self.experiment.ir_hash:
+        if state.identity_hash is not None:
+            if state.identity_hash != self.experiment.identity_hash():
+                raise ResumeError(f"checkpoint {name} belongs to another run: what it computes differs from this file and selection; start a fresh run with `run --fresh` (the old folder is kept)")
+        elif state.source_hash != self.experiment.source_hash or state.ir_hash != self.experiment.ir_hash:
             what = "source" if state.source_hash != self.experiment.source_hash else "IR (selection)"
             raise ResumeError(f"checkpoint {name} belongs to another {what}: it was written by a run of a different file or selection; start a fresh run with `run --fresh` (the old folder is kept)")
         return name, warnings, params, states, state

@@ -39,6 +39,9 @@ class CheckpointState(BaseModel):
     slug: str
     source_hash: str
     ir_hash: str
+    # what the slug is made from (Experiment.identity_hash); absent in checkpoints written
+    # before it was recorded, which resume only into the same source and IR
+    identity_hash: Optional[str] = None
     knobs: dict[str, Any] = Field(default_factory=dict)
     loaders: dict[str, LoaderState] = Field(default_factory=dict)  # stream per stage ("" = no stage)
     stage: Optional[str] = None

@@ -191,6 +191,7 @@ class Trainer:
             slug=slug,
             source_hash=self.experiment.source_hash,
             ir_hash=self.experiment.ir_hash,
+            identity_hash=self.experiment.identity_hash(),
             knobs=self.experiment.knob_values(),
             loaders={(name or ""): stream.state() for name, stream in self.streams.items()},
             stage=self.stage,
