@@ -54,6 +54,7 @@ class Block:
     line: int
     commands: list[Command]
     skip: Optional[tuple[str, str]] = None  # (category, why)
+    cats: list[str] = field(default_factory=list)  # files the block's `$ cat FILE` shows, written first
 
 
 @dataclass
@@ -108,6 +109,7 @@ def parse_page(path: Path) -> Page:
     lines = path.read_text(encoding="utf-8").splitlines()
     pending_file: Optional[tuple[str, int]] = None
     pending_skip: Optional[tuple[str, str, int]] = None
+    pending_cats: list[str] = []
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -123,6 +125,8 @@ def parse_page(path: Path) -> Page:
             elif verb == "copy" and rest:
                 parts = rest.split()
                 page.steps.append(Copy(parts[0], parts[1] if len(parts) > 1 else Path(parts[0]).name, i + 1))
+            elif verb == "cat" and rest:
+                pending_cats.append(rest)
             elif verb == "sh" and rest:
                 page.steps.append(Shell(rest, i + 1))
             elif verb == "skip":
@@ -154,10 +158,14 @@ def parse_page(path: Path) -> Page:
                 commands = parse_console(body, start + 1)
                 if skip is None and not commands:
                     page.errors.append(f"{path.name}:{start}: a console block without `$ ` commands must carry a skip marker")
-                page.steps.append(Block(start, commands, skip))
-            elif pending_skip is not None:
-                page.errors.append(f"{path.name}:{pending_skip[2]}: a skip marker must come just before a console block")
-                pending_skip = None
+                for name in pending_cats:
+                    if not any(c.text == f"cat {name}" for c in commands):
+                        page.errors.append(f"{path.name}:{start}: `cat {name}` directive, but the block has no `$ cat {name}`")
+                page.steps.append(Block(start, commands, skip, pending_cats))
+                pending_cats = []
+            elif pending_skip is not None or pending_cats:
+                page.errors.append(f"{path.name}:{start}: a skip or cat directive must come just before a console block")
+                pending_skip, pending_cats = None, []
             i = end + 1
             continue
         i += 1
@@ -524,6 +532,9 @@ def run_page(path: Path, folder: Path) -> PageResult:
             if rc != 0:
                 problems.append(f"{path.name}:{step.line}: setup `{step.command}` exited {rc}:\n{out}")
         elif step.skip is None:
+            for name in step.cats:
+                shown_text = next(c for c in step.commands if c.text == f"cat {name}").expected
+                (folder / name).write_text("\n".join(trimmed(shown_text)) + "\n", encoding="utf-8")
             for command in step.commands:
                 outside = [m for m in OUTSIDE.findall(command.text) if not m.startswith(page.folder)]
                 if outside:

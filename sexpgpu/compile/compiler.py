@@ -42,6 +42,9 @@ CONTRACT_FORMS = {"DEFKNOB", "DEFLOADER", "DEFPART", "DEFOBJECTIVE", "DEFGROUPS"
 ONCE = {"DEFOBJECTIVE", "DEFGROUPS", "DEFRUN", "DEFCURRICULUM", "DEFEVALUATE"}
 # every key runfile.md lists; the loop feeds each as an f32 scalar
 CTX_KEYS = ("step", "epoch", "examples", "tokens", "stage", "elapsed", "loss", "lr", "eval", "rank", "world-size", "seed", "microbatch", "lr-scale")
+# a curriculum's name for the loader as declared, without a stage: `(stage train :declared)`;
+# CurriculumSpec holds it as "" (the name checkpoints give the declared loader's stream)
+DECLARED_STAGE = ""
 ORDER_TEXT = "require, defknob/defvariant/defsweep, definitions, defloader, defpart, defobjective, defevaluate/defeval/deftarget, defgroups, defcurriculum, defrun"
 
 
@@ -528,8 +531,11 @@ class Compiler:
                 loader, stage = list_items("defcurriculum", 1, spec)
                 lname, sname = loader.name.lower(), stage.name.lower()
                 record = self.loaders.get(lname)
-                if record is None or not any(s.name == sname for s in record.stages):
-                    known = ", ".join(s.name for s in record.stages) if record else "no such loader"
+                declared = getattr(stage, "is_keyword", False) and sname == "declared"
+                if declared and record is not None:
+                    sname = DECLARED_STAGE  # (stage train :declared): the loader as declared
+                elif record is None or not any(s.name == sname for s in record.stages):
+                    known = ", ".join([s.name for s in record.stages] + [":declared"]) if record else "no such loader"
                     raise lisp_error("C008", f"defcurriculum: loader {lname} has no stage {sname} ({known})", "PROGRAM-ERROR")
                 if lname != "train":
                     raise lisp_error("C008", f"defcurriculum: only the train loader changes stage during a run (got {lname})", "PROGRAM-ERROR")
