@@ -373,6 +373,8 @@ DROPPED = re.compile(r"^(SEXPGPU_|AWS_|OPENBLAS_NUM_THREADS$|OMP_NUM_THREADS$|MK
 def page_environment() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not DROPPED.match(k)}
     env.update(NO_COLOR="1", COLUMNS="100", PATH=f"{wrapper_bin()}{os.pathsep}{env.get('PATH', '')}")
+    # no AWS credentials from files or an instance role either: a reader's machine has none
+    env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull, AWS_EC2_METADATA_DISABLED="true")
     env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(REPO)
     return env
 
