@@ -525,7 +525,14 @@ def run_page(path: Path, folder: Path) -> PageResult:
         elif isinstance(step, Copy):
             source = REPO / step.source
             (folder / step.dest).parent.mkdir(parents=True, exist_ok=True)
-            if source.is_dir():
+            if "#" in step.source:  # PAGE.md#NAME: the file another page's `file NAME` block defines
+                other, _, name = step.source.partition("#")
+                made = [s for s in parse_page(REPO / other).steps if isinstance(s, WriteFile) and s.name == name]
+                if not made:
+                    problems.append(f"{path.name}:{step.line}: {other} defines no file {name}")
+                    continue
+                (folder / step.dest).write_text(made[0].text, encoding="utf-8")
+            elif source.is_dir():
                 shutil.copytree(source, folder / step.dest, dirs_exist_ok=True)
             else:
                 shutil.copyfile(source, folder / step.dest)
