@@ -500,7 +500,9 @@ OUTSIDE = re.compile(r"(?<![\w.~])/(?:tmp|home|work|root|var|opt|srv|mnt)/[^\s'\
 
 
 def prepare_folder(folder: Path) -> None:
-    """A reader's checkout: the examples where the pages expect them."""
+    """A reader's checkout: a project root (`.git`) with the examples where the pages expect
+    them."""
+    (folder / ".git").mkdir()
     shutil.copytree(REPO / "examples", folder / "examples", ignore=shutil.ignore_patterns("__pycache__"))
 
 
