@@ -48,6 +48,17 @@ DECLARED_STAGE = ""
 ORDER_TEXT = "require, defknob/defvariant/defsweep, definitions, defloader, defpart, defobjective, defevaluate/defeval/deftarget, defgroups, defcurriculum, defrun"
 
 
+def misplaced_in_model(form: str, name: str, model: str) -> Exception:
+    """A defparam or defpart inside a let, when or other form of a defmodel body, where it
+    would name nothing for the body (and a defpart would become a top-level part)."""
+    return lisp_error(
+        "C008",
+        f"{form} {name} in defmodel {model} is inside another form: {form} must be a direct form of the defmodel body; "
+        f"compute its arguments in the lambda list instead, e.g. (defmodel {model} (d &aux (h (* 2 d))) ...)",
+        "PROGRAM-ERROR",
+    )
+
+
 class Compiler:
     def __init__(self, interp: Interpreter, selection: Selection, base_dir: Path, overrides: Optional[dict[str, Any]] = None, root: Optional[Path] = None) -> None:
         self.interp = interp
@@ -134,7 +145,7 @@ class Compiler:
             "%repeat", "%defpart-toplevel", "%tie", "%defloader", "%field", "%defobjective", "%defevaluate", "%metric",
             "%make-optimizer", "%defgroups", "%defrun", "schedule", "ctx", "%repeat-list", "%models", "%defeval", "%deftarget",
             "%shadow", "training-p", "part-param", "%defcurriculum", "%defdiagnostic", "%diagnostic", "run-steps",
-            "%defmodel-constructor",
+            "%defmodel-constructor", "%defparam-misplaced",
         ]:
             reg.add(name, getattr(self, "b_" + name.lstrip("%").replace("-", "_")))
         for kind in ["zeros", "ones"]:
@@ -294,6 +305,12 @@ class Compiler:
             raise lisp_error("C008", f"{what} is only allowed inside defmodel", "PROGRAM-ERROR")
         return self.model_stack[-1]
 
+    def b_defparam_misplaced(self, name: Any) -> Any:
+        """`defparam` anywhere but as a direct form of a defmodel body."""
+        if self.model_stack:
+            raise misplaced_in_model("defparam", name.name.lower(), self.model_stack[-1].type_name)
+        raise lisp_error("C008", f"defparam {name.name.lower()} is only allowed as a direct form of a defmodel body", "PROGRAM-ERROR")
+
     def b_defparam(self, name: Any, shape: Any, *args: Any) -> Any:
         model = self.current_model("defparam")
         keys = parse_keys("defparam", args, {"INIT", "WHEN", "DTYPE"}, 3)
@@ -378,6 +395,8 @@ class Compiler:
 
     def b_defpart_toplevel(self, name: Any, thunk: Any) -> Any:
         key = name.name.lower()
+        if self.model_stack:  # a defpart nested in a let or when of a defmodel body
+            raise misplaced_in_model("defpart", key, self.model_stack[-1].type_name)
         if key in self.parts:
             raise lisp_error("C003", f"defpart {key} is defined twice", "PROGRAM-ERROR")
         self.path.append(key)

@@ -45,6 +45,11 @@
     (lambda ,lambda-list
       (%model-scope ',name (lambda () ,(%model-body (%body-without-doc body)))))))
 
+(defmacro defparam (name &rest args)
+  ;; a direct form of a defmodel body is rewritten by %model-body; anywhere else, an error
+  (declare (ignore args))
+  `(%defparam-misplaced ',name))
+
 (defmacro repeat (n form)
   `(%repeat ,n (lambda () ,form)))
 
