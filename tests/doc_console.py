@@ -177,6 +177,7 @@ def parse_page(path: Path) -> Page:
 # ---- comparing output ----------------------------------------------------------------
 
 NUMBER = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+UNIT = r"(?:ms|s|KiB|MiB|GiB)?"  # a time or a size may carry its unit: step_time=3s, memory=61.6MiB
 # values that differ on every run: compared by their shape, not their text
 SHAPES: list[tuple[str, str]] = [
     (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z", r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z"),
@@ -185,8 +186,8 @@ SHAPES: list[tuple[str, str]] = [
     (r"\b\d+(?:\.\d+)?(?:ms|s)\b", r"\d+(?:\.\d+)?(?:ms|s)"),
     (r"\bpid \d+", r"pid \d+"),
     # a number under a key that names a time or a rate: "seconds", "step_time", "*_s"
-    (r"(?:\"(?:seconds|step_time|memory|\w+_s)\":\s*|\b(?:seconds|step_time|memory|\w+_s)=)" + NUMBER,
-     r"(?:\"(?:seconds|step_time|memory|\w+_s)\":\s*|\b(?:seconds|step_time|memory|\w+_s)=)" + NUMBER),
+    (r"(?:\"(?:seconds|step_time|memory|\w+_s)\":\s*|\b(?:seconds|step_time|memory|\w+_s)=)" + NUMBER + UNIT,
+     r"(?:\"(?:seconds|step_time|memory|\w+_s)\":\s*|\b(?:seconds|step_time|memory|\w+_s)=)" + NUMBER + UNIT),
 ]
 SHAPE = re.compile("|".join(f"({source})" for source, _ in SHAPES))
 
@@ -204,7 +205,7 @@ def line_pattern(expected: str) -> re.Pattern[str]:
             parts.append(re.escape(literal[at:match.start()]))
             group = next(g for g in range(len(SHAPES)) if match.group(g + 1) is not None)
             key = re.match(r"(\"\w+\":\s*|\w+=)", match.group(0)) if group == len(SHAPES) - 1 else None
-            parts.append(re.escape(key.group(1)) + NUMBER if key else SHAPES[group][1])
+            parts.append(re.escape(key.group(1)) + NUMBER + UNIT if key else SHAPES[group][1])
             at = match.end()
         parts.append(re.escape(literal[at:]))
     return re.compile("".join(parts))

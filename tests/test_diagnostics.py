@@ -185,3 +185,12 @@ def test_defparam_outside_any_defmodel_is_c008(project: Path) -> None:
     (diag,) = compile_file(Path("p.lisp")).diagnostics
     assert diag.code == "C008" and (diag.line, diag.col) == (1, 1)
     assert diag.message == "defparam w is only allowed as a direct form of a defmodel body"
+
+
+def test_an_option_inside_a_group_is_c008_not_ignored(project: Path) -> None:
+    """`:clip` belongs to the whole defgroups; written inside a group it was dropped silently."""
+    groups = '(defgroups (all "**" (optim:sgd :lr 0.1) :clip 1.0))\n'
+    (project / "g.lisp").write_text(HEAD + LOADER + MLP + CE + groups + "(defrun :steps 1)\n")
+    (diag,) = [d for d in compile_file(Path("g.lisp")).diagnostics if d.severity == "error"]
+    assert diag.code == "C008" and (diag.line, diag.col) == (6, 1)
+    assert diag.message.startswith("defgroups all: a group is (NAME \"SELECTOR\" OPTIMIZER) and reads nothing after the optimizer, got (:clip 1.0)")

@@ -612,7 +612,14 @@ class Compiler:
         clip = keys.get("CLIP", NIL)
         self.clip = None if clip is NIL else float(clip)
         for spec in list_items("defgroups", 1, groups):
-            gname, selector, opt = list_items("defgroups", 1, spec)
+            gname, selector, opt, extra = list_items("defgroups", 1, spec)
+            if extra is not NIL:
+                raise lisp_error(
+                    "C008",
+                    f"defgroups {short(gname)}: a group is (NAME \"SELECTOR\" OPTIMIZER) and reads nothing after the optimizer, "
+                    f"got {short(extra)}; :clip belongs to the whole defgroups, after the last group: (defgroups (...) (...) :clip 1.0)",
+                    "PROGRAM-ERROR",
+                )
             if type(selector) is not str:
                 raise lisp_error("C008", f"defgroups {short(gname)}: the selector must be a glob string like \"**\" or \"model.*.w\"", "PROGRAM-ERROR")
             if type(opt) is Symbol and opt.name == "FROZEN":

@@ -115,7 +115,7 @@
 (defmacro defgroups (&rest groups)
   (let ((clip (getf (member-if #'keywordp groups) :clip))
         (specs (loop for g in groups while (consp g) collect g)))
-    `(%defgroups (list ,@(mapcar (lambda (g) `(list ',(first g) ,(second g) ,(third g))) specs))
+    `(%defgroups (list ,@(mapcar (lambda (g) `(list ',(first g) ,(second g) ,(third g) ',(nthcdr 3 g))) specs))
                  :clip ,clip)))
 
 ;;; The run
