@@ -171,3 +171,16 @@ def test_finite_guard_names_the_node_that_created_the_nan(tmp_path: Path) -> Non
     assert first["param_path"] == "net"
     status = json.loads((store / outcome.slug / "status.json").read_text())
     assert status["state"] == "failed" and status["summary"]["exit_code"] == 1
+
+
+def test_each_checkpoint_event_carries_the_size_checkpoint_list_shows(tmp_path: Path) -> None:
+    path = write_run(tmp_path, QUICK)
+    store = tmp_path / "runs"
+    done = train(compiled(path), RunOptions(store=str(store), max_steps=40, signals=False), say=lambda _: None)
+    events = [json.loads(line) for line in (store / done.slug / "events.jsonl").read_text().splitlines()]
+    sizes = {e["path"]: e["bytes"] for e in events if e["kind"] == "checkpoint"}
+    assert sizes, "no checkpoint event"
+    for where, size in sizes.items():
+        manifest = json.loads((store / done.slug / where / "MANIFEST.json").read_text())
+        on_disk = sum((store / done.slug / where / name).stat().st_size for name in manifest["files"])
+        assert size == on_disk == sum(f["bytes"] for f in manifest["files"].values())

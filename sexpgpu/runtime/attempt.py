@@ -334,7 +334,7 @@ class Attempt:
             # every event up to the checkpoint is durable before the checkpoint exists, so a
             # resume from it never lacks the history it continues
             self.events.flush()
-            name = write_checkpoint(self.store, self.slug, trainer.step, trainer.host_params(), trainer.host_states(), state)
+            name, size = write_checkpoint(self.store, self.slug, trainer.step, trainer.host_params(), trainer.host_states(), state)
             prune_checkpoints(self.store, self.slug, self.experiment.run.checkpoint.keep, protect=name)
         except BaseException:
             status.update(state="running")
@@ -344,7 +344,7 @@ class Attempt:
         if self.ranks is not None:
             self.ranks.agree(True)
         self.last_checkpoint = name
-        emit(self.events, "checkpoint", step=trainer.step, path=f"checkpoints/{name}", seconds=time.time() - started)
+        emit(self.events, "checkpoint", step=trainer.step, path=f"checkpoints/{name}", bytes=size, seconds=time.time() - started)
         status.update(state="running", last_checkpoint=name)
         return name
 
