@@ -103,6 +103,7 @@ class Compiler:
         """Check the contract order of the forms read into TABLE (the main file)."""
         self.interp.hook_table = table
         self.interp.toplevel_hook = self.on_toplevel
+        self.interp.function_hook = self.model_as_function
 
     @property
     def is_run_file(self) -> bool:
@@ -144,7 +145,7 @@ class Compiler:
             "%defknob", "%defvariant", "%defsweep", "%model-scope", "%defparam", "%defpart", "%forward", "%call-model",
             "%repeat", "%defpart-toplevel", "%tie", "%defloader", "%field", "%defobjective", "%defevaluate", "%metric",
             "%make-optimizer", "%defgroups", "%defrun", "schedule", "ctx", "%repeat-list", "%models", "%defeval", "%deftarget",
-            "%shadow", "training-p", "part-param", "%defcurriculum", "%defdiagnostic", "%diagnostic", "run-steps",
+            "%shadow", "training-p", "part-param", "part-models", "%defcurriculum", "%defdiagnostic", "%diagnostic", "run-steps",
             "%defmodel-constructor", "%defparam-misplaced",
         ]:
             reg.add(name, getattr(self, "b_" + name.lstrip("%").replace("-", "_")))
@@ -368,9 +369,20 @@ class Compiler:
         return ModelList(path=".".join(self.path), models=models)
 
     def b_models(self, part: Any) -> Any:
+        """(part-models PART): the copies of a repeated part, in order, as a list (a list of
+        models is its own list), so that `nth`, `length`, `dolist` and `mapcar` reach them."""
+        if type(part) is Cons and all(isinstance(m, (Model, ModelList)) for m in list_items("part-models", 1, part)):
+            return part
         if not isinstance(part, ModelList):
-            raise type_error("models", 1, "a repeated part", part)
+            raise type_error("part-models", 1, "a repeated part (a defpart of (repeat N ...))", part)
         return to_lisp_list(part.models)
+
+    def model_as_function(self, value: Any) -> Any:
+        """A model (or a repeated part) given to funcall, apply or mapcar: calling it is
+        calling the model, as `(NAME x)` does for a part's name."""
+        if not isinstance(value, (Model, ModelList)):
+            return None
+        return Builtin(f"model {value.path}", lambda *args: self.call_model(value, list(args)), 1, None)
 
     def b_call_model(self, model: Any, args: Any) -> Any:
         return self.call_model(model, list_items("call model", 2, args))
@@ -424,6 +436,9 @@ class Compiler:
         target.tie = (source, transpose is not NIL)
         self.ties[target.path] = (source.path, transpose is not NIL)
         return target
+
+    def b_part_models(self, part: Any) -> Any:
+        return self.b_models(part)
 
     def b_part_param(self, part: Any, name: Any) -> Any:
         """(part-param embed 'table): a part's parameter, e.g. to tie it."""
