@@ -1,6 +1,6 @@
-"""A repeated part's copies, one by one: `part-models` lists them and a model is called with
-`funcall`, so a forward can index them or combine them other than in a chain
-(docs/models-and-parameters.md, "Iterating over and indexing the copies")."""
+"""What docs/models-and-parameters.md says of parts and parameters: a repeated part's copies,
+one by one (`part-models` lists them and `funcall` calls a model, so a forward can index
+them or combine them other than in a chain), and the dtypes a parameter can train in."""
 
 from __future__ import annotations
 
@@ -71,3 +71,33 @@ def test_part_models_of_a_part_that_is_not_repeated_says_what_it_takes(tmp_path:
     (diag,) = [d for d in compile_file(path).diagnostics if d.severity == "error"]
     assert diag.code == "E103" and diag.line == 5
     assert "`part-models`: argument 1 must be a repeated part (a defpart of (repeat N ...))" in diag.message
+
+
+DTYPED = """
+(defmodel m (d)
+  (defparam w (2 2) :dtype {dtype})
+  (forward (x) (cast (matmul (cast x {dtype}) w) :f32)))
+"""
+
+
+def test_an_f64_parameter_trains_in_f64(tmp_path: Path) -> None:
+    """docs/models-and-parameters.md, defparam's :dtype."""
+    (tmp_path / ".git").mkdir()
+    path = tmp_path / "m.lisp"
+    path.write_text(HEAD + DTYPED.format(dtype=":f64") + TAIL)
+    result = compile_file(path)
+    assert result.experiment is not None, [d.headline() for d in result.diagnostics]
+    trainer = Trainer(result.experiment)
+    before = trainer.host_params()["net.w"].copy()
+    trainer.train_step()
+    after = trainer.host_params()["net.w"]
+    assert after.dtype == np.float64 and not np.array_equal(before, after)
+
+
+def test_a_trainable_bf16_parameter_is_t001_at_defrun(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    path = tmp_path / "m.lisp"
+    path.write_text(HEAD + DTYPED.format(dtype=":bf16") + TAIL)
+    (diag,) = [d for d in compile_file(path).diagnostics if d.severity == "error"]
+    assert diag.code == "T001" and "updates must keep the parameter's shape and dtype" in diag.message
+    assert path.read_text().splitlines()[diag.line - 1].startswith("(defrun")
