@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO, wait_for
 from sexpgpu.compile.pipeline import compile_file
-from sexpgpu.runtime.checkpoint import ResumeError, list_checkpoints, load_checkpoint
+from sexpgpu.runtime.checkpoint import ResumeError, list_checkpoints, load_checkpoint, resolve
 from sexpgpu.runtime.attempt import RunOptions, train
 from sexpgpu.runtime.runfolder import RunFolder, run_slug
 from sexpgpu.runtime.store import Store
@@ -184,3 +184,21 @@ def test_each_checkpoint_event_carries_the_size_checkpoint_list_shows(tmp_path: 
         manifest = json.loads((store / done.slug / where / "MANIFEST.json").read_text())
         on_disk = sum((store / done.slug / where / name).stat().st_size for name in manifest["files"])
         assert size == on_disk == sum(f["bytes"] for f in manifest["files"].values())
+
+
+def test_an_abandoned_attempts_newer_checkpoints_stay_until_written_again_or_pruned(tmp_path: Path) -> None:
+    """docs/checkpoints-and-resume.md, "Not yet": after --resume from an older step, the
+    newer checkpoints of the abandoned attempt are kept, count among :keep, and are what
+    --resume latest falls back to when the checkpoint LATEST names is damaged."""
+    path = write_run(tmp_path, QUICK)  # a checkpoint every 20 steps, keep 3
+    store = tmp_path / "runs"
+    first = train(compiled(path), RunOptions(store=str(store), max_steps=50, signals=False), say=lambda _: None)
+    s = Store.open(str(store))
+    assert [c.name for c in list_checkpoints(s, first.slug)] == ["step-000020", "step-000040", "step-000050"]
+    train(compiled(path), RunOptions(store=str(store), resume="20", max_steps=30, signals=False), say=lambda _: None)
+    assert [c.name for c in list_checkpoints(s, first.slug) if c.valid] == ["step-000030", "step-000040", "step-000050"]
+    assert resolve(s, first.slug, "latest")[0] == "step-000030"
+    params = store / first.slug / "checkpoints" / "step-000030" / "params.safetensors"
+    params.write_bytes(params.read_bytes()[:100])
+    name, warnings = resolve(s, first.slug, "latest")
+    assert name == "step-000050" and any("step-000030" in w for w in warnings)
