@@ -105,3 +105,23 @@ def test_a_tap_in_an_optimizer_update_records_nothing_and_warns_nothing(tmp_path
     assert result.experiment is not None and not result.diagnostics, [d.headline() for d in result.diagnostics]
     assert result.experiment.run.diagnostics is not None
     assert not [n for n in result.experiment.run.diagnostics.ir_names if n.startswith("peak/")]
+
+
+def test_the_compile_event_has_no_seconds_and_no_cached_yet(tmp_path: Path) -> None:
+    """jsonl-events.md: the compile event's `seconds` and `cached` are "allowed but not
+    written yet"; run.start does write host, worker and device."""
+    import json
+
+    from sexpgpu.runtime.attempt import RunOptions, train
+
+    (tmp_path / ".git").mkdir()
+    path = tmp_path / "r.lisp"
+    path.write_text(RUN_FILE.format(objective=CE))
+    result = compile_file(path)
+    assert result.experiment is not None
+    done = train(result.experiment, RunOptions(store=str(tmp_path / "runs"), signals=False), say=lambda _: None)
+    events = [json.loads(line) for line in (tmp_path / "runs" / done.slug / "events.jsonl").read_text().splitlines()]
+    (start,) = [e for e in events if e["kind"] == "run.start"]
+    (compiled,) = [e for e in events if e["kind"] == "compile"]
+    assert {"host", "worker", "device"} <= set(start) and start["device"] == "cpu"
+    assert "seconds" not in compiled and "cached" not in compiled

@@ -193,7 +193,8 @@ class Attempt:
         status = self.folder.status
         status.update(state="compiling", step=0, steps=self.steps, attempt=self.attempt, host=socket.gethostname(),
                       worker=self.options.worker or f"pid {os.getpid()}", summary=None)
-        emit(self.events, "run.start", step=0, slug=self.slug, steps=self.steps, attempt=self.attempt)
+        emit(self.events, "run.start", step=0, slug=self.slug, steps=self.steps, attempt=self.attempt, host=socket.gethostname(),
+             worker=self.options.worker or f"pid {os.getpid()}", device=self.options.device)
         emit(self.events, "compile", step=0, ir_hash=self.experiment.ir_hash, params=sum(int(np.prod(p.shape)) for p in self.experiment.params))
         try:
             self.trainer = Trainer(self.experiment, self.ranks, self.options.backend, self.options.data_roots, say=self.say)
