@@ -559,3 +559,51 @@ def run_page(path: Path, folder: Path) -> PageResult:
                 if not lines_match(command.expected, actual):
                     mismatches.append(Mismatch(path.name, command.line, command.text, command.expected, actual))
     return PageResult(problems, mismatches, count, time.monotonic() - start)
+
+
+# ---- updating a page ----------------------------------------------------------------------
+
+def updated_output(mismatch: Mismatch) -> list[str]:
+    """What the page should show for a command that printed something else: the printed
+    lines, except that a printed line the page's own line matches keeps the page's line (its
+    `...` and its times stay as written)."""
+    expected, actual = trimmed(mismatch.expected), trimmed(mismatch.actual)
+    kept = dict((j, i) for i, j in mismatch.pairs())
+    return [expected[kept[j]] if j in kept else line for j, line in enumerate(actual)]
+
+
+def update_page(path: Path, folder: Path) -> list[str]:
+    """Run PATH in FOLDER and write into it what each mismatching command printed; returns
+    the problems that no rewrite fixes (setup failures, malformed directives). The lead reads
+    the diff: a value that changed is a change of behaviour to explain, not only to accept."""
+    result = run_page(path, folder)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for mismatch in sorted(result.mismatches, key=lambda m: m.line, reverse=True):
+        start = mismatch.line  # the `$ ` line is lines[start - 1]; its output follows
+        end = start + len(trimmed(mismatch.expected))
+        lines[start:end] = updated_output(mismatch)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return result.problems
+
+
+if __name__ == "__main__":
+    # python tests/doc_console.py --update docs/PAGE.md ...: rewrite the pages' outputs
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(description="run docs pages' console blocks; --update writes what they print into the pages")
+    parser.add_argument("--update", action="store_true")
+    parser.add_argument("pages", nargs="+", type=Path)
+    args = parser.parse_args()
+    failed = False
+    for page_path in args.pages:
+        with tempfile.TemporaryDirectory() as tmp:
+            if args.update:
+                problems = update_page(page_path.resolve(), Path(tmp))
+            else:
+                problems = run_page(page_path.resolve(), Path(tmp)).report()
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        failed = failed or bool(problems)
+        print(f"{page_path}: {'updated' if args.update else 'checked'}, {len(problems)} problem(s)")
+    sys.exit(1 if failed else 0)
