@@ -90,3 +90,11 @@ def test_plain_sexpgpu_commands_run_in_process_and_shell_syntax_does_not() -> No
     assert in_process("cat x.lisp") is None
     words = shell_words("a 'b c' \"$d\"")
     assert words is not None and words.words == ["a", "b c", "$d"] and words.plain == [True, True, False]
+
+
+def test_update_keeps_the_page_lines_that_still_match() -> None:
+    from doc_console import Mismatch, updated_output
+
+    mismatch = Mismatch("p.md", 3, "sexpgpu run x.lisp", ["x.base.1234abcd  /tmp/demo/runs/x", "finished: 300 steps in 0.1s  loss 0.47..."],
+                        ["x.base.9999ffff  /tmp/demo/runs/x", "finished: 300 steps in 2.5s  loss 0.4719"])
+    assert updated_output(mismatch) == ["x.base.9999ffff  /tmp/demo/runs/x", "finished: 300 steps in 0.1s  loss 0.47..."]
