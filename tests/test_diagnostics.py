@@ -187,3 +187,35 @@ def test_a_wrong_layer_size_is_the_layers_error_at_the_users_call(project: Path)
     assert diag.message == "`linear`: the input has shape (32 2), but this layer takes d-in=3 values on its last axis"
     assert (diag.file, diag.line, diag.col) == ("t.lisp", 6, 21)
     assert [n.file for n in diag.notes] == ["sexpgpu/lib/nn.lisp"]
+
+NESTED_MODEL = (
+    HEAD + "(defmodel wide (d)\n  (let ((h (* 2 d)))\n    {form})\n  (forward (x) x))\n" + LOADER
+    + "(defpart net (wide 2))\n(defobjective (batch) (mean (net (field batch x))))\n" + GROUPS + "(defrun :steps 1)\n"
+)
+
+
+@pytest.mark.parametrize("form, name", [("(defparam w (d h))", "defparam w"), ("(defpart up (nn:linear d h))", "defpart up")])
+def test_defparam_or_defpart_nested_in_a_defmodel_body_is_a_located_c008(form: str, name: str, project: Path) -> None:
+    """Nested in a `let`, a defparam would be an undefined function and a defpart a second
+    top-level part; both are C008 at the nested form, with the fix."""
+    (project / "n.lisp").write_text(NESTED_MODEL.format(form=form))
+    (diag,) = [d for d in compile_file(Path("n.lisp")).diagnostics if d.severity == "error"]
+    assert diag.code == "C008" and (diag.file, diag.line, diag.col) == ("n.lisp", 5, 5)
+    assert diag.message.startswith(f"{name} in defmodel wide is inside another form: ")
+    assert "(defmodel wide (d &aux (h (* 2 d))) ...)" in diag.message
+
+
+def test_defparam_outside_any_defmodel_is_c008(project: Path) -> None:
+    (project / "p.lisp").write_text("(defparam w (2 3))\n")
+    (diag,) = compile_file(Path("p.lisp")).diagnostics
+    assert diag.code == "C008" and (diag.line, diag.col) == (1, 1)
+    assert diag.message == "defparam w is only allowed as a direct form of a defmodel body"
+
+
+def test_an_option_inside_a_group_is_c008_not_ignored(project: Path) -> None:
+    """`:clip` belongs to the whole defgroups; written inside a group it was dropped silently."""
+    groups = '(defgroups (all "**" (optim:sgd :lr 0.1) :clip 1.0))\n'
+    (project / "g.lisp").write_text(HEAD + LOADER + MLP + CE + groups + "(defrun :steps 1)\n")
+    (diag,) = [d for d in compile_file(Path("g.lisp")).diagnostics if d.severity == "error"]
+    assert diag.code == "C008" and (diag.line, diag.col) == (6, 1)
+    assert diag.message.startswith("defgroups all: a group is (NAME \"SELECTOR\" OPTIMIZER) and reads nothing after the optimizer, got (:clip 1.0)")

@@ -138,7 +138,8 @@ def test_the_retry_budget_is_a_setting_and_the_only_retry_layer(monkeypatch: pyt
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
     store = Store.open("s3://bucket/prefix")
     assert store.fs.retries == 1  # s3fs's own retries off
-    assert store.fs.config_kwargs["retries"]["total_max_attempts"] == 1  # botocore's too: one try per call
+    store.fs.connect()  # botocore reads (and rewrites) the retry settings here
+    assert store.fs.s3.meta.config.retries["total_max_attempts"] == 1  # botocore's too: one try per call
     monkeypatch.setenv("SEXPGPU_STORE_PATIENCE", "soon")
     code, _, err = cli("run", str(REPO / "examples" / "quickstart.lisp"))
     assert code == 2 and "SEXPGPU_STORE_PATIENCE" in err, err

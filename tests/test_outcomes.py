@@ -183,14 +183,20 @@ def test_a_data_error_is_exit_5_on_every_path(tmp_path: Path, ray_cluster: str) 
     assert all("'abc'" in r.reason or "abc" in r.reason for r in reports.values()), reports
 
 
-def test_a_checkpoint_of_another_source_is_exit_6_on_every_path(tmp_path: Path, ray_cluster: str) -> None:
-    def written_then_edited(path: Path, store: str) -> None:
-        """A first attempt leaves a checkpoint; then a comment changes the source (not the slug)."""
-        code, _, err = cli("run", str(path), "--sweep", "one", "--point", "0", "--store", store, "--max-steps", "10")
+def test_a_checkpoint_of_another_run_is_exit_6_on_every_path(tmp_path: Path, ray_cluster: str) -> None:
+    def written_then_moved(path: Path, store: str) -> None:
+        """A run of another :seed leaves a checkpoint, and its folder is moved to the slug of
+        this file's point (a folder copied by hand)."""
+        original = path.read_text()
+        path.write_text(original.replace(":seed 0", ":seed 1"))
+        code, out, err = cli("run", str(path), "--sweep", "one", "--point", "0", "--store", store, "--max-steps", "10", "--json")
         assert code == 0, err
-        path.write_text(path.read_text().replace(";;;; f.lisp", ";;;; f.lisp (edited)"))
+        path.write_text(original)
+        code, variants, err = cli("variants", "--json", str(path))
+        assert code == 0, err
+        Path(store, json.loads(out)["slug"]).rename(Path(store, json.loads(variants)["sweeps"]["one"]["points"][0]["slug"]))
 
-    reports = four_paths(tmp_path, ray_cluster, project, lambda root: str(root / "runs"), prepare=written_then_edited)
+    reports = four_paths(tmp_path, ray_cluster, project, lambda root: str(root / "runs"), prepare=written_then_moved)
     assert_alike(reports, 6, "resume refused: checkpoint ")
 
 

@@ -16,9 +16,9 @@ import pytest
 
 from conftest import REPO, wait_for
 from sexpgpu.compile.pipeline import compile_file
-from sexpgpu.runtime.checkpoint import ResumeError, list_checkpoints, load_checkpoint
+from sexpgpu.runtime.checkpoint import ResumeError, list_checkpoints, load_checkpoint, resolve
 from sexpgpu.runtime.attempt import RunOptions, train
-from sexpgpu.runtime.runfolder import RunFolder
+from sexpgpu.runtime.runfolder import RunFolder, run_slug
 from sexpgpu.runtime.store import Store
 
 LONG = (REPO / "examples" / "charlm.lisp").read_text().replace(
@@ -105,15 +105,22 @@ def compiled(path: Path):  # type: ignore[no-untyped-def]
 QUICK = (REPO / "examples" / "quickstart.lisp").read_text().replace("(defrun :steps 300 :seed 0)", "(defrun :steps 60 :seed 0 :checkpoint (:every 20 :keep 3))")
 
 
-def test_resume_refuses_another_source(tmp_path: Path) -> None:
+def test_an_edit_that_changes_no_number_resumes_and_another_run_is_refused(tmp_path: Path) -> None:
+    """A comment keeps the slug (docs/run.md, "The slug") and the run continues from its
+    checkpoint; a checkpoint of another run (a folder copied under this slug) is refused."""
     path = write_run(tmp_path, QUICK)
     store = str(tmp_path / "runs")
     done = train(compiled(path), RunOptions(store=store, max_steps=40, signals=False), say=lambda _: None)
     path.write_text(QUICK.replace(";;;; quickstart.lisp", ";;;; edited quickstart.lisp"))
-    edited = compiled(path)  # a comment changed: same IR, so the same slug, but another source
-    assert edited.ir_hash != "" and done.slug.endswith(done.slug.split(".")[-1])
-    with pytest.raises(ResumeError, match="another source"):
-        train(edited, RunOptions(store=store, resume="latest", signals=False), say=lambda _: None)
+    edited = compiled(path)
+    said: list[str] = []
+    again = train(edited, RunOptions(store=store, resume="latest", signals=False), say=said.append)
+    assert again.slug == done.slug and "resumed from step-000040 (step 40)" in said and again.steps == 60
+    path.write_text(QUICK.replace("(defrun :steps 60 :seed 0", "(defrun :steps 60 :seed 1"))
+    other = compiled(path)
+    (tmp_path / "runs" / done.slug).rename(tmp_path / "runs" / run_slug(other))
+    with pytest.raises(ResumeError, match="belongs to another run"):
+        train(other, RunOptions(store=store, resume="latest", signals=False), say=lambda _: None)
     env = {**os.environ, "NO_COLOR": "1"}
     proc = subprocess.run([sys.executable, "-m", "sexpgpu", "run", str(path), "--store", store, "--resume", "latest"], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 6 and "resume refused" in proc.stderr
@@ -164,3 +171,34 @@ def test_finite_guard_names_the_node_that_created_the_nan(tmp_path: Path) -> Non
     assert first["param_path"] == "net"
     status = json.loads((store / outcome.slug / "status.json").read_text())
     assert status["state"] == "failed" and status["summary"]["exit_code"] == 1
+
+
+def test_each_checkpoint_event_carries_the_size_checkpoint_list_shows(tmp_path: Path) -> None:
+    path = write_run(tmp_path, QUICK)
+    store = tmp_path / "runs"
+    done = train(compiled(path), RunOptions(store=str(store), max_steps=40, signals=False), say=lambda _: None)
+    events = [json.loads(line) for line in (store / done.slug / "events.jsonl").read_text().splitlines()]
+    sizes = {e["path"]: e["bytes"] for e in events if e["kind"] == "checkpoint"}
+    assert sizes, "no checkpoint event"
+    for where, size in sizes.items():
+        manifest = json.loads((store / done.slug / where / "MANIFEST.json").read_text())
+        on_disk = sum((store / done.slug / where / name).stat().st_size for name in manifest["files"])
+        assert size == on_disk == sum(f["bytes"] for f in manifest["files"].values())
+
+
+def test_an_abandoned_attempts_newer_checkpoints_stay_until_written_again_or_pruned(tmp_path: Path) -> None:
+    """docs/checkpoints-and-resume.md, "Not yet": after --resume from an older step, the
+    newer checkpoints of the abandoned attempt are kept, count among :keep, and are what
+    --resume latest falls back to when the checkpoint LATEST names is damaged."""
+    path = write_run(tmp_path, QUICK)  # a checkpoint every 20 steps, keep 3
+    store = tmp_path / "runs"
+    first = train(compiled(path), RunOptions(store=str(store), max_steps=50, signals=False), say=lambda _: None)
+    s = Store.open(str(store))
+    assert [c.name for c in list_checkpoints(s, first.slug)] == ["step-000020", "step-000040", "step-000050"]
+    train(compiled(path), RunOptions(store=str(store), resume="20", max_steps=30, signals=False), say=lambda _: None)
+    assert [c.name for c in list_checkpoints(s, first.slug) if c.valid] == ["step-000030", "step-000040", "step-000050"]
+    assert resolve(s, first.slug, "latest")[0] == "step-000030"
+    params = store / first.slug / "checkpoints" / "step-000030" / "params.safetensors"
+    params.write_bytes(params.read_bytes()[:100])
+    name, warnings = resolve(s, first.slug, "latest")
+    assert name == "step-000050" and any("step-000030" in w for w in warnings)

@@ -657,7 +657,7 @@ def _ck_export(ref: RunRef, name: str, args: argparse.Namespace) -> int:
         import numpy as np
         from safetensors.numpy import load as load_tensors
 
-        arrays = dict(load_tensors(data))
+        arrays = dict(sorted(load_tensors(data).items()))  # by path: safetensors' own order is not stable
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)  # type: ignore[arg-type]
         payload = buffer.getvalue()

@@ -45,7 +45,21 @@ ONCE = {"DEFOBJECTIVE", "DEFGROUPS", "DEFRUN", "DEFCURRICULUM", "DEFEVALUATE"}
 # every key runfile.md lists; the loop feeds each as an f32 scalar
 CTX_KEYS = ("step", "epoch", "examples", "tokens", "stage", "elapsed", "loss", "lr", "eval", "rank", "world-size", "seed", "microbatch", "lr-scale")
 TARGET_TESTS = ("<=", ">=", "<", ">")
+# a curriculum's name for the loader as declared, without a stage: `(stage train :declared)`;
+# CurriculumSpec holds it as "" (the name checkpoints give the declared loader's stream)
+DECLARED_STAGE = ""
 ORDER_TEXT = "require, defknob/defvariant/defsweep, definitions, defloader, defpart, defobjective, defevaluate/defeval/deftarget, defgroups, defcurriculum, defrun"
+
+
+def misplaced_in_model(form: str, name: str, model: str) -> Exception:
+    """A defparam or defpart inside a let, when or other form of a defmodel body, where it
+    would name nothing for the body (and a defpart would become a top-level part)."""
+    return lisp_error(
+        "C008",
+        f"{form} {name} in defmodel {model} is inside another form: {form} must be a direct form of the defmodel body; "
+        f"compute its arguments in the lambda list instead, e.g. (defmodel {model} (d &aux (h (* 2 d))) ...)",
+        "PROGRAM-ERROR",
+    )
 
 
 class Compiler:
@@ -97,6 +111,7 @@ class Compiler:
         """Check the contract order of the forms read into TABLE (the main file)."""
         self.interp.hook_table = table
         self.interp.toplevel_hook = self.on_toplevel
+        self.interp.function_hook = self.model_as_function
 
     @property
     def is_run_file(self) -> bool:
@@ -147,8 +162,8 @@ class Compiler:
             "%defknob", "%defvariant", "%defsweep", "%model-scope", "%defparam", "%defpart", "%forward", "%call-model",
             "%repeat", "%defpart-toplevel", "%tie", "%defloader", "%field", "%defobjective", "%defevaluate", "%metric",
             "%make-optimizer", "%defgroups", "%defrun", "schedule", "ctx", "%repeat-list", "%models", "%defeval", "%deftarget",
-            "%shadow", "training-p", "part-param", "%defcurriculum", "%defdiagnostic", "%diagnostic", "run-steps",
-            "%defmodel-constructor",
+            "%shadow", "training-p", "part-param", "part-models", "%defcurriculum", "%defdiagnostic", "%diagnostic", "run-steps",
+            "%defmodel-constructor", "%defparam-misplaced",
         ]:
             reg.add(name, getattr(self, "b_" + name.lstrip("%").replace("-", "_")))
         for kind in ["zeros", "ones"]:
@@ -326,6 +341,12 @@ class Compiler:
             raise lisp_error("C008", f"{what} is only allowed inside defmodel", "PROGRAM-ERROR")
         return self.model_stack[-1]
 
+    def b_defparam_misplaced(self, name: Any) -> Any:
+        """`defparam` anywhere but as a direct form of a defmodel body."""
+        if self.model_stack:
+            raise misplaced_in_model("defparam", name.name.lower(), self.model_stack[-1].type_name)
+        raise lisp_error("C008", f"defparam {name.name.lower()} is only allowed as a direct form of a defmodel body", "PROGRAM-ERROR")
+
     def b_defparam(self, name: Any, shape: Any, *args: Any) -> Any:
         model = self.current_model("defparam")
         keys = parse_keys("defparam", args, {"INIT", "WHEN", "DTYPE"}, 3)
@@ -393,11 +414,20 @@ class Compiler:
         return ModelList(path=".".join(self.path), models=models)
 
     def b_models(self, part: Any) -> Any:
-        if type(part) is Cons:
+        """(part-models PART): the copies of a repeated part, in order, as a list (a list of
+        models is its own list), so that `nth`, `length`, `dolist` and `mapcar` reach them."""
+        if type(part) is Cons and all(isinstance(m, (Model, ModelList)) for m in list_items("part-models", 1, part)):
             return part
         if not isinstance(part, ModelList):
-            raise type_error("models", 1, "a repeated part", part)
+            raise type_error("part-models", 1, "a repeated part (a defpart of (repeat N ...))", part)
         return to_lisp_list(part.models)
+
+    def model_as_function(self, value: Any) -> Any:
+        """A model (or a repeated part) given to funcall, apply or mapcar: calling it is
+        calling the model, as `(NAME x)` does for a part's name."""
+        if not isinstance(value, (Model, ModelList)):
+            return None
+        return Builtin(f"model {value.path}", lambda *args: self.call_model(value, list(args)), 1, None)
 
     def b_call_model(self, model: Any, args: Any) -> Any:
         return self.call_model(model, list_items("call model", 2, args))
@@ -422,6 +452,8 @@ class Compiler:
 
     def b_defpart_toplevel(self, name: Any, thunk: Any) -> Any:
         key = name.name.lower()
+        if self.model_stack:  # a defpart nested in a let or when of a defmodel body
+            raise misplaced_in_model("defpart", key, self.model_stack[-1].type_name)
         if key in self.parts:
             raise lisp_error("C003", f"defpart {key} is defined twice", "PROGRAM-ERROR")
         value, part = self.made_part(name, thunk)
@@ -446,6 +478,9 @@ class Compiler:
             raise lisp_error("C008", f"tie: {target.path} and {source.path} would read each other", "PROGRAM-ERROR")
         target.tie = (source, transpose is not NIL)
         return target
+
+    def b_part_models(self, part: Any) -> Any:
+        return self.b_models(part)
 
     def b_part_param(self, part: Any, name: Any) -> Any:
         """(part-param embed 'table): a part's parameter, e.g. to tie it."""
@@ -595,8 +630,11 @@ class Compiler:
                 loader, stage = list_items("defcurriculum", 1, spec)
                 lname, sname = loader.name.lower(), stage.name.lower()
                 record = self.loaders.get(lname)
-                if record is None or not any(s.name == sname for s in record.stages):
-                    known = ", ".join(s.name for s in record.stages) if record else "no such loader"
+                declared = getattr(stage, "is_keyword", False) and sname == "declared"
+                if declared and record is not None:
+                    sname = DECLARED_STAGE  # (stage train :declared): the loader as declared
+                elif record is None or not any(s.name == sname for s in record.stages):
+                    known = ", ".join([s.name for s in record.stages] + [":declared"]) if record else "no such loader"
                     raise lisp_error("C008", f"defcurriculum: loader {lname} has no stage {sname} ({known})", "PROGRAM-ERROR")
                 if lname != "train":
                     raise lisp_error("C008", f"defcurriculum: only the train loader changes stage during a run (got {lname})", "PROGRAM-ERROR")
@@ -665,7 +703,14 @@ class Compiler:
         clip = keys.get("CLIP", NIL)
         self.clip = None if clip is NIL else float(clip)
         for spec in list_items("defgroups", 1, groups):
-            gname, selector, opt = list_items("defgroups", 1, spec)
+            gname, selector, opt, extra = list_items("defgroups", 1, spec)
+            if extra is not NIL:
+                raise lisp_error(
+                    "C008",
+                    f"defgroups {short(gname)}: a group is (NAME \"SELECTOR\" OPTIMIZER) and reads nothing after the optimizer, "
+                    f"got {short(extra)}; :clip belongs to the whole defgroups, after the last group: (defgroups (...) (...) :clip 1.0)",
+                    "PROGRAM-ERROR",
+                )
             if type(selector) is not str:
                 raise lisp_error("C008", f"defgroups {short(gname)}: the selector must be a glob string like \"**\" or \"model.*.w\"", "PROGRAM-ERROR")
             if type(opt) is Symbol and opt.name == "FROZEN":

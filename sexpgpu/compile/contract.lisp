@@ -47,6 +47,11 @@
     (lambda ,lambda-list
       (%model-scope ',name (lambda () ,(%model-body (%body-without-doc body)))))))
 
+(defmacro defparam (name &rest args)
+  ;; a direct form of a defmodel body is rewritten by %model-body; anywhere else, an error
+  (declare (ignore args))
+  `(%defparam-misplaced ',name))
+
 (defmacro repeat (n form)
   `(%repeat ,n (lambda () ,form)))
 
@@ -112,7 +117,7 @@
 (defmacro defgroups (&rest groups)
   (let ((clip (getf (member-if #'keywordp groups) :clip))
         (specs (loop for g in groups while (consp g) collect g)))
-    `(%defgroups (list ,@(mapcar (lambda (g) `(list ',(first g) ,(second g) ,(third g))) specs))
+    `(%defgroups (list ,@(mapcar (lambda (g) `(list ',(first g) ,(second g) ,(third g) ',(nthcdr 3 g))) specs))
                  :clip ,clip)))
 
 ;;; The run

@@ -22,6 +22,13 @@ def parse_spec(spec: str, count: int) -> tuple[list[str], str]:
     inputs = lhs.split(",")
     if len(inputs) != count:
         raise lisp_error("T001", f'einsum: "{spec}" names {len(inputs)} operands, got {count}', "TYPE-ERROR")
+    if "..." in text:
+        raise lisp_error("T001", f'einsum: "{spec}": `...` (broadcast axes) is not supported; name every axis with a letter', "TYPE-ERROR")
+    for subs in inputs + [out]:
+        repeated = sorted({c for c in subs if subs.count(c) > 1})
+        if repeated:
+            raise lisp_error("T001", f'einsum: "{spec}": index {repeated[0]} appears twice in "{subs}"; '
+                             "a diagonal (an index repeated within one operand or the output) is not supported", "TYPE-ERROR")
     return inputs, out
 
 

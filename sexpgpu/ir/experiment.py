@@ -223,6 +223,12 @@ class RunSpec(BaseModel):
     meta: dict[str, Any] = Field(default_factory=dict)
 
 
+# defrun options and evaluation settings that say how long to train or how often to record,
+# not what is computed: they stay out of the slug (Experiment.identity_hash)
+RECORDING_ONLY = ("steps", "log_every", "checkpoint", "diagnostics", "meta")
+EVAL_CADENCE = ("every", "at_end")
+
+
 class Experiment(BaseModel):
     file: str
     file_stem: str
@@ -248,20 +254,24 @@ class Experiment(BaseModel):
         return {k.name: k.value for k in self.knobs}
 
     def identity_hash(self) -> str:
-        """What makes two runs the same run: the IR and everything else the loop acts on
-        (loaders, parameters, groups, defrun options, evaluations, targets, curriculum),
-        without source positions or the folder the file sits in. The slug is made from it."""
+        """What makes two runs the same run: everything that changes the numbers it computes
+        (the programs but the diagnostics variant, the loaders' data, parameters, groups,
+        :seed, :microbatches, :precision, :clip, the finite guard, evaluations' loaders and
+        metrics, targets, curriculum; the knob values join it in the slug), without source
+        positions or the folder the file sits in. Left out is what says only how long to
+        train or how often to record (RECORDING_ONLY), so raising :steps or adding a
+        diagnostic continues the same run folder (docs/run.md, "The slug")."""
         import hashlib
         import json
 
         loaders = {name: record.model_dump(mode="json", exclude={"base_dir", "root"}) for name, record in self.loaders.items()}
         data = {
-            "ir": self.module.hash(),
+            "ir": self.module.numbers_hash(),
             "loaders": loaders,
             "params": [p.model_dump(mode="json") for p in self.params],
             "groups": [g.model_dump(mode="json") for g in self.groups],
-            "run": self.run.model_dump(mode="json"),
-            "evals": [e.model_dump(mode="json") for e in self.evals],
+            "run": self.run.model_dump(mode="json", exclude=set(RECORDING_ONLY)),
+            "evals": [e.model_dump(mode="json", exclude=set(EVAL_CADENCE)) for e in self.evals],
             "targets": [t.model_dump(mode="json") for t in self.targets],
             "curriculum": self.curriculum.model_dump(mode="json") if self.curriculum else None,
             "ties": self.ties,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 from pydantic import BaseModel, Field
 
@@ -91,7 +91,17 @@ class Module(BaseModel):
         part paths are left out, so the hash (and the run's slug) does not depend on the
         folder `sexpgpu` was started from, nor on comments and blank lines; the source hash
         in run.json records the file's exact bytes."""
+        return self._hash(lambda name: True)
+
+    def numbers_hash(self) -> str:
+        """The identity of the programs whose results are the run's numbers: every program
+        but the diagnostics variants of train (`train:diagnostics`, `train:diagnostics@STAGE`),
+        which compute what train computes and report more (the slug is made from this)."""
+        return self._hash(lambda name: not name.startswith("train:diagnostics"))
+
+    def _hash(self, keep: Callable[[str], bool]) -> str:
         data = self.model_dump(mode="json")
+        data["programs"] = {name: program for name, program in data["programs"].items() if keep(name)}
         for program in data["programs"].values():
             for node in program["nodes"]:
                 node["loc"] = None

@@ -109,6 +109,9 @@ class Interpreter:
         self.non_boolean_types: tuple[type, ...] = ()
         self.truth_error: Callable[[Any], LispError] | None = None
         self.require_hook: Callable[[Cons, Env], Any] | None = None
+        # the host's own objects that can be called like functions (the compiler's models): a
+        # callable for such an object, or None for anything else
+        self.function_hook: Callable[[Any], Any] | None = None
         # called with each top-level form of the file read into hook_table (contract order)
         self.toplevel_hook: Callable[[Any, Loc], None] | None = None
         self.hook_table: Optional[SymbolTable] = None
@@ -395,6 +398,10 @@ class Interpreter:
             return fn
         if type(designator) in (Closure, Builtin):
             return designator
+        if self.function_hook is not None:
+            fn = self.function_hook(designator)
+            if fn is not None:
+                return fn
         raise lisp_error("E103", f"{prin1_to_string(designator, self.print_other)} is not a function", "TYPE-ERROR", designator)
 
     def call(self, designator: Any, *args: Any) -> Any:

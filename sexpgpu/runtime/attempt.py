@@ -196,7 +196,8 @@ class Attempt:
         status = self.folder.status
         status.update(state="compiling", step=0, steps=self.steps, attempt=self.attempt, host=socket.gethostname(),
                       worker=self.options.worker or f"pid {os.getpid()}", summary=None)
-        emit(self.events, "run.start", step=0, slug=self.slug, steps=self.steps, attempt=self.attempt)
+        emit(self.events, "run.start", step=0, slug=self.slug, steps=self.steps, attempt=self.attempt, host=socket.gethostname(),
+             worker=self.options.worker or f"pid {os.getpid()}", device=self.options.device)
         emit(self.events, "compile", step=0, ir_hash=self.experiment.ir_hash, params=sum(int(np.prod(p.shape)) for p in self.experiment.params))
         try:
             self.trainer = Trainer(self.experiment, self.ranks, self.options.backend, self.options.data_roots, say=self.say)
@@ -339,7 +340,7 @@ class Attempt:
             # every event up to the checkpoint is durable before the checkpoint exists, so a
             # resume from it never lacks the history it continues
             self.events.flush()
-            name = write_checkpoint(self.store, self.slug, trainer.step, trainer.host_params(), trainer.host_states(), state)
+            name, size = write_checkpoint(self.store, self.slug, trainer.step, trainer.host_params(), trainer.host_states(), state)
             prune_checkpoints(self.store, self.slug, self.experiment.run.checkpoint.keep, protect=name)
         except BaseException:
             status.update(state="running")
@@ -349,7 +350,7 @@ class Attempt:
         if self.ranks is not None:
             self.ranks.agree(True)
         self.last_checkpoint = name
-        emit(self.events, "checkpoint", step=trainer.step, path=f"checkpoints/{name}", seconds=time.time() - started)
+        emit(self.events, "checkpoint", step=trainer.step, path=f"checkpoints/{name}", bytes=size, seconds=time.time() - started)
         status.update(state="running", last_checkpoint=name)
         return name
 
@@ -398,7 +399,10 @@ class Attempt:
         for warning in warnings:
             self.say(f"warning: {warning}")
         params, states, state = load_checkpoint(self.store, self.slug, name, self.expected)
-        if state.source_hash != self.experiment.source_hash or state.ir_hash != self.experiment.ir_hash:
+        if state.identity_hash is not None:
+            if state.identity_hash != self.experiment.identity_hash():
+                raise ResumeError(f"checkpoint {name} belongs to another run: what it computes differs from this file and selection; start a fresh run with `run --fresh` (the old folder is kept)")
+        elif state.source_hash != self.experiment.source_hash or state.ir_hash != self.experiment.ir_hash:
             what = "source" if state.source_hash != self.experiment.source_hash else "IR (selection)"
             raise ResumeError(f"checkpoint {name} belongs to another {what}: it was written by a run of a different file or selection; start a fresh run with `run --fresh` (the old folder is kept)")
         return name, warnings, params, states, state

@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 from datetime import datetime, timezone
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -39,6 +39,9 @@ class CheckpointState(BaseModel):
     slug: str
     source_hash: str
     ir_hash: str
+    # what the slug is made from (Experiment.identity_hash); absent in checkpoints written
+    # before it was recorded, which resume only into the same source and IR
+    identity_hash: Optional[str] = None
     knobs: dict[str, Any] = Field(default_factory=dict)
     loaders: dict[str, LoaderState] = Field(default_factory=dict)  # stream per stage ("" = no stage)
     stage: Optional[str] = None
@@ -79,8 +82,13 @@ def encode_tensors(arrays: dict[str, np.ndarray]) -> bytes:
     return save_tensors({k: np.ascontiguousarray(v) for k, v in arrays.items()}, metadata={"format": "sexpgpu-1"})
 
 
-def write_checkpoint(store: Store, slug: str, step: int, params: dict[str, np.ndarray], states: dict[str, np.ndarray], state: CheckpointState) -> str:
-    """Write and publish one checkpoint; returns its folder name. The MANIFEST is written
+class Written(NamedTuple):
+    name: str  # the checkpoint's folder, step-NNNNNN
+    bytes: int  # its files' sizes, as MANIFEST.json records them (the manifest itself not counted)
+
+
+def write_checkpoint(store: Store, slug: str, step: int, params: dict[str, np.ndarray], states: dict[str, np.ndarray], state: CheckpointState) -> Written:
+    """Write and publish one checkpoint; returns its folder name and size. The MANIFEST is written
     last, so a crash before it leaves a folder that is never loaded (and is replaced the
     next time the same step is written)."""
     name = step_name(step)
@@ -96,7 +104,7 @@ def write_checkpoint(store: Store, slug: str, step: int, params: dict[str, np.nd
     manifest = Manifest(step=step, files={k: FileEntry(sha256=_digest(v), bytes=len(v)) for k, v in files.items()})
     store.write_bytes(f"{folder}/MANIFEST.json", manifest.model_dump_json(indent=2).encode())
     store.write_text(f"{slug}/checkpoints/LATEST", name)
-    return name
+    return Written(name, sum(len(v) for v in files.values()))
 
 
 def list_checkpoints(store: Store, slug: str, verify: bool = False, expected: Optional["Expected"] = None) -> list[CheckpointInfo]:

@@ -314,7 +314,8 @@ class Store:
             return cls(fsspec.filesystem("file"), os.path.abspath(url), retry)
         if url.startswith(("s3://", "s3a://")):
             # the store's RetryPolicy is the one retry layer: botocore's and s3fs's own retries
-            # (and botocore's 60 s connect timeout) made an unreachable endpoint take 69 s
+            # (and botocore's 60 s connect timeout) made an unreachable endpoint take 69 s.
+            # total_max_attempts counts the first try; botocore's max_attempts=1 still meant one retry
             storage_options.setdefault("config_kwargs", {"retries": {"total_max_attempts": 1, "mode": "standard"}, "connect_timeout": 10})
             # a fresh client: fsspec's instance cache would hand back one made for another
             # endpoint or credentials (read from the environment when the client was made)

@@ -107,7 +107,8 @@ class Trainer:
         self.diagnostic_programs: dict[Optional[str], RunnableProgram] = {}
         self.curriculum = experiment.curriculum
         self.curriculum_program = make(experiment.module.programs["curriculum"]) if self.curriculum else None
-        self.stage: Optional[str] = self.curriculum.start.get("train") if self.curriculum else None
+        # "" in the curriculum is the loader as declared (`(stage train :declared)`), stage None here
+        self.stage: Optional[str] = (self.curriculum.start.get("train") or None) if self.curriculum else None
         self.train_program = self.programs[self.stage]
         self.stream = self.streams[self.stage]
         self.step = 0
@@ -191,6 +192,7 @@ class Trainer:
             slug=slug,
             source_hash=self.experiment.source_hash,
             ir_hash=self.experiment.ir_hash,
+            identity_hash=self.experiment.identity_hash(),
             knobs=self.experiment.knob_values(),
             loaders={(name or ""): stream.state() for name, stream in self.streams.items()},
             stage=self.stage,
@@ -265,23 +267,24 @@ class Trainer:
         return {k: backend.scaled(v, scale, self.types[k]) if k in kept else (v * scale).astype(out[k].dtype) for k, v in sums.items()}
 
     def choose_stage(self) -> Optional[str]:
-        """Run the curriculum at this step boundary; returns the new stage when it changes."""
+        """Run the curriculum at this step boundary; returns the new stage when it changes
+        (`:declared` for the loader as declared)."""
         if self.curriculum_program is None or self.curriculum is None:
             return None
         values = self.ctx_values()
         feeds = {name: np.float32(values[name[4:]]) for name in self.curriculum_program.input_ids}
         held = self.curriculum_program.run(feeds)
-        stage = self.curriculum.start.get("train")
+        stage = self.curriculum.start.get("train") or None
         for i, rule in enumerate(self.curriculum.rules):
             if bool(held[f"rule:{i}"]) and "train" in rule:
-                stage = rule["train"]
+                stage = rule["train"] or None
         if stage == self.stage:
             return None
         self.stage = stage
         self.stage_index = self.stage_names.index(stage)
         self.train_program = self.programs[stage]
         self.stream = self.streams[stage]
-        return stage
+        return stage if stage is not None else ":declared"
 
     def train_step(self) -> StepResult:
         changed = self.choose_stage()
