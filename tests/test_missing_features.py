@@ -99,12 +99,16 @@ def test_a_tap_in_an_optimizer_update_records_nothing_and_warns_nothing(tmp_path
     text = RUN_FILE.format(objective=CE).replace(
         "(defloader", "(defdiagnostic peak (x) (max (abs x)))\n"
         "(defoptimizer tapped (&key lr)\n  (optimizer-update (param grad ctx)\n    (- param (* lr (diagnostic peak grad)))))\n(defloader", 1
-    ).replace("(optim:sgd :lr 0.1)", "(tapped :lr 0.1)").replace("(defrun :steps 1)", '(defrun :steps 1 :diagnostics (:every 1 :select ("peak/**")))')
+    ).replace("(optim:sgd :lr 0.1)", "(tapped :lr 0.1)").replace("(defrun :steps 1)", "(defrun :steps 1 :diagnostics (:every 1 :select (\"**\")))")
     path.write_text(text)
     result = compile_file(path)
     assert result.experiment is not None and not result.diagnostics, [d.headline() for d in result.diagnostics]
     assert result.experiment.run.diagnostics is not None
     assert not [n for n in result.experiment.run.diagnostics.ir_names if n.startswith("peak/")]
+    # so selecting it selects nothing, which is an error at the glob (diagnostics.md)
+    path.write_text(text.replace('(:every 1 :select ("**"))', '(:every 1 :select ("peak/**"))'))
+    (error,) = compile_file(path).diagnostics
+    assert error.code == "C008" and error.message.startswith('defrun :diagnostics :select "peak/**" matches'), error.headline()
 
 
 def test_the_compile_event_has_no_seconds_and_no_cached_yet(tmp_path: Path) -> None:
