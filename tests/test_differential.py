@@ -30,7 +30,7 @@ def run_cases() -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = []
     while (read := reader.read_next()) is not None:
         source = text[_offset(text, read.loc.line, read.loc.col) : reader.pos]
-        interp.steps_left = interp.limits.steps
+        interp.reset_budget()
         try:
             value = interp.eval_toplevel(read.form, read.loc)
             values = list(value) if type(value) is MultipleValues else [value]

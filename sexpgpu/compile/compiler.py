@@ -78,10 +78,7 @@ class Compiler:
     # -- setup -----------------------------------------------------------------------------------
     def load_contract_macros(self) -> None:
         text = resources.files("sexpgpu.compile").joinpath("contract.lisp").read_text(encoding="utf-8")
-        previous = self.interp.limits
-        self.interp.load_text(text, "<prelude>", self.interp.base)
-        self.interp.limits = previous
-        self.interp.steps_left, self.interp.alloc_left = previous.steps, previous.alloc
+        self.interp.load_system_text(text)
         self.interp.publish_base()
 
     def watch(self, table: SymbolTable) -> None:

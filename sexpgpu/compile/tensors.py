@@ -238,7 +238,7 @@ class TensorLib:
         self.install_creation()
         self.install_composites()
         self.install_images()
-        self.interp.non_boolean_types = (Staged,)
+        self.interp.non_boolean_types.add(Staged)
         self.interp.truth_error = truth_error
 
     def fold(self, fn: str, op: str, args: tuple[Any, ...], identity: Optional[float]) -> Any:

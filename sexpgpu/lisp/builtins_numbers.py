@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from .builtins import MAX_INTEGER_BITS, Registry, is_num, lbool, need_integer, need_number, norm, type_error
 from .conditions import LimitExceeded, lisp_error
-from .types import MultipleValues
+from .types import NIL, T, MultipleValues
 
 
 def big(fn: str, x: Any) -> Any:
@@ -28,7 +28,20 @@ def finite(fn: str, x: Any) -> Any:
     return x
 
 
+_INF = math.inf
+
+
 def add(*xs: Any) -> Any:
+    if len(xs) == 2:  # the common case, without the general loop
+        a, b = xs
+        ta, tb = type(a), type(b)
+        if ta is int and tb is int:
+            return a + b
+        if ta is float and tb is float:
+            r = a + b
+            if r == _INF or r == -_INF:
+                return finite("+", r)
+            return r
     total: Any = 0
     for i, x in enumerate(xs, 1):
         total = total + need_number("+", i, x)
@@ -36,6 +49,16 @@ def add(*xs: Any) -> Any:
 
 
 def sub(x: Any, *xs: Any) -> Any:
+    if len(xs) == 1:
+        y = xs[0]
+        tx, ty = type(x), type(y)
+        if tx is int and ty is int:
+            return x - y
+        if tx is float and ty is float:
+            r = x - y
+            if r == _INF or r == -_INF:
+                return finite("-", r)
+            return r
     need_number("-", 1, x)
     if not xs:
         return norm(-x)
@@ -46,10 +69,23 @@ def sub(x: Any, *xs: Any) -> Any:
 
 
 def mul(*xs: Any) -> Any:
+    if len(xs) == 2:
+        a, b = xs
+        ta, tb = type(a), type(b)
+        if ta is float and tb is float:
+            r = a * b
+            if r == _INF or r == -_INF:
+                return finite("*", r)
+            return r
+        if ta is int and tb is int and -_FIXNUM_LIMIT < a < _FIXNUM_LIMIT and -_FIXNUM_LIMIT < b < _FIXNUM_LIMIT:
+            return a * b
     total: Any = 1
     for i, x in enumerate(xs, 1):
         total = big("*", total * need_number("*", i, x))
     return finite("*", norm(total))
+
+
+_FIXNUM_LIMIT = 2**62
 
 
 def divide(x: Any, *xs: Any) -> Any:
@@ -73,6 +109,11 @@ def _div2(a: Any, b: Any) -> Any:
 
 def compare_chain(name: str, op: Callable[[Any, Any], bool]) -> Callable[..., Any]:
     def compare(x: Any, *xs: Any) -> Any:
+        if len(xs) == 1:
+            y = xs[0]
+            tx, ty = type(x), type(y)
+            if (tx is int or tx is float) and (ty is int or ty is float):
+                return T if op(x, y) else NIL
         need_number(name, 1, x)
         for i, y in enumerate(xs, 2):
             need_number(name, i, y)

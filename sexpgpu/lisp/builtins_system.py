@@ -23,7 +23,7 @@ from .builtins import (
     typep,
 )
 from .conditions import Condition, LispError, lisp_error
-from .objects import Builtin, Closure, Env, HashTable, StructInstance, StructType
+from .objects import Builtin, Closure, HashTable, StructInstance, StructType
 from .types import NIL, T, Cons, MultipleValues, Symbol
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def install(reg: Registry) -> None:
         return lbool(s in interp.functions or s in interp.macros or s in interp.special_forms)
 
     def symbol_value(s: Any) -> Any:
-        return interp.var_value(need_symbol("symbol-value", 1, s), Env())
+        return interp.global_value(need_symbol("symbol-value", 1, s))
 
     def boundp(s: Any) -> Any:
         need_symbol("boundp", 1, s)
@@ -101,20 +101,13 @@ def install(reg: Registry) -> None:
         if type(fn) is Closure and (fn.name is NIL or fn.name is None):
             fn.name = name
         interp.functions[name] = fn
-        if interp.macros.pop(name, None) is not None:
-            interp._expansions.clear()
+        interp.macros.pop(name, None)
         return name
 
     def p_defsetf_function(name: Any, fn: Any) -> Any:
         need_symbol("defun", 1, name)
         interp.setf_functions[name] = fn
         return name
-
-    def p_setf_function(name: Any) -> Any:
-        fn = interp.setf_functions.get(name)
-        if fn is None:
-            raise lisp_error("E101", f"setf: `{short(name)}` is not a place: no (setf {short(name)}) function and no setf expansion", "UNDEFINED-FUNCTION")
-        return fn
 
     def p_defvar(name: Any, value: Any, always: Any) -> Any:
         need_symbol("defvar", 1, name)
@@ -137,7 +130,6 @@ def install(reg: Registry) -> None:
 
     add("%defun", p_defun)
     add("%defsetf-function", p_defsetf_function)
-    add("%setf-function", p_setf_function)
     add("%defvar", p_defvar)
     add("%special-p", p_special_p)
     add("%defconstant", p_defconstant)
@@ -160,7 +152,7 @@ def install(reg: Registry) -> None:
         return MultipleValues((form, lbool(expanded_any)))
 
     def lisp_eval(form: Any) -> Any:
-        return interp.ev(form, Env())
+        return interp.ev(form)
 
     add("macroexpand-1", macroexpand_1)
     add("macroexpand", macroexpand)

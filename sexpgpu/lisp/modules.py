@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from .conditions import lisp_error
 from .diagnostics import SourceMap
-from .objects import Env
 from .printer import prin1_to_string
 from .reader import decode_source
 from .types import NIL, Cons, Symbol, SymbolTable
@@ -61,7 +60,7 @@ class ModuleLoader:
         interp.require_hook = self.require
 
     # -- the require form ------------------------------------------------------------------
-    def require(self, form: Cons, env: Env) -> Any:
+    def require(self, form: Cons) -> Any:
         spec, alias, imports = self.parse(form)
         key, display, text, path = self.resolve(spec)
         table = self.load(key, display, text, path)

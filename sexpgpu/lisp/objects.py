@@ -4,65 +4,73 @@ tables, and the signals used for non-local exits."""
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .lambda_list import LambdaList
 from .types import NIL, Char, Cons, Symbol
 
-
-class Env:
-    """One lexical frame. `funs` exists only on frames made by flet/labels/macrolet;
-    `fenv` points at the nearest such frame so function lookup skips variable frames."""
-
-    __slots__ = ("vars", "funs", "parent", "fenv")
-
-    def __init__(self, parent: Optional["Env"] = None, vars: Optional[dict[Any, Any]] = None, funs: Optional[dict[Symbol, Any]] = None) -> None:
-        self.vars: dict[Any, Any] = vars if vars is not None else {}
-        self.funs = funs
-        self.parent = parent
-        self.fenv: Optional[Env] = self if funs is not None else (parent.fenv if parent is not None else None)
+if TYPE_CHECKING:
+    from .analyze import LambdaNode
 
 
-class SymbolMacro:
-    __slots__ = ("expansion",)
+Frame = dict[Any, Any]
+"""A runtime lexical frame: the variables, local functions and exit tokens of one binding
+form's activation, keyed by symbol or by the analyzer's own key objects; PARENT holds the
+enclosing frame."""
 
-    def __init__(self, expansion: Any) -> None:
-        self.expansion = expansion
+
+class _ParentKey:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<parent>"
+
+
+PARENT = _ParentKey()
+
+
+def root_frame() -> Frame:
+    """The frame of the null lexical environment (a top-level form, eval)."""
+    return {PARENT: None}
 
 
 class Closure:
-    """A function made by lambda, defun, flet or labels."""
+    """A function made by lambda, defun, flet or labels: an analyzed lambda and the frame it
+    closes over."""
 
-    __slots__ = ("name", "params", "body", "env", "simple")
+    __slots__ = ("name", "lam", "env")
 
-    def __init__(self, name: Any, params: LambdaList, body: Any, env: Optional[Env]) -> None:
+    def __init__(self, name: Any, lam: "LambdaNode", env: Optional[Frame]) -> None:
         self.name = name
-        self.params = params
-        self.body = body
+        self.lam = lam
         self.env = env
-        # only required parameters: bound with one dict, the common fast path
-        self.simple = not (params.optional or params.rest or params.has_key or params.aux)
 
 
 class Builtin:
-    """A function written in Python. `fn` checks its own argument types."""
+    """A function written in Python. `fn` checks its own argument types. `accepts[n]` says
+    whether n arguments are allowed, for n below ACCEPTS_KNOWN (the call nodes' fast test)."""
 
-    __slots__ = ("name", "fn", "min_args", "max_args")
+    __slots__ = ("name", "fn", "min_args", "max_args", "accepts")
 
     def __init__(self, name: str, fn: Callable[..., Any], min_args: int, max_args: Optional[int]) -> None:
         self.name = name
         self.fn = fn
         self.min_args = min_args
         self.max_args = max_args
+        self.accepts = tuple(min_args <= n and (max_args is None or n <= max_args) for n in range(ACCEPTS_KNOWN))
+
+
+ACCEPTS_KNOWN = 8
 
 
 class Macro:
-    __slots__ = ("name", "params", "body", "env")
+    """A macro: its expander is an analyzed lambda over a macro lambda list, called with the
+    whole form."""
 
-    def __init__(self, name: Any, params: LambdaList, body: Any, env: Optional[Env]) -> None:
+    __slots__ = ("name", "lam", "env")
+
+    def __init__(self, name: Any, lam: "LambdaNode", env: Optional[Frame]) -> None:
         self.name = name
-        self.params = params
-        self.body = body
+        self.lam = lam
         self.env = env
 
 
