@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from sexpgpu.lisp.conditions import LimitExceeded, LispError
 from sexpgpu.lisp.evaluator import run_with_big_stack
 from sexpgpu.lisp.printer import prin1_to_string
@@ -21,9 +23,13 @@ KNOWN_DIFFERENCES = {
 }
 
 
-def run_cases() -> list[tuple[str, str, str]]:
+def run_cases(hot: int = 0) -> list[tuple[str, str, str]]:
+    """Every case's result line. HOT > 0 turns code into generated Python after that many
+    calls or loops (the second tier), instead of the interpreter's defaults."""
     program = new_program(None)
     interp = program.interp
+    if hot:
+        interp.hot_calls = interp.hot_loops = hot
     text = (HERE / "cases.lisp").read_text(encoding="utf-8")
     reader = Reader(text, "cases.lisp", program.table)
     interp.table = program.table
@@ -46,9 +52,10 @@ def _offset(text: str, line: int, col: int) -> int:
     return sum(len(x) + 1 for x in lines[: line - 1]) + col - 1
 
 
-def test_sbcl_differential() -> None:
+@pytest.mark.parametrize("hot", [0, 1], ids=["default-tiers", "all-generated"])
+def test_sbcl_differential(hot: int) -> None:
     expected = (HERE / "expected.txt").read_text(encoding="utf-8").split("\n")
-    results = run_with_big_stack(run_cases)
+    results = run_with_big_stack(lambda: run_cases(hot))
     assert len(results) >= 400
     assert len([e for e in expected if e]) == len(results), "cases.lisp and expected.txt are out of step: run generate.sh"
     mismatches = []
@@ -62,8 +69,6 @@ def test_expected_is_what_sbcl_prints_today(tmp_path: Path) -> None:
     """Regenerates the expectations with SBCL (installed by .ci/run) and compares."""
     import shutil
     import subprocess
-
-    import pytest
 
     if shutil.which("sbcl") is None:
         pytest.skip("sbcl is not installed (apt-get install -y sbcl)")

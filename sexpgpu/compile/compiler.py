@@ -70,6 +70,8 @@ class Compiler:
         self.path: list[str] = []
         self.model_stack: list[Model] = []
         self.seen: list[tuple[str, Loc]] = []
+        self.first_of: dict[str, Loc] = {}  # form name -> where it first appears
+        self.latest: dict[tuple[int, bool], tuple[int, str, Loc]] = {}  # (rank, contract form?) -> the latest such
         self.lib = TensorLib(interp)
         self.lib.install()
         self.install_builtins()
@@ -91,20 +93,30 @@ class Compiler:
         return any(name in CONTRACT_FORMS for name, _ in self.seen)
 
     def on_toplevel(self, form: Any, loc: Loc) -> None:
+        """Check the contract order as each top-level form arrives, in time independent of
+        how many came before: the latest form of each rank is kept."""
         if type(form) is not Cons or type(form.car) is not Symbol:
             return
         name = form.car.name
         rank = RANK.get(name)
         if rank is None:
             return
-        if name in ONCE and any(n == name for n, _ in self.seen):
-            first = next(where for n, where in self.seen if n == name)
+        first = self.first_of.get(name)
+        if name in ONCE and first is not None:
             raise self.at(loc, "C003", f"{name.lower()} may appear once; the first is at {first}")
-        if self.seen and any(n == "DEFRUN" for n, _ in self.seen):
+        if "DEFRUN" in self.first_of:
             raise self.at(loc, "C002", f"{name.lower()} after defrun: defrun must be the last form (order: {ORDER_TEXT})")
-        for prev_name, prev_loc in reversed(self.seen):
-            if RANK[prev_name] > rank and (prev_name in CONTRACT_FORMS or name in CONTRACT_FORMS):
-                raise self.at(loc, "C002", f"{name.lower()} must come before {prev_name.lower()} (at {prev_loc}); the order is: {ORDER_TEXT}")
+        contract = name in CONTRACT_FORMS
+        offending = [
+            entry
+            for (prev_rank, prev_contract), entry in self.latest.items()
+            if prev_rank > rank and (prev_contract or contract)
+        ]
+        if offending:
+            _, prev_name, prev_loc = max(offending, key=lambda e: e[0])
+            raise self.at(loc, "C002", f"{name.lower()} must come before {prev_name.lower()} (at {prev_loc}); the order is: {ORDER_TEXT}")
+        self.latest[(rank, contract)] = (len(self.seen), name, loc)
+        self.first_of.setdefault(name, loc)
         self.seen.append((name, loc))
 
     def form_loc(self, name: str) -> Optional[Loc]:

@@ -217,14 +217,21 @@ class TensorLib:
 
         sym = self.interp.sym(name)
         original: Optional[Builtin] = self.interp.functions.get(sym)
+        tensors = (Staged, Param)
 
         def dispatch(*args: Any) -> Any:
-            if any(type(a) in (Staged, Param) for a in args) or original is None:
+            if original is None:
                 return tensor_fn(*args)
+            for a in args:
+                if type(a) in tensors:
+                    return tensor_fn(*args)
             return original.fn(*args)
 
         min_args = original.min_args if original is not None else 1
         self.interp.functions[sym] = Builtin(name, dispatch, min_args, None)
+        if original is not None:
+            # generated code may inline it as the original on numbers (codegen.py)
+            self.interp.inline_aliases[dispatch] = original.fn
 
     def add(self, name: str, fn: Callable[..., Any]) -> None:
         self.reg.add(name, fn)

@@ -37,6 +37,7 @@ from .scope import (
 from .types import NIL, QUASIQUOTE, QUOTE, UNQUOTE, UNQUOTE_SPLICING, T, Cons, Loc, MultipleValues, Symbol
 
 if TYPE_CHECKING:
+    from .codegen import CodeGen
     from .evaluator import Interpreter
 
 SYSTEM_FILES = {"<prelude>"}
@@ -69,9 +70,14 @@ def primary(v: Any) -> Any:
 
 class LambdaNode:
     """A lambda form, analyzed: its parsed lambda list, and its body, analyzed at the first
-    call. Every closure made from the form shares it."""
+    call. Every closure made from the form shares it. After interp.hot_calls calls the body
+    is generated as Python (codegen.py): `fast` takes (env, *args) for a lambda of required
+    parameters that nothing captures, else `body` is replaced."""
 
-    __slots__ = ("analyzer", "scope", "ll", "forms", "name", "macro", "specials", "free_specials", "simple", "required", "body", "plan")
+    __slots__ = (
+        "analyzer", "scope", "ll", "forms", "name", "macro", "specials", "free_specials", "simple", "required",
+        "body", "closure_body", "fast", "plan", "body_scope", "calls",
+    )
 
     def __init__(self, analyzer: "Analyzer", scope: Scope, ll: LambdaList, forms: Any, name: Any, macro: bool) -> None:
         self.analyzer = analyzer
@@ -89,19 +95,63 @@ class LambdaNode:
             and all(type(p) is Symbol for p in ll.required) and not self.specials
         )
         self.required: tuple[Symbol, ...] = tuple(p for p in ll.required if type(p) is Symbol) if self.simple else ()
-        self.body: Optional[Node] = None
+        self.body: Node = self.first_call
+        self.closure_body: Optional[Node] = None
+        self.fast: Optional[Callable[..., Any]] = None
         self.plan: Optional[BindPlan] = None
         self.free_specials = declared
+        self.body_scope: Optional[Scope] = None
+        self.calls = 0
+
+    def first_call(self, frame: Frame) -> Any:
+        return self.compile()(frame)
 
     def compile(self) -> Node:
         """Analyze the lambda list's defaults and the body (once)."""
+        if self.closure_body is not None:
+            return self.closure_body
         analyzer = self.analyzer
         scope = Scope(self.scope, runtime=True, vars={})
         plan, inner = analyzer.bind_plan(self.ll, scope, self.specials)
         body_scope = Scope(inner, vars={v: SPECIAL for v in self.free_specials}) if self.free_specials else inner
         self.plan = plan
-        self.body = analyzer.body(self.forms, body_scope)
-        return self.body
+        self.body_scope = body_scope
+        self.closure_body = analyzer.body(self.forms, body_scope)
+        self.body = self.counting
+        return self.closure_body
+
+    def counting(self, frame: Frame) -> Any:
+        self.calls += 1
+        if self.calls >= self.analyzer.interp.hot_calls:
+            self.promote()
+        assert self.closure_body is not None
+        return self.closure_body(frame)
+
+    def promote(self) -> None:
+        """Called often: generate the body as Python (the second tier), when it can be."""
+        assert self.body_scope is not None and self.closure_body is not None
+        codegen = self.analyzer.codegen()
+        self.body = self.closure_body
+        if self.simple:
+            self.fast = codegen.fast_lambda(self)
+            if self.fast is not None:
+                return
+        generated = codegen.lambda_body(self, self.body_scope)
+        if generated is not None:
+            self.body = generated
+
+
+class LocalParam:
+    """A parameter of a lambda whose generated body keeps it in a Python variable. The
+    analyzer never reads one: it marks it captured, and the body is generated again with
+    its parameters in a frame."""
+
+    __slots__ = ("name", "python", "captured")
+
+    def __init__(self, name: Symbol, python: str) -> None:
+        self.name = name
+        self.python = python
+        self.captured = False
 
 
 def split_declarations(body: Any) -> tuple[list[Any], Any]:
@@ -141,7 +191,15 @@ class Analyzer:
         self.s_if = interp.sym("IF")
         self.s_go = interp.sym("GO")
         self.lambdas_made = 0  # a block or tagbody whose body made a lambda may be left from it later
+        self._codegen: Optional["CodeGen"] = None
         self._install()
+
+    def codegen(self) -> "CodeGen":
+        if self._codegen is None:
+            from .codegen import CodeGen
+
+            self._codegen = CodeGen(self)
+        return self._codegen
 
     # -- entry points ------------------------------------------------------------------------
     def analyze(self, x: Any, scope: Scope, loc: Optional[Loc] = None) -> Node:
@@ -204,6 +262,9 @@ class Analyzer:
             return self.lexical_ref(sym, depth)
         if type(entry) is SymbolMacroEntry:
             return self.analyze(entry.expansion, scope, loc)
+        if type(entry) is LocalParam:
+            entry.captured = True
+            return constant(NIL)
         return self.global_ref(sym, scope, loc)
 
     def lexical_ref(self, sym: Symbol, depth: int) -> Node:
@@ -246,6 +307,8 @@ class Analyzer:
     def setter(self, sym: Symbol, scope: Scope) -> Callable[[Frame, Any], Any]:
         """How to assign SYM here: a function of the frame and the value."""
         entry, depth = scope.find_var(sym)
+        if type(entry) is LocalParam:
+            entry.captured = True
         if entry is LEXICAL:
             if depth == 0:
                 def set0(f: Frame, v: Any) -> Any:
@@ -291,15 +354,15 @@ class Analyzer:
     def macro_call(self, macro: Macro, form: Cons, scope: Scope, cache: bool) -> Node:
         interp = self.interp
         loc = user_loc(form.loc)
-        name = prin1_to_string(macro.name)
         try:
             expansion = interp.expand(macro, form, cache)
         except LispError as exc:
             if exc.loc is None and loc is not None:
                 exc.loc = loc
-                exc.macro = exc.macro or name
+                exc.macro = exc.macro or prin1_to_string(macro.name)
             raise
         inner = self.analyze(expansion, scope)
+        name = macro.name
 
         def node(f: Frame) -> Any:
             interp.steps_left -= 1
@@ -310,7 +373,7 @@ class Analyzer:
             except (LispError, LimitExceeded) as exc:
                 if exc.loc is None and loc is not None:
                     exc.loc = loc
-                    exc.macro = exc.macro or name
+                    exc.macro = exc.macro or prin1_to_string(name)
                 raise
 
         return node
@@ -954,7 +1017,8 @@ class Analyzer:
         program = tuple(self.tagbody_op(s, inner, info) for s in statements)
         if labels and self.lambdas_made != lambdas:
             info.nested = True  # a lambda in the body, analyzed when first called, may go to a tag
-        return self.stepped(form, self.tagbody_runner(program, info, len(statements)))
+        hot = HotLoop(self, list(_iter(form.cdr)), scope, info)
+        return self.stepped(form, self.tagbody_runner(program, info, len(statements), hot))
 
     def tagbody_op(self, statement: Any, scope: Scope, info: TagbodyInfo) -> tuple[Any, ...]:
         """One statement of a tagbody as an instruction: (0, node), or a jump inside this
@@ -1011,7 +1075,7 @@ class Analyzer:
                 return target, 2
         return None
 
-    def tagbody_runner(self, program: tuple[tuple[Any, ...], ...], info: TagbodyInfo, n: int) -> Node:
+    def tagbody_runner(self, program: tuple[tuple[Any, ...], ...], info: TagbodyInfo, n: int, hot: "HotLoop") -> Node:
         interp = self.interp
         plain = all(op[0] == 0 for op in program)
         if plain and not info.nested:
@@ -1025,6 +1089,7 @@ class Analyzer:
             return progn_nil
 
         non_boolean = interp.non_boolean_types
+        hot.has_token = info.nested
 
         def run(f: Frame, pc: int) -> None:
             while pc < n:
@@ -1033,11 +1098,12 @@ class Analyzer:
                 if kind == 0:
                     op[1](f)
                     pc += 1
-                elif kind == 1:
+                    continue
+                if kind == 1:
                     interp.steps_left -= op[2]
                     if interp.steps_left < 0:
                         interp.out_of_steps()
-                    pc = op[1]
+                    target = op[1]
                 else:
                     interp.steps_left -= op[4]
                     if interp.steps_left < 0:
@@ -1047,17 +1113,30 @@ class Analyzer:
                         v = v[0] if v else NIL
                     if v is not NIL and non_boolean and type(v) in non_boolean:
                         interp.truth(v)
-                    if (v is not NIL) is op[2]:
-                        interp.steps_left -= op[5]
-                        if interp.steps_left < 0:
-                            interp.out_of_steps()
-                        pc = op[3]
-                    else:
+                    if (v is not NIL) is not op[2]:
                         pc += 1
+                        continue
+                    interp.steps_left -= op[5]
+                    if interp.steps_left < 0:
+                        interp.out_of_steps()
+                    target = op[3]
+                if target <= pc:
+                    hot.count += 1
+                    if hot.count == interp.hot_loops and hot.generate() is not None:
+                        assert hot.generated is not None
+                        hot.generated(f, target)
+                        return
+                pc = target
+
+        def start(f: Frame) -> None:
+            if hot.generated is not None:
+                hot.generated(f, 0)
+            else:
+                run(f, 0)
 
         if not info.nested:
             def tagbody(f: Frame) -> Any:
-                run(f, 0)
+                start(f)
                 return NIL
 
             return tagbody
@@ -1065,11 +1144,20 @@ class Analyzer:
         def tagbody_with_exits(f: Frame) -> Any:
             previous = f.get(info)
             token = f[info] = object()
-            pc = 0
             try:
+                try:
+                    start(f)
+                    return NIL
+                except GoSignal as signal:
+                    if signal.token is not token:
+                        raise
+                    pc = signal.index
                 while True:
                     try:
-                        run(f, pc)
+                        if hot.generated is not None:
+                            hot.generated(f, pc)
+                        else:
+                            run(f, pc)
                         return NIL
                     except GoSignal as signal:
                         if signal.token is not token:
@@ -1388,6 +1476,25 @@ class Analyzer:
             return result
 
         return build
+
+
+class HotLoop:
+    """A tagbody's loop count, and its generated runner once it is hot."""
+
+    __slots__ = ("analyzer", "items", "scope", "info", "count", "generated", "has_token")
+
+    def __init__(self, analyzer: Analyzer, items: list[Any], scope: Scope, info: TagbodyInfo) -> None:
+        self.analyzer = analyzer
+        self.items = items
+        self.scope = scope
+        self.info = info
+        self.count = 0
+        self.generated: Optional[Callable[[Frame, int], Any]] = None
+        self.has_token = False
+
+    def generate(self) -> Optional[Callable[[Frame, int], Any]]:
+        self.generated = self.analyzer.codegen().tagbody_loop(self.items, self.scope, self.info, self.has_token)
+        return self.generated
 
 
 class _LateMacro:

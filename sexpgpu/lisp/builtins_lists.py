@@ -20,7 +20,8 @@ from .builtins import (
     type_error,
 )
 from .conditions import lisp_error
-from .types import NIL, T, Char, Cons
+from .objects import Builtin, Closure
+from .types import NIL, T, Char, Cons, primary
 
 if TYPE_CHECKING:
     from .evaluator import Interpreter
@@ -81,12 +82,38 @@ class ListOps:
         key = keys.get("KEY", NIL)
         test = keys.get("TEST", NIL)
         test_not = keys.get("TEST-NOT", NIL)
-        keyf: Callable[[Any], Any] = (lambda x: x) if key is NIL else (lambda x: self.call(key, x))
+        keyf: Callable[[Any], Any] = (lambda x: x) if key is NIL else self.function_of(key)
         if test_not is not NIL:
-            return lambda item, x: self.call(test_not, item, keyf(x)) is NIL
+            fn = self.predicate_of(test_not)
+            return lambda item, x: not fn(item, keyf(x))
         if test is NIL:
+            if key is NIL:
+                return eql
             return lambda item, x: eql(item, keyf(x))
-        return lambda item, x: self.call(test, item, keyf(x)) is not NIL
+        fn = self.predicate_of(test)
+        if key is NIL:
+            return fn
+        return lambda item, x: fn(item, keyf(x))
+
+    def predicate_of(self, designator: Any) -> Callable[[Any, Any], bool]:
+        """A two-argument test as a Python predicate: the standard equality builtins
+        directly, any other function called through the interpreter."""
+        interp = self.interp
+        fn = interp.function_value(designator)
+        fast = interp.standard_tests.get(fn) if type(fn) is Builtin else None
+        if fast is not None:
+            return fast
+        if type(fn) is Closure:
+            return lambda a, b: primary(interp.call_closure(fn, (a, b))) is not NIL
+        return lambda a, b: interp.call(fn, a, b) is not NIL
+
+    def function_of(self, designator: Any) -> Callable[[Any], Any]:
+        """A one-argument function (a :key) as a Python function."""
+        interp = self.interp
+        fn = interp.function_value(designator)
+        if type(fn) is Closure:
+            return lambda a: primary(interp.call_closure(fn, (a,)))
+        return lambda a: interp.call(fn, a)
 
     def pred_fn(self, pred: Any, keys: dict[str, Any], negate: bool = False) -> Callable[[Any], bool]:
         key = keys.get("KEY", NIL)

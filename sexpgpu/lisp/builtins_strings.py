@@ -93,6 +93,19 @@ def install(reg: Registry) -> None:
     reg.add("char-equal", _char_compare("char-equal", lambda a, b: a.lower() == b.lower()))
     reg.add("parse-integer", _parse_integer)
 
+    def fast_string_equal(a: Any, b: Any) -> bool:
+        if type(a) is str and type(b) is str:
+            return a == b
+        return interp.call(interp.sym("string="), a, b) is not NIL
+
+    def fast_char_equal(a: Any, b: Any) -> bool:
+        if type(a) is Char and type(b) is Char:
+            return a.ch == b.ch
+        return interp.call(interp.sym("char="), a, b) is not NIL
+
+    interp.standard_tests[interp.functions[interp.sym("string=")]] = fast_string_equal
+    interp.standard_tests[interp.functions[interp.sym("char=")]] = fast_char_equal
+
     def make_string(n: Any, *args: Any) -> Any:
         need_index("make-string", 1, n)
         keys = parse_keys("make-string", args, {"INITIAL-ELEMENT", "ELEMENT-TYPE"}, 2)

@@ -38,6 +38,8 @@ def install(reg: Registry) -> None:
     add("eql", lambda a, b: lbool(eql(a, b)))
     add("equal", lambda a, b: lbool(equal(a, b)))
     add("equalp", lambda a, b: lbool(equalp(a, b)))
+    for name, test in (("eq", eq), ("eql", eql), ("equal", equal), ("equalp", equalp)):
+        interp.standard_tests[interp.functions[interp.sym(name)]] = test
     add("not", lambda x: lbool(not interp.truth(x)))
     add("functionp", lambda x: lbool(type(x) in (Closure, Builtin)))
     add("hash-table-p", lambda x: lbool(type(x) is HashTable))
@@ -301,12 +303,32 @@ def install(reg: Registry) -> None:
     add("%name=", lambda x, name: lbool(type(x) is Symbol and x.name == name))
     add("%list-length-or-nil", lambda x: _proper_length(x))
     add("%macro-p", lambda s: lbool(type(s) is Symbol and s in interp.macros))
+    # loop's parser asks this of every token: (%loop-kw-p x "FOR" "AS" ...)
+    add("%loop-kw-p", lambda x, *names: lbool(type(x) is Symbol and x is not NIL and x.name in names))
+    add("%loop-keyword", lambda x: interp.kw(x.name) if type(x) is Symbol and x is not NIL else NIL)
+    add("%tree-has-name", lambda tree, name: lbool(_tree_has_name(interp, tree, need_string("%tree-has-name", 2, name))))
 
 
 def _gensyms(interp: "Interpreter", n: Any) -> Any:
     from .builtins import to_lisp_list
 
     return to_lisp_list([interp.gensym() for _ in range(n)])
+
+
+def _tree_has_name(interp: "Interpreter", tree: Any, name: str) -> bool:
+    """Whether a symbol named NAME occurs in TREE (conses only; charged per cons)."""
+    stack = [tree]
+    seen = 0
+    while stack:
+        x = stack.pop()
+        while type(x) is Cons:
+            seen += 1
+            stack.append(x.car)
+            x = x.cdr
+        if type(x) is Symbol and x.name == name:
+            return True
+    interp.charge(seen)
+    return False
 
 
 def _proper_length(x: Any) -> Any:

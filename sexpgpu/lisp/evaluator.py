@@ -37,6 +37,8 @@ from .scope import BindPlan, Pattern, Scope
 from .types import NIL, T, Cons, Loc, MultipleValues, Symbol, SymbolTable
 
 DEFAULT_SECONDS = 30.0
+HOT_CALLS = 40  # calls of a function before its body is generated as Python (codegen.py)
+HOT_LOOPS = 100  # backward jumps of a tagbody before it is generated as Python
 STEP_CHUNK = 10_000  # steps between looks at the clock
 
 
@@ -85,10 +87,14 @@ class Interpreter:
         self.gensym_counter = 0
         self.steps_left = 0
         self.steps_reserve = 0
+        self.max_depth = 0
         self.alloc_left = 0
         self.deadline = 0.0
         self.reset_budget()
         self.depth = 0
+        # when code turns into generated Python: calls of a function, loops of a tagbody
+        self.hot_calls = HOT_CALLS
+        self.hot_loops = HOT_LOOPS
         self.warnings: list[tuple[str, Optional[Loc]]] = []
         self.catch_tags: list[Any] = []
         self.current_loc: Optional[Loc] = None
@@ -98,6 +104,10 @@ class Interpreter:
         self.truth_error: Callable[[Any], LispError] | None = None
         # objects other than functions that funcall accepts (models): type -> their function
         self.funcallable: dict[type, Callable[[Any], Any]] = {}
+        # the standard two-argument tests (eq, eql, equal, string= ...) as Python predicates
+        self.standard_tests: dict[Any, Callable[[Any, Any], bool]] = {}
+        # builtins that extend a standard one and behave as it on non-tensors: fn -> its fn
+        self.inline_aliases: dict[Any, Any] = {}
         self.require_hook: Callable[[Cons], Any] | None = None
         # called with each top-level form of the file read into hook_table (contract order)
         self.toplevel_hook: Callable[[Any, Loc], None] | None = None
@@ -179,6 +189,7 @@ class Interpreter:
         self.steps_reserve = self.limits.steps - grant
         self.alloc_left = self.limits.alloc
         self.deadline = time.monotonic() + self.limits.seconds
+        self.max_depth = self.limits.depth
 
     def out_of_steps(self) -> None:
         """steps_left went below zero: grant more from the reserve, and look at the clock."""
@@ -280,7 +291,9 @@ class Interpreter:
             if self.depth > self.limits.depth:
                 raise LimitExceeded("L002", f"evaluation depth limit of {self.limits.depth} nested calls exceeded in macro {prin1_to_string(macro.name)}")
             lam = macro.lam
-            body = lam.body if lam.body is not None else lam.compile()
+            if lam.plan is None:
+                lam.compile()
+            body = lam.body
             plan = lam.plan
             assert plan is not None
             frame: Frame = {PARENT: macro.env}
@@ -421,30 +434,32 @@ class Interpreter:
 
     def call_closure(self, fn: Closure, args: Any) -> Any:
         depth = self.depth + 1
-        if depth > self.limits.depth:
+        if depth > self.max_depth:
             raise LimitExceeded("L002", f"evaluation depth limit of {self.limits.depth} nested calls exceeded in {function_name(fn)}; is the recursion unbounded?")
         self.depth = depth
         try:
             lam = fn.lam
-            body = lam.body
-            if body is None:
-                body = lam.compile()
             if lam.simple:
                 required = lam.required
                 if len(args) != len(required):
                     raise self.arity_error(function_name(fn), len(required), len(required), len(args))
+                fast = lam.fast
+                if fast is not None:
+                    return fast(fn.env, *args)
                 if len(required) == 1:
-                    return body({PARENT: fn.env, required[0]: args[0]})
+                    return lam.body({PARENT: fn.env, required[0]: args[0]})
                 frame: Frame = dict(zip(required, args))
                 frame[PARENT] = fn.env
-                return body(frame)
+                return lam.body(frame)
+            if lam.plan is None:
+                lam.compile()
             plan = lam.plan
             assert plan is not None
             frame = {PARENT: fn.env}
             saved: list[tuple[Symbol, Any]] = []
             try:
                 self.bind_call(plan, args, frame, fn.name, saved)
-                return body(frame)
+                return lam.body(frame)
             finally:
                 if saved:
                     self.restore(saved)

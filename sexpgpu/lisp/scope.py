@@ -43,7 +43,7 @@ class SymbolMacroEntry:
         self.expansion = expansion
 
 
-VarEntry = Union[Lexical, Special, SymbolMacroEntry]
+VarEntry = Union[Lexical, Special, SymbolMacroEntry, Any]  # Any: codegen's LocalParam
 
 
 class LocalFunction:
