@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sexpgpu.lisp.conditions import LimitExceeded, LispError
+from sexpgpu.lisp.conditions import LimitExceeded, LispError, error_class
 from sexpgpu.lisp.evaluator import run_with_big_stack
 from sexpgpu.lisp.printer import prin1_to_string
 from sexpgpu.lisp.program import new_program
@@ -41,8 +41,10 @@ def run_cases(hot: int = 0) -> list[tuple[str, str, str]]:
             value = interp.eval_toplevel(read.form, read.loc)
             values = list(value) if type(value) is MultipleValues else [value]
             line = "ok " + " ; ".join(prin1_to_string(v, interp.print_other) for v in values)
-        except (LispError, LimitExceeded):
-            line = "error"
+        except LispError as exc:
+            line = "error " + error_class(exc.condition.ctype)
+        except LimitExceeded:
+            line = "error limit"
         out.append((f"{read.loc}", source, line.replace("\\", "\\\\").replace("\n", "\\n")))
     return out
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from .conditions import LimitExceeded, LispError, lisp_error
 from .lambda_list import LambdaList
 from .lambda_list import Pattern as ListPattern
-from .objects import PARENT, Builtin, Closure, Frame, GoSignal, Macro, ReturnFromSignal, ThrowSignal, root_frame
+from .objects import PARENT, Builtin, Closure, Frame, GoSignal, Macro, ReturnFromSignal, ThrowSignal, Undefined, root_frame
 from .printer import prin1_to_string
 from .scope import (
     LEXICAL,
@@ -355,7 +355,7 @@ class Analyzer:
         interp = self.interp
         loc = user_loc(form.loc)
         try:
-            expansion = interp.expand(macro, form, cache)
+            expansion = interp.expand(macro, form, cache, scope)
         except LispError as exc:
             if exc.loc is None and loc is not None:
                 exc.loc = loc
@@ -427,13 +427,15 @@ class Analyzer:
         interp = self.interp
         late: list[Node] = []
 
+        undefined = Undefined(sym)
+
         def resolve(f: Frame) -> Any:
             fn = functions.get(sym)
             if fn is not None:
                 return fn
             macro = interp.macros.get(sym)
             if macro is None:
-                raise interp.undefined_function(sym)
+                return undefined
             if not late:
                 late.append(self.macro_call(macro, form, scope, cache=True))
             return _LateMacro(late[0])
@@ -1051,7 +1053,7 @@ class Analyzer:
             if entry is not None or macro is None or macro.name is not form.car:
                 break
             try:
-                form = self.interp.expand(macro, form, True)
+                form = self.interp.expand(macro, form, True, scope)
             except LispError:
                 break
             layers += 1

@@ -9,7 +9,7 @@ import inspect
 import math
 from fractions import Fraction
 from functools import cmp_to_key
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .conditions import Condition, LispError, lisp_error
 from .objects import (
@@ -20,7 +20,7 @@ from .objects import (
     StructInstance,
 )
 from .printer import Printer, PrintTooLarge, prin1_to_string, princ_to_string
-from .types import NIL, T, Char, Cons, Symbol
+from .types import NIL, T, Char, Cons, Symbol, primary
 
 if TYPE_CHECKING:
     from .evaluator import Interpreter
@@ -414,10 +414,12 @@ class Registry:
 
 def install_builtins(interp: "Interpreter") -> None:
     reg = Registry(interp)
-    from . import builtins_lists, builtins_numbers, builtins_strings, builtins_system
+    from . import builtins_arrays, builtins_conses, builtins_numbers, builtins_sequences, builtins_strings, builtins_system
 
     builtins_numbers.install(reg)
-    builtins_lists.install(reg)
+    builtins_conses.install(reg)
+    builtins_sequences.install(reg)
+    builtins_arrays.install(reg)
     builtins_strings.install(reg)
     builtins_system.install(reg)
 
@@ -441,18 +443,32 @@ def format_to_string(interp: "Interpreter", control: str, args: list[Any]) -> st
 
 
 def parse_keys(fn: str, args: tuple[Any, ...], allowed: set[str], first_pos: int) -> dict[str, Any]:
-    """&key arguments of a builtin: a dict from keyword name (upper case) to value."""
+    """&key arguments of a builtin (CLHS 3.4.1.4): a dict from keyword name (upper case) to
+    value. An odd number of arguments, a key that is not a symbol, or an unknown key is a
+    program-error, unless the first :allow-other-keys argument is true; the first occurrence
+    of a key counts."""
     if len(args) % 2:
         raise lisp_error("E102", f"`{fn}`: odd number of keyword arguments", "PROGRAM-ERROR")
     out: dict[str, Any] = {}
+    allow_other: Any = None
+    unknown: Any = None
     for i in range(0, len(args), 2):
         k = args[i]
-        if type(k) is not Symbol or k.package != "KEYWORD":
-            raise type_error(fn, first_pos + i, "a keyword", k)
-        if k.name not in allowed:
-            expected = " ".join(":" + a.lower() for a in sorted(allowed))
-            raise lisp_error("E102", f"`{fn}`: unknown keyword argument :{k.name.lower()}; expected one of: {expected}", "PROGRAM-ERROR")
-        out.setdefault(k.name, args[i + 1])
+        if type(k) is not Symbol:
+            raise lisp_error("E102", f"`{fn}`: argument {first_pos + i} must be a keyword, got {short(k)} ({describe(k)})", "PROGRAM-ERROR")
+        name = k.name if k.package == "KEYWORD" else None
+        if name == "ALLOW-OTHER-KEYS":
+            if allow_other is None:
+                allow_other = args[i + 1]
+            continue
+        if name is None or name not in allowed:
+            if unknown is None:
+                unknown = k
+            continue
+        out.setdefault(name, args[i + 1])
+    if unknown is not None and (allow_other is None or allow_other is NIL):
+        expected = " ".join(":" + a.lower() for a in sorted(allowed))
+        raise lisp_error("E102", f"`{fn}`: unknown keyword argument {prin1_to_string(unknown)}; expected one of: {expected}", "PROGRAM-ERROR")
     return out
 
 
@@ -471,3 +487,151 @@ def sort_items(interp: "Interpreter", fn: str, items: list[Any], pred: Any, key:
 
     keyed.sort(key=cmp_to_key(compare))
     return [x for _, x in keyed]
+
+
+# -- the base of the list, sequence and array builtins -------------------------------------------
+class Lib:
+    """What the list, sequence and array builtins share: calling their function arguments,
+    walking lists and sequences (each element visited costs a step of the budget), and
+    making results (each cell allocated is counted)."""
+
+    def __init__(self, interp: "Interpreter") -> None:
+        self.interp = interp
+
+    def charge(self, n: int) -> None:
+        self.interp.charge(n)
+
+    def alloc(self, n: int) -> None:
+        self.interp.alloc(n)
+
+    # -- function arguments -------------------------------------------------------------------
+    def fn1(self, designator: Any) -> Callable[[Any], Any]:
+        """A function designator as a Python function of one argument (primary value)."""
+        interp = self.interp
+        fn = interp.function_value(designator)
+        if type(fn) is Closure:
+            return lambda a: primary(interp.call_closure(fn, (a,)))
+        return lambda a: primary(interp.apply(fn, (a,)))
+
+    def fn2(self, designator: Any) -> Callable[[Any, Any], Any]:
+        interp = self.interp
+        fn = interp.function_value(designator)
+        fast = interp.standard_tests.get(fn) if type(fn) is Builtin else None
+        if fast is not None:
+            return lambda a, b: T if fast(a, b) else NIL
+        if type(fn) is Closure:
+            return lambda a, b: primary(interp.call_closure(fn, (a, b)))
+        return lambda a, b: primary(interp.apply(fn, (a, b)))
+
+    def fnn(self, designator: Any) -> Callable[..., Any]:
+        interp = self.interp
+        fn = interp.function_value(designator)
+        return lambda *args: primary(interp.apply(fn, args))
+
+    def key_fn(self, keys: dict[str, Any]) -> Optional[Callable[[Any], Any]]:
+        """The :key function, or None for identity (absent or nil)."""
+        key = keys.get("KEY", NIL)
+        return None if key is NIL else self.fn1(key)
+
+    def test_fn(self, fn: str, keys: dict[str, Any]) -> Callable[[Any, Any], bool]:
+        """(item, element-key) -> whether they match, from :test / :test-not (default eql)."""
+        test = keys.get("TEST", NIL)
+        test_not = keys.get("TEST-NOT", NIL)
+        if test is not NIL and test_not is not NIL:
+            raise lisp_error("E102", f"`{fn}`: both :test and :test-not were given", "PROGRAM-ERROR")
+        if test_not is not NIL:
+            f = self.predicate2(test_not)
+            return lambda a, b: not f(a, b)
+        if test is NIL:
+            return eql
+        return self.predicate2(test)
+
+    def predicate2(self, designator: Any) -> Callable[[Any, Any], bool]:
+        interp = self.interp
+        fn = interp.function_value(designator)
+        fast = interp.standard_tests.get(fn) if type(fn) is Builtin else None
+        if fast is not None:
+            return fast
+        if type(fn) is Closure:
+            return lambda a, b: primary(interp.call_closure(fn, (a, b))) is not NIL
+        return lambda a, b: primary(interp.apply(fn, (a, b))) is not NIL
+
+    def predicate1(self, designator: Any, negate: bool = False) -> Callable[[Any], bool]:
+        f = self.fn1(designator)
+        if negate:
+            return lambda a: f(a) is NIL
+        return lambda a: f(a) is not NIL
+
+    # -- walking ------------------------------------------------------------------------------
+    def cells(self, fn: str, pos: int, x: Any) -> list[Any]:
+        """The conses of a proper list; a dotted list or a non-list is a type error."""
+        out: list[Any] = []
+        cell = x
+        while type(cell) is Cons:
+            out.append(cell)
+            cell = cell.cdr
+        self.charge(len(out))
+        if cell is not NIL:
+            raise type_error(fn, pos, "a proper list", x)
+        return out
+
+    def elements(self, fn: str, pos: int, x: Any) -> list[Any]:
+        """The elements of a proper list."""
+        out: list[Any] = []
+        cell = x
+        while type(cell) is Cons:
+            out.append(cell.car)
+            cell = cell.cdr
+        self.charge(len(out))
+        if cell is not NIL:
+            raise type_error(fn, pos, "a proper list", x)
+        return out
+
+    def items(self, fn: str, pos: int, seq: Any) -> list[Any]:
+        """The elements of any sequence (a string's are characters)."""
+        t = type(seq)
+        if t is list:
+            self.charge(len(seq))
+            return list(seq)
+        if t is str:
+            self.charge(len(seq))
+            self.alloc(len(seq))
+            return [Char(c) for c in seq]
+        if seq is NIL or t is Cons:
+            return self.elements(fn, pos, seq)
+        raise type_error(fn, pos, "a sequence (list, vector or string)", seq)
+
+    def length(self, fn: str, pos: int, seq: Any) -> int:
+        t = type(seq)
+        if t is str or t is list:
+            return len(seq)
+        if seq is NIL or t is Cons:
+            return len(self.cells(fn, pos, seq))
+        raise type_error(fn, pos, "a sequence (list, vector or string)", seq)
+
+    def bounds(self, fn: str, keys: dict[str, Any], n: int, start_key: str = "START", end_key: str = "END") -> tuple[int, int]:
+        """The :start and :end bounding indices of a sequence of length N (CLHS 17.1.1)."""
+        start = keys.get(start_key, 0)
+        end = keys.get(end_key, NIL)
+        end = n if end is NIL else end
+        if type(start) is not int or type(end) is not int or not 0 <= start <= end <= n:
+            shown_end = "nil" if keys.get(end_key, NIL) is NIL else short(keys.get(end_key))
+            raise lisp_error(
+                "E103",
+                f"`{fn}`: bad bounds :{start_key.lower()} {short(keys.get(start_key, 0))} :{end_key.lower()} {shown_end} for a sequence of length {n}",
+                "TYPE-ERROR",
+            )
+        return start, end
+
+    def like(self, items: list[Any], seq: Any, fn: str = "") -> Any:
+        """A fresh sequence of the kind of SEQ (list, vector or string) holding ITEMS."""
+        t = type(seq)
+        if t is str:
+            if not all(type(c) is Char for c in items):
+                raise lisp_error("E103", f"`{fn}`: only characters can go into a string", "TYPE-ERROR")
+            self.alloc(len(items) // 8 + 1)
+            return "".join(c.ch for c in items)
+        self.alloc(len(items))
+        if t is list:
+            return items
+        return to_lisp_list(items)

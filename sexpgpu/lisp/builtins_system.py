@@ -23,7 +23,8 @@ from .builtins import (
     typep,
 )
 from .conditions import Condition, LispError, lisp_error
-from .objects import Builtin, Closure, HashTable, StructInstance, StructType
+from .objects import Builtin, Closure, HashTable, LexicalEnvironment, Macro, StructInstance, StructType
+from .scope import SymbolMacroEntry
 from .types import NIL, T, Cons, MultipleValues, Symbol
 
 if TYPE_CHECKING:
@@ -94,7 +95,6 @@ def install(reg: Registry) -> None:
     add("boundp", boundp)
     add("set", lisp_set)
     add("special-operator-p", lambda s: lbool(s in interp.special_forms))
-    add("macro-function", lambda s: interp.macros.get(need_symbol("macro-function", 1, s), NIL))
 
     # -- definitions (the cores of the prelude's defun, defvar ...) ------------------------------
     def p_defun(name: Any, fn: Any) -> Any:
@@ -137,26 +137,48 @@ def install(reg: Registry) -> None:
     add("%defconstant", p_defconstant)
 
     # -- macros and eval ----------------------------------------------------------------------------
+    def local_definition(env: Any, name: Any) -> Any:
+        """What a lexical environment says of a function name: a Macro, a local function, or None."""
+        if type(env) is not LexicalEnvironment:
+            return None
+        entry, _ = env.scope.find_fun(name)
+        return entry
+
     def macroexpand_1(form: Any, env: Any = NIL) -> Any:
+        scope = env.scope if type(env) is LexicalEnvironment else None
+        if type(form) is Symbol and scope is not None:
+            entry, _ = scope.find_var(form)
+            if type(entry) is SymbolMacroEntry:
+                return MultipleValues((entry.expansion, T))
         if type(form) is Cons and type(form.car) is Symbol:
-            macro = interp.macros.get(form.car)
-            if macro is not None:
-                return MultipleValues((interp.call_macro(macro, form), T))
+            local = local_definition(env, form.car)
+            if type(local) is Macro:
+                return MultipleValues((interp.call_macro(local, form, scope), T))
+            macro = interp.macros.get(form.car) if local is None else None
+            if macro is not None and form.car not in interp.special_forms:
+                return MultipleValues((interp.call_macro(macro, form, scope), T))
         return MultipleValues((form, NIL))
 
     def macroexpand(form: Any, env: Any = NIL) -> Any:
         expanded_any = False
         for _ in range(10_000):
-            form, expanded = macroexpand_1(form)
+            form, expanded = macroexpand_1(form, env)
             if expanded is NIL:
                 break
             expanded_any = True
         return MultipleValues((form, lbool(expanded_any)))
 
+    def macro_function(name: Any, env: Any = NIL) -> Any:
+        local = local_definition(env, need_symbol("macro-function", 1, name))
+        if local is not None:
+            return local if type(local) is Macro else NIL
+        return interp.macros.get(name, NIL)
+
     def lisp_eval(form: Any) -> Any:
         return interp.ev(form)
 
     add("macroexpand-1", macroexpand_1)
+    add("macro-function", macro_function)
     add("macroexpand", macroexpand)
     add("eval", lisp_eval)
 
@@ -215,7 +237,11 @@ def install(reg: Registry) -> None:
             return MultipleValues((default, NIL))
         return MultipleValues((entry[1], T))
 
-    def puthash(key: Any, table: Any, value: Any) -> Any:
+    def puthash(key: Any, table: Any, *rest: Any) -> Any:
+        """(setf (gethash key table [default]) value): the value comes last."""
+        if not 1 <= len(rest) <= 2:
+            raise lisp_error("E102", "`(setf gethash)` takes a key, a table, an optional default and a value", "PROGRAM-ERROR")
+        value = rest[-1]
         interp.alloc(1)
         need_table("(setf gethash)", 2, table).entries[table.key(key)] = (key, value)
         return value

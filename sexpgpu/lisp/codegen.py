@@ -308,7 +308,7 @@ class CodeGen:
     def macro(self, em: Emitter, macro: Macro, form: Cons, scope: Scope, ctx: Ctx, cache: bool) -> str:
         where = user_loc(form.loc)
         try:
-            expansion = self.interp.expand(macro, form, cache)
+            expansion = self.interp.expand(macro, form, cache, scope)
         except LispError:
             return self.fallback(em, form, scope, ctx)
         ctx.cursor.region.steps += 1

@@ -25,9 +25,11 @@ from .objects import (
     Closure,
     Frame,
     GoSignal,
+    LexicalEnvironment,
     Macro,
     ReturnFromSignal,
     StructType,
+    Undefined,
     function_name,
     root_frame,
 )
@@ -115,7 +117,7 @@ class Interpreter:
         # where print, princ, format t ... write; the CLI points it at a stream
         self.output: list[str] = []
         self.write: Callable[[str], Any] = self.output.append
-        self._expansions: dict[int, tuple[Any, Any, Macro]] = {}
+        self._expansions: dict[int, tuple[Any, Any, Macro, Optional[Scope]]] = {}
         self._lambda_lists: dict[int, tuple[Any, LambdaList]] = {}
         self._load_time_values: dict[int, tuple[Any, Any]] = {}
         self.analyzer = Analyzer(self)
@@ -274,18 +276,24 @@ class Interpreter:
         """Evaluate FORM in the null lexical environment (what `eval` does)."""
         return self.run_toplevel(form)
 
-    def expand(self, macro: Macro, form: Cons, cache: bool) -> Any:
-        """The expansion of a macro form (remembered per form, for a global macro)."""
+    def expand(self, macro: Macro, form: Cons, cache: bool, scope: Optional[Scope] = None) -> Any:
+        """The expansion of a macro form. A global macro's expansion is remembered per form
+        (per form and scope when the macro takes its &environment)."""
+        lam = macro.lam
+        if lam.plan is None:
+            lam.compile()
+        assert lam.plan is not None
+        uses_env = lam.plan.environment is not None
         if cache:
             hit = self._expansions.get(id(form))
-            if hit is not None and hit[0] is form and hit[2] is macro:
+            if hit is not None and hit[0] is form and hit[2] is macro and (not uses_env or hit[3] is scope):
                 return hit[1]
-        expansion = self.call_macro(macro, form)
+        expansion = self.call_macro(macro, form, scope)
         if cache:
-            self._expansions[id(form)] = (form, expansion, macro)
+            self._expansions[id(form)] = (form, expansion, macro, scope)
         return expansion
 
-    def call_macro(self, macro: Macro, form: Cons) -> Any:
+    def call_macro(self, macro: Macro, form: Cons, scope: Optional[Scope] = None) -> Any:
         self.depth += 1
         try:
             if self.depth > self.limits.depth:
@@ -298,7 +306,7 @@ class Interpreter:
             assert plan is not None
             frame: Frame = {PARENT: macro.env}
             if plan.environment is not None:
-                frame[plan.environment] = NIL
+                frame[plan.environment] = LexicalEnvironment(scope) if scope is not None else NIL
             saved: list[tuple[Symbol, Any]] = []
             try:
                 self.destructure(plan, form.cdr, frame, macro.name, form, saved)
@@ -387,6 +395,8 @@ class Interpreter:
             if designator in self.special_forms:
                 raise lisp_error("E103", f"`{prin1_to_string(designator)}` is a macro or special form, not a function", "TYPE-ERROR")
             return fn
+        if t is Undefined:
+            raise self.undefined_function(designator.name)
         hook = self.funcallable.get(t)
         if hook is not None:
             return hook(designator)
@@ -558,11 +568,11 @@ class Interpreter:
             items.append(cell.car)
             cell = cell.cdr
         if cell is not NIL and type(cell) is not Cons and plan.rest is None:
-            raise lisp_error("E105", f"{prin1_to_string(name)}: cannot destructure {prin1_to_string(value)} against the lambda list (dotted list)", "PROGRAM-ERROR")
+            raise lisp_error("E105", f"{prin1_to_string(name)}: cannot destructure {prin1_to_string(value)} against the lambda list (dotted list)", "ERROR")
         if len(items) < len(plan.required):
-            raise lisp_error("E105", f"`{prin1_to_string(name)}`: expected at least {len(plan.required)} argument{'s' if len(plan.required) != 1 else ''} in {prin1_to_string(value)}", "PROGRAM-ERROR")
+            raise lisp_error("E105", f"`{prin1_to_string(name)}`: expected at least {len(plan.required)} argument{'s' if len(plan.required) != 1 else ''} in {prin1_to_string(value)}", "ERROR")
         if plan.rest is None and not plan.has_key and cell is not NIL:
-            raise lisp_error("E105", f"`{prin1_to_string(name)}`: too many elements in {prin1_to_string(value)}, expected at most {limit}", "PROGRAM-ERROR")
+            raise lisp_error("E105", f"`{prin1_to_string(name)}`: too many elements in {prin1_to_string(value)}, expected at most {limit}", "ERROR")
         self.bind_parameters(plan, items, cell, False, frame, name, saved)
 
     def lambda_list(self, spec: Any, macro: bool = False) -> LambdaList:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Callable, Optional, Union
 
+from .charnames import char_name
 from .printer import Printer
 from .types import NIL, Char, Cons, Symbol, from_iter
 
@@ -943,32 +944,11 @@ def format_exponential_float(x: float, kind: _FloatKind, p: _ExpParams) -> str:
 # ---------------------------------------------------------------------------------------------
 # Characters and case conversion.
 
-_CONTROL_CHAR_NAMES = (
-    "Nul Soh Stx Etx Eot Enq Ack Bel Backspace Tab Newline Vt Page Return So Si Dle Dc1 Dc2 Dc3 Dc4 "
-    "Nak Syn Etb Can Em Sub Esc Fs Gs Rs Us"
-).split()
-_C1_CHAR_NAMES = (
-    "C80 C81 Break-Permitted No-Break-Permitted C84 Next-Line Start-Selected-Area End-Selected-Area "
-    "Character-Tabulation-Set Character-Tabulation-With-Justification Line-Tabulation-Set "
-    "Partial-Line-Forward Partial-Line-Backward Reverse-Linefeed Single-Shift-Two Single-Shift-Three "
-    "Device-Control-String Private-Use-One Private-Use-Two Set-Transmit-State Cancel-Character "
-    "Message-Waiting Start-Guarded-Area End-Guarded-Area Start-String C99 Single-Character-Introducer "
-    "Control-Sequence-Introducer String-Terminator Operating-System-Command Privacy-Message "
-    "Application-Program-Command"
-).split()
-
-
 def named_char_text(ch: str) -> str:
-    """~:c : a printing character as itself, others by their capitalized name."""
+    """~:c : a printing character as itself, others by their name."""
     code = ord(ch)
-    if code < 32:
-        return _CONTROL_CHAR_NAMES[code]
-    if code == 32:
-        return "Space"
-    if code == 127:
-        return "Rubout"
-    if 128 <= code < 160:
-        return _C1_CHAR_NAMES[code - 128]
+    if code <= 32 or 127 <= code < 160:
+        return char_name(ch) or ch
     return ch
 
 

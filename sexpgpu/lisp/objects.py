@@ -45,6 +45,16 @@ class Closure:
         self.env = env
 
 
+class Undefined:
+    """What a call finds under a name that has no function: the undefined-function error is
+    signalled when it is called, once the arguments are evaluated (as SBCL does)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: Symbol) -> None:
+        self.name = name
+
+
 class Builtin:
     """A function written in Python. `fn` checks its own argument types. `accepts[n]` says
     whether n arguments are allowed, for n below ACCEPTS_KNOWN (the call nodes' fast test)."""
@@ -72,6 +82,36 @@ class Macro:
         self.name = name
         self.lam = lam
         self.env = env
+
+
+class LexicalEnvironment:
+    """What a macro's &environment parameter holds: the static scope of the macro call, so
+    that macroexpand and setf can see local macros and symbol macros."""
+
+    __slots__ = ("scope",)
+
+    def __init__(self, scope: Any) -> None:
+        self.scope = scope
+
+    def lisp_print(self) -> str:
+        return "#<environment>"
+
+
+class LispArray:
+    """An array of rank other than one (vectors are Python lists, strings Python str): its
+    dimensions and its elements in row-major order."""
+
+    __slots__ = ("dims", "data")
+
+    def __init__(self, dims: tuple[int, ...], data: list[Any]) -> None:
+        self.dims = dims
+        self.data = data
+
+    def row_major(self, subscripts: tuple[int, ...]) -> int:
+        index = 0
+        for d, i in zip(self.dims, subscripts):
+            index = index * d + i
+        return index
 
 
 class StructType:

@@ -107,10 +107,11 @@
   `(multiple-value-call #'list ,form))
 
 (defmacro multiple-value-setq (vars form)
-  (let ((temps (%gensym-list (length vars))))
-    `(multiple-value-bind ,temps ,form
-       ,@(mapcar (lambda (v g) `(setq ,v ,g)) vars temps)
-       ,(car temps))))
+  ;; returns the primary value of FORM, whatever the variables
+  (let ((temps (%gensym-list (length vars))) (g (gensym "PRIMARY")))
+    `(multiple-value-bind (,g ,@(cdr temps)) ,form
+       ,@(mapcar (lambda (v tmp) `(setq ,v ,tmp)) vars (cons g (cdr temps)))
+       ,g)))
 
 (defmacro nth-value (n form)
   `(nth ,n (multiple-value-list ,form)))
@@ -127,43 +128,73 @@
              (go next))))
     `(let ,(reverse bindings) ,@(reverse sets) nil)))
 
-(defun %case-test (key keyform)
-  (cond ((or (%name= key "OTHERWISE") (eq key t)) t)
-        ((listp key) `(member ,keyform ',key))
-        (t `(eql ,keyform ',key))))
+(defun %case-test (keys keyform)
+  ;; the test of a case clause whose keys designate KEYS (an atom is a list of one)
+  (cond ((null keys) nil)
+        ((atom keys) `(eql ,keyform ',keys))
+        ((null (cdr keys)) `(eql ,keyform ',(car keys)))
+        (t `(member ,keyform ',keys))))
+
+(defun %otherwise-p (keys)
+  (or (eq keys t) (%name= keys "OTHERWISE")))
+
+(defun %case-clauses (g clauses otherwise-allowed)
+  ;; cond clauses of case-like CLAUSES; with OTHERWISE-ALLOWED a last t or otherwise clause
+  ;; catches the rest, else t and otherwise are ordinary keys (ecase, ccase)
+  (mapcar (lambda (clause)
+            (unless (consp clause) (error 'program-error :format-control "case: ~s is not a clause" :format-arguments (list clause)))
+            (if (and otherwise-allowed (%otherwise-p (car clause)))
+                `(t nil ,@(cdr clause))
+                `(,(%case-test (car clause) g) nil ,@(cdr clause))))
+          clauses))
+
+(defun %case-keys (clauses)
+  (mapcan (lambda (c) (if (listp (car c)) (copy-list (car c)) (list (car c)))) clauses))
 
 (defmacro case (keyform &rest clauses)
   (let ((g (gensym "KEY")))
     `(let ((,g ,keyform))
-       (cond ,@(mapcar (lambda (clause)
-                         `(,(%case-test (car clause) g) nil ,@(cdr clause)))
-                       clauses)))))
+       (cond ,@(%case-clauses g clauses t)))))
+
+(defun %ecase-expansion (keyform clauses name)
+  (let ((g (gensym "KEY")) (keys (%case-keys clauses)))
+    `(let ((,g ,keyform))
+       (cond ,@(%case-clauses g clauses nil)
+             (t (error 'type-error
+                       :format-control ,(concatenate 'string "~s fell through " name ": expected one of ~{~s~^, ~}")
+                       :format-arguments (list ,g ',keys)
+                       :datum ,g :expected-type '(member ,@keys)))))))
 
 (defmacro ecase (keyform &rest clauses)
-  (let ((g (gensym "KEY"))
-        (keys (mapcan (lambda (c) (if (listp (car c)) (copy-list (car c)) (list (car c)))) clauses)))
-    `(let ((,g ,keyform))
-       (cond ,@(mapcar (lambda (clause)
-                         `(,(%case-test (car clause) g) nil ,@(cdr clause)))
-                       clauses)
-             (t (error "~s fell through ecase: expected one of ~{~s~^, ~}" ,g ',keys))))))
+  (%ecase-expansion keyform clauses "ecase"))
+
+(defmacro ccase (keyplace &rest clauses)
+  ;; no restarts: a ccase that no clause matches signals its type-error like ecase
+  (%ecase-expansion keyplace clauses "ccase"))
 
 (defmacro typecase (keyform &rest clauses)
   (let ((g (gensym "KEY")))
     `(let ((,g ,keyform))
        (cond ,@(mapcar (lambda (clause)
-                         (if (or (%name= (car clause) "OTHERWISE") (eq (car clause) t))
+                         (if (%otherwise-p (car clause))
                              `(t nil ,@(cdr clause))
                              `((typep ,g ',(car clause)) nil ,@(cdr clause))))
                        clauses)))))
 
-(defmacro etypecase (keyform &rest clauses)
-  (let ((g (gensym "KEY")))
+(defun %etypecase-expansion (keyform clauses name)
+  (let ((g (gensym "KEY")) (types (mapcar #'car clauses)))
     `(let ((,g ,keyform))
-       (typecase ,g
-         ,@clauses
-         (otherwise (error "~s fell through etypecase: expected one of the types ~{~s~^, ~}"
-                           ,g ',(mapcar #'car clauses)))))))
+       (cond ,@(mapcar (lambda (clause) `((typep ,g ',(car clause)) nil ,@(cdr clause))) clauses)
+             (t (error 'type-error
+                       :format-control ,(concatenate 'string "~s fell through " name ": expected one of the types ~{~s~^, ~}")
+                       :format-arguments (list ,g ',types)
+                       :datum ,g :expected-type '(or ,@types)))))))
+
+(defmacro etypecase (keyform &rest clauses)
+  (%etypecase-expansion keyform clauses "etypecase"))
+
+(defmacro ctypecase (keyplace &rest clauses)
+  (%etypecase-expansion keyplace clauses "ctypecase"))
 
 ;;; ------------------------------------------------------------------------------------------
 ;;; Iteration
@@ -252,46 +283,36 @@
 
 ;;; ------------------------------------------------------------------------------------------
 ;;; Places: setf and friends
+;;;
+;;; (%place place env) is get-setf-expansion: (values temps forms stores store-form access-form).
+;;; The subforms of a place are evaluated once, left to right, before the new value.
 
-(defun %place-function-call-p (place)
-  (and (consp place) (symbolp (car place))))
+(defun %direct-store (op)
+  ;; the function that stores into (OP args...) when given the args and then the new value
+  (let ((name (symbol-name op)))
+    (cond ((member name '("CAR" "FIRST") :test #'string=) '%rplaca-value)
+          ((member name '("CDR" "REST") :test #'string=) '%rplacd-value)
+          ((string= name "NTH") '%set-nth)
+          ((string= name "ELT") '%set-elt)
+          ((string= name "AREF") '%aset)
+          ((string= name "SVREF") '%svset)
+          ((string= name "ROW-MAJOR-AREF") '%set-row-major-aref)
+          ((string= name "GETHASH") '%puthash)
+          ((string= name "SYMBOL-VALUE") 'set)
+          ((string= name "SYMBOL-PLIST") '%set-symbol-plist)
+          ((string= name "GET") '%put)
+          ((string= name "FILL-POINTER") '%set-fill-pointer)
+          ((string= name "SUBSEQ") '%set-subseq)
+          ((member name '("CHAR" "SCHAR") :test #'string=) '%set-char)
+          (t nil))))
 
-(defun %simple-setf (place value)
-  ;; the store form for PLACE whose subforms are already evaluated (or pure)
-  (if (symbolp place)
-      `(setq ,place ,value)
-      (let ((op (car place)) (args (cdr place)))
-        (cond ((%name= op "CAR") `(%rplaca-value ,(car args) ,value))
-              ((%name= op "FIRST") `(%rplaca-value ,(car args) ,value))
-              ((%name= op "CDR") `(%rplacd-value ,(car args) ,value))
-              ((%name= op "REST") `(%rplacd-value ,(car args) ,value))
-              ((%name= op "NTH") `(%set-nth ,(car args) ,(car (cdr args)) ,value))
-              ((%name= op "ELT") `(%set-elt ,(car args) ,(car (cdr args)) ,value))
-              ((%name= op "AREF") `(%aset ,(car args) ,(car (cdr args)) ,value))
-              ((%name= op "SVREF") `(%aset ,(car args) ,(car (cdr args)) ,value))
-              ((%name= op "GETHASH") `(%puthash ,(car args) ,(car (cdr args)) ,value))
-              ((%name= op "SYMBOL-VALUE") `(set ,(car args) ,value))
-              ((%name= op "GETF")
-               (let ((v (gensym "V")))
-                 `(let ((,v ,value))
-                    ,(%setf-1 (car args) `(%putf ,(car args) ,(car (cdr args)) ,v))
-                    ,v)))
-              ((%cxr-path op)
-               (let ((path (%cxr-path op)))
-                 (if (string= (subseq path 0 1) "A")
-                     `(%rplaca-value ,(%cxr-form (subseq path 1) (car args)) ,value)
-                     `(%rplacd-value ,(%cxr-form (subseq path 1) (car args)) ,value))))
-              ((assoc (symbol-name op) '(("SECOND" . 1) ("THIRD" . 2) ("FOURTH" . 3) ("FIFTH" . 4)
+(defun %nth-position (op)
+  ;; 1 for second ... 9 for tenth
+  (let ((entry (assoc (symbol-name op) '(("SECOND" . 1) ("THIRD" . 2) ("FOURTH" . 3) ("FIFTH" . 4)
                                          ("SIXTH" . 5) ("SEVENTH" . 6) ("EIGHTH" . 7) ("NINTH" . 8)
                                          ("TENTH" . 9))
-                      :test #'string=)
-               `(%set-nth ,(cdr (assoc (symbol-name op) '(("SECOND" . 1) ("THIRD" . 2) ("FOURTH" . 3)
-                                                         ("FIFTH" . 4) ("SIXTH" . 5) ("SEVENTH" . 6)
-                                                         ("EIGHTH" . 7) ("NINTH" . 8) ("TENTH" . 9))
-                                       :test #'string=))
-                          ,(car args) ,value))
-              ((%macro-p op) (%setf-1 (macroexpand-1 place) value))
-              (t `(funcall (%setf-function ',op) ,value ,@args))))))
+                      :test #'string=)))
+    (if entry (cdr entry) nil)))
 
 (defun %cxr-path (op)
   ;; "AD" for CADR etc. (only for c[ad]{2,4}r), nil otherwise
@@ -310,92 +331,213 @@
       (list (if (string= (subseq path 0 1) "A") 'car 'cdr)
             (%cxr-form (subseq path 1) form))))
 
-(defun %setf-1 (place value)
-  (%simple-setf place value))
+(defun %normal-place (place)
+  ;; PLACE as (op args...) with a direct store, if it is one in disguise (cadr, third ...)
+  (let* ((op (car place)) (path (%cxr-path op)) (k (%nth-position op)))
+    (cond (path (list (if (string= (subseq path 0 1) "A") 'car 'cdr) (%cxr-form (subseq path 1) (car (cdr place)))))
+          (k (list 'nth k (car (cdr place))))
+          (t place))))
 
-(defmacro setf (&rest pairs)
-  (if (oddp (length pairs))
-      (error "setf needs an even number of arguments: (setf place value ...)"))
+(defun %constant-form-p (form)
+  (or (and (atom form) (not (symbolp form))) (keywordp form) (null form) (eq form t)
+      (and (consp form) (%name= (car form) "QUOTE"))))
+
+(defun %place-temps (args)
+  ;; temporaries for the subforms ARGS: (values temps forms places), a constant standing for itself
+  (let ((temps nil) (forms nil) (refs nil))
+    (dolist (a args)
+      (if (%constant-form-p a)
+          (push a refs)
+          (let ((g (gensym "ARG")))
+            (push g temps) (push a forms) (push g refs))))
+    (values (reverse temps) (reverse forms) (reverse refs))))
+
+(defun %place (place env)
+  (cond
+    ((symbolp place)
+     (multiple-value-bind (expansion expanded) (macroexpand-1 place env)
+       (if expanded
+           (%place expansion env)
+           (let ((store (gensym "NEW")))
+             (values nil nil (list store) `(setq ,place ,store) place)))))
+    ((not (consp place)) (error 'program-error :format-control "setf: ~s is not a place" :format-arguments (list place)))
+    (t
+     (let* ((place (if (symbolp (car place)) (%normal-place place) place))
+            (op (car place)))
+       (cond
+         ((%name= op "GETF") (%getf-place place env))
+         ((%name= op "VALUES") (%values-place place env))
+         ((%name= op "THE") (%the-place place env))
+         ((%direct-store op)
+          (multiple-value-bind (temps forms refs) (%place-temps (cdr place))
+            (let ((store (gensym "NEW")))
+              (values temps forms (list store)
+                      `(,(%direct-store op) ,@refs ,store)
+                      `(,op ,@refs)))))
+         (t
+          (multiple-value-bind (expansion expanded) (macroexpand-1 place env)
+            (if expanded
+                (%place expansion env)
+                (multiple-value-bind (temps forms refs) (%place-temps (cdr place))
+                  (let ((store (gensym "NEW")))
+                    (values temps forms (list store)
+                            `(funcall (%setf-function ',op) ,store ,@refs)
+                            `(,op ,@refs))))))))))))
+
+(defun %getf-place (place env)
+  ;; (getf inner indicator [default]): the plist place is read, changed and stored back
+  (multiple-value-bind (temps forms stores store-form access) (%place (car (cdr place)) env)
+    (let ((indicator (gensym "INDICATOR")) (default (gensym "DEFAULT")) (store (gensym "NEW")))
+      (values (append temps (list indicator default))
+              (append forms (list (car (cdr (cdr place))) (car (cdr (cdr (cdr place))))))
+              (list store)
+              `(let ((,(car stores) (%putf ,access ,indicator ,store)))
+                 ,store-form
+                 ,store)
+              `(getf ,access ,indicator ,default)))))
+
+(defun %values-place (place env)
+  (let ((all-temps nil) (all-forms nil) (all-stores nil) (store-forms nil) (accesses nil))
+    (dolist (p (cdr place))
+      (multiple-value-bind (temps forms stores store-form access) (%place p env)
+        (setq all-temps (append all-temps temps) all-forms (append all-forms forms))
+        (push (car stores) all-stores)
+        (push store-form store-forms)
+        (push access accesses)))
+    (values all-temps all-forms (reverse all-stores)
+            `(progn ,@(reverse store-forms) (values ,@(reverse all-stores)))
+            `(values ,@(reverse accesses)))))
+
+(defun %the-place (place env)
+  (multiple-value-bind (temps forms stores store-form access) (%place (car (cdr (cdr place))) env)
+    (let ((type (car (cdr place))))
+      (values temps forms stores
+              `(let ((,(car stores) (the ,type ,(car stores)))) ,store-form)
+              `(the ,type ,access)))))
+
+(defun %place-let (temps forms body)
+  (if temps `(let* ,(mapcar #'list temps forms) ,body) body))
+
+(defun %store (stores value store-form)
+  ;; bind the store variables to VALUE's values, then store
+  (if (null (cdr stores))
+      `(let ((,(car stores) ,value)) ,store-form)
+      `(multiple-value-bind ,stores ,value ,store-form)))
+
+(defun %setf-1 (place value env)
+  (cond ((symbolp place)
+         (multiple-value-bind (expansion expanded) (macroexpand-1 place env)
+           (if expanded (%setf-1 expansion value env) `(setq ,place ,value))))
+        ((and (consp place) (symbolp (car place)) (%direct-store (car (%normal-place place))))
+         ;; the subforms and then the value are the store function's arguments, in order
+         (let ((normal (%normal-place place)))
+           `(,(%direct-store (car normal)) ,@(cdr normal) ,value)))
+        (t
+         (multiple-value-bind (temps forms stores store-form) (%place place env)
+           (%place-let temps forms (%store stores value store-form))))))
+
+(defmacro setf (&environment env &rest pairs)
+  (when (oddp (length pairs))
+    (error 'program-error :format-control "setf needs an even number of arguments: (setf place value ...)"))
   (if (and pairs (null (cdr (cdr pairs))))
-      (%setf-1 (car pairs) (car (cdr pairs)))
+      (%setf-1 (car pairs) (car (cdr pairs)) env)
       (let ((forms nil))
-        (tagbody
-         next
-           (if pairs
-               (progn (setq forms (cons (%setf-1 (car pairs) (car (cdr pairs))) forms))
-                      (setq pairs (cdr (cdr pairs)))
-                      (go next))))
+        (loop (when (null pairs) (return))
+              (push (%setf-1 (car pairs) (car (cdr pairs)) env) forms)
+              (setq pairs (cdr (cdr pairs))))
         `(progn ,@(reverse forms)))))
 
-(defun %place-bindings (place)
-  ;; (values bindings access-form): subforms of PLACE evaluated once, into temporaries
-  (cond ((symbolp place) (values nil place))
-        ((and (consp place) (%macro-p (car place))
-              (not (member (symbol-name (car place)) '("GETF") :test #'string=)))
-         (%place-bindings (macroexpand-1 place)))
-        ((and (consp place) (%name= (car place) "GETF"))
-         (multiple-value-bind (inner-bindings inner-access) (%place-bindings (car (cdr place)))
-           (let ((k (gensym "KEY")))
-             (values (append inner-bindings (list (list k (car (cdr (cdr place))))))
-                     `(getf ,inner-access ,k)))))
-        (t (let ((temps (mapcar (lambda (a) (declare (ignore a)) (gensym "ARG")) (cdr place))))
-             (values (mapcar #'list temps (cdr place))
-                     (cons (car place) temps))))))
+(defun %modify (place env make-value)
+  ;; read-modify-write of PLACE: its subforms once; MAKE-VALUE turns the access form into the
+  ;; new value's form
+  (if (and (symbolp place) (not (nth-value 1 (macroexpand-1 place env))))
+      `(setq ,place ,(funcall make-value place))
+      (multiple-value-bind (temps forms stores store-form access) (%place place env)
+        (%place-let temps forms (%store stores (funcall make-value access) store-form)))))
 
-(defmacro %modify-place (place fn-form)
-  ;; (setf PLACE (FN-FORM current)) with PLACE's subforms evaluated once
-  (multiple-value-bind (bindings access) (%place-bindings place)
-    `(let* ,bindings
-       ,(%setf-1 access (funcall fn-form access)))))
+(defmacro incf (&environment env place &optional (delta 1))
+  ;; the delta is evaluated before the place is read, as in SBCL
+  (%modify place env (lambda (access) `(+ ,delta ,access))))
 
-(defmacro incf (place &optional (delta 1))
-  (multiple-value-bind (bindings access) (%place-bindings place)
-    `(let* ,bindings ,(%setf-1 access `(+ ,access ,delta)))))
+(defmacro decf (&environment env place &optional (delta 1))
+  (%modify place env (lambda (access) `(- ,access ,delta))))
 
-(defmacro decf (place &optional (delta 1))
-  (multiple-value-bind (bindings access) (%place-bindings place)
-    `(let* ,bindings ,(%setf-1 access `(- ,access ,delta)))))
+(defmacro push (&environment env item place)
+  (if (symbolp place)
+      `(setq ,place (cons ,item ,place))
+      (let ((g (gensym "ITEM")))
+        `(let ((,g ,item)) ,(%modify place env (lambda (access) `(cons ,g ,access)))))))
 
-(defmacro push (item place)
+(defmacro pushnew (&environment env item place &rest keys)
   (let ((g (gensym "ITEM")))
-    (multiple-value-bind (bindings access) (%place-bindings place)
-      `(let* ((,g ,item) ,@bindings) ,(%setf-1 access `(cons ,g ,access))))))
+    `(let ((,g ,item)) ,(%modify place env (lambda (access) `(adjoin ,g ,access ,@keys))))))
 
-(defmacro pushnew (item place &rest keys)
-  (let ((g (gensym "ITEM")))
-    (multiple-value-bind (bindings access) (%place-bindings place)
-      `(let* ((,g ,item) ,@bindings) ,(%setf-1 access `(adjoin ,g ,access ,@keys))))))
+(defmacro pop (&environment env place)
+  (multiple-value-bind (temps forms stores store-form access) (%place place env)
+    (let ((g (gensym "HEAD")))
+      (%place-let temps forms
+                  `(let ((,g ,access))
+                     (prog1 (car ,g) ,(%store stores `(cdr ,g) store-form)))))))
 
-(defmacro pop (place)
-  (let ((g (gensym "HEAD")))
-    (multiple-value-bind (bindings access) (%place-bindings place)
-      `(let* (,@bindings (,g ,access))
-         (prog1 (car ,g) ,(%setf-1 access `(cdr ,g)))))))
+(defmacro remf (&environment env place indicator)
+  ;; t when INDICATOR was there, nil otherwise
+  (multiple-value-bind (temps forms stores store-form access) (%place place env)
+    (let ((ind (gensym "INDICATOR")) (new (gensym "PLIST")) (found (gensym "FOUND")))
+      (%place-let (append temps (list ind)) (append forms (list indicator))
+                  `(multiple-value-bind (,new ,found) (%remf ,access ,ind)
+                     ,(%store stores new store-form)
+                     ,found)))))
 
-(defmacro psetf (&rest pairs)
-  (let ((bindings nil) (sets nil))
-    (tagbody
-     next
-       (if pairs
-           (let ((g (gensym "PSETF")))
-             (setq bindings (cons (list g (car (cdr pairs))) bindings))
-             (setq sets (cons (%setf-1 (car pairs) g) sets))
-             (setq pairs (cdr (cdr pairs)))
-             (go next))))
-    `(let ,(reverse bindings) ,@(reverse sets) nil)))
+(defmacro psetf (&environment env &rest pairs)
+  ;; every place's subforms and every value first, left to right; then the stores
+  (let ((bindings nil) (stores nil))
+    (loop (when (null pairs) (return))
+          (multiple-value-bind (temps forms store-vars store-form) (%place (car pairs) env)
+            (setq bindings (append bindings (mapcar #'list temps forms)))
+            (let ((g (gensym "VALUE")))
+              (setq bindings (append bindings (list (list g (car (cdr pairs))))))
+              (push (%store store-vars g store-form) stores)))
+          (setq pairs (cdr (cdr pairs))))
+    `(let* ,bindings ,@(reverse stores) nil)))
 
-(defmacro rotatef (&rest places)
+(defun %shift-places (places env)
+  ;; (values bindings accesses store-makers): each place read once, in order
+  (let ((bindings nil) (values-read nil) (makers nil))
+    (dolist (p places)
+      (multiple-value-bind (temps forms stores store-form access) (%place p env)
+        (setq bindings (append bindings (mapcar #'list temps forms)))
+        (let ((g (gensym "OLD")))
+          (setq bindings (append bindings (list (list g access))))
+          (push g values-read)
+          (push (let ((s stores) (f store-form)) (lambda (value) (%store s value f))) makers))))
+    (values bindings (reverse values-read) (reverse makers))))
+
+(defmacro rotatef (&environment env &rest places)
   (if (null (cdr places))
       nil
-      (let ((temps (mapcar (lambda (p) (declare (ignore p)) (gensym "ROT")) places)))
-        `(let ,(mapcar #'list temps places)
-           ,@(mapcar (lambda (p g) (%setf-1 p g))
-                     places
-                     (append (cdr temps) (list (car temps))))
+      (multiple-value-bind (bindings olds makers) (%shift-places places env)
+        `(let* ,bindings
+           ,@(mapcar (lambda (maker value) (funcall maker value))
+                     makers (append (cdr olds) (list (car olds))))
            nil))))
 
-(defmacro remf (place indicator)
-  `(setf ,place (%remf ,place ,indicator)))
+(defmacro shiftf (&environment env &rest places-and-value)
+  (let ((places (butlast places-and-value)) (value (car (last places-and-value))))
+    (multiple-value-bind (bindings olds makers) (%shift-places places env)
+      (let ((new (gensym "NEW")))
+        `(let* (,@bindings (,new ,value))
+           ,@(mapcar (lambda (maker v) (funcall maker v)) makers (append (cdr olds) (list new)))
+           ,(car olds))))))
+
+(defmacro define-modify-macro (name lambda-list function &optional doc)
+  (declare (ignore doc))
+  (let* ((rest (cadr (member '&rest lambda-list)))
+         (others (remove-if (lambda (p) (member p '(&optional &rest))) (ldiff lambda-list (member '&rest lambda-list))))
+         (vars (mapcar (lambda (p) (if (consp p) (car p) p)) others))
+         (place (gensym "PLACE"))
+         (env (gensym "ENV")))
+    `(defmacro ,name (&environment ,env ,place ,@lambda-list)
+       (%modify ,place ,env (lambda (access) (list* ',function access ,@vars ,rest))))))
 
 ;;; ------------------------------------------------------------------------------------------
 ;;; Conditions

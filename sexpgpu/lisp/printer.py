@@ -8,19 +8,9 @@ import re
 from fractions import Fraction
 from typing import Any, Callable
 
+from .charnames import char_name
 from .types import FUNCTION, NIL, QUASIQUOTE, QUOTE, UNQUOTE, UNQUOTE_SPLICING, Char, Cons, Symbol
 
-CHAR_PRINT_NAMES = {
-    "\n": "Newline",
-    "\t": "Tab",
-    "\r": "Return",
-    "\f": "Page",
-    "\b": "Backspace",
-    "\x7f": "Rubout",
-    "\x00": "Nul",
-    "\x1b": "Esc",
-    "\x07": "Bel",
-}
 
 _WRAPPERS = {QUOTE: "'", FUNCTION: "#'", QUASIQUOTE: "`", UNQUOTE: ",", UNQUOTE_SPLICING: ",@"}
 _NUMBER_LIKE = re.compile(r"[+-]?(?:[0-9]+\.?|[0-9]+/[0-9]+|[0-9]*\.[0-9]+(?:[esfdl][+-]?[0-9]+)?|[0-9]+(?:\.[0-9]*)?[esfdl][+-]?[0-9]+)\Z", re.I)
@@ -95,15 +85,15 @@ def _escaped_symbol_name(name: str) -> str:
 
 
 def char_text(c: Char, escape: bool) -> str:
+    """#\\a, and as SBCL prints them: #\\  for a space, the control and non-ASCII
+    characters by name (#\\Newline, #\\Soh, #\\GREEK_SMALL_LETTER_LAMDA)."""
     if not escape:
         return c.ch
-    name = CHAR_PRINT_NAMES.get(c.ch)
-    if name is not None:
-        return "#\\" + name
-    if c.ch == " ":
+    code = ord(c.ch)
+    if code == 32:
         return "#\\ "
-    if not c.ch.isprintable():
-        return f"#\\U{ord(c.ch):X}"
+    if code < 32 or code >= 127:
+        return "#\\" + (char_name(c.ch) or c.ch)
     return "#\\" + c.ch
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Optional
 
+from .charnames import name_char
 from .diagnostics import Diagnostic, DiagnosticError
 from .types import (
     FUNCTION,
@@ -30,22 +31,6 @@ from .types import (
 WHITESPACE = " \t\n\r\f\v"
 TERMINATING = "()'\";`,"
 
-CHAR_NAMES: dict[str, str] = {
-    "SPACE": " ",
-    "NEWLINE": "\n",
-    "LINEFEED": "\n",
-    "TAB": "\t",
-    "RETURN": "\r",
-    "PAGE": "\f",
-    "BACKSPACE": "\b",
-    "RUBOUT": "\x7f",
-    "DELETE": "\x7f",
-    "NUL": "\x00",
-    "NULL": "\x00",
-    "ESCAPE": "\x1b",
-    "ESC": "\x1b",
-    "BELL": "\x07",
-}
 
 _INT = re.compile(r"[+-]?[0-9]+\.?\Z")
 _RATIO = re.compile(r"[+-]?[0-9]+/[0-9]+\Z")
@@ -379,14 +364,9 @@ class Reader:
             return Char(first)
         name = first + text[self.pos : end]
         self.pos = end
-        code = CHAR_NAMES.get(name.upper())
-        if code is not None:
-            return Char(code)
-        if name[0] in "uU" and len(name) > 1:
-            try:
-                return Char(chr(int(name[1:], 16)))
-            except (ValueError, OverflowError):
-                pass
+        found = name_char(name)
+        if found is not None:
+            return Char(found)
         raise self.error("R004", f"unknown character name `#\\{name}`; use e.g. #\\a, #\\Space, #\\Newline, #\\Tab", start)
 
     def read_radix(self, start: int, base: int) -> Any:

@@ -24,7 +24,7 @@ fi
 if grep -n -e '#<' -e '{1' -e 'sb-' -e 'quasiquote' "$tmp" >&2; then
   echo "generate.sh: implementation-specific output above; fix those cases" >&2; exit 1
 fi
-errors="$(grep -c '^error$' "$tmp" || true)"
+errors="$(grep -c '^error' "$tmp" || true)"
 mv "$tmp" expected.txt
 chmod 644 expected.txt
 echo "expected.txt: $lines cases ($errors error cases)" >&2
