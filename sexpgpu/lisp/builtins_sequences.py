@@ -421,10 +421,13 @@ class Sequences(Lib):
         """The indices of the elements that match, at most :count of them, taken in visiting
         order (from the end with :from-end)."""
         s, e = self.bounds(fn, keys, len(items))
-        count: Any = keys.get("COUNT", NIL)
-        if count is not NIL and type(count) is not int:
+        count = keys.get("COUNT", NIL)
+        if count is NIL:
+            limit = len(items)
+        elif isinstance(count, int) and type(count) is int:
+            limit = max(count, 0)
+        else:
             raise type_error(fn, 0, "an integer or nil (the :count)", count)
-        limit: int = len(items) if count is NIL else max(count, 0)
         indices = range(e - 1, s - 1, -1) if keys.get("FROM-END", NIL) is not NIL else range(s, e)
         out: set[int] = set()
         for i in indices:
