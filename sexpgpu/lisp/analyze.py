@@ -1380,17 +1380,15 @@ class Analyzer:
         return self.stepped(form, node)
 
     def sf_handler_case(self, form: Cons, scope: Scope) -> Node:
-        from .conditions import condition_isa
-
         rest = form.cdr
         if type(rest) is not Cons:
             raise lisp_error("E105", "malformed handler-case: expected (handler-case form (type (var) body...)...)", "PROGRAM-ERROR")
-        clauses: list[tuple[Symbol, Optional[Symbol], Node]] = []
+        clauses: list[tuple[Any, Optional[Symbol], Node]] = []
         no_error: Optional[LambdaNode] = None
         for clause in _iter(rest.cdr):
-            if type(clause) is not Cons or type(clause.car) is not Symbol or type(clause.cdr) is not Cons:
+            if type(clause) is not Cons or type(clause.car) not in (Symbol, Cons) or type(clause.cdr) is not Cons:
                 raise lisp_error("E105", f"malformed handler-case clause {prin1_to_string(clause)}: expected (type ([var]) body...)", "PROGRAM-ERROR")
-            if clause.car.name == ":NO-ERROR" or (clause.car.is_keyword and clause.car.name == "NO-ERROR"):
+            if type(clause.car) is Symbol and clause.car.is_keyword and clause.car.name == "NO-ERROR":
                 no_error = self.lambda_node(Cons(self.s_lambda, clause.cdr), scope, NIL)
                 continue
             params = list(_iter(clause.cdr.car))
@@ -1401,15 +1399,23 @@ class Analyzer:
         protected = self.analyze(rest.car, scope)
         handlers = tuple(clauses)
         interp = self.interp
+        specs = tuple(ctype for ctype, _, _ in clauses)
+        typep = interp.types.typep
 
         def node(f: Frame) -> Any:
+            interp.handlers.append(specs)
             try:
                 value = protected(f)
             except LispError as exc:
+                interp.handlers.pop()
                 for ctype, var, handler in handlers:
-                    if condition_isa(exc.condition.ctype, ctype.name):
+                    if typep(exc.condition, ctype):
                         return handler({PARENT: f, var: exc.condition} if var is not None else f)
                 raise
+            except BaseException:
+                interp.handlers.pop()
+                raise
+            interp.handlers.pop()
             if no_error is not None:
                 return interp.call_closure(Closure(NIL, no_error, f), list(value) if type(value) is MultipleValues else [value])
             return value

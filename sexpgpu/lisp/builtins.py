@@ -16,6 +16,7 @@ from .objects import (
     Builtin,
     Closure,
     HashTable,
+    LispArray,
     Macro,
     StructInstance,
 )
@@ -212,141 +213,95 @@ def eql(a: Any, b: Any) -> bool:
     return False
 
 
-def equal(a: Any, b: Any) -> bool:
-    while True:
-        if eql(a, b):
-            return True
-        ta = type(a)
-        if ta is Cons and type(b) is Cons:
-            if not equal(a.car, b.car):
+def equal(a: Any, b: Any, charge: Optional[Callable[[int], None]] = None) -> bool:
+    """equal: conses by structure, strings by contents, else eql. CHARGE, when given, is
+    charged a step per cons compared (so a circular list stops at the budget)."""
+    pending = [(a, b)]
+    n = 0
+    while pending:
+        a, b = pending.pop()
+        while a is not b:
+            ta = type(a)
+            if ta is Cons and type(b) is Cons:
+                pending.append((a.car, b.car))
+                a, b = a.cdr, b.cdr
+                n += 1
+                if charge is not None and n >= 4096:
+                    charge(n)
+                    n = 0
+                continue
+            if ta is str and type(b) is str:
+                if a != b:
+                    return False
+                break
+            if not eql(a, b):
                 return False
-            a, b = a.cdr, b.cdr
+            break
+    if charge is not None and n:
+        charge(n)
+    return True
+
+
+def equalp(a: Any, b: Any, charge: Optional[Callable[[int], None]] = None) -> bool:
+    """equalp: numbers by =, characters and strings ignoring case, conses, arrays,
+    structures and hash tables element by element."""
+    pending = [(a, b)]
+    n = 0
+    while pending:
+        a, b = pending.pop()
+        n += 1
+        if charge is not None and n >= 4096:
+            charge(n)
+            n = 0
+        if a is b:
             continue
-        if ta is str and type(b) is str:
-            return bool(a == b)
-        return False
+        ta, tb = type(a), type(b)
+        if is_num(a) and is_num(b):
+            if a != b:
+                return False
+        elif ta is Char and tb is Char:
+            if a.ch.lower() != b.ch.lower():
+                return False
+        elif ta is str and tb is str:
+            if a.lower() != b.lower():
+                return False
+        elif ta is Cons and tb is Cons:
+            pending.append((a.cdr, b.cdr))
+            pending.append((a.car, b.car))
+        elif ta in (str, list) and tb in (str, list):
+            if len(a) != len(b):
+                return False
+            pending.extend(zip(_elements(a), _elements(b)))
+        elif ta is LispArray and tb is LispArray:
+            if a.dims != b.dims:
+                return False
+            pending.extend(zip(a.data, b.data))
+        elif ta is StructInstance and tb is StructInstance:
+            if a.stype is not b.stype:
+                return False
+            pending.extend(zip(a.values, b.values))
+        elif ta is HashTable and tb is HashTable:
+            if a.test != b.test or len(a.entries) != len(b.entries):
+                return False
+            for k, v in a.entries.items():
+                other = b.entries.get(k)
+                if other is None:
+                    return False
+                pending.append((v[1], other[1]))
+        elif not eql(a, b):
+            return False
+    if charge is not None and n:
+        charge(n)
+    return True
 
 
-def equalp(a: Any, b: Any) -> bool:
-    if equal(a, b):
-        return True
-    ta, tb = type(a), type(b)
-    if is_num(a) and is_num(b):
-        return bool(a == b)
-    if ta is Char and tb is Char:
-        return a.ch.lower() == b.ch.lower()
-    if ta is str and tb is str:
-        return a.lower() == b.lower()
-    if ta in (str, list) and tb in (str, list):
-        ia, ib = seq_items("equalp", 1, a), seq_items("equalp", 2, b)
-        return len(ia) == len(ib) and all(equalp(x, y) for x, y in zip(ia, ib))
-    if ta is Cons and tb is Cons:
-        return equalp(a.car, b.car) and equalp(a.cdr, b.cdr)
-    if ta is StructInstance and tb is StructInstance:
-        return a.stype is b.stype and all(equalp(x, y) for x, y in zip(a.values, b.values))
-    if ta is HashTable and tb is HashTable:
-        return a.test == b.test and len(a.entries) == len(b.entries) and all(
-            k in b.entries and equalp(v[1], b.entries[k][1]) for k, v in a.entries.items()
-        )
-    return False
+def _elements(x: Any) -> list[Any]:
+    return [Char(c) for c in x] if type(x) is str else x
 
 
 # -- types ----------------------------------------------------------------------------------------
 def typep(interp: "Interpreter", x: Any, spec: Any) -> bool:
-    if type(spec) is Cons:
-        head = spec.car.name if type(spec.car) is Symbol else ""
-        args = list_items("typep", 2, spec.cdr)
-        if head == "OR":
-            return any(typep(interp, x, s) for s in args)
-        if head == "AND":
-            return all(typep(interp, x, s) for s in args)
-        if head == "NOT":
-            return not typep(interp, x, args[0])
-        if head == "MEMBER":
-            return any(eql(x, a) for a in args)
-        if head == "EQL":
-            return eql(x, args[0])
-        if head == "SATISFIES":
-            return interp.call(args[0], x) is not NIL
-        if head in ("INTEGER", "REAL", "RATIONAL", "FLOAT", "DOUBLE-FLOAT", "SINGLE-FLOAT", "NUMBER"):
-            if not typep(interp, x, spec.car):
-                return False
-            lo = args[0] if args else NIL
-            hi = args[1] if len(args) > 1 else NIL
-            return _in_bound(x, lo, True) and _in_bound(x, hi, False)
-        if head in ("VECTOR", "SIMPLE-VECTOR", "ARRAY", "STRING", "SIMPLE-STRING", "CONS", "LIST"):
-            return typep(interp, x, spec.car)
-        raise lisp_error("E103", f"unknown type specifier {short(spec)}", "TYPE-ERROR", spec)
-    if type(spec) is not Symbol:
-        raise lisp_error("E103", f"unknown type specifier {short(spec)}", "TYPE-ERROR", spec)
-    name = spec.name
-    check = _TYPE_PREDICATES.get(name)
-    if check is not None:
-        return check(x)
-    stype = interp.structs.get(spec)
-    if stype is not None:
-        return type(x) is StructInstance and x.stype.isa(stype)
-    if type(x) is Condition:
-        from .conditions import condition_isa
-
-        return condition_isa(x.ctype, name)
-    if name in _CONDITION_TYPE_NAMES:
-        return False
-    raise lisp_error("E103", f"unknown type specifier {short(spec)}", "TYPE-ERROR", spec)
-
-
-def _in_bound(x: Any, bound: Any, lower: bool) -> bool:
-    if type(bound) is Symbol:
-        return True
-    if type(bound) is Cons:
-        b = bound.car
-        return x > b if lower else x < b
-    return x >= bound if lower else x <= bound
-
-
-def _is_function(x: Any) -> bool:
-    return type(x) in (Closure, Builtin)
-
-
-_TYPE_PREDICATES: dict[str, Callable[[Any], bool]] = {
-    "T": lambda x: True,
-    "NIL": lambda x: False,
-    "NUMBER": is_num,
-    "REAL": is_num,
-    "RATIONAL": is_real_rational,
-    "INTEGER": lambda x: type(x) is int,
-    "FIXNUM": lambda x: type(x) is int and -(2**62) <= x < 2**62,
-    "BIGNUM": lambda x: type(x) is int and not (-(2**62) <= x < 2**62),
-    "BIT": lambda x: type(x) is int and x in (0, 1),
-    "RATIO": lambda x: type(x) is Fraction,
-    "FLOAT": lambda x: type(x) is float,
-    "DOUBLE-FLOAT": lambda x: type(x) is float,
-    "SINGLE-FLOAT": lambda x: False,
-    "STRING": lambda x: type(x) is str,
-    "SIMPLE-STRING": lambda x: type(x) is str,
-    "CHARACTER": lambda x: type(x) is Char,
-    "STANDARD-CHAR": lambda x: type(x) is Char,
-    "SYMBOL": lambda x: type(x) is Symbol,
-    "KEYWORD": lambda x: type(x) is Symbol and x.package == "KEYWORD",
-    "BOOLEAN": lambda x: x is T or x is NIL,
-    "NULL": lambda x: x is NIL,
-    "CONS": lambda x: type(x) is Cons,
-    "LIST": lambda x: x is NIL or type(x) is Cons,
-    "ATOM": lambda x: type(x) is not Cons,
-    "VECTOR": lambda x: type(x) in (list, str),
-    "SIMPLE-VECTOR": lambda x: type(x) is list,
-    "ARRAY": lambda x: type(x) in (list, str),
-    "SEQUENCE": lambda x: x is NIL or type(x) in (Cons, list, str),
-    "FUNCTION": _is_function,
-    "COMPILED-FUNCTION": _is_function,
-    "HASH-TABLE": lambda x: type(x) is HashTable,
-}
-
-_CONDITION_TYPE_NAMES = {
-    "CONDITION", "ERROR", "SIMPLE-ERROR", "TYPE-ERROR", "WARNING", "SERIOUS-CONDITION", "PROGRAM-ERROR",
-    "CONTROL-ERROR", "CELL-ERROR", "UNBOUND-VARIABLE", "UNDEFINED-FUNCTION", "ARITHMETIC-ERROR",
-    "DIVISION-BY-ZERO", "SIMPLE-WARNING", "STYLE-WARNING", "PARSE-ERROR", "SIMPLE-TYPE-ERROR",
-}
+    return interp.types.typep(x, spec)
 
 
 def type_name_of(x: Any) -> str:
@@ -433,12 +388,12 @@ def format_to_string(interp: "Interpreter", control: str, args: list[Any]) -> st
             args,
             lambda x: prin1_to_string(x, interp.print_other),
             lambda x: princ_to_string(x, interp.print_other),
+            interp,
         )
     except FormatError as exc:
-        raise lisp_error("E103", str(exc), "SIMPLE-ERROR") from None
+        raise lisp_error("E103", str(exc), exc.ctype) from None
     except PrintTooLarge as exc:
         raise lisp_error("E103", f"format: {exc}", "SIMPLE-ERROR") from None
-    interp.alloc(len(text) // 8)
     return text
 
 

@@ -466,9 +466,9 @@ class Conses(Lib):
     def op_pairlis(self, keys: Any, values: Any, alist: Any = NIL) -> Any:
         ks, vs = self.elements("pairlis", 1, keys), self.elements("pairlis", 2, values)
         if len(ks) != len(vs):
-            raise lisp_error("E103", "`pairlis`: the key and value lists differ in length", "TYPE-ERROR")
+            raise lisp_error("E103", "`pairlis`: the key and value lists differ in length", "ERROR")
         self.alloc(2 * len(ks))
-        for k, v in reversed(list(zip(ks, vs))):
+        for k, v in zip(ks, vs):  # each pair goes on the front, as SBCL does
             alist = Cons(Cons(k, v), alist)
         return alist
 
@@ -632,43 +632,57 @@ class Conses(Lib):
         self.charge(len(items))
         return any(test(k, key(y)) for y in items)
 
+    # The orders below are SBCL's (CLHS leaves them open), so results print the same.
     def op_union(self, a: Any, b: Any, *args: Any) -> Any:
         ia, ib, test, key = self.set_args("union", a, b, args)
-        extra = [x for x in ia if not self.contains(ib, x, test, key)]
-        self.alloc(len(extra) + len(ib))
-        return to_lisp_list(extra + ib)
+        # the shorter list is the base; the other's new elements are pushed on it
+        short, long_items, short_items = (a, ib, ia) if len(ia) < len(ib) else (b, ia, ib)
+        out = short
+        for x in long_items:
+            if not self.contains(short_items, x, test, key):
+                self.alloc(1)
+                out = Cons(x, out)
+        return out
 
     def op_nunion(self, a: Any, b: Any, *args: Any) -> Any:
         return self.op_union(a, b, *args)
 
     def op_intersection(self, a: Any, b: Any, *args: Any) -> Any:
         ia, ib, test, key = self.set_args("intersection", a, b, args)
-        kept = [x for x in ia if self.contains(ib, x, test, key)]
+        kept = [x for x in ia if self.contains(ib, x, test, key)] if ib else []
         self.alloc(len(kept))
-        return to_lisp_list(kept)
+        return to_lisp_list(kept[::-1])
 
     def op_nintersection(self, a: Any, b: Any, *args: Any) -> Any:
         return self.op_intersection(a, b, *args)
 
     def op_set_difference(self, a: Any, b: Any, *args: Any) -> Any:
         ia, ib, test, key = self.set_args("set-difference", a, b, args)
+        if not ib:
+            return a
         kept = [x for x in ia if not self.contains(ib, x, test, key)]
         self.alloc(len(kept))
-        return to_lisp_list(kept)
+        return to_lisp_list(kept[::-1])
 
     def op_nset_difference(self, a: Any, b: Any, *args: Any) -> Any:
         return self.op_set_difference(a, b, *args)
 
-    def op_set_exclusive_or(self, a: Any, b: Any, *args: Any) -> Any:
-        ia, ib, test, key = self.set_args("set-exclusive-or", a, b, args)
+    def exclusive_parts(self, fn: str, a: Any, b: Any, args: tuple[Any, ...]) -> tuple[list[Any], list[Any]]:
+        ia, ib, test, key = self.set_args(fn, a, b, args)
         only_a = [x for x in ia if not self.contains(ib, x, test, key)]
         # the test is always called (element-of-a, element-of-b)
         only_b = [y for y in ib if not any(test(key(x), key(y)) for x in ia)]
+        self.charge(len(ia) * len(ib))
         self.alloc(len(only_a) + len(only_b))
-        return to_lisp_list(only_a + only_b)
+        return only_a, only_b
+
+    def op_set_exclusive_or(self, a: Any, b: Any, *args: Any) -> Any:
+        only_a, only_b = self.exclusive_parts("set-exclusive-or", a, b, args)
+        return to_lisp_list((only_a + only_b)[::-1])
 
     def op_nset_exclusive_or(self, a: Any, b: Any, *args: Any) -> Any:
-        return self.op_set_exclusive_or(a, b, *args)
+        only_a, only_b = self.exclusive_parts("nset-exclusive-or", a, b, args)
+        return to_lisp_list(only_a + only_b)
 
     def op_subsetp(self, a: Any, b: Any, *args: Any) -> Any:
         ia, ib, test, key = self.set_args("subsetp", a, b, args)

@@ -180,7 +180,8 @@ class Sequences(Lib):
     def op_subseq(self, seq: Any, start: Any, end: Any = NIL) -> Any:
         if type(seq) is str:
             s, e = self.bounds("subseq", {"START": start, "END": end}, len(seq))
-            self.charge(e - s)
+            self.alloc((e - s) // 8)
+            self.charge((e - s) // 8)
             return _fresh(seq[s:e])
         items = self.items("subseq", 1, seq)
         s, e = self.bounds("subseq", {"START": start, "END": end}, len(items))
@@ -197,13 +198,15 @@ class Sequences(Lib):
 
     def op_copy_seq(self, seq: Any) -> Any:
         if type(seq) is str:
-            self.charge(len(seq))
+            self.alloc(len(seq) // 8)
+            self.charge(len(seq) // 8)
             return _fresh(seq)
         return self.like(self.items("copy-seq", 1, seq), seq)
 
     def op_reverse(self, seq: Any) -> Any:
         if type(seq) is str:
-            self.charge(len(seq))
+            self.alloc(len(seq) // 8)
+            self.charge(len(seq) // 8)
             return _fresh(seq[::-1])
         return self.like(self.items("reverse", 1, seq)[::-1], seq)
 
@@ -577,8 +580,8 @@ class Sequences(Lib):
         kind = self.sequence_type("concatenate", rtype)
         if kind.kind == "string" and all(type(s) is str for s in seqs):
             total = sum(len(s) for s in seqs)
-            self.charge(total)
             self.alloc(total // 8 + 1)  # before the string exists
+            self.charge(total // 8)
             text = "".join(seqs)
             if kind.length is not None and kind.length != len(text):
                 raise lisp_error("E103", f"`concatenate`: the result has {len(text)} elements, but {short(rtype)} has {kind.length}", "TYPE-ERROR", rtype)

@@ -3,7 +3,7 @@ structures, conditions, definitions, eval and macroexpansion."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .builtins import (
     Registry,
@@ -18,13 +18,15 @@ from .builtins import (
     need_symbol,
     parse_keys,
     short,
+    to_lisp_list,
     type_error,
     type_name_of,
     typep,
 )
-from .conditions import Condition, LispError, lisp_error
+from .conditions import CONDITION_PARENTS, Condition, LispError, condition_isa, lisp_error
 from .objects import Builtin, Closure, HashTable, LexicalEnvironment, Macro, StructInstance, StructType
 from .scope import SymbolMacroEntry
+from .typespecs import subtypep_values
 from .types import NIL, T, Cons, MultipleValues, Symbol
 
 if TYPE_CHECKING:
@@ -37,9 +39,12 @@ def install(reg: Registry) -> None:
 
     add("eq", lambda a, b: lbool(eq(a, b)))
     add("eql", lambda a, b: lbool(eql(a, b)))
-    add("equal", lambda a, b: lbool(equal(a, b)))
-    add("equalp", lambda a, b: lbool(equalp(a, b)))
-    for name, test in (("eq", eq), ("eql", eql), ("equal", equal), ("equalp", equalp)):
+    add("equal", lambda a, b: lbool(equal(a, b, interp.charge)))
+    add("equalp", lambda a, b: lbool(equalp(a, b, interp.charge)))
+    tests: dict[str, Callable[[Any, Any], bool]] = {
+        "eq": eq, "eql": eql, "equal": lambda a, b: equal(a, b, interp.charge), "equalp": lambda a, b: equalp(a, b, interp.charge),
+    }
+    for name, test in tests.items():
         interp.standard_tests[interp.functions[interp.sym(name)]] = test
     add("not", lambda x: lbool(not interp.truth(x)))
     add("functionp", lambda x: lbool(type(x) in (Closure, Builtin)))
@@ -183,48 +188,94 @@ def install(reg: Registry) -> None:
     add("eval", lisp_eval)
 
     # -- conditions -------------------------------------------------------------------------------------
+    condition_keys = {"FORMAT-CONTROL", "FORMAT-ARGUMENTS", "DATUM", "EXPECTED-TYPE", "NAME", "OPERATION", "OPERANDS", "PATHNAME", "STREAM", "PACKAGE"}
+
     def make_condition(ctype: str, datum: Any, args: tuple[Any, ...], default_type: str) -> Condition:
+        """The condition that error, warn, signal and make-condition make of their arguments."""
         if type(datum) is str:
-            return Condition(default_type, format_to_string(interp, datum, list(args)), "E104" if default_type != "SIMPLE-WARNING" else "W001")
+            message = format_to_string(interp, datum, list(args))
+            slots = {"FORMAT-CONTROL": datum, "FORMAT-ARGUMENTS": to_lisp_list(args)}
+            return Condition(default_type, message, "E104" if default_type != "SIMPLE-WARNING" else "W001", slots=slots)
         if type(datum) is Condition:
             return datum
         if type(datum) is Symbol:
-            keys = parse_keys(ctype, args, {"FORMAT-CONTROL", "FORMAT-ARGUMENTS", "DATUM", "EXPECTED-TYPE", "NAME"}, 2)
+            if datum.name not in CONDITION_PARENTS or datum.package not in ("", None):
+                raise lisp_error("E103", f"`{ctype}`: {short(datum)} is not a condition type", "TYPE-ERROR", datum)
+            keys = parse_keys(ctype, args, condition_keys, 2)
             if "FORMAT-CONTROL" in keys:
-                message = format_to_string(interp, need_string(ctype, 3, keys["FORMAT-CONTROL"]), list_items(ctype, 5, keys.get("FORMAT-ARGUMENTS", NIL)))
+                control = keys["FORMAT-CONTROL"]
+                arguments = list_items(ctype, 5, keys.get("FORMAT-ARGUMENTS", NIL))
+                message = format_to_string(interp, control, arguments) if type(control) is str else short(control)
             elif "DATUM" in keys:
                 message = f"The value {short(keys['DATUM'])} is not of type {short(keys.get('EXPECTED-TYPE', T))}"
+            elif "NAME" in keys:
+                message = f"{datum.name.lower()}: {short(keys['NAME'])}"
             else:
                 message = f"condition {datum.name.lower()} was signalled"
-            return Condition(datum.name, message, "E104", keys.get("DATUM"))
+            return Condition(datum.name, message, "E104", keys.get("DATUM"), slots=keys)
         raise type_error(ctype, 1, "a format string, condition type or condition", datum)
 
     def lisp_error_fn(datum: Any, *args: Any) -> Any:
         raise LispError(make_condition("error", datum, args, "SIMPLE-ERROR"))
 
+    def handled(condition: Condition) -> bool:
+        """Whether an active handler-case has a clause for CONDITION."""
+        return any(interp.types.typep(condition, spec) for specs in interp.handlers for spec in specs)
+
     def warn(datum: Any, *args: Any) -> Any:
         condition = make_condition("warn", datum, args, "SIMPLE-WARNING")
+        if not condition_isa(condition.ctype, "WARNING"):
+            raise type_error("warn", 1, "a warning (a format string or a warning type)", datum)
+        if handled(condition):
+            raise LispError(condition)
         interp.warnings.append((condition.message, interp.current_loc))
         return NIL
 
+    def signal(datum: Any, *args: Any) -> Any:
+        """Signal: a handler-case that handles the condition takes it; else nil."""
+        condition = make_condition("signal", datum, args, "SIMPLE-CONDITION")
+        if handled(condition):
+            raise LispError(condition)
+        return NIL
+
+    def condition_reader(slot: str, fn: str, kind: str) -> Callable[[Any], Any]:
+        def read(c: Any) -> Any:
+            if type(c) is not Condition or not condition_isa(c.ctype, kind):
+                raise type_error(fn, 1, f"a {kind.lower()}", c)
+            return c.slots.get(slot, c.datum if slot == "DATUM" else NIL)
+
+        return read
+
     add("error", lisp_error_fn)
+    add("cerror", lambda continue_string, datum, *args: lisp_error_fn(datum, *args))
     add("warn", warn)
-    add("signal", lambda datum, *args: NIL)
+    add("signal", signal)
+    add("make-condition", lambda ctype, *args: make_condition("make-condition", need_symbol("make-condition", 1, ctype), args, "SIMPLE-ERROR"))
+    for slot, fn, kind in [
+        ("FORMAT-CONTROL", "simple-condition-format-control", "SIMPLE-CONDITION"),
+        ("FORMAT-ARGUMENTS", "simple-condition-format-arguments", "SIMPLE-CONDITION"),
+        ("DATUM", "type-error-datum", "TYPE-ERROR"),
+        ("EXPECTED-TYPE", "type-error-expected-type", "TYPE-ERROR"),
+        ("NAME", "cell-error-name", "CELL-ERROR"),
+        ("OPERATION", "arithmetic-error-operation", "ARITHMETIC-ERROR"),
+        ("OPERANDS", "arithmetic-error-operands", "ARITHMETIC-ERROR"),
+    ]:
+        add(fn, condition_reader(slot, fn, kind))
     add("%condition-p", lambda x: lbool(type(x) is Condition))
     add("%condition-message", lambda c: c.message if type(c) is Condition else short(c))
 
     # -- hash tables ----------------------------------------------------------------------------------------
     def make_hash_table(*args: Any) -> Any:
-        keys = parse_keys("make-hash-table", args, {"TEST", "SIZE", "REHASH-SIZE", "REHASH-THRESHOLD"}, 1)
+        keys = parse_keys("make-hash-table", args, {"TEST", "SIZE", "REHASH-SIZE", "REHASH-THRESHOLD", "WEAKNESS", "SYNCHRONIZED"}, 1)
         test = keys.get("TEST", NIL)
         name = "EQL"
         if type(test) is Symbol and test is not NIL:
             name = test.name
-        elif type(test) is Builtin:
-            name = test.name.upper()
+        elif type(test) is Builtin and interp.functions.get(interp.sym(test.name)) is test:
+            name = str(test.name).upper()
         if name not in ("EQ", "EQL", "EQUAL", "EQUALP"):
-            raise type_error("make-hash-table", 2, "one of eq, eql, equal, equalp", test)
-        return HashTable(name)
+            raise lisp_error("E103", f"`make-hash-table`: the :test must be eq, eql, equal or equalp, got {short(test)}", "ERROR", test)
+        return HashTable(name, interp.charge)
 
     def need_table(fn: str, pos: int, x: Any) -> HashTable:
         if type(x) is not HashTable:
@@ -272,6 +323,113 @@ def install(reg: Registry) -> None:
 
     add("%hash-entries", hash_entries)
     add("hash-table-count", lambda t: len(need_table("hash-table-count", 1, t).entries))
+    add("hash-table-test", lambda t: interp.sym(need_table("hash-table-test", 1, t).test))
+    add("hash-table-size", lambda t: max(16, len(need_table("hash-table-size", 1, t).entries)))
+    add("hash-table-rehash-size", lambda t: (need_table("hash-table-rehash-size", 1, t), 1.5)[1])
+    add("hash-table-rehash-threshold", lambda t: (need_table("hash-table-rehash-threshold", 1, t), 1.0)[1])
+    add("sxhash", lambda x: _sxhash(x))
+
+    # -- symbols -------------------------------------------------------------------------------------------
+    def plist_of(fn: str, sym: Any) -> Any:
+        return interp.plists.get(need_symbol(fn, 1, sym), NIL)
+
+    def get(sym: Any, indicator: Any, default: Any = NIL) -> Any:
+        cell = plist_of("get", sym)
+        while type(cell) is Cons and type(cell.cdr) is Cons:
+            if cell.car is indicator:
+                return cell.cdr.car
+            cell = cell.cdr.cdr
+        return default
+
+    def put(sym: Any, indicator: Any, *rest: Any) -> Any:
+        """(setf (get symbol indicator [default]) value)."""
+        if not 1 <= len(rest) <= 2:
+            raise lisp_error("E102", "`(setf get)` takes a symbol, an indicator, an optional default and a value", "PROGRAM-ERROR")
+        value = rest[-1]
+        cell = plist_of("(setf get)", sym)
+        while type(cell) is Cons and type(cell.cdr) is Cons:
+            if cell.car is indicator:
+                cell.cdr.car = value
+                return value
+            cell = cell.cdr.cdr
+        interp.alloc(2)
+        interp.plists[sym] = Cons(indicator, Cons(value, interp.plists.get(sym, NIL)))
+        return value
+
+    def remprop(sym: Any, indicator: Any) -> Any:
+        previous = None
+        cell = plist_of("remprop", sym)
+        while type(cell) is Cons and type(cell.cdr) is Cons:
+            if cell.car is indicator:
+                if previous is None:
+                    interp.plists[sym] = cell.cdr.cdr
+                else:
+                    previous.cdr.cdr = cell.cdr.cdr
+                return cell
+            previous = cell
+            cell = cell.cdr.cdr
+        return NIL
+
+    def set_symbol_plist(sym: Any, plist: Any) -> Any:
+        interp.plists[need_symbol("(setf symbol-plist)", 1, sym)] = plist
+        return plist
+
+    def copy_symbol(sym: Any, copy_props: Any = NIL) -> Any:
+        need_symbol("copy-symbol", 1, sym)
+        new = Symbol(sym.name, None)
+        if copy_props is not NIL:
+            if sym in interp.values:
+                interp.values[new] = interp.values[sym]
+            if sym in interp.functions:
+                interp.functions[new] = interp.functions[sym]
+            from .builtins_conses import Conses
+
+            interp.plists[new] = Conses(interp).op_copy_list(interp.plists.get(sym, NIL))
+        return new
+
+    def makunbound(sym: Any) -> Any:
+        need_symbol("makunbound", 1, sym)
+        interp.check_assignable(sym)
+        interp.values.pop(sym, None)
+        return sym
+
+    def fmakunbound(name: Any) -> Any:
+        if type(name) is Cons and type(name.cdr) is Cons:
+            interp.setf_functions.pop(name.cdr.car, None)
+            return name
+        need_symbol("fmakunbound", 1, name)
+        interp.check_redefinition(name, "function")
+        interp.functions.pop(name, None)
+        interp.macros.pop(name, None)
+        return name
+
+    def constantp(form: Any, env: Any = NIL) -> Any:
+        if type(form) is Symbol:
+            return lbool(form.package == "KEYWORD" or form in interp.constants)
+        if type(form) is Cons:
+            return lbool(type(form.car) is Symbol and form.car.name == "QUOTE" and type(form.cdr) is Cons and form.cdr.cdr is NIL)
+        return T
+
+    add("get", get)
+    add("%put", put)
+    add("remprop", remprop)
+    add("symbol-plist", lambda sym: plist_of("symbol-plist", sym))
+    add("%set-symbol-plist", set_symbol_plist)
+    add("copy-symbol", copy_symbol)
+    add("makunbound", makunbound)
+    add("fmakunbound", fmakunbound)
+    add("constantp", constantp)
+    add("symbol-package", lambda sym: (need_symbol("symbol-package", 1, sym), NIL)[1])
+
+    # -- types ------------------------------------------------------------------------------------------------
+    def p_deftype(name: Any, expander: Any) -> Any:
+        need_symbol("deftype", 1, name)
+        interp.types.deftypes[name] = expander
+        interp.types.cache.clear()
+        return name
+
+    add("subtypep", lambda a, b, env=NIL: subtypep_values(interp.types, a, b))
+    add("%deftype", p_deftype)
 
     # -- structures ----------------------------------------------------------------------------------------
     def p_defstruct(name: Any, slots: Any, include: Any) -> Any:
@@ -355,6 +513,13 @@ def _tree_has_name(interp: "Interpreter", tree: Any, name: str) -> bool:
             return True
     interp.charge(seen)
     return False
+
+
+def _sxhash(x: Any) -> int:
+    """A non-negative fixnum, equal for equal objects."""
+    from .objects import _bounded_hash
+
+    return _bounded_hash(x, False, [64]) & (2**62 - 1)
 
 
 def _proper_length(x: Any) -> Any:

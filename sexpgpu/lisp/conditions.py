@@ -73,15 +73,17 @@ def error_class(ctype: str) -> str:
 
 
 class Condition:
-    """A condition object as Lisp code sees it (handler-case binds it)."""
+    """A condition object as Lisp code sees it (handler-case binds it). SLOTS holds what its
+    readers return (format-control, format-arguments, datum, expected-type, name ...)."""
 
-    __slots__ = ("ctype", "message", "code", "datum")
+    __slots__ = ("ctype", "message", "code", "datum", "slots")
 
-    def __init__(self, ctype: str, message: str, code: str = "E104", datum: Any = None) -> None:
+    def __init__(self, ctype: str, message: str, code: str = "E104", datum: Any = None, slots: Optional[dict[str, Any]] = None) -> None:
         self.ctype = ctype
         self.message = message
         self.code = code
         self.datum = datum
+        self.slots = slots if slots is not None else {}
 
 
 class LispError(Exception):

@@ -33,7 +33,7 @@ CODES: dict[str, str] = {
     "E106": "unknown block or tag for return-from / go, or a throw with no catch",
     "E107": "a constant cannot be assigned or rebound",
     "E108": "division by zero or another arithmetic error",
-    "E109": "not available at compile time in SexpGPU (multi-dimensional arrays, mutable strings)",
+    "E109": "not available at compile time in SexpGPU (mutable strings, displaced arrays)",
     "E110": "bad lambda list",
     # limits
     "L001": "evaluation step budget exhausted",

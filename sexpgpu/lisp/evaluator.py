@@ -36,6 +36,7 @@ from .objects import (
 from .printer import prin1_to_string
 from .reader import Reader
 from .scope import BindPlan, Pattern, Scope
+from .typespecs import TypeSpecs
 from .types import NIL, T, Cons, Loc, MultipleValues, Symbol, SymbolTable
 
 DEFAULT_SECONDS = 30.0
@@ -86,6 +87,8 @@ class Interpreter:
         self.constants: set[Symbol] = {T, NIL}
         self.setf_functions: dict[Symbol, Any] = {}
         self.structs: dict[Symbol, StructType] = {}
+        self.plists: dict[Symbol, Any] = {}  # each symbol's property list
+        self.handlers: list[tuple[Any, ...]] = []  # the clause types of the active handler-cases, innermost last
         self.gensym_counter = 0
         self.steps_left = 0
         self.steps_reserve = 0
@@ -121,6 +124,7 @@ class Interpreter:
         self._lambda_lists: dict[int, tuple[Any, LambdaList]] = {}
         self._load_time_values: dict[int, tuple[Any, Any]] = {}
         self.analyzer = Analyzer(self)
+        self.types = TypeSpecs(self)
         self.s_progn = self.sym("PROGN")
         from .builtins import install_builtins
 

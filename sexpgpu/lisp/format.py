@@ -18,7 +18,7 @@ import math
 import struct
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Protocol, Union
 
 from .charnames import char_name
 from .printer import Printer
@@ -30,7 +30,20 @@ Real = Union[int, float, Fraction]
 
 class FormatError(Exception):
     """A bad control string, or arguments that do not fit it. The message names the
-    directive and its index in the control string."""
+    directive and its index in the control string. CTYPE is the condition it becomes
+    (SBCL signals a type-error for a ~{ argument that is not a list)."""
+
+    def __init__(self, message: str, ctype: str = "ERROR") -> None:
+        super().__init__(message)
+        self.ctype = ctype
+
+
+class Budget(Protocol):
+    """What format charges as it runs: a step per directive run, cells for its output."""
+
+    def charge(self, n: int) -> None: ...
+
+    def alloc(self, n: int) -> None: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -389,13 +402,19 @@ class _CallbackFailure(Exception):
 
 
 class _Output:
-    def __init__(self) -> None:
+    def __init__(self, budget: Optional[Budget] = None) -> None:
         self.parts: list[str] = []
         self.size = 0
+        self.budget = budget
+        self.charged = 0  # output characters already paid for
 
     def reserve(self, count: int) -> None:
         if self.size + count > MAX_OUTPUT_CHARS:
             raise FormatError(f"format: the output would be longer than {MAX_OUTPUT_CHARS} characters")
+        if self.budget is not None and self.size + count - self.charged >= 4096:
+            cells = (self.size + count - self.charged) // 8
+            self.budget.alloc(cells)
+            self.charged += cells * 8
 
     def write(self, text: str) -> None:
         if text:
@@ -421,6 +440,9 @@ class _Output:
         self.write(convert(text))
 
     def text(self) -> str:
+        if self.budget is not None and self.size > self.charged:
+            self.budget.alloc((self.size - self.charged) // 8)
+            self.charged = self.size
         return "".join(self.parts)
 
 
@@ -438,6 +460,7 @@ def _is_integer(x: Any) -> bool:
 INT = "integer"
 REAL = "real number"  # only mincol, which SBCL just compares with
 CHAR = "character"
+ANY = "parameter"  # ~^ compares numbers or characters
 _CONSUME = object()  # default that takes the next argument (the index of ~[)
 
 
@@ -474,11 +497,25 @@ def _check_param(directive: _Directive, i: int, value: Any, kind: str) -> Any:
         ok = _is_integer(value)
     elif kind == REAL:
         ok = _is_integer(value) or type(value) in (float, Fraction)
+    elif kind == ANY:
+        ok = _is_integer(value) or type(value) is Char
     else:
         ok = type(value) is Char
     if not ok:
         raise FormatError(f"format: parameter {i + 1} of {directive.label} must be a{'n' if kind == INT else ''} {kind}, not {_describe(value)}")
     return value
+
+
+def _param_key(value: Any) -> Any:
+    return ("char", value.ch) if type(value) is Char else value
+
+
+def _param_order(d: _Directive, a: Any, b: Any) -> bool:
+    if type(a) is Char and type(b) is Char:
+        return a.ch <= b.ch
+    if _is_integer(a) and _is_integer(b):
+        return bool(a <= b)
+    raise FormatError(f"format: {d.label}: parameters of different kinds cannot be ordered")
 
 
 def _describe(value: Any) -> str:
@@ -1019,12 +1056,13 @@ def _pad_count(text: str, mincol: Real, colinc: int, minpad: int, directive: _Di
 
 
 class _Formatter:
-    def __init__(self, control: str, prin1: PrintFunction, princ: PrintFunction) -> None:
+    def __init__(self, control: str, prin1: PrintFunction, princ: PrintFunction, budget: Optional[Budget]) -> None:
         self.control = control
         self.prin1_fn = prin1
         self.princ_fn = princ
-        self.out = _Output()
+        self.out = _Output(budget)
         self.steps = 0
+        self.budget = budget
 
     # -- running --------------------------------------------------------------------------
 
@@ -1038,6 +1076,8 @@ class _Formatter:
 
     def interpret(self, nodes: list[_Node], args: _Args, outside: Optional[_Args]) -> None:
         """Run directives. `outside` is the enclosing ~:{'s list of sublists (for ~:^)."""
+        if self.budget is not None:
+            self.budget.charge(len(nodes))
         for node in nodes:
             if type(node) is str:
                 self.out.write(node)
@@ -1236,15 +1276,17 @@ class _Formatter:
     # -- ~^ -----------------------------------------------------------------------------
 
     def do_escape(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
-        p1, p2, p3 = _bind_params(d, args, [_Spec(INT), _Spec(INT), _Spec(INT)])
+        """~^ : leave when no arguments are left; with parameters (numbers or characters),
+        when the one is zero, the two are the same, or the three are in order."""
+        p1, p2, p3 = _bind_params(d, args, [_Spec(ANY), _Spec(ANY), _Spec(ANY)])
         if p3 is not None:
             if p1 is None or p2 is None:
                 raise FormatError(f"format: {d.label}: three parameters need the first two as well")
-            leave = p1 <= p2 <= p3
+            leave = _param_order(d, p1, p2) and _param_order(d, p2, p3)
         elif p2 is not None:
-            leave = p1 == p2
+            leave = _param_key(p1) == _param_key(p2)
         elif p1 is not None:
-            leave = p1 == 0
+            leave = p1 == 0 and type(p1) is int
         elif d.colon:
             leave = outside is None or outside.empty()
         else:
@@ -1289,7 +1331,13 @@ class _Formatter:
     def do_iterate(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
         (max_count,) = _bind_params(d, args, [_Spec(INT)])
         body = _IterationBody(d, args.pop(d) if not d.body else None)
-        loop_args = args if d.at else _Args(args.pop(d))
+        if d.at:
+            loop_args = args
+        else:
+            items = args.pop(d)
+            if items is not NIL and type(items) is not Cons:
+                raise FormatError(f"format: {d.label} needs a list argument, not {_describe(items)}", "TYPE-ERROR")
+            loop_args = _Args(items)
         try:
             self.iteration_loop(d, body, loop_args, max_count)
         except _UpAndOut:
@@ -1396,13 +1444,13 @@ _HANDLERS: dict[str, _Handler] = {
 }
 
 
-def lisp_format(control: str, args: list[Any], prin1: PrintFunction, princ: PrintFunction) -> str:
+def lisp_format(control: str, args: list[Any], prin1: PrintFunction, princ: PrintFunction, budget: Optional[Budget] = None) -> str:
     """(format nil control . args). Raises FormatError for a bad control string or arguments
-    that do not fit it; exceptions raised by prin1/princ pass through unchanged."""
+    that do not fit it; exceptions raised by prin1/princ (and by the budget) pass through."""
     if type(control) is not str:
         raise FormatError("format: the control string must be a string")
     try:
-        return _Formatter(control, prin1, princ).run(args)
+        return _Formatter(control, prin1, princ, budget).run(args)
     except FormatError:
         raise
     except _CallbackFailure as failure:

@@ -3,6 +3,7 @@ tables, and the signals used for non-local exits."""
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -140,59 +141,86 @@ class StructInstance:
 
 
 class HashTable:
-    """A CL hash table. Keys are mapped to Python keys by the table's test."""
+    """A CL hash table. Keys are mapped to Python keys by the table's test; CHARGE pays for
+    comparing structured keys (equal and equalp tables)."""
 
-    __slots__ = ("test", "entries")
+    __slots__ = ("test", "entries", "charge")
 
-    def __init__(self, test: str) -> None:
+    def __init__(self, test: str, charge: Optional[Callable[[int], None]] = None) -> None:
         self.test = test  # "EQ" "EQL" "EQUAL" "EQUALP"
         self.entries: dict[Any, tuple[Any, Any]] = {}
+        self.charge = charge
 
     def key(self, k: Any) -> Any:
         if self.test in ("EQ", "EQL"):
             return eql_key(k)
-        if self.test == "EQUAL":
-            return equal_key(k, 0)
-        return equalp_key(k, 0)
+        t = type(k)
+        if t is Cons or t is str or (self.test == "EQUALP" and t in (list, Char, StructInstance, LispArray, HashTable, int, float, Fraction)):
+            return StructuredKey(k, self.test == "EQUALP", self.charge)
+        return eql_key(k)
 
 
 def eql_key(k: Any) -> Any:
     t = type(k)
-    if t in (int, float, Fraction):
+    if t is float:
+        return (float, math.copysign(1.0, k), k)  # 0.0 and -0.0 are not eql
+    if t is int or t is Fraction:
         return (t, k)
     if t is Char:
         return (Char, k.ch)
     return ("id", id(k))
 
 
-def equal_key(k: Any, depth: int) -> Any:
-    t = type(k)
-    if depth > 1000:
-        return ("deep",)
-    if t is Cons:
-        return ("cons", equal_key(k.car, depth + 1), equal_key(k.cdr, depth + 1))
-    if t is str:
-        return ("str", k)
-    return eql_key(k)
+class StructuredKey:
+    """A key of an equal or equalp table: hashed from a bounded part of the object, compared
+    in full (equal or equalp)."""
+
+    __slots__ = ("obj", "loose", "charge", "hash")
+
+    def __init__(self, obj: Any, loose: bool, charge: Optional[Callable[[int], None]]) -> None:
+        self.obj = obj
+        self.loose = loose
+        self.charge = charge
+        self.hash = _bounded_hash(obj, loose, [64])
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not StructuredKey:
+            return False
+        from .builtins import equal, equalp
+
+        if self.loose:
+            return equalp(self.obj, other.obj, self.charge)
+        return equal(self.obj, other.obj, self.charge)
 
 
-def equalp_key(k: Any, depth: int) -> Any:
-    t = type(k)
-    if depth > 1000:
-        return ("deep",)
-    if t in (int, float, Fraction):
-        return ("num", k)
-    if t is Char:
-        return ("char", k.ch.lower())
-    if t is str:
-        return ("seq", tuple(("char", c.lower()) for c in k))
-    if t is list:
-        return ("seq", tuple(equalp_key(e, depth + 1) for e in k))
+def _bounded_hash(x: Any, loose: bool, budget: list[int]) -> int:
+    """A hash that agrees with equal (equalp when LOOSE), looking at no more than the
+    budget's number of parts."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return 0
+    t = type(x)
     if t is Cons:
-        return ("cons", equalp_key(k.car, depth + 1), equalp_key(k.cdr, depth + 1))
-    if t is StructInstance:
-        return ("struct", id(k.stype), tuple(equalp_key(v, depth + 1) for v in k.values))
-    return eql_key(k)
+        return hash(("cons", _bounded_hash(x.car, loose, budget), _bounded_hash(x.cdr, loose, budget)))
+    if t is str:
+        return hash(("str", x.lower() if loose else x))
+    if loose:
+        if t in (int, float, Fraction):
+            return hash(x)
+        if t is Char:
+            return hash(("char", x.ch.lower()))
+        if t is list:
+            return hash(("vec", len(x), *(_bounded_hash(e, loose, budget) for e in x[:8])))
+        if t is StructInstance:
+            return hash(("struct", id(x.stype)))
+        if t is LispArray:
+            return hash(("array", x.dims))
+        if t is HashTable:
+            return hash(("table", len(x.entries)))
+    return hash(eql_key(x))
 
 
 class ReturnFromSignal(Exception):

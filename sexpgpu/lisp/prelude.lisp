@@ -197,6 +197,59 @@
   (%etypecase-expansion keyplace clauses "ctypecase"))
 
 ;;; ------------------------------------------------------------------------------------------
+;;; prog, types, hash-table iteration
+
+(defmacro prog (bindings &body body)
+  (multiple-value-bind (decls forms) (%split-body body)
+    `(block nil (let ,bindings ,@decls (tagbody ,@forms)))))
+
+(defmacro prog* (bindings &body body)
+  (multiple-value-bind (decls forms) (%split-body body)
+    `(block nil (let* ,bindings ,@decls (tagbody ,@forms)))))
+
+(defmacro deftype (name lambda-list &body body)
+  ;; the type's expander takes the type's arguments; an optional argument defaults to *
+  (let ((args (mapcar (lambda (p)
+                        (if (and (symbolp p) (not (member p '(&optional &rest &key &aux &whole &environment &body))))
+                            p
+                            p))
+                      lambda-list)))
+    `(progn (%deftype ',name (lambda ,(%star-defaults args) ,@(%body-without-doc body))) ',name)))
+
+(defun %star-defaults (lambda-list)
+  ;; deftype's optional parameters default to *
+  (let ((optional nil) (out nil))
+    (dolist (p lambda-list (reverse out))
+      (cond ((member p '(&optional &key)) (setq optional t) (push p out))
+            ((member p '(&rest &aux &body)) (setq optional nil) (push p out))
+            ((and optional (symbolp p)) (push (list p ''*) out))
+            (t (push p out))))))
+
+(defmacro with-hash-table-iterator ((name table) &body body)
+  ;; (NAME) gives (values t key value) for each entry, then nil
+  (let ((entries (gensym "ENTRIES")) (entry (gensym "ENTRY")))
+    `(let ((,entries (%hash-entries ,table)))
+       (macrolet ((,name ()
+                    '(if ,entries
+                         (let ((,entry (car ,entries)))
+                           (setq ,entries (cdr ,entries))
+                           (values t (car ,entry) (cdr ,entry)))
+                         nil)))
+         ,@body))))
+
+(defmacro defsetf (access &rest rest)
+  ;; the short form (defsetf access update): (update args... value)
+  (if (and rest (symbolp (car rest)))
+      (let ((update (car rest)) (value (gensym "VALUE")) (args (gensym "ARGS")))
+        `(progn (defun (setf ,access) (,value &rest ,args) (apply #',update (append ,args (list ,value))))
+                ',access))
+      (destructuring-bind (lambda-list (store) &body body) rest
+        (let ((args (gensym "ARGS")))
+          `(progn (defun (setf ,access) (,store &rest ,args)
+                    (apply (lambda ,lambda-list ,@body) ,args))
+                  ',access)))))
+
+;;; ------------------------------------------------------------------------------------------
 ;;; Iteration
 
 (defmacro dolist ((var list &optional result) &body body)
@@ -627,14 +680,6 @@
 (defmacro declaim (&rest specs)
   (declare (ignore specs))
   nil)
-
-(defun subst (new old tree &key (test #'eql))
-  (cond ((funcall test old tree) new)
-        ((consp tree)
-         (let ((car (subst new old (car tree) :test test))
-               (cdr (subst new old (cdr tree) :test test)))
-           (if (and (eq car (car tree)) (eq cdr (cdr tree))) tree (cons car cdr))))
-        (t tree)))
 
 (defun complement (fn)
   (lambda (&rest args) (not (apply fn args))))

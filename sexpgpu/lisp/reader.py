@@ -236,10 +236,13 @@ class Reader:
     # -- tokens ----------------------------------------------------------------------
     def scan_token(self) -> tuple[str, bool]:
         """The token at pos with escapes applied, upcased where unescaped; and whether any
-        part was escaped (an escaped token is never a number)."""
+        part was escaped (an escaped token is never a number). self.colons gets the
+        positions in the token of the colons that were not escaped (package markers)."""
         text, n = self.text, len(self.text)
         out: list[str] = []
         escaped = False
+        self.colons: list[int] = []
+        length = 0
         while self.pos < n:
             c = text[self.pos]
             if c in WHITESPACE or c in TERMINATING:
@@ -248,6 +251,7 @@ class Reader:
                 if self.pos + 1 >= n:
                     raise self.error("R001", "unexpected end of input after `\\` in a symbol", self.pos)
                 out.append(text[self.pos + 1])
+                length += 1
                 escaped = True
                 self.pos += 2
             elif c == "|":
@@ -255,10 +259,14 @@ class Reader:
                 if close < 0:
                     raise self.error("R001", "unexpected end of input: `|` in a symbol is not closed", self.pos)
                 out.append(text[self.pos + 1 : close])
+                length += close - self.pos - 1
                 escaped = True
                 self.pos = close + 1
             else:
+                if c == ":":
+                    self.colons.append(length)
                 out.append(c.upper())
+                length += 1
                 self.pos += 1
         return "".join(out), escaped
 
@@ -298,23 +306,25 @@ class Reader:
     def make_symbol(self, token: str, raw: str, escaped: bool, start: int) -> Any:
         if not escaped and token and set(token) == {"."}:
             raise self.error("R003", f"`{raw}` is not a valid token: a dot may only appear inside a dotted list", start)
-        if not escaped and ":" in raw:
-            return self.make_qualified_symbol(token, raw, start)
+        if self.colons:
+            return self.make_qualified_symbol(token, raw, start, list(self.colons), escaped)
         if token == "NIL" and not escaped:
             return NIL
         return self.symbols.intern(token)
 
-    def make_qualified_symbol(self, token: str, raw: str, start: int) -> Symbol:
-        if raw.startswith(":"):
+    def make_qualified_symbol(self, token: str, raw: str, start: int, colons: list[int], escaped: bool) -> Symbol:
+        if colons[0] == 0:
             name = token[1:]
-            if not name or ":" in name:
+            if len(colons) > 1 or (not name and not escaped):
                 raise self.error("R003", f"`{raw}` is not a valid keyword", start)
             return self.symbols.keyword(name)
-        parts = token.split("::") if "::" in token else token.split(":")
-        if len(parts) != 2 or not parts[0] or not parts[1] or ":" in parts[1]:
+        marker = colons[0]
+        double = len(colons) == 2 and colons[1] == marker + 1
+        prefix, name = token[:marker], token[marker + (2 if double else 1) :]
+        if len(colons) > (2 if double else 1) or not prefix or not name:
             raise self.error("R003", f"`{raw}` is not a valid symbol: use `prefix:name` with one colon", start)
         try:
-            return self.symbols.qualified(parts[0], parts[1])
+            return self.symbols.qualified(prefix, name)
         except LookupError as exc:
             raise DiagnosticError(Diagnostic.at("M004", str(exc), self.loc_at(start))) from None
 
