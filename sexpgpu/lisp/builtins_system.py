@@ -271,8 +271,10 @@ def install(reg: Registry) -> None:
         name = "EQL"
         if type(test) is Symbol and test is not NIL:
             name = test.name
-        elif type(test) is Builtin and interp.functions.get(interp.sym(test.name)) is test:
-            name = str(test.name).upper()
+        elif type(test) is Builtin:
+            fname = test.name
+            if interp.functions.get(interp.sym(fname)) is test:
+                name = fname.upper()
         if name not in ("EQ", "EQL", "EQUAL", "EQUALP"):
             raise lisp_error("E103", f"`make-hash-table`: the :test must be eq, eql, equal or equalp, got {short(test)}", "ERROR", test)
         return HashTable(name, interp.charge)
