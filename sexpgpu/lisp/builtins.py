@@ -20,7 +20,7 @@ from .objects import (
     Macro,
     StructInstance,
 )
-from .printer import Printer, PrintTooLarge, prin1_to_string, princ_to_string
+from .printer import Printer, PrintTooLarge, prin1_to_string
 from .types import NIL, T, Char, Cons, Symbol, primary
 
 if TYPE_CHECKING:
@@ -342,6 +342,12 @@ def print_object(interp: "Interpreter", x: Any, printer: Printer) -> str:
     if t is Condition:
         if printer.escape:
             return f"#<{x.ctype.lower()} {string_escape(x.message)}>"
+        if x.report is not None and type(x.report) is not str:
+            from .objects import OutputStream
+
+            stream = OutputStream()
+            interp.call(x.report, x, stream)
+            return stream.take()
         return x.message
     hook = getattr(x, "lisp_print", None)
     if hook is not None:
@@ -369,12 +375,13 @@ class Registry:
 
 def install_builtins(interp: "Interpreter") -> None:
     reg = Registry(interp)
-    from . import builtins_arrays, builtins_conses, builtins_numbers, builtins_sequences, builtins_strings, builtins_system
+    from . import builtins_arrays, builtins_conses, builtins_numbers, builtins_sequences, builtins_streams, builtins_strings, builtins_system
 
     builtins_numbers.install(reg)
     builtins_conses.install(reg)
     builtins_sequences.install(reg)
     builtins_arrays.install(reg)
+    builtins_streams.install(reg)
     builtins_strings.install(reg)
     builtins_system.install(reg)
 
@@ -386,8 +393,8 @@ def format_to_string(interp: "Interpreter", control: str, args: list[Any]) -> st
         text = lisp_format(
             control,
             args,
-            lambda x: prin1_to_string(x, interp.print_other),
-            lambda x: princ_to_string(x, interp.print_other),
+            lambda x: interp.print_string(x, True),
+            lambda x: interp.print_string(x, False),
             interp,
         )
     except FormatError as exc:

@@ -6,8 +6,8 @@ import math
 from fractions import Fraction
 from typing import Any, Callable
 
-from .builtins import MAX_INTEGER_BITS, Registry, is_num, lbool, need_index, need_integer, need_number, norm, short, type_error
-from .conditions import LimitExceeded, lisp_error
+from .builtins import MAX_INTEGER_BITS, Registry, is_num, lbool, need_index, need_integer, need_number, norm, short, to_lisp_list, type_error
+from .conditions import LimitExceeded, OperationName, lisp_error
 from .types import NIL, T, Cons, MultipleValues
 
 
@@ -20,8 +20,10 @@ def big(fn: str, x: Any) -> Any:
 need_real = need_number  # no complex numbers: every number is real
 
 
-def div_zero(fn: str) -> Exception:
-    return lisp_error("E108", f"`{fn}`: division by zero", "DIVISION-BY-ZERO")
+def div_zero(fn: str, *operands: Any) -> Exception:
+    exc = lisp_error("E108", f"`{fn}`: division by zero", "DIVISION-BY-ZERO")
+    exc.condition.slots.update({"OPERATION": OperationName(fn), "OPERANDS": to_lisp_list(list(operands))})
+    return exc
 
 
 def finite(fn: str, x: Any) -> Any:
@@ -104,7 +106,7 @@ def divide(x: Any, *xs: Any) -> Any:
 
 def _div2(a: Any, b: Any) -> Any:
     if b == 0:
-        raise div_zero("/")
+        raise div_zero("/", a, b)
     if type(a) is float or type(b) is float:
         return finite("/", a / b)
     return norm(Fraction(a) / Fraction(b))
@@ -162,7 +164,7 @@ def divider(name: str, rounding: Callable[[Any], int], float_quotient: bool = Fa
         need_real(name, 1, x)
         need_real(name, 2, y)
         if y == 0:
-            raise div_zero(name)
+            raise div_zero(name, x, y)
         floats = type(x) is float or type(y) is float
         try:
             q = rounding(Fraction(x) / Fraction(y))

@@ -47,6 +47,7 @@ class Sequences(Lib):
     # -- result types -----------------------------------------------------------------------------
     def sequence_type(self, fn: str, spec: Any) -> SequenceType:
         """A result type for make-sequence, map, concatenate, coerce or merge."""
+        spec = self.interp.types.expand(spec)
         name = spec.name if type(spec) is Symbol else (spec.car.name if type(spec) is Cons and type(spec.car) is Symbol else "")
         args = list(spec.cdr) if type(spec) is Cons else []
         simple = {
@@ -598,11 +599,16 @@ class Sequences(Lib):
     def op_coerce(self, x: Any, rtype: Any) -> Any:
         """(coerce object result-type) for sequence types, character, the float types,
         rational/real/number/t and function."""
+        rtype = self.interp.types.expand(rtype)
         name = rtype.name if type(rtype) is Symbol else (rtype.car.name if type(rtype) is Cons and type(rtype.car) is Symbol else "")
         from .builtins import is_num, typep
 
         if rtype is T or name == "T":
             return x
+        if name == "SEQUENCE" and type(rtype) is Symbol:
+            if x is NIL or type(x) in (Cons, list, str):
+                return x
+            raise type_error("coerce", 1, "a sequence", x)
         if name in ("FLOAT", "DOUBLE-FLOAT", "SINGLE-FLOAT", "SHORT-FLOAT", "LONG-FLOAT"):
             if not is_num(x):
                 raise type_error("coerce", 1, "a real number", x)

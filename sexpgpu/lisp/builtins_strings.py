@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from .builtins import Registry, format_to_string, lbool, need_char, need_index, need_string, need_symbol, parse_keys, seq_items, short, type_error
 from .charnames import char_name, name_char
 from .conditions import lisp_error
-from .printer import PrintTooLarge, prin1_to_string, princ_to_string
+from .builtins_streams import WRITE_KEYS
+from .printer import PrintTooLarge
 from .types import NIL, T, Char, Symbol
 
 if TYPE_CHECKING:
@@ -166,19 +167,20 @@ def install(reg: Registry) -> None:
         text = format_to_string(interp, control, list(args))
         if dest is NIL:
             return text
-        if dest is T:
-            interp.write(text)
-            return NIL
-        raise type_error("format", 1, "nil or t (SexpGPU has no other streams)", dest)
+        return interp.call(interp.sym("%format-to-stream"), NIL if dest is T else dest, text)
 
-    def printed(fn: Callable[..., str], name: str) -> Callable[[Any], Any]:
-        def op(x: Any) -> Any:
+    def printed(name: str, escape: bool) -> Callable[..., Any]:
+        def op(x: Any, *args: Any) -> Any:
+            keys = parse_keys(name, args, WRITE_KEYS - {"STREAM"}, 2) if args else {}
+            given = keys.pop("ESCAPE", None)
             try:
-                text = fn(x, interp.print_other)
+                text = interp.print_string(x, escape if given is None else given is not NIL, **{k.lower(): v for k, v in keys.items()})
             except PrintTooLarge as exc:
                 raise lisp_error("L003", f"`{name}`: {exc}", "STORAGE-CONDITION") from None
             interp.alloc(len(text) // 8)
             return text
+
+        return op
 
         return op
 
@@ -229,41 +231,11 @@ def install(reg: Registry) -> None:
             position += 1
         return MultipleValues((form.form, position))
 
-    def output(name: str, fn: Callable[..., str], before: str = "", after: str = "") -> Callable[..., Any]:
-        def op(x: Any, stream: Any = NIL) -> Any:
-            if stream is not NIL and stream is not T:
-                raise type_error(name, 2, "nil or t (SexpGPU has only standard output)", stream)
-            interp.write(before + printed(fn, name)(x) + after)
-            return x
-
-        return op
-
-    def terpri(stream: Any = NIL) -> Any:
-        interp.write("\n")
-        return NIL
-
-    def write_string(s: Any, stream: Any = NIL) -> Any:
-        interp.write(need_string("write-string", 1, s))
-        return s
-
-    def write_line(s: Any, stream: Any = NIL) -> Any:
-        interp.write(need_string("write-line", 1, s) + "\n")
-        return s
-
-    reg.add("print", output("print", prin1_to_string, "\n", " "))
-    reg.add("prin1", output("prin1", prin1_to_string))
-    reg.add("princ", output("princ", princ_to_string))
-    reg.add("write", output("write", prin1_to_string))
-    reg.add("pprint", output("pprint", prin1_to_string, "\n"))
-    reg.add("terpri", terpri)
-    reg.add("fresh-line", terpri)
-    reg.add("write-string", write_string)
-    reg.add("write-line", write_line)
     reg.add("make-string", make_string)
     reg.add("format", lisp_format)
-    reg.add("prin1-to-string", printed(prin1_to_string, "prin1-to-string"))
-    reg.add("write-to-string", printed(prin1_to_string, "write-to-string"))
-    reg.add("princ-to-string", printed(princ_to_string, "princ-to-string"))
+    reg.add("prin1-to-string", printed("prin1-to-string", True))
+    reg.add("write-to-string", printed("write-to-string", True))
+    reg.add("princ-to-string", printed("princ-to-string", False))
     reg.add("intern", intern)
     reg.add("make-symbol", make_symbol)
     reg.add("gensym", gensym)

@@ -23,15 +23,58 @@ from .builtins import (
     type_name_of,
     typep,
 )
-from .conditions import CONDITION_PARENTS, Condition, LispError, condition_isa, lisp_error
-from .objects import Builtin, Closure, HashTable, LexicalEnvironment, Macro, StructInstance, StructType
+from .conditions import CONDITION_PARENTS, Condition, LispError, OperationName, condition_is, lisp_error
+from .builtins_strings import STANDARD_CHARS
+from .objects import Builtin, Closure, ConditionType, HandlerCluster, HashTable, LexicalEnvironment, LispArray, Macro, StructInstance, StructType
 from .scope import SymbolMacroEntry
-from .typespecs import subtypep_values
-from .types import NIL, T, Cons, MultipleValues, Symbol
+from .typespecs import FIXNUM_HIGH, FIXNUM_LOW, subtypep_values
+from .types import NIL, T, Char, Cons, MultipleValues, Symbol
 
 if TYPE_CHECKING:
     from .evaluator import Interpreter
 
+
+
+# Functions whose calls on constant arguments constantp calls constant (as SBCL does): pure,
+# and returning numbers, characters, booleans or parts of their arguments, never fresh conses.
+FOLDABLE = frozenset("""
++ - * / 1+ 1- = /= < > <= >= min max abs signum floor ceiling truncate round mod rem gcd lcm
+sqrt isqrt exp expt log sin cos tan asin acos atan sinh cosh tanh ash logand logior logxor lognot
+logcount integer-length zerop plusp minusp oddp evenp numberp integerp floatp rationalp realp
+float numerator denominator car cdr caar cadr cdar cddr first second third rest nth nthcdr
+length not null eq eql equal equalp atom consp listp symbolp stringp characterp char-code
+code-char char-upcase char-downcase char= char< upper-case-p lower-case-p alpha-char-p
+digit-char-p identity
+""".upper().split())
+
+
+def type_of(interp: "Interpreter", x: Any) -> Any:
+    """type-of as SBCL answers it: integers by their range, arrays with their dimensions."""
+    t = type(x)
+    if t is StructInstance:
+        return x.stype.name
+    if t is int:
+        if x in (0, 1):
+            return interp.sym("BIT")
+        if 0 <= x <= FIXNUM_HIGH:
+            return to_lisp_list([interp.sym("INTEGER"), 0, FIXNUM_HIGH])
+        if FIXNUM_LOW <= x < 0:
+            return interp.sym("FIXNUM")
+        if x > 0:
+            return to_lisp_list([interp.sym("INTEGER"), FIXNUM_HIGH + 1])
+        return interp.sym("BIGNUM")
+    if t is str:
+        return to_lisp_list([interp.sym("SIMPLE-ARRAY"), interp.sym("CHARACTER"), to_lisp_list([len(x)])])
+    if t is list:
+        return to_lisp_list([interp.sym("SIMPLE-VECTOR"), len(x)])
+    if t is LispArray:
+        return to_lisp_list([interp.sym("SIMPLE-ARRAY"), T, to_lisp_list(list(x.dims))])
+    if t is Char:
+        code = ord(x.ch)
+        return interp.sym("STANDARD-CHAR" if x.ch in STANDARD_CHARS else "BASE-CHAR" if code < 128 else "EXTENDED-CHAR")
+    if t is Closure or t is Builtin:
+        return interp.sym("COMPILED-FUNCTION")
+    return interp.sym(type_name_of(x))
 
 def install(reg: Registry) -> None:
     interp = reg.interp
@@ -50,15 +93,14 @@ def install(reg: Registry) -> None:
     add("functionp", lambda x: lbool(type(x) in (Closure, Builtin)))
     add("hash-table-p", lambda x: lbool(type(x) is HashTable))
     add("typep", lambda x, spec: lbool(typep(interp, x, spec)))
-    add("type-of", lambda x: interp.sym(type_name_of(x)) if type(x) is not StructInstance else x.stype.name)
+    add("type-of", lambda x: type_of(interp, x))
 
     # -- calling ----------------------------------------------------------------------------
     def funcall(fn: Any, *args: Any) -> Any:
         return interp.apply(interp.function_value(fn), list(args))
 
-    def apply(fn: Any, *args: Any) -> Any:
-        if not args:
-            return interp.apply(interp.function_value(fn), [])
+    def apply(fn: Any, arg: Any, *more: Any) -> Any:
+        args = (arg, *more)
         spread = list_items("apply", len(args) + 1, args[-1])
         return interp.apply(interp.function_value(fn), list(args[:-1]) + spread)
 
@@ -124,6 +166,12 @@ def install(reg: Registry) -> None:
             interp.values[name] = value
         return name
 
+    def p_declare_special(name: Any) -> Any:
+        need_symbol("defvar", 1, name)
+        interp.check_assignable(name)
+        interp.specials.add(name)
+        return name
+
     def p_special_p(name: Any) -> Any:
         return lbool(name in interp.specials)
 
@@ -135,10 +183,20 @@ def install(reg: Registry) -> None:
         interp.constants.add(name)
         return name
 
+    def p_set_symbol_function(name: Any, fn: Any) -> Any:
+        fn = interp.function_value(fn)
+        if type(name) is Cons and name.car is interp.sym("SETF") and type(name.cdr) is Cons and name.cdr.cdr is NIL:
+            p_defsetf_function(name.cdr.car, fn)
+        else:
+            p_defun(name, fn)
+        return fn
+
     add("%defun", p_defun)
+    add("%set-symbol-function", p_set_symbol_function)
     add("%defsetf-function", p_defsetf_function)
     add("%defvar", p_defvar)
     add("%special-p", p_special_p)
+    add("%declare-special", p_declare_special)
     add("%defconstant", p_defconstant)
 
     # -- macros and eval ----------------------------------------------------------------------------
@@ -199,57 +257,161 @@ def install(reg: Registry) -> None:
         if type(datum) is Condition:
             return datum
         if type(datum) is Symbol:
+            defined = interp.condition_types.get(datum.name)
+            if defined is not None:
+                return defined_condition(ctype, defined, args)
             if datum.name not in CONDITION_PARENTS or datum.package not in ("", None):
                 raise lisp_error("E103", f"`{ctype}`: {short(datum)} is not a condition type", "TYPE-ERROR", datum)
             keys = parse_keys(ctype, args, condition_keys, 2)
-            if "FORMAT-CONTROL" in keys:
-                control = keys["FORMAT-CONTROL"]
-                arguments = list_items(ctype, 5, keys.get("FORMAT-ARGUMENTS", NIL))
-                message = format_to_string(interp, control, arguments) if type(control) is str else short(control)
-            elif "DATUM" in keys:
-                message = f"The value {short(keys['DATUM'])} is not of type {short(keys.get('EXPECTED-TYPE', T))}"
-            elif "NAME" in keys:
-                message = f"{datum.name.lower()}: {short(keys['NAME'])}"
-            else:
-                message = f"condition {datum.name.lower()} was signalled"
-            return Condition(datum.name, message, "E104", keys.get("DATUM"), slots=keys)
+            return Condition(datum.name, standard_message(ctype, datum.name, keys), "E104", keys.get("DATUM"), slots=keys)
         raise type_error(ctype, 1, "a format string, condition type or condition", datum)
 
+    def standard_message(fn: str, name: str, keys: dict[str, Any]) -> str:
+        if "FORMAT-CONTROL" in keys:
+            control = keys["FORMAT-CONTROL"]
+            arguments = list_items(fn, 5, keys.get("FORMAT-ARGUMENTS", NIL))
+            return format_to_string(interp, control, arguments) if type(control) is str else short(control)
+        if "DATUM" in keys:
+            return f"The value {short(keys['DATUM'])} is not of type {short(keys.get('EXPECTED-TYPE', T))}"
+        if "NAME" in keys:
+            return f"{name.lower()}: {short(keys['NAME'])}"
+        return f"condition {name.lower()} was signalled"
+
+    def defined_condition(fn: str, ctype: ConditionType, args: tuple[Any, ...]) -> Condition:
+        initargs = {k.name for _, inits, _ in ctype.slots for k in inits}
+        keys = parse_keys(fn, args, condition_keys | initargs, 2)
+        slots = {k: v for k, v in keys.items() if k in condition_keys}
+        for slot, inits, initform in ctype.slots:
+            given = next((keys[k.name] for k in inits if k.name in keys), None)
+            if given is not None or any(k.name in keys for k in inits):
+                slots[slot] = given
+            elif initform is not None:
+                slots[slot] = interp.call(initform)
+        message = ctype.report if type(ctype.report) is str else standard_message(fn, ctype.name, keys)
+        return Condition(ctype.name, message, "E104", keys.get("DATUM"), slots, lineage=ctype.lineage, report=ctype.report)
+
+    def p_define_condition(name: Any, parents: Any, slots: Any, report: Any) -> Any:
+        need_symbol("define-condition", 1, name)
+        lineage = [name.name]
+        inherited: list[tuple[str, list[Any], Any]] = []
+        for parent in list_items("define-condition", 2, parents) or [interp.sym("CONDITION")]:
+            known = interp.condition_types.get(need_symbol("define-condition", 2, parent).name)
+            if known is not None:
+                lineage.extend(known.lineage)
+                inherited.extend(known.slots)
+                if report is NIL and known.report is not None:
+                    report = known.report
+            elif parent.name in CONDITION_PARENTS:
+                lineage.append(parent.name)
+            else:
+                raise lisp_error("E103", f"`define-condition`: {short(parent)} is not a condition type", "ERROR", parent)
+        specs = []
+        for spec in list_items("define-condition", 3, slots):
+            slot_name, inits, initform = list_items("define-condition", 3, spec)
+            specs.append((need_symbol("define-condition", 3, slot_name).name, list_items("define-condition", 3, inits), None if initform is NIL else initform))
+        own = {slot for slot, _, _ in specs}
+        specs = specs + [spec for spec in inherited if spec[0] not in own]
+        interp.condition_types[name.name] = ConditionType(name.name, tuple(dict.fromkeys(lineage)), specs, None if report is NIL else report)
+        return name
+
+    def condition_slot(c: Any, slot: Any) -> Any:
+        if type(c) is not Condition:
+            raise type_error("slot-value", 1, "a condition", c)
+        name = need_symbol("slot-value", 2, slot).name
+        if name not in c.slots:
+            raise lisp_error("E103", f"the condition has no slot {short(slot)}", "ERROR", slot)
+        return c.slots[name]
+
+    def set_condition_slot(c: Any, slot: Any, value: Any) -> Any:
+        condition_slot(c, slot)
+        c.slots[slot.name] = value
+        return value
+
+    def signal_condition(condition: Condition) -> None:
+        """Search the active handlers, innermost first (CLHS 9.1.4): a handler-case that takes
+        the condition gets it raised to it; each handler-bind handler for it is called, with
+        only the handlers outside its own active, and may decline by returning."""
+        stack = interp.handlers
+        for i in range(len(stack) - 1, -1, -1):
+            frame = stack[i]
+            if type(frame) is tuple:
+                if any(interp.types.typep(condition, spec) for spec in frame):
+                    exc = LispError(condition)
+                    exc.signalled = True
+                    raise exc
+                continue
+            assert type(frame) is HandlerCluster
+            for spec, handler in frame.bindings:
+                if interp.types.typep(condition, spec):
+                    inner = stack[i:]
+                    del stack[i:]
+                    try:
+                        interp.call(handler, condition)
+                    finally:
+                        stack[i:] = inner
+
+    def handler_bind(bindings: Any, thunk: Any) -> Any:
+        """The core of handler-bind: call THUNK with the cluster active. An error a builtin
+        raised (not yet searched) is offered to this cluster's handlers as it passes."""
+        pairs = [(b.car, interp.function_value(b.cdr)) for b in list_items("handler-bind", 1, bindings)]
+        cluster = HandlerCluster(pairs)
+        depth = len(interp.handlers)
+        interp.handlers.append(cluster)
+        try:
+            return interp.apply(interp.function_value(thunk), [])
+        except LispError as exc:
+            del interp.handlers[depth:]
+            if not exc.signalled:
+                for spec, handler in pairs:
+                    if interp.types.typep(exc.condition, spec):
+                        interp.call(handler, exc.condition)
+            raise
+        finally:
+            del interp.handlers[depth:]
+
     def lisp_error_fn(datum: Any, *args: Any) -> Any:
-        raise LispError(make_condition("error", datum, args, "SIMPLE-ERROR"))
+        condition = make_condition("error", datum, args, "SIMPLE-ERROR")
+        signal_condition(condition)
+        exc = LispError(condition)
+        exc.signalled = True
+        raise exc
 
-    def handled(condition: Condition) -> bool:
-        """Whether an active handler-case has a clause for CONDITION."""
-        return any(interp.types.typep(condition, spec) for specs in interp.handlers for spec in specs)
+    def p_signal(condition: Any) -> Any:
+        signal_condition(condition)
+        return NIL
 
-    def warn(datum: Any, *args: Any) -> Any:
-        condition = make_condition("warn", datum, args, "SIMPLE-WARNING")
-        if not condition_isa(condition.ctype, "WARNING"):
+    def p_make_warning(datum: Any, args: Any) -> Any:
+        condition = make_condition("warn", datum, tuple(list_items("warn", 2, args)), "SIMPLE-WARNING")
+        if not condition_is(condition, "WARNING"):
             raise type_error("warn", 1, "a warning (a format string or a warning type)", datum)
-        if handled(condition):
-            raise LispError(condition)
+        return condition
+
+    def p_record_warning(condition: Any) -> Any:
         interp.warnings.append((condition.message, interp.current_loc))
         return NIL
 
     def signal(datum: Any, *args: Any) -> Any:
-        """Signal: a handler-case that handles the condition takes it; else nil."""
-        condition = make_condition("signal", datum, args, "SIMPLE-CONDITION")
-        if handled(condition):
-            raise LispError(condition)
-        return NIL
+        """Signal: handlers may take the condition; if none does, nil."""
+        return p_signal(make_condition("signal", datum, args, "SIMPLE-CONDITION"))
 
     def condition_reader(slot: str, fn: str, kind: str) -> Callable[[Any], Any]:
         def read(c: Any) -> Any:
-            if type(c) is not Condition or not condition_isa(c.ctype, kind):
+            if type(c) is not Condition or not condition_is(c, kind):
                 raise type_error(fn, 1, f"a {kind.lower()}", c)
-            return c.slots.get(slot, c.datum if slot == "DATUM" else NIL)
+            value = c.slots.get(slot, c.datum if slot in ("DATUM", "NAME") and c.datum is not None else NIL)
+            return interp.sym(value.upper()) if type(value) is OperationName else value
 
         return read
 
     add("error", lisp_error_fn)
-    add("cerror", lambda continue_string, datum, *args: lisp_error_fn(datum, *args))
-    add("warn", warn)
     add("signal", signal)
+    add("%signal", p_signal)
+    add("%make-warning", p_make_warning)
+    add("%record-warning", p_record_warning)
+    add("%handler-bind", handler_bind)
+    add("%define-condition", p_define_condition)
+    add("%condition-slot", condition_slot)
+    add("%set-condition-slot", set_condition_slot)
     add("make-condition", lambda ctype, *args: make_condition("make-condition", need_symbol("make-condition", 1, ctype), args, "SIMPLE-ERROR"))
     for slot, fn, kind in [
         ("FORMAT-CONTROL", "simple-condition-format-control", "SIMPLE-CONDITION"),
@@ -405,12 +567,33 @@ def install(reg: Registry) -> None:
         interp.macros.pop(name, None)
         return name
 
-    def constantp(form: Any, env: Any = NIL) -> Any:
+    def constant_form(form: Any) -> bool:
+        """SBCL's answer: constants, quoted forms, if/progn/the/block of constant forms, and
+        calls of functions it folds (pure ones returning no fresh object) on constant forms."""
         if type(form) is Symbol:
-            return lbool(form.package == "KEYWORD" or form in interp.constants)
-        if type(form) is Cons:
-            return lbool(type(form.car) is Symbol and form.car.name == "QUOTE" and type(form.cdr) is Cons and form.cdr.cdr is NIL)
-        return T
+            return form.package == "KEYWORD" or form in interp.constants
+        if type(form) is not Cons:
+            return True
+        head = form.car
+        args = []
+        cell = form.cdr
+        while type(cell) is Cons:
+            args.append(cell.car)
+            cell = cell.cdr
+        if type(head) is not Symbol or cell is not NIL:
+            return False
+        if head.name == "QUOTE":
+            return len(args) == 1
+        if head.name == "THE":
+            return len(args) == 2 and constant_form(args[1])
+        if head.name == "BLOCK":
+            return bool(args) and all(constant_form(a) for a in args[1:])
+        if head.name in ("IF", "PROGN"):
+            return all(constant_form(a) for a in args)
+        return head.name in FOLDABLE and type(interp.functions.get(head)) is Builtin and all(constant_form(a) for a in args)
+
+    def constantp(form: Any, env: Any = NIL) -> Any:
+        return lbool(constant_form(form))
 
     add("get", get)
     add("%put", put)

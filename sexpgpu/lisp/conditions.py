@@ -64,26 +64,45 @@ def condition_isa(ctype: str, ancestor: str) -> bool:
     return False
 
 
-def error_class(ctype: str) -> str:
-    """The most specific of ERROR_CLASSES that CTYPE belongs to (lower case)."""
+def error_class(condition: "Condition | str") -> str:
+    """The most specific of ERROR_CLASSES that a condition (or a standard condition type)
+    belongs to (lower case)."""
     for name in ERROR_CLASSES:
-        if condition_isa(ctype, name):
+        if condition_is(condition, name) if type(condition) is Condition else condition_isa(str(condition), name):
             return name.lower()
     return "condition"
 
 
 class Condition:
     """A condition object as Lisp code sees it (handler-case binds it). SLOTS holds what its
-    readers return (format-control, format-arguments, datum, expected-type, name ...)."""
+    readers return (format-control, format-arguments, datum, expected-type, name ..., and a
+    define-condition type's own slots). LINEAGE is every supertype of a define-condition type
+    (empty for the standard types, whose supertypes CONDITION_PARENTS gives); REPORT its
+    :report (a string or a function of the condition and a stream), if any."""
 
-    __slots__ = ("ctype", "message", "code", "datum", "slots")
+    __slots__ = ("ctype", "message", "code", "datum", "slots", "lineage", "report")
 
-    def __init__(self, ctype: str, message: str, code: str = "E104", datum: Any = None, slots: Optional[dict[str, Any]] = None) -> None:
+    def __init__(self, ctype: str, message: str, code: str = "E104", datum: Any = None, slots: Optional[dict[str, Any]] = None,
+                 lineage: tuple[str, ...] = (), report: Any = None) -> None:
         self.ctype = ctype
         self.message = message
         self.code = code
         self.datum = datum
         self.slots = slots if slots is not None else {}
+        self.lineage = lineage
+        self.report = report
+
+
+class OperationName(str):
+    """The name of the function an arithmetic error happened in; arithmetic-error-operation
+    gives its symbol."""
+
+
+def condition_is(condition: Condition, ancestor: str) -> bool:
+    """Whether CONDITION is of the condition type named ANCESTOR."""
+    if condition.lineage:
+        return ancestor == "T" or any(condition_isa(t, ancestor) for t in condition.lineage)
+    return condition_isa(condition.ctype, ancestor)
 
 
 class LispError(Exception):
@@ -96,6 +115,9 @@ class LispError(Exception):
         self.loc = loc
         self.macro: Optional[str] = None
         self.notes: list[str] = []
+        # true once the handlers were searched at the signal point (error, signal, warn);
+        # an error a builtin raises is searched for as it passes each handler-bind instead
+        self.signalled = False
 
 
 def lisp_error(code: str, message: str, ctype: str = "SIMPLE-ERROR", datum: Any = None) -> LispError:

@@ -23,8 +23,10 @@ from .objects import (
     PARENT,
     Builtin,
     Closure,
+    ConditionType,
     Frame,
     GoSignal,
+    HandlerCluster,
     LexicalEnvironment,
     Macro,
     ReturnFromSignal,
@@ -33,7 +35,7 @@ from .objects import (
     function_name,
     root_frame,
 )
-from .printer import prin1_to_string
+from .printer import PrintOptions, prin1_to_string, print_to_string
 from .reader import Reader
 from .scope import BindPlan, Pattern, Scope
 from .typespecs import TypeSpecs
@@ -88,7 +90,9 @@ class Interpreter:
         self.setf_functions: dict[Symbol, Any] = {}
         self.structs: dict[Symbol, StructType] = {}
         self.plists: dict[Symbol, Any] = {}  # each symbol's property list
-        self.handlers: list[tuple[Any, ...]] = []  # the clause types of the active handler-cases, innermost last
+        # the active handlers, innermost last: a handler-case's clause types, or a handler-bind's cluster
+        self.handlers: list[tuple[Any, ...] | HandlerCluster] = []
+        self.condition_types: dict[str, ConditionType] = {}  # made by define-condition
         self.gensym_counter = 0
         self.steps_left = 0
         self.steps_reserve = 0
@@ -516,17 +520,19 @@ class Interpreter:
                 more_list = more
             self.bind_pattern(plan, plan.rest, more_list, frame, name, saved)
         if plan.has_key:
-            self.bind_keys(plan, list(more) if from_call else list(_iter_list(more)), frame, name, saved)
+            self.bind_keys(plan, list(more) if from_call else list(_iter_list(more)), frame, name, saved, from_call)
         for var, node in plan.aux:
             self.bind_var(plan, var, primary(node(frame)), frame, saved)
 
-    def bind_keys(self, plan: BindPlan, rest: list[Any], frame: Frame, name: Any, saved: list[tuple[Symbol, Any]]) -> None:
+    def bind_keys(self, plan: BindPlan, rest: list[Any], frame: Frame, name: Any, saved: list[tuple[Symbol, Any]], from_call: bool) -> None:
+        # a call's bad keywords are a program-error; a destructured list's only an error (as SBCL)
+        ctype = "PROGRAM-ERROR" if from_call else "ERROR"
         if len(rest) % 2:
-            raise lisp_error("E102", f"`{function_name_of(name)}`: odd number of keyword arguments {prin1_to_string(_pylist_to_lisp(rest))}", "PROGRAM-ERROR")
+            raise lisp_error("E102", f"`{function_name_of(name)}`: odd number of keyword arguments {prin1_to_string(_pylist_to_lisp(rest))}", ctype)
         given: dict[Symbol, Any] = {}
         for k, v in zip(rest[::2], rest[1::2]):
             if type(k) is not Symbol:
-                raise lisp_error("E102", f"`{function_name_of(name)}`: {prin1_to_string(k)} is not a keyword", "PROGRAM-ERROR")
+                raise lisp_error("E102", f"`{function_name_of(name)}`: {prin1_to_string(k)} is not a keyword", ctype)
             given.setdefault(k, v)
         allow = plan.allow_other_keys or (given.get(self.kw("allow-other-keys"), NIL) is not NIL)
         if not allow:
@@ -534,7 +540,7 @@ class Interpreter:
             for k in given:
                 if k not in known and not (k.name == "ALLOW-OTHER-KEYS" and k.package == "KEYWORD"):
                     expected = " ".join(prin1_to_string(kp.keyword) for kp in plan.keys) or "none"
-                    raise lisp_error("E102", f"`{function_name_of(name)}`: unknown keyword argument {prin1_to_string(k)}; expected one of: {expected}", "PROGRAM-ERROR")
+                    raise lisp_error("E102", f"`{function_name_of(name)}`: unknown keyword argument {prin1_to_string(k)}; expected one of: {expected}", ctype)
         for kp in plan.keys:
             if kp.keyword in given:
                 self.bind_pattern(plan, kp.pattern, given[kp.keyword], frame, name, saved)
@@ -608,6 +614,24 @@ class Interpreter:
     def gensym(self, prefix: str = "G") -> Symbol:
         self.gensym_counter += 1
         return Symbol(f"{prefix}{self.gensym_counter}", None)
+
+    def print_string(self, x: Any, escape: bool, **overrides: Any) -> str:
+        """X as prin1 (ESCAPE) or princ print it under the current printer variables,
+        each overridable by its keyword's name (base, radix, level, length, case)."""
+        values = self.values
+
+        def setting(name: str) -> Any:
+            return overrides[name] if name in overrides else values.get(self.sym(f"*PRINT-{name.upper()}*"), NIL)
+
+        base, level, length, case = setting("base"), setting("level"), setting("length"), setting("case")
+        options = PrintOptions(
+            base if type(base) is int and 2 <= base <= 36 else 10,
+            setting("radix") is not NIL,
+            level if type(level) is int and level >= 0 else None,
+            length if type(length) is int and length >= 0 else None,
+            case.name if type(case) is Symbol and case.name in ("UPCASE", "DOWNCASE", "CAPITALIZE") else "DOWNCASE",
+        )
+        return print_to_string(x, escape, self.print_other, options)
 
     def print_other(self, x: Any, printer: Any) -> str:
         from .builtins import print_object

@@ -140,6 +140,67 @@ class StructInstance:
         self.values = values
 
 
+class OutputStream:
+    """A character output stream: a string output stream collects its text (PARTS); the
+    standard streams pass theirs to SINK (the interpreter's output)."""
+
+    __slots__ = ("parts", "sink", "fresh")
+
+    def __init__(self, sink: Optional[Callable[[str], Any]] = None) -> None:
+        self.parts: list[str] = []
+        self.sink = sink
+        self.fresh = True  # at the start of a line (fresh-line)
+
+    def write(self, text: str) -> None:
+        if text:
+            (self.sink or self.parts.append)(text)
+            self.fresh = text.endswith("\n")
+
+    def take(self) -> str:
+        text = "".join(self.parts)
+        self.parts.clear()
+        return text
+
+    def lisp_print(self) -> str:
+        return "#<string-output-stream>" if self.sink is None else "#<standard-output-stream>"
+
+
+class InputStream:
+    """A string input stream: TEXT read from POS up to END."""
+
+    __slots__ = ("text", "pos", "end")
+
+    def __init__(self, text: str, pos: int, end: int) -> None:
+        self.text = text
+        self.pos = pos
+        self.end = end
+
+    def lisp_print(self) -> str:
+        return "#<string-input-stream>"
+
+
+class HandlerCluster:
+    """The handlers one handler-bind establishes: (type specifier, function) pairs."""
+
+    __slots__ = ("bindings",)
+
+    def __init__(self, bindings: list[tuple[Any, Any]]) -> None:
+        self.bindings = bindings
+
+
+class ConditionType:
+    """A type made by define-condition. LINEAGE is its name and every supertype's; SLOTS are
+    (slot name, initargs, initform thunk or None); REPORT a string, a function or None."""
+
+    __slots__ = ("name", "lineage", "slots", "report")
+
+    def __init__(self, name: str, lineage: tuple[str, ...], slots: list[tuple[str, list[Any], Any]], report: Any) -> None:
+        self.name = name
+        self.lineage = lineage
+        self.slots = slots
+        self.report = report
+
+
 class HashTable:
     """A CL hash table. Keys are mapped to Python keys by the table's test; CHARGE pays for
     comparing structured keys (equal and equalp tables)."""

@@ -41,7 +41,7 @@
 (defmacro defvar (name &optional (value nil value-p) doc)
   (if value-p
       `(%defvar ',name (if (boundp ',name) (symbol-value ',name) ,value) nil)
-      `(progn (%defvar ',name nil nil) ',name)))
+      `(progn (%declare-special ',name) ',name)))
 
 (defmacro defparameter (name value &optional doc)
   `(%defvar ',name ,value t))
@@ -356,6 +356,7 @@
           ((string= name "GET") '%put)
           ((string= name "FILL-POINTER") '%set-fill-pointer)
           ((string= name "SUBSEQ") '%set-subseq)
+          ((member name '("SYMBOL-FUNCTION" "FDEFINITION") :test #'string=) '%set-symbol-function)
           ((member name '("CHAR" "SCHAR") :test #'string=) '%set-char)
           (t nil))))
 
@@ -513,7 +514,8 @@
   (%modify place env (lambda (access) `(+ ,delta ,access))))
 
 (defmacro decf (&environment env place &optional (delta 1))
-  (%modify place env (lambda (access) `(- ,access ,delta))))
+  (let ((d (gensym "DELTA")))
+    (%modify place env (lambda (access) `(let ((,d ,delta)) (- ,access ,d))))))
 
 (defmacro push (&environment env item place)
   (if (symbolp place)
@@ -1104,3 +1106,162 @@
         (if (%tree-has-name (list body finally) "LOOP-FINISH")
             `(macrolet ((loop-finish () '(go ,end))) ,expansion)
             expansion)))))
+
+;;; ------------------------------------------------------------------------------------------
+;;; Conditions (handler-bind, restarts, define-condition) and string streams
+
+;;; handler-bind: each handler is called where the condition is signalled (error, signal,
+;;; warn, cerror), with only the handlers outside its handler-bind active; it declines by
+;;; returning. An error a builtin signals reaches the handlers as it leaves the form.
+(defmacro handler-bind (bindings &body body)
+  `(%handler-bind (list ,@(mapcar (lambda (b) `(cons ',(car b) ,(cadr b))) bindings))
+                  (lambda () ,@body)))
+
+;;; Restarts (CLHS 9.1.4.2): a restart is a name and a function, active while its
+;;; restart-bind or restart-case form runs.
+(defstruct restart name function (test nil) (report nil))
+
+(defvar *%restarts* nil)
+
+(defun %restart-options (options)
+  ;; (:report-function f :test-function g ...) of restart-bind -> the args to make-restart
+  (let ((test (getf options :test-function)) (report (getf options :report-function)))
+    `(,@(if test `(:test ,test) nil) ,@(if report `(:report ,report) nil))))
+
+(defmacro restart-bind (bindings &body body)
+  `(let ((*%restarts*
+           (list* ,@(mapcar (lambda (b) `(make-restart :name ',(car b) :function ,(cadr b) ,@(%restart-options (cddr b))))
+                            bindings)
+                  *%restarts*)))
+     ,@body))
+
+(defun %restart-clause (clause)
+  ;; (name lambda-list [:report r] [:interactive i] [:test t] body...) -> (values options body)
+  (let ((forms (cddr clause)) (options nil))
+    (loop while (and forms (member (car forms) '(:report :interactive :test)))
+          do (setq options (list* (car forms) (cadr forms) options) forms (cddr forms)))
+    (values options forms)))
+
+(defun %restart-report (report)
+  (cond ((null report) nil)
+        ((stringp report) `(lambda (stream) (write-string ,report stream)))
+        ((symbolp report) `(function ,report))
+        (t `(function ,report))))
+
+(defmacro restart-case (form &rest clauses)
+  (let ((block (gensym "RESTART-CASE")) (args (gensym "ARGS"))
+        (tags (mapcar (lambda (c) (declare (ignore c)) (gensym "RESTART")) clauses)))
+    `(block ,block
+       (let ((,args nil))
+         (tagbody
+            (return-from ,block
+              (restart-bind
+                  ,(mapcar (lambda (c tag)
+                             (let* ((options (%restart-clause c)) (test (getf options :test))
+                                    (report (%restart-report (getf options :report))))
+                               `(,(car c) (lambda (&rest a) (setq ,args a) (go ,tag))
+                                 ,@(if test `(:test-function (function ,test)) nil)
+                                 ,@(if report `(:report-function ,report) nil))))
+                           clauses tags)
+                ,form))
+            ,@(mapcan (lambda (c tag)
+                        (multiple-value-bind (options body) (%restart-clause c)
+                          (declare (ignore options))
+                          `(,tag (return-from ,block (apply (lambda ,(cadr c) ,@body) ,args)))))
+                      clauses tags))))))
+
+(defun compute-restarts (&optional condition)
+  (remove-if-not (lambda (r) (or (null (restart-test r)) (funcall (restart-test r) condition)))
+                 *%restarts*))
+
+(defun find-restart (identifier &optional condition)
+  (find-if (lambda (r) (if (restart-p identifier) (eq r identifier) (eq (restart-name r) identifier)))
+           (compute-restarts condition)))
+
+(defun invoke-restart (restart &rest arguments)
+  (let ((r (find-restart restart)))
+    (unless r
+      (error 'control-error :format-control "No restart ~s is active." :format-arguments (list restart)))
+    (apply (restart-function r) arguments)))
+
+(defun invoke-restart-interactively (restart)
+  (invoke-restart restart))
+
+(defun abort (&optional condition)
+  (invoke-restart (or (find-restart 'abort condition) 'abort)))
+
+(defun muffle-warning (&optional condition)
+  (invoke-restart (or (find-restart 'muffle-warning condition) 'muffle-warning)))
+
+(defun continue (&optional condition)
+  (let ((r (find-restart 'continue condition)))
+    (when r (invoke-restart r))))
+
+(defun use-value (value &optional condition)
+  (let ((r (find-restart 'use-value condition)))
+    (when r (invoke-restart r value))))
+
+(defun store-value (value &optional condition)
+  (let ((r (find-restart 'store-value condition)))
+    (when r (invoke-restart r value))))
+
+(defmacro with-simple-restart ((name format-control &rest args) &body forms)
+  `(restart-case (progn ,@forms)
+     (,name () :report (lambda (s) (format s ,format-control ,@args)) (values nil t))))
+
+(defmacro with-condition-restarts (condition restarts &body body)
+  (declare (ignore condition restarts))
+  `(progn ,@body))
+
+(defun warn (datum &rest arguments)
+  (let ((condition (%make-warning datum arguments)))
+    (restart-case (progn (%signal condition) (%record-warning condition))
+      (muffle-warning () nil))
+    nil))
+
+(defun cerror (continue-format-control datum &rest arguments)
+  (declare (ignore continue-format-control))
+  (restart-case (apply #'error datum arguments)
+    (continue () nil))
+  nil)
+
+;;; define-condition: the type, its slots' initargs and initforms, and reader functions.
+(defun %slot-spec (spec)
+  (let* ((spec (if (consp spec) spec (list spec))) (options (cdr spec)) (initargs nil) (initform nil))
+    (loop for (key value) on options by #'cddr
+          do (cond ((eq key :initarg) (push value initargs))
+                   ((eq key :initform) (setq initform `(lambda () ,value)))))
+    `(list ',(car spec) ',(reverse initargs) ,initform)))
+
+(defun %slot-readers (spec)
+  (let* ((spec (if (consp spec) spec (list spec))) (slot (car spec)) (out nil))
+    (loop for (key value) on (cdr spec) by #'cddr
+          do (cond ((eq key :reader)
+                    (push `(defun ,value (c) (%condition-slot c ',slot)) out))
+                   ((eq key :accessor)
+                    (push `(defun ,value (c) (%condition-slot c ',slot)) out)
+                    (push `(defun (setf ,value) (v c) (%set-condition-slot c ',slot v)) out))))
+    (reverse out)))
+
+(defmacro define-condition (name parents slots &rest options)
+  (let ((report (cadr (assoc :report options))))
+    `(progn
+       (%define-condition ',name ',parents (list ,@(mapcar #'%slot-spec slots))
+                          ,(cond ((null report) nil) ((stringp report) report) (t (%restart-report report))))
+       ,@(mapcan #'%slot-readers slots)
+       ',name)))
+
+;;; String streams
+(defmacro with-output-to-string ((var &optional string &key element-type) &body body)
+  (declare (ignore string element-type))
+  `(let ((,var (make-string-output-stream)))
+     ,@body
+     (get-output-stream-string ,var)))
+
+(defmacro with-input-from-string ((var string &key index (start 0) end) &body body)
+  `(let ((,var (make-string-input-stream ,string ,start ,end)))
+     (multiple-value-prog1 (progn ,@body)
+       ,@(if index `((setf ,index (%stream-position ,var))) nil))))
+
+(defmacro with-open-stream ((var stream) &body body)
+  `(let ((,var ,stream)) ,@body))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Optional
 
 from .charnames import char_name
 from .types import FUNCTION, NIL, QUASIQUOTE, QUOTE, UNQUOTE, UNQUOTE_SPLICING, Char, Cons, Symbol
@@ -20,6 +20,55 @@ MAX_PRINTED_CELLS = 2_000_000
 
 class PrintTooLarge(Exception):
     """The object is circular or too large to print."""
+
+
+class PrintOptions(NamedTuple):
+    """The printer variables that change the text (CLHS 22.1.1): *print-base*, *print-radix*,
+    *print-level*, *print-length* and *print-case* (the suite's :downcase by default)."""
+
+    base: int = 10
+    radix: bool = False
+    level: Optional[int] = None
+    length: Optional[int] = None
+    case: str = "DOWNCASE"
+
+
+DEFAULT_OPTIONS = PrintOptions()
+_DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_RADIX_PREFIX = {2: "#b", 8: "#o", 16: "#x"}
+
+
+def integer_in_base(n: int, base: int) -> str:
+    if base == 10:
+        return str(n)
+    if n == 0:
+        return "0"
+    sign, n = ("-", -n) if n < 0 else ("", n)
+    out = []
+    while n:
+        n, d = divmod(n, base)
+        out.append(_DIGITS[d])
+    return sign + "".join(reversed(out))
+
+
+def rational_text(x: Any, options: PrintOptions) -> str:
+    base = options.base
+    if type(x) is int:
+        text = integer_in_base(x, base)
+        if not options.radix:
+            return text
+        return text + "." if base == 10 else _RADIX_PREFIX.get(base, f"#{base}r") + text
+    text = f"{integer_in_base(x.numerator, base)}/{integer_in_base(x.denominator, base)}"
+    return _RADIX_PREFIX.get(base, f"#{base}r") + text if options.radix else text
+
+
+def _case_name(name: str, case: str) -> str:
+    """A symbol name without lower-case letters, as *print-case* prints it."""
+    if case == "UPCASE":
+        return name
+    if case == "CAPITALIZE":
+        return re.sub(r"[A-Za-z0-9]+", lambda m: m.group(0)[0] + m.group(0)[1:].lower(), name)
+    return name.lower()
 
 
 def format_float(x: float) -> str:
@@ -63,11 +112,11 @@ def _shortest_digits(x: float) -> tuple[str, int]:
     return digits, point
 
 
-def symbol_text(sym: Symbol, escape: bool) -> str:
+def symbol_text(sym: Symbol, escape: bool, case: str = "DOWNCASE") -> str:
     name = sym.name
     if not escape:
-        return name.lower() if name == name.upper() else name
-    body = _escaped_symbol_name(name)
+        return _case_name(name, case) if name == name.upper() else name
+    body = _escaped_symbol_name(name, case)
     if sym.package == "KEYWORD":
         return ":" + body
     if sym.package is None:
@@ -77,10 +126,10 @@ def symbol_text(sym: Symbol, escape: bool) -> str:
     return body
 
 
-def _escaped_symbol_name(name: str) -> str:
+def _escaped_symbol_name(name: str, case: str = "DOWNCASE") -> str:
     lowered = name.lower()
     if name and _SYMBOL_SAFE.match(name) and not _NUMBER_LIKE.match(lowered) and set(name) != {"."}:
-        return lowered
+        return _case_name(name, case)
     return "|" + name.replace("\\", "\\\\").replace("|", "\\|") + "|"
 
 
@@ -118,9 +167,11 @@ class Printer:
     """Writes objects as text. `other` prints host objects the printer does not know
     (functions, hash tables, structures) and is supplied by the evaluator."""
 
-    def __init__(self, escape: bool, other: Callable[[Any, "Printer"], str] | None = None) -> None:
+    def __init__(self, escape: bool, other: Callable[[Any, "Printer"], str] | None = None, options: PrintOptions = DEFAULT_OPTIONS) -> None:
         self.escape = escape
         self.other = other
+        self.options = options
+        self.plain = options == DEFAULT_OPTIONS
         self.budget = MAX_PRINTED_CELLS
 
     def spend(self) -> None:
@@ -133,38 +184,78 @@ class Printer:
             raise PrintTooLarge("object nested too deeply to print")
         t = type(x)
         if t is Symbol:
-            return symbol_text(x, self.escape)
+            return symbol_text(x, self.escape, self.options.case)
         if t is Cons:
             return self.list_text(x, depth)
         if t is str:
             return string_text(x, self.escape)
+        if t in (int, Fraction) and not self.plain:
+            return rational_text(x, self.options)
         if t in (int, float, Fraction):
             return number_text(x)
         if t is Char:
             return char_text(x, self.escape)
         if t is list:
             self.spend()
-            return "#(" + " ".join(self.text(e, depth + 1) for e in x) + ")"
+            return "#(" + self.elements_text(x, depth) + ")"
         if t is bool:
             return "t" if x else "nil"
         if self.other is not None:
             return self.other(x, self)
         return f"#<{t.__name__.lower()}>"
 
+    def too_deep(self, depth: int) -> bool:
+        """*print-level*: a list or vector this deep prints as #."""
+        return self.options.level is not None and depth >= self.options.level
+
+    def elements_text(self, items: list[Any], depth: int) -> str:
+        if self.too_deep(depth):
+            raise _Abbreviated
+        limit = self.options.length
+        shown = items if limit is None else items[:limit]
+        parts = [self.sub_text(e, depth) for e in shown]
+        if len(shown) < len(items):
+            parts.append("...")
+        return " ".join(parts)
+
+    def sub_text(self, x: Any, depth: int) -> str:
+        try:
+            return self.text(x, depth + 1)
+        except _Abbreviated:
+            return "#"
+
     def list_text(self, x: Cons, depth: int) -> str:
         head = x.car
         if type(head) is Symbol and head in _WRAPPERS and type(x.cdr) is Cons and x.cdr.cdr is NIL:
-            return _WRAPPERS[head] + self.text(x.cdr.car, depth + 1)
+            return _WRAPPERS[head] + self.text(x.cdr.car, depth)
+        if self.too_deep(depth):
+            raise _Abbreviated
         parts: list[str] = []
         cell: Any = x
+        limit = self.options.length
         while type(cell) is Cons:
             self.spend()
-            parts.append(self.text(cell.car, depth + 1))
+            if limit is not None and len(parts) >= limit:
+                parts.append("...")
+                cell = NIL
+                break
+            parts.append(self.sub_text(cell.car, depth))
             cell = cell.cdr
         if cell is not NIL:
             parts.append(".")
-            parts.append(self.text(cell, depth + 1))
+            parts.append(self.sub_text(cell, depth))
         return "(" + " ".join(parts) + ")"
+
+
+class _Abbreviated(Exception):
+    """A list or vector beyond *print-level*: its parent prints # in its place."""
+
+
+def print_to_string(x: Any, escape: bool, other: Callable[[Any, Printer], str] | None = None, options: PrintOptions = DEFAULT_OPTIONS) -> str:
+    try:
+        return Printer(escape, other, options).text(x)
+    except _Abbreviated:
+        return "#"
 
 
 def prin1_to_string(x: Any, other: Callable[[Any, Printer], str] | None = None) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .conditions import CONDITION_PARENTS, Condition, condition_isa, lisp_error
+from .conditions import CONDITION_PARENTS, Condition, condition_is, lisp_error
 from .objects import Builtin, Closure, HashTable, LispArray, StructInstance
 from .types import NIL, T, Char, Cons, MultipleValues, Symbol
 
@@ -61,8 +61,8 @@ ATOMIC: dict[str, Predicate] = {
     "SEQUENCE": lambda x: x is NIL or type(x) in (Cons, list, str),
     "STRING": lambda x: type(x) is str,
     "SIMPLE-STRING": lambda x: type(x) is str,
-    "BASE-STRING": lambda x: type(x) is str and all(ord(c) < 128 for c in x),
-    "SIMPLE-BASE-STRING": lambda x: type(x) is str and all(ord(c) < 128 for c in x),
+    "BASE-STRING": lambda x: False,  # strings read or made here hold characters, as in SBCL
+    "SIMPLE-BASE-STRING": lambda x: False,
     "VECTOR": lambda x: type(x) in (list, str),
     "SIMPLE-VECTOR": lambda x: type(x) is list,
     "BIT-VECTOR": lambda x: False,
@@ -175,9 +175,9 @@ class TypeSpecs:
         stype = self.interp.structs.get(spec)
         if stype is not None:
             return lambda x: type(x) is StructInstance and x.stype.isa(stype)
-        if spec.name in CONDITION_PARENTS:
+        if spec.name in CONDITION_PARENTS or spec.name in self.interp.condition_types:
             name = spec.name
-            return lambda x: type(x) is Condition and condition_isa(x.ctype, name)
+            return lambda x: type(x) is Condition and condition_is(x, name)
         raise self.unknown(spec)
 
     def numeric_range(self, head: str, args: list[Any], spec: Any) -> Predicate:
@@ -351,6 +351,11 @@ def subtypep(specs: TypeSpecs, a: Any, b: Any) -> tuple[bool, bool]:
             return (True, True) if disjoint else (False, disjoint is not None and False)
     if name_b == "ATOM" and name_a is not None and (name_a in ATOMS or specs.interp.structs.get(a) is not None):
         return name_a not in NOT_ATOMS, True
+    if name_a == "T" and name_b is not None and (name_b in ATOMS or specs.interp.structs.get(b) is not None):
+        return False, True
+    array_a, array_b = _array_shape(a), _array_shape(b)
+    if array_a is not None and array_b is not None:
+        return _array_within(array_a, array_b), True
     range_a, range_b = _range(a), _range(b)
     if range_a is not None and range_b is not None:
         kind_a, low_a, high_a = range_a
@@ -359,6 +364,12 @@ def subtypep(specs: TypeSpecs, a: Any, b: Any) -> tuple[bool, bool]:
             return False, True
         return _within(low_a, low_b, True) and _within(high_a, high_b, False), True
     if name_a is not None and name_b is not None:
+        defined = specs.interp.condition_types
+        if name_a in defined:
+            lineage = defined[name_a].lineage
+            return any(t == name_b or (t in CONDITION_PARENTS and name_b in _supertypes(t)) for t in lineage), True
+        if name_b in defined:
+            return False, name_a in ATOMS
         if name_a in ATOMS and name_b in ATOMS:
             return name_b in _supertypes(name_a), True
         stype_a, stype_b = specs.interp.structs.get(a), specs.interp.structs.get(b)
@@ -399,6 +410,59 @@ def _range(spec: Any) -> Optional[tuple[str, Any, Any]]:
         n = spec.cdr.car
         return ("INTEGER", 0, 2**n - 1) if spec.car.name == "UNSIGNED-BYTE" else ("INTEGER", -(2 ** (n - 1)), 2 ** (n - 1) - 1)
     return None
+
+
+ArrayShape = tuple[bool, str, Any]  # simple-p, element kind ("T", "CHARACTER", "STRING" or "*"), dims
+
+
+ARRAY_HEADS = {
+    "ARRAY": (False, "*"), "SIMPLE-ARRAY": (True, "*"), "VECTOR": (False, "*"), "SIMPLE-VECTOR": (True, "T"),
+    "STRING": (False, "STRING"), "SIMPLE-STRING": (True, "STRING"), "BASE-STRING": (False, "CHARACTER"),
+    "SIMPLE-BASE-STRING": (True, "CHARACTER"),
+}
+
+
+def _array_shape(spec: Any) -> Optional[ArrayShape]:
+    """An array type as (simple-p, element kind, dimensions: * or a list of ints and *s)."""
+    if type(spec) is Symbol:
+        head, args = spec.name, []
+    elif type(spec) is Cons and type(spec.car) is Symbol:
+        head, args = spec.car.name, list(spec.cdr)
+    else:
+        return None
+    if head not in ARRAY_HEADS:
+        return None
+    simple, element = ARRAY_HEADS[head]
+    vector_like = head not in ("ARRAY", "SIMPLE-ARRAY")
+    if head in ("ARRAY", "SIMPLE-ARRAY", "VECTOR") and args:
+        e = args[0]
+        element = "*" if _star(e) else ("CHARACTER" if type(e) is Symbol and e.name in ("CHARACTER", "BASE-CHAR", "STANDARD-CHAR") else "T")
+        args = args[1:]
+    size = args[0] if args else _ANY
+    if vector_like:
+        dims: Any = [size]
+    elif _star(size):
+        dims = _ANY
+    elif type(size) is int:
+        dims = [_ANY] * size
+    else:
+        dims = list(size) if type(size) is Cons else [] if size is NIL else None
+    return simple, element, dims
+
+
+
+def _array_within(a: ArrayShape, b: ArrayShape) -> bool:
+    simple_a, element_a, dims_a = a
+    simple_b, element_b, dims_b = b
+    if simple_b and not simple_a:
+        return False
+    if element_b != "*" and not (element_a == element_b or (element_b == "STRING" and element_a == "CHARACTER")):
+        return False
+    if _star(dims_b):
+        return True
+    if _star(dims_a) or len(dims_a) != len(dims_b):
+        return False
+    return all(_star(db) or (not _star(da) and da == db) for da, db in zip(dims_a, dims_b))
 
 
 def _within(inner: Any, outer: Any, lower: bool) -> bool:
