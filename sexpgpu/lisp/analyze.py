@@ -265,6 +265,8 @@ class Analyzer:
         if type(entry) is LocalParam:
             entry.captured = True
             return constant(NIL)
+        if entry is None and sym in self.interp.symbol_macros:
+            return self.analyze(self.interp.symbol_macros[sym], scope, loc)
         return self.global_ref(sym, scope, loc)
 
     def lexical_ref(self, sym: Symbol, depth: int) -> Node:
@@ -886,8 +888,9 @@ class Analyzer:
             if type(var) is not Symbol:
                 raise lisp_error("E105", f"setq: {prin1_to_string(var)} is not a variable name", "PROGRAM-ERROR")
             entry, _ = scope.find_var(var)
-            if type(entry) is SymbolMacroEntry:
-                place = Cons(self.s_setf, Cons(entry.expansion, Cons(value_form, NIL)))
+            expansion = entry.expansion if type(entry) is SymbolMacroEntry else self.interp.symbol_macros.get(var) if entry is None else None
+            if expansion is not None:
+                place = Cons(self.s_setf, Cons(expansion, Cons(value_form, NIL)))
                 pairs.append((None, self.analyze(place, scope)))
             else:
                 pairs.append((self.setter(var, scope), self.analyze(value_form, scope)))
@@ -1305,7 +1308,8 @@ class Analyzer:
         if type(rest) is not Cons:
             raise lisp_error("E105", "malformed eval-when: expected (eval-when (situations...) body...)", "PROGRAM-ERROR")
         names = {s.name for s in _iter(rest.car) if type(s) is Symbol}
-        if names & {"EXECUTE", "EVAL", "COMPILE-TOPLEVEL", "COMPILE", "LOAD-TOPLEVEL", "LOAD"}:
+        # as SBCL's eval and load of a source file: the body runs for :execute or :load-toplevel
+        if names & {"EXECUTE", "EVAL", "LOAD-TOPLEVEL", "LOAD"}:
             return self.stepped(form, self.body(rest.cdr, scope))
         return self.stepped(form, constant(NIL))
 

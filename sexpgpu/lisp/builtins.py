@@ -325,6 +325,13 @@ def type_name_of(x: Any) -> str:
 # -- printing of evaluator objects --------------------------------------------------------------------
 def print_object(interp: "Interpreter", x: Any, printer: Printer) -> str:
     t = type(x)
+    if t is StructInstance and x.stype.printer is not None:
+        from .objects import OutputStream
+
+        fn, print_object = x.stype.printer
+        stream = OutputStream()
+        interp.call(fn, x, stream, *(() if print_object else (0,)))
+        return stream.take()
     if t is StructInstance:
         parts = [printer.text(x.stype.name)]
         for slot, value in zip(x.stype.slots, x.values):
@@ -396,12 +403,24 @@ def format_to_string(interp: "Interpreter", control: str, args: list[Any]) -> st
             lambda x: interp.print_string(x, True),
             lambda x: interp.print_string(x, False),
             interp,
+            lambda name, arg, colon, at, params: format_call(interp, name, arg, colon, at, params),
         )
     except FormatError as exc:
         raise lisp_error("E103", str(exc), exc.ctype) from None
     except PrintTooLarge as exc:
         raise lisp_error("E103", f"format: {exc}", "SIMPLE-ERROR") from None
     return text
+
+
+def format_call(interp: "Interpreter", name: str, arg: Any, colon: bool, at: bool, params: list[Any]) -> str:
+    """~/name/: call the function NAME with a string output stream, the argument, the two
+    modifier flags and the parameters, and return what it wrote."""
+    from .objects import OutputStream
+
+    symbol_name = name.split(":")[-1].upper()
+    stream = OutputStream()
+    interp.call(interp.table.intern(symbol_name), stream, arg, lbool(colon), lbool(at), *params)
+    return stream.take()
 
 
 def parse_keys(fn: str, args: tuple[Any, ...], allowed: set[str], first_pos: int) -> dict[str, Any]:
@@ -500,7 +519,7 @@ class Lib:
         test = keys.get("TEST", NIL)
         test_not = keys.get("TEST-NOT", NIL)
         if test is not NIL and test_not is not NIL:
-            raise lisp_error("E102", f"`{fn}`: both :test and :test-not were given", "PROGRAM-ERROR")
+            raise lisp_error("E102", f"`{fn}`: both :test and :test-not were given", "ERROR")
         if test_not is not NIL:
             f = self.predicate2(test_not)
             return lambda a, b: not f(a, b)

@@ -11,7 +11,7 @@ from .conditions import lisp_error
 from .objects import LispArray
 from .types import NIL, T, Char, Cons, Symbol
 
-ARRAY_RANK_LIMIT = 8
+ARRAY_RANK_LIMIT = 129  # SBCL's
 ARRAY_DIMENSION_LIMIT = 2**31 - 1
 ARRAY_TOTAL_SIZE_LIMIT = 2**31 - 1
 IMMUTABLE = "strings are immutable in SexpGPU; build a new one with concatenate or format"
@@ -79,7 +79,7 @@ class Arrays(Lib):
         if "INITIAL-CONTENTS" in keys:
             data = self.contents("make-array", keys["INITIAL-CONTENTS"], shape)
         else:
-            default = Char("\x00") if characters else (NIL if element is T else 0)
+            default = Char("\x00") if characters else 0  # what SBCL's fresh arrays hold
             data = [keys.get("INITIAL-ELEMENT", default)] * total
         fill = keys.get("FILL-POINTER", NIL)
         if fill is not NIL:
@@ -103,7 +103,7 @@ class Arrays(Lib):
             return [contents]
         items = self.items(fn, 3, contents)
         if len(items) != shape[0]:
-            raise lisp_error("E103", f"`{fn}`: :initial-contents has {len(items)} elements where the dimension is {shape[0]}", "TYPE-ERROR", contents)
+            raise lisp_error("E103", f"`{fn}`: :initial-contents has {len(items)} elements where the dimension is {shape[0]}", "ERROR", contents)
         if len(shape) == 1:
             return items
         out: list[Any] = []
@@ -119,7 +119,9 @@ class Arrays(Lib):
         """The row-major index of SUBSCRIPTS in ARRAY, each checked."""
         dims = dimensions(self.need_array(fn, 1, array))
         if len(subscripts) != len(dims):
-            raise lisp_error("E102", f"`{fn}`: an array of rank {len(dims)} takes {len(dims)} subscripts, got {len(subscripts)}", "PROGRAM-ERROR")
+            # SBCL: one subscript on an array of another rank is a type-error (not a vector)
+            ctype = "TYPE-ERROR" if len(subscripts) == 1 else "ERROR"
+            raise lisp_error("E102", f"`{fn}`: an array of rank {len(dims)} takes {len(dims)} subscripts, got {len(subscripts)}", ctype)
         index = 0
         for i, (d, s) in enumerate(zip(dims, subscripts), 2):
             need_index(fn, i, s)
@@ -190,7 +192,7 @@ class Arrays(Lib):
         dims = dimensions(self.need_array("array-dimension", 1, array))
         need_index("array-dimension", 2, axis)
         if axis >= len(dims):
-            raise lisp_error("E103", f"`array-dimension`: axis {axis} is not below the rank {len(dims)}", "TYPE-ERROR", axis)
+            raise lisp_error("E103", f"`array-dimension`: axis {axis} is not below the rank {len(dims)}", "ERROR", axis)
         return dims[axis]
 
     def op_array_rank(self, array: Any) -> Any:
@@ -222,7 +224,8 @@ class Arrays(Lib):
         return self.interp.sym("CHARACTER") if _character_type(spec) else T
 
     def op_adjustable_array_p(self, array: Any) -> Any:
-        return lbool(type(self.need_array("adjustable-array-p", 1, array)) is list)
+        self.need_array("adjustable-array-p", 1, array)
+        return NIL  # every array is simple: vector-push-extend grows a vector in place anyway
 
     def op_array_has_fill_pointer_p(self, array: Any) -> Any:
         self.need_array("array-has-fill-pointer-p", 1, array)

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from .builtins import MAX_INTEGER_BITS, Registry, is_num, lbool, need_index, need_integer, need_number, norm, short, to_lisp_list, type_error
 from .conditions import LimitExceeded, OperationName, lisp_error
+from .objects import RandomState
 from .types import NIL, T, Cons, MultipleValues
 
 
@@ -574,6 +575,10 @@ def make_complex(real: Any, imag: Any = 0) -> Any:
 CONSTANTS: dict[str, Any] = {
     "PI": math.pi,
     "MOST-POSITIVE-FIXNUM": 2**62 - 1,
+    # the implementation limits, SBCL's values
+    "CALL-ARGUMENTS-LIMIT": 2**62 - 1,
+    "LAMBDA-PARAMETERS-LIMIT": 2**62 - 1,
+    "MULTIPLE-VALUES-LIMIT": 2**62 - 1,
     "MOST-NEGATIVE-FIXNUM": -(2**62),
     "MOST-POSITIVE-DOUBLE-FLOAT": 1.7976931348623157e308,
     "MOST-NEGATIVE-DOUBLE-FLOAT": -1.7976931348623157e308,
@@ -583,8 +588,49 @@ CONSTANTS: dict[str, Any] = {
     "DOUBLE-FLOAT-NEGATIVE-EPSILON": 5.551115123125783e-17,
     "LEAST-NEGATIVE-DOUBLE-FLOAT": -5e-324,
     "LEAST-NEGATIVE-NORMALIZED-DOUBLE-FLOAT": -2.2250738585072014e-308,
+    # long floats are double floats, as in SBCL
+    "MOST-POSITIVE-LONG-FLOAT": 1.7976931348623157e308,
+    "MOST-NEGATIVE-LONG-FLOAT": -1.7976931348623157e308,
+    "LEAST-POSITIVE-LONG-FLOAT": 5e-324,
+    "LEAST-POSITIVE-NORMALIZED-LONG-FLOAT": 2.2250738585072014e-308,
+    "LEAST-NEGATIVE-LONG-FLOAT": -5e-324,
+    "LEAST-NEGATIVE-NORMALIZED-LONG-FLOAT": -2.2250738585072014e-308,
+    "LONG-FLOAT-EPSILON": 1.1102230246251568e-16,
+    "LONG-FLOAT-NEGATIVE-EPSILON": 5.551115123125783e-17,
     **{f"BOOLE-{name}": i for i, name in enumerate(BOOLE_NAMES)},
 }
+
+
+def install_random(reg: Registry) -> None:
+    """random and random states; *random-state* starts from a fixed seed, and each
+    (make-random-state t) takes the next seed, so evaluation is reproducible."""
+    interp = reg.interp
+    state_var = interp.sym("*RANDOM-STATE*")
+    interp.values[state_var] = RandomState(0)
+    interp.specials.add(state_var)
+    seeds = iter(range(1, 2**62))
+
+    def random(limit: Any, state: Any = None) -> Any:
+        rs = interp.values[state_var] if state is None else state
+        if type(rs) is not RandomState:
+            raise type_error("random", 2, "a random state", rs)
+        if type(limit) is int and limit > 0:
+            return rs.rng.randrange(limit)
+        if type(limit) is float and limit > 0:
+            return rs.rng.random() * limit
+        raise type_error("random", 1, "a positive integer or a positive float", limit)
+
+    def make_random_state(state: Any = NIL) -> Any:
+        if state is T:
+            return RandomState(next(seeds))
+        source = interp.values[state_var] if state is NIL else state
+        if type(source) is not RandomState:
+            raise type_error("make-random-state", 1, "nil, t or a random state", state)
+        return source.copy()
+
+    reg.add("random", random)
+    reg.add("make-random-state", make_random_state)
+    reg.add("random-state-p", lambda x: lbool(type(x) is RandomState))
 
 
 def install(reg: Registry) -> None:
@@ -594,6 +640,7 @@ def install(reg: Registry) -> None:
         sym = reg.interp.sym(name)
         reg.interp.values[sym] = value
         reg.interp.constants.add(sym)
+    install_random(reg)
 
     table: dict[str, Callable[..., Any]] = {
         "+": add,

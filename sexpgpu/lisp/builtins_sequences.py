@@ -353,6 +353,13 @@ class Sequences(Lib):
     def first_match(self, fn: str, seq: Any, match: Callable[[Any], bool], keys: dict[str, Any]) -> tuple[Any, Any]:
         """(element, index) of the first match in visiting order, or (nil, nil)."""
         items, indices = self.visit(fn, 2, seq, keys)
+        if indices.step < 0 and (seq is NIL or type(seq) is Cons):
+            # a list is searched from its start, the last match kept (as SBCL does)
+            found: tuple[Any, Any] = (NIL, NIL)
+            for i in reversed(indices):
+                if match(items[i]):
+                    found = items[i], i
+            return found
         for i in indices:
             if match(items[i]):
                 return items[i], i
@@ -390,15 +397,20 @@ class Sequences(Lib):
         s1, e1 = self.bounds("search", keys, len(a), "START1", "END1")
         b = self.items("search", 2, hay)
         s2, e2 = self.bounds("search", keys, len(b), "START2", "END2")
-        ka = [key(x) for x in a[s1:e1]]
-        kb = [key(x) for x in b[s2:e2]]
-        m = len(ka)
-        starts = range(len(kb) - m, -1, -1) if keys.get("FROM-END", NIL) is not NIL else range(len(kb) - m + 1)
+        pattern, text = a[s1:e1], b[s2:e2]
+        m = len(pattern)
+        from_end = keys.get("FROM-END", NIL) is not NIL
+        starts = range(len(text) - m + 1)
+        if from_end and type(hay) is not Cons:
+            starts = starts[::-1]
+        found: Any = NIL
         for i in starts:
             self.charge(m)
-            if all(test(ka[j], kb[i + j]) for j in range(m)):
-                return s2 + i
-        return NIL
+            if all(test(key(pattern[j]), key(text[i + j])) for j in range(m)):
+                found = s2 + i
+                if not from_end or type(hay) is not Cons:
+                    return found
+        return found
 
     def op_mismatch(self, seq1: Any, seq2: Any, *args: Any) -> Any:
         keys = parse_keys("mismatch", args, TWO_KEYS, 3)
@@ -484,7 +496,7 @@ class Sequences(Lib):
         n = len(keyed)
         self.charge(n * (n - 1) // 2)
         if keys.get("FROM-END", NIL) is not NIL:
-            drop = {s + i for i in range(n) if any(test(keyed[j], keyed[i]) for j in range(i))}
+            drop = {s + i for i in range(n) if any(test(keyed[i], keyed[j]) for j in range(i))}
         else:
             drop = {s + i for i in range(n) if any(test(keyed[i], keyed[j]) for j in range(i + 1, n))}
         return self.like([x for i, x in enumerate(items) if i not in drop], seq, fn)

@@ -189,7 +189,9 @@ class Streams:
         keys = parse_keys("write", args, WRITE_KEYS, 2)
         stream = keys.pop("STREAM", NIL)
         escape = keys.pop("ESCAPE", None)
-        text = self.printed("write", x, True if escape is None else escape is not NIL, **{k.lower(): v for k, v in keys.items()})
+        if escape is None:
+            escape = self.interp.values.get(self.interp.sym("*PRINT-ESCAPE*"), T)
+        text = self.printed("write", x, escape is not NIL, **{k.lower(): v for k, v in keys.items()})
         self.emit("write", 2, stream, text)
         return x
 

@@ -12,7 +12,7 @@ from .printer import PrintTooLarge
 from .types import NIL, T, Char, Symbol
 
 if TYPE_CHECKING:
-    from .evaluator import Interpreter
+    pass
 
 
 def string_designator(fn: str, pos: int, x: Any) -> str:
@@ -159,7 +159,7 @@ def install(reg: Registry) -> None:
         need_index("make-string", 1, n)
         keys = parse_keys("make-string", args, {"INITIAL-ELEMENT", "ELEMENT-TYPE"}, 2)
         interp.alloc(n // 8)
-        init = keys.get("INITIAL-ELEMENT", Char(" "))
+        init = keys.get("INITIAL-ELEMENT", Char("\x00"))  # as SBCL
         return need_char("make-string", 3, init).ch * n
 
     def lisp_format(dest: Any, control: Any, *args: Any) -> Any:
@@ -169,12 +169,17 @@ def install(reg: Registry) -> None:
             return text
         return interp.call(interp.sym("%format-to-stream"), NIL if dest is T else dest, text)
 
-    def printed(name: str, escape: bool) -> Callable[..., Any]:
+    def printed(name: str, escape: Optional[bool]) -> Callable[..., Any]:
+        """prin1-to-string (ESCAPE true), princ-to-string (false), write-to-string (None: the
+        keyword or *print-escape*)."""
+
         def op(x: Any, *args: Any) -> Any:
             keys = parse_keys(name, args, WRITE_KEYS - {"STREAM"}, 2) if args else {}
             given = keys.pop("ESCAPE", None)
+            if given is None:
+                given = interp.values.get(interp.sym("*PRINT-ESCAPE*"), T) if escape is None else lbool(escape)
             try:
-                text = interp.print_string(x, escape if given is None else given is not NIL, **{k.lower(): v for k, v in keys.items()})
+                text = interp.print_string(x, given is not NIL, **{k.lower(): v for k, v in keys.items()})
             except PrintTooLarge as exc:
                 raise lisp_error("L003", f"`{name}`: {exc}", "STORAGE-CONDITION") from None
             interp.alloc(len(text) // 8)
@@ -182,18 +187,38 @@ def install(reg: Registry) -> None:
 
         return op
 
-        return op
+    def status(sym: Symbol) -> Any:
+        """find-symbol's second value: a keyword is :external, a standard symbol :inherited."""
+        if sym.package == "KEYWORD":
+            return interp.kw("external")
+        return interp.kw("internal") if sym.name in interp.table.own else interp.kw("inherited")
+
+    def keyword_package(fn: str, package: Any) -> bool:
+        if package is NIL:
+            return False
+        pname = string_designator(fn, 2, package).upper()
+        if pname not in ("KEYWORD", "CL-USER", "COMMON-LISP-USER", "CL", "COMMON-LISP"):
+            raise lisp_error("E103", f"`{fn}`: no package {pname} (SexpGPU has none but KEYWORD and CL-USER)", "PACKAGE-ERROR")
+        return pname == "KEYWORD"
+
+    def find_symbol(name: Any, package: Any = NIL) -> Any:
+        from .types import MultipleValues
+
+        need_string("find-symbol", 1, name)
+        if keyword_package("find-symbol", package):
+            sym = interp.table.keywords.get(name)
+        else:
+            sym = interp.table.find(name) if name != "NIL" else NIL
+        return MultipleValues((sym, status(sym))) if sym is not None else MultipleValues((NIL, NIL))
 
     def intern(name: Any, package: Any = NIL) -> Any:
-        need_string("intern", 1, name)
-        if package is not NIL:
-            pname = string_designator("intern", 2, package)
-            if pname.upper() == "KEYWORD":
-                sym = interp.table.keyword(name)
-                return _two(sym, interp)
-        existing = interp.table.find(name)
-        sym = interp.table.intern(name)
-        return _two(sym, interp, existing is not None)
+        from .types import MultipleValues
+
+        found = find_symbol(name, package)
+        if found[0] is not NIL or found[1] is not NIL:
+            return found
+        sym = interp.table.keyword(name) if keyword_package("intern", package) else interp.table.intern(name)
+        return MultipleValues((sym, NIL))
 
     def make_symbol(name: Any) -> Any:
         return Symbol(need_string("make-symbol", 1, name), None)
@@ -201,7 +226,18 @@ def install(reg: Registry) -> None:
     def gensym(prefix: Any = "G") -> Any:
         if type(prefix) is int:
             return Symbol(f"G{prefix}", None)
-        return interp.gensym(need_string("gensym", 1, prefix))
+        counter = interp.sym("*GENSYM-COUNTER*")
+        n = interp.values.get(counter, 0)
+        interp.values[counter] = n + 1
+        return Symbol(f"{need_string('gensym', 1, prefix)}{n}", None)
+
+    def gentemp(prefix: Any = "T", package: Any = NIL) -> Any:
+        need_string("gentemp", 1, prefix)
+        while True:
+            interp.gentemp_counter += 1
+            name = f"{prefix}{interp.gentemp_counter}"
+            if interp.table.find(name) is None:
+                return interp.table.intern(name)
 
     def read_from_string(text: Any, eof_error: Any = T, eof_value: Any = NIL, *args: Any) -> Any:
         """(read-from-string string &optional eof-error-p eof-value &key start end
@@ -213,7 +249,8 @@ def install(reg: Registry) -> None:
         need_string("read-from-string", 1, text)
         keys = parse_keys("read-from-string", args, {"START", "END", "PRESERVE-WHITESPACE"}, 4)
         start, end = _bounds("read-from-string", keys, len(text), "START", "END")
-        reader = Reader(text[:end], "<string>", interp.table)
+        base = interp.values.get(interp.sym("*READ-BASE*"), 10)
+        reader = Reader(text[:end], "<string>", interp.table, base if type(base) is int and 2 <= base <= 36 else 10)
         reader.pos = start
         try:
             form = reader.read_next()
@@ -234,21 +271,17 @@ def install(reg: Registry) -> None:
     reg.add("make-string", make_string)
     reg.add("format", lisp_format)
     reg.add("prin1-to-string", printed("prin1-to-string", True))
-    reg.add("write-to-string", printed("write-to-string", True))
+    reg.add("write-to-string", printed("write-to-string", None))
     reg.add("princ-to-string", printed("princ-to-string", False))
     reg.add("intern", intern)
     reg.add("make-symbol", make_symbol)
     reg.add("gensym", gensym)
+    reg.add("gentemp", gentemp)
+    reg.add("find-symbol", find_symbol)
+    counter = interp.sym("*GENSYM-COUNTER*")
+    interp.values[counter] = 1
+    interp.specials.add(counter)
     reg.add("read-from-string", read_from_string)
-
-
-def _two(sym: Symbol, interp: "Interpreter", existed: bool = True) -> Any:
-    from .types import MultipleValues
-
-    status = interp.kw("internal") if existed else NIL
-    if sym.package == "KEYWORD":
-        status = interp.kw("external") if existed else NIL
-    return MultipleValues((sym, status))
 
 
 def _one(ch: str, case: Callable[[str], str]) -> str:

@@ -119,6 +119,8 @@ def install(reg: Registry) -> None:
         return interp.function_value(need_symbol("symbol-function", 1, s))
 
     def fboundp(s: Any) -> Any:
+        if type(s) is Cons and s.car is interp.sym("SETF") and type(s.cdr) is Cons and s.cdr.cdr is NIL:
+            return lbool(s.cdr.car in interp.setf_functions)
         need_symbol("fboundp", 1, s)
         return lbool(s in interp.functions or s in interp.macros or s in interp.special_forms)
 
@@ -131,7 +133,8 @@ def install(reg: Registry) -> None:
 
     def lisp_set(s: Any, value: Any) -> Any:
         need_symbol("set", 1, s)
-        interp.check_assignable(s)
+        if s in interp.constants or s.package == "KEYWORD":
+            raise lisp_error("E107", f"`{short(s)}` is a constant and cannot be assigned", "ERROR")
         interp.values[s] = value
         return value
 
@@ -141,7 +144,7 @@ def install(reg: Registry) -> None:
     add("symbol-value", symbol_value)
     add("boundp", boundp)
     add("set", lisp_set)
-    add("special-operator-p", lambda s: lbool(s in interp.special_forms))
+    add("special-operator-p", lambda s: lbool(need_symbol("special-operator-p", 1, s) in interp.special_forms))
 
     # -- definitions (the cores of the prelude's defun, defvar ...) ------------------------------
     def p_defun(name: Any, fn: Any) -> Any:
@@ -156,7 +159,7 @@ def install(reg: Registry) -> None:
     def p_defsetf_function(name: Any, fn: Any) -> Any:
         need_symbol("defun", 1, name)
         interp.setf_functions[name] = fn
-        return name
+        return to_lisp_list([interp.sym("SETF"), name])
 
     def p_defvar(name: Any, value: Any, always: Any) -> Any:
         need_symbol("defvar", 1, name)
@@ -209,10 +212,12 @@ def install(reg: Registry) -> None:
 
     def macroexpand_1(form: Any, env: Any = NIL) -> Any:
         scope = env.scope if type(env) is LexicalEnvironment else None
-        if type(form) is Symbol and scope is not None:
-            entry, _ = scope.find_var(form)
+        if type(form) is Symbol:
+            entry = scope.find_var(form)[0] if scope is not None else None
             if type(entry) is SymbolMacroEntry:
                 return MultipleValues((entry.expansion, T))
+            if entry is None and form in interp.symbol_macros:
+                return MultipleValues((interp.symbol_macros[form], T))
         if type(form) is Cons and type(form.car) is Symbol:
             local = local_definition(env, form.car)
             if type(local) is Macro:
@@ -240,6 +245,14 @@ def install(reg: Registry) -> None:
     def lisp_eval(form: Any) -> Any:
         return interp.ev(form)
 
+    def p_define_symbol_macro(name: Any, expansion: Any) -> Any:
+        need_symbol("define-symbol-macro", 1, name)
+        if name in interp.specials or name in interp.constants:
+            raise lisp_error("E107", f"`{short(name)}` is a variable; it cannot also be a symbol macro", "PROGRAM-ERROR")
+        interp.symbol_macros[name] = expansion
+        return name
+
+    add("%define-symbol-macro", p_define_symbol_macro)
     add("macroexpand-1", macroexpand_1)
     add("macro-function", macro_function)
     add("macroexpand", macroexpand)
@@ -659,7 +672,12 @@ def install(reg: Registry) -> None:
 
         return to_lisp_list(need_struct_type("defstruct", name).slots)
 
+    def set_struct_printer(name: Any, fn: Any, print_object: Any) -> Any:
+        need_struct_type("defstruct", name).printer = (fn, print_object is not NIL)
+        return name
+
     add("%defstruct", p_defstruct)
+    add("%set-struct-printer", set_struct_printer)
     add("%make-struct", make_struct)
     add("%struct-ref", struct_ref)
     add("%struct-set", struct_set)

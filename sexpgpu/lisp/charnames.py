@@ -19,7 +19,7 @@ C1_NAMES = (
     "Control-Sequence-Introducer String-Terminator Operating-System-Command Privacy-Message "
     "Application-Program-Command"
 ).split()
-NAME_ALIASES = {"LINEFEED": "\n", "LF": "\n", "NL": "\n", "NULL": "\x00", "ESCAPE": "\x1b", "BELL": "\x07", "DELETE": "\x7f", "DEL": "\x7f", "CR": "\r", "FF": "\x0c", "SPACE": " ", "RUBOUT": "\x7f"}
+NAME_ALIASES = {"LINEFEED": "\n", "LF": "\n", "NL": "\n", "NULL": "\x00", "ESCAPE": "\x1b", "DELETE": "\x7f", "DEL": "\x7f", "CR": "\r", "FF": "\x0c", "SPACE": " ", "RUBOUT": "\x7f"}
 
 
 def char_name(c: str) -> Optional[str]:

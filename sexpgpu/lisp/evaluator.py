@@ -93,7 +93,9 @@ class Interpreter:
         # the active handlers, innermost last: a handler-case's clause types, or a handler-bind's cluster
         self.handlers: list[tuple[Any, ...] | HandlerCluster] = []
         self.condition_types: dict[str, ConditionType] = {}  # made by define-condition
+        self.symbol_macros: dict[Symbol, Any] = {}  # made by define-symbol-macro
         self.gensym_counter = 0
+        self.gentemp_counter = 0
         self.steps_left = 0
         self.steps_reserve = 0
         self.max_depth = 0
@@ -630,6 +632,7 @@ class Interpreter:
             level if type(level) is int and level >= 0 else None,
             length if type(length) is int and length >= 0 else None,
             case.name if type(case) is Symbol and case.name in ("UPCASE", "DOWNCASE", "CAPITALIZE") else "DOWNCASE",
+            setting("pretty") is not NIL,
         )
         return print_to_string(x, escape, self.print_other, options)
 

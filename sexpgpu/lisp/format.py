@@ -78,7 +78,10 @@ class _Directive:
     body: list["_Node"] = field(default_factory=list)  # ~{ and ~(
     clauses: list[list["_Node"]] = field(default_factory=list)  # ~[
     has_default: bool = False  # ~[ whose last separator is ~:;
-    close_colon: bool = False  # ~{ closed by ~:}
+    close_colon: bool = False  # ~{ closed by ~:}, ~< closed by ~:> (a logical block)
+    first_colon: bool = False  # ~< whose first separator is ~:; (its first clause is the overflow prefix)
+    first_params: tuple[ParamValue, ...] = ()  # that ~:;'s parameters
+    name: str = ""  # ~/name/
 
     @property
     def label(self) -> str:
@@ -123,9 +126,20 @@ _RULES: dict[str, _Rule] = {
     "}": _Rule(0),
     ")": _Rule(0),
     "]": _Rule(0),
+    "$": _Rule(4),
+    "G": _Rule(7, colon=False),
+    "|": _Rule(1, colon=False, at=False),
+    "T": _Rule(2),
+    "?": _Rule(0, colon=False),
+    "<": _Rule(4),
+    ">": _Rule(0),
+    "W": _Rule(0),
+    "_": _Rule(0),
+    "I": _Rule(1, at=False),
+    "/": _Rule(MAX_NESTING),
 }
 
-_CLOSERS = {"{": "}", "(": ")", "[": "]"}
+_CLOSERS = {"{": "}", "(": ")", "[": "]", "<": ">"}
 _NEWLINE_WHITESPACE = " \t\n"
 
 
@@ -165,8 +179,8 @@ class _Parser:
         char = directive.char
         if char == "\n":
             nodes.extend(self.newline_text(directive))
-        elif char in "}])":
-            opener = {"}": "~{", "]": "~[", ")": "~("}[char]
+        elif char in "}])>":
+            opener = {"}": "~{", "]": "~[", ")": "~(", ">": "~<"}[char]
             raise FormatError(f"format: {directive.label} has no matching {opener}")
         elif char == ";":
             raise FormatError(f"format: {directive.label} is not inside ~[...~]")
@@ -182,8 +196,27 @@ class _Parser:
         elif char == "[":
             self.parse_clauses(directive, colon_iteration, depth)
             nodes.append(directive)
+        elif char == "<":
+            self.parse_segments(directive, colon_iteration, depth)
+            nodes.append(directive)
         else:
             nodes.append(directive)
+
+    def parse_segments(self, directive: _Directive, colon_iteration: bool, depth: int) -> None:
+        """~<seg~;seg...~> (justification) or ~<prefix~;body~;suffix~:> (a logical block)."""
+        while True:
+            clause, close = self.parse_until(">;", colon_iteration, depth + 1)
+            if close is None:
+                raise FormatError(f"format: {directive.label} has no matching ~>")
+            directive.clauses.append(clause)
+            if close.char == ">":
+                directive.close_colon = close.colon
+                break
+            if close.colon and len(directive.clauses) == 1:
+                directive.first_colon = True
+                directive.first_params = close.params
+        if directive.close_colon and len(directive.clauses) > 3:
+            raise FormatError(f"format: {directive.label}: a logical block has at most prefix, body and suffix")
 
     def parse_closed(self, directive: _Directive, colon_iteration: bool, depth: int) -> tuple[list[_Node], _Directive]:
         closer = _CLOSERS[directive.char]
@@ -268,6 +301,12 @@ class _Parser:
             break
         raw = self.text[pos]
         self.pos = pos + 1
+        if raw == "/":
+            end = self.text.find("/", pos + 1)
+            if end < 0:
+                raise FormatError(f"format: the ~/ directive at index {start} has no closing /")
+            self.pos = end + 1
+            return _Directive("/", raw, start, tuple(params), colon, at, name=self.text[pos + 1 : end])
         return _Directive(raw.upper(), raw, start, tuple(params), colon, at)
 
     def param_value(self, pos: int) -> tuple[ParamValue, int]:
@@ -429,6 +468,16 @@ class _Output:
 
     def at_line_start(self) -> bool:
         return not self.parts or self.parts[-1].endswith("\n")
+
+    def column(self) -> int:
+        """The column the next character goes to (0 at the start of a line)."""
+        width = 0
+        for part in reversed(self.parts):
+            newline = part.rfind("\n")
+            if newline >= 0:
+                return width + len(part) - newline - 1
+            width += len(part)
+        return width
 
     def mark(self) -> int:
         return len(self.parts)
@@ -1055,9 +1104,15 @@ def _pad_count(text: str, mincol: Real, colinc: int, minpad: int, directive: _Di
     return count
 
 
+CallFunction = Callable[[str, Any, bool, bool, list[Any]], str]
+
+
 class _Formatter:
-    def __init__(self, control: str, prin1: PrintFunction, princ: PrintFunction, budget: Optional[Budget]) -> None:
+    def __init__(self, control: str, prin1: PrintFunction, princ: PrintFunction, budget: Optional[Budget],
+                 call_function: Optional[CallFunction] = None) -> None:
         self.control = control
+        self.call_function = call_function
+        self.blocks = 0  # logical blocks (~<...~:>) being printed
         self.prin1_fn = prin1
         self.princ_fn = princ
         self.out = _Output(budget)
@@ -1393,6 +1448,203 @@ class _Formatter:
             raise FormatError(f"format: {d.label}: more than {MAX_ITERATION_STEPS} iteration steps")
 
 
+    # -- ~$ ~g --------------------------------------------------------------------------
+
+    def do_dollars(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        """SBCL's FORMAT-DOLLARS: d digits after the point, at least n before it, padded to w."""
+        digits, n, w, pad = _bind_params(d, args, [_Spec(INT, 2), _Spec(INT, 1), _Spec(INT, 0), _Spec(CHAR, Char(" "))])
+        _check_float_params(d, digits, n, w)
+        arg = args.pop(d)
+        number = self.float_argument(d, arg)
+        if number is None:
+            self.write_non_number(d, arg, w, pad)
+            return
+        x, kind = number
+        if math.isinf(x) or math.isnan(x):
+            self.out.write(self.prin1(x))
+            return
+        sign = "-" if math.copysign(1.0, x) < 0 else "+" if d.at else ""
+        text = flonum_to_string(abs(x), kind, None, digits).text
+        point = text.index(".")
+        if d.colon:
+            self.out.write(sign)
+        self.out.repeat(pad.ch, w - len(sign) - max(n, point) - 1 - digits)
+        if not d.colon:
+            self.out.write(sign)
+        self.out.repeat("0", n - point)
+        self.out.write(text)
+
+    def do_general(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        """SBCL's FORMAT-GENERAL-AUX: ~f when the exponent fits the digits, else ~e."""
+        specs = [_Spec(INT), _Spec(INT), _Spec(INT), _Spec(INT), _Spec(CHAR), _Spec(CHAR, Char(" ")), _Spec(CHAR)]
+        w, digits, e, k, ovf, pad, mark = _bind_params(d, args, specs)
+        _check_float_params(d, w, digits, e, k)
+        arg = args.pop(d)
+        number = self.float_argument(d, arg)
+        if number is None:
+            self.write_non_number(d, arg, w, pad)
+            return
+        x, kind = number
+        if math.isinf(x) or math.isnan(x):
+            self.out.write(self.prin1(x))
+            return
+        _, n = scale_exponent(abs(x), kind)
+        if digits is None:
+            length = len(flonum_to_string(abs(x), kind).text)
+            digits = max(1 if length == 1 else length - 1, min(n, 7))
+        ee = e + 2 if e is not None else 4
+        dd = digits - n
+        if 0 <= dd <= digits:
+            text = format_fixed_float(x, kind, _FixedParams(w - ee if w is not None else None, dd, None, ovf.ch if ovf else None, pad.ch, d.at))
+            overflowed = ovf is not None and w is not None and text == ovf.ch * (w - ee)
+            self.out.write(text)
+            self.out.repeat(ovf.ch if overflowed and ovf else " ", ee)
+            return
+        params = _ExpParams(w, digits, e, k if k is not None else 1, ovf.ch if ovf else None, pad.ch, mark.ch if mark else None, d.at)
+        self.out.write(format_exponential_float(x, kind, params))
+
+    # -- ~| ~t --------------------------------------------------------------------------
+
+    def do_page(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        (count,) = _bind_params(d, args, [_Spec(INT, 1)])
+        self.out.repeat("\f", count)
+
+    def do_tab(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        """SBCL's absolute (~colnum,colinct) and relative (~colrel,colinc@t) tabulation."""
+        first, colinc = _bind_params(d, args, [_Spec(INT, 1), _Spec(INT, 1)])
+        if d.colon:  # a pretty-printing section tab: nothing to align to here
+            return
+        current = self.out.column()
+        if d.at:
+            spaces = first
+            if colinc > 0:
+                spaces = -((current + first) // -colinc) * colinc - current
+        elif current < first:
+            spaces = first - current
+        else:
+            spaces = colinc - (current - first) % colinc if colinc else 0
+        self.out.repeat(" ", spaces)
+
+    # -- ~? -----------------------------------------------------------------------------
+
+    def do_indirect(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        control = args.pop(d)
+        if type(control) is not str:
+            raise FormatError(f"format: {d.label} needs a control string argument, not {_describe(control)}")
+        nodes = _Parser(control).parse()
+        inner = args if d.at else _Args(args.pop(d))
+        try:
+            self.interpret(nodes, inner, None)
+        except _UpAndOut:
+            pass
+
+    # -- ~< ~> --------------------------------------------------------------------------
+
+    def segment_text(self, nodes: list[_Node], args: _Args, outside: Optional[_Args]) -> str:
+        saved = self.out
+        self.out = _Output(self.budget)
+        try:
+            self.interpret(nodes, args, outside)
+            return self.out.text()
+        finally:
+            self.out = saved
+
+    def do_justify(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        if d.close_colon:
+            self.logical_block(d, args, outside)
+            return
+        mincol, colinc, minpad, padchar = _bind_params(d, args, [_Spec(INT, 0), _Spec(INT, 1), _Spec(INT, 0), _Spec(CHAR, Char(" "))])
+        segments = d.clauses[1:] if d.first_colon else d.clauses
+        strings: list[str] = []
+        try:
+            for segment in segments:
+                strings.append(self.segment_text(segment, args, outside))
+        except _UpAndOut:
+            pass
+        self.out.write(justify(strings, d.colon, d.at, mincol, colinc, minpad, padchar.ch, d))
+
+    def logical_block(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        """~<prefix~;body~;suffix~:>: with no line to break (the margin is unbounded) the
+        prefix, the body run over the argument list, and the suffix."""
+        clauses = d.clauses
+        prefix, suffix = ("(", ")") if d.colon else ("", "")
+        if len(clauses) > 1 and not all(type(node) is str for clause in (clauses[0], clauses[-1]) for node in clause):
+            raise FormatError(f"format: {d.label}: the prefix and suffix of a logical block must be plain text")
+        if len(clauses) == 3:
+            prefix, body, suffix = "".join(map(str, clauses[0])), clauses[1], "".join(map(str, clauses[2]))
+        elif len(clauses) == 2:
+            prefix, body = "".join(map(str, clauses[0])), clauses[1]
+        else:
+            body = clauses[0]
+        if d.at:
+            inner = args
+        else:
+            items = args.pop(d)
+            if items is not NIL and type(items) is not Cons:
+                self.out.write(self.prin1(items))
+                return
+            inner = _Args(items)
+        self.out.write(prefix)
+        self.blocks += 1
+        try:
+            self.interpret(body, inner, None)
+        except _UpAndOut:
+            pass
+        finally:
+            self.blocks -= 1
+        self.out.write(suffix)
+
+    # -- ~w ~_ ~i ~/ --------------------------------------------------------------------
+
+    def do_write(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        self.out.write(self.prin1(args.pop(d)))
+
+    def do_conditional_newline(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        if d.colon and d.at and self.blocks:  # a mandatory newline, inside a logical block only
+            self.out.write("\n")
+
+    def do_indent(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        _bind_params(d, args, [_Spec(INT, 0)])
+
+    def do_call(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        params = [p for p in _bind_params(d, args, [_Spec(ANY)] * len(d.params))]
+        arg = args.pop(d)
+        if self.call_function is None:
+            raise FormatError(f"format: {d.label}: ~/name/ is not available here")
+        try:
+            self.out.write(self.call_function(d.name, arg, d.colon, d.at, params))
+        except Exception as exc:
+            raise _CallbackFailure(exc) from exc
+
+
+def justify(strings: list[str], pad_left: bool, pad_right: bool, mincol: int, colinc: int, minpad: int, padchar: str, d: _Directive) -> str:
+    """SBCL's FORMAT-JUSTIFICATION: the segments spread over at least mincol columns."""
+    if colinc <= 0:
+        raise FormatError(f"format: {d.label}: colinc is {colinc}, it must be a positive integer")
+    gaps = len(strings) - 1 + (1 if pad_left else 0) + (1 if pad_right else 0)
+    chars = gaps * minpad + sum(len(x) for x in strings)
+    length = mincol + -((mincol - chars) // colinc) * colinc if chars > mincol else mincol
+    padding = length - chars + gaps * minpad
+    out: list[str] = []
+
+    def pad() -> None:
+        nonlocal padding, gaps
+        width = padding if gaps == 0 else padding // gaps
+        padding -= width
+        gaps -= 1
+        out.append(padchar * width)
+
+    if pad_left or (not pad_right and len(strings) <= 1):
+        pad()
+    for i, text in enumerate(strings):
+        if i:
+            pad()
+        out.append(text)
+    if pad_right:
+        pad()
+    return "".join(out)
+
+
 class _IterationBody:
     """The body of a ~{: its own directives or, when it has none, a control string taken
     from the arguments and parsed when first run (as SBCL does)."""
@@ -1441,16 +1693,27 @@ _HANDLERS: dict[str, _Handler] = {
     "[": _Formatter.do_conditional,
     "(": _Formatter.do_case,
     "{": _Formatter.do_iterate,
+    "$": _Formatter.do_dollars,
+    "G": _Formatter.do_general,
+    "|": _Formatter.do_page,
+    "T": _Formatter.do_tab,
+    "?": _Formatter.do_indirect,
+    "<": _Formatter.do_justify,
+    "W": _Formatter.do_write,
+    "_": _Formatter.do_conditional_newline,
+    "I": _Formatter.do_indent,
+    "/": _Formatter.do_call,
 }
 
 
-def lisp_format(control: str, args: list[Any], prin1: PrintFunction, princ: PrintFunction, budget: Optional[Budget] = None) -> str:
+def lisp_format(control: str, args: list[Any], prin1: PrintFunction, princ: PrintFunction, budget: Optional[Budget] = None,
+                call_function: Optional[CallFunction] = None) -> str:
     """(format nil control . args). Raises FormatError for a bad control string or arguments
     that do not fit it; exceptions raised by prin1/princ (and by the budget) pass through."""
     if type(control) is not str:
         raise FormatError("format: the control string must be a string")
     try:
-        return _Formatter(control, prin1, princ, budget).run(args)
+        return _Formatter(control, prin1, princ, budget, call_function).run(args)
     except FormatError:
         raise
     except _CallbackFailure as failure:

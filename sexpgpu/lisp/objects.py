@@ -98,6 +98,26 @@ class LexicalEnvironment:
         return "#<environment>"
 
 
+class RandomState:
+    """A random state: a seeded generator, so that a file checks the same way every time."""
+
+    __slots__ = ("rng", "seed")
+
+    def __init__(self, seed: int, state: Optional[object] = None) -> None:
+        import random
+
+        self.seed = seed
+        self.rng = random.Random(seed)
+        if state is not None:
+            self.rng.setstate(state)  # type: ignore[arg-type]
+
+    def copy(self) -> "RandomState":
+        return RandomState(self.seed, self.rng.getstate())
+
+    def lisp_print(self) -> str:
+        return "#<random-state>"
+
+
 class LispArray:
     """An array of rank other than one (vectors are Python lists, strings Python str): its
     dimensions and its elements in row-major order."""
@@ -116,12 +136,16 @@ class LispArray:
 
 
 class StructType:
-    __slots__ = ("name", "slots", "parent")
+    """A defstruct type. PRINTER is its :print-function or :print-object function (and
+    whether it is the latter), inherited by the types that include it."""
+
+    __slots__ = ("name", "slots", "parent", "printer")
 
     def __init__(self, name: Symbol, slots: list[Symbol], parent: Optional["StructType"]) -> None:
         self.name = name
         self.slots = slots
         self.parent = parent
+        self.printer: Optional[tuple[Any, bool]] = parent.printer if parent is not None else None
 
     def isa(self, other: "StructType") -> bool:
         t: Optional[StructType] = self

@@ -49,14 +49,21 @@
 (defmacro defconstant (name value &optional doc)
   `(%defconstant ',name ,value))
 
+(defconstant lambda-list-keywords
+  '(&allow-other-keys &aux &body &environment &key &optional &rest &whole))
+
 ;;; ------------------------------------------------------------------------------------------
 ;;; Control
 
+(defun %progn-form (body)
+  ;; the body as one form, the way SBCL's when/unless expand
+  (if (cdr body) `(progn ,@body) (car body)))
+
 (defmacro when (test &body body)
-  `(if ,test (progn ,@body) nil))
+  `(if ,test ,(%progn-form body)))
 
 (defmacro unless (test &body body)
-  `(if ,test nil (progn ,@body)))
+  `(if ,test nil ,(%progn-form body)))
 
 (defmacro and (&rest forms)
   (if (null forms)
@@ -422,6 +429,7 @@
          ((%name= op "GETF") (%getf-place place env))
          ((%name= op "VALUES") (%values-place place env))
          ((%name= op "THE") (%the-place place env))
+         ((or (%name= op "LDB") (%name= op "MASK-FIELD")) (%byte-place place env))
          ((%direct-store op)
           (multiple-value-bind (temps forms refs) (%place-temps (cdr place))
             (let ((store (gensym "NEW")))
@@ -461,6 +469,16 @@
     (values all-temps all-forms (reverse all-stores)
             `(progn ,@(reverse store-forms) (values ,@(reverse all-stores)))
             `(values ,@(reverse accesses)))))
+
+(defun %byte-place (place env)
+  ;; (ldb bytespec inner) and (mask-field bytespec inner): the integer place gets the new bits
+  (multiple-value-bind (temps forms stores store-form access) (%place (car (cdr (cdr place))) env)
+    (let ((spec (gensym "BYTESPEC")) (store (gensym "NEW")) (op (car place)))
+      (values (cons spec temps) (cons (car (cdr place)) forms) (list store)
+              `(let ((,(car stores) (,(if (%name= op "LDB") 'dpb 'deposit-field) ,store ,spec ,access)))
+                 ,store-form
+                 ,store)
+              `(,op ,spec ,access)))))
 
 (defun %the-place (place env)
   (multiple-value-bind (temps forms stores store-form access) (%place (car (cdr (cdr place))) env)
@@ -621,67 +639,164 @@
 ;;; ------------------------------------------------------------------------------------------
 ;;; Structures
 
-(defun %defstruct-option (options name default)
-  (let ((entry (find-if (lambda (o) (and (consp o) (%name= (car o) name))) options)))
-    (cond ((null entry) (if (find-if (lambda (o) (%name= o name)) options) default default))
-          ((cdr entry) (car (cdr entry)))
-          (t default))))
+;;; defstruct (CLHS 8.1): options :conc-name :constructor (any number, keyword or BOA)
+;;; :copier :predicate :include (with slot overrides) :print-function :print-object :type
+;;; (list or vector) :named :initial-offset; slot options :type and :read-only.
+
+(defvar *%struct-layouts* (make-hash-table :test 'eq)
+  "structure name -> (slot descriptions type named offset), for :include")
+
+(defun %struct-option (options key)
+  ;; the option (key args...) or key, as a list, or nil
+  (find-if (lambda (o) (eq (car o) key)) options))
+
+(defun %slot-description (spec)
+  ;; (name initform read-only-p)
+  (if (consp spec)
+      (list (car spec) (cadr spec) (and (getf (cddr spec) :read-only) t))
+      (list spec nil nil)))
+
+(defun %include-slots (parent overrides)
+  (multiple-value-bind (layout found) (gethash parent *%struct-layouts*)
+    (unless found (error "defstruct: :include names ~s, which is not a structure" parent))
+    (mapcar (lambda (slot)
+              (let ((override (find (car slot) (mapcar #'%slot-description overrides) :key #'car)))
+                (if override
+                    (list (car slot) (cadr override) (or (caddr slot) (caddr override)))
+                    slot)))
+            (car layout))))
+
+(defun %boa-lambda-list (lambda-list slots)
+  ;; a BOA constructor's lambda list: &optional and &key slot variables without a default
+  ;; default to the slot's initform
+  (let ((section nil))
+    (mapcar (lambda (p)
+              (cond ((member p lambda-list-keywords) (setq section p) p)
+                    ((and (member section '(&optional &key))
+                          (let ((var (if (consp p) (car p) p)))
+                            (and (symbolp var) (or (atom p) (null (cdr p))) (assoc var slots))))
+                     (let ((var (if (consp p) (car p) p)))
+                       (list var (cadr (assoc var slots)))))
+                    (t p)))
+            lambda-list)))
+
+(defun %lambda-list-variables (lambda-list)
+  (mapcan (lambda (p)
+            (cond ((member p lambda-list-keywords) nil)
+                  ((symbolp p) (list p))
+                  ((and (consp p) (consp (car p))) (list (cadar p)))
+                  ((consp p) (list (car p)))))
+          lambda-list))
 
 (defmacro defstruct (name-and-options &rest slot-specs)
   (let* ((name (if (consp name-and-options) (car name-and-options) name-and-options))
-         (options (if (consp name-and-options) (cdr name-and-options) nil))
-         (prefix (let ((conc (%defstruct-option options "CONC-NAME" :default)))
-                   (cond ((eq conc :default) (concatenate 'string (symbol-name name) "-"))
-                         ((null conc) "")
-                         (t (string conc)))))
-         (include (%defstruct-option options "INCLUDE" nil))
-         (inherited (if include (%struct-slots-with-defaults include) nil))
-         (specs (append inherited
-                        (mapcar (lambda (s) (if (consp s) (list (car s) (car (cdr s))) (list s nil)))
-                                (if (stringp (car slot-specs)) (cdr slot-specs) slot-specs))))
-         (slots (mapcar #'car specs))
-         (constructor (%defstruct-option options "CONSTRUCTOR"
-                                         (intern (concatenate 'string "MAKE-" (symbol-name name)))))
-         (predicate (%defstruct-option options "PREDICATE"
-                                       (intern (concatenate 'string (symbol-name name) "-P"))))
-         (copier (%defstruct-option options "COPIER"
-                                    (intern (concatenate 'string "COPY-" (symbol-name name)))))
+         (options (mapcar (lambda (o) (if (consp o) o (list o)))
+                          (if (consp name-and-options) (cdr name-and-options) nil)))
+         (conc-option (%struct-option options :conc-name))
+         (prefix (cond ((null conc-option) (concatenate 'string (symbol-name name) "-"))
+                       ((null (cadr conc-option)) "")
+                       (t (string (cadr conc-option)))))
+         (include-option (%struct-option options :include))
+         (include (cadr include-option))
+         (type-option (%struct-option options :type))
+         (kind (let ((type (cadr type-option)))
+                 (cond ((null type-option) nil)
+                       ((eq type 'list) 'list)
+                       (t 'vector))))
+         (named (or (null kind) (and (%struct-option options :named) t)))
+         (offset (if kind (or (cadr (%struct-option options :initial-offset)) 0) 0))
+         (slots (append (if include (%include-slots include (cddr include-option)) nil)
+                        (mapcar #'%slot-description (if (stringp (car slot-specs)) (cdr slot-specs) slot-specs))))
+         (head (+ offset (if (and kind named) 1 0)))
+         (constructors (let ((given (remove-if-not (lambda (o) (eq (car o) :constructor)) options)))
+                         (cond ((null given) (list (list (intern (concatenate 'string "MAKE-" (symbol-name name))))))
+                               (t (remove nil (mapcar (lambda (o)
+                                                        (cond ((null (cdr o)) (list (intern (concatenate 'string "MAKE-" (symbol-name name)))))
+                                                              ((null (cadr o)) nil)
+                                                              (t (cdr o))))
+                                                      given))))))
+         (predicate-option (%struct-option options :predicate))
+         (predicate (cond ((and kind (not named)) nil)
+                          ((null predicate-option) (intern (concatenate 'string (symbol-name name) "-P")))
+                          ((null (cdr predicate-option)) (intern (concatenate 'string (symbol-name name) "-P")))
+                          (t (cadr predicate-option))))
+         (copier-option (%struct-option options :copier))
+         (copier (cond ((null copier-option) (intern (concatenate 'string "COPY-" (symbol-name name))))
+                       ((null (cdr copier-option)) (intern (concatenate 'string "COPY-" (symbol-name name))))
+                       (t (cadr copier-option))))
+         (print-option (or (%struct-option options :print-function) (%struct-option options :print-object)))
          (obj (gensym "OBJ"))
          (value (gensym "VALUE"))
-         (index -1))
-    `(progn
-       (%defstruct ',name ',slots ',include)
-       (%remember-struct-defaults ',name ',specs)
-       ,@(if constructor
-             `((defun ,constructor (&key ,@specs)
-                 (%make-struct ',name ,@slots))))
-       ,@(if predicate `((defun ,predicate (,obj) (%struct-p ,obj ',name))))
-       ,@(if copier `((defun ,copier (,obj) (copy-structure ,obj))))
-       ,@(mapcan (lambda (slot)
-                   (setq index (1+ index))
-                   (let ((accessor (intern (concatenate 'string prefix (symbol-name slot)))))
-                     `((defun ,accessor (,obj) (%struct-ref ,obj ',name ,index))
-                       (defun (setf ,accessor) (,value ,obj) (%struct-set ,obj ',name ,index ,value)))))
-                 slots)
-       ',name)))
-
-(defvar *%struct-defaults* (make-hash-table :test 'eq))
-
-(defun %remember-struct-defaults (name specs)
-  (setf (gethash name *%struct-defaults*) specs)
-  name)
-
-(defun %struct-slots-with-defaults (name)
-  (multiple-value-bind (specs found) (gethash name *%struct-defaults*)
-    (unless found (error "defstruct: :include names ~s, which is not a structure" name))
-    specs))
+         (index (1- head)))
+    (flet ((build (values)
+             (let ((fields (append (make-list offset :initial-element (if (eq kind 'vector) 0 nil))
+                                   (if (and kind named) (list `',name) nil) values)))
+               (case kind
+                 (list `(list ,@fields))
+                 (vector `(vector ,@fields))
+                 (t `(%make-struct ',name ,@values))))))
+      `(progn
+         ,@(if (null kind) `((%defstruct ',name ',(mapcar #'car slots) ',include)) nil)
+         (setf (gethash ',name *%struct-layouts*) (list ',slots ',kind ',named ,offset))
+         ,@(mapcar (lambda (c)
+                     (if (cdr c)
+                         (let* ((lambda-list (%boa-lambda-list (cadr c) slots))
+                                (bound (%lambda-list-variables lambda-list)))
+                           `(defun ,(car c) ,lambda-list
+                              ,(build (mapcar (lambda (slot) (if (member (car slot) bound) (car slot) (cadr slot))) slots))))
+                         `(defun ,(car c) (&key ,@(mapcar (lambda (slot) (list (car slot) (cadr slot))) slots))
+                            ,(build (mapcar #'car slots)))))
+                   constructors)
+         ,@(when predicate
+             `((defun ,predicate (,obj)
+                 ,(case kind
+                    (list `(and (consp ,obj) (eq (nth ,offset ,obj) ',name)))
+                    (vector `(and (vectorp ,obj) (> (length ,obj) ,offset) (eq (aref ,obj ,offset) ',name)))
+                    (t `(%struct-p ,obj ',name))))))
+         ,@(when copier
+             `((defun ,copier (,obj) ,(if (eq kind 'list) `(copy-list ,obj) (if kind `(copy-seq ,obj) `(copy-structure ,obj))))))
+         ,@(mapcan (lambda (slot)
+                     (setq index (1+ index))
+                     (let ((accessor (intern (concatenate 'string prefix (symbol-name (car slot))))))
+                       `((defun ,accessor (,obj)
+                           ,(case kind
+                              (list `(nth ,index ,obj))
+                              (vector `(aref ,obj ,index))
+                              (t `(%struct-ref ,obj ',name ,(- index head)))))
+                         ,@(unless (caddr slot)
+                             `((defun (setf ,accessor) (,value ,obj)
+                                 ,(case kind
+                                    (list `(setf (nth ,index ,obj) ,value))
+                                    (vector `(setf (aref ,obj ,index) ,value))
+                                    (t `(%struct-set ,obj ',name ,(- index head) ,value)))))))))
+                   slots)
+         ,@(when (and print-option (cdr print-option) (null kind))
+             `((%set-struct-printer ',name
+                                    ,(let ((f (cadr print-option))) (if (symbolp f) `',f `(function ,f)))
+                                    ,(eq (car print-option) :print-object))))
+         ',name))))
 
 ;;; ------------------------------------------------------------------------------------------
 ;;; Functions on functions, trees, declarations
 
 (defmacro declaim (&rest specs)
-  (declare (ignore specs))
-  nil)
+  `(progn ,@(mapcar (lambda (spec) `(proclaim ',spec)) specs) nil))
+
+(defun proclaim (spec)
+  ;; special proclamations make the variables special; the others are advice
+  (when (and (consp spec) (eq (car spec) 'special))
+    (dolist (name (cdr spec)) (%declare-special name)))
+  (values))
+
+(defmacro define-symbol-macro (name expansion)
+  `(progn (%define-symbol-macro ',name ',expansion) ',name))
+
+(defun compile (name &optional (definition nil definition-p))
+  ;; everything is already a function: compile returns it, with no warnings or failure
+  (let ((fn (cond (definition-p (if (functionp definition) definition (coerce definition 'function)))
+                  (t (fdefinition name)))))
+    (when (and name definition-p) (setf (fdefinition name) fn))
+    (values (or name fn) nil nil)))
 
 (defun complement (fn)
   (lambda (&rest args) (not (apply fn args))))

@@ -9,6 +9,7 @@ from fractions import Fraction
 from typing import Any, Callable, NamedTuple, Optional
 
 from .charnames import char_name
+from .objects import LispArray
 from .types import FUNCTION, NIL, QUASIQUOTE, QUOTE, UNQUOTE, UNQUOTE_SPLICING, Char, Cons, Symbol
 
 
@@ -31,6 +32,10 @@ class PrintOptions(NamedTuple):
     level: Optional[int] = None
     length: Optional[int] = None
     case: str = "DOWNCASE"
+    # *print-pretty*: as in the suite's SBCL, whose pretty printer prints conses on one line
+    # without abbreviating them (only vectors and arrays honour *print-level*/*print-length*);
+    # with it nil, lists are abbreviated too and (quote x) is printed as a list
+    pretty: bool = True
 
 
 DEFAULT_OPTIONS = PrintOptions()
@@ -126,9 +131,23 @@ def symbol_text(sym: Symbol, escape: bool, case: str = "DOWNCASE") -> str:
     return body
 
 
+def potential_number(name: str) -> bool:
+    """CLHS 2.3.1.1: digits, signs, ratio markers, points, ^ _ and letters (no two
+    adjacent), with a digit, starting with a digit, sign, point, ^ or _, not ending in a sign."""
+    if not name or name[-1] in "+-" or name[0] not in "0123456789+-.^_" or not any(c.isdigit() for c in name):
+        return False
+    previous_letter = False
+    for c in name:
+        letter = c.isalpha()
+        if not (letter or c in "0123456789+-/.^_") or (letter and previous_letter):
+            return False
+        previous_letter = letter
+    return True
+
+
 def _escaped_symbol_name(name: str, case: str = "DOWNCASE") -> str:
     lowered = name.lower()
-    if name and _SYMBOL_SAFE.match(name) and not _NUMBER_LIKE.match(lowered) and set(name) != {"."}:
+    if name and _SYMBOL_SAFE.match(name) and not _NUMBER_LIKE.match(lowered) and not potential_number(name) and set(name) != {"."}:
         return _case_name(name, case)
     return "|" + name.replace("\\", "\\\\").replace("|", "\\|") + "|"
 
@@ -173,6 +192,7 @@ class Printer:
         self.options = options
         self.plain = options == DEFAULT_OPTIONS
         self.budget = MAX_PRINTED_CELLS
+        self.level = 0  # how many abbreviable containers the object being printed is inside
 
     def spend(self) -> None:
         self.budget -= 1
@@ -198,22 +218,28 @@ class Printer:
         if t is list:
             self.spend()
             return "#(" + self.elements_text(x, depth) + ")"
+        if t is LispArray:
+            return f"#{len(x.dims)}A" + self.array_text(x.dims, x.data, depth)
         if t is bool:
             return "t" if x else "nil"
         if self.other is not None:
             return self.other(x, self)
         return f"#<{t.__name__.lower()}>"
 
-    def too_deep(self, depth: int) -> bool:
-        """*print-level*: a list or vector this deep prints as #."""
-        return self.options.level is not None and depth >= self.options.level
+    def too_deep(self) -> bool:
+        """*print-level*: a container this deep prints as #."""
+        return self.options.level is not None and self.level >= self.options.level
 
     def elements_text(self, items: list[Any], depth: int) -> str:
-        if self.too_deep(depth):
+        if self.too_deep():
             raise _Abbreviated
         limit = self.options.length
         shown = items if limit is None else items[:limit]
-        parts = [self.sub_text(e, depth) for e in shown]
+        self.level += 1
+        try:
+            parts = [self.sub_text(e, depth) for e in shown]
+        finally:
+            self.level -= 1
         if len(shown) < len(items):
             parts.append("...")
         return " ".join(parts)
@@ -224,26 +250,57 @@ class Printer:
         except _Abbreviated:
             return "#"
 
+    def array_text(self, dims: tuple[int, ...], data: list[Any], depth: int) -> str:
+        """The nested contents of an array as #nA prints them, row-major DATA split by DIMS."""
+        if not dims:
+            return self.text(data[0], depth)
+        self.spend()
+        if len(dims) == 1:
+            return "(" + self.elements_text(data, depth) + ")"
+        if self.too_deep():
+            raise _Abbreviated
+        step = len(data) // dims[0] if dims[0] else 0
+        rows = [data[i * step : (i + 1) * step] for i in range(dims[0])]
+        limit = self.options.length
+        parts = []
+        self.level += 1
+        try:
+            for row in rows if limit is None else rows[:limit]:
+                try:
+                    parts.append(self.array_text(dims[1:], row, depth + 1))
+                except _Abbreviated:
+                    parts.append("#")
+        finally:
+            self.level -= 1
+        if limit is not None and len(rows) > limit:
+            parts.append("...")
+        return "(" + " ".join(parts) + ")"
+
     def list_text(self, x: Cons, depth: int) -> str:
         head = x.car
-        if type(head) is Symbol and head in _WRAPPERS and type(x.cdr) is Cons and x.cdr.cdr is NIL:
+        pretty = self.options.pretty
+        if pretty and type(head) is Symbol and head in _WRAPPERS and type(x.cdr) is Cons and x.cdr.cdr is NIL:
             return _WRAPPERS[head] + self.text(x.cdr.car, depth)
-        if self.too_deep(depth):
+        if not pretty and self.too_deep():
             raise _Abbreviated
         parts: list[str] = []
         cell: Any = x
-        limit = self.options.length
-        while type(cell) is Cons:
-            self.spend()
-            if limit is not None and len(parts) >= limit:
-                parts.append("...")
-                cell = NIL
-                break
-            parts.append(self.sub_text(cell.car, depth))
-            cell = cell.cdr
-        if cell is not NIL:
-            parts.append(".")
-            parts.append(self.sub_text(cell, depth))
+        limit = None if pretty else self.options.length
+        self.level += 0 if pretty else 1
+        try:
+            while type(cell) is Cons:
+                self.spend()
+                if limit is not None and len(parts) >= limit:
+                    parts.append("...")
+                    cell = NIL
+                    break
+                parts.append(self.sub_text(cell.car, depth))
+                cell = cell.cdr
+            if cell is not NIL:
+                parts.append(".")
+                parts.append(self.sub_text(cell, depth))
+        finally:
+            self.level -= 0 if pretty else 1
         return "(" + " ".join(parts) + ")"
 
 

@@ -10,7 +10,7 @@ import re
 from bisect import bisect_right
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .charnames import name_char
 from .diagnostics import Diagnostic, DiagnosticError
@@ -66,10 +66,11 @@ class Reader:
     """Reads every form of one text. Raises DiagnosticError at the exact position of the
     first problem; never raises anything else."""
 
-    def __init__(self, text: str, file: str, symbols: SymbolTable) -> None:
+    def __init__(self, text: str, file: str, symbols: SymbolTable, read_base: int = 10) -> None:
         self.text = text
         self.file = file
         self.symbols = symbols
+        self.read_base = read_base  # *read-base*, for read-from-string
         self.pos = 0
         self._line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
 
@@ -280,6 +281,10 @@ class Reader:
         return self.make_symbol(token, raw, escaped, start)
 
     def parse_number(self, token: str, start: int) -> Any:
+        if self.read_base != 10:
+            value = self.parse_in_base(token)
+            if value is not None:
+                return value
         if not token or not (token[0].isdigit() or token[0] in "+-."):
             return None
         if len(token) > _MAX_NUMBER_DIGITS:
@@ -302,6 +307,22 @@ class Reader:
                 raise self.error("R003", f"float `{token.lower()}` is too large for a double", start)
             return double
         return None
+
+    def parse_in_base(self, token: str) -> Any:
+        """An integer or ratio in *read-base* (a trailing point still means decimal)."""
+        body = token[1:] if token[:1] in "+-" else token
+        parts = body.split("/")
+        if not body or len(parts) > 2 or not all(parts) or body.endswith("."):
+            return None
+        try:
+            values = [int(part, self.read_base) for part in parts]
+        except ValueError:
+            return None
+        if len(values) == 2 and values[1] == 0:
+            return None
+        sign = -1 if token[0] == "-" else 1
+        value = Fraction(sign * values[0], values[1]) if len(values) == 2 else sign * values[0]
+        return value.numerator if type(value) is Fraction and value.denominator == 1 else value
 
     def make_symbol(self, token: str, raw: str, escaped: bool, start: int) -> Any:
         if not escaped and token and set(token) == {"."}:
@@ -346,6 +367,10 @@ class Reader:
             return list(items) if type(items) is Cons else []
         if c in "xXbBoO":
             return self.read_radix(start, {"x": 16, "b": 2, "o": 8}[c.lower()])
+        if c == "*":
+            return self.read_bits(start, start + 2, None)
+        if c.isdigit():
+            return self.read_numbered_dispatch(start, depth)
         if c == ":":
             self.pos = start + 2
             token, _ = self.scan_token()
@@ -379,8 +404,46 @@ class Reader:
             return Char(found)
         raise self.error("R004", f"unknown character name `#\\{name}`; use e.g. #\\a, #\\Space, #\\Newline, #\\Tab", start)
 
-    def read_radix(self, start: int, base: int) -> Any:
-        self.pos = start + 2
+    def read_numbered_dispatch(self, start: int, depth: int) -> Any:
+        """#nR (a rational in base n), #nA (an array of rank n), #n( (a vector of n elements,
+        the last repeated) and #n* (n bits)."""
+        text = self.text
+        end = start + 1
+        while end < len(text) and text[end].isdigit():
+            end += 1
+        n = int(text[start + 1 : end])
+        c = text[end] if end < len(text) else ""
+        if c in "rR" and 2 <= n <= 36:
+            return self.read_radix(start, n, end + 1 - start)
+        if c in "aA":
+            self.pos = end + 1
+            return _array_literal(self.read_form(depth + 1), n, lambda: self.error("R006", f"#{n}A needs contents nested {n} deep, all of one shape", start))
+        if c == "(":
+            self.pos = end + 1
+            items = self.read_list_rest(end, depth)
+            elements = list(items) if type(items) is Cons else []
+            if len(elements) > n or (n and not elements):
+                raise self.error("R006", f"#{n}( has {len(elements)} elements", start)
+            return elements + elements[-1:] * (n - len(elements))
+        if c == "*":
+            return self.read_bits(start, end + 1, n)
+        raise self.error("R005", f"unknown reader syntax `#{n}{c}`: supported are #nR, #nA, #n( and #n*", start)
+
+    def read_bits(self, start: int, pos: int, n: Optional[int]) -> list[int]:
+        """#*0101: a bit vector, read as a vector of 0s and 1s (SexpGPU has no bit vectors)."""
+        self.pos = pos
+        token, _ = self.scan_token()
+        if token.strip("01"):
+            raise self.error("R003", f"`#*{token.lower()}` is not a bit vector: only 0 and 1 may follow #*", start)
+        bits = [int(b) for b in token]
+        if n is not None:
+            if len(bits) > n or (n and not bits):
+                raise self.error("R006", f"#{n}* has {len(bits)} bits", start)
+            bits += bits[-1:] * (n - len(bits))
+        return bits
+
+    def read_radix(self, start: int, base: int, width: int = 2) -> Any:
+        self.pos = start + width
         token, _ = self.scan_token()
         try:
             if "/" in token:
@@ -391,8 +454,38 @@ class Reader:
                 raise ValueError
             return int(token, base)
         except (ValueError, ZeroDivisionError):
-            mark = self.text[start : start + 2]
+            mark = self.text[start : start + width]
             raise self.error("R003", f"`{mark}{token.lower()}` is not a valid base-{base} number", start) from None
+
+
+def _array_literal(contents: Any, rank: int, bad: Callable[[], Exception]) -> Any:
+    """The array #rankA(contents) denotes: a vector for rank 1, a LispArray otherwise."""
+    from .objects import LispArray
+
+    dims: list[int] = []
+    level = contents
+    for _ in range(rank):
+        items = list(level) if type(level) is Cons else level if type(level) is list else [] if level is NIL else None
+        if items is None:
+            raise bad()
+        dims.append(len(items))
+        level = items[0] if items else NIL
+    data: list[Any] = []
+
+    def flatten(x: Any, depth: int) -> None:
+        if depth == rank:
+            data.append(x)
+            return
+        items = list(x) if type(x) is Cons else x if type(x) is list else [] if x is NIL else None
+        if items is None or len(items) != dims[depth]:
+            raise bad()
+        for item in items:
+            flatten(item, depth + 1)
+
+    flatten(contents, 0)
+    if rank == 1:
+        return data
+    return LispArray(tuple(dims), data)
 
 
 def _is_proper(x: Any) -> bool:
