@@ -152,6 +152,8 @@ class Compiler:
         for kind in ["synthetic", "text", "npz", "npy", "csv", "jsonl"]:
             reg.add(kind, self.source_fn(kind))
         reg.add("param-count", self.b_param_count)
+        # a part is a function of its inputs: (funcall block x)
+        self.interp.funcallable[Model] = lambda model: Builtin(model.type_name, lambda *args: self.call_model(model, list(args)), 0, None)
 
     def init_fn(self, kind: str) -> Callable[..., Any]:
         def make(*args: Any) -> Any:
@@ -331,7 +333,7 @@ class Compiler:
         finally:
             self.path.pop()
         model.parts[name.name.lower()] = part
-        return part
+        return part.as_list() if isinstance(part, ModelList) else part
 
     def b_forward(self, fn: Any) -> Any:
         self.current_model("forward").forward = fn
@@ -356,17 +358,20 @@ class Compiler:
         return ModelList(path=".".join(self.path), models=models)
 
     def b_models(self, part: Any) -> Any:
-        if not isinstance(part, ModelList):
-            raise type_error("models", 1, "a repeated part", part)
-        return to_lisp_list(part.models)
+        if isinstance(part, ModelList):
+            return part.as_list()
+        if part is NIL or type(part) is Cons:
+            return part
+        raise type_error("models", 1, "a repeated part", part)
 
     def b_call_model(self, model: Any, args: Any) -> Any:
         return self.call_model(model, list_items("call model", 2, args))
 
     def call_model(self, model: Any, args: list[Any]) -> Any:
-        if isinstance(model, ModelList):
+        if isinstance(model, ModelList) or type(model) is Cons:
+            # a repeated part (or the list of its parts): each applied to the last one's result
             value = args[0] if len(args) == 1 else to_lisp_list(args)
-            for m in model.models:
+            for m in model.models if isinstance(model, ModelList) else list_items("call model", 1, model):
                 value = self.call_model(m, [value])
             return value
         if not isinstance(model, Model):
@@ -393,7 +398,7 @@ class Compiler:
         if not isinstance(part, (Model, ModelList)):
             raise lisp_error("C008", f"defpart {key}: {short(part)} is not a model; call a defmodel constructor", "PROGRAM-ERROR")
         self.parts[key] = part
-        self.interp.values[name] = part
+        self.interp.values[name] = part.as_list() if isinstance(part, ModelList) else part
         self.interp.functions[name] = Builtin(key, lambda *args: self.call_model(part, list(args)), 0, None)
         return name
 
@@ -454,6 +459,8 @@ class Compiler:
         return T if tracer.training else NIL
 
     def b_param_count(self, part: Any) -> Any:
+        if type(part) is Cons:
+            return sum(self.b_param_count(p) for p in list_items("param-count", 1, part))
         if isinstance(part, (Model, ModelList)):
             total = 0
             for p in part.all_params():

@@ -56,6 +56,10 @@ class Sequences(Lib):
         }
         if type(spec) is Symbol and name in simple:
             return SequenceType(simple[name], element=T if name == "SIMPLE-VECTOR" else None)
+        if name in ("BIT-VECTOR", "SIMPLE-BIT-VECTOR"):
+            # SexpGPU has no bit vectors: a vector of 0s and 1s stands for one
+            size = args[0] if args and type(args[0]) is int else None
+            return SequenceType("vector", size, self.interp.sym("BIT"))
         if type(spec) is Cons:
             if name in ("VECTOR", "SIMPLE-ARRAY", "ARRAY") or (name == "SIMPLE-VECTOR"):
                 element = T if name == "SIMPLE-VECTOR" else (args[0] if args else None)

@@ -36,6 +36,11 @@ _INT = re.compile(r"[+-]?[0-9]+\.?\Z")
 _RATIO = re.compile(r"[+-]?[0-9]+/[0-9]+\Z")
 _FLOAT = re.compile(r"[+-]?(?:[0-9]*\.[0-9]+(?:[esfdlESFDL][+-]?[0-9]+)?|[0-9]+(?:\.[0-9]*)?[esfdlESFDL][+-]?[0-9]+)\Z")
 _MAX_NUMBER_DIGITS = 10_000
+# a token with no escapes, up to whitespace or a terminating character: the common case
+_PLAIN_TOKEN = re.compile(r"[^ \t\n\r\f\v()'\";`,\\|]+")
+# whitespace and line comments (block comments take the slow path)
+_SKIP_START = " \t\n\r\f\v;#"
+_SKIPPABLE = re.compile(r"(?:[ \t\n\r\f\v]+|;[^\n]*)*")
 
 
 @dataclass
@@ -101,6 +106,11 @@ class Reader:
     # -- whitespace ------------------------------------------------------------------
     def skip_whitespace_and_comments(self) -> None:
         text, n = self.text, len(self.text)
+        if self.pos >= n or text[self.pos] not in _SKIP_START:
+            return
+        self.pos = _SKIPPABLE.match(text, self.pos).end()
+        if self.pos >= n or text[self.pos] != "#":
+            return
         while self.pos < n:
             c = text[self.pos]
             if c in WHITESPACE:
@@ -240,9 +250,15 @@ class Reader:
         part was escaped (an escaped token is never a number). self.colons gets the
         positions in the token of the colons that were not escaped (package markers)."""
         text, n = self.text, len(self.text)
+        plain = _PLAIN_TOKEN.match(text, self.pos)
+        if plain is not None and (plain.end() >= n or text[plain.end()] not in "\\|"):
+            token = plain.group().upper()
+            self.colons = [i for i, c in enumerate(token) if c == ":"] if ":" in token else []
+            self.pos = plain.end()
+            return token, False
         out: list[str] = []
         escaped = False
-        self.colons: list[int] = []
+        self.colons = []
         length = 0
         while self.pos < n:
             c = text[self.pos]
