@@ -62,6 +62,8 @@ def describe(x: Any) -> str:
 
 
 def short(x: Any) -> str:
+    if type(x) is int and x.bit_length() > 3000:  # not worth converting only to cut it short
+        return f"an integer of about {int(x.bit_length() * 0.30103) + 1} digits"
     try:
         text = prin1_to_string(x, _print_fallback)
     except PrintTooLarge:

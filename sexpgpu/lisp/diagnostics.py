@@ -39,6 +39,7 @@ CODES: dict[str, str] = {
     "L001": "evaluation step budget exhausted",
     "L002": "evaluation depth limit exceeded",
     "L003": "allocation limit exceeded",
+    "L004": "evaluation time limit exceeded",
     # modules
     "M001": "module not found",
     "M002": "require cycle",
@@ -58,6 +59,7 @@ CODES: dict[str, str] = {
     "C006": "the objective does not return one f32 scalar",
     "C007": "a parameter gets no gradient and is not frozen",
     "C008": "a malformed contract form (missing or bad option)",
+    "C009": "the plan needs more memory than the machine has",
     # warnings
     "W001": "warning signalled by the program (warn)",
     "W002": "an optimizer group that gets no parameter (first match wins)",

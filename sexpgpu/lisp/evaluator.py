@@ -43,6 +43,7 @@ from .typespecs import TypeSpecs
 from .types import NIL, T, Cons, Loc, MultipleValues, Symbol, SymbolTable
 
 DEFAULT_SECONDS = 30.0
+PRINT_SETTINGS = ("base", "radix", "level", "length", "case", "pretty")  # the *print-...* variables print_string reads
 HOT_CALLS = 40  # calls of a function before its body is generated as Python (codegen.py)
 HOT_LOOPS = 100  # backward jumps of a tagbody before it is generated as Python
 STEP_CHUNK = 10_000  # steps between looks at the clock
@@ -95,6 +96,7 @@ class Interpreter:
         self.handlers: list[tuple[Any, ...] | HandlerCluster] = []
         self.condition_types: dict[str, ConditionType] = {}  # made by define-condition
         self.symbol_macros: dict[Symbol, Any] = {}  # made by define-symbol-macro
+        self.print_symbols: Optional[dict[str, Symbol]] = None  # print_string's variables, found once
         self.gensym_counter = 0
         self.gentemp_counter = 0
         self.steps_left = 0
@@ -620,11 +622,15 @@ class Interpreter:
 
     def print_string(self, x: Any, escape: bool, **overrides: Any) -> str:
         """X as prin1 (ESCAPE) or princ print it under the current printer variables,
-        each overridable by its keyword's name (base, radix, level, length, case)."""
-        values = self.values
+        each overridable by its keyword's name (base, radix, level, length, case, pretty)."""
+        if not escape and type(x) is str:
+            return x  # no printer variable changes how princ writes a string
+        if self.print_symbols is None:
+            self.print_symbols = {name: self.sym(f"*PRINT-{name.upper()}*") for name in PRINT_SETTINGS}
+        values, symbols = self.values, self.print_symbols
 
         def setting(name: str) -> Any:
-            return overrides[name] if name in overrides else values.get(self.sym(f"*PRINT-{name.upper()}*"), NIL)
+            return overrides[name] if name in overrides else values.get(symbols[name], NIL)
 
         base, level, length, case = setting("base"), setting("level"), setting("length"), setting("case")
         options = PrintOptions(

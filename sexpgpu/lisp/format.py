@@ -21,7 +21,7 @@ from fractions import Fraction
 from typing import Any, Callable, Optional, Protocol, Union
 
 from .charnames import char_name
-from .printer import Printer
+from .printer import Printer, PrintTooLarge, check_printable
 from .types import NIL, Char, Cons, Symbol, from_iter
 
 PrintFunction = Callable[[Any], str]
@@ -597,11 +597,12 @@ def integer_text(n: int, base: int = 10) -> str:
     """An integer in `base` with upper-case digits, as CL prints it."""
     if n < 0:
         return "-" + integer_text(-n, base)
+    try:
+        check_printable(n)
+    except PrintTooLarge as exc:
+        raise FormatError(f"format: {exc}") from None
     if base == 10:
-        try:
-            return str(n)
-        except ValueError:  # more digits than Python's str() allows
-            return _digits_by_halves(n, base)
+        return str(n)
     if base in (2, 8, 16):
         return format(n, {2: "b", 8: "o", 16: "X"}[base])
     return _digits_by_halves(n, base)
@@ -1420,6 +1421,8 @@ class _Formatter:
                     raise FormatError(f"format: {d.label} would loop forever: its body does not use up any arguments")
                 seen.add(loop_args.pos)
             self.count_step(d)
+            if self.budget is not None:
+                self.budget.charge(1)  # each iteration is an element visited, whatever its body costs
             if d.colon:
                 sublist = _Args(loop_args.pop(d))
                 try:

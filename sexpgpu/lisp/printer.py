@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from fractions import Fraction
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -17,6 +18,11 @@ _WRAPPERS = {QUOTE: "'", FUNCTION: "#'", QUASIQUOTE: "`", UNQUOTE: ",", UNQUOTE_
 _NUMBER_LIKE = re.compile(r"[+-]?(?:[0-9]+\.?|[0-9]+/[0-9]+|[0-9]*\.[0-9]+(?:[esfdl][+-]?[0-9]+)?|[0-9]+(?:\.[0-9]*)?[esfdl][+-]?[0-9]+)\Z", re.I)
 _SYMBOL_SAFE = re.compile(r"[^\s()'\";`,|\\#:a-z]+\Z")
 MAX_PRINTED_CELLS = 2_000_000
+MAX_PRINTED_DIGITS = 100_000  # a longer integer is refused: Python's int-to-text is quadratic
+_MAX_PRINTED_BITS = int(MAX_PRINTED_DIGITS / math.log10(2))
+# Python refuses to convert integers of more than 4300 digits to text (or back); SexpGPU's
+# integers go up to MAX_INTEGER_BITS, and its own limits are the printer's and the reader's
+sys.set_int_max_str_digits(MAX_PRINTED_DIGITS)
 
 
 class PrintTooLarge(Exception):
@@ -57,6 +63,8 @@ def integer_in_base(n: int, base: int) -> str:
 
 
 def rational_text(x: Any, options: PrintOptions) -> str:
+    for part in (x,) if type(x) is int else (x.numerator, x.denominator):
+        check_printable(part)
     base = options.base
     if type(x) is int:
         text = integer_in_base(x, base)
@@ -171,13 +179,22 @@ def string_text(s: str, escape: bool) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def check_printable(n: int) -> None:
+    if n.bit_length() > _MAX_PRINTED_BITS:
+        digits = int(n.bit_length() * math.log10(2)) + 1
+        raise PrintTooLarge(f"an integer of about {digits} digits is too large to print (the limit is {MAX_PRINTED_DIGITS} digits)")
+
+
 def number_text(x: Any) -> str:
     t = type(x)
     if t is int:
+        check_printable(x)
         return str(x)
     if t is float:
         return format_float(x)
     if t is Fraction:
+        check_printable(x.numerator)
+        check_printable(x.denominator)
         return f"{x.numerator}/{x.denominator}"
     return str(x)
 

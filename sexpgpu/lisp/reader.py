@@ -108,7 +108,9 @@ class Reader:
         text, n = self.text, len(self.text)
         if self.pos >= n or text[self.pos] not in _SKIP_START:
             return
-        self.pos = _SKIPPABLE.match(text, self.pos).end()
+        skipped = _SKIPPABLE.match(text, self.pos)
+        assert skipped is not None  # the pattern matches the empty string
+        self.pos = skipped.end()
         if self.pos >= n or text[self.pos] != "#":
             return
         while self.pos < n:
