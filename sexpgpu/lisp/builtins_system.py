@@ -3,6 +3,7 @@ structures, conditions, definitions, eval and macroexpansion."""
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable
 
 from .builtins import (
@@ -719,10 +720,35 @@ def _tree_has_name(interp: "Interpreter", tree: Any, name: str) -> bool:
 
 
 def _sxhash(x: Any) -> int:
-    """A non-negative fixnum, equal for equal objects."""
-    from .objects import _bounded_hash
+    """A non-negative fixnum, equal for equal objects, and the same in every process (Python's
+    own string hash changes from run to run, and a file's result must not)."""
+    import hashlib
 
-    return _bounded_hash(x, False, [64]) & (2**62 - 1)
+    digest = hashlib.blake2b(_sxhash_key(x, [64]).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**62 - 1)
+
+
+def _sxhash_key(x: Any, budget: list[int]) -> str:
+    """Text that equal objects share: the structure of conses to a bounded size, the contents
+    of strings, numbers, characters and symbols; any other object only its type (equal on it
+    is eq)."""
+    budget[0] -= 1
+    t = type(x)
+    if budget[0] < 0:
+        return "..."
+    if t is Cons:
+        return f"({_sxhash_key(x.car, budget)} . {_sxhash_key(x.cdr, budget)})"
+    if t is str:
+        return "s" + x
+    if t is Symbol:
+        return f"y{x.package}:{x.name}"
+    if t in (int, float, Fraction):
+        return f"n{t.__name__}{x!r}"
+    if t is Char:
+        return "c" + x.ch
+    if t is list:
+        return "v"  # vectors are equal only when eq
+    return "o" + t.__name__
 
 
 def _proper_length(x: Any) -> Any:

@@ -401,7 +401,7 @@ class Reader:
             )
         if c == ".":
             raise self.error("R005", "`#.` (read-time evaluation) is refused: the reader never evaluates code", start)
-        raise self.error("R005", f"unknown reader syntax `#{c}`: supported are #' #\\ #( #x #b #o #: and #| |#", start)
+        raise self.error("R005", f"unknown reader syntax `#{c}`: supported are #' #\\ #( #* #x #b #o #nR #nA #: and #| |#", start)
 
     def read_character(self, start: int) -> Char:
         text, n = self.text, len(self.text)
