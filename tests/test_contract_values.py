@@ -107,15 +107,15 @@ def test_the_template_checks(tmp_path: Path) -> None:
     assert [d for d in diagnostics if d.severity == "error"] == []
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(slot=st.sampled_from(sorted(VALID)), value=VALUES)
 def test_wrong_typed_contract_values_get_located_diagnostics(tmp_path: Path, slot: str, value: str) -> None:
     assert_located_contract_error(run_file(tmp_path, slot, value), slot, value)
 
 
 @pytest.mark.parametrize("slot", sorted(VALID))
-def test_every_slot_refuses_a_number_a_list_and_a_string(tmp_path: Path, slot: str) -> None:
-    for value in ("(1 2)", "1.5", '"a\\0b"', "(expt 10 400)"):
+def test_every_slot_refuses_a_list_a_string_and_a_huge_number(tmp_path: Path, slot: str) -> None:
+    for value in ("(1 2)", '"a\\0b"', "(expt 10 400)"):
         assert_located_contract_error(run_file(tmp_path, slot, value), slot, value)
 
 
