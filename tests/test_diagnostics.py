@@ -9,7 +9,9 @@ import pytest
 from conftest import REPO
 
 from sexpgpu.lisp.diagnostics import CODES, render
+from sexpgpu.compile import pipeline
 from sexpgpu.compile.pipeline import compile_file
+from sexpgpu.lisp.evaluator import Limits
 from sexpgpu.lisp.program import load_file
 
 NN_SOURCE = (REPO / "sexpgpu" / "lib" / "nn.lisp").read_text(encoding="utf-8")
@@ -37,11 +39,12 @@ CASES: dict[str, tuple[str | bytes, int, int, str, str | None]] = {
     "E106": ("(return-from nowhere 1)", 1, 1, "return-from: no enclosing block named `nowhere`", None),
     "E107": ("(defconstant +k+ 1)\n(setq +k+ 2)", 2, 1, "`+k+` is a constant and cannot be assigned or bound", None),
     "E108": ("(/ 1 0)", 1, 1, "`/`: division by zero", None),
-    "E109": ("(make-array '(2 2))", 1, 1, "`make-array`: only one-dimensional arrays exist at compile time; use tensors for more", None),
+    "E109": ('(let ((s "abc")) (setf (aref s 0) #\\z))', 1, 18, "strings are immutable in SexpGPU; build a new one with concatenate or format", "setf"),
     "E110": ("(defun f (&key &optional x) x)", 1, 1, "&optional is out of order in the lambda list", "defun"),
     "L001": ("(loop)", 1, 1, "evaluation step budget of 1000000 steps exhausted; is there an endless loop?", "loop"),
     "L002": ("(defun f (n) (f (1+ n)))\n(f 0)", 1, 14, "evaluation depth limit of 10000 nested calls exceeded in f; is the recursion unbounded?", None),
-    "L003": ("(defun grow (l) (grow (append l l)))\n(grow (list 1))", 1, 23, "allocation limit of 10000000 cells exceeded; is a list or string growing without bound?", None),
+    "L004": ("(loop)", 1, 1, "evaluation time limit of 0.2 s exceeded; is there an endless loop or a very large computation?", "loop"),
+    "L003": ("(length (make-string 100000000))", 1, 9, "allocation limit of 10000000 cells exceeded; is a list or string growing without bound?", None),
     "M001": ('(require "sexpgpu/nope" :as n)', 1, 1, 'no standard module "sexpgpu/nope"; the standard modules are: "sexpgpu/nn", "sexpgpu/optim"', None),
     "M002": ('(require "./cyc.lisp" :as c)', 1, 1, "require cycle: cyc.lisp -> cyc2.lisp -> cyc.lisp", None),
     "M003": ('(require "../outside.lisp" :as p)', 1, 1, "", None),
@@ -83,8 +86,16 @@ CASES: dict[str, tuple[str | bytes, int, int, str, str | None]] = {
         HEAD + LOADER + MLP + CE + '(defgroups (all "**" (optim:sgd :lr 0.1)) (never "net.*" :frozen))\n(defrun :steps 1)\n', 6, 1,
         'group never ("net.*") gets no parameter: earlier groups took every match (first match wins)', None,
     ),
+    "C009": (
+        HEAD + LOADER + "(defpart net (nn:mlp 2 1000000 3 :depth 2))\n" + CE + GROUPS + "(defrun :steps 1)\n", 4, 1,
+        "the parameters, gradients and optimizer state need 8.0 TB, more than this machine's 64.0 GB of memory; make the model smaller", None,
+    ),
     "C008": (HEAD + "(defloader train :source (synthetic :spirals) :fields ((x :f32 (2))))\n", 3, 1, "defloader train: :batch needs a positive integer, got nil", "defloader"),
 }
+
+
+# codes that need limits other than the defaults to appear quickly
+LIMITS = {"L004": Limits(steps=10**12, seconds=0.2)}
 
 
 @pytest.fixture
@@ -104,14 +115,15 @@ def test_every_code_has_a_case() -> None:
 
 
 @pytest.mark.parametrize("code", sorted(CASES))
-def test_diagnostic(code: str, project: Path) -> None:
+def test_diagnostic(code: str, project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline, "machine_memory", lambda: 64 * 10**9)  # C009's message names it
     text, line, col, message, macro = CASES[code]
     path = project / f"{code}.lisp"
     if isinstance(text, bytes):
         path.write_bytes(text)
     else:
         path.write_text(text)
-    diagnostics = compile_file(Path(path.name)).diagnostics
+    diagnostics = compile_file(Path(path.name), limits=LIMITS.get(code, Limits())).diagnostics
     assert diagnostics, f"{code}: no diagnostic"
     diag = diagnostics[-1]
     assert diag.code == code

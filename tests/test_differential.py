@@ -1,12 +1,15 @@
-"""The SBCL differential suite: every case in tests/differential/cases.lisp, evaluated in
-order in one world, must print exactly what SBCL printed (expected.txt, made by
-generate.sh). Known, documented differences are listed below with their reason."""
+"""The SBCL differential suite: every cases file in tests/differential/ (cases.lisp and one
+file per CLHS chapter) is evaluated form by form, in order, in a fresh world, and each case
+must print exactly what SBCL printed (NAME.expected, made by generate.sh). Known, documented
+differences are listed below with their reason."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sexpgpu.lisp.conditions import LimitExceeded, LispError
+import pytest
+
+from sexpgpu.lisp.conditions import LimitExceeded, LispError, error_class
 from sexpgpu.lisp.evaluator import run_with_big_stack
 from sexpgpu.lisp.printer import prin1_to_string
 from sexpgpu.lisp.program import new_program
@@ -14,6 +17,7 @@ from sexpgpu.lisp.reader import Reader
 from sexpgpu.lisp.types import MultipleValues
 
 HERE = Path(__file__).parent / "differential"
+CASE_FILES = sorted(p.name for p in HERE.glob("*.lisp") if p.name != "driver.lisp")
 
 # case source -> why SexpGPU differs on purpose (docs/it-is-common-lisp.md lists each)
 KNOWN_DIFFERENCES = {
@@ -21,22 +25,31 @@ KNOWN_DIFFERENCES = {
 }
 
 
-def run_cases() -> list[tuple[str, str, str]]:
+def run_cases(name: str, hot: int = 0) -> list[tuple[str, str, str]]:
+    """Every case's result line. HOT > 0 turns code into generated Python after that many
+    calls or loops (the second tier), instead of the interpreter's defaults."""
     program = new_program(None)
     interp = program.interp
-    text = (HERE / "cases.lisp").read_text(encoding="utf-8")
-    reader = Reader(text, "cases.lisp", program.table)
+    if hot:
+        interp.hot_calls = interp.hot_loops = hot
+    text = (HERE / name).read_text(encoding="utf-8")
+    reader = Reader(text, name, program.table)
     interp.table = program.table
     out: list[tuple[str, str, str]] = []
     while (read := reader.read_next()) is not None:
         source = text[_offset(text, read.loc.line, read.loc.col) : reader.pos]
-        interp.steps_left = interp.limits.steps
+        interp.reset_budget()
+        interp.handlers.clear()
         try:
+            # as in driver.lisp, each case runs inside a handler for error
+            interp.handlers.append((interp.sym("ERROR"),))
             value = interp.eval_toplevel(read.form, read.loc)
             values = list(value) if type(value) is MultipleValues else [value]
             line = "ok " + " ; ".join(prin1_to_string(v, interp.print_other) for v in values)
-        except (LispError, LimitExceeded):
-            line = "error"
+        except LispError as exc:
+            line = "error " + error_class(exc.condition)
+        except LimitExceeded:
+            line = "error limit"
         out.append((f"{read.loc}", source, line.replace("\\", "\\\\").replace("\n", "\\n")))
     return out
 
@@ -46,11 +59,21 @@ def _offset(text: str, line: int, col: int) -> int:
     return sum(len(x) + 1 for x in lines[: line - 1]) + col - 1
 
 
-def test_sbcl_differential() -> None:
-    expected = (HERE / "expected.txt").read_text(encoding="utf-8").split("\n")
-    results = run_with_big_stack(run_cases)
-    assert len(results) >= 400
-    assert len([e for e in expected if e]) == len(results), "cases.lisp and expected.txt are out of step: run generate.sh"
+def _expected(name: str) -> list[str]:
+    return [e for e in (HERE / name.replace(".lisp", ".expected")).read_text(encoding="utf-8").split("\n") if e]
+
+
+def test_the_suite_is_large() -> None:
+    """Three times the 1257 cases the suite started with."""
+    assert sum(len(_expected(name)) for name in CASE_FILES) >= 3 * 1257
+
+
+@pytest.mark.parametrize("hot", [0, 1], ids=["default-tiers", "all-generated"])
+@pytest.mark.parametrize("name", CASE_FILES)
+def test_sbcl_differential(name: str, hot: int) -> None:
+    expected = _expected(name)
+    results = run_with_big_stack(lambda: run_cases(name, hot))
+    assert len(expected) == len(results), f"{name} and its .expected are out of step: run generate.sh"
     mismatches = []
     for (where, source, got), want in zip(results, expected):
         if got != want and source.strip() not in KNOWN_DIFFERENCES:
@@ -58,18 +81,17 @@ def test_sbcl_differential() -> None:
     assert not mismatches, f"{len(mismatches)} of {len(results)} cases differ from SBCL:\n" + "\n".join(mismatches[:30])
 
 
-def test_expected_is_what_sbcl_prints_today(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", CASE_FILES)
+def test_expected_is_what_sbcl_prints_today(name: str, tmp_path: Path) -> None:
     """Regenerates the expectations with SBCL (installed by .ci/run) and compares."""
     import shutil
     import subprocess
 
-    import pytest
-
     if shutil.which("sbcl") is None:
         pytest.skip("sbcl is not installed (apt-get install -y sbcl)")
-    out = tmp_path / "expected.txt"
+    out = tmp_path / "expected"
     subprocess.run(
-        ["sbcl", "--script", str(HERE / "driver.lisp"), str(HERE / "cases.lisp"), str(out)],
+        ["sbcl", "--script", str(HERE / "driver.lisp"), str(HERE / name), str(out)],
         check=True, capture_output=True, timeout=300,
     )
-    assert out.read_text(encoding="utf-8") == (HERE / "expected.txt").read_text(encoding="utf-8")
+    assert out.read_text(encoding="utf-8") == (HERE / name.replace(".lisp", ".expected")).read_text(encoding="utf-8")

@@ -99,3 +99,19 @@ def test_defeval_without_defevaluate_is_a_diagnostic(tmp_path: Path) -> None:
     path.write_text(text[:start] + text[end:])
     (diag,) = [d for d in compile_file(path).diagnostics if d.severity == "error"]
     assert diag.code == "C001" and "defevaluate" in diag.message
+
+
+def test_sxhash_is_the_same_in_every_process() -> None:
+    """Python's string hash changes with PYTHONHASHSEED; a file's result must not."""
+    import os
+    import subprocess
+    import sys
+
+    form = '(list (sxhash "abc") (sxhash (list 1 "a" #\\b (quote x) 1.5 2/3)))'
+    outs = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-m", "sexpgpu", "eval", form], capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, done.stderr
+        outs.add(done.stdout.strip())
+    assert len(outs) == 1, outs

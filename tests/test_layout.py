@@ -482,3 +482,10 @@ def test_random_sources(text: str) -> None:
     out = check_properties(text, positions=";pc" not in text and "#|pb|#" not in text)
     if '"multi' not in text:
         assert no_trailing_whitespace(out)
+
+
+def test_numbered_dispatch_stays_attached() -> None:
+    """#3(a b) is a vector and #2A((1 2) (3 4)) an array: fmt keeps the number, the dispatch
+    character and the contents together."""
+    text = "(list #3(1 2) #2A((1 2) (3 4)) #0Aq #*101 #3r12)\n"
+    assert format_source(text, "x.lisp") == text

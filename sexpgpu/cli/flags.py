@@ -54,15 +54,26 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} must be a positive number of seconds")
+    return value
+
+
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
     defaults = Limits()
     parser.add_argument("--max-eval-steps", type=positive_int, default=defaults.steps, metavar="N", help=f"evaluation step budget (default {defaults.steps})")
     parser.add_argument("--max-eval-depth", type=positive_int, default=defaults.depth, metavar="N", help=f"nested call limit (default {defaults.depth})")
-    parser.add_argument("--max-eval-alloc", type=positive_int, default=defaults.alloc, metavar="N", help=f"allocation limit in cells (default {defaults.alloc})")
+    parser.add_argument("--max-eval-alloc", type=positive_int, default=defaults.alloc, metavar="N", help=f"allocation limit in cells of 8 bytes (default {defaults.alloc})")
+    parser.add_argument("--max-eval-seconds", type=positive_float, default=defaults.seconds, metavar="S", help=f"evaluation time limit in seconds (default {defaults.seconds:g})")
 
 
 def limits_from(args: argparse.Namespace) -> Limits:
-    return Limits(steps=args.max_eval_steps, depth=args.max_eval_depth, alloc=args.max_eval_alloc)
+    return Limits(steps=args.max_eval_steps, depth=args.max_eval_depth, alloc=args.max_eval_alloc, seconds=args.max_eval_seconds)
 
 
 def add_rank_flags(p: argparse.ArgumentParser) -> None:

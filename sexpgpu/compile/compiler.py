@@ -7,6 +7,7 @@ and checks the contract's order as each top-level form arrives.
 
 from __future__ import annotations
 
+from fractions import Fraction
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
@@ -93,6 +94,8 @@ class Compiler:
         self.model_stack: list[Model] = []
         self.seen: list[tuple[str, Loc]] = []
         self.toplevel: tuple[Any, Optional[Loc]] = (None, None)  # the main file's top-level form being evaluated
+        self.first_of: dict[str, Loc] = {}  # form name -> where it first appears
+        self.latest: dict[tuple[int, bool], tuple[int, str, Loc]] = {}  # (rank, contract form?) -> the latest such
         self.lib = TensorLib(interp)
         self.lib.install()
         self.install_builtins()
@@ -101,23 +104,21 @@ class Compiler:
     # -- setup -----------------------------------------------------------------------------------
     def load_contract_macros(self) -> None:
         text = resources.files("sexpgpu.compile").joinpath("contract.lisp").read_text(encoding="utf-8")
-        previous = self.interp.limits
-        self.interp.load_text(text, "<prelude>", self.interp.base)
-        self.interp.limits = previous
-        self.interp.steps_left, self.interp.alloc_left = previous.steps, previous.alloc
+        self.interp.load_system_text(text)
         self.interp.publish_base()
 
     def watch(self, table: SymbolTable) -> None:
         """Check the contract order of the forms read into TABLE (the main file)."""
         self.interp.hook_table = table
         self.interp.toplevel_hook = self.on_toplevel
-        self.interp.function_hook = self.model_as_function
 
     @property
     def is_run_file(self) -> bool:
         return any(name in CONTRACT_FORMS for name, _ in self.seen)
 
     def on_toplevel(self, form: Any, loc: Loc) -> None:
+        """Check the contract order as each top-level form arrives, in time independent of
+        how many came before: the latest form of each rank is kept."""
         self.toplevel = (form, loc)
         if type(form) is not Cons or type(form.car) is not Symbol:
             return
@@ -125,14 +126,22 @@ class Compiler:
         rank = RANK.get(name)
         if rank is None:
             return
-        if name in ONCE and any(n == name for n, _ in self.seen):
-            first = next(where for n, where in self.seen if n == name)
+        first = self.first_of.get(name)
+        if name in ONCE and first is not None:
             raise self.at(loc, "C003", f"{name.lower()} may appear once; the first is at {first}")
-        if self.seen and any(n == "DEFRUN" for n, _ in self.seen):
+        if "DEFRUN" in self.first_of:
             raise self.at(loc, "C002", f"{name.lower()} after defrun: defrun must be the last form (order: {ORDER_TEXT})")
-        for prev_name, prev_loc in reversed(self.seen):
-            if RANK[prev_name] > rank and (prev_name in CONTRACT_FORMS or name in CONTRACT_FORMS):
-                raise self.at(loc, "C002", f"{name.lower()} must come before {prev_name.lower()} (at {prev_loc}); the order is: {ORDER_TEXT}")
+        contract = name in CONTRACT_FORMS
+        offending = [
+            entry
+            for (prev_rank, prev_contract), entry in self.latest.items()
+            if prev_rank > rank and (prev_contract or contract)
+        ]
+        if offending:
+            _, prev_name, prev_loc = max(offending, key=lambda e: e[0])
+            raise self.at(loc, "C002", f"{name.lower()} must come before {prev_name.lower()} (at {prev_loc}); the order is: {ORDER_TEXT}")
+        self.latest[(rank, contract)] = (len(self.seen), name, loc)
+        self.first_of.setdefault(name, loc)
         self.seen.append((name, loc))
 
     def source_form(self, head: str) -> Optional[Cons]:
@@ -155,6 +164,43 @@ class Compiler:
         err.loc = loc
         return err
 
+    # -- the contract's argument checks: each wrong-typed value is a C008 naming the form -----------
+    def name_of(self, what: str, x: Any, role: str = "name") -> str:
+        """A symbol's name in lower case: the name of a knob, loader, part, field, eval ..."""
+        if type(x) is not Symbol or x is NIL or x is T:
+            raise malformed(f"{what}: the {role} must be a symbol, got {short(x)}")
+        return x.name.lower()
+
+    def items_of(self, what: str, x: Any, expected: str = "a list") -> list[Any]:
+        try:
+            return list_items(what, 1, x)
+        except LispError:
+            raise malformed(f"{what} needs {expected}, got {short(x)}") from None
+
+    def keys_of(self, what: str, args: tuple[Any, ...], allowed: set[str]) -> dict[str, Any]:
+        try:
+            return parse_keys(what, args, allowed, 1)
+        except LispError as exc:
+            raise malformed(f"{what}: {exc.condition.message.replace(f'`{what}`: ', '')} (its keywords: {', '.join(':' + k.lower() for k in sorted(allowed))})") from None
+
+    def number_of(self, what: str, x: Any) -> float:
+        """A real number as a double; a value too large for a double is refused, not overflowed."""
+        if type(x) not in (int, float, Fraction):
+            raise malformed(f"{what} needs a number, got {short(x)}")
+        try:
+            return float(x)
+        except OverflowError:
+            raise malformed(f"{what}: {short(x)} is too large for a double") from None
+
+    def count_of(self, what: str, x: Any, least: int = 1) -> int:
+        """A positive (or, with LEAST 0, non-negative) integer that fits in 64 bits."""
+        if type(x) is not int or x < least:
+            kind = "a positive integer" if least == 1 else "a non-negative integer"
+            raise malformed(f"{what} needs {kind}, got {short(x)}")
+        if x >= 2**63:
+            raise malformed(f"{what}: {short(x)} is too large; it must be below 2^63")
+        return x
+
     # -- builtins --------------------------------------------------------------------------------
     def install_builtins(self) -> None:
         reg = Registry(self.interp)
@@ -176,11 +222,14 @@ class Compiler:
         for kind in ["synthetic", "text", "npz", "npy", "csv", "jsonl"]:
             reg.add(kind, self.source_fn(kind))
         reg.add("param-count", self.b_param_count)
+        # a part is a function of its inputs: (funcall block x)
+        self.interp.funcallable[Model] = lambda model: Builtin(model.type_name, lambda *args: self.call_model(model, list(args)), 0, None)
+        self.interp.funcallable[ModelList] = lambda models: Builtin(f"repeat {models.path}", lambda *args: self.call_model(models, list(args)), 0, None)
 
     def init_fn(self, kind: str) -> Callable[..., Any]:
         def make(*args: Any) -> Any:
-            keys = parse_keys(kind, args, {"MEAN", "STD", "LOW", "HIGH", "GAIN"}, 1)
-            values = {k.lower(): float(v) for k, v in keys.items()}
+            keys = self.keys_of(kind, args, {"MEAN", "STD", "LOW", "HIGH", "GAIN"})
+            values = {k.lower(): self.number_of(f"{kind} :{k.lower()}", v) for k, v in keys.items()}
             return InitSpec(kind=kind, **values)
 
         return make
@@ -191,26 +240,31 @@ class Compiler:
             rest = list(args)
             url = None
             if kind == "synthetic":
-                if not rest or type(rest[0]) is not Symbol:
-                    raise type_error("synthetic", 1, "a generator name such as :spirals :moons :blobs :linear", rest[0] if rest else NIL)
+                if not rest or type(rest[0]) is not Symbol or not rest[0].is_keyword:
+                    raise malformed(f"synthetic: the first argument must be a generator name such as :spirals :moons :blobs :linear, got {short(rest[0] if rest else NIL)}")
                 options["name"] = rest.pop(0).name.lower()
             else:
                 if not rest or type(rest[0]) is not str:
-                    raise type_error(kind, 1, "a path or URL string", rest[0] if rest else NIL)
+                    raise malformed(f"{kind}: the first argument must be a path or URL string, got {short(rest[0] if rest else NIL)}")
                 url = rest.pop(0)
+                if "\0" in url or len(url) > 4096:
+                    raise malformed(f"{kind}: {short(url)} is not a usable path: it has a NUL character or more than 4096 characters")
+            if len(rest) % 2:
+                raise malformed(f"{kind}: its options are :keyword value pairs, got an odd number of values")
             for key, value in zip(rest[::2], rest[1::2]):
                 if type(key) is not Symbol or not key.is_keyword:
-                    raise type_error(kind, 2, "keyword options", key)
-                options[key.name.lower()] = as_data(value)
+                    raise malformed(f"{kind}: its options are :keyword value pairs; {short(key)} is not a keyword")
+                options[key.name.lower()] = self.data_of(f"{kind} :{key.name.lower()}", value)
             return SourceValue(SourceRecord(kind=kind, url=url, options=options))
 
         return make
 
     # -- knobs -----------------------------------------------------------------------------------------
     def b_defknob(self, name: Any, default: Any, *args: Any) -> Any:
-        keys = parse_keys("defknob", args, {"TYPE", "RANGE", "CHOICES", "DOC"}, 3)
-        knob = name.name.lower()
+        knob = self.name_of("defknob", name)
+        keys = self.keys_of(f"defknob {knob}", args, {"TYPE", "RANGE", "CHOICES", "DOC"})
         default = literal_default(self.interp, default)
+        self.check_knob_options(knob, default, keys)
         value = default
         raw = self.selection.set.get(knob)
         if raw is not None:
@@ -231,7 +285,7 @@ class Compiler:
             if written is None:
                 raise
             raise self.blamed_on_value(err, written) from None
-        self.knobs[knob] = KnobSpec(name=knob, default=as_data(default), value=as_data(value), type=kind, doc=doc if type(doc) is str else None)
+        self.knobs[knob] = KnobSpec(name=knob, default=self.data_of(f"defknob {knob}", default), value=self.data_of(f"knob {knob}", value), type=kind, doc=doc if type(doc) is str else None)
         # a knob is a global value, not a special variable: a parameter or let of the same
         # name (an optimizer's &key lr, say) binds lexically, as the reader of the file expects
         self.interp.values[name] = value
@@ -285,8 +339,37 @@ class Compiler:
         bounds = keys.get("RANGE", NIL)
         if bounds is not NIL:
             lo, hi = list_items("defknob", 4, bounds)[:2]
+            if type(value) not in (int, float, Fraction):
+                raise lisp_error("C004", f"knob {knob}: {short(value)} is not a number, so it has no place in its range [{lo}, {hi}]", "TYPE-ERROR")
             if not lo <= value <= hi:
                 raise lisp_error("C004", f"knob {knob}: {shown} is outside its range [{lo}, {hi}]", "TYPE-ERROR")
+
+    def check_knob_options(self, knob: str, default: Any, keys: dict[str, Any]) -> None:
+        """The declaration itself: :type a symbol, :range two numbers, :choices a list, :doc a string."""
+        what = f"defknob {knob}"
+        declared = keys.get("TYPE", NIL)
+        if type(declared) is not Symbol:
+            raise malformed(f"{what}: :type must be a type name such as float or integer, got {short(declared)}")
+        bounds = keys.get("RANGE", NIL)
+        if bounds is not NIL:
+            pair = self.items_of(f"{what} :range", bounds, "a list of two numbers (low high)")
+            if len(pair) != 2 or any(type(b) not in (int, float, Fraction) for b in pair):
+                raise malformed(f"{what} :range needs a list of two numbers (low high), got {short(bounds)}")
+        if keys.get("CHOICES", NIL) is not NIL:
+            self.items_of(f"{what} :choices", keys["CHOICES"], "a list of the allowed values")
+        doc = keys.get("DOC", NIL)
+        if doc is not NIL and type(doc) is not str:
+            raise malformed(f"{what}: :doc must be a string, got {short(doc)}")
+        self.data_of(f"defknob {knob}: the default", default)
+
+    def data_of(self, what: str, value: Any) -> Any:
+        """VALUE as plain data for a record (numbers, strings, keywords, lists): a function, a
+        circular list or a float too large to store is a C008."""
+        try:
+            return as_data(value)
+        except (LispError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+            detail = exc.condition.message if isinstance(exc, LispError) else "it is not plain data (numbers, strings, symbols and lists of them)"
+            raise malformed(f"{what}: {short(value)} cannot be recorded: {detail}") from None
 
     def from_literal(self, value: Any) -> Any:
         if value is None:
@@ -300,10 +383,13 @@ class Compiler:
         return value
 
     def check_settings(self, what: str, name: Any, settings: Any, options: tuple[str, ...]) -> dict[str, Any]:
-        items = list_items(what, 2, settings)
+        label = f"{what} {self.name_of(what, name)}"
+        items = self.items_of(label, settings, "knob-value pairs")
+        if len(items) % 2:
+            raise malformed(f"{label}: settings are knob-value pairs, got an odd number of items")
         out = {}
         for key, value in zip(items[::2], items[1::2]):
-            knob = key.name.lower()
+            knob = self.name_of(label, key, "knob name")
             if knob in options:
                 continue
             if knob not in self.knobs:
@@ -312,11 +398,11 @@ class Compiler:
         return out
 
     def b_defvariant(self, name: Any, settings: Any) -> Any:
-        self.variants[name.name.lower()] = self.check_settings("defvariant", name, settings, ())
+        self.variants[self.name_of("defvariant", name)] = self.check_settings("defvariant", name, settings, ())
         return name
 
     def b_defsweep(self, name: Any, settings: Any) -> Any:
-        self.sweeps[name.name.lower()] = self.check_settings("defsweep", name, settings, ("zip", "variant", "sample", "seed", "halving"))
+        self.sweeps[self.name_of("defsweep", name)] = self.check_settings("defsweep", name, settings, ("zip", "variant", "sample", "seed", "halving"))
         return name
 
     # -- models ---------------------------------------------------------------------------------------
@@ -326,7 +412,7 @@ class Compiler:
     def b_model_scope(self, type_name: Any, thunk: Any) -> Any:
         if not self.path:
             raise lisp_error("C008", f"model {short(type_name)} must be created inside a defpart so its parameters get paths", "PROGRAM-ERROR")
-        model = Model(type_name=type_name.name.lower(), path=".".join(self.path))
+        model = Model(type_name=self.name_of("defmodel", type_name), path=".".join(self.path))
         self.model_stack.append(model)
         try:
             self.interp.call(thunk)
@@ -349,15 +435,16 @@ class Compiler:
 
     def b_defparam(self, name: Any, shape: Any, *args: Any) -> Any:
         model = self.current_model("defparam")
-        keys = parse_keys("defparam", args, {"INIT", "WHEN", "DTYPE"}, 3)
+        pname = self.name_of("defparam", name)
+        keys = self.keys_of(f"defparam {pname}", args, {"INIT", "WHEN", "DTYPE"})
         if keys.get("WHEN", T) is NIL:
             return NIL
         dims = self.lib.shape_arg("defparam", 2, shape)
         init = keys.get("INIT", NIL)
         spec = self.init_spec(init, len(dims))
         dtype = self.lib.dtype_arg("defparam", 5, keys["DTYPE"]) if "DTYPE" in keys else DType.f32
-        param = Param(path=self.current_path(name.name.lower()), shape=tuple(dims), dtype=dtype, init=spec)
-        model.params[name.name.lower()] = param
+        param = Param(path=self.current_path(pname), shape=tuple(dims), dtype=dtype, init=spec)
+        model.params[pname] = param
         return param
 
     def init_spec(self, init: Any, rank: int) -> InitSpec:
@@ -367,15 +454,16 @@ class Compiler:
             return InitSpec(kind="zeros") if rank <= 1 else InitSpec(kind="kaiming")
         if type(init) is Symbol and init.is_keyword and init.name in ("ZEROS", "ONES"):
             return InitSpec(kind=init.name.lower())
-        if type(init) in (int, float):
-            return InitSpec(kind="constant", value=float(init))
+        if type(init) in (int, float, Fraction):
+            return InitSpec(kind="constant", value=self.number_of("defparam :init", init))
         raise type_error("defparam", 3, "an initializer (:zeros :ones (normal :std s) (uniform ...) (xavier) (kaiming))", init)
 
     def b_defpart(self, name: Any, thunk: Any) -> Any:
         model = self.current_model("defpart")
+        key = self.name_of("defpart", name)
         value, part = self.made_part(name, thunk)
-        model.parts[name.name.lower()] = part
-        return value
+        model.parts[key] = part
+        return value if type(value) is Cons else lisp_view(part)
 
     def made_part(self, name: Any, thunk: Any) -> tuple[Any, Any]:
         """What defpart NAME's constructor form returns, and the part it makes: a list of
@@ -420,22 +508,16 @@ class Compiler:
             return part
         if not isinstance(part, ModelList):
             raise type_error("part-models", 1, "a repeated part (a defpart of (repeat N ...))", part)
-        return to_lisp_list(part.models)
-
-    def model_as_function(self, value: Any) -> Any:
-        """A model (or a repeated part) given to funcall, apply or mapcar: calling it is
-        calling the model, as `(NAME x)` does for a part's name."""
-        if not isinstance(value, (Model, ModelList)):
-            return None
-        return Builtin(f"model {value.path}", lambda *args: self.call_model(value, list(args)), 1, None)
+        return part.as_list()
 
     def b_call_model(self, model: Any, args: Any) -> Any:
         return self.call_model(model, list_items("call model", 2, args))
 
     def call_model(self, model: Any, args: list[Any]) -> Any:
         if isinstance(model, ModelList) or type(model) is Cons:
+            # a repeated part (or the list of its parts): each applied to the last one's result
             value = args[0] if len(args) == 1 else to_lisp_list(args)
-            for m in (model.models if isinstance(model, ModelList) else list(model)):
+            for m in model.models if isinstance(model, ModelList) else list_items("call model", 1, model):
                 value = self.call_model(m, [value])
             return value
         if not isinstance(model, Model):
@@ -451,7 +533,7 @@ class Compiler:
         return result
 
     def b_defpart_toplevel(self, name: Any, thunk: Any) -> Any:
-        key = name.name.lower()
+        key = self.name_of("defpart", name)
         if self.model_stack:  # a defpart nested in a let or when of a defmodel body
             raise misplaced_in_model("defpart", key, self.model_stack[-1].type_name)
         if key in self.parts:
@@ -462,7 +544,7 @@ class Compiler:
         self.parts[key] = part
         if self.interp.current_loc is not None:
             self.part_locs[key] = self.interp.current_loc
-        self.interp.values[name] = value
+        self.interp.values[name] = value if type(value) is Cons else lisp_view(part)
         self.interp.functions[name] = Builtin(key, lambda *args: self.call_model(part, list(args)), 0, None)
         return name
 
@@ -525,8 +607,8 @@ class Compiler:
         return T if tracer.training else NIL
 
     def b_param_count(self, part: Any) -> Any:
-        if type(part) is Cons and made_at(part, None):
-            part = ModelList(path="", models=list(part))
+        if type(part) is Cons:
+            return sum(self.b_param_count(p) for p in list_items("param-count", 1, part))
         if isinstance(part, (Model, ModelList)):
             total = 0
             for p in part.all_params():
@@ -539,36 +621,47 @@ class Compiler:
 
     # -- data -----------------------------------------------------------------------------------------
     def b_defloader(self, name: Any, *args: Any) -> Any:
-        keys = parse_keys("defloader", args, {"SOURCE", "PREPARE", "FIELDS", "BATCH", "SHUFFLE", "PART", "STAGES"}, 2)
-        key = name.name.lower()
+        key = self.name_of("defloader", name)
+        keys = self.keys_of(f"defloader {key}", args, {"SOURCE", "PREPARE", "FIELDS", "BATCH", "SHUFFLE", "PART", "STAGES"})
         source = keys.get("SOURCE", NIL)
         if not isinstance(source, SourceValue):
             raise lisp_error("C008", f"defloader {key}: :source needs a source such as (synthetic :spirals ...) or (npz \"file.npz\")", "PROGRAM-ERROR")
         batch = keys.get("BATCH", NIL)
         if type(batch) is not int or batch <= 0:
             raise lisp_error("C008", f"defloader {key}: :batch needs a positive integer, got {short(batch)}", "PROGRAM-ERROR")
-        fields = []
-        for spec in list_items("defloader", 4, keys.get("FIELDS", NIL)):
-            fname, dtype, shape = list_items("defloader", 4, spec)
-            fields.append(FieldRecord(name=fname.name.lower(), dtype=self.lib.dtype_arg("defloader", 4, dtype).value, shape=tuple(self.lib.shape_arg("defloader", 4, shape))))
+        if batch >= 2**31:
+            raise malformed(f"defloader {key}: :batch {short(batch)} is too large; it must be below 2^31")
+        fields = [self.field_record(key, spec) for spec in self.items_of(f"defloader {key} :fields", keys.get("FIELDS", NIL), "a list of (name dtype (shape...))")]
         if not fields:
             raise lisp_error("C008", f"defloader {key}: :fields needs at least one (name dtype (shape...))", "PROGRAM-ERROR")
         prepare = []
-        for step in list_items("defloader", 3, keys.get("PREPARE", NIL)):
-            items = list_items("defloader", 3, step)
-            options = {k.name.lower(): as_data(v) for k, v in zip(items[1::2], items[2::2])}
-            prepare.append(PrepareRecord(kind=items[0].name.lower(), options=options))
+        for step in self.items_of(f"defloader {key} :prepare", keys.get("PREPARE", NIL), "a list of steps such as (normalize x)"):
+            items = self.items_of(f"defloader {key} :prepare", step, "steps written (name :key value ...)")
+            if not items:
+                raise malformed(f"defloader {key} :prepare: a step is (name :key value ...), got ()")
+            kind = self.name_of(f"defloader {key} :prepare", items[0], "step name")
+            if len(items) % 2 == 0:
+                raise malformed(f"defloader {key} :prepare: step {kind} takes :key value pairs, got an odd number")
+            options = {self.name_of(f"defloader {key} :prepare {kind}", k, "option"): self.data_of(f"defloader {key} :prepare {kind}", v) for k, v in zip(items[1::2], items[2::2])}
+            prepare.append(PrepareRecord(kind=kind, options=options))
         self.check_data_options(key, source.record, prepare, fields)
         part = keys.get("PART", NIL)
+        if part is not NIL:
+            self.name_of(f"defloader {key} :part", part, "part (a symbol such as train or val)")
         stages = []
-        for spec in list_items("defloader", 7, keys.get("STAGES", NIL)):
-            items = list_items("defloader", 7, spec)
-            opts = parse_keys(f"defloader {key} stage", tuple(items[1:]), {"BATCH", "LENGTH"}, 2)
+        for spec in self.items_of(f"defloader {key} :stages", keys.get("STAGES", NIL), "a list of (name :batch n :length n)"):
+            items = self.items_of(f"defloader {key} :stages", spec, "stages written (name :batch n :length n)")
+            if not items:
+                raise malformed(f"defloader {key} :stages: a stage is (name :batch n :length n), got ()")
+            sname = self.name_of(f"defloader {key} :stages", items[0], "stage name")
+            opts = self.keys_of(f"defloader {key} stage {sname}", tuple(items[1:]), {"BATCH", "LENGTH"})
             values = {k.lower(): self.interp.call(self.interp.functions[self.interp.sym("EVAL")], v) if type(v) is Cons else v for k, v in opts.items()}
             for k, v in values.items():
                 if type(v) is not int or v <= 0:
-                    raise lisp_error("C008", f"defloader {key}: stage {short(items[0])} :{k} needs a positive integer, got {short(v)}", "PROGRAM-ERROR")
-            stages.append(StageRecord(name=items[0].name.lower(), **values))
+                    raise lisp_error("C008", f"defloader {key}: stage {sname} :{k} needs a positive integer, got {short(v)}", "PROGRAM-ERROR")
+                if v >= 2**31:
+                    raise malformed(f"defloader {key}: stage {sname} :{k} {short(v)} is too large; it must be below 2^31")
+            stages.append(StageRecord(name=sname, **values))
         self.loaders[key] = LoaderRecord(
             name=key,
             source=source.record,
@@ -576,7 +669,7 @@ class Compiler:
             fields=fields,
             batch=batch,
             shuffle=keys.get("SHUFFLE", NIL) is not NIL,
-            part=None if part is NIL else part.name.lower(),
+            part=None if part is NIL else self.name_of(f"defloader {key} :part", part),
             base_dir=str(self.base_dir),
             root=str(self.root),
             stages=stages,
@@ -603,13 +696,28 @@ class Compiler:
                 where = option_loc(cell, problem, [step_decl.positional] if step_decl and step_decl.positional else [])
                 raise self.at(where or self.interp.current_loc, "C008", f"defloader {loader}: {problem.message}")
 
+    def field_record(self, loader: str, spec: Any) -> FieldRecord:
+        what = f"defloader {loader} :fields"
+        parts = self.items_of(what, spec, "fields written (name dtype (shape...))")
+        if len(parts) != 3:
+            raise malformed(f"{what}: a field is (name dtype (shape...)), got {short(spec)}")
+        fname, dtype, shape = parts
+        name = self.name_of(what, fname, "field name")
+        dims = self.items_of(f"{what} {name}", shape, "a shape: a list of non-negative integers") if type(shape) is not int else [shape]
+        if any(type(d) is not int or d < 0 or d >= 2**31 for d in dims):
+            raise malformed(f"{what} {name}: the shape must be a list of non-negative integers below 2^31, got {short(shape)}")
+        if not (type(dtype) is Symbol and dtype.is_keyword and dtype.name.lower() in {d.value for d in DType}):
+            raise malformed(f"{what} {name}: the dtype must be one of {' '.join(':' + d.value for d in DType)}, got {short(dtype)}")
+        return FieldRecord(name=name, dtype=DType(dtype.name.lower()).value, shape=tuple(dims))
+
     def b_field(self, batch: Any, name: Any) -> Any:
         if not isinstance(batch, Batch):
             raise type_error("field", 1, "a batch (the argument of defobjective)", batch)
-        value = batch.fields.get(name.name.lower())
+        key = self.name_of("field", name, "field name")
+        value = batch.fields.get(key)
         if value is None:
             known = ", ".join(batch.fields)
-            raise lisp_error("C008", f"field: loader {batch.loader} has no field {name.name.lower()}; its fields are: {known}", "PROGRAM-ERROR")
+            raise lisp_error("C008", f"field: loader {batch.loader} has no field {key}; its fields are: {known}", "PROGRAM-ERROR")
         return value
 
     # -- objective, groups, run ----------------------------------------------------------------------
@@ -623,12 +731,12 @@ class Compiler:
 
     def b_defcurriculum(self, clauses: Any) -> Any:
         rules = []
-        for clause in list_items("defcurriculum", 1, clauses):
-            kind, test, specs = list_items("defcurriculum", 1, clause)
+        for clause in self.items_of("defcurriculum", clauses, "clauses"):
+            kind, test, specs = self.items_of("defcurriculum", clause, "clauses")
             pairs = []
-            for spec in list_items("defcurriculum", 1, specs):
-                loader, stage = list_items("defcurriculum", 1, spec)
-                lname, sname = loader.name.lower(), stage.name.lower()
+            for spec in self.items_of("defcurriculum", specs, "(stage loader name) forms"):
+                loader, stage = self.items_of("defcurriculum", spec, "(stage loader name) forms")
+                lname, sname = self.name_of("defcurriculum stage", loader, "loader name"), self.name_of("defcurriculum stage", stage, "stage name")
                 record = self.loaders.get(lname)
                 declared = getattr(stage, "is_keyword", False) and sname == "declared"
                 if declared and record is not None:
@@ -644,12 +752,12 @@ class Compiler:
         return NIL
 
     def b_defeval(self, name: Any, *args: Any) -> Any:
-        keys = parse_keys("defeval", args, {"LOADER", "EVERY", "AT", "OVERLAP"}, 2)
-        key = name.name.lower()
+        key = self.name_of("defeval", name)
+        keys = self.keys_of(f"defeval {key}", args, {"LOADER", "EVERY", "AT", "OVERLAP"})
         loader = keys.get("LOADER", name)
         every = keys.get("EVERY", NIL)
         at = keys.get("AT", NIL)
-        if every is not NIL and (type(every) is not int or every <= 0):
+        if every is not NIL and (type(every) is not int or every <= 0 or every >= 2**63):
             raise lisp_error("C008", f"defeval {key}: :every needs a positive integer, got {short(every)}", "PROGRAM-ERROR")
         if at is not NIL and not (type(at) is Symbol and at.name == "END"):
             raise lisp_error("C008", f"defeval {key}: :at takes :end, got {short(at)}", "PROGRAM-ERROR")
@@ -657,7 +765,7 @@ class Compiler:
             raise lisp_error("C008", f"defeval {key}: say when it runs, with :every N or :at :end", "PROGRAM-ERROR")
         if any(e.name == key for e in self.evals):
             raise lisp_error("C003", f"defeval {key} is defined twice", "PROGRAM-ERROR")
-        self.evals.append(EvalSpec(name=key, loader=loader.name.lower(), every=every if type(every) is int else None, at_end=at is not NIL, overlap=keys.get("OVERLAP", NIL) is not NIL))
+        self.evals.append(EvalSpec(name=key, loader=self.name_of(f"defeval {key} :loader", loader, "loader name"), every=every if type(every) is int else None, at_end=at is not NIL, overlap=keys.get("OVERLAP", NIL) is not NIL))
         return name
 
     def b_deftarget(self, name: Any, metric: Any, test: Any, value: Any) -> Any:
@@ -678,7 +786,7 @@ class Compiler:
             raise self.at(loc, "C008", f"{what}: the threshold must be a number, got {short(value)}")
         if loc is not None:
             self.target_locs[len(self.targets)] = loc
-        self.targets.append(TargetSpec(eval=key, metric=metric.name.lower(), test=test.name, value=float(value)))
+        self.targets.append(TargetSpec(eval=key, metric=metric.name.lower(), test=test.name, value=self.number_of(f"{what}: the threshold", value)))
         return name
 
     def b_metric(self, name: Any, value: Any) -> Any:
@@ -686,31 +794,37 @@ class Compiler:
         staged = self.lib.staged("metric", 2, value)
         if staged.type.rank != 0:
             staged = self.lib.op("metric", "mean", self.lib.cast_to("metric", staged, DType.f32) if not staged.type.dtype.is_float else staged)
-        tracer.metrics[name.name.lower()] = staged.id
+        tracer.metrics[self.name_of("metric", name)] = staged.id
         return value
 
     def b_make_optimizer(self, name: Any, states: Any, update: Any) -> Any:
         slots = []
         for spec in list_items("defoptimizer", 2, states):
             items = list_items("defstate", 1, spec)
-            keys = parse_keys("defstate", tuple(items[1:]), {"INIT"}, 2)
+            keys = self.keys_of("defstate", tuple(items[1:]), {"INIT"})
             init = keys.get("INIT", NIL)
-            slots.append((items[0].name.lower(), self.init_spec(init, 0) if init is not NIL else InitSpec(kind="zeros")))
-        return Optimizer(name=name.name.lower(), states=slots, update=update, made_at=self.interp.user_loc)
+            slots.append((self.name_of("defstate", items[0] if items else NIL), self.init_spec(init, 0) if init is not NIL else InitSpec(kind="zeros")))
+        return Optimizer(name=self.name_of("defoptimizer", name), states=slots, update=update, made_at=self.interp.user_loc)
 
     def b_defgroups(self, groups: Any, *args: Any) -> Any:
-        keys = parse_keys("defgroups", args, {"CLIP"}, 2)
+        keys = self.keys_of("defgroups", args, {"CLIP"})
         clip = keys.get("CLIP", NIL)
-        self.clip = None if clip is NIL else float(clip)
-        for spec in list_items("defgroups", 1, groups):
-            gname, selector, opt, extra = list_items("defgroups", 1, spec)
-            if extra is not NIL:
+        self.clip = None if clip is NIL else self.number_of("defgroups :clip", clip)
+        if self.clip is not None and not 0 < self.clip < float("inf"):
+            raise malformed(f"defgroups :clip needs a positive finite number, got {short(clip)}")
+        for spec in self.items_of("defgroups", groups, "groups written (name \"selector\" optimizer)"):
+            parts = self.items_of("defgroups", spec, "groups written (name \"selector\" optimizer)")
+            if len(parts) > 3:
                 raise lisp_error(
                     "C008",
-                    f"defgroups {short(gname)}: a group is (NAME \"SELECTOR\" OPTIMIZER) and reads nothing after the optimizer, "
-                    f"got {short(extra)}; :clip belongs to the whole defgroups, after the last group: (defgroups (...) (...) :clip 1.0)",
+                    f"defgroups {short(parts[0])}: a group is (NAME \"SELECTOR\" OPTIMIZER) and reads nothing after the optimizer, "
+                    f"got {short(to_lisp_list(parts[3:]))}; :clip belongs to the whole defgroups, after the last group: (defgroups (...) (...) :clip 1.0)",
                     "PROGRAM-ERROR",
                 )
+            if len(parts) != 3:
+                raise malformed(f"defgroups: a group is (name \"selector\" optimizer), got {short(spec)}")
+            gname, selector, opt = parts
+            group_name = self.name_of("defgroups", gname, "group name")
             if type(selector) is not str:
                 raise lisp_error("C008", f"defgroups {short(gname)}: the selector must be a glob string like \"**\" or \"model.*.w\"", "PROGRAM-ERROR")
             if type(opt) is Symbol and opt.name == "FROZEN":
@@ -719,30 +833,22 @@ class Compiler:
                 optimizer = opt
             else:
                 raise lisp_error("C008", f"defgroups {short(gname)}: {short(opt)} is neither an optimizer nor :frozen", "PROGRAM-ERROR")
-            self.groups.append(Group(name=gname.name.lower(), selector=selector, optimizer=optimizer))
+            self.groups.append(Group(name=group_name, selector=selector, optimizer=optimizer))
         return NIL
 
     def b_defrun(self, *args: Any) -> Any:
-        keys = parse_keys("defrun", args, {"STEPS", "SEED", "LOG-EVERY", "META", "MICROBATCHES", "PRECISION", "CHECKPOINT", "FINITE-GUARD", "DIAGNOSTICS"}, 1)
-        steps = keys.get("STEPS", NIL)
-        if type(steps) is not int or steps <= 0:
-            raise lisp_error("C008", f"defrun: :steps needs a positive integer, got {short(steps)}", "PROGRAM-ERROR")
-        seed = keys.get("SEED", 0)
-        if type(seed) is not int or seed < 0:
-            raise lisp_error("C008", f"defrun: :seed needs a non-negative integer, got {short(seed)}", "PROGRAM-ERROR")
-        log_every = keys.get("LOG-EVERY", 10)
-        if type(log_every) is not int or log_every <= 0:
-            raise lisp_error("C008", f"defrun: :log-every needs a positive integer, got {short(log_every)}", "PROGRAM-ERROR")
-        micro = keys.get("MICROBATCHES", 1)
-        if type(micro) is not int or micro <= 0:
-            raise lisp_error("C008", f"defrun: :microbatches needs a positive integer, got {short(micro)}", "PROGRAM-ERROR")
+        keys = self.keys_of("defrun", args, {"STEPS", "SEED", "LOG-EVERY", "META", "MICROBATCHES", "PRECISION", "CHECKPOINT", "FINITE-GUARD", "DIAGNOSTICS"})
+        steps = self.count_of("defrun: :steps", keys.get("STEPS", NIL))
+        seed = self.count_of("defrun: :seed", keys.get("SEED", 0), least=0)
+        log_every = self.count_of("defrun: :log-every", keys.get("LOG-EVERY", 10))
+        micro = self.count_of("defrun: :microbatches", keys.get("MICROBATCHES", 1))
         precision = keys.get("PRECISION", self.interp.kw("f32"))
         if not (type(precision) is Symbol and precision.name in ("F32", "BF16")):
             raise lisp_error("C008", f"defrun: :precision is :f32 or :bf16, got {short(precision)}", "PROGRAM-ERROR")
         diagnostics = self.diagnostics_option(keys.get("DIAGNOSTICS", NIL))
         checkpoint = self.plist_option("checkpoint", keys.get("CHECKPOINT", NIL), {"EVERY": None, "KEEP": 3})
         guard = self.plist_option("finite-guard", keys.get("FINITE-GUARD", NIL), {"SKIP": 0, "ROLLBACK": None, "LR-SCALE": None})
-        meta = as_data(keys.get("META", NIL)) or {}
+        meta = self.meta_option(keys.get("META", NIL))
         self.run = RunSpec(
             steps=steps,
             seed=seed,
@@ -756,17 +862,29 @@ class Compiler:
         )
         return NIL
 
+    def meta_option(self, option: Any) -> dict[str, Any]:
+        """:meta (:question "..." :owner "...") from defrun: a plist of plain data, kept as given."""
+        if option is NIL:
+            return {}
+        items = self.items_of("defrun :meta", option, 'a plist such as (:question "does warmup matter?")')
+        if len(items) % 2 or any(type(k) is not Symbol or not k.is_keyword for k in items[::2]):
+            raise malformed(f'defrun :meta needs a plist of :keyword value pairs such as (:question "does warmup matter?"), got {short(option)}')
+        meta = self.data_of("defrun :meta", option)
+        if not isinstance(meta, dict):
+            raise malformed(f"defrun :meta needs a plist of :keyword value pairs, got {short(option)}")
+        return meta
+
     def plist_option(self, name: str, option: Any, defaults: dict[str, Any]) -> Optional[dict[str, Any]]:
         """A defrun option written as a plist of numbers, e.g. :checkpoint (:every 500 :keep 3)."""
         if option is NIL:
             return None
-        keys = parse_keys(f"defrun :{name}", tuple(list_items("defrun", 1, option)), set(defaults), 1)
+        keys = self.keys_of(f"defrun :{name}", tuple(self.items_of(f"defrun :{name}", option, "a plist")), set(defaults))
         out = {}
         for key, default in defaults.items():
             value = keys.get(key, default)
             if value is T:
                 value = True
-            if value is not None and value is not True and (type(value) not in (int, float) or value < 0):
+            if value is not None and value is not True and (type(value) not in (int, float) or not 0 <= value < 2**63):
                 raise lisp_error("C008", f"defrun :{name} :{key.lower()} needs a non-negative number, got {short(value)}", "PROGRAM-ERROR")
             out[key.lower()] = value
         return out
@@ -775,19 +893,19 @@ class Compiler:
         """:diagnostics (:every N :select ("glob" ...)) from defrun."""
         if option is NIL:
             return None
-        keys = parse_keys("defrun :diagnostics", tuple(list_items("defrun", 1, option)), {"EVERY", "SELECT"}, 1)
+        keys = self.keys_of("defrun :diagnostics", tuple(self.items_of("defrun :diagnostics", option, "a plist such as (:every 100 :select (\"grad-norm/**\"))")), {"EVERY", "SELECT"})
         every = keys.get("EVERY", 100)
-        if type(every) is not int or every <= 0:
+        if type(every) is not int or every <= 0 or every >= 2**63:
             raise lisp_error("C008", f"defrun :diagnostics :every needs a positive integer, got {short(every)}", "PROGRAM-ERROR")
         select = keys.get("SELECT", NIL)
-        globs = [select] if type(select) is str else list_items("defrun :diagnostics :select", 1, select)
+        globs = [select] if type(select) is str else self.items_of("defrun :diagnostics :select", select, 'glob strings such as ("grad-norm/**" "act/**/rms")')
         if not globs or any(type(g) is not str for g in globs):
             raise lisp_error("C008", 'defrun :diagnostics :select needs glob strings such as ("grad-norm/**" "act/**/rms")', "PROGRAM-ERROR")
         self.select_locs = glob_locs(self.source_form("DEFRUN"))
         return DiagnosticsSpec(every=every, select=globs)
 
     def b_defdiagnostic(self, name: Any, reducer: Any) -> Any:
-        self.reducers[name.name.lower()] = reducer
+        self.reducers[self.name_of("defdiagnostic", name)] = reducer
         return name
 
     def b_diagnostic(self, name: Any, value: Any) -> Any:
@@ -806,12 +924,12 @@ class Compiler:
 
     def b_schedule(self, lr: Any, ctx: Any) -> Any:
         if isinstance(lr, (int, float)):
-            value: Any = float(lr)
+            value: Any = self.number_of("schedule: the learning rate", lr)
         elif type(lr) in (Closure, Builtin):
             tracer = self.lib.tracer("schedule")
             value = self.interp.call(lr, Staged(tracer, tracer.ctx_input("step")))
         else:
-            raise type_error("schedule", 1, "a learning rate: a number or a schedule", lr)
+            raise malformed(f"the learning rate must be a number or a schedule, got {short(lr)}")
         tracer = self.lib.tracer("schedule")
         if self.run is not None and self.run.finite_guard.lr_scale is not None:
             # a finite-guard rollback scales the learning rate at run time
@@ -975,5 +1093,15 @@ def numbered(value: Any, made: str, target: str, seen: set[int]) -> Union[Model,
     return value
 
 
+def lisp_view(part: Any) -> Any:
+    """What Lisp code sees of a part: a repeated part is the list of its copies."""
+    return part.as_list() if isinstance(part, ModelList) else part
+
+
 def _same(a: Any, b: Any) -> bool:
     return a == b if type(a) is type(b) else False
+
+
+def malformed(message: str) -> LispError:
+    """C008: a malformed contract form, or a value of the wrong type for one of its keywords."""
+    return lisp_error("C008", message, "PROGRAM-ERROR")

@@ -63,21 +63,30 @@
 
 ;;; Data
 
+(defun %proper-list-p (x)
+  (and (listp x) (ignore-errors (list-length x)) t))
+
+;; a malformed :fields or :prepare is passed on quoted, for %defloader's C008 to name it
 (defun %field-spec (spec)
-  (destructuring-bind (name dtype shape) spec
-    `(list ',name ,dtype (list ,@shape))))
+  (if (and (%proper-list-p spec) (= (length spec) 3))
+      (destructuring-bind (name dtype shape) spec
+        `(list ',name ,dtype ,(if (%proper-list-p shape) `(list ,@shape) `',shape)))
+      `',spec))
 
 (defun %prepare-spec (step)
   ;; (normalize field) names a field; the other steps take evaluated keyword arguments
-  (if (%name= (car step) "NORMALIZE")
-      `(list ',(car step) :field ',(second step))
-      `(list ',(car step) ,@(cdr step))))
+  (cond ((not (and (consp step) (%proper-list-p step))) `',step)
+        ((%name= (car step) "NORMALIZE") `(list ',(car step) :field ',(second step)))
+        (t `(list ',(car step) ,@(cdr step)))))
+
+(defun %specs (specs fn)
+  (if (%proper-list-p specs) `(list ,@(mapcar fn specs)) `',specs))
 
 (defmacro defloader (name &key source prepare fields batch shuffle stages part)
   `(%defloader ',name
                :source ,source
-               :prepare (list ,@(mapcar #'%prepare-spec prepare))
-               :fields (list ,@(mapcar #'%field-spec fields))
+               :prepare ,(%specs prepare #'%prepare-spec)
+               :fields ,(%specs fields #'%field-spec)
                :batch ,batch
                :shuffle ,shuffle
                :part ',part
@@ -126,7 +135,12 @@
 (defmacro defrun (&rest options)
   `(%defrun ,@(loop for (key value) on options by #'cddr
                     collect key
-                    collect (if (and (consp value) (keywordp (car value))) `(quote ,value) value))))
+                    collect (if (and (consp value)
+                                     (or (keywordp (car value))
+                                         (and (member key '(:checkpoint :finite-guard :diagnostics :meta))
+                                              (not (and (symbolp (car value)) (car value))))))
+                                `(quote ,value)
+                                value))))
 
 ;;; Evaluation passes and targets
 

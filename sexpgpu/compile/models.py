@@ -8,6 +8,7 @@ from typing import Any, Optional, Union
 
 from ..ir.dtypes import DType
 from ..ir.experiment import InitSpec, ParamSpec
+from ..lisp.builtins import to_lisp_list
 
 
 @dataclass(eq=False)
@@ -58,13 +59,20 @@ class Model:
 @dataclass(eq=False)
 class ModelList:
     """`(repeat n (ctor ...))`, or a list of models a defpart collected: parts named
-    0..n-1; calling it applies each in turn."""
+    0..n-1; calling it applies each in turn. Lisp code sees it as a list of its parts
+    (`elements`), so dolist, nth, length and mapcar work on it."""
 
     path: str
     models: list[Any] = field(default_factory=list)
+    elements: Any = None  # the Lisp list of the parts, made once so it stays eq to itself
 
     def lisp_print(self) -> str:
         return f"#<repeat {len(self.models)} {self.path}>"
+
+    def as_list(self) -> Any:
+        if self.elements is None:
+            self.elements = to_lisp_list(list(self.models))
+        return self.elements
 
     def all_params(self) -> list[Param]:
         return [p for p in self.places() if p.tie is None]

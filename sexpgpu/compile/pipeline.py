@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -35,7 +36,7 @@ from .selection import Declared, Written, located, overrides, prescan, written_v
 from .tensors import Staged, TensorLib, Tracer
 
 # the contract form a whole-file problem is reported at
-BLAME = {"C001": "DEFRUN", "C005": "DEFGROUPS", "C006": "DEFOBJECTIVE", "C007": "DEFGROUPS", "C008": "DEFEVAL"}
+BLAME = {"C001": "DEFRUN", "C005": "DEFGROUPS", "C006": "DEFOBJECTIVE", "C007": "DEFGROUPS", "C008": "DEFEVAL", "C009": "DEFPART"}
 
 
 @dataclass
@@ -229,6 +230,7 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
     run = defined_run(compiler)
     compiler.check_unique_paths()
     compiler.assign_groups()
+    check_fits_in_memory(compiler, machine_memory())
     precision = DType(run.precision)
     train_loader = compiler.loaders["train"]
     base = stage_train(compiler, train_loader, precision)
@@ -271,6 +273,45 @@ def build_experiment(path: Path, program: LispProgram, compiler: Compiler, selec
         ir_hash=module.hash(),
         source_hash=hashlib.sha256(sources).hexdigest(),
     )
+
+
+def machine_memory() -> Optional[int]:
+    """This machine's physical memory in bytes, where the system says."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def plan_bytes(compiler: Compiler) -> int:
+    """The bytes training keeps resident, from the shapes alone: every parameter, and for a
+    trainable one its gradient and its optimizer's state slots (each the parameter's shape)."""
+    slots = {p: (1 + len(g.optimizer.states)) if g.optimizer is not None else 0 for g in compiler.groups for p in g.params}
+    total = 0
+    for param in compiler.all_params():
+        total += shape_size(param.shape) * param.dtype.bits // 8 * (1 + slots.get(param.path, 0))
+    return total
+
+
+def check_fits_in_memory(compiler: Compiler, available: Optional[int]) -> None:
+    """A plan larger than the machine is refused at check (C009), before anything allocates."""
+    needed = plan_bytes(compiler)
+    if available is not None and needed > available:
+        raise lisp_error(
+            "C009",
+            f"the parameters, gradients and optimizer state need {human_bytes(needed)}, more than this machine's "
+            f"{human_bytes(available)} of memory; make the model smaller",
+            "STORAGE-CONDITION",
+        )
+
+
+def human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1000:
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} PB"
 
 
 def defined_run(compiler: Compiler) -> RunSpec:

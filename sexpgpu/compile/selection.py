@@ -9,6 +9,7 @@ Precedence of a knob's value: the file's default < the variant < the sweep point
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -92,6 +93,9 @@ class Declared:
     sweeps: dict[str, SweepDecl] = field(default_factory=dict)
 
 
+_MAY_DECLARE = re.compile(r"def(variant|sweep)", re.IGNORECASE)
+
+
 def prescan(path: Path) -> Declared:
     """The variants and sweeps a file declares. Problems reading the file are left for the
     real read to report; malformed declarations are diagnostics here."""
@@ -99,6 +103,8 @@ def prescan(path: Path) -> Declared:
     name = display_path(path)
     try:
         text = decode_source(path.read_bytes(), name)
+        if not _MAY_DECLARE.search(text):
+            return declared  # reading the whole file again would only find nothing
         forms = run_with_big_stack(lambda: Reader(text, name, _AnyPrefix()).read_all())
     except (DiagnosticError, OSError, RecursionError):
         return declared

@@ -213,14 +213,29 @@ class TensorLib:
 
         sym = self.interp.sym(name)
         original: Optional[Builtin] = self.interp.functions.get(sym)
+        tensors = (Staged, Param)
+        low, high = arity(tensor_fn)
+        interp = self.interp
+
+        def on_tensors(args: tuple[Any, ...]) -> Any:
+            if len(args) < low or (high is not None and len(args) > high):
+                raise interp.arity_error(name, low, high, len(args))
+            return tensor_fn(*args)
 
         def dispatch(*args: Any) -> Any:
-            if any(type(a) in (Staged, Param) for a in args) or original is None:
-                return tensor_fn(*args)
+            if original is None:
+                return on_tensors(args)
+            for a in args:
+                if type(a) in tensors:
+                    return on_tensors(args)
             return original.fn(*args)
 
         min_args = original.min_args if original is not None else 1
-        self.interp.functions[sym] = Builtin(name, dispatch, min_args, None)
+        max_args = original.max_args if original is not None else None
+        self.interp.functions[sym] = Builtin(name, dispatch, min_args, max_args)
+        if original is not None:
+            # generated code may inline it as the original on numbers (codegen.py)
+            self.interp.inline_aliases[dispatch] = original.fn
 
     def add(self, name: str, fn: Callable[..., Any]) -> None:
         self.reg.add(name, fn)
@@ -234,7 +249,7 @@ class TensorLib:
         self.install_creation()
         self.install_composites()
         self.install_images()
-        self.interp.non_boolean_types = (Staged,)
+        self.interp.non_boolean_types.add(Staged)
         self.interp.truth_error = truth_error
 
     def fold(self, fn: str, op: str, args: tuple[Any, ...], identity: Optional[float]) -> Any:
@@ -793,6 +808,16 @@ class TensorLib:
         if keys.get("BIAS", NIL) is not NIL:
             x = self.add2(x, keys["BIAS"])
         return x
+
+
+def arity(fn: Callable[..., Any]) -> tuple[int, Optional[int]]:
+    """How many positional arguments FN takes: (least, most or None)."""
+    import inspect
+
+    params = inspect.signature(fn).parameters.values()
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    variadic = any(p.kind == p.VAR_POSITIONAL for p in params)
+    return sum(1 for p in positional if p.default is p.empty), None if variadic else len(positional)
 
 
 def truth_error(value: Any) -> LispError:

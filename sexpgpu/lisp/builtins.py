@@ -9,18 +9,19 @@ import inspect
 import math
 from fractions import Fraction
 from functools import cmp_to_key
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .conditions import Condition, LispError, lisp_error
 from .objects import (
     Builtin,
     Closure,
     HashTable,
+    LispArray,
     Macro,
     StructInstance,
 )
-from .printer import Printer, PrintTooLarge, prin1_to_string, princ_to_string
-from .types import NIL, T, Char, Cons, Symbol
+from .printer import Printer, PrintTooLarge, prin1_to_string
+from .types import NIL, T, Char, Cons, Symbol, primary
 
 if TYPE_CHECKING:
     from .evaluator import Interpreter
@@ -61,6 +62,8 @@ def describe(x: Any) -> str:
 
 
 def short(x: Any) -> str:
+    if type(x) is int and x.bit_length() > 3000:  # not worth converting only to cut it short
+        return f"an integer of about {int(x.bit_length() * 0.30103) + 1} digits"
     try:
         text = prin1_to_string(x, _print_fallback)
     except PrintTooLarge:
@@ -212,141 +215,95 @@ def eql(a: Any, b: Any) -> bool:
     return False
 
 
-def equal(a: Any, b: Any) -> bool:
-    while True:
-        if eql(a, b):
-            return True
-        ta = type(a)
-        if ta is Cons and type(b) is Cons:
-            if not equal(a.car, b.car):
+def equal(a: Any, b: Any, charge: Optional[Callable[[int], None]] = None) -> bool:
+    """equal: conses by structure, strings by contents, else eql. CHARGE, when given, is
+    charged a step per cons compared (so a circular list stops at the budget)."""
+    pending = [(a, b)]
+    n = 0
+    while pending:
+        a, b = pending.pop()
+        while a is not b:
+            ta = type(a)
+            if ta is Cons and type(b) is Cons:
+                pending.append((a.car, b.car))
+                a, b = a.cdr, b.cdr
+                n += 1
+                if charge is not None and n >= 4096:
+                    charge(n)
+                    n = 0
+                continue
+            if ta is str and type(b) is str:
+                if a != b:
+                    return False
+                break
+            if not eql(a, b):
                 return False
-            a, b = a.cdr, b.cdr
+            break
+    if charge is not None and n:
+        charge(n)
+    return True
+
+
+def equalp(a: Any, b: Any, charge: Optional[Callable[[int], None]] = None) -> bool:
+    """equalp: numbers by =, characters and strings ignoring case, conses, arrays,
+    structures and hash tables element by element."""
+    pending = [(a, b)]
+    n = 0
+    while pending:
+        a, b = pending.pop()
+        n += 1
+        if charge is not None and n >= 4096:
+            charge(n)
+            n = 0
+        if a is b:
             continue
-        if ta is str and type(b) is str:
-            return bool(a == b)
-        return False
+        ta, tb = type(a), type(b)
+        if is_num(a) and is_num(b):
+            if a != b:
+                return False
+        elif ta is Char and tb is Char:
+            if a.ch.lower() != b.ch.lower():
+                return False
+        elif ta is str and tb is str:
+            if a.lower() != b.lower():
+                return False
+        elif ta is Cons and tb is Cons:
+            pending.append((a.cdr, b.cdr))
+            pending.append((a.car, b.car))
+        elif ta in (str, list) and tb in (str, list):
+            if len(a) != len(b):
+                return False
+            pending.extend(zip(_elements(a), _elements(b)))
+        elif ta is LispArray and tb is LispArray:
+            if a.dims != b.dims:
+                return False
+            pending.extend(zip(a.data, b.data))
+        elif ta is StructInstance and tb is StructInstance:
+            if a.stype is not b.stype:
+                return False
+            pending.extend(zip(a.values, b.values))
+        elif ta is HashTable and tb is HashTable:
+            if a.test != b.test or len(a.entries) != len(b.entries):
+                return False
+            for k, v in a.entries.items():
+                other = b.entries.get(k)
+                if other is None:
+                    return False
+                pending.append((v[1], other[1]))
+        elif not eql(a, b):
+            return False
+    if charge is not None and n:
+        charge(n)
+    return True
 
 
-def equalp(a: Any, b: Any) -> bool:
-    if equal(a, b):
-        return True
-    ta, tb = type(a), type(b)
-    if is_num(a) and is_num(b):
-        return bool(a == b)
-    if ta is Char and tb is Char:
-        return a.ch.lower() == b.ch.lower()
-    if ta is str and tb is str:
-        return a.lower() == b.lower()
-    if ta in (str, list) and tb in (str, list):
-        ia, ib = seq_items("equalp", 1, a), seq_items("equalp", 2, b)
-        return len(ia) == len(ib) and all(equalp(x, y) for x, y in zip(ia, ib))
-    if ta is Cons and tb is Cons:
-        return equalp(a.car, b.car) and equalp(a.cdr, b.cdr)
-    if ta is StructInstance and tb is StructInstance:
-        return a.stype is b.stype and all(equalp(x, y) for x, y in zip(a.values, b.values))
-    if ta is HashTable and tb is HashTable:
-        return a.test == b.test and len(a.entries) == len(b.entries) and all(
-            k in b.entries and equalp(v[1], b.entries[k][1]) for k, v in a.entries.items()
-        )
-    return False
+def _elements(x: Any) -> list[Any]:
+    return [Char(c) for c in x] if type(x) is str else x
 
 
 # -- types ----------------------------------------------------------------------------------------
 def typep(interp: "Interpreter", x: Any, spec: Any) -> bool:
-    if type(spec) is Cons:
-        head = spec.car.name if type(spec.car) is Symbol else ""
-        args = list_items("typep", 2, spec.cdr)
-        if head == "OR":
-            return any(typep(interp, x, s) for s in args)
-        if head == "AND":
-            return all(typep(interp, x, s) for s in args)
-        if head == "NOT":
-            return not typep(interp, x, args[0])
-        if head == "MEMBER":
-            return any(eql(x, a) for a in args)
-        if head == "EQL":
-            return eql(x, args[0])
-        if head == "SATISFIES":
-            return interp.call(args[0], x) is not NIL
-        if head in ("INTEGER", "REAL", "RATIONAL", "FLOAT", "DOUBLE-FLOAT", "SINGLE-FLOAT", "NUMBER"):
-            if not typep(interp, x, spec.car):
-                return False
-            lo = args[0] if args else NIL
-            hi = args[1] if len(args) > 1 else NIL
-            return _in_bound(x, lo, True) and _in_bound(x, hi, False)
-        if head in ("VECTOR", "SIMPLE-VECTOR", "ARRAY", "STRING", "SIMPLE-STRING", "CONS", "LIST"):
-            return typep(interp, x, spec.car)
-        raise lisp_error("E103", f"unknown type specifier {short(spec)}", "TYPE-ERROR", spec)
-    if type(spec) is not Symbol:
-        raise lisp_error("E103", f"unknown type specifier {short(spec)}", "TYPE-ERROR", spec)
-    name = spec.name
-    check = _TYPE_PREDICATES.get(name)
-    if check is not None:
-        return check(x)
-    stype = interp.structs.get(spec)
-    if stype is not None:
-        return type(x) is StructInstance and x.stype.isa(stype)
-    if type(x) is Condition:
-        from .conditions import condition_isa
-
-        return condition_isa(x.ctype, name)
-    if name in _CONDITION_TYPE_NAMES:
-        return False
-    raise lisp_error("E103", f"unknown type specifier {short(spec)}", "TYPE-ERROR", spec)
-
-
-def _in_bound(x: Any, bound: Any, lower: bool) -> bool:
-    if type(bound) is Symbol:
-        return True
-    if type(bound) is Cons:
-        b = bound.car
-        return x > b if lower else x < b
-    return x >= bound if lower else x <= bound
-
-
-def _is_function(x: Any) -> bool:
-    return type(x) in (Closure, Builtin)
-
-
-_TYPE_PREDICATES: dict[str, Callable[[Any], bool]] = {
-    "T": lambda x: True,
-    "NIL": lambda x: False,
-    "NUMBER": is_num,
-    "REAL": is_num,
-    "RATIONAL": is_real_rational,
-    "INTEGER": lambda x: type(x) is int,
-    "FIXNUM": lambda x: type(x) is int and -(2**62) <= x < 2**62,
-    "BIGNUM": lambda x: type(x) is int and not (-(2**62) <= x < 2**62),
-    "BIT": lambda x: type(x) is int and x in (0, 1),
-    "RATIO": lambda x: type(x) is Fraction,
-    "FLOAT": lambda x: type(x) is float,
-    "DOUBLE-FLOAT": lambda x: type(x) is float,
-    "SINGLE-FLOAT": lambda x: False,
-    "STRING": lambda x: type(x) is str,
-    "SIMPLE-STRING": lambda x: type(x) is str,
-    "CHARACTER": lambda x: type(x) is Char,
-    "STANDARD-CHAR": lambda x: type(x) is Char,
-    "SYMBOL": lambda x: type(x) is Symbol,
-    "KEYWORD": lambda x: type(x) is Symbol and x.package == "KEYWORD",
-    "BOOLEAN": lambda x: x is T or x is NIL,
-    "NULL": lambda x: x is NIL,
-    "CONS": lambda x: type(x) is Cons,
-    "LIST": lambda x: x is NIL or type(x) is Cons,
-    "ATOM": lambda x: type(x) is not Cons,
-    "VECTOR": lambda x: type(x) in (list, str),
-    "SIMPLE-VECTOR": lambda x: type(x) is list,
-    "ARRAY": lambda x: type(x) in (list, str),
-    "SEQUENCE": lambda x: x is NIL or type(x) in (Cons, list, str),
-    "FUNCTION": _is_function,
-    "COMPILED-FUNCTION": _is_function,
-    "HASH-TABLE": lambda x: type(x) is HashTable,
-}
-
-_CONDITION_TYPE_NAMES = {
-    "CONDITION", "ERROR", "SIMPLE-ERROR", "TYPE-ERROR", "WARNING", "SERIOUS-CONDITION", "PROGRAM-ERROR",
-    "CONTROL-ERROR", "CELL-ERROR", "UNBOUND-VARIABLE", "UNDEFINED-FUNCTION", "ARITHMETIC-ERROR",
-    "DIVISION-BY-ZERO", "SIMPLE-WARNING", "STYLE-WARNING", "PARSE-ERROR", "SIMPLE-TYPE-ERROR",
-}
+    return interp.types.typep(x, spec)
 
 
 def type_name_of(x: Any) -> str:
@@ -370,6 +327,13 @@ def type_name_of(x: Any) -> str:
 # -- printing of evaluator objects --------------------------------------------------------------------
 def print_object(interp: "Interpreter", x: Any, printer: Printer) -> str:
     t = type(x)
+    if t is StructInstance and x.stype.printer is not None:
+        from .objects import OutputStream
+
+        fn, print_object = x.stype.printer
+        stream = OutputStream()
+        interp.call(fn, x, stream, *(() if print_object else (0,)))
+        return stream.take()
     if t is StructInstance:
         parts = [printer.text(x.stype.name)]
         for slot, value in zip(x.stype.slots, x.values):
@@ -387,6 +351,12 @@ def print_object(interp: "Interpreter", x: Any, printer: Printer) -> str:
     if t is Condition:
         if printer.escape:
             return f"#<{x.ctype.lower()} {string_escape(x.message)}>"
+        if x.report is not None and type(x.report) is not str:
+            from .objects import OutputStream
+
+            stream = OutputStream()
+            interp.call(x.report, x, stream)
+            return stream.take()
         return x.message
     hook = getattr(x, "lisp_print", None)
     if hook is not None:
@@ -414,10 +384,13 @@ class Registry:
 
 def install_builtins(interp: "Interpreter") -> None:
     reg = Registry(interp)
-    from . import builtins_lists, builtins_numbers, builtins_strings, builtins_system
+    from . import builtins_arrays, builtins_conses, builtins_numbers, builtins_sequences, builtins_streams, builtins_strings, builtins_system
 
     builtins_numbers.install(reg)
-    builtins_lists.install(reg)
+    builtins_conses.install(reg)
+    builtins_sequences.install(reg)
+    builtins_arrays.install(reg)
+    builtins_streams.install(reg)
     builtins_strings.install(reg)
     builtins_system.install(reg)
 
@@ -429,30 +402,56 @@ def format_to_string(interp: "Interpreter", control: str, args: list[Any]) -> st
         text = lisp_format(
             control,
             args,
-            lambda x: prin1_to_string(x, interp.print_other),
-            lambda x: princ_to_string(x, interp.print_other),
+            lambda x: interp.print_string(x, True),
+            lambda x: interp.print_string(x, False),
+            interp,
+            lambda name, arg, colon, at, params: format_call(interp, name, arg, colon, at, params),
         )
     except FormatError as exc:
-        raise lisp_error("E103", str(exc), "SIMPLE-ERROR") from None
+        raise lisp_error("E103", str(exc), exc.ctype) from None
     except PrintTooLarge as exc:
         raise lisp_error("E103", f"format: {exc}", "SIMPLE-ERROR") from None
-    interp.alloc(len(text) // 8)
     return text
 
 
+def format_call(interp: "Interpreter", name: str, arg: Any, colon: bool, at: bool, params: list[Any]) -> str:
+    """~/name/: call the function NAME with a string output stream, the argument, the two
+    modifier flags and the parameters, and return what it wrote."""
+    from .objects import OutputStream
+
+    symbol_name = name.split(":")[-1].upper()
+    stream = OutputStream()
+    interp.call(interp.table.intern(symbol_name), stream, arg, lbool(colon), lbool(at), *params)
+    return stream.take()
+
+
 def parse_keys(fn: str, args: tuple[Any, ...], allowed: set[str], first_pos: int) -> dict[str, Any]:
-    """&key arguments of a builtin: a dict from keyword name (upper case) to value."""
+    """&key arguments of a builtin (CLHS 3.4.1.4): a dict from keyword name (upper case) to
+    value. An odd number of arguments, a key that is not a symbol, or an unknown key is a
+    program-error, unless the first :allow-other-keys argument is true; the first occurrence
+    of a key counts."""
     if len(args) % 2:
         raise lisp_error("E102", f"`{fn}`: odd number of keyword arguments", "PROGRAM-ERROR")
     out: dict[str, Any] = {}
+    allow_other: Any = None
+    unknown: Any = None
     for i in range(0, len(args), 2):
         k = args[i]
-        if type(k) is not Symbol or k.package != "KEYWORD":
-            raise type_error(fn, first_pos + i, "a keyword", k)
-        if k.name not in allowed:
-            expected = " ".join(":" + a.lower() for a in sorted(allowed))
-            raise lisp_error("E102", f"`{fn}`: unknown keyword argument :{k.name.lower()}; expected one of: {expected}", "PROGRAM-ERROR")
-        out.setdefault(k.name, args[i + 1])
+        if type(k) is not Symbol:
+            raise lisp_error("E102", f"`{fn}`: argument {first_pos + i} must be a keyword, got {short(k)} ({describe(k)})", "PROGRAM-ERROR")
+        name = k.name if k.package == "KEYWORD" else None
+        if name == "ALLOW-OTHER-KEYS":
+            if allow_other is None:
+                allow_other = args[i + 1]
+            continue
+        if name is None or name not in allowed:
+            if unknown is None:
+                unknown = k
+            continue
+        out.setdefault(name, args[i + 1])
+    if unknown is not None and (allow_other is None or allow_other is NIL):
+        expected = " ".join(":" + a.lower() for a in sorted(allowed))
+        raise lisp_error("E102", f"`{fn}`: unknown keyword argument {prin1_to_string(unknown)}; expected one of: {expected}", "PROGRAM-ERROR")
     return out
 
 
@@ -471,3 +470,151 @@ def sort_items(interp: "Interpreter", fn: str, items: list[Any], pred: Any, key:
 
     keyed.sort(key=cmp_to_key(compare))
     return [x for _, x in keyed]
+
+
+# -- the base of the list, sequence and array builtins -------------------------------------------
+class Lib:
+    """What the list, sequence and array builtins share: calling their function arguments,
+    walking lists and sequences (each element visited costs a step of the budget), and
+    making results (each cell allocated is counted)."""
+
+    def __init__(self, interp: "Interpreter") -> None:
+        self.interp = interp
+
+    def charge(self, n: int) -> None:
+        self.interp.charge(n)
+
+    def alloc(self, n: int) -> None:
+        self.interp.alloc(n)
+
+    # -- function arguments -------------------------------------------------------------------
+    def fn1(self, designator: Any) -> Callable[[Any], Any]:
+        """A function designator as a Python function of one argument (primary value)."""
+        interp = self.interp
+        fn = interp.function_value(designator)
+        if type(fn) is Closure:
+            return lambda a: primary(interp.call_closure(fn, (a,)))
+        return lambda a: primary(interp.apply(fn, (a,)))
+
+    def fn2(self, designator: Any) -> Callable[[Any, Any], Any]:
+        interp = self.interp
+        fn = interp.function_value(designator)
+        fast = interp.standard_tests.get(fn) if type(fn) is Builtin else None
+        if fast is not None:
+            return lambda a, b: T if fast(a, b) else NIL
+        if type(fn) is Closure:
+            return lambda a, b: primary(interp.call_closure(fn, (a, b)))
+        return lambda a, b: primary(interp.apply(fn, (a, b)))
+
+    def fnn(self, designator: Any) -> Callable[..., Any]:
+        interp = self.interp
+        fn = interp.function_value(designator)
+        return lambda *args: primary(interp.apply(fn, args))
+
+    def key_fn(self, keys: dict[str, Any]) -> Optional[Callable[[Any], Any]]:
+        """The :key function, or None for identity (absent or nil)."""
+        key = keys.get("KEY", NIL)
+        return None if key is NIL else self.fn1(key)
+
+    def test_fn(self, fn: str, keys: dict[str, Any]) -> Callable[[Any, Any], bool]:
+        """(item, element-key) -> whether they match, from :test / :test-not (default eql)."""
+        test = keys.get("TEST", NIL)
+        test_not = keys.get("TEST-NOT", NIL)
+        if test is not NIL and test_not is not NIL:
+            raise lisp_error("E102", f"`{fn}`: both :test and :test-not were given", "ERROR")
+        if test_not is not NIL:
+            f = self.predicate2(test_not)
+            return lambda a, b: not f(a, b)
+        if test is NIL:
+            return eql
+        return self.predicate2(test)
+
+    def predicate2(self, designator: Any) -> Callable[[Any, Any], bool]:
+        interp = self.interp
+        fn = interp.function_value(designator)
+        fast = interp.standard_tests.get(fn) if type(fn) is Builtin else None
+        if fast is not None:
+            return fast
+        if type(fn) is Closure:
+            return lambda a, b: primary(interp.call_closure(fn, (a, b))) is not NIL
+        return lambda a, b: primary(interp.apply(fn, (a, b))) is not NIL
+
+    def predicate1(self, designator: Any, negate: bool = False) -> Callable[[Any], bool]:
+        f = self.fn1(designator)
+        if negate:
+            return lambda a: f(a) is NIL
+        return lambda a: f(a) is not NIL
+
+    # -- walking ------------------------------------------------------------------------------
+    def cells(self, fn: str, pos: int, x: Any) -> list[Any]:
+        """The conses of a proper list; a dotted list or a non-list is a type error."""
+        out: list[Any] = []
+        cell = x
+        while type(cell) is Cons:
+            out.append(cell)
+            cell = cell.cdr
+        self.charge(len(out))
+        if cell is not NIL:
+            raise type_error(fn, pos, "a proper list", x)
+        return out
+
+    def elements(self, fn: str, pos: int, x: Any) -> list[Any]:
+        """The elements of a proper list."""
+        out: list[Any] = []
+        cell = x
+        while type(cell) is Cons:
+            out.append(cell.car)
+            cell = cell.cdr
+        self.charge(len(out))
+        if cell is not NIL:
+            raise type_error(fn, pos, "a proper list", x)
+        return out
+
+    def items(self, fn: str, pos: int, seq: Any) -> list[Any]:
+        """The elements of any sequence (a string's are characters)."""
+        t = type(seq)
+        if t is list:
+            self.charge(len(seq))
+            return list(seq)
+        if t is str:
+            self.charge(len(seq))
+            self.alloc(len(seq))
+            return [Char(c) for c in seq]
+        if seq is NIL or t is Cons:
+            return self.elements(fn, pos, seq)
+        raise type_error(fn, pos, "a sequence (list, vector or string)", seq)
+
+    def length(self, fn: str, pos: int, seq: Any) -> int:
+        t = type(seq)
+        if t is str or t is list:
+            return len(seq)
+        if seq is NIL or t is Cons:
+            return len(self.cells(fn, pos, seq))
+        raise type_error(fn, pos, "a sequence (list, vector or string)", seq)
+
+    def bounds(self, fn: str, keys: dict[str, Any], n: int, start_key: str = "START", end_key: str = "END") -> tuple[int, int]:
+        """The :start and :end bounding indices of a sequence of length N (CLHS 17.1.1)."""
+        start = keys.get(start_key, 0)
+        end = keys.get(end_key, NIL)
+        end = n if end is NIL else end
+        if type(start) is not int or type(end) is not int or not 0 <= start <= end <= n:
+            shown_end = "nil" if keys.get(end_key, NIL) is NIL else short(keys.get(end_key))
+            raise lisp_error(
+                "E103",
+                f"`{fn}`: bad bounds :{start_key.lower()} {short(keys.get(start_key, 0))} :{end_key.lower()} {shown_end} for a sequence of length {n}",
+                "TYPE-ERROR",
+            )
+        return start, end
+
+    def like(self, items: list[Any], seq: Any, fn: str = "") -> Any:
+        """A fresh sequence of the kind of SEQ (list, vector or string) holding ITEMS."""
+        t = type(seq)
+        if t is str:
+            if not all(type(c) is Char for c in items):
+                raise lisp_error("E103", f"`{fn}`: only characters can go into a string", "TYPE-ERROR")
+            self.alloc(len(items) // 8 + 1)
+            return "".join(c.ch for c in items)
+        self.alloc(len(items))
+        if t is list:
+            return items
+        return to_lisp_list(items)

@@ -6,9 +6,10 @@ import math
 from fractions import Fraction
 from typing import Any, Callable
 
-from .builtins import MAX_INTEGER_BITS, Registry, is_num, lbool, need_integer, need_number, norm, type_error
-from .conditions import LimitExceeded, lisp_error
-from .types import MultipleValues
+from .builtins import MAX_INTEGER_BITS, Registry, is_num, lbool, need_index, need_integer, need_number, norm, short, to_lisp_list, type_error
+from .conditions import LimitExceeded, OperationName, lisp_error
+from .objects import RandomState
+from .types import NIL, T, Cons, MultipleValues
 
 
 def big(fn: str, x: Any) -> Any:
@@ -17,8 +18,13 @@ def big(fn: str, x: Any) -> Any:
     return x
 
 
-def div_zero(fn: str) -> Exception:
-    return lisp_error("E108", f"`{fn}`: division by zero", "DIVISION-BY-ZERO")
+need_real = need_number  # no complex numbers: every number is real
+
+
+def div_zero(fn: str, *operands: Any) -> Exception:
+    exc = lisp_error("E108", f"`{fn}`: division by zero", "DIVISION-BY-ZERO")
+    exc.condition.slots.update({"OPERATION": OperationName(fn), "OPERANDS": to_lisp_list(list(operands))})
+    return exc
 
 
 def finite(fn: str, x: Any) -> Any:
@@ -28,7 +34,20 @@ def finite(fn: str, x: Any) -> Any:
     return x
 
 
+_INF = math.inf
+
+
 def add(*xs: Any) -> Any:
+    if len(xs) == 2:  # the common case, without the general loop
+        a, b = xs
+        ta, tb = type(a), type(b)
+        if ta is int and tb is int:
+            return a + b
+        if ta is float and tb is float:
+            r = a + b
+            if r == _INF or r == -_INF:
+                return finite("+", r)
+            return r
     total: Any = 0
     for i, x in enumerate(xs, 1):
         total = total + need_number("+", i, x)
@@ -36,6 +55,16 @@ def add(*xs: Any) -> Any:
 
 
 def sub(x: Any, *xs: Any) -> Any:
+    if len(xs) == 1:
+        y = xs[0]
+        tx, ty = type(x), type(y)
+        if tx is int and ty is int:
+            return x - y
+        if tx is float and ty is float:
+            r = x - y
+            if r == _INF or r == -_INF:
+                return finite("-", r)
+            return r
     need_number("-", 1, x)
     if not xs:
         return norm(-x)
@@ -46,10 +75,23 @@ def sub(x: Any, *xs: Any) -> Any:
 
 
 def mul(*xs: Any) -> Any:
+    if len(xs) == 2:
+        a, b = xs
+        ta, tb = type(a), type(b)
+        if ta is float and tb is float:
+            r = a * b
+            if r == _INF or r == -_INF:
+                return finite("*", r)
+            return r
+        if ta is int and tb is int and -_FIXNUM_LIMIT < a < _FIXNUM_LIMIT and -_FIXNUM_LIMIT < b < _FIXNUM_LIMIT:
+            return a * b
     total: Any = 1
     for i, x in enumerate(xs, 1):
         total = big("*", total * need_number("*", i, x))
     return finite("*", norm(total))
+
+
+_FIXNUM_LIMIT = 2**62
 
 
 def divide(x: Any, *xs: Any) -> Any:
@@ -65,7 +107,7 @@ def divide(x: Any, *xs: Any) -> Any:
 
 def _div2(a: Any, b: Any) -> Any:
     if b == 0:
-        raise div_zero("/")
+        raise div_zero("/", a, b)
     if type(a) is float or type(b) is float:
         return finite("/", a / b)
     return norm(Fraction(a) / Fraction(b))
@@ -73,6 +115,11 @@ def _div2(a: Any, b: Any) -> Any:
 
 def compare_chain(name: str, op: Callable[[Any, Any], bool]) -> Callable[..., Any]:
     def compare(x: Any, *xs: Any) -> Any:
+        if len(xs) == 1:
+            y = xs[0]
+            tx, ty = type(x), type(y)
+            if (tx is int or tx is float) and (ty is int or ty is float):
+                return T if op(x, y) else NIL
         need_number(name, 1, x)
         for i, y in enumerate(xs, 2):
             need_number(name, i, y)
@@ -109,21 +156,34 @@ def lisp_min(x: Any, *xs: Any) -> Any:
     return best
 
 
-def divider(name: str, rounding: Callable[[Any], int]) -> Callable[..., Any]:
+def divider(name: str, rounding: Callable[[Any], int], float_quotient: bool = False) -> Callable[..., Any]:
+    """floor, ceiling, truncate, round (and the f- versions, whose quotient is a float): the
+    quotient is rounded exactly (floats as the rationals they are), the remainder computed
+    in the arguments' own arithmetic."""
+
     def op(x: Any, y: Any = 1) -> Any:
-        need_number(name, 1, x)
-        need_number(name, 2, y)
+        need_real(name, 1, x)
+        need_real(name, 2, y)
         if y == 0:
-            raise div_zero(name)
-        if type(x) is float or type(y) is float:
-            q = rounding(x / y)
-            rem: Any = float(x - q * y)
-        else:
+            raise div_zero(name, x, y)
+        floats = type(x) is float or type(y) is float
+        try:
             q = rounding(Fraction(x) / Fraction(y))
+        except (OverflowError, ValueError):
+            raise lisp_error("E108", f"`{name}`: {short(x)} / {short(y)} has no finite quotient", "ARITHMETIC-ERROR") from None
+        if floats:
+            rem: Any = float(x) - q * float(y)
+        else:
             rem = norm(Fraction(x) - q * Fraction(y))
+        if float_quotient:
+            return MultipleValues((finite(name, float(q)) if q != 0 or not _negative_zero_quotient(x, y) else -0.0, rem))
         return MultipleValues((q, rem))
 
     return op
+
+
+def _negative_zero_quotient(x: Any, y: Any) -> bool:
+    return (x < 0) != (y < 0) and x != 0
 
 
 def _round_half_even(x: Any) -> int:
@@ -145,8 +205,10 @@ def expt(base: Any, power: Any) -> Any:
         if type(base) is float:
             try:
                 return finite("expt", base**power)
-            except (OverflowError, ZeroDivisionError):
-                raise lisp_error("E108", f"`expt`: {base}^{power} overflows or divides by zero", "ARITHMETIC-ERROR") from None
+            except OverflowError:
+                raise lisp_error("E108", "`expt`: floating-point overflow (a number too large for a double)", "FLOATING-POINT-OVERFLOW") from None
+            except ZeroDivisionError:
+                raise div_zero("expt") from None
         if power < 0:
             if base == 0:
                 raise div_zero("expt")
@@ -159,7 +221,9 @@ def expt(base: Any, power: Any) -> Any:
     try:
         return finite("expt", float(base) ** float(power))
     except OverflowError:
-        raise lisp_error("E108", "`expt`: floating-point overflow", "FLOATING-POINT-OVERFLOW") from None
+        raise lisp_error("E108", "`expt`: floating-point overflow (a number too large for a double)", "FLOATING-POINT-OVERFLOW") from None
+    except ZeroDivisionError:
+        raise div_zero("expt") from None
 
 
 def lisp_sqrt(x: Any) -> Any:
@@ -294,16 +358,279 @@ def rational(x: Any) -> Any:
     return norm(Fraction(x))
 
 
+
+# -- bits and bytes -------------------------------------------------------------------------------
+
+def logbitp(index: Any, x: Any) -> Any:
+    need_index("logbitp", 1, index)
+    return lbool((need_integer("logbitp", 2, x) >> index) & 1)
+
+
+def logcount(x: Any) -> Any:
+    need_integer("logcount", 1, x)
+    return bin(~x if x < 0 else x).count("1")
+
+
+def integer_length(x: Any) -> Any:
+    need_integer("integer-length", 1, x)
+    return (~x if x < 0 else x).bit_length()
+
+
+def logtest(a: Any, b: Any) -> Any:
+    return lbool(need_integer("logtest", 1, a) & need_integer("logtest", 2, b) != 0)
+
+
+def logeqv(*xs: Any) -> Any:
+    result = -1
+    for i, x in enumerate(xs, 1):
+        result = ~(result ^ need_integer("logeqv", i, x))
+    return result
+
+
+def two_integers(name: str, op: Callable[[int, int], int]) -> Callable[[Any, Any], Any]:
+    def fn(a: Any, b: Any) -> Any:
+        return op(need_integer(name, 1, a), need_integer(name, 2, b))
+
+    return fn
+
+
+BOOLE_OPS: list[Callable[[int, int], int]] = [
+    lambda a, b: 0, lambda a, b: -1, lambda a, b: a, lambda a, b: b, lambda a, b: ~a, lambda a, b: ~b,
+    lambda a, b: a & b, lambda a, b: a | b, lambda a, b: a ^ b, lambda a, b: ~(a ^ b), lambda a, b: ~(a & b),
+    lambda a, b: ~(a | b), lambda a, b: ~a & b, lambda a, b: a & ~b, lambda a, b: ~a | b, lambda a, b: a | ~b,
+]
+BOOLE_NAMES = ["CLR", "SET", "1", "2", "C1", "C2", "AND", "IOR", "XOR", "EQV", "NAND", "NOR", "ANDC1", "ANDC2", "ORC1", "ORC2"]
+
+
+def boole(op: Any, a: Any, b: Any) -> Any:
+    if type(op) is not int or not 0 <= op < 16:
+        raise type_error("boole", 1, "one of the boole- constants", op)
+    return BOOLE_OPS[op](need_integer("boole", 2, a), need_integer("boole", 3, b))
+
+
+def byte(size: Any, position: Any) -> Any:
+    """A byte specifier: (size . position), as SBCL prints it."""
+    return Cons(need_index("byte", 1, size), need_index("byte", 2, position))
+
+
+def _bytespec(fn: str, spec: Any) -> tuple[int, int]:
+    if type(spec) is not Cons or type(spec.car) is not int or type(spec.cdr) is not int or spec.car < 0 or spec.cdr < 0:
+        raise type_error(fn, 1, "a byte specifier (made by byte)", spec)
+    if spec.car > MAX_INTEGER_BITS or spec.cdr > MAX_INTEGER_BITS:
+        raise LimitExceeded("L003", f"allocation limit: `{fn}` of a byte wider than {MAX_INTEGER_BITS} bits")
+    return spec.car, spec.cdr
+
+
+def byte_size(spec: Any) -> Any:
+    return _bytespec("byte-size", spec)[0]
+
+
+def byte_position(spec: Any) -> Any:
+    return _bytespec("byte-position", spec)[1]
+
+
+def ldb(spec: Any, x: Any) -> Any:
+    size, pos = _bytespec("ldb", spec)
+    return (need_integer("ldb", 2, x) >> pos) & ((1 << size) - 1)
+
+
+def ldb_test(spec: Any, x: Any) -> Any:
+    return lbool(ldb(spec, x) != 0)
+
+
+def mask_field(spec: Any, x: Any) -> Any:
+    size, pos = _bytespec("mask-field", spec)
+    return need_integer("mask-field", 2, x) & (((1 << size) - 1) << pos)
+
+
+def dpb(new: Any, spec: Any, x: Any) -> Any:
+    size, pos = _bytespec("dpb", spec)
+    mask = (1 << size) - 1
+    return (need_integer("dpb", 3, x) & ~(mask << pos)) | ((need_integer("dpb", 1, new) & mask) << pos)
+
+
+def deposit_field(new: Any, spec: Any, x: Any) -> Any:
+    size, pos = _bytespec("deposit-field", spec)
+    mask = ((1 << size) - 1) << pos
+    return (need_integer("deposit-field", 3, x) & ~mask) | (need_integer("deposit-field", 1, new) & mask)
+
+
+# -- floats ---------------------------------------------------------------------------------------
+
+def need_float(fn: str, pos: int, x: Any) -> float:
+    if type(x) is not float:
+        raise type_error(fn, pos, "a float", x)
+    return x
+
+
+def float_radix(x: Any) -> Any:
+    need_float("float-radix", 1, x)
+    return 2
+
+
+def float_sign(x: Any, y: Any = None) -> Any:
+    need_float("float-sign", 1, x)
+    magnitude = 1.0 if y is None else abs(need_float("float-sign", 2, y))
+    return math.copysign(magnitude, x)
+
+
+def float_digits(x: Any) -> Any:
+    need_float("float-digits", 1, x)
+    return 53
+
+
+def float_precision(x: Any) -> Any:
+    need_float("float-precision", 1, x)
+    if x == 0:
+        return 0
+    m, e = math.frexp(abs(x))
+    if e < -1021:  # subnormal: fewer significant bits
+        return max(0, 53 - (-1021 - e))
+    return 53
+
+
+def decode_float(x: Any) -> Any:
+    need_float("decode-float", 1, x)
+    if x == 0:
+        return MultipleValues((0.0, 0, math.copysign(1.0, x)))
+    m, e = math.frexp(abs(x))
+    return MultipleValues((m, e, math.copysign(1.0, x)))
+
+
+def integer_decode_float(x: Any) -> Any:
+    need_float("integer-decode-float", 1, x)
+    if x == 0:
+        return MultipleValues((0, 0, -1 if math.copysign(1.0, x) < 0 else 1))
+    m, e = math.frexp(abs(x))
+    significand = int(m * 2**53)
+    return MultipleValues((significand, e - 53, -1 if x < 0 else 1))
+
+
+def scale_float(x: Any, k: Any) -> Any:
+    need_float("scale-float", 1, x)
+    need_integer("scale-float", 2, k)
+    try:
+        return finite("scale-float", math.ldexp(x, k))
+    except OverflowError:
+        raise lisp_error("E108", "`scale-float`: floating-point overflow", "FLOATING-POINT-OVERFLOW") from None
+
+
+def rationalize(x: Any) -> Any:
+    """The simplest rational that reads back as the same double (exact rationals as they are)."""
+    need_real("rationalize", 1, x)
+    if type(x) is not float:
+        return x
+    if x == 0:
+        return 0
+    exact = Fraction(x)
+    low = (Fraction(math.nextafter(x, -math.inf)) + exact) / 2
+    high = (Fraction(math.nextafter(x, math.inf)) + exact) / 2
+    return norm(_simplest_between(low, high))
+
+
+def _simplest_between(low: Fraction, high: Fraction) -> Fraction:
+    """The fraction with the smallest denominator in [low, high] (continued fractions)."""
+    if low > high:
+        low, high = high, low
+    if low <= 0 <= high:
+        return Fraction(0)
+    if high < 0:
+        return -_simplest_between(-high, -low)
+    floor_low = math.floor(low)
+    if floor_low == low:
+        return Fraction(floor_low)
+    if floor_low + 1 <= high:
+        return Fraction(floor_low + 1)
+    rest = _simplest_between(1 / (high - floor_low), 1 / (low - floor_low))
+    return floor_low + 1 / rest
+
+
+def hyperbolic(name: str, fn: Callable[[float], float], ok: Callable[[float], bool]) -> Callable[[Any], Any]:
+    def op(x: Any) -> Any:
+        need_real(name, 1, x)
+        if not ok(float(x)):
+            raise lisp_error("E103", f"`{name}`: {short(x)} is outside its real domain; the result would be a complex number, which SexpGPU does not support", "ARITHMETIC-ERROR")
+        return fn(float(x))
+
+    return op
+
+
+def realpart(x: Any) -> Any:
+    return need_number("realpart", 1, x)
+
+
+def imagpart(x: Any) -> Any:
+    need_number("imagpart", 1, x)
+    return 0.0 if type(x) is float else 0
+
+
+def make_complex(real: Any, imag: Any = 0) -> Any:
+    need_real("complex", 1, real)
+    need_real("complex", 2, imag)
+    if imag == 0 and type(imag) is not float and type(real) is not float:
+        return real
+    raise lisp_error("E103", "`complex`: SexpGPU has no complex numbers", "ARITHMETIC-ERROR")
+
+
 CONSTANTS: dict[str, Any] = {
     "PI": math.pi,
     "MOST-POSITIVE-FIXNUM": 2**62 - 1,
+    # the implementation limits, SBCL's values
+    "CALL-ARGUMENTS-LIMIT": 2**62 - 1,
+    "LAMBDA-PARAMETERS-LIMIT": 2**62 - 1,
+    "MULTIPLE-VALUES-LIMIT": 2**62 - 1,
     "MOST-NEGATIVE-FIXNUM": -(2**62),
     "MOST-POSITIVE-DOUBLE-FLOAT": 1.7976931348623157e308,
     "MOST-NEGATIVE-DOUBLE-FLOAT": -1.7976931348623157e308,
     "LEAST-POSITIVE-DOUBLE-FLOAT": 5e-324,
     "LEAST-POSITIVE-NORMALIZED-DOUBLE-FLOAT": 2.2250738585072014e-308,
     "DOUBLE-FLOAT-EPSILON": 1.1102230246251568e-16,
+    "DOUBLE-FLOAT-NEGATIVE-EPSILON": 5.551115123125783e-17,
+    "LEAST-NEGATIVE-DOUBLE-FLOAT": -5e-324,
+    "LEAST-NEGATIVE-NORMALIZED-DOUBLE-FLOAT": -2.2250738585072014e-308,
+    # long floats are double floats, as in SBCL
+    "MOST-POSITIVE-LONG-FLOAT": 1.7976931348623157e308,
+    "MOST-NEGATIVE-LONG-FLOAT": -1.7976931348623157e308,
+    "LEAST-POSITIVE-LONG-FLOAT": 5e-324,
+    "LEAST-POSITIVE-NORMALIZED-LONG-FLOAT": 2.2250738585072014e-308,
+    "LEAST-NEGATIVE-LONG-FLOAT": -5e-324,
+    "LEAST-NEGATIVE-NORMALIZED-LONG-FLOAT": -2.2250738585072014e-308,
+    "LONG-FLOAT-EPSILON": 1.1102230246251568e-16,
+    "LONG-FLOAT-NEGATIVE-EPSILON": 5.551115123125783e-17,
+    **{f"BOOLE-{name}": i for i, name in enumerate(BOOLE_NAMES)},
 }
+
+
+def install_random(reg: Registry) -> None:
+    """random and random states; *random-state* starts from a fixed seed, and each
+    (make-random-state t) takes the next seed, so evaluation is reproducible."""
+    interp = reg.interp
+    state_var = interp.sym("*RANDOM-STATE*")
+    interp.values[state_var] = RandomState(0)
+    interp.specials.add(state_var)
+    seeds = iter(range(1, 2**62))
+
+    def random(limit: Any, state: Any = None) -> Any:
+        rs = interp.values[state_var] if state is None else state
+        if type(rs) is not RandomState:
+            raise type_error("random", 2, "a random state", rs)
+        if type(limit) is int and limit > 0:
+            return rs.rng.randrange(limit)
+        if type(limit) is float and limit > 0:
+            return rs.rng.random() * limit
+        raise type_error("random", 1, "a positive integer or a positive float", limit)
+
+    def make_random_state(state: Any = NIL) -> Any:
+        if state is T:
+            return RandomState(next(seeds))
+        source = interp.values[state_var] if state is NIL else state
+        if type(source) is not RandomState:
+            raise type_error("make-random-state", 1, "nil, t or a random state", state)
+        return source.copy()
+
+    reg.add("random", random)
+    reg.add("make-random-state", make_random_state)
+    reg.add("random-state-p", lambda x: lbool(type(x) is RandomState))
 
 
 def install(reg: Registry) -> None:
@@ -313,6 +640,7 @@ def install(reg: Registry) -> None:
         sym = reg.interp.sym(name)
         reg.interp.values[sym] = value
         reg.interp.constants.add(sym)
+    install_random(reg)
 
     table: dict[str, Callable[..., Any]] = {
         "+": add,
@@ -331,6 +659,45 @@ def install(reg: Registry) -> None:
         "ceiling": divider("ceiling", math.ceil),
         "truncate": divider("truncate", math.trunc),
         "round": divider("round", _round_half_even),
+        "ffloor": divider("ffloor", math.floor, True),
+        "fceiling": divider("fceiling", math.ceil, True),
+        "ftruncate": divider("ftruncate", math.trunc, True),
+        "fround": divider("fround", _round_half_even, True),
+        "logbitp": logbitp,
+        "logcount": logcount,
+        "integer-length": integer_length,
+        "logtest": logtest,
+        "logeqv": logeqv,
+        "lognand": two_integers("lognand", lambda a, b: ~(a & b)),
+        "lognor": two_integers("lognor", lambda a, b: ~(a | b)),
+        "logandc1": two_integers("logandc1", lambda a, b: ~a & b),
+        "logandc2": two_integers("logandc2", lambda a, b: a & ~b),
+        "logorc1": two_integers("logorc1", lambda a, b: ~a | b),
+        "logorc2": two_integers("logorc2", lambda a, b: a | ~b),
+        "boole": boole,
+        "byte": byte,
+        "byte-size": byte_size,
+        "byte-position": byte_position,
+        "ldb": ldb,
+        "ldb-test": ldb_test,
+        "mask-field": mask_field,
+        "dpb": dpb,
+        "deposit-field": deposit_field,
+        "float-radix": float_radix,
+        "float-sign": float_sign,
+        "float-digits": float_digits,
+        "float-precision": float_precision,
+        "decode-float": decode_float,
+        "integer-decode-float": integer_decode_float,
+        "scale-float": scale_float,
+        "asinh": hyperbolic("asinh", math.asinh, lambda x: True),
+        "acosh": hyperbolic("acosh", math.acosh, lambda x: x >= 1),
+        "atanh": hyperbolic("atanh", math.atanh, lambda x: -1 < x < 1),
+        "realpart": realpart,
+        "imagpart": imagpart,
+        "conjugate": realpart,
+        "complex": make_complex,
+        "complexp": lambda x: NIL,
         "mod": lisp_mod,
         "rem": lisp_rem,
         "expt": expt,
@@ -353,7 +720,7 @@ def install(reg: Registry) -> None:
         "lcm": lcm,
         "float": to_float,
         "rational": rational,
-        "rationalize": rational,
+        "rationalize": rationalize,
         "numerator": numerator,
         "denominator": denominator,
         "ash": ash,

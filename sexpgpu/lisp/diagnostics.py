@@ -33,12 +33,13 @@ CODES: dict[str, str] = {
     "E106": "unknown block or tag for return-from / go, or a throw with no catch",
     "E107": "a constant cannot be assigned or rebound",
     "E108": "division by zero or another arithmetic error",
-    "E109": "not available at compile time in SexpGPU (multi-dimensional arrays, mutable strings)",
+    "E109": "not available at compile time in SexpGPU (mutable strings, displaced arrays)",
     "E110": "bad lambda list",
     # limits
     "L001": "evaluation step budget exhausted",
     "L002": "evaluation depth limit exceeded",
     "L003": "allocation limit exceeded",
+    "L004": "evaluation time limit exceeded",
     # modules
     "M001": "module not found",
     "M002": "require cycle",
@@ -58,6 +59,7 @@ CODES: dict[str, str] = {
     "C006": "the objective does not return one f32 scalar",
     "C007": "a parameter gets no gradient and is not frozen",
     "C008": "a malformed contract form (missing or bad option)",
+    "C009": "the plan needs more memory than the machine has",
     # warnings
     "W001": "warning signalled by the program (warn)",
     "W002": "an optimizer group that gets no parameter (first match wins)",

@@ -18,9 +18,10 @@ import math
 import struct
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Protocol, Union
 
-from .printer import Printer
+from .charnames import char_name
+from .printer import Printer, PrintTooLarge, check_printable
 from .types import NIL, Char, Cons, Symbol, from_iter
 
 PrintFunction = Callable[[Any], str]
@@ -29,7 +30,20 @@ Real = Union[int, float, Fraction]
 
 class FormatError(Exception):
     """A bad control string, or arguments that do not fit it. The message names the
-    directive and its index in the control string."""
+    directive and its index in the control string. CTYPE is the condition it becomes
+    (SBCL signals a type-error for a ~{ argument that is not a list)."""
+
+    def __init__(self, message: str, ctype: str = "ERROR") -> None:
+        super().__init__(message)
+        self.ctype = ctype
+
+
+class Budget(Protocol):
+    """What format charges as it runs: a step per directive run, cells for its output."""
+
+    def charge(self, n: int) -> None: ...
+
+    def alloc(self, n: int) -> None: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,7 +78,10 @@ class _Directive:
     body: list["_Node"] = field(default_factory=list)  # ~{ and ~(
     clauses: list[list["_Node"]] = field(default_factory=list)  # ~[
     has_default: bool = False  # ~[ whose last separator is ~:;
-    close_colon: bool = False  # ~{ closed by ~:}
+    close_colon: bool = False  # ~{ closed by ~:}, ~< closed by ~:> (a logical block)
+    first_colon: bool = False  # ~< whose first separator is ~:; (its first clause is the overflow prefix)
+    first_params: tuple[ParamValue, ...] = ()  # that ~:;'s parameters
+    name: str = ""  # ~/name/
 
     @property
     def label(self) -> str:
@@ -109,9 +126,20 @@ _RULES: dict[str, _Rule] = {
     "}": _Rule(0),
     ")": _Rule(0),
     "]": _Rule(0),
+    "$": _Rule(4),
+    "G": _Rule(7, colon=False),
+    "|": _Rule(1, colon=False, at=False),
+    "T": _Rule(2),
+    "?": _Rule(0, colon=False),
+    "<": _Rule(4),
+    ">": _Rule(0),
+    "W": _Rule(0),
+    "_": _Rule(0),
+    "I": _Rule(1, at=False),
+    "/": _Rule(MAX_NESTING),
 }
 
-_CLOSERS = {"{": "}", "(": ")", "[": "]"}
+_CLOSERS = {"{": "}", "(": ")", "[": "]", "<": ">"}
 _NEWLINE_WHITESPACE = " \t\n"
 
 
@@ -151,8 +179,8 @@ class _Parser:
         char = directive.char
         if char == "\n":
             nodes.extend(self.newline_text(directive))
-        elif char in "}])":
-            opener = {"}": "~{", "]": "~[", ")": "~("}[char]
+        elif char in "}])>":
+            opener = {"}": "~{", "]": "~[", ")": "~(", ">": "~<"}[char]
             raise FormatError(f"format: {directive.label} has no matching {opener}")
         elif char == ";":
             raise FormatError(f"format: {directive.label} is not inside ~[...~]")
@@ -168,8 +196,27 @@ class _Parser:
         elif char == "[":
             self.parse_clauses(directive, colon_iteration, depth)
             nodes.append(directive)
+        elif char == "<":
+            self.parse_segments(directive, colon_iteration, depth)
+            nodes.append(directive)
         else:
             nodes.append(directive)
+
+    def parse_segments(self, directive: _Directive, colon_iteration: bool, depth: int) -> None:
+        """~<seg~;seg...~> (justification) or ~<prefix~;body~;suffix~:> (a logical block)."""
+        while True:
+            clause, close = self.parse_until(">;", colon_iteration, depth + 1)
+            if close is None:
+                raise FormatError(f"format: {directive.label} has no matching ~>")
+            directive.clauses.append(clause)
+            if close.char == ">":
+                directive.close_colon = close.colon
+                break
+            if close.colon and len(directive.clauses) == 1:
+                directive.first_colon = True
+                directive.first_params = close.params
+        if directive.close_colon and len(directive.clauses) > 3:
+            raise FormatError(f"format: {directive.label}: a logical block has at most prefix, body and suffix")
 
     def parse_closed(self, directive: _Directive, colon_iteration: bool, depth: int) -> tuple[list[_Node], _Directive]:
         closer = _CLOSERS[directive.char]
@@ -254,6 +301,12 @@ class _Parser:
             break
         raw = self.text[pos]
         self.pos = pos + 1
+        if raw == "/":
+            end = self.text.find("/", pos + 1)
+            if end < 0:
+                raise FormatError(f"format: the ~/ directive at index {start} has no closing /")
+            self.pos = end + 1
+            return _Directive("/", raw, start, tuple(params), colon, at, name=self.text[pos + 1 : end])
         return _Directive(raw.upper(), raw, start, tuple(params), colon, at)
 
     def param_value(self, pos: int) -> tuple[ParamValue, int]:
@@ -388,13 +441,19 @@ class _CallbackFailure(Exception):
 
 
 class _Output:
-    def __init__(self) -> None:
+    def __init__(self, budget: Optional[Budget] = None) -> None:
         self.parts: list[str] = []
         self.size = 0
+        self.budget = budget
+        self.charged = 0  # output characters already paid for
 
     def reserve(self, count: int) -> None:
         if self.size + count > MAX_OUTPUT_CHARS:
             raise FormatError(f"format: the output would be longer than {MAX_OUTPUT_CHARS} characters")
+        if self.budget is not None and self.size + count - self.charged >= 4096:
+            cells = (self.size + count - self.charged) // 8
+            self.budget.alloc(cells)
+            self.charged += cells * 8
 
     def write(self, text: str) -> None:
         if text:
@@ -410,6 +469,16 @@ class _Output:
     def at_line_start(self) -> bool:
         return not self.parts or self.parts[-1].endswith("\n")
 
+    def column(self) -> int:
+        """The column the next character goes to (0 at the start of a line)."""
+        width = 0
+        for part in reversed(self.parts):
+            newline = part.rfind("\n")
+            if newline >= 0:
+                return width + len(part) - newline - 1
+            width += len(part)
+        return width
+
     def mark(self) -> int:
         return len(self.parts)
 
@@ -420,6 +489,9 @@ class _Output:
         self.write(convert(text))
 
     def text(self) -> str:
+        if self.budget is not None and self.size > self.charged:
+            self.budget.alloc((self.size - self.charged) // 8)
+            self.charged = self.size
         return "".join(self.parts)
 
 
@@ -437,6 +509,7 @@ def _is_integer(x: Any) -> bool:
 INT = "integer"
 REAL = "real number"  # only mincol, which SBCL just compares with
 CHAR = "character"
+ANY = "parameter"  # ~^ compares numbers or characters
 _CONSUME = object()  # default that takes the next argument (the index of ~[)
 
 
@@ -473,11 +546,25 @@ def _check_param(directive: _Directive, i: int, value: Any, kind: str) -> Any:
         ok = _is_integer(value)
     elif kind == REAL:
         ok = _is_integer(value) or type(value) in (float, Fraction)
+    elif kind == ANY:
+        ok = _is_integer(value) or type(value) is Char
     else:
         ok = type(value) is Char
     if not ok:
         raise FormatError(f"format: parameter {i + 1} of {directive.label} must be a{'n' if kind == INT else ''} {kind}, not {_describe(value)}")
     return value
+
+
+def _param_key(value: Any) -> Any:
+    return ("char", value.ch) if type(value) is Char else value
+
+
+def _param_order(d: _Directive, a: Any, b: Any) -> bool:
+    if type(a) is Char and type(b) is Char:
+        return a.ch <= b.ch
+    if _is_integer(a) and _is_integer(b):
+        return bool(a <= b)
+    raise FormatError(f"format: {d.label}: parameters of different kinds cannot be ordered")
 
 
 def _describe(value: Any) -> str:
@@ -510,11 +597,12 @@ def integer_text(n: int, base: int = 10) -> str:
     """An integer in `base` with upper-case digits, as CL prints it."""
     if n < 0:
         return "-" + integer_text(-n, base)
+    try:
+        check_printable(n)
+    except PrintTooLarge as exc:
+        raise FormatError(f"format: {exc}") from None
     if base == 10:
-        try:
-            return str(n)
-        except ValueError:  # more digits than Python's str() allows
-            return _digits_by_halves(n, base)
+        return str(n)
     if base in (2, 8, 16):
         return format(n, {2: "b", 8: "o", 16: "X"}[base])
     return _digits_by_halves(n, base)
@@ -943,32 +1031,11 @@ def format_exponential_float(x: float, kind: _FloatKind, p: _ExpParams) -> str:
 # ---------------------------------------------------------------------------------------------
 # Characters and case conversion.
 
-_CONTROL_CHAR_NAMES = (
-    "Nul Soh Stx Etx Eot Enq Ack Bel Backspace Tab Newline Vt Page Return So Si Dle Dc1 Dc2 Dc3 Dc4 "
-    "Nak Syn Etb Can Em Sub Esc Fs Gs Rs Us"
-).split()
-_C1_CHAR_NAMES = (
-    "C80 C81 Break-Permitted No-Break-Permitted C84 Next-Line Start-Selected-Area End-Selected-Area "
-    "Character-Tabulation-Set Character-Tabulation-With-Justification Line-Tabulation-Set "
-    "Partial-Line-Forward Partial-Line-Backward Reverse-Linefeed Single-Shift-Two Single-Shift-Three "
-    "Device-Control-String Private-Use-One Private-Use-Two Set-Transmit-State Cancel-Character "
-    "Message-Waiting Start-Guarded-Area End-Guarded-Area Start-String C99 Single-Character-Introducer "
-    "Control-Sequence-Introducer String-Terminator Operating-System-Command Privacy-Message "
-    "Application-Program-Command"
-).split()
-
-
 def named_char_text(ch: str) -> str:
-    """~:c : a printing character as itself, others by their capitalized name."""
+    """~:c : a printing character as itself, others by their name."""
     code = ord(ch)
-    if code < 32:
-        return _CONTROL_CHAR_NAMES[code]
-    if code == 32:
-        return "Space"
-    if code == 127:
-        return "Rubout"
-    if 128 <= code < 160:
-        return _C1_CHAR_NAMES[code - 128]
+    if code <= 32 or 127 <= code < 160:
+        return char_name(ch) or ch
     return ch
 
 
@@ -1038,13 +1105,20 @@ def _pad_count(text: str, mincol: Real, colinc: int, minpad: int, directive: _Di
     return count
 
 
+CallFunction = Callable[[str, Any, bool, bool, list[Any]], str]
+
+
 class _Formatter:
-    def __init__(self, control: str, prin1: PrintFunction, princ: PrintFunction) -> None:
+    def __init__(self, control: str, prin1: PrintFunction, princ: PrintFunction, budget: Optional[Budget],
+                 call_function: Optional[CallFunction] = None) -> None:
         self.control = control
+        self.call_function = call_function
+        self.blocks = 0  # logical blocks (~<...~:>) being printed
         self.prin1_fn = prin1
         self.princ_fn = princ
-        self.out = _Output()
+        self.out = _Output(budget)
         self.steps = 0
+        self.budget = budget
 
     # -- running --------------------------------------------------------------------------
 
@@ -1058,6 +1132,8 @@ class _Formatter:
 
     def interpret(self, nodes: list[_Node], args: _Args, outside: Optional[_Args]) -> None:
         """Run directives. `outside` is the enclosing ~:{'s list of sublists (for ~:^)."""
+        if self.budget is not None:
+            self.budget.charge(len(nodes))
         for node in nodes:
             if type(node) is str:
                 self.out.write(node)
@@ -1256,15 +1332,17 @@ class _Formatter:
     # -- ~^ -----------------------------------------------------------------------------
 
     def do_escape(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
-        p1, p2, p3 = _bind_params(d, args, [_Spec(INT), _Spec(INT), _Spec(INT)])
+        """~^ : leave when no arguments are left; with parameters (numbers or characters),
+        when the one is zero, the two are the same, or the three are in order."""
+        p1, p2, p3 = _bind_params(d, args, [_Spec(ANY), _Spec(ANY), _Spec(ANY)])
         if p3 is not None:
             if p1 is None or p2 is None:
                 raise FormatError(f"format: {d.label}: three parameters need the first two as well")
-            leave = p1 <= p2 <= p3
+            leave = _param_order(d, p1, p2) and _param_order(d, p2, p3)
         elif p2 is not None:
-            leave = p1 == p2
+            leave = _param_key(p1) == _param_key(p2)
         elif p1 is not None:
-            leave = p1 == 0
+            leave = p1 == 0 and type(p1) is int
         elif d.colon:
             leave = outside is None or outside.empty()
         else:
@@ -1309,7 +1387,13 @@ class _Formatter:
     def do_iterate(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
         (max_count,) = _bind_params(d, args, [_Spec(INT)])
         body = _IterationBody(d, args.pop(d) if not d.body else None)
-        loop_args = args if d.at else _Args(args.pop(d))
+        if d.at:
+            loop_args = args
+        else:
+            items = args.pop(d)
+            if items is not NIL and type(items) is not Cons:
+                raise FormatError(f"format: {d.label} needs a list argument, not {_describe(items)}", "TYPE-ERROR")
+            loop_args = _Args(items)
         try:
             self.iteration_loop(d, body, loop_args, max_count)
         except _UpAndOut:
@@ -1337,6 +1421,8 @@ class _Formatter:
                     raise FormatError(f"format: {d.label} would loop forever: its body does not use up any arguments")
                 seen.add(loop_args.pos)
             self.count_step(d)
+            if self.budget is not None:
+                self.budget.charge(1)  # each iteration is an element visited, whatever its body costs
             if d.colon:
                 sublist = _Args(loop_args.pop(d))
                 try:
@@ -1363,6 +1449,203 @@ class _Formatter:
         self.steps += 1
         if self.steps > MAX_ITERATION_STEPS:
             raise FormatError(f"format: {d.label}: more than {MAX_ITERATION_STEPS} iteration steps")
+
+
+    # -- ~$ ~g --------------------------------------------------------------------------
+
+    def do_dollars(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        """SBCL's FORMAT-DOLLARS: d digits after the point, at least n before it, padded to w."""
+        digits, n, w, pad = _bind_params(d, args, [_Spec(INT, 2), _Spec(INT, 1), _Spec(INT, 0), _Spec(CHAR, Char(" "))])
+        _check_float_params(d, digits, n, w)
+        arg = args.pop(d)
+        number = self.float_argument(d, arg)
+        if number is None:
+            self.write_non_number(d, arg, w, pad)
+            return
+        x, kind = number
+        if math.isinf(x) or math.isnan(x):
+            self.out.write(self.prin1(x))
+            return
+        sign = "-" if math.copysign(1.0, x) < 0 else "+" if d.at else ""
+        text = flonum_to_string(abs(x), kind, None, digits).text
+        point = text.index(".")
+        if d.colon:
+            self.out.write(sign)
+        self.out.repeat(pad.ch, w - len(sign) - max(n, point) - 1 - digits)
+        if not d.colon:
+            self.out.write(sign)
+        self.out.repeat("0", n - point)
+        self.out.write(text)
+
+    def do_general(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        """SBCL's FORMAT-GENERAL-AUX: ~f when the exponent fits the digits, else ~e."""
+        specs = [_Spec(INT), _Spec(INT), _Spec(INT), _Spec(INT), _Spec(CHAR), _Spec(CHAR, Char(" ")), _Spec(CHAR)]
+        w, digits, e, k, ovf, pad, mark = _bind_params(d, args, specs)
+        _check_float_params(d, w, digits, e, k)
+        arg = args.pop(d)
+        number = self.float_argument(d, arg)
+        if number is None:
+            self.write_non_number(d, arg, w, pad)
+            return
+        x, kind = number
+        if math.isinf(x) or math.isnan(x):
+            self.out.write(self.prin1(x))
+            return
+        _, n = scale_exponent(abs(x), kind)
+        if digits is None:
+            length = len(flonum_to_string(abs(x), kind).text)
+            digits = max(1 if length == 1 else length - 1, min(n, 7))
+        ee = e + 2 if e is not None else 4
+        dd = digits - n
+        if 0 <= dd <= digits:
+            text = format_fixed_float(x, kind, _FixedParams(w - ee if w is not None else None, dd, None, ovf.ch if ovf else None, pad.ch, d.at))
+            overflowed = ovf is not None and w is not None and text == ovf.ch * (w - ee)
+            self.out.write(text)
+            self.out.repeat(ovf.ch if overflowed and ovf else " ", ee)
+            return
+        params = _ExpParams(w, digits, e, k if k is not None else 1, ovf.ch if ovf else None, pad.ch, mark.ch if mark else None, d.at)
+        self.out.write(format_exponential_float(x, kind, params))
+
+    # -- ~| ~t --------------------------------------------------------------------------
+
+    def do_page(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        (count,) = _bind_params(d, args, [_Spec(INT, 1)])
+        self.out.repeat("\f", count)
+
+    def do_tab(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        """SBCL's absolute (~colnum,colinct) and relative (~colrel,colinc@t) tabulation."""
+        first, colinc = _bind_params(d, args, [_Spec(INT, 1), _Spec(INT, 1)])
+        if d.colon:  # a pretty-printing section tab: nothing to align to here
+            return
+        current = self.out.column()
+        if d.at:
+            spaces = first
+            if colinc > 0:
+                spaces = -((current + first) // -colinc) * colinc - current
+        elif current < first:
+            spaces = first - current
+        else:
+            spaces = colinc - (current - first) % colinc if colinc else 0
+        self.out.repeat(" ", spaces)
+
+    # -- ~? -----------------------------------------------------------------------------
+
+    def do_indirect(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        control = args.pop(d)
+        if type(control) is not str:
+            raise FormatError(f"format: {d.label} needs a control string argument, not {_describe(control)}")
+        nodes = _Parser(control).parse()
+        inner = args if d.at else _Args(args.pop(d))
+        try:
+            self.interpret(nodes, inner, None)
+        except _UpAndOut:
+            pass
+
+    # -- ~< ~> --------------------------------------------------------------------------
+
+    def segment_text(self, nodes: list[_Node], args: _Args, outside: Optional[_Args]) -> str:
+        saved = self.out
+        self.out = _Output(self.budget)
+        try:
+            self.interpret(nodes, args, outside)
+            return self.out.text()
+        finally:
+            self.out = saved
+
+    def do_justify(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        if d.close_colon:
+            self.logical_block(d, args, outside)
+            return
+        mincol, colinc, minpad, padchar = _bind_params(d, args, [_Spec(INT, 0), _Spec(INT, 1), _Spec(INT, 0), _Spec(CHAR, Char(" "))])
+        segments = d.clauses[1:] if d.first_colon else d.clauses
+        strings: list[str] = []
+        try:
+            for segment in segments:
+                strings.append(self.segment_text(segment, args, outside))
+        except _UpAndOut:
+            pass
+        self.out.write(justify(strings, d.colon, d.at, mincol, colinc, minpad, padchar.ch, d))
+
+    def logical_block(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        """~<prefix~;body~;suffix~:>: with no line to break (the margin is unbounded) the
+        prefix, the body run over the argument list, and the suffix."""
+        clauses = d.clauses
+        prefix, suffix = ("(", ")") if d.colon else ("", "")
+        if len(clauses) > 1 and not all(type(node) is str for clause in (clauses[0], clauses[-1]) for node in clause):
+            raise FormatError(f"format: {d.label}: the prefix and suffix of a logical block must be plain text")
+        if len(clauses) == 3:
+            prefix, body, suffix = "".join(map(str, clauses[0])), clauses[1], "".join(map(str, clauses[2]))
+        elif len(clauses) == 2:
+            prefix, body = "".join(map(str, clauses[0])), clauses[1]
+        else:
+            body = clauses[0]
+        if d.at:
+            inner = args
+        else:
+            items = args.pop(d)
+            if items is not NIL and type(items) is not Cons:
+                self.out.write(self.prin1(items))
+                return
+            inner = _Args(items)
+        self.out.write(prefix)
+        self.blocks += 1
+        try:
+            self.interpret(body, inner, None)
+        except _UpAndOut:
+            pass
+        finally:
+            self.blocks -= 1
+        self.out.write(suffix)
+
+    # -- ~w ~_ ~i ~/ --------------------------------------------------------------------
+
+    def do_write(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        self.out.write(self.prin1(args.pop(d)))
+
+    def do_conditional_newline(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        if d.colon and d.at and self.blocks:  # a mandatory newline, inside a logical block only
+            self.out.write("\n")
+
+    def do_indent(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        _bind_params(d, args, [_Spec(INT, 0)])
+
+    def do_call(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
+        params = [p for p in _bind_params(d, args, [_Spec(ANY)] * len(d.params))]
+        arg = args.pop(d)
+        if self.call_function is None:
+            raise FormatError(f"format: {d.label}: ~/name/ is not available here")
+        try:
+            self.out.write(self.call_function(d.name, arg, d.colon, d.at, params))
+        except Exception as exc:
+            raise _CallbackFailure(exc) from exc
+
+
+def justify(strings: list[str], pad_left: bool, pad_right: bool, mincol: int, colinc: int, minpad: int, padchar: str, d: _Directive) -> str:
+    """SBCL's FORMAT-JUSTIFICATION: the segments spread over at least mincol columns."""
+    if colinc <= 0:
+        raise FormatError(f"format: {d.label}: colinc is {colinc}, it must be a positive integer")
+    gaps = len(strings) - 1 + (1 if pad_left else 0) + (1 if pad_right else 0)
+    chars = gaps * minpad + sum(len(x) for x in strings)
+    length = mincol + -((mincol - chars) // colinc) * colinc if chars > mincol else mincol
+    padding = length - chars + gaps * minpad
+    out: list[str] = []
+
+    def pad() -> None:
+        nonlocal padding, gaps
+        width = padding if gaps == 0 else padding // gaps
+        padding -= width
+        gaps -= 1
+        out.append(padchar * width)
+
+    if pad_left or (not pad_right and len(strings) <= 1):
+        pad()
+    for i, text in enumerate(strings):
+        if i:
+            pad()
+        out.append(text)
+    if pad_right:
+        pad()
+    return "".join(out)
 
 
 class _IterationBody:
@@ -1413,16 +1696,27 @@ _HANDLERS: dict[str, _Handler] = {
     "[": _Formatter.do_conditional,
     "(": _Formatter.do_case,
     "{": _Formatter.do_iterate,
+    "$": _Formatter.do_dollars,
+    "G": _Formatter.do_general,
+    "|": _Formatter.do_page,
+    "T": _Formatter.do_tab,
+    "?": _Formatter.do_indirect,
+    "<": _Formatter.do_justify,
+    "W": _Formatter.do_write,
+    "_": _Formatter.do_conditional_newline,
+    "I": _Formatter.do_indent,
+    "/": _Formatter.do_call,
 }
 
 
-def lisp_format(control: str, args: list[Any], prin1: PrintFunction, princ: PrintFunction) -> str:
+def lisp_format(control: str, args: list[Any], prin1: PrintFunction, princ: PrintFunction, budget: Optional[Budget] = None,
+                call_function: Optional[CallFunction] = None) -> str:
     """(format nil control . args). Raises FormatError for a bad control string or arguments
-    that do not fit it; exceptions raised by prin1/princ pass through unchanged."""
+    that do not fit it; exceptions raised by prin1/princ (and by the budget) pass through."""
     if type(control) is not str:
         raise FormatError("format: the control string must be a string")
     try:
-        return _Formatter(control, prin1, princ).run(args)
+        return _Formatter(control, prin1, princ, budget, call_function).run(args)
     except FormatError:
         raise
     except _CallbackFailure as failure:

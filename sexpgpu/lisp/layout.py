@@ -151,6 +151,7 @@ LOOP_CONNECTORS = frozenset(("and", "else"))
 _WHITESPACE = " \t\n\r\f\v"
 _TERMINATING = "()'\";`,"
 _PREFIXES = ("#'", ",@", "'", "`", ",")
+_NUMBERED_DISPATCH = re.compile(r"#[0-9]+([(aA])")
 _CHAR_NAMES: Mapping[str, str] = MappingProxyType({" ": "Space", "\n": "Newline", "\t": "Tab", "\r": "Return", "\f": "Page"})
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?|[0-9]+/[0-9]+|[0-9]*\.[0-9]+(?:[esfdl][+-]?[0-9]+)?|[0-9]+(?:\.[0-9]*)?[esfdl][+-]?[0-9]+)\Z", re.I)
 
@@ -308,6 +309,16 @@ class _Parser:
         if text.startswith("#(", start):
             self.pos += 2
             return (), self.seq("#(")
+        numbered = _NUMBERED_DISPATCH.match(text, start)
+        if numbered is not None:
+            # #3(a b) is a vector and #2A((1 2) (3 4)) an array: the number and the dispatch
+            # character stay attached to what follows
+            self.pos = numbered.end()
+            dispatch = text[start : self.pos]
+            if numbered.group(1) == "(":
+                return (), self.seq(dispatch)
+            hoisted, body = self.node()
+            return hoisted, Prefixed(dispatch, body)
         for prefix in _PREFIXES:
             if text.startswith(prefix, start):
                 self.pos += len(prefix)

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from .conditions import lisp_error
 from .diagnostics import SourceMap
-from .objects import Env
 from .printer import prin1_to_string
 from .reader import decode_source
 from .types import NIL, Cons, Symbol, SymbolTable
@@ -61,7 +60,7 @@ class ModuleLoader:
         interp.require_hook = self.require
 
     # -- the require form ------------------------------------------------------------------
-    def require(self, form: Cons, env: Env) -> Any:
+    def require(self, form: Cons) -> Any:
         spec, alias, imports = self.parse(form)
         key, display, text, path = self.resolve(spec)
         table = self.load(key, display, text, path)
@@ -105,6 +104,9 @@ class ModuleLoader:
 
     def resolve(self, spec: str) -> tuple[str, str, str, Optional[Path]]:
         """(cache key, display name, source text, path or None for standard modules)."""
+        if "\0" in spec or len(spec) > 4096 or any(len(part.encode("utf-8")) > 255 for part in spec.split("/")):
+            shown = spec[:60].replace("\0", "\\0") + ("..." if len(spec) > 60 else "")
+            raise lisp_error("M005", f'malformed require: "{shown}" is not a usable path: it has a NUL character, a name longer than 255 bytes, or more than 4096 characters', "PROGRAM-ERROR")
         if spec.startswith(STANDARD_PREFIX):
             name = spec[len(STANDARD_PREFIX) :]
             resource = self.stdlib.joinpath(f"{name}.lisp")
@@ -118,9 +120,12 @@ class ModuleLoader:
         path = (base / spec).resolve()
         if path != self.root and self.root not in path.parents:
             raise lisp_error("M003", f'require "{spec}" resolves to {path}, outside the project root {self.root}', "PROGRAM-ERROR")
-        if not path.is_file():
-            raise lisp_error("M001", f'require "{spec}": no file {path}', "PROGRAM-ERROR")
-        data = path.read_bytes()
+        try:
+            if not path.is_file():
+                raise lisp_error("M001", f'require "{spec}": no file {path}', "PROGRAM-ERROR")
+            data = path.read_bytes()
+        except OSError as exc:
+            raise lisp_error("M001", f'require "{spec}": cannot read {path}: {exc.strerror}', "PROGRAM-ERROR") from None
         text = decode_source(data, str(path))
         return str(path), path.stem, text, path
 

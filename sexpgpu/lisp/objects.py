@@ -3,76 +3,149 @@ tables, and the signals used for non-local exits."""
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .lambda_list import LambdaList
 from .types import NIL, Char, Cons, Symbol
 
-
-class Env:
-    """One lexical frame. `funs` exists only on frames made by flet/labels/macrolet;
-    `fenv` points at the nearest such frame so function lookup skips variable frames."""
-
-    __slots__ = ("vars", "funs", "parent", "fenv")
-
-    def __init__(self, parent: Optional["Env"] = None, vars: Optional[dict[Any, Any]] = None, funs: Optional[dict[Symbol, Any]] = None) -> None:
-        self.vars: dict[Any, Any] = vars if vars is not None else {}
-        self.funs = funs
-        self.parent = parent
-        self.fenv: Optional[Env] = self if funs is not None else (parent.fenv if parent is not None else None)
+if TYPE_CHECKING:
+    from .analyze import LambdaNode
 
 
-class SymbolMacro:
-    __slots__ = ("expansion",)
+Frame = dict[Any, Any]
+"""A runtime lexical frame: the variables, local functions and exit tokens of one binding
+form's activation, keyed by symbol or by the analyzer's own key objects; PARENT holds the
+enclosing frame."""
 
-    def __init__(self, expansion: Any) -> None:
-        self.expansion = expansion
+
+class _ParentKey:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<parent>"
+
+
+PARENT = _ParentKey()
+
+
+def root_frame() -> Frame:
+    """The frame of the null lexical environment (a top-level form, eval)."""
+    return {PARENT: None}
 
 
 class Closure:
-    """A function made by lambda, defun, flet or labels."""
+    """A function made by lambda, defun, flet or labels: an analyzed lambda and the frame it
+    closes over."""
 
-    __slots__ = ("name", "params", "body", "env", "simple")
+    __slots__ = ("name", "lam", "env")
 
-    def __init__(self, name: Any, params: LambdaList, body: Any, env: Optional[Env]) -> None:
+    def __init__(self, name: Any, lam: "LambdaNode", env: Optional[Frame]) -> None:
         self.name = name
-        self.params = params
-        self.body = body
+        self.lam = lam
         self.env = env
-        # only required parameters: bound with one dict, the common fast path
-        self.simple = not (params.optional or params.rest or params.has_key or params.aux)
+
+
+class Undefined:
+    """What a call finds under a name that has no function: the undefined-function error is
+    signalled when it is called, once the arguments are evaluated (as SBCL does)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: Symbol) -> None:
+        self.name = name
 
 
 class Builtin:
-    """A function written in Python. `fn` checks its own argument types."""
+    """A function written in Python. `fn` checks its own argument types. `accepts[n]` says
+    whether n arguments are allowed, for n below ACCEPTS_KNOWN (the call nodes' fast test)."""
 
-    __slots__ = ("name", "fn", "min_args", "max_args")
+    __slots__ = ("name", "fn", "min_args", "max_args", "accepts")
 
     def __init__(self, name: str, fn: Callable[..., Any], min_args: int, max_args: Optional[int]) -> None:
         self.name = name
         self.fn = fn
         self.min_args = min_args
         self.max_args = max_args
+        self.accepts = tuple(min_args <= n and (max_args is None or n <= max_args) for n in range(ACCEPTS_KNOWN))
+
+
+ACCEPTS_KNOWN = 8
 
 
 class Macro:
-    __slots__ = ("name", "params", "body", "env")
+    """A macro: its expander is an analyzed lambda over a macro lambda list, called with the
+    whole form."""
 
-    def __init__(self, name: Any, params: LambdaList, body: Any, env: Optional[Env]) -> None:
+    __slots__ = ("name", "lam", "env")
+
+    def __init__(self, name: Any, lam: "LambdaNode", env: Optional[Frame]) -> None:
         self.name = name
-        self.params = params
-        self.body = body
+        self.lam = lam
         self.env = env
 
 
+class LexicalEnvironment:
+    """What a macro's &environment parameter holds: the static scope of the macro call, so
+    that macroexpand and setf can see local macros and symbol macros."""
+
+    __slots__ = ("scope",)
+
+    def __init__(self, scope: Any) -> None:
+        self.scope = scope
+
+    def lisp_print(self) -> str:
+        return "#<environment>"
+
+
+class RandomState:
+    """A random state: a seeded generator, so that a file checks the same way every time."""
+
+    __slots__ = ("rng", "seed")
+
+    def __init__(self, seed: int, state: Optional[object] = None) -> None:
+        import random
+
+        self.seed = seed
+        self.rng = random.Random(seed)
+        if state is not None:
+            self.rng.setstate(state)  # type: ignore[arg-type]
+
+    def copy(self) -> "RandomState":
+        return RandomState(self.seed, self.rng.getstate())
+
+    def lisp_print(self) -> str:
+        return "#<random-state>"
+
+
+class LispArray:
+    """An array of rank other than one (vectors are Python lists, strings Python str): its
+    dimensions and its elements in row-major order."""
+
+    __slots__ = ("dims", "data")
+
+    def __init__(self, dims: tuple[int, ...], data: list[Any]) -> None:
+        self.dims = dims
+        self.data = data
+
+    def row_major(self, subscripts: tuple[int, ...]) -> int:
+        index = 0
+        for d, i in zip(self.dims, subscripts):
+            index = index * d + i
+        return index
+
+
 class StructType:
-    __slots__ = ("name", "slots", "parent")
+    """A defstruct type. PRINTER is its :print-function or :print-object function (and
+    whether it is the latter), inherited by the types that include it."""
+
+    __slots__ = ("name", "slots", "parent", "printer")
 
     def __init__(self, name: Symbol, slots: list[Symbol], parent: Optional["StructType"]) -> None:
         self.name = name
         self.slots = slots
         self.parent = parent
+        self.printer: Optional[tuple[Any, bool]] = parent.printer if parent is not None else None
 
     def isa(self, other: "StructType") -> bool:
         t: Optional[StructType] = self
@@ -91,60 +164,148 @@ class StructInstance:
         self.values = values
 
 
+class OutputStream:
+    """A character output stream: a string output stream collects its text (PARTS); the
+    standard streams pass theirs to SINK (the interpreter's output)."""
+
+    __slots__ = ("parts", "sink", "fresh")
+
+    def __init__(self, sink: Optional[Callable[[str], Any]] = None) -> None:
+        self.parts: list[str] = []
+        self.sink = sink
+        self.fresh = True  # at the start of a line (fresh-line)
+
+    def write(self, text: str) -> None:
+        if text:
+            (self.sink or self.parts.append)(text)
+            self.fresh = text.endswith("\n")
+
+    def take(self) -> str:
+        text = "".join(self.parts)
+        self.parts.clear()
+        return text
+
+    def lisp_print(self) -> str:
+        return "#<string-output-stream>" if self.sink is None else "#<standard-output-stream>"
+
+
+class InputStream:
+    """A string input stream: TEXT read from POS up to END."""
+
+    __slots__ = ("text", "pos", "end")
+
+    def __init__(self, text: str, pos: int, end: int) -> None:
+        self.text = text
+        self.pos = pos
+        self.end = end
+
+    def lisp_print(self) -> str:
+        return "#<string-input-stream>"
+
+
+class HandlerCluster:
+    """The handlers one handler-bind establishes: (type specifier, function) pairs."""
+
+    __slots__ = ("bindings",)
+
+    def __init__(self, bindings: list[tuple[Any, Any]]) -> None:
+        self.bindings = bindings
+
+
+class ConditionType:
+    """A type made by define-condition. LINEAGE is its name and every supertype's; SLOTS are
+    (slot name, initargs, initform thunk or None); REPORT a string, a function or None."""
+
+    __slots__ = ("name", "lineage", "slots", "report")
+
+    def __init__(self, name: str, lineage: tuple[str, ...], slots: list[tuple[str, list[Any], Any]], report: Any) -> None:
+        self.name = name
+        self.lineage = lineage
+        self.slots = slots
+        self.report = report
+
+
 class HashTable:
-    """A CL hash table. Keys are mapped to Python keys by the table's test."""
+    """A CL hash table. Keys are mapped to Python keys by the table's test; CHARGE pays for
+    comparing structured keys (equal and equalp tables)."""
 
-    __slots__ = ("test", "entries")
+    __slots__ = ("test", "entries", "charge")
 
-    def __init__(self, test: str) -> None:
+    def __init__(self, test: str, charge: Optional[Callable[[int], None]] = None) -> None:
         self.test = test  # "EQ" "EQL" "EQUAL" "EQUALP"
         self.entries: dict[Any, tuple[Any, Any]] = {}
+        self.charge = charge
 
     def key(self, k: Any) -> Any:
         if self.test in ("EQ", "EQL"):
             return eql_key(k)
-        if self.test == "EQUAL":
-            return equal_key(k, 0)
-        return equalp_key(k, 0)
+        t = type(k)
+        if t is Cons or t is str or (self.test == "EQUALP" and t in (list, Char, StructInstance, LispArray, HashTable, int, float, Fraction)):
+            return StructuredKey(k, self.test == "EQUALP", self.charge)
+        return eql_key(k)
 
 
 def eql_key(k: Any) -> Any:
     t = type(k)
-    if t in (int, float, Fraction):
+    if t is float:
+        return (float, math.copysign(1.0, k), k)  # 0.0 and -0.0 are not eql
+    if t is int or t is Fraction:
         return (t, k)
     if t is Char:
         return (Char, k.ch)
     return ("id", id(k))
 
 
-def equal_key(k: Any, depth: int) -> Any:
-    t = type(k)
-    if depth > 1000:
-        return ("deep",)
-    if t is Cons:
-        return ("cons", equal_key(k.car, depth + 1), equal_key(k.cdr, depth + 1))
-    if t is str:
-        return ("str", k)
-    return eql_key(k)
+class StructuredKey:
+    """A key of an equal or equalp table: hashed from a bounded part of the object, compared
+    in full (equal or equalp)."""
+
+    __slots__ = ("obj", "loose", "charge", "hash")
+
+    def __init__(self, obj: Any, loose: bool, charge: Optional[Callable[[int], None]]) -> None:
+        self.obj = obj
+        self.loose = loose
+        self.charge = charge
+        self.hash = _bounded_hash(obj, loose, [64])
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not StructuredKey:
+            return False
+        from .builtins import equal, equalp
+
+        if self.loose:
+            return equalp(self.obj, other.obj, self.charge)
+        return equal(self.obj, other.obj, self.charge)
 
 
-def equalp_key(k: Any, depth: int) -> Any:
-    t = type(k)
-    if depth > 1000:
-        return ("deep",)
-    if t in (int, float, Fraction):
-        return ("num", k)
-    if t is Char:
-        return ("char", k.ch.lower())
-    if t is str:
-        return ("seq", tuple(("char", c.lower()) for c in k))
-    if t is list:
-        return ("seq", tuple(equalp_key(e, depth + 1) for e in k))
+def _bounded_hash(x: Any, loose: bool, budget: list[int]) -> int:
+    """A hash that agrees with equal (equalp when LOOSE), looking at no more than the
+    budget's number of parts."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return 0
+    t = type(x)
     if t is Cons:
-        return ("cons", equalp_key(k.car, depth + 1), equalp_key(k.cdr, depth + 1))
-    if t is StructInstance:
-        return ("struct", id(k.stype), tuple(equalp_key(v, depth + 1) for v in k.values))
-    return eql_key(k)
+        return hash(("cons", _bounded_hash(x.car, loose, budget), _bounded_hash(x.cdr, loose, budget)))
+    if t is str:
+        return hash(("str", x.lower() if loose else x))
+    if loose:
+        if t in (int, float, Fraction):
+            return hash(x)
+        if t is Char:
+            return hash(("char", x.ch.lower()))
+        if t is list:
+            return hash(("vec", len(x), *(_bounded_hash(e, loose, budget) for e in x[:8])))
+        if t is StructInstance:
+            return hash(("struct", id(x.stype)))
+        if t is LispArray:
+            return hash(("array", x.dims))
+        if t is HashTable:
+            return hash(("table", len(x.entries)))
+    return hash(eql_key(x))
 
 
 class ReturnFromSignal(Exception):

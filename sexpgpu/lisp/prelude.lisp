@@ -41,7 +41,7 @@
 (defmacro defvar (name &optional (value nil value-p) doc)
   (if value-p
       `(%defvar ',name (if (boundp ',name) (symbol-value ',name) ,value) nil)
-      `(progn (%defvar ',name nil nil) ',name)))
+      `(progn (%declare-special ',name) ',name)))
 
 (defmacro defparameter (name value &optional doc)
   `(%defvar ',name ,value t))
@@ -49,14 +49,21 @@
 (defmacro defconstant (name value &optional doc)
   `(%defconstant ',name ,value))
 
+(defconstant lambda-list-keywords
+  '(&allow-other-keys &aux &body &environment &key &optional &rest &whole))
+
 ;;; ------------------------------------------------------------------------------------------
 ;;; Control
 
+(defun %progn-form (body)
+  ;; the body as one form, the way SBCL's when/unless expand
+  (if (cdr body) `(progn ,@body) (car body)))
+
 (defmacro when (test &body body)
-  `(if ,test (progn ,@body) nil))
+  `(if ,test ,(%progn-form body)))
 
 (defmacro unless (test &body body)
-  `(if ,test nil (progn ,@body)))
+  `(if ,test nil ,(%progn-form body)))
 
 (defmacro and (&rest forms)
   (if (null forms)
@@ -107,10 +114,11 @@
   `(multiple-value-call #'list ,form))
 
 (defmacro multiple-value-setq (vars form)
-  (let ((temps (%gensym-list (length vars))))
-    `(multiple-value-bind ,temps ,form
-       ,@(mapcar (lambda (v g) `(setq ,v ,g)) vars temps)
-       ,(car temps))))
+  ;; returns the primary value of FORM, whatever the variables
+  (let ((temps (%gensym-list (length vars))) (g (gensym "PRIMARY")))
+    `(multiple-value-bind (,g ,@(cdr temps)) ,form
+       ,@(mapcar (lambda (v tmp) `(setq ,v ,tmp)) vars (cons g (cdr temps)))
+       ,g)))
 
 (defmacro nth-value (n form)
   `(nth ,n (multiple-value-list ,form)))
@@ -127,76 +135,164 @@
              (go next))))
     `(let ,(reverse bindings) ,@(reverse sets) nil)))
 
-(defun %case-test (key keyform)
-  (cond ((or (%name= key "OTHERWISE") (eq key t)) t)
-        ((listp key) `(member ,keyform ',key))
-        (t `(eql ,keyform ',key))))
+(defun %case-test (keys keyform)
+  ;; the test of a case clause whose keys designate KEYS (an atom is a list of one)
+  (cond ((null keys) nil)
+        ((atom keys) `(eql ,keyform ',keys))
+        ((null (cdr keys)) `(eql ,keyform ',(car keys)))
+        (t `(member ,keyform ',keys))))
+
+(defun %otherwise-p (keys)
+  (or (eq keys t) (%name= keys "OTHERWISE")))
+
+(defun %case-clauses (g clauses otherwise-allowed)
+  ;; cond clauses of case-like CLAUSES; with OTHERWISE-ALLOWED a last t or otherwise clause
+  ;; catches the rest, else t and otherwise are ordinary keys (ecase, ccase)
+  (mapcar (lambda (clause)
+            (unless (consp clause) (error 'program-error :format-control "case: ~s is not a clause" :format-arguments (list clause)))
+            (if (and otherwise-allowed (%otherwise-p (car clause)))
+                `(t nil ,@(cdr clause))
+                `(,(%case-test (car clause) g) nil ,@(cdr clause))))
+          clauses))
+
+(defun %case-keys (clauses)
+  (mapcan (lambda (c) (if (listp (car c)) (copy-list (car c)) (list (car c)))) clauses))
 
 (defmacro case (keyform &rest clauses)
   (let ((g (gensym "KEY")))
     `(let ((,g ,keyform))
-       (cond ,@(mapcar (lambda (clause)
-                         `(,(%case-test (car clause) g) nil ,@(cdr clause)))
-                       clauses)))))
+       (cond ,@(%case-clauses g clauses t)))))
+
+(defun %ecase-expansion (keyform clauses name)
+  (let ((g (gensym "KEY")) (keys (%case-keys clauses)))
+    `(let ((,g ,keyform))
+       (cond ,@(%case-clauses g clauses nil)
+             (t (error 'type-error
+                       :format-control ,(concatenate 'string "~s fell through " name ": expected one of ~{~s~^, ~}")
+                       :format-arguments (list ,g ',keys)
+                       :datum ,g :expected-type '(member ,@keys)))))))
 
 (defmacro ecase (keyform &rest clauses)
-  (let ((g (gensym "KEY"))
-        (keys (mapcan (lambda (c) (if (listp (car c)) (copy-list (car c)) (list (car c)))) clauses)))
-    `(let ((,g ,keyform))
-       (cond ,@(mapcar (lambda (clause)
-                         `(,(%case-test (car clause) g) nil ,@(cdr clause)))
-                       clauses)
-             (t (error "~s fell through ecase: expected one of ~{~s~^, ~}" ,g ',keys))))))
+  (%ecase-expansion keyform clauses "ecase"))
+
+(defmacro ccase (keyplace &rest clauses)
+  ;; no restarts: a ccase that no clause matches signals its type-error like ecase
+  (%ecase-expansion keyplace clauses "ccase"))
 
 (defmacro typecase (keyform &rest clauses)
   (let ((g (gensym "KEY")))
     `(let ((,g ,keyform))
        (cond ,@(mapcar (lambda (clause)
-                         (if (or (%name= (car clause) "OTHERWISE") (eq (car clause) t))
+                         (if (%otherwise-p (car clause))
                              `(t nil ,@(cdr clause))
                              `((typep ,g ',(car clause)) nil ,@(cdr clause))))
                        clauses)))))
 
-(defmacro etypecase (keyform &rest clauses)
-  (let ((g (gensym "KEY")))
+(defun %etypecase-expansion (keyform clauses name)
+  (let ((g (gensym "KEY")) (types (mapcar #'car clauses)))
     `(let ((,g ,keyform))
-       (typecase ,g
-         ,@clauses
-         (otherwise (error "~s fell through etypecase: expected one of the types ~{~s~^, ~}"
-                           ,g ',(mapcar #'car clauses)))))))
+       (cond ,@(mapcar (lambda (clause) `((typep ,g ',(car clause)) nil ,@(cdr clause))) clauses)
+             (t (error 'type-error
+                       :format-control ,(concatenate 'string "~s fell through " name ": expected one of the types ~{~s~^, ~}")
+                       :format-arguments (list ,g ',types)
+                       :datum ,g :expected-type '(or ,@types)))))))
+
+(defmacro etypecase (keyform &rest clauses)
+  (%etypecase-expansion keyform clauses "etypecase"))
+
+(defmacro ctypecase (keyplace &rest clauses)
+  (%etypecase-expansion keyplace clauses "ctypecase"))
+
+;;; ------------------------------------------------------------------------------------------
+;;; prog, types, hash-table iteration
+
+(defmacro prog (bindings &body body)
+  (multiple-value-bind (decls forms) (%split-body body)
+    `(block nil (let ,bindings ,@decls (tagbody ,@forms)))))
+
+(defmacro prog* (bindings &body body)
+  (multiple-value-bind (decls forms) (%split-body body)
+    `(block nil (let* ,bindings ,@decls (tagbody ,@forms)))))
+
+(defmacro deftype (name lambda-list &body body)
+  ;; the type's expander takes the type's arguments; an optional argument defaults to *
+  (let ((args (mapcar (lambda (p)
+                        (if (and (symbolp p) (not (member p '(&optional &rest &key &aux &whole &environment &body))))
+                            p
+                            p))
+                      lambda-list)))
+    `(progn (%deftype ',name (lambda ,(%star-defaults args) ,@(%body-without-doc body))) ',name)))
+
+(defun %star-defaults (lambda-list)
+  ;; deftype's optional parameters default to *
+  (let ((optional nil) (out nil))
+    (dolist (p lambda-list (reverse out))
+      (cond ((member p '(&optional &key)) (setq optional t) (push p out))
+            ((member p '(&rest &aux &body)) (setq optional nil) (push p out))
+            ((and optional (symbolp p)) (push (list p ''*) out))
+            (t (push p out))))))
+
+(defmacro with-hash-table-iterator ((name table) &body body)
+  ;; (NAME) gives (values t key value) for each entry, then nil
+  (let ((entries (gensym "ENTRIES")) (entry (gensym "ENTRY")))
+    `(let ((,entries (%hash-entries ,table)))
+       (macrolet ((,name ()
+                    '(if ,entries
+                         (let ((,entry (car ,entries)))
+                           (setq ,entries (cdr ,entries))
+                           (values t (car ,entry) (cdr ,entry)))
+                         nil)))
+         ,@body))))
+
+(defmacro defsetf (access &rest rest)
+  ;; the short form (defsetf access update): (update args... value)
+  (if (and rest (symbolp (car rest)))
+      (let ((update (car rest)) (value (gensym "VALUE")) (args (gensym "ARGS")))
+        `(progn (defun (setf ,access) (,value &rest ,args) (apply #',update (append ,args (list ,value))))
+                ',access))
+      (destructuring-bind (lambda-list (store) &body body) rest
+        (let ((args (gensym "ARGS")))
+          `(progn (defun (setf ,access) (,store &rest ,args)
+                    (apply (lambda ,lambda-list ,@body) ,args))
+                  ',access)))))
 
 ;;; ------------------------------------------------------------------------------------------
 ;;; Iteration
 
 (defmacro dolist ((var list &optional result) &body body)
-  (let ((tail (gensym "TAIL")) (top (gensym "TOP")))
+  ;; endp, not consp: a list form that is not a proper list is a type-error
+  (let ((tail (gensym "TAIL")) (top (gensym "TOP")) (end (gensym "END")))
     (multiple-value-bind (decls forms) (%split-body body)
       `(block nil
          (let ((,tail ,list))
            (tagbody
             ,top
-              (if (consp ,tail)
-                  (let ((,var (car ,tail)))
-                    ,@decls
-                    (tagbody ,@forms)
-                    (setq ,tail (cdr ,tail))
-                    (go ,top))))
+              (when (endp ,tail) (go ,end))
+              (let ((,var (car ,tail)))
+                ,@decls
+                (tagbody ,@forms))
+              (setq ,tail (cdr ,tail))
+              (go ,top)
+            ,end)
            (let ((,var nil))
              (declare (ignorable ,var))
              ,result))))))
 
 (defmacro dotimes ((var count &optional result) &body body)
-  (let ((n (gensym "N")) (top (gensym "TOP")))
+  (let ((n (gensym "N")) (top (gensym "TOP")) (end (gensym "END")))
     (multiple-value-bind (decls forms) (%split-body body)
       `(block nil
          (let ((,n ,count) (,var 0))
            ,@decls
+           (unless (integerp ,n)
+             (error 'type-error :datum ,n :expected-type 'integer))
            (tagbody
             ,top
-              (if (< ,var ,n)
-                  (progn (tagbody ,@forms)
-                         (setq ,var (1+ ,var))
-                         (go ,top))))
+              (when (>= ,var ,n) (go ,end))
+              (tagbody ,@forms)
+              (setq ,var (1+ ,var))
+              (go ,top)
+            ,end)
            ,result)))))
 
 (defun %do-expansion (let-form set-form specs end-clause body)
@@ -247,46 +343,37 @@
 
 ;;; ------------------------------------------------------------------------------------------
 ;;; Places: setf and friends
+;;;
+;;; (%place place env) is get-setf-expansion: (values temps forms stores store-form access-form).
+;;; The subforms of a place are evaluated once, left to right, before the new value.
 
-(defun %place-function-call-p (place)
-  (and (consp place) (symbolp (car place))))
+(defun %direct-store (op)
+  ;; the function that stores into (OP args...) when given the args and then the new value
+  (let ((name (symbol-name op)))
+    (cond ((member name '("CAR" "FIRST") :test #'string=) '%rplaca-value)
+          ((member name '("CDR" "REST") :test #'string=) '%rplacd-value)
+          ((string= name "NTH") '%set-nth)
+          ((string= name "ELT") '%set-elt)
+          ((string= name "AREF") '%aset)
+          ((string= name "SVREF") '%svset)
+          ((string= name "ROW-MAJOR-AREF") '%set-row-major-aref)
+          ((string= name "GETHASH") '%puthash)
+          ((string= name "SYMBOL-VALUE") 'set)
+          ((string= name "SYMBOL-PLIST") '%set-symbol-plist)
+          ((string= name "GET") '%put)
+          ((string= name "FILL-POINTER") '%set-fill-pointer)
+          ((string= name "SUBSEQ") '%set-subseq)
+          ((member name '("SYMBOL-FUNCTION" "FDEFINITION") :test #'string=) '%set-symbol-function)
+          ((member name '("CHAR" "SCHAR") :test #'string=) '%set-char)
+          (t nil))))
 
-(defun %simple-setf (place value)
-  ;; the store form for PLACE whose subforms are already evaluated (or pure)
-  (if (symbolp place)
-      `(setq ,place ,value)
-      (let ((op (car place)) (args (cdr place)))
-        (cond ((%name= op "CAR") `(%rplaca-value ,(car args) ,value))
-              ((%name= op "FIRST") `(%rplaca-value ,(car args) ,value))
-              ((%name= op "CDR") `(%rplacd-value ,(car args) ,value))
-              ((%name= op "REST") `(%rplacd-value ,(car args) ,value))
-              ((%name= op "NTH") `(%set-nth ,(car args) ,(car (cdr args)) ,value))
-              ((%name= op "ELT") `(%set-elt ,(car args) ,(car (cdr args)) ,value))
-              ((%name= op "AREF") `(%aset ,(car args) ,(car (cdr args)) ,value))
-              ((%name= op "SVREF") `(%aset ,(car args) ,(car (cdr args)) ,value))
-              ((%name= op "GETHASH") `(%puthash ,(car args) ,(car (cdr args)) ,value))
-              ((%name= op "SYMBOL-VALUE") `(set ,(car args) ,value))
-              ((%name= op "GETF")
-               (let ((v (gensym "V")))
-                 `(let ((,v ,value))
-                    ,(%setf-1 (car args) `(%putf ,(car args) ,(car (cdr args)) ,v))
-                    ,v)))
-              ((%cxr-path op)
-               (let ((path (%cxr-path op)))
-                 (if (string= (subseq path 0 1) "A")
-                     `(%rplaca-value ,(%cxr-form (subseq path 1) (car args)) ,value)
-                     `(%rplacd-value ,(%cxr-form (subseq path 1) (car args)) ,value))))
-              ((assoc (symbol-name op) '(("SECOND" . 1) ("THIRD" . 2) ("FOURTH" . 3) ("FIFTH" . 4)
+(defun %nth-position (op)
+  ;; 1 for second ... 9 for tenth
+  (let ((entry (assoc (symbol-name op) '(("SECOND" . 1) ("THIRD" . 2) ("FOURTH" . 3) ("FIFTH" . 4)
                                          ("SIXTH" . 5) ("SEVENTH" . 6) ("EIGHTH" . 7) ("NINTH" . 8)
                                          ("TENTH" . 9))
-                      :test #'string=)
-               `(%set-nth ,(cdr (assoc (symbol-name op) '(("SECOND" . 1) ("THIRD" . 2) ("FOURTH" . 3)
-                                                         ("FIFTH" . 4) ("SIXTH" . 5) ("SEVENTH" . 6)
-                                                         ("EIGHTH" . 7) ("NINTH" . 8) ("TENTH" . 9))
-                                       :test #'string=))
-                          ,(car args) ,value))
-              ((%macro-p op) (%setf-1 (macroexpand-1 place) value))
-              (t `(funcall (%setf-function ',op) ,value ,@args))))))
+                      :test #'string=)))
+    (if entry (cdr entry) nil)))
 
 (defun %cxr-path (op)
   ;; "AD" for CADR etc. (only for c[ad]{2,4}r), nil otherwise
@@ -305,92 +392,225 @@
       (list (if (string= (subseq path 0 1) "A") 'car 'cdr)
             (%cxr-form (subseq path 1) form))))
 
-(defun %setf-1 (place value)
-  (%simple-setf place value))
+(defun %normal-place (place)
+  ;; PLACE as (op args...) with a direct store, if it is one in disguise (cadr, third ...)
+  (let* ((op (car place)) (path (%cxr-path op)) (k (%nth-position op)))
+    (cond (path (list (if (string= (subseq path 0 1) "A") 'car 'cdr) (%cxr-form (subseq path 1) (car (cdr place)))))
+          (k (list 'nth k (car (cdr place))))
+          (t place))))
 
-(defmacro setf (&rest pairs)
-  (if (oddp (length pairs))
-      (error "setf needs an even number of arguments: (setf place value ...)"))
+(defun %constant-form-p (form)
+  (or (and (atom form) (not (symbolp form))) (keywordp form) (null form) (eq form t)
+      (and (consp form) (%name= (car form) "QUOTE"))))
+
+(defun %place-temps (args)
+  ;; temporaries for the subforms ARGS: (values temps forms places), a constant standing for itself
+  (let ((temps nil) (forms nil) (refs nil))
+    (dolist (a args)
+      (if (%constant-form-p a)
+          (push a refs)
+          (let ((g (gensym "ARG")))
+            (push g temps) (push a forms) (push g refs))))
+    (values (reverse temps) (reverse forms) (reverse refs))))
+
+(defun %place (place env)
+  (cond
+    ((symbolp place)
+     (multiple-value-bind (expansion expanded) (macroexpand-1 place env)
+       (if expanded
+           (%place expansion env)
+           (let ((store (gensym "NEW")))
+             (values nil nil (list store) `(setq ,place ,store) place)))))
+    ((not (consp place)) (error 'program-error :format-control "setf: ~s is not a place" :format-arguments (list place)))
+    (t
+     (let* ((place (if (symbolp (car place)) (%normal-place place) place))
+            (op (car place)))
+       (cond
+         ((%name= op "GETF") (%getf-place place env))
+         ((%name= op "VALUES") (%values-place place env))
+         ((%name= op "THE") (%the-place place env))
+         ((or (%name= op "LDB") (%name= op "MASK-FIELD")) (%byte-place place env))
+         ((%direct-store op)
+          (multiple-value-bind (temps forms refs) (%place-temps (cdr place))
+            (let ((store (gensym "NEW")))
+              (values temps forms (list store)
+                      `(,(%direct-store op) ,@refs ,store)
+                      `(,op ,@refs)))))
+         (t
+          (multiple-value-bind (expansion expanded) (macroexpand-1 place env)
+            (if expanded
+                (%place expansion env)
+                (multiple-value-bind (temps forms refs) (%place-temps (cdr place))
+                  (let ((store (gensym "NEW")))
+                    (values temps forms (list store)
+                            `(funcall (%setf-function ',op) ,store ,@refs)
+                            `(,op ,@refs))))))))))))
+
+(defun %getf-place (place env)
+  ;; (getf inner indicator [default]): the plist place is read, changed and stored back
+  (multiple-value-bind (temps forms stores store-form access) (%place (car (cdr place)) env)
+    (let ((indicator (gensym "INDICATOR")) (default (gensym "DEFAULT")) (store (gensym "NEW")))
+      (values (append temps (list indicator default))
+              (append forms (list (car (cdr (cdr place))) (car (cdr (cdr (cdr place))))))
+              (list store)
+              `(let ((,(car stores) (%putf ,access ,indicator ,store)))
+                 ,store-form
+                 ,store)
+              `(getf ,access ,indicator ,default)))))
+
+(defun %values-place (place env)
+  (let ((all-temps nil) (all-forms nil) (all-stores nil) (store-forms nil) (accesses nil))
+    (dolist (p (cdr place))
+      (multiple-value-bind (temps forms stores store-form access) (%place p env)
+        (setq all-temps (append all-temps temps) all-forms (append all-forms forms))
+        (push (car stores) all-stores)
+        (push store-form store-forms)
+        (push access accesses)))
+    (values all-temps all-forms (reverse all-stores)
+            `(progn ,@(reverse store-forms) (values ,@(reverse all-stores)))
+            `(values ,@(reverse accesses)))))
+
+(defun %byte-place (place env)
+  ;; (ldb bytespec inner) and (mask-field bytespec inner): the integer place gets the new bits
+  (multiple-value-bind (temps forms stores store-form access) (%place (car (cdr (cdr place))) env)
+    (let ((spec (gensym "BYTESPEC")) (store (gensym "NEW")) (op (car place)))
+      (values (cons spec temps) (cons (car (cdr place)) forms) (list store)
+              `(let ((,(car stores) (,(if (%name= op "LDB") 'dpb 'deposit-field) ,store ,spec ,access)))
+                 ,store-form
+                 ,store)
+              `(,op ,spec ,access)))))
+
+(defun %the-place (place env)
+  (multiple-value-bind (temps forms stores store-form access) (%place (car (cdr (cdr place))) env)
+    (let ((type (car (cdr place))))
+      (values temps forms stores
+              `(let ((,(car stores) (the ,type ,(car stores)))) ,store-form)
+              `(the ,type ,access)))))
+
+(defun %place-let (temps forms body)
+  (if temps `(let* ,(mapcar #'list temps forms) ,body) body))
+
+(defun %store (stores value store-form)
+  ;; bind the store variables to VALUE's values, then store
+  (if (null (cdr stores))
+      `(let ((,(car stores) ,value)) ,store-form)
+      `(multiple-value-bind ,stores ,value ,store-form)))
+
+(defun %setf-1 (place value env)
+  (cond ((symbolp place)
+         (multiple-value-bind (expansion expanded) (macroexpand-1 place env)
+           (if expanded (%setf-1 expansion value env) `(setq ,place ,value))))
+        ((and (consp place) (symbolp (car place)) (%direct-store (car (%normal-place place))))
+         ;; the subforms and then the value are the store function's arguments, in order
+         (let ((normal (%normal-place place)))
+           `(,(%direct-store (car normal)) ,@(cdr normal) ,value)))
+        (t
+         (multiple-value-bind (temps forms stores store-form) (%place place env)
+           (%place-let temps forms (%store stores value store-form))))))
+
+(defmacro setf (&environment env &rest pairs)
+  (when (oddp (length pairs))
+    (error 'program-error :format-control "setf needs an even number of arguments: (setf place value ...)"))
   (if (and pairs (null (cdr (cdr pairs))))
-      (%setf-1 (car pairs) (car (cdr pairs)))
+      (%setf-1 (car pairs) (car (cdr pairs)) env)
       (let ((forms nil))
-        (tagbody
-         next
-           (if pairs
-               (progn (setq forms (cons (%setf-1 (car pairs) (car (cdr pairs))) forms))
-                      (setq pairs (cdr (cdr pairs)))
-                      (go next))))
+        (loop (when (null pairs) (return))
+              (push (%setf-1 (car pairs) (car (cdr pairs)) env) forms)
+              (setq pairs (cdr (cdr pairs))))
         `(progn ,@(reverse forms)))))
 
-(defun %place-bindings (place)
-  ;; (values bindings access-form): subforms of PLACE evaluated once, into temporaries
-  (cond ((symbolp place) (values nil place))
-        ((and (consp place) (%macro-p (car place))
-              (not (member (symbol-name (car place)) '("GETF") :test #'string=)))
-         (%place-bindings (macroexpand-1 place)))
-        ((and (consp place) (%name= (car place) "GETF"))
-         (multiple-value-bind (inner-bindings inner-access) (%place-bindings (car (cdr place)))
-           (let ((k (gensym "KEY")))
-             (values (append inner-bindings (list (list k (car (cdr (cdr place))))))
-                     `(getf ,inner-access ,k)))))
-        (t (let ((temps (mapcar (lambda (a) (declare (ignore a)) (gensym "ARG")) (cdr place))))
-             (values (mapcar #'list temps (cdr place))
-                     (cons (car place) temps))))))
+(defun %modify (place env make-value)
+  ;; read-modify-write of PLACE: its subforms once; MAKE-VALUE turns the access form into the
+  ;; new value's form
+  (if (and (symbolp place) (not (nth-value 1 (macroexpand-1 place env))))
+      `(setq ,place ,(funcall make-value place))
+      (multiple-value-bind (temps forms stores store-form access) (%place place env)
+        (%place-let temps forms (%store stores (funcall make-value access) store-form)))))
 
-(defmacro %modify-place (place fn-form)
-  ;; (setf PLACE (FN-FORM current)) with PLACE's subforms evaluated once
-  (multiple-value-bind (bindings access) (%place-bindings place)
-    `(let* ,bindings
-       ,(%setf-1 access (funcall fn-form access)))))
+(defmacro incf (&environment env place &optional (delta 1))
+  ;; the delta is evaluated before the place is read, as in SBCL
+  (%modify place env (lambda (access) `(+ ,delta ,access))))
 
-(defmacro incf (place &optional (delta 1))
-  (multiple-value-bind (bindings access) (%place-bindings place)
-    `(let* ,bindings ,(%setf-1 access `(+ ,access ,delta)))))
+(defmacro decf (&environment env place &optional (delta 1))
+  (let ((d (gensym "DELTA")))
+    (%modify place env (lambda (access) `(let ((,d ,delta)) (- ,access ,d))))))
 
-(defmacro decf (place &optional (delta 1))
-  (multiple-value-bind (bindings access) (%place-bindings place)
-    `(let* ,bindings ,(%setf-1 access `(- ,access ,delta)))))
+(defmacro push (&environment env item place)
+  (if (symbolp place)
+      `(setq ,place (cons ,item ,place))
+      (let ((g (gensym "ITEM")))
+        `(let ((,g ,item)) ,(%modify place env (lambda (access) `(cons ,g ,access)))))))
 
-(defmacro push (item place)
+(defmacro pushnew (&environment env item place &rest keys)
   (let ((g (gensym "ITEM")))
-    (multiple-value-bind (bindings access) (%place-bindings place)
-      `(let* ((,g ,item) ,@bindings) ,(%setf-1 access `(cons ,g ,access))))))
+    `(let ((,g ,item)) ,(%modify place env (lambda (access) `(adjoin ,g ,access ,@keys))))))
 
-(defmacro pushnew (item place &rest keys)
-  (let ((g (gensym "ITEM")))
-    (multiple-value-bind (bindings access) (%place-bindings place)
-      `(let* ((,g ,item) ,@bindings) ,(%setf-1 access `(adjoin ,g ,access ,@keys))))))
+(defmacro pop (&environment env place)
+  (multiple-value-bind (temps forms stores store-form access) (%place place env)
+    (let ((g (gensym "HEAD")))
+      (%place-let temps forms
+                  `(let ((,g ,access))
+                     (prog1 (car ,g) ,(%store stores `(cdr ,g) store-form)))))))
 
-(defmacro pop (place)
-  (let ((g (gensym "HEAD")))
-    (multiple-value-bind (bindings access) (%place-bindings place)
-      `(let* (,@bindings (,g ,access))
-         (prog1 (car ,g) ,(%setf-1 access `(cdr ,g)))))))
+(defmacro remf (&environment env place indicator)
+  ;; t when INDICATOR was there, nil otherwise
+  (multiple-value-bind (temps forms stores store-form access) (%place place env)
+    (let ((ind (gensym "INDICATOR")) (new (gensym "PLIST")) (found (gensym "FOUND")))
+      (%place-let (append temps (list ind)) (append forms (list indicator))
+                  `(multiple-value-bind (,new ,found) (%remf ,access ,ind)
+                     ,(%store stores new store-form)
+                     ,found)))))
 
-(defmacro psetf (&rest pairs)
-  (let ((bindings nil) (sets nil))
-    (tagbody
-     next
-       (if pairs
-           (let ((g (gensym "PSETF")))
-             (setq bindings (cons (list g (car (cdr pairs))) bindings))
-             (setq sets (cons (%setf-1 (car pairs) g) sets))
-             (setq pairs (cdr (cdr pairs)))
-             (go next))))
-    `(let ,(reverse bindings) ,@(reverse sets) nil)))
+(defmacro psetf (&environment env &rest pairs)
+  ;; every place's subforms and every value first, left to right; then the stores
+  (let ((bindings nil) (stores nil))
+    (loop (when (null pairs) (return))
+          (multiple-value-bind (temps forms store-vars store-form) (%place (car pairs) env)
+            (setq bindings (append bindings (mapcar #'list temps forms)))
+            (let ((g (gensym "VALUE")))
+              (setq bindings (append bindings (list (list g (car (cdr pairs))))))
+              (push (%store store-vars g store-form) stores)))
+          (setq pairs (cdr (cdr pairs))))
+    `(let* ,bindings ,@(reverse stores) nil)))
 
-(defmacro rotatef (&rest places)
+(defun %shift-places (places env)
+  ;; (values bindings accesses store-makers): each place read once, in order
+  (let ((bindings nil) (values-read nil) (makers nil))
+    (dolist (p places)
+      (multiple-value-bind (temps forms stores store-form access) (%place p env)
+        (setq bindings (append bindings (mapcar #'list temps forms)))
+        (let ((g (gensym "OLD")))
+          (setq bindings (append bindings (list (list g access))))
+          (push g values-read)
+          (push (let ((s stores) (f store-form)) (lambda (value) (%store s value f))) makers))))
+    (values bindings (reverse values-read) (reverse makers))))
+
+(defmacro rotatef (&environment env &rest places)
   (if (null (cdr places))
       nil
-      (let ((temps (mapcar (lambda (p) (declare (ignore p)) (gensym "ROT")) places)))
-        `(let ,(mapcar #'list temps places)
-           ,@(mapcar (lambda (p g) (%setf-1 p g))
-                     places
-                     (append (cdr temps) (list (car temps))))
+      (multiple-value-bind (bindings olds makers) (%shift-places places env)
+        `(let* ,bindings
+           ,@(mapcar (lambda (maker value) (funcall maker value))
+                     makers (append (cdr olds) (list (car olds))))
            nil))))
 
-(defmacro remf (place indicator)
-  `(setf ,place (%remf ,place ,indicator)))
+(defmacro shiftf (&environment env &rest places-and-value)
+  (let ((places (butlast places-and-value)) (value (car (last places-and-value))))
+    (multiple-value-bind (bindings olds makers) (%shift-places places env)
+      (let ((new (gensym "NEW")))
+        `(let* (,@bindings (,new ,value))
+           ,@(mapcar (lambda (maker v) (funcall maker v)) makers (append (cdr olds) (list new)))
+           ,(car olds))))))
+
+(defmacro define-modify-macro (name lambda-list function &optional doc)
+  (declare (ignore doc))
+  (let* ((rest (cadr (member '&rest lambda-list)))
+         (others (remove-if (lambda (p) (member p '(&optional &rest))) (ldiff lambda-list (member '&rest lambda-list))))
+         (vars (mapcar (lambda (p) (if (consp p) (car p) p)) others))
+         (place (gensym "PLACE"))
+         (env (gensym "ENV")))
+    `(defmacro ,name (&environment ,env ,place ,@lambda-list)
+       (%modify ,place ,env (lambda (access) (list* ',function access ,@vars ,rest))))))
 
 ;;; ------------------------------------------------------------------------------------------
 ;;; Conditions
@@ -419,75 +639,164 @@
 ;;; ------------------------------------------------------------------------------------------
 ;;; Structures
 
-(defun %defstruct-option (options name default)
-  (let ((entry (find-if (lambda (o) (and (consp o) (%name= (car o) name))) options)))
-    (cond ((null entry) (if (find-if (lambda (o) (%name= o name)) options) default default))
-          ((cdr entry) (car (cdr entry)))
-          (t default))))
+;;; defstruct (CLHS 8.1): options :conc-name :constructor (any number, keyword or BOA)
+;;; :copier :predicate :include (with slot overrides) :print-function :print-object :type
+;;; (list or vector) :named :initial-offset; slot options :type and :read-only.
+
+(defvar *%struct-layouts* (make-hash-table :test 'eq)
+  "structure name -> (slot descriptions type named offset), for :include")
+
+(defun %struct-option (options key)
+  ;; the option (key args...) or key, as a list, or nil
+  (find-if (lambda (o) (eq (car o) key)) options))
+
+(defun %slot-description (spec)
+  ;; (name initform read-only-p)
+  (if (consp spec)
+      (list (car spec) (cadr spec) (and (getf (cddr spec) :read-only) t))
+      (list spec nil nil)))
+
+(defun %include-slots (parent overrides)
+  (multiple-value-bind (layout found) (gethash parent *%struct-layouts*)
+    (unless found (error "defstruct: :include names ~s, which is not a structure" parent))
+    (mapcar (lambda (slot)
+              (let ((override (find (car slot) (mapcar #'%slot-description overrides) :key #'car)))
+                (if override
+                    (list (car slot) (cadr override) (or (caddr slot) (caddr override)))
+                    slot)))
+            (car layout))))
+
+(defun %boa-lambda-list (lambda-list slots)
+  ;; a BOA constructor's lambda list: &optional and &key slot variables without a default
+  ;; default to the slot's initform
+  (let ((section nil))
+    (mapcar (lambda (p)
+              (cond ((member p lambda-list-keywords) (setq section p) p)
+                    ((and (member section '(&optional &key))
+                          (let ((var (if (consp p) (car p) p)))
+                            (and (symbolp var) (or (atom p) (null (cdr p))) (assoc var slots))))
+                     (let ((var (if (consp p) (car p) p)))
+                       (list var (cadr (assoc var slots)))))
+                    (t p)))
+            lambda-list)))
+
+(defun %lambda-list-variables (lambda-list)
+  (mapcan (lambda (p)
+            (cond ((member p lambda-list-keywords) nil)
+                  ((symbolp p) (list p))
+                  ((and (consp p) (consp (car p))) (list (cadar p)))
+                  ((consp p) (list (car p)))))
+          lambda-list))
 
 (defmacro defstruct (name-and-options &rest slot-specs)
   (let* ((name (if (consp name-and-options) (car name-and-options) name-and-options))
-         (options (if (consp name-and-options) (cdr name-and-options) nil))
-         (prefix (let ((conc (%defstruct-option options "CONC-NAME" :default)))
-                   (cond ((eq conc :default) (concatenate 'string (symbol-name name) "-"))
-                         ((null conc) "")
-                         (t (string conc)))))
-         (include (%defstruct-option options "INCLUDE" nil))
-         (inherited (if include (%struct-slots-with-defaults include) nil))
-         (specs (append inherited
-                        (mapcar (lambda (s) (if (consp s) (list (car s) (car (cdr s))) (list s nil)))
-                                (if (stringp (car slot-specs)) (cdr slot-specs) slot-specs))))
-         (slots (mapcar #'car specs))
-         (constructor (%defstruct-option options "CONSTRUCTOR"
-                                         (intern (concatenate 'string "MAKE-" (symbol-name name)))))
-         (predicate (%defstruct-option options "PREDICATE"
-                                       (intern (concatenate 'string (symbol-name name) "-P"))))
-         (copier (%defstruct-option options "COPIER"
-                                    (intern (concatenate 'string "COPY-" (symbol-name name)))))
+         (options (mapcar (lambda (o) (if (consp o) o (list o)))
+                          (if (consp name-and-options) (cdr name-and-options) nil)))
+         (conc-option (%struct-option options :conc-name))
+         (prefix (cond ((null conc-option) (concatenate 'string (symbol-name name) "-"))
+                       ((null (cadr conc-option)) "")
+                       (t (string (cadr conc-option)))))
+         (include-option (%struct-option options :include))
+         (include (cadr include-option))
+         (type-option (%struct-option options :type))
+         (kind (let ((type (cadr type-option)))
+                 (cond ((null type-option) nil)
+                       ((eq type 'list) 'list)
+                       (t 'vector))))
+         (named (or (null kind) (and (%struct-option options :named) t)))
+         (offset (if kind (or (cadr (%struct-option options :initial-offset)) 0) 0))
+         (slots (append (if include (%include-slots include (cddr include-option)) nil)
+                        (mapcar #'%slot-description (if (stringp (car slot-specs)) (cdr slot-specs) slot-specs))))
+         (head (+ offset (if (and kind named) 1 0)))
+         (constructors (let ((given (remove-if-not (lambda (o) (eq (car o) :constructor)) options)))
+                         (cond ((null given) (list (list (intern (concatenate 'string "MAKE-" (symbol-name name))))))
+                               (t (remove nil (mapcar (lambda (o)
+                                                        (cond ((null (cdr o)) (list (intern (concatenate 'string "MAKE-" (symbol-name name)))))
+                                                              ((null (cadr o)) nil)
+                                                              (t (cdr o))))
+                                                      given))))))
+         (predicate-option (%struct-option options :predicate))
+         (predicate (cond ((and kind (not named)) nil)
+                          ((null predicate-option) (intern (concatenate 'string (symbol-name name) "-P")))
+                          ((null (cdr predicate-option)) (intern (concatenate 'string (symbol-name name) "-P")))
+                          (t (cadr predicate-option))))
+         (copier-option (%struct-option options :copier))
+         (copier (cond ((null copier-option) (intern (concatenate 'string "COPY-" (symbol-name name))))
+                       ((null (cdr copier-option)) (intern (concatenate 'string "COPY-" (symbol-name name))))
+                       (t (cadr copier-option))))
+         (print-option (or (%struct-option options :print-function) (%struct-option options :print-object)))
          (obj (gensym "OBJ"))
          (value (gensym "VALUE"))
-         (index -1))
-    `(progn
-       (%defstruct ',name ',slots ',include)
-       (%remember-struct-defaults ',name ',specs)
-       ,@(if constructor
-             `((defun ,constructor (&key ,@specs)
-                 (%make-struct ',name ,@slots))))
-       ,@(if predicate `((defun ,predicate (,obj) (%struct-p ,obj ',name))))
-       ,@(if copier `((defun ,copier (,obj) (copy-structure ,obj))))
-       ,@(mapcan (lambda (slot)
-                   (setq index (1+ index))
-                   (let ((accessor (intern (concatenate 'string prefix (symbol-name slot)))))
-                     `((defun ,accessor (,obj) (%struct-ref ,obj ',name ,index))
-                       (defun (setf ,accessor) (,value ,obj) (%struct-set ,obj ',name ,index ,value)))))
-                 slots)
-       ',name)))
-
-(defvar *%struct-defaults* (make-hash-table :test 'eq))
-
-(defun %remember-struct-defaults (name specs)
-  (setf (gethash name *%struct-defaults*) specs)
-  name)
-
-(defun %struct-slots-with-defaults (name)
-  (multiple-value-bind (specs found) (gethash name *%struct-defaults*)
-    (unless found (error "defstruct: :include names ~s, which is not a structure" name))
-    specs))
+         (index (1- head)))
+    (flet ((build (values)
+             (let ((fields (append (make-list offset :initial-element (if (eq kind 'vector) 0 nil))
+                                   (if (and kind named) (list `',name) nil) values)))
+               (case kind
+                 (list `(list ,@fields))
+                 (vector `(vector ,@fields))
+                 (t `(%make-struct ',name ,@values))))))
+      `(progn
+         ,@(if (null kind) `((%defstruct ',name ',(mapcar #'car slots) ',include)) nil)
+         (setf (gethash ',name *%struct-layouts*) (list ',slots ',kind ',named ,offset))
+         ,@(mapcar (lambda (c)
+                     (if (cdr c)
+                         (let* ((lambda-list (%boa-lambda-list (cadr c) slots))
+                                (bound (%lambda-list-variables lambda-list)))
+                           `(defun ,(car c) ,lambda-list
+                              ,(build (mapcar (lambda (slot) (if (member (car slot) bound) (car slot) (cadr slot))) slots))))
+                         `(defun ,(car c) (&key ,@(mapcar (lambda (slot) (list (car slot) (cadr slot))) slots))
+                            ,(build (mapcar #'car slots)))))
+                   constructors)
+         ,@(when predicate
+             `((defun ,predicate (,obj)
+                 ,(case kind
+                    (list `(and (consp ,obj) (eq (nth ,offset ,obj) ',name)))
+                    (vector `(and (vectorp ,obj) (> (length ,obj) ,offset) (eq (aref ,obj ,offset) ',name)))
+                    (t `(%struct-p ,obj ',name))))))
+         ,@(when copier
+             `((defun ,copier (,obj) ,(if (eq kind 'list) `(copy-list ,obj) (if kind `(copy-seq ,obj) `(copy-structure ,obj))))))
+         ,@(mapcan (lambda (slot)
+                     (setq index (1+ index))
+                     (let ((accessor (intern (concatenate 'string prefix (symbol-name (car slot))))))
+                       `((defun ,accessor (,obj)
+                           ,(case kind
+                              (list `(nth ,index ,obj))
+                              (vector `(aref ,obj ,index))
+                              (t `(%struct-ref ,obj ',name ,(- index head)))))
+                         ,@(unless (caddr slot)
+                             `((defun (setf ,accessor) (,value ,obj)
+                                 ,(case kind
+                                    (list `(setf (nth ,index ,obj) ,value))
+                                    (vector `(setf (aref ,obj ,index) ,value))
+                                    (t `(%struct-set ,obj ',name ,(- index head) ,value)))))))))
+                   slots)
+         ,@(when (and print-option (cdr print-option) (null kind))
+             `((%set-struct-printer ',name
+                                    ,(let ((f (cadr print-option))) (if (symbolp f) `',f `(function ,f)))
+                                    ,(eq (car print-option) :print-object))))
+         ',name))))
 
 ;;; ------------------------------------------------------------------------------------------
 ;;; Functions on functions, trees, declarations
 
 (defmacro declaim (&rest specs)
-  (declare (ignore specs))
-  nil)
+  `(progn ,@(mapcar (lambda (spec) `(proclaim ',spec)) specs) nil))
 
-(defun subst (new old tree &key (test #'eql))
-  (cond ((funcall test old tree) new)
-        ((consp tree)
-         (let ((car (subst new old (car tree) :test test))
-               (cdr (subst new old (cdr tree) :test test)))
-           (if (and (eq car (car tree)) (eq cdr (cdr tree))) tree (cons car cdr))))
-        (t tree)))
+(defun proclaim (spec)
+  ;; special proclamations make the variables special; the others are advice
+  (when (and (consp spec) (eq (car spec) 'special))
+    (dolist (name (cdr spec)) (%declare-special name)))
+  (values))
+
+(defmacro define-symbol-macro (name expansion)
+  `(progn (%define-symbol-macro ',name ',expansion) ',name))
+
+(defun compile (name &optional (definition nil definition-p))
+  ;; everything is already a function: compile returns it, with no warnings or failure
+  (let ((fn (cond (definition-p (if (functionp definition) definition (coerce definition 'function)))
+                  (t (fdefinition name)))))
+    (when (and name definition-p) (setf (fdefinition name) fn))
+    (values (or name fn) nil nil)))
 
 (defun complement (fn)
   (lambda (&rest args) (not (apply fn args))))
@@ -496,16 +805,57 @@
   (lambda (&rest args) (declare (ignore args)) value))
 
 ;;; ------------------------------------------------------------------------------------------
-;;; loop: the common subset (for in/on/across/from/to/below/downto/by/=then,
-;;; being the hash-keys/hash-values of [using], repeat,
-;;; while/until, collect/append/nconc/sum/count/maximize/minimize [into], when/if/unless
-;;; [and] [else] [end], do, with, initially, finally, return, named, always/never/thereis)
+;;; loop (CLHS 6.1): for/as (in, on, across, = [then], being the hash-keys/values of [using],
+;;; from/upfrom/downfrom to/upto/below/downto/above by, joined by and), repeat, with [and],
+;;; named, initially, finally, do, return, collect append nconc count sum maximize minimize
+;;; [into] [type], when/if/unless [and] [else] [end] with it, while, until, always, never,
+;;; thereis, loop-finish.
+;;;
+;;; The expansion:
+;;;   (block NAME
+;;;     (let* (BINDINGS)                 every variable, in the order of the clauses
+;;;       (tagbody
+;;;          INITIALLY FIRST             the initially forms, then each iteration clause's
+;;;        NEXT                          first setting and termination test
+;;;          BODY STEPS (go NEXT)        the main clauses, then each iteration clause's step
+;;;        END                           and test (clauses joined by `and` in parallel)
+;;;          FINALLY)
+;;;       RESULT))
 
-(defun %loop-kw-p (x &rest names)
-  (and (symbolp x) x (member (symbol-name x) names :test #'string=)))
+(defun %loop-error (control &rest args)
+  (error 'program-error :format-control (concatenate 'string "loop: " control) :format-arguments args))
+
+(defvar *%loop-keywords*
+  '("FOR" "AS" "WITH" "AND" "REPEAT" "WHILE" "UNTIL" "ALWAYS" "NEVER" "THEREIS" "DO" "DOING" "RETURN"
+    "COLLECT" "COLLECTING" "APPEND" "APPENDING" "NCONC" "NCONCING" "COUNT" "COUNTING" "SUM" "SUMMING"
+    "MAXIMIZE" "MAXIMIZING" "MINIMIZE" "MINIMIZING" "WHEN" "IF" "UNLESS" "ELSE" "END" "INITIALLY"
+    "FINALLY" "NAMED" "INTO"))
+
+(defvar *%loop-simple-types*
+  '("FIXNUM" "FLOAT" "T" "NIL" "INTEGER" "NUMBER" "REAL" "RATIONAL" "RATIO" "BIT" "DOUBLE-FLOAT"
+    "SINGLE-FLOAT" "SHORT-FLOAT" "LONG-FLOAT" "CHARACTER" "SYMBOL" "STRING" "LIST" "CONS" "BOOLEAN"))
+
+(defun %loop-type-default (type)
+  ;; the value `with var TYPE` starts with when no form is given
+  (let ((head (if (consp type) (car type) type)))
+    (cond ((not (symbolp head)) nil)
+          ((member (symbol-name head) '("FIXNUM" "INTEGER" "NUMBER" "REAL" "RATIONAL" "BIT" "BIGNUM"
+                                        "UNSIGNED-BYTE" "SIGNED-BYTE" "MOD")
+                   :test #'string=)
+           0)
+          ((member (symbol-name head) '("FLOAT" "DOUBLE-FLOAT" "SINGLE-FLOAT" "SHORT-FLOAT" "LONG-FLOAT")
+                   :test #'string=)
+           0.0)
+          (t nil))))
+
+(defun %loop-pattern-vars (pattern)
+  (cond ((null pattern) nil)
+        ((symbolp pattern) (list pattern))
+        ((consp pattern) (append (%loop-pattern-vars (car pattern)) (%loop-pattern-vars (cdr pattern))))
+        (t (%loop-error "~s is not a variable or a destructuring pattern" pattern))))
 
 (defun %loop-destructure (pattern value)
-  ;; setq forms binding the variables of a (possibly dotted) PATTERN from VALUE
+  ;; setq forms giving the variables of PATTERN their parts of the form VALUE
   (cond ((null pattern) nil)
         ((symbolp pattern) (list `(setq ,pattern ,value)))
         (t (let ((g (gensym "D")))
@@ -513,228 +863,520 @@
                       ,@(%loop-destructure (car pattern) `(car ,g))
                       ,@(%loop-destructure (cdr pattern) `(cdr ,g))))))))
 
-(defun %loop-pattern-vars (pattern)
+(defun %loop-destructure-bindings (pattern value)
+  ;; let* bindings giving the variables of PATTERN their parts of the form VALUE
   (cond ((null pattern) nil)
-        ((symbolp pattern) (list pattern))
-        (t (append (%loop-pattern-vars (car pattern)) (%loop-pattern-vars (cdr pattern))))))
+        ((symbolp pattern) (list (list pattern value)))
+        (t (let ((g (gensym "D")))
+             (cons (list g value)
+                   (append (%loop-destructure-bindings (car pattern) `(car ,g))
+                           (%loop-destructure-bindings (cdr pattern) `(cdr ,g))))))))
+
+(defun %loop-setq (pairs)
+  ;; one assignment form for PAIRS ((place value)...), in parallel when there are several
+  (cond ((null pairs) nil)
+        ((null (cdr pairs)) (list `(setq ,(car (car pairs)) ,(car (cdr (car pairs))))))
+        (t (list `(psetq ,@(mapcan #'copy-list pairs))))))
 
 (defmacro loop (&rest clauses)
-  (if (or (null clauses) (consp (car clauses)))
+  (if (every #'consp clauses)
       (let ((top (gensym "TOP")))
         `(block nil (tagbody ,top ,@clauses (go ,top))))
       (%loop-expand clauses)))
 
+(defmacro loop-finish ()
+  (%loop-error "loop-finish is only allowed inside a loop"))
+
 (defun %loop-expand (clauses)
   (let ((name nil)
-        (bindings nil)       ; let* bindings, in reverse
-        (tests nil)          ; per-iteration head forms (termination tests, variable sets), reverse
-        (steps nil)          ; end-of-iteration step forms, in reverse
-        (body nil)           ; main clause forms, in reverse
+        (bindings nil)       ; let* bindings, reversed
+        (seen nil)           ; variables of with and for clauses
         (initially nil)
+        (firsts nil)         ; first settings and tests, reversed
+        (body nil)           ; main clauses, reversed
+        (steps nil)          ; steps and tests, reversed
         (finally nil)
-        (result-var nil)
+        (accumulators nil)   ; (var class tail flag)
+        (default-acc nil)    ; the accumulator of clauses without into
         (result-form nil)
-        (tails nil)          ; (var . tailvar) for collect/append into
-        (first (gensym "FIRST"))
+        (next-tag (gensym "NEXT"))
         (end (gensym "END")))
     (labels ((peek () (car clauses))
-             (next () (pop clauses))
-             (kw-p (&rest names) (apply #'%loop-kw-p (peek) names))
-             (expect-kw (&rest names)
-               (unless (apply #'kw-p names)
-                 (error "loop: expected ~{~a~^ or ~} but found ~s" (mapcar #'string-downcase names) (peek)))
-               (next))
+             (next ()
+               (when (null clauses) (%loop-error "the clauses end too early"))
+               (pop clauses))
+             (kw-p (&rest names) (and clauses (apply #'%loop-kw-p (peek) names)))
+             (bind (var value) (push (list var value) bindings))
+             (note-var (var)
+               (when (or (member var seen) (assoc var accumulators))
+                 (%loop-error "the variable ~s is bound twice" var))
+               (push var seen))
+             (note-pattern (pattern) (mapc #'note-var (%loop-pattern-vars pattern)))
              (compound-forms ()
                (let ((forms nil))
                  (loop (if (and clauses (consp (peek))) (push (next) forms) (return)))
                  (reverse forms)))
-             (bind (var value) (push (list var value) bindings))
-             (accumulator (kind into)
-               ;; the variable accumulated into; creates the default result variable
-               (let ((var (or into result-var)))
-                 (unless var
-                   (setq var (gensym "RESULT"))
-                   (setq result-var var)
-                   (setq result-form var))
-                 (unless (assoc var tails)
-                   (let ((init (if (member kind '("SUM" "SUMMING" "COUNT" "COUNTING") :test #'string=) 0 nil)))
-                     (bind var init)
-                     (when (member kind '("COLLECT" "COLLECTING" "APPEND" "APPENDING" "NCONC" "NCONCING") :test #'string=)
-                       (let ((tail (gensym "TAIL")))
-                         (bind tail nil)
-                         (push (cons var tail) tails)))
-                     (unless (assoc var tails) (push (cons var nil) tails))))
-                 var))
+             (skip-type ()
+               ;; an optional type after a variable: (of-type TYPE) or a simple type name
+               (cond ((kw-p "OF-TYPE") (next) (next))
+                     ((and clauses (or (null (peek)) (symbolp (peek)))
+                           (member (if (peek) (symbol-name (peek)) "NIL") *%loop-simple-types* :test #'string=))
+                      (next))
+                     (t nil)))
+             ;; -- accumulation ----------------------------------------------------------
+             (accumulator (class into)
+               (let ((entry (if into (assoc into accumulators) default-acc)))
+                 (cond (entry
+                        (unless (string= (car (cdr entry)) class)
+                          (%loop-error "~s accumulates both ~a and ~a values" (or into 'the-result)
+                                       (car (cdr entry)) class))
+                        entry)
+                       (t
+                        (when (and into (member into seen))
+                          (%loop-error "the variable ~s is bound twice" into))
+                        (let* ((var (or into (gensym "RESULT")))
+                               (new (list var class (gensym "TAIL") (gensym "FLAG"))))
+                          (bind var (if (string= class "LIST") nil 0))
+                          (cond ((string= class "LIST") (bind (car (cdr (cdr new))) nil))
+                                ((string= class "MAX") (bind (car (cdr (cdr (cdr new)))) nil)))
+                          (push new accumulators)
+                          (unless into
+                            (setq default-acc new)
+                            (setq result-form var))
+                          new)))))
              (accumulate (kind form into)
-               (let* ((var (accumulator kind into))
-                      (tail (cdr (assoc var tails))))
+               (let* ((class (cond ((member kind '("COLLECT" "COLLECTING" "APPEND" "APPENDING" "NCONC" "NCONCING")
+                                            :test #'string=)
+                                    "LIST")
+                                   ((member kind '("SUM" "SUMMING" "COUNT" "COUNTING") :test #'string=) "SUM")
+                                   (t "MAX")))
+                      (entry (accumulator class into))
+                      (var (car entry))
+                      (tail (car (cdr (cdr entry))))
+                      (flag (car (cdr (cdr (cdr entry))))))
                  (cond ((member kind '("COLLECT" "COLLECTING") :test #'string=)
                         (let ((cell (gensym "CELL")))
                           `(let ((,cell (list ,form)))
-                             (if ,var (rplacd ,tail ,cell) (setq ,var ,cell))
+                             (if ,tail (rplacd ,tail ,cell) (setq ,var ,cell))
                              (setq ,tail ,cell))))
                        ((member kind '("APPEND" "APPENDING" "NCONC" "NCONCING") :test #'string=)
                         (let ((new (gensym "NEW")))
-                          `(let ((,new (copy-list ,form)))
-                             (when ,new
-                               (if ,var (rplacd ,tail ,new) (setq ,var ,new))
+                          `(let ((,new ,(if (member kind '("APPEND" "APPENDING") :test #'string=)
+                                            `(copy-list ,form)
+                                            form)))
+                             (when (consp ,new)
+                               (if ,tail (rplacd ,tail ,new) (setq ,var ,new))
                                (setq ,tail (last ,new))))))
                        ((member kind '("SUM" "SUMMING") :test #'string=) `(setq ,var (+ ,var ,form)))
                        ((member kind '("COUNT" "COUNTING") :test #'string=) `(when ,form (setq ,var (1+ ,var))))
-                       ((member kind '("MAXIMIZE" "MAXIMIZING") :test #'string=)
-                        (let ((v (gensym "V"))) `(let ((,v ,form)) (setq ,var (if ,var (max ,var ,v) ,v)))))
                        (t
-                        (let ((v (gensym "V"))) `(let ((,v ,form)) (setq ,var (if ,var (min ,var ,v) ,v))))))))
-             (parse-for ()
-               (let ((var (next)))
-                 (cond
-                   ((kw-p "IN")
-                    (next)
-                    (let ((tail (gensym "LIST")) (list-form (next)) (by nil))
-                      (when (kw-p "BY") (next) (setq by (next)))
-                      (bind tail list-form)
-                      (dolist (v (%loop-pattern-vars var)) (bind v nil))
-                      (push `(when (endp ,tail) (go ,end)) tests)
-                      (dolist (f (%loop-destructure var `(car ,tail))) (push f tests))
-                      (push (if by `(setq ,tail (funcall ,by ,tail)) `(setq ,tail (cdr ,tail))) steps)))
-                   ((kw-p "ON")
-                    (next)
-                    (let ((tail (gensym "LIST")) (list-form (next)) (by nil))
-                      (when (kw-p "BY") (next) (setq by (next)))
-                      (bind tail list-form)
-                      (dolist (v (%loop-pattern-vars var)) (bind v nil))
-                      (push `(when (atom ,tail) (go ,end)) tests)
-                      (dolist (f (%loop-destructure var tail)) (push f tests))
-                      (push (if by `(setq ,tail (funcall ,by ,tail)) `(setq ,tail (cdr ,tail))) steps)))
-                   ((kw-p "ACROSS")
-                    (next)
-                    (let ((vec (gensym "VECTOR")) (index (gensym "INDEX")))
-                      (bind vec (next))
-                      (bind index 0)
-                      (dolist (v (%loop-pattern-vars var)) (bind v nil))
-                      (push `(when (>= ,index (length ,vec)) (go ,end)) tests)
-                      (dolist (f (%loop-destructure var `(aref ,vec ,index))) (push f tests))
-                      (push `(setq ,index (1+ ,index)) steps)))
-                   ((kw-p "=")
-                    (next)
-                    (let ((init (next)))
-                      (dolist (v (%loop-pattern-vars var)) (bind v nil))
-                      (if (kw-p "THEN")
-                          (let ((then (progn (next) (next))))
-                            (dolist (f (%loop-destructure var `(if ,first ,init ,then))) (push f tests)))
-                          (dolist (f (%loop-destructure var init)) (push f tests)))))
-                   ((kw-p "BEING")
-                    (next)
-                    (expect-kw "THE" "EACH")
-                    (let* ((keys-p (kw-p "HASH-KEY" "HASH-KEYS"))
-                           (kind (expect-kw "HASH-KEY" "HASH-KEYS" "HASH-VALUE" "HASH-VALUES"))
-                           (tail (gensym "ENTRIES"))
-                           (table (progn (expect-kw "OF" "IN") (next)))
-                           (other nil))
-                      (declare (ignore kind))
-                      (when (kw-p "USING")
-                        (next)
-                        (setq other (car (cdr (next)))))
-                      (bind tail `(%hash-entries ,table))
-                      (dolist (v (%loop-pattern-vars var)) (bind v nil))
-                      (when other (bind other nil))
-                      (push `(when (endp ,tail) (go ,end)) tests)
-                      (dolist (f (%loop-destructure var (if keys-p `(car (car ,tail)) `(cdr (car ,tail)))))
-                        (push f tests))
-                      (when other
-                        (push `(setq ,other ,(if keys-p `(cdr (car ,tail)) `(car (car ,tail)))) tests))
-                      (push `(setq ,tail (cdr ,tail)) steps)))
-                   ((kw-p "FROM" "UPFROM" "DOWNFROM" "TO" "UPTO" "BELOW" "DOWNTO" "ABOVE" "BY")
-                    (parse-arithmetic var))
-                   (t (error "loop: unknown for clause after ~s: ~s" var (peek))))))
-             (parse-arithmetic (var)
-               (let ((start 0) (limit nil) (by 1) (down nil) (inclusive t) (has-limit nil))
-                 (loop
-                   (cond ((kw-p "FROM" "UPFROM") (next) (setq start (next)))
-                         ((kw-p "DOWNFROM") (next) (setq start (next)) (setq down t))
-                         ((kw-p "TO" "UPTO") (next) (setq limit (next)) (setq has-limit t))
-                         ((kw-p "BELOW") (next) (setq limit (next)) (setq has-limit t) (setq inclusive nil))
-                         ((kw-p "DOWNTO") (next) (setq limit (next)) (setq has-limit t) (setq down t))
-                         ((kw-p "ABOVE") (next) (setq limit (next)) (setq has-limit t) (setq down t) (setq inclusive nil))
-                         ((kw-p "BY") (next) (setq by (next)))
-                         (t (return))))
-                 (let ((limit-var (gensym "LIMIT")) (by-var (gensym "BY")))
-                   (bind var start)
-                   (when has-limit (bind limit-var limit))
-                   (bind by-var by)
-                   (when has-limit
-                     (push `(when (,(if down (if inclusive '< '<=) (if inclusive '> '>=)) ,var ,limit-var)
-                              (go ,end))
-                           tests))
-                   (push `(setq ,var (,(if down '- '+) ,var ,by-var)) steps))))
+                        (let ((v (gensym "V"))
+                              (test (if (member kind '("MAXIMIZE" "MAXIMIZING") :test #'string=) '> '<)))
+                          `(let ((,v ,form))
+                             (if ,flag
+                                 (when (,test ,v ,var) (setq ,var ,v))
+                                 (setq ,var ,v ,flag t))))))))
+             ;; -- main clauses --------------------------------------------------------------
+             (clause-form (it)
+               ;; the form of an accumulation or return clause; `it` is the test's value
+               (let ((form (next)))
+                 (if (and it (%loop-kw-p form "IT")) (progn (setf (car it) t) (car (cdr it))) form)))
+             (parse-selectable (it)
+               (case (and clauses (%loop-keyword (peek)))
+                 ((:collect :collecting :append :appending :nconc :nconcing :sum :summing
+                   :count :counting :maximize :maximizing :minimize :minimizing)
+                  (let* ((kind (symbol-name (next)))
+                         (form (clause-form it))
+                         (into (when (kw-p "INTO") (next) (next))))
+                    (when (and into (not (and (symbolp into) into)))
+                      (%loop-error "into needs a variable, got ~s" into))
+                    (skip-type)
+                    (accumulate kind form into)))
+                 ((:do :doing)
+                  (next)
+                  (let ((forms (compound-forms)))
+                    (unless forms (%loop-error "do needs at least one form"))
+                    `(progn ,@forms)))
+                 (:return (next) `(return-from ,name ,(clause-form it)))
+                 ((:when :if) (next) (parse-conditional nil))
+                 (:unless (next) (parse-conditional t))
+                 (t (%loop-error "expected a clause such as collect, do, when or return, found ~s"
+                                 (if clauses (peek) "the end")))))
+             (parse-clause-group (it)
+               (let ((forms (list (parse-selectable it))))
+                 (loop (if (kw-p "AND") (progn (next) (push (parse-selectable nil) forms)) (return)))
+                 (reverse forms)))
              (parse-conditional (negate)
                (let* ((test (next))
-                      (then (parse-clause-group))
-                      (else (when (kw-p "ELSE") (next) (parse-clause-group))))
+                      (it (list nil (gensym "IT")))
+                      (then (parse-clause-group it))
+                      (else (when (kw-p "ELSE") (next) (parse-clause-group nil))))
                  (when (kw-p "END") (next))
-                 `(if ,(if negate `(not ,test) test)
-                      (progn ,@then)
-                      (progn ,@else))))
-             (parse-clause-group ()
-               (let ((forms (list (parse-selectable))))
-                 (loop (if (kw-p "AND") (progn (next) (push (parse-selectable) forms)) (return)))
-                 (reverse forms)))
-             (parse-selectable ()
-               (cond
-                 ((kw-p "COLLECT" "COLLECTING" "APPEND" "APPENDING" "NCONC" "NCONCING" "SUM" "SUMMING"
-                        "COUNT" "COUNTING" "MAXIMIZE" "MAXIMIZING" "MINIMIZE" "MINIMIZING")
-                  (let* ((kind (symbol-name (next))) (form (next)) (into nil))
-                    (when (kw-p "INTO") (next) (setq into (next)))
-                    (accumulate kind form into)))
-                 ((kw-p "DO" "DOING") (next) `(progn ,@(compound-forms)))
-                 ((kw-p "RETURN") (next) `(return-from ,name ,(next)))
-                 ((kw-p "WHEN" "IF") (next) (parse-conditional nil))
-                 ((kw-p "UNLESS") (next) (parse-conditional t))
-                 (t (error "loop: expected a clause such as collect, do, when or return, found ~s" (peek))))))
+                 (let ((branch `(if ,(if (car it) (car (cdr it)) test)
+                                    ,(if negate `(progn ,@else) `(progn ,@then))
+                                    ,(if negate `(progn ,@then) `(progn ,@else)))))
+                   (if (car it) `(let ((,(car (cdr it)) ,test)) ,branch) branch))))
+             ;; -- iteration clauses -----------------------------------------------------------
+             (emit-group (entries)
+               ;; each entry: (first-advance first-tests first-sets step-advance step-tests step-sets)
+               (flet ((part (n) (mapcan (lambda (e) (copy-list (nth n e))) entries)))
+                 (dolist (f (append (%loop-setq (part 0)) (part 1) (part 2))) (push f firsts))
+                 (dolist (f (append (%loop-setq (part 3)) (part 4) (part 5))) (push f steps))))
+             (parse-for-group ()
+               (let ((entries (list (parse-for))))
+                 (loop (if (kw-p "AND") (progn (next) (push (parse-for) entries)) (return)))
+                 (emit-group (reverse entries))))
+             (end-test (test) `(when ,test (go ,end)))
+             (parse-for ()
+               (let ((pattern (next)))
+                 (note-pattern pattern)
+                 (skip-type)
+                 (case (and clauses (%loop-keyword (peek)))
+                   (:in (next) (for-in pattern))
+                   (:on (next) (for-on pattern))
+                   (:across (next) (for-across pattern))
+                   (:= (next) (for-equals pattern))
+                   (:being (next) (for-being pattern))
+                   ((:from :upfrom :downfrom :to :upto :below :downto :above :by)
+                    (unless (and pattern (symbolp pattern))
+                      (%loop-error "an arithmetic for needs a variable, got ~s" pattern))
+                    (for-arithmetic pattern))
+                   (t (%loop-error "unknown for clause after ~s: ~s" pattern (if clauses (peek) "the end"))))))
+             (step-by (tail by) (if by `(funcall ,by ,tail) `(cdr ,tail)))
+             (by-form ()
+               (when (kw-p "BY")
+                 (next)
+                 (let ((g (gensym "BY"))) (bind g (next)) g)))
+             (bind-pattern (pattern) (dolist (v (%loop-pattern-vars pattern)) (bind v nil)))
+             (for-in (pattern)
+               (let ((tail (gensym "LIST")))
+                 (bind tail (next))
+                 (let ((by (by-form))
+                       (test (end-test `(endp ,tail)))
+                       (sets (%loop-destructure pattern `(car ,tail))))
+                   (bind-pattern pattern)
+                   (list nil (list test) sets
+                         (list (list tail (step-by tail by))) (list test) sets))))
+             (for-on (pattern)
+               (if (and pattern (symbolp pattern))
+                   (progn
+                     (bind pattern (next))
+                     (let* ((by (by-form)) (test (end-test `(atom ,pattern))))
+                       (list nil (list test) nil (list (list pattern (step-by pattern by))) (list test) nil)))
+                   (let ((tail (gensym "LIST")))
+                     (bind tail (next))
+                     (let ((by (by-form))
+                           (test (end-test `(atom ,tail)))
+                           (sets (%loop-destructure pattern tail)))
+                       (bind-pattern pattern)
+                       (list nil (list test) sets (list (list tail (step-by tail by))) (list test) sets)))))
+             (for-across (pattern)
+               (let ((vec (gensym "VECTOR")) (index (gensym "INDEX")) (len (gensym "LENGTH")))
+                 (bind vec (next))
+                 (bind len `(length ,vec))
+                 (bind index 0)
+                 (bind-pattern pattern)
+                 (let ((test (end-test `(>= ,index ,len)))
+                       (sets (%loop-destructure pattern `(aref ,vec ,index))))
+                   (list nil (list test) sets (list (list index `(1+ ,index))) (list test) sets))))
+             (for-equals (pattern)
+               (let* ((init (next))
+                      (then (if (kw-p "THEN") (progn (next) (next)) init)))
+                 (bind-pattern pattern)
+                 (if (and pattern (symbolp pattern))
+                     (list (list (list pattern init)) nil nil (list (list pattern then)) nil nil)
+                     (let ((g (gensym "VALUE")))
+                       (bind g nil)
+                       (list (list (list g init)) nil (%loop-destructure pattern g)
+                             (list (list g then)) nil (%loop-destructure pattern g))))))
+             (for-being (pattern)
+               (unless (kw-p "THE" "EACH")
+                 (%loop-error "expected the or each after being, found ~s" (if clauses (peek) "the end")))
+               (next)
+               (unless (kw-p "HASH-KEY" "HASH-KEYS" "HASH-VALUE" "HASH-VALUES")
+                 (%loop-error "SexpGPU's loop iterates with being only over hash-keys or hash-values, found ~s"
+                              (if clauses (peek) "the end")))
+               (let* ((keys-p (kw-p "HASH-KEY" "HASH-KEYS"))
+                      (entries (gensym "ENTRIES"))
+                      (other nil))
+                 (next)
+                 (unless (kw-p "OF" "IN") (%loop-error "expected of or in, found ~s" (if clauses (peek) "the end")))
+                 (next)
+                 (bind entries `(%hash-entries ,(next)))
+                 (when (kw-p "USING")
+                   (next)
+                   (let ((spec (next)))
+                     (unless (and (consp spec) (consp (cdr spec)))
+                       (%loop-error "using needs (hash-value var) or (hash-key var), got ~s" spec))
+                     (setq other (car (cdr spec)))
+                     (note-var other)))
+                 (bind-pattern pattern)
+                 (when other (bind other nil))
+                 (let ((test (end-test `(endp ,entries)))
+                       (sets (append (%loop-destructure pattern (if keys-p `(car (car ,entries)) `(cdr (car ,entries))))
+                                     (if other
+                                         (list `(setq ,other ,(if keys-p `(cdr (car ,entries)) `(car (car ,entries)))))
+                                         nil))))
+                   (list nil (list test) sets (list (list entries `(cdr ,entries))) (list test) sets))))
+             (for-arithmetic (var)
+               ;; the from, to and by forms are evaluated once each, in the order written
+               (let ((start nil) (start-kind nil) (limit nil) (limit-kind nil) (by 1) (order nil))
+                 (loop
+                   (cond ((kw-p "FROM" "UPFROM" "DOWNFROM")
+                          (when start-kind (%loop-error "~s has two starting values" var))
+                          (setq start-kind (symbol-name (next)) start (next))
+                          (push :start order))
+                         ((kw-p "TO" "UPTO" "BELOW" "DOWNTO" "ABOVE")
+                          (when limit-kind (%loop-error "~s has two limits" var))
+                          (setq limit-kind (symbol-name (next)) limit (next))
+                          (push :limit order))
+                         ((kw-p "BY")
+                          (when (member :by order) (%loop-error "~s has two by values" var))
+                          (next)
+                          (setq by (next))
+                          (push :by order))
+                         (t (return))))
+                 (let ((down (or (equal start-kind "DOWNFROM") (member limit-kind '("DOWNTO" "ABOVE") :test #'equal)))
+                       (up (or (equal start-kind "UPFROM") (member limit-kind '("UPTO" "BELOW") :test #'equal))))
+                   (when (and down up) (%loop-error "~s both counts up and down" var))
+                   (unless (member :start order) (bind var 0))
+                   (dolist (part (reverse order))
+                     (cond ((eq part :start) (bind var start))
+                           ((eq part :limit)
+                            (unless (numberp limit)
+                              (let ((g (gensym "LIMIT"))) (bind g limit) (setq limit g))))
+                           (t (unless (numberp by)
+                                (let ((g (gensym "BY"))) (bind g by) (setq by g))))))
+                   (let ((test (when limit-kind
+                                 (list (end-test (list (cond ((member limit-kind '("BELOW" "ABOVE") :test #'equal)
+                                                              (if down '<= '>=))
+                                                             (down '<)
+                                                             (t '>))
+                                                       var limit))))))
+                     (list nil test nil (list (list var (list (if down '- '+) var by))) test nil)))))
+             (parse-repeat ()
+               (let ((count (gensym "REPEAT")))
+                 (bind count (next))
+                 (let ((test (list (end-test `(<= ,count 0)))))
+                   (emit-group (list (list nil test nil (list (list count `(1- ,count))) test nil))))))
+             (parse-with ()
+               (let ((specs nil))
+                 (loop
+                   (let* ((pattern (next))
+                          (type (progn (note-pattern pattern)
+                                       (cond ((kw-p "OF-TYPE") (next) (next))
+                                             ((and clauses (symbolp (peek)) (peek)
+                                                   (member (symbol-name (peek)) *%loop-simple-types* :test #'string=))
+                                              (next))
+                                             (t nil))))
+                          (init (if (kw-p "=") (progn (next) (next)) (%loop-type-default type))))
+                     (push (list pattern init) specs))
+                   (if (kw-p "AND") (next) (return)))
+                 (setq specs (reverse specs))
+                 (if (null (cdr specs))
+                     (dolist (b (%loop-destructure-bindings (car (car specs)) (car (cdr (car specs))))) (push b bindings))
+                     ;; with ... and ...: every form first, then the bindings
+                     (let ((temps (mapcar (lambda (s) (declare (ignore s)) (gensym "WITH")) specs)))
+                       (mapc (lambda (g s) (bind g (car (cdr s)))) temps specs)
+                       (mapc (lambda (g s) (dolist (b (%loop-destructure-bindings (car s) g)) (push b bindings)))
+                             temps specs))))))
       (when (kw-p "NAMED") (next) (setq name (next)))
       (loop
         (when (null clauses) (return))
-        (cond
-          ((kw-p "FOR" "AS") (next) (parse-for))
-          ((kw-p "WITH")
-           (next)
-           (loop
-             (let ((var (next)))
-               (if (kw-p "=") (progn (next) (bind var (next))) (bind var nil)))
-             (if (kw-p "AND") (next) (return))))
-          ((kw-p "REPEAT")
-           (next)
-           (let ((counter (gensym "REPEAT")))
-             (bind counter (next))
-             (push `(if (<= ,counter 0) (go ,end) (setq ,counter (1- ,counter))) tests)))
-          ((kw-p "WHILE") (next) (push `(unless ,(next) (go ,end)) body))
-          ((kw-p "UNTIL") (next) (push `(when ,(next) (go ,end)) body))
-          ((kw-p "ALWAYS")
+        (case (%loop-keyword (peek))
+          ((:for :as) (next) (parse-for-group))
+          (:with (next) (parse-with))
+          (:repeat (next) (parse-repeat))
+          (:while (next) (push (end-test `(not ,(next))) body))
+          (:until (next) (push (end-test (next)) body))
+          (:always
            (next)
            (push `(unless ,(next) (return-from ,name nil)) body)
-           (setq result-form t))
-          ((kw-p "NEVER")
+           (unless default-acc (setq result-form t)))
+          (:never
            (next)
            (push `(when ,(next) (return-from ,name nil)) body)
-           (setq result-form t))
-          ((kw-p "THEREIS")
+           (unless default-acc (setq result-form t)))
+          (:thereis
            (next)
            (let ((v (gensym "V")))
              (push `(let ((,v ,(next))) (when ,v (return-from ,name ,v))) body)))
-          ((kw-p "INITIALLY") (next) (setq initially (append initially (compound-forms))))
-          ((kw-p "FINALLY") (next) (setq finally (append finally (compound-forms))))
-          (t (push (parse-selectable) body))))
-      (let ((top (gensym "TOP")))
-        `(block ,name
-           (let* (,@(reverse bindings) (,first t))
-             ,@initially
-             (tagbody
-              ,top
-                ,@(reverse tests)
-                ,@(reverse body)
-                ,@(reverse steps)
-                (setq ,first nil)
-                (go ,top)
-              ,end
-                ,@finally)
-             ,result-form))))))
+          (:initially (next) (setq initially (append initially (compound-forms))))
+          (:finally (next) (setq finally (append finally (compound-forms))))
+          (:named (%loop-error "named must be the first clause"))
+          (t (push (parse-selectable nil) body))))
+      (let ((expansion
+              `(block ,name
+                 (let* ,(reverse bindings)
+                   (tagbody
+                      ,@initially
+                      ,@(reverse firsts)
+                    ,next-tag
+                      ,@(reverse body)
+                      ,@(reverse steps)
+                      (go ,next-tag)
+                    ,end
+                      ,@finally)
+                   ,result-form))))
+        (if (%tree-has-name (list body finally) "LOOP-FINISH")
+            `(macrolet ((loop-finish () '(go ,end))) ,expansion)
+            expansion)))))
+
+;;; ------------------------------------------------------------------------------------------
+;;; Conditions (handler-bind, restarts, define-condition) and string streams
+
+;;; handler-bind: each handler is called where the condition is signalled (error, signal,
+;;; warn, cerror), with only the handlers outside its handler-bind active; it declines by
+;;; returning. An error a builtin signals reaches the handlers as it leaves the form.
+(defmacro handler-bind (bindings &body body)
+  `(%handler-bind (list ,@(mapcar (lambda (b) `(cons ',(car b) ,(cadr b))) bindings))
+                  (lambda () ,@body)))
+
+;;; Restarts (CLHS 9.1.4.2): a restart is a name and a function, active while its
+;;; restart-bind or restart-case form runs.
+(defstruct restart name function (test nil) (report nil))
+
+(defvar *%restarts* nil)
+
+(defun %restart-options (options)
+  ;; (:report-function f :test-function g ...) of restart-bind -> the args to make-restart
+  (let ((test (getf options :test-function)) (report (getf options :report-function)))
+    `(,@(if test `(:test ,test) nil) ,@(if report `(:report ,report) nil))))
+
+(defmacro restart-bind (bindings &body body)
+  `(let ((*%restarts*
+           (list* ,@(mapcar (lambda (b) `(make-restart :name ',(car b) :function ,(cadr b) ,@(%restart-options (cddr b))))
+                            bindings)
+                  *%restarts*)))
+     ,@body))
+
+(defun %restart-clause (clause)
+  ;; (name lambda-list [:report r] [:interactive i] [:test t] body...) -> (values options body)
+  (let ((forms (cddr clause)) (options nil))
+    (loop while (and forms (member (car forms) '(:report :interactive :test)))
+          do (setq options (list* (car forms) (cadr forms) options) forms (cddr forms)))
+    (values options forms)))
+
+(defun %restart-report (report)
+  (cond ((null report) nil)
+        ((stringp report) `(lambda (stream) (write-string ,report stream)))
+        ((symbolp report) `(function ,report))
+        (t `(function ,report))))
+
+(defmacro restart-case (form &rest clauses)
+  (let ((block (gensym "RESTART-CASE")) (args (gensym "ARGS"))
+        (tags (mapcar (lambda (c) (declare (ignore c)) (gensym "RESTART")) clauses)))
+    `(block ,block
+       (let ((,args nil))
+         (tagbody
+            (return-from ,block
+              (restart-bind
+                  ,(mapcar (lambda (c tag)
+                             (let* ((options (%restart-clause c)) (test (getf options :test))
+                                    (report (%restart-report (getf options :report))))
+                               `(,(car c) (lambda (&rest a) (setq ,args a) (go ,tag))
+                                 ,@(if test `(:test-function (function ,test)) nil)
+                                 ,@(if report `(:report-function ,report) nil))))
+                           clauses tags)
+                ,form))
+            ,@(mapcan (lambda (c tag)
+                        (multiple-value-bind (options body) (%restart-clause c)
+                          (declare (ignore options))
+                          `(,tag (return-from ,block (apply (lambda ,(cadr c) ,@body) ,args)))))
+                      clauses tags))))))
+
+(defun compute-restarts (&optional condition)
+  (remove-if-not (lambda (r) (or (null (restart-test r)) (funcall (restart-test r) condition)))
+                 *%restarts*))
+
+(defun find-restart (identifier &optional condition)
+  (find-if (lambda (r) (if (restart-p identifier) (eq r identifier) (eq (restart-name r) identifier)))
+           (compute-restarts condition)))
+
+(defun invoke-restart (restart &rest arguments)
+  (let ((r (find-restart restart)))
+    (unless r
+      (error 'control-error :format-control "No restart ~s is active." :format-arguments (list restart)))
+    (apply (restart-function r) arguments)))
+
+(defun invoke-restart-interactively (restart)
+  (invoke-restart restart))
+
+(defun abort (&optional condition)
+  (invoke-restart (or (find-restart 'abort condition) 'abort)))
+
+(defun muffle-warning (&optional condition)
+  (invoke-restart (or (find-restart 'muffle-warning condition) 'muffle-warning)))
+
+(defun continue (&optional condition)
+  (let ((r (find-restart 'continue condition)))
+    (when r (invoke-restart r))))
+
+(defun use-value (value &optional condition)
+  (let ((r (find-restart 'use-value condition)))
+    (when r (invoke-restart r value))))
+
+(defun store-value (value &optional condition)
+  (let ((r (find-restart 'store-value condition)))
+    (when r (invoke-restart r value))))
+
+(defmacro with-simple-restart ((name format-control &rest args) &body forms)
+  `(restart-case (progn ,@forms)
+     (,name () :report (lambda (s) (format s ,format-control ,@args)) (values nil t))))
+
+(defmacro with-condition-restarts (condition restarts &body body)
+  (declare (ignore condition restarts))
+  `(progn ,@body))
+
+(defun warn (datum &rest arguments)
+  (let ((condition (%make-warning datum arguments)))
+    (restart-case (progn (%signal condition) (%record-warning condition))
+      (muffle-warning () nil))
+    nil))
+
+(defun cerror (continue-format-control datum &rest arguments)
+  (declare (ignore continue-format-control))
+  (restart-case (apply #'error datum arguments)
+    (continue () nil))
+  nil)
+
+;;; define-condition: the type, its slots' initargs and initforms, and reader functions.
+(defun %slot-spec (spec)
+  (let* ((spec (if (consp spec) spec (list spec))) (options (cdr spec)) (initargs nil) (initform nil))
+    (loop for (key value) on options by #'cddr
+          do (cond ((eq key :initarg) (push value initargs))
+                   ((eq key :initform) (setq initform `(lambda () ,value)))))
+    `(list ',(car spec) ',(reverse initargs) ,initform)))
+
+(defun %slot-readers (spec)
+  (let* ((spec (if (consp spec) spec (list spec))) (slot (car spec)) (out nil))
+    (loop for (key value) on (cdr spec) by #'cddr
+          do (cond ((eq key :reader)
+                    (push `(defun ,value (c) (%condition-slot c ',slot)) out))
+                   ((eq key :accessor)
+                    (push `(defun ,value (c) (%condition-slot c ',slot)) out)
+                    (push `(defun (setf ,value) (v c) (%set-condition-slot c ',slot v)) out))))
+    (reverse out)))
+
+(defmacro define-condition (name parents slots &rest options)
+  (let ((report (cadr (assoc :report options))))
+    `(progn
+       (%define-condition ',name ',parents (list ,@(mapcar #'%slot-spec slots))
+                          ,(cond ((null report) nil) ((stringp report) report) (t (%restart-report report))))
+       ,@(mapcan #'%slot-readers slots)
+       ',name)))
+
+;;; String streams
+(defmacro with-output-to-string ((var &optional string &key element-type) &body body)
+  (declare (ignore string element-type))
+  `(let ((,var (make-string-output-stream)))
+     ,@body
+     (get-output-stream-string ,var)))
+
+(defmacro with-input-from-string ((var string &key index (start 0) end) &body body)
+  `(let ((,var (make-string-input-stream ,string ,start ,end)))
+     (multiple-value-prog1 (progn ,@body)
+       ,@(if index `((setf ,index (%stream-position ,var))) nil))))
+
+(defmacro with-open-stream ((var stream) &body body)
+  `(let ((,var ,stream)) ,@body))

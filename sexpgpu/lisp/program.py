@@ -102,8 +102,7 @@ class Program:
 
     def eval_form(self, form: Any, loc: Loc, text: str) -> EvalResult:
         interp = self.interp
-        interp.steps_left = interp.limits.steps
-        interp.alloc_left = interp.limits.alloc
+        interp.reset_budget()
         source = _printed(form, interp)
 
         def run() -> list[str]:

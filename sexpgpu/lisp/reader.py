@@ -10,8 +10,9 @@ import re
 from bisect import bisect_right
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from .charnames import name_char
 from .diagnostics import Diagnostic, DiagnosticError
 from .types import (
     FUNCTION,
@@ -30,27 +31,16 @@ from .types import (
 WHITESPACE = " \t\n\r\f\v"
 TERMINATING = "()'\";`,"
 
-CHAR_NAMES: dict[str, str] = {
-    "SPACE": " ",
-    "NEWLINE": "\n",
-    "LINEFEED": "\n",
-    "TAB": "\t",
-    "RETURN": "\r",
-    "PAGE": "\f",
-    "BACKSPACE": "\b",
-    "RUBOUT": "\x7f",
-    "DELETE": "\x7f",
-    "NUL": "\x00",
-    "NULL": "\x00",
-    "ESCAPE": "\x1b",
-    "ESC": "\x1b",
-    "BELL": "\x07",
-}
 
 _INT = re.compile(r"[+-]?[0-9]+\.?\Z")
 _RATIO = re.compile(r"[+-]?[0-9]+/[0-9]+\Z")
 _FLOAT = re.compile(r"[+-]?(?:[0-9]*\.[0-9]+(?:[esfdlESFDL][+-]?[0-9]+)?|[0-9]+(?:\.[0-9]*)?[esfdlESFDL][+-]?[0-9]+)\Z")
 _MAX_NUMBER_DIGITS = 10_000
+# a token with no escapes, up to whitespace or a terminating character: the common case
+_PLAIN_TOKEN = re.compile(r"[^ \t\n\r\f\v()'\";`,\\|]+")
+# whitespace and line comments (block comments take the slow path)
+_SKIP_START = " \t\n\r\f\v;#"
+_SKIPPABLE = re.compile(r"(?:[ \t\n\r\f\v]+|;[^\n]*)*")
 
 
 @dataclass
@@ -81,10 +71,11 @@ class Reader:
     """Reads every form of one text. Raises DiagnosticError at the exact position of the
     first problem; never raises anything else."""
 
-    def __init__(self, text: str, file: str, symbols: SymbolTable) -> None:
+    def __init__(self, text: str, file: str, symbols: SymbolTable, read_base: int = 10) -> None:
         self.text = text
         self.file = file
         self.symbols = symbols
+        self.read_base = read_base  # *read-base*, for read-from-string
         self.pos = 0
         self._line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
 
@@ -115,6 +106,13 @@ class Reader:
     # -- whitespace ------------------------------------------------------------------
     def skip_whitespace_and_comments(self) -> None:
         text, n = self.text, len(self.text)
+        if self.pos >= n or text[self.pos] not in _SKIP_START:
+            return
+        skipped = _SKIPPABLE.match(text, self.pos)
+        assert skipped is not None  # the pattern matches the empty string
+        self.pos = skipped.end()
+        if self.pos >= n or text[self.pos] != "#":
+            return
         while self.pos < n:
             c = text[self.pos]
             if c in WHITESPACE:
@@ -251,10 +249,19 @@ class Reader:
     # -- tokens ----------------------------------------------------------------------
     def scan_token(self) -> tuple[str, bool]:
         """The token at pos with escapes applied, upcased where unescaped; and whether any
-        part was escaped (an escaped token is never a number)."""
+        part was escaped (an escaped token is never a number). self.colons gets the
+        positions in the token of the colons that were not escaped (package markers)."""
         text, n = self.text, len(self.text)
+        plain = _PLAIN_TOKEN.match(text, self.pos)
+        if plain is not None and (plain.end() >= n or text[plain.end()] not in "\\|"):
+            token = plain.group().upper()
+            self.colons = [i for i, c in enumerate(token) if c == ":"] if ":" in token else []
+            self.pos = plain.end()
+            return token, False
         out: list[str] = []
         escaped = False
+        self.colons = []
+        length = 0
         while self.pos < n:
             c = text[self.pos]
             if c in WHITESPACE or c in TERMINATING:
@@ -263,6 +270,7 @@ class Reader:
                 if self.pos + 1 >= n:
                     raise self.error("R001", "unexpected end of input after `\\` in a symbol", self.pos)
                 out.append(text[self.pos + 1])
+                length += 1
                 escaped = True
                 self.pos += 2
             elif c == "|":
@@ -270,10 +278,14 @@ class Reader:
                 if close < 0:
                     raise self.error("R001", "unexpected end of input: `|` in a symbol is not closed", self.pos)
                 out.append(text[self.pos + 1 : close])
+                length += close - self.pos - 1
                 escaped = True
                 self.pos = close + 1
             else:
+                if c == ":":
+                    self.colons.append(length)
                 out.append(c.upper())
+                length += 1
                 self.pos += 1
         return "".join(out), escaped
 
@@ -287,6 +299,10 @@ class Reader:
         return self.make_symbol(token, raw, escaped, start)
 
     def parse_number(self, token: str, start: int) -> Any:
+        if self.read_base != 10:
+            value = self.parse_in_base(token)
+            if value is not None:
+                return value
         if not token or not (token[0].isdigit() or token[0] in "+-."):
             return None
         if len(token) > _MAX_NUMBER_DIGITS:
@@ -310,26 +326,44 @@ class Reader:
             return double
         return None
 
+    def parse_in_base(self, token: str) -> Any:
+        """An integer or ratio in *read-base* (a trailing point still means decimal)."""
+        body = token[1:] if token[:1] in "+-" else token
+        parts = body.split("/")
+        if not body or len(parts) > 2 or not all(parts) or body.endswith("."):
+            return None
+        try:
+            values = [int(part, self.read_base) for part in parts]
+        except ValueError:
+            return None
+        if len(values) == 2 and values[1] == 0:
+            return None
+        sign = -1 if token[0] == "-" else 1
+        value = Fraction(sign * values[0], values[1]) if len(values) == 2 else sign * values[0]
+        return value.numerator if type(value) is Fraction and value.denominator == 1 else value
+
     def make_symbol(self, token: str, raw: str, escaped: bool, start: int) -> Any:
         if not escaped and token and set(token) == {"."}:
             raise self.error("R003", f"`{raw}` is not a valid token: a dot may only appear inside a dotted list", start)
-        if not escaped and ":" in raw:
-            return self.make_qualified_symbol(token, raw, start)
+        if self.colons:
+            return self.make_qualified_symbol(token, raw, start, list(self.colons), escaped)
         if token == "NIL" and not escaped:
             return NIL
         return self.symbols.intern(token)
 
-    def make_qualified_symbol(self, token: str, raw: str, start: int) -> Symbol:
-        if raw.startswith(":"):
+    def make_qualified_symbol(self, token: str, raw: str, start: int, colons: list[int], escaped: bool) -> Symbol:
+        if colons[0] == 0:
             name = token[1:]
-            if not name or ":" in name:
+            if len(colons) > 1 or (not name and not escaped):
                 raise self.error("R003", f"`{raw}` is not a valid keyword", start)
             return self.symbols.keyword(name)
-        parts = token.split("::") if "::" in token else token.split(":")
-        if len(parts) != 2 or not parts[0] or not parts[1] or ":" in parts[1]:
+        marker = colons[0]
+        double = len(colons) == 2 and colons[1] == marker + 1
+        prefix, name = token[:marker], token[marker + (2 if double else 1) :]
+        if len(colons) > (2 if double else 1) or not prefix or not name:
             raise self.error("R003", f"`{raw}` is not a valid symbol: use `prefix:name` with one colon", start)
         try:
-            return self.symbols.qualified(parts[0], parts[1])
+            return self.symbols.qualified(prefix, name)
         except LookupError as exc:
             raise DiagnosticError(Diagnostic.at("M004", str(exc), self.loc_at(start))) from None
 
@@ -351,6 +385,10 @@ class Reader:
             return list(items) if type(items) is Cons else []
         if c in "xXbBoO":
             return self.read_radix(start, {"x": 16, "b": 2, "o": 8}[c.lower()])
+        if c == "*":
+            return self.read_bits(start, start + 2, None)
+        if c.isdigit():
+            return self.read_numbered_dispatch(start, depth)
         if c == ":":
             self.pos = start + 2
             token, _ = self.scan_token()
@@ -363,7 +401,7 @@ class Reader:
             )
         if c == ".":
             raise self.error("R005", "`#.` (read-time evaluation) is refused: the reader never evaluates code", start)
-        raise self.error("R005", f"unknown reader syntax `#{c}`: supported are #' #\\ #( #x #b #o #: and #| |#", start)
+        raise self.error("R005", f"unknown reader syntax `#{c}`: supported are #' #\\ #( #* #x #b #o #nR #nA #: and #| |#", start)
 
     def read_character(self, start: int) -> Char:
         text, n = self.text, len(self.text)
@@ -379,18 +417,51 @@ class Reader:
             return Char(first)
         name = first + text[self.pos : end]
         self.pos = end
-        code = CHAR_NAMES.get(name.upper())
-        if code is not None:
-            return Char(code)
-        if name[0] in "uU" and len(name) > 1:
-            try:
-                return Char(chr(int(name[1:], 16)))
-            except (ValueError, OverflowError):
-                pass
+        found = name_char(name)
+        if found is not None:
+            return Char(found)
         raise self.error("R004", f"unknown character name `#\\{name}`; use e.g. #\\a, #\\Space, #\\Newline, #\\Tab", start)
 
-    def read_radix(self, start: int, base: int) -> Any:
-        self.pos = start + 2
+    def read_numbered_dispatch(self, start: int, depth: int) -> Any:
+        """#nR (a rational in base n), #nA (an array of rank n), #n( (a vector of n elements,
+        the last repeated) and #n* (n bits)."""
+        text = self.text
+        end = start + 1
+        while end < len(text) and text[end].isdigit():
+            end += 1
+        n = int(text[start + 1 : end])
+        c = text[end] if end < len(text) else ""
+        if c in "rR" and 2 <= n <= 36:
+            return self.read_radix(start, n, end + 1 - start)
+        if c in "aA":
+            self.pos = end + 1
+            return _array_literal(self.read_form(depth + 1), n, lambda: self.error("R006", f"#{n}A needs contents nested {n} deep, all of one shape", start))
+        if c == "(":
+            self.pos = end + 1
+            items = self.read_list_rest(end, depth)
+            elements = list(items) if type(items) is Cons else []
+            if len(elements) > n or (n and not elements):
+                raise self.error("R006", f"#{n}( has {len(elements)} elements", start)
+            return elements + elements[-1:] * (n - len(elements))
+        if c == "*":
+            return self.read_bits(start, end + 1, n)
+        raise self.error("R005", f"unknown reader syntax `#{n}{c}`: supported are #nR, #nA, #n( and #n*", start)
+
+    def read_bits(self, start: int, pos: int, n: Optional[int]) -> list[int]:
+        """#*0101: a bit vector, read as a vector of 0s and 1s (SexpGPU has no bit vectors)."""
+        self.pos = pos
+        token, _ = self.scan_token()
+        if token.strip("01"):
+            raise self.error("R003", f"`#*{token.lower()}` is not a bit vector: only 0 and 1 may follow #*", start)
+        bits = [int(b) for b in token]
+        if n is not None:
+            if len(bits) > n or (n and not bits):
+                raise self.error("R006", f"#{n}* has {len(bits)} bits", start)
+            bits += bits[-1:] * (n - len(bits))
+        return bits
+
+    def read_radix(self, start: int, base: int, width: int = 2) -> Any:
+        self.pos = start + width
         token, _ = self.scan_token()
         try:
             if "/" in token:
@@ -401,8 +472,38 @@ class Reader:
                 raise ValueError
             return int(token, base)
         except (ValueError, ZeroDivisionError):
-            mark = self.text[start : start + 2]
+            mark = self.text[start : start + width]
             raise self.error("R003", f"`{mark}{token.lower()}` is not a valid base-{base} number", start) from None
+
+
+def _array_literal(contents: Any, rank: int, bad: Callable[[], Exception]) -> Any:
+    """The array #rankA(contents) denotes: a vector for rank 1, a LispArray otherwise."""
+    from .objects import LispArray
+
+    dims: list[int] = []
+    level = contents
+    for _ in range(rank):
+        items = list(level) if type(level) is Cons else level if type(level) is list else [] if level is NIL else None
+        if items is None:
+            raise bad()
+        dims.append(len(items))
+        level = items[0] if items else NIL
+    data: list[Any] = []
+
+    def flatten(x: Any, depth: int) -> None:
+        if depth == rank:
+            data.append(x)
+            return
+        items = list(x) if type(x) is Cons else x if type(x) is list else [] if x is NIL else None
+        if items is None or len(items) != dims[depth]:
+            raise bad()
+        for item in items:
+            flatten(item, depth + 1)
+
+    flatten(contents, 0)
+    if rank == 1:
+        return data
+    return LispArray(tuple(dims), data)
 
 
 def _is_proper(x: Any) -> bool:

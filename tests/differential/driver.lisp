@@ -6,7 +6,8 @@
 ;;;; Line format (one per case, in order):
 ;;;;   ok V1 ; V2 ; ...   each value printed with PRIN1-TO-STRING
 ;;;;   ok                 (note the trailing space) for (values)
-;;;;   error              when evaluating the form signalled an ERROR
+;;;;   error CLASS        when evaluating the form signalled an ERROR; CLASS is the
+;;;;                      first of *ERROR-CLASSES* the condition is of
 ;;;; Inside a line each backslash is doubled and each newline becomes the
 ;;;; two characters \n.  The number of cases is printed to stderr.
 
@@ -53,6 +54,14 @@ even with a huge right margin, so conses get this printer instead."
     (set-pprint-dispatch 'cons #'%pprint-cons 100 table)
     table))
 
+(defparameter *error-classes*
+  '(unbound-variable undefined-function division-by-zero floating-point-overflow arithmetic-error
+    type-error program-error control-error parse-error stream-error cell-error error)
+  "The classes an error is recorded under, most specific first.")
+
+(defun %error-class (condition)
+  (string-downcase (symbol-name (find-if (lambda (class) (typep condition class)) *error-classes*))))
+
 (defun %run-one (form)
   "Evaluate FORM; return the result line (unescaped)."
   (let ((sink (make-broadcast-stream)))
@@ -63,7 +72,7 @@ even with a huge right margin, so conses get this printer instead."
                       (handler-bind ((warning #'muffle-warning))
                         (multiple-value-list (eval form))))))
           (%join-values (mapcar #'prin1-to-string vals)))
-      (error () "error"))))
+      (error (c) (concatenate 'string "error " (%error-class c))))))
 
 (defun %main (cases-path out-path)
   (let ((count 0)

@@ -1,0 +1,320 @@
+"""Arrays (CLHS chapter 15). A vector is a Python list, a string a Python str (immutable, see
+"It is Common Lisp"), an array of any other rank a LispArray (dimensions, row-major elements).
+A vector made with a fill pointer holds only its active elements; vector-push-extend grows it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .builtins import Lib, Registry, lbool, need_index, parse_keys, type_error
+from .conditions import lisp_error
+from .objects import LispArray
+from .types import NIL, T, Char, Cons, Symbol
+
+ARRAY_RANK_LIMIT = 129  # SBCL's
+ARRAY_DIMENSION_LIMIT = 2**31 - 1
+ARRAY_TOTAL_SIZE_LIMIT = 2**31 - 1
+IMMUTABLE = "strings are immutable in SexpGPU; build a new one with concatenate or format"
+
+
+def install(reg: Registry) -> None:
+    ops = Arrays(reg.interp)
+    for name in [
+        "make-array", "vector", "aref", "%aset", "svref", "%svset", "row-major-aref", "%set-row-major-aref",
+        "array-dimensions", "array-dimension", "array-rank", "array-total-size", "array-row-major-index",
+        "array-in-bounds-p", "array-element-type", "upgraded-array-element-type", "adjustable-array-p",
+        "array-has-fill-pointer-p", "array-displacement", "fill-pointer", "%set-fill-pointer", "vector-push",
+        "vector-push-extend", "vector-pop", "adjust-array", "arrayp", "vectorp", "simple-vector-p",
+    ]:
+        reg.add(name, getattr(ops, "op_" + name.replace("%", "p_").replace("-", "_")))
+    for name, value in (("ARRAY-RANK-LIMIT", ARRAY_RANK_LIMIT), ("ARRAY-DIMENSION-LIMIT", ARRAY_DIMENSION_LIMIT), ("ARRAY-TOTAL-SIZE-LIMIT", ARRAY_TOTAL_SIZE_LIMIT)):
+        sym = reg.interp.sym(name)
+        reg.interp.values[sym] = value
+        reg.interp.constants.add(sym)
+
+
+def is_array(x: Any) -> bool:
+    return type(x) in (list, str, LispArray)
+
+
+def dimensions(x: Any) -> tuple[int, ...]:
+    return x.dims if type(x) is LispArray else (len(x),)
+
+
+def _character_type(element: Any) -> bool:
+    return type(element) is Symbol and element.name in ("CHARACTER", "BASE-CHAR", "STANDARD-CHAR", "EXTENDED-CHAR")
+
+
+class Arrays(Lib):
+    def need_array(self, fn: str, pos: int, x: Any) -> Any:
+        if not is_array(x):
+            raise type_error(fn, pos, "an array", x)
+        return x
+
+    def dims_of(self, fn: str, spec: Any) -> tuple[int, ...]:
+        if type(spec) is int:
+            need_index(fn, 1, spec)
+            return (spec,)
+        items = self.elements(fn, 1, spec) if spec is NIL or type(spec) is Cons else None
+        if items is None or not all(type(d) is int and d >= 0 for d in items):
+            raise type_error(fn, 1, "a non-negative integer or a list of them", spec)
+        if len(items) > ARRAY_RANK_LIMIT:
+            raise lisp_error("E103", f"`{fn}`: rank {len(items)} is above array-rank-limit ({ARRAY_RANK_LIMIT})", "TYPE-ERROR", spec)
+        return tuple(items)
+
+    def op_make_array(self, dims: Any, *args: Any) -> Any:
+        keys = parse_keys("make-array", args, {"INITIAL-ELEMENT", "INITIAL-CONTENTS", "ELEMENT-TYPE", "ADJUSTABLE", "FILL-POINTER", "DISPLACED-TO", "DISPLACED-INDEX-OFFSET"}, 2)
+        shape = self.dims_of("make-array", dims)
+        if keys.get("DISPLACED-TO", NIL) is not NIL:
+            raise lisp_error("E109", "`make-array`: displaced arrays do not exist in SexpGPU; copy with subseq or replace", "PROGRAM-ERROR")
+        if "INITIAL-ELEMENT" in keys and "INITIAL-CONTENTS" in keys:
+            raise lisp_error("E103", "`make-array`: give :initial-element or :initial-contents, not both", "ERROR")
+        total = 1
+        for d in shape:
+            total *= d
+        element = keys.get("ELEMENT-TYPE", T)
+        characters = _character_type(element)
+        self.alloc(total // 8 if characters else total)
+        self.charge(total)
+        if "INITIAL-CONTENTS" in keys:
+            data = self.contents("make-array", keys["INITIAL-CONTENTS"], shape)
+        else:
+            default = Char("\x00") if characters else 0  # what SBCL's fresh arrays hold
+            data = [keys.get("INITIAL-ELEMENT", default)] * total
+        fill = keys.get("FILL-POINTER", NIL)
+        if fill is not NIL:
+            if len(shape) != 1:
+                raise lisp_error("E103", "`make-array`: only a vector can have a fill pointer", "TYPE-ERROR", fill)
+            if fill is not T:
+                if type(fill) is not int or not 0 <= fill <= shape[0]:
+                    raise type_error("make-array", 0, f"t or an integer from 0 to {shape[0]} (the :fill-pointer)", fill)
+                data = data[:fill]
+        if len(shape) == 1:
+            if characters:
+                if not all(type(c) is Char for c in data):
+                    raise lisp_error("E103", "`make-array`: a character array holds only characters", "TYPE-ERROR")
+                return "".join(c.ch for c in data)
+            return data
+        return LispArray(shape, data)
+
+    def contents(self, fn: str, contents: Any, shape: tuple[int, ...]) -> list[Any]:
+        """The row-major elements of nested :initial-contents matching SHAPE."""
+        if not shape:
+            return [contents]
+        items = self.items(fn, 3, contents)
+        if len(items) != shape[0]:
+            raise lisp_error("E103", f"`{fn}`: :initial-contents has {len(items)} elements where the dimension is {shape[0]}", "ERROR", contents)
+        if len(shape) == 1:
+            return items
+        out: list[Any] = []
+        for sub in items:
+            out.extend(self.contents(fn, sub, shape[1:]))
+        return out
+
+    def op_vector(self, *xs: Any) -> Any:
+        self.alloc(len(xs))
+        return list(xs)
+
+    def index(self, fn: str, array: Any, subscripts: tuple[Any, ...]) -> int:
+        """The row-major index of SUBSCRIPTS in ARRAY, each checked."""
+        dims = dimensions(self.need_array(fn, 1, array))
+        if len(subscripts) != len(dims):
+            # SBCL: one subscript on an array of another rank is a type-error (not a vector)
+            ctype = "TYPE-ERROR" if len(subscripts) == 1 else "ERROR"
+            raise lisp_error("E102", f"`{fn}`: an array of rank {len(dims)} takes {len(dims)} subscripts, got {len(subscripts)}", ctype)
+        index = 0
+        for i, (d, s) in enumerate(zip(dims, subscripts), 2):
+            need_index(fn, i, s)
+            if s >= d:
+                raise lisp_error("E103", f"`{fn}`: index {s} is out of bounds for dimension {i - 2} of length {d}", "TYPE-ERROR", s)
+            index = index * d + s
+        return index
+
+    def op_aref(self, array: Any, *subscripts: Any) -> Any:
+        t = type(array)
+        if t is list and len(subscripts) == 1 and type(subscripts[0]) is int and 0 <= subscripts[0] < len(array):
+            return array[subscripts[0]]
+        i = self.index("aref", array, subscripts)
+        if t is str:
+            return Char(array[i])
+        if t is LispArray:
+            return array.data[i]
+        return array[i]
+
+    def op_p_aset(self, array: Any, *rest: Any) -> Any:
+        """(setf (aref array subscripts...) value): the value comes last."""
+        if not rest:
+            raise lisp_error("E102", "`(setf aref)` needs a value", "PROGRAM-ERROR")
+        *subscripts, value = rest
+        if type(array) is str:
+            raise lisp_error("E109", IMMUTABLE, "PROGRAM-ERROR")
+        i = self.index("(setf aref)", array, tuple(subscripts))
+        if type(array) is LispArray:
+            array.data[i] = value
+        else:
+            array[i] = value
+        return value
+
+    def op_svref(self, v: Any, i: Any) -> Any:
+        if type(v) is not list:
+            raise type_error("svref", 1, "a simple vector", v)
+        return self.op_aref(v, i)
+
+    def op_p_svset(self, v: Any, i: Any, value: Any) -> Any:
+        if type(v) is not list:
+            raise type_error("(setf svref)", 1, "a simple vector", v)
+        return self.op_p_aset(v, i, value)
+
+    def op_row_major_aref(self, array: Any, i: Any) -> Any:
+        self.need_array("row-major-aref", 1, array)
+        total = self.op_array_total_size(array)
+        need_index("row-major-aref", 2, i)
+        if i >= total:
+            raise lisp_error("E103", f"`row-major-aref`: index {i} is out of bounds for an array of {total} elements", "TYPE-ERROR", i)
+        if type(array) is str:
+            return Char(array[i])
+        return array.data[i] if type(array) is LispArray else array[i]
+
+    def op_p_set_row_major_aref(self, array: Any, i: Any, value: Any) -> Any:
+        if type(array) is str:
+            raise lisp_error("E109", IMMUTABLE, "PROGRAM-ERROR")
+        self.op_row_major_aref(array, i)
+        if type(array) is LispArray:
+            array.data[i] = value
+        else:
+            array[i] = value
+        return value
+
+    def op_array_dimensions(self, array: Any) -> Any:
+        return to_lisp(list(dimensions(self.need_array("array-dimensions", 1, array))))
+
+    def op_array_dimension(self, array: Any, axis: Any) -> Any:
+        dims = dimensions(self.need_array("array-dimension", 1, array))
+        need_index("array-dimension", 2, axis)
+        if axis >= len(dims):
+            raise lisp_error("E103", f"`array-dimension`: axis {axis} is not below the rank {len(dims)}", "ERROR", axis)
+        return dims[axis]
+
+    def op_array_rank(self, array: Any) -> Any:
+        return len(dimensions(self.need_array("array-rank", 1, array)))
+
+    def op_array_total_size(self, array: Any) -> Any:
+        total = 1
+        for d in dimensions(self.need_array("array-total-size", 1, array)):
+            total *= d
+        return total
+
+    def op_array_row_major_index(self, array: Any, *subscripts: Any) -> Any:
+        return self.index("array-row-major-index", array, subscripts)
+
+    def op_array_in_bounds_p(self, array: Any, *subscripts: Any) -> Any:
+        dims = dimensions(self.need_array("array-in-bounds-p", 1, array))
+        if len(subscripts) != len(dims):
+            raise lisp_error("E102", f"`array-in-bounds-p`: an array of rank {len(dims)} takes {len(dims)} subscripts, got {len(subscripts)}", "PROGRAM-ERROR")
+        for i, s in enumerate(subscripts, 2):
+            if type(s) is not int:
+                raise type_error("array-in-bounds-p", i, "an integer", s)
+        return lbool(all(0 <= s < d for s, d in zip(subscripts, dims)))
+
+    def op_array_element_type(self, array: Any) -> Any:
+        self.need_array("array-element-type", 1, array)
+        return self.interp.sym("CHARACTER") if type(array) is str else T
+
+    def op_upgraded_array_element_type(self, spec: Any, env: Any = NIL) -> Any:
+        return self.interp.sym("CHARACTER") if _character_type(spec) else T
+
+    def op_adjustable_array_p(self, array: Any) -> Any:
+        self.need_array("adjustable-array-p", 1, array)
+        return NIL  # every array is simple: vector-push-extend grows a vector in place anyway
+
+    def op_array_has_fill_pointer_p(self, array: Any) -> Any:
+        self.need_array("array-has-fill-pointer-p", 1, array)
+        return NIL
+
+    def op_array_displacement(self, array: Any) -> Any:
+        from .types import MultipleValues
+
+        self.need_array("array-displacement", 1, array)
+        return MultipleValues((NIL, 0))
+
+    def need_vector(self, fn: str, pos: int, v: Any) -> list[Any]:
+        if type(v) is not list:
+            raise type_error(fn, pos, "a vector (strings are immutable)" if type(v) is str else "a vector", v)
+        return v
+
+    def op_fill_pointer(self, v: Any) -> Any:
+        return len(self.need_vector("fill-pointer", 1, v))
+
+    def op_p_set_fill_pointer(self, v: Any, n: Any) -> Any:
+        self.need_vector("(setf fill-pointer)", 1, v)
+        need_index("(setf fill-pointer)", 2, n)
+        if n > len(v):
+            raise lisp_error("E103", f"(setf fill-pointer): {n} is beyond the {len(v)} elements the vector holds", "TYPE-ERROR", n)
+        del v[n:]
+        return n
+
+    def op_vector_push(self, x: Any, v: Any) -> Any:
+        self.need_vector("vector-push", 2, v)
+        self.alloc(1)
+        v.append(x)
+        return len(v) - 1
+
+    def op_vector_push_extend(self, x: Any, v: Any, extension: Any = NIL) -> Any:
+        self.need_vector("vector-push-extend", 2, v)
+        self.alloc(1)
+        v.append(x)
+        return len(v) - 1
+
+    def op_vector_pop(self, v: Any) -> Any:
+        self.need_vector("vector-pop", 1, v)
+        if not v:
+            raise lisp_error("E103", "`vector-pop`: the vector is empty", "ERROR")
+        return v.pop()
+
+    def op_adjust_array(self, array: Any, dims: Any, *args: Any) -> Any:
+        keys = parse_keys("adjust-array", args, {"INITIAL-ELEMENT", "INITIAL-CONTENTS", "ELEMENT-TYPE", "FILL-POINTER", "DISPLACED-TO", "DISPLACED-INDEX-OFFSET"}, 3)
+        shape = self.dims_of("adjust-array", dims)
+        old = self.need_array("adjust-array", 1, array)
+        if "INITIAL-CONTENTS" in keys:
+            return self.op_make_array(dims, self.interp.kw("INITIAL-CONTENTS"), keys["INITIAL-CONTENTS"])
+        init = keys.get("INITIAL-ELEMENT", NIL)
+        if type(old) is list and len(shape) == 1:
+            n = shape[0]
+            self.alloc(max(0, n - len(old)))
+            if n < len(old):
+                del old[n:]
+            else:
+                old.extend([init] * (n - len(old)))
+            return old
+        made = self.op_make_array(dims, self.interp.kw("INITIAL-ELEMENT"), init)
+        old_dims = dimensions(old)
+        if len(old_dims) == len(shape):
+            for index in _all_subscripts(tuple(min(a, b) for a, b in zip(old_dims, shape))):
+                self.op_p_aset(made, *index, self.op_aref(old, *index))
+        return made
+
+    def op_arrayp(self, x: Any) -> Any:
+        return lbool(is_array(x))
+
+    def op_vectorp(self, x: Any) -> Any:
+        return lbool(type(x) in (list, str))
+
+    def op_simple_vector_p(self, x: Any) -> Any:
+        return lbool(type(x) is list)
+
+
+def _all_subscripts(dims: tuple[int, ...]) -> Any:
+    if not dims:
+        yield ()
+        return
+    for i in range(dims[0]):
+        for rest in _all_subscripts(dims[1:]):
+            yield (i, *rest)
+
+
+def to_lisp(items: list[Any]) -> Any:
+    result: Any = NIL
+    for item in reversed(items):
+        result = Cons(item, result)
+    return result
+

@@ -1,0 +1,710 @@
+"""The sequence functions (CLHS chapter 17) and every/some/notany/notevery, on lists, vectors and
+strings. Keyword arguments follow CLHS 3.4.1.4 (parse_keys); :key nil means identity; with
+:from-end the elements are visited, and :key and :test called, from the end."""
+
+from __future__ import annotations
+
+from functools import cmp_to_key
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from .builtins import Lib, Registry, lbool, need_index, parse_keys, short, type_error
+from .conditions import lisp_error
+from .types import NIL, T, Char, Cons, Symbol
+
+if TYPE_CHECKING:
+    from .evaluator import Interpreter
+
+TEST_KEYS = {"FROM-END", "TEST", "TEST-NOT", "START", "END", "KEY"}
+IF_KEYS = {"FROM-END", "START", "END", "KEY"}
+TWO_KEYS = {"FROM-END", "TEST", "TEST-NOT", "KEY", "START1", "END1", "START2", "END2"}
+
+
+def install(reg: Registry) -> None:
+    ops = Sequences(reg.interp)
+    for name in [
+        "length", "elt", "%set-elt", "subseq", "%set-subseq", "copy-seq", "reverse", "nreverse", "fill", "replace",
+        "make-sequence", "map", "map-into", "reduce", "count", "count-if", "count-if-not", "find", "find-if",
+        "find-if-not", "position", "position-if", "position-if-not", "remove", "remove-if", "remove-if-not", "delete",
+        "delete-if", "delete-if-not", "remove-duplicates", "delete-duplicates", "substitute", "substitute-if",
+        "substitute-if-not", "nsubstitute", "nsubstitute-if", "nsubstitute-if-not", "search", "mismatch", "sort",
+        "stable-sort", "merge", "concatenate", "every", "some", "notany", "notevery", "sequencep", "identity",
+        "coerce",
+    ]:
+        reg.add(name, getattr(ops, "op_" + name.replace("%", "p_").replace("-", "_")))
+
+
+class SequenceType:
+    """A sequence type specifier resolved: the kind of sequence, its length if the type fixes
+    one, and the element type of a vector."""
+
+    def __init__(self, kind: str, length: Optional[int] = None, element: Any = None) -> None:
+        self.kind = kind  # "list" "vector" "string" "null" "cons"
+        self.length = length
+        self.element = element  # None: any (the type says vector, not (vector type))
+
+
+class Sequences(Lib):
+    # -- result types -----------------------------------------------------------------------------
+    def sequence_type(self, fn: str, spec: Any) -> SequenceType:
+        """A result type for make-sequence, map, concatenate, coerce or merge."""
+        spec = self.interp.types.expand(spec)
+        name = spec.name if type(spec) is Symbol else (spec.car.name if type(spec) is Cons and type(spec.car) is Symbol else "")
+        args = list(spec.cdr) if type(spec) is Cons else []
+        simple = {
+            "LIST": "list", "CONS": "cons", "NULL": "null", "VECTOR": "vector", "SIMPLE-VECTOR": "vector",
+            "STRING": "string", "SIMPLE-STRING": "string", "BASE-STRING": "string", "SIMPLE-BASE-STRING": "string",
+        }
+        if type(spec) is Symbol and name in simple:
+            return SequenceType(simple[name], element=T if name == "SIMPLE-VECTOR" else None)
+        if name in ("BIT-VECTOR", "SIMPLE-BIT-VECTOR"):
+            # SexpGPU has no bit vectors: a vector of 0s and 1s stands for one
+            size = args[0] if args and type(args[0]) is int else None
+            return SequenceType("vector", size, self.interp.sym("BIT"))
+        if type(spec) is Cons:
+            if name in ("VECTOR", "SIMPLE-ARRAY", "ARRAY") or (name == "SIMPLE-VECTOR"):
+                element = T if name == "SIMPLE-VECTOR" else (args[0] if args else None)
+                if _is_star(element):
+                    element = None
+                size = args[0] if name == "SIMPLE-VECTOR" and args else (args[1] if len(args) > 1 else None)
+                if name in ("SIMPLE-ARRAY", "ARRAY"):
+                    dims = size
+                    if type(dims) is Cons and dims.cdr is NIL:
+                        size = dims.car
+                    elif dims is not None and dims is not NIL and not (type(dims) is Symbol and dims.name == "*") and dims != 1:
+                        raise lisp_error("E103", f"`{fn}`: {short(spec)} is not a one-dimensional sequence type", "TYPE-ERROR", spec)
+                    else:
+                        size = None
+                length = size if type(size) is int else None
+                if _is_character_type(element):
+                    return SequenceType("string", length)
+                return SequenceType("vector", length, element)
+            if name in ("STRING", "SIMPLE-STRING", "BASE-STRING", "SIMPLE-BASE-STRING"):
+                return SequenceType("string", args[0] if args and type(args[0]) is int else None)
+            if name == "CONS":
+                return SequenceType("cons")
+        raise lisp_error("E103", f"`{fn}`: {short(spec)} is not a sequence type SexpGPU can make (list, vector, string, (vector type [size]))", "TYPE-ERROR", spec)
+
+    def make(self, fn: str, items: list[Any], rtype: SequenceType, spec: Any) -> Any:
+        """ITEMS as a fresh sequence of RTYPE, checked against the type's length and elements."""
+        if rtype.length is not None and rtype.length != len(items):
+            raise lisp_error("E103", f"`{fn}`: the result has {len(items)} elements, but {short(spec)} has {rtype.length}", "TYPE-ERROR", spec)
+        if rtype.kind == "null" and items:
+            raise lisp_error("E103", f"`{fn}`: a sequence of type null has no elements", "TYPE-ERROR", spec)
+        if rtype.kind == "cons" and not items:
+            raise lisp_error("E103", f"`{fn}`: a sequence of type cons cannot be empty", "TYPE-ERROR", spec)
+        if rtype.kind == "string":
+            return self.like(items, "", fn)
+        if rtype.kind == "vector":
+            if rtype.element is not None and rtype.element is not T:
+                from .builtins import typep
+
+                for x in items:
+                    if not typep(self.interp, x, rtype.element):
+                        raise lisp_error("E103", f"`{fn}`: {short(x)} is not of the element type {short(rtype.element)}", "TYPE-ERROR", x)
+            return self.like(items, [])
+        return self.like(items, NIL)
+
+    # -- basics -----------------------------------------------------------------------------------
+    def op_length(self, seq: Any) -> Any:
+        t = type(seq)
+        if t is str or t is list:
+            return len(seq)
+        if seq is NIL:
+            return 0
+        if t is not Cons:
+            raise type_error("length", 1, "a sequence (list, vector or string)", seq)
+        # Floyd: a circular list is found in time proportional to its cycle, not the budget
+        slow = fast = seq
+        n = 0
+        while True:
+            for _ in range(2):
+                fast = fast.cdr
+                n += 1
+                if fast is NIL:
+                    self.charge(n)
+                    return n
+                if type(fast) is not Cons:
+                    self.charge(n)
+                    raise type_error("length", 1, "a proper sequence", seq)
+            slow = slow.cdr
+            if fast is slow:
+                self.charge(n)
+                raise lisp_error("E103", "`length`: argument 1 must be a proper sequence, got a circular list", "TYPE-ERROR", seq)
+            if n % 65536 == 0:
+                self.charge(65536)
+                n -= 65536
+
+    def op_sequencep(self, x: Any) -> Any:
+        return lbool(x is NIL or type(x) in (Cons, list, str))
+
+    def op_identity(self, x: Any) -> Any:
+        return x
+
+    def op_elt(self, seq: Any, i: Any) -> Any:
+        need_index("elt", 2, i)
+        t = type(seq)
+        if t is list or t is str:
+            if i >= len(seq):
+                raise lisp_error("E103", f"`elt`: index {i} is out of bounds for a sequence of length {len(seq)}", "TYPE-ERROR", i)
+            return Char(seq[i]) if t is str else seq[i]
+        if seq is not NIL and t is not Cons:
+            raise type_error("elt", 1, "a sequence (list, vector or string)", seq)
+        cell = seq
+        for _ in range(i):
+            if type(cell) is not Cons:
+                break
+            cell = cell.cdr
+        self.charge(i)
+        if type(cell) is not Cons:
+            raise lisp_error("E103", f"`elt`: index {i} is out of bounds for a sequence of length {self.op_length(seq) if cell is NIL else 'shorter than the index'}", "TYPE-ERROR", i)
+        return cell.car
+
+    def op_p_set_elt(self, seq: Any, i: Any, value: Any) -> Any:
+        need_index("(setf elt)", 2, i)
+        t = type(seq)
+        if t is str:
+            raise lisp_error("E109", "strings are immutable in SexpGPU; build a new one with concatenate or format", "PROGRAM-ERROR")
+        if t is list:
+            if i >= len(seq):
+                raise lisp_error("E103", f"(setf elt): index {i} is out of bounds for a vector of length {len(seq)}", "TYPE-ERROR", i)
+            seq[i] = value
+            return value
+        if seq is not NIL and t is not Cons:
+            raise type_error("(setf elt)", 1, "a sequence (list, vector or string)", seq)
+        cell = seq
+        for _ in range(i):
+            if type(cell) is not Cons:
+                break
+            cell = cell.cdr
+        self.charge(i)
+        if type(cell) is not Cons:
+            raise lisp_error("E103", f"(setf elt): index {i} is past the end of the list", "TYPE-ERROR", i)
+        cell.car = value
+        return value
+
+    def op_subseq(self, seq: Any, start: Any, end: Any = NIL) -> Any:
+        if type(seq) is str:
+            s, e = self.bounds("subseq", {"START": start, "END": end}, len(seq))
+            self.alloc((e - s) // 8)
+            self.charge((e - s) // 8)
+            return _fresh(seq[s:e])
+        items = self.items("subseq", 1, seq)
+        s, e = self.bounds("subseq", {"START": start, "END": end}, len(items))
+        return self.like(items[s:e], seq)
+
+    def op_p_set_subseq(self, seq: Any, start: Any, *rest: Any) -> Any:
+        """(setf (subseq seq start [end]) new): replace the elements, return NEW."""
+        if not rest or len(rest) > 2:
+            raise lisp_error("E102", "`(setf subseq)` takes a sequence, a start, an optional end and a value", "PROGRAM-ERROR")
+        end = rest[0] if len(rest) == 2 else NIL
+        new = rest[-1]
+        self.op_replace(seq, new, _kw(self.interp, "START1"), start, _kw(self.interp, "END1"), end)
+        return new
+
+    def op_copy_seq(self, seq: Any) -> Any:
+        if type(seq) is str:
+            self.alloc(len(seq) // 8)
+            self.charge(len(seq) // 8)
+            return _fresh(seq)
+        return self.like(self.items("copy-seq", 1, seq), seq)
+
+    def op_reverse(self, seq: Any) -> Any:
+        if type(seq) is str:
+            self.alloc(len(seq) // 8)
+            self.charge(len(seq) // 8)
+            return _fresh(seq[::-1])
+        return self.like(self.items("reverse", 1, seq)[::-1], seq)
+
+    def op_nreverse(self, seq: Any) -> Any:
+        return self.op_reverse(seq)
+
+    def op_fill(self, seq: Any, item: Any, *args: Any) -> Any:
+        keys = parse_keys("fill", args, {"START", "END"}, 3)
+        if type(seq) is str:
+            raise lisp_error("E109", "strings are immutable in SexpGPU; build a new one with make-string or concatenate", "PROGRAM-ERROR")
+        if type(seq) is list:
+            s, e = self.bounds("fill", keys, len(seq))
+            self.charge(e - s)
+            seq[s:e] = [item] * (e - s)
+            return seq
+        cells = self.cells_of_sequence("fill", seq)
+        s, e = self.bounds("fill", keys, len(cells))
+        for cell in cells[s:e]:
+            cell.car = item
+        return seq
+
+    def cells_of_sequence(self, fn: str, seq: Any) -> list[Any]:
+        if seq is not NIL and type(seq) is not Cons:
+            raise type_error(fn, 1, "a sequence (list, vector or string)", seq)
+        return self.cells(fn, 1, seq)
+
+    def op_replace(self, seq1: Any, seq2: Any, *args: Any) -> Any:
+        keys = parse_keys("replace", args, {"START1", "END1", "START2", "END2"}, 3)
+        if type(seq1) is str:
+            raise lisp_error("E109", "strings are immutable in SexpGPU; build a new one with concatenate or subseq", "PROGRAM-ERROR")
+        source = self.items("replace", 2, seq2)
+        s2, e2 = self.bounds("replace", keys, len(source), "START2", "END2")
+        source = source[s2:e2]  # copied first: seq2 may be seq1
+        if type(seq1) is list:
+            s1, e1 = self.bounds("replace", keys, len(seq1), "START1", "END1")
+            n = min(e1 - s1, len(source))
+            seq1[s1 : s1 + n] = source[:n]
+            return seq1
+        cells = self.cells_of_sequence("replace", seq1)
+        s1, e1 = self.bounds("replace", keys, len(cells), "START1", "END1")
+        for cell, value in zip(cells[s1:e1], source):
+            cell.car = value
+        return seq1
+
+    def op_make_sequence(self, rtype: Any, size: Any, *args: Any) -> Any:
+        keys = parse_keys("make-sequence", args, {"INITIAL-ELEMENT"}, 3)
+        need_index("make-sequence", 2, size)
+        kind = self.sequence_type("make-sequence", rtype)
+        self.alloc(size if kind.kind != "string" else size // 8)
+        default = Char(" ") if kind.kind == "string" else (0 if kind.kind == "vector" and kind.element not in (None, T) else NIL)
+        init = keys.get("INITIAL-ELEMENT", default)
+        if kind.kind == "string" and type(init) is not Char:
+            raise type_error("make-sequence", 4, "a character (the elements of a string)", init)
+        return self.make("make-sequence", [init] * size, kind, rtype)
+
+    # -- mapping ----------------------------------------------------------------------------------
+    def op_map(self, rtype: Any, fn: Any, seq: Any, *more: Any) -> Any:
+        seqs = [self.items("map", i, s) for i, s in enumerate((seq, *more), 3)]
+        kind = None if rtype is NIL else self.sequence_type("map", rtype)
+        f = self.fnn(fn)
+        n = min(len(s) for s in seqs)
+        values = [f(*(s[i] for s in seqs)) for i in range(n)]
+        if kind is None:
+            return NIL
+        return self.make("map", values, kind, rtype)
+
+    def op_map_into(self, result: Any, fn: Any, *seqs: Any) -> Any:
+        f = self.fnn(fn)
+        sources = [self.items("map-into", i, s) for i, s in enumerate(seqs, 3)]
+        if type(result) is str:
+            raise lisp_error("E109", "strings are immutable in SexpGPU; map into a vector or build a string with map 'string", "PROGRAM-ERROR")
+        if type(result) is list:
+            n = min([len(result), *(len(s) for s in sources)])
+            for i in range(n):
+                result[i] = f(*(s[i] for s in sources))
+            return result
+        cells = self.cells_of_sequence("map-into", result)
+        n = min([len(cells), *(len(s) for s in sources)])
+        for i in range(n):
+            cells[i].car = f(*(s[i] for s in sources))
+        return result
+
+    def op_reduce(self, fn: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("reduce", args, {"INITIAL-VALUE", "FROM-END", "KEY", "START", "END"}, 3)
+        items = self.items("reduce", 2, seq)
+        s, e = self.bounds("reduce", keys, len(items))
+        items = items[s:e]
+        from_end = keys.get("FROM-END", NIL) is not NIL
+        key = self.key_fn(keys)
+        f = self.fn2(fn)
+        if from_end:
+            items.reverse()
+        if key is not None:
+            items = [key(x) for x in items]
+        if "INITIAL-VALUE" in keys:
+            items.insert(0, keys["INITIAL-VALUE"])
+        if not items:
+            return self.fnn(fn)()
+        acc = items[0]
+        for x in items[1:]:
+            acc = f(x, acc) if from_end else f(acc, x)
+        return acc
+
+    # -- counting and searching --------------------------------------------------------------------
+    def visit(self, fn: str, pos: int, seq: Any, keys: dict[str, Any]) -> tuple[list[Any], range]:
+        """A sequence's elements and the indices to visit, in order, for :start :end :from-end."""
+        items = self.items(fn, pos, seq)
+        s, e = self.bounds(fn, keys, len(items))
+        if keys.get("FROM-END", NIL) is not NIL:
+            return items, range(e - 1, s - 1, -1)
+        return items, range(s, e)
+
+    def matcher(self, fn: str, item: Any, keys: dict[str, Any]) -> Callable[[Any], bool]:
+        test = self.test_fn(fn, keys)
+        key = self.key_fn(keys)
+        if key is None:
+            return lambda x: test(item, x)
+        return lambda x: test(item, key(x))
+
+    def if_matcher(self, pred: Any, keys: dict[str, Any], negate: bool = False) -> Callable[[Any], bool]:
+        p = self.predicate1(pred, negate)
+        key = self.key_fn(keys)
+        if key is None:
+            return p
+        return lambda x: p(key(x))
+
+    def count(self, fn: str, seq: Any, match: Callable[[Any], bool], keys: dict[str, Any]) -> int:
+        items, indices = self.visit(fn, 2, seq, keys)
+        return sum(1 for i in indices if match(items[i]))
+
+    def op_count(self, item: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("count", args, TEST_KEYS, 3)
+        return self.count("count", seq, self.matcher("count", item, keys), keys)
+
+    def op_count_if(self, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("count-if", args, IF_KEYS, 3)
+        return self.count("count-if", seq, self.if_matcher(pred, keys), keys)
+
+    def op_count_if_not(self, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("count-if-not", args, IF_KEYS, 3)
+        return self.count("count-if-not", seq, self.if_matcher(pred, keys, negate=True), keys)
+
+    def first_match(self, fn: str, seq: Any, match: Callable[[Any], bool], keys: dict[str, Any]) -> tuple[Any, Any]:
+        """(element, index) of the first match in visiting order, or (nil, nil)."""
+        items, indices = self.visit(fn, 2, seq, keys)
+        if indices.step < 0 and (seq is NIL or type(seq) is Cons):
+            # a list is searched from its start, the last match kept (as SBCL does)
+            found: tuple[Any, Any] = (NIL, NIL)
+            for i in reversed(indices):
+                if match(items[i]):
+                    found = items[i], i
+            return found
+        for i in indices:
+            if match(items[i]):
+                return items[i], i
+        return NIL, NIL
+
+    def op_find(self, item: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("find", args, TEST_KEYS, 3)
+        return self.first_match("find", seq, self.matcher("find", item, keys), keys)[0]
+
+    def op_find_if(self, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("find-if", args, IF_KEYS, 3)
+        return self.first_match("find-if", seq, self.if_matcher(pred, keys), keys)[0]
+
+    def op_find_if_not(self, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("find-if-not", args, IF_KEYS, 3)
+        return self.first_match("find-if-not", seq, self.if_matcher(pred, keys, negate=True), keys)[0]
+
+    def op_position(self, item: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("position", args, TEST_KEYS, 3)
+        return self.first_match("position", seq, self.matcher("position", item, keys), keys)[1]
+
+    def op_position_if(self, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("position-if", args, IF_KEYS, 3)
+        return self.first_match("position-if", seq, self.if_matcher(pred, keys), keys)[1]
+
+    def op_position_if_not(self, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("position-if-not", args, IF_KEYS, 3)
+        return self.first_match("position-if-not", seq, self.if_matcher(pred, keys, negate=True), keys)[1]
+
+    def op_search(self, needle: Any, hay: Any, *args: Any) -> Any:
+        keys = parse_keys("search", args, TWO_KEYS, 3)
+        test = self.test_fn("search", keys)
+        key = self.key_fn(keys) or _identity
+        a = self.items("search", 1, needle)
+        s1, e1 = self.bounds("search", keys, len(a), "START1", "END1")
+        b = self.items("search", 2, hay)
+        s2, e2 = self.bounds("search", keys, len(b), "START2", "END2")
+        pattern, text = a[s1:e1], b[s2:e2]
+        m = len(pattern)
+        from_end = keys.get("FROM-END", NIL) is not NIL
+        starts = range(len(text) - m + 1)
+        if from_end and type(hay) is not Cons:
+            starts = starts[::-1]
+        found: Any = NIL
+        for i in starts:
+            self.charge(m)
+            if all(test(key(pattern[j]), key(text[i + j])) for j in range(m)):
+                found = s2 + i
+                if not from_end or type(hay) is not Cons:
+                    return found
+        return found
+
+    def op_mismatch(self, seq1: Any, seq2: Any, *args: Any) -> Any:
+        keys = parse_keys("mismatch", args, TWO_KEYS, 3)
+        test = self.test_fn("mismatch", keys)
+        key = self.key_fn(keys) or _identity
+        a = self.items("mismatch", 1, seq1)
+        s1, e1 = self.bounds("mismatch", keys, len(a), "START1", "END1")
+        b = self.items("mismatch", 2, seq2)
+        s2, e2 = self.bounds("mismatch", keys, len(b), "START2", "END2")
+        a, b = a[s1:e1], b[s2:e2]
+        n = min(len(a), len(b))
+        if keys.get("FROM-END", NIL) is not NIL:
+            for i in range(1, n + 1):
+                if not test(key(a[-i]), key(b[-i])):
+                    return s1 + len(a) - i + 1
+            return NIL if len(a) == len(b) else s1 + len(a) - n
+        for i in range(n):
+            if not test(key(a[i]), key(b[i])):
+                return s1 + i
+        return NIL if len(a) == len(b) else s1 + n
+
+    # -- removing and substituting -------------------------------------------------------------------
+    def chosen(self, fn: str, items: list[Any], match: Callable[[Any], bool], keys: dict[str, Any]) -> set[int]:
+        """The indices of the elements that match, at most :count of them, taken in visiting
+        order (from the end with :from-end)."""
+        s, e = self.bounds(fn, keys, len(items))
+        count = keys.get("COUNT", NIL)
+        if count is NIL:
+            limit = len(items)
+        elif isinstance(count, int) and type(count) is int:
+            limit = max(count, 0)
+        else:
+            raise type_error(fn, 0, "an integer or nil (the :count)", count)
+        indices = range(e - 1, s - 1, -1) if keys.get("FROM-END", NIL) is not NIL else range(s, e)
+        out: set[int] = set()
+        for i in indices:
+            if len(out) >= limit:
+                break
+            if match(items[i]):
+                out.add(i)
+        return out
+
+    def removed(self, fn: str, seq: Any, match: Callable[[Any], bool], keys: dict[str, Any]) -> Any:
+        if type(seq) is str:
+            items = self.items(fn, 2, seq)
+            drop = self.chosen(fn, items, match, keys)
+            return _fresh("".join(c.ch for i, c in enumerate(items) if i not in drop))
+        items = self.items(fn, 2, seq)
+        drop = self.chosen(fn, items, match, keys)
+        return self.like([x for i, x in enumerate(items) if i not in drop], seq)
+
+    def op_remove(self, item: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("remove", args, TEST_KEYS | {"COUNT"}, 3)
+        return self.removed("remove", seq, self.matcher("remove", item, keys), keys)
+
+    def op_remove_if(self, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("remove-if", args, IF_KEYS | {"COUNT"}, 3)
+        return self.removed("remove-if", seq, self.if_matcher(pred, keys), keys)
+
+    def op_remove_if_not(self, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("remove-if-not", args, IF_KEYS | {"COUNT"}, 3)
+        return self.removed("remove-if-not", seq, self.if_matcher(pred, keys, negate=True), keys)
+
+    def op_delete(self, item: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("delete", args, TEST_KEYS | {"COUNT"}, 3)
+        return self.removed("delete", seq, self.matcher("delete", item, keys), keys)
+
+    def op_delete_if(self, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("delete-if", args, IF_KEYS | {"COUNT"}, 3)
+        return self.removed("delete-if", seq, self.if_matcher(pred, keys), keys)
+
+    def op_delete_if_not(self, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("delete-if-not", args, IF_KEYS | {"COUNT"}, 3)
+        return self.removed("delete-if-not", seq, self.if_matcher(pred, keys, negate=True), keys)
+
+    def duplicates(self, fn: str, seq: Any, args: tuple[Any, ...]) -> Any:
+        keys = parse_keys(fn, args, TEST_KEYS, 2)
+        test = self.test_fn(fn, keys)
+        key = self.key_fn(keys) or _identity
+        items = self.items(fn, 1, seq)
+        s, e = self.bounds(fn, keys, len(items))
+        keyed = [key(x) for x in items[s:e]]
+        n = len(keyed)
+        self.charge(n * (n - 1) // 2)
+        if keys.get("FROM-END", NIL) is not NIL:
+            drop = {s + i for i in range(n) if any(test(keyed[i], keyed[j]) for j in range(i))}
+        else:
+            drop = {s + i for i in range(n) if any(test(keyed[i], keyed[j]) for j in range(i + 1, n))}
+        return self.like([x for i, x in enumerate(items) if i not in drop], seq, fn)
+
+    def op_remove_duplicates(self, seq: Any, *args: Any) -> Any:
+        return self.duplicates("remove-duplicates", seq, args)
+
+    def op_delete_duplicates(self, seq: Any, *args: Any) -> Any:
+        return self.duplicates("delete-duplicates", seq, args)
+
+    def substituted(self, fn: str, new: Any, seq: Any, match: Callable[[Any], bool], keys: dict[str, Any], in_place: bool) -> Any:
+        items = self.items(fn, 3, seq)
+        change = self.chosen(fn, items, match, keys)
+        if in_place and type(seq) is list:
+            for i in change:
+                seq[i] = new
+            return seq
+        if in_place and type(seq) is Cons:
+            for i, cell in enumerate(self.cells(fn, 3, seq)):
+                if i in change:
+                    cell.car = new
+            return seq
+        return self.like([new if i in change else x for i, x in enumerate(items)], seq, fn)
+
+    def op_substitute(self, new: Any, old: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("substitute", args, TEST_KEYS | {"COUNT"}, 4)
+        return self.substituted("substitute", new, seq, self.matcher("substitute", old, keys), keys, False)
+
+    def op_substitute_if(self, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("substitute-if", args, IF_KEYS | {"COUNT"}, 4)
+        return self.substituted("substitute-if", new, seq, self.if_matcher(pred, keys), keys, False)
+
+    def op_substitute_if_not(self, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("substitute-if-not", args, IF_KEYS | {"COUNT"}, 4)
+        return self.substituted("substitute-if-not", new, seq, self.if_matcher(pred, keys, negate=True), keys, False)
+
+    def op_nsubstitute(self, new: Any, old: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("nsubstitute", args, TEST_KEYS | {"COUNT"}, 4)
+        return self.substituted("nsubstitute", new, seq, self.matcher("nsubstitute", old, keys), keys, True)
+
+    def op_nsubstitute_if(self, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("nsubstitute-if", args, IF_KEYS | {"COUNT"}, 4)
+        return self.substituted("nsubstitute-if", new, seq, self.if_matcher(pred, keys), keys, True)
+
+    def op_nsubstitute_if_not(self, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys("nsubstitute-if-not", args, IF_KEYS | {"COUNT"}, 4)
+        return self.substituted("nsubstitute-if-not", new, seq, self.if_matcher(pred, keys, negate=True), keys, True)
+
+    # -- ordering, joining ---------------------------------------------------------------------------
+    def sorted_items(self, fn: str, seq: Any, pred: Any, args: tuple[Any, ...]) -> Any:
+        keys = parse_keys(fn, args, {"KEY"}, 3)
+        items = self.items(fn, 1, seq)
+        less = self.predicate2(pred)
+        key = self.key_fn(keys) or _identity
+        keyed = [(key(x), x) for x in items]
+        self.charge(len(items) * max(1, len(items).bit_length()))
+
+        def compare(a: tuple[Any, Any], b: tuple[Any, Any]) -> int:
+            if less(a[0], b[0]):
+                return -1
+            if less(b[0], a[0]):
+                return 1
+            return 0
+
+        keyed.sort(key=cmp_to_key(compare))
+        return self.like([x for _, x in keyed], seq, fn)
+
+    def op_sort(self, seq: Any, pred: Any, *args: Any) -> Any:
+        return self.sorted_items("sort", seq, pred, args)
+
+    def op_stable_sort(self, seq: Any, pred: Any, *args: Any) -> Any:
+        return self.sorted_items("stable-sort", seq, pred, args)
+
+    def op_merge(self, rtype: Any, seq1: Any, seq2: Any, pred: Any, *args: Any) -> Any:
+        keys = parse_keys("merge", args, {"KEY"}, 5)
+        kind = self.sequence_type("merge", rtype)
+        a, b = self.items("merge", 2, seq1), self.items("merge", 3, seq2)
+        less = self.predicate2(pred)
+        key = self.key_fn(keys) or _identity
+        out: list[Any] = []
+        i = j = 0
+        while i < len(a) and j < len(b):
+            # stable: an element of seq2 goes first only when it is strictly less
+            if less(key(b[j]), key(a[i])):
+                out.append(b[j])
+                j += 1
+            else:
+                out.append(a[i])
+                i += 1
+        out += a[i:] + b[j:]
+        return self.make("merge", out, kind, rtype)
+
+    def op_concatenate(self, rtype: Any, *seqs: Any) -> Any:
+        kind = self.sequence_type("concatenate", rtype)
+        if kind.kind == "string" and all(type(s) is str for s in seqs):
+            total = sum(len(s) for s in seqs)
+            self.alloc(total // 8 + 1)  # before the string exists
+            self.charge(total // 8)
+            text = "".join(seqs)
+            if kind.length is not None and kind.length != len(text):
+                raise lisp_error("E103", f"`concatenate`: the result has {len(text)} elements, but {short(rtype)} has {kind.length}", "TYPE-ERROR", rtype)
+            return _fresh(text) if len(seqs) == 1 else text
+        total = 0
+        for i, s in enumerate(seqs, 2):
+            total += self.length("concatenate", i, s)
+        self.alloc(total)
+        items: list[Any] = []
+        for i, s in enumerate(seqs, 2):
+            items.extend(self.items("concatenate", i, s))
+        return self.make("concatenate", items, kind, rtype)
+
+    def op_coerce(self, x: Any, rtype: Any) -> Any:
+        """(coerce object result-type) for sequence types, character, the float types,
+        rational/real/number/t and function."""
+        rtype = self.interp.types.expand(rtype)
+        name = rtype.name if type(rtype) is Symbol else (rtype.car.name if type(rtype) is Cons and type(rtype.car) is Symbol else "")
+        from .builtins import is_num, typep
+
+        if rtype is T or name == "T":
+            return x
+        if name == "SEQUENCE" and type(rtype) is Symbol:
+            if x is NIL or type(x) in (Cons, list, str):
+                return x
+            raise type_error("coerce", 1, "a sequence", x)
+        if name in ("FLOAT", "DOUBLE-FLOAT", "SINGLE-FLOAT", "SHORT-FLOAT", "LONG-FLOAT"):
+            if not is_num(x):
+                raise type_error("coerce", 1, "a real number", x)
+            try:
+                return float(x)
+            except OverflowError:
+                raise lisp_error("E108", f"`coerce`: {short(x)} is too large for a double", "FLOATING-POINT-OVERFLOW") from None
+        if name in ("NUMBER", "REAL", "RATIONAL", "INTEGER", "RATIO", "FIXNUM", "BIGNUM"):
+            if not typep(self.interp, x, rtype):
+                raise type_error("coerce", 1, f"of type {short(rtype)}", x)
+            return x
+        if name == "CHARACTER":
+            if type(x) is Char:
+                return x
+            if type(x) is str and len(x) == 1:
+                return Char(x)
+            if type(x) is Symbol and len(x.name) == 1:
+                return Char(x.name)
+            raise type_error("coerce", 1, "a character designator", x)
+        if name == "FUNCTION":
+            if type(x) is Cons and type(x.car) is Symbol and x.car.name == "LAMBDA":
+                return self.interp.ev(x)
+            return self.interp.function_value(x)
+        kind = self.sequence_type("coerce", rtype)
+        if kind.kind in ("list", "cons", "null") and (x is NIL or type(x) is Cons):
+            return self.make("coerce", self.items("coerce", 1, x), kind, rtype) if kind.kind != "list" else x
+        if kind.kind == "string" and type(x) is str and kind.length in (None, len(x)):
+            return x
+        if kind.kind == "vector" and kind.element is None and type(x) in (list, str) and kind.length in (None, len(x)):
+            return x
+        if kind.kind == "vector" and type(x) is list and kind.length in (None, len(x)) and kind.element is T:
+            return x
+        return self.make("coerce", self.items("coerce", 1, x), kind, rtype)
+
+    # -- quantifiers ----------------------------------------------------------------------------------
+    def quantify(self, fn: str, pred: Any, seqs: tuple[Any, ...]) -> Any:
+        """Call PRED on successive elements; the first true result (some) or nil."""
+        lists = [self.items(fn, i, s) for i, s in enumerate(seqs, 2)]
+        f = self.fnn(pred)
+        for i in range(min(len(s) for s in lists)):
+            yield_value = f(*(s[i] for s in lists))
+            if fn in ("every", "notevery"):
+                if yield_value is NIL:
+                    return NIL
+            elif yield_value is not NIL:
+                return yield_value
+        return T if fn in ("every", "notevery") else NIL
+
+    def op_every(self, pred: Any, seq: Any, *more: Any) -> Any:
+        return self.quantify("every", pred, (seq, *more))
+
+    def op_some(self, pred: Any, seq: Any, *more: Any) -> Any:
+        return self.quantify("some", pred, (seq, *more))
+
+    def op_notany(self, pred: Any, seq: Any, *more: Any) -> Any:
+        return lbool(self.quantify("notany", pred, (seq, *more)) is NIL)
+
+    def op_notevery(self, pred: Any, seq: Any, *more: Any) -> Any:
+        return lbool(self.quantify("notevery", pred, (seq, *more)) is NIL)
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _fresh(s: str) -> str:
+    """A string object other than S when that is possible (CPython shares empty and
+    one-character strings)."""
+    if len(s) < 2:
+        return s
+    return s[:1] + s[1:]
+
+
+def _is_character_type(element: Any) -> bool:
+    return type(element) is Symbol and element.name in ("CHARACTER", "BASE-CHAR", "STANDARD-CHAR", "EXTENDED-CHAR")
+
+
+def _is_star(x: Any) -> bool:
+    return type(x) is Symbol and x.name == "*"
+
+
+def _kw(interp: "Interpreter", name: str) -> Symbol:
+    return interp.kw(name)

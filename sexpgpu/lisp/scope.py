@@ -1,0 +1,214 @@
+"""The static side of the analyzing evaluator: what a form's lexical environment holds while
+the form is analyzed, and the lambda lists made ready to bind.
+
+A Scope is one lexical contour. A runtime scope corresponds to one runtime Frame (a dict); an
+extension scope (runtime=False) only adds names, held in the frame of the nearest runtime scope
+above it, or nothing at run time (macros, symbol macros, special declarations). Looking a name
+up gives its entry and the number of runtime frames to climb from the place of the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+from .objects import Frame, Macro
+from .types import Symbol
+
+Node = Callable[[Frame], Any]
+
+
+class Lexical:
+    """A variable bound in a frame under its symbol."""
+
+    __slots__ = ()
+
+
+LEXICAL = Lexical()
+
+
+class Special:
+    """A variable declared special here: references mean its global (dynamic) value."""
+
+    __slots__ = ()
+
+
+SPECIAL = Special()
+
+
+class SymbolMacroEntry:
+    __slots__ = ("expansion",)
+
+    def __init__(self, expansion: Any) -> None:
+        self.expansion = expansion
+
+
+VarEntry = Union[Lexical, Special, SymbolMacroEntry, Any]  # Any: codegen's LocalParam
+
+
+class LocalFunction:
+    """A function bound by flet or labels; the entry itself is its key in the frame."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: Any) -> None:
+        self.name = name
+
+
+FunEntry = Union[LocalFunction, Macro]
+
+
+class BlockInfo:
+    """A block. Only a block that some return-from names keeps an exit token, in its home
+    frame under this object while it is active."""
+
+    __slots__ = ("name", "used")
+
+    def __init__(self, name: Symbol) -> None:
+        self.name = name
+        self.used = False
+
+
+class TagbodyInfo:
+    """A tagbody. A go that is not one of its own statements leaves by an exception carrying
+    the activation's token, kept in its home frame under this object."""
+
+    __slots__ = ("nested",)
+
+    def __init__(self) -> None:
+        self.nested = False
+
+
+class Scope:
+    __slots__ = ("parent", "runtime", "vars", "funs", "blocks", "tags")
+
+    def __init__(
+        self,
+        parent: Optional["Scope"],
+        runtime: bool = False,
+        vars: Optional[dict[Symbol, VarEntry]] = None,
+        funs: Optional[dict[Any, FunEntry]] = None,
+        blocks: Optional[dict[Symbol, BlockInfo]] = None,
+        tags: Optional[dict[Any, tuple[TagbodyInfo, int]]] = None,
+    ) -> None:
+        self.parent = parent
+        self.runtime = runtime
+        self.vars = vars
+        self.funs = funs
+        self.blocks = blocks
+        self.tags = tags
+
+    def find_var(self, sym: Symbol) -> tuple[Optional[VarEntry], int]:
+        depth = 0
+        s: Optional[Scope] = self
+        while s is not None:
+            if s.vars is not None and sym in s.vars:
+                return s.vars[sym], depth
+            if s.runtime:
+                depth += 1
+            s = s.parent
+        return None, 0
+
+    def find_fun(self, name: Any) -> tuple[Optional[FunEntry], int]:
+        depth = 0
+        s: Optional[Scope] = self
+        while s is not None:
+            if s.funs is not None and name in s.funs:
+                return s.funs[name], depth
+            if s.runtime:
+                depth += 1
+            s = s.parent
+        return None, 0
+
+    def find_block(self, name: Symbol) -> tuple[Optional[BlockInfo], int]:
+        depth = 0
+        s: Optional[Scope] = self
+        while s is not None:
+            if s.blocks is not None and name in s.blocks:
+                return s.blocks[name], depth
+            if s.runtime:
+                depth += 1
+            s = s.parent
+        return None, 0
+
+    def find_tag(self, label: Any) -> tuple[Optional[tuple[TagbodyInfo, int]], int]:
+        depth = 0
+        s: Optional[Scope] = self
+        while s is not None:
+            if s.tags is not None and label in s.tags:
+                return s.tags[label], depth
+            if s.runtime:
+                depth += 1
+            s = s.parent
+        return None, 0
+
+    def names(self) -> set[str]:
+        """The variable names visible here (for "did you mean" hints)."""
+        out: set[str] = set()
+        s: Optional[Scope] = self
+        while s is not None:
+            if s.vars:
+                out.update(k.name for k in s.vars if isinstance(k, Symbol))
+            s = s.parent
+        return out
+
+    def macros_only(self) -> "Scope":
+        """This scope for a macrolet expander: only the local macros and symbol macros, over
+        a fresh null environment (an expander runs at analysis time, with no frames)."""
+        chain: list[Scope] = []
+        s: Optional[Scope] = self
+        while s is not None:
+            funs: dict[Any, FunEntry] = {k: v for k, v in (s.funs or {}).items() if isinstance(v, Macro)}
+            vars_: dict[Symbol, VarEntry] = {k: v for k, v in (s.vars or {}).items() if isinstance(v, SymbolMacroEntry)}
+            if funs or vars_:
+                chain.append(Scope(None, funs=funs or None, vars=vars_ or None))
+            s = s.parent
+        result = Scope(None, runtime=True)
+        for frame in reversed(chain):
+            frame.parent = result
+            result = frame
+        return result
+
+
+def frame_at(frame: Frame, depth: int) -> Frame:
+    from .objects import PARENT
+
+    for _ in range(depth):
+        frame = frame[PARENT]
+    return frame
+
+
+# -- lambda lists made ready to bind ------------------------------------------------------------
+
+Pattern = Union[Symbol, "BindPlan"]
+
+
+@dataclass
+class ParamPlan:
+    pattern: Pattern
+    default: Optional[Node]
+    supplied: Optional[Symbol]
+    keyword: Optional[Symbol] = None
+
+
+@dataclass
+class BindPlan:
+    """A parsed lambda list with its default forms analyzed. SPECIALS are the variables it
+    binds dynamically (declared special, or globally special when it was analyzed)."""
+
+    required: list[Pattern] = field(default_factory=list)
+    optional: list[ParamPlan] = field(default_factory=list)
+    rest: Optional[Pattern] = None
+    has_key: bool = False
+    keys: list[ParamPlan] = field(default_factory=list)
+    allow_other_keys: bool = False
+    aux: list[tuple[Symbol, Node]] = field(default_factory=list)
+    whole: Optional[Pattern] = None
+    environment: Optional[Symbol] = None
+    specials: frozenset[Symbol] = frozenset()
+
+    @property
+    def max_args(self) -> Optional[int]:
+        if self.rest is not None or self.has_key:
+            return None
+        return len(self.required) + len(self.optional)
