@@ -814,11 +814,12 @@ class Compiler:
             raise malformed(f"defgroups :clip needs a positive finite number, got {short(clip)}")
         for spec in self.items_of("defgroups", groups, "groups written (name \"selector\" optimizer)"):
             parts = self.items_of("defgroups", spec, "groups written (name \"selector\" optimizer)")
-            if len(parts) > 3:
+            extra = parts.pop() if len(parts) == 4 else NIL  # the defgroups macro passes what follows the optimizer
+            if extra is not NIL:
                 raise lisp_error(
                     "C008",
                     f"defgroups {short(parts[0])}: a group is (NAME \"SELECTOR\" OPTIMIZER) and reads nothing after the optimizer, "
-                    f"got {short(to_lisp_list(parts[3:]))}; :clip belongs to the whole defgroups, after the last group: (defgroups (...) (...) :clip 1.0)",
+                    f"got {short(extra)}; :clip belongs to the whole defgroups, after the last group: (defgroups (...) (...) :clip 1.0)",
                     "PROGRAM-ERROR",
                 )
             if len(parts) != 3:
