@@ -83,6 +83,9 @@ C_TYPES: dict[DType, tuple[str, str]] = {
 }
 
 
+BLOCK = 256  # threads per block on the device: a "block" reduction's lanes (the host emitter reduces in the same order)
+
+
 class GroupNodes(Protocol):
     """The nodes one generated kernel computes, the values it reads and those it writes."""
 
@@ -119,6 +122,13 @@ class KernelSource:
     bytes: int
     lanes: str = "thread"  # who computes one item: a "thread", a "warp" (32 lanes) or a "block"
     threads: Optional[int] = None  # the block size the kernel is written for (None: any multiple of 32)
+    # the pieces `assemble` put together, which the host emitter (runtime/cpu/hostc.py) puts
+    # together again as a plain loop over the items of a thread-lane kernel
+    decls: tuple[str, ...] = ()
+    loop: str = "i"
+    lines: tuple[str, ...] = ()
+    before: tuple[str, ...] = ()
+    preamble: str = ""  # file-scope C the kernel needs (a constant's table)
 
 
 def c_types(dtype: DType) -> tuple[str, str]:
@@ -243,7 +253,8 @@ def assemble(prefix: str, decls: list[str], loop: str, lines: list[str], params:
     name = f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     if moved is None:
         moved = sum(shape_size(p.shape) * BYTES[p.dtype] for p in params)
-    return KernelSource(name=name, source=text.replace("@NAME@", name), params=params, size=size, flops=flops, bytes=moved, lanes=lanes, threads=threads)
+    return KernelSource(name=name, source=text.replace("@NAME@", name), params=params, size=size, flops=flops, bytes=moved, lanes=lanes, threads=threads,
+                        decls=tuple(decls), loop=loop, lines=tuple(lines), before=tuple(before))
 
 
 def combine_lanes(acc: str, op: str, lanes: str, indent: str = "    ") -> list[str]:

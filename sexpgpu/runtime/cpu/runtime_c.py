@@ -1,0 +1,202 @@
+"""The C part of the CPU device that no program generates: the kernels' thread pool and the
+tape runner, compiled once per machine (the toolchain's cache) like a kernel module.
+
+A program's tape is the list of its steps' launches, recorded once (device.py): generated
+kernels (a function over items [begin, end)) and gemms, each argument a base (0: the
+program's arena; k: its k-th input) plus a byte offset. `sx_run` walks it: a kernel whose work
+is large enough is split into as many contiguous ranges of items as the pool has threads
+(items are independent: each is one CUDA thread's, warp's or block's work, so the split
+changes no bit), the others run on the calling thread; a gemm is one BLAS call per batch item
+from the calling thread, with the BLAS's own threads. The pool's threads spin between two
+kernels of one stretch and sleep on a condition variable during a gemm and between runs, so
+they never compete with the BLAS's threads.
+
+bf16 gemms widen their operands to f32 into the program's workspace, call sgemm and round
+the f32 product to bf16 once: what cuBLAS computes with CUBLAS_COMPUTE_32F, and what the NumPy
+backend computes.
+"""
+
+RUNTIME_C = r"""
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define sx_pause() _mm_pause()
+#else
+#define sx_pause() ((void)0)
+#endif
+
+typedef void (*sx_kernel)(void* const*, long long, long long);
+typedef void (*sx_sgemm64)(int, int, int, long long, long long, long long, float, const float*, long long, const float*, long long, float, float*, long long);
+typedef void (*sx_sgemm32)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
+
+typedef struct { long long base; long long offset; } sx_ref;
+typedef struct {
+  long long kind;  /* 0: a kernel, 1: a gemm */
+  long long nargs, first;  /* its refs: refs[first .. first + nargs) */
+  long long size, work;  /* items, and bytes + flops (threads only for work >= the pool's grain) */
+  void* fn;
+  long long op_a, op_b, m, n, k, lda, ldb, ldc, sa, sb, sc, oa, ob, oc, batch, in_bf16, out_bf16;
+} sx_op;
+
+typedef struct {
+  int threads;
+  long long grain;
+  pthread_t* ids;
+  pthread_mutex_t lock;
+  pthread_cond_t wake;
+  atomic_long epoch;
+  atomic_int done;
+  atomic_int busy;  /* 1 while a stretch of kernels runs: workers spin instead of sleeping */
+  int stop;
+  sx_kernel fn;
+  void* const* args;
+  long long size;
+} sx_pool;
+
+typedef struct { sx_pool* pool; int index; } sx_worker;
+
+static void sx_chunk(sx_pool* p, int t) {
+  const long long begin = p->size * t / p->threads, end = p->size * (t + 1) / p->threads;
+  if (end > begin) p->fn(p->args, begin, end);
+}
+
+static void* sx_work(void* arg) {
+  sx_worker* w = (sx_worker*)arg;
+  sx_pool* p = w->pool;
+  long seen = atomic_load(&p->epoch);
+  for (;;) {
+    long now = atomic_load_explicit(&p->epoch, memory_order_acquire);
+    while (now == seen && atomic_load_explicit(&p->busy, memory_order_relaxed)) {
+      sx_pause();
+      now = atomic_load_explicit(&p->epoch, memory_order_acquire);
+    }
+    if (now == seen) {
+      pthread_mutex_lock(&p->lock);
+      while (atomic_load(&p->epoch) == seen && !p->stop) pthread_cond_wait(&p->wake, &p->lock);
+      const int stop = p->stop;
+      pthread_mutex_unlock(&p->lock);
+      if (stop) break;
+      now = atomic_load_explicit(&p->epoch, memory_order_acquire);
+    }
+    seen = now;
+    sx_chunk(p, w->index);
+    atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+  }
+  free(w);
+  return NULL;
+}
+
+sx_pool* sx_pool_new(int threads, long long grain) {
+  sx_pool* p = (sx_pool*)calloc(1, sizeof(sx_pool));
+  p->threads = threads < 1 ? 1 : threads;
+  p->grain = grain;
+  pthread_mutex_init(&p->lock, NULL);
+  pthread_cond_init(&p->wake, NULL);
+  atomic_init(&p->epoch, 0);
+  atomic_init(&p->done, 0);
+  atomic_init(&p->busy, 0);
+  p->ids = (pthread_t*)calloc((size_t)p->threads, sizeof(pthread_t));
+  for (int t = 1; t < p->threads; ++t) {
+    sx_worker* w = (sx_worker*)malloc(sizeof(sx_worker));
+    w->pool = p; w->index = t;
+    pthread_create(&p->ids[t], NULL, sx_work, w);
+  }
+  return p;
+}
+
+void sx_pool_free(sx_pool* p) {
+  pthread_mutex_lock(&p->lock);
+  p->stop = 1;
+  atomic_fetch_add(&p->epoch, 1);
+  pthread_cond_broadcast(&p->wake);
+  pthread_mutex_unlock(&p->lock);
+  for (int t = 1; t < p->threads; ++t) pthread_join(p->ids[t], NULL);
+  pthread_mutex_destroy(&p->lock);
+  pthread_cond_destroy(&p->wake);
+  free(p->ids);
+  free(p);
+}
+
+static void sx_parallel(sx_pool* p, sx_kernel fn, void* const* args, long long size) {
+  p->fn = fn; p->args = args; p->size = size;
+  atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+  atomic_fetch_add_explicit(&p->epoch, 1, memory_order_release);
+  pthread_mutex_lock(&p->lock);
+  pthread_cond_broadcast(&p->wake);
+  pthread_mutex_unlock(&p->lock);
+  sx_chunk(p, 0);
+  while (atomic_load_explicit(&p->done, memory_order_acquire) != p->threads - 1) sx_pause();
+}
+
+static float sx_widen(unsigned short h) { unsigned int u = ((unsigned int)h) << 16; float f; memcpy(&f, &u, 4); return f; }
+static unsigned short sx_narrow(float f) {
+  unsigned int u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (unsigned short)(u >> 16);
+}
+
+static void sx_sgemm(void* blas, int blas64, int op_a, int op_b, long long m, long long n, long long k, const float* a, long long lda,
+                     const float* b, long long ldb, float* c, long long ldc) {
+  const int ta = op_a ? 112 : 111, tb = op_b ? 112 : 111;
+  if (blas64) ((sx_sgemm64)blas)(102, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+  else ((sx_sgemm32)blas)(102, ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, 0.0f, c, (int)ldc);
+}
+
+/* a column-major rows x cols bf16 matrix (leading dimension ld) widened into a dense f32 one */
+static void sx_widen_matrix(const unsigned short* x, long long rows, long long cols, long long ld, float* out) {
+  for (long long j = 0; j < cols; ++j) for (long long i = 0; i < rows; ++i) out[i + j * rows] = sx_widen(x[i + j * ld]);
+}
+
+static void sx_gemm(const sx_op* op, void* const* ptr, void* blas, int blas64, float* workspace) {
+  for (long long b = 0; b < op->batch; ++b) {
+    const long long ra = op->op_a ? op->k : op->m, ca = op->op_a ? op->m : op->k;
+    const long long rb = op->op_b ? op->n : op->k, cb = op->op_b ? op->k : op->n;
+    if (!op->in_bf16) {
+      const float* a = (const float*)ptr[0] + op->oa + b * op->sa;
+      const float* bm = (const float*)ptr[1] + op->ob + b * op->sb;
+      float* c = (float*)ptr[2] + op->oc + b * op->sc;
+      sx_sgemm(blas, blas64, (int)op->op_a, (int)op->op_b, op->m, op->n, op->k, a, op->lda, bm, op->ldb, c, op->ldc);
+      continue;
+    }
+    float* wa = workspace;
+    float* wb = wa + ra * ca;
+    float* wc = wb + rb * cb;
+    sx_widen_matrix((const unsigned short*)ptr[0] + op->oa + b * op->sa, ra, ca, op->lda, wa);
+    sx_widen_matrix((const unsigned short*)ptr[1] + op->ob + b * op->sb, rb, cb, op->ldb, wb);
+    if (op->out_bf16) {
+      sx_sgemm(blas, blas64, (int)op->op_a, (int)op->op_b, op->m, op->n, op->k, wa, ra, wb, rb, wc, op->m);
+      unsigned short* c = (unsigned short*)ptr[2] + op->oc + b * op->sc;
+      for (long long j = 0; j < op->n; ++j) for (long long i = 0; i < op->m; ++i) c[i + j * op->ldc] = sx_narrow(wc[i + j * op->m]);
+    } else {
+      float* c = (float*)ptr[2] + op->oc + b * op->sc;
+      sx_sgemm(blas, blas64, (int)op->op_a, (int)op->op_b, op->m, op->n, op->k, wa, ra, wb, rb, c, op->ldc);
+    }
+  }
+}
+
+int sx_run(sx_pool* pool, const sx_op* ops, long long count, const sx_ref* refs, void* const* bases, void** scratch, void* blas, int blas64,
+           float* workspace) {
+  for (long long i = 0; i < count; ++i) {
+    const sx_op* op = &ops[i];
+    for (long long a = 0; a < op->nargs; ++a) {
+      const sx_ref r = refs[op->first + a];
+      scratch[a] = (char*)bases[r.base] + r.offset;
+    }
+    if (op->kind == 1) {
+      atomic_store_explicit(&pool->busy, 0, memory_order_relaxed);
+      sx_gemm(op, scratch, blas, blas64, workspace);
+    } else if (pool->threads > 1 && op->size > 1 && op->work >= pool->grain) {
+      atomic_store_explicit(&pool->busy, 1, memory_order_relaxed);
+      sx_parallel(pool, (sx_kernel)op->fn, scratch, op->size);
+    } else if (op->size > 0) {
+      ((sx_kernel)op->fn)(scratch, 0, op->size);
+    }
+  }
+  atomic_store_explicit(&pool->busy, 0, memory_order_relaxed);
+  return 0;
+}
+"""
