@@ -32,6 +32,7 @@ f32 too: what the CUDA kernels' host emulation computes, for the tests that comp
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -229,6 +230,25 @@ class Chain:
         return lines + [f"{indent}sx_np2({k}, {operands[0]}, {operands[1]}, {out}, {count});"]
 
 
+def simple_flat_index(coords: list[tuple[int, int, int]], var: str, total: int) -> str:
+    """codegen.flat_index for VAR in [0, TOTAL): coordinates whose memory strides continue one
+    another merged into one, and the outermost coordinate's modulo left out (the same index,
+    fewer divisions: a reduction over trailing axes reads VAR itself)."""
+    merged: list[list[int]] = []
+    for size, loop_stride, mem_stride in coords:  # innermost first
+        if merged and merged[-1][1] * merged[-1][0] == loop_stride and merged[-1][2] * merged[-1][0] == mem_stride:
+            merged[-1][0] *= size
+        else:
+            merged.append([size, loop_stride, mem_stride])
+    terms = []
+    for n, (size, loop_stride, mem_stride) in enumerate(merged):
+        divided = f"({var} / {loop_stride}LL)" if loop_stride > 1 else var
+        outermost = n == len(merged) - 1 and loop_stride * size >= total
+        coord = divided if outermost else f"({divided} % {size}LL)"
+        terms.append(coord if mem_stride == 1 else f"{coord} * {mem_stride}LL")
+    return " + ".join(terms) if terms else "0"
+
+
 # -- fused elementwise groups ----------------------------------------------------------------------
 def elementwise_host(group: FusedGroup, program: Program, constants: dict[int, Node], math: str, kernel: KernelSource) -> HostKernel:
     types = program.types()
@@ -242,6 +262,7 @@ def elementwise_host(group: FusedGroup, program: Program, constants: dict[int, N
     rows = -(-total // length) if total else 0
     index = {vid: k for k, vid in enumerate(group.inputs)}
     bases: list[str] = []
+    segments = piece_segments(group, types, constants) if flat and (group.pieces or group.windows) else None
 
     def load(vid: int) -> str:
         t = types[vid]
@@ -259,20 +280,33 @@ def elementwise_host(group: FusedGroup, program: Program, constants: dict[int, N
     def special(node: Node, names: dict[int, str]) -> Optional[list[str]]:
         if node.id in group.pieces:
             names[node.id] = f"v{node.id}"
-            return [f"      const {c_types(node.type.dtype)[1]} v{node.id} = {piecewise(node, index, types, constants)};"]
+            value = from_storage(f"pp{node.id}[i - po{node.id}]", node.type.dtype) if segments is not None else piecewise(node, index, types, constants)
+            return [f"      const {c_types(node.type.dtype)[1]} v{node.id} = {value};"]
         if node.id in group.windows:
             names[node.id] = names[node.args[0]]
             return []
         return None
 
     stores: dict[int, Callable[[str], str]] = {}
+    by_id = {n.id: n for n in group.nodes}
+    families: dict[int, list[int]] = {}  # a value -> the windows of it the group stores
+    for vid in group.outputs:
+        if vid in group.windows:
+            families.setdefault(by_id[vid].args[0], []).append(vid)
+    covered = {source: segments is not None and all(any(group.windows[w][0] <= segments[s] < group.windows[w][1] for w in members)
+                                                    for s in range(len(segments) - 1)) for source, members in families.items()}
     for k, vid in enumerate(group.outputs):
         def store(name: str, k: int = k, vid: int = vid) -> str:
             value = to_storage(name, types[vid].dtype)
             if vid in group.windows:
                 start, stop = group.windows[vid]
+                if segments is not None:  # one store per windowed value: the window of this segment
+                    source = by_id[vid].args[0]
+                    return f"{'' if covered[source] else f'if (wf{source}) '}wf{source}[i - wo{source}] = {value};"
                 return f"if (i >= {start}LL && i < {stop}LL) out{k}[i - {start}LL] = {value};"
             return f"out{k}[i] = {value};"
+        if vid in group.windows and segments is not None and families[by_id[vid].args[0]][0] != vid:
+            continue
         stores[vid] = store
     chain = Chain("", types, constants, math, load, special=special, opaque=frozenset(group.pieces))
     blocked = any(is_call(n, math) for n in group.nodes)
@@ -282,9 +316,106 @@ def elementwise_host(group: FusedGroup, program: Program, constants: dict[int, N
     else:
         lines, _ = chain.lines(group.nodes, [], ["const long long c = j;", "const long long i = i0 + c;"], stores, "cols", "    ")
         inner = lines
-    body = ["  for (long long r = sx_begin; r < sx_end; ++r) {", f"    const long long i0 = r * {length}LL;",
-            f"    const long long cols = i0 + {length}LL <= {total}LL ? {length}LL : {total}LL - i0;", *dict.fromkeys(bases), *inner, "  }"]
-    return HostKernel(kernel.name, function(kernel.name, kernel.decls, body), rows, kernel.bytes + kernel.flops)
+    if segments is None:
+        head = [f"    const long long i0 = r * {length}LL;", f"    const long long cols = i0 + {length}LL <= {total}LL ? {length}LL : {total}LL - i0;"]
+        tables: list[str] = []
+    else:
+        tables, head, rows = segment_tables(group, kernel, segments, index)
+    pointers = {d.split()[-1]: d[: -len(d.split()[-1])].replace("__restrict__", "").strip() for d in kernel.decls}
+    for node in group.nodes:
+        if node.id in group.pieces:
+            pointers[f"pp{node.id}"] = f"const {c_types(node.type.dtype)[0]}*"
+    for source, members in families.items():
+        pointers[f"wf{source}"] = f"{c_types(types[members[0]].dtype)[0]}*"
+    helper, call = outline(f"{kernel.name}_row", inner, pointers)
+    body = [*tables, "  for (long long r = sx_begin; r < sx_end; ++r) {", *head, *dict.fromkeys(bases), call, "  }"]
+    return HostKernel(kernel.name, helper + function(kernel.name, kernel.decls, body), rows, kernel.bytes + kernel.flops)
+
+
+SCALARS = re.compile(r"\b(i0|cols|r|rb\d+|po\d+|wo\d+)\b")
+POINTERS = re.compile(r"\b(in\d+|out\d+|pp\d+|wf\d+)\b")
+
+
+def outline(name: str, lines: list[str], pointers: dict[str, str]) -> tuple[str, str]:
+    """LINES as a static function of the pointers and index variables they use, each pointer
+    `restrict`, and the call: GCC vectorizes such a loop, where inside the kernel (next to
+    tables of pointers) it keeps it scalar."""
+    text = "\n".join(lines)
+    used = [p for p in dict.fromkeys(POINTERS.findall(text)) if p in pointers]
+    scalars = list(dict.fromkeys(SCALARS.findall(text)))
+    params = [f"{pointers[p]} __restrict__ {p}" for p in used] + [f"const long long {v}" for v in scalars]
+    helper = f"static inline void {name}({', '.join(params) or 'void'}) {{\n" + text + "\n}\n"
+    return helper, f"    {name}({', '.join(used + scalars)});"
+
+
+def piece_segments(group: FusedGroup, types: dict[int, TensorType], constants: dict[int, Node]) -> Optional[list[int]]:
+    """The boundaries of a joined group's segments (every part of every concat and every
+    window is whole in each), or None when a concat has a literal part (then each element
+    picks its part)."""
+    cuts = {0, shape_size(group.shape)}
+    for node in group.nodes:
+        if node.id in group.pieces:
+            offset = 0
+            for a in node.args:
+                if a in constants:
+                    return None
+                cuts.add(offset)
+                offset += shape_size(types[a].shape)
+            cuts.add(offset)
+    for start, stop in group.windows.values():
+        cuts |= {start, stop}
+    return sorted(cuts)
+
+
+def segment_tables(group: FusedGroup, kernel: KernelSource, cuts: list[int], index: dict[int, int]) -> tuple[list[str], list[str], int]:
+    """An item is a chunk of one segment: the tables that say where each segment starts and
+    which part each concat reads there (and which windows it stores), and the item's head."""
+    types = {p.value: p for p in kernel.params}
+    segments = len(cuts) - 1
+    firsts = [0]
+    for k in range(segments):
+        firsts.append(firsts[-1] + -(-(cuts[k + 1] - cuts[k]) // FLAT_CHUNK))
+    tables = [f"  static const long long sx_cut[{len(cuts)}] = {{{', '.join(f'{c}LL' for c in cuts)}}};",
+              f"  static const long long sx_first[{len(firsts)}] = {{{', '.join(f'{f}LL' for f in firsts)}}};"]
+    head = ["    long long lo = 0, hi = " + str(segments) + ";",
+            "    while (hi - lo > 1) { const long long mid = (lo + hi) / 2; if (sx_first[mid] <= r) lo = mid; else hi = mid; }",
+            "    const long long seg = lo;",
+            f"    const long long i0 = sx_cut[seg] + (r - sx_first[seg]) * {FLAT_CHUNK}LL;",
+            f"    const long long cols = i0 + {FLAT_CHUNK}LL <= sx_cut[seg + 1] ? {FLAT_CHUNK}LL : sx_cut[seg + 1] - i0;"]
+    for node in group.nodes:
+        if node.id not in group.pieces:
+            continue
+        parts, offsets = [], []
+        offset = 0
+        bounds = []
+        for a in node.args:
+            size = int(shape_size(types[a].shape)) if a in types else 0
+            bounds.append((offset, offset + size, a))
+            offset += size
+        for k in range(segments):
+            a, start = next((a, lo) for lo, hi, a in bounds if lo <= cuts[k] < hi) if any(lo <= cuts[k] < hi for lo, hi, _ in bounds) else (node.args[0], 0)
+            parts.append(f"in{index[a]}")
+            offsets.append(f"{start}LL")
+        store = c_types(node.type.dtype)[0]
+        tables.append(f"  const {store}* const sx_parts{node.id}[{segments}] = {{{', '.join(parts)}}};")
+        tables.append(f"  static const long long sx_offs{node.id}[{segments}] = {{{', '.join(offsets)}}};")
+        head.append(f"    const {store}* const pp{node.id} = sx_parts{node.id}[seg]; const long long po{node.id} = sx_offs{node.id}[seg];")
+    by_id = {n.id: n for n in group.nodes}
+    families: dict[int, list[tuple[int, int]]] = {}
+    for k, vid in enumerate(group.outputs):
+        if vid in group.windows:
+            families.setdefault(by_id[vid].args[0], []).append((k, vid))
+    for source, members in families.items():
+        store = c_types(types[members[0][1]].dtype)[0]
+        pointers, starts = [], []
+        for s in range(segments):
+            found = next(((k, group.windows[vid][0]) for k, vid in members if group.windows[vid][0] <= cuts[s] < group.windows[vid][1]), None)
+            pointers.append(f"out{found[0]}" if found else "0")
+            starts.append(f"{found[1] if found else 0}LL")
+        tables.append(f"  {store}* const sx_wf{source}[{segments}] = {{{', '.join(pointers)}}};")
+        tables.append(f"  static const long long sx_wo{source}[{segments}] = {{{', '.join(starts)}}};")
+        head.append(f"    {store}* const wf{source} = sx_wf{source}[seg]; const long long wo{source} = sx_wo{source}[seg];")
+    return tables, head, firsts[-1]
 
 
 # -- the lanes of a reduction ------------------------------------------------------------------------
@@ -364,45 +495,71 @@ def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node]
     stores = {v: (lambda name, k=k, v=v: f"out{k + 1}[idx] = {to_storage(name, types[v].dtype)};") for k, v in enumerate(sides)}
     chain = Chain("", types, constants, math, load)
     nodes = group.prologue.nodes if group.prologue is not None else []
-    lines, values = chain.lines(nodes, [source], ["const long long jj = jb + j;", f"const long long idx = base + {flat_index(coords(axes), 'jj')};"],
-                                stores, "len", "      ")
-    values_array = values[source][: -len("[j]")]
     first = "0" if split == 1 else f"c * {chunk}LL"
     end = f"{reduced_size}LL" if split == 1 else f"(c * {chunk}LL + {chunk}LL < {reduced_size}LL ? c * {chunk}LL + {chunk}LL : {reduced_size}LL)"
     out_t = node.type
-    result = "acc[0]" if node.op != "mean" else f"(acc[0] / {reduced_size}.0)"
-    result = to_storage(f"(float){result}", out_t.dtype) if out_t.dtype == DType.bf16 else f"({c_types(out_t.dtype)[0]}){result}"
-    store = f"    out0[o] = {result};" if split == 1 else "    out0[item] = acc[0];"
-    body = [
-        "  for (long long item = sx_begin; item < sx_end; ++item) {",
-        *([f"    const long long o = item % {outputs}LL, c = item / {outputs}LL;"] if split > 1 else ["    const long long o = item;"]),
-        f"    const long long base = {flat_index(coords(kept), 'o')};",
-        f"    const long long first = {first}, end = {end};",
-        f"    {acc_type} acc[{lanes}];",
-        f"    for (int l = 0; l < {lanes}; ++l) acc[l] = {init_value(node.op, integer)};",
-        "    for (long long jb = first; jb < end; jb += SXB) {",
-        "      const long long len = end - jb < SXB ? end - jb : SXB;",
-        *lines,
-        *lane_loop(node.op, lanes, "acc", values_array, "len", integer, "      "),
-        "    }",
-        *tree(node.op, lanes, "acc", "    "),
-        store,
-        "  }",
-    ]
+
+    def result(acc: str) -> str:
+        value = acc if node.op != "mean" else f"({acc} / {reduced_size}.0)"
+        return to_storage(f"(float){value}", out_t.dtype) if out_t.dtype == DType.bf16 else f"({c_types(out_t.dtype)[0]}){value}"
+
+    innermost = bool(axes) and axes[-1] == len(space) - 1
+    base_of = simple_flat_index(coords(kept), "o", outputs)
+    within = simple_flat_index(coords(axes), "jj", reduced_size)
+    if lanes == 1 and not innermost:
+        # a thread per output, its elements apart in memory: outputs side by side (SIMD
+        # across outputs, as a GPU's threads), each still adding its elements in order
+        lines, values = chain.lines(nodes, [source], ["const long long o = o0 + j;", f"const long long idx = {base_of} + within;"], stores, "count", "      ")
+        array = values[source][: -len("[j]")]
+        body = [
+            "  for (long long item0 = sx_begin; item0 < sx_end;) {",
+            f"    const long long c = item0 / {outputs}LL, o0 = item0 % {outputs}LL;",
+            f"    long long count = {outputs}LL - o0 < SXB ? {outputs}LL - o0 : SXB;",
+            "    if (count > sx_end - item0) count = sx_end - item0;",
+            "    (void)c;",
+            f"    const long long first = {first}, end = {end};",
+            f"    {acc_type} acc[SXB];",
+            f"    for (long long q = 0; q < count; ++q) acc[q] = {init_value(node.op, integer)};",
+            "    for (long long jj = first; jj < end; ++jj) {",
+            f"      const long long within = {within};",
+            *lines,
+            f"      for (long long j = 0; j < count; ++j) {accumulate(node.op, 'acc[j]', f'{array}[j]', integer)}",
+            "    }",
+            f"    for (long long q = 0; q < count; ++q) {'out0[o0 + q] = ' + result('acc[q]') if split == 1 else 'out0[item0 + q] = acc[q]'};",
+            "    item0 += count;",
+            "  }",
+        ]
+    else:
+        lines, values = chain.lines(nodes, [source], ["const long long jj = jb + j;", f"const long long idx = base + {within};"], stores, "len", "      ")
+        array = values[source][: -len("[j]")]
+        body = [
+            "  for (long long item = sx_begin; item < sx_end; ++item) {",
+            *([f"    const long long o = item % {outputs}LL, c = item / {outputs}LL;"] if split > 1 else ["    const long long o = item;"]),
+            f"    const long long base = {base_of};",
+            f"    const long long first = {first}, end = {end};",
+            f"    {acc_type} acc[{lanes}];",
+            f"    for (int l = 0; l < {lanes}; ++l) acc[l] = {init_value(node.op, integer)};",
+            "    for (long long jb = first; jb < end; jb += SXB) {",
+            "      const long long len = end - jb < SXB ? end - jb : SXB;",
+            *lines,
+            *lane_loop(node.op, lanes, "acc", array, "len", integer, "      "),
+            "    }",
+            *tree(node.op, lanes, "acc", "    "),
+            f"    out0[o] = {result('acc[0]')};" if split == 1 else "    out0[item] = acc[0];",
+            "  }",
+        ]
     main = kernels[0]
     host = [HostKernel(main.name, function(main.name, main.decls, body), main.size, main.bytes + main.flops)]
     if split > 1:
         finish = kernels[1]
         finish_lanes = 1 if strategy.lanes == "thread" else 32
-        result = "acc[0]" if node.op != "mean" else f"(acc[0] / {reduced_size}.0)"
-        result = to_storage(f"(float){result}", out_t.dtype) if out_t.dtype == DType.bf16 else f"({c_types(out_t.dtype)[0]}){result}"
         fbody = [
             "  for (long long o = sx_begin; o < sx_end; ++o) {",
             f"    double acc[{finish_lanes}];",
             f"    for (int l = 0; l < {finish_lanes}; ++l) acc[l] = {init_value(node.op, False)};",
             f"    for (long long c = 0; c < {split}LL; ++c) {{ const double p = in0[c * {outputs}LL + o]; acc[c % {finish_lanes}] = {pair(node.op, f'acc[c % {finish_lanes}]', 'p')}; }}",
             *tree(node.op, finish_lanes, "acc", "    "),
-            f"    out0[o] = {result};",
+            f"    out0[o] = {result('acc[0]')};",
             "  }",
         ]
         host.append(HostKernel(finish.name, function(finish.name, finish.decls, fbody), finish.size, finish.bytes + finish.flops))
