@@ -8,9 +8,9 @@ it), wrapping signed integers (`-fwrapv`, as NumPy's), and nothing of `-ffast-ma
 
 A compiled module is cached by the SHA-256 of its source, the compiler's identity (its path
 and `--version`), the flags and this CPU's model and features (what `-march=native` compiled
-for), in `$SEXPGPU_KERNEL_CACHE`, else `$XDG_CACHE_HOME/sexpgpu/kernels`, else
-`~/.cache/sexpgpu/kernels`. The compiler writes a temporary file that is then renamed to its
-name, so processes compiling the same module at once each get a whole library.
+for), in `$SEXPGPU_CACHE/kernels` (`~/.cache/sexpgpu/kernels` by default; the prepared-data
+cache is `$SEXPGPU_CACHE/data`). The compiler writes a temporary file that is then renamed to
+its name, so processes compiling the same module at once each get a whole library.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Mapping, Optional
 
 from ..backend import DeviceError
 
-CACHE_VARIABLE = "SEXPGPU_KERNEL_CACHE"
+CACHE_VARIABLE = "SEXPGPU_CACHE"
 COMPILER_VARIABLE = "CC"
 CANDIDATES = ("cc", "gcc", "clang")
 FLAGS = ("-std=gnu11", "-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fwrapv", "-fPIC", "-shared", "-pthread")
@@ -39,10 +39,8 @@ class NoCompiler(DeviceError):
 
 def cache_folder(environ: Optional[Mapping[str, str]] = None) -> Path:
     environ = os.environ if environ is None else environ
-    if environ.get(CACHE_VARIABLE):
-        return Path(environ[CACHE_VARIABLE])
-    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "sexpgpu" / "kernels"
+    configured = environ.get(CACHE_VARIABLE)
+    return (Path(configured).expanduser() if configured else Path.home() / ".cache" / "sexpgpu") / "kernels"
 
 
 def cpu_signature() -> str:
