@@ -118,6 +118,8 @@ class CpuRuntime:
         self.library.sx_run.restype = ctypes.c_int
         self.blas = find_blas()
         self.loops = numpy_loops() if math == "numpy" else []
+        self.functions: dict[str, Any] = {}  # every kernel loaded so far, by symbol
+        self.libraries: list[ctypes.CDLL] = []
         self.threads = 0
         self.pool: Optional[int] = None
         self.set_threads(threads)
@@ -138,17 +140,40 @@ class CpuRuntime:
         if pool is not None:
             self.library.sx_pool_free(pool)
 
-    def load(self, kernels: list[HostKernel]) -> tuple[ctypes.CDLL, Compiled]:
-        """KERNELS compiled into one library (from the cache when it is there), NumPy's loops set."""
-        unique = {k.name: k for k in kernels}
-        source = host_prelude() + "".join(dict.fromkeys(k.preamble for k in unique.values() if k.preamble)) + "".join(k.source for k in unique.values())
-        built = self.toolchain.build(source)
-        library = ctypes.CDLL(str(built.path))
-        if self.math == "numpy":
-            library.sx_set_math.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-            for k, (fn, extra) in enumerate(self.loops):
-                library.sx_set_math(k, fn, extra or None)
-        return library, built
+    def load(self, kernels: list[HostKernel]) -> tuple[dict[str, Any], Optional[Compiled]]:
+        """Each kernel's function (by name): those this device loaded before as they are, the
+        others compiled into one library (from the disk cache when it is there), NumPy's
+        loops set in it. The compile, or None when every kernel was loaded before."""
+        unique = {k.symbol: k for k in kernels if k.symbol not in self.functions}
+        built = None
+        if unique:
+            source = host_prelude() + "".join(dict.fromkeys(k.preamble for k in unique.values() if k.preamble)) + "".join(k.text for k in unique.values())
+            built = self.toolchain.build(source)
+            library = ctypes.CDLL(str(built.path))
+            self.libraries.append(library)
+            if self.math == "numpy":
+                library.sx_set_math.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+                for k, (fn, extra) in enumerate(self.loops):
+                    library.sx_set_math(k, fn, extra or None)
+            for name in unique:
+                function = getattr(library, name)
+                function.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong]
+                function.restype = None
+                self.functions[name] = function
+        return {k.symbol: self.functions[k.symbol] for k in kernels}, built
+
+    def preload(self, programs: list[Program]) -> Optional[Compiled]:
+        """Every kernel of PROGRAMS compiled in one library now (one compiler call for many
+        programs: a sweep's, a test's), so that the programs find them loaded."""
+        from ..cuda.fusion import lower
+        from ..cuda.kernels import kernels_for
+
+        kernels: list[HostKernel] = []
+        for program in programs:
+            lowering = lower(program)
+            for step in lowering.steps:
+                kernels += host_kernels(step, lowering.program, lowering.constants, kernels_for(step, lowering.program, lowering.constants), self.math)
+        return self.load(kernels)[1]
 
 
 # -- running one kernel from Python (the steps between stretches of the tape) ----------------------------------
@@ -164,17 +189,15 @@ class CpuRunner:
         """Nothing: a CpuProgram compiles its own kernels (it needs its steps, not only their
         CUDA sources) and registers them here."""
 
-    def register(self, library: ctypes.CDLL, kernels: list[HostKernel]) -> None:
+    def register(self, functions: dict[str, Any], kernels: list[HostKernel]) -> None:
+        """A program's kernels: the host function of each CUDA kernel name it launches."""
         for kernel in kernels:
-            function = getattr(library, kernel.name)
-            function.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong]
-            function.restype = None
-            self.functions[kernel.name] = (function, kernel)
+            self.functions[kernel.name] = (functions[kernel.symbol], kernel)
 
     def launch(self, kernel: KernelSource, arrays: list[Any]) -> None:
         function, host = self.functions[kernel.name]
         pointers = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
-        function(pointers, 0, host.size)
+        function(pointers, 0, kernel.size if host.launched_items else host.size)
 
     def gemm(self, call: BlasCall, a: Any, b: Any, c: Any) -> None:
         tape = Tape(self.runtime)
@@ -197,8 +220,8 @@ class Tape:
         self.most_args = 1
         self.built: Optional[tuple[Any, Any, Any, Any]] = None
 
-    def add_kernel(self, function: int, kernel: HostKernel, refs: list[Ref]) -> None:
-        self.ops.append(SxOp(kind=0, nargs=len(refs), first=len(self.refs), size=kernel.size, work=kernel.work, fn=function))
+    def add_kernel(self, function: int, kernel: HostKernel, size: int, refs: list[Ref]) -> None:
+        self.ops.append(SxOp(kind=0, nargs=len(refs), first=len(self.refs), size=size, work=kernel.work, fn=function))
         self.refs += refs
         self.most_args = max(self.most_args, len(refs))
 
@@ -276,10 +299,25 @@ class Recording(ProgramRun):
 
     def launch(self, kernel: KernelSource, arrays: list[Any]) -> None:
         function, host = self.cpu.cpu_runner.functions[kernel.name]
-        self.current().add_kernel(int(ctypes.cast(function, ctypes.c_void_p).value or 0), host, [self.ref(a) for a in arrays])
+        size = kernel.size if host.launched_items else host.size
+        self.current().add_kernel(int(ctypes.cast(function, ctypes.c_void_p).value or 0), host, size, [self.ref(a) for a in arrays])
 
     def gemm(self, call: BlasCall, a: Any, b: Any, c: Any) -> None:
         self.current().add_gemm(call, [self.ref(x) for x in (a, b, c)])
+
+
+class PythonRun(ProgramRun):
+    """A step run from Python, its kernels the program's own."""
+
+    def __init__(self, lowered: CpuProgram, values: dict[int, Any]) -> None:
+        super().__init__(lowered, values)
+        self.cpu = lowered
+
+    def launch(self, kernel: KernelSource, arrays: list[Any]) -> None:
+        self.cpu.cpu_runner.launch(kernel, arrays)
+
+    def gemm(self, call: BlasCall, a: Any, b: Any, c: Any) -> None:
+        self.cpu.cpu_runner.gemm(call, a, b, c)
 
 
 class CpuProgram(LoweredProgram):
@@ -289,13 +327,12 @@ class CpuProgram(LoweredProgram):
         self.runtime = runtime
         super().__init__(program, device)
         lowering = self.lowering
-        runner = device.runner
-        assert isinstance(runner, CpuRunner)
+        runner = CpuRunner(runtime)  # this program's kernels, by their CUDA names
         self.cpu_runner = runner
         host = [host_kernels(step, lowering.program, lowering.constants, kernels, runtime.math) for step, kernels in zip(lowering.steps, self.kernels)]
         flat = [k for ks in host for k in ks]
-        self.library, self.compiled = runtime.load(flat)
-        runner.register(self.library, flat)
+        functions, self.compiled = runtime.load(flat)
+        runner.register(functions, flat)
         self.kernel_count = len({k.name for k in flat})
         self.first_tape, self.later_tape, self.refs = self.record()
         self.base_array = (ctypes.c_void_p * (1 + len(self.input_ids)))()
@@ -367,7 +404,7 @@ class CpuProgram(LoweredProgram):
     def run_python_step(self, index: int, inputs: list[Any]) -> None:
         step = self.lowering.steps[index]
         values = {vid: self.fixed[vid] if vid in self.fixed else self.views_of(self.refs[vid], inputs) for vid in step.reads if vid in self.refs}
-        run = ProgramRun(self, values)
+        run = PythonRun(self, values)
         run.step = index
         step.launch(run, self.kernels[index])
 
@@ -375,8 +412,11 @@ class CpuProgram(LoweredProgram):
         return None
 
     def compile_report(self) -> dict[str, Any]:
-        """What compiling this program cost: its kernels, the seconds (0 from the cache)."""
-        return {"kernels": self.kernel_count, "seconds": round(self.compiled.seconds, 3), "cached": self.compiled.cached, "library": str(self.compiled.path)}
+        """What compiling this program cost: its kernels, the seconds (0 from the disk cache,
+        or when another program of this device had compiled them all)."""
+        compiled = self.compiled
+        return {"kernels": self.kernel_count, "seconds": round(compiled.seconds, 3) if compiled else 0.0,
+                "cached": compiled is None or compiled.cached, "library": str(compiled.path) if compiled else None}
 
 
 class CpuBackend(DeviceBackend):

@@ -32,6 +32,7 @@ f32 too: what the CUDA kernels' host emulation computes, for the tests that comp
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -90,6 +91,17 @@ class HostKernel:
     size: int  # items
     work: int  # bytes moved + flops, for the choice of threads
     preamble: str = ""
+    launched_items: bool = False  # its items are the CUDA kernel's, counted at each launch (n is no literal of the text)
+
+    @property
+    def symbol(self) -> str:
+        """The function's name in the library: the CUDA name and the hash of the host text
+        (two kernels of one CUDA text may differ on the host, say in their math)."""
+        return f"{self.name}_h{hashlib.sha256((self.preamble + self.source).encode()).hexdigest()[:10]}"
+
+    @property
+    def text(self) -> str:
+        return self.source.replace(self.name, self.symbol)
 
 
 def is_call(node: Node, math: str) -> bool:
@@ -116,7 +128,7 @@ def thread_kernel(kernel: KernelSource) -> HostKernel:
         raise LoweringError(f"{kernel.name}: a kernel whose {kernel.lanes} lanes cooperate has no host form of its own here")
     body = ["  const long long n = sx_end; (void)n;", *kernel.before,
             f"  for (long long {kernel.loop} = sx_begin; {kernel.loop} < sx_end; ++{kernel.loop}) {{", *kernel.lines, "  }"]
-    return HostKernel(kernel.name, function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops, kernel.preamble)
+    return HostKernel(kernel.name, function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops, kernel.preamble, launched_items=True)
 
 
 # -- chains of elementwise nodes over blocks of elements -------------------------------------------
