@@ -161,12 +161,16 @@ def _rsqrt(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
 
 
 def _decompose_sigmoid(b: Builder, n: Node) -> int:
-    """The lowerings compute sigmoid as its NumPy kernel does, op by op (each rounded to the
-    dtype): e = exp(-|x|), 1 / (1 + e) for x >= 0, else e times that."""
+    """The lowerings compute sigmoid as its NumPy kernel does, op by op: e = exp(-|x|) in x's
+    dtype, then 1 / (1 + e) for x >= 0, else e times that, in f32 (NumPy promotes a bf16 array
+    and a Python float to f32), rounded to x's dtype once."""
     x = n.args[0]
+    dtype = b.type(x).dtype
     e = b.op("exp", b.op("neg", b.op("abs", x)))
-    positive = b.op("div", b.scalar_like(1.0, x), b.op("add", b.scalar_like(1.0, x), e))
-    return b.op("where", b.op("ge", x, b.scalar_like(0.0, x)), positive, b.op("mul", e, positive))
+    wide = b.cast(e, DType.f32) if dtype != DType.f32 else e
+    positive = b.op("div", b.const(1.0, DType.f32), b.op("add", b.const(1.0, DType.f32), wide))
+    result = b.op("where", b.op("ge", x, b.scalar_like(0.0, x)), positive, b.op("mul", wide, positive))
+    return b.cast(result, dtype) if dtype != DType.f32 else result
 
 
 def _decompose_rsqrt(b: Builder, n: Node) -> int:
@@ -180,7 +184,9 @@ def _relu(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
 
 
 def _sign(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
-    return np.sign(x, out=out) if out is not None else np.sign(x)
+    # + 0: a zero's sign is +0 in every dtype (ml_dtypes' bf16 sign keeps -0)
+    zero = x.dtype.type(0)
+    return np.add(np.sign(x, out=out), zero, out=out) if out is not None else np.add(np.sign(x), zero)
 
 
 def _identity(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
@@ -193,7 +199,8 @@ def _identity(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
 unary("neg", np.negative, _g_neg, "(-{0})", numeric=True, doc="-x")
 unary("stop_gradient", _identity, None, "({0})", numeric=True, doc="x, passing no gradient (a value autodiff treats as a constant)")
 unary("abs", np.absolute, _g_abs, "fabsf({0})", numeric=True, doc="|x|", cuda_integer="(({0}) < 0 ? -({0}) : ({0}))")
-unary("sign", _sign, None, "(({0} > 0) - ({0} < 0))", numeric=True, doc="-1, 0 or 1")
+unary("sign", _sign, None, "(({0} > 0) ? ({dtype})1 : (({0} < 0) ? ({dtype})-1 : (({0} == 0) ? ({dtype})0 : {0})))", numeric=True, doc="-1, 0 or 1 (NaN for NaN)",
+      cuda_integer="(({0} > 0) - ({0} < 0))")
 unary("exp", np.exp, _g_exp, "expf({0})", doc="e^x")
 unary("log", np.log, _g_log, "logf({0})", doc="natural logarithm")
 unary("log1p", np.log1p, _g_log1p, "log1pf({0})", doc="log(1 + x)")

@@ -233,6 +233,7 @@ class Tape:
                              oa=call.a.offset, ob=call.b.offset, oc=call.c.offset, batch=call.batch, in_bf16=int(bf16),
                              out_bf16=int(call.out_dtype == DType.bf16)))
         self.refs += refs
+        self.most_args = max(self.most_args, 3)
         if bf16:
             self.workspace_floats = max(self.workspace_floats, call.m * call.k + call.k * call.n + call.m * call.n)
 

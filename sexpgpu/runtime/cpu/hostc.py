@@ -35,14 +35,14 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, Shape, TensorType, shape_size
 from ...ir.ops import OpKind, op_def
 from ..cuda.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, geometry
-from ..cuda.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, flat_index, from_storage, literal, to_storage
-from ..cuda.kernels import piecewise, planned_strategy, reduce_geometry
+from ..cuda.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage
+from ..cuda.kernels import ReduceStrategy, piecewise, planned_strategy, reduce_geometry
 from ..cuda.lowering import Step
 from ..cuda.row_kernel import BLOCK_ROWS, WARP_ROWS
 from ..cuda.steps import FusedGroup, ReduceGroup, RowGroup
@@ -152,7 +152,7 @@ class Chain:
     def array(self, vid: int) -> str:
         return f"bv{self.tag}_{vid}"
 
-    def lines(self, nodes: list[Node], targets: list[int], setup: list[str], stores: dict[int, Callable[[str], str]], count: str,
+    def lines(self, nodes: list[Node], targets: list[int], setup: list[str], stores: Mapping[int, Callable[[str], str]], count: str,
               indent: str = "    ") -> tuple[list[str], dict[int, str]]:
         """The C lines, and for each target the C expression of its value at position j (an
         array element), valid after the lines."""
@@ -472,7 +472,8 @@ def init_value(op: str, integer: bool) -> str:
             "min": "9223372036854775807LL" if integer else "sx_inf()"}[op]
 
 
-def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node], math: str, kernels: list[KernelSource]) -> list[HostKernel]:
+def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node], math: str, kernels: list[KernelSource],
+                strategy: Optional[ReduceStrategy] = None) -> list[HostKernel]:
     """The reduction's kernels (one, or the chunks' and their combination's), as the device
     orders the additions: see the module's docstring."""
     types = program.types()
@@ -480,7 +481,7 @@ def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node]
     source = node.args[0]
     space = tuple(types[source].shape)
     axes, reduced_size, outputs, integer = reduce_geometry(group, types)
-    strategy = planned_strategy(group, types)
+    strategy = strategy or planned_strategy(group, types)
     kept = [d for d in range(len(space)) if d not in axes]
     mem = [1] * len(space)
     for d in range(len(space) - 2, -1, -1):
@@ -579,13 +580,13 @@ def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node]
 
 
 # -- row groups ----------------------------------------------------------------------------------------
-def rows_host(group: RowGroup, program: Program, constants: dict[int, Node], math: str, kernel: KernelSource) -> HostKernel:
+def rows_host(group: RowGroup, program: Program, constants: dict[int, Node], math: str, kernel: KernelSource, lanes_name: Optional[str] = None) -> HostKernel:
     """One row per item, its reductions in the device's lane order (a thread, a warp or a
     block per row, as the row length chose on the device)."""
     types = program.types()
     space = tuple(group.space)
     width = space[-1]
-    lanes = lanes_of("block" if width >= BLOCK_ROWS else "warp" if width >= WARP_ROWS else "thread")
+    lanes = lanes_of(lanes_name or ("block" if width >= BLOCK_ROWS else "warp" if width >= WARP_ROWS else "thread"))
     by_id = {n.id: n for n in group.nodes}
     reductions = [n for n in group.nodes if op_def(n.op).kind is OpKind.REDUCTION]
     row_nodes = [n for n in group.nodes if tuple(n.type.shape) == space and n not in reductions]
@@ -643,7 +644,7 @@ def rows_host(group: RowGroup, program: Program, constants: dict[int, Node], mat
             if n.id in output_index:
                 lines.append(f"    out{output_index[n.id]}[r] = {to_storage(scalars[n.id], n.type.dtype)};")
 
-    def row_pass(targets: list[int], stores: dict[int, Callable[[str], str]]) -> tuple[list[str], dict[int, str]]:
+    def row_pass(targets: list[int], stores: Mapping[int, Callable[[str], str]]) -> tuple[list[str], dict[int, str]]:
         chain = Chain(tag(), types, constants, math, row_load, preset=scalars)
         more, values = chain.lines(needed_for(targets), targets, ["const long long c = c0 + j;", f"const long long idx = r * {width}LL + c;"],
                                    stores, "len", "      ")

@@ -7,7 +7,8 @@ tree, and one line over registers per node from the op table's expression templa
 
 bf16 is carried as its 16 bits (`unsigned short`) and computed in f32, rounded back to bf16
 (round to nearest even) after every bf16 node, exactly as the NumPy backend computes bf16
-(ml_dtypes rounds each op's result). No CUDA header is needed, so the same source compiles
+(ml_dtypes rounds each op's result). sx_maxf and sx_minf return b when a and b are equal
+(+0 and -0 included), as NumPy's maximum and minimum do. No CUDA header is needed, so the same source compiles
 with NVRTC on a GPU, with nvcc, and as C++ on the host (the test harness's emulation).
 """
 
@@ -46,8 +47,8 @@ SX_FN unsigned short sx_f32_to_bf16(float f) {
   return (unsigned short)(u >> 16);
 }
 SX_FN float sx_bf16_round(float f) { return sx_bf16_to_f32(sx_f32_to_bf16(f)); }
-SX_FN float sx_maxf(float a, float b) { return (a != a || b != b) ? a + b : (a >= b ? a : b); }
-SX_FN float sx_minf(float a, float b) { return (a != a || b != b) ? a + b : (a <= b ? a : b); }
+SX_FN float sx_maxf(float a, float b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
+SX_FN float sx_minf(float a, float b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
 SX_FN double sx_maxd(double a, double b) { return (a != a || b != b) ? a + b : (a >= b ? a : b); }
 SX_FN double sx_mind(double a, double b) { return (a != a || b != b) ? a + b : (a <= b ? a : b); }
 SX_FN float sx_inf() { return sx_bits_float(0x7f800000u); }
