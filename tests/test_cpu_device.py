@@ -498,3 +498,44 @@ def test_bf16_storage_round_trips_on_the_cpu_device(runtimes: dict[str, Any]) ->
     host = (np.arange(12, dtype=np.float32) / 7).astype(ml_dtypes.bfloat16).reshape(3, 4)
     assert_same_bits(backend.get(backend.put(host, t), t), host, "bf16 put/get")
     assert isinstance(backend, DeviceBackend)
+
+
+def test_explain_shows_the_compile_cost_and_a_run_pays_it_once(tmp_path: Path) -> None:
+    """A new program's kernels: `explain --cpu` compiles them and says how long it took; a
+    second explain and a run find them in the disk cache (the run says nothing of compiling);
+    a run in an empty cache says what compiling cost, once per program."""
+    folder = project(tmp_path)
+    env = environment(SEXPGPU_DEVICE=None, SEXPGPU_CACHE=str(tmp_path / "cache"))
+    first = sexpgpu(["explain", "quickstart.lisp", "--cpu"], folder, env)
+    again = sexpgpu(["explain", "quickstart.lisp", "--cpu", "--json"], folder, env)
+    assert first.returncode == again.returncode == 0, first.stderr + again.stderr
+    compiled = [line for line in first.stdout.split("compiled CPU device")[-1].splitlines() if line.lstrip().startswith(("train ", "update "))]
+    assert len(compiled) == 2 and all("compiled in" in line and "paid once" in line for line in compiled), first.stdout
+    doc = json.loads(again.stdout)["cpu"]["programs"]
+    assert doc["train"]["cached"] and doc["update"]["cached"] and doc["train"]["kernels"] > 0, doc
+    run = sexpgpu(["run", "quickstart.lisp", "--store", "runs", "--max-steps", "5"], folder, env)
+    assert run.returncode == 0 and "compiled" not in run.stdout + run.stderr, run.stdout + run.stderr
+    cold = sexpgpu(["run", "quickstart.lisp", "--store", "runs-cold", "--max-steps", "5"], folder,
+                   {**env, "SEXPGPU_CACHE": str(tmp_path / "empty-cache")})
+    lines = [line for line in (cold.stdout + cold.stderr).splitlines() if "kernels in" in line]
+    assert cold.returncode == 0 and sorted(line.split(":")[1].strip() for line in lines) == ["train", "update"], cold.stdout + cold.stderr
+
+
+def test_doctor_reports_the_compiler_the_blas_and_the_thread_plan(tmp_path: Path) -> None:
+    """With a compiler: it and the kernel cache; the BLAS and the threads the kernels and the
+    BLAS share. Without: a warning that `cpu` runs on the NumPy backend, and the fix."""
+    from sexpgpu.runtime.cpu.device import find_blas
+
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    findings = {}
+    for name, env in (("with", environment(SEXPGPU_DEVICE=None, SEXPGPU_CACHE=str(tmp_path / "cache"))),
+                      ("without", environment(SEXPGPU_DEVICE=None, CC=None, PATH=str(empty)))):
+        done = sexpgpu(["doctor", "--json", "--store", str(tmp_path / "runs")], tmp_path, env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        findings[name] = {f["check"]: f for f in json.loads(done.stdout)["findings"]}
+    compiler, threads = findings["with"]["compiler"], findings["with"]["threads"]
+    assert compiler["level"] == "ok" and str(tmp_path / "cache" / "kernels") in compiler["detail"], compiler
+    assert "thread(s) for the kernels and the BLAS" in threads["detail"] and find_blas().name.split()[0] in threads["detail"], threads
+    missing = findings["without"]["compiler"]
+    assert missing["level"] == "warn" and "no C compiler found" in missing["detail"] and "NumPy backend" in missing["detail"] and missing["fix"], missing

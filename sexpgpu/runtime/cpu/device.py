@@ -165,15 +165,25 @@ class CpuRuntime:
     def preload(self, programs: list[Program]) -> Optional[Compiled]:
         """Every kernel of PROGRAMS compiled in one library now (one compiler call for many
         programs: a sweep's, a test's), so that the programs find them loaded."""
+        return self.load([k for program in programs for k in self.kernels_of(program)])[1]
+
+    def kernels_of(self, program: Program) -> list[HostKernel]:
+        """PROGRAM's host kernels, in the order a CpuProgram compiles them."""
         from ..cuda.fusion import lower
         from ..cuda.kernels import kernels_for
 
-        kernels: list[HostKernel] = []
-        for program in programs:
-            lowering = lower(program)
-            for step in lowering.steps:
-                kernels += host_kernels(step, lowering.program, lowering.constants, kernels_for(step, lowering.program, lowering.constants), self.math)
-        return self.load(kernels)[1]
+        lowering = lower(program)
+        return [k for step in lowering.steps
+                for k in host_kernels(step, lowering.program, lowering.constants, kernels_for(step, lowering.program, lowering.constants), self.math)]
+
+    def compile_cost(self, program: Program) -> dict[str, Any]:
+        """What running PROGRAM first on this device costs in compiling (explain --cpu): its
+        kernels, those new to this device, the seconds (0 from the disk cache), the library."""
+        kernels = self.kernels_of(program)
+        new = len({k.symbol for k in kernels if k.symbol not in self.functions})
+        _, built = self.load(kernels)
+        return {"kernels": len({k.name for k in kernels}), "new": new, "seconds": round(built.seconds, 3) if built else 0.0,
+                "cached": built is None or built.cached, "library": str(built.path) if built else None}
 
 
 # -- running one kernel from Python (the steps between stretches of the tape) ----------------------------------
@@ -410,7 +420,12 @@ class CpuProgram(LoweredProgram):
         step.launch(run, self.kernels[index])
 
     def notice(self) -> Optional[str]:
-        return None
+        """A line when compiling this program's kernels cost time (a new program: later runs
+        find them in the disk cache)."""
+        compiled = self.compiled
+        if compiled is None or compiled.cached:
+            return None
+        return f"cpu: {self.program.name}: compiled {self.kernel_count} kernels in {compiled.seconds:.1f} s (cached on disk for the next run)"
 
     def compile_report(self) -> dict[str, Any]:
         """What compiling this program cost: its kernels, the seconds (0 from the disk cache,
