@@ -8,8 +8,11 @@ is large enough is split into as many contiguous ranges of items as the pool has
 (items are independent: each is one CUDA thread's, warp's or block's work, so the split
 changes no bit), the others run on the calling thread; a gemm is one BLAS call per batch item
 from the calling thread, with the BLAS's own threads. The pool's threads spin between two
-kernels of one stretch and sleep on a condition variable during a gemm and between runs, so
-they never compete with the BLAS's threads.
+kernels of one stretch (for at most SX_SPINS pauses, then they sleep) and sleep on a condition
+variable during a gemm and between runs, so they never compete with the BLAS's threads nor
+keep a busy machine's cores from its other work; the caller waiting for them yields its core
+after as long. A worker starts from the pool's first epoch, so a kernel launched before the
+OS ran the new thread is still its to do.
 
 bf16 gemms widen their operands to f32 into the program's workspace, call sgemm and round
 the f32 product to bf16 once: what cuBLAS computes with CUBLAS_COMPUTE_32F, and what the NumPy
@@ -18,6 +21,7 @@ backend computes.
 
 RUNTIME_C = r"""
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +31,11 @@ RUNTIME_C = r"""
 #else
 #define sx_pause() ((void)0)
 #endif
+
+/* how long a thread spins before it sleeps (a worker between kernels) or yields (the caller
+   waiting for the workers): about 20-50 microseconds, the gap between two kernels of a
+   stretch, so a busy machine's other work gets the core back soon */
+#define SX_SPINS 20000
 
 typedef void (*sx_kernel)(void* const*, long long, long long);
 typedef void (*sx_sgemm64)(int, int, int, long long, long long, long long, float, const float*, long long, const float*, long long, float, float*, long long);
@@ -50,7 +59,7 @@ typedef struct {
   atomic_long epoch;
   atomic_int done;
   atomic_int busy;  /* 1 while a stretch of kernels runs: workers spin instead of sleeping */
-  int stop;
+  atomic_int stop;
   sx_kernel fn;
   void* const* args;
   long long size;
@@ -66,21 +75,20 @@ static void sx_chunk(sx_pool* p, int t) {
 static void* sx_work(void* arg) {
   sx_worker* w = (sx_worker*)arg;
   sx_pool* p = w->pool;
-  long seen = atomic_load(&p->epoch);
+  long seen = 0;  /* the epoch the pool was made with: a kernel started before this thread ran is still its to do */
   for (;;) {
     long now = atomic_load_explicit(&p->epoch, memory_order_acquire);
-    while (now == seen && atomic_load_explicit(&p->busy, memory_order_relaxed)) {
+    for (long spins = 0; now == seen && spins < SX_SPINS && atomic_load_explicit(&p->busy, memory_order_relaxed); ++spins) {
       sx_pause();
       now = atomic_load_explicit(&p->epoch, memory_order_acquire);
     }
     if (now == seen) {
       pthread_mutex_lock(&p->lock);
-      while (atomic_load(&p->epoch) == seen && !p->stop) pthread_cond_wait(&p->wake, &p->lock);
-      const int stop = p->stop;
+      while (atomic_load(&p->epoch) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->wake, &p->lock);
       pthread_mutex_unlock(&p->lock);
-      if (stop) break;
       now = atomic_load_explicit(&p->epoch, memory_order_acquire);
     }
+    if (atomic_load(&p->stop)) break;
     seen = now;
     sx_chunk(p, w->index);
     atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
@@ -98,6 +106,7 @@ sx_pool* sx_pool_new(int threads, long long grain) {
   atomic_init(&p->epoch, 0);
   atomic_init(&p->done, 0);
   atomic_init(&p->busy, 0);
+  atomic_init(&p->stop, 0);
   p->ids = (pthread_t*)calloc((size_t)p->threads, sizeof(pthread_t));
   for (int t = 1; t < p->threads; ++t) {
     sx_worker* w = (sx_worker*)malloc(sizeof(sx_worker));
@@ -109,7 +118,7 @@ sx_pool* sx_pool_new(int threads, long long grain) {
 
 void sx_pool_free(sx_pool* p) {
   pthread_mutex_lock(&p->lock);
-  p->stop = 1;
+  atomic_store(&p->stop, 1);
   atomic_fetch_add(&p->epoch, 1);
   pthread_cond_broadcast(&p->wake);
   pthread_mutex_unlock(&p->lock);
@@ -128,7 +137,10 @@ static void sx_parallel(sx_pool* p, sx_kernel fn, void* const* args, long long s
   pthread_cond_broadcast(&p->wake);
   pthread_mutex_unlock(&p->lock);
   sx_chunk(p, 0);
-  while (atomic_load_explicit(&p->done, memory_order_acquire) != p->threads - 1) sx_pause();
+  for (long spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) != p->threads - 1; ++spins) {
+    if (spins < SX_SPINS) sx_pause();
+    else sched_yield();  /* a worker the OS has not scheduled (a busy machine): give it the core */
+  }
 }
 
 static float sx_widen(unsigned short h) { unsigned int u = ((unsigned int)h) << 16; float f; memcpy(&f, &u, 4); return f; }
