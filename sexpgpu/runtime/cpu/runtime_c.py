@@ -4,8 +4,8 @@ tape runner, compiled once per machine (the toolchain's cache) like a kernel mod
 A program's tape is the list of its steps' launches, recorded once (device.py): generated
 kernels (a function over items [begin, end)) and gemms, each argument a base (0: the
 program's arena; k: its k-th input) plus a byte offset. `sx_run` walks it: a kernel whose work
-is large enough is split into as many contiguous ranges of items as the pool has threads
-(items are independent: each is one CUDA thread's, warp's or block's work, so the split
+is large enough is split into SX_CHUNKS contiguous ranges of items per thread of the pool, which
+the caller and the awake workers claim in turn (items are independent: each is one CUDA thread's, warp's or block's work, so the split
 changes no bit), the others run on the calling thread; a gemm is one BLAS call per batch item
 from the calling thread, with the BLAS's own threads. The pool's threads spin between two
 kernels of one stretch (for at most SX_SPINS pauses, then they sleep) and sleep on a condition
@@ -36,6 +36,8 @@ RUNTIME_C = r"""
    waiting for the workers): about 20-50 microseconds, the gap between two kernels of a
    stretch, so a busy machine's other work gets the core back soon */
 #define SX_SPINS 20000
+/* chunks per thread of a kernel split between threads (claimed in turn, so a late thread takes fewer) */
+#define SX_CHUNKS 4
 
 typedef void (*sx_kernel)(void* const*, long long, long long);
 typedef void (*sx_sgemm64)(int, int, int, long long, long long, long long, float, const float*, long long, const float*, long long, float, float*, long long);
@@ -56,8 +58,10 @@ typedef struct {
   pthread_t* ids;
   pthread_mutex_t lock;
   pthread_cond_t wake;
-  atomic_long epoch;
-  atomic_int done;
+  /* the current kernel's tickets: its epoch (bits 40-63), its chunks (20-39) and the next
+     chunk to claim (0-19), in one word so that a claim is always of the kernel it counts */
+  atomic_ullong ticket;
+  atomic_llong done;  /* chunks of the current kernel finished */
   atomic_int busy;  /* 1 while a stretch of kernels runs: workers spin instead of sleeping */
   atomic_int stop;
   sx_kernel fn;
@@ -67,31 +71,40 @@ typedef struct {
 
 typedef struct { sx_pool* pool; int index; } sx_worker;
 
-static void sx_chunk(sx_pool* p, int t) {
-  const long long begin = p->size * t / p->threads, end = p->size * (t + 1) / p->threads;
-  if (end > begin) p->fn(p->args, begin, end);
+static unsigned long long sx_epoch(unsigned long long ticket) { return ticket >> 40; }
+
+/* claim chunks of the current kernel and run them until none is left: the caller and every
+   worker that is awake share them, so a worker the OS has not scheduled delays nothing */
+static void sx_claim(sx_pool* p) {
+  for (;;) {
+    const unsigned long long t = atomic_fetch_add_explicit(&p->ticket, 1ULL, memory_order_acq_rel);
+    const long long k = (long long)(t & 0xFFFFFULL), n = (long long)((t >> 20) & 0xFFFFFULL);
+    if (k >= n) return;
+    const long long begin = p->size * k / n, end = p->size * (k + 1) / n;
+    if (end > begin) p->fn(p->args, begin, end);
+    atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+  }
 }
 
 static void* sx_work(void* arg) {
   sx_worker* w = (sx_worker*)arg;
   sx_pool* p = w->pool;
-  long seen = 0;  /* the epoch the pool was made with: a kernel started before this thread ran is still its to do */
+  unsigned long long seen = 0;  /* the pool's first epoch: a kernel launched before this thread ran is still its to share */
   for (;;) {
-    long now = atomic_load_explicit(&p->epoch, memory_order_acquire);
+    unsigned long long now = sx_epoch(atomic_load_explicit(&p->ticket, memory_order_acquire));
     for (long spins = 0; now == seen && spins < SX_SPINS && atomic_load_explicit(&p->busy, memory_order_relaxed); ++spins) {
       sx_pause();
-      now = atomic_load_explicit(&p->epoch, memory_order_acquire);
+      now = sx_epoch(atomic_load_explicit(&p->ticket, memory_order_acquire));
     }
     if (now == seen) {
       pthread_mutex_lock(&p->lock);
-      while (atomic_load(&p->epoch) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->wake, &p->lock);
+      while (sx_epoch(atomic_load(&p->ticket)) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->wake, &p->lock);
       pthread_mutex_unlock(&p->lock);
-      now = atomic_load_explicit(&p->epoch, memory_order_acquire);
+      now = sx_epoch(atomic_load_explicit(&p->ticket, memory_order_acquire));
     }
     if (atomic_load(&p->stop)) break;
     seen = now;
-    sx_chunk(p, w->index);
-    atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+    sx_claim(p);
   }
   free(w);
   return NULL;
@@ -103,7 +116,7 @@ sx_pool* sx_pool_new(int threads, long long grain) {
   p->grain = grain;
   pthread_mutex_init(&p->lock, NULL);
   pthread_cond_init(&p->wake, NULL);
-  atomic_init(&p->epoch, 0);
+  atomic_init(&p->ticket, 0ULL);
   atomic_init(&p->done, 0);
   atomic_init(&p->busy, 0);
   atomic_init(&p->stop, 0);
@@ -116,12 +129,17 @@ sx_pool* sx_pool_new(int threads, long long grain) {
   return p;
 }
 
-void sx_pool_free(sx_pool* p) {
+static void sx_publish(sx_pool* p, long long chunks) {
+  const unsigned long long epoch = (sx_epoch(atomic_load(&p->ticket)) + 1ULL) & 0xFFFFFFULL;
+  atomic_store_explicit(&p->ticket, (epoch << 40) | ((unsigned long long)chunks << 20), memory_order_release);
   pthread_mutex_lock(&p->lock);
-  atomic_store(&p->stop, 1);
-  atomic_fetch_add(&p->epoch, 1);
   pthread_cond_broadcast(&p->wake);
   pthread_mutex_unlock(&p->lock);
+}
+
+void sx_pool_free(sx_pool* p) {
+  atomic_store(&p->stop, 1);
+  sx_publish(p, 0);
   for (int t = 1; t < p->threads; ++t) pthread_join(p->ids[t], NULL);
   pthread_mutex_destroy(&p->lock);
   pthread_cond_destroy(&p->wake);
@@ -130,16 +148,14 @@ void sx_pool_free(sx_pool* p) {
 }
 
 static void sx_parallel(sx_pool* p, sx_kernel fn, void* const* args, long long size) {
+  const long long chunks = size < SX_CHUNKS * p->threads ? size : SX_CHUNKS * p->threads;
   p->fn = fn; p->args = args; p->size = size;
   atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-  atomic_fetch_add_explicit(&p->epoch, 1, memory_order_release);
-  pthread_mutex_lock(&p->lock);
-  pthread_cond_broadcast(&p->wake);
-  pthread_mutex_unlock(&p->lock);
-  sx_chunk(p, 0);
-  for (long spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) != p->threads - 1; ++spins) {
+  sx_publish(p, chunks);
+  sx_claim(p);
+  for (long spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) != chunks; ++spins) {
     if (spins < SX_SPINS) sx_pause();
-    else sched_yield();  /* a worker the OS has not scheduled (a busy machine): give it the core */
+    else sched_yield();  /* a worker the OS stopped in the middle of a chunk (a busy machine): give it the core */
   }
 }
 
