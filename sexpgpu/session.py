@@ -29,7 +29,7 @@ from .runtime.backend import Backend, DeviceError
 from .runtime.checkpoint import ResumeError
 from .runtime.data.raw import has_protocol
 from .runtime.data.spec import DataError
-from .runtime.devices import DEVICE_FORMS, is_device_spec, open_device
+from .runtime.devices import DEVICE_FORMS, is_device_spec, is_host, open_device
 from .runtime.memory import host_memory_problem
 from .runtime.ranks import Collective
 from .runtime.runfolder import FolderHeld, RunFolder, run_slug
@@ -131,7 +131,7 @@ class Session:
         if not is_device_spec(self.settings.device):
             return self.refuse(Exit.USAGE, f"--device {self.settings.device}: use {DEVICE_FORMS}")
         try:
-            self.device, self.backend = open_device(self.settings.device)
+            self.device, self.backend = open_device(self.settings.device, self.reporter.say)
         except DeviceError as exc:
             return self.refuse(Exit.CANNOT_START, f"cannot start here: {exc}")
         return None
@@ -187,7 +187,7 @@ class Session:
             return refusal
         assert self.backend is not None
         slug = run_slug(compiled.experiment)
-        problem = self.device_memory_problem(compiled.experiment) if self.device != "cpu" else host_memory_problem(compiled.experiment)
+        problem = host_memory_problem(compiled.experiment) if is_host(self.device) else self.device_memory_problem(compiled.experiment)
         if problem is not None:
             return self.refuse(Exit.CANNOT_START, f"cannot start here: {problem}", slug)
         settings = self.settings
@@ -198,7 +198,7 @@ class Session:
                              progress=settings.progress, sources=compiled.sources(), resume=settings.resume,
                              signals=settings.signals, store_patience_s=settings.store_patience_s, ranks=ranks,
                              take_over=settings.take_over, data_roots=self.data_roots(), fresh=settings.fresh, worker=settings.worker)
-        with blas_threads(threads):
+        with blas_threads(threads, self.backend):
             return self.guarded(slug, lambda: train(compiled.experiment, options, say=self.reporter.say))
 
     def failed_before(self, compiled: Compiled) -> Optional[AttemptOutcome]:

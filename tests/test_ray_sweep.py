@@ -68,13 +68,17 @@ def points(project: Path) -> list[SweepPoint]:
 
 @pytest.fixture(scope="module")
 def local(project: Path) -> dict[str, dict[str, np.ndarray]]:
-    """The same sweep run locally, point by point: slug -> final parameters."""
+    """The same sweep run locally, point by point, on the device the workers use (`cpu`, the
+    compiled CPU device): slug -> final parameters."""
+    from sexpgpu.runtime.devices import open_device
+
     store = project.parent / "local"
     finals = {}
+    device, backend = open_device("cpu")
     for point in range(len(LRS)):
         experiment = compile_file(project, Selection(sweep="lrs", point=point)).experiment
         assert experiment is not None
-        slug = train(experiment, RunOptions(store=str(store), signals=False), say=lambda _: None).slug
+        slug = train(experiment, RunOptions(store=str(store), signals=False, device=device, backend=backend), say=lambda _: None).slug
         assert slug is not None
         finals[slug] = final(Store.open(str(store)), slug)
     return finals

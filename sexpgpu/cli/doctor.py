@@ -71,6 +71,8 @@ def package_versions() -> list[Finding]:
 
 def device_findings(device: str, source: str) -> list[Finding]:
     out = [Finding(check="device", level="ok", detail=f"{device} (from {source}); {os.cpu_count()} CPU cores")]
+    if device in ("cpu", "auto"):
+        out.append(compiler_finding(device))
     if device.startswith("cuda") or device == "auto":
         from ..runtime.backend import DeviceError
         from ..runtime.devices import free_device_memory, open_backend
@@ -87,6 +89,19 @@ def device_findings(device: str, source: str) -> list[Finding]:
             level = "warn" if device == "auto" else "fail"
             out.append(Finding(check="cuda", level=level, detail=str(exc), fix="use --device cpu, or a machine with an NVIDIA GPU and pip install -e '.[cuda]'"))
     return out
+
+
+def compiler_finding(device: str) -> Finding:
+    """The C compiler the compiled CPU device builds its kernels with, and the kernel cache;
+    without one a `cpu` run uses the NumPy backend."""
+    from ..runtime.cpu.toolchain import NoCompiler, open_toolchain
+
+    try:
+        toolchain = open_toolchain()
+    except NoCompiler as exc:
+        return Finding(check="compiler", level="warn", detail=f"{exc}: --device cpu runs on the NumPy backend",
+                       fix="install a C compiler (apt-get install gcc), or set $CC")
+    return Finding(check="compiler", level="ok", detail=f"{toolchain.describe()}, kernels cached in {toolchain.cache}")
 
 
 def store_finding(url: str, source: str) -> Finding:
@@ -210,7 +225,7 @@ def threads_finding(programs: list["Program"]) -> Finding:
         plan = plan_threads(programs) if programs else plan_threads([], environ=None, assume_large=True)
     except ValueError as exc:
         return Finding(check="threads", level="fail", detail=str(exc), fix="unset it, or set a whole number")
-    return Finding(check="threads", level="ok", detail=f"{plan.blas} BLAS thread(s) of {plan.cores} core(s), {plan.source}: {plan.reason}; BLAS: {blas_library()}")
+    return Finding(check="threads", level="ok", detail=f"{plan.blas} thread(s) for the kernels and the BLAS, of {plan.cores} core(s), {plan.source}: {plan.reason}; BLAS: {blas_library()}")
 
 
 def run_doctor(args: argparse.Namespace) -> int:

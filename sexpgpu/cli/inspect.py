@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.add_argument("file")
     e.add_argument("--json", action="store_true")
     e.add_argument("--cuda", action="store_true", help="the CUDA lowering report: kernels, the IR nodes each fuses, cuBLAS calls, bytes, FLOPs, the arena")
-    e.add_argument("--program", action="append", default=None, metavar="NAME", help="with --cuda: the programs to report (default train and update)")
+    e.add_argument("--cpu", action="store_true", help="the compiled CPU device: compile each program's kernels (or find them in the disk cache) and say what it cost")
+    e.add_argument("--program", action="append", default=None, metavar="NAME", help="with --cuda or --cpu: the programs to report (default train and update)")
     add_selection_flags(e)
     add_limit_flags(e)
     e.set_defaults(run=run_explain)
@@ -143,6 +144,9 @@ def run_explain(args: argparse.Namespace) -> int:
     cuda = cuda_document(experiment, args.program or ["train", "update"]) if args.cuda else None
     if cuda is not None:
         doc["cuda"] = cuda
+    cpu = cpu_document(experiment, args.program or ["train", "update"]) if args.cpu else None
+    if cpu is not None:
+        doc["cpu"] = cpu
     if args.json:
         print_json(doc)
         return Exit.OK
@@ -172,6 +176,8 @@ def run_explain(args: argparse.Namespace) -> int:
         out.append(f"  {key.replace('_', ' '):<18} {_bytes(m[key]):>12}")
     if cuda is not None:
         out += cuda_text(cuda)
+    if cpu is not None:
+        out += cpu_text(cpu)
     print("\n".join(out))
     return Exit.OK
 
@@ -194,6 +200,41 @@ def cuda_document(experiment: Experiment, names: list[str]) -> dict[str, Any]:
     except DeviceError:
         memory = None
     return {"programs": programs, "memory": memory}
+
+
+def cpu_document(experiment: Experiment, names: list[str]) -> dict[str, Any]:
+    """The compiled CPU device's compile cost for the selected programs, compiling them now
+    (so a run finds them in the disk cache); without a C compiler, why not."""
+    from ..runtime.backend import DeviceError
+    from ..runtime.cpu.device import CpuRuntime
+    from ..runtime.cpu.toolchain import NoCompiler, open_toolchain
+
+    try:
+        toolchain = open_toolchain()
+    except NoCompiler as exc:
+        return {"compiler": None, "error": f"{exc}: --device cpu runs on the NumPy backend"}
+    runtime = CpuRuntime(toolchain)
+    programs: dict[str, Any] = {}
+    for name in names:
+        try:
+            programs[name] = runtime.compile_cost(select_program(experiment, name))
+        except DeviceError as exc:
+            programs[name] = {"error": str(exc)}
+    return {"compiler": toolchain.describe(), "cache": str(toolchain.cache), "programs": programs}
+
+
+def cpu_text(cpu: dict[str, Any]) -> list[str]:
+    if cpu["compiler"] is None:
+        return ["", f"compiled CPU device: {cpu['error']}"]
+    out = ["", f"compiled CPU device: kernels compiled by {cpu['compiler']}, cached in {cpu['cache']}"]
+    for name, rep in cpu["programs"].items():
+        if "error" in rep:
+            out.append(f"  {name:<10} cannot run on the compiled CPU device: {rep['error']}")
+        elif rep["cached"]:
+            out.append(f"  {name:<10} {rep['kernels']:>4} kernels: from the disk cache (0 s)")
+        else:
+            out.append(f"  {name:<10} {rep['kernels']:>4} kernels: compiled in {rep['seconds']:.2f} s, paid once (now in the disk cache)")
+    return out
 
 
 def cuda_text(cuda: dict[str, Any]) -> list[str]:

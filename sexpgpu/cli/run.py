@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("run", help="train a run file")
     p.add_argument("file")
     p.add_argument("--store", default=None, help="where run folders go (default $SEXPGPU_STORE or ./runs)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default $SEXPGPU_DEVICE or cpu)")
+    p.add_argument("--device", default=None, help="cpu (compiled kernels), numpy (the NumPy reference), cuda, cuda:N or auto (default $SEXPGPU_DEVICE or cpu)")
     p.add_argument("--max-steps", type=int, default=None, metavar="N", help="stop after N steps (smoke tests; recorded in run.json)")
     p.add_argument("--resume", default=None, metavar="latest|STEP|PATH", help="continue from a checkpoint (a stopped run resumes from its latest on its own)")
     p.add_argument("--fresh", action="store_true", help="start from step 0: the slug's earlier folder is kept as SLUG~N, nothing deleted")

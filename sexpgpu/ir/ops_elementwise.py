@@ -77,12 +77,12 @@ def _same_numeric(name: str) -> Callable[[list[TensorType], dict[str, Any]], Ten
 
 
 def unary(name: str, kernel: Callable[..., np.ndarray], grad: Optional[Callable[[Builder, Node, int], list[Optional[int]]]], cuda: str, numeric: bool = False, doc: str = "",
-          cuda_integer: Optional[str] = None) -> None:
+          cuda_integer: Optional[str] = None, decompose: Optional[Callable[[Builder, Node], int]] = None) -> None:
     def run(xs: Arrays, attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
         return kernel(xs[0], out=out) if out is not None else kernel(xs[0])
 
     infer = _same_numeric(name) if numeric else _same_float(name)
-    register(OpDef(name, infer, run, grad=grad, kind=OpKind.ELEMENTWISE, arity=1, cuda=cuda, cuda_integer=cuda_integer, doc=doc))
+    register(OpDef(name, infer, run, grad=grad, kind=OpKind.ELEMENTWISE, arity=1, cuda=cuda, cuda_integer=cuda_integer, doc=doc, decompose=decompose))
 
 
 def _g_neg(b: Builder, n: Node, g: int) -> list[Optional[int]]:
@@ -160,12 +160,33 @@ def _rsqrt(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     return np.divide(1.0, r, out=r if out is not None else None).astype(x.dtype, copy=False)
 
 
+def _decompose_sigmoid(b: Builder, n: Node) -> int:
+    """The lowerings compute sigmoid as its NumPy kernel does, op by op: e = exp(-|x|) in x's
+    dtype, then 1 / (1 + e) for x >= 0, else e times that, in f32 (NumPy promotes a bf16 array
+    and a Python float to f32), rounded to x's dtype once."""
+    x = n.args[0]
+    dtype = b.type(x).dtype
+    e = b.op("exp", b.op("neg", b.op("abs", x)))
+    wide = b.cast(e, DType.f32) if dtype != DType.f32 else e
+    positive = b.op("div", b.const(1.0, DType.f32), b.op("add", b.const(1.0, DType.f32), wide))
+    result = b.op("where", b.op("ge", x, b.scalar_like(0.0, x)), positive, b.op("mul", wide, positive))
+    return b.cast(result, dtype) if dtype != DType.f32 else result
+
+
+def _decompose_rsqrt(b: Builder, n: Node) -> int:
+    """1 / sqrt(x), two roundings, as the NumPy kernel computes it."""
+    x = n.args[0]
+    return b.op("div", b.scalar_like(1.0, x), b.op("sqrt", x))
+
+
 def _relu(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     return np.maximum(x, 0, out=out) if out is not None else np.maximum(x, x.dtype.type(0))
 
 
 def _sign(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
-    return np.sign(x, out=out) if out is not None else np.sign(x)
+    # + 0: a zero's sign is +0 in every dtype (ml_dtypes' bf16 sign keeps -0)
+    zero = x.dtype.type(0)
+    return np.add(np.sign(x, out=out), zero, out=out) if out is not None else np.add(np.sign(x), zero)
 
 
 def _identity(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
@@ -178,15 +199,16 @@ def _identity(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
 unary("neg", np.negative, _g_neg, "(-{0})", numeric=True, doc="-x")
 unary("stop_gradient", _identity, None, "({0})", numeric=True, doc="x, passing no gradient (a value autodiff treats as a constant)")
 unary("abs", np.absolute, _g_abs, "fabsf({0})", numeric=True, doc="|x|", cuda_integer="(({0}) < 0 ? -({0}) : ({0}))")
-unary("sign", _sign, None, "(({0} > 0) - ({0} < 0))", numeric=True, doc="-1, 0 or 1")
+unary("sign", _sign, None, "(({0} > 0) ? ({dtype})1 : (({0} < 0) ? ({dtype})-1 : (({0} == 0) ? ({dtype})0 : {0})))", numeric=True, doc="-1, 0 or 1 (NaN for NaN)",
+      cuda_integer="(({0} > 0) - ({0} < 0))")
 unary("exp", np.exp, _g_exp, "expf({0})", doc="e^x")
 unary("log", np.log, _g_log, "logf({0})", doc="natural logarithm")
 unary("log1p", np.log1p, _g_log1p, "log1pf({0})", doc="log(1 + x)")
 unary("sqrt", np.sqrt, _g_sqrt, "sqrtf({0})", doc="square root")
-unary("rsqrt", _rsqrt, _g_rsqrt, "rsqrtf({0})", doc="1 / sqrt(x)")
+unary("rsqrt", _rsqrt, _g_rsqrt, "rsqrtf({0})", doc="1 / sqrt(x)", decompose=_decompose_rsqrt)
 unary("square", np.square, _g_square, "({0} * {0})", numeric=True, doc="x * x")
 unary("tanh", np.tanh, _g_tanh, "tanhf({0})", doc="hyperbolic tangent")
-unary("sigmoid", _sigmoid, _g_sigmoid, "(1.0f / (1.0f + expf(-{0})))", doc="1 / (1 + e^-x), computed stably")
+unary("sigmoid", _sigmoid, _g_sigmoid, "(1.0f / (1.0f + expf(-{0})))", doc="1 / (1 + e^-x), computed stably", decompose=_decompose_sigmoid)
 unary("relu", _relu, _g_relu, "sx_maxf({0}, 0.0f)", numeric=True, doc="max(x, 0)", cuda_integer="(({0}) > 0 ? ({0}) : 0)")
 unary("sin", np.sin, _g_sin, "sinf({0})", doc="sine")
 unary("cos", np.cos, _g_cos, "cosf({0})", doc="cosine")

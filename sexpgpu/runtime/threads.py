@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
-from typing import Iterable, Iterator, Mapping, Optional
+from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from pydantic import BaseModel
 
@@ -111,10 +111,16 @@ def plan_threads(programs: Iterable[Program], requested: Optional[int] = None, e
 
 
 @contextmanager
-def blas_threads(plan: ThreadPlan) -> Iterator[None]:
-    """The BLAS limited to PLAN's threads while the block runs (threadpoolctl)."""
+def blas_threads(plan: ThreadPlan, backend: Any = None) -> Iterator[None]:
+    """The BLAS limited to PLAN's threads while the block runs (threadpoolctl), and the
+    compiled CPU device's kernels given the same number (BACKEND's `set_threads`): the
+    kernels and the BLAS take turns, never running at once, so the cores are not
+    oversubscribed."""
     from threadpoolctl import threadpool_limits
 
+    set_threads = getattr(backend, "set_threads", None)
+    if set_threads is not None:
+        set_threads(plan.blas)
     with threadpool_limits(limits=plan.blas, user_api="blas"):
         yield
 

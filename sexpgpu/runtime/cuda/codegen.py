@@ -7,7 +7,8 @@ tree, and one line over registers per node from the op table's expression templa
 
 bf16 is carried as its 16 bits (`unsigned short`) and computed in f32, rounded back to bf16
 (round to nearest even) after every bf16 node, exactly as the NumPy backend computes bf16
-(ml_dtypes rounds each op's result). No CUDA header is needed, so the same source compiles
+(ml_dtypes rounds each op's result). sx_maxf and sx_minf return b when a and b are equal
+(+0 and -0 included), as NumPy's maximum and minimum do. No CUDA header is needed, so the same source compiles
 with NVRTC on a GPU, with nvcc, and as C++ on the host (the test harness's emulation).
 """
 
@@ -46,8 +47,8 @@ SX_FN unsigned short sx_f32_to_bf16(float f) {
   return (unsigned short)(u >> 16);
 }
 SX_FN float sx_bf16_round(float f) { return sx_bf16_to_f32(sx_f32_to_bf16(f)); }
-SX_FN float sx_maxf(float a, float b) { return (a != a || b != b) ? a + b : (a >= b ? a : b); }
-SX_FN float sx_minf(float a, float b) { return (a != a || b != b) ? a + b : (a <= b ? a : b); }
+SX_FN float sx_maxf(float a, float b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
+SX_FN float sx_minf(float a, float b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
 SX_FN double sx_maxd(double a, double b) { return (a != a || b != b) ? a + b : (a >= b ? a : b); }
 SX_FN double sx_mind(double a, double b) { return (a != a || b != b) ? a + b : (a <= b ? a : b); }
 SX_FN float sx_inf() { return sx_bits_float(0x7f800000u); }
@@ -81,6 +82,9 @@ C_TYPES: dict[DType, tuple[str, str]] = {
     DType.bool: ("unsigned char", "bool"),
     DType.f64: ("double", "double"),  # only a split reduction's partial results
 }
+
+
+BLOCK = 256  # threads per block on the device: a "block" reduction's lanes (the host emitter reduces in the same order)
 
 
 class GroupNodes(Protocol):
@@ -119,6 +123,13 @@ class KernelSource:
     bytes: int
     lanes: str = "thread"  # who computes one item: a "thread", a "warp" (32 lanes) or a "block"
     threads: Optional[int] = None  # the block size the kernel is written for (None: any multiple of 32)
+    # the pieces `assemble` put together, which the host emitter (runtime/cpu/hostc.py) puts
+    # together again as a plain loop over the items of a thread-lane kernel
+    decls: tuple[str, ...] = ()
+    loop: str = "i"
+    lines: tuple[str, ...] = ()
+    before: tuple[str, ...] = ()
+    preamble: str = ""  # file-scope C the kernel needs (a constant's table)
 
 
 def c_types(dtype: DType) -> tuple[str, str]:
@@ -243,7 +254,8 @@ def assemble(prefix: str, decls: list[str], loop: str, lines: list[str], params:
     name = f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     if moved is None:
         moved = sum(shape_size(p.shape) * BYTES[p.dtype] for p in params)
-    return KernelSource(name=name, source=text.replace("@NAME@", name), params=params, size=size, flops=flops, bytes=moved, lanes=lanes, threads=threads)
+    return KernelSource(name=name, source=text.replace("@NAME@", name), params=params, size=size, flops=flops, bytes=moved, lanes=lanes, threads=threads,
+                        decls=tuple(decls), loop=loop, lines=tuple(lines), before=tuple(before))
 
 
 def combine_lanes(acc: str, op: str, lanes: str, indent: str = "    ") -> list[str]:

@@ -15,10 +15,9 @@ import numpy as np
 
 from ..backend import DeviceError
 from .blas import CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUDA_TYPES, BlasCall
-from .codegen import PRELUDE, KernelSource
+from .codegen import BLOCK, PRELUDE, KernelSource
 from .executor import ArrayDevice
 
-BLOCK = 256
 
 
 class CupyRunner:

@@ -193,4 +193,5 @@ def constant_kernel(node: Node, program: Program) -> KernelSource:
     data = f"sx_data_{hashlib.sha256((store + values).encode()).hexdigest()[:12]}"
     kernel = assemble("sx_constant", [f"{store}* __restrict__ out0"], "i", [f"    out0[i] = {data}[i];"],
                       [Param("out", node.id, dtype, tuple(node.type.shape))], size, 0)
-    return replace(kernel, source=f"SX_TABLE {store} {data}[{max(size, 1)}] = {{{values}}};\n" + kernel.source)
+    preamble = f"SX_TABLE {store} {data}[{max(size, 1)}] = {{{values}}};\n"
+    return replace(kernel, source=preamble + kernel.source, preamble=preamble)

@@ -1,0 +1,208 @@
+"""The CPU benchmarks' workloads and our side of them (bench/cpu_vs_torch.py, bench/cpu_vs_jax.py).
+
+Each workload is a run file; our side is its Trainer on the compiled CPU device (`cpu`) or the
+NumPy backend (`numpy`), fed 16 batches taken from its loader before the timing starts (the
+peers get the same 16 arrays), so no side's timing includes data loading. Every side starts
+from the same initial parameters and takes the same batches in the same order, so their
+first losses agree (each bench prints by how much).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+BATCHES = 16
+WARMUP = 3
+CHECKED_STEPS = 3  # the first steps, whose losses every side reports
+
+WIDE = """
+(require "sexpgpu/nn" :as nn)
+(require "sexpgpu/optim" :as optim)
+
+(defloader train
+  :source (synthetic :blobs :n 4096 :classes 10 :dim 784 :seed 0)
+  :fields ((x :f32 (784)) (y :i32 ()))
+  :batch 256
+  :shuffle t)
+
+(defpart net (nn:mlp 784 1024 10 :depth 2))
+
+(defobjective (batch)
+  (nn:cross-entropy (net (field batch x)) (field batch y)))
+
+(defgroups (all "**" (optim:sgd :lr 0.01)))
+
+(defrun :steps 100000 :seed 0)
+"""
+
+NANOGPT = {"width": 128, "heads": 4, "depth": 4, "context": 64, "batch": 12}
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    path: Path
+    model: str  # mlp | char_transformer | cnn
+    steps: int  # timed steps per sample
+
+
+def nanogpt_file(tmp: Path) -> Path:
+    """examples/char-transformer.lisp at nanoGPT's shakespeare-char "CPU config" (4 layers, 4
+    heads, 128 wide, block 64, batch 12)."""
+    text = (REPO / "examples" / "char-transformer.lisp").read_text()
+    for knob in ("width", "heads", "depth", "context"):
+        text = re.sub(rf"\(defknob {knob} \d+", f"(defknob {knob} {NANOGPT[knob]}", text)
+    text = text.replace(":batch 16", f":batch {NANOGPT['batch']}")
+    (tmp / "data").mkdir(exist_ok=True)
+    (tmp / "data" / "stdlib-docstrings.txt").write_bytes((REPO / "examples" / "data" / "stdlib-docstrings.txt").read_bytes())
+    path = tmp / "nanogpt_char.lisp"
+    path.write_text(text)
+    return path
+
+
+def workloads(tmp: Path, steps: int) -> list[Workload]:
+    wide = tmp / "wide_mlp.lisp"
+    wide.write_text(WIDE)
+    examples = REPO / "examples"
+    few = max(10, steps // 10)
+    return [
+        Workload("quickstart MLP (2-64-3, b64)", examples / "quickstart.lisp", "mlp", steps),
+        Workload("wide MLP (784-1024-1024-10, b256)", wide, "mlp", few),
+        Workload("char transformer (2x64, ctx32, b16)", examples / "char-transformer.lisp", "char_transformer", few),
+        Workload("CNN on digits (16/32 ch, 8x8, b64)", examples / "cnn.lisp", "cnn", few),
+        Workload("nanoGPT-char CPU (4x128, 4 heads, ctx64, b12)", nanogpt_file(tmp), "char_transformer", few),
+    ]
+
+
+class Replay:
+    """A loader stream that hands out the same BATCHES arrays in turn (taken once, up front)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.batches = [stream.next() for _ in range(BATCHES)]
+        self.turn = 0
+
+    def next(self) -> dict[str, np.ndarray]:
+        batch = self.batches[self.turn % BATCHES]
+        self.turn += 1
+        return batch
+
+    def state(self) -> Any:
+        return self.stream.state()
+
+
+def experiment_of(path: Path) -> Any:
+    from sexpgpu.compile.pipeline import compile_file
+
+    result = compile_file(path)
+    assert result.experiment is not None, [d.headline() for d in result.diagnostics]
+    return result.experiment
+
+
+def backend_for(device: str) -> Any:
+    from sexpgpu.runtime.devices import open_backend
+
+    return open_backend(device)
+
+
+class OurSide:
+    """One of our devices on one workload: a Trainer on replayed batches."""
+
+    def __init__(self, workload: Workload, device: str) -> None:
+        from sexpgpu.runtime.trainer import Trainer
+
+        self.device = device
+        self.experiment = experiment_of(workload.path)
+        self.backend = backend_for(device)
+        began = time.perf_counter()
+        self.trainer = Trainer(self.experiment, None, self.backend)
+        replay = Replay(self.trainer.stream)
+        self.trainer.stream = replay
+        self.trainer.streams[None] = replay
+        self.batches = replay.batches
+        self.first_losses = [self.trainer.train_step().loss for _ in range(CHECKED_STEPS)]
+        self.setup_s = time.perf_counter() - began  # lowering, compiling (or the disk cache), first steps
+
+    def step(self) -> None:
+        self.trainer.train_step()
+
+    def threads(self, count: int) -> None:
+        set_threads = getattr(self.backend, "set_threads", None)
+        if set_threads is not None:
+            set_threads(count)
+
+    def initial(self) -> dict[str, np.ndarray]:
+        """The initial parameters (the Trainer's, before any step: a fresh one from the same seed)."""
+        from sexpgpu.runtime.trainer import Trainer
+
+        return {k: np.asarray(v, dtype=np.float32) for k, v in Trainer(self.experiment).host_params().items()}
+
+
+def timed(step: Callable[[], object], steps: int) -> float:
+    """Steps per second of STEP over STEPS steps (after WARMUP more)."""
+    for _ in range(WARMUP):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return steps / (time.perf_counter() - start)
+
+
+def alternate(sides: dict[str, Callable[[int], float]], threads: list[int], repeats: int) -> dict[tuple[str, int], float]:
+    """Each side's median steps/s at each thread count: REPEATS rounds, each timing every side
+    at every thread count in turn (the side order rotating), so the machine's load falls on
+    all sides alike."""
+    samples: dict[tuple[str, int], list[float]] = {}
+    names = list(sides)
+    for r in range(repeats):
+        for count in threads:
+            order = names[r % len(names):] + names[: r % len(names)]
+            for name in order:
+                samples.setdefault((name, count), []).append(sides[name](count))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def limited(count: int) -> Any:
+    """The BLAS NumPy links against limited to COUNT threads while the block runs."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=count, user_api="blas")
+
+
+def peak_rss_mib(module: str, function: str, workload: Workload, *args: str, python: str = sys.executable) -> float:
+    """VmHWM of a child process that builds only FUNCTION's side of WORKLOAD and trains it."""
+    import os
+    import subprocess
+
+    code = (
+        f"import sys; sys.path.insert(0, {str(REPO / 'bench')!r}); import {module} as m; from cpu_workloads import Workload; from pathlib import Path;"
+        f"m.{function}(Workload({workload.name!r}, Path({str(workload.path)!r}), {workload.model!r}, {workload.steps}), *{args!r});"
+        "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])"
+    )
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=REPO, env=os.environ.copy())
+    if out.returncode != 0:
+        print(out.stderr[-2000:], file=sys.stderr)
+        return float("nan")
+    return int(out.stdout.strip().splitlines()[-1]) / 1024
+
+
+def train_ours(workload: Workload, device: str) -> None:
+    """Our side alone (for its peak memory): set up, then the timed steps."""
+    side = OurSide(workload, device)
+    timed(side.step, workload.steps)
+
+
+def loss_gap(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b))

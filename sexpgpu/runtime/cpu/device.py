@@ -1,0 +1,451 @@
+"""The compiled CPU device (`--device cpu`, the default): the CUDA lowering's programs with
+their kernels written as C for the host (hostc.py), compiled by the system C compiler
+(toolchain.py), loaded with ctypes, and run from a tape.
+
+Each program is lowered once (runtime/cuda/: the fusion partition, the arena, the steps), its
+kernels are compiled into one shared library (cached on disk by source hash), and its steps'
+launches are recorded once into a tape (`sx_run` in runtime_c.py walks it in C: one call from
+Python per run of the program). Matmuls and convolutions' gemms are the lowering's cuBLAS
+calls made to the BLAS NumPy links against (OpenBLAS in the wheels), through its C interface.
+The few steps that need Python each run (the scatter-add's sort of positions by index, an op
+the table declares `on_host`) split the tape there and run as the executor runs them.
+
+Resident tensors are host arrays in their storage dtype (bf16 as its 16 bits): the loop's
+parameters, state and gradients stay NumPy arrays between programs, as on the NumPy backend.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from ...ir.dtypes import DType
+from ...ir.graph import Program
+from ..backend import Ready
+from ..cuda.blas import CUBLAS_OP_N, BlasCall
+from ..cuda.codegen import STORAGE, KernelSource
+from ..cuda.executor import ArrayDevice, DeviceBackend, LoweredProgram, ProgramRun
+from .hostc import NUMPY_UFUNCS, HostKernel, host_kernels, host_prelude
+from .runtime_c import RUNTIME_C
+from .toolchain import Compiled, Toolchain
+
+PARALLEL_WORK = 1 << 16  # bytes moved + flops: below this a kernel runs on the calling thread
+PYTHON_STEPS = ("scatter", "host")  # step kinds that run in Python each run (between stretches of the tape)
+MATH_MODES = ("numpy", "libm")
+
+
+class SxOp(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_longlong) for name in ("kind", "nargs", "first", "size", "work")] + [("fn", ctypes.c_void_p)] + [
+        (name, ctypes.c_longlong) for name in ("op_a", "op_b", "m", "n", "k", "lda", "ldb", "ldc", "sa", "sb", "sc", "oa", "ob", "oc", "batch",
+                                               "in_bf16", "out_bf16")]
+
+
+class SxRef(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_longlong), ("offset", ctypes.c_longlong)]
+
+
+# -- what the kernels call: NumPy's f32 loops, the BLAS ------------------------------------------------------
+def numpy_loops() -> list[tuple[int, int]]:
+    """The f32 inner loops (function, data) of the ufuncs NUMPY_UFUNCS, read from each ufunc's
+    PyUFuncObject (NumPy's public C struct: `functions`, `data`, `ntypes`, `name`, `types`),
+    each read checked against what Python says of the ufunc."""
+    loops = []
+    pointer = ctypes.sizeof(ctypes.c_void_p)
+    for name in NUMPY_UFUNCS:
+        ufunc = getattr(np, name)
+        address = id(ufunc)
+        head = 2 * pointer  # PyObject_HEAD
+        nin, nout, nargs = (ctypes.c_int * 3).from_address(address + head)
+        functions = ctypes.c_void_p.from_address(address + head + 16).value
+        data = ctypes.c_void_p.from_address(address + head + 16 + pointer).value
+        ntypes = ctypes.c_int.from_address(address + head + 16 + 2 * pointer).value
+        named = ctypes.c_char_p.from_address(address + head + 24 + 2 * pointer).value
+        types = ctypes.c_void_p.from_address(address + head + 24 + 3 * pointer).value
+        signature = "f" * ufunc.nin + "->f"
+        if (nin, nout, nargs, ntypes, named) != (ufunc.nin, ufunc.nout, ufunc.nargs, ufunc.ntypes, name.encode()) or not functions or not types:
+            raise RuntimeError(f"NumPy's ufunc {name} is not laid out as this device reads it")
+        k = ufunc.types.index(signature)
+        codes = ctypes.string_at(types + k * nargs, nargs)
+        if codes != bytes([np.dtype(np.float32).num]) * nargs:
+            raise RuntimeError(f"NumPy's ufunc {name}: its loop {k} is not the f32 loop")
+        fn = ctypes.c_void_p.from_address(functions + k * pointer).value
+        extra = ctypes.c_void_p.from_address(data + k * pointer).value if data else None
+        loops.append((int(fn or 0), int(extra or 0)))
+    return loops
+
+
+@dataclass(frozen=True)
+class Blas:
+    sgemm: int  # the address of cblas_sgemm
+    int64: bool  # its integers are 64-bit (an ILP64 build)
+    name: str
+
+
+def find_blas() -> Blas:
+    """cblas_sgemm of the BLAS NumPy links against (threadpoolctl finds its library)."""
+    from threadpoolctl import threadpool_info
+
+    for info in threadpool_info():
+        if info.get("user_api") != "blas":
+            continue
+        library = ctypes.CDLL(info["filepath"])
+        for symbol, int64 in (("scipy_cblas_sgemm64_", True), ("cblas_sgemm64_", True), ("scipy_cblas_sgemm", False), ("cblas_sgemm", False)):
+            function = getattr(library, symbol, None)
+            if function is not None:
+                version = info.get("version") or ""
+                return Blas(int(ctypes.cast(function, ctypes.c_void_p).value or 0), int64, f"{info.get('internal_api')} {version}".strip())
+    raise RuntimeError("NumPy's BLAS has no cblas_sgemm that the CPU device can call")
+
+
+class CpuRuntime:
+    """The runtime library (thread pool and tape runner), the BLAS, NumPy's loops and the
+    toolchain: what every program of one CPU device shares."""
+
+    def __init__(self, toolchain: Toolchain, threads: int = 1, math: str = "numpy") -> None:
+        if math not in MATH_MODES:
+            raise ValueError(f"math {math!r}: use one of {MATH_MODES}")
+        self.toolchain = toolchain
+        self.math = math
+        self.library = ctypes.CDLL(str(toolchain.build(RUNTIME_C, "runtime").path))
+        self.library.sx_pool_new.restype = ctypes.c_void_p
+        self.library.sx_pool_new.argtypes = [ctypes.c_int, ctypes.c_longlong]
+        self.library.sx_pool_free.argtypes = [ctypes.c_void_p]
+        self.library.sx_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        self.library.sx_run.restype = ctypes.c_int
+        self.blas = find_blas()
+        self.loops = numpy_loops() if math == "numpy" else []
+        self.functions: dict[str, Any] = {}  # every kernel loaded so far, by symbol
+        self.libraries: list[ctypes.CDLL] = []
+        self.threads = 0
+        self.pool: Optional[int] = None
+        self.set_threads(threads)
+
+    def set_threads(self, threads: int) -> None:
+        """The kernels' threads (the run's thread plan; the BLAS gets the same number through
+        threadpoolctl, and the two never run at once)."""
+        threads = max(1, int(threads))
+        if threads == self.threads and self.pool is not None:
+            return
+        if self.pool is not None:
+            self.library.sx_pool_free(self.pool)
+        self.pool = self.library.sx_pool_new(threads, PARALLEL_WORK)
+        self.threads = threads
+
+    def __del__(self) -> None:
+        pool, self.pool = getattr(self, "pool", None), None
+        if pool is not None:
+            self.library.sx_pool_free(pool)
+
+    def load(self, kernels: list[HostKernel]) -> tuple[dict[str, Any], Optional[Compiled]]:
+        """Each kernel's function (by name): those this device loaded before as they are, the
+        others compiled into one library (from the disk cache when it is there), NumPy's
+        loops set in it. The compile, or None when every kernel was loaded before."""
+        unique = {k.symbol: k for k in kernels if k.symbol not in self.functions}
+        built = None
+        if unique:
+            source = host_prelude() + "".join(dict.fromkeys(k.preamble for k in unique.values() if k.preamble)) + "".join(k.text for k in unique.values())
+            built = self.toolchain.build(source)
+            library = ctypes.CDLL(str(built.path))
+            self.libraries.append(library)
+            if self.math == "numpy":
+                library.sx_set_math.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+                for k, (fn, extra) in enumerate(self.loops):
+                    library.sx_set_math(k, fn, extra or None)
+            for name in unique:
+                function = getattr(library, name)
+                function.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong]
+                function.restype = None
+                self.functions[name] = function
+        return {k.symbol: self.functions[k.symbol] for k in kernels}, built
+
+    def preload(self, programs: list[Program]) -> Optional[Compiled]:
+        """Every kernel of PROGRAMS compiled in one library now (one compiler call for many
+        programs: a sweep's, a test's), so that the programs find them loaded."""
+        return self.load([k for program in programs for k in self.kernels_of(program)])[1]
+
+    def kernels_of(self, program: Program) -> list[HostKernel]:
+        """PROGRAM's host kernels, in the order a CpuProgram compiles them."""
+        from ..cuda.fusion import lower
+        from ..cuda.kernels import kernels_for
+
+        lowering = lower(program)
+        return [k for step in lowering.steps
+                for k in host_kernels(step, lowering.program, lowering.constants, kernels_for(step, lowering.program, lowering.constants), self.math)]
+
+    def compile_cost(self, program: Program) -> dict[str, Any]:
+        """What running PROGRAM first on this device costs in compiling (explain --cpu): its
+        kernels, those new to this device, the seconds (0 from the disk cache), the library."""
+        kernels = self.kernels_of(program)
+        new = len({k.symbol for k in kernels if k.symbol not in self.functions})
+        _, built = self.load(kernels)
+        return {"kernels": len({k.name for k in kernels}), "new": new, "seconds": round(built.seconds, 3) if built else 0.0,
+                "cached": built is None or built.cached, "library": str(built.path) if built else None}
+
+
+# -- running one kernel from Python (the steps between stretches of the tape) ----------------------------------
+class CpuRunner:
+    """The executor's KernelRunner for the steps that run in Python: kernels by name from the
+    programs' libraries, gemms through the tape runner."""
+
+    def __init__(self, runtime: CpuRuntime) -> None:
+        self.runtime = runtime
+        self.functions: dict[str, tuple[Any, HostKernel]] = {}
+
+    def prepare(self, kernels: list[KernelSource]) -> None:
+        """Nothing: a CpuProgram compiles its own kernels (it needs its steps, not only their
+        CUDA sources) and registers them here."""
+
+    def register(self, functions: dict[str, Any], kernels: list[HostKernel]) -> None:
+        """A program's kernels: the host function of each CUDA kernel name it launches."""
+        for kernel in kernels:
+            self.functions[kernel.name] = (functions[kernel.symbol], kernel)
+
+    def launch(self, kernel: KernelSource, arrays: list[Any]) -> None:
+        function, host = self.functions[kernel.name]
+        pointers = (ctypes.c_void_p * max(1, len(arrays)))(*[a.ctypes.data for a in arrays])
+        function(pointers, 0, kernel.size if host.launched_items else host.size)
+
+    def gemm(self, call: BlasCall, a: Any, b: Any, c: Any) -> None:
+        tape = Tape(self.runtime)
+        tape.add_gemm(call, [(k + 1, 0) for k in range(3)])
+        tape.run([0, a.ctypes.data, b.ctypes.data, c.ctypes.data], 3)
+
+
+# -- the tape --------------------------------------------------------------------------------------------------------
+Ref = tuple[int, int]  # (base, byte offset): base 0 the arena, k the k-th input
+
+
+class Tape:
+    """A stretch of launches, in C's terms, run by one call of sx_run."""
+
+    def __init__(self, runtime: CpuRuntime) -> None:
+        self.runtime = runtime
+        self.ops: list[SxOp] = []
+        self.refs: list[Ref] = []
+        self.workspace_floats = 0
+        self.most_args = 1
+        self.built: Optional[tuple[Any, Any, Any, Any]] = None
+
+    def add_kernel(self, function: int, kernel: HostKernel, size: int, refs: list[Ref]) -> None:
+        self.ops.append(SxOp(kind=0, nargs=len(refs), first=len(self.refs), size=size, work=kernel.work, fn=function))
+        self.refs += refs
+        self.most_args = max(self.most_args, len(refs))
+
+    def add_gemm(self, call: BlasCall, refs: list[Ref]) -> None:
+        bf16 = call.in_dtype == DType.bf16
+        self.ops.append(SxOp(kind=1, nargs=3, first=len(self.refs), size=call.batch, work=call.flops, fn=None,
+                             op_a=int(call.op_a != CUBLAS_OP_N), op_b=int(call.op_b != CUBLAS_OP_N), m=call.m, n=call.n, k=call.k,
+                             lda=call.a.ld, ldb=call.b.ld, ldc=call.c.ld, sa=call.a.stride, sb=call.b.stride, sc=call.c.stride,
+                             oa=call.a.offset, ob=call.b.offset, oc=call.c.offset, batch=call.batch, in_bf16=int(bf16),
+                             out_bf16=int(call.out_dtype == DType.bf16)))
+        self.refs += refs
+        self.most_args = max(self.most_args, 3)
+        if bf16:
+            self.workspace_floats = max(self.workspace_floats, call.m * call.k + call.k * call.n + call.m * call.n)
+
+    def build(self) -> tuple[Any, Any, Any, Any]:
+        if self.built is None:
+            ops = (SxOp * max(1, len(self.ops)))(*self.ops)
+            refs = (SxRef * max(1, len(self.refs)))(*[SxRef(base=b, offset=o) for b, o in self.refs])
+            scratch = (ctypes.c_void_p * self.most_args)()
+            workspace = np.empty(max(1, self.workspace_floats), dtype=np.float32)
+            self.built = (ops, refs, scratch, workspace)
+        return self.built
+
+    def run(self, bases: Union[list[int], Any], count: int = 0) -> None:
+        ops, refs, scratch, workspace = self.build()
+        if not isinstance(bases, ctypes.Array):
+            bases = (ctypes.c_void_p * len(bases))(*bases)
+        runtime = self.runtime
+        runtime.library.sx_run(runtime.pool, ops, len(self.ops), refs, bases, scratch, runtime.blas.sgemm, int(runtime.blas.int64),
+                               workspace.ctypes.data)
+
+
+@dataclass(frozen=True)
+class PythonStep:
+    """A step the tape leaves to Python (its index in the lowering)."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class ValueRef:
+    """Where a value lives once a run has made it: its base and offset, shape and storage dtype."""
+
+    base: int
+    offset: int
+    shape: tuple[int, ...]
+    dtype: Any
+
+
+class Recording(ProgramRun):
+    """A run of the steps that records their launches instead of running them."""
+
+    def __init__(self, lowered: CpuProgram, values: dict[int, Any], spans: list[tuple[int, int]]) -> None:
+        super().__init__(lowered, values)
+        self.cpu = lowered
+        self.spans = spans  # [start, end) addresses of the arena (base 0) and of each input
+        self.tape: list[Union[Tape, PythonStep]] = []
+        self.once: set[int] = set()  # indices of the tapes' ops that belong to steps made once
+
+    def ref(self, array: Any) -> Ref:
+        if array.size == 0:
+            return (0, 0)
+        address = array.ctypes.data
+        for base, (start, end) in enumerate(self.spans):
+            if start <= address < end:
+                return (base, address - start)
+        raise RuntimeError(f"a launch of step {self.step} reads an array that is neither the arena nor an input")
+
+    def current(self) -> Tape:
+        if not self.tape or not isinstance(self.tape[-1], Tape):
+            self.tape.append(Tape(self.cpu.runtime))
+        last = self.tape[-1]
+        assert isinstance(last, Tape)
+        return last
+
+    def launch(self, kernel: KernelSource, arrays: list[Any]) -> None:
+        function, host = self.cpu.cpu_runner.functions[kernel.name]
+        size = kernel.size if host.launched_items else host.size
+        self.current().add_kernel(int(ctypes.cast(function, ctypes.c_void_p).value or 0), host, size, [self.ref(a) for a in arrays])
+
+    def gemm(self, call: BlasCall, a: Any, b: Any, c: Any) -> None:
+        self.current().add_gemm(call, [self.ref(x) for x in (a, b, c)])
+
+
+class PythonRun(ProgramRun):
+    """A step run from Python, its kernels the program's own."""
+
+    def __init__(self, lowered: CpuProgram, values: dict[int, Any]) -> None:
+        super().__init__(lowered, values)
+        self.cpu = lowered
+
+    def launch(self, kernel: KernelSource, arrays: list[Any]) -> None:
+        self.cpu.cpu_runner.launch(kernel, arrays)
+
+    def gemm(self, call: BlasCall, a: Any, b: Any, c: Any) -> None:
+        self.cpu.cpu_runner.gemm(call, a, b, c)
+
+
+class CpuProgram(LoweredProgram):
+    """A program on the compiled CPU device: lowered, compiled, its launches on a tape."""
+
+    def __init__(self, program: Program, device: ArrayDevice, runtime: CpuRuntime) -> None:
+        self.runtime = runtime
+        super().__init__(program, device)
+        lowering = self.lowering
+        runner = CpuRunner(runtime)  # this program's kernels, by their CUDA names
+        self.cpu_runner = runner
+        host = [host_kernels(step, lowering.program, lowering.constants, kernels, runtime.math) for step, kernels in zip(lowering.steps, self.kernels)]
+        flat = [k for ks in host for k in ks]
+        functions, self.compiled = runtime.load(flat)
+        runner.register(functions, flat)
+        self.kernel_count = len({k.name for k in flat})
+        self.first_tape, self.later_tape, self.refs = self.record()
+        self.base_array = (ctypes.c_void_p * (1 + len(self.input_ids)))()
+        self.base_array[0] = self.memory.ctypes.data
+        self.input_order = list(self.input_ids.items())
+        self.fixed = {vid: self.views_of(ref) for vid, ref in self.refs.items() if ref.base == 0}
+
+    def views_of(self, ref: ValueRef, inputs: Optional[list[Any]] = None) -> Any:
+        """The array at REF (in the arena, or in INPUTS' arrays)."""
+        source = self.memory if ref.base == 0 else (inputs or [])[ref.base - 1].reshape(-1).view(np.uint8)
+        count = int(np.prod(ref.shape, dtype=np.int64)) * np.dtype(ref.dtype).itemsize
+        return source[ref.offset : ref.offset + count].view(ref.dtype).reshape(ref.shape)
+
+    def record(self) -> tuple[list[Union[Tape, PythonStep]], list[Union[Tape, PythonStep]], dict[int, ValueRef]]:
+        """The tapes of the first run (with the constants made once) and of the later ones, and
+        where every value lives."""
+        placeholders = [np.empty(max(1, int(np.prod(self.input_types[name].shape, dtype=np.int64))) * np.dtype(STORAGE[self.input_types[name].dtype]).itemsize,
+                                 dtype=np.uint8) for name in self.input_ids]
+        values: dict[int, Any] = {}
+        for (name, vid), raw in zip(self.input_ids.items(), placeholders):
+            t = self.input_types[name]
+            count = int(np.prod(t.shape, dtype=np.int64))
+            values[vid] = raw[: count * np.dtype(STORAGE[t.dtype]).itemsize].view(STORAGE[t.dtype]).reshape(t.shape)
+        spans = [(self.memory.ctypes.data, self.memory.ctypes.data + self.memory.nbytes)]
+        spans += [(raw.ctypes.data, raw.ctypes.data + raw.nbytes) for raw in placeholders]
+        tapes: dict[bool, list[Union[Tape, PythonStep]]] = {}
+        refs: dict[int, ValueRef] = {}
+        for first in (True, False):
+            recording = Recording(self, dict(values), spans)
+            for k, step in enumerate(self.lowering.steps):
+                recording.step = k
+                if step.once and not first:
+                    for vid in step.writes:
+                        recording.set(vid, recording.buffer(vid))
+                elif step.kind in PYTHON_STEPS:
+                    recording.tape.append(PythonStep(k))
+                    for vid in step.writes:
+                        recording.set(vid, recording.buffer(vid))
+                else:
+                    step.launch(recording, self.kernels[k])
+            tapes[first] = recording.tape
+            for vid, value in recording.values.items():
+                base, offset = recording.ref(value) if value.size else (0, 0)
+                refs[vid] = ValueRef(base, offset, tuple(value.shape), value.dtype)
+        return tapes[True], tapes[False], refs
+
+    def run(self, feeds: dict[str, Any], keep: frozenset[str] = frozenset(), ready: Optional[Ready] = None) -> dict[str, Any]:
+        device, types = self.device, self.types
+        inputs = [device.to_device(feeds[name], self.input_types[name]) for name, _ in self.input_order]
+        bases = self.base_array
+        for k, array in enumerate(inputs):
+            bases[k + 1] = array.ctypes.data
+        for part in self.first_tape if not self.made_once else self.later_tape:
+            if isinstance(part, Tape):
+                part.run(bases)
+            else:
+                self.run_python_step(part.index, inputs)
+        self.made_once = True
+        out = {}
+        for name, vid in self.outputs.items():
+            value = self.fixed[vid] if vid in self.fixed else self.views_of(self.refs[vid], inputs)
+            out[name] = value if name in keep else device.to_host(value, types[vid])
+        if ready is not None:
+            for name in keep:
+                if name in out:
+                    ready(name, out[name])
+        return out
+
+    def run_python_step(self, index: int, inputs: list[Any]) -> None:
+        step = self.lowering.steps[index]
+        values = {vid: self.fixed[vid] if vid in self.fixed else self.views_of(self.refs[vid], inputs) for vid in step.reads if vid in self.refs}
+        run = PythonRun(self, values)
+        run.step = index
+        step.launch(run, self.kernels[index])
+
+    def notice(self) -> Optional[str]:
+        """A line when compiling this program's kernels cost time (a new program: later runs
+        find them in the disk cache)."""
+        compiled = self.compiled
+        if compiled is None or compiled.cached:
+            return None
+        return f"cpu: {self.program.name}: compiled {self.kernel_count} kernels in {compiled.seconds:.1f} s (cached on disk for the next run)"
+
+    def compile_report(self) -> dict[str, Any]:
+        """What compiling this program cost: its kernels, the seconds (0 from the disk cache,
+        or when another program of this device had compiled them all)."""
+        compiled = self.compiled
+        return {"kernels": self.kernel_count, "seconds": round(compiled.seconds, 3) if compiled else 0.0,
+                "cached": compiled is None or compiled.cached, "library": str(compiled.path) if compiled else None}
+
+
+class CpuBackend(DeviceBackend):
+    """The loop's backend on the compiled CPU device: resident arrays are host arrays in their
+    storage dtype, programs CpuPrograms."""
+
+    def __init__(self, runtime: CpuRuntime) -> None:
+        self.runtime = runtime
+        super().__init__(ArrayDevice(np, CpuRunner(runtime)))
+
+    def program(self, program: Program) -> CpuProgram:
+        return CpuProgram(program, self.device, self.runtime)
+
+    def set_threads(self, threads: int) -> None:
+        self.runtime.set_threads(threads)
+

@@ -1,0 +1,864 @@
+"""The host emitter: the CUDA lowering's kernels written as C for the CPU.
+
+The lowering (runtime/cuda/: the fusion partition, the reduction strategies, the row groups,
+the arena, the order in which steps launch) is one; it has two emitters. The CUDA one writes
+each step's kernels for a GPU; this one writes the same kernels as plain C functions
+`void NAME(void* const* args, long long begin, long long end)` that compute the items
+[begin, end) of the kernel (its threads' work, or its warps', or its blocks'), so that the
+CPU device (device.py) can give the items to several threads.
+
+- A kernel whose items are independent, one CUDA thread each (moves, gathers, constants,
+  im2col and col2im, pools, Philox), is the CUDA kernel's own body inside a loop over its
+  items: the same text, the same bits.
+- A fused elementwise group is a loop over rows of its element space, each input loaded
+  through a base computed once per row, so that the inner loop over a row is contiguous and
+  vectorizes (the CUDA kernel divides its flat index by every broadcast stride instead).
+- A reduction and a row group add up each output's elements in the order the device adds
+  them: with a thread per output, in element order into one double; with a warp (32 lanes)
+  or a block (BLOCK lanes) per output, lane l takes elements l, l + lanes, ..., each lane
+  into a double of its own, and the lanes' partial results are combined in the device's
+  fixed tree. A split reduction's chunks likewise. The results equal the device's bit for
+  bit (the host emulation of the CUDA kernels checks it: tests/test_cpu_device.py).
+- Attention: each query (or key) is computed as its CUDA thread computes it, tile by tile
+  with the device's tile sizes, so the online softmax rescales at the same keys.
+
+Elementwise f32 exp, log, log1p, tanh, sin, cos and pow are NumPy's own loops (the ufuncs'
+f32 inner loops, called on blocks of SXB elements): NumPy computes these with its own SIMD
+code, whose last bit differs from the C library's in up to a third of the elements, and the
+CPU device's elementwise results are NumPy's bit for bit. bf16 computes in f32 through the C
+library, as ml_dtypes does, rounded after every node. `math="libm"` uses the C library for
+f32 too: what the CUDA kernels' host emulation computes, for the tests that compare the two.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional
+
+from ...ir.dtypes import DType
+from ...ir.graph import Node, Program, Shape, TensorType, shape_size
+from ...ir.ops import OpKind, op_def
+from ..cuda.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, geometry
+from ..cuda.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage
+from ..cuda.kernels import ReduceStrategy, piecewise, planned_strategy, reduce_geometry
+from ..cuda.lowering import Step
+from ..cuda.row_kernel import BLOCK_ROWS, WARP_ROWS
+from ..cuda.steps import FusedGroup, ReduceGroup, RowGroup
+
+SXB = 256  # elements per block of a chain with NumPy calls; a multiple of every lane count
+FLAT_CHUNK = 4096  # elements per item of an elementwise kernel whose inputs need no row bases
+
+# the NumPy ufunc whose f32 loop computes each op (device.py fetches the loops)
+NUMPY_LOOPS = {"exp": 0, "log": 1, "log1p": 2, "tanh": 3, "sin": 4, "cos": 5, "pow": 6}
+NUMPY_UFUNCS = ("exp", "log", "log1p", "tanh", "sin", "cos", "power")
+
+HOST_PRELUDE = r"""
+#include <math.h>
+#include <string.h>
+#include <stdbool.h>
+#define SX_TABLE static const
+static inline float sx_bits_float(unsigned int b) { float f; memcpy(&f, &b, 4); return f; }
+static inline unsigned int sx_float_bits(float f) { unsigned int b; memcpy(&b, &f, 4); return b; }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+typedef void (*sx_loop)(char**, const long*, const long*, void*);
+static sx_loop sx_np[7];
+static void* sx_np_data[7];
+void sx_set_math(int k, void* fn, void* data) { sx_np[k] = (sx_loop)fn; sx_np_data[k] = data; }
+static inline void sx_np1(int k, const float* x, float* y, long long n) {
+  char* args[2] = {(char*)x, (char*)y}; long dims[1] = {(long)n}; long steps[2] = {4, 4};
+  sx_np[k](args, dims, steps, sx_np_data[k]);
+}
+static inline void sx_np2(int k, const float* a, long sa, const float* b, long sb, float* y, long long n) {
+  char* args[3] = {(char*)a, (char*)b, (char*)y}; long dims[1] = {(long)n}; long steps[3] = {sa, sb, 4};
+  sx_np[k](args, dims, steps, sx_np_data[k]);
+}
+#define SXB 256
+"""
+
+
+def host_prelude() -> str:
+    return HOST_PRELUDE + PRELUDE
+
+
+@dataclass(frozen=True)
+class HostKernel:
+    """One C function of the host module: it computes items [begin, end) of `size`."""
+
+    name: str  # the CUDA kernel's name (the step launches it by that name)
+    source: str
+    size: int  # items
+    work: int  # bytes moved + flops, for the choice of threads
+    preamble: str = ""
+    launched_items: bool = False  # its items are the CUDA kernel's, counted at each launch (n is no literal of the text)
+
+    @property
+    def symbol(self) -> str:
+        """The function's name in the library: the CUDA name and the hash of the host text
+        (two kernels of one CUDA text may differ on the host, say in their math)."""
+        return f"{self.name}_h{hashlib.sha256((self.preamble + self.source).encode()).hexdigest()[:10]}"
+
+    @property
+    def text(self) -> str:
+        return self.source.replace(self.name, self.symbol)
+
+
+def is_call(node: Node, math: str) -> bool:
+    return math == "numpy" and node.op in NUMPY_LOOPS and node.type.dtype == DType.f32
+
+
+def unpack(decls: tuple[str, ...] | list[str]) -> list[str]:
+    """The kernel's parameters from the argument array, in the order of its params."""
+    out = []
+    for k, decl in enumerate(decls):
+        name = decl.split()[-1]
+        typ = decl[: -len(name)].strip()
+        out.append(f"  {typ} {name} = ({typ.replace('__restrict__', '').strip()})sx_args[{k}];")
+    return out
+
+
+def function(name: str, decls: tuple[str, ...] | list[str], body: list[str]) -> str:
+    return "void " + name + "(void* const* sx_args, long long sx_begin, long long sx_end) {\n" + "\n".join(unpack(decls) + body) + "\n}\n"
+
+
+def thread_kernel(kernel: KernelSource) -> HostKernel:
+    """A kernel whose items are one CUDA thread each: its own lines, in a loop over the items."""
+    if kernel.lanes != "thread":
+        raise LoweringError(f"{kernel.name}: a kernel whose {kernel.lanes} lanes cooperate has no host form of its own here")
+    body = ["  const long long n = sx_end; (void)n;", *kernel.before,
+            f"  for (long long {kernel.loop} = sx_begin; {kernel.loop} < sx_end; ++{kernel.loop}) {{", *kernel.lines, "  }"]
+    return HostKernel(kernel.name, function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops, kernel.preamble, launched_items=True)
+
+
+# -- chains of elementwise nodes over blocks of elements -------------------------------------------
+Load = Callable[[int], str]
+Special = Callable[[Node, dict[int, str]], Optional[list[str]]]
+
+
+class Chain:
+    """Elementwise NODES over a block of elements (positions j < COUNT; SETUP defines the
+    element's index variables from j): one loop per phase, a phase ending at each node that is
+    a NumPy call, which runs over the whole block between two loops. Values crossing phases
+    live in arrays bv<tag>_<id>[SXB]; the rest in registers."""
+
+    def __init__(self, tag: str, types: dict[int, TensorType], constants: dict[int, Node], math: str, load: Load,
+                 preset: Optional[dict[int, str]] = None, special: Optional[Special] = None, opaque: frozenset[int] = frozenset()) -> None:
+        self.tag, self.types, self.constants, self.math, self.load = tag, types, constants, math, load
+        self.preset = dict(preset or {})
+        self.special = special
+        self.opaque = opaque  # nodes whose arguments are not loaded through `load` (a piecewise concat's parts)
+
+    def array(self, vid: int) -> str:
+        return f"bv{self.tag}_{vid}"
+
+    def lines(self, nodes: list[Node], targets: list[int], setup: list[str], stores: Mapping[int, Callable[[str], str]], count: str,
+              indent: str = "    ") -> tuple[list[str], dict[int, str]]:
+        """The C lines, and for each target the C expression of its value at position j (an
+        array element), valid after the lines."""
+        ids = {n.id for n in nodes}
+        calls = [n for n in nodes if is_call(n, self.math)]
+        phase: dict[int, int] = {}
+        p = 0
+        for n in nodes:
+            if is_call(n, self.math):
+                phase[n.id] = p  # the call after phase p
+                p += 1
+            else:
+                phase[n.id] = p
+        phases = p + 1
+        call_ids = {n.id for n in calls}
+        arrays: set[int] = set(targets)
+        for n in nodes:
+            for a in n.args:
+                if a in ids and a not in call_ids and (is_call(n, self.math) or phase[a] < phase[n.id]):
+                    arrays.add(a)
+                if is_call(n, self.math) and a not in ids and a not in self.constants:
+                    arrays.add(a)  # an input (or a known scalar) a call reads: put in an array first
+        arrays |= call_ids
+        call_args = {a for n in calls for a in n.args}
+        out = [f"{indent}{c_types(self.types[v].dtype)[1]} {self.array(v)}[SXB];" for v in sorted(arrays) if v not in self.preset or v in call_args]
+        done_stores: set[int] = set()
+        for q in range(phases):
+            members = [n for n in nodes if phase[n.id] == q and n.id not in call_ids]
+            call = next((n for n in calls if phase[n.id] == q), None)
+            names = dict(self.preset)
+            for v in arrays:
+                if v in ids and (v in call_ids and phase[v] < q or v not in call_ids and phase[v] < q):
+                    names[v] = f"{self.array(v)}[j]"
+            body: list[str] = []
+            wanted: list[int] = []  # inputs this phase loads
+            for n in members:
+                if n.id in self.opaque:
+                    continue
+                wanted += [a for a in n.args if a not in ids and a not in names and a not in self.constants]
+            fills = [a for a in (call.args if call is not None else []) if a not in ids and a not in self.constants]
+            fills += [v for v in targets if v not in ids and v not in self.preset and q == 0]
+            wanted += fills
+            for a in dict.fromkeys(wanted):
+                if a in self.preset:
+                    continue
+                names[a] = f"x{self.tag}_{a}"
+                body.append(f"{indent}  const {c_types(self.types[a].dtype)[1]} {names[a]} = {self.load(a)};")
+            for n in members:
+                more = self.special(n, names) if self.special is not None else None
+                if more is None:
+                    more, _ = chain_lines([n], names, self.types, self.constants, indent + "  ")
+                body += more
+            for n in members:
+                if n.id in arrays:
+                    body.append(f"{indent}  {self.array(n.id)}[j] = {names[n.id]};")
+            for a in dict.fromkeys(fills):
+                body.append(f"{indent}  {self.array(a)}[j] = {names[a]};")
+            for v, store in stores.items():
+                if v not in done_stores and v in names and (v not in ids or phase[v] <= q):
+                    body.append(f"{indent}  {store(names[v])}")
+                    done_stores.add(v)
+            if body:
+                out += [f"{indent}for (long long j = 0; j < {count}; ++j) {{", *[f"{indent}  {s}" for s in setup], *body, f"{indent}}}"]
+            if call is not None:
+                out += self.call_lines(call, count, indent)
+        missing = set(stores) - done_stores
+        if missing:
+            raise LoweringError(f"host chain: values {sorted(missing)} are never stored")
+        return out, {v: f"{self.array(v)}[j]" if v not in self.preset else self.preset[v] for v in targets}
+
+    def call_lines(self, node: Node, count: str, indent: str) -> list[str]:
+        k = NUMPY_LOOPS[node.op]
+        out = self.array(node.id)
+        if len(node.args) == 1:
+            return [f"{indent}sx_np1({k}, {self.array(node.args[0])}, {out}, {count});"]
+        operands = []
+        lines = []
+        for m, a in enumerate(node.args):
+            if a in self.constants:
+                lines.append(f"{indent}const float sx_c{self.tag}_{node.id}_{m} = {literal(self.constants[a].attrs['value'], DType.f32)};")
+                operands.append(f"&sx_c{self.tag}_{node.id}_{m}, 0")
+            elif a in self.preset:
+                lines.append(f"{indent}const float sx_c{self.tag}_{node.id}_{m} = {self.preset[a]};")
+                operands.append(f"&sx_c{self.tag}_{node.id}_{m}, 0")
+            else:
+                operands.append(f"{self.array(a)}, 4")
+        return lines + [f"{indent}sx_np2({k}, {operands[0]}, {operands[1]}, {out}, {count});"]
+
+
+def simple_flat_index(coords: list[tuple[int, int, int]], var: str, total: int) -> str:
+    """codegen.flat_index for VAR in [0, TOTAL): coordinates whose memory strides continue one
+    another merged into one, and the outermost coordinate's modulo left out (the same index,
+    fewer divisions: a reduction over trailing axes reads VAR itself)."""
+    merged: list[list[int]] = []
+    for size, loop_stride, mem_stride in coords:  # innermost first
+        if merged and merged[-1][1] * merged[-1][0] == loop_stride and merged[-1][2] * merged[-1][0] == mem_stride:
+            merged[-1][0] *= size
+        else:
+            merged.append([size, loop_stride, mem_stride])
+    terms = []
+    for n, (size, loop_stride, mem_stride) in enumerate(merged):
+        divided = f"({var} / {loop_stride}LL)" if loop_stride > 1 else var
+        outermost = n == len(merged) - 1 and loop_stride * size >= total
+        coord = divided if outermost else f"({divided} % {size}LL)"
+        terms.append(coord if mem_stride == 1 else f"{coord} * {mem_stride}LL")
+    return " + ".join(terms) if terms else "0"
+
+
+# -- fused elementwise groups ----------------------------------------------------------------------
+def elementwise_host(group: FusedGroup, program: Program, constants: dict[int, Node], math: str, kernel: KernelSource) -> HostKernel:
+    types = program.types()
+    space = tuple(group.shape)
+    total = shape_size(space)
+    width = space[-1] if space else 1
+    piece_inputs = {a for n in group.nodes if n.id in group.pieces for a in n.args}
+    loaded = [v for v in group.inputs if v not in piece_inputs or any(v in n.args for n in group.nodes if n.id not in group.pieces)]
+    flat = len(space) <= 1 or all(tuple(types[v].shape) == space or shape_size(types[v].shape) == 1 for v in loaded)
+    length = max(1, min(total, FLAT_CHUNK)) if flat else max(1, width)
+    rows = -(-total // length) if total else 0
+    index = {vid: k for k, vid in enumerate(group.inputs)}
+    bases: list[str] = []
+    segments = piece_segments(group, types, constants) if flat and (group.pieces or group.windows) else None
+
+    def load(vid: int) -> str:
+        t = types[vid]
+        k = index[vid]
+        if tuple(t.shape) == space:
+            return from_storage(f"in{k}[i]", t.dtype)
+        if shape_size(t.shape) == 1:
+            return from_storage(f"in{k}[0]", t.dtype)
+        if flat:
+            raise LoweringError(f"host kernel {kernel.name}: input %{vid} needs a row base")
+        bases.append(f"    const long long rb{k} = {broadcast_index(tuple(t.shape), space, 'i0')};")
+        column = len(t.shape) >= 1 and t.shape[-1] == width
+        return from_storage(f"in{k}[rb{k}{' + c' if column else ''}]", t.dtype)
+
+    def special(node: Node, names: dict[int, str]) -> Optional[list[str]]:
+        if node.id in group.pieces:
+            names[node.id] = f"v{node.id}"
+            value = from_storage(f"pp{node.id}[i - po{node.id}]", node.type.dtype) if segments is not None else piecewise(node, index, types, constants)
+            return [f"      const {c_types(node.type.dtype)[1]} v{node.id} = {value};"]
+        if node.id in group.windows:
+            names[node.id] = names[node.args[0]]
+            return []
+        return None
+
+    stores: dict[int, Callable[[str], str]] = {}
+    by_id = {n.id: n for n in group.nodes}
+    families: dict[int, list[int]] = {}  # a value -> the windows of it the group stores
+    for vid in group.outputs:
+        if vid in group.windows:
+            families.setdefault(by_id[vid].args[0], []).append(vid)
+    covered = {source: segments is not None and all(any(group.windows[w][0] <= segments[s] < group.windows[w][1] for w in members)
+                                                    for s in range(len(segments) - 1)) for source, members in families.items()}
+    for k, vid in enumerate(group.outputs):
+        def store(name: str, k: int = k, vid: int = vid) -> str:
+            value = to_storage(name, types[vid].dtype)
+            if vid in group.windows:
+                start, stop = group.windows[vid]
+                if segments is not None:  # one store per windowed value: the window of this segment
+                    source = by_id[vid].args[0]
+                    return f"{'' if covered[source] else f'if (wf{source}) '}wf{source}[i - wo{source}] = {value};"
+                return f"if (i >= {start}LL && i < {stop}LL) out{k}[i - {start}LL] = {value};"
+            return f"out{k}[i] = {value};"
+        if vid in group.windows and segments is not None and families[by_id[vid].args[0]][0] != vid:
+            continue
+        stores[vid] = store
+    chain = Chain("", types, constants, math, load, special=special, opaque=frozenset(group.pieces))
+    blocked = any(is_call(n, math) for n in group.nodes)
+    if blocked:
+        lines, _ = chain.lines(group.nodes, [], ["const long long c = c0 + j;", "const long long i = i0 + c;"], stores, "len", "      ")
+        inner = ["    for (long long c0 = 0; c0 < cols; c0 += SXB) {", "      const long long len = cols - c0 < SXB ? cols - c0 : SXB;", *lines, "    }"]
+    else:
+        lines, _ = chain.lines(group.nodes, [], ["const long long c = j;", "const long long i = i0 + c;"], stores, "cols", "    ")
+        inner = lines
+    if segments is None:
+        head = [f"    const long long i0 = r * {length}LL;", f"    const long long cols = i0 + {length}LL <= {total}LL ? {length}LL : {total}LL - i0;"]
+        tables: list[str] = []
+    else:
+        tables, head, rows = segment_tables(group, kernel, segments, index)
+    pointers = {d.split()[-1]: d[: -len(d.split()[-1])].replace("__restrict__", "").strip() for d in kernel.decls}
+    for node in group.nodes:
+        if node.id in group.pieces:
+            pointers[f"pp{node.id}"] = f"const {c_types(node.type.dtype)[0]}*"
+    for source, members in families.items():
+        pointers[f"wf{source}"] = f"{c_types(types[members[0]].dtype)[0]}*"
+    helper, call = outline(f"{kernel.name}_row", inner, pointers)
+    body = [*tables, "  for (long long r = sx_begin; r < sx_end; ++r) {", *head, *dict.fromkeys(bases), call, "  }"]
+    return HostKernel(kernel.name, helper + function(kernel.name, kernel.decls, body), rows, kernel.bytes + kernel.flops)
+
+
+SCALARS = re.compile(r"\b(i0|cols|r|rb\d+|po\d+|wo\d+)\b")
+POINTERS = re.compile(r"\b(in\d+|out\d+|pp\d+|wf\d+)\b")
+
+
+def outline(name: str, lines: list[str], pointers: dict[str, str]) -> tuple[str, str]:
+    """LINES as a static function of the pointers and index variables they use, each pointer
+    `restrict`, and the call: GCC vectorizes such a loop, where inside the kernel (next to
+    tables of pointers) it keeps it scalar."""
+    text = "\n".join(lines)
+    used = [p for p in dict.fromkeys(POINTERS.findall(text)) if p in pointers]
+    scalars = list(dict.fromkeys(SCALARS.findall(text)))
+    params = [f"{pointers[p]} __restrict__ {p}" for p in used] + [f"const long long {v}" for v in scalars]
+    helper = f"static inline void {name}({', '.join(params) or 'void'}) {{\n" + text + "\n}\n"
+    return helper, f"    {name}({', '.join(used + scalars)});"
+
+
+def piece_segments(group: FusedGroup, types: dict[int, TensorType], constants: dict[int, Node]) -> Optional[list[int]]:
+    """The boundaries of a joined group's segments (every part of every concat and every
+    window is whole in each), or None when a concat has a literal part (then each element
+    picks its part)."""
+    cuts = {0, shape_size(group.shape)}
+    for node in group.nodes:
+        if node.id in group.pieces:
+            offset = 0
+            for a in node.args:
+                if a in constants:
+                    return None
+                cuts.add(offset)
+                offset += shape_size(types[a].shape)
+            cuts.add(offset)
+    for start, stop in group.windows.values():
+        cuts |= {start, stop}
+    return sorted(cuts)
+
+
+def segment_tables(group: FusedGroup, kernel: KernelSource, cuts: list[int], index: dict[int, int]) -> tuple[list[str], list[str], int]:
+    """An item is a chunk of one segment: the tables that say where each segment starts and
+    which part each concat reads there (and which windows it stores), and the item's head."""
+    types = {p.value: p for p in kernel.params}
+    segments = len(cuts) - 1
+    firsts = [0]
+    for k in range(segments):
+        firsts.append(firsts[-1] + -(-(cuts[k + 1] - cuts[k]) // FLAT_CHUNK))
+    tables = [f"  static const long long sx_cut[{len(cuts)}] = {{{', '.join(f'{c}LL' for c in cuts)}}};",
+              f"  static const long long sx_first[{len(firsts)}] = {{{', '.join(f'{f}LL' for f in firsts)}}};"]
+    head = ["    long long lo = 0, hi = " + str(segments) + ";",
+            "    while (hi - lo > 1) { const long long mid = (lo + hi) / 2; if (sx_first[mid] <= r) lo = mid; else hi = mid; }",
+            "    const long long seg = lo;",
+            f"    const long long i0 = sx_cut[seg] + (r - sx_first[seg]) * {FLAT_CHUNK}LL;",
+            f"    const long long cols = i0 + {FLAT_CHUNK}LL <= sx_cut[seg + 1] ? {FLAT_CHUNK}LL : sx_cut[seg + 1] - i0;"]
+    for node in group.nodes:
+        if node.id not in group.pieces:
+            continue
+        parts, offsets = [], []
+        offset = 0
+        bounds = []
+        for a in node.args:
+            size = int(shape_size(types[a].shape)) if a in types else 0
+            bounds.append((offset, offset + size, a))
+            offset += size
+        for k in range(segments):
+            a, start = next((a, lo) for lo, hi, a in bounds if lo <= cuts[k] < hi) if any(lo <= cuts[k] < hi for lo, hi, _ in bounds) else (node.args[0], 0)
+            parts.append(f"in{index[a]}")
+            offsets.append(f"{start}LL")
+        store = c_types(node.type.dtype)[0]
+        tables.append(f"  const {store}* const sx_parts{node.id}[{segments}] = {{{', '.join(parts)}}};")
+        tables.append(f"  static const long long sx_offs{node.id}[{segments}] = {{{', '.join(offsets)}}};")
+        head.append(f"    const {store}* const pp{node.id} = sx_parts{node.id}[seg]; const long long po{node.id} = sx_offs{node.id}[seg];")
+    by_id = {n.id: n for n in group.nodes}
+    families: dict[int, list[tuple[int, int]]] = {}
+    for k, vid in enumerate(group.outputs):
+        if vid in group.windows:
+            families.setdefault(by_id[vid].args[0], []).append((k, vid))
+    for source, members in families.items():
+        store = c_types(types[members[0][1]].dtype)[0]
+        pointers, starts = [], []
+        for s in range(segments):
+            found = next(((k, group.windows[vid][0]) for k, vid in members if group.windows[vid][0] <= cuts[s] < group.windows[vid][1]), None)
+            pointers.append(f"out{found[0]}" if found else "0")
+            starts.append(f"{found[1] if found else 0}LL")
+        tables.append(f"  {store}* const sx_wf{source}[{segments}] = {{{', '.join(pointers)}}};")
+        tables.append(f"  static const long long sx_wo{source}[{segments}] = {{{', '.join(starts)}}};")
+        head.append(f"    {store}* const wf{source} = sx_wf{source}[seg]; const long long wo{source} = sx_wo{source}[seg];")
+    return tables, head, firsts[-1]
+
+
+# -- the lanes of a reduction ------------------------------------------------------------------------
+def lanes_of(lanes: str) -> int:
+    return {"thread": 1, "warp": 32, "block": BLOCK}[lanes]
+
+
+def accumulate(op: str, acc: str, x: str, integer: bool) -> str:
+    """One element X into the accumulator ACC, as the device's loop adds it."""
+    acc_type = "long long" if integer else "double"
+    if op in ("sum", "mean"):
+        return f"{acc} += ({acc_type}){x};"
+    better = ">" if op == "max" else "<"
+    if integer:
+        return f"if (({acc_type}){x} {better} {acc}) {acc} = ({acc_type}){x};"
+    return f"if ({acc} == {acc}) {{ if (({acc_type}){x} {better} {acc} || {x} != {x}) {acc} = ({acc_type}){x}; }}"
+
+
+def pair(op: str, a: str, b: str) -> str:
+    return {"sum": f"{a} + {b}", "mean": f"{a} + {b}", "max": f"sx_maxd({a}, {b})", "min": f"sx_mind({a}, {b})"}[op]
+
+
+def lane_loop(op: str, lanes: int, acc: str, values: str, count: str, integer: bool, indent: str) -> list[str]:
+    """Block positions [0, COUNT) into the lanes' accumulators ACC[lanes] (position q to lane
+    q % lanes: a block starts at a multiple of the lanes)."""
+    if lanes == 1:
+        return [f"{indent}for (long long j = 0; j < {count}; ++j) {accumulate(op, f'{acc}[0]', f'{values}[j]', integer)}"]
+    return [f"{indent}for (long long g = 0; g < {count}; g += {lanes}) {{",
+            f"{indent}  const long long m = {count} - g < {lanes} ? {count} - g : {lanes};",
+            f"{indent}  for (long long l = 0; l < m; ++l) {accumulate(op, f'{acc}[l]', f'{values}[g + l]', integer)}", f"{indent}}}"]
+
+
+def tree(op: str, lanes: int, acc: str, indent: str) -> list[str]:
+    """The lanes' partial results combined in the device's fixed tree, into ACC[0]."""
+    if lanes == 1:
+        return []
+    return [f"{indent}for (int s = {lanes // 2}; s > 0; s >>= 1) for (int l = 0; l < s; ++l) {acc}[l] = {pair(op, f'{acc}[l]', f'{acc}[l + s]')};"]
+
+
+def init_value(op: str, integer: bool) -> str:
+    return {"sum": "0", "mean": "0", "max": "(-9223372036854775807LL - 1)" if integer else "-sx_inf()",
+            "min": "9223372036854775807LL" if integer else "sx_inf()"}[op]
+
+
+def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node], math: str, kernels: list[KernelSource],
+                strategy: Optional[ReduceStrategy] = None) -> list[HostKernel]:
+    """The reduction's kernels (one, or the chunks' and their combination's), as the device
+    orders the additions: see the module's docstring."""
+    types = program.types()
+    node = group.node
+    source = node.args[0]
+    space = tuple(types[source].shape)
+    axes, reduced_size, outputs, integer = reduce_geometry(group, types)
+    strategy = strategy or planned_strategy(group, types)
+    kept = [d for d in range(len(space)) if d not in axes]
+    mem = [1] * len(space)
+    for d in range(len(space) - 2, -1, -1):
+        mem[d] = mem[d + 1] * space[d + 1]
+
+    def coords(dims: list[int]) -> list[tuple[int, int, int]]:
+        out, stride = [], 1
+        for d in reversed(dims):
+            out.append((space[d], stride, mem[d]))
+            stride *= space[d]
+        return out
+
+    index = {vid: k for k, vid in enumerate(group.inputs)}
+
+    def load(vid: int) -> str:
+        t = types[vid]
+        return from_storage(f"in{index[vid]}[{broadcast_index(tuple(t.shape), space, 'idx')}]", t.dtype)
+
+    lanes = lanes_of(strategy.lanes)
+    split = strategy.split
+    chunk = -(-reduced_size // split)
+    acc_type = "long long" if integer else "double"
+    sides = list(group.sides)
+    stores = {v: (lambda name, k=k, v=v: f"out{k + 1}[idx] = {to_storage(name, types[v].dtype)};") for k, v in enumerate(sides)}
+    chain = Chain("", types, constants, math, load)
+    nodes = group.prologue.nodes if group.prologue is not None else []
+    first = "0" if split == 1 else f"c * {chunk}LL"
+    end = f"{reduced_size}LL" if split == 1 else f"(c * {chunk}LL + {chunk}LL < {reduced_size}LL ? c * {chunk}LL + {chunk}LL : {reduced_size}LL)"
+    out_t = node.type
+
+    def result(acc: str) -> str:
+        value = acc if node.op != "mean" else f"({acc} / {reduced_size}.0)"
+        return to_storage(f"(float){value}", out_t.dtype) if out_t.dtype == DType.bf16 else f"({c_types(out_t.dtype)[0]}){value}"
+
+    innermost = bool(axes) and axes[-1] == len(space) - 1
+    base_of = simple_flat_index(coords(kept), "o", outputs)
+    within = simple_flat_index(coords(axes), "jj", reduced_size)
+    if lanes == 1 and not innermost:
+        # a thread per output, its elements apart in memory: outputs side by side (SIMD
+        # across outputs, as a GPU's threads), each still adding its elements in order
+        lines, values = chain.lines(nodes, [source], ["const long long o = o0 + j;", f"const long long idx = {base_of} + within;"], stores, "count", "      ")
+        array = values[source][: -len("[j]")]
+        body = [
+            "  for (long long item0 = sx_begin; item0 < sx_end;) {",
+            f"    const long long c = item0 / {outputs}LL, o0 = item0 % {outputs}LL;",
+            f"    long long count = {outputs}LL - o0 < SXB ? {outputs}LL - o0 : SXB;",
+            "    if (count > sx_end - item0) count = sx_end - item0;",
+            "    (void)c;",
+            f"    const long long first = {first}, end = {end};",
+            f"    {acc_type} acc[SXB];",
+            f"    for (long long q = 0; q < count; ++q) acc[q] = {init_value(node.op, integer)};",
+            "    for (long long jj = first; jj < end; ++jj) {",
+            f"      const long long within = {within};",
+            *lines,
+            f"      for (long long j = 0; j < count; ++j) {accumulate(node.op, 'acc[j]', f'{array}[j]', integer)}",
+            "    }",
+            f"    for (long long q = 0; q < count; ++q) {'out0[o0 + q] = ' + result('acc[q]') if split == 1 else 'out0[item0 + q] = acc[q]'};",
+            "    item0 += count;",
+            "  }",
+        ]
+    else:
+        lines, values = chain.lines(nodes, [source], ["const long long jj = jb + j;", f"const long long idx = base + {within};"], stores, "len", "      ")
+        array = values[source][: -len("[j]")]
+        body = [
+            "  for (long long item = sx_begin; item < sx_end; ++item) {",
+            *([f"    const long long o = item % {outputs}LL, c = item / {outputs}LL;"] if split > 1 else ["    const long long o = item;"]),
+            f"    const long long base = {base_of};",
+            f"    const long long first = {first}, end = {end};",
+            f"    {acc_type} acc[{lanes}];",
+            f"    for (int l = 0; l < {lanes}; ++l) acc[l] = {init_value(node.op, integer)};",
+            "    for (long long jb = first; jb < end; jb += SXB) {",
+            "      const long long len = end - jb < SXB ? end - jb : SXB;",
+            *lines,
+            *lane_loop(node.op, lanes, "acc", array, "len", integer, "      "),
+            "    }",
+            *tree(node.op, lanes, "acc", "    "),
+            f"    out0[o] = {result('acc[0]')};" if split == 1 else "    out0[item] = acc[0];",
+            "  }",
+        ]
+    main = kernels[0]
+    host = [HostKernel(main.name, function(main.name, main.decls, body), main.size, main.bytes + main.flops)]
+    if split > 1:
+        finish = kernels[1]
+        finish_lanes = 1 if strategy.lanes == "thread" else 32
+        fbody = [
+            "  for (long long o = sx_begin; o < sx_end; ++o) {",
+            f"    double acc[{finish_lanes}];",
+            f"    for (int l = 0; l < {finish_lanes}; ++l) acc[l] = {init_value(node.op, False)};",
+            f"    for (long long c = 0; c < {split}LL; ++c) {{ const double p = in0[c * {outputs}LL + o]; acc[c % {finish_lanes}] = {pair(node.op, f'acc[c % {finish_lanes}]', 'p')}; }}",
+            *tree(node.op, finish_lanes, "acc", "    "),
+            f"    out0[o] = {result('acc[0]')};",
+            "  }",
+        ]
+        host.append(HostKernel(finish.name, function(finish.name, finish.decls, fbody), finish.size, finish.bytes + finish.flops))
+    return host
+
+
+# -- row groups ----------------------------------------------------------------------------------------
+def rows_host(group: RowGroup, program: Program, constants: dict[int, Node], math: str, kernel: KernelSource, lanes_name: Optional[str] = None) -> HostKernel:
+    """One row per item, its reductions in the device's lane order (a thread, a warp or a
+    block per row, as the row length chose on the device)."""
+    types = program.types()
+    space = tuple(group.space)
+    width = space[-1]
+    lanes = lanes_of(lanes_name or ("block" if width >= BLOCK_ROWS else "warp" if width >= WARP_ROWS else "thread"))
+    by_id = {n.id: n for n in group.nodes}
+    reductions = [n for n in group.nodes if op_def(n.op).kind is OpKind.REDUCTION]
+    row_nodes = [n for n in group.nodes if tuple(n.type.shape) == space and n not in reductions]
+    reduced_nodes = [n for n in group.nodes if n not in row_nodes and n not in reductions]
+    input_index = {vid: k for k, vid in enumerate(group.inputs)}
+    output_index = {vid: k for k, vid in enumerate(group.outputs)}
+    scalars: dict[int, str] = {}
+    bases: list[str] = []
+    lines: list[str] = []
+    counter = [0]
+
+    def row_load(vid: int) -> str:
+        t = types[vid]
+        k = input_index[vid]
+        if tuple(t.shape) == space:
+            return from_storage(f"in{k}[idx]", t.dtype)
+        if shape_size(t.shape) == 1:
+            return from_storage(f"in{k}[0]", t.dtype)
+        base = f"    const long long rb{k} = {broadcast_index(tuple(t.shape), space, f'(r * {width}LL)')};"
+        if base not in bases:
+            bases.append(base)
+        column = len(t.shape) >= 1 and t.shape[-1] == width
+        return from_storage(f"in{k}[rb{k}{' + c' if column else ''}]", t.dtype)
+
+    def needed_for(targets: list[int]) -> list[Node]:
+        needed: set[int] = set()
+        stack = list(targets)
+        while stack:
+            v = stack.pop()
+            n = by_id.get(v)
+            if n is not None and n in row_nodes and v not in needed:
+                needed.add(v)
+                stack.extend(n.args)
+        return [n for n in row_nodes if n.id in needed]
+
+    def tag() -> str:
+        counter[0] += 1
+        return str(counter[0])
+
+    def reduced_ready() -> None:
+        for n in reduced_nodes:
+            if n.id in scalars or not all(a in scalars or a in constants or a not in by_id for a in n.args):
+                continue
+            t = tag()
+            shape = tuple(n.type.shape)
+
+            def scalar_load(vid: int, shape: Shape = shape) -> str:
+                ty = types[vid]
+                return from_storage(f"in{input_index[vid]}[{broadcast_index(tuple(ty.shape), shape, 'r')}]", ty.dtype)
+
+            chain = Chain(t, types, constants, math, scalar_load, preset=scalars)
+            more, values = chain.lines([n], [n.id], [], {}, "1", "    ")
+            lines.extend(more)
+            scalars[n.id] = values[n.id].replace("[j]", "[0]")
+            if n.id in output_index:
+                lines.append(f"    out{output_index[n.id]}[r] = {to_storage(scalars[n.id], n.type.dtype)};")
+
+    def row_pass(targets: list[int], stores: Mapping[int, Callable[[str], str]]) -> tuple[list[str], dict[int, str]]:
+        chain = Chain(tag(), types, constants, math, row_load, preset=scalars)
+        more, values = chain.lines(needed_for(targets), targets, ["const long long c = c0 + j;", f"const long long idx = r * {width}LL + c;"],
+                                   stores, "len", "      ")
+        return more, values
+
+    reduced_ready()
+    for red in reductions:
+        more, values = row_pass([red.args[0]], {})
+        acc = f"acc{red.id}"
+        lines += [f"    double {acc}[{lanes}];", f"    for (int l = 0; l < {lanes}; ++l) {acc}[l] = {init_value(red.op, False)};",
+                  f"    for (long long c0 = 0; c0 < {width}LL; c0 += SXB) {{", f"      const long long len = {width}LL - c0 < SXB ? {width}LL - c0 : SXB;",
+                  *more, *lane_loop(red.op, lanes, acc, values[red.args[0]][: -len("[j]")], "len", False, "      "), "    }",
+                  *tree(red.op, lanes, acc, "    ")]
+        value = f"(float){acc}[0]" if red.op != "mean" else f"(float)({acc}[0] / {width}.0)"
+        lines.append(f"    const float s{red.id} = {f'sx_bf16_round({value})' if red.type.dtype == DType.bf16 else value};")
+        scalars[red.id] = f"s{red.id}"
+        if red.id in output_index:
+            lines.append(f"    out{output_index[red.id]}[r] = {to_storage(scalars[red.id], red.type.dtype)};")
+        reduced_ready()
+    row_outputs = [v for v in group.outputs if v not in scalars]
+    if row_outputs:
+        stores = {v: (lambda name, v=v: f"out{output_index[v]}[idx] = {to_storage(name, types[v].dtype)};") for v in row_outputs}
+        more, _ = row_pass(row_outputs, stores)
+        lines += [f"    for (long long c0 = 0; c0 < {width}LL; c0 += SXB) {{", f"      const long long len = {width}LL - c0 < SXB ? {width}LL - c0 : SXB;",
+                  *more, "    }"]
+    body = ["  for (long long r = sx_begin; r < sx_end; ++r) {", *bases, *lines, "  }"]
+    return HostKernel(kernel.name, function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops)
+
+
+# -- attention ---------------------------------------------------------------------------------------------
+def attention_host(step: AttentionStep, program: Program, constants: dict[int, Node], kernels: list[KernelSource]) -> list[HostKernel]:
+    """Each CUDA thread's computation (a query's, or in the dk/dv pass a key's) over the same
+    tiles, with the tiles read straight from memory as f32 (what the device's shared memory
+    holds): the same operations in the same order."""
+    if isinstance(step, AttentionGradStep):
+        return [attention_dq_host(step, program, constants, kernels[0]), attention_dkv_host(step, program, constants, kernels[1])]
+    return [attention_forward_host(step, program, constants, kernels[0])]
+
+
+def prologue_functions(kernel: KernelSource, operands: Operands) -> tuple[str, dict[str, str]]:
+    """The CUDA kernel's lambdas `auto sx_q = [&](long long i) -> float { ... };` as static C
+    functions over the kernel's inputs in0..; and, per role, a C call taking index i."""
+    text = []
+    calls = {}
+    decls = [d for d in kernel.decls if d.split()[-1].startswith("in")]
+    for role in sorted(operands.computed):
+        lines = operands.lambdas
+        start = lines.index(f"  auto sx_{role} = [&](long long i) -> float {{")
+        stop = lines.index("  };", start)
+        params = ", ".join(decls)
+        text.append(f"static inline float sx_{role}_of_{kernel.name}({params}{', ' if params else ''}long long i) {{\n" + "\n".join(lines[start + 1 : stop]) + "\n}\n")
+        names = ", ".join(d.split()[-1] for d in decls)
+        calls[role] = f"sx_{role}_of_{kernel.name}({names}{', ' if names else ''}"
+    return "".join(text), calls
+
+
+class AttentionText:
+    """What the three attention kernels share on the host: the operands' loads, as f32."""
+
+    def __init__(self, step: AttentionStep, program: Program, constants: dict[int, Node], kernel: KernelSource, roles: tuple[str, ...]) -> None:
+        self.operands = Operands(step.node, program, constants, step.prologues, roles)
+        self.helpers, self.calls = prologue_functions(kernel, self.operands)
+
+    def load(self, role: str, index: str) -> str:
+        if role in self.operands.computed:
+            return f"{self.calls[role]}{index})"
+        return from_storage(f"{role}[{index}]", self.operands.dtype)
+
+
+def attention_forward_host(step: AttentionStep, program: Program, constants: dict[int, Node], kernel: KernelSource) -> HostKernel:
+    g = geometry(step.node, program.types(), step.tile)
+    text = AttentionText(step, program, constants, kernel, ("q", "k", "v"))
+    scale = literal(g.scale, DType.f32)
+    seen = f"({g.length}LL < (item % {g.tiles}LL + 1) * {g.tile}LL ? {g.length}LL : (item % {g.tiles}LL + 1) * {g.tile}LL)" if g.causal else f"{g.length}LL"
+    end = f"(k0 + {g.keys}LL < query + 1 ? k0 + {g.keys}LL : query + 1)" if g.causal else f"(k0 + {g.keys}LL < {g.length}LL ? k0 + {g.keys}LL : {g.length}LL)"
+    T, D, K = g.tile, g.width, g.keys
+    body = [
+        f"  float ks[{K * D}], vs[{K * D}], qr[{T}][{D}], acc[{T}][{D}], m[{T}], l[{T}], s[{K}];",
+        "  for (long long item = sx_begin; item < sx_end; ++item) {",
+        f"    const long long head = item / {g.tiles}LL, base = {g.base('head')}, q0 = (item % {g.tiles}LL) * {T}LL;",
+        f"    const int live = (int)({g.length}LL - q0 < {T}LL ? {g.length}LL - q0 : {T}LL);",
+        f"    for (int t = 0; t < live; ++t) {{ const long long query = q0 + t; for (int d = 0; d < {D}; ++d) {{ qr[t][d] = {text.load('q', f'base + query * {g.stride}LL + d')}; acc[t][d] = 0.0f; }} m[t] = -sx_inf(); l[t] = 0.0f; }}",
+        f"    for (long long k0 = 0; k0 < {seen}; k0 += {K}LL) {{",
+        f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = k0 + e / {D}; ks[e] = row < {g.length}LL ? {text.load('k', f'base + row * {g.stride}LL + e % {D}')} : 0.0f;"
+        f" vs[e] = row < {g.length}LL ? {text.load('v', f'base + row * {g.stride}LL + e % {D}')} : 0.0f; }}",
+        "      for (int t = 0; t < live; ++t) {",
+        "        const long long query = q0 + t;",
+        f"        const long long end = {end};",
+        "        if (end <= k0) continue;",
+        "        float top = m[t];",
+        f"        for (long long j = k0; j < end; ++j) {{ float dot = 0.0f; for (int d = 0; d < {D}; ++d) dot += qr[t][d] * ks[(j - k0) * {D} + d];"
+        f" s[j - k0] = dot * {scale}; top = sx_maxf(top, s[j - k0]); }}",
+        "        const float alpha = expf(m[t] - top);",
+        f"        l[t] *= alpha; for (int d = 0; d < {D}; ++d) acc[t][d] *= alpha;",
+        "        for (long long j = k0; j < end; ++j) {",
+        "          const float p = expf(s[j - k0] - top); l[t] += p;",
+        f"          for (int d = 0; d < {D}; ++d) acc[t][d] += p * vs[(j - k0) * {D} + d];",
+        "        }",
+        "        m[t] = top;",
+        "      }",
+        "    }",
+        f"    for (int t = 0; t < live; ++t) for (int d = 0; d < {D}; ++d) o[base + (q0 + t) * {g.stride}LL + d] = {to_storage('acc[t][d] / l[t]', g.dtype)};",
+        "  }",
+    ]
+    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops)
+
+
+def attention_dq_host(step: AttentionGradStep, program: Program, constants: dict[int, Node], kernel: KernelSource) -> HostKernel:
+    g = backward_geometry(step.node, program.types(), step.tile)
+    text = AttentionText(step, program, constants, kernel, ("q", "k", "v", "o", "g"))
+    scale = literal(g.scale, DType.f32)
+    rows = g.heads * g.length
+    T, D, K = g.tile, g.width, g.keys
+    seen = f"({g.length}LL < (item % {g.tiles}LL + 1) * {T}LL ? {g.length}LL : (item % {g.tiles}LL + 1) * {T}LL)" if g.causal else f"{g.length}LL"
+    end = f"(k0 + {K}LL < query + 1 ? k0 + {K}LL : query + 1)" if g.causal else f"(k0 + {K}LL < {g.length}LL ? k0 + {K}LL : {g.length}LL)"
+    at = f"base + query * {g.stride}LL + d"
+    load_tile = (f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = k0 + e / {D}; ks[e] = row < {g.length}LL ? {text.load('k', f'base + row * {g.stride}LL + e % {D}')} : 0.0f;"
+                 f" vs[e] = row < {g.length}LL ? {text.load('v', f'base + row * {g.stride}LL + e % {D}')} : 0.0f; }}")
+    body = [
+        f"  float ks[{K * D}], vs[{K * D}], qr[{T}][{D}], gr[{T}][{D}], dq[{T}][{D}], dsum[{T}], m[{T}], l[{T}], lse[{T}];",
+        "  for (long long item = sx_begin; item < sx_end; ++item) {",
+        f"    const long long head = item / {g.tiles}LL, base = {g.base('head')}, q0 = (item % {g.tiles}LL) * {T}LL;",
+        f"    const int live = (int)({g.length}LL - q0 < {T}LL ? {g.length}LL - q0 : {T}LL);",
+        "    for (int t = 0; t < live; ++t) {",
+        "      const long long query = q0 + t; dsum[t] = 0.0f;",
+        f"      for (int d = 0; d < {D}; ++d) {{ qr[t][d] = {text.load('q', at)}; gr[t][d] = {text.load('g', at)}; dq[t][d] = 0.0f; dsum[t] += gr[t][d] * {text.load('o', at)}; }}",
+        "      m[t] = -sx_inf(); l[t] = 0.0f;",
+        "    }",
+        f"    for (long long k0 = 0; k0 < {seen}; k0 += {K}LL) {{",
+        load_tile,
+        "      for (int t = 0; t < live; ++t) {",
+        f"        const long long query = q0 + t; const long long end = {end};",
+        f"        for (long long j = k0; j < end; ++j) {{ float dot = 0.0f; for (int d = 0; d < {D}; ++d) dot += qr[t][d] * ks[(j - k0) * {D} + d]; const float s = dot * {scale};"
+        " if (s > m[t]) { l[t] = l[t] * expf(m[t] - s) + 1.0f; m[t] = s; } else l[t] += expf(s - m[t]); }",
+        "      }",
+        "    }",
+        "    for (int t = 0; t < live; ++t) lse[t] = m[t] + logf(l[t]);",
+        f"    for (long long k0 = 0; k0 < {seen}; k0 += {K}LL) {{",
+        load_tile,
+        "      for (int t = 0; t < live; ++t) {",
+        f"        const long long query = q0 + t; const long long end = {end};",
+        "        for (long long j = k0; j < end; ++j) {",
+        f"          float dot = 0.0f; for (int d = 0; d < {D}; ++d) dot += qr[t][d] * ks[(j - k0) * {D} + d];",
+        f"          const float p = expf(dot * {scale} - lse[t]);",
+        f"          float dp = 0.0f; for (int d = 0; d < {D}; ++d) dp += gr[t][d] * vs[(j - k0) * {D} + d];",
+        "          const float ds = p * (dp - dsum[t]);",
+        f"          for (int d = 0; d < {D}; ++d) dq[t][d] += ds * ks[(j - k0) * {D} + d];",
+        "        }",
+        "      }",
+        "    }",
+        "    for (int t = 0; t < live; ++t) {",
+        "      const long long query = q0 + t;",
+        f"      for (int d = 0; d < {D}; ++d) out[{at}] = {to_storage(f'dq[t][d] * {scale}', g.dtype)};",
+        f"      stats[head * {g.length}LL + query] = lse[t]; stats[{rows}LL + head * {g.length}LL + query] = dsum[t];",
+        "    }",
+        "  }",
+    ]
+    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops)
+
+
+def attention_dkv_host(step: AttentionGradStep, program: Program, constants: dict[int, Node], kernel: KernelSource) -> HostKernel:
+    g = backward_geometry(step.node, program.types(), step.tile)
+    text = AttentionText(step, program, constants, kernel, ("q", "k", "v", "g"))
+    scale = literal(g.scale, DType.f32)
+    rows = g.heads * g.length
+    T, D, K = g.tile, g.width, g.keys
+    first = f"(item % {g.tiles}LL) * {T}LL" if g.causal else "0"
+    at = f"base + key * {g.stride}LL + d"
+    body = [
+        f"  float qs[{K * D}], gs[{K * D}], ls[{K}], ds_[{K}], kr[{T}][{D}], vr[{T}][{D}], dk[{T}][{D}], dv[{T}][{D}];",
+        "  for (long long item = sx_begin; item < sx_end; ++item) {",
+        f"    const long long head = item / {g.tiles}LL, base = {g.base('head')}, key0 = (item % {g.tiles}LL) * {T}LL;",
+        f"    const int live = (int)({g.length}LL - key0 < {T}LL ? {g.length}LL - key0 : {T}LL);",
+        "    for (int t = 0; t < live; ++t) {",
+        "      const long long key = key0 + t;",
+        f"      for (int d = 0; d < {D}; ++d) {{ kr[t][d] = {text.load('k', at)}; vr[t][d] = {text.load('v', at)}; dk[t][d] = 0.0f; dv[t][d] = 0.0f; }}",
+        "    }",
+        f"    for (long long q0 = {first}; q0 < {g.length}LL; q0 += {K}LL) {{",
+        f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = q0 + e / {D}; qs[e] = row < {g.length}LL ? {text.load('q', f'base + row * {g.stride}LL + e % {D}')} : 0.0f;"
+        f" gs[e] = row < {g.length}LL ? {text.load('g', f'base + row * {g.stride}LL + e % {D}')} : 0.0f; }}",
+        f"      for (long long e = 0; e < {K}LL; ++e) {{ const long long row = q0 + e; ls[e] = row < {g.length}LL ? stats[head * {g.length}LL + row] : 0.0f;"
+        f" ds_[e] = row < {g.length}LL ? stats[{rows}LL + head * {g.length}LL + row] : 0.0f; }}",
+        "      for (int t = 0; t < live; ++t) {",
+        "        const long long key = key0 + t;",
+        f"        const long long start = {'(q0 > key ? q0 : key)' if g.causal else 'q0'}, stop = q0 + {K}LL < {g.length}LL ? q0 + {K}LL : {g.length}LL;",
+        "        for (long long i = start; i < stop; ++i) {",
+        f"          const long long r = (i - q0) * {D};",
+        f"          float dot = 0.0f; for (int d = 0; d < {D}; ++d) dot += kr[t][d] * qs[r + d];",
+        f"          const float p = expf(dot * {scale} - ls[i - q0]);",
+        f"          float dp = 0.0f; for (int d = 0; d < {D}; ++d) {{ dv[t][d] += p * gs[r + d]; dp += gs[r + d] * vr[t][d]; }}",
+        "          const float ds = p * (dp - ds_[i - q0]);",
+        f"          for (int d = 0; d < {D}; ++d) dk[t][d] += ds * qs[r + d];",
+        "        }",
+        "      }",
+        "    }",
+        "    for (int t = 0; t < live; ++t) {",
+        "      const long long key = key0 + t;",
+        f"      for (int d = 0; d < {D}; ++d) {{ out[{g.elements}LL + {at}] = {to_storage(f'dk[t][d] * {scale}', g.dtype)}; out[{2 * g.elements}LL + {at}] = {to_storage('dv[t][d]', g.dtype)}; }}",
+        "    }",
+        "  }",
+    ]
+    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops)
+
+
+# -- every kernel of a step -------------------------------------------------------------------------------
+def host_kernels(step: Step, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
+    """STEP's kernels (KERNELS, the CUDA emitter's, in launch order) as host functions of the
+    same names and parameters."""
+    if isinstance(step, FusedGroup):
+        return [elementwise_host(step, program, constants, math, kernels[0])]
+    if isinstance(step, ReduceGroup):
+        return reduce_host(step, program, constants, math, kernels)
+    if isinstance(step, RowGroup):
+        return [rows_host(step, program, constants, math, kernels[0])]
+    if isinstance(step, AttentionStep):
+        return attention_host(step, program, constants, kernels)
+    return [thread_kernel(k) for k in kernels]

@@ -1,0 +1,230 @@
+"""The C part of the CPU device that no program generates: the kernels' thread pool and the
+tape runner, compiled once per machine (the toolchain's cache) like a kernel module.
+
+A program's tape is the list of its steps' launches, recorded once (device.py): generated
+kernels (a function over items [begin, end)) and gemms, each argument a base (0: the
+program's arena; k: its k-th input) plus a byte offset. `sx_run` walks it: a kernel whose work
+is large enough is split into SX_CHUNKS contiguous ranges of items per thread of the pool, which
+the caller and the awake workers claim in turn (items are independent: each is one CUDA thread's, warp's or block's work, so the split
+changes no bit), the others run on the calling thread; a gemm is one BLAS call per batch item
+from the calling thread, with the BLAS's own threads. The pool's threads spin between two
+kernels of one stretch (for at most SX_SPINS pauses, then they sleep) and sleep on a condition
+variable during a gemm and between runs, so they never compete with the BLAS's threads nor
+keep a busy machine's cores from its other work; the caller waiting for them yields its core
+after as long. A worker starts from the pool's first epoch, so a kernel launched before the
+OS ran the new thread is still its to do.
+
+bf16 gemms widen their operands to f32 into the program's workspace, call sgemm and round
+the f32 product to bf16 once: what cuBLAS computes with CUBLAS_COMPUTE_32F, and what the NumPy
+backend computes.
+"""
+
+RUNTIME_C = r"""
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define sx_pause() _mm_pause()
+#else
+#define sx_pause() ((void)0)
+#endif
+
+/* how long a thread spins before it sleeps (a worker between kernels) or yields (the caller
+   waiting for the workers): about 20-50 microseconds, the gap between two kernels of a
+   stretch, so a busy machine's other work gets the core back soon */
+#define SX_SPINS 20000
+/* chunks per thread of a kernel split between threads (claimed in turn, so a late thread takes fewer) */
+#define SX_CHUNKS 4
+
+typedef void (*sx_kernel)(void* const*, long long, long long);
+typedef void (*sx_sgemm64)(int, int, int, long long, long long, long long, float, const float*, long long, const float*, long long, float, float*, long long);
+typedef void (*sx_sgemm32)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
+
+typedef struct { long long base; long long offset; } sx_ref;
+typedef struct {
+  long long kind;  /* 0: a kernel, 1: a gemm */
+  long long nargs, first;  /* its refs: refs[first .. first + nargs) */
+  long long size, work;  /* items, and bytes + flops (threads only for work >= the pool's grain) */
+  void* fn;
+  long long op_a, op_b, m, n, k, lda, ldb, ldc, sa, sb, sc, oa, ob, oc, batch, in_bf16, out_bf16;
+} sx_op;
+
+typedef struct {
+  int threads;
+  long long grain;
+  pthread_t* ids;
+  pthread_mutex_t lock;
+  pthread_cond_t wake;
+  /* the current kernel's tickets: its epoch (bits 40-63), its chunks (20-39) and the next
+     chunk to claim (0-19), in one word so that a claim is always of the kernel it counts */
+  atomic_ullong ticket;
+  atomic_llong done;  /* chunks of the current kernel finished */
+  atomic_int busy;  /* 1 while a stretch of kernels runs: workers spin instead of sleeping */
+  atomic_int stop;
+  sx_kernel fn;
+  void* const* args;
+  long long size;
+} sx_pool;
+
+typedef struct { sx_pool* pool; int index; } sx_worker;
+
+static unsigned long long sx_epoch(unsigned long long ticket) { return ticket >> 40; }
+
+/* claim chunks of the current kernel and run them until none is left: the caller and every
+   worker that is awake share them, so a worker the OS has not scheduled delays nothing */
+static void sx_claim(sx_pool* p) {
+  for (;;) {
+    const unsigned long long t = atomic_fetch_add_explicit(&p->ticket, 1ULL, memory_order_acq_rel);
+    const long long k = (long long)(t & 0xFFFFFULL), n = (long long)((t >> 20) & 0xFFFFFULL);
+    if (k >= n) return;
+    const long long begin = p->size * k / n, end = p->size * (k + 1) / n;
+    if (end > begin) p->fn(p->args, begin, end);
+    atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+  }
+}
+
+static void* sx_work(void* arg) {
+  sx_worker* w = (sx_worker*)arg;
+  sx_pool* p = w->pool;
+  unsigned long long seen = 0;  /* the pool's first epoch: a kernel launched before this thread ran is still its to share */
+  for (;;) {
+    unsigned long long now = sx_epoch(atomic_load_explicit(&p->ticket, memory_order_acquire));
+    for (long spins = 0; now == seen && spins < SX_SPINS && atomic_load_explicit(&p->busy, memory_order_relaxed); ++spins) {
+      sx_pause();
+      now = sx_epoch(atomic_load_explicit(&p->ticket, memory_order_acquire));
+    }
+    if (now == seen) {
+      pthread_mutex_lock(&p->lock);
+      while (sx_epoch(atomic_load(&p->ticket)) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->wake, &p->lock);
+      pthread_mutex_unlock(&p->lock);
+      now = sx_epoch(atomic_load_explicit(&p->ticket, memory_order_acquire));
+    }
+    if (atomic_load(&p->stop)) break;
+    seen = now;
+    sx_claim(p);
+  }
+  free(w);
+  return NULL;
+}
+
+sx_pool* sx_pool_new(int threads, long long grain) {
+  sx_pool* p = (sx_pool*)calloc(1, sizeof(sx_pool));
+  p->threads = threads < 1 ? 1 : threads;
+  p->grain = grain;
+  pthread_mutex_init(&p->lock, NULL);
+  pthread_cond_init(&p->wake, NULL);
+  atomic_init(&p->ticket, 0ULL);
+  atomic_init(&p->done, 0);
+  atomic_init(&p->busy, 0);
+  atomic_init(&p->stop, 0);
+  p->ids = (pthread_t*)calloc((size_t)p->threads, sizeof(pthread_t));
+  for (int t = 1; t < p->threads; ++t) {
+    sx_worker* w = (sx_worker*)malloc(sizeof(sx_worker));
+    w->pool = p; w->index = t;
+    pthread_create(&p->ids[t], NULL, sx_work, w);
+  }
+  return p;
+}
+
+static void sx_publish(sx_pool* p, long long chunks) {
+  const unsigned long long epoch = (sx_epoch(atomic_load(&p->ticket)) + 1ULL) & 0xFFFFFFULL;
+  atomic_store_explicit(&p->ticket, (epoch << 40) | ((unsigned long long)chunks << 20), memory_order_release);
+  pthread_mutex_lock(&p->lock);
+  pthread_cond_broadcast(&p->wake);
+  pthread_mutex_unlock(&p->lock);
+}
+
+void sx_pool_free(sx_pool* p) {
+  atomic_store(&p->stop, 1);
+  sx_publish(p, 0);
+  for (int t = 1; t < p->threads; ++t) pthread_join(p->ids[t], NULL);
+  pthread_mutex_destroy(&p->lock);
+  pthread_cond_destroy(&p->wake);
+  free(p->ids);
+  free(p);
+}
+
+static void sx_parallel(sx_pool* p, sx_kernel fn, void* const* args, long long size) {
+  const long long chunks = size < SX_CHUNKS * p->threads ? size : SX_CHUNKS * p->threads;
+  p->fn = fn; p->args = args; p->size = size;
+  atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+  sx_publish(p, chunks);
+  sx_claim(p);
+  for (long spins = 0; atomic_load_explicit(&p->done, memory_order_acquire) != chunks; ++spins) {
+    if (spins < SX_SPINS) sx_pause();
+    else sched_yield();  /* a worker the OS stopped in the middle of a chunk (a busy machine): give it the core */
+  }
+}
+
+static float sx_widen(unsigned short h) { unsigned int u = ((unsigned int)h) << 16; float f; memcpy(&f, &u, 4); return f; }
+static unsigned short sx_narrow(float f) {
+  unsigned int u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (unsigned short)(u >> 16);
+}
+
+static void sx_sgemm(void* blas, int blas64, int op_a, int op_b, long long m, long long n, long long k, const float* a, long long lda,
+                     const float* b, long long ldb, float* c, long long ldc) {
+  const int ta = op_a ? 112 : 111, tb = op_b ? 112 : 111;
+  if (blas64) ((sx_sgemm64)blas)(102, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+  else ((sx_sgemm32)blas)(102, ta, tb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb, 0.0f, c, (int)ldc);
+}
+
+/* a column-major rows x cols bf16 matrix (leading dimension ld) widened into a dense f32 one */
+static void sx_widen_matrix(const unsigned short* x, long long rows, long long cols, long long ld, float* out) {
+  for (long long j = 0; j < cols; ++j) for (long long i = 0; i < rows; ++i) out[i + j * rows] = sx_widen(x[i + j * ld]);
+}
+
+static void sx_gemm(const sx_op* op, void* const* ptr, void* blas, int blas64, float* workspace) {
+  for (long long b = 0; b < op->batch; ++b) {
+    const long long ra = op->op_a ? op->k : op->m, ca = op->op_a ? op->m : op->k;
+    const long long rb = op->op_b ? op->n : op->k, cb = op->op_b ? op->k : op->n;
+    if (!op->in_bf16) {
+      const float* a = (const float*)ptr[0] + op->oa + b * op->sa;
+      const float* bm = (const float*)ptr[1] + op->ob + b * op->sb;
+      float* c = (float*)ptr[2] + op->oc + b * op->sc;
+      sx_sgemm(blas, blas64, (int)op->op_a, (int)op->op_b, op->m, op->n, op->k, a, op->lda, bm, op->ldb, c, op->ldc);
+      continue;
+    }
+    float* wa = workspace;
+    float* wb = wa + ra * ca;
+    float* wc = wb + rb * cb;
+    sx_widen_matrix((const unsigned short*)ptr[0] + op->oa + b * op->sa, ra, ca, op->lda, wa);
+    sx_widen_matrix((const unsigned short*)ptr[1] + op->ob + b * op->sb, rb, cb, op->ldb, wb);
+    if (op->out_bf16) {
+      sx_sgemm(blas, blas64, (int)op->op_a, (int)op->op_b, op->m, op->n, op->k, wa, ra, wb, rb, wc, op->m);
+      unsigned short* c = (unsigned short*)ptr[2] + op->oc + b * op->sc;
+      for (long long j = 0; j < op->n; ++j) for (long long i = 0; i < op->m; ++i) c[i + j * op->ldc] = sx_narrow(wc[i + j * op->m]);
+    } else {
+      float* c = (float*)ptr[2] + op->oc + b * op->sc;
+      sx_sgemm(blas, blas64, (int)op->op_a, (int)op->op_b, op->m, op->n, op->k, wa, ra, wb, rb, c, op->ldc);
+    }
+  }
+}
+
+int sx_run(sx_pool* pool, const sx_op* ops, long long count, const sx_ref* refs, void* const* bases, void** scratch, void* blas, int blas64,
+           float* workspace) {
+  for (long long i = 0; i < count; ++i) {
+    const sx_op* op = &ops[i];
+    for (long long a = 0; a < op->nargs; ++a) {
+      const sx_ref r = refs[op->first + a];
+      scratch[a] = (char*)bases[r.base] + r.offset;
+    }
+    if (op->kind == 1) {
+      atomic_store_explicit(&pool->busy, 0, memory_order_relaxed);
+      sx_gemm(op, scratch, blas, blas64, workspace);
+    } else if (pool->threads > 1 && op->size > 1 && op->work >= pool->grain) {
+      atomic_store_explicit(&pool->busy, 1, memory_order_relaxed);
+      sx_parallel(pool, (sx_kernel)op->fn, scratch, op->size);
+    } else if (op->size > 0) {
+      ((sx_kernel)op->fn)(scratch, 0, op->size);
+    }
+  }
+  atomic_store_explicit(&pool->busy, 0, memory_order_relaxed);
+  return 0;
+}
+"""

@@ -1,0 +1,138 @@
+"""The C compiler the CPU device compiles its kernels with, and the on-disk cache of what it
+compiled.
+
+The compiler is `$CC` when set, else the first of `cc`, `gcc` and `clang` on the PATH; it
+compiles with `-O3 -march=native` and the flags that keep the numbers NumPy's: no fused
+multiply-add (`-ffp-contract=off`: a*b+c rounds twice, as NumPy and the CUDA device compute
+it), wrapping signed integers (`-fwrapv`, as NumPy's), and nothing of `-ffast-math`.
+
+A compiled module is cached by the SHA-256 of its source, the compiler's identity (its path
+and `--version`), the flags and this CPU's model and features (what `-march=native` compiled
+for), in `$SEXPGPU_CACHE/kernels` (`~/.cache/sexpgpu/kernels` by default; the prepared-data
+cache is `$SEXPGPU_CACHE/data`). The compiler writes a temporary file that is then renamed to
+its name, so processes compiling the same module at once each get a whole library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional
+
+from ..backend import DeviceError
+
+CACHE_VARIABLE = "SEXPGPU_CACHE"
+COMPILER_VARIABLE = "CC"
+CANDIDATES = ("cc", "gcc", "clang")
+FLAGS = ("-std=gnu11", "-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fwrapv", "-fPIC", "-shared", "-pthread")
+
+
+class NoCompiler(DeviceError):
+    """No working C compiler here: the CPU device falls back to the NumPy backend."""
+
+
+def cache_folder(environ: Optional[Mapping[str, str]] = None) -> Path:
+    environ = os.environ if environ is None else environ
+    configured = environ.get(CACHE_VARIABLE)
+    return (Path(configured).expanduser() if configured else Path.home() / ".cache" / "sexpgpu") / "kernels"
+
+
+def cpu_signature() -> str:
+    """This CPU's model and feature flags (what -march=native compiles for)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            lines = [line for line in info if line.startswith(("model name", "flags"))][:2]
+        return "".join(lines)
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+
+
+@dataclass
+class Compiled:
+    """What compiling one module cost (for explain and the run's notice)."""
+
+    path: Path
+    seconds: float  # 0 when it came from the cache
+    cached: bool
+
+
+@dataclass
+class Toolchain:
+    """A working C compiler and the cache folder."""
+
+    compiler: str
+    version: str
+    cache: Path
+    flags: tuple[str, ...] = FLAGS
+    compiled: list[Compiled] = field(default_factory=list)
+
+    @property
+    def identity(self) -> str:
+        return f"{self.compiler}\n{self.version}\n{' '.join(self.flags)}\n{cpu_signature()}"
+
+    def describe(self) -> str:
+        return f"{self.compiler} ({self.version.splitlines()[0] if self.version else 'unknown version'})"
+
+    def build(self, source: str, kind: str = "kernels") -> Compiled:
+        """The shared library compiled from SOURCE (C), from the cache when it is there."""
+        digest = hashlib.sha256((self.identity + "\n" + source).encode()).hexdigest()[:32]
+        library = self.cache / f"{kind}-{digest}.so"
+        if library.exists():
+            done = Compiled(library, 0.0, True)
+            self.compiled.append(done)
+            return done
+        self.cache.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        fd, temp = tempfile.mkstemp(prefix=f".{kind}-{digest}-", suffix=".c", dir=self.cache)
+        out = temp[:-2] + ".so"
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(source)
+            result = subprocess.run([self.compiler, *self.flags, "-o", out, temp, "-lm"], capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"the C compiler refused a generated kernel module ({self.describe()}):\n{result.stderr[-4000:]}")
+            os.replace(out, library)
+        finally:
+            for leftover in (temp, out):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
+        done = Compiled(library, time.perf_counter() - start, False)
+        self.compiled.append(done)
+        return done
+
+
+def find_compiler(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The compiler's path: $CC, else cc, gcc or clang from the PATH; NoCompiler says why none."""
+    environ = os.environ if environ is None else environ
+    path = environ.get("PATH", os.defpath)
+    wanted = environ.get(COMPILER_VARIABLE, "").strip()
+    if wanted:
+        found = shutil.which(wanted.split()[0], path=path)
+        if found is None:
+            raise NoCompiler(f"$CC={wanted!r} is not a program on the PATH")
+        return found
+    for name in CANDIDATES:
+        found = shutil.which(name, path=path)
+        if found is not None:
+            return found
+    raise NoCompiler(f"no C compiler found ({', '.join(CANDIDATES)} on the PATH, or $CC)")
+
+
+def open_toolchain(environ: Optional[Mapping[str, str]] = None) -> Toolchain:
+    """The compiler, checked by asking its version; NoCompiler when there is none that runs."""
+    compiler = find_compiler(environ)
+    try:
+        result = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NoCompiler(f"the C compiler {compiler} does not run: {exc}") from None
+    if result.returncode != 0:
+        raise NoCompiler(f"the C compiler {compiler} does not run: {result.stderr.strip()[:200]}")
+    return Toolchain(compiler=compiler, version=result.stdout.strip(), cache=cache_folder(environ))
