@@ -294,7 +294,7 @@ def test_a_training_runs_curve_grows_while_the_page_watches(made: MadeStore, bro
             assert grown > first
             # read in one script: the page redraws the header as status arrives, so an element
             # found in one call can be gone by the next
-            state = until(browser, "const e = document.querySelector('main span.state'); return e ? e.textContent : ''", "the run's state shown")
+            state = until(browser, "const e = document.querySelector('main span.state'); return e && e.textContent !== '-' ? e.textContent : ''", "the run's state shown")
             assert state in ("running", "evaluating", "checkpointing"), state
             screenshot(browser, shots, "live")
     finally:
