@@ -76,9 +76,12 @@ class Ctx:
     tail_blocks: tuple[BlockInfo, ...] = ()  # blocks whose return-from can be a Python return
 
     def inner(self, **changes: Any) -> "Ctx":
-        values = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        values.update(changes)
-        return Ctx(**values)
+        # a copy with CHANGES (what dataclasses.replace does, without its cost: contexts are
+        # made for every form generated)
+        ctx = object.__new__(Ctx)
+        ctx.__dict__.update(self.__dict__)
+        ctx.__dict__.update(changes)
+        return ctx
 
 
 @dataclass

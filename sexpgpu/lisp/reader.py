@@ -223,6 +223,9 @@ class Reader:
                     if (stop >= n or text[stop] not in "\\|") and ":" not in token:
                         self.pos = stop
                         obj = NIL if token == "NIL" else self.symbols.intern(token)
+            elif c == "(" and depth < 2000:
+                self.pos += 1
+                obj = self.read_list_rest(elem_pos, depth + 1)
             if obj is _NOT_READ:
                 obj = self.read_form(depth + 1)
             if tail is None:
