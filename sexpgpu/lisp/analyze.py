@@ -44,6 +44,7 @@ SYSTEM_FILES = {"<prelude>"}
 LIBRARY_FILES = ("<prelude>", "sexpgpu/lib/")  # where a diagnostic also names the user's call
 _MISSING = object()
 _UNBOUND = object()
+_NO_SYMBOLS: frozenset[Symbol] = frozenset()
 
 SpecialForm = Callable[[Cons, Scope], Node]
 
@@ -164,6 +165,8 @@ def split_declarations(body: Any) -> tuple[list[Any], Any]:
 
 
 def declared_specials(decls: list[Any]) -> frozenset[Symbol]:
+    if not decls:
+        return _NO_SYMBOLS
     out: set[Symbol] = set()
     for decl in decls:
         for spec in _iter(decl.cdr):
@@ -285,6 +288,11 @@ class Analyzer:
                 return f[PARENT][PARENT][sym]
 
             return ref2
+        if depth == 3:
+            def ref3(f: Frame) -> Any:
+                return f[PARENT][PARENT][PARENT][sym]
+
+            return ref3
 
         def ref(f: Frame) -> Any:
             return frame_at(f, depth)[sym]
@@ -318,6 +326,18 @@ class Analyzer:
                     return v
 
                 return set0
+            if depth == 1:
+                def set1(f: Frame, v: Any) -> Any:
+                    f[PARENT][sym] = v
+                    return v
+
+                return set1
+            if depth == 2:
+                def set2(f: Frame, v: Any) -> Any:
+                    f[PARENT][PARENT][sym] = v
+                    return v
+
+                return set2
 
             def set_at(f: Frame, v: Any) -> Any:
                 frame_at(f, depth)[sym] = v
@@ -415,6 +435,11 @@ class Analyzer:
                 return f[PARENT][entry]
 
             return resolve1
+        if depth == 2:
+            def resolve2(f: Frame) -> Any:
+                return f[PARENT][PARENT][entry]
+
+            return resolve2
 
         def resolve(f: Frame) -> Any:
             return frame_at(f, depth)[entry]

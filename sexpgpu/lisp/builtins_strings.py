@@ -34,7 +34,11 @@ def _fold(c: str) -> str:
 def string_compare(name: str, op: Callable[[str, str], bool], fold: bool = False) -> Callable[..., Any]:
     """string= and friends: t/nil for the equalities, the mismatch index for the others."""
 
+    plain_equality = name == "string=" and not fold
+
     def compare(a: Any, b: Any, *args: Any) -> Any:
+        if plain_equality and not args and type(a) is str and type(b) is str:
+            return lbool(a == b)  # the common case (member ... :test #'string=), without the keys
         sa, sb = string_designator(name, 1, a), string_designator(name, 2, b)
         keys = parse_keys(name, args, {"START1", "END1", "START2", "END2"}, 3)
         s1, e1 = _bounds(name, keys, len(sa), "START1", "END1")

@@ -76,9 +76,12 @@ class Ctx:
     tail_blocks: tuple[BlockInfo, ...] = ()  # blocks whose return-from can be a Python return
 
     def inner(self, **changes: Any) -> "Ctx":
-        values = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        values.update(changes)
-        return Ctx(**values)
+        # a copy with CHANGES (what dataclasses.replace does, without its cost: contexts are
+        # made for every form generated)
+        ctx = object.__new__(Ctx)
+        ctx.__dict__.update(self.__dict__)
+        ctx.__dict__.update(changes)
+        return ctx
 
 
 @dataclass
@@ -154,12 +157,13 @@ class CodeGen:
             scope = Scope(scope, vars={v: SPECIAL for v in lam.free_specials})
         lambdas = self.analyzer.lambdas_made
         try:
-            unit = self.unit(lam.forms, scope, tagbody=None, params=[p.python for p in params])
+            source, namespace = self.unit_source(lam.forms, scope, tagbody=None, params=[p.python for p in params])
+            # known before compiling: Python's compile is most of a promotion's cost
+            if self.analyzer.lambdas_made != lambdas or any(p.captured for p in params):
+                return None
+            return self.load_unit(source, namespace)
         except CannotGenerate:
             return None
-        if self.analyzer.lambdas_made != lambdas or any(p.captured for p in params):
-            return None
-        return unit
 
     def tagbody_loop(self, items: list[Any], scope: Scope, info: TagbodyInfo, has_token: bool) -> Optional[Callable[[Any, int], Any]]:
         """A generated runner (f, pc) -> nil of a tagbody the closures run, or None. ITEMS
@@ -170,6 +174,11 @@ class CodeGen:
             return None
 
     def unit(self, forms: Any, scope: Scope, tagbody: Optional[tuple[TagbodyInfo, bool]], params: Optional[list[str]] = None) -> Any:
+        return self.load_unit(*self.unit_source(forms, scope, tagbody, params))
+
+    def unit_source(self, forms: Any, scope: Scope, tagbody: Optional[tuple[TagbodyInfo, bool]],
+                    params: Optional[list[str]] = None) -> tuple[str, dict[str, Any]]:
+        """The source of the Python function `_unit` for FORMS, and the namespace it runs in."""
         em = Emitter()
         ctx = Ctx(indent=2, frames=["f0"], entry=0, cursor=Cursor(Region(0)))
         self.singles = set()
@@ -192,8 +201,9 @@ class CodeGen:
             "    except OverflowError:",
             "        raise _overflow(_entries[_at]) from None",
         ]
-        source = em.source()
-        namespace = self.namespace(em)
+        return em.source(), self.namespace(em)
+
+    def load_unit(self, source: str, namespace: dict[str, Any]) -> Any:
         try:
             code = compile(source, "<sexpgpu generated>", "exec")
         except (SyntaxError, RecursionError, MemoryError, ValueError):

@@ -40,6 +40,10 @@ _MAX_NUMBER_DIGITS = 10_000
 _PLAIN_TOKEN = re.compile(r"[^ \t\n\r\f\v()'\";`,\\|]+")
 # whitespace and line comments (block comments take the slow path)
 _SKIP_START = " \t\n\r\f\v;#"
+# what cannot start a plain symbol: a terminating or escape character, `#`, and what starts
+# a number or a dotted token (these take read_form's way)
+_NOT_PLAIN_SYMBOL_START = "()'\";`,#\\|0123456789+-."
+_NOT_READ = object()
 _SKIPPABLE = re.compile(r"(?:[ \t\n\r\f\v]+|;[^\n]*)*")
 
 
@@ -47,24 +51,6 @@ _SKIPPABLE = re.compile(r"(?:[ \t\n\r\f\v]+|;[^\n]*)*")
 class ReadForm:
     form: Any
     loc: Loc
-
-
-class _Cells:
-    """Reading a list accumulates cells; the list's loc lives on the first."""
-
-    __slots__ = ("head", "tail")
-
-    def __init__(self) -> None:
-        self.head: Any = NIL
-        self.tail: Optional[Cons] = None
-
-    def append(self, obj: Any, loc: Loc) -> None:
-        cell = Cons(obj, NIL, loc)
-        if self.tail is None:
-            self.head = cell
-        else:
-            self.tail.cdr = cell
-        self.tail = cell
 
 
 class Reader:
@@ -78,11 +64,20 @@ class Reader:
         self.read_base = read_base  # *read-base*, for read-from-string
         self.pos = 0
         self._line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
+        self._last_pos = -1
+        self._last_loc = Loc(file, 1, 1)
 
     # -- positions -------------------------------------------------------------------
     def loc_at(self, pos: int) -> Loc:
+        # a list's paren is asked for twice in a row: by the list itself, then as its
+        # parent's element (Loc is immutable, so the two share one)
+        if pos == self._last_pos:
+            return self._last_loc
         i = bisect_right(self._line_starts, pos) - 1
-        return Loc(self.file, i + 1, pos - self._line_starts[i] + 1)
+        loc = Loc(self.file, i + 1, pos - self._line_starts[i] + 1)
+        self._last_pos = pos
+        self._last_loc = loc
+        return loc
 
     def error(self, code: str, message: str, pos: int) -> DiagnosticError:
         return DiagnosticError(Diagnostic.at(code, message, self.loc_at(pos)))
@@ -183,43 +178,66 @@ class Reader:
         return Cons(head, Cons(inner, NIL, self.loc_at(inner_start)), loc)
 
     def read_list_rest(self, open_pos: int, depth: int) -> Any:
-        cells = _Cells()
+        # The hot loop of reading: cells are linked here, and a plain symbol (the commonest
+        # element) is read inline; whatever else starts an element goes through read_form.
+        head: Any = NIL
+        tail: Optional[Cons] = None
         text = self.text
+        n = len(text)
+        plain_symbols = depth < 2000 and self.read_base == 10  # read_form(depth + 1) would check the depth
         while True:
-            self.skip_whitespace_and_comments()
-            if self.pos >= len(text):
-                raise self.error(
-                    "R001",
-                    f"unexpected end of input: the list opened at {self.loc_at(open_pos)} is not closed; add `)`",
-                    self.pos,
-                )
-            c = text[self.pos]
+            if self.pos >= n or text[self.pos] in _SKIP_START:
+                self.skip_whitespace_and_comments()
+                if self.pos >= n:
+                    raise self.error(
+                        "R001",
+                        f"unexpected end of input: the list opened at {self.loc_at(open_pos)} is not closed; add `)`",
+                        self.pos,
+                    )
+            elem_pos = self.pos
+            c = text[elem_pos]
             if c == ")":
                 self.pos += 1
                 break
-            if c == "." and self.is_lone_dot(self.pos):
-                dot_pos = self.pos
-                if cells.tail is None:
-                    raise self.error("R006", "a dot cannot start a list: write `(a . b)`", dot_pos)
+            if c == "." and self.is_lone_dot(elem_pos):
+                if tail is None:
+                    raise self.error("R006", "a dot cannot start a list: write `(a . b)`", elem_pos)
                 self.pos += 1
                 self.skip_whitespace_and_comments()
-                if self.pos < len(text) and text[self.pos] == ")":
+                if self.pos < n and text[self.pos] == ")":
                     raise self.error("R006", "expected a form after the dot in a dotted list", self.pos)
-                cells.tail.cdr = self.read_form(depth + 1)
+                tail.cdr = self.read_form(depth + 1)
                 self.skip_whitespace_and_comments()
-                if self.pos >= len(text):
+                if self.pos >= n:
                     raise self.error("R001", "unexpected end of input: expected `)` after the dotted tail", self.pos)
                 if text[self.pos] != ")":
                     raise self.error("R006", "expected `)` after the form that follows the dot", self.pos)
                 self.pos += 1
                 break
-            elem_pos = self.pos
-            obj = self.read_form(depth + 1)
-            cells.append(obj, self.loc_at(elem_pos))
-        head = cells.head
+            obj: Any = _NOT_READ
+            if plain_symbols and c not in _NOT_PLAIN_SYMBOL_START and not c.isdigit():
+                plain = _PLAIN_TOKEN.match(text, elem_pos)
+                if plain is not None:
+                    stop = plain.end()
+                    token = plain.group().upper()
+                    if (stop >= n or text[stop] not in "\\|") and ":" not in token:
+                        self.pos = stop
+                        obj = NIL if token == "NIL" else self.symbols.intern(token)
+            elif c == "(" and depth < 2000:
+                self.pos += 1
+                obj = self.read_list_rest(elem_pos, depth + 1)
+            if obj is _NOT_READ:
+                obj = self.read_form(depth + 1)
+            if tail is None:
+                # the first cell's loc is the list's own paren (set below); its element's start
+                # is one or more characters later and recoverable by scanning, which
+                # diagnostics don't need
+                head = tail = Cons(obj, NIL, None)
+            else:
+                cell = Cons(obj, NIL, self.loc_at(elem_pos))
+                tail.cdr = cell
+                tail = cell
         if type(head) is Cons:
-            # the first cell's loc is the list's own paren; its element's start is one or
-            # more characters later and recoverable by scanning, which diagnostics don't need
             head.loc = self.loc_at(open_pos)
         return head
 
