@@ -179,7 +179,8 @@ class Reader:
 
     def read_list_rest(self, open_pos: int, depth: int) -> Any:
         # The hot loop of reading: cells are linked here, and a plain symbol (the commonest
-        # element) is read inline; whatever else starts an element goes through read_form.
+        # element) and a nested list are read without read_form's dispatch; whatever else
+        # starts an element goes through read_form.
         head: Any = NIL
         tail: Optional[Cons] = None
         text = self.text
