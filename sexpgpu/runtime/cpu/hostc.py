@@ -42,7 +42,7 @@ from ...ir.graph import Node, Program, Shape, TensorType, shape_size
 from ...ir.ops import OpKind, op_def
 from ..cuda.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, geometry
 from ..cuda.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage
-from ..cuda.kernels import ReduceStrategy, piecewise, planned_strategy, reduce_geometry
+from ..cuda.kernels import ReduceStrategy, axis_coords, piecewise, planned_strategy, reduce_geometry
 from ..cuda.lowering import Step
 from ..cuda.row_kernel import BLOCK_ROWS, WARP_ROWS
 from ..cuda.steps import FusedGroup, ReduceGroup, RowGroup
@@ -483,16 +483,7 @@ def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node]
     axes, reduced_size, outputs, integer = reduce_geometry(group, types)
     strategy = strategy or planned_strategy(group, types)
     kept = [d for d in range(len(space)) if d not in axes]
-    mem = [1] * len(space)
-    for d in range(len(space) - 2, -1, -1):
-        mem[d] = mem[d + 1] * space[d + 1]
-
-    def coords(dims: list[int]) -> list[tuple[int, int, int]]:
-        out, stride = [], 1
-        for d in reversed(dims):
-            out.append((space[d], stride, mem[d]))
-            stride *= space[d]
-        return out
+    coords = axis_coords(space)
 
     index = {vid: k for k, vid in enumerate(group.inputs)}
 

@@ -164,6 +164,22 @@ def planned_strategy(group: Reduction, types: dict[int, TensorType]) -> ReduceSt
     return reduce_strategy(outputs, reduced, bool(axes) and axes[-1] == len(types[group.node.args[0]].shape) - 1, integer)
 
 
+def axis_coords(space: tuple[int, ...]) -> Callable[[list[int]], list[tuple[int, int, int]]]:
+    """For a row-major array of SPACE: given some of its axes, each axis's (extent, stride
+    among those axes, stride in memory), innermost first, to split a flat index over them."""
+    mem = [1] * len(space)
+    for d in range(len(space) - 2, -1, -1):
+        mem[d] = mem[d + 1] * space[d + 1]
+
+    def coords(dims: list[int]) -> list[tuple[int, int, int]]:
+        out, stride = [], 1
+        for d in reversed(dims):
+            out.append((space[d], stride, mem[d]))
+            stride *= space[d]
+        return out
+    return coords
+
+
 def reduce_kernels(group: Reduction, program: Program, constants: Optional[dict[int, Node]] = None,
                    strategy: Optional[ReduceStrategy] = None) -> list[KernelSource]:
     """A reduction as one kernel, or two when it is split (partial results per chunk, then
@@ -182,16 +198,7 @@ def reduce_kernels(group: Reduction, program: Program, constants: Optional[dict[
     axes, reduced_size, outputs, integer = reduce_geometry(group, types)
     strategy = strategy or planned_strategy(group, types)
     kept = [d for d in range(len(space)) if d not in axes]
-    mem = [1] * len(space)
-    for d in range(len(space) - 2, -1, -1):
-        mem[d] = mem[d + 1] * space[d + 1]
-
-    def coords(dims: list[int]) -> list[tuple[int, int, int]]:
-        out, stride = [], 1
-        for d in reversed(dims):
-            out.append((space[d], stride, mem[d]))
-            stride *= space[d]
-        return out
+    coords = axis_coords(space)
 
     # integers stay exact only in a thread's 64-bit accumulator (the lanes' tree and the chunks' partials are f64)
     if integer and (strategy.lanes != "thread" or strategy.split > 1) or strategy.split > reduced_size:
