@@ -499,6 +499,8 @@ class Analyzer:
             sub, _ = self.bind_plan(p, current, specials)
             return sub
 
+        if ll.environment is not None:  # bound before the others (CLHS 3.4.4), so defaults see it
+            add(ll.environment)
         if ll.whole is not None:
             plan.whole = pattern_of(ll.whole)
             add(ll.whole)
@@ -523,8 +525,6 @@ class Analyzer:
         for var, form in ll.aux:
             plan.aux.append((var, self.analyze(form, current)))
             add(var)
-        if ll.environment is not None:
-            add(ll.environment)
         return plan, current
 
     # -- special forms -----------------------------------------------------------------------

@@ -48,8 +48,11 @@ def add(*xs: Any) -> Any:
             if r == _INF or r == -_INF:
                 return finite("+", r)
             return r
-    total: Any = 0
-    for i, x in enumerate(xs, 1):
+    if not xs:
+        return 0
+    # the first argument starts the sum, so that (+ -0.0) is -0.0, as 0 + -0.0 would not be
+    total: Any = need_number("+", 1, xs[0])
+    for i, x in enumerate(xs[1:], 2):
         total = total + need_number("+", i, x)
     return finite("+", norm(total))
 
@@ -585,18 +588,26 @@ CONSTANTS: dict[str, Any] = {
     "LEAST-POSITIVE-DOUBLE-FLOAT": 5e-324,
     "LEAST-POSITIVE-NORMALIZED-DOUBLE-FLOAT": 2.2250738585072014e-308,
     "DOUBLE-FLOAT-EPSILON": 1.1102230246251568e-16,
-    "DOUBLE-FLOAT-NEGATIVE-EPSILON": 5.551115123125783e-17,
+    "DOUBLE-FLOAT-NEGATIVE-EPSILON": 5.551115123125784e-17,
     "LEAST-NEGATIVE-DOUBLE-FLOAT": -5e-324,
     "LEAST-NEGATIVE-NORMALIZED-DOUBLE-FLOAT": -2.2250738585072014e-308,
-    # long floats are double floats, as in SBCL
-    "MOST-POSITIVE-LONG-FLOAT": 1.7976931348623157e308,
-    "MOST-NEGATIVE-LONG-FLOAT": -1.7976931348623157e308,
-    "LEAST-POSITIVE-LONG-FLOAT": 5e-324,
-    "LEAST-POSITIVE-NORMALIZED-LONG-FLOAT": 2.2250738585072014e-308,
-    "LEAST-NEGATIVE-LONG-FLOAT": -5e-324,
-    "LEAST-NEGATIVE-NORMALIZED-LONG-FLOAT": -2.2250738585072014e-308,
-    "LONG-FLOAT-EPSILON": 1.1102230246251568e-16,
-    "LONG-FLOAT-NEGATIVE-EPSILON": 5.551115123125783e-17,
+    # long floats are double floats, as in SBCL; so are short and single floats here (1.5f0 and
+    # 1.5s0 read as doubles), so their limits are the double's: (+ 1.0f0 single-float-epsilon)
+    # differs from 1.0f0 and (+ 1.0f0 (/ single-float-epsilon 2)) does not
+    **{
+        f"{name}-{fmt}-FLOAT{suffix}": value
+        for fmt in ("SHORT", "SINGLE", "LONG")
+        for name, suffix, value in (
+            ("MOST-POSITIVE", "", 1.7976931348623157e308),
+            ("MOST-NEGATIVE", "", -1.7976931348623157e308),
+            ("LEAST-POSITIVE", "", 5e-324),
+            ("LEAST-POSITIVE-NORMALIZED", "", 2.2250738585072014e-308),
+            ("LEAST-NEGATIVE", "", -5e-324),
+            ("LEAST-NEGATIVE-NORMALIZED", "", -2.2250738585072014e-308),
+        )
+    },
+    **{f"{fmt}-FLOAT-EPSILON": 1.1102230246251568e-16 for fmt in ("SHORT", "SINGLE", "LONG")},
+    **{f"{fmt}-FLOAT-NEGATIVE-EPSILON": 5.551115123125784e-17 for fmt in ("SHORT", "SINGLE", "LONG")},
     **{f"BOOLE-{name}": i for i, name in enumerate(BOOLE_NAMES)},
 }
 

@@ -198,6 +198,17 @@ def install(reg: Registry) -> None:
     add("%defun", p_defun)
     add("%set-symbol-function", p_set_symbol_function)
     add("%defsetf-function", p_defsetf_function)
+
+    def p_define_setf_expander(name: Any, expander: Any) -> Any:
+        need_symbol("define-setf-expander", 1, name)
+        interp.setf_expanders[name] = interp.function_value(expander)
+        return name
+
+    def p_setf_expander(name: Any) -> Any:
+        return interp.setf_expanders.get(name, NIL) if type(name) is Symbol else NIL
+
+    add("%define-setf-expander", p_define_setf_expander)
+    add("%setf-expander", p_setf_expander)
     add("%defvar", p_defvar)
     add("%special-p", p_special_p)
     add("%declare-special", p_declare_special)
@@ -210,6 +221,13 @@ def install(reg: Registry) -> None:
             return None
         entry, _ = env.scope.find_fun(name)
         return entry
+
+    def local_function_p(name: Any, env: Any) -> Any:
+        """Whether ENV binds NAME as a local function (flet, labels), which shadows a setf expander."""
+        entry = local_definition(env, name)
+        return lbool(entry is not None and type(entry) is not Macro)
+
+    add("%local-function-p", local_function_p)
 
     def macroexpand_1(form: Any, env: Any = NIL) -> Any:
         scope = env.scope if type(env) is LexicalEnvironment else None
@@ -237,11 +255,23 @@ def install(reg: Registry) -> None:
             expanded_any = True
         return MultipleValues((form, lbool(expanded_any)))
 
+    def expander_function(macro: Macro) -> Builtin:
+        """What funcall makes of a macro function: the expander itself, called as CLHS says
+        with the whole form and an environment (two arguments, no fewer, no more)."""
+
+        def expand(form: Any, env: Any) -> Any:
+            if type(form) is not Cons:
+                raise lisp_error("E103", f"the expander of `{short(macro.name)}` takes a macro form, not {short(form)}", "TYPE-ERROR", form)
+            return interp.call_macro(macro, form, env.scope if type(env) is LexicalEnvironment else None)
+
+        return Builtin(f"expander of {short(macro.name)}", expand, 2, 2)
+
     def macro_function(name: Any, env: Any = NIL) -> Any:
         local = local_definition(env, need_symbol("macro-function", 1, name))
         if local is not None:
-            return local if type(local) is Macro else NIL
-        return interp.macros.get(name, NIL)
+            return expander_function(local) if type(local) is Macro else NIL
+        macro = interp.macros.get(name)
+        return NIL if macro is None else expander_function(macro)
 
     def lisp_eval(form: Any) -> Any:
         return interp.ev(form)
@@ -417,6 +447,12 @@ def install(reg: Registry) -> None:
 
         return read
 
+    def p_coerce_condition(datum: Any, args: Any, default_type: Any) -> Any:
+        """The condition error, signal or warn would make of DATUM and ARGS (restart-case
+        makes it first, to associate its restarts with it)."""
+        return make_condition(default_type.lower(), datum, tuple(list_items("restart-case", 2, args)), default_type)
+
+    add("%coerce-condition", p_coerce_condition)
     add("error", lisp_error_fn)
     add("signal", signal)
     add("%signal", p_signal)

@@ -90,6 +90,7 @@ class Interpreter:
         self.specials: set[Symbol] = set()
         self.constants: set[Symbol] = {T, NIL}
         self.setf_functions: dict[Symbol, Any] = {}
+        self.setf_expanders: dict[Symbol, Any] = {}  # made by defsetf and define-setf-expander
         self.structs: dict[Symbol, StructType] = {}
         self.plists: dict[Symbol, Any] = {}  # each symbol's property list
         # the active handlers, innermost last: a handler-case's clause types, or a handler-bind's cluster

@@ -52,7 +52,9 @@ class LambdaList:
         return len(self.required) + len(self.optional)
 
     def variables(self) -> list[Symbol]:
-        out: list[Symbol] = []
+        out: list[Symbol] = [self.environment] if self.environment is not None else []
+        if self.whole is not None:
+            out += _pattern_vars(self.whole)
         for p in self.required:
             out += _pattern_vars(p)
         for o in self.optional:
@@ -123,7 +125,7 @@ def _next_state(name: str, state: str, ll: LambdaList, macro: bool) -> str:
     target = {"&OPTIONAL": "optional", "&REST": "rest", "&BODY": "rest", "&KEY": "key", "&AUX": "aux", "&WHOLE": "whole", "&ENVIRONMENT": "environment"}[name]
     if target == "environment":
         return "environment"
-    if target == "whole" and state != "required":
+    if target == "whole" and (state != "required" or ll.required):
         raise _bad("&whole must come first in a lambda list")
     if state in order and order.index(target) <= order.index(state):
         raise _bad(f"{name.lower()} is out of order in the lambda list")
@@ -139,7 +141,8 @@ def _variable(x: Any) -> Symbol:
 
 
 def _pattern(x: Any, keyword: Any, macro: bool) -> Pattern:
-    if macro and (type(x) is Cons or x is NIL) and x is not NIL:
+    if macro and (type(x) is Cons or x is NIL):
+        # in a destructuring lambda list, () is the pattern that matches only an empty list
         return parse_lambda_list(x, keyword, macro=True)
     return _variable(x)
 

@@ -176,7 +176,7 @@ def _shown(key: str) -> str:
 
 
 def _defined(interp: "Interpreter", sym: Symbol) -> bool:
-    return any(sym in d for d in (interp.functions, interp.macros, interp.values, interp.structs, interp.setf_functions))
+    return any(sym in d for d in (interp.functions, interp.macros, interp.values, interp.structs, interp.setf_functions, interp.setf_expanders))
 
 
 def publish_exports(interp: "Interpreter", table: SymbolTable) -> None:

@@ -113,12 +113,15 @@
 (defmacro multiple-value-list (form)
   `(multiple-value-call #'list ,form))
 
-(defmacro multiple-value-setq (vars form)
-  ;; returns the primary value of FORM, whatever the variables
-  (let ((temps (%gensym-list (length vars))) (g (gensym "PRIMARY")))
-    `(multiple-value-bind (,g ,@(cdr temps)) ,form
-       ,@(mapcar (lambda (v tmp) `(setq ,v ,tmp)) vars (cons g (cdr temps)))
-       ,g)))
+(defmacro multiple-value-setq (&environment env vars form)
+  ;; returns the primary value of FORM, whatever the variables. A variable that is a symbol
+  ;; macro is a place: its subforms are evaluated before FORM, as (setf (values ...) form) does
+  (if (some (lambda (v) (nth-value 1 (macroexpand-1 v env))) vars)
+      `(values (setf (values ,@vars) ,form))
+      (let ((temps (%gensym-list (length vars))) (g (gensym "PRIMARY")))
+        `(multiple-value-bind (,g ,@(cdr temps)) ,form
+           ,@(mapcar (lambda (v tmp) `(setq ,v ,tmp)) vars (cons g (cdr temps)))
+           ,g))))
 
 (defmacro nth-value (n form)
   `(nth ,n (multiple-value-list ,form)))
@@ -163,21 +166,43 @@
     `(let ((,g ,keyform))
        (cond ,@(%case-clauses g clauses t)))))
 
-(defun %ecase-expansion (keyform clauses name)
+(defun %correctable (place make-body)
+  ;; ccase, ctypecase, check-type: MAKE-BODY, given the error form for a failed test, makes
+  ;; the test; the error offers a store-value restart that stores into PLACE and tests again
+  (if (null place)
+      (funcall make-body (lambda (error-form) error-form))
+      (let ((block (gensym "CORRECTABLE")) (again (gensym "AGAIN")) (v (gensym "VALUE")))
+        `(block ,block
+           (tagbody
+              ,again
+              (return-from ,block
+                ,(funcall make-body
+                          (lambda (error-form)
+                            `(restart-case ,error-form
+                               (store-value (,v)
+                                 :report (lambda (s) (format s "Supply a new value of ~s." ',place))
+                                 (setf ,place ,v)
+                                 (go ,again)))))))))))
+
+(defun %ecase-expansion (keyform clauses name &optional place)
   (let ((g (gensym "KEY")) (keys (%case-keys clauses)))
-    `(let ((,g ,keyform))
-       (cond ,@(%case-clauses g clauses nil)
-             (t (error 'type-error
-                       :format-control ,(concatenate 'string "~s fell through " name ": expected one of ~{~s~^, ~}")
-                       :format-arguments (list ,g ',keys)
-                       :datum ,g :expected-type '(member ,@keys)))))))
+    (%correctable
+     place
+     (lambda (wrap)
+       `(let ((,g ,keyform))
+          (cond ,@(%case-clauses g clauses nil)
+                (t ,(funcall wrap
+                             `(error 'type-error
+                                     :format-control ,(concatenate 'string "~s fell through " name ": expected one of ~{~s~^, ~}")
+                                     :format-arguments (list ,g ',keys)
+                                     :datum ,g :expected-type '(member ,@keys))))))))))
 
 (defmacro ecase (keyform &rest clauses)
   (%ecase-expansion keyform clauses "ecase"))
 
 (defmacro ccase (keyplace &rest clauses)
-  ;; no restarts: a ccase that no clause matches signals its type-error like ecase
-  (%ecase-expansion keyplace clauses "ccase"))
+  ;; like ecase, with a store-value restart that sets KEYPLACE and tries again
+  (%ecase-expansion keyplace clauses "ccase" keyplace))
 
 (defmacro typecase (keyform &rest clauses)
   (let ((g (gensym "KEY")))
@@ -188,20 +213,24 @@
                              `((typep ,g ',(car clause)) nil ,@(cdr clause))))
                        clauses)))))
 
-(defun %etypecase-expansion (keyform clauses name)
+(defun %etypecase-expansion (keyform clauses name &optional place)
   (let ((g (gensym "KEY")) (types (mapcar #'car clauses)))
-    `(let ((,g ,keyform))
-       (cond ,@(mapcar (lambda (clause) `((typep ,g ',(car clause)) nil ,@(cdr clause))) clauses)
-             (t (error 'type-error
-                       :format-control ,(concatenate 'string "~s fell through " name ": expected one of the types ~{~s~^, ~}")
-                       :format-arguments (list ,g ',types)
-                       :datum ,g :expected-type '(or ,@types)))))))
+    (%correctable
+     place
+     (lambda (wrap)
+       `(let ((,g ,keyform))
+          (cond ,@(mapcar (lambda (clause) `((typep ,g ',(car clause)) nil ,@(cdr clause))) clauses)
+                (t ,(funcall wrap
+                             `(error 'type-error
+                                     :format-control ,(concatenate 'string "~s fell through " name ": expected one of the types ~{~s~^, ~}")
+                                     :format-arguments (list ,g ',types)
+                                     :datum ,g :expected-type '(or ,@types))))))))))
 
 (defmacro etypecase (keyform &rest clauses)
   (%etypecase-expansion keyform clauses "etypecase"))
 
 (defmacro ctypecase (keyplace &rest clauses)
-  (%etypecase-expansion keyplace clauses "ctypecase"))
+  (%etypecase-expansion keyplace clauses "ctypecase" keyplace))
 
 ;;; ------------------------------------------------------------------------------------------
 ;;; prog, types, hash-table iteration
@@ -245,16 +274,54 @@
          ,@body))))
 
 (defmacro defsetf (access &rest rest)
-  ;; the short form (defsetf access update): (update args... value)
+  ;; a setf expander for (ACCESS args...): the arguments are evaluated once, left to right,
+  ;; then the new value. The short form (defsetf access update [doc]) stores with the function
+  ;; or macro UPDATE as (update args... value); the long form
+  ;; (defsetf access lambda-list (store...) body) runs BODY to make the storing form.
   (if (and rest (symbolp (car rest)))
-      (let ((update (car rest)) (value (gensym "VALUE")) (args (gensym "ARGS")))
-        `(progn (defun (setf ,access) (,value &rest ,args) (apply #',update (append ,args (list ,value))))
+      (let ((update (car rest)))
+        `(progn (%define-setf-expander
+                 ',access
+                 (lambda (place env)
+                   (declare (ignore env))
+                   (let ((temps (mapcar (lambda (a) (declare (ignore a)) (gensym "ARG")) (cdr place)))
+                         (store (gensym "NEW")))
+                     (values temps (cdr place) (list store)
+                             (append (list ',update) temps (list store))
+                             (cons ',access temps)))))
                 ',access))
-      (destructuring-bind (lambda-list (store) &body body) rest
-        (let ((args (gensym "ARGS")))
-          `(progn (defun (setf ,access) (,store &rest ,args)
-                    (apply (lambda ,lambda-list ,@body) ,args))
-                  ',access)))))
+      (destructuring-bind (lambda-list stores &body body) rest
+        (multiple-value-bind (decls forms) (%split-body body)
+          (let ((env-var (cadr (member '&environment lambda-list)))
+                (params (let ((tail (member '&environment lambda-list)))
+                          (if tail (append (ldiff lambda-list tail) (cddr tail)) lambda-list))))
+            `(progn (%define-setf-expander
+                     ',access
+                     (lambda (place ,(or env-var (gensym "ENV")))
+                       (let ((temps (mapcar (lambda (a) (declare (ignore a)) (gensym "ARG")) (cdr place)))
+                             (store-vars (mapcar (lambda (s) (declare (ignore s)) (gensym "NEW")) ',stores)))
+                         (values temps (cdr place) store-vars
+                                 (apply (lambda (,@stores ,@params) ,@(remove-if #'stringp decls) ,@forms)
+                                        (append store-vars temps))
+                                 (cons ',access temps)))))
+                    ',access))))))
+
+(defmacro define-setf-expander (access lambda-list &body body)
+  ;; BODY returns the five values of get-setf-expansion for a place (ACCESS args...)
+  (let ((env-var (or (cadr (member '&environment lambda-list)) (gensym "ENV")))
+        (params (let ((tail (member '&environment lambda-list)))
+                  (if tail (append (ldiff lambda-list tail) (cddr tail)) lambda-list)))
+        (place (gensym "PLACE")))
+    (multiple-value-bind (decls forms) (%split-body body)
+      `(progn (%define-setf-expander
+               ',access
+               (lambda (,place ,env-var)
+                 (declare (ignorable ,env-var))
+                 (destructuring-bind ,params (cdr ,place) ,@(remove-if #'stringp decls) ,@forms)))
+              ',access))))
+
+(defun get-setf-expansion (place &optional env)
+  (%place place env))
 
 ;;; ------------------------------------------------------------------------------------------
 ;;; Iteration
@@ -430,6 +497,8 @@
          ((%name= op "VALUES") (%values-place place env))
          ((%name= op "THE") (%the-place place env))
          ((or (%name= op "LDB") (%name= op "MASK-FIELD")) (%byte-place place env))
+         ((and (symbolp op) (not (%local-function-p op env)) (%setf-expander op))
+          (funcall (%setf-expander op) place env))
          ((%direct-store op)
           (multiple-value-bind (temps forms refs) (%place-temps (cdr place))
             (let ((store (gensym "NEW")))
@@ -464,7 +533,10 @@
       (multiple-value-bind (temps forms stores store-form access) (%place p env)
         (setq all-temps (append all-temps temps) all-forms (append all-forms forms))
         (push (car stores) all-stores)
-        (push store-form store-forms)
+        ;; a place with several stores, such as a nested (values b c), gets one value: its
+        ;; first store takes it and the others are nil (CLHS 5.1.2.3)
+        (push (if (cdr stores) `(let ,(mapcar #'list (cdr stores) (mapcar (constantly nil) (cdr stores))) ,store-form) store-form)
+              store-forms)
         (push access accesses)))
     (values all-temps all-forms (reverse all-stores)
             `(progn ,@(reverse store-forms) (values ,@(reverse all-stores)))
@@ -567,40 +639,48 @@
     (loop (when (null pairs) (return))
           (multiple-value-bind (temps forms store-vars store-form) (%place (car pairs) env)
             (setq bindings (append bindings (mapcar #'list temps forms)))
-            (let ((g (gensym "VALUE")))
-              (setq bindings (append bindings (list (list g (car (cdr pairs))))))
-              (push (%store store-vars g store-form) stores)))
+            (let ((g (gensym "VALUE")) (several (cdr store-vars)))
+              ;; a place with several stores, (values a b), keeps all the values of its form
+              (setq bindings (append bindings (list (list g (if several `(multiple-value-list ,(car (cdr pairs))) (car (cdr pairs)))))))
+              (push (%store store-vars (if several `(values-list ,g) g) store-form) stores)))
           (setq pairs (cdr (cdr pairs))))
     `(let* ,bindings ,@(reverse stores) nil)))
 
-(defun %shift-places (places env)
-  ;; (values bindings accesses store-makers): each place read once, in order
+(defun %shift-places (places env lists)
+  ;; (values bindings accesses store-makers): each place read once, in order. With LISTS, each
+  ;; value read is the list of all its values (for places with several stores: (values a b))
   (let ((bindings nil) (values-read nil) (makers nil))
     (dolist (p places)
       (multiple-value-bind (temps forms stores store-form access) (%place p env)
         (setq bindings (append bindings (mapcar #'list temps forms)))
         (let ((g (gensym "OLD")))
-          (setq bindings (append bindings (list (list g access))))
+          (setq bindings (append bindings (list (list g (if lists `(multiple-value-list ,access) access)))))
           (push g values-read)
-          (push (let ((s stores) (f store-form)) (lambda (value) (%store s value f))) makers))))
+          (push (let ((s stores) (f store-form))
+                  (lambda (value) (%store s (if lists `(values-list ,value) value) f)))
+                makers))))
     (values bindings (reverse values-read) (reverse makers))))
+
+(defun %some-place-stores-several (places env)
+  (some (lambda (p) (cdr (nth-value 2 (%place p env)))) places))
 
 (defmacro rotatef (&environment env &rest places)
   (if (null (cdr places))
       nil
-      (multiple-value-bind (bindings olds makers) (%shift-places places env)
+      (multiple-value-bind (bindings olds makers) (%shift-places places env (%some-place-stores-several places env))
         `(let* ,bindings
            ,@(mapcar (lambda (maker value) (funcall maker value))
                      makers (append (cdr olds) (list (car olds))))
            nil))))
 
 (defmacro shiftf (&environment env &rest places-and-value)
-  (let ((places (butlast places-and-value)) (value (car (last places-and-value))))
-    (multiple-value-bind (bindings olds makers) (%shift-places places env)
+  (let* ((places (butlast places-and-value)) (value (car (last places-and-value)))
+         (lists (%some-place-stores-several places env)))
+    (multiple-value-bind (bindings olds makers) (%shift-places places env lists)
       (let ((new (gensym "NEW")))
-        `(let* (,@bindings (,new ,value))
+        `(let* (,@bindings (,new ,(if lists `(multiple-value-list ,value) value)))
            ,@(mapcar (lambda (maker v) (funcall maker v)) makers (append (cdr olds) (list new)))
-           ,(car olds))))))
+           ,(if lists `(values-list ,(car olds)) (car olds)))))))
 
 (defmacro define-modify-macro (name lambda-list function &optional doc)
   (declare (ignore doc))
@@ -627,14 +707,19 @@
       `(unless ,test (error "The assertion ~s failed." ',test))))
 
 (defmacro check-type (place type &optional type-string)
+  ;; with a store-value restart that sets PLACE and checks again
   (let ((v (gensym "VALUE")))
-    `(let ((,v ,place))
-       (unless (typep ,v ',type)
-         (error 'type-error
-                :format-control "The value of ~s is ~s, which is not ~a."
-                :format-arguments (list ',place ,v ,(or type-string (format nil "of type ~s" type)))
-                :datum ,v :expected-type ',type))
-       nil)))
+    (%correctable
+     place
+     (lambda (wrap)
+       `(let ((,v ,place))
+          (unless (typep ,v ',type)
+            ,(funcall wrap
+                      `(error 'type-error
+                              :format-control "The value of ~s is ~s, which is not ~a."
+                              :format-arguments (list ',place ,v ,(or type-string (format nil "of type ~s" type)))
+                              :datum ,v :expected-type ',type)))
+          nil)))))
 
 ;;; ------------------------------------------------------------------------------------------
 ;;; Structures
@@ -898,6 +983,7 @@
         (finally nil)
         (accumulators nil)   ; (var class tail flag)
         (default-acc nil)    ; the accumulator of clauses without into
+        (boolean-clause nil) ; an always, never or thereis clause, which returns a boolean
         (result-form nil)
         (next-tag (gensym "NEXT"))
         (end (gensym "END")))
@@ -1190,21 +1276,24 @@
           (:while (next) (push (end-test `(not ,(next))) body))
           (:until (next) (push (end-test (next)) body))
           (:always
-           (next)
+           (next) (setq boolean-clause "always")
            (push `(unless ,(next) (return-from ,name nil)) body)
            (unless default-acc (setq result-form t)))
           (:never
-           (next)
+           (next) (setq boolean-clause "never")
            (push `(when ,(next) (return-from ,name nil)) body)
            (unless default-acc (setq result-form t)))
           (:thereis
-           (next)
+           (next) (setq boolean-clause "thereis")
            (let ((v (gensym "V")))
              (push `(let ((,v ,(next))) (when ,v (return-from ,name ,v))) body)))
           (:initially (next) (setq initially (append initially (compound-forms))))
           (:finally (next) (setq finally (append finally (compound-forms))))
           (:named (%loop-error "named must be the first clause"))
           (t (push (parse-selectable nil) body))))
+      ;; CLHS 6.1.4: both would return the loop's value
+      (when (and boolean-clause default-acc)
+        (%loop-error "~a and an accumulation clause without into cannot be in one loop" boolean-clause))
       (let ((expansion
               `(block ,name
                  (let* ,(reverse bindings)
@@ -1234,14 +1323,16 @@
 
 ;;; Restarts (CLHS 9.1.4.2): a restart is a name and a function, active while its
 ;;; restart-bind or restart-case form runs.
-(defstruct restart name function (test nil) (report nil))
+(defstruct restart name function (test nil) (report nil) (interactive nil) (conditions nil))
 
 (defvar *%restarts* nil)
 
 (defun %restart-options (options)
   ;; (:report-function f :test-function g ...) of restart-bind -> the args to make-restart
-  (let ((test (getf options :test-function)) (report (getf options :report-function)))
-    `(,@(if test `(:test ,test) nil) ,@(if report `(:report ,report) nil))))
+  (let ((test (getf options :test-function)) (report (getf options :report-function))
+        (interactive (getf options :interactive-function)))
+    `(,@(if test `(:test ,test) nil) ,@(if report `(:report ,report) nil)
+      ,@(if interactive `(:interactive ,interactive) nil))))
 
 (defmacro restart-bind (bindings &body body)
   `(let ((*%restarts*
@@ -1263,7 +1354,27 @@
         ((symbolp report) `(function ,report))
         (t `(function ,report))))
 
-(defmacro restart-case (form &rest clauses)
+(defun %restart-case-form (form env count)
+  ;; CLHS 9.1.4.2.2: when FORM is a call to signal, error, cerror or warn, the restarts are
+  ;; associated with the condition it signals
+  (let* ((form (macroexpand form env))
+         (op (and (consp form) (symbolp (car form)) (symbol-name (car form))))
+         (default (cdr (assoc op '(("SIGNAL" . "SIMPLE-CONDITION") ("ERROR" . "SIMPLE-ERROR")
+                                   ("CERROR" . "SIMPLE-ERROR") ("WARN" . "SIMPLE-WARNING"))
+                              :test #'equal))))
+    (if (null default)
+        form
+        (let ((c (gensym "CONDITION")) (control (gensym "CONTINUE")))
+          (if (string= op "CERROR")
+              `(let* ((,control ,(cadr form))
+                      (,c (%coerce-condition ,(caddr form) (list ,@(cdddr form)) ,default)))
+                 (with-condition-restarts ,c (subseq *%restarts* 0 ,count)
+                   (cerror ,control ,c)))
+              `(let ((,c (%coerce-condition ,(cadr form) (list ,@(cddr form)) ,default)))
+                 (with-condition-restarts ,c (subseq *%restarts* 0 ,count)
+                   (,(car form) ,c))))))))
+
+(defmacro restart-case (&environment env form &rest clauses)
   (let ((block (gensym "RESTART-CASE")) (args (gensym "ARGS"))
         (tags (mapcar (lambda (c) (declare (ignore c)) (gensym "RESTART")) clauses)))
     `(block ,block
@@ -1273,12 +1384,14 @@
               (restart-bind
                   ,(mapcar (lambda (c tag)
                              (let* ((options (%restart-clause c)) (test (getf options :test))
-                                    (report (%restart-report (getf options :report))))
+                                    (report (%restart-report (getf options :report)))
+                                    (interactive (getf options :interactive)))
                                `(,(car c) (lambda (&rest a) (setq ,args a) (go ,tag))
                                  ,@(if test `(:test-function (function ,test)) nil)
-                                 ,@(if report `(:report-function ,report) nil))))
+                                 ,@(if report `(:report-function ,report) nil)
+                                 ,@(if interactive `(:interactive-function (function ,interactive)) nil))))
                            clauses tags)
-                ,form))
+                ,(%restart-case-form form env (length clauses))))
             ,@(mapcan (lambda (c tag)
                         (multiple-value-bind (options body) (%restart-clause c)
                           (declare (ignore options))
@@ -1286,7 +1399,10 @@
                       clauses tags))))))
 
 (defun compute-restarts (&optional condition)
-  (remove-if-not (lambda (r) (or (null (restart-test r)) (funcall (restart-test r) condition)))
+  ;; with a condition: the restarts associated with it or with no condition at all
+  (remove-if-not (lambda (r) (and (or (null (restart-test r)) (funcall (restart-test r) condition))
+                                  (or (null condition) (null (restart-conditions r))
+                                      (member condition (restart-conditions r)))))
                  *%restarts*))
 
 (defun find-restart (identifier &optional condition)
@@ -1300,7 +1416,11 @@
     (apply (restart-function r) arguments)))
 
 (defun invoke-restart-interactively (restart)
-  (invoke-restart restart))
+  ;; the arguments are what the restart's interactive function returns (none without one)
+  (let ((r (find-restart restart)))
+    (unless r
+      (error 'control-error :format-control "No restart ~s is active." :format-arguments (list restart)))
+    (apply (restart-function r) (if (restart-interactive r) (funcall (restart-interactive r)) nil))))
 
 (defun abort (&optional condition)
   (invoke-restart (or (find-restart 'abort condition) 'abort)))
@@ -1325,8 +1445,12 @@
      (,name () :report (lambda (s) (format s ,format-control ,@args)) (values nil t))))
 
 (defmacro with-condition-restarts (condition restarts &body body)
-  (declare (ignore condition restarts))
-  `(progn ,@body))
+  ;; associates each restart with the condition while BODY runs
+  (let ((c (gensym "CONDITION")) (rs (gensym "RESTARTS")) (r (gensym "RESTART")))
+    `(let ((,c ,condition) (,rs ,restarts))
+       (dolist (,r ,rs) (push ,c (restart-conditions ,r)))
+       (unwind-protect (progn ,@body)
+         (dolist (,r ,rs) (setf (restart-conditions ,r) (remove ,c (restart-conditions ,r) :count 1)))))))
 
 (defun warn (datum &rest arguments)
   (let ((condition (%make-warning datum arguments)))

@@ -98,6 +98,12 @@ class SymbolTable:
         """`prefix:name`: the exported symbol NAME of the module required as PREFIX.
         Raises LookupError with a message for the diagnostic."""
         module = self.aliases.get(prefix)
+        if module is None and prefix in STANDARD_PACKAGE_NAMES:
+            # cl:car, common-lisp::car, cl-user::x: the one package there is (no package system)
+            standard = self.base.exported.get(name) if self.base is not None else self.own.get(name)
+            if prefix in ("CL", "COMMON-LISP") and standard is None:
+                raise LookupError(f"`{name.lower()}` is not a standard Common Lisp symbol, so `{prefix.lower()}:{name.lower()}` names nothing")
+            return standard or self.intern(name)
         if module is None:
             known = ", ".join(sorted(p.lower() for p in self.aliases)) or "none"
             raise LookupError(
@@ -109,6 +115,8 @@ class SymbolTable:
             raise LookupError(f"module `{module.package}` exports no `{name.lower()}`")
         return sym
 
+
+STANDARD_PACKAGE_NAMES = frozenset({"CL", "COMMON-LISP", "CL-USER", "COMMON-LISP-USER"})
 
 NIL = Symbol("NIL", "")
 T = Symbol("T", "")

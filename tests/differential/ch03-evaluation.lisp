@@ -195,3 +195,17 @@ global-sm
 (uses-later)
 (fmakunbound 'defined-later)
 (uses-later)
+; macro functions are functions of a form and an environment
+(eval `(let ((stack (list 2))) ,(funcall (macro-function 'push) '(push 1 stack) nil) stack))
+(eval (funcall (macro-function 'and) '(and 1 2 3) nil))
+(handler-case (funcall (macro-function 'when)) (program-error () :program-error))
+(handler-case (funcall (macro-function 'unless) '(unless t)) (program-error () :program-error))
+(handler-case (funcall (macro-function 'cond) '(cond) nil nil) (program-error () :program-error))
+(apply (macro-function 'when) '((when ready (go-on)) nil))
+(functionp (macro-function 'loop))
+; destructuring lambda lists of macros
+(macrolet ((empty (()) :matched)) (empty ()))
+(handler-case (macrolet ((empty (()) :matched)) (empty (1))) (error () :mismatch))
+(let ((seen nil)) (macrolet ((inner ((&whole part x)) `(progn (setq seen ',part) ,x))) (values (inner (5)) seen)))
+(macrolet ((one () 1)) (macrolet ((uses-env (&optional (x (macroexpand '(one) env)) &environment env) x)) (uses-env)))
+(macrolet ((two-parts ((a b) &whole w) (declare (ignore w)) `(list ,a ,b))) (two-parts (1 2)))

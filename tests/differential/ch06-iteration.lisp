@@ -269,3 +269,9 @@
 (let ((i 0)) (loop (incf i) (when (> i 4) (return i))))
 (loop (return (values 1 2)))
 (block nil (loop (return-from nil :out)))
+; an always, never or thereis clause cannot share a loop with an unnamed accumulation
+(handler-case (macroexpand '(loop for i below 3 collect i always (< i 5))) (program-error () :program-error))
+(handler-case (macroexpand '(loop for i below 3 never (> i 5) sum i)) (program-error () :program-error))
+(handler-case (macroexpand '(loop for i below 3 thereis (> i 5) count i)) (program-error () :program-error))
+(loop for i below 3 collect i into kept always (< i 5))
+(loop for i below 3 collect i into kept thereis (and (= i 2) kept))

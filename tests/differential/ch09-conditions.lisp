@@ -209,3 +209,12 @@
 (let ((r nil)) (handler-case (unwind-protect (error "x") (push :cleanup r)) (error () (push :handler r))) r)
 (let ((r nil)) (block b (handler-bind ((error (lambda (c) (declare (ignore c)) (push :handler r) (return-from b)))) (unwind-protect (error "x") (push :cleanup r)))) r)
 (let ((r nil)) (restart-case (unwind-protect (invoke-restart 'r) (push :cleanup r)) (r () (push :restart r))) r)
+; restarts made by restart-case around error, signal, warn or cerror belong to that condition
+(handler-bind ((error (lambda (outer) (invoke-restart (find-restart 'retry outer))))) (handler-bind ((error (lambda (c) (declare (ignore c)) (error "second")))) (restart-case (restart-case (error "first") (retry () :inner)) (retry () :outer))))
+(handler-bind ((error (lambda (c) (invoke-restart (find-restart 'retry c))))) (restart-case (restart-case (error "only") (retry () :inner)) (retry () :outer)))
+(let ((c (make-condition 'simple-error :format-control "x"))) (restart-case (with-condition-restarts c (list (find-restart 'r)) (list (not (null (find-restart 'r c))) (not (null (find-restart 'r (make-condition 'simple-error :format-control "y")))))) (r () nil)))
+(restart-case (handler-bind ((simple-condition (lambda (c) (invoke-restart (find-restart 'skip c))))) (restart-case (signal "note ~a" 1) (skip () :skipped))) (skip () :outer-skip))
+(mapcar #'restart-name (subseq (restart-case (compute-restarts) (a () 1) (b () 2)) 0 2))
+(restart-case (invoke-restart-interactively 'ask) (ask (p q) :interactive (lambda () (list 3 4)) (list q p)))
+(restart-case (invoke-restart-interactively 'plain) (plain () :no-arguments))
+(handler-case (invoke-restart-interactively 'nowhere) (control-error () :control-error))

@@ -406,3 +406,11 @@ boole-ior
 (expt 2 0.5d0)
 (coerce 1 'double-float)
 (coerce 1/4 'double-float)
+; one argument is returned as it is
+(+ -0.0d0)
+(* -0.0d0)
+(list (+ 5) (+ 1/2) (* 7))
+; every float format's epsilon is the smallest step from one
+(let ((x 1.0d0)) (list (/= x (+ x double-float-epsilon)) (= x (+ x (/ double-float-epsilon 2)))))
+(let ((x (float 1 1.0d0))) (/= x (- x double-float-negative-epsilon)))
+(< least-positive-double-float most-positive-double-float)
