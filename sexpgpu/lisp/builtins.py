@@ -332,7 +332,14 @@ def print_object(interp: "Interpreter", x: Any, printer: Printer) -> str:
 
         fn, print_object = x.stype.printer
         stream = OutputStream()
-        interp.call(fn, x, stream, *(() if print_object else (0,)))
+        # the user's printer sees *print-escape* as the printing asks: nil for princ and ~a
+        escape = interp.sym("*PRINT-ESCAPE*")
+        outer = interp.values.get(escape, T)
+        interp.values[escape] = T if printer.escape else NIL
+        try:
+            interp.call(fn, x, stream, *(() if print_object else (0,)))
+        finally:
+            interp.values[escape] = outer
         return stream.take()
     if t is StructInstance:
         parts = [printer.text(x.stype.name)]

@@ -150,11 +150,11 @@ class Sequences(Lib):
         if seq is not NIL and t is not Cons:
             raise type_error("elt", 1, "a sequence (list, vector or string)", seq)
         cell = seq
-        for _ in range(i):
-            if type(cell) is not Cons:
-                break
+        walked = 0  # the cells walked, not the index: (elt nil 1000000) is a quick type-error
+        while walked < i and type(cell) is Cons:
             cell = cell.cdr
-        self.charge(i)
+            walked += 1
+        self.charge(walked)
         if type(cell) is not Cons:
             raise lisp_error("E103", f"`elt`: index {i} is out of bounds for a sequence of length {self.op_length(seq) if cell is NIL else 'shorter than the index'}", "TYPE-ERROR", i)
         return cell.car
@@ -172,11 +172,11 @@ class Sequences(Lib):
         if seq is not NIL and t is not Cons:
             raise type_error("(setf elt)", 1, "a sequence (list, vector or string)", seq)
         cell = seq
-        for _ in range(i):
-            if type(cell) is not Cons:
-                break
+        walked = 0  # the cells walked, not the index: (elt nil 1000000) is a quick type-error
+        while walked < i and type(cell) is Cons:
             cell = cell.cdr
-        self.charge(i)
+            walked += 1
+        self.charge(walked)
         if type(cell) is not Cons:
             raise lisp_error("E103", f"(setf elt): index {i} is past the end of the list", "TYPE-ERROR", i)
         cell.car = value

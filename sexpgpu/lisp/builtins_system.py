@@ -207,6 +207,42 @@ def install(reg: Registry) -> None:
     def p_setf_expander(name: Any) -> Any:
         return interp.setf_expanders.get(name, NIL) if type(name) is Symbol else NIL
 
+    def documentation_key(fn: str, x: Any, doc_type: Any) -> tuple[Any, str]:
+        need_symbol(fn, 2, doc_type)
+        if type(x) is Closure:
+            x = x.name
+        elif type(x) is Builtin:
+            x = interp.sym(x.name.upper())
+        if not (type(x) is Symbol or (type(x) is Cons and x.car is interp.sym("SETF"))):
+            raise type_error(fn, 1, "a symbol, (setf name) or function", x)
+        return (x if type(x) is Symbol else ("SETF", x.cdr.car)), doc_type.name
+
+    def documentation(x: Any, doc_type: Any) -> Any:
+        return interp.documentation.get(documentation_key("documentation", x, doc_type), NIL)
+
+    def p_set_documentation(x: Any, doc_type: Any, doc: Any) -> Any:
+        key = documentation_key("(setf documentation)", x, doc_type)
+        if doc is NIL:
+            interp.documentation.pop(key, None)
+        elif type(doc) is str:
+            interp.documentation[key] = doc
+        else:
+            raise type_error("(setf documentation)", 3, "a string or nil", doc)
+        return doc
+
+    def function_lambda_expression(fn: Any) -> Any:
+        """(values nil t name): CLHS allows nil for the lambda expression, and t for closure-p."""
+        if type(fn) is Closure:
+            name = fn.name if isinstance(fn.name, (Symbol, Cons)) else NIL
+        elif type(fn) is Builtin:
+            name = interp.sym(fn.name.upper()) if " " not in fn.name else NIL
+        else:
+            raise type_error("function-lambda-expression", 1, "a function", fn)
+        return MultipleValues((NIL, T, name))
+
+    add("documentation", documentation)
+    add("%set-documentation", p_set_documentation)
+    add("function-lambda-expression", function_lambda_expression)
     add("%define-setf-expander", p_define_setf_expander)
     add("%setf-expander", p_setf_expander)
     add("%defvar", p_defvar)

@@ -91,6 +91,7 @@ class Interpreter:
         self.constants: set[Symbol] = {T, NIL}
         self.setf_functions: dict[Symbol, Any] = {}
         self.setf_expanders: dict[Symbol, Any] = {}  # made by defsetf and define-setf-expander
+        self.documentation: dict[tuple[Any, str], str] = {}  # (name, doc type) -> docstring
         self.structs: dict[Symbol, StructType] = {}
         self.plists: dict[Symbol, Any] = {}  # each symbol's property list
         # the active handlers, innermost last: a handler-case's clause types, or a handler-bind's cluster

@@ -8,13 +8,20 @@
 ;;; Definitions
 
 (%defmacro defmacro (name lambda-list &body body)
-  `(%defmacro ,name ,lambda-list ,@(%body-without-doc body)))
+  (%documented name 'function body `(%defmacro ,name ,lambda-list ,@(%body-without-doc body))))
 
 (%defun '%body-without-doc
   (lambda (body)
     (if (if (stringp (car body)) (cdr body) nil)
         (cdr body)
         body)))
+
+(%defun '%documented
+  ;; FORM, after recording BODY's leading docstring as NAME's documentation of KIND
+  (lambda (name kind body form)
+    (if (if (stringp (car body)) (cdr body) nil)
+        `(progn (%set-documentation ',name ',kind ,(car body)) ,form)
+        form)))
 
 (%defun '%split-body
   ;; (values declarations forms): the leading docstring is dropped, declarations kept apart
@@ -30,24 +37,27 @@
       (values (reverse decls) body))))
 
 (defmacro defun (name lambda-list &body body)
-  (multiple-value-call
-      (lambda (decls forms)
-        (if (consp name)
-            `(%defsetf-function ',(car (cdr name))
-                                (lambda ,lambda-list ,@decls (block ,(car (cdr name)) ,@forms)))
-            `(%defun ',name (lambda ,lambda-list ,@decls (block ,name ,@forms)))))
-    (%split-body body)))
+  (%documented
+   name 'function body
+   (multiple-value-call
+       (lambda (decls forms)
+         (if (consp name)
+             `(%defsetf-function ',(car (cdr name))
+                                 (lambda ,lambda-list ,@decls (block ,(car (cdr name)) ,@forms)))
+             `(%defun ',name (lambda ,lambda-list ,@decls (block ,name ,@forms)))))
+     (%split-body body))))
 
-(defmacro defvar (name &optional (value nil value-p) doc)
-  (if value-p
-      `(%defvar ',name (if (boundp ',name) (symbol-value ',name) ,value) nil)
-      `(progn (%declare-special ',name) ',name)))
+(defmacro defvar (name &optional (value nil value-p) (doc nil doc-p))
+  (%documented name 'variable (if doc-p (list doc nil) nil)
+               (if value-p
+                   `(%defvar ',name (if (boundp ',name) (symbol-value ',name) ,value) nil)
+                   `(progn (%declare-special ',name) ',name))))
 
-(defmacro defparameter (name value &optional doc)
-  `(%defvar ',name ,value t))
+(defmacro defparameter (name value &optional (doc nil doc-p))
+  (%documented name 'variable (if doc-p (list doc nil) nil) `(%defvar ',name ,value t)))
 
-(defmacro defconstant (name value &optional doc)
-  `(%defconstant ',name ,value))
+(defmacro defconstant (name value &optional (doc nil doc-p))
+  (%documented name 'variable (if doc-p (list doc nil) nil) `(%defconstant ',name ,value)))
 
 (defconstant lambda-list-keywords
   '(&allow-other-keys &aux &body &environment &key &optional &rest &whole))
@@ -322,6 +332,9 @@
 
 (defun get-setf-expansion (place &optional env)
   (%place place env))
+
+(defun (setf documentation) (new-value x doc-type)
+  (%set-documentation x doc-type new-value))
 
 ;;; ------------------------------------------------------------------------------------------
 ;;; Iteration
@@ -1323,7 +1336,14 @@
 
 ;;; Restarts (CLHS 9.1.4.2): a restart is a name and a function, active while its
 ;;; restart-bind or restart-case form runs.
-(defstruct restart name function (test nil) (report nil) (interactive nil) (conditions nil))
+(defstruct (restart (:print-object %print-restart))
+  name function (test nil) (report nil) (interactive nil) (conditions nil))
+
+(defun %print-restart (restart stream)
+  ;; princ and ~a show the report (or the name, without one); prin1 shows which restart it is
+  (cond (*print-escape* (format stream "#<restart ~s>" (restart-name restart)))
+        ((restart-report restart) (funcall (restart-report restart) stream))
+        (t (format stream "~s" (restart-name restart)))))
 
 (defvar *%restarts* nil)
 
@@ -1491,6 +1511,16 @@
        ',name)))
 
 ;;; String streams
+(defmacro with-standard-io-syntax (&body body)
+  ;; the standard values of CLHS's table for the printer and reader variables; floats read as
+  ;; doubles, the only floats there are
+  `(let ((*print-array* t) (*print-base* 10) (*print-case* :upcase) (*print-circle* nil)
+         (*print-escape* t) (*print-gensym* t) (*print-length* nil) (*print-level* nil)
+         (*print-lines* nil) (*print-miser-width* nil) (*print-pretty* nil) (*print-radix* nil)
+         (*print-readably* t) (*print-right-margin* nil) (*read-base* 10)
+         (*read-default-float-format* 'double-float) (*read-eval* t) (*read-suppress* nil))
+     ,@body))
+
 (defmacro with-output-to-string ((var &optional string &key element-type) &body body)
   (declare (ignore string element-type))
   `(let ((,var (make-string-output-stream)))

@@ -114,3 +114,6 @@
 (let ((h (make-hash-table :test 'equalp))) (setf (gethash (make-point :x 1) h) 'found) (gethash (make-point :x 1) h))
 (defstruct (point (:constructor make-point-again)) x y)
 (point-x (make-point-again :x 5))
+; a print-object function sees *print-escape* as prin1 or princ asks
+(defstruct (escape-pt (:print-object (lambda (p s) (format s (if *print-escape* "<pt ~a>" "pt ~a") (escape-pt-x p))))) x)
+(let ((p (make-escape-pt :x 1))) (list (prin1-to-string p) (princ-to-string p) (format nil "~a/~s" p p)))

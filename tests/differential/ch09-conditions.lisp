@@ -218,3 +218,7 @@
 (restart-case (invoke-restart-interactively 'ask) (ask (p q) :interactive (lambda () (list 3 4)) (list q p)))
 (restart-case (invoke-restart-interactively 'plain) (plain () :no-arguments))
 (handler-case (invoke-restart-interactively 'nowhere) (control-error () :control-error))
+; princ and ~a of a restart show its report, or its name without one
+(restart-case (format nil "~a" (find-restart 'retry)) (retry () :report "Try again." nil))
+(restart-case (princ-to-string (find-restart 'retry)) (retry () :report (lambda (s) (write-string "Retry by function" s)) nil))
+(restart-case (let ((*print-escape* nil)) (format nil "~a" (find-restart 'bare))) (bare () nil))

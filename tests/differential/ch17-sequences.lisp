@@ -339,3 +339,7 @@
 (tr (nsubstitute-if 0 #'p (vector 1 2 3) :from-end t))
 (tr (substitute-if 0 #'p #(1 2 3) :from-end t))
 (tr (delete-if #'p (vector 1 2 3) :from-end t))
+; an index past the end of a list is a quick type-error
+(handler-case (elt nil 1000000) (type-error () :type-error))
+(handler-case (elt (vector 1 2) 100000000) (type-error () :type-error))
+(handler-case (setf (elt (list 1) 50000000) 0) (type-error () :type-error))

@@ -261,3 +261,10 @@
 (format nil "~3,4/fmt-fn/" 3)
 (format nil "~<~a~:@_~a~:>" '(1 2))
 (format nil "~<(~;~a ~a~;)~:>" '(1 2))
+; with-standard-io-syntax binds the printer variables to their standard values
+(with-standard-io-syntax (format nil "~a ~s ~(~a~)" nil 'abc 'x))
+(with-standard-io-syntax (let ((*print-case* :downcase)) (format nil "~A ~S" nil 'sym)))
+(with-standard-io-syntax (let ((*print-case* :capitalize)) (format nil "~a" 'two-words)))
+(with-standard-io-syntax (list *print-base* *print-escape* *print-readably* *print-length* (format nil "~s" "q\"q")))
+(let ((*print-base* 16)) (list (format nil "~a" 255) (with-standard-io-syntax (format nil "~a" 255))))
+(with-standard-io-syntax (let ((*print-readably* nil)) (format nil "~:s|~5:@a|~5a|" #(nil) nil nil)))
