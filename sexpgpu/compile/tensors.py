@@ -658,7 +658,7 @@ class TensorLib:
     def nested(self, fn: str, data: Any) -> tuple[list[Any], list[int]]:
         if is_number(data):
             return [data], []
-        items = list_items(fn, 1, data) if type(data) is not list else list(data)
+        items = list(data) if isinstance(data, list) else list_items(fn, 1, data)  # a vector or bit vector, else a list
         if not items:
             return [], [0]
         parts = [self.nested(fn, x) for x in items]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .conditions import Condition, LispError, lisp_error
 from .objects import (
+    BitVector,
     Builtin,
     Closure,
     HashTable,
@@ -50,6 +51,8 @@ def describe(x: Any) -> str:
         return "a symbol"
     if t is list:
         return "a vector"
+    if t is BitVector:
+        return "a bit vector"
     if t in (Closure, Builtin):
         return "a function"
     if t is HashTable:
@@ -131,8 +134,16 @@ def need_char(fn: str, pos: int, x: Any) -> Char:
     return x
 
 
+def bits_of(fn: str, items: list[Any]) -> BitVector:
+    """ITEMS as a bit vector: a type-error names FN when one of them is not 0 or 1."""
+    for x in items:
+        if not (type(x) is int and (x == 0 or x == 1)):
+            raise lisp_error("E103", f"`{fn or 'a bit vector'}`: a bit vector holds only 0 and 1, not {short(x)}", "TYPE-ERROR", x)
+    return BitVector(items)
+
+
 def need_sequence(fn: str, pos: int, x: Any) -> Any:
-    if not (x is NIL or type(x) in (Cons, str, list)):
+    if not (x is NIL or type(x) in (Cons, str, list, BitVector)):
         raise type_error(fn, pos, "a sequence (list, vector or string)", x)
     return x
 
@@ -163,7 +174,7 @@ def seq_items(fn: str, pos: int, x: Any) -> list[Any]:
     t = type(x)
     if t is str:
         return [Char(c) for c in x]
-    if t is list:
+    if t is list or t is BitVector:
         return list(x)
     if x is NIL or t is Cons:
         return list_items(fn, pos, x)
@@ -177,6 +188,8 @@ def from_items(items: list[Any], like: Any) -> Any:
         return "".join(c.ch if type(c) is Char else str(c) for c in items)
     if t is list:
         return items
+    if t is BitVector:
+        return bits_of("", items)
     result: Any = NIL
     for item in reversed(items):
         result = Cons(item, result)
@@ -236,6 +249,10 @@ def equal(a: Any, b: Any, charge: Optional[Callable[[int], None]] = None) -> boo
                 if a != b:
                     return False
                 break
+            if ta is BitVector and type(b) is BitVector:  # equal looks into bit vectors, as into strings
+                if a != b:
+                    return False
+                break
             if not eql(a, b):
                 return False
             break
@@ -270,7 +287,7 @@ def equalp(a: Any, b: Any, charge: Optional[Callable[[int], None]] = None) -> bo
         elif ta is Cons and tb is Cons:
             pending.append((a.cdr, b.cdr))
             pending.append((a.car, b.car))
-        elif ta in (str, list) and tb in (str, list):
+        elif ta in (str, list, BitVector) and tb in (str, list, BitVector):
             if len(a) != len(b):
                 return False
             pending.extend(zip(_elements(a), _elements(b)))
@@ -310,7 +327,7 @@ def type_name_of(x: Any) -> str:
     t = type(x)
     if t is int:
         return "FIXNUM" if -(2**62) <= x < 2**62 else "BIGNUM"
-    names = {float: "DOUBLE-FLOAT", Fraction: "RATIO", str: "STRING", Char: "CHARACTER", Cons: "CONS", list: "SIMPLE-VECTOR", HashTable: "HASH-TABLE", Closure: "FUNCTION", Builtin: "FUNCTION"}
+    names = {float: "DOUBLE-FLOAT", Fraction: "RATIO", str: "STRING", Char: "CHARACTER", Cons: "CONS", list: "SIMPLE-VECTOR", BitVector: "SIMPLE-BIT-VECTOR", HashTable: "HASH-TABLE", Closure: "FUNCTION", Builtin: "FUNCTION"}
     if x is NIL:
         return "NULL"
     if x is T:
@@ -580,7 +597,7 @@ class Lib:
     def items(self, fn: str, pos: int, seq: Any) -> list[Any]:
         """The elements of any sequence (a string's are characters)."""
         t = type(seq)
-        if t is list:
+        if t is list or t is BitVector:
             self.charge(len(seq))
             return list(seq)
         if t is str:
@@ -593,7 +610,7 @@ class Lib:
 
     def length(self, fn: str, pos: int, seq: Any) -> int:
         t = type(seq)
-        if t is str or t is list:
+        if t is str or t is list or t is BitVector:
             return len(seq)
         if seq is NIL or t is Cons:
             return len(self.cells(fn, pos, seq))
@@ -624,4 +641,6 @@ class Lib:
         self.alloc(len(items))
         if t is list:
             return items
+        if t is BitVector:
+            return bits_of(fn, items)
         return to_lisp_list(items)

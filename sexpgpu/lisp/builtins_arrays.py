@@ -1,15 +1,17 @@
-"""Arrays (CLHS chapter 15). A vector is a Python list, a string a Python str (immutable, see
-"It is Common Lisp"), an array of any other rank a LispArray (dimensions, row-major elements).
-A vector made with a fill pointer holds only its active elements; vector-push-extend grows it."""
+"""Arrays (CLHS chapter 15). A vector is a Python list, a bit vector a BitVector (a list of 0s
+and 1s), a string a Python str (immutable, see "It is Common Lisp"), an array of any other rank
+a LispArray (dimensions, row-major elements). A vector made with a fill pointer holds only its
+active elements; vector-push-extend grows it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .builtins import Lib, Registry, lbool, need_index, parse_keys, type_error
+from .builtins import Lib, Registry, bits_of, lbool, need_index, parse_keys, type_error
 from .conditions import lisp_error
-from .objects import LispArray
+from .objects import BitVector, LispArray
 from .types import NIL, T, Char, Cons, Symbol
+from .typespecs import upgrades_to_bit
 
 ARRAY_RANK_LIMIT = 129  # SBCL's
 ARRAY_DIMENSION_LIMIT = 2**31 - 1
@@ -25,8 +27,11 @@ def install(reg: Registry) -> None:
         "array-in-bounds-p", "array-element-type", "upgraded-array-element-type", "adjustable-array-p",
         "array-has-fill-pointer-p", "array-displacement", "fill-pointer", "%set-fill-pointer", "vector-push",
         "vector-push-extend", "vector-pop", "adjust-array", "arrayp", "vectorp", "simple-vector-p",
+        "bit", "sbit", "%set-bit", "bit-vector-p", "simple-bit-vector-p", "bit-not",
     ]:
         reg.add(name, getattr(ops, "op_" + name.replace("%", "p_").replace("-", "_")))
+    for name, combine in BIT_OPERATIONS.items():
+        reg.add(name.lower(), ops.bit_operation(name.lower(), combine))
     for name, value in (("ARRAY-RANK-LIMIT", ARRAY_RANK_LIMIT), ("ARRAY-DIMENSION-LIMIT", ARRAY_DIMENSION_LIMIT), ("ARRAY-TOTAL-SIZE-LIMIT", ARRAY_TOTAL_SIZE_LIMIT)):
         sym = reg.interp.sym(name)
         reg.interp.values[sym] = value
@@ -34,11 +39,25 @@ def install(reg: Registry) -> None:
 
 
 def is_array(x: Any) -> bool:
-    return type(x) in (list, str, LispArray)
+    return type(x) in (list, str, BitVector, LispArray)
 
 
 def dimensions(x: Any) -> tuple[int, ...]:
     return x.dims if type(x) is LispArray else (len(x),)
+
+
+def need_bit(fn: str, x: Any) -> int:
+    if not (type(x) is int and (x == 0 or x == 1)):
+        raise type_error(fn, 0, "a bit (0 or 1)", x)
+    return x
+
+
+BIT_OPERATIONS: dict[str, Any] = {
+    "BIT-AND": lambda a, b: a & b, "BIT-IOR": lambda a, b: a | b, "BIT-XOR": lambda a, b: a ^ b,
+    "BIT-EQV": lambda a, b: 1 - (a ^ b), "BIT-NAND": lambda a, b: 1 - (a & b), "BIT-NOR": lambda a, b: 1 - (a | b),
+    "BIT-ANDC1": lambda a, b: (1 - a) & b, "BIT-ANDC2": lambda a, b: a & (1 - b),
+    "BIT-ORC1": lambda a, b: (1 - a) | b, "BIT-ORC2": lambda a, b: a | (1 - b),
+}
 
 
 def _character_type(element: Any) -> bool:
@@ -74,6 +93,7 @@ class Arrays(Lib):
             total *= d
         element = keys.get("ELEMENT-TYPE", T)
         characters = _character_type(element)
+        bits = upgrades_to_bit(self.interp.types.expand(element))
         self.alloc(total // 8 if characters else total)
         self.charge(total)
         if "INITIAL-CONTENTS" in keys:
@@ -94,7 +114,7 @@ class Arrays(Lib):
                 if not all(type(c) is Char for c in data):
                     raise lisp_error("E103", "`make-array`: a character array holds only characters", "TYPE-ERROR")
                 return "".join(c.ch for c in data)
-            return data
+            return bits_of("make-array", data) if bits else data
         return LispArray(shape, data)
 
     def contents(self, fn: str, contents: Any, shape: tuple[int, ...]) -> list[Any]:
@@ -132,7 +152,7 @@ class Arrays(Lib):
 
     def op_aref(self, array: Any, *subscripts: Any) -> Any:
         t = type(array)
-        if t is list and len(subscripts) == 1 and type(subscripts[0]) is int and 0 <= subscripts[0] < len(array):
+        if (t is list or t is BitVector) and len(subscripts) == 1 and type(subscripts[0]) is int and 0 <= subscripts[0] < len(array):
             return array[subscripts[0]]
         i = self.index("aref", array, subscripts)
         if t is str:
@@ -152,6 +172,8 @@ class Arrays(Lib):
         if type(array) is LispArray:
             array.data[i] = value
         else:
+            if type(array) is BitVector:
+                need_bit("(setf aref)", value)
             array[i] = value
         return value
 
@@ -182,6 +204,8 @@ class Arrays(Lib):
         if type(array) is LispArray:
             array.data[i] = value
         else:
+            if type(array) is BitVector:
+                need_bit("(setf row-major-aref)", value)
             array[i] = value
         return value
 
@@ -218,10 +242,13 @@ class Arrays(Lib):
 
     def op_array_element_type(self, array: Any) -> Any:
         self.need_array("array-element-type", 1, array)
-        return self.interp.sym("CHARACTER") if type(array) is str else T
+        t = type(array)
+        return self.interp.sym("CHARACTER") if t is str else self.interp.sym("BIT") if t is BitVector else T
 
     def op_upgraded_array_element_type(self, spec: Any, env: Any = NIL) -> Any:
-        return self.interp.sym("CHARACTER") if _character_type(spec) else T
+        if _character_type(spec):
+            return self.interp.sym("CHARACTER")
+        return self.interp.sym("BIT") if upgrades_to_bit(self.interp.types.expand(spec)) else T
 
     def op_adjustable_array_p(self, array: Any) -> Any:
         self.need_array("adjustable-array-p", 1, array)
@@ -238,7 +265,7 @@ class Arrays(Lib):
         return MultipleValues((NIL, 0))
 
     def need_vector(self, fn: str, pos: int, v: Any) -> list[Any]:
-        if type(v) is not list:
+        if type(v) is not list and type(v) is not BitVector:
             raise type_error(fn, pos, "a vector (strings are immutable)" if type(v) is str else "a vector", v)
         return v
 
@@ -255,12 +282,16 @@ class Arrays(Lib):
 
     def op_vector_push(self, x: Any, v: Any) -> Any:
         self.need_vector("vector-push", 2, v)
+        if type(v) is BitVector:
+            need_bit("vector-push", x)
         self.alloc(1)
         v.append(x)
         return len(v) - 1
 
     def op_vector_push_extend(self, x: Any, v: Any, extension: Any = NIL) -> Any:
         self.need_vector("vector-push-extend", 2, v)
+        if type(v) is BitVector:
+            need_bit("vector-push-extend", x)
         self.alloc(1)
         v.append(x)
         return len(v) - 1
@@ -277,8 +308,10 @@ class Arrays(Lib):
         old = self.need_array("adjust-array", 1, array)
         if "INITIAL-CONTENTS" in keys:
             return self.op_make_array(dims, self.interp.kw("INITIAL-CONTENTS"), keys["INITIAL-CONTENTS"])
-        init = keys.get("INITIAL-ELEMENT", NIL)
-        if type(old) is list and len(shape) == 1:
+        init = keys.get("INITIAL-ELEMENT", 0 if type(old) is BitVector else NIL)
+        if type(old) is BitVector:
+            need_bit("adjust-array", init)
+        if (type(old) is list or type(old) is BitVector) and len(shape) == 1:
             n = shape[0]
             self.alloc(max(0, n - len(old)))
             if n < len(old):
@@ -297,10 +330,58 @@ class Arrays(Lib):
         return lbool(is_array(x))
 
     def op_vectorp(self, x: Any) -> Any:
-        return lbool(type(x) in (list, str))
+        return lbool(type(x) in (list, str, BitVector))
 
     def op_simple_vector_p(self, x: Any) -> Any:
         return lbool(type(x) is list)
+
+    # -- bit arrays (CLHS 15.2: bit, sbit, bit-and ...) ---------------------------------------
+    def need_bit_vector(self, fn: str, pos: int, x: Any) -> BitVector:
+        if type(x) is not BitVector:
+            raise type_error(fn, pos, "a bit vector", x)
+        return x
+
+    def op_bit(self, array: Any, *subscripts: Any) -> Any:
+        return self.op_aref(self.need_bit_vector("bit", 1, array), *subscripts)
+
+    def op_sbit(self, array: Any, *subscripts: Any) -> Any:
+        return self.op_aref(self.need_bit_vector("sbit", 1, array), *subscripts)
+
+    def op_p_set_bit(self, array: Any, *rest: Any) -> Any:
+        return self.op_p_aset(self.need_bit_vector("(setf bit)", 1, array), *rest)
+
+    def op_bit_vector_p(self, x: Any) -> Any:
+        return lbool(type(x) is BitVector)
+
+    def op_simple_bit_vector_p(self, x: Any) -> Any:
+        return lbool(type(x) is BitVector)
+
+    def op_bit_not(self, a: Any, result: Any = NIL) -> Any:
+        self.need_bit_vector("bit-not", 1, a)
+        return self.bits_into("bit-not", [1 - x for x in a], a, result, 2)
+
+    def bit_operation(self, fn: str, combine: Any) -> Any:
+        def operate(a: Any, b: Any, result: Any = NIL) -> Any:
+            self.need_bit_vector(fn, 1, a)
+            self.need_bit_vector(fn, 2, b)
+            if len(a) != len(b):
+                raise lisp_error("E103", f"`{fn}`: the bit vectors have {len(a)} and {len(b)} bits", "TYPE-ERROR", b)
+            return self.bits_into(fn, [combine(x, y) for x, y in zip(a, b)], a, result, 3)
+
+        return operate
+
+    def bits_into(self, fn: str, bits: list[int], first: BitVector, result: Any, pos: int) -> BitVector:
+        """CLHS's opt-arg: nil makes a fresh bit vector, t stores into FIRST, a bit vector of
+        the same length is stored into."""
+        self.charge(len(bits))
+        if result is NIL:
+            self.alloc(len(bits))
+            return BitVector(bits)
+        target = first if result is T else self.need_bit_vector(fn, pos, result)
+        if len(target) != len(bits):
+            raise lisp_error("E103", f"`{fn}`: the result bit vector has {len(target)} bits, the arguments {len(bits)}", "TYPE-ERROR", result)
+        target[:] = bits
+        return target
 
 
 def _all_subscripts(dims: tuple[int, ...]) -> Any:

@@ -7,9 +7,11 @@ from __future__ import annotations
 from functools import cmp_to_key
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .builtins import Lib, Registry, lbool, need_index, parse_keys, short, type_error
+from .builtins import Lib, Registry, bits_of, lbool, need_index, parse_keys, short, type_error
 from .conditions import lisp_error
+from .objects import BitVector
 from .types import NIL, T, Char, Cons, Symbol
+from .typespecs import upgrades_to_bit
 
 if TYPE_CHECKING:
     from .evaluator import Interpreter
@@ -38,7 +40,7 @@ class SequenceType:
     one, and the element type of a vector."""
 
     def __init__(self, kind: str, length: Optional[int] = None, element: Any = None) -> None:
-        self.kind = kind  # "list" "vector" "string" "null" "cons"
+        self.kind = kind  # "list" "vector" "bits" (a bit vector) "string" "null" "cons"
         self.length = length
         self.element = element  # None: any (the type says vector, not (vector type))
 
@@ -49,7 +51,7 @@ class Sequences(Lib):
         """A result type for make-sequence, map, concatenate, coerce or merge."""
         spec = self.interp.types.expand(spec)
         name = spec.name if type(spec) is Symbol else (spec.car.name if type(spec) is Cons and type(spec.car) is Symbol else "")
-        args = list(spec.cdr) if type(spec) is Cons else []
+        args = list(spec.cdr) if type(spec) is Cons and type(spec.cdr) is Cons else []
         simple = {
             "LIST": "list", "CONS": "cons", "NULL": "null", "VECTOR": "vector", "SIMPLE-VECTOR": "vector",
             "STRING": "string", "SIMPLE-STRING": "string", "BASE-STRING": "string", "SIMPLE-BASE-STRING": "string",
@@ -57,9 +59,8 @@ class Sequences(Lib):
         if type(spec) is Symbol and name in simple:
             return SequenceType(simple[name], element=T if name == "SIMPLE-VECTOR" else None)
         if name in ("BIT-VECTOR", "SIMPLE-BIT-VECTOR"):
-            # SexpGPU has no bit vectors: a vector of 0s and 1s stands for one
             size = args[0] if args and type(args[0]) is int else None
-            return SequenceType("vector", size, self.interp.sym("BIT"))
+            return SequenceType("bits", size)
         if type(spec) is Cons:
             if name in ("VECTOR", "SIMPLE-ARRAY", "ARRAY") or (name == "SIMPLE-VECTOR"):
                 element = T if name == "SIMPLE-VECTOR" else (args[0] if args else None)
@@ -77,6 +78,8 @@ class Sequences(Lib):
                 length = size if type(size) is int else None
                 if _is_character_type(element):
                     return SequenceType("string", length)
+                if element is not None and upgrades_to_bit(self.interp.types.expand(element)):
+                    return SequenceType("bits", length)
                 return SequenceType("vector", length, element)
             if name in ("STRING", "SIMPLE-STRING", "BASE-STRING", "SIMPLE-BASE-STRING"):
                 return SequenceType("string", args[0] if args and type(args[0]) is int else None)
@@ -94,6 +97,8 @@ class Sequences(Lib):
             raise lisp_error("E103", f"`{fn}`: a sequence of type cons cannot be empty", "TYPE-ERROR", spec)
         if rtype.kind == "string":
             return self.like(items, "", fn)
+        if rtype.kind == "bits":
+            return self.like(items, BitVector(), fn)
         if rtype.kind == "vector":
             if rtype.element is not None and rtype.element is not T:
                 from .builtins import typep
@@ -104,10 +109,14 @@ class Sequences(Lib):
             return self.like(items, [])
         return self.like(items, NIL)
 
+    def need_bits(self, fn: str, items: list[Any]) -> None:
+        """What goes into a bit vector must be 0 or 1."""
+        bits_of(fn, items)
+
     # -- basics -----------------------------------------------------------------------------------
     def op_length(self, seq: Any) -> Any:
         t = type(seq)
-        if t is str or t is list:
+        if t is str or t is list or t is BitVector:
             return len(seq)
         if seq is NIL:
             return 0
@@ -143,7 +152,7 @@ class Sequences(Lib):
     def op_elt(self, seq: Any, i: Any) -> Any:
         need_index("elt", 2, i)
         t = type(seq)
-        if t is list or t is str:
+        if t is list or t is str or t is BitVector:
             if i >= len(seq):
                 raise lisp_error("E103", f"`elt`: index {i} is out of bounds for a sequence of length {len(seq)}", "TYPE-ERROR", i)
             return Char(seq[i]) if t is str else seq[i]
@@ -164,9 +173,11 @@ class Sequences(Lib):
         t = type(seq)
         if t is str:
             raise lisp_error("E109", "strings are immutable in SexpGPU; build a new one with concatenate or format", "PROGRAM-ERROR")
-        if t is list:
+        if t is list or t is BitVector:
             if i >= len(seq):
                 raise lisp_error("E103", f"(setf elt): index {i} is out of bounds for a vector of length {len(seq)}", "TYPE-ERROR", i)
+            if t is BitVector:
+                self.need_bits("(setf elt)", [value])
             seq[i] = value
             return value
         if seq is not NIL and t is not Cons:
@@ -222,9 +233,11 @@ class Sequences(Lib):
         keys = parse_keys("fill", args, {"START", "END"}, 3)
         if type(seq) is str:
             raise lisp_error("E109", "strings are immutable in SexpGPU; build a new one with make-string or concatenate", "PROGRAM-ERROR")
-        if type(seq) is list:
+        if type(seq) is list or type(seq) is BitVector:
             s, e = self.bounds("fill", keys, len(seq))
             self.charge(e - s)
+            if type(seq) is BitVector:
+                self.need_bits("fill", [item])
             seq[s:e] = [item] * (e - s)
             return seq
         cells = self.cells_of_sequence("fill", seq)
@@ -245,9 +258,11 @@ class Sequences(Lib):
         source = self.items("replace", 2, seq2)
         s2, e2 = self.bounds("replace", keys, len(source), "START2", "END2")
         source = source[s2:e2]  # copied first: seq2 may be seq1
-        if type(seq1) is list:
+        if type(seq1) is list or type(seq1) is BitVector:
             s1, e1 = self.bounds("replace", keys, len(seq1), "START1", "END1")
             n = min(e1 - s1, len(source))
+            if type(seq1) is BitVector:
+                self.need_bits("replace", source[:n])
             seq1[s1 : s1 + n] = source[:n]
             return seq1
         cells = self.cells_of_sequence("replace", seq1)
@@ -261,7 +276,7 @@ class Sequences(Lib):
         need_index("make-sequence", 2, size)
         kind = self.sequence_type("make-sequence", rtype)
         self.alloc(size if kind.kind != "string" else size // 8)
-        default = Char(" ") if kind.kind == "string" else (0 if kind.kind == "vector" and kind.element not in (None, T) else NIL)
+        default = Char(" ") if kind.kind == "string" else (0 if kind.kind == "bits" or (kind.kind == "vector" and kind.element not in (None, T)) else NIL)
         init = keys.get("INITIAL-ELEMENT", default)
         if kind.kind == "string" and type(init) is not Char:
             raise type_error("make-sequence", 4, "a character (the elements of a string)", init)
@@ -283,10 +298,12 @@ class Sequences(Lib):
         sources = [self.items("map-into", i, s) for i, s in enumerate(seqs, 3)]
         if type(result) is str:
             raise lisp_error("E109", "strings are immutable in SexpGPU; map into a vector or build a string with map 'string", "PROGRAM-ERROR")
-        if type(result) is list:
+        if type(result) is list or type(result) is BitVector:
             n = min([len(result), *(len(s) for s in sources)])
-            for i in range(n):
-                result[i] = f(*(s[i] for s in sources))
+            values = [f(*(s[i] for s in sources)) for i in range(n)]
+            if type(result) is BitVector:
+                self.need_bits("map-into", values)
+            result[:n] = values
             return result
         cells = self.cells_of_sequence("map-into", result)
         n = min([len(cells), *(len(s) for s in sources)])
@@ -514,7 +531,9 @@ class Sequences(Lib):
     def substituted(self, fn: str, new: Any, seq: Any, match: Callable[[Any], bool], keys: dict[str, Any], in_place: bool) -> Any:
         items = self.items(fn, 3, seq)
         change = self.chosen(fn, items, match, keys)
-        if in_place and type(seq) is list:
+        if in_place and (type(seq) is list or type(seq) is BitVector):
+            if type(seq) is BitVector and change:
+                self.need_bits(fn, [new])
             for i in change:
                 seq[i] = new
             return seq
@@ -653,7 +672,9 @@ class Sequences(Lib):
             return self.make("coerce", self.items("coerce", 1, x), kind, rtype) if kind.kind != "list" else x
         if kind.kind == "string" and type(x) is str and kind.length in (None, len(x)):
             return x
-        if kind.kind == "vector" and kind.element is None and type(x) in (list, str) and kind.length in (None, len(x)):
+        if kind.kind == "vector" and kind.element is None and type(x) in (list, str, BitVector) and kind.length in (None, len(x)):
+            return x
+        if kind.kind == "bits" and type(x) is BitVector and kind.length in (None, len(x)):
             return x
         if kind.kind == "vector" and type(x) is list and kind.length in (None, len(x)) and kind.element is T:
             return x

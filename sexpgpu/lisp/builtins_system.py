@@ -26,7 +26,7 @@ from .builtins import (
 )
 from .conditions import CONDITION_PARENTS, Condition, LispError, OperationName, condition_is, lisp_error
 from .builtins_strings import STANDARD_CHARS
-from .objects import Builtin, Closure, ConditionType, HandlerCluster, HashTable, LexicalEnvironment, LispArray, Macro, StructInstance, StructType
+from .objects import BitVector, Builtin, Closure, ConditionType, HandlerCluster, HashTable, LexicalEnvironment, LispArray, Macro, StructInstance, StructType
 from .scope import SymbolMacroEntry
 from .typespecs import FIXNUM_HIGH, FIXNUM_LOW, subtypep_values
 from .types import NIL, T, Char, Cons, MultipleValues, Symbol
@@ -68,6 +68,8 @@ def type_of(interp: "Interpreter", x: Any) -> Any:
         return to_lisp_list([interp.sym("SIMPLE-ARRAY"), interp.sym("CHARACTER"), to_lisp_list([len(x)])])
     if t is list:
         return to_lisp_list([interp.sym("SIMPLE-VECTOR"), len(x)])
+    if t is BitVector:
+        return to_lisp_list([interp.sym("SIMPLE-BIT-VECTOR"), len(x)])
     if t is LispArray:
         return to_lisp_list([interp.sym("SIMPLE-ARRAY"), T, to_lisp_list(list(x.dims))])
     if t is Char:
@@ -209,13 +211,12 @@ def install(reg: Registry) -> None:
 
     def documentation_key(fn: str, x: Any, doc_type: Any) -> tuple[Any, str]:
         need_symbol(fn, 2, doc_type)
-        if type(x) is Closure:
-            x = x.name
-        elif type(x) is Builtin:
-            x = interp.sym(x.name.upper())
-        if not (type(x) is Symbol or (type(x) is Cons and x.car is interp.sym("SETF"))):
-            raise type_error(fn, 1, "a symbol, (setf name) or function", x)
-        return (x if type(x) is Symbol else ("SETF", x.cdr.car)), doc_type.name
+        name: Any = x.name if type(x) is Closure else interp.sym(x.name.upper()) if type(x) is Builtin else x
+        if type(name) is Symbol:
+            return name, doc_type.name
+        if type(name) is Cons and name.car is interp.sym("SETF") and type(name.cdr) is Cons:
+            return ("SETF", name.cdr.car), doc_type.name
+        raise type_error(fn, 1, "a symbol, (setf name) or function", x)
 
     def documentation(x: Any, doc_type: Any) -> Any:
         return interp.documentation.get(documentation_key("documentation", x, doc_type), NIL)
@@ -818,6 +819,8 @@ def _sxhash_key(x: Any, budget: list[int]) -> str:
         return f"n{t.__name__}{x!r}"
     if t is Char:
         return "c" + x.ch
+    if t is BitVector:
+        return "b" + "".join("1" if b else "0" for b in x)  # equal looks into bit vectors
     if t is list:
         return "v"  # vectors are equal only when eq
     return "o" + t.__name__

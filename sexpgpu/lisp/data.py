@@ -7,6 +7,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
+from .objects import BitVector
 from .printer import prin1_to_string
 from .types import NIL, T, Cons, Symbol
 
@@ -29,7 +30,7 @@ def as_data(x: Any, *, form: bool = False) -> Any:
         return ":" + x.name.lower() if x.is_keyword else x.name.lower()
     if t is Cons:
         return _list_data(x, form)
-    if t is list:
+    if t is list or t is BitVector:
         return [as_data(i, form=form) for i in x]
     if t is Fraction:
         return float(x)

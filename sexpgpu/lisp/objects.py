@@ -118,6 +118,18 @@ class RandomState:
         return "#<random-state>"
 
 
+class BitVector(list):  # type: ignore[type-arg]
+    """A bit vector (`#*0101`, `(make-array n :element-type 'bit)`): a vector whose elements
+    are the integers 0 and 1. A list, so that every sequence function reads it as a vector;
+    the functions that build or store into one keep it a bit vector."""
+
+    __slots__ = ()
+
+
+def all_bits(items: Any) -> bool:
+    return all(type(b) is int and (b == 0 or b == 1) for b in items)
+
+
 class LispArray:
     """An array of rank other than one (vectors are Python lists, strings Python str): its
     dimensions and its elements in row-major order."""
@@ -240,7 +252,8 @@ class HashTable:
         if self.test in ("EQ", "EQL"):
             return eql_key(k)
         t = type(k)
-        if t is Cons or t is str or (self.test == "EQUALP" and t in (list, Char, StructInstance, LispArray, HashTable, int, float, Fraction)):
+        # equal compares bit vectors by their elements (CLHS 5.3), as it does strings
+        if t is Cons or t is str or t is BitVector or (self.test == "EQUALP" and t in (list, Char, StructInstance, LispArray, HashTable, int, float, Fraction)):
             return StructuredKey(k, self.test == "EQUALP", self.charge)
         return eql_key(k)
 
@@ -292,12 +305,14 @@ def _bounded_hash(x: Any, loose: bool, budget: list[int]) -> int:
         return hash(("cons", _bounded_hash(x.car, loose, budget), _bounded_hash(x.cdr, loose, budget)))
     if t is str:
         return hash(("str", x.lower() if loose else x))
+    if t is BitVector and not loose:
+        return hash(("bits", len(x), *x[:64]))
     if loose:
         if t in (int, float, Fraction):
             return hash(x)
         if t is Char:
             return hash(("char", x.ch.lower()))
-        if t is list:
+        if t is list or t is BitVector:
             return hash(("vec", len(x), *(_bounded_hash(e, loose, budget) for e in x[:8])))
         if t is StructInstance:
             return hash(("struct", id(x.stype)))

@@ -435,6 +435,7 @@
           ((string= name "NTH") '%set-nth)
           ((string= name "ELT") '%set-elt)
           ((string= name "AREF") '%aset)
+          ((member name '("BIT" "SBIT") :test #'string=) '%set-bit)
           ((string= name "SVREF") '%svset)
           ((string= name "ROW-MAJOR-AREF") '%set-row-major-aref)
           ((string= name "GETHASH") '%puthash)

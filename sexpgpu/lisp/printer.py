@@ -10,7 +10,7 @@ from fractions import Fraction
 from typing import Any, Callable, NamedTuple, Optional
 
 from .charnames import char_name
-from .objects import LispArray
+from .objects import BitVector, LispArray
 from .types import FUNCTION, NIL, QUASIQUOTE, QUOTE, UNQUOTE, UNQUOTE_SPLICING, Char, Cons, Symbol
 
 
@@ -235,6 +235,9 @@ class Printer:
         if t is list:
             self.spend()
             return "#(" + self.elements_text(x, depth) + ")"
+        if t is BitVector:
+            self.spend()
+            return "#*" + "".join("1" if b else "0" for b in x)
         if t is LispArray:
             return f"#{len(x.dims)}A" + self.array_text(x.dims, x.data, depth)
         if t is bool:

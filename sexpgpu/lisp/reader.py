@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 from .charnames import name_char
 from .diagnostics import Diagnostic, DiagnosticError
+from .objects import BitVector
 from .types import (
     FUNCTION,
     NIL,
@@ -466,8 +467,8 @@ class Reader:
             return self.read_bits(start, end + 1, n)
         raise self.error("R005", f"unknown reader syntax `#{n}{c}`: supported are #nR, #nA, #n( and #n*", start)
 
-    def read_bits(self, start: int, pos: int, n: Optional[int]) -> list[int]:
-        """#*0101: a bit vector, read as a vector of 0s and 1s (SexpGPU has no bit vectors)."""
+    def read_bits(self, start: int, pos: int, n: Optional[int]) -> BitVector:
+        """#*0101 and #n*01: a bit vector."""
         self.pos = pos
         token, _ = self.scan_token()
         if token.strip("01"):
@@ -477,7 +478,7 @@ class Reader:
             if len(bits) > n or (n and not bits):
                 raise self.error("R006", f"#{n}* has {len(bits)} bits", start)
             bits += bits[-1:] * (n - len(bits))
-        return bits
+        return BitVector(bits)
 
     def read_radix(self, start: int, base: int, width: int = 2) -> Any:
         self.pos = start + width

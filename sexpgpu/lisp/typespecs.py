@@ -9,7 +9,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .conditions import CONDITION_PARENTS, Condition, condition_is, lisp_error
-from .objects import Builtin, Closure, HashTable, LispArray, StructInstance
+from .objects import BitVector, Builtin, Closure, HashTable, LispArray, StructInstance
 from .types import NIL, T, Char, Cons, MultipleValues, Symbol
 
 if TYPE_CHECKING:
@@ -58,17 +58,17 @@ ATOMIC: dict[str, Predicate] = {
     "CONS": lambda x: type(x) is Cons,
     "LIST": lambda x: x is NIL or type(x) is Cons,
     "ATOM": lambda x: type(x) is not Cons,
-    "SEQUENCE": lambda x: x is NIL or type(x) in (Cons, list, str),
+    "SEQUENCE": lambda x: x is NIL or type(x) in (Cons, list, str, BitVector),
     "STRING": lambda x: type(x) is str,
     "SIMPLE-STRING": lambda x: type(x) is str,
     "BASE-STRING": lambda x: False,  # strings read or made here hold characters, as in SBCL
     "SIMPLE-BASE-STRING": lambda x: False,
-    "VECTOR": lambda x: type(x) in (list, str),
+    "VECTOR": lambda x: type(x) in (list, str, BitVector),
     "SIMPLE-VECTOR": lambda x: type(x) is list,
-    "BIT-VECTOR": lambda x: False,
-    "SIMPLE-BIT-VECTOR": lambda x: False,
-    "ARRAY": lambda x: type(x) in (list, str, LispArray),
-    "SIMPLE-ARRAY": lambda x: type(x) in (list, str, LispArray),
+    "BIT-VECTOR": lambda x: type(x) is BitVector,
+    "SIMPLE-BIT-VECTOR": lambda x: type(x) is BitVector,
+    "ARRAY": lambda x: type(x) in (list, str, BitVector, LispArray),
+    "SIMPLE-ARRAY": lambda x: type(x) in (list, str, BitVector, LispArray),
     "FUNCTION": _is_function,
     "COMPILED-FUNCTION": _is_function,
     "HASH-TABLE": lambda x: type(x) is HashTable,
@@ -212,7 +212,8 @@ class TypeSpecs:
             base = ATOMIC[head]
             return lambda x: base(x) and _size_ok(len(x), size)
         if head in ("BIT-VECTOR", "SIMPLE-BIT-VECTOR"):
-            return lambda x: False
+            size = args[0] if args else NIL
+            return lambda x: type(x) is BitVector and _size_ok(len(x), size)
         if head == "SIMPLE-VECTOR":
             size = args[0] if args else NIL
             return lambda x: type(x) is list and _size_ok(len(x), size)
@@ -220,12 +221,12 @@ class TypeSpecs:
         if head == "VECTOR":
             size = args[1] if len(args) > 1 else NIL
             kinds = self.element_kinds(element)
-            return lambda x: type(x) in (list, str) and _kind(x) in kinds and _size_ok(len(x), size)
+            return lambda x: type(x) in (list, str, BitVector) and _kind(x) in kinds and _size_ok(len(x), size)
         dims = args[1] if len(args) > 1 else NIL
         kinds = self.element_kinds(element)
 
         def array(x: Any) -> bool:
-            if type(x) not in (list, str, LispArray) or _kind(x) not in kinds:
+            if type(x) not in (list, str, BitVector, LispArray) or _kind(x) not in kinds:
                 return False
             shape = x.dims if type(x) is LispArray else (len(x),)
             return _dims_ok(shape, dims)
@@ -233,12 +234,14 @@ class TypeSpecs:
         return array
 
     def element_kinds(self, element: Any) -> set[str]:
-        """Which of our array kinds ("t": vectors and arrays, "character": strings) an
-        element type admits: * both, t and types t upgrades to only "t"."""
+        """Which of our array kinds ("t": vectors and arrays, "character": strings, "bit": bit
+        vectors) an element type admits: * all, t and types t upgrades to only "t"."""
         if _star(element) or element is _ANY:
-            return {"t", "character"}
+            return {"t", "character", "bit"}
         if type(element) is Symbol and element.name in ("CHARACTER", "BASE-CHAR", "STANDARD-CHAR"):
             return {"character"}
+        if upgrades_to_bit(self.expand(element)):
+            return {"bit"}
         if element is T:
             return {"t"}
         return set()  # a specialized element type (fixnum, double-float ...): no array of ours
@@ -248,7 +251,27 @@ _ANY = Symbol("*", None)  # an element type left out: any
 
 
 def _kind(x: Any) -> str:
-    return "character" if type(x) is str else "t"
+    t = type(x)
+    return "character" if t is str else "bit" if t is BitVector else "t"
+
+
+def upgrades_to_bit(element: Any) -> bool:
+    """Whether an array of element type ELEMENT is a bit array: bit, (integer 0 1),
+    (unsigned-byte 1), (mod 2) and (member 0 1), as SBCL upgrades them."""
+    if type(element) is Symbol:
+        return element.name == "BIT"
+    if type(element) is not Cons or type(element.car) is not Symbol:
+        return False
+    head, args = element.car.name, list(element.cdr) if type(element.cdr) is Cons else []
+    if head == "INTEGER" and len(args) == 2:
+        return args[0] == 0 and args[1] == 1
+    if head == "UNSIGNED-BYTE":
+        return args == [1]
+    if head == "MOD":
+        return args == [2]
+    if head == "MEMBER":
+        return bool(args) and all(type(a) is int and a in (0, 1) for a in args)
+    return False
 
 
 def _size_ok(n: int, size: Any) -> bool:

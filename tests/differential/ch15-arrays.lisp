@@ -137,3 +137,28 @@ array-rank-limit
 (copy-seq (make-array 2 :initial-element 'q))
 (reverse (make-array 3 :initial-contents '(1 2 3)))
 (concatenate 'vector #(1) (make-array 2 :initial-element 0))
+; bit vectors
+#*0110
+#3*1
+#*
+(list (bit-vector-p #*01) (simple-bit-vector-p #*01) (bit-vector-p (vector 0 1)) (vectorp #*1) (arrayp #*1))
+(list (typep #*01 'bit-vector) (typep #*01 '(vector bit)) (typep #*01 '(vector t)) (typep #*01 'simple-vector) (typep #*01 '(bit-vector 2)) (typep #*01 '(simple-array bit (2))))
+(list (typep (vector 0 1) 'bit-vector) (typep (vector 0 1) '(vector bit)) (typep #*01 '(vector *)))
+(type-of #*0101)
+(list (array-element-type #*1) (upgraded-array-element-type 'bit) (upgraded-array-element-type '(integer 0 1)) (upgraded-array-element-type '(unsigned-byte 1)))
+(make-array 4 :element-type 'bit)
+(make-array 4 :element-type 'bit :initial-element 1)
+(make-array 3 :element-type '(integer 0 1) :initial-contents '(1 0 1))
+(handler-case (make-array 2 :element-type 'bit :initial-element 2) (type-error () :type-error))
+(let ((b (make-array 5 :element-type 'bit))) (setf (bit b 0) 1 (sbit b 2) 1 (aref b 4) 1) b)
+(let ((b (copy-seq #*0000))) (list (handler-case (setf (aref b 0) 7) (type-error () :type-error)) b))
+(list (bit #*0101 1) (sbit #*0101 2) (aref #*0101 3))
+(handler-case (bit (vector 0 1) 0) (type-error () :type-error))
+(list (bit-and #*1100 #*1010) (bit-ior #*1100 #*1010) (bit-xor #*1100 #*1010) (bit-eqv #*1100 #*1010) (bit-nand #*1100 #*1010))
+(list (bit-nor #*1100 #*1010) (bit-andc1 #*1100 #*1010) (bit-andc2 #*1100 #*1010) (bit-orc1 #*1100 #*1010) (bit-orc2 #*1100 #*1010) (bit-not #*1100))
+(let ((a (copy-seq #*1100))) (list (eq (bit-and a #*1010 t) a) a))
+(let ((a (copy-seq #*1100)) (r (make-array 4 :element-type 'bit))) (list (eq (bit-ior a #*0011 r) r) r a))
+(let ((a (copy-seq #*10))) (bit-not a a) a)
+(handler-case (bit-and #*11 #*111) (error () :mismatched-lengths))
+(let ((v (make-array 2 :element-type 'bit :fill-pointer 0 :adjustable t))) (vector-push-extend 1 v) (vector-push-extend 0 v) (vector-push-extend 1 v) v)
+(adjust-array (copy-seq #*1) 3)
