@@ -60,6 +60,11 @@ BIT_OPERATIONS: dict[str, Any] = {
 }
 
 
+def _bits(array: Any) -> list[int]:
+    """The elements of a bit array, row-major, as the list that holds them."""
+    return array.data if type(array) is LispArray else array
+
+
 def _character_type(element: Any) -> bool:
     return type(element) is Symbol and element.name in ("CHARACTER", "BASE-CHAR", "STANDARD-CHAR", "EXTENDED-CHAR")
 
@@ -115,7 +120,7 @@ class Arrays(Lib):
                     raise lisp_error("E103", "`make-array`: a character array holds only characters", "TYPE-ERROR")
                 return "".join(c.ch for c in data)
             return bits_of("make-array", data) if bits else data
-        return LispArray(shape, data)
+        return LispArray(shape, list(bits_of("make-array", data)) if bits else data, bits)
 
     def contents(self, fn: str, contents: Any, shape: tuple[int, ...]) -> list[Any]:
         """The row-major elements of nested :initial-contents matching SHAPE."""
@@ -170,6 +175,8 @@ class Arrays(Lib):
             raise lisp_error("E109", IMMUTABLE, "PROGRAM-ERROR")
         i = self.index("(setf aref)", array, tuple(subscripts))
         if type(array) is LispArray:
+            if array.bits:
+                need_bit("(setf aref)", value)
             array.data[i] = value
         else:
             if type(array) is BitVector:
@@ -202,6 +209,8 @@ class Arrays(Lib):
             raise lisp_error("E109", IMMUTABLE, "PROGRAM-ERROR")
         self.op_row_major_aref(array, i)
         if type(array) is LispArray:
+            if array.bits:
+                need_bit("(setf row-major-aref)", value)
             array.data[i] = value
         else:
             if type(array) is BitVector:
@@ -243,7 +252,8 @@ class Arrays(Lib):
     def op_array_element_type(self, array: Any) -> Any:
         self.need_array("array-element-type", 1, array)
         t = type(array)
-        return self.interp.sym("CHARACTER") if t is str else self.interp.sym("BIT") if t is BitVector else T
+        bits = t is BitVector or (t is LispArray and array.bits)
+        return self.interp.sym("CHARACTER") if t is str else self.interp.sym("BIT") if bits else T
 
     def op_upgraded_array_element_type(self, spec: Any, env: Any = NIL) -> Any:
         if _character_type(spec):
@@ -306,10 +316,12 @@ class Arrays(Lib):
         keys = parse_keys("adjust-array", args, {"INITIAL-ELEMENT", "INITIAL-CONTENTS", "ELEMENT-TYPE", "FILL-POINTER", "DISPLACED-TO", "DISPLACED-INDEX-OFFSET"}, 3)
         shape = self.dims_of("adjust-array", dims)
         old = self.need_array("adjust-array", 1, array)
+        bits = type(old) is BitVector or (type(old) is LispArray and old.bits)
+        element = (self.interp.kw("ELEMENT-TYPE"), self.interp.sym("BIT")) if bits else ()
         if "INITIAL-CONTENTS" in keys:
-            return self.op_make_array(dims, self.interp.kw("INITIAL-CONTENTS"), keys["INITIAL-CONTENTS"])
-        init = keys.get("INITIAL-ELEMENT", 0 if type(old) is BitVector else NIL)
-        if type(old) is BitVector:
+            return self.op_make_array(dims, self.interp.kw("INITIAL-CONTENTS"), keys["INITIAL-CONTENTS"], *element)
+        init = keys.get("INITIAL-ELEMENT", 0 if bits else NIL)
+        if bits:
             need_bit("adjust-array", init)
         if (type(old) is list or type(old) is BitVector) and len(shape) == 1:
             n = shape[0]
@@ -319,7 +331,7 @@ class Arrays(Lib):
             else:
                 old.extend([init] * (n - len(old)))
             return old
-        made = self.op_make_array(dims, self.interp.kw("INITIAL-ELEMENT"), init)
+        made = self.op_make_array(dims, self.interp.kw("INITIAL-ELEMENT"), init, *element)
         old_dims = dimensions(old)
         if len(old_dims) == len(shape):
             for index in _all_subscripts(tuple(min(a, b) for a, b in zip(old_dims, shape))):
@@ -336,19 +348,19 @@ class Arrays(Lib):
         return lbool(type(x) is list)
 
     # -- bit arrays (CLHS 15.2: bit, sbit, bit-and ...) ---------------------------------------
-    def need_bit_vector(self, fn: str, pos: int, x: Any) -> BitVector:
-        if type(x) is not BitVector:
-            raise type_error(fn, pos, "a bit vector", x)
+    def need_bit_array(self, fn: str, pos: int, x: Any) -> Any:
+        if type(x) is not BitVector and not (type(x) is LispArray and x.bits):
+            raise type_error(fn, pos, "a bit array", x)
         return x
 
     def op_bit(self, array: Any, *subscripts: Any) -> Any:
-        return self.op_aref(self.need_bit_vector("bit", 1, array), *subscripts)
+        return self.op_aref(self.need_bit_array("bit", 1, array), *subscripts)
 
     def op_sbit(self, array: Any, *subscripts: Any) -> Any:
-        return self.op_aref(self.need_bit_vector("sbit", 1, array), *subscripts)
+        return self.op_aref(self.need_bit_array("sbit", 1, array), *subscripts)
 
     def op_p_set_bit(self, array: Any, *rest: Any) -> Any:
-        return self.op_p_aset(self.need_bit_vector("(setf bit)", 1, array), *rest)
+        return self.op_p_aset(self.need_bit_array("(setf bit)", 1, array), *rest)
 
     def op_bit_vector_p(self, x: Any) -> Any:
         return lbool(type(x) is BitVector)
@@ -357,30 +369,30 @@ class Arrays(Lib):
         return lbool(type(x) is BitVector)
 
     def op_bit_not(self, a: Any, result: Any = NIL) -> Any:
-        self.need_bit_vector("bit-not", 1, a)
-        return self.bits_into("bit-not", [1 - x for x in a], a, result, 2)
+        self.need_bit_array("bit-not", 1, a)
+        return self.bits_into("bit-not", [1 - x for x in _bits(a)], a, result, 2)
 
     def bit_operation(self, fn: str, combine: Any) -> Any:
         def operate(a: Any, b: Any, result: Any = NIL) -> Any:
-            self.need_bit_vector(fn, 1, a)
-            self.need_bit_vector(fn, 2, b)
-            if len(a) != len(b):
-                raise lisp_error("E103", f"`{fn}`: the bit vectors have {len(a)} and {len(b)} bits", "TYPE-ERROR", b)
-            return self.bits_into(fn, [combine(x, y) for x, y in zip(a, b)], a, result, 3)
+            self.need_bit_array(fn, 1, a)
+            self.need_bit_array(fn, 2, b)
+            if dimensions(a) != dimensions(b):
+                raise lisp_error("E103", f"`{fn}`: the bit arrays have dimensions {list(dimensions(a))} and {list(dimensions(b))}", "TYPE-ERROR", b)
+            return self.bits_into(fn, [combine(x, y) for x, y in zip(_bits(a), _bits(b))], a, result, 3)
 
         return operate
 
-    def bits_into(self, fn: str, bits: list[int], first: BitVector, result: Any, pos: int) -> BitVector:
-        """CLHS's opt-arg: nil makes a fresh bit vector, t stores into FIRST, a bit vector of
-        the same length is stored into."""
+    def bits_into(self, fn: str, bits: list[int], first: Any, result: Any, pos: int) -> Any:
+        """CLHS's opt-arg: nil makes a fresh bit array, t stores into FIRST, a bit array of the
+        same dimensions is stored into."""
         self.charge(len(bits))
         if result is NIL:
             self.alloc(len(bits))
-            return BitVector(bits)
-        target = first if result is T else self.need_bit_vector(fn, pos, result)
-        if len(target) != len(bits):
-            raise lisp_error("E103", f"`{fn}`: the result bit vector has {len(target)} bits, the arguments {len(bits)}", "TYPE-ERROR", result)
-        target[:] = bits
+            return BitVector(bits) if type(first) is BitVector else LispArray(first.dims, bits, True)
+        target = first if result is T else self.need_bit_array(fn, pos, result)
+        if dimensions(target) != dimensions(first):
+            raise lisp_error("E103", f"`{fn}`: the result has dimensions {list(dimensions(target))}, the arguments {list(dimensions(first))}", "TYPE-ERROR", result)
+        _bits(target)[:] = bits
         return target
 
 

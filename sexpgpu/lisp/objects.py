@@ -132,13 +132,15 @@ def all_bits(items: Any) -> bool:
 
 class LispArray:
     """An array of rank other than one (vectors are Python lists, strings Python str): its
-    dimensions and its elements in row-major order."""
+    dimensions and its elements in row-major order. BITS: a bit array (element type bit),
+    whose elements are 0 and 1."""
 
-    __slots__ = ("dims", "data")
+    __slots__ = ("dims", "data", "bits")
 
-    def __init__(self, dims: tuple[int, ...], data: list[Any]) -> None:
+    def __init__(self, dims: tuple[int, ...], data: list[Any], bits: bool = False) -> None:
         self.dims = dims
         self.data = data
+        self.bits = bits
 
     def row_major(self, subscripts: tuple[int, ...]) -> int:
         index = 0

@@ -252,7 +252,7 @@ _ANY = Symbol("*", None)  # an element type left out: any
 
 def _kind(x: Any) -> str:
     t = type(x)
-    return "character" if t is str else "bit" if t is BitVector else "t"
+    return "character" if t is str else "bit" if t is BitVector or (t is LispArray and x.bits) else "t"
 
 
 def upgrades_to_bit(element: Any) -> bool:

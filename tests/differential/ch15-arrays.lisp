@@ -162,3 +162,9 @@ array-rank-limit
 (handler-case (bit-and #*11 #*111) (error () :mismatched-lengths))
 (let ((v (make-array 2 :element-type 'bit :fill-pointer 0 :adjustable t))) (vector-push-extend 1 v) (vector-push-extend 0 v) (vector-push-extend 1 v) v)
 (adjust-array (copy-seq #*1) 3)
+; bit arrays of other ranks
+(let ((a (make-array '(2 2) :element-type 'bit :initial-contents '((0 1) (1 1))))) (list (array-element-type a) (typep a '(array bit (2 2))) (bit a 0 1) (sbit a 1 0)))
+(let ((a (make-array '(2 2) :element-type 'bit :initial-contents '((0 1) (0 1)))) (b (make-array '(2 2) :element-type 'bit :initial-contents '((0 0) (1 1))))) (list (bit-and a b) (bit-xor a b) (bit-not a)))
+(let ((a (make-array nil :element-type 'bit :initial-element 1))) (list (bit-not a) (bit-and a (make-array nil :element-type 'bit :initial-element 0))))
+(let ((a (make-array '(1 2) :element-type 'bit))) (setf (bit a 0 1) 1) (list a (handler-case (setf (aref a 0 0) 2) (type-error () :type-error))))
+(let ((a (make-array '(2 2) :element-type 'bit :initial-element 1))) (list (eq (bit-nor a a t) a) a))
