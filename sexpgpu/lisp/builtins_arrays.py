@@ -9,7 +9,7 @@ from typing import Any
 
 from .builtins import Lib, Registry, bits_of, lbool, need_index, parse_keys, type_error
 from .conditions import lisp_error
-from .objects import BitVector, LispArray
+from .objects import BitVector, LispArray, VectorHeader
 from .types import NIL, T, Char, Cons, Symbol
 from .typespecs import upgrades_to_bit
 
@@ -107,20 +107,39 @@ class Arrays(Lib):
             default = Char("\x00") if characters else 0  # what SBCL's fresh arrays hold
             data = [keys.get("INITIAL-ELEMENT", default)] * total
         fill = keys.get("FILL-POINTER", NIL)
+        active = len(data)
         if fill is not NIL:
             if len(shape) != 1:
                 raise lisp_error("E103", "`make-array`: only a vector can have a fill pointer", "TYPE-ERROR", fill)
             if fill is not T:
                 if type(fill) is not int or not 0 <= fill <= shape[0]:
                     raise type_error("make-array", 0, f"t or an integer from 0 to {shape[0]} (the :fill-pointer)", fill)
-                data = data[:fill]
+                active = fill
         if len(shape) == 1:
             if characters:
                 if not all(type(c) is Char for c in data):
                     raise lisp_error("E103", "`make-array`: a character array holds only characters", "TYPE-ERROR")
-                return "".join(c.ch for c in data)
-            return bits_of("make-array", data) if bits else data
+                return "".join(c.ch for c in data[:active])
+            vector = bits_of("make-array", data) if bits else data
+            if fill is not NIL or keys.get("ADJUSTABLE", NIL) is not NIL:
+                self.interp.vector_headers[id(vector)] = VectorHeader(vector, vector[active:], fill is not NIL, True)
+                del vector[active:]
+            return vector
         return LispArray(shape, list(bits_of("make-array", data)) if bits else data, bits)
+
+    def header(self, v: Any) -> VectorHeader | None:
+        return self.interp.vector_headers.get(id(v)) if type(v) is list or type(v) is BitVector else None
+
+    def dims(self, x: Any) -> tuple[int, ...]:
+        """The dimensions, counting the elements past a fill pointer."""
+        header = self.header(x)
+        return (len(x) + len(header.beyond),) if header is not None else dimensions(x)
+
+    def need_fill_pointer(self, fn: str, pos: int, v: Any) -> VectorHeader:
+        header = self.header(v)
+        if header is None or not header.fill_pointer:
+            raise type_error(fn, pos, "a vector with a fill pointer", v)
+        return header
 
     def contents(self, fn: str, contents: Any, shape: tuple[int, ...]) -> list[Any]:
         """The row-major elements of nested :initial-contents matching SHAPE."""
@@ -141,8 +160,9 @@ class Arrays(Lib):
         return list(xs)
 
     def index(self, fn: str, array: Any, subscripts: tuple[Any, ...]) -> int:
-        """The row-major index of SUBSCRIPTS in ARRAY, each checked."""
-        dims = dimensions(self.need_array(fn, 1, array))
+        """The row-major index of SUBSCRIPTS in ARRAY, each checked (aref reaches past a fill
+        pointer, CLHS 15.1.2.2)."""
+        dims = self.dims(self.need_array(fn, 1, array))
         if len(subscripts) != len(dims):
             # SBCL: one subscript on an array of another rank is a type-error (not a vector)
             ctype = "TYPE-ERROR" if len(subscripts) == 1 else "ERROR"
@@ -164,7 +184,12 @@ class Arrays(Lib):
             return Char(array[i])
         if t is LispArray:
             return array.data[i]
-        return array[i]
+        return array[i] if i < len(array) else self.past_fill_pointer(array)[i - len(array)]
+
+    def past_fill_pointer(self, v: Any) -> list[Any]:
+        header = self.header(v)
+        assert header is not None  # index() allowed an index past the active elements
+        return header.beyond
 
     def op_p_aset(self, array: Any, *rest: Any) -> Any:
         """(setf (aref array subscripts...) value): the value comes last."""
@@ -181,7 +206,10 @@ class Arrays(Lib):
         else:
             if type(array) is BitVector:
                 need_bit("(setf aref)", value)
-            array[i] = value
+            if i < len(array):
+                array[i] = value
+            else:
+                self.past_fill_pointer(array)[i - len(array)] = value
         return value
 
     def op_svref(self, v: Any, i: Any) -> Any:
@@ -219,10 +247,10 @@ class Arrays(Lib):
         return value
 
     def op_array_dimensions(self, array: Any) -> Any:
-        return to_lisp(list(dimensions(self.need_array("array-dimensions", 1, array))))
+        return to_lisp(list(self.dims(self.need_array("array-dimensions", 1, array))))
 
     def op_array_dimension(self, array: Any, axis: Any) -> Any:
-        dims = dimensions(self.need_array("array-dimension", 1, array))
+        dims = self.dims(self.need_array("array-dimension", 1, array))
         need_index("array-dimension", 2, axis)
         if axis >= len(dims):
             raise lisp_error("E103", f"`array-dimension`: axis {axis} is not below the rank {len(dims)}", "ERROR", axis)
@@ -233,7 +261,7 @@ class Arrays(Lib):
 
     def op_array_total_size(self, array: Any) -> Any:
         total = 1
-        for d in dimensions(self.need_array("array-total-size", 1, array)):
+        for d in self.dims(self.need_array("array-total-size", 1, array)):
             total *= d
         return total
 
@@ -241,7 +269,7 @@ class Arrays(Lib):
         return self.index("array-row-major-index", array, subscripts)
 
     def op_array_in_bounds_p(self, array: Any, *subscripts: Any) -> Any:
-        dims = dimensions(self.need_array("array-in-bounds-p", 1, array))
+        dims = self.dims(self.need_array("array-in-bounds-p", 1, array))
         if len(subscripts) != len(dims):
             raise lisp_error("E102", f"`array-in-bounds-p`: an array of rank {len(dims)} takes {len(dims)} subscripts, got {len(subscripts)}", "PROGRAM-ERROR")
         for i, s in enumerate(subscripts, 2):
@@ -261,12 +289,14 @@ class Arrays(Lib):
         return self.interp.sym("BIT") if upgrades_to_bit(self.interp.types.expand(spec)) else T
 
     def op_adjustable_array_p(self, array: Any) -> Any:
+        # a vector made with :adjustable or :fill-pointer (SBCL makes both adjustable)
         self.need_array("adjustable-array-p", 1, array)
-        return NIL  # every array is simple: vector-push-extend grows a vector in place anyway
+        return lbool(self.header(array) is not None)
 
     def op_array_has_fill_pointer_p(self, array: Any) -> Any:
         self.need_array("array-has-fill-pointer-p", 1, array)
-        return NIL
+        header = self.header(array)
+        return lbool(header is not None and header.fill_pointer)
 
     def op_array_displacement(self, array: Any) -> Any:
         from .types import MultipleValues
@@ -280,37 +310,54 @@ class Arrays(Lib):
         return v
 
     def op_fill_pointer(self, v: Any) -> Any:
-        return len(self.need_vector("fill-pointer", 1, v))
+        self.need_fill_pointer("fill-pointer", 1, v)
+        return len(v)
 
     def op_p_set_fill_pointer(self, v: Any, n: Any) -> Any:
-        self.need_vector("(setf fill-pointer)", 1, v)
+        header = self.need_fill_pointer("(setf fill-pointer)", 1, v)
         need_index("(setf fill-pointer)", 2, n)
-        if n > len(v):
-            raise lisp_error("E103", f"(setf fill-pointer): {n} is beyond the {len(v)} elements the vector holds", "TYPE-ERROR", n)
-        del v[n:]
+        capacity = len(v) + len(header.beyond)
+        if n > capacity:
+            raise lisp_error("E103", f"(setf fill-pointer): {n} is beyond the vector's dimension {capacity}", "TYPE-ERROR", n)
+        if n < len(v):
+            header.beyond[:0] = v[n:]
+            del v[n:]
+        else:
+            v.extend(header.beyond[: n - len(v)])
+            del header.beyond[: n - len(v)]
         return n
 
     def op_vector_push(self, x: Any, v: Any) -> Any:
-        self.need_vector("vector-push", 2, v)
+        """Store X at the fill pointer and advance it; nil when the vector is full."""
+        header = self.need_fill_pointer("vector-push", 2, v)
         if type(v) is BitVector:
             need_bit("vector-push", x)
-        self.alloc(1)
+        if not header.beyond:
+            return NIL
+        del header.beyond[0]
         v.append(x)
         return len(v) - 1
 
     def op_vector_push_extend(self, x: Any, v: Any, extension: Any = NIL) -> Any:
-        self.need_vector("vector-push-extend", 2, v)
+        """vector-push, growing the vector when it is full (as SBCL does, adjustable or not)."""
+        header = self.need_fill_pointer("vector-push-extend", 2, v)
+        if extension is not NIL and not (type(extension) is int and extension > 0):
+            raise type_error("vector-push-extend", 3, "a positive integer", extension)
         if type(v) is BitVector:
             need_bit("vector-push-extend", x)
         self.alloc(1)
+        if header.beyond:
+            del header.beyond[0]
         v.append(x)
         return len(v) - 1
 
     def op_vector_pop(self, v: Any) -> Any:
-        self.need_vector("vector-pop", 1, v)
+        header = self.need_fill_pointer("vector-pop", 1, v)
         if not v:
-            raise lisp_error("E103", "`vector-pop`: the vector is empty", "ERROR")
-        return v.pop()
+            raise lisp_error("E103", "`vector-pop`: the fill pointer is already zero", "ERROR")
+        x = v.pop()
+        header.beyond.insert(0, x)  # the element stays in the vector, past the fill pointer
+        return x
 
     def op_adjust_array(self, array: Any, dims: Any, *args: Any) -> Any:
         keys = parse_keys("adjust-array", args, {"INITIAL-ELEMENT", "INITIAL-CONTENTS", "ELEMENT-TYPE", "FILL-POINTER", "DISPLACED-TO", "DISPLACED-INDEX-OFFSET"}, 3)
@@ -324,19 +371,32 @@ class Arrays(Lib):
         if bits:
             need_bit("adjust-array", init)
         if (type(old) is list or type(old) is BitVector) and len(shape) == 1:
-            n = shape[0]
-            self.alloc(max(0, n - len(old)))
-            if n < len(old):
-                del old[n:]
-            else:
-                old.extend([init] * (n - len(old)))
-            return old
+            return self.adjust_vector(old, shape[0], init, keys.get("FILL-POINTER", NIL))
         made = self.op_make_array(dims, self.interp.kw("INITIAL-ELEMENT"), init, *element)
         old_dims = dimensions(old)
         if len(old_dims) == len(shape):
             for index in _all_subscripts(tuple(min(a, b) for a, b in zip(old_dims, shape))):
                 self.op_p_aset(made, *index, self.op_aref(old, *index))
         return made
+
+    def adjust_vector(self, v: Any, n: int, init: Any, fill: Any) -> Any:
+        """A vector adjusted in place to dimension N: its elements (those past a fill pointer
+        too) kept up to N, INIT after them; FILL, when given, the new fill pointer."""
+        header = self.header(v)
+        every = list(v) + (header.beyond if header is not None else [])
+        self.alloc(max(0, n - len(every)))
+        every = every[:n] + [init] * max(0, n - len(every))
+        if header is None or not header.fill_pointer:
+            if fill is not NIL:
+                raise type_error("adjust-array", 0, "a vector with a fill pointer (for :fill-pointer)", v)
+            v[:] = every
+            return v
+        active = len(v) if fill is NIL else n if fill is T else fill
+        if type(active) is not int or not 0 <= active <= n:
+            raise type_error("adjust-array", 0, f"a fill pointer from 0 to {n}", fill if fill is not NIL else active)
+        v[:] = every[:active]
+        header.beyond[:] = every[active:]
+        return v
 
     def op_arrayp(self, x: Any) -> Any:
         return lbool(is_array(x))
@@ -345,7 +405,7 @@ class Arrays(Lib):
         return lbool(type(x) in (list, str, BitVector))
 
     def op_simple_vector_p(self, x: Any) -> Any:
-        return lbool(type(x) is list)
+        return lbool(type(x) is list and self.header(x) is None)
 
     # -- bit arrays (CLHS 15.2: bit, sbit, bit-and ...) ---------------------------------------
     def need_bit_array(self, fn: str, pos: int, x: Any) -> Any:
@@ -366,7 +426,7 @@ class Arrays(Lib):
         return lbool(type(x) is BitVector)
 
     def op_simple_bit_vector_p(self, x: Any) -> Any:
-        return lbool(type(x) is BitVector)
+        return lbool(type(x) is BitVector and self.header(x) is None)
 
     def op_bit_not(self, a: Any, result: Any = NIL) -> Any:
         self.need_bit_array("bit-not", 1, a)

@@ -66,6 +66,10 @@ def type_of(interp: "Interpreter", x: Any) -> Any:
         return interp.sym("BIGNUM")
     if t is str:
         return to_lisp_list([interp.sym("SIMPLE-ARRAY"), interp.sym("CHARACTER"), to_lisp_list([len(x)])])
+    header = interp.vector_headers.get(id(x)) if t is list or t is BitVector else None
+    if header is not None:  # not simple: its dimension counts what is past the fill pointer
+        size = len(x) + len(header.beyond)
+        return to_lisp_list([interp.sym("BIT-VECTOR"), size] if t is BitVector else [interp.sym("VECTOR"), T, size])
     if t is list:
         return to_lisp_list([interp.sym("SIMPLE-VECTOR"), len(x)])
     if t is BitVector:

@@ -33,6 +33,7 @@ from .objects import (
     ReturnFromSignal,
     StructType,
     Undefined,
+    VectorHeader,
     function_name,
     root_frame,
 )
@@ -92,6 +93,7 @@ class Interpreter:
         self.setf_functions: dict[Symbol, Any] = {}
         self.setf_expanders: dict[Symbol, Any] = {}  # made by defsetf and define-setf-expander
         self.documentation: dict[tuple[Any, str], str] = {}  # (name, doc type) -> docstring
+        self.vector_headers: dict[int, VectorHeader] = {}  # id of a vector with a fill pointer -> its header
         self.structs: dict[Symbol, StructType] = {}
         self.plists: dict[Symbol, Any] = {}  # each symbol's property list
         # the active handlers, innermost last: a handler-case's clause types, or a handler-bind's cluster

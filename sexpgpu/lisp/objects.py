@@ -130,6 +130,21 @@ def all_bits(items: Any) -> bool:
     return all(type(b) is int and (b == 0 or b == 1) for b in items)
 
 
+class VectorHeader:
+    """What a vector made with :fill-pointer or :adjustable has beyond its elements (CLHS
+    15.1.2): the vector (a list) holds the active elements, BEYOND the ones past the fill
+    pointer, so its dimension is their sum. Kept by the interpreter, keyed by the vector's id
+    (the header holds the vector, so the id stays its own)."""
+
+    __slots__ = ("vector", "beyond", "fill_pointer", "adjustable")
+
+    def __init__(self, vector: list[Any], beyond: list[Any], fill_pointer: bool, adjustable: bool) -> None:
+        self.vector = vector
+        self.beyond = beyond
+        self.fill_pointer = fill_pointer
+        self.adjustable = adjustable
+
+
 class LispArray:
     """An array of rank other than one (vectors are Python lists, strings Python str): its
     dimensions and its elements in row-major order. BITS: a bit array (element type bit),

@@ -171,7 +171,7 @@ class TypeSpecs:
     def atomic(self, spec: Symbol) -> Predicate:
         check = ATOMIC.get(spec.name) if spec.package in ("", None) or spec is NIL or spec is T else None
         if check is not None:
-            return check
+            return self.simple_only(check) if spec.name in SIMPLE_TYPES else check
         stype = self.interp.structs.get(spec)
         if stype is not None:
             return lambda x: type(x) is StructInstance and x.stype.isa(stype)
@@ -205,8 +205,17 @@ class TypeSpecs:
             return lambda x: type(x) is int and 0 <= x < 2**size
         return lambda x: type(x) is int and -(2 ** (size - 1)) <= x < 2 ** (size - 1)
 
+    def simple_only(self, check: Predicate) -> Predicate:
+        """CHECK, and not a vector with a fill pointer or made adjustable (CLHS 15.1.1.3.1.2)."""
+        headers = self.interp.vector_headers
+        return lambda x: check(x) and id(x) not in headers
+
     def array_type(self, head: str, args: list[Any], spec: Any) -> Predicate:
         """(vector elt size) (array elt dims) (string size) and their simple- forms."""
+        check = self.any_array_type(head, args, spec)
+        return self.simple_only(check) if head in SIMPLE_TYPES else check
+
+    def any_array_type(self, head: str, args: list[Any], spec: Any) -> Predicate:
         if head in ("STRING", "SIMPLE-STRING", "BASE-STRING", "SIMPLE-BASE-STRING"):
             size = args[0] if args else NIL
             base = ATOMIC[head]
@@ -248,6 +257,7 @@ class TypeSpecs:
 
 
 _ANY = Symbol("*", None)  # an element type left out: any
+SIMPLE_TYPES = frozenset({"SIMPLE-VECTOR", "SIMPLE-ARRAY", "SIMPLE-BIT-VECTOR"})
 
 
 def _kind(x: Any) -> str:
