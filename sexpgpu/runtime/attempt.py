@@ -58,7 +58,8 @@ class RecordsLost(Exception):
 @dataclass
 class RunOptions:
     store: str = "./runs"
-    device: str = "cpu"  # what run.json records; the backend below runs it
+    # what run.json records, the name of the backend below (the session sets both: `--device`)
+    device: str = "numpy"
     backend: Backend = field(default_factory=HostBackend)  # where tensors live and how programs run
     max_steps: Optional[int] = None
     max_steps_by: str = "--max-steps"  # what set max_steps, for the reason of a truncated run

@@ -450,19 +450,31 @@ class Store:
         if not self.is_local and limit is None and exactly is None:  # an object is a file: nothing to look at first
             return bytes(self.fs.cat_file(full))
         size = self._regular_file_size(full, path)
-        if exactly is not None and size != exactly:
-            raise UnexpectedSize(f"{path} is {size:,} bytes, its record says {exactly:,}")
-        if limit is not None and size > limit:
-            raise UnexpectedSize(f"{path} is {size:,} bytes, more than the {limit:,} it may be")
         if not self.is_local:
+            self._check_size(path, size, limit, exactly)
             return bytes(self.fs.cat_file(full))
-        # O_NOFOLLOW: a file swapped for a link since it was looked at is not followed either
-        descriptor = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        # O_NOFOLLOW: a file swapped for a link since it was looked at is not followed either;
+        # O_NONBLOCK: nor does a swapped-in FIFO hang the open. The size is the opened file's:
+        # a writer that replaces the file (write, then rename) between the look and the open
+        # leaves this descriptor on one whole version, old or new
+        descriptor = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(descriptor, "rb") as handle:
+            info = os.fstat(descriptor)
+            if not stat.S_ISREG(info.st_mode):
+                raise NotARegularFile(f"{path} is not a regular file ({_file_kind(info.st_mode)}): refused")
+            size = info.st_size
+            self._check_size(path, size, limit, exactly)
             data = handle.read(size + 1)
         if len(data) != size:
             raise UnexpectedSize(f"{path} changed size while it was read")
         return data
+
+    @staticmethod
+    def _check_size(path: str, size: int, limit: Optional[int], exactly: Optional[int]) -> None:
+        if exactly is not None and size != exactly:
+            raise UnexpectedSize(f"{path} is {size:,} bytes, its record says {exactly:,}")
+        if limit is not None and size > limit:
+            raise UnexpectedSize(f"{path} is {size:,} bytes, more than the {limit:,} it may be")
 
     def copy_to_local(self, path: str, destination: "os.PathLike[str]") -> None:
         """Copy the regular file at PATH to the local file DESTINATION, streamed (never whole
