@@ -254,7 +254,7 @@ def install(reg: Registry) -> None:
         keys = parse_keys("read-from-string", args, {"START", "END", "PRESERVE-WHITESPACE"}, 4)
         start, end = _bounds("read-from-string", keys, len(text), "START", "END")
         base = interp.values.get(interp.sym("*READ-BASE*"), 10)
-        reader = Reader(text[:end], "<string>", interp.table, base if type(base) is int and 2 <= base <= 36 else 10)
+        reader = Reader(text[:end], "<string>", interp.table, base if type(base) is int and 2 <= base <= 36 else 10, interp.features)
         reader.pos = start
         try:
             form = reader.read_next()
