@@ -415,7 +415,7 @@ def format_to_string(interp: "Interpreter", control: str, args: list[Any]) -> st
             lambda name, arg, colon, at, params: format_call(interp, name, arg, colon, at, params),
         )
     except FormatError as exc:
-        raise lisp_error("E103", str(exc), exc.ctype) from None
+        raise lisp_error("E103", str(exc), exc.ctype, exc.datum) from None
     except PrintTooLarge as exc:
         raise lisp_error("E103", f"format: {exc}", "SIMPLE-ERROR") from None
     return text

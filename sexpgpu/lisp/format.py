@@ -31,11 +31,12 @@ Real = Union[int, float, Fraction]
 class FormatError(Exception):
     """A bad control string, or arguments that do not fit it. The message names the
     directive and its index in the control string. CTYPE is the condition it becomes
-    (SBCL signals a type-error for a ~{ argument that is not a list)."""
+    (SBCL signals a type-error for a ~{ argument, or an argument list, that is not a list)."""
 
-    def __init__(self, message: str, ctype: str = "ERROR") -> None:
+    def __init__(self, message: str, ctype: str = "ERROR", datum: Any = None) -> None:
         super().__init__(message)
         self.ctype = ctype
+        self.datum = datum  # a type-error's datum: the object that is not a list
 
 
 class Budget(Protocol):
@@ -368,7 +369,9 @@ class _Args:
         if type(cell) is not Cons:
             if cell is NIL:
                 raise FormatError(f"format: not enough arguments for {directive.label}")
-            raise FormatError(f"format: {directive.label} needs a list of arguments, not {_describe(cell)}")
+            if self.pos:
+                raise FormatError(f"format: {directive.label}: the argument list is dotted: it ends in {_describe(cell)}", "TYPE-ERROR", cell)
+            raise FormatError(f"format: {directive.label} needs a list of arguments, not {_describe(cell)}", "TYPE-ERROR", cell)
         self.tail = cell.cdr
         self.pos += 1
         return cell.car
@@ -394,7 +397,7 @@ class _Args:
         tail = self.orig
         for _ in range(target):
             if type(tail) is not Cons:
-                raise FormatError(f"format: {directive.label} needs a list of arguments, not {_describe(tail)}")
+                raise FormatError(f"format: {directive.label} needs a list of arguments, not {_describe(tail)}", "TYPE-ERROR", tail)
             tail = tail.cdr
         self.tail, self.pos = tail, target
 
@@ -410,7 +413,7 @@ def _list_length(x: Any, directive: _Directive) -> int:
         if count > MAX_ITERATION_STEPS:
             raise FormatError(f"format: {directive.label}: the argument list is too long or circular")
     if x is not NIL:
-        raise FormatError(f"format: {directive.label} needs a list of arguments, not {_describe(x)}")
+        raise FormatError(f"format: {directive.label} needs a proper list of arguments, not one that ends in {_describe(x)}", "TYPE-ERROR", x)
     return count
 
 
@@ -1392,7 +1395,7 @@ class _Formatter:
         else:
             items = args.pop(d)
             if items is not NIL and type(items) is not Cons:
-                raise FormatError(f"format: {d.label} needs a list argument, not {_describe(items)}", "TYPE-ERROR")
+                raise FormatError(f"format: {d.label} needs a list argument, not {_describe(items)}", "TYPE-ERROR", items)
             loop_args = _Args(items)
         try:
             self.iteration_loop(d, body, loop_args, max_count)
