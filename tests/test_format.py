@@ -304,3 +304,29 @@ def test_garbage_raises_only_format_errors() -> None:
         except FormatError:
             continue
         assert isinstance(result, str)
+
+
+def test_a_function_control_writes_and_leaves_the_arguments_it_returns() -> None:
+    """~{~} and ~? with a function control (CLHS 22.3): the callback gets the arguments left
+    and returns what it wrote and the arguments it did not consume."""
+    calls: list[Any] = []
+    function = sym("a-function")  # stands for a Lisp function: any control that is not a string
+
+    def control(fn: Any, args: Any) -> Any:
+        if fn is not function:
+            return None
+        calls.append(args)
+        return f"<{args.car}>", args.cdr
+
+    def run(text: str, *args: Any) -> str:
+        return lisp_format(text, list(args), prin1_to_string, princ_to_string, call_control=control)
+
+    assert run("~{~}", function, lst(1, 2, 3)) == "<1><2><3>"
+    assert run("~:{~}", function, lst(lst(1, 9), lst(2))) == "<1><2>"
+    assert run("~@{~}|", function, 1, 2) == "<1><2>|"
+    assert run("~?~a", function, lst(7, 8), 9) == "<7>9"
+    assert run("~@?~a", function, 7, 8) == "<7>8"
+    assert len(calls) == 9
+    with pytest.raises(FormatError) as info:
+        run("~{~}", 5, lst(1))
+    assert info.value.ctype == "TYPE-ERROR"
