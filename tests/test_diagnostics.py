@@ -30,6 +30,8 @@ CASES: dict[str, tuple[str | bytes, int, int, str, str | None]] = {
     "R005": ("#.(+ 1 2)", 1, 1, "`#.` (read-time evaluation) is refused: the reader never evaluates code", None),
     "R006": ("(list\n  (. 1))", 2, 4, "a dot cannot start a list: write `(a . b)`", None),
     "R007": (b'(list "\xff")', 1, 8, "byte 0xff at offset 7 is not valid UTF-8; save the file as UTF-8", None),
+    "R008": ("(list #+(or sbcl 3) 1)", 1, 9,
+             "`(or sbcl 3)` is not a feature expression: write a feature name such as sexpgpu, or (and ...), (or ...), (not x)", None),
     "E100": ("(defun f (x)\n  (+ x yy))\n(f 1)", 2, 8, "unbound variable `yy`", None),
     "E101": ("(frobnicate 1 2)", 1, 1, "undefined function `frobnicate`", None),
     "E102": ("(defun f (a b) a)\n(f 1)", 2, 1, "`f` takes 2 arguments, got 1", None),

@@ -220,6 +220,25 @@ def test_error_messages_name_the_directive_and_index(control: str, args: list[An
     assert str(info.value) == message
 
 
+@pytest.mark.parametrize(
+    ("control", "args", "datum", "message"),
+    [
+        ("~{~a~}", [Cons(1, Cons(2, 3))], 3, "format: ~a at index 2: the argument list is dotted: it ends in the integer 3"),
+        ("~:{~a~}", [lst(lst(1), 2)], 2, "format: ~a at index 3 needs a list of arguments, not the integer 2"),
+        ("~:{~a~}", [Cons(lst(1), 3)], 3, "format: ~{ at index 0: the argument list is dotted: it ends in the integer 3"),
+        ("~:@{~a~}", [1], 1, "format: ~a at index 4 needs a list of arguments, not the integer 1"),
+        ("~{~a~}", [5], 5, "format: ~{ at index 0 needs a list argument, not the integer 5"),
+    ],
+)
+def test_iteration_over_what_is_not_a_proper_list_is_a_type_error(control: str, args: list[Any], datum: Any, message: str) -> None:
+    """As in SBCL, a ~{ whose list (or ~:{ whose sublist) is dotted or not a list signals a
+    type-error whose datum is the offending object; checked when an argument is taken."""
+    with pytest.raises(FormatError) as info:
+        fmt(control, *args)
+    assert (info.value.ctype, info.value.datum, str(info.value)) == ("TYPE-ERROR", datum, message)
+    assert fmt("~:{~a~}", lst(Cons(1, 2))) == "1"  # the tail after the last argument taken is not looked at
+
+
 def test_unknown_directive_in_an_unused_clause_is_an_error() -> None:
     # SBCL's FORMATTER (a literal control string) rejects this at compile time; its run-time
     # interpreter would print "b". We check the whole control string up front, like FORMATTER.
@@ -285,3 +304,29 @@ def test_garbage_raises_only_format_errors() -> None:
         except FormatError:
             continue
         assert isinstance(result, str)
+
+
+def test_a_function_control_writes_and_leaves_the_arguments_it_returns() -> None:
+    """~{~} and ~? with a function control (CLHS 22.3): the callback gets the arguments left
+    and returns what it wrote and the arguments it did not consume."""
+    calls: list[Any] = []
+    function = sym("a-function")  # stands for a Lisp function: any control that is not a string
+
+    def control(fn: Any, args: Any) -> Any:
+        if fn is not function:
+            return None
+        calls.append(args)
+        return f"<{args.car}>", args.cdr
+
+    def run(text: str, *args: Any) -> str:
+        return lisp_format(text, list(args), prin1_to_string, princ_to_string, call_control=control)
+
+    assert run("~{~}", function, lst(1, 2, 3)) == "<1><2><3>"
+    assert run("~:{~}", function, lst(lst(1, 9), lst(2))) == "<1><2>"
+    assert run("~@{~}|", function, 1, 2) == "<1><2>|"
+    assert run("~?~a", function, lst(7, 8), 9) == "<7>9"
+    assert run("~@?~a", function, 7, 8) == "<7>8"
+    assert len(calls) == 9
+    with pytest.raises(FormatError) as info:
+        run("~{~}", 5, lst(1))
+    assert info.value.ctype == "TYPE-ERROR"

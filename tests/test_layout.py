@@ -359,6 +359,18 @@ def test_prefixes_attach() -> None:
     assert format_source("( quote-me ' a ` ( b , c ,@ d ) #' e)") == "(quote-me 'a `(b ,c ,@d) #'e)\n"
 
 
+def test_a_feature_conditional_stays_with_its_form() -> None:
+    text = "(defun f (x)\n  #+sbcl  (sb-ext:gc :full t) #-( or ) (print x)\n  (list #+ ; why\n (and sexpgpu (not sbcl)) 1))\n#+(or) #+(or) (a) (b)\n"
+    out = check_properties(text, positions=False)
+    assert out == (
+        "(defun f (x)\n  #+sbcl (sb-ext:gc :full t)\n  #-(or) (print x)\n"
+        "  (list\n    ; why\n    #+(and sexpgpu (not sbcl)) 1))\n\n#+(or) #+(or) (a)\n\n(b)\n"
+    )
+    # the skipped forms are kept: the text reads the same under any *features*
+    for kept in ["#+sbcl (sb-ext:gc :full t)", "#-(or) (print x)", "#+(or) #+(or) (a)"]:
+        assert kept in out
+
+
 def test_unquote_of_at_symbol_keeps_its_space() -> None:
     out = format_source("`(a , @b)")
     assert out == "`(a , @b)\n"
@@ -397,7 +409,7 @@ def test_crlf_input() -> None:
     assert "\r" not in out
 
 
-@pytest.mark.parametrize("bad", ["(a b", "a)", "#+sbcl x", '"open', "(a . )", "#|"])
+@pytest.mark.parametrize("bad", ["(a b", "a)", "#+sbcl", "#+(or 1) x", '"open', "(a . )", "#|"])
 def test_unreadable_input_raises_the_readers_diagnostic(bad: str) -> None:
     with pytest.raises(DiagnosticError) as formatted:
         format_source(bad, "bad.lisp")

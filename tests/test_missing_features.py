@@ -16,8 +16,6 @@ from sexpgpu.lisp.program import new_program
 CLAIMS: list[tuple[str, str, str, Optional[str], Optional[str]]] = [
     ("it-is-common-lisp.md", "no defpackage", '(defpackage :mine (:use :cl))', "E101", None),
     ("it-is-common-lisp.md", "no in-package", "(in-package :mine)", "E101", None),
-    ("it-is-common-lisp.md", "#+ is R005", "(list #+sbcl 1 2)", "R005", None),
-    ("it-is-common-lisp.md", "#- is R005", "(list #-sbcl 1 2)", "R005", None),
     ("it-is-common-lisp.md", "#p is R005", '#p"/tmp"', "R005", None),
     ("it-is-common-lisp.md", "#c is R005", "#c(1 2)", "R005", None),
     ("it-is-common-lisp.md", "#n= is R005", "#1=(a . #1#)", "R005", None),

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from sexpgpu.lisp.diagnostics import DiagnosticError
 from sexpgpu.lisp.printer import prin1_to_string, princ_to_string
-from sexpgpu.lisp.reader import Reader, read_all
-from sexpgpu.lisp.types import Char, Cons, Loc, SymbolTable
+from sexpgpu.lisp.reader import FEATURES, Reader, read_all
+from sexpgpu.lisp.types import NIL, Char, Cons, Loc, Symbol, SymbolTable, lisp_list
 
 
 def read_one(text: str):  # type: ignore[no-untyped-def]
@@ -41,7 +41,13 @@ def test_every_list_and_element_remembers_its_position() -> None:
 def test_error_positions_are_exact() -> None:
     cases = {
         "(a b))": (1, 6, "R002"),
-        "(a\n  #+x b)": (2, 3, "R005"),
+        "(a\n  #p\"x\" b)": (2, 3, "R005"),
+        "(a\n  #+(or x 1) b)": (2, 5, "R008"),
+        "(a\n  #-(not) b)": (2, 5, "R008"),
+        "(a\n  #+": (2, 3, "R001"),
+        "(a\n  #-sexpgpu": (2, 3, "R001"),
+        "(a #+(or))": (1, 10, "R002"),
+        "(a #+(or) #<x> b)": (1, 11, "R005"),
         '(a "b\n\nc': (1, 4, "R001"),
         "(a\n  ( . b))": (2, 5, "R006"),
         "  #\\nope": (1, 3, "R004"),
@@ -55,6 +61,45 @@ def test_error_positions_are_exact() -> None:
             assert (d.code, d.line, d.col) == (code, line, col), text
         else:
             raise AssertionError(f"no error for {text!r}")
+
+
+def read_texts(text: str) -> list[str]:
+    return [prin1_to_string(f.form) for f in read_all(text, "t.lisp", SymbolTable())]
+
+
+def test_feature_expressions_select_forms() -> None:
+    """CLHS 2.4.8.17/18 with FEATURES (:sexpgpu :common-lisp :ansi-cl :ieee-floating-point)."""
+    assert read_texts("(list #+sexpgpu 1 #-sexpgpu 2 #+sbcl 3 #-sbcl 4)") == ["(list 1 4)"]
+    assert read_texts("(#+(and common-lisp ansi-cl) a #+(:or sbcl :ieee-floating-point) b #+(not sexpgpu) c)") == ["(a b)"]
+    assert read_texts("(#+:sexpgpu a #+(AND) b #+(or) c #-(or) d #+nil e #+(not nil) f)") == ["(a b d f)"]
+    assert read_texts("#+sbcl (defun only-sbcl () 1)\n(defun both (x) x)\n#-sexpgpu x") == ["(defun both (x) x)"]
+    # nesting: #+(or) skips the whole `#+(or) a b`, as in CL
+    assert read_texts("(#+(or) #+(or) a b c)") == ["(c)"]
+    assert read_texts("(#+(and) #+(or) a b c)") == ["(b c)"]
+    assert read_texts("(#+(or) #+(and) a b c)") == ["(b c)"]
+    assert read_texts("('#+(or) a b #-(or) ; note\n c)") == ["('b c)"]
+
+
+def test_a_skipped_form_is_read_for_its_extent_only() -> None:
+    symbols = SymbolTable()
+    forms = read_all('(list #+sbcl (sb-ext:gc :full t) #+(or) (never-interned #z(1 2) #p"x" #.(boom) a:b:c #\\bogus (. 1) #1#) 2)',
+                     "t.lisp", symbols)
+    assert [prin1_to_string(f.form) for f in forms] == ["(list 2)"]
+    assert symbols.find("NEVER-INTERNED") is None and symbols.find("BOOM") is None
+    # the test is read in the KEYWORD package: no symbol of the file's own
+    read_all("(#+no-such-feature x)", "t.lisp", symbols)
+    assert symbols.find("NO-SUCH-FEATURE") is None and "NO-SUCH-FEATURE" in symbols.keywords
+
+
+def test_the_reader_asks_for_the_current_features() -> None:
+    symbols = SymbolTable()
+    features = lisp_list(symbols.keyword("FAST"))
+    forms = Reader("(#+fast 1 #+sexpgpu 2)", "t.lisp", symbols, features=lambda: features).read_all()
+    assert prin1_to_string(forms[0].form) == "(1)"
+    empty = Reader("(#+sexpgpu 2)", "t.lisp", symbols, features=lambda: NIL).read_all()
+    assert empty[0].form is NIL
+    assert FEATURES == ("SEXPGPU", "COMMON-LISP", "ANSI-CL", "IEEE-FLOATING-POINT")
+    assert all(type(s) is Symbol for s in [symbols.keyword(n) for n in FEATURES])
 
 
 def test_numbers() -> None:

@@ -22,7 +22,7 @@ from .objects import (
     StructInstance,
 )
 from .printer import Printer, PrintTooLarge, prin1_to_string
-from .types import NIL, T, Char, Cons, Symbol, primary
+from .types import NIL, T, Char, Cons, Symbol, from_iter, primary
 
 if TYPE_CHECKING:
     from .evaluator import Interpreter
@@ -419,23 +419,53 @@ def install_builtins(interp: "Interpreter") -> None:
     builtins_system.install(reg)
 
 
-def format_to_string(interp: "Interpreter", control: str, args: list[Any]) -> str:
-    from .format import FormatError, lisp_format
+def format_to_string(interp: "Interpreter", control: Any, args: list[Any]) -> str:
+    """(format nil control . args); CONTROL is a string or a function (CLHS 22.3)."""
+    if type(control) is not str:
+        called = call_format_control(interp, control, from_iter(args))
+        if called is None:
+            raise lisp_error("E103", f"`format`: the control must be a string or a function, got {short(control)} ({describe(control)})",
+                             "TYPE-ERROR", control)
+        return called[0]
+    return format_with_rest(interp, control, args)[0]
+
+
+def format_with_rest(interp: "Interpreter", control: str, args: list[Any]) -> tuple[str, Any]:
+    """The text, and the arguments (a Lisp list) the control string did not consume."""
+    from .format import FormatError, lisp_format_rest
 
     try:
-        text = lisp_format(
+        return lisp_format_rest(
             control,
             args,
             lambda x: interp.print_string(x, True),
             lambda x: interp.print_string(x, False),
             interp,
             lambda name, arg, colon, at, params: format_call(interp, name, arg, colon, at, params),
+            lambda fn, rest: call_format_control(interp, fn, rest),
         )
     except FormatError as exc:
-        raise lisp_error("E103", str(exc), exc.ctype) from None
+        raise lisp_error("E103", str(exc), exc.ctype, exc.datum) from None
     except PrintTooLarge as exc:
         raise lisp_error("E103", f"format: {exc}", "SIMPLE-ERROR") from None
-    return text
+
+
+def call_format_control(interp: "Interpreter", control: Any, args: Any) -> Optional[tuple[str, Any]]:
+    """A function as a format control: called with a string output stream and the arguments;
+    what it wrote and what it returned (the arguments left). None if CONTROL is no function."""
+    from .objects import OutputStream
+
+    if type(control) not in (Closure, Builtin):
+        return None
+    items: list[Any] = []
+    while type(args) is Cons:
+        items.append(args.car)
+        args = args.cdr
+    if args is not NIL:
+        raise lisp_error("E103", f"`format`: the arguments of a function control end in {short(args)}, not nil", "TYPE-ERROR", args)
+    stream = OutputStream()
+    rest = interp.call(control, stream, *items)
+    return stream.take(), rest
 
 
 def format_call(interp: "Interpreter", name: str, arg: Any, colon: bool, at: bool, params: list[Any]) -> str:

@@ -11,7 +11,8 @@ from .builtins import Registry, lbool, need_char, need_string, parse_keys, type_
 from .conditions import lisp_error
 from .objects import InputStream, OutputStream
 from .printer import PrintTooLarge
-from .types import NIL, T, Char, MultipleValues
+from .reader import FEATURES
+from .types import NIL, T, Char, MultipleValues, from_iter
 
 if TYPE_CHECKING:
     from .evaluator import Interpreter
@@ -47,6 +48,9 @@ class Streams:
             interp.values[sym] = interp.kw(value[1:]) if type(value) is str and value.startswith(":") else (
                 interp.sym(value) if type(value) is str else value)
             interp.specials.add(sym)
+        features = interp.sym("*FEATURES*")
+        interp.values[features] = from_iter(interp.kw(name) for name in FEATURES)
+        interp.specials.add(features)
 
     def install(self, reg: Registry) -> None:
         for name in [

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .builtins import Registry, format_to_string, lbool, need_char, need_index, need_string, need_symbol, parse_keys, seq_items, short, type_error
+from .builtins import Registry, format_to_string, format_with_rest, lbool, need_char, need_index, need_string, need_symbol, parse_keys, seq_items, short, type_error
 from .charnames import char_name, name_char
 from .conditions import lisp_error
 from .builtins_streams import WRITE_KEYS
+from .objects import Builtin, Closure, OutputStream
 from .printer import PrintTooLarge
-from .types import NIL, T, Char, Symbol
+from .types import NIL, T, Char, Cons, Symbol
 
 if TYPE_CHECKING:
     pass
@@ -167,11 +168,38 @@ def install(reg: Registry) -> None:
         return need_char("make-string", 3, init).ch * n
 
     def lisp_format(dest: Any, control: Any, *args: Any) -> Any:
-        need_string("format", 2, control)
+        if type(control) in (Closure, Builtin) and dest is not NIL:
+            # CLHS 22.3: a function control is called with the destination stream itself
+            stream = interp.values[interp.sym("*STANDARD-OUTPUT*")] if dest is T else dest
+            if type(stream) is not OutputStream:
+                raise type_error("format", 1, "nil, t or an output stream (SexpGPU has string streams)", dest)
+            interp.call(control, stream, *args)
+            return NIL
+        if type(control) not in (Closure, Builtin):
+            need_string("format", 2, control)
         text = format_to_string(interp, control, list(args))
         if dest is NIL:
             return text
         return interp.call(interp.sym("%format-to-stream"), NIL if dest is T else dest, text)
+
+    def formatter_run(stream: Any, control: Any, args: Any) -> Any:
+        """The body of a function `formatter` makes: format ARGS with CONTROL to STREAM and
+        return the arguments it did not consume."""
+        need_string("formatter", 1, control)
+        text, rest = format_with_rest(interp, control, list(args) if type(args) is Cons else [])
+        interp.call(interp.sym("%format-to-stream"), stream, text)
+        return rest
+
+    def formatter_check(control: Any) -> Any:
+        """formatter's expansion-time check: CONTROL is a string whose directives parse."""
+        from .format import FormatError, parse_control
+
+        need_string("formatter", 1, control)
+        try:
+            parse_control(control)
+        except FormatError as exc:
+            raise lisp_error("E103", str(exc), exc.ctype) from None
+        return control
 
     def printed(name: str, escape: Optional[bool]) -> Callable[..., Any]:
         """prin1-to-string (ESCAPE true), princ-to-string (false), write-to-string (None: the
@@ -254,7 +282,7 @@ def install(reg: Registry) -> None:
         keys = parse_keys("read-from-string", args, {"START", "END", "PRESERVE-WHITESPACE"}, 4)
         start, end = _bounds("read-from-string", keys, len(text), "START", "END")
         base = interp.values.get(interp.sym("*READ-BASE*"), 10)
-        reader = Reader(text[:end], "<string>", interp.table, base if type(base) is int and 2 <= base <= 36 else 10)
+        reader = Reader(text[:end], "<string>", interp.table, base if type(base) is int and 2 <= base <= 36 else 10, interp.features)
         reader.pos = start
         try:
             form = reader.read_next()
@@ -274,6 +302,8 @@ def install(reg: Registry) -> None:
 
     reg.add("make-string", make_string)
     reg.add("format", lisp_format)
+    reg.add("%formatter-run", formatter_run)
+    reg.add("%formatter-check", formatter_check)
     reg.add("prin1-to-string", printed("prin1-to-string", True))
     reg.add("write-to-string", printed("write-to-string", None))
     reg.add("princ-to-string", printed("princ-to-string", False))

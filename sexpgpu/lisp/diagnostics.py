@@ -20,9 +20,10 @@ CODES: dict[str, str] = {
     "R002": "unexpected ')' with no list open",
     "R003": "bad token: not a valid number or symbol",
     "R004": "bad character name after #\\",
-    "R005": "unsupported or refused reader syntax (#+, #-, #., unknown # dispatch)",
+    "R005": "unsupported or refused reader syntax (#., unknown # dispatch)",
     "R006": "misplaced dot",
     "R007": "the file is not valid UTF-8 text",
+    "R008": "bad feature expression after #+ or #-",
     # evaluator
     "E100": "unbound variable",
     "E101": "undefined function",

@@ -155,6 +155,10 @@ class Interpreter:
     def kw(self, name: str) -> Symbol:
         return self.base.keyword(name.upper())
 
+    def features(self) -> Any:
+        """The current value of *features*, which the reader's #+ and #- test."""
+        return self.values.get(self.sym("*FEATURES*"), NIL)
+
     def load_prelude(self) -> None:
         """Load prelude.lisp under the default limits, then give the user's file a full
         budget of its own: the prelude's cost never counts against it."""
@@ -190,7 +194,7 @@ class Interpreter:
         previous = self.table
         self.table = table
         try:
-            reader = Reader(text, file, table)
+            reader = Reader(text, file, table, features=self.features)
             result: Any = NIL
             while (read := reader.read_next()) is not None:
                 if self.toplevel_hook is not None and table is self.hook_table:

@@ -31,11 +31,12 @@ Real = Union[int, float, Fraction]
 class FormatError(Exception):
     """A bad control string, or arguments that do not fit it. The message names the
     directive and its index in the control string. CTYPE is the condition it becomes
-    (SBCL signals a type-error for a ~{ argument that is not a list)."""
+    (SBCL signals a type-error for a ~{ argument, or an argument list, that is not a list)."""
 
-    def __init__(self, message: str, ctype: str = "ERROR") -> None:
+    def __init__(self, message: str, ctype: str = "ERROR", datum: Any = None) -> None:
         super().__init__(message)
         self.ctype = ctype
+        self.datum = datum  # a type-error's datum: the object that is not a list
 
 
 class Budget(Protocol):
@@ -368,13 +369,23 @@ class _Args:
         if type(cell) is not Cons:
             if cell is NIL:
                 raise FormatError(f"format: not enough arguments for {directive.label}")
-            raise FormatError(f"format: {directive.label} needs a list of arguments, not {_describe(cell)}")
+            if self.pos:
+                raise FormatError(f"format: {directive.label}: the argument list is dotted: it ends in {_describe(cell)}", "TYPE-ERROR", cell)
+            raise FormatError(f"format: {directive.label} needs a list of arguments, not {_describe(cell)}", "TYPE-ERROR", cell)
         self.tail = cell.cdr
         self.pos += 1
         return cell.car
 
     def remaining(self, directive: _Directive) -> int:
         return _list_length(self.tail, directive)
+
+    def advance_to(self, rest: Any) -> None:
+        """Make REST (what a function control returned) the arguments left."""
+        tail, steps = self.tail, 0
+        while type(tail) is Cons and tail is not rest:
+            tail, steps = tail.cdr, steps + 1
+        self.tail = rest
+        self.pos += steps if tail is rest else 1
 
     def snapshot(self) -> tuple[Any, int]:
         return self.tail, self.pos
@@ -394,7 +405,7 @@ class _Args:
         tail = self.orig
         for _ in range(target):
             if type(tail) is not Cons:
-                raise FormatError(f"format: {directive.label} needs a list of arguments, not {_describe(tail)}")
+                raise FormatError(f"format: {directive.label} needs a list of arguments, not {_describe(tail)}", "TYPE-ERROR", tail)
             tail = tail.cdr
         self.tail, self.pos = tail, target
 
@@ -410,7 +421,7 @@ def _list_length(x: Any, directive: _Directive) -> int:
         if count > MAX_ITERATION_STEPS:
             raise FormatError(f"format: {directive.label}: the argument list is too long or circular")
     if x is not NIL:
-        raise FormatError(f"format: {directive.label} needs a list of arguments, not {_describe(x)}")
+        raise FormatError(f"format: {directive.label} needs a proper list of arguments, not one that ends in {_describe(x)}", "TYPE-ERROR", x)
     return count
 
 
@@ -1106,13 +1117,18 @@ def _pad_count(text: str, mincol: Real, colinc: int, minpad: int, directive: _Di
 
 
 CallFunction = Callable[[str, Any, bool, bool, list[Any]], str]
+# a format control that is a function (CLHS 22.3): called with a stream and the arguments (a
+# Lisp list); what it wrote and the arguments it left, or None when CONTROL is no function
+CallControl = Callable[[Any, Any], Optional[tuple[str, Any]]]
 
 
 class _Formatter:
     def __init__(self, control: str, prin1: PrintFunction, princ: PrintFunction, budget: Optional[Budget],
-                 call_function: Optional[CallFunction] = None) -> None:
+                 call_function: Optional[CallFunction] = None, call_control: Optional[CallControl] = None) -> None:
         self.control = control
         self.call_function = call_function
+        self.call_control = call_control
+        self.rest: Any = NIL  # the arguments the control string did not consume
         self.blocks = 0  # logical blocks (~<...~:>) being printed
         self.prin1_fn = prin1
         self.princ_fn = princ
@@ -1124,10 +1140,12 @@ class _Formatter:
 
     def run(self, args: list[Any]) -> str:
         nodes = parse_control(self.control)
+        top = _Args(from_iter(args))
         try:
-            self.interpret(nodes, _Args(from_iter(args)), None)
+            self.interpret(nodes, top, None)
         except _UpAndOut:
             pass
+        self.rest = top.tail
         return self.out.text()
 
     def interpret(self, nodes: list[_Node], args: _Args, outside: Optional[_Args]) -> None:
@@ -1392,7 +1410,7 @@ class _Formatter:
         else:
             items = args.pop(d)
             if items is not NIL and type(items) is not Cons:
-                raise FormatError(f"format: {d.label} needs a list argument, not {_describe(items)}", "TYPE-ERROR")
+                raise FormatError(f"format: {d.label} needs a list argument, not {_describe(items)}", "TYPE-ERROR", items)
             loop_args = _Args(items)
         try:
             self.iteration_loop(d, body, loop_args, max_count)
@@ -1438,12 +1456,22 @@ class _Formatter:
         if body.directive.body:
             self.interpret(body.directive.body, args, outside)
             return
+        if type(body.control) is not str and self.call_control is not None:
+            try:
+                called = self.call_control(body.control, args.tail)
+            except Exception as exc:
+                raise _CallbackFailure(exc) from exc
+            if called is not None:  # a function: it consumes what it does not return
+                text, rest = called
+                self.out.write(text)
+                args.advance_to(rest)
+                return
         try:  # a control string argument runs like a nested format call
             self.interpret(body.nodes(), args, outside)
         except _UpAndOut:
             pass
         except FormatError as exc:
-            raise FormatError(f"{exc} (in the control string argument of {body.directive.label})") from None
+            raise FormatError(f"{exc} (in the control string argument of {body.directive.label})", exc.ctype, exc.datum) from None
 
     def count_step(self, d: _Directive) -> None:
         self.steps += 1
@@ -1533,7 +1561,16 @@ class _Formatter:
     def do_indirect(self, d: _Directive, args: _Args, outside: Optional[_Args]) -> None:
         control = args.pop(d)
         if type(control) is not str:
-            raise FormatError(f"format: {d.label} needs a control string argument, not {_describe(control)}")
+            inner = args if d.at else _Args(args.pop(d))
+            try:
+                called = None if self.call_control is None else self.call_control(control, inner.tail)
+            except Exception as exc:
+                raise _CallbackFailure(exc) from exc
+            if called is None:
+                raise FormatError(f"format: {d.label} needs a control string or function argument, not {_describe(control)}")
+            self.out.write(called[0])
+            inner.advance_to(called[1])
+            return
         nodes = _Parser(control).parse()
         inner = args if d.at else _Args(args.pop(d))
         try:
@@ -1661,8 +1698,10 @@ class _IterationBody:
         if self.parsed is None:
             if type(self.control) is not str:
                 raise FormatError(
-                    f"format: {self.directive.label} has an empty body, so its argument must be a control string, "
-                    f"not {_describe(self.control)}"
+                    f"format: {self.directive.label} has an empty body, so its argument must be a control string "
+                    f"or a function, not {_describe(self.control)}",
+                    "TYPE-ERROR",
+                    self.control,
                 )
             self.parsed = _Parser(self.control).parse(colon_iteration=self.directive.colon)
         return self.parsed
@@ -1710,13 +1749,22 @@ _HANDLERS: dict[str, _Handler] = {
 
 
 def lisp_format(control: str, args: list[Any], prin1: PrintFunction, princ: PrintFunction, budget: Optional[Budget] = None,
-                call_function: Optional[CallFunction] = None) -> str:
+                call_function: Optional[CallFunction] = None, call_control: Optional[CallControl] = None) -> str:
     """(format nil control . args). Raises FormatError for a bad control string or arguments
     that do not fit it; exceptions raised by prin1/princ (and by the budget) pass through."""
+    return lisp_format_rest(control, args, prin1, princ, budget, call_function, call_control)[0]
+
+
+def lisp_format_rest(control: str, args: list[Any], prin1: PrintFunction, princ: PrintFunction, budget: Optional[Budget] = None,
+                     call_function: Optional[CallFunction] = None, call_control: Optional[CallControl] = None) -> tuple[str, Any]:
+    """lisp_format, and the arguments (a Lisp list) the control string did not consume: what
+    a function made by `formatter` returns."""
     if type(control) is not str:
         raise FormatError("format: the control string must be a string")
     try:
-        return _Formatter(control, prin1, princ, budget, call_function).run(args)
+        formatter = _Formatter(control, prin1, princ, budget, call_function, call_control)
+        text = formatter.run(args)
+        return text, formatter.rest
     except FormatError:
         raise
     except _CallbackFailure as failure:

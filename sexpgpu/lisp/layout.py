@@ -185,7 +185,7 @@ class Atom:
 
 @dataclass(frozen=True)
 class Prefixed:
-    """`'x`, `` `x ``, `,x`, `,@x` or `#'x`."""
+    """`'x`, `` `x ``, `,x`, `,@x`, `#'x`, or `#+test x` / `#-test x` (prefix `#+test `)."""
 
     prefix: str
     body: "Node"
@@ -319,6 +319,8 @@ class _Parser:
                 return (), self.seq(dispatch)
             hoisted, body = self.node()
             return hoisted, Prefixed(dispatch, body)
+        if text.startswith(("#+", "#-"), start):
+            return self.conditional(text[start : start + 2])
         for prefix in _PREFIXES:
             if text.startswith(prefix, start):
                 self.pos += len(prefix)
@@ -333,6 +335,18 @@ class _Parser:
             self.pos += 2
         self.scan_token()
         return (), Atom(text[start : self.pos])
+
+    def conditional(self, mark: str) -> tuple[tuple[Comment, ...], Node]:
+        """`#+test form` and `#-test form`: the test on one line, attached to its form like a
+        prefix (comments inside the test move before the whole conditional)."""
+        self.pos += len(mark)
+        hoisted = list(self.prefix_comments())
+        test_hoisted, test = self.node()
+        hoisted += test_hoisted
+        prefix = mark + _one_line(test, hoisted) + " "
+        hoisted += self.prefix_comments()
+        inner_hoisted, body = self.node()
+        return tuple(hoisted) + inner_hoisted, Prefixed(prefix, body)
 
     def seq(self, opener: str) -> Seq:
         open_comment, entries, closing = self.items(in_list=True)
@@ -388,6 +402,21 @@ class _Parser:
 # ---------------------------------------------------------------------------------------
 # Classifying atoms
 # ---------------------------------------------------------------------------------------
+
+
+def _one_line(node: Node, comments: list[Comment]) -> str:
+    """A feature expression's text on one line; its comments are added to COMMENTS."""
+    if isinstance(node, Atom):
+        return node.text
+    if isinstance(node, Prefixed):
+        return node.prefix + _one_line(node.body, comments)
+    spacers: list[Spacer] = [node.open_comment] if node.open_comment is not None else []
+    parts: list[str] = []
+    for entry in node.entries:
+        spacers += [*entry.leading, *([entry.trailing] if entry.trailing is not None else [])]
+        parts.append(_one_line(entry.node, comments))
+    comments += [x for x in [*spacers, *node.closing] if isinstance(x, Comment)]
+    return node.opener + " ".join(parts) + ")"
 
 
 def _is_keyword(node: Node) -> bool:

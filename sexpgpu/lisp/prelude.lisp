@@ -1528,6 +1528,13 @@
      ,@body
      (get-output-stream-string ,var)))
 
+;;; formatter (CLHS 22.4): a function of a stream and the arguments that formats them with the
+;;; control string and returns the arguments it did not consume; format takes it as its control
+(defmacro formatter (control-string)
+  (let ((stream (gensym "STREAM")) (args (gensym "ARGS")))
+    `(lambda (,stream &rest ,args)
+       (%formatter-run ,stream ,(%formatter-check control-string) ,args))))
+
 (defmacro with-input-from-string ((var string &key index (start 0) end) &body body)
   `(let ((,var (make-string-input-stream ,string ,start ,end)))
      (multiple-value-prog1 (progn ,@body)

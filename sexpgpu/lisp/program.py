@@ -89,7 +89,7 @@ class Program:
         """Evaluate each form of TEXT in the file's environment; an error in one form does
         not stop the rest. A read error ends the text."""
         self.sources.add(file, text)
-        reader = Reader(text, file, self.table)
+        reader = Reader(text, file, self.table, features=self.interp.features)
         results: list[EvalResult] = []
         while True:
             read, problem = guarded(reader.read_next)

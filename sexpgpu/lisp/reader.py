@@ -46,6 +46,10 @@ _SKIP_START = " \t\n\r\f\v;#"
 _NOT_PLAIN_SYMBOL_START = "()'\";`,#\\|0123456789+-."
 _NOT_READ = object()
 _SKIPPABLE = re.compile(r"(?:[ \t\n\r\f\v]+|;[^\n]*)*")
+# *features* (CLHS 24.1.2.1): what `#+`/`#-` test; the Lisp variable starts as these keywords
+FEATURES: tuple[str, ...] = ("SEXPGPU", "COMMON-LISP", "ANSI-CL", "IEEE-FLOATING-POINT")
+_FEATURE_KEYS = frozenset(("KEYWORD", name) for name in FEATURES)
+_FEATURE_OPERATORS = ("AND", "OR", "NOT")
 
 
 @dataclass
@@ -58,12 +62,19 @@ class Reader:
     """Reads every form of one text. Raises DiagnosticError at the exact position of the
     first problem; never raises anything else."""
 
-    def __init__(self, text: str, file: str, symbols: SymbolTable, read_base: int = 10) -> None:
+    def __init__(self, text: str, file: str, symbols: SymbolTable, read_base: int = 10,
+                 features: Optional[Callable[[], Any]] = None) -> None:
         self.text = text
         self.file = file
         self.symbols = symbols
         self.read_base = read_base  # *read-base*, for read-from-string
+        # the current value of *features* (a Lisp list), asked at each #+/#-; None: FEATURES
+        self.features = features
         self.pos = 0
+        self.depth = 0  # the nesting depth of the form being read, for the forms #+/#- skip
+        self.suppress = False  # *read-suppress*: reading a form #+/#- skips, for its extent only
+        self.in_feature = False  # reading a feature expression: names are keywords
+        self._holds: Optional[tuple[int, int]] = None  # (start, end) of the #+/#- test last found true
         self._line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
         self._last_pos = -1
         self._last_loc = Loc(file, 1, 1)
@@ -118,6 +129,9 @@ class Reader:
                 self.pos = n if end < 0 else end + 1
             elif c == "#" and self.pos + 1 < n and text[self.pos + 1] == "|":
                 self.skip_block_comment()
+            elif c == "#" and self.pos + 1 < n and text[self.pos + 1] in "+-":
+                if not self.skip_failed_conditional():
+                    return
             else:
                 return
 
@@ -143,6 +157,7 @@ class Reader:
     def read_form(self, depth: int) -> Any:
         if depth > 2000:
             raise self.error("R003", "nesting deeper than 2000 levels", self.pos)
+        self.depth = depth
         self.skip_whitespace_and_comments()
         if self.pos >= len(self.text):
             raise self.error("R001", "unexpected end of input: expected a form", self.pos)
@@ -186,9 +201,12 @@ class Reader:
         tail: Optional[Cons] = None
         text = self.text
         n = len(text)
-        plain_symbols = depth < 2000 and self.read_base == 10  # read_form(depth + 1) would check the depth
+        # read_form(depth + 1) would check the depth; a skipped form or a feature expression
+        # reads its names its own way
+        plain_symbols = depth < 2000 and self.read_base == 10 and not self.suppress and not self.in_feature
         while True:
             if self.pos >= n or text[self.pos] in _SKIP_START:
+                self.depth = depth
                 self.skip_whitespace_and_comments()
                 if self.pos >= n:
                     raise self.error(
@@ -202,13 +220,18 @@ class Reader:
                 self.pos += 1
                 break
             if c == "." and self.is_lone_dot(elem_pos):
+                if self.suppress:  # a skipped form's dots are not checked (as in SBCL)
+                    self.pos += 1
+                    continue
                 if tail is None:
                     raise self.error("R006", "a dot cannot start a list: write `(a . b)`", elem_pos)
                 self.pos += 1
+                self.depth = depth
                 self.skip_whitespace_and_comments()
                 if self.pos < n and text[self.pos] == ")":
                     raise self.error("R006", "expected a form after the dot in a dotted list", self.pos)
                 tail.cdr = self.read_form(depth + 1)
+                self.depth = depth
                 self.skip_whitespace_and_comments()
                 if self.pos >= n:
                     raise self.error("R001", "unexpected end of input: expected `)` after the dotted tail", self.pos)
@@ -311,6 +334,8 @@ class Reader:
 
     def read_token_object(self, start: int) -> Any:
         token, escaped = self.scan_token()
+        if self.suppress:
+            return NIL
         raw = self.text[start : self.pos]
         if not escaped:
             number = self.parse_number(token, start)
@@ -367,6 +392,8 @@ class Reader:
             raise self.error("R003", f"`{raw}` is not a valid token: a dot may only appear inside a dotted list", start)
         if self.colons:
             return self.make_qualified_symbol(token, raw, start, list(self.colons), escaped)
+        if self.in_feature:
+            return self.symbols.keyword(token)  # read as in the KEYWORD package, so `nil` is :nil
         if token == "NIL" and not escaped:
             return NIL
         return self.symbols.intern(token)
@@ -393,6 +420,10 @@ class Reader:
         if start + 1 >= n:
             raise self.error("R001", "unexpected end of input after `#`", start)
         c = text[start + 1]
+        if c in "+-":
+            return self.read_conditional_form(start, depth)
+        if self.suppress:
+            return self.read_dispatch_suppressed(start, depth)
         if c == "'":
             return self.read_wrapped(FUNCTION, start, 2, depth)
         if c == "\\":
@@ -415,13 +446,137 @@ class Reader:
             if not token:
                 raise self.error("R003", "expected a symbol name after `#:`", start)
             return Symbol(token, None)
-        if c in "+-":
-            raise self.error(
-                "R005", f"`#{c}` feature expressions are not supported: SexpGPU has one feature set; delete the conditional", start
-            )
         if c == ".":
             raise self.error("R005", "`#.` (read-time evaluation) is refused: the reader never evaluates code", start)
-        raise self.error("R005", f"unknown reader syntax `#{c}`: supported are #' #\\ #( #* #x #b #o #nR #nA #: and #| |#", start)
+        raise self.error("R005", f"unknown reader syntax `#{c}`: supported are #' #\\ #( #* #x #b #o #nR #nA #: #+ #- and #| |#", start)
+
+    # -- #+ and #- -------------------------------------------------------------------
+    def skip_failed_conditional(self) -> bool:
+        """At `#+`/`#-` (CLHS 2.4.8.17): when its test fails, skip the test and the form
+        after it, like a comment, and return True; when it holds, leave pos at the `#` for
+        read_dispatch to read the form, and return False."""
+        start = self.pos
+        if self._holds is not None and self._holds[0] == start:
+            return False
+        holds, after = self.read_feature_test(start)
+        if holds:
+            self._holds = (start, after)
+            self.pos = start
+            return False
+        self.read_suppressed(start, after)
+        return True
+
+    def read_conditional_form(self, start: int, depth: int) -> Any:
+        """`#+test form` whose test holds: the form."""
+        if self._holds is not None and self._holds[0] == start:
+            after = self._holds[1]
+        else:  # not reached through skip_whitespace_and_comments: test it here
+            holds, after = self.read_feature_test(start)
+            if not holds:
+                self.read_suppressed(start, after)
+                return self.read_form(depth)
+        self._holds = None
+        self.pos = after
+        self.need_conditional_form(start, after)
+        return self.read_form(depth + 1)
+
+    def read_feature_test(self, start: int) -> tuple[bool, int]:
+        """Read the feature expression after `#+`/`#-` at START (names read as keywords, even
+        in a skipped form, as in SBCL): whether the conditional selects its form, and the
+        position after the expression."""
+        sign = self.text[start + 1]
+        self.pos = start + 2
+        self.skip_whitespace_and_comments()
+        if self.pos >= len(self.text) or self.text[self.pos] == ")":
+            raise self.error("R001", f"expected a feature expression after `#{sign}`, such as `#{sign}sexpgpu`", start)
+        expr_start = self.pos
+        saved = self.suppress, self.in_feature
+        self.suppress, self.in_feature = False, True
+        try:
+            expr = self.read_form(self.depth + 1)
+        finally:
+            self.suppress, self.in_feature = saved
+        keys = self.feature_keys()
+        holds = self.feature_holds(expr, keys, self.text[expr_start : self.pos], expr_start)
+        return holds == (sign == "+"), self.pos
+
+    def feature_keys(self) -> frozenset[tuple[Optional[str], str]]:
+        if self.features is None:
+            return _FEATURE_KEYS
+        keys: set[tuple[Optional[str], str]] = set()
+        features = self.features()
+        while type(features) is Cons:
+            if type(features.car) is Symbol:
+                keys.add((features.car.package, features.car.name))
+            features = features.cdr
+        return frozenset(keys)
+
+    def feature_holds(self, expr: Any, keys: frozenset[tuple[Optional[str], str]], source: str, pos: int) -> bool:
+        """CLHS 24.1.2.1: a name is in *features*; (:and ...), (:or ...) and (:not x) combine."""
+        if type(expr) is Symbol:
+            return (expr.package, expr.name) in keys
+        operator = expr.car if type(expr) is Cons else None
+        if type(operator) is Symbol and operator.is_keyword and operator.name in _FEATURE_OPERATORS and _is_proper(expr):
+            operands = list(expr.cdr) if type(expr.cdr) is Cons else []
+            if operator.name == "NOT":
+                if len(operands) != 1:
+                    raise self.error("R008", f"`{source}`: (not x) takes one feature expression, got {len(operands)}", pos)
+                return not self.feature_holds(operands[0], keys, source, pos)
+            test = all if operator.name == "AND" else any
+            return test(self.feature_holds(x, keys, source, pos) for x in operands)
+        raise self.error(
+            "R008",
+            f"`{source}` is not a feature expression: write a feature name such as sexpgpu, or (and ...), (or ...), (not x)",
+            pos,
+        )
+
+    def read_suppressed(self, start: int, after: int) -> None:
+        """Skip the form after a failed #+/#- test for its extent only, as *read-suppress*
+        does: no symbol is interned and no prefix or unknown `#` syntax is an error."""
+        self.pos = after
+        saved = self.suppress
+        self.suppress = True
+        try:
+            self.need_conditional_form(start, after)
+            self.read_form(self.depth + 1)
+        finally:
+            self.suppress = saved
+
+    def need_conditional_form(self, start: int, after: int) -> None:
+        self.skip_whitespace_and_comments()
+        if self.pos >= len(self.text):
+            test = self.text[start:after]
+            raise self.error("R001", f"unexpected end of input: `{test}` needs a form after its feature expression", start)
+        if self.text[self.pos] == ")":
+            raise self.error("R002", f"`{self.text[start:after]}` needs a form after its feature expression, not `)`", self.pos)
+
+    def read_dispatch_suppressed(self, start: int, depth: int) -> Any:
+        """A `#` syntax inside a skipped form, read for its extent: a token, a list, or
+        (for #. #p #c #s #= and any other letter) the form after it."""
+        text = self.text
+        sub = start + 1
+        while sub < len(text) and text[sub].isdigit():
+            sub += 1
+        if sub >= len(text):
+            raise self.error("R001", f"unexpected end of input after `{text[start:sub]}`", start)
+        c = text[sub]
+        if c in WHITESPACE or c in ")<":
+            raise self.error("R005", f"`#{c}` is not reader syntax, even in a form that #+/#- skips", start)
+        self.pos = sub + 1
+        if c == "(":
+            self.read_list_rest(sub, depth)
+        elif c == "\\":
+            end = sub + 2  # the character itself may be a terminating one: #\(
+            while end < len(text) and text[end] not in WHITESPACE and text[end] not in TERMINATING:
+                end += 1
+            self.pos = min(end, len(text))
+        elif c == "#" and sub > start + 1:
+            pass  # #n#
+        elif c in "xXbBoOrR*:":
+            self.scan_token()
+        else:
+            self.read_form(depth + 1)
+        return NIL
 
     def read_character(self, start: int) -> Char:
         text, n = self.text, len(self.text)
