@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -78,7 +79,12 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def entry() -> None:
-    sys.exit(main())
+    code = main()
+    # The process ends here. Its last full garbage collection would walk every object the
+    # compile made (0.6 s of a 2 s check of a 5,000-line file); frozen, they are left to the
+    # end of the process. atexit handlers and module teardown still run.
+    gc.freeze()
+    sys.exit(code)
 
 
 if __name__ == "__main__":
