@@ -6,15 +6,16 @@ differences are listed below with their reason."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sexpgpu.lisp.conditions import LimitExceeded, LispError, error_class
-from sexpgpu.lisp.evaluator import run_with_big_stack
+from sexpgpu.lisp.evaluator import Interpreter, run_with_big_stack
 from sexpgpu.lisp.printer import prin1_to_string
 from sexpgpu.lisp.program import new_program
 from sexpgpu.lisp.reader import Reader
-from sexpgpu.lisp.types import MultipleValues
+from sexpgpu.lisp.types import Loc, MultipleValues
 
 HERE = Path(__file__).parent / "differential"
 CASE_FILES = sorted(p.name for p in HERE.glob("*.lisp") if p.name != "driver.lisp")
@@ -38,20 +39,28 @@ def run_cases(name: str, hot: int = 0) -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = []
     while (read := reader.read_next()) is not None:
         source = text[_offset(text, read.loc.line, read.loc.col) : reader.pos]
-        interp.reset_budget()
-        interp.handlers.clear()
-        try:
-            # as in driver.lisp, each case runs inside a handler for error
-            interp.handlers.append((interp.sym("ERROR"),))
-            value = interp.eval_toplevel(read.form, read.loc)
-            values = list(value) if type(value) is MultipleValues else [value]
-            line = "ok " + " ; ".join(prin1_to_string(v, interp.print_other) for v in values)
-        except LispError as exc:
-            line = "error " + error_class(exc.condition)
-        except LimitExceeded:
-            line = "error limit"
-        out.append((f"{read.loc}", source, line.replace("\\", "\\\\").replace("\n", "\\n")))
+        out.append((f"{read.loc}", source, escaped(case_line(interp, read.form, read.loc))))
     return out
+
+
+def case_line(interp: Interpreter, form: Any, loc: Loc) -> str:
+    """FORM's result line, as driver.lisp writes SBCL's (unescaped): a fresh budget, inside a
+    handler for error."""
+    interp.reset_budget()
+    interp.handlers.clear()
+    try:
+        interp.handlers.append((interp.sym("ERROR"),))
+        value = interp.eval_toplevel(form, loc)
+        values = list(value) if type(value) is MultipleValues else [value]
+        return "ok " + " ; ".join(prin1_to_string(v, interp.print_other) for v in values)
+    except LispError as exc:
+        return "error " + error_class(exc.condition)
+    except LimitExceeded:
+        return "error limit"
+
+
+def escaped(line: str) -> str:
+    return line.replace("\\", "\\\\").replace("\n", "\\n")
 
 
 def _offset(text: str, line: int, col: int) -> int:

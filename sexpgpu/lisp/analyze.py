@@ -879,13 +879,19 @@ class Analyzer:
 
         return node
 
+    def macro_body(self, name: Any, body: Any) -> Any:
+        """An expander's body: its declarations (a special one makes a parameter a dynamic
+        binding), then its forms in a block named NAME."""
+        decls, forms = split_declarations(body)
+        return _list(*decls, Cons(self.s_block, Cons(name, forms)))
+
     def sf_macrolet(self, form: Cons, scope: Scope) -> Node:
         defs, body = self.function_definitions(form)
         expander_scope = scope.macros_only()
         macros: dict[Any, Any] = {}
         for name, spec in defs:
             ll = self.interp.lambda_list(spec.car, macro=True)
-            lam = LambdaNode(self, expander_scope, ll, Cons(Cons(self.s_block, Cons(name, split_declarations(spec.cdr)[1])), NIL), name, macro=True)
+            lam = LambdaNode(self, expander_scope, ll, self.macro_body(name, spec.cdr), name, macro=True)
             macros[name] = Macro(name, lam, root_frame())
         decls, forms = split_declarations(body)
         declared = declared_specials(decls)
@@ -1399,8 +1405,7 @@ class Analyzer:
         name = rest.car
         interp = self.interp
         ll = interp.lambda_list(rest.cdr.car, macro=True)
-        body = Cons(Cons(self.s_block, Cons(name, split_declarations(rest.cdr.cdr)[1])), NIL)
-        lam = LambdaNode(self, scope, ll, body, name, macro=True)
+        lam = LambdaNode(self, scope, ll, self.macro_body(name, rest.cdr.cdr), name, macro=True)
 
         def node(f: Frame) -> Any:
             interp.define_macro(name, Macro(name, lam, f))

@@ -314,6 +314,20 @@ def install(reg: Registry) -> None:
         macro = interp.macros.get(name)
         return NIL if macro is None else expander_function(macro)
 
+    def set_macro_function(fn: Any, name: Any, env: Any = NIL) -> Any:
+        """(setf (macro-function name) fn): NAME becomes a macro whose expander is FN, called
+        with the form and the environment."""
+        need_symbol("(setf macro-function)", 2, name)
+        expander = interp.function_value(fn)
+        form, environment, args = Symbol("FORM", None), Symbol("ENV", None), Symbol("ARGS", None)
+        call = to_lisp_list([interp.sym("FUNCALL"), to_lisp_list([interp.sym("QUOTE"), expander]), form, environment])
+        lambda_list = to_lisp_list([interp.sym("&WHOLE"), form, interp.sym("&ENVIRONMENT"), environment, interp.sym("&REST"), args])
+        ignore = to_lisp_list([interp.sym("DECLARE"), to_lisp_list([interp.sym("IGNORE"), args])])
+        interp.ev(to_lisp_list([interp.sym("%DEFMACRO"), name, lambda_list, ignore, call]))
+        return fn
+
+    interp.setf_functions[interp.sym("MACRO-FUNCTION")] = Builtin("(setf macro-function)", set_macro_function, 2, 3)
+
     def lisp_eval(form: Any) -> Any:
         return interp.ev(form)
 

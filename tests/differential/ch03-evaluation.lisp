@@ -228,3 +228,11 @@ global-sm
 (flet ((local () 1)) (list (length (multiple-value-list (function-lambda-expression #'local))) (nth-value 1 (function-lambda-expression #'local))))
 (handler-case (function-lambda-expression 'car) (type-error () :type-error))
 (handler-case (function-lambda-expression) (program-error () :program-error))
+; a macro's declarations apply to its parameters; (setf macro-function) defines a macro
+(let ((*mspec* nil)) (declare (special *mspec*)) (let ((*mfn* (lambda () *mspec*))) (declare (special *mfn*)) (eval `(macrolet ((peek (*mspec*) (declare (special *mfn* *mspec*)) (funcall *mfn*))) (peek :seen)))))
+(defvar *dm-reader* nil)
+(defmacro dm-special (*dm-arg*) (declare (special *dm-arg*)) (funcall *dm-reader*))
+(progn (setf *dm-reader* (lambda () (declare (special *dm-arg*)) *dm-arg*)) (eval '(dm-special 42)))
+(functionp (setf (macro-function 'twice-form) (lambda (form env) (declare (ignore env)) `(list ,(second form) ,(second form)))))
+(twice-form (+ 1 2))
+(list (macroexpand-1 '(twice-form 4)) (funcall (macro-function 'twice-form) '(twice-form 5) nil))

@@ -1,7 +1,8 @@
 ;;;; driver.lisp -- evaluate every top-level form of a cases file with SBCL
 ;;;; and write one result line per form.
 ;;;;
-;;;; Usage: sbcl --script driver.lisp CASES-FILE OUTPUT-FILE
+;;;; Usage: sbcl --script driver.lisp CASES-FILE OUTPUT-FILE [--chunks]
+;;;; (--chunks: cases separated by ;;@@CASE lines, each read on its own; see bench/ansi_agreement.py)
 ;;;;
 ;;;; Line format (one per case, in order):
 ;;;;   ok V1 ; V2 ; ...   each value printed with PRIN1-TO-STRING
@@ -74,7 +75,30 @@ even with a huge right margin, so conses get this printer instead."
           (%join-values (mapcar #'prin1-to-string vals)))
       (error (c) (concatenate 'string "error " (%error-class c))))))
 
-(defun %main (cases-path out-path)
+(defun %chunks (text)
+  "TEXT split at each line ;;@@CASE (bench/ansi_agreement.py's case files): one string per case."
+  (let ((out nil) (start 0) (sep (format nil ";;@@CASE~%")))
+    (loop for p = (search sep text :start2 start)
+          do (push (subseq text start (or p (length text))) out)
+             (if p (setf start (+ p (length sep))) (return)))
+    (remove-if (lambda (s) (every (lambda (c) (member c '(#\Space #\Newline #\Tab))) s)) (nreverse out))))
+
+(defun %chunk-line (chunk)
+  "The result line of a case that may be several forms (its last one's), a reader error or
+a form that runs past 20 seconds."
+  (let ((forms (handler-case (with-input-from-string (s chunk)
+                               (loop for f = (read s nil s) until (eq f s) collect f))
+                 (error () :reader-error))))
+    (if (eq forms :reader-error)
+        "error reader"
+        (let ((line "ok "))
+          (dolist (f forms line)
+            (setf line (handler-case (sb-ext:with-timeout 20 (%run-one f))
+                         (sb-ext:timeout () "error timeout"))))))))
+
+(defun %main (cases-path out-path chunks)
+  "Each form of CASES-PATH (with CHUNKS, each ;;@@CASE case) evaluated in order; one result
+line per case written to OUT-PATH."
   (let ((count 0)
         (eof (list :eof)))
     (with-open-file (in cases-path :direction :input :external-format :utf-8)
@@ -82,7 +106,7 @@ even with a huge right margin, so conses get this printer instead."
                                     :external-format :utf-8)
         (let ((*package* (find-package :cl-user))
               (*read-default-float-format* 'double-float)
-              (*read-eval* nil)
+              (*read-eval* (if chunks t nil))
               (*read-base* 10)
               (*print-case* :downcase)
               (*print-pretty* t)
@@ -98,16 +122,21 @@ even with a huge right margin, so conses get this printer instead."
               (*print-lines* nil)
               (*print-array* t)
               (*print-gensym* t))
-          (loop for form = (read in nil eof)
-                until (eq form eof)
-                do (incf count)
-                   (write-line (%escape-line (%run-one form)) out)))))
+          (if chunks
+              (let ((text (make-string (file-length in))))
+                (dolist (chunk (%chunks (subseq text 0 (read-sequence text in))))
+                  (incf count)
+                  (write-line (%escape-line (%chunk-line chunk)) out)))
+              (loop for form = (read in nil eof)
+                    until (eq form eof)
+                    do (incf count)
+                       (write-line (%escape-line (%run-one form)) out))))))
     (format *error-output* "cases: ~d~%" count)
     (finish-output *error-output*)
     count))
 
 (let ((args (rest sb-ext:*posix-argv*)))
-  (unless (= (length args) 2)
-    (format *error-output* "usage: sbcl --script driver.lisp CASES OUT~%")
+  (unless (or (= (length args) 2) (and (= (length args) 3) (string= (third args) "--chunks")))
+    (format *error-output* "usage: sbcl --script driver.lisp CASES OUT [--chunks]~%")
     (sb-ext:exit :code 2))
-  (%main (first args) (second args)))
+  (%main (first args) (second args) (= (length args) 3)))
