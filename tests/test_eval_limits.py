@@ -45,6 +45,15 @@ def test_equal_of_circular_lists_ends_at_the_step_budget(tmp_path: Path) -> None
     assert (code, line, col) == ("L001", 5, 1) and elapsed < 10
 
 
+@pytest.mark.parametrize("lookup", ["(getf *p* :missing)", "(assoc :missing *p*)", "(rassoc :missing *p*)"])
+def test_a_lookup_in_a_circular_plist_or_alist_ends_at_the_step_budget(tmp_path: Path, lookup: str) -> None:
+    """Property and association lists are walked lazily (as far as the match), so a circular
+    one must still be charged as it is walked."""
+    text = "(defvar *p* (list (cons :a 1) (cons :b 2)))\n(setf (cddr *p*) *p*)\n" + lookup + "\n"
+    code, line, col, elapsed = check(tmp_path, text, SMALL)
+    assert (code, line, col) == ("L001", 3, 1) and elapsed < 10
+
+
 def test_format_iterating_a_billion_times_ends(tmp_path: Path) -> None:
     code, line, _, elapsed = check(tmp_path, '(format nil "~v@{~a~:*~}" 1000000000 "x")\n')
     assert code in ("L001", "L003") and line == 1 and elapsed < 30

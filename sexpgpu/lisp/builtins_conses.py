@@ -4,7 +4,7 @@ type-error; each element visited costs a step of the budget."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .builtins import Lib, Registry, eql, lbool, need_index, need_list, parse_keys, to_lisp_list, type_error
 from .conditions import lisp_error
@@ -420,14 +420,27 @@ class Conses(Lib):
         return p if key is None else (lambda e: p(key(e)))
 
     def alist_find(self, fn: str, alist: Any, part: str, match: Callable[[Any], bool]) -> Any:
-        """The first pair of ALIST whose car (or cdr) matches; nil entries are skipped."""
-        for entry in self.elements(fn, 2, alist):
-            if entry is NIL:
-                continue
-            if type(entry) is not Cons:
-                raise type_error(fn, 2, "an association list", alist)
-            if match(entry.car if part == "car" else entry.cdr):
-                return entry
+        """The first pair of ALIST whose car (or cdr) matches; nil entries are skipped. The
+        list is walked only as far as the match (as SBCL does), its dotted end, when reached,
+        a type-error; each entry is a step."""
+        cell = alist
+        walked = 0
+        while type(cell) is Cons:
+            entry = cell.car
+            walked += 1
+            if walked == 1024:  # a circular alist ends at the step budget
+                self.charge(walked)
+                walked = 0
+            if entry is not NIL:
+                if type(entry) is not Cons:
+                    raise type_error(fn, 2, "an association list", alist)
+                if match(entry.car if part == "car" else entry.cdr):
+                    self.charge(walked)
+                    return entry
+            cell = cell.cdr
+        self.charge(walked)
+        if cell is not NIL:
+            raise type_error(fn, 2, "a proper association list", alist)
         return NIL
 
     def item_matcher(self, fn: str, item: Any, keys: dict[str, Any]) -> Callable[[Any], bool]:
@@ -473,19 +486,24 @@ class Conses(Lib):
         return alist
 
     # -- property lists ---------------------------------------------------------------------------
-    def plist_pairs(self, fn: str, plist: Any) -> list[Any]:
-        """The conses of a property list that hold an indicator; an odd length is an error."""
-        out = []
+    def plist_pairs(self, fn: str, plist: Any) -> Iterator[Any]:
+        """The conses of a property list that hold an indicator, in order: a caller that stops
+        at the one it wants never looks further (as SBCL: (getf '(:a 1 . 2) :a) is 1); an odd
+        length or a dotted end, when reached, is a type-error. Each pair is a step."""
         cell = plist
+        walked = 0
         while type(cell) is Cons:
             if type(cell.cdr) is not Cons:
                 raise type_error(fn, 1, "a property list (of even length)", plist)
-            out.append(cell)
+            walked += 1
+            if walked == 1024:  # a circular plist ends at the step budget
+                self.charge(2 * walked)
+                walked = 0
+            yield cell
             cell = cell.cdr.cdr
-        self.charge(2 * len(out))
+        self.charge(2 * walked)
         if cell is not NIL:
             raise type_error(fn, 1, "a property list", plist)
-        return out
 
     def op_getf(self, plist: Any, indicator: Any, default: Any = NIL) -> Any:
         for cell in self.plist_pairs("getf", plist):

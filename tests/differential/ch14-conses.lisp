@@ -421,3 +421,7 @@
 (let ((x (list (list 1)))) (push 0 (car x)) x)
 (let ((x (list 1 2 3))) (pop (cdr x)) x)
 (let ((l (list (list 'a) (list 'b))) (i 0)) (push 'x (nth (incf i) l)) (list l i))
+; association and property lists are walked only as far as the match
+(list (assoc 1 '((1 . a) . 2)) (rassoc 'a '((1 . a) . 2)) (assoc-if #'identity '((1) . 2)) (getf '(:a 1 . 2) :a))
+(list (handler-case (assoc 3 '((1 . a) . 2)) (type-error () :type-error)) (handler-case (getf '(:a 1 . 2) :b) (type-error () :type-error)) (handler-case (getf '(:a 1 :b) :c) (type-error () :type-error)))
+(list (assoc 2 '(nil (2 . b))) (rassoc-if #'stringp '((1 . "x"))) (member 1 '(1 . 2)) (member-if #'identity '(1 . 2)))
