@@ -45,7 +45,7 @@ def test_equal_of_circular_lists_ends_at_the_step_budget(tmp_path: Path) -> None
     assert (code, line, col) == ("L001", 5, 1) and elapsed < 10
 
 
-@pytest.mark.parametrize("lookup", ["(getf *p* :missing)", "(assoc :missing *p*)", "(rassoc :missing *p*)"])
+@pytest.mark.parametrize("lookup", ["(getf *p* :missing)", "(assoc :missing *p*)", "(rassoc :missing *p*)", "(member :missing *p*)"])
 def test_a_lookup_in_a_circular_plist_or_alist_ends_at_the_step_budget(tmp_path: Path, lookup: str) -> None:
     """Property and association lists are walked lazily (as far as the match), so a circular
     one must still be charged as it is walked."""

@@ -393,10 +393,16 @@ class Conses(Lib):
         return self.member_tail("member", x, (lambda e: test(item, e)) if key is None else (lambda e: test(item, key(e))))
 
     def member_tail(self, fn: str, x: Any, match: Callable[[Any], bool]) -> Any:
+        """The first tail of X whose car matches, walking only as far as it (as SBCL does:
+        (member 1 '(1 . 2)) is (1 . 2)); a dotted end, when reached, is a type-error. Each
+        cell is a step, charged as it goes, so a circular list ends at the budget."""
         cell = need_list(fn, 2, x)
         n = 0
         while type(cell) is Cons:
             n += 1
+            if n == 1024:
+                self.charge(n)
+                n = 0
             if match(cell.car):
                 self.charge(n)
                 return cell
@@ -420,28 +426,18 @@ class Conses(Lib):
         return p if key is None else (lambda e: p(key(e)))
 
     def alist_find(self, fn: str, alist: Any, part: str, match: Callable[[Any], bool]) -> Any:
-        """The first pair of ALIST whose car (or cdr) matches; nil entries are skipped. The
-        list is walked only as far as the match (as SBCL does), its dotted end, when reached,
-        a type-error; each entry is a step."""
-        cell = alist
-        walked = 0
-        while type(cell) is Cons:
-            entry = cell.car
-            walked += 1
-            if walked == 1024:  # a circular alist ends at the step budget
-                self.charge(walked)
-                walked = 0
-            if entry is not NIL:
-                if type(entry) is not Cons:
-                    raise type_error(fn, 2, "an association list", alist)
-                if match(entry.car if part == "car" else entry.cdr):
-                    self.charge(walked)
-                    return entry
-            cell = cell.cdr
-        self.charge(walked)
-        if cell is not NIL:
-            raise type_error(fn, 2, "a proper association list", alist)
-        return NIL
+        """The first pair of ALIST whose car (or cdr) matches; nil entries are skipped. Walked
+        as member walks a list: only as far as the match."""
+
+        def pair_matches(entry: Any) -> bool:
+            if entry is NIL:
+                return False
+            if type(entry) is not Cons:
+                raise type_error(fn, 2, "an association list", alist)
+            return match(entry.car if part == "car" else entry.cdr)
+
+        tail = self.member_tail(fn, alist, pair_matches)
+        return tail.car if type(tail) is Cons else NIL
 
     def item_matcher(self, fn: str, item: Any, keys: dict[str, Any]) -> Callable[[Any], bool]:
         test = self.test_fn(fn, keys)
