@@ -179,12 +179,32 @@ class Arrays(Lib):
         t = type(array)
         if (t is list or t is BitVector) and len(subscripts) == 1 and type(subscripts[0]) is int and 0 <= subscripts[0] < len(array):
             return array[subscripts[0]]
-        i = self.index("aref", array, subscripts)
+        return self.element(array, self.index("aref", array, subscripts))
+
+    def element(self, array: Any, i: int) -> Any:
+        """The element at row-major index I (checked by the caller): past a fill pointer too."""
+        t = type(array)
         if t is str:
             return Char(array[i])
         if t is LispArray:
             return array.data[i]
         return array[i] if i < len(array) else self.past_fill_pointer(array)[i - len(array)]
+
+    def store(self, fn: str, array: Any, i: int, value: Any) -> Any:
+        """Store VALUE at row-major index I (checked by the caller): a bit array takes only 0
+        and 1, a string nothing (immutable)."""
+        t = type(array)
+        if t is str:
+            raise lisp_error("E109", IMMUTABLE, "PROGRAM-ERROR")
+        if t is BitVector or (t is LispArray and array.bits):
+            need_bit(fn, value)
+        if t is LispArray:
+            array.data[i] = value
+        elif i < len(array):
+            array[i] = value
+        else:
+            self.past_fill_pointer(array)[i - len(array)] = value
+        return value
 
     def past_fill_pointer(self, v: Any) -> list[Any]:
         header = self.header(v)
@@ -198,19 +218,7 @@ class Arrays(Lib):
         *subscripts, value = rest
         if type(array) is str:
             raise lisp_error("E109", IMMUTABLE, "PROGRAM-ERROR")
-        i = self.index("(setf aref)", array, tuple(subscripts))
-        if type(array) is LispArray:
-            if array.bits:
-                need_bit("(setf aref)", value)
-            array.data[i] = value
-        else:
-            if type(array) is BitVector:
-                need_bit("(setf aref)", value)
-            if i < len(array):
-                array[i] = value
-            else:
-                self.past_fill_pointer(array)[i - len(array)] = value
-        return value
+        return self.store("(setf aref)", array, self.index("(setf aref)", array, tuple(subscripts)), value)
 
     def op_svref(self, v: Any, i: Any) -> Any:
         if type(v) is not list:
@@ -228,23 +236,13 @@ class Arrays(Lib):
         need_index("row-major-aref", 2, i)
         if i >= total:
             raise lisp_error("E103", f"`row-major-aref`: index {i} is out of bounds for an array of {total} elements", "TYPE-ERROR", i)
-        if type(array) is str:
-            return Char(array[i])
-        return array.data[i] if type(array) is LispArray else array[i]
+        return self.element(array, i)
 
     def op_p_set_row_major_aref(self, array: Any, i: Any, value: Any) -> Any:
         if type(array) is str:
             raise lisp_error("E109", IMMUTABLE, "PROGRAM-ERROR")
         self.op_row_major_aref(array, i)
-        if type(array) is LispArray:
-            if array.bits:
-                need_bit("(setf row-major-aref)", value)
-            array.data[i] = value
-        else:
-            if type(array) is BitVector:
-                need_bit("(setf row-major-aref)", value)
-            array[i] = value
-        return value
+        return self.store("(setf row-major-aref)", array, i, value)
 
     def op_array_dimensions(self, array: Any) -> Any:
         return to_lisp(list(self.dims(self.need_array("array-dimensions", 1, array))))

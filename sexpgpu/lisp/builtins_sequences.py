@@ -8,6 +8,7 @@ from functools import cmp_to_key
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .builtins import Lib, Registry, bits_of, lbool, need_index, parse_keys, short, type_error
+from .builtins_strings import character_of
 from .conditions import lisp_error
 from .objects import BitVector
 from .types import NIL, T, Char, Cons, Symbol
@@ -656,13 +657,7 @@ class Sequences(Lib):
                 raise type_error("coerce", 1, f"of type {short(rtype)}", x)
             return x
         if name == "CHARACTER":
-            if type(x) is Char:
-                return x
-            if type(x) is str and len(x) == 1:
-                return Char(x)
-            if type(x) is Symbol and len(x.name) == 1:
-                return Char(x.name)
-            raise type_error("coerce", 1, "a character designator", x)
+            return character_of(x, "coerce")
         if name == "FUNCTION":
             if type(x) is Cons and type(x.car) is Symbol and x.car.name == "LAMBDA":
                 return self.interp.ev(x)

@@ -123,7 +123,7 @@ def install(reg: Registry) -> None:
     reg.add("char-code", lambda c: ord(need_char("char-code", 1, c).ch))
     reg.add("char-int", lambda c: ord(need_char("char-int", 1, c).ch))
     reg.add("code-char", _code_char)
-    reg.add("character", _character)
+    reg.add("character", lambda x: character_of(x))
     reg.add("char-upcase", lambda c: Char(_one(need_char("char-upcase", 1, c).ch, str.upper)))
     reg.add("char-downcase", lambda c: Char(_one(need_char("char-downcase", 1, c).ch, str.lower)))
     reg.add("alpha-char-p", lambda c: lbool(need_char("alpha-char-p", 1, c).ch.isalpha()))
@@ -373,14 +373,15 @@ def _code_char(n: Any) -> Any:
         return NIL
 
 
-def _character(x: Any) -> Any:
+def character_of(x: Any, fn: str = "character") -> Char:
+    """The character X designates (CLHS: a character, or a string or symbol of length 1)."""
     if type(x) is Char:
         return x
     if type(x) is str and len(x) == 1:
         return Char(x)
     if type(x) is Symbol and len(x.name) == 1:
         return Char(x.name)
-    raise type_error("character", 1, "a character designator (a character, or a string or symbol of length 1)", x)
+    raise type_error(fn, 1, "a character designator (a character, or a string or symbol of length 1)", x)
 
 
 def _name_char(name: Any) -> Any:

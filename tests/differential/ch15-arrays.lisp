@@ -185,3 +185,5 @@ array-rank-limit
 (let ((v (make-array '(10) :initial-contents '(1 2 3 4 5 6 7 8 9 10) :fill-pointer 10 :adjustable t))) (adjust-array v '(11) :initial-element -1) (list v (length v) (array-dimension v 0)))
 (let ((v (make-array 4 :fill-pointer 4 :adjustable t :initial-contents '(a b c d)))) (adjust-array v 6 :fill-pointer 5 :initial-element :new) v)
 (let ((v (make-array 3 :element-type 'bit :fill-pointer 1 :initial-element 1))) (list (vector-push 0 v) v (bit v 2) (type-of v)))
+; row-major-aref reaches past a fill pointer, as aref does
+(let ((v (make-array 3 :fill-pointer 1 :initial-element 7))) (setf (row-major-aref v 2) 5) (list (row-major-aref v 2) (aref v 2) (length v)))

@@ -44,7 +44,7 @@ from ..cuda.attention import AttentionGradStep, AttentionStep, Operands, backwar
 from ..cuda.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage
 from ..cuda.kernels import ReduceStrategy, axis_coords, piecewise, planned_strategy, reduce_geometry
 from ..cuda.lowering import Step
-from ..cuda.row_kernel import BLOCK_ROWS, WARP_ROWS
+from ..cuda.row_kernel import BLOCK_ROWS, WARP_ROWS, needed_row_nodes
 from ..cuda.steps import FusedGroup, ReduceGroup, RowGroup
 
 SXB = 256  # elements per block of a chain with NumPy calls; a multiple of every lane count
@@ -603,15 +603,7 @@ def rows_host(group: RowGroup, program: Program, constants: dict[int, Node], mat
         return from_storage(f"in{k}[rb{k}{' + c' if column else ''}]", t.dtype)
 
     def needed_for(targets: list[int]) -> list[Node]:
-        needed: set[int] = set()
-        stack = list(targets)
-        while stack:
-            v = stack.pop()
-            n = by_id.get(v)
-            if n is not None and n in row_nodes and v not in needed:
-                needed.add(v)
-                stack.extend(n.args)
-        return [n for n in row_nodes if n.id in needed]
+        return needed_row_nodes(targets, row_nodes, by_id)
 
     def tag() -> str:
         counter[0] += 1

@@ -11,7 +11,7 @@ used outside it are written.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import Mapping, Optional, Protocol
 
 from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, Shape, shape_size
@@ -30,6 +30,20 @@ class RowNodes(GroupNodes, Protocol):
 WARP_ROWS = 32  # rows at least this long get a warp each
 BLOCK_ROWS = 4096  # and rows at least this long a block each (a vocabulary's logits)
 
+
+
+def needed_row_nodes(targets: list[int], row_nodes: list[Node], by_id: Mapping[int, Node]) -> list[Node]:
+    """The row-space nodes TARGETS depend on, in ROW_NODES' order (what a pass over a row
+    group computes; the CUDA kernel and the host C share it)."""
+    needed: set[int] = set()
+    stack = list(targets)
+    while stack:
+        v = stack.pop()
+        node = by_id.get(v)
+        if node is not None and node in row_nodes and v not in needed:
+            needed.add(v)
+            stack.extend(node.args)
+    return [n for n in row_nodes if n.id in needed]
 
 def rows_kernel(group: RowNodes, program: Program, constants: dict[int, Node], lanes: Optional[str] = None) -> KernelSource:
     """GROUP's kernel, with a thread, a warp or a block per row (as LANES says; by default
@@ -64,15 +78,7 @@ def rows_kernel(group: RowNodes, program: Program, constants: dict[int, Node], l
 
     def row_pass(targets: list[int]) -> tuple[list[str], dict[int, str], int]:
         """The loop body computing the row-space values TARGETS need, at flat index idx."""
-        needed: set[int] = set()
-        stack = list(targets)
-        while stack:
-            v = stack.pop()
-            node = by_id.get(v)
-            if node is not None and node in row_nodes and v not in needed:
-                needed.add(v)
-                stack.extend(node.args)
-        nodes = [n for n in row_nodes if n.id in needed]
+        nodes = needed_row_nodes(targets, row_nodes, by_id)
         head, names = loads(nodes, "idx", space, "      ", "")
         for v in targets:  # a reduction straight over an input
             if v in input_index and v not in names:
