@@ -10,6 +10,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Optional
 
 from pydantic import BaseModel
@@ -102,6 +103,32 @@ def compiler_finding(device: str) -> Finding:
         return Finding(check="compiler", level="warn", detail=f"{exc}: --device cpu runs on the NumPy backend",
                        fix="install a C compiler (apt-get install gcc), or set $CC")
     return Finding(check="compiler", level="ok", detail=f"{toolchain.describe()}, kernels cached in {toolchain.cache}")
+
+
+def cache_finding() -> Finding:
+    """The cache root: whether it can be written, and each cache's entries and bad ones (a
+    kernel library whose bytes do not match its digest, a dataset that does not open, or
+    what is not a regular file)."""
+    from ..runtime.cpu.toolchain import library_problem
+    from ..runtime.data.cache import entry_problem
+    from ..runtime.diskcache import CACHE_VARIABLE, CUPY_VARIABLE, bad_entries, cache_root, entry_count, regular_problem, writable_problem
+
+    root = cache_root()
+    where = f"{root} (from ${CACHE_VARIABLE})" if os.environ.get(CACHE_VARIABLE) else f"{root} (from default)"
+    problem = writable_problem(root)
+    if problem is not None:
+        return Finding(check="cache", level="warn",
+                       detail=f"{where}: cannot be written ({problem}): runs cache in a private temporary folder and compile their kernels again each time",
+                       fix=f"set {CACHE_VARIABLE} to a folder you can write")
+    cupy = Path(os.environ[CUPY_VARIABLE]) if os.environ.get(CUPY_VARIABLE) else root / "cupy"
+    folders = {"kernels": (root / "kernels", library_problem), "data": (root / "data", entry_problem), "cupy": (cupy, regular_problem)}
+    counts = ", ".join(f"{kind} {entry_count(folder)}" + (" entries" if kind == "kernels" else "") for kind, (folder, _) in folders.items())
+    bad = [(kind, folder / name, why) for kind, (folder, check) in folders.items() for name, why in bad_entries(folder, check)]
+    if not bad:
+        return Finding(check="cache", level="ok", detail=f"{where}: writable; {counts}")
+    listed = ", ".join(f"{kind}/{path.name} ({why})" for kind, path, why in bad)
+    return Finding(check="cache", level="warn", detail=f"{where}: writable; {counts}; {len(bad)} bad: {listed}",
+                   fix=f"the next run rebuilds a bad entry; or remove them: rm -r {' '.join(str(path) for _, path, _ in bad)}")
 
 
 def store_finding(url: str, source: str) -> Finding:
@@ -239,8 +266,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     if credentials is not None:
         findings.append(credentials)
     findings.append(nccl_finding())
-    cache, cache_source = setting(None, "SEXPGPU_CACHE", "~/.cache/sexpgpu")
-    findings.append(Finding(check="cache", level="ok", detail=f"{os.path.expanduser(cache)} (from {cache_source})"))
+    findings.append(cache_finding())
     address, address_source = setting(args.ray, "SEXPGPU_RAY_ADDRESS", "")
     findings.append(ray_finding(address or None, address_source))
     if args.file:

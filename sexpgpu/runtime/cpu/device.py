@@ -425,7 +425,8 @@ class CpuProgram(LoweredProgram):
         compiled = self.compiled
         if compiled is None or compiled.cached:
             return None
-        return f"cpu: {self.program.name}: compiled {self.kernel_count} kernels in {compiled.seconds:.1f} s (cached on disk for the next run)"
+        kept = "in this process's private cache" if compiled.private else "cached on disk for the next run"
+        return f"cpu: {self.program.name}: compiled {self.kernel_count} kernels in {compiled.seconds:.1f} s ({kept})"
 
     def compile_report(self) -> dict[str, Any]:
         """What compiling this program cost: its kernels, the seconds (0 from the disk cache,

@@ -9,8 +9,11 @@ it), wrapping signed integers (`-fwrapv`, as NumPy's), and nothing of `-ffast-ma
 A compiled module is cached by the SHA-256 of its source, the compiler's identity (its path
 and `--version`), the flags and this CPU's model and features (what `-march=native` compiled
 for), in `$SEXPGPU_CACHE/kernels` (`~/.cache/sexpgpu/kernels` by default; the prepared-data
-cache is `$SEXPGPU_CACHE/data`). The compiler writes a temporary file that is then renamed to
-its name, so processes compiling the same module at once each get a whole library.
+cache is `$SEXPGPU_CACHE/data`). A cached library ends with its own SHA-256 (after the ELF
+image, where the loader never looks), so the library and its digest are one file, published by
+one rename (diskcache.py): processes compiling the same module at once each get a whole
+library, and a library that is truncated, empty, overwritten, or not a file at all is
+compiled again and replaces it.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from ..backend import DeviceError
+from ..diskcache import BadEntry, Cache, cache_root, read_entry
 
-CACHE_VARIABLE = "SEXPGPU_CACHE"
 COMPILER_VARIABLE = "CC"
 CANDIDATES = ("cc", "gcc", "clang")
+SEAL = b"SXSHA256"  # what precedes a cached library's digest at its end
+DIGEST_BYTES = 32
+MAX_LIBRARY_BYTES = 256 << 20  # far above any kernel module; a bigger file is not one of ours
 FLAGS = ("-std=gnu11", "-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fwrapv", "-fPIC", "-shared", "-pthread")
 
 
@@ -38,9 +44,30 @@ class NoCompiler(DeviceError):
 
 
 def cache_folder(environ: Optional[Mapping[str, str]] = None) -> Path:
-    environ = os.environ if environ is None else environ
-    configured = environ.get(CACHE_VARIABLE)
-    return (Path(configured).expanduser() if configured else Path.home() / ".cache" / "sexpgpu") / "kernels"
+    return cache_root(environ) / "kernels"
+
+
+def seal(library: bytes) -> bytes:
+    """LIBRARY as the cache keeps it: followed by SEAL and its SHA-256."""
+    return library + SEAL + hashlib.sha256(library).digest()
+
+
+def sealed_problem(blob: bytes) -> Optional[str]:
+    """None when BLOB is a library followed by its own digest, else what is wrong with it."""
+    if len(blob) < len(SEAL) + DIGEST_BYTES or blob[-DIGEST_BYTES - len(SEAL):-DIGEST_BYTES] != SEAL:
+        return "empty" if not blob else "truncated or not a cached library (no digest at its end)"
+    if hashlib.sha256(blob[:-DIGEST_BYTES - len(SEAL)]).digest() != blob[-DIGEST_BYTES:]:
+        return "its bytes do not match its digest"
+    return None
+
+
+def library_problem(path: Path) -> Optional[str]:
+    """None when PATH holds a whole cached library, else why it does not (doctor's check)."""
+    try:
+        blob = read_entry(path, MAX_LIBRARY_BYTES)
+    except BadEntry as exc:
+        return str(exc)
+    return "gone" if blob is None else sealed_problem(blob)
 
 
 def cpu_signature() -> str:
@@ -62,6 +89,7 @@ class Compiled:
     path: Path
     seconds: float  # 0 when it came from the cache
     cached: bool
+    private: bool = False  # compiled into this process's private cache (the shared one cannot be written)
 
 
 @dataclass
@@ -82,31 +110,33 @@ class Toolchain:
         return f"{self.compiler} ({self.version.splitlines()[0] if self.version else 'unknown version'})"
 
     def build(self, source: str, kind: str = "kernels") -> Compiled:
-        """The shared library compiled from SOURCE (C), from the cache when it is there."""
+        """The shared library compiled from SOURCE (C), from the cache when a whole one is there."""
         digest = hashlib.sha256((self.identity + "\n" + source).encode()).hexdigest()[:32]
-        library = self.cache / f"{kind}-{digest}.so"
-        if library.exists():
-            done = Compiled(library, 0.0, True)
-            self.compiled.append(done)
-            return done
-        self.cache.mkdir(parents=True, exist_ok=True)
+        name = f"{kind}-{digest}.so"
+        cache = Cache(self.cache.parent, self.cache.name)
+        for path in cache.paths(name):
+            if library_problem(path) is None:
+                done = Compiled(path, 0.0, True)
+                self.compiled.append(done)
+                return done
         start = time.perf_counter()
-        fd, temp = tempfile.mkstemp(prefix=f".{kind}-{digest}-", suffix=".c", dir=self.cache)
-        out = temp[:-2] + ".so"
-        try:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(source)
-            result = subprocess.run([self.compiler, *self.flags, "-o", out, temp, "-lm"], capture_output=True, text=True)
-            if result.returncode != 0:
-                raise RuntimeError(f"the C compiler refused a generated kernel module ({self.describe()}):\n{result.stderr[-4000:]}")
-            os.replace(out, library)
-        finally:
-            for leftover in (temp, out):
-                if os.path.exists(leftover):
-                    os.unlink(leftover)
-        done = Compiled(library, time.perf_counter() - start, False)
+        library = self.compile(source)
+        path, private = cache.write(name, lambda out: out.write(seal(library)))
+        done = Compiled(path, time.perf_counter() - start, False, private)
         self.compiled.append(done)
         return done
+
+    def compile(self, source: str) -> bytes:
+        """SOURCE compiled, in a scratch folder of its own: the library's bytes."""
+        with tempfile.TemporaryDirectory(prefix="sexpgpu-cc-") as scratch:
+            c_file, out = os.path.join(scratch, "module.c"), os.path.join(scratch, "module.so")
+            with open(c_file, "w") as handle:
+                handle.write(source)
+            result = subprocess.run([self.compiler, *self.flags, "-o", out, c_file, "-lm"], capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"the C compiler refused a generated kernel module ({self.describe()}):\n{result.stderr[-4000:]}")
+            with open(out, "rb") as built:
+                return built.read()
 
 
 def find_compiler(environ: Optional[Mapping[str, str]] = None) -> str:

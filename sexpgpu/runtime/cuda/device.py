@@ -14,6 +14,7 @@ from typing import Any, Union
 import numpy as np
 
 from ..backend import DeviceError
+from ..diskcache import point_cupy_cache
 from .blas import CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUDA_TYPES, BlasCall
 from .codegen import BLOCK, PRELUDE, KernelSource
 from .executor import ArrayDevice
@@ -96,6 +97,7 @@ def cuda_device(spec: str) -> ArrayDevice:
     if not 0 <= index < count:
         raise DeviceError(f"--device {spec}: this machine has {count} CUDA device(s) (cuda:0 to cuda:{count - 1})")
     cupy.cuda.Device(index).use()
+    point_cupy_cache()  # CuPy's compiled modules go under $SEXPGPU_CACHE/cupy, checked (diskcache.py)
     return ArrayDevice(cupy, CupyRunner(cupy))
 
 

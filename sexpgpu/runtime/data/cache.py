@@ -2,16 +2,16 @@
 
 A prepared dataset lives at CACHE/data/KEY.npz, KEY being the sha256 of the source's content
 hash, the source kind and options, the prepare pipeline, the fields and the part. Files are
-written to a temporary name and renamed, so readers never see half a file; one that does not
-load or whose arrays no longer match their recorded hash counts as a miss and is rewritten.
+written to a temporary name, flushed and renamed (diskcache.py), so readers never see half a
+file; one that is not a regular file, does not load, or whose arrays no longer match their
+recorded hash counts as a miss and is rewritten. When the folder cannot be written, the
+dataset goes to the process's private cache (diskcache.py says so once).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any, Optional
@@ -19,6 +19,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ...ir.dtypes import DType, numpy_dtype
+from ..diskcache import BadEntry, Cache, cache_root, open_entry
 from .spec import Dataset, LoaderSpec, hash_arrays
 
 CACHE_FORMAT = 2  # bump when preparation changes what it produces (2: synthetic examples interleaved)
@@ -26,12 +27,15 @@ META_KEY = "__meta__"
 
 
 def default_cache_dir() -> Path:
-    configured = os.environ.get("SEXPGPU_CACHE")
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "sexpgpu"
+    return cache_root()
 
 
-def cache_path(cache_dir: Path, key: str) -> Path:
-    return cache_dir / "data" / f"{key}.npz"
+def data_cache(cache_dir: Path) -> Cache:
+    return Cache(cache_dir, "data")
+
+
+def entry_name(key: str) -> str:
+    return f"{key}.npz"
 
 
 def cache_key(spec: LoaderSpec, source_hash: str) -> str:
@@ -46,21 +50,39 @@ def cache_key(spec: LoaderSpec, source_hash: str) -> str:
 
 
 def load_cached(path: Path, spec: LoaderSpec) -> Optional[Dataset]:
-    if not path.is_file():
-        return None
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        handle = open_entry(path)
+        if handle is None:
+            return None
+        with handle, np.load(handle, allow_pickle=False) as archive:
             record = json.loads(bytes(archive[META_KEY]).decode())
             fields = {f.name: _from_stored(archive[f"f{i}"], f.dtype) for i, f in enumerate(spec.fields)}
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError, UnicodeDecodeError):
+    except (BadEntry, OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, json.JSONDecodeError, UnicodeDecodeError):
         return None
     if record.get("fields") != [f.name for f in spec.fields] or hash_arrays(fields) != record.get("content_hash"):
         return None
     return Dataset(fields, int(record["n"]), record["content_hash"], record.get("vocab"), dict(record.get("meta", {})))
 
 
-def store(path: Path, dataset: Dataset, spec: LoaderSpec) -> bool:
-    """Write atomically; False when the cache folder is not writable (the cache is only a speed-up)."""
+def entry_problem(path: Path) -> Optional[str]:
+    """None when PATH is a readable prepared dataset (its archive and record; doctor's check,
+    which does not read the arrays), else what is wrong with it."""
+    try:
+        handle = open_entry(path)
+        if handle is None:
+            return "gone"
+        with handle, np.load(handle, allow_pickle=False) as archive:
+            json.loads(bytes(archive[META_KEY]).decode())["content_hash"]
+    except BadEntry as exc:
+        return str(exc)
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, json.JSONDecodeError, UnicodeDecodeError):
+        return "not a prepared dataset (truncated or overwritten)"
+    return None
+
+
+def store(cache: Cache, key: str, dataset: Dataset, spec: LoaderSpec) -> bool:
+    """Write atomically (in the private cache when the folder cannot be written); False when
+    not even that can be written (the cache is only a speed-up)."""
     record = {
         "fields": list(dataset.fields),
         "n": dataset.n,
@@ -70,20 +92,11 @@ def store(path: Path, dataset: Dataset, spec: LoaderSpec) -> bool:
     }
     arrays: dict[str, Any] = {f"f{i}": _to_stored(dataset.fields[f.name], f.dtype) for i, f in enumerate(spec.fields)}
     arrays[META_KEY] = np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)
-    temporary: Optional[str] = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-        with os.fdopen(handle, "wb") as out:
-            np.savez(out, **arrays)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-        return True
+        cache.write(entry_name(key), lambda out: np.savez(out, **arrays))
     except OSError:
-        if temporary is not None:
-            Path(temporary).unlink(missing_ok=True)
         return False
+    return True
 
 
 def _to_stored(array: np.ndarray, dtype: DType) -> np.ndarray:

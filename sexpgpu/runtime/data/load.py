@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 from ...ir.data_options import source_problem, step_problem
-from .cache import cache_key, cache_path, default_cache_dir, load_cached, store
+from .cache import cache_key, data_cache, default_cache_dir, entry_name, load_cached, store
 from .raw import Raw, read_raw, resolve_url
 from .prepare import finish, run_prepare
 from .sources import parse_source
@@ -43,13 +43,14 @@ def check_declared_options(spec: LoaderSpec) -> None:
 def _load(spec: LoaderSpec, cache_dir: Path, use_cache: bool) -> tuple[Dataset, Raw]:
     raw = read_raw(spec)
     key = cache_key(spec, raw.content_hash)
-    path = cache_path(cache_dir, key)
-    cached = load_cached(path, spec) if use_cache else None
+    cache = data_cache(cache_dir)
+    found = (load_cached(path, spec) for path in cache.paths(entry_name(key))) if use_cache else iter(())
+    cached = next((dataset for dataset in found if dataset is not None), None)
     if cached is not None:
         cached.meta.update(source=raw.where, cache="hit")
         return cached, raw
     dataset = _prepare(spec, raw, key)
-    written = use_cache and store(path, dataset, spec)
+    written = use_cache and store(cache, key, dataset, spec)
     dataset.meta["cache"] = "miss" if written else "off"
     return dataset, raw
 
