@@ -201,6 +201,12 @@ def test_doctor_counts_the_entries_and_the_bad_ones_and_says_how_to_fix(tmp_path
                              f"kernels/{libraries[0].name} (truncated or not a cached library (no digest at its end)), "
                              f"kernels/{libraries[1].name} (a symbolic link)"), bad
     assert bad["fix"] == f"the next run rebuilds a bad entry; or remove them: rm -r {libraries[0]} {libraries[1]}"
+    for path in libraries[:2]:
+        path.unlink()
+    (cache / "kernels" / "kernels-0123456789abcdef0123456789abcdef.so").write_bytes(b"an older sexpgpu's library")
+    older = finding(env)
+    assert older["level"] == "ok" and older["detail"] == (f"{cache} (from $SEXPGPU_CACHE): writable; kernels 1 entries, data 1, cupy 0; "
+                                                          "1 kernel libraries of an older sexpgpu, unused (safe to delete)"), older
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     stuck = finding(environment(SEXPGPU_CACHE=str(blocker / "sub")))
@@ -223,3 +229,23 @@ def test_cupy_is_pointed_at_a_tidied_cache_or_the_private_one(tmp_path: Path) ->
     assert sorted(p.name for p in cupy.iterdir()) == ["0123_2.cubin"]
     mine = {"SEXPGPU_CACHE": str(tmp_path / "cache"), "CUPY_CACHE_DIR": str(tmp_path / "mine")}
     assert point_cupy_cache(mine) == tmp_path / "mine" and not (tmp_path / "mine").exists()
+
+
+CUPY_FALLBACK = """
+import os, sys
+from sexpgpu.runtime.diskcache import point_cupy_cache
+env = {"SEXPGPU_CACHE": sys.argv[1]}
+folder = point_cupy_cache(env)
+print(folder, env["CUPY_CACHE_DIR"], folder.is_dir())
+"""
+
+
+def test_cupy_caches_privately_when_the_cache_cannot_be_written(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = subprocess.run([sys.executable, "-c", CUPY_FALLBACK, str(blocker / "sub")], env=environment(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    folder, variable, exists = done.stdout.split()
+    (line,) = fallback_lines(done.stderr)
+    assert line.group(1) == str(blocker / "sub") and folder == variable == str(Path(line.group(3)) / "cupy") and exists == "True"
+    assert not Path(folder).exists()  # removed when the process ended

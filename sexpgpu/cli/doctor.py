@@ -109,7 +109,7 @@ def cache_finding() -> Finding:
     """The cache root: whether it can be written, and each cache's entries and bad ones (a
     kernel library whose bytes do not match its digest, a dataset that does not open, or
     what is not a regular file)."""
-    from ..runtime.cpu.toolchain import library_problem
+    from ..runtime.cpu.toolchain import LIBRARY_SUFFIX, library_problem
     from ..runtime.data.cache import entry_problem
     from ..runtime.diskcache import CACHE_VARIABLE, CUPY_VARIABLE, bad_entries, cache_root, entry_count, regular_problem, writable_problem
 
@@ -122,8 +122,13 @@ def cache_finding() -> Finding:
                        fix=f"set {CACHE_VARIABLE} to a folder you can write")
     cupy = Path(os.environ[CUPY_VARIABLE]) if os.environ.get(CUPY_VARIABLE) else root / "cupy"
     folders = {"kernels": (root / "kernels", library_problem), "data": (root / "data", entry_problem), "cupy": (cupy, regular_problem)}
-    counts = ", ".join(f"{kind} {entry_count(folder)}" + (" entries" if kind == "kernels" else "") for kind, (folder, _) in folders.items())
-    bad = [(kind, folder / name, why) for kind, (folder, check) in folders.items() for name, why in bad_entries(folder, check)]
+    older = sorted(path for path in (root / "kernels").glob("*.so") if not path.name.endswith(LIBRARY_SUFFIX))
+    counts = ", ".join(f"{kind} {entry_count(folder) - (len(older) if kind == 'kernels' else 0)}" + (" entries" if kind == "kernels" else "")
+                       for kind, (folder, _) in folders.items())
+    if older:
+        counts += f"; {len(older)} kernel libraries of an older sexpgpu, unused (safe to delete)"
+    bad = [(kind, folder / name, why) for kind, (folder, check) in folders.items() for name, why in bad_entries(folder, check)
+           if folder / name not in older]
     if not bad:
         return Finding(check="cache", level="ok", detail=f"{where}: writable; {counts}")
     listed = ", ".join(f"{kind}/{path.name} ({why})" for kind, path, why in bad)

@@ -94,7 +94,7 @@ def discard(path: Path) -> None:
         pass  # another process removed it first
 
 
-def publish(path: Path, write: Callable[[BinaryIO], None]) -> None:
+def publish(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """The entry at PATH written whole by WRITE: into a temporary file of the same folder,
     flushed to disk, renamed over the name; a reader sees the old entry or the new one, never
     a part. OSError when the folder cannot be written."""
@@ -180,7 +180,7 @@ class Cache:
         private = fallen_back()
         return [self.folder / name] + ([private / self.kind / name] if private is not None else [])
 
-    def write(self, name: str, write: Callable[[BinaryIO], None]) -> tuple[Path, bool]:
+    def write(self, name: str, write: Callable[[BinaryIO], object]) -> tuple[Path, bool]:
         """The entry NAME published (as publish) in this cache's folder, else in the private
         cache (saying so once); where it went and whether that is the private cache."""
         try:

@@ -11,7 +11,7 @@ and `--version`), the flags and this CPU's model and features (what `-march=nati
 for), in `$SEXPGPU_CACHE/kernels` (`~/.cache/sexpgpu/kernels` by default; the prepared-data
 cache is `$SEXPGPU_CACHE/data`). A cached library ends with its own SHA-256 (after the ELF
 image, where the loader never looks), so the library and its digest are one file, published by
-one rename (diskcache.py): processes compiling the same module at once each get a whole
+one rename (diskcache.py), named `KIND-KEY.v2.so`: processes compiling the same module at once each get a whole
 library, and a library that is truncated, empty, overwritten, or not a file at all is
 compiled again and replaces it.
 """
@@ -34,6 +34,7 @@ from ..diskcache import BadEntry, Cache, cache_root, read_entry
 COMPILER_VARIABLE = "CC"
 CANDIDATES = ("cc", "gcc", "clang")
 SEAL = b"SXSHA256"  # what precedes a cached library's digest at its end
+LIBRARY_SUFFIX = ".v2.so"  # a sealed library; `NAME-DIGEST.so` (no .v2) is an older sexpgpu's, never read
 DIGEST_BYTES = 32
 MAX_LIBRARY_BYTES = 256 << 20  # far above any kernel module; a bigger file is not one of ours
 FLAGS = ("-std=gnu11", "-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fwrapv", "-fPIC", "-shared", "-pthread")
@@ -112,7 +113,7 @@ class Toolchain:
     def build(self, source: str, kind: str = "kernels") -> Compiled:
         """The shared library compiled from SOURCE (C), from the cache when a whole one is there."""
         digest = hashlib.sha256((self.identity + "\n" + source).encode()).hexdigest()[:32]
-        name = f"{kind}-{digest}.so"
+        name = f"{kind}-{digest}{LIBRARY_SUFFIX}"
         cache = Cache(self.cache.parent, self.cache.name)
         for path in cache.paths(name):
             if library_problem(path) is None:
