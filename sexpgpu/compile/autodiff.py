@@ -16,7 +16,7 @@ def backward(builder: Builder, loss: int, wrt: list[int]) -> dict[int, Optional[
     forward_nodes: list[Node] = [n for n in builder.nodes if n.id <= loss]
     needed = _depends_on(forward_nodes, set(wrt))
     grads: dict[int, int] = {}
-    builder.loc, builder.path = None, None
+    builder.loc, builder.path, builder.site = None, None, None
     grads[loss] = builder.scalar_like(1.0, loss)
     for node in reversed(forward_nodes):
         g = grads.get(node.id)
@@ -25,13 +25,13 @@ def backward(builder: Builder, loss: int, wrt: list[int]) -> dict[int, Optional[
         rule = op_def(node.op).grad
         if rule is None:
             continue
-        builder.loc, builder.path = node.loc, node.path
+        builder.loc, builder.path, builder.site = node.loc, node.path, node.site
         for arg, contribution in zip(node.args, rule(builder, node, g)):
             if contribution is None or arg not in needed:
                 continue
             previous = grads.get(arg)
             grads[arg] = contribution if previous is None else builder.op("add", previous, contribution)
-        builder.loc, builder.path = None, None
+        builder.loc, builder.path, builder.site = None, None, None
     return {w: grads.get(w) for w in wrt}
 
 

@@ -86,6 +86,7 @@ class Compiler:
         self.warnings: list[str] = []
         self.targets: list[TargetSpec] = []
         self.target_locs: dict[int, Loc] = {}  # where each deftarget is, by its index in targets
+        self.early_targets: dict[str, tuple[str, Optional[Loc]]] = {}  # eval name -> a deftarget naming it before any defeval did
         self.select_locs: dict[str, Loc] = {}  # where each glob of defrun :diagnostics :select is written
         self.groups: list[Group] = []
         self.clip: Optional[float] = None
@@ -765,6 +766,10 @@ class Compiler:
             raise lisp_error("C008", f"defeval {key}: say when it runs, with :every N or :at :end", "PROGRAM-ERROR")
         if any(e.name == key for e in self.evals):
             raise lisp_error("C003", f"defeval {key} is defined twice", "PROGRAM-ERROR")
+        if key in self.early_targets:
+            what, target_loc = self.early_targets[key]
+            here = f", at {self.interp.current_loc}" if self.interp.current_loc is not None else ""
+            raise self.at(target_loc, "C008", f"{what}: the defeval {key} comes later{here}; move it above the deftarget (a deftarget names a defeval defined before it)")
         self.evals.append(EvalSpec(name=key, loader=self.name_of(f"defeval {key} :loader", loader, "loader name"), every=every if type(every) is int else None, at_end=at is not NIL, overlap=keys.get("OVERLAP", NIL) is not NIL))
         return name
 
@@ -776,7 +781,7 @@ class Compiler:
             raise self.at(loc, "C008", f"deftarget: write (deftarget EVAL METRIC TEST VALUE) with the names of a defeval and of a metric, got {short(name)} {short(metric)}")
         key, what = name.name.lower(), f"deftarget {name.name.lower()} {metric.name.lower()}"
         if not any(e.name == key for e in self.evals):
-            raise self.at(loc, "C008", f"{what}: no defeval named {key} (evals: {', '.join(e.name for e in self.evals) or 'none'})")
+            self.early_targets.setdefault(key, (what, loc))  # a defeval later in the file is a wrong order, at the end none is
         tests = " ".join(":" + t for t in TARGET_TESTS)
         if type(test) is not Symbol or not test.is_keyword or test.name not in TARGET_TESTS:
             if type(test) is Symbol and test.name in TARGET_TESTS:
@@ -788,6 +793,12 @@ class Compiler:
             self.target_locs[len(self.targets)] = loc
         self.targets.append(TargetSpec(eval=key, metric=metric.name.lower(), test=test.name, value=self.number_of(f"{what}: the threshold", value)))
         return name
+
+    def unresolved_targets(self) -> None:
+        """Once the file is evaluated: a deftarget whose defeval never came is C008 at the deftarget."""
+        for key, (what, loc) in self.early_targets.items():
+            if not any(e.name == key for e in self.evals):
+                raise self.at(loc, "C008", f"{what}: no defeval named {key} (evals: {', '.join(e.name for e in self.evals) or 'none'})")
 
     def b_metric(self, name: Any, value: Any) -> Any:
         tracer = self.lib.tracer("metric")

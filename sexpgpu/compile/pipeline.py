@@ -577,6 +577,7 @@ def stage_evals(compiler: Compiler, programs: dict[str, Program], seed: int, pre
     """Each defeval's program, traced from defevaluate at the loader's batch and at batch 1:
     full batches run the first, the examples of the last partial batch the second, so the
     metrics are exact example-weighted means over the whole loader."""
+    compiler.unresolved_targets()
     if compiler.evals and compiler.evaluate is None:
         raise lisp_error("C001", "defeval needs a defevaluate (the function that computes the eval metrics)", "PROGRAM-ERROR")
     out = []

@@ -26,6 +26,7 @@ from ..ir.builder import Builder
 from ..ir.dtypes import DType, promote_floats
 from ..ir.graph import TensorType
 from ..ir.ops import OpError
+from ..lisp.analyze import LIBRARY_FILES
 from ..lisp.builtins import Registry, list_items, parse_keys, to_lisp_list, type_error
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.objects import Builtin
@@ -164,6 +165,8 @@ class TensorLib:
         builder = tracer.builder
         loc = self.interp.call_loc
         builder.loc = str(loc) if loc is not None else None
+        user = self.interp.user_loc
+        builder.site = str(user) if loc is not None and user is not None and loc.file.startswith(LIBRARY_FILES) else None
         builder.path = tracer.path_stack[-1] if tracer.path_stack else None
         try:
             return make(builder)

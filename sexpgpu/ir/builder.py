@@ -23,8 +23,9 @@ def broadcast_shapes(a: Shape, b: Shape, what: str) -> Shape:
 
 
 class Builder:
-    """One program under construction. `loc` and `path` are stamped on every node added
-    while they are set (staging sets them to the current source form and model part)."""
+    """One program under construction. `loc`, `path` and `site` are stamped on every node
+    added while they are set (staging sets them to the current source form, model part and,
+    inside a library, the user's call that led there)."""
 
     def __init__(self, name: str, first_id: int = 0) -> None:
         self.name = name
@@ -34,6 +35,7 @@ class Builder:
         self.next_id = first_id
         self.loc: Optional[str] = None
         self.path: Optional[str] = None
+        self.site: Optional[str] = None
         self._consts: dict[tuple[Any, ...], int] = {}
 
     def _new_id(self) -> int:
@@ -56,7 +58,7 @@ class Builder:
         in_types = [self.types[a] for a in args]
         out_type = definition.infer(in_types, attrs)
         nid = self._new_id()
-        self.nodes.append(Node(id=nid, op=name, args=list(args), attrs=attrs, type=out_type, loc=self.loc, path=self.path))
+        self.nodes.append(Node(id=nid, op=name, args=list(args), attrs=attrs, type=out_type, loc=self.loc, path=self.path, site=self.site))
         self.types[nid] = out_type
         return nid
 

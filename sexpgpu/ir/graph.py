@@ -57,6 +57,7 @@ class Node(BaseModel):
     type: TensorType
     loc: Optional[str] = None  # file:line:col of the source form that staged it
     path: Optional[str] = None  # parameter path of the model part that staged it
+    site: Optional[str] = None  # file:line:col of the user's call that led to LOC, when LOC is inside a library
 
 
 class Program(BaseModel):
@@ -106,6 +107,7 @@ class Module(BaseModel):
             for node in program["nodes"]:
                 node["loc"] = None
                 node["path"] = None
+                node.pop("site", None)  # absent, not null: the hash of an IR without sites stays what it was
         return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

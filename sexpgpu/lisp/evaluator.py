@@ -7,7 +7,6 @@ in prelude.lisp, or a builtin in builtins*.py.
 
 from __future__ import annotations
 
-import difflib
 import gc
 import sys
 import threading
@@ -18,6 +17,7 @@ from typing import Any, Callable, Optional
 from pydantic import BaseModel, PositiveFloat, PositiveInt
 
 from .analyze import SYSTEM_FILES, Analyzer, SpecialForm, primary, user_loc
+from .hints import did_you_mean
 from .conditions import LimitExceeded, LispError, lisp_error
 from .lambda_list import LambdaList, parse_lambda_list
 from .objects import (
@@ -364,8 +364,7 @@ class Interpreter:
     def unbound_variable(self, sym: Symbol, scope: Optional[Scope]) -> LispError:
         names = scope.names() if scope is not None else set()
         names.update(k.name for k in self.values)
-        close = difflib.get_close_matches(sym.name, sorted(names), n=1, cutoff=0.75)
-        hint = f"; did you mean `{close[0].lower()}`?" if close else ""
+        hint = did_you_mean(sym.name, names, 0.75)
         return lisp_error("E100", f"unbound variable `{prin1_to_string(sym)}`{hint}", "UNBOUND-VARIABLE", sym)
 
     def check_assignable(self, sym: Symbol) -> None:
@@ -396,10 +395,8 @@ class Interpreter:
     def undefined_function(self, sym: Symbol) -> LispError:
         if sym in self.special_forms:
             return lisp_error("E103", f"`{prin1_to_string(sym)}` is a special form, not a function", "UNDEFINED-FUNCTION", sym)
-        names = sorted(({s.name for s in self.functions} | {s.name for s in self.macros}) - {sym.name})
-        names = [n for n in names if not n.startswith("%")]
-        close = difflib.get_close_matches(sym.name, names, n=1, cutoff=0.8)
-        hint = f"; did you mean `{close[0].lower()}`?" if close else ""
+        names = [n for n in {s.name for s in self.functions} | {s.name for s in self.macros} if not n.startswith("%")]
+        hint = did_you_mean(sym.name, names, 0.8)
         return lisp_error("E101", f"undefined function `{prin1_to_string(sym)}`{hint}", "UNDEFINED-FUNCTION", sym)
 
     def function_value(self, designator: Any) -> Any:

@@ -15,7 +15,8 @@ from .conditions import lisp_error
 from .diagnostics import SourceMap
 from .printer import prin1_to_string
 from .reader import decode_source
-from .types import NIL, Cons, Symbol, SymbolTable
+from .hints import did_you_mean
+from .types import MODULE_NAME_CUTOFF, NIL, Cons, Symbol, SymbolTable
 
 if TYPE_CHECKING:
     from .evaluator import Interpreter
@@ -156,7 +157,8 @@ class ModuleLoader:
     def import_name(self, current: SymbolTable, module: SymbolTable, name: str, display: str) -> None:
         sym = module.exported.get(name)
         if sym is None:
-            raise lisp_error("M004", f"module `{display}` exports no `{name.lower()}`, so it cannot be imported", "PROGRAM-ERROR")
+            hint = did_you_mean(name, module.exported, MODULE_NAME_CUTOFF)
+            raise lisp_error("M004", f"module `{display}` exports no `{name.lower()}`, so it cannot be imported{hint}", "PROGRAM-ERROR")
         own = current.own.get(name)
         if own is not None and own is not sym and _defined(self.interp, own):
             raise lisp_error(

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Iterator, Optional
 
+from .hints import did_you_mean
+
 
 @dataclass(frozen=True, slots=True)
 class Loc:
@@ -112,9 +114,11 @@ class SymbolTable:
             )
         sym = module.exported.get(name)
         if sym is None:
-            raise LookupError(f"module `{module.package}` exports no `{name.lower()}`")
+            raise LookupError(f"module `{module.package}` exports no `{name.lower()}`{did_you_mean(name, module.exported, MODULE_NAME_CUTOFF)}")
         return sym
 
+
+MODULE_NAME_CUTOFF = 0.6  # short names: `mpl` is 0.67 alike `mlp`
 
 STANDARD_PACKAGE_NAMES = frozenset({"CL", "COMMON-LISP", "CL-USER", "COMMON-LISP-USER"})
 

@@ -431,7 +431,8 @@ class Attempt:
         if self.skipped_in_a_row > policy.skip:
             action = "rolled back" if policy.rollback and not self.rolled_back and self.last_checkpoint else "stopped"
         emit(self.events, "nonfinite", step=trainer.step, loss=result.loss, grad_norm=result.grad_norm, action=action,
-             node=f"%{culprit.node}" if culprit else None, op=culprit.op if culprit else None, location=culprit.loc if culprit else None,
+             node=f"%{culprit.node}" if culprit else None, op=culprit.op if culprit else None, location=culprit.where if culprit else None,
+             library_location=culprit.library_loc if culprit else None,
              param_path=culprit.path if culprit else None, created=culprit.created if culprit else None,
              message=culprit.describe() if culprit else "no node of the step's replay produced a non-finite value")
         if culprit is not None:

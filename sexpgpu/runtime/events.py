@@ -135,7 +135,8 @@ class NonFiniteEvent(Event):
     kind: Literal["nonfinite"] = "nonfinite"
     step: int
     node: Optional[str] = None  # the first IR node that produced a non-finite value
-    location: Optional[str] = None  # file:line:col
+    location: Optional[str] = None  # file:line:col: the user's call when the node was staged inside a library
+    library_location: Optional[str] = None  # then the library's line that staged it
     param_path: Optional[str] = None
     created: Optional[bool] = None  # created the value, or only passed a non-finite input
     action: Optional[str] = None  # skip, rollback, stop

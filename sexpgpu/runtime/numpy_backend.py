@@ -184,12 +184,24 @@ class NonFiniteNode(BaseModel):
     loc: Optional[str]
     path: Optional[str]
     created: bool  # True: its inputs were finite and it made the non-finite value
+    site: Optional[str] = None  # the user's call that led into the library, when loc is inside one
+
+    @property
+    def where(self) -> Optional[str]:
+        """The position to name first: the user's call, else the node's own form."""
+        return self.site or self.loc
+
+    @property
+    def library_loc(self) -> Optional[str]:
+        """The library's line that staged the node, when the user's call led there."""
+        return self.loc if self.site else None
 
     def describe(self) -> str:
-        where = f" at {self.loc}" if self.loc else ""
+        where = f" at {self.where}" if self.where else ""
         inside = f" in {self.path}" if self.path else ""
         how = "created it" if self.created else "passed on a non-finite input"
-        return f"{self.op} (%{self.node}){where}{inside} {how}"
+        library = f" (inside the standard library, at {self.loc})" if self.site else ""
+        return f"{self.op} (%{self.node}){where}{inside} {how}{library}"
 
 
 def first_nonfinite(program: Program, feeds: dict[str, np.ndarray]) -> Optional[NonFiniteNode]:
@@ -207,5 +219,5 @@ def first_nonfinite(program: Program, feeds: dict[str, np.ndarray]) -> Optional[
         values[node.id] = result
         if not finite(result):
             created = all(finite(values[a]) for a in node.args)
-            return NonFiniteNode(node=node.id, op=node.op, loc=node.loc, path=node.path, created=created)
+            return NonFiniteNode(node=node.id, op=node.op, loc=node.loc, path=node.path, created=created, site=node.site)
     return None
