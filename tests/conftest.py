@@ -7,9 +7,10 @@ process one BLAS thread is the fast setting (runtime/threads.py says why)."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import pytest
 from threadpoolctl import threadpool_limits
@@ -19,6 +20,18 @@ from sexpgpu.lisp.program import EvalResult, Program, new_program
 threadpool_limits(limits=1, user_api="blas")
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def environment(**changes: Optional[str]) -> dict[str, str]:
+    """This process's environment for a child that runs this checkout, with CHANGES (None
+    removes a variable)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
 
 
 @pytest.fixture

@@ -23,13 +23,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, environment
 from cuda_host import HostRunner
 from sexpgpu.ir.builder import Builder
 from sexpgpu.ir.dtypes import DType
@@ -421,16 +421,6 @@ def project(tmp_path: Path) -> Path:
     (tmp_path / ".git").mkdir()
     shutil.copy(REPO / "examples" / "quickstart.lisp", tmp_path / "quickstart.lisp")
     return tmp_path
-
-
-def environment(**changes: Optional[str]) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for key, value in changes.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
 
 
 def test_cpu_is_the_compiled_device_by_default_and_numpy_the_reference(tmp_path: Path) -> None:

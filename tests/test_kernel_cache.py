@@ -7,7 +7,6 @@ the entries and the bad ones. Every run is the real CLI in a private SEXPGPU_CAC
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -17,11 +16,13 @@ from typing import Callable, Optional
 
 import pytest
 
+from conftest import REPO
+from conftest import environment as child_environment
+
 from sexpgpu.runtime.cpu.toolchain import library_problem
 from sexpgpu.runtime.data.cache import entry_problem
 from sexpgpu.runtime.diskcache import point_cupy_cache
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS = "12"
 FALLBACK = re.compile(r"^sexpgpu: the cache (\S+) cannot be written \(([^)]+)\): this process caches in (\S+), removed when it ends; "
                       r"set SEXPGPU_CACHE to a writable folder \(sexpgpu doctor checks it\)$")
@@ -37,14 +38,7 @@ def project(folder: Path) -> Path:
 
 
 def environment(**changes: Optional[str]) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("SEXPGPU_DEVICE", None)
-    for key, value in changes.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
+    return child_environment(SEXPGPU_DEVICE=None, **changes)
 
 
 def run(folder: Path, store: str, env: dict[str, str], prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
