@@ -7,6 +7,7 @@ the entries and the bad ones. Every run is the real CLI in a private SEXPGPU_CAC
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -91,7 +92,12 @@ def dev_zero(path: Path) -> None:
     path.symlink_to("/dev/zero")
 
 
-@pytest.mark.parametrize("damage", [truncate, empty, garbage, folder, dev_zero], ids=lambda f: f.__name__)
+def fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("damage", [truncate, empty, garbage, folder, dev_zero, fifo], ids=lambda f: f.__name__)
 def test_a_damaged_entry_is_rebuilt_and_the_run_computes_the_same_numbers(tmp_path: Path, primed: tuple[Path, float], damage: Callable[[Path], None]) -> None:
     """Every kernel library and the prepared dataset damaged the same way: the run succeeds
     with the clean run's loss, says nothing of the cache, and leaves whole entries behind."""
@@ -107,7 +113,7 @@ def test_a_damaged_entry_is_rebuilt_and_the_run_computes_the_same_numbers(tmp_pa
     assert not fallback_lines(done.stderr), done.stderr
     assert [library_problem(p) for p in entries[:-1]] == [None] * 3
     assert entry_problem(entries[-1]) is None
-    assert not any(p.is_symlink() for p in entries)
+    assert all(p.is_file() and not p.is_symlink() for p in entries)
     assert sorted(p.name for p in (cache / "kernels").iterdir()) == [p.name for p in entries[:-1]]  # no temporary left
 
 

@@ -130,7 +130,9 @@ def sync_folder(folder: Path) -> None:
 
 def writable_problem(folder: Path) -> Optional[str]:
     """None when FOLDER can be created and written (by writing and removing a probe file),
-    else why not, in words. Writing is the test: for root, permission bits do not stop it."""
+    else why not, in words (EACCES, EROFS, ENOTDIR ...). Writing is the test, not
+    os.access: for root, permission bits do not stop a write, and a read-only mount or a
+    path under a file stops everyone."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe-")
@@ -138,8 +140,6 @@ def writable_problem(folder: Path) -> Optional[str]:
         os.unlink(probe)
     except OSError as exc:
         return reason(exc)
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return os.strerror(errno.EACCES)
     return None
 
 
