@@ -9,11 +9,11 @@ it), wrapping signed integers (`-fwrapv`, as NumPy's), and nothing of `-ffast-ma
 A compiled module is cached by the SHA-256 of its source, the compiler's identity (its path
 and `--version`), the flags and this CPU's model and features (what `-march=native` compiled
 for), in `$SEXPGPU_CACHE/kernels` (`~/.cache/sexpgpu/kernels` by default; the prepared-data
-cache is `$SEXPGPU_CACHE/data`). A cached library ends with its own SHA-256 (after the ELF
-image, where the loader never looks), so the library and its digest are one file, published by
-one rename (diskcache.py), named `KIND-KEY.v2.so`: processes compiling the same module at once each get a whole
-library, and a library that is truncated, empty, overwritten, or not a file at all is
-compiled again and replaces it.
+cache is `$SEXPGPU_CACHE/data`), named `KIND-KEY.v2.so`. A cached library ends with its own
+SHA-256 (after the ELF image, where the loader never looks), so the library and its digest
+are one file, published by one rename (diskcache.py): processes compiling the same module at
+once each get a whole library, and a library that is truncated, empty, overwritten, or not a
+file at all is compiled again and replaces it.
 """
 
 from __future__ import annotations
