@@ -404,7 +404,7 @@ class EventReader:
         self.resets = 0  # how many times the log was found shorter and read again
         self._offset = 0  # bytes of events.jsonl read, up to the last complete line
         self._lines = 0  # lines of events.jsonl read
-        self._head = b""  # its first bytes: a different file under the name starts over
+        self._head = b""  # its first line: a different file under the name is read from its start
         self._segments = -1  # the last segment read
         self._resolved: Optional[list[dict[str, Any]]] = None
 
@@ -452,8 +452,8 @@ class EventReader:
                 if len(data) >= CHUNK and self._skip_long_line(size):  # one line longer than a chunk: not an event
                     continue
                 return
-            if self._offset == 0:
-                self._head = data[: min(end, 256)]
+            if self._offset == 0:  # its first line (at most 256 bytes of it) tells this file from a new one
+                self._head = data[: min(data.find(b"\n") + 1, 256)]
             self.pairs.extend(self._parse(data[:end], self.store.url_of(self.single), self._lines))
             self._lines += data.count(b"\n", 0, end)
             self._offset += end

@@ -288,6 +288,12 @@ class WriterLease:
         if not self.leases.still_mine(self.path):
             raise FolderTaken(f"another attempt took the run folder {self.folder.url} over")
 
+    def retake(self) -> None:
+        """The lease written anew after the store lost the folder's files (the lease with
+        them), unless someone else holds it now."""
+        if self.leases.holder_of(self.path) is None:
+            self.leases.write(self.path)
+
     def release(self) -> None:
         if self.renewal is not None:
             self.renewal.stop()
