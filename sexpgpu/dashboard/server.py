@@ -47,6 +47,7 @@ STATIC: dict[str, str] = {  # name -> content type; nothing else under static/ i
     "uPlot.iife.min.js": "text/javascript; charset=utf-8",
     "uPlot.min.css": "text/css; charset=utf-8",
     "uPlot.LICENSE": "text/plain; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
 }
 PAGE = re.compile(r"^/(?:|run/[^/]+|sweep/[^/]+)$")
 SECURITY_HEADERS = {
@@ -131,7 +132,7 @@ class Dashboard:
             sources = folder.list_sources()
         except FileNotFoundError:
             sources = []
-        return {"record": record_of(folder, info, status, problems).model_dump(mode="json"),
+        return {"store": self.store.url, "record": record_of(folder, info, status, problems).model_dump(mode="json"),
                 "info": info.model_dump(mode="json") if info is not None else None,
                 "status": status.model_dump(mode="json") if status is not None else None,
                 "sources": sources}
@@ -159,7 +160,7 @@ class Dashboard:
         points.sort(key=lambda r: (r.file or "", r.point if r.point is not None else -1, r.slug))
         with ThreadPoolExecutor(max_workers=min(READERS, len(points)), thread_name_prefix="sexpgpu-ui") as pool:
             curves = list(pool.map(lambda r: self.readers.curves(r.slug), points))
-        return {"sweep": name, "file": file, "points": [r.model_dump(mode="json") for r in points],
+        return {"store": self.store.url, "sweep": name, "file": file, "points": [r.model_dump(mode="json") for r in points],
                 "curves": {r.slug: c.model_dump(mode="json") for r, c in zip(points, curves)}}
 
     # -- live ---------------------------------------------------------------------------------
@@ -262,6 +263,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _route(self, path: str, query: dict[str, list[str]]) -> None:
         board = self.server.dashboard
+        if path == "/favicon.ico":  # what a browser asks for without looking at the page
+            self._send(HTTPStatus.OK, static_bytes("favicon.svg"), STATIC["favicon.svg"], cache="max-age=3600")
+            return
         if PAGE.match(path):
             self._send(HTTPStatus.OK, static_bytes("index.html"), "text/html; charset=utf-8")
             return
