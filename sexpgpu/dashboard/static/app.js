@@ -109,6 +109,15 @@
     return parts.join(" ");
   }
 
+  // run.json's selection as `sexpgpu run` takes it: the variant (base), --set, the sweep's point
+  function selected(chosen) {
+    if (!chosen) return "-";
+    const parts = [chosen.variant || "base"];
+    for (const [k, v] of Object.entries(chosen.set || {})) parts.push(`--set ${k}=${v}`);
+    if (chosen.sweep !== null && chosen.sweep !== undefined) parts.push(`${chosen.sweep}-${chosen.point}`);
+    return parts.join(" ");
+  }
+
   function stateBadge(state) {
     const name = state || "-";
     return el("span", { class: "state state-" + name.replace(/[^a-z-]/g, ""), "data-state": name, text: name });
@@ -189,6 +198,9 @@
     return Math.ceil(size) + 4;
   }
 
+  // a step axis ticks whole steps: 1, 2, 5, 10, 20, 50, ...
+  const STEP_INCRS = Array.from({ length: 30 }, (_, i) => [1, 2, 5][i % 3] * 10 ** Math.floor(i / 3));
+
   // Draw (or update) the chart KEY inside HOLDER; SERIES as [{name, label, color, steps,
   // values, points}]. BYTES: the values are bytes, drawn in MiB or GiB.
   function drawChart(holder, key, title, series, bytes) {
@@ -219,7 +231,7 @@
       width: chartWidth(box),
       height: 230,
       scales: { x: { time: false }, y: logY ? { distr: 3 } : {} },
-      axes: [{ label: "step", size: axisSize }, { label: unit || undefined, size: axisSize, values: (u, splits) => splits.map((v) => num(v)) }],
+      axes: [{ label: "step", incrs: STEP_INCRS }, { label: unit || undefined, size: axisSize, values: (u, splits) => splits.map((v) => num(v)) }],
       legend: { live: true },
       // hovering a line (or its legend entry) dims the others
       focus: { alpha: 0.2 },
@@ -261,7 +273,7 @@
 
   const RUN_COLUMNS = [
     ["slug", (r) => r.slug, (r) => runLink(r.slug)],
-    ["file", (r) => r.file],
+    ["file", (r) => r.file, (r) => el("span", { title: r.file, text: r.file ? r.file.split("/").pop() : "-" })],
     ["selection", (r) => selection(r), (r) => (r.sweep === null || r.sweep === undefined ? selection(r)
       : el("span", {}, (r.variant || "base") + " ", el("a", { href: sweepHref(r.sweep, r.file), text: `${r.sweep}-${r.point}` })))],
     ["state", (r) => r.state, (r) => stateBadge(r.state)],
@@ -437,7 +449,7 @@
       details.append(el("section", {}, el("h2", { text: "Knobs" }),
         knobs.length ? kvTable(knobs) : el("p", { class: "note", text: "no knobs" })));
       details.append(el("section", {}, el("h2", { text: "Run" }), kvTable([
-        ["IR hash", info.ir_hash], ["source hash", info.source_hash], ["selection", info.selection],
+        ["IR hash", info.ir_hash], ["source hash", info.source_hash], ["selection", selected(info.selection)],
         ["max steps", info.max_steps], ["threads", info.threads], ["devices", info.devices], ["versions", info.versions],
         ["host", info.host], ["created", info.created], ["meta", info.meta],
       ])));
@@ -468,7 +480,7 @@
       box.append(el("div", { class: "toolbar" }, select, el("span", { class: "note", text: `${chosen.length} of ${events.length} event(s)` + (chosen.length > LIMIT ? `, the last ${LIMIT} shown` : "") })),
         el("table", { class: "events" }, el("tr", {}, el("th", { text: "time" }), el("th", { class: "num", text: "step" }), el("th", { text: "kind" }), el("th", { text: "fields" })),
           rows.map((e) => el("tr", { "data-kind": e.kind }, el("td", { text: when(e.t) }), el("td", { class: "num", text: e.step ?? "-" }), el("td", { text: e.kind }),
-            el("td", { class: "details", text: Object.entries(e).filter(([k]) => !MAIN_KEYS.has(k)).map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`).join("  ") })))));
+            el("td", { class: "details", text: Object.entries(e).filter(([k]) => !MAIN_KEYS.has(k)).map(([k, v]) => `${k}=${shown(v)}`).join("  ") })))));
     }
 
     function drawSources(names) {
@@ -573,14 +585,6 @@
       const words = [...new Set(values.map((v) => shown(v)))].sort();
       return { ticks: words, y: (v) => (v === null || v === undefined ? null : top + ((words.indexOf(shown(v)) + 0.5) * (height - top - bottom)) / Math.max(1, words.length)) };
     });
-    axes.forEach((axis, i) => {
-      svg.append(svgEl("line", { class: "axis", x1: x(i), x2: x(i), y1: top, y2: height - bottom }));
-      svg.append(svgEl("text", { x: x(i), y: height - bottom + 18, "text-anchor": "middle", "data-scale": scales[i].log ? "log" : "linear" }, axis.name + (scales[i].log ? " (log)" : "")));
-      for (const tick of scales[i].ticks) {
-        const y = scales[i].y(tick);
-        if (y !== null) svg.append(svgEl("text", { x: x(i) - 6, y: y + 4, "text-anchor": "end" }, shown(tick)));
-      }
-    });
     points.forEach((p, index) => {
       const ys = axes.map((axis, i) => scales[i].y(axis.value(p)));
       if (ys.some((y) => y === null)) return;
@@ -590,6 +594,15 @@
       line.addEventListener("mouseenter", () => onHover(index));
       line.addEventListener("mouseleave", () => onHover(null));
       svg.append(line);
+    });
+    // the axes and their labels over the lines, so that no line hides a label
+    axes.forEach((axis, i) => {
+      svg.append(svgEl("line", { class: "axis", x1: x(i), x2: x(i), y1: top, y2: height - bottom }));
+      svg.append(svgEl("text", { x: x(i), y: height - bottom + 18, "text-anchor": "middle", "data-scale": scales[i].log ? "log" : "linear" }, axis.name + (scales[i].log ? " (log)" : "")));
+      for (const tick of scales[i].ticks) {
+        const y = scales[i].y(tick);
+        if (y !== null) svg.append(svgEl("text", { x: x(i) - 6, y: y + 4, "text-anchor": "end" }, shown(tick)));
+      }
     });
     return svg;
   }
