@@ -26,7 +26,7 @@ from sexpgpu.runtime.status import STATUS_LIMIT
 from sexpgpu.runtime.store import Store
 
 sys.path.insert(0, str(Path(__file__).parent))
-from s3_server import MotoS3, PausableProxy, boto3_client, make_bucket, s3_env  # noqa: E402
+from s3_server import MotoS3, PausableProxy, boto3_client, make_bucket, patched_env, s3_env  # noqa: E402
 
 GIGABYTE = 1 << 30
 # what a CLI process may grow to while it lists or plots a store with a 1 GB file: the
@@ -110,10 +110,7 @@ def test_the_reader_over_s3_reads_each_new_segment_once() -> None:
     pytest.importorskip("s3fs")
     with MotoS3() as moto:
         bucket = make_bucket(None, moto.endpoint)
-        env = s3_env(moto.endpoint)
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update({k: v for k, v in env.items() if v})
-        try:
+        with patched_env(s3_env(moto.endpoint)):
             store = Store.open(f"s3://{bucket}/team")
             slug = "r.base.00000001"
             store.append_lines(events_prefix(slug), [step_line(1), "not json"])
@@ -124,12 +121,6 @@ def test_the_reader_over_s3_reads_each_new_segment_once() -> None:
             client.put_object(Bucket=bucket, Key=f"team/{slug}/events/000000.jsonl", Body=b"spoiled, and not read again\n")
             store.append_lines(events_prefix(slug), [step_line(2)])
             assert [e["step"] for _, e in reader.update()] == [2] and len(reader.warnings) == 1
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
 
 # -- bad lines --------------------------------------------------------------------------------------
