@@ -231,7 +231,7 @@
       width: chartWidth(box),
       height: 230,
       scales: { x: { time: false }, y: logY ? { distr: 3 } : {} },
-      axes: [{ label: "step", incrs: STEP_INCRS }, { label: unit || undefined, size: axisSize, values: (u, splits) => splits.map((v) => num(v)) }],
+      axes: [{ label: "step", incrs: STEP_INCRS, size: 36 }, { label: unit || undefined, size: axisSize, values: (u, splits) => splits.map((v) => num(v)) }],
       legend: { live: true },
       // hovering a line (or its legend entry) dims the others
       focus: { alpha: 0.2 },
