@@ -674,3 +674,17 @@ def test_every_page_names_its_store_and_the_site_has_an_icon(made: MadeStore, ui
     for path in ("favicon.ico", "static/favicon.svg"):
         _, headers, body = get(ui + path)
         assert headers["Content-Type"] == "image/svg+xml" and body.startswith(b"<svg")
+
+
+@needs_browser
+def test_a_run_page_says_which_lines_of_its_events_it_skipped(made: MadeStore, browser: Any, tmp_path: Path) -> None:
+    slug = made.slugs[0]
+    shutil.copytree(made.root / slug, tmp_path / "runs" / slug)
+    events = tmp_path / "runs" / slug / "events.jsonl"
+    lines = len(events.read_bytes().splitlines())
+    with open(events, "ab") as handle:
+        handle.write(b"not an event\n")
+    with serving(str(tmp_path / "runs")) as ui:
+        open_page(browser, page_url(ui, "run", slug))
+        said = until(browser, "const e = document.getElementById('skipped'); return !e.hidden && e.textContent", "the skipped line said")
+    assert said.startswith("1 line(s) of the events skipped: ") and f"{events}:{lines + 1}: not JSON" in said, said

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 import pytest
@@ -199,7 +200,7 @@ def test_a_gigabyte_status_file_is_refused_unread_and_the_run_still_listed(run: 
     assert warning in plot.stderr
     assert peak_kb(plot) < MEMORY_BOUND_KB
     status_verb = cli("status", str(run))
-    assert status_verb.returncode == 1 and warning in status_verb.stderr
+    assert status_verb.returncode == 1 and status_verb.stderr.startswith(f"sexpgpu: {warning}"), status_verb.stderr
 
 
 def test_the_dashboard_stays_small_with_a_gigabyte_status_file(run: Path) -> None:
@@ -234,6 +235,13 @@ def test_plot_of_a_symlinked_events_file_names_the_link_and_its_target(run: Path
         assert done.returncode == 4, done.stderr
         assert f"{run / 'events.jsonl'} is a symbolic link to {elsewhere}, not a regular file" in done.stderr, done.stderr
         assert "the store" not in done.stderr
+    with serving(run.parent) as (url, _):
+        try:
+            urllib.request.urlopen(f"{url}api/run/{run.name}/curves", timeout=60)
+            raise AssertionError("the curves of a run whose events file is a link were served")
+        except urllib.error.HTTPError as refused:
+            assert refused.code == 502
+            assert json.loads(refused.read())["error"].startswith(f"{run / 'events.jsonl'} is a symbolic link to {elsewhere}")
     elsewhere.unlink()
     done = cli("plot", str(run), "--terminal")
     assert done.returncode == 4 and f"a symbolic link to {elsewhere}, which does not exist" in done.stderr, done.stderr

@@ -228,7 +228,10 @@ def run_status(args: argparse.Namespace) -> int:
     try:
         raw = json.loads(ref.store.read_bytes(path, limit=STATUS_LIMIT))
         status = Status.model_validate(raw)
-    except (ValueError, UnexpectedSize) as exc:
+    except UnexpectedSize as exc:  # it names the file and its size
+        print(f"sexpgpu: {exc}", file=sys.stderr)
+        return Exit.RUN_FAILED
+    except ValueError as exc:
         print(f"sexpgpu: {ref.url_of('status.json')} is not a valid status file: {exc}", file=sys.stderr)
         return Exit.RUN_FAILED
     if args.json:
