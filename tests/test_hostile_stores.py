@@ -22,7 +22,7 @@ import pytest
 
 from conftest import REPO, wait_for
 from results_store import TINY, quietly, write_file
-from sexpgpu.runtime.events import EventReader, StepEvent, events_prefix
+from sexpgpu.runtime.events import DiagnosticEvent, EventReader, ResumeEvent, StepEvent, WarningEvent, events_prefix
 from sexpgpu.runtime.status import STATUS_LIMIT
 from sexpgpu.runtime.store import Store
 
@@ -105,6 +105,18 @@ def test_the_reader_reads_only_what_was_added_and_waits_for_a_torn_last_line(tmp
     seventh = step_line(7)
     log.write_text(seventh + "\n")
     assert [e["step"] for _, e in reader.update()] == [7] and reader.resets == 1 and reader.events() == [json.loads(seventh)]
+
+
+def test_every_event_as_written_reads_back_valid(tmp_path: Path) -> None:
+    """A writer leaves a None out of its line (a resume that started over has no
+    `checkpoint`): the reader takes the line as the None it was, not as a bad line."""
+    store = Store.open(str(tmp_path / "runs"))
+    written = [step_line(5), step_line(10), ResumeEvent(step=0, from_step=0, checkpoint=None).to_line(), step_line(5, 0.25),
+               WarningEvent(message="checkpoint skipped").to_line(), DiagnosticEvent(step=5, values={"a": None}).to_line()]
+    store.append_lines(events_prefix("r.base.1"), written)
+    reader = EventReader(store, "r.base.1")
+    assert len(reader.update()) == len(written) and reader.warnings == []
+    assert [(e["kind"], e.get("loss")) for e in reader.events()] == [("resume", None), ("step", 0.25), ("warning", None), ("diagnostic", None)]
 
 
 def test_the_reader_over_s3_reads_each_new_segment_once() -> None:

@@ -5,6 +5,8 @@ what they do not know. `EventLog` buffers events and writes them through the sto
 append-only log (`RUN/events.jsonl` locally, `RUN/events/NNNNNN.jsonl` segments on object
 stores). `read_events` returns a run's series with `resume` applied: a resume from step S
 supersedes the earlier events of steps after S, so a resumed run has no duplicate steps.
+`EventReader` is how every reader reads them: incrementally (it remembers where it stopped),
+with a warning naming the file and line of each line that is not a valid event.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, Optional, Union, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -209,10 +211,20 @@ EVENT_MODELS: dict[str, type[Event]] = {
 }
 
 
+def _nullable(model: type[Event]) -> frozenset[str]:
+    return frozenset(name for name, field in model.model_fields.items() if field.is_required() and type(None) in get_args(field.annotation))
+
+
+# the required fields that may be None: `to_line` leaves a None out, so a line without one says None
+NULLABLE: dict[str, frozenset[str]] = {kind: _nullable(model) for kind, model in EVENT_MODELS.items()}
+
+
 def parse_event(data: Mapping[str, Any]) -> Event:
-    """DATA as its kind's model; an unknown kind (a newer writer) as a plain `Event`."""
-    model = EVENT_MODELS.get(str(data.get("kind")), Event)
-    return model.model_validate(dict(data))
+    """DATA (as `to_line` wrote it: a None left out) as its kind's model; an unknown kind (a
+    newer writer) as a plain `Event`."""
+    kind = str(data.get("kind"))
+    model = EVENT_MODELS.get(kind, Event)
+    return model.model_validate({**dict.fromkeys(NULLABLE.get(kind, ())), **data})
 
 
 def event_from(event: Union[Event, Mapping[str, Any]]) -> Event:
