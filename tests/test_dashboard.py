@@ -137,7 +137,7 @@ def until(driver: Any, script: str, what: str) -> Any:
 
 def open_page(driver: Any, url: str) -> None:
     driver.get(url)
-    until(driver, "return window.sexpgpu && window.sexpgpu.ready === true", f"{url} drawn")
+    until(driver, "return document.body.dataset.ready === 'true' && window.sexpgpu.ready === true", f"{url} drawn (data-ready)")
 
 
 def screenshot(driver: Any, folder: Path, name: str) -> Path:
@@ -162,7 +162,7 @@ return out;
 
 
 def severe_logs(driver: Any) -> list[str]:
-    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE" and "favicon.ico" not in e["message"]]
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
 
 def page_url(ui: str, kind: str, name: str, file: Optional[str] = None) -> str:
@@ -418,8 +418,8 @@ def test_the_vendored_uplot_is_the_npm_release_with_its_licence() -> None:
     assert "Permission is hereby granted" in (static / "uPlot.LICENSE").read_text()
     pages = (static / "index.html").read_text()
     references = re.findall(r'(?:src|href)="([^"]+)"', pages)
-    assert references == ["/static/uPlot.min.css", "/static/style.css", "/static/uPlot.iife.min.js", "/static/app.js", "/"]  # nothing from elsewhere
-    assert set(dashboard.STATIC) == {"app.js", "style.css", "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE"}
+    assert references == ["/static/favicon.svg", "/static/uPlot.min.css", "/static/style.css", "/static/uPlot.iife.min.js", "/static/app.js", "/"]  # nothing from elsewhere
+    assert set(dashboard.STATIC) == {"app.js", "style.css", "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE", "favicon.svg"}
     assert "innerHTML" not in (static / "app.js").read_text() and "insertAdjacentHTML" not in (static / "app.js").read_text()
 
 
@@ -474,3 +474,217 @@ def test_the_dashboard_over_s3(made: MadeStore, browser: Any, shots: Path) -> No
             screenshot(browser, shots, "run-s3")
             open_page(browser, ui)
         assert objects() == before
+
+
+# -- the dashboard as a researcher reads it ------------------------------------------------------------
+
+LAYOUT = Path(__file__).parent / "dashboard_layout.json"  # what is where on each page, as drawn at 1400 px wide
+UPDATE_LAYOUT = "SEXPGPU_UPDATE_LAYOUT"  # set to 1 to write LAYOUT anew from this machine's pages
+
+# The boxes a page is compared by: NAME -> a CSS selector (each element it matches, in order).
+# What lies low on a long page (the events, the sources) moves with every font: left out.
+LAYOUT_PARTS = {
+    "runs": {"header": "header", "title": "main h1", "toolbar": "main .toolbar", "table": "#runs"},
+    "run": {"header": "header", "title": "main h1", "summary": "main > div > table.kv", "toolbar": "main > .toolbar",
+            "sections": "main section[data-section]:not([hidden]) > h2", "charts": "main .chart"},
+    "sweep": {"header": "header", "title": "main h1", "overlay": "#overlay .chart", "parallel": "svg.parallel", "points": "#sweep-points"},
+}
+# boxes whose width is their text's: the run's summary names its folder, a path as long as the machine's temp folder
+TEXT_WIDE = {("run", "summary")}
+BOXES = """
+const out = {};
+for (const [name, selector] of Object.entries(arguments[0])) {
+  out[name] = [...document.querySelectorAll(selector)].map((e) => {
+    const r = e.getBoundingClientRect();
+    return [Math.round(r.left + window.scrollX), Math.round(r.top + window.scrollY), Math.round(r.width), Math.round(r.height)];
+  });
+}
+return out;
+"""
+
+
+def near(a: int, b: int) -> bool:
+    """Two coordinates of one box on two machines: fonts differ, so some tens of pixels."""
+    return abs(a - b) <= 40 + 0.08 * max(abs(a), abs(b))
+
+
+def layout_of(driver: Any, page: str) -> dict[str, list[list[int]]]:
+    return dict(driver.execute_script(BOXES, LAYOUT_PARTS[page]))
+
+
+@needs_browser
+def test_the_pages_are_laid_out_as_stored(made: MadeStore, ui: str, browser: Any, shots: Path) -> None:
+    """The runs, run and sweep pages, screenshotted once drawn (data-ready), have the parts
+    the stored layout has, each where it was within a tolerance (not pixel for pixel)."""
+    pages = {"runs": ui, "run": page_url(ui, "run", made.slugs[0]), "sweep": page_url(ui, "sweep", "grid", str(made.file))}
+    found = {}
+    for page, url in pages.items():
+        open_page(browser, url)
+        screenshot(browser, shots, f"layout-{page}")
+        found[page] = layout_of(browser, page)
+    if os.environ.get(UPDATE_LAYOUT) == "1":
+        LAYOUT.write_text(json.dumps(found, indent=1) + "\n")
+    assert LAYOUT.exists(), f"no stored layout: run with {UPDATE_LAYOUT}=1 once, look at the screenshots in {shots}, commit {LAYOUT.name}"
+    stored = json.loads(LAYOUT.read_text())
+    for page, parts in stored.items():
+        for name, boxes in parts.items():
+            have = found[page][name]
+            assert len(have) == len(boxes), (page, name, have, boxes)
+            for box, want in zip(have, boxes):
+                compared = [0, 1, 3] if (page, name) in TEXT_WIDE else [0, 1, 2, 3]
+                assert all(near(box[i], want[i]) for i in compared), (page, name, "x y width height now", box, "stored", want)
+
+
+Y_AXES = """
+const out = {};
+for (const [key, chart] of Object.entries(window.sexpgpu.charts)) {
+  const u = chart.uplot, axis = u.axes[1];
+  u.ctx.font = axis.font[0];
+  const widest = Math.max(0, ...(axis._values || []).map((v) => u.ctx.measureText(String(v)).width / devicePixelRatio));
+  out[key] = {label: axis.label || null, values: axis._values, need: widest + axis.ticks.size + axis.gap, size: axis._size,
+              data: u.data.slice(1).map((c) => c.filter((v) => v !== null))};
+}
+return out;
+"""
+
+
+@needs_browser
+def test_memory_is_charted_in_mib_and_no_axis_label_is_clipped(made: MadeStore, ui: str, browser: Any) -> None:
+    store = Store.open(str(made.root))
+    slug = made.slugs[0]
+    memory = [e["memory"] for e in events_of(store, slug) if e["kind"] == "step" and "memory" in e]
+    assert memory, "the run logs its memory"
+    open_page(browser, page_url(ui, "run", slug))
+    axes = until(browser, "return (function () {" + Y_AXES + "})()", "the axes drawn")
+    chart = axes["speed:memory"]
+    assert chart["label"] == "MiB" and all(str(v).replace(".", "").isdigit() for v in chart["values"] if v), chart
+    assert chart["data"][0] == pytest.approx([m / (1 << 20) for m in memory])
+    for key, axis in axes.items():
+        assert axis["need"] <= axis["size"], (key, axis)  # every tick label fits its axis
+
+
+def lab(color: str) -> tuple[float, float, float]:
+    """An sRGB colour (#rrggbb) in CIELAB (D65)."""
+    def linear(c: float) -> float:
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (linear(int(color[i:i + 2], 16) / 255) for i in (1, 3, 5))
+    x, y, z = ((0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047, 0.2126 * r + 0.7152 * g + 0.0722 * b, (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883)
+
+    def f(t: float) -> float:
+        return t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116
+
+    return 116 * f(y) - 16, 500 * (f(x) - f(y)), 200 * (f(y) - f(z))
+
+
+POINT_ON_LINE = """
+const line = document.querySelector(`svg.parallel polyline[data-slug="${arguments[0]}"]`);
+line.scrollIntoView({block: "center"});
+const box = line.ownerSVGElement.getBoundingClientRect();
+const p = line.getAttribute("points").split(" ").map((xy) => xy.split(",").map(Number));
+const [a, b] = [p[p.length - 2], p[p.length - 1]];
+return [Math.round(box.left + a[0] + 0.85 * (b[0] - a[0])), Math.round(box.top + a[1] + 0.85 * (b[1] - a[1]))];
+"""
+
+
+@needs_browser
+def test_thirty_series_have_thirty_distinct_colours_and_hover_picks_one_out(made: MadeStore, ui: str, browser: Any) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
+    from selenium.webdriver.common.by import By
+
+    open_page(browser, page_url(ui, "sweep", "grid", str(made.file)))
+    palette = browser.execute_script("return window.sexpgpu.palette")
+    assert len(palette) >= 30
+    points = [lab(c) for c in palette[:30]]
+    closest = min(sum((a - b) ** 2 for a, b in zip(p, q)) ** 0.5 for i, p in enumerate(points) for q in points[i + 1:])
+    assert closest >= 20, closest  # CIE76: 2.3 is just noticeable; 20 is another colour
+    assert all(lab(c)[0] <= 75 for c in palette[:30])  # dark enough to read on white
+    legend = browser.find_elements(By.CSS_SELECTOR, "#overlay .u-legend .u-series")
+    ActionChains(browser).move_to_element(legend[2]).perform()  # the legend's row of the second point
+    alphas = until(browser, "const s = window.sexpgpu.charts.sweep.uplot.series.slice(1); return s.some((x) => x.alpha < 1) && s.map((x) => x.alpha)", "a point picked out")
+    assert alphas[1] == 1 and [a for i, a in enumerate(alphas) if i != 1] == [0.2] * (len(alphas) - 1)
+    # onto the fourth point's line, most of the way along its last segment (to the metric's axis,
+    # where every point has its own height)
+    x, y = browser.execute_script(POINT_ON_LINE, made.points[3])
+    actions = ActionBuilder(browser)
+    actions.pointer_action.move_to_location(x, y)
+    actions.perform()
+    alphas = until(browser, "const s = window.sexpgpu.charts.sweep.uplot.series.slice(1); return s[3].alpha === 1 && s[0].alpha < 1 && s.map((x) => x.alpha)", "its curve picked out from the parallel view")
+    assert alphas == [0.2, 0.2, 0.2, 1]
+
+
+@needs_browser
+def test_a_colour_means_one_thing_on_a_page(made: MadeStore, ui: str, browser: Any) -> None:
+    open_page(browser, page_url(ui, "sweep", "grid", str(made.file)))
+    curves = browser.execute_script("const u = window.sexpgpu.charts.sweep; return Object.fromEntries(u.series.map((s, i) => [s.name, u.uplot.series[i + 1].stroke()]))")
+    lines = browser.execute_script("return Object.fromEntries([...document.querySelectorAll('svg.parallel polyline.pc-line')].map((l) => [l.dataset.slug, l.getAttribute('stroke')]))")
+    assert set(curves) == set(made.points) and lines == curves  # a point's line has its curve's colour
+    assert len(set(curves.values())) == len(curves)
+    open_page(browser, page_url(ui, "run", made.slugs[0]))
+    strokes = browser.execute_script("return Object.fromEntries(Object.entries(window.sexpgpu.charts).map(([k, c]) => [k, c.uplot.series.slice(1).map((s) => [s.label, s.stroke()])]))")
+    by_label: dict[str, set[str]] = {}
+    for series in strokes.values():
+        for label, stroke in series:
+            by_label.setdefault("val" if label == "val" else "train", set()).add(stroke)
+    assert len(by_label["train"]) == 1 and len(by_label["val"]) == 1 and by_label["train"] != by_label["val"], strokes
+
+
+@needs_browser
+def test_values_read_as_values_not_json(made: MadeStore, ui: str, browser: Any) -> None:
+    open_page(browser, page_url(ui, "run", made.slugs[0]))
+    until(browser, "return document.querySelectorAll('table.kv td').length > 20", "the tables drawn")
+    cells = browser.execute_script("return [...document.querySelectorAll('table.kv td')].filter((td) => !td.querySelector('table')).map((td) => td.textContent)")
+    assert not [c for c in cells if c.startswith(("{", "[")) or '":' in c], cells
+    versions = browser.execute_script("return [...document.querySelectorAll('table.kv th')].filter((th) => th.textContent === 'versions')[0].nextSibling.textContent")
+    assert "python" in versions and "{" not in versions, versions
+
+
+LOG_FILE = TINY.replace("(defsweep grid", "(defsweep search :sample 3 :seed 0 :lr (log-uniform 0.001 0.9))\n(defsweep grid").replace("(defknob steps 40)", "(defknob steps 10)")
+
+
+@needs_browser
+def test_a_knob_drawn_from_a_log_uniform_is_on_a_log_axis(browser: Any, tmp_path: Path, shots: Path) -> None:
+    path = write_file(tmp_path / "project", text=LOG_FILE)
+    root = tmp_path / "runs"
+    assert quietly("sweep", str(path), "--sweep", "search", "--store", str(root)) == 0
+    store = Store.open(str(root))
+    lrs = [RunFolder(store, s).read_run_info().knobs["lr"] for s in store.folders()]
+    assert max(lrs) >= 10 * min(lrs), lrs  # the three draws span a decade
+    with serving(str(root)) as ui:
+        open_page(browser, page_url(ui, "sweep", "search"))
+        scales = browser.execute_script("return Object.fromEntries([...document.querySelectorAll('svg.parallel > text[data-scale]')].map((t) => [t.textContent, t.dataset.scale]))")
+        assert scales == {"lr (log)": "log", "val/loss": "linear"}, scales
+        ys = browser.execute_script("return Object.fromEntries([...document.querySelectorAll('svg.parallel polyline')].map((l) => [l.dataset.slug, Number(l.getAttribute('points').split(' ')[0].split(',')[1])]))")
+        screenshot(browser, shots, "sweep-log")
+    import math
+
+    by_lr = sorted((RunFolder(store, s).read_run_info().knobs["lr"], y) for s, y in ys.items())
+    (lo, y_lo), (mid, y_mid), (hi, y_hi) = by_lr
+    share = (y_lo - y_mid) / (y_lo - y_hi)  # how far up the axis the middle draw is
+    assert share == pytest.approx((math.log(mid) - math.log(lo)) / (math.log(hi) - math.log(lo)), abs=0.02)
+
+
+@needs_browser
+def test_every_page_names_its_store_and_the_site_has_an_icon(made: MadeStore, ui: str, browser: Any) -> None:
+    for url in (ui, page_url(ui, "run", made.slugs[0]), page_url(ui, "sweep", "grid")):
+        open_page(browser, url)
+        assert until(browser, "return document.getElementById('where').textContent", "the store named") == f"store {made.root}"
+        assert browser.execute_script("return document.querySelector('link[rel=icon]').href").endswith("/static/favicon.svg")
+    for path in ("favicon.ico", "static/favicon.svg"):
+        _, headers, body = get(ui + path)
+        assert headers["Content-Type"] == "image/svg+xml" and body.startswith(b"<svg")
+
+
+@needs_browser
+def test_a_run_page_says_which_lines_of_its_events_it_skipped(made: MadeStore, browser: Any, tmp_path: Path) -> None:
+    slug = made.slugs[0]
+    shutil.copytree(made.root / slug, tmp_path / "runs" / slug)
+    events = tmp_path / "runs" / slug / "events.jsonl"
+    lines = len(events.read_bytes().splitlines())
+    with open(events, "ab") as handle:
+        handle.write(b"not an event\n")
+    with serving(str(tmp_path / "runs")) as ui:
+        open_page(browser, page_url(ui, "run", slug))
+        said = until(browser, "const e = document.getElementById('skipped'); return !e.hidden && e.textContent", "the skipped line said")
+    assert said.startswith("1 line(s) of the events skipped: ") and f"{events}:{lines + 1}: not JSON" in said, said

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from ..results import locate
-from ..runtime.events import AnnotationEvent, apply_resumes, events_prefix, read_event_lines
-from ..runtime.status import Status, status_path
-from ..runtime.store import Store, is_store_failure, store_problem
+from ..runtime.events import AnnotationEvent, EventReader, apply_resumes, events_prefix
+from ..runtime.status import STATUS_LIMIT, Status, status_path
+from ..runtime.store import NotARegularFile, Store, UnexpectedSize, is_store_failure, store_problem
 from ..outcome import Exit
 from .common import fail_usage, print_json
 
@@ -110,7 +110,7 @@ def _guarded(verb: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
     def wrapper(args: argparse.Namespace) -> int:
         try:
             return verb(args)
-        except CannotReach as exc:
+        except (CannotReach, NotARegularFile, UnexpectedSize) as exc:  # the last two name their file
             print(f"sexpgpu: {exc}", file=sys.stderr)
             return Exit.CANNOT_START
         except Exception as exc:  # the store's own failures (no credentials, no access, gone)
@@ -129,7 +129,8 @@ def _is_run(ref: RunRef) -> bool:
 
 
 def _has_run(ref: RunRef) -> bool:
-    return _is_run(ref) or bool(ref.store.read_lines(events_prefix(ref.slug)))
+    single, _ = ref.store.log_paths(events_prefix(ref.slug))
+    return _is_run(ref) or ref.store.exists(single) or bool(ref.store.log_segments(events_prefix(ref.slug)))
 
 
 def _wait_for_run(ref: RunRef, interval: float, deadline: Optional[float]) -> bool:
@@ -225,8 +226,11 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"sexpgpu: no status file at {where}{hint}", file=sys.stderr)
         return Exit.USAGE
     try:
-        raw = json.loads(ref.store.read_text(path))
+        raw = json.loads(ref.store.read_bytes(path, limit=STATUS_LIMIT))
         status = Status.model_validate(raw)
+    except UnexpectedSize as exc:  # it names the file and its size
+        print(f"sexpgpu: {exc}", file=sys.stderr)
+        return Exit.RUN_FAILED
     except ValueError as exc:
         print(f"sexpgpu: {ref.url_of('status.json')} is not a valid status file: {exc}", file=sys.stderr)
         return Exit.RUN_FAILED
@@ -372,14 +376,24 @@ def run_logs(args: argparse.Namespace) -> int:
     def wanted(pairs: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
         return [p for p in pairs if not kinds or p[1].get("kind") in kinds]
 
-    pairs = read_event_lines(ref.store, ref.slug)
+    reader = EventReader(ref.store, ref.slug)
+    warned: set[str] = set()
+
+    def warn() -> None:
+        for warning in reader.warnings:
+            if warning not in warned:
+                warned.add(warning)
+                print(f"sexpgpu: warning: {warning}", file=sys.stderr)
+
+    reader.update()
+    warn()
+    pairs = list(reader.pairs)
     first = wanted(pairs if args.all else supersede(pairs))
     if args.tail is not None:
         first = first[len(first) - args.tail:] if args.tail else []
     show(first)
     if not args.follow:
         return Exit.OK
-    seen = len(pairs)
     history = [event for _, event in pairs]
     try:
         while not _ended(history):
@@ -387,12 +401,11 @@ def run_logs(args: argparse.Namespace) -> int:
                 break
             pause = args.interval if deadline is None else max(0.0, min(args.interval, deadline - time.monotonic()))
             time.sleep(pause)
-            pairs = read_event_lines(ref.store, ref.slug)
-            if len(pairs) < seen:  # the log was rewritten (a torn tail dropped): start over
-                seen = 0
+            resets = reader.resets
+            fresh = reader.update()
+            warn()
+            if reader.resets != resets:  # the log was rewritten (a torn tail dropped): start over
                 history = []
-            fresh = pairs[seen:]
-            seen = len(pairs)
             history.extend(event for _, event in fresh)
             show(wanted(fresh))
     except KeyboardInterrupt:
@@ -690,8 +703,8 @@ def run_annotate(args: argparse.Namespace) -> int:
     path = status_path(ref.slug)
     if ref.store.exists(path):
         try:
-            step = Status.model_validate_json(ref.store.read_text(path)).step
-        except ValueError:
+            step = Status.model_validate_json(ref.store.read_bytes(path, limit=STATUS_LIMIT)).step
+        except (ValueError, UnexpectedSize):
             step = None
     author = args.author if args.author is not None else (os.environ.get("USER") or None)
     event = AnnotationEvent(text=text, author=author, step=step)

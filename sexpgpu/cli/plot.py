@@ -13,10 +13,9 @@ from pathlib import Path
 
 from ..outcome import Exit
 from ..results import listing, locate, plots
-from ..results.curves import Curves, curves_of
+from ..results.curves import Curves, RunReaders
 from ..results.listing import RunRecord
-from ..runtime.runfolder import RunFolder
-from ..runtime.store import Store, is_store_failure, store_problem
+from ..runtime.store import NotARegularFile, Store, UnexpectedSize, is_store_failure, store_problem
 from .common import color_enabled, fail_usage
 
 
@@ -52,11 +51,19 @@ def run_plot(args: argparse.Namespace) -> int:
     except locate.CannotOpen as exc:
         print(f"sexpgpu: {exc}", file=sys.stderr)
         return Exit.CANNOT_START
+    except (NotARegularFile, UnexpectedSize) as exc:  # one file of one run: it names itself
+        print(f"sexpgpu: {exc}", file=sys.stderr)
+        return Exit.CANNOT_START
     except Exception as exc:
         if not is_store_failure(exc):
             raise
         print(f"sexpgpu: {store_problem(args.store or locate.default_store(), exc)}", file=sys.stderr)
         return Exit.CANNOT_START
+    for warning in (w for c in curves for w in c.warnings):
+        print(f"sexpgpu: warning: {warning}", file=sys.stderr)
+    for _, record in runs:
+        if record.problem:
+            print(f"sexpgpu: warning: {record.slug}: {record.problem}", file=sys.stderr)
     labels = plots.run_labels([record for _, record in runs])
     panels, notes = plots.panels_for(list(zip(labels, curves)), metrics)
     for panel in panels:
@@ -113,5 +120,6 @@ def chosen_runs(args: argparse.Namespace) -> list[tuple[Store, RunRecord]]:
 
 
 def read_curves(runs: list[tuple[Store, RunRecord]]) -> list[Curves]:
+    readers = {store.url: RunReaders(store) for store, _ in runs}
     with ThreadPoolExecutor(max_workers=max(1, min(listing.READERS, len(runs)))) as pool:
-        return list(pool.map(lambda pair: curves_of(RunFolder(pair[0], pair[1].slug).read_events()), runs))
+        return list(pool.map(lambda pair: readers[pair[0].url].curves(pair[1].slug), runs))

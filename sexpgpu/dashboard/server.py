@@ -31,11 +31,11 @@ from importlib import resources
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ..results.curves import Curves, Series, curves_of
+from ..results.curves import Curves, RunReaders, Series
 from ..results.listing import READERS, list_runs, read_quietly, record_of
 from ..runtime.runfolder import RunFolder, RunInfo
 from ..runtime.status import Status
-from ..runtime.store import Store, dump_json, is_store_failure, store_problem
+from ..runtime.store import NotARegularFile, Store, UnexpectedSize, dump_json, is_store_failure, store_problem
 
 HOST = "127.0.0.1"
 SOURCE_LIMIT = 4 << 20  # bytes of one source file shown
@@ -47,6 +47,7 @@ STATIC: dict[str, str] = {  # name -> content type; nothing else under static/ i
     "uPlot.iife.min.js": "text/javascript; charset=utf-8",
     "uPlot.min.css": "text/css; charset=utf-8",
     "uPlot.LICENSE": "text/plain; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
 }
 PAGE = re.compile(r"^/(?:|run/[^/]+|sweep/[^/]+)$")
 SECURITY_HEADERS = {
@@ -101,13 +102,15 @@ class Tracker:
 
 
 class Dashboard:
-    """The documents the API serves, read from STORE on each request (nothing is cached: a
-    run that trains changes under it)."""
+    """The documents the API serves, read from STORE on each request: run.json and
+    status.json whole (both capped), the events incrementally (one reader per run, kept: a
+    request reads only what the run logged since the last)."""
 
     def __init__(self, store: Store, interval_s: float = 1.0) -> None:
         self.store = store
         self.interval_s = interval_s
         self.closing = threading.Event()
+        self.readers = RunReaders(store)
 
     # -- documents ----------------------------------------------------------------------------
 
@@ -129,18 +132,19 @@ class Dashboard:
             sources = folder.list_sources()
         except FileNotFoundError:
             sources = []
-        return {"record": record_of(folder, info, status, problems).model_dump(mode="json"),
+        return {"store": self.store.url, "record": record_of(folder, info, status, problems).model_dump(mode="json"),
                 "info": info.model_dump(mode="json") if info is not None else None,
                 "status": status.model_dump(mode="json") if status is not None else None,
                 "sources": sources}
 
     def curves(self, slug: str) -> Curves:
-        folder, *_ = self._read(slug)
-        return curves_of(folder.read_events())
+        self._read(slug)
+        return self.readers.curves(slug)
 
     def events(self, slug: str) -> dict[str, Any]:
-        folder, *_ = self._read(slug)
-        return {"events": folder.read_events()}
+        self._read(slug)
+        events, warnings = self.readers.events(slug)
+        return {"events": events, "warnings": warnings}
 
     def source(self, slug: str, name: str) -> dict[str, Any]:
         folder, *_ = self._read(slug)
@@ -155,8 +159,8 @@ class Dashboard:
             raise NotFound(f"no run of a sweep {name!r} in {self.store.url}" + (f" from {file}" if file else ""))
         points.sort(key=lambda r: (r.file or "", r.point if r.point is not None else -1, r.slug))
         with ThreadPoolExecutor(max_workers=min(READERS, len(points)), thread_name_prefix="sexpgpu-ui") as pool:
-            curves = list(pool.map(lambda r: curves_of(RunFolder(self.store, r.slug).read_events()), points))
-        return {"sweep": name, "file": file, "points": [r.model_dump(mode="json") for r in points],
+            curves = list(pool.map(lambda r: self.readers.curves(r.slug), points))
+        return {"store": self.store.url, "sweep": name, "file": file, "points": [r.model_dump(mode="json") for r in points],
                 "curves": {r.slug: c.model_dump(mode="json") for r, c in zip(points, curves)}}
 
     # -- live ---------------------------------------------------------------------------------
@@ -177,12 +181,13 @@ class Dashboard:
             fingerprint = status.model_dump_json() if status is not None else None
             changed = fingerprint != last or tick == 0
             if changed or pending or tick % REREAD_EVERY == 0:
-                curves = curves_of(folder.read_events())
+                curves = self.readers.curves(slug)
                 fresh, reset = tracker.delta(curves)
                 if changed or fresh or reset:
                     record = record_of(folder, info, status, problems)
                     send(_sse({"record": record.model_dump(mode="json"), "series": [s.model_dump(mode="json") for s in fresh],
-                               "reset": reset or tick == 0, "events": curves.events, "last_step": curves.last_step}))
+                               "reset": reset or tick == 0, "events": curves.events, "last_step": curves.last_step,
+                               "warnings": curves.warnings}))
                 else:
                     send(": nothing new\n\n")
             else:
@@ -249,6 +254,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json({"error": str(exc)}, HTTPStatus.NOT_FOUND)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the page went away
+        except (NotARegularFile, UnexpectedSize) as exc:  # one file of one run, which the message names
+            self._json({"error": str(exc)}, HTTPStatus.BAD_GATEWAY)
         except Exception as exc:
             if not is_store_failure(exc):
                 raise
@@ -256,6 +263,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _route(self, path: str, query: dict[str, list[str]]) -> None:
         board = self.server.dashboard
+        if path == "/favicon.ico":  # what a browser asks for without looking at the page
+            self._send(HTTPStatus.OK, static_bytes("favicon.svg"), STATIC["favicon.svg"], cache="max-age=3600")
+            return
         if PAGE.match(path):
             self._send(HTTPStatus.OK, static_bytes("index.html"), "text/html; charset=utf-8")
             return
@@ -308,7 +318,8 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # the stream has begun: say it in the stream, then end it
             if not is_store_failure(exc) or isinstance(exc, (BrokenPipeError, ConnectionResetError)):
                 raise
-            send(f"event: problem\ndata: {json.dumps(store_problem(board.store.url, exc))}\n\n")
+            said = str(exc) if isinstance(exc, (NotARegularFile, UnexpectedSize)) else store_problem(board.store.url, exc)
+            send(f"event: problem\ndata: {json.dumps(said)}\n\n")
 
     def _json(self, document: Any, status: HTTPStatus = HTTPStatus.OK) -> None:
         self._send(status, dump_json(document).encode("utf-8"), "application/json; charset=utf-8")

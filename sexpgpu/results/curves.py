@@ -12,14 +12,23 @@ Series names, what `plot --metric` and the dashboard use:
 | `diag:NAME` (`diag:grad-norm/net.layers.0.w`) | `diagnostic` events | diagnostic |
 
 A non-finite value is null in the events and a gap (None) in its series.
+
+`RunReaders` is how every reader of a store gets a run's events and curves (`logs`, `plot`,
+the dashboard): TensorBoard's multiplexer in miniature, one `EventReader` per run that reads
+only the bytes added since its last read, and the curves rebuilt only when events came.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Optional
 
 from pydantic import BaseModel, Field
+
+from ..runtime.events import EventReader
+from ..runtime.store import Store
 
 Group = Literal["train", "eval", "optimizer", "speed", "diagnostic"]
 GROUPS: tuple[Group, ...] = ("train", "eval", "optimizer", "speed", "diagnostic")
@@ -46,6 +55,7 @@ class Curves(BaseModel):
     series: list[Series] = Field(default_factory=list)
     events: int = 0  # how many events they were read from
     last_step: Optional[int] = None  # of the latest step event
+    warnings: list[str] = Field(default_factory=list)  # the lines of the events that were skipped, FILE:LINE: why
 
     def named(self, name: str) -> Optional[Series]:
         return next((s for s in self.series if s.name == name), None)
@@ -121,3 +131,47 @@ def curves_of(events: Iterable[dict[str, Any]]) -> Curves:
             last_step = step
     ordered = sorted(builder.series.values(), key=lambda s: GROUPS.index(s.group))  # stable: first appearance within a group
     return Curves(series=ordered, events=count, last_step=last_step)
+
+
+@dataclass
+class _Run:
+    reader: EventReader
+    curves: Optional[Curves] = None
+    of: tuple[int, int] = (-1, -1)  # (resets, events) of the reader the curves were built from
+
+
+class RunReaders:
+    """The events and curves of the runs of STORE, each run's read incrementally (one
+    `EventReader` per slug, kept); safe to use from several threads."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._runs: dict[str, _Run] = {}
+        self._lock = threading.Lock()
+
+    def _run(self, slug: str) -> _Run:
+        with self._lock:
+            run = self._runs.get(slug)
+            if run is None:
+                run = self._runs[slug] = _Run(EventReader(self.store, slug))
+            return run
+
+    def events(self, slug: str, superseded: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+        """SLUG's events, read up to now (resumes applied unless SUPERSEDED), and the warnings
+        about the lines skipped."""
+        run = self._run(slug)
+        with run.reader.lock:
+            run.reader.update()
+            return list(run.reader.events(superseded)), list(run.reader.warnings)
+
+    def curves(self, slug: str) -> Curves:
+        """SLUG's curves, read up to now; its `warnings` name the lines skipped."""
+        run = self._run(slug)
+        with run.reader.lock:
+            reader = run.reader
+            reader.update()
+            now = (reader.resets, len(reader.pairs))
+            if run.curves is None or run.of != now:
+                run.curves = curves_of(reader.events()).model_copy(update={"warnings": list(reader.warnings)})
+                run.of = now
+            return run.curves

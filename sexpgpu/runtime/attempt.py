@@ -243,6 +243,7 @@ class Attempt:
         policy = experiment.run.checkpoint
         while trainer.step < self.steps:
             if self.lease is not None and self.lease.taken():
+                self.records_still_there()  # a store that lost the folder's files lost the lease too: not another attempt
                 raise FolderTaken(f"another attempt took the run folder {self.folder.url} over")
             if self.stops.signal is not None:
                 return self.stop_for_signal()
@@ -335,9 +336,9 @@ class Attempt:
             status.update(state="running")
             return self.last_checkpoint
         try:
+            self.records_still_there()  # first: a store that lost them lost the lease too
             if self.lease is not None:
                 self.lease.check()
-            self.records_still_there()
             # every event up to the checkpoint is durable before the checkpoint exists, so a
             # resume from it never lacks the history it continues
             self.events.flush()
@@ -373,6 +374,8 @@ class Attempt:
         rerun continues from here; the history before it is gone, and the attempt stops."""
         step = self.trainer.step
         self.when_the_store_answers(lambda: write_header(self.folder, self.experiment, self.slug, self.options))
+        if self.lease is not None:
+            self.when_the_store_answers(self.lease.retake)
         self.last_checkpoint = None
         emit(self.events, "warning", step=step, message=f"the store lost this run's {', '.join(lost.what)}; its history before step {step} is gone")
         try:

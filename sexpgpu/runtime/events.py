@@ -5,6 +5,8 @@ what they do not know. `EventLog` buffers events and writes them through the sto
 append-only log (`RUN/events.jsonl` locally, `RUN/events/NNNNNN.jsonl` segments on object
 stores). `read_events` returns a run's series with `resume` applied: a resume from step S
 supersedes the earlier events of steps after S, so a resumed run has no duplicate steps.
+`EventReader` is how every reader reads them: incrementally (it remembers where it stopped),
+with a warning naming the file and line of each line that is not a valid event.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import json
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, Optional, Union, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ..outcome import bounded
 from .store import Store, dump_json, is_store_failure
@@ -210,10 +212,20 @@ EVENT_MODELS: dict[str, type[Event]] = {
 }
 
 
+def _nullable(model: type[Event]) -> frozenset[str]:
+    return frozenset(name for name, field in model.model_fields.items() if field.is_required() and type(None) in get_args(field.annotation))
+
+
+# the required fields that may be None: `to_line` leaves a None out, so a line without one says None
+NULLABLE: dict[str, frozenset[str]] = {kind: _nullable(model) for kind, model in EVENT_MODELS.items()}
+
+
 def parse_event(data: Mapping[str, Any]) -> Event:
-    """DATA as its kind's model; an unknown kind (a newer writer) as a plain `Event`."""
-    model = EVENT_MODELS.get(str(data.get("kind")), Event)
-    return model.model_validate(dict(data))
+    """DATA (as `to_line` wrote it: a None left out) as its kind's model; an unknown kind (a
+    newer writer) as a plain `Event`."""
+    kind = str(data.get("kind"))
+    model = EVENT_MODELS.get(kind, Event)
+    return model.model_validate({**dict.fromkeys(NULLABLE.get(kind, ())), **data})
 
 
 def event_from(event: Union[Event, Mapping[str, Any]]) -> Event:
@@ -321,14 +333,6 @@ class EventLog:
 # Reading
 
 
-def _decode(line: str) -> Optional[dict[str, Any]]:
-    try:
-        value = json.loads(line)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def _resume_step(event: Mapping[str, Any]) -> Optional[int]:
     value = event.get("from_step", event.get("step"))
     return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -358,17 +362,156 @@ def read_events(
 ) -> list[dict[str, Any]]:
     """A run's events as dicts, in order, with resumes applied (all of them if SUPERSEDED).
 
-    Lines that are not JSON objects are skipped."""
-    events = [event for _, event in read_event_lines(store, run_prefix)]
-    return events if superseded else apply_resumes(events)
+    Lines that are not valid event records are skipped (an `EventReader` says which)."""
+    reader = EventReader(store, run_prefix)
+    reader.update()
+    return reader.events(superseded)
 
 
 def read_event_lines(store: Store, run_prefix: str) -> list[tuple[str, dict[str, Any]]]:
     """Every event line of a run with its decoded object, in order (`logs --raw` prints the
-    lines as they are); lines that are not JSON objects are skipped."""
-    pairs = []
-    for line in store.read_lines(events_prefix(run_prefix)):
-        event = _decode(line)
-        if event is not None:
-            pairs.append((line, event))
-    return pairs
+    lines as they are); lines that are not valid event records are skipped."""
+    reader = EventReader(store, run_prefix)
+    reader.update()
+    return list(reader.pairs)
+
+
+CHUNK = 8 << 20  # bytes one read of an events file asks for
+
+
+def decode_line(raw: bytes) -> Union[str, tuple[str, dict[str, Any]]]:
+    """(the line, its event) of a line of an events file, or what is wrong with it, in words."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return f"not UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1})"
+    try:
+        value = json.loads(line)
+    except ValueError as error:
+        return f"not JSON ({error})"
+    if not isinstance(value, dict):
+        return f"not a JSON object (a JSON {type(value).__name__})"
+    try:
+        parse_event(value)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the line"
+        return f"not a valid {str(value.get('kind'))!r} event ({where}: {first['msg']})"
+    return line, value
+
+
+class EventReader:
+    """One run's events, read incrementally: it remembers how far it read (a byte offset in
+    the local `events.jsonl`, the segments read on an object store), reads only what was
+    added since on each `update`, keeps a torn last line for the next one, and collects a
+    warning (file and line number) for every line that is not a valid event record, which it
+    skips. A log that got shorter (rewritten, or a fresh run in the folder) is read again from
+    its start. Not shared between threads without a lock (`lock` is there for that)."""
+
+    def __init__(self, store: Store, run_prefix: str) -> None:
+        self.store = store
+        self.single, self.folder = store.log_paths(events_prefix(run_prefix))
+        self.lock = threading.Lock()
+        self.pairs: list[tuple[str, dict[str, Any]]] = []  # (the line, its event), in order
+        self.warnings: list[str] = []  # every bad line read, as `FILE:LINE: what` (a reset clears them)
+        self.resets = 0  # how many times the log was found shorter and read again
+        self._offset = 0  # bytes of events.jsonl read, up to the last complete line
+        self._lines = 0  # lines of events.jsonl read
+        self._head = b""  # its first line: a different file under the name is read from its start
+        self._segments = -1  # the last segment read
+        self._resolved: Optional[list[dict[str, Any]]] = None
+
+    def update(self) -> list[tuple[str, dict[str, Any]]]:
+        """Read what was added since the last update; the new (line, event) pairs (after a
+        reset, every pair)."""
+        before, resets = len(self.pairs), self.resets
+        self._read_single()
+        self._read_segments()
+        if self.resets != resets:
+            before = 0
+            self._resolved = None
+        if len(self.pairs) != before:
+            self._resolved = None
+        return self.pairs[before:]
+
+    def events(self, superseded: bool = False) -> list[dict[str, Any]]:
+        """The events read so far, resumes applied (all of them with SUPERSEDED)."""
+        if superseded:
+            return [event for _, event in self.pairs]
+        if self._resolved is None:
+            self._resolved = apply_resumes([event for _, event in self.pairs])
+        return self._resolved
+
+    def _start_over(self) -> None:
+        self.pairs, self.warnings, self._resolved = [], [], None
+        self._offset = self._lines = 0
+        self._head = b""
+        self._segments = -1
+        self.resets += 1
+
+    def _read_single(self) -> None:
+        while True:
+            try:
+                size, data = self.store.read_from(self.single, self._offset, CHUNK)
+            except FileNotFoundError:
+                if self._offset:
+                    self._start_over()
+                return
+            if size < self._offset or (self._head and not self._same_head()):
+                self._start_over()
+                continue
+            end = data.rfind(b"\n") + 1  # a torn last line waits for its newline
+            if end == 0:
+                if len(data) >= CHUNK and self._skip_long_line(size):  # one line longer than a chunk: not an event
+                    continue
+                return
+            if self._offset == 0:  # its first line (at most 256 bytes of it) tells this file from a new one
+                self._head = data[: min(data.find(b"\n") + 1, 256)]
+            self.pairs.extend(self._parse(data[:end], self.store.url_of(self.single), self._lines))
+            self._lines += data.count(b"\n", 0, end)
+            self._offset += end
+            if self._offset >= size:
+                return
+
+    def _same_head(self) -> bool:
+        _, data = self.store.read_from(self.single, 0, len(self._head))
+        return data == self._head
+
+    def _skip_long_line(self, size: int) -> bool:
+        """Step over a line longer than CHUNK, warned about, never held whole; False when it
+        has no newline yet (a line being written: read again next time)."""
+        position = self._offset
+        while position < size:
+            _, data = self.store.read_from(self.single, position, CHUNK)
+            if not data:
+                break
+            newline = data.find(b"\n")
+            if newline >= 0:
+                self._offset = position + newline + 1
+                self._lines += 1
+                self.warnings.append(f"{self.store.url_of(self.single)}:{self._lines}: longer than {CHUNK:,} bytes: not an event; the line is skipped")
+                return True
+            position += len(data)
+        return False
+
+    def _read_segments(self) -> None:
+        numbers = self.store.log_segments(self.folder)
+        if numbers and numbers[-1] < self._segments or not numbers and self._segments >= 0:
+            self._start_over()
+            self._read_single()
+        for number in (n for n in numbers if n > self._segments):
+            path = f"{self.folder}/{number:06d}.jsonl"
+            self.pairs.extend(self._parse(self.store.read_bytes(path), self.store.url_of(path), 0))
+            self._segments = number
+
+    def _parse(self, data: bytes, url: str, first: int) -> list[tuple[str, dict[str, Any]]]:
+        pairs: list[tuple[str, dict[str, Any]]] = []
+        for number, raw in enumerate(data.split(b"\n"), start=first + 1):
+            if not raw.strip():
+                continue
+            found = decode_line(raw)
+            if isinstance(found, str):
+                self.warnings.append(f"{url}:{number}: {found}; the line is skipped")
+                continue
+            pairs.append(found)
+        return pairs

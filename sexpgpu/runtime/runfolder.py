@@ -131,6 +131,9 @@ class RunInfo(BaseModel):
 # The folder
 
 
+INFO_LIMIT = 16 << 20  # a run.json is kilobytes; a larger one is refused, never read whole
+
+
 class RunFolder:
     """STORE/SLUG/: every file of one run, through the store."""
 
@@ -176,7 +179,8 @@ class RunFolder:
         self.store.write_json(self.path("run.json"), info)
 
     def read_run_info(self) -> RunInfo:
-        return self.store.read_json(self.path("run.json"), RunInfo)
+        """run.json; UnexpectedSize, before anything is read, for one larger than INFO_LIMIT."""
+        return RunInfo.model_validate_json(self.store.read_bytes(self.path("run.json"), limit=INFO_LIMIT))
 
     def write_sources(self, files: Mapping[str, Union[bytes, str]]) -> None:
         """FILES (relative name to content) under source/, as compiled."""
@@ -283,6 +287,12 @@ class WriterLease:
         """Before a publish: still ours, or FolderTaken."""
         if not self.leases.still_mine(self.path):
             raise FolderTaken(f"another attempt took the run folder {self.folder.url} over")
+
+    def retake(self) -> None:
+        """The lease written anew after the store lost the folder's files (the lease with
+        them), unless someone else holds it now."""
+        if self.leases.holder_of(self.path) is None:
+            self.leases.write(self.path)
 
     def release(self) -> None:
         if self.renewal is not None:

@@ -94,11 +94,17 @@ def status_path(run_prefix: str) -> str:
     return f"{run_prefix.strip('/')}/status.json"
 
 
+# A status file is a few kilobytes; one larger than this is not read (UnexpectedSize), so a
+# hostile or broken one cannot make a listing read a gigabyte every few seconds.
+STATUS_LIMIT = 1 << 20
+
+
 def read_status(store: Store, run_prefix: str) -> Optional[Status]:
-    """The run's status, or None when it has none yet (one read: on an object store a GET,
-    not a HEAD and a GET, so a listing of many runs costs one request per file)."""
+    """The run's status, or None when it has none yet; UnexpectedSize for one of more than
+    STATUS_LIMIT bytes, refused before it is read (locally one stat and one read; on an object
+    store a HEAD and a GET)."""
     try:
-        return store.read_json(status_path(run_prefix), Status)
+        return Status.model_validate_json(store.read_bytes(status_path(run_prefix), limit=STATUS_LIMIT))
     except FileNotFoundError:
         return None
 

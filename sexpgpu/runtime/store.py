@@ -263,6 +263,22 @@ def _file_kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a file")
 
 
+def _not_regular(full: str, mode: int) -> NotARegularFile:
+    """The refusal of the local path FULL (of MODE, from lstat): what it is, and for a link
+    where it points (and whether that is there), so the message names the real file."""
+    what = _file_kind(mode)
+    if stat.S_ISLNK(mode):
+        try:
+            target = os.readlink(full)
+        except OSError:
+            target = "?"
+        whole = os.path.normpath(os.path.join(os.path.dirname(full), target))
+        there = "" if os.path.exists(whole) else ", which does not exist"
+        what = f"a symbolic link to {whole}{there}"
+    return NotARegularFile(f"{full} is {what}, not a regular file: a run folder's files are read only as "
+                           f"regular files, never through a link (replace it with the file itself): refused")
+
+
 def _is_temp_name(name: str) -> bool:
     return name.startswith(".") and name.endswith(TEMP_SUFFIX)
 
@@ -451,7 +467,7 @@ class Store:
             return bytes(self.fs.cat_file(full))
         size = self._regular_file_size(full, path)
         if not self.is_local:
-            self._check_size(path, size, limit, exactly)
+            self._check_size(self.url_of(path), size, limit, exactly)
             return bytes(self.fs.cat_file(full))
         # O_NOFOLLOW: a file swapped for a link since it was looked at is not followed either;
         # O_NONBLOCK: nor does a swapped-in FIFO hang the open. The size is the opened file's:
@@ -461,9 +477,9 @@ class Store:
         with os.fdopen(descriptor, "rb") as handle:
             info = os.fstat(descriptor)
             if not stat.S_ISREG(info.st_mode):
-                raise NotARegularFile(f"{path} is not a regular file ({_file_kind(info.st_mode)}): refused")
+                raise _not_regular(full, info.st_mode)
             size = info.st_size
-            self._check_size(path, size, limit, exactly)
+            self._check_size(self.url_of(path), size, limit, exactly)
             data = handle.read(size + 1)
         if len(data) != size:
             raise UnexpectedSize(f"{path} changed size while it was read")
@@ -474,7 +490,29 @@ class Store:
         if exactly is not None and size != exactly:
             raise UnexpectedSize(f"{path} is {size:,} bytes, its record says {exactly:,}")
         if limit is not None and size > limit:
-            raise UnexpectedSize(f"{path} is {size:,} bytes, more than the {limit:,} it may be")
+            raise UnexpectedSize(f"{path} is {size:,} bytes, more than the {limit:,} it may be: not read")
+
+    def read_from(self, path: str, offset: int, limit: int) -> tuple[int, bytes]:
+        """(the size of the regular file at PATH, at most LIMIT of its bytes from OFFSET): how
+        a reader that remembers where it stopped reads only what was added since."""
+        full = self._full(path)
+        return self._retrying(f"read {path}", lambda: self._read_range(full, path, offset, limit))
+
+    def _read_range(self, full: str, path: str, offset: int, limit: int) -> tuple[int, bytes]:
+        if not self.is_local:
+            size = self._regular_file_size(full, path)
+            end = min(size, offset + limit)
+            return size, (bytes(self.fs.cat_file(full, start=offset, end=end)) if end > offset else b"")
+        self._regular_file_size(full, path)
+        descriptor = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(descriptor, "rb") as handle:
+            info = os.fstat(descriptor)
+            if not stat.S_ISREG(info.st_mode):
+                raise _not_regular(full, info.st_mode)
+            if info.st_size <= offset:
+                return info.st_size, b""
+            handle.seek(offset)
+            return info.st_size, handle.read(min(limit, info.st_size - offset))
 
     def copy_to_local(self, path: str, destination: "os.PathLike[str]") -> None:
         """Copy the regular file at PATH to the local file DESTINATION, streamed (never whole
@@ -496,7 +534,7 @@ class Store:
         if self.is_local:
             info = os.lstat(full)
             if not stat.S_ISREG(info.st_mode):
-                raise NotARegularFile(f"{path} is not a regular file ({_file_kind(info.st_mode)}): refused")
+                raise _not_regular(full, info.st_mode)
             return info.st_size
         self.fs.invalidate_cache(full)
         described = self.fs.info(full)
@@ -644,6 +682,11 @@ class Store:
             if match and posixpath.dirname(self._relative(item)) == folder:
                 numbers.append(int(match.group(1)))
         return sorted(numbers)
+
+    def log_segments(self, path_prefix: str) -> builtins.list[int]:
+        """The numbers of the segments of the log at PATH_PREFIX (an object store's form), in order."""
+        _, folder = self.log_paths(path_prefix)
+        return self._retrying(f"list {folder}", lambda: self._segment_numbers(folder))
 
     def read_lines(self, path_prefix: str) -> builtins.list[str]:
         """Every line of the log at PATH_PREFIX: the single file, then the segments in order.

@@ -5,10 +5,27 @@
 
 (function () {
   const main = document.getElementById("main");
-  const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
-  // What the page shows now; the browser tests read it (window.sexpgpu).
-  const view = { page: null, charts: {}, updates: 0, ready: false, logY: false };
+  // 30 colours, each at least 27 apart (CIE76) from every other and dark enough to read on
+  // white: the first ten are the usual ones, the rest chosen farthest from those before.
+  const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#0000ff",
+    "#ff22ff", "#115533", "#6600aa", "#ff0077", "#aaaa77", "#996600", "#0066ff", "#880044", "#ff8888", "#00bb88",
+    "#dd00aa", "#556600", "#dd77ff", "#00cc00", "#664466", "#aaaadd", "#0044aa", "#771177", "#882211", "#aa00ff"];
+  // What the page shows now; the browser tests read it (window.sexpgpu). `colors`: one meaning
+  // per page, the colour of each thing it names (a pass on a run's page, a point on a sweep's).
+  const view = { page: null, charts: {}, updates: 0, ready: false, logY: false, palette: PALETTE, colors: {} };
   window.sexpgpu = view;
+
+  function colorOf(key) {
+    if (!(key in view.colors)) view.colors[key] = PALETTE[Object.keys(view.colors).length % PALETTE.length];
+    return view.colors[key];
+  }
+
+  // The page has drawn what it has (charts included): `data-ready` on <body>, after the
+  // browser painted, for a headless screenshot to wait for.
+  function drawn() {
+    view.ready = true;
+    requestAnimationFrame(() => requestAnimationFrame(() => { document.body.dataset.ready = "true"; }));
+  }
 
   // -- small helpers ------------------------------------------------------------------------
 
@@ -36,11 +53,33 @@
     return String(Number(value.toPrecision(4)));
   }
 
+  // A value as a reader reads it, never as JSON: a list as (a b c), as the file writes it; a
+  // mapping as its keys and values.
   function shown(value) {
     if (value === null || value === undefined) return "-";
     if (typeof value === "string") return value;
     if (typeof value === "number") return num(value);
-    return JSON.stringify(value);
+    if (typeof value === "boolean") return value ? "true" : "false";
+    if (Array.isArray(value)) return "(" + value.map(shown).join(" ") + ")";
+    return Object.entries(value).map(([k, v]) => `${k} ${shown(v)}`).join(", ");
+  }
+
+  // A value for a key-value table: a mapping as a nested table, a list of mappings as one
+  // nested table each, the rest as text.
+  function cell(value) {
+    const mapping = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+    if (mapping(value)) {
+      const entries = Object.entries(value).filter(([, v]) => v !== null && v !== undefined);
+      return entries.length ? kvTable(entries, "kv nested") : "-";
+    }
+    if (Array.isArray(value) && value.length && value.every(mapping)) return el("div", {}, value.map((v) => cell(v)));
+    return shown(value);
+  }
+
+  const UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
+  // Bytes in the unit a chart of them uses: MiB, or GiB from 2 GiB.
+  function byteUnit(largest) {
+    return largest >= 2 * 1024 ** 3 ? 3 : 2;
   }
 
   function duration(seconds) {
@@ -67,6 +106,15 @@
   function selection(record) {
     const parts = [record.variant || "base"];
     if (record.sweep !== null && record.sweep !== undefined) parts.push(`${record.sweep}-${record.point}`);
+    return parts.join(" ");
+  }
+
+  // run.json's selection as `sexpgpu run` takes it: the variant (base), --set, the sweep's point
+  function selected(chosen) {
+    if (!chosen) return "-";
+    const parts = [chosen.variant || "base"];
+    for (const [k, v] of Object.entries(chosen.set || {})) parts.push(`--set ${k}=${v}`);
+    if (chosen.sweep !== null && chosen.sweep !== undefined) parts.push(`${chosen.sweep}-${chosen.point}`);
     return parts.join(" ");
   }
 
@@ -97,6 +145,10 @@
     box.textContent = text || "";
   }
 
+  function showStore(url) {
+    document.getElementById("where").textContent = "store " + url;
+  }
+
   function stamped() {
     document.getElementById("updated").textContent = "updated " + when(new Date().toISOString());
   }
@@ -105,8 +157,8 @@
     while (node.firstChild) node.removeChild(node.firstChild);
   }
 
-  function kvTable(rows) {
-    return el("table", { class: "kv" }, rows.map(([key, value]) => el("tr", {}, el("th", { text: key }), el("td", { text: shown(value) }))));
+  function kvTable(rows, kind) {
+    return el("table", { class: kind || "kv" }, rows.map(([key, value]) => el("tr", {}, el("th", { text: key }), el("td", {}, cell(value)))));
   }
 
   // -- charts -------------------------------------------------------------------------------
@@ -133,10 +185,33 @@
     return data.slice(1).every((column) => column.every((v) => v === null || v > 0));
   }
 
-  // Draw (or update) the chart KEY inside HOLDER; SERIES as [{name, label, steps, values, points}].
-  function drawChart(holder, key, title, series) {
-    const data = aligned(series);
-    const names = series.map((s) => s.name).join("\u0000");
+  // An axis as wide as its longest tick label (uPlot's default width clips long ones).
+  function axisSize(u, values, axisIdx, cycleNum) {
+    const axis = u.axes[axisIdx];
+    if (cycleNum > 1) return axis._size;
+    let size = axis.ticks.size + axis.gap;
+    const longest = (values || []).reduce((a, v) => (String(v).length > a.length ? String(v) : a), "");
+    if (longest) {
+      u.ctx.font = axis.font[0];
+      size += u.ctx.measureText(longest).width / devicePixelRatio;
+    }
+    return Math.ceil(size) + 4;
+  }
+
+  // a step axis ticks whole steps: 1, 2, 5, 10, 20, 50, ...
+  const STEP_INCRS = Array.from({ length: 30 }, (_, i) => [1, 2, 5][i % 3] * 10 ** Math.floor(i / 3));
+
+  // Draw (or update) the chart KEY inside HOLDER; SERIES as [{name, label, color, steps,
+  // values, points}]. BYTES: the values are bytes, drawn in MiB or GiB.
+  function drawChart(holder, key, title, series, bytes) {
+    let data = aligned(series);
+    let unit = null;
+    if (bytes) {
+      const power = byteUnit(Math.max(0, ...data.slice(1).flat().filter((v) => v !== null)));
+      unit = UNITS[power];
+      data = [data[0], ...data.slice(1).map((column) => column.map((v) => (v === null ? null : v / 1024 ** power)))];
+    }
+    const names = series.map((s) => s.name + "\u0001" + s.color).join("\u0000") + "\u0000" + unit;
     const logY = view.logY && positive(data);
     const existing = view.charts[key];
     if (existing && existing.names === names && existing.logY === logY && holder.contains(existing.box)) {
@@ -156,19 +231,22 @@
       width: chartWidth(box),
       height: 230,
       scales: { x: { time: false }, y: logY ? { distr: 3 } : {} },
-      axes: [{ label: "step" }, { size: 64, values: (u, splits) => splits.map((v) => num(v)) }],
+      axes: [{ label: "step", incrs: STEP_INCRS, size: 36 }, { label: unit || undefined, size: axisSize, values: (u, splits) => splits.map((v) => num(v)) }],
       legend: { live: true },
-      series: [{ label: "step" }].concat(series.map((s, i) => ({
+      // hovering a line (or its legend entry) dims the others
+      focus: { alpha: 0.2 },
+      cursor: { focus: { prox: 24 } },
+      series: [{ label: "step" }].concat(series.map((s) => ({
         label: s.label,
-        stroke: PALETTE[i % PALETTE.length],
+        stroke: s.color,
         width: 1.5,
         spanGaps: true,
         points: { show: s.points ? true : undefined, size: 5 },
-        value: (u, v) => (v === null || v === undefined ? "-" : num(v)),
+        value: (u, v) => (v === null || v === undefined ? "-" : num(v) + (unit ? " " + unit : "")),
       }))),
     };
     const uplot = new uPlot(options, data, box);
-    const chart = { uplot, names, logY, box, series };
+    const chart = { uplot, names, logY, box, series, unit };
     view.charts[key] = chart;
     return chart;
   }
@@ -195,7 +273,7 @@
 
   const RUN_COLUMNS = [
     ["slug", (r) => r.slug, (r) => runLink(r.slug)],
-    ["file", (r) => r.file],
+    ["file", (r) => r.file, (r) => el("span", { title: r.file, text: r.file ? r.file.split("/").pop() : "-" })],
     ["selection", (r) => selection(r), (r) => (r.sweep === null || r.sweep === undefined ? selection(r)
       : el("span", {}, (r.variant || "base") + " ", el("a", { href: sweepHref(r.sweep, r.file), text: `${r.sweep}-${r.point}` })))],
     ["state", (r) => r.state, (r) => stateBadge(r.state)],
@@ -253,7 +331,7 @@
       clear(holder);
       holder.append(el("table", { id: "runs", "data-sort": sort.key, "data-desc": String(sort.desc) }, el("thead", {}, head), el("tbody", {}, body)));
       count.textContent = `${rows.length} of ${runs.length} run(s) in ${store}`;
-      view.ready = true;
+      drawn();
     }
 
     async function refresh() {
@@ -261,7 +339,7 @@
         const doc = await getJSON("/api/runs");
         runs = doc.runs;
         store = doc.store;
-        document.getElementById("where").textContent = doc.store;
+        showStore(doc.store);
         problem(null);
         render();
         stamped();
@@ -286,13 +364,16 @@
   // The chart a series belongs to: a training metric and the same metric of every eval pass
   // share one (loss: train, val, ...); every other series has its own.
   function chartOf(series) {
+    // the colour says which pass: train (and everything the training steps log), or an eval's
     if (series.group === "eval") {
       const cut = series.name.indexOf("/");
-      return { key: "metric:" + series.name.slice(cut + 1), title: series.name.slice(cut + 1), label: series.name.slice(0, cut), section: "train", points: true };
+      const pass = series.name.slice(0, cut);
+      return { key: "metric:" + series.name.slice(cut + 1), title: series.name.slice(cut + 1), label: pass, color: colorOf(pass), section: "train", points: true };
     }
-    if (series.group === "train") return { key: "metric:" + series.name, title: series.name, label: "train", section: "train", points: false };
+    if (series.group === "train") return { key: "metric:" + series.name, title: series.name, label: "train", color: colorOf("train"), section: "train", points: false };
     const title = series.group === "diagnostic" ? series.name.slice("diag:".length) : series.name;
-    return { key: series.group + ":" + series.name, title, label: title, section: series.group, points: false };
+    return { key: series.group + ":" + series.name, title: series.name === "memory" ? "memory (peak resident)" : title, label: title,
+      color: colorOf("train"), section: series.group, points: false, bytes: series.name === "memory" };
   }
 
   function runPage(slug) {
@@ -304,12 +385,19 @@
     const title = el("h1", { text: slug });
     const summary = el("div");
     const toolbar = el("div", { class: "toolbar" }, logToggle(() => drawAll()), el("span", { class: "note", id: "live" }));
+    const skippedBox = el("div", { class: "warning", id: "skipped", hidden: true });
     const chartSections = new Map(SECTIONS.map(([group, name]) => [group, el("section", { "data-section": group, hidden: true }, el("h2", { text: name }), el("div", { class: "charts" }))]));
     const diagnostics = el("section", { hidden: true }, el("h2", { text: "Latest diagnostics" }), el("div", { class: "wide", id: "diagnostics" }));
     const details = el("div", { class: "columns" });
     const eventsBox = el("section", {}, el("h2", { text: "Events" }), el("div", { id: "events" }));
     const sourcesBox = el("section", {}, el("h2", { text: "Source" }), el("div", { id: "sources" }));
-    main.append(title, summary, toolbar, ...chartSections.values(), diagnostics, details, eventsBox, sourcesBox);
+    main.append(title, summary, toolbar, skippedBox, ...chartSections.values(), diagnostics, details, eventsBox, sourcesBox);
+
+    // lines of the events that are not events: said, with where they are
+    function skipped(warnings) {
+      skippedBox.hidden = warnings.length === 0;
+      skippedBox.textContent = warnings.length ? `${warnings.length} line(s) of the events skipped: ` + warnings.slice(0, 5).join("; ") + (warnings.length > 5 ? "; ..." : "") : "";
+    }
     document.title = slug + " - sexpgpu";
 
     function drawAll() {
@@ -317,12 +405,12 @@
       for (const series of curves.values()) {
         const chart = chartOf(series);
         if (!groups.has(chart.key)) groups.set(chart.key, { ...chart, series: [] });
-        groups.get(chart.key).series.push({ name: series.name, label: chart.label, steps: series.steps, values: series.values, points: chart.points || series.steps.length === 1 });
+        groups.get(chart.key).series.push({ name: series.name, label: chart.label, color: chart.color, steps: series.steps, values: series.values, points: chart.points || series.steps.length === 1 });
       }
       for (const [group, section] of chartSections) {
         section.hidden = ![...groups.values()].some((g) => g.section === group);
       }
-      for (const [key, group] of groups) drawChart(chartSections.get(group.section).querySelector(".charts"), key, group.title, group.series);
+      for (const [key, group] of groups) drawChart(chartSections.get(group.section).querySelector(".charts"), key, group.title, group.series, group.bytes);
       dropCharts(new Set(groups.keys()));
       drawDiagnostics();
     }
@@ -344,7 +432,7 @@
       summary.append(kvTable([
         ["state", record.state], ["step", steps(record)], ["train", metrics || "-"],
         ["eval", evals ? evals + (record.eval_step !== null && record.eval_step !== undefined ? `  (step ${record.eval_step})` : "") : "-"],
-        ["file", record.file], ["selection", selection(record)], ["started", when(record.started)], ["duration", duration(record.duration_s)],
+        ["folder", record.folder], ["file", record.file], ["selection", selection(record)], ["started", when(record.started)], ["duration", duration(record.duration_s)],
         ["device", record.device], ["host", record.host], ["attempt", record.attempt], ["reason", record.reason],
       ].concat(record.problem ? [["problem", record.problem]] : [])));
       const badge = summary.querySelector("tr td");
@@ -361,7 +449,7 @@
       details.append(el("section", {}, el("h2", { text: "Knobs" }),
         knobs.length ? kvTable(knobs) : el("p", { class: "note", text: "no knobs" })));
       details.append(el("section", {}, el("h2", { text: "Run" }), kvTable([
-        ["IR hash", info.ir_hash], ["source hash", info.source_hash], ["selection", info.selection],
+        ["IR hash", info.ir_hash], ["source hash", info.source_hash], ["selection", selected(info.selection)],
         ["max steps", info.max_steps], ["threads", info.threads], ["devices", info.devices], ["versions", info.versions],
         ["host", info.host], ["created", info.created], ["meta", info.meta],
       ])));
@@ -392,7 +480,7 @@
       box.append(el("div", { class: "toolbar" }, select, el("span", { class: "note", text: `${chosen.length} of ${events.length} event(s)` + (chosen.length > LIMIT ? `, the last ${LIMIT} shown` : "") })),
         el("table", { class: "events" }, el("tr", {}, el("th", { text: "time" }), el("th", { class: "num", text: "step" }), el("th", { text: "kind" }), el("th", { text: "fields" })),
           rows.map((e) => el("tr", { "data-kind": e.kind }, el("td", { text: when(e.t) }), el("td", { class: "num", text: e.step ?? "-" }), el("td", { text: e.kind }),
-            el("td", { class: "details", text: Object.entries(e).filter(([k]) => !MAIN_KEYS.has(k)).map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`).join("  ") })))));
+            el("td", { class: "details", text: Object.entries(e).filter(([k]) => !MAIN_KEYS.has(k)).map(([k, v]) => `${k}=${shown(v)}`).join("  ") })))));
     }
 
     function drawSources(names) {
@@ -423,7 +511,7 @@
     async function start() {
       try {
         const doc = await getJSON(`/api/run/${encodeURIComponent(slug)}`);
-        document.getElementById("where").textContent = doc.record.folder;
+        showStore(doc.store);
         drawRecord(doc.record);
         drawDetails(doc);
         drawSources(doc.sources || []);
@@ -440,7 +528,8 @@
         problem(null);
         stamped();
         view.updates += 1;
-        view.ready = true;
+        skipped(update.warnings || []);
+        drawn();
         document.getElementById("live").textContent = `live: ${update.events} event(s) read`;
         if (update.events !== eventCount) { eventCount = update.events; drawEvents(); }
       });
@@ -462,9 +551,16 @@
     return `${point.sweep}-${point.point}` + (values ? " " + values : "");
   }
 
+  // A knob drawn on a log axis: all its values positive and spanning a factor of 10 or more
+  // (a log-uniform draw, or a log-spaced grid such as 0.001 0.01 0.1).
+  function logScaled(values) {
+    return values.length > 1 && values.every((v) => typeof v === "number" && v > 0) && Math.max(...values) >= 10 * Math.min(...values);
+  }
+
   // Parallel coordinates: one vertical axis per knob that varies and one for the metric; one
-  // line per point, coloured by the metric (the best blue, the worst red).
-  function parallel(points, knobs, metric) {
+  // line per point, in the point's colour (the colour of its curve above: one meaning per
+  // page). Hovering a line picks out the point's curve.
+  function parallel(points, knobs, metric, onHover) {
     const NS = "http://www.w3.org/2000/svg";
     const svgEl = (tag, attrs, text) => {
       const node = document.createElementNS(NS, tag);
@@ -472,42 +568,50 @@
       if (text !== undefined) node.textContent = text;
       return node;
     };
-    const axes = knobs.map((k) => ({ name: k, value: (p) => (p.knobs || {})[k] })).concat([{ name: metric, value: (p) => metricValue(p, metric) }]);
+    const axes = knobs.map((k) => ({ name: k, knob: true, value: (p) => (p.knobs || {})[k] })).concat([{ name: metric, knob: false, value: (p) => metricValue(p, metric) }]);
     const width = Math.max(520, 170 * axes.length), height = 300, top = 24, bottom = 40;
     const svg = svgEl("svg", { class: "parallel", width, height, viewBox: `0 0 ${width} ${height}`, "data-metric": metric });
     const x = (i) => 60 + (i * (width - 120)) / Math.max(1, axes.length - 1);
     const scales = axes.map((axis) => {
       const values = points.map(axis.value).filter((v) => v !== null && v !== undefined);
       if (values.length && values.every((v) => typeof v === "number")) {
-        const lo = Math.min(...values), hi = Math.max(...values);
-        return { ticks: [lo, hi], y: (v) => (v === null || v === undefined ? null : hi === lo ? (top + height - bottom) / 2 : top + ((hi - v) * (height - top - bottom)) / (hi - lo)) };
+        const log = axis.knob && logScaled(values);
+        const f = log ? Math.log10 : (v) => v;
+        const lo = f(Math.min(...values)), hi = f(Math.max(...values));
+        const y = (v) => (v === null || v === undefined ? null : hi === lo ? (top + height - bottom) / 2 : top + ((hi - f(v)) * (height - top - bottom)) / (hi - lo));
+        const ticks = log ? decades(Math.min(...values), Math.max(...values)) : [Math.min(...values), Math.max(...values)];
+        return { ticks, y, log };
       }
       const words = [...new Set(values.map((v) => shown(v)))].sort();
       return { ticks: words, y: (v) => (v === null || v === undefined ? null : top + ((words.indexOf(shown(v)) + 0.5) * (height - top - bottom)) / Math.max(1, words.length)) };
     });
+    points.forEach((p, index) => {
+      const ys = axes.map((axis, i) => scales[i].y(axis.value(p)));
+      if (ys.some((y) => y === null)) return;
+      const v = metricValue(p, metric);
+      const line = svgEl("polyline", { class: "pc-line", "data-slug": p.slug, stroke: colorOf(p.slug), points: ys.map((y, i) => `${x(i)},${y}`).join(" ") });
+      line.append(svgEl("title", {}, `${pointLabel(p, knobs)}: ${metric} ${num(v)}`));
+      line.addEventListener("mouseenter", () => onHover(index));
+      line.addEventListener("mouseleave", () => onHover(null));
+      svg.append(line);
+    });
+    // the axes and their labels over the lines, so that no line hides a label
     axes.forEach((axis, i) => {
       svg.append(svgEl("line", { class: "axis", x1: x(i), x2: x(i), y1: top, y2: height - bottom }));
-      svg.append(svgEl("text", { x: x(i), y: height - bottom + 18, "text-anchor": "middle" }, axis.name));
+      svg.append(svgEl("text", { x: x(i), y: height - bottom + 18, "text-anchor": "middle", "data-scale": scales[i].log ? "log" : "linear" }, axis.name + (scales[i].log ? " (log)" : "")));
       for (const tick of scales[i].ticks) {
         const y = scales[i].y(tick);
         if (y !== null) svg.append(svgEl("text", { x: x(i) - 6, y: y + 4, "text-anchor": "end" }, shown(tick)));
       }
     });
-    const finals = points.map((p) => metricValue(p, metric)).filter((v) => typeof v === "number");
-    const lo = Math.min(...finals), hi = Math.max(...finals);
-    const lowerIsBetter = !/acc|accuracy|f1|auc|precision|recall|score/i.test(metric);
-    points.forEach((p) => {
-      const ys = axes.map((axis, i) => scales[i].y(axis.value(p)));
-      if (ys.some((y) => y === null)) return;
-      const v = metricValue(p, metric);
-      const t = hi === lo ? 0.5 : (v - lo) / (hi - lo);
-      const good = lowerIsBetter ? 1 - t : t;
-      // hue 0 (red) for the worst point to 220 (blue) for the best
-      const line = svgEl("polyline", { class: "pc-line", "data-slug": p.slug, stroke: `hsl(${Math.round(good * 220)}, 65%, 45%)`, points: ys.map((y, i) => `${x(i)},${y}`).join(" ") });
-      line.append(svgEl("title", {}, `${pointLabel(p, knobs)}: ${metric} ${num(v)}`));
-      svg.append(line);
-    });
     return svg;
+  }
+
+  // Ticks of a log axis from LO to HI: its ends and the powers of ten between.
+  function decades(lo, hi) {
+    const ticks = [lo];
+    for (let e = Math.ceil(Math.log10(lo)); 10 ** e < hi; e++) if (10 ** e > lo * 1.2 && 10 ** e < hi / 1.2) ticks.push(10 ** e);
+    return ticks.concat([hi]);
   }
 
   function metricValue(point, metric) {
@@ -550,27 +654,29 @@
       fill(finalSelect, finals, final);
       const series = points.map((p) => {
         const s = (doc.curves[p.slug] || { series: [] }).series.find((c) => c.name === metric);
-        return { name: p.slug, label: pointLabel(p, knobs), steps: s ? s.steps : [], values: s ? s.values : [], points: s && s.group === "eval" };
+        return { name: p.slug, label: pointLabel(p, knobs), color: colorOf(p.slug), steps: s ? s.steps : [], values: s ? s.values : [], points: s && s.group === "eval" };
       });
-      if (metric) drawChart(overlay, "sweep", metric, series);
+      const chart = metric ? drawChart(overlay, "sweep", metric, series, metric === "memory") : null;
       clear(parallelBox);
-      if (final) parallelBox.append(parallel(points, knobs, final));
+      const pick = (index) => { if (chart) chart.uplot.setSeries(index === null ? null : index + 1, { focus: index !== null }); };
+      if (final) parallelBox.append(parallel(points, knobs, final, pick));
       clear(pointsBox);
       const train = [...new Set(points.flatMap((p) => Object.keys(p.metrics || {})))];
       const evals = [...new Set(points.flatMap((p) => Object.keys(p.eval || {})))];
       pointsBox.append(el("table", { id: "sweep-points" },
         el("tr", {}, ["point", "slug", ...knobs, "state", "steps", ...train, ...evals, "reason"].map((h) => el("th", { text: h }))),
-        points.map((p) => el("tr", { "data-slug": p.slug }, el("td", { class: "num", text: p.point }), el("td", {}, runLink(p.slug)),
+        points.map((p) => el("tr", { "data-slug": p.slug }, el("td", { class: "num" }, el("span", { class: "swatch", style: `background: ${colorOf(p.slug)}` }), String(p.point)), el("td", {}, runLink(p.slug)),
           knobs.map((k) => el("td", { text: shown((p.knobs || {})[k]) })), el("td", {}, stateBadge(p.state)), el("td", { class: "num", text: steps(p) }),
           train.map((k) => el("td", { class: "num", text: k in (p.metrics || {}) ? num(p.metrics[k]) : "-" })),
           evals.map((k) => el("td", { class: "num", text: k in (p.eval || {}) ? num(p.eval[k]) : "-" })),
           el("td", { text: p.reason || "-" })))));
-      view.ready = true;
+      drawn();
     }
 
     async function refresh() {
       try {
         doc = await getJSON("/api/sweep/" + encodeURIComponent(name) + (file ? "?file=" + encodeURIComponent(file) : ""));
+        showStore(doc.store);
         problem(null);
         draw();
         stamped();
