@@ -213,7 +213,10 @@ def unpack_into(location: str, target: Path) -> Unpacked:
     (target / "sexpgpu.toml").write_text("# the project root of an unpacked bundle\n")
     for name, local in files:
         local.parent.mkdir(parents=True, exist_ok=True)
-        store.copy_to_local(name, local)  # streamed: a bundle's data may be large
+        try:
+            store.copy_to_local(name, local)  # streamed: a bundle's data may be large
+        except NotARegularFile:  # a link or a FIFO: never followed, never waited on
+            raise BundleError(f"{store.url_of(name)} is not a regular file (a link, a FIFO or a device): a bundle holds only files", Exit.CANNOT_START) from None
     for entry in manifest.data:
         if entry.copied:
             if file_digest(copied[entry.url]) != entry.sha256:
