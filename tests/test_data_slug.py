@@ -18,7 +18,9 @@ import pytest
 
 from conftest import REPO
 from s3_server import MotoS3, boto3_client, make_bucket, patched_env, s3_env
+from sexpgpu.bundle import make_bundle
 from sexpgpu.compile.pipeline import compile_file
+from sexpgpu.ir.experiment import Selection
 from sexpgpu.runtime.data.fingerprint import CachedDigest, fingerprint, fingerprinted
 from sexpgpu.runtime.runfolder import RunFolder, run_slug
 from sexpgpu.runtime.store import Store
@@ -222,6 +224,9 @@ def test_an_s3_source_is_fingerprinted_by_its_etag(moto: MotoS3, project: Path) 
         source = first.data_sources["train"]
         head = client.head_object(Bucket=bucket, Key="d/data.npz")
         assert source.etag == head["ETag"].strip('"') and source.bytes == head["ContentLength"] and source.sha256 is None
+        manifest, _ = make_bundle(run_file, Selection(), str(project / "bundle"))
+        assert manifest.slug == run_slug(first)
+        assert [(e.etag, e.bytes, e.copied) for e in manifest.data] == [(source.etag, source.bytes, False)]
         write_npz(local, shift=1)
         client.put_object(Bucket=bucket, Key="d/data.npz", Body=local.read_bytes())
         second = fingerprinted(result.experiment, (f"s3://{bucket}",), project / "cache")
@@ -231,3 +236,7 @@ def test_an_s3_source_is_fingerprinted_by_its_etag(moto: MotoS3, project: Path) 
                           capture_output=True, text=True, env=cli_env, cwd=project, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["slug"] == run_slug(second)
+    stale = subprocess.run([sys.executable, "-m", "sexpgpu", "run", str(project / "bundle"), "--store", str(project / "runs"), "--data-root", f"s3://{bucket}"],
+                           capture_output=True, text=True, env=cli_env, cwd=project, timeout=300)
+    assert stale.returncode == 5, stale.stderr
+    assert f"bundle refused: loader train: {url} changed since the bundle was made" in stale.stderr, stale.stderr
