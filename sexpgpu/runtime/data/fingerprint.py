@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from ...ir.experiment import Experiment, LoaderRecord, SourceFingerprint
 from .cache import default_cache_dir
-from .raw import confine, has_protocol, resolve_url
+from .raw import confine, has_protocol, read_bytes, resolve_url, url_errors
 from .spec import DataError
 
 BLOCK = 1 << 20
@@ -137,23 +137,15 @@ def _object_fingerprint(url: str) -> SourceFingerprint:
         from fsspec.core import url_to_fs
     except ImportError:
         raise DataError("reading URLs needs fsspec (pip install fsspec)", source=url) from None
-    try:
+    with url_errors(url):
         fs, path = url_to_fs(url)
         fs.invalidate_cache(path)
         info: dict[str, Any] = fs.info(path)
-    except FileNotFoundError:
-        raise DataError("file not found", source=url) from None
-    except ImportError as exc:
-        raise DataError(f"cannot read this URL here: {exc}", source=url) from None
-    except (OSError, ValueError) as exc:
-        raise DataError(f"cannot read: {exc}", source=url) from None
     if info.get("type") not in ("file", None):
         raise DataError("is a folder, not a file", source=url)
     size = int(info["size"]) if info.get("size") is not None else None
     etag = next((str(info[key]).strip('"') for key in ("ETag", "etag", "md5Hash") if info.get(key)), None)
     if etag is not None:
         return SourceFingerprint(source=url, bytes=size, etag=etag)
-    from .raw import read_bytes
-
     data = read_bytes(url)
     return SourceFingerprint(source=url, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
