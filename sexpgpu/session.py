@@ -181,8 +181,10 @@ class Session:
             return refused(Exit.USAGE if usage else Exit.CHECK_FAILED, "does not check: " + "; ".join(d.headline() for d in errors), slug)
         if result.experiment is None or result.program is None:
             return self.refuse(Exit.CHECK_FAILED, f"{path} is not a run file: it has no defrun (see `sexpgpu docs the-run-file`)", slug)
-        # the slug covers the data: each loader's file is fingerprinted (cached) once compiled
-        return Compiled(path, fingerprinted(result.experiment, self.data_roots()), result.program, result)
+        # the slug covers the data: each loader's file is fingerprinted (a first read of a large
+        # one takes a while, so a stop request ends the wait) once the file checks
+        experiment = result.experiment
+        return Compiled(path, self.interruptible(lambda: fingerprinted(experiment, self.data_roots())), result.program, result)
 
     # -- training -------------------------------------------------------------------------------
     def train(self, compiled: Compiled, ranks: Optional[Collective] = None, max_steps: Optional[int] = None,
