@@ -25,8 +25,9 @@ from pydantic import BaseModel, Field
 from . import __version__
 from .outcome import Exit
 from .compile.pipeline import CompileResult, compile_file
-from .ir.experiment import Experiment, Selection
+from .ir.experiment import Experiment, Selection, SourceFingerprint
 from .lisp.modules import find_project_root
+from .runtime.data.fingerprint import fingerprint
 from .runtime.data.raw import has_protocol
 from .runtime.lease import process_alive
 from .runtime.runfolder import run_slug
@@ -46,11 +47,19 @@ class BundleError(Exception):
 
 
 class DataEntry(BaseModel):
+    """A loader's data as the bundle carries it, fingerprinted as the slug fingerprints it
+    (runtime/data/fingerprint.py): a copied file by its sha256, a URL by its ETag where the
+    store gives one (else its sha256)."""
+
     loader: str
     url: str  # a path inside source/ (copied) or a URL the workers read
     copied: bool
-    sha256: str
-    bytes: int
+    sha256: Optional[str] = None
+    bytes: Optional[int] = None
+    etag: Optional[str] = None
+
+    def fingerprint(self, source: str) -> SourceFingerprint:
+        return SourceFingerprint(source=source, bytes=self.bytes, sha256=self.sha256, etag=self.etag)
 
 
 class BundleManifest(BaseModel):
@@ -83,14 +92,18 @@ def write_bundle(path: Path, result: CompileResult, out: str, devices: Optional[
     for f in program.files:
         files[_relative(f, root)] = f.read_bytes()
     data = []
+    sources: dict[str, SourceFingerprint] = {}
     for name, loader in experiment.loaders.items():
         url = loader.source.url
         if not url:
             continue
         entry, payload = data_entry(name, url, loader.base_dir, root)
         data.append(entry)
+        sources[name] = entry.fingerprint(url)
         if payload is not None:
             files[entry.url] = payload
+    if experiment.data_sources is None:  # the slug covers the data as the workers will read it
+        experiment = experiment.model_copy(update={"data_sources": sources})
     manifest = BundleManifest(
         slug=run_slug(experiment),
         main=_relative(path.resolve(), root),
@@ -126,13 +139,10 @@ def data_entry(loader: str, url: str, base_dir: str, root: Path) -> tuple[DataEn
     at their place relative to the project root; URLs must be readable now, from here."""
     if has_protocol(url) and not url.startswith("file://"):
         try:
-            import fsspec
-
-            with fsspec.open(url, "rb") as f:
-                payload = f.read()
+            found = fingerprint(url)  # one info call: the object's size and ETag
         except Exception as exc:  # any failure to read is the answer: workers could not either
             raise BundleError(f"loader {loader}: {url} cannot be read from here ({type(exc).__name__}: {exc}); workers need a URL they can read", Exit.DATA) from None
-        return DataEntry(loader=loader, url=url, copied=False, sha256=hashlib.sha256(payload).hexdigest(), bytes=len(payload)), None
+        return DataEntry(loader=loader, url=url, copied=False, sha256=found.sha256, bytes=found.bytes, etag=found.etag), None
     local = Path(url[len("file://") :] if url.startswith("file://") else url)
     if not local.is_absolute():
         local = Path(base_dir) / local
@@ -203,7 +213,10 @@ def unpack_into(location: str, target: Path) -> Unpacked:
     (target / "sexpgpu.toml").write_text("# the project root of an unpacked bundle\n")
     for name, local in files:
         local.parent.mkdir(parents=True, exist_ok=True)
-        store.copy_to_local(name, local)  # streamed: a bundle's data may be large
+        try:
+            store.copy_to_local(name, local)  # streamed: a bundle's data may be large
+        except NotARegularFile:  # a link or a FIFO: never followed, never waited on
+            raise BundleError(f"{store.url_of(name)} is not a regular file (a link, a FIFO or a device): a bundle holds only files", Exit.CANNOT_START) from None
     for entry in manifest.data:
         if entry.copied:
             if file_digest(copied[entry.url]) != entry.sha256:
@@ -245,6 +258,20 @@ def file_digest(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def data_changed(manifest: BundleManifest, experiment: Experiment) -> Optional[str]:
+    """What differs between the URL data the bundle was made with and what the workers
+    find there now (copied data is checked against its sha256 when unpacked)."""
+    found = experiment.data_sources or {}
+    for entry in manifest.data:
+        now = found.get(entry.loader)
+        if entry.copied or now is None:
+            continue
+        if now.identity() != entry.fingerprint(entry.url).identity():
+            return (f"loader {entry.loader}: {entry.url} changed since the bundle was made (it was {entry.fingerprint(entry.url).describe()}, "
+                    f"it is {now.describe()}); make the bundle again")
+    return None
 
 
 def compile_unpacked(bundle: Unpacked, world: int = 1) -> CompileResult:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Protocol, TypeVar, Union
 
-from .bundle import BundleError, compile_unpacked, unpacked
+from .bundle import BundleError, compile_unpacked, data_changed, unpacked
 from .compile.pipeline import CompileResult, compile_file
 from .ir.experiment import Experiment, Selection
 from .lisp.diagnostics import Diagnostic, SourceMap
@@ -27,6 +27,7 @@ from .outcome import AttemptOutcome, Exit, refused
 from .runtime.attempt import RunOptions, train
 from .runtime.backend import Backend, DeviceError
 from .runtime.checkpoint import ResumeError
+from .runtime.data.fingerprint import fingerprinted
 from .runtime.data.raw import has_protocol
 from .runtime.data.spec import DataError
 from .runtime.devices import DEVICE_FORMS, is_device_spec, is_host, open_device
@@ -161,7 +162,12 @@ class Session:
             with unpacked(location) as bundle:
                 result = self.interruptible(lambda: compile_unpacked(bundle, world=self.settings.world))
                 prepared = self.checked(bundle.main, result, bundle.manifest.slug)
-                return prepared if isinstance(prepared, AttemptOutcome) else then(prepared)
+                if isinstance(prepared, AttemptOutcome):
+                    return prepared
+                changed = data_changed(bundle.manifest, prepared.experiment)
+                if changed is not None:
+                    raise BundleError(changed, Exit.DATA)
+                return then(prepared)
         except BundleError as exc:
             return self.refuse(exc.code, f"bundle refused: {exc}")
 
@@ -175,7 +181,10 @@ class Session:
             return refused(Exit.USAGE if usage else Exit.CHECK_FAILED, "does not check: " + "; ".join(d.headline() for d in errors), slug)
         if result.experiment is None or result.program is None:
             return self.refuse(Exit.CHECK_FAILED, f"{path} is not a run file: it has no defrun (see `sexpgpu docs the-run-file`)", slug)
-        return Compiled(path, result.experiment, result.program, result)
+        # the slug covers the data: each loader's file is fingerprinted (a first read of a large
+        # one takes a while, so a stop request ends the wait) once the file checks
+        experiment = result.experiment
+        return Compiled(path, self.interruptible(lambda: fingerprinted(experiment, self.data_roots())), result.program, result)
 
     # -- training -------------------------------------------------------------------------------
     def train(self, compiled: Compiled, ranks: Optional[Collective] = None, max_steps: Optional[int] = None,

@@ -34,7 +34,7 @@ def run_bundle(args: argparse.Namespace) -> int:
     if args.json:
         print_json(manifest.model_dump(mode="json"))
     else:
-        copied = sum(d.bytes for d in manifest.data if d.copied)
+        copied = sum(d.bytes or 0 for d in manifest.data if d.copied)
         print(f"{manifest.slug}  {args.out}")
         print(f"source: {manifest.main}; data: {len(manifest.data)} source(s), {copied:,} bytes copied; IR {manifest.ir_hash[:12]}")
     return Exit.OK

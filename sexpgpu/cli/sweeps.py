@@ -14,11 +14,12 @@ from typing import Any, Optional
 from ..compile.pipeline import compile_file
 from ..compile.search import halving_problem
 from ..compile.selection import Declared, SweepDecl, located, prescan
-from ..ir.experiment import Selection
+from ..ir.experiment import Experiment, Selection
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.program import diagnostic_from, has_errors
 from ..ledger import PointRecord, SweepLedger, record_attempt, take_status
 from ..outcome import Exit, evals_line
+from ..runtime.data.fingerprint import fingerprinted
 from ..runtime.halving import Contender, Leg, search
 from ..runtime.runfolder import RunFolder, run_slug
 from ..runtime.store import Store
@@ -35,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     v.add_argument("file")
     v.add_argument("--json", action="store_true")
     add_limit_flags(v)
+    add_data_root_flag(v)
     v.set_defaults(run=run_variants)
 
     s = sub.add_parser("sweep", help="run every point of a sweep: in order on this machine, or over a Ray cluster with --ray")
@@ -73,6 +75,11 @@ def declared_or_exit(path: Path) -> Declared:
         raise SystemExit(Exit.CHECK_FAILED) from None
 
 
+def slug_with_data(experiment: Experiment, args: argparse.Namespace) -> str:
+    """The slug `run` gives EXPERIMENT: its loaders' data fingerprinted as the session does."""
+    return run_slug(fingerprinted(experiment, data_roots_from(args)))
+
+
 def run_variants(args: argparse.Namespace) -> int:
     path = existing_file(args.file)
     base = compile_file(path, Selection(), limits_from(args), output=sys.stderr.write)
@@ -86,11 +93,11 @@ def run_variants(args: argparse.Namespace) -> int:
         "sweeps": {},
     }
     if base.experiment is not None:
-        doc["base"] = run_slug(base.experiment)
+        doc["base"] = slug_with_data(base.experiment, args)
     for variant in declared.variants:
         result = compile_file(path, Selection(variant=variant), limits_from(args), output=sys.stderr.write)
         if result.experiment is not None:
-            doc.setdefault("variant_slugs", {})[variant] = run_slug(result.experiment)
+            doc.setdefault("variant_slugs", {})[variant] = slug_with_data(result.experiment, args)
     for name, sweep in declared.sweeps.items():
         points = []
         for i, values in enumerate(sweep.points()):
@@ -98,7 +105,7 @@ def run_variants(args: argparse.Namespace) -> int:
             if has_errors(result.diagnostics):
                 print_diagnostics(result.diagnostics, result.program.sources if result.program else _sources())
                 return exit_for(result.diagnostics)
-            points.append({"point": i, "knobs": values, "slug": run_slug(result.experiment) if result.experiment else None})
+            points.append({"point": i, "knobs": values, "slug": slug_with_data(result.experiment, args) if result.experiment else None})
         doc["sweeps"][name] = {"zip": sweep.zip, "variant": sweep.variant, "points": points}
     if args.json:
         print_json(doc)

@@ -96,6 +96,29 @@ class SourceRecord(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+class SourceFingerprint(BaseModel):
+    """What a loader's file or URL held when the run was made: its size and a hash of its
+    content (a local file's sha256, an object's ETag). The slug is made from it, so changed
+    data is a new run (docs/run.md, "The slug"); run.json records it, so a resume across
+    changed data can name the file (runtime/data/fingerprint.py computes it)."""
+
+    source: str  # the file or URL, resolved (named in messages; not part of the slug)
+    bytes: Optional[int] = None
+    sha256: Optional[str] = None
+    etag: Optional[str] = None
+    problem: Optional[str] = None  # why it could not be read: the loader says so when it runs (exit 5)
+
+    def identity(self) -> dict[str, Any]:
+        """The part the slug is made from: the content, not where it lies."""
+        return {"bytes": self.bytes, "sha256": self.sha256, "etag": self.etag, "readable": self.problem is None}
+
+    def describe(self) -> str:
+        if self.problem is not None:
+            return f"unreadable: {self.problem}"
+        digest = f"sha256 {self.sha256[:12]}" if self.sha256 else f"ETag {self.etag}"
+        return f"{self.bytes:,} bytes, {digest}" if self.bytes is not None else digest
+
+
 class PrepareRecord(BaseModel):
     """One step of a loader's :prepare, such as (windows :length 17)."""
 
@@ -249,13 +272,18 @@ class Experiment(BaseModel):
     world: int = 1
     ir_hash: str
     source_hash: str
+    # each loader's file or URL, by loader name (runtime/data/fingerprint.py); None until the
+    # session fingerprints them: `check` and `compile` read no data
+    data_sources: Optional[dict[str, SourceFingerprint]] = None
 
     def knob_values(self) -> dict[str, Any]:
         return {k.name: k.value for k in self.knobs}
 
-    def identity_hash(self) -> str:
+    def identity_hash(self, with_data: bool = True) -> str:
         """What makes two runs the same run: everything that changes the numbers it computes
-        (the programs but the diagnostics variant, the loaders' data, parameters, groups,
+        (the programs but the diagnostics variant, the loaders and the content of their
+        files (data_sources; left out WITH_DATA false: what a resume across changed data
+        compares), parameters, groups,
         :seed, :microbatches, :precision, :clip, the finite guard, evaluations' loaders and
         metrics, targets, curriculum; the knob values join it in the slug), without source
         positions or the folder the file sits in. Left out is what says only how long to
@@ -276,4 +304,6 @@ class Experiment(BaseModel):
             "curriculum": self.curriculum.model_dump(mode="json") if self.curriculum else None,
             "ties": self.ties,
         }
+        if with_data and self.data_sources:  # no file sources (synthetic data): the options say it all
+            data["data"] = {name: source.identity() for name, source in self.data_sources.items()}
         return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

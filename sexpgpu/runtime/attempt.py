@@ -24,12 +24,13 @@ from ..outcome import AttemptOutcome, EvalSeen, Exit, TargetHit, evals_line
 from .backend import Backend, HostBackend
 from .checkpoint import CheckpointState, Expected, ResumeError, list_checkpoints, load_checkpoint, resolve, step_name, write_checkpoint
 from .checkpoint import prune as prune_checkpoints
+from .data.fingerprint import fingerprinted
 from .data.spec import DataError
 from .devices import describe
 from .evaluation import Evaluations
 from .events import EventLog
 from .ranks import Collective
-from .runfolder import FolderTaken, RunFolder, RunInfo, WriterLease, run_slug
+from .runfolder import FolderTaken, RunFolder, RunInfo, WriterLease, changed_data, run_slug
 from .status import Status, Summary
 from .stops import StopRequests
 from .threads import ThreadPlan
@@ -86,7 +87,7 @@ def train(experiment: Experiment, options: RunOptions, say: Callable[[str], None
     """Train EXPERIMENT to the end, writing its run folder. DataError and ResumeError
     propagate (sexpgpu.session maps them to exits 5 and 6), as does a store that takes no
     writes."""
-    return Attempt(experiment, options, say).execute()
+    return Attempt(fingerprinted(experiment, options.data_roots), options, say).execute()
 
 
 def emit(events: EventLog, kind: str, **fields: Any) -> None:
@@ -398,7 +399,11 @@ class Attempt:
         return int(name.rsplit("-", 1)[1]) if name else 0
 
     def load_resume(self, which: str) -> Loaded:
-        """Find, verify and read the checkpoint to resume; refuse one of another run."""
+        """Find, verify and read the checkpoint to resume; refuse one of another run, or of
+        this run before its data changed (the file named)."""
+        changed = changed_data(self.store, self.slug, self.experiment, which)
+        if changed is not None:
+            raise ResumeError(changed)
         name, warnings = resolve(self.store, self.slug, which, self.expected)
         for warning in warnings:
             self.say(f"warning: {warning}")
@@ -555,6 +560,8 @@ def write_header(folder: RunFolder, experiment: Experiment, name: str, options: 
         knobs=experiment.knob_values(),
         source_hash=experiment.source_hash,
         ir_hash=experiment.ir_hash,
+        data=experiment.data_sources or {},
+        recipe_hash=experiment.identity_hash(with_data=False),
         devices=[describe(options.device)] * (options.ranks.world if options.ranks is not None else 1),
         meta=experiment.run.meta,
         max_steps=options.max_steps,

@@ -217,7 +217,13 @@ def open_checkpoint(store: Store, slug: str, name: str, expected: Optional[Expec
     or CheckpointProblem. safetensors and JSON only: loading never executes code."""
     folder = f"{slug}/checkpoints/{name}"
     manifest = read_manifest(store, folder)
-    return decode(read_files(store, folder, manifest), expected)
+    params, states, state = decode(read_files(store, folder, manifest), expected)
+    match = STEP_DIR.match(name)
+    if match is not None and state.step != int(match.group(1)):
+        raise CheckpointProblem(f"{store.url_of(folder + '/state.json')} records step {state.step}, but its folder {name} is step {int(match.group(1))} (tampered or corrupt)")
+    if manifest.step != state.step:
+        raise CheckpointProblem(f"{store.url_of(folder + '/MANIFEST.json')} records step {manifest.step}, but its state.json step {state.step} (tampered or corrupt)")
+    return params, states, state
 
 
 def check(store: Store, slug: str, name: str, deep: bool = True, expected: Optional[Expected] = None) -> Optional[str]:

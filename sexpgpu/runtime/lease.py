@@ -25,10 +25,11 @@ from typing import Callable, Optional
 
 from pydantic import BaseModel
 
-from .store import Store
+from .store import NotARegularFile, Store, UnexpectedSize
 
 LEASE_TTL_S = 60.0
 LEASE_VERIFY_AFTER_S = 1.0
+LEASE_LIMIT = 64 * 1024  # a lease is a few hundred bytes
 
 
 class Lease(BaseModel):
@@ -39,6 +40,17 @@ class Lease(BaseModel):
 
     def describe(self, now: float) -> str:
         return f"{self.host} pid {self.pid}, heartbeat {max(0.0, now - self.heartbeat):.0f} s ago"
+
+
+class UnreadableLease(Lease):
+    """A lease file that holds no lease (empty, torn, not JSON: a disk that filled while it
+    was written). Its heartbeat is the file's modification time, so it is judged by the same
+    patience as a readable one; never written."""
+
+    content: Optional[bytes] = None  # what it held; None: not a regular file, or too large to be a lease
+
+    def describe(self, now: float) -> str:
+        return f"a lease file that cannot be read, written {max(0.0, now - self.heartbeat):.0f} s ago"
 
 
 class Leases:
@@ -55,12 +67,27 @@ class Leases:
         return Lease(holder=self.holder, host=self.host, pid=os.getpid(), heartbeat=time.time())
 
     def holder_of(self, path: str) -> Optional[Lease]:
+        """The lease at PATH: None when there is none, an UnreadableLease when the file holds
+        none (it expires like a lease whose last heartbeat was the file's last write)."""
         try:
-            return Lease.model_validate_json(self.store.read_bytes(path, limit=64 * 1024))
+            content = self.store.read_bytes(path, limit=LEASE_LIMIT)
         except FileNotFoundError:
             return None
-        except ValueError:  # a torn or foreign file holds nothing
+        except (NotARegularFile, UnexpectedSize):
+            return self.unreadable(path, None)
+        try:
+            return Lease.model_validate_json(content)
+        except ValueError:  # torn, empty or foreign
+            return self.unreadable(path, content)
+
+    def unreadable(self, path: str, content: Optional[bytes]) -> Optional[Lease]:
+        try:
+            written = self.store.modified(path)
+        except FileNotFoundError:
             return None
+        # a store that does not say when: nothing could be waited for, it holds nothing now
+        heartbeat = written if written is not None else time.time() - 2 * self.ttl_s
+        return UnreadableLease(holder="", host="", pid=0, heartbeat=heartbeat, content=content)
 
     def live(self, lease: Lease) -> bool:
         """Whether LEASE's holder may still be at work: a recent heartbeat, and when it is a
@@ -101,7 +128,7 @@ class Leases:
             moved = self.store.move_aside(path)
             if moved is None:  # another claimant moved it first: the exclusive create decides
                 pass
-            elif Lease.model_validate_json(moved.data) != current:  # not the one we judged: put it back
+            elif not same_lease(moved.data, current):  # not the one we judged: put it back
                 moved.restore()
                 return False
             else:
@@ -165,6 +192,17 @@ class Renewal(threading.Thread):
     def stop(self) -> None:
         self.halt.set()
         self.join(timeout=10)
+
+
+def same_lease(data: bytes, judged: Lease) -> bool:
+    """Whether DATA, a lease file's bytes, is the lease JUDGED was read as."""
+    try:
+        lease: Optional[Lease] = Lease.model_validate_json(data)
+    except ValueError:
+        lease = None
+    if isinstance(judged, UnreadableLease):
+        return data == judged.content if judged.content is not None else lease is None
+    return lease == judged
 
 
 def process_alive(pid: int) -> bool:

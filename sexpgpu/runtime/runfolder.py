@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import __version__
-from ..ir.experiment import Experiment, Selection
+from ..ir.experiment import Experiment, Selection, SourceFingerprint
 from .events import EventLog, read_events, utc_now
 from .lease import Leases, Renewal
 from .threads import ThreadPlan
@@ -74,9 +74,46 @@ def slug(
 
 
 def run_slug(experiment: Experiment) -> str:
-    """The slug of a compiled experiment: its file, selection, IR and knob values."""
+    """The slug of a compiled experiment: its file, selection, IR, data and knob values. One
+    whose loaders read files must be fingerprinted first (runtime/data/fingerprint.py), or
+    the slug would not cover the data."""
+    unread = [name for name, record in experiment.loaders.items() if record.source.url and experiment.data_sources is None]
+    if unread:
+        raise ValueError(f"the slug needs the fingerprint of loader {unread[0]}'s data (runtime/data/fingerprint.py: fingerprinted)")
     sel = experiment.selection
     return slug(experiment.file_stem, sel.variant, sel.sweep, sel.point, experiment.identity_hash(), experiment.knob_values())
+
+
+def changed_data(store: Store, slug: str, experiment: Experiment, resume: str) -> Optional[str]:
+    """Why `--resume RESUME` of SLUG would continue a run trained on other data, or None: an
+    earlier run folder of the same file, selection, knobs and recipe (or the folder a RESUME
+    path names) whose run.json records other content for a loader's file. Looked for only
+    when SLUG itself has no checkpoint to resume (changed data gave it a new slug)."""
+    named = _folder_named(resume)
+    if named == slug or (named is None and store.list(f"{slug}/checkpoints")):
+        return None
+    stem = slug.rsplit(".", 1)[0] + "."
+    siblings = [n for n in store.folders("") if n.startswith(stem) and len(n) == len(stem) + 8 and n != slug]
+    recipe = experiment.identity_hash(with_data=False)
+    ours = experiment.data_sources or {}
+    for folder in ([named] if named is not None else []) + siblings:
+        try:
+            info = RunFolder(store, folder).read_run_info()
+        except (OSError, ValueError):  # no run.json, or not one this sexpgpu wrote: nothing to compare
+            continue
+        same_run = folder == named or (info.recipe_hash == recipe and info.knobs == experiment.knob_values())
+        changed = [(ours[name], was) for name, was in info.data.items() if name in ours and ours[name].identity() != was.identity()]
+        if same_run and changed:
+            files = "; ".join(f"{now.source} (it was {was.describe()}, it is {now.describe()})" for now, was in changed)
+            return (f"the data changed since {store.url_of(folder)} was trained: {files}. Its checkpoints learned other data: "
+                    f"run without --resume to train on this data (slug {slug}), or put the old data back to resume")
+    return None
+
+
+def _folder_named(resume: str) -> Optional[str]:
+    """The run folder a --resume path names (STORE/SLUG/checkpoints/step-N), if any."""
+    parts = [part for part in resume.replace("\\", "/").split("/") if part]
+    return next((parts[i - 1] for i in range(1, len(parts)) if parts[i] == "checkpoints"), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,6 +155,11 @@ class RunInfo(BaseModel):
     knobs: dict[str, Any] = Field(default_factory=dict)  # every knob's value
     source_hash: str
     ir_hash: str
+    # each loader's file or URL as the run read it, and what the run computes with its data
+    # aside (Experiment.identity_hash(with_data=False)): a resume across changed data finds
+    # the earlier run by it and names the file that changed
+    data: dict[str, SourceFingerprint] = Field(default_factory=dict)
+    recipe_hash: Optional[str] = None
     versions: Versions = Field(default_factory=Versions.current)
     host: str = Field(default_factory=socket.gethostname)
     devices: list[Union[str, dict[str, Any]]] = Field(default_factory=list)

@@ -30,6 +30,7 @@ import stat
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping, Optional, TypeVar, overload
 
 import fsspec
@@ -435,8 +436,7 @@ class Store:
             os.rename(full, aside)
         except FileNotFoundError:
             return None
-        with open(aside, "rb") as handle:
-            return MovedAside(full, aside, handle.read(64 * 1024))
+        return MovedAside(full, aside, _first_bytes(aside, 64 * 1024))
 
     def _publish_local(self, full: str, data: bytes) -> None:
         folder, name = os.path.split(full)
@@ -541,6 +541,22 @@ class Store:
         if described.get("type") not in ("file", None):
             raise NotARegularFile(f"{path} is not a file ({described.get('type')}): refused")
         return int(described.get("size") or 0)
+
+    def modified(self, path: str) -> Optional[float]:
+        """When the file at PATH was last written (unix time), None when the store does not
+        say; FileNotFoundError when there is none."""
+        full = self._full(path)
+        return self._retrying(f"look at {path}", lambda: self._modified(full))
+
+    def _modified(self, full: str) -> Optional[float]:
+        if self.is_local:
+            return os.lstat(full).st_mtime
+        self.fs.invalidate_cache(full)
+        described = self.fs.info(full)
+        when = described.get("LastModified") or described.get("mtime") or described.get("created")
+        if isinstance(when, datetime):
+            return when.timestamp()
+        return float(when) if isinstance(when, (int, float)) else None
 
     def read_text(self, path: str, limit: Optional[int] = None) -> str:
         return self.read_bytes(path, limit=limit).decode("utf-8")
@@ -723,8 +739,19 @@ class MovedAside:
     def discard(self) -> None:
         try:
             os.unlink(self.aside)
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError, PermissionError):  # a folder stays, under a name never listed
             pass
+
+
+def _first_bytes(full: str, count: int) -> bytes:
+    """Up to COUNT bytes of the regular file FULL; nothing of a link, a FIFO or a folder
+    (neither followed nor waited on)."""
+    try:
+        descriptor = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return b""
+    with os.fdopen(descriptor, "rb") as handle:
+        return handle.read(count) if stat.S_ISREG(os.fstat(descriptor).st_mode) else b""
 
 
 def _clean_end(full: str) -> int:

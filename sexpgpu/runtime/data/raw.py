@@ -6,9 +6,10 @@ import hashlib
 import json
 import os
 import stat
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -106,9 +107,16 @@ def read_bytes(url: str) -> bytes:
         import fsspec
     except ImportError:  # fsspec is an optional dependency; plain paths work without it
         return _read_local(url)
-    try:
+    with url_errors(url):
         with fsspec.open(url, "rb") as handle:
             return bytes(handle.read())
+
+
+@contextmanager
+def url_errors(url: str) -> Iterator[None]:
+    """What reading URL through fsspec raises, as the DataError that names it."""
+    try:
+        yield
     except FileNotFoundError:
         raise DataError("file not found", source=url) from None
     except IsADirectoryError:
