@@ -14,13 +14,12 @@ problem, not read: the loader reports it when the run loads its data (exit 5).
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
 
+from .. import diskcache
 from ...ir.experiment import Experiment, LoaderRecord, SourceFingerprint
 from .cache import default_cache_dir
 from .raw import confine, has_protocol, read_bytes, resolve_url, url_errors
@@ -108,27 +107,22 @@ def _entry_path(cache_dir: Path, absolute: str, size: int, mtime_ns: int) -> Pat
 
 def _read_entry(entry: Path, absolute: str, size: int, mtime_ns: int) -> Optional[str]:
     try:
-        with entry.open("rb") as handle:
-            cached = CachedDigest.model_validate_json(handle.read(ENTRY_LIMIT))
-    except (OSError, ValidationError, ValueError):
+        data = diskcache.read_entry(entry, ENTRY_LIMIT)
+        cached = CachedDigest.model_validate_json(data) if data is not None else None
+    except (diskcache.BadEntry, ValidationError, ValueError):
         return None
-    if (cached.path, cached.bytes, cached.mtime_ns) != (absolute, size, mtime_ns):
+    if cached is None or (cached.path, cached.bytes, cached.mtime_ns) != (absolute, size, mtime_ns):
         return None
     return cached.sha256
 
 
 def _write_entry(entry: Path, record: CachedDigest) -> None:
-    """Atomically (a temporary name, then a rename); nothing when the cache is not writable."""
-    temporary: Optional[str] = None
+    """Published whole (diskcache.publish); nothing when the cache is not writable: the
+    digest is then only computed again next time."""
     try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=entry.parent, prefix=f".{entry.stem}.", suffix=".tmp")
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(record.model_dump_json())
-        os.replace(temporary, entry)
+        diskcache.publish(entry, lambda out: out.write(record.model_dump_json().encode("utf-8")))
     except OSError:
-        if temporary is not None:
-            Path(temporary).unlink(missing_ok=True)
+        pass
 
 
 def _object_fingerprint(url: str) -> SourceFingerprint:
