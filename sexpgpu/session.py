@@ -46,6 +46,10 @@ class Reporter(Protocol):
     def say(self, text: str) -> None:
         """A progress line: the slug and the run folder, a resume, a warning."""
 
+    def notice(self, text: str) -> None:
+        """A note on the device: the NumPy fallback, how each program runs there, what
+        compiling its kernels cost (not the run's results: stderr on the command line)."""
+
     def output(self, text: str) -> None:
         """What the run file itself prints while it is evaluated."""
 
@@ -60,6 +64,9 @@ class Silent:
     """A Reporter that keeps nothing: a worker's outcome carries what matters."""
 
     def say(self, text: str) -> None:
+        pass
+
+    def notice(self, text: str) -> None:
         pass
 
     def output(self, text: str) -> None:
@@ -131,7 +138,7 @@ class Session:
         if not is_device_spec(self.settings.device):
             return self.refuse(Exit.USAGE, f"--device {self.settings.device}: use {DEVICE_FORMS}")
         try:
-            self.device, self.backend = open_device(self.settings.device, self.reporter.say)
+            self.device, self.backend = open_device(self.settings.device, self.reporter.notice)
         except DeviceError as exc:
             return self.refuse(Exit.CANNOT_START, f"cannot start here: {exc}")
         return None
@@ -197,7 +204,8 @@ class Session:
                              max_steps_by=max_steps_by if max_steps is not None and max_steps_by else settings.max_steps_by,
                              progress=settings.progress, sources=compiled.sources(), resume=settings.resume,
                              signals=settings.signals, store_patience_s=settings.store_patience_s, ranks=ranks,
-                             take_over=settings.take_over, data_roots=self.data_roots(), fresh=settings.fresh, worker=settings.worker)
+                             take_over=settings.take_over, data_roots=self.data_roots(), fresh=settings.fresh, worker=settings.worker,
+                             notice=self.reporter.notice)
         with blas_threads(threads, self.backend):
             return self.guarded(slug, lambda: train(compiled.experiment, options, say=self.reporter.say))
 

@@ -4,11 +4,17 @@ clock, a rerun's reason as the run folder has it."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -84,3 +90,99 @@ def test_ctrl_c_while_the_verb_loads_is_exit_130_with_one_line(tmp_path: Path) -
     assert [line.rstrip("\n") for line in lines] == ["interrupted"]
     assert out == ""
     assert not (tmp_path / "runs").exists()
+
+
+# -- notices, --fresh, --resume ----------------------------------------------------------------------
+
+
+def test_the_kernel_compile_notices_go_to_stderr_under_quiet_too(tmp_path: Path) -> None:
+    """A machine's first run of a program compiles its kernels and says so: on stderr, so
+    that stdout is the slug line and the result, as run.md has them."""
+    (tmp_path / "q.lisp").write_text(QUICKSTART.read_text())
+    env = {**os.environ, "NO_COLOR": "1", "SEXPGPU_CACHE": str(tmp_path / "cache")}  # an empty cache: the kernels compile
+    done = subprocess.run(command("run", "q.lisp", "--quiet"), cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert len(out) == 2 and out[0].startswith("q.base.") and out[1].startswith("finished: 300 steps"), done.stdout
+    notices = [line for line in done.stderr.splitlines() if line.startswith("cpu: ")]
+    assert any(line.startswith("cpu: train: compiled ") and line.endswith("(cached on disk for the next run)") for line in notices), done.stderr
+
+
+def test_fresh_on_a_slug_that_never_ran_keeps_no_folder_it_did_not_make(tmp_path: Path) -> None:
+    (tmp_path / "q.lisp").write_text(QUICKSTART.read_text())
+    first = sexpgpu("run", "q.lisp", "--fresh", "--quiet", "--max-steps", "10", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "fresh run" not in first.stdout + first.stderr
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [first.stdout.split()[0]]
+    slug = first.stdout.split()[0]
+    again = sexpgpu("run", "q.lisp", "--fresh", "--quiet", "--max-steps", "10", cwd=tmp_path)
+    kept = f"fresh run: the earlier attempts' folder is kept as {tmp_path / 'runs' / slug}~1"
+    assert again.returncode == 0 and again.stdout.splitlines()[0] == kept, again.stdout
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [slug, f"{slug}~1"]
+    assert (tmp_path / "runs" / f"{slug}~1" / "status.json").is_file()
+
+
+def test_resume_of_a_slug_that_never_ran_says_so_and_leaves_no_folder(tmp_path: Path) -> None:
+    (tmp_path / "q.lisp").write_text(QUICKSTART.read_text())
+    done = sexpgpu("run", "q.lisp", "--resume", "latest", cwd=tmp_path)
+    assert done.returncode == 6 and done.stdout == "", done.stdout
+    assert done.stderr.startswith("sexpgpu: resume refused: q.base.392de151 has not run yet in "), done.stderr
+    assert "run it without --resume" in done.stderr and "no valid checkpoint" not in done.stderr
+    assert not (tmp_path / "runs" / "q.base.392de151").exists()
+
+
+# -- progress by the wall clock ----------------------------------------------------------------------
+
+
+def test_steps_per_second_and_eta_are_wall_clock(tmp_path: Path) -> None:
+    """The progress line's steps/s and ETA, and status.json's eta_s, are what a user waits:
+    the steps over the wall time (status and event writes, checkpoints included), as the
+    events' own timestamps measure it; not the steps' compute time alone (8-10x faster)."""
+    from sexpgpu.compile.pipeline import compile_file
+    from sexpgpu.runtime.attempt import RunOptions, train
+    from sexpgpu.runtime.devices import open_device
+
+    (tmp_path / ".git").mkdir()
+    path = tmp_path / "q.lisp"
+    path.write_text(QUICKSTART.read_text().replace("(defrun :steps 300", "(defrun :steps 2000"))
+    experiment = compile_file(path).experiment
+    assert experiment is not None
+    device, backend = open_device("cpu")
+    status_file = tmp_path / "runs" / "q.base.392de151" / "status.json"
+    seen: list[tuple[float, int, float]] = []  # (when, step, eta_s) of a running status
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            try:
+                status = json.loads(status_file.read_text())
+            except (OSError, ValueError):  # not there yet, or being replaced
+                status = {}
+            if status.get("state") == "running" and status.get("eta_s") and 200 <= status["step"] <= 1000 and not seen:
+                seen.append((time.time(), status["step"], status["eta_s"]))
+            done.wait(0.002)  # a poll, not a wait for time to pass: the run's end sets it
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            outcome = train(experiment, RunOptions(store=str(tmp_path / "runs"), progress=True, signals=False, device=device, backend=backend), say=lambda _: None)
+    finally:
+        done.set()
+        watcher.join(10)
+    ended = time.time()
+    assert outcome.exit_code == 0 and outcome.slug == "q.base.392de151", outcome.reason
+    events = [json.loads(line) for line in (tmp_path / "runs" / outcome.slug / "events.jsonl").read_text().splitlines()]
+    steps = [e for e in events if e["kind"] == "step"]
+
+    def at(event: dict[str, object]) -> float:
+        return datetime.fromisoformat(str(event["t"]).replace("Z", "+00:00")).timestamp()
+
+    true_rate = (steps[-1]["step"] - steps[0]["step"]) / (at(steps[-1]) - at(steps[0]))
+    printed = [float(r) for r in re.findall(r"(\d+) steps/s", err.getvalue())]
+    assert len(printed) == 200, err.getvalue()[-500:]
+    assert 0.5 * true_rate <= printed[-1] <= 2 * true_rate, (printed[-5:], true_rate)
+    (when, step, eta) = seen[0]
+    left = ended - when  # what was really left at that status: the remaining steps and the end
+    assert 0.33 * left <= eta <= 3 * left, (step, eta, left)
