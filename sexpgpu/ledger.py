@@ -50,8 +50,8 @@ def record_attempt(record: Attempts, outcome: AttemptOutcome, max_preemptions: O
     if outcome.folder is not None:  # an attempt refused before training leaves what the run had
         record.steps, record.final_loss, record.metrics = outcome.steps, outcome.final_loss, dict(outcome.metrics)
         record.evals, record.target = dict(outcome.evals), outcome.target
-    if outcome.exit_code == Exit.OK:
-        return "truncated" if outcome.reason.startswith("truncated") else "finished"
+    if outcome.exit_code == Exit.OK:  # "truncated at step N ...", or a rerun's "already finished: truncated at ..."
+        return "truncated" if outcome.reason.removeprefix("already finished: ").startswith("truncated") else "finished"
     if outcome.exit_code != Exit.STOPPED:
         return "failed"
     if max_preemptions is not None and record.preemptions > max_preemptions:

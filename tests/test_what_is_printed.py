@@ -186,3 +186,65 @@ def test_steps_per_second_and_eta_are_wall_clock(tmp_path: Path) -> None:
     (when, step, eta) = seen[0]
     left = ended - when  # what was really left at that status: the remaining steps and the end
     assert 0.33 * left <= eta <= 3 * left, (step, eta, left)
+
+
+# -- sweeps ---------------------------------------------------------------------------------------------
+
+TARGETED = """(require "sexpgpu/nn" :as nn)
+(require "sexpgpu/optim" :as optim)
+
+(defknob lr 0.1)
+(defsweep lr :lr (0.1 0.2))
+
+(defloader train
+  :source (synthetic :spirals :n 2000 :classes 3 :seed 0)
+  :prepare ((split :train 0.8 :seed 0))
+  :fields ((x :f32 (2)) (y :i32 ()))
+  :batch 64
+  :shuffle t)
+
+(defloader val
+  :source (synthetic :spirals :n 2000 :classes 3 :seed 0)
+  :prepare ((split :train 0.8 :seed 0))
+  :fields ((x :f32 (2)) (y :i32 ()))
+  :batch 128)
+
+(defpart net (nn:mlp 2 64 3))
+
+(defobjective (batch)
+  (nn:cross-entropy (net (field batch x)) (field batch y)))
+
+(defevaluate (batch)
+  (metric acc (nn:accuracy (net (field batch x)) (field batch y))))
+
+(defeval val :every 25)
+(deftarget val acc :>= 0.9)
+
+(defgroups (all "**" (optim:momentum :lr lr)))
+
+(defrun :steps 1000 :seed 0 :log-every 25)
+"""
+
+
+def sweep_project(tmp_path: Path, text: str = TARGETED) -> Path:
+    (tmp_path / ".git").mkdir(exist_ok=True)
+    path = tmp_path / "t.lisp"
+    path.write_text(text)
+    return path
+
+
+def test_a_rerun_of_a_sweep_shows_how_each_point_ended(tmp_path: Path) -> None:
+    """Every point reached its target; the same sweep again trains nothing and says so, with
+    the target each point reached, as its status.json has it."""
+    sweep_project(tmp_path)
+    first = sexpgpu("sweep", "t.lisp", "--sweep", "lr", "--json", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    again = sexpgpu("sweep", "t.lisp", "--sweep", "lr", "--json", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    before, after = json.loads(first.stdout)["points"], json.loads(again.stdout)["points"]
+    for old, new in zip(before, after, strict=True):
+        assert old["target"] is not None and old["reason"].startswith("target reached: val/acc "), old
+        assert new["target"] == old["target"], (old, new)
+        assert new["reason"] == f"already finished: {old['reason']}", new
+        status = json.loads((tmp_path / "runs" / new["slug"] / "status.json").read_text())
+        assert status["summary"]["reason"] == old["reason"] and status["summary"]["target_reached_at_step"] == new["target"]["step"]

@@ -216,7 +216,10 @@ class Attempt:
                 self.say("already finished: nothing to do (pass --resume to continue from a checkpoint)")
             metrics = {k: v for k, v in previous.metrics.items() if k != "loss" and v is not None}
             self.earlier_evals = previous.evals()
-            return self.outcome(previous.step, previous.metrics.get("loss"), metrics, 0.0, Exit.OK, "already finished")
+            self.target = self.target_reached(previous)
+            ended = previous.summary.reason if previous.summary is not None else ""
+            reason = "already finished" + (f": {ended}" if ended and ended != "finished" else "")
+            return self.outcome(previous.step, previous.metrics.get("loss"), metrics, 0.0, Exit.OK, reason)
         resume = self.options.resume
         if resume is None and previous is not None and any(c.valid for c in list_checkpoints(self.store, self.slug)):
             resume = "latest"  # the same run again continues where it stopped
@@ -254,6 +257,19 @@ class Attempt:
                 return self.outcome(self.trainer.step, None, {}, time.time() - started, Exit.STOPPED,
                                     f"stopped at step {self.trainer.step}: {taken}; this attempt wrote nothing more")
         return self.finish(started, reason, code)
+
+    def target_reached(self, status: Status) -> Optional[TargetHit]:
+        """The deftarget an earlier attempt ended the run at, as its STATUS tells it (the
+        pass that met it was the run's last: its value is the summary's last eval)."""
+        summary = status.summary
+        if summary is None or summary.target_reached_at_step is None:
+            return None
+        for target in self.experiment.targets:
+            value = summary.last_eval.get(f"{target.eval}/{target.metric}")
+            if value is not None and target.holds(value):
+                return TargetHit(metric=f"{target.eval}/{target.metric}", test=target.test, threshold=target.value, value=value,
+                                 step=summary.target_reached_at_step)
+        return None
 
     def begin(self, loaded: Optional[Loaded], previous: Optional[Status]) -> None:
         if previous is not None:
