@@ -34,7 +34,7 @@ from sexpgpu.session import Compiled, store_check
 
 from sexpgpu.ir.experiment import Halving
 from sexpgpu.ledger import DONE, PointRecord, SweepLedger, now, record_attempt, take_status
-from sexpgpu.runtime.halving import Contender, Leg, search
+from sexpgpu.runtime.halving import Contender, Leg, limit, search
 from .attempts import close_status, resume_from, worker_env
 from workers.train_worker import AttemptRequest
 
@@ -233,7 +233,8 @@ class Driver:
         record.lease, record.heartbeat = self.id, time.time()
         bundle = f"{self.store.url_of(self.prefix)}/bundles/point-{record.point:04d}"
         gang = Gang(self.devices, worker_env(), self.idle)
-        gang.start(AttemptRequest(bundle=bundle, store=self.store_url, resume=resume_from(self.store, record.slug), max_steps=self.wanted[record.slug],
+        gang.start(AttemptRequest(bundle=bundle, store=self.store_url, resume=resume_from(self.store, record.slug),
+                                  max_steps=limit(self.wanted[record.slug], self.steps[record.slug], self.max_steps),
                                   max_steps_by=self.limited_by.get(record.slug, "--max-steps"),
                                   take_over=record.attempts > 1, data_roots=self.data_roots))  # a later attempt: the earlier one's workers are stopped
         if self.on_launch is not None:

@@ -248,3 +248,21 @@ def test_a_rerun_of_a_sweep_shows_how_each_point_ended(tmp_path: Path) -> None:
         assert new["reason"] == f"already finished: {old['reason']}", new
         status = json.loads((tmp_path / "runs" / new["slug"] / "status.json").read_text())
         assert status["summary"]["reason"] == old["reason"] and status["summary"]["target_reached_at_step"] == new["target"]["step"]
+
+
+SHORT = (REPO / "examples" / "sweep.lisp").read_text().replace(
+    "(defrun :steps 300 :seed 0 :checkpoint (:every 100 :keep 2))", "(defrun :steps 40 :seed 0 :checkpoint (:every 10 :keep 2))")
+
+
+def run_jsons(tmp_path: Path) -> list[dict[str, object]]:
+    return [json.loads(p.read_text()) for p in sorted((tmp_path / "runs").glob("*/run.json"))]
+
+
+def test_a_sweep_point_records_max_steps_only_when_it_was_given(tmp_path: Path) -> None:
+    sweep_project(tmp_path, SHORT)
+    done = sexpgpu("sweep", "t.lisp", "--sweep", "lr", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert [info["max_steps"] for info in run_jsons(tmp_path)] == [None] * 4
+    smoke = sexpgpu("sweep", "t.lisp", "--sweep", "lr", "--store", "smoke", "--max-steps", "10", cwd=tmp_path)
+    assert smoke.returncode == 0, smoke.stderr
+    assert [json.loads(p.read_text())["max_steps"] for p in sorted((tmp_path / "smoke").glob("*/run.json"))] == [10] * 4

@@ -200,7 +200,7 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
                 record.state = record_attempt(record, failed, None)
                 print(table.line(record), file=sys.stderr)
                 continue
-            outcome = session.train(points[record.point], max_steps=leg.steps, max_steps_by=leg.by)
+            outcome = session.train(points[record.point], max_steps=leg.limit(args.max_steps), max_steps_by=leg.by)
             record.attempts += 1
             after = record_attempt(record, outcome, None)
             record.state = "stopped" if outcome.exit_code == Exit.STOPPED else after
