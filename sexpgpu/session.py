@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Protocol, TypeVar, Union
 
@@ -168,7 +168,12 @@ class Session:
             with unpacked(location) as bundle:
                 result = self.interruptible(lambda: compile_unpacked(bundle, world=self.settings.world))
                 prepared = self.checked(bundle.main, result, bundle.manifest.slug)
-                return prepared if isinstance(prepared, AttemptOutcome) else then(prepared)
+                if isinstance(prepared, AttemptOutcome):
+                    return prepared
+                # run.json's `file` is the run file in the bundle, not in the temporary project
+                # (gone once the attempt ends)
+                file = Store.open(location).url_of(f"source/{bundle.manifest.main}")
+                return then(replace(prepared, experiment=prepared.experiment.model_copy(update={"file": file})))
         except BundleError as exc:
             return self.refuse(exc.code, f"bundle refused: {exc}")
 

@@ -266,3 +266,19 @@ def test_a_sweep_point_records_max_steps_only_when_it_was_given(tmp_path: Path) 
     smoke = sexpgpu("sweep", "t.lisp", "--sweep", "lr", "--store", "smoke", "--max-steps", "10", cwd=tmp_path)
     assert smoke.returncode == 0, smoke.stderr
     assert [json.loads(p.read_text())["max_steps"] for p in sorted((tmp_path / "smoke").glob("*/run.json"))] == [10] * 4
+
+
+# -- bundles ----------------------------------------------------------------------------------------
+
+
+def test_a_bundled_run_records_the_file_in_the_bundle(tmp_path: Path) -> None:
+    """Not the temporary project the bundle was unpacked into, which is gone by then."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "q.lisp").write_text(QUICKSTART.read_text())
+    made = sexpgpu("bundle", "q.lisp", "-o", "b", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    ran = sexpgpu("run", "b", "--max-steps", "5", "--json", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    info = json.loads((tmp_path / "runs" / json.loads(ran.stdout)["slug"] / "run.json").read_text())
+    assert info["file"] == str((tmp_path / "b" / "source" / "q.lisp").resolve())
+    assert Path(info["file"]).is_file()
