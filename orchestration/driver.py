@@ -331,10 +331,7 @@ class Driver:
         if record.state == "preempted":
             return True
         record.lease = None
-        if record.state in ("finished", "truncated"):
-            self.say(f"point {record.point}: {record.reason}  loss {record.final_loss}")
-        else:
-            self.say(f"point {record.point}: failed: {record.reason}")
+        self.say(record.line())  # as a local sweep's lines: `point 3: finished  300/300 steps  loss 0.4709  (steps)`
         return False
 
 

@@ -282,3 +282,65 @@ def test_a_bundled_run_records_the_file_in_the_bundle(tmp_path: Path) -> None:
     info = json.loads((tmp_path / "runs" / json.loads(ran.stdout)["slug"] / "run.json").read_text())
     assert info["file"] == str((tmp_path / "b" / "source" / "q.lisp").resolve())
     assert Path(info["file"]).is_file()
+
+
+def test_a_local_sweep_says_a_point_is_running_elsewhere(tmp_path: Path) -> None:
+    """Point 1's run folder is being written by another attempt (this test process holds its
+    writer lease, as a second `run` would): the sweep says so, runs the other points, and
+    exits 75: the same command again takes the point up once it is free."""
+    from sexpgpu.compile.pipeline import compile_file
+    from sexpgpu.ir.experiment import Selection
+    from sexpgpu.runtime.lease import Leases
+    from sexpgpu.runtime.runfolder import run_slug
+    from sexpgpu.runtime.store import Store
+
+    path = sweep_project(tmp_path, SHORT)
+    experiment = compile_file(path, Selection(sweep="lr", point=1)).experiment
+    assert experiment is not None
+    slug = run_slug(experiment)
+    leases = Leases(Store.open(str(tmp_path / "runs")), "another attempt")
+    assert leases.claim([f"{slug}/lease.json"]) == [f"{slug}/lease.json"]
+    renewal = leases.keep_renewed(lambda: [f"{slug}/lease.json"])
+    try:
+        done = sexpgpu("sweep", "t.lisp", "--sweep", "lr", "--json", cwd=tmp_path)
+    finally:
+        renewal.stop()
+    assert done.returncode == 75, done.stderr
+    points = json.loads(done.stdout)["points"]
+    assert [p["state"] for p in points] == ["finished", "running", "finished", "finished"], points
+    assert f"pid {os.getpid()}, heartbeat " in points[1]["elsewhere"], points[1]
+    assert points[1]["attempts"] == 0 and points[1]["exit_code"] is None
+    assert f"point 1: running  0/40 steps  loss -  (running elsewhere: {points[1]['elsewhere'].split(',')[0]}" in done.stderr, done.stderr
+    assert "failed" not in done.stderr and "nothing more can start here" not in done.stderr
+    assert "sweep lr: point 1 is running elsewhere; run the same command again once it ends" in done.stderr
+
+
+def test_the_sweep_table_never_shows_more_steps_done_than_its_target(tmp_path: Path) -> None:
+    """A point that finished 40 steps, the file now asking 20 (the same slug): `40/40`, the
+    steps it did of the most it was asked, not `40/20`."""
+    path = sweep_project(tmp_path, SHORT)
+    assert sexpgpu("sweep", "t.lisp", "--sweep", "lr", cwd=tmp_path).returncode == 0
+    path.write_text(SHORT.replace("(defrun :steps 40", "(defrun :steps 20"))
+    again = sexpgpu("sweep", "t.lisp", "--sweep", "lr", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    rows = again.stdout.splitlines()[1:]
+    assert len(rows) == 4 and all(row.split()[2] == "40/40" for row in rows), again.stdout
+    assert "40/20" not in again.stderr, again.stderr
+
+
+def test_a_ray_sweep_says_an_ended_point_as_a_local_sweep_does(tmp_path: Path) -> None:
+    """The driver's line for a point that ended has its numbers rounded as the local sweep's
+    lines have them, not every digit of a float."""
+    pytest.importorskip("ray")
+    from orchestration.driver import Driver
+    from sexpgpu.ledger import PointRecord
+    from sexpgpu.outcome import AttemptOutcome, EvalSeen, Exit
+
+    said: list[str] = []
+    driver = Driver(REPO / "examples" / "sweep.lisp", "lr", str(tmp_path), None, None, None, say=said.append)
+    record = PointRecord(point=2, slug="sweep.base.lr-2.00000000", knobs={"lr": 0.1}, planned=300)
+    outcome = AttemptOutcome(exit_code=Exit.OK, reason="finished", folder=str(tmp_path / "x"), steps=300, final_loss=0.4709201157093048,
+                             metrics={"acc": 0.8281250596046448}, evals={"val": EvalSeen(step=300, metrics={"acc": 0.90277777777})})
+    assert driver.record_outcome(record, outcome) is False
+    assert said == ["point 2: finished  300/300 steps  loss 0.4709  acc 0.8281  eval val: acc 0.9028 (step 300)  (steps)"]
+    assert said[0] == record.line()

@@ -222,6 +222,12 @@ class RunFolder:
     def read_status(self) -> Optional[Status]:
         return read_status(self.store, self.slug)
 
+    def writer(self) -> Optional[str]:
+        """Who writes the folder now, while a live attempt holds its lease (`HOST pid N,
+        heartbeat 3 s ago`); None when no one does."""
+        lease = Leases(self.store, "a reader").held_elsewhere(self.path("lease.json"))
+        return lease.describe(time.time()) if lease is not None else None
+
     def set_aside(self) -> Optional[str]:
         """Move every file of the folder (its lease aside) to SLUG~N, the first free N, for a
         fresh run in this folder; nothing is deleted. Returns the new folder's name, or None
