@@ -13,9 +13,11 @@ and a lease (driver id + heartbeat) so that two drivers never run the same point
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -182,7 +184,16 @@ class Driver:
 
     # -- running ----------------------------------------------------------------------------------------
     def run(self, points: list[SweepPoint], halving: Optional[Halving] = None) -> SweepLedger:
-        """Every point to its steps; with HALVING, stage by stage, pruning at each rung."""
+        """Every point to its steps; with HALVING, stage by stage, pruning at each rung.
+        Ray prints its raylet's reports (`(raylet) A worker died ...`) to the driver's
+        stdout whatever log_to_driver says: while the driver runs they go to stderr, so that
+        stdout holds only what the command prints (one JSON document under --json)."""
+        if not sys.stderr.isatty():  # Ray's colour codes only where a terminal shows them
+            os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+        with contextlib.redirect_stdout(sys.stderr):
+            return self.run_points(points, halving)
+
+    def run_points(self, points: list[SweepPoint], halving: Optional[Halving]) -> SweepLedger:
         self.preflight()
         records = self.bundles(points)
         self.write_ledger(self.merge(records))

@@ -344,3 +344,50 @@ def test_a_ray_sweep_says_an_ended_point_as_a_local_sweep_does(tmp_path: Path) -
     assert driver.record_outcome(record, outcome) is False
     assert said == ["point 2: finished  300/300 steps  loss 0.4709  acc 0.8281  eval val: acc 0.9028 (step 300)  (steps)"]
     assert said[0] == record.line()
+
+
+# -- sweep --ray --json: stdout is the document ------------------------------------------------------------
+
+LONG = (REPO / "examples" / "sweep.lisp").read_text().replace("(defsweep lr :lr (0.025 0.05 0.1 0.2))", "(defsweep lr :lr (0.05 0.1))").replace(
+    "(defrun :steps 300 :seed 0 :checkpoint (:every 100 :keep 2))", "(defrun :steps 4000 :seed 0 :checkpoint (:every 200 :keep 2))")
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_a_ray_sweep_whose_worker_dies_prints_one_json_document(tmp_path: Path) -> None:
+    """A worker SIGKILLed (once its run published a checkpoint) makes Ray's raylet report
+    `A worker died ...`, with colour codes; none of that reaches stdout, which holds only the
+    sweep's JSON document."""
+    pytest.importorskip("ray")
+    sweep_project(tmp_path, LONG)
+    env = {**os.environ, "NO_COLOR": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+    env.pop("SEXPGPU_RAY_ADDRESS", None)
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        process = subprocess.Popen(command("sweep", "t.lisp", "--sweep", "lr", "--ray", "--json"), cwd=tmp_path, stdout=out, stderr=err, env=env)
+        killed = None
+        try:
+            while process.poll() is None and killed is None:
+                for status_file in (tmp_path / "runs").glob("t.base.lr-*/status.json"):
+                    try:
+                        status = json.loads(status_file.read_text())
+                    except (OSError, ValueError):  # being replaced
+                        continue
+                    worker = status.get("worker") or ""
+                    if status.get("state") == "running" and status.get("last_checkpoint") and worker.startswith("ray actor"):
+                        killed = int(worker.rsplit("pid ", 1)[1])
+                        os.kill(killed, signal.SIGKILL)  # the sweep's own worker process (its pid in the status)
+                        break
+                else:
+                    threading.Event().wait(0.02)  # a poll of the status files, not a wait for time to pass
+            code = process.wait(timeout=600)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    stdout, stderr = (tmp_path / "out.txt").read_text(), (tmp_path / "err.txt").read_text()
+    assert killed is not None, stderr
+    assert code == 0, stderr
+    ledger = json.loads(stdout)  # one document, nothing else
+    assert [p["state"] for p in ledger["points"]] == ["finished", "finished"], ledger
+    assert sum(p["preemptions"] for p in ledger["points"]) == 1, ledger
+    assert "\x1b[" not in stdout and "(raylet)" not in stdout
+    assert [json.loads(p.read_text())["max_steps"] for p in sorted((tmp_path / "runs").glob("*/run.json"))] == [None, None]
