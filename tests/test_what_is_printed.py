@@ -391,3 +391,21 @@ def test_a_ray_sweep_whose_worker_dies_prints_one_json_document(tmp_path: Path) 
     assert sum(p["preemptions"] for p in ledger["points"]) == 1, ledger
     assert "\x1b[" not in stdout and "(raylet)" not in stdout
     assert [json.loads(p.read_text())["max_steps"] for p in sorted((tmp_path / "runs").glob("*/run.json"))] == [None, None]
+
+
+# -- runs ---------------------------------------------------------------------------------------------
+
+
+def test_runs_has_a_column_for_each_knob_that_varies(tmp_path: Path) -> None:
+    """The README's promise: `runs` lists the runs with their knobs; the knobs that tell the
+    listed runs apart, that is (a knob all of them set alike says nothing)."""
+    sweep_project(tmp_path, SHORT.replace("(defknob lr 0.1", "(defknob depth 2)\n(defknob lr 0.1"))
+    assert sexpgpu("sweep", "t.lisp", "--sweep", "lr", cwd=tmp_path).returncode == 0
+    listed = sexpgpu("runs", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    header, *rows = listed.stdout.splitlines()
+    names = header.split()
+    assert names[:5] == ["slug", "file", "selection", "lr", "state"] and "depth" not in names, header
+    assert sorted(row.split()[names.index("lr") + 1] for row in rows) == ["0.025", "0.05", "0.1", "0.2"]  # + 1: "base lr-N" is two words
+    one = sexpgpu("runs", "--filter", "lr=0.1", cwd=tmp_path)
+    assert one.returncode == 0 and "lr" not in one.stdout.splitlines()[0].split(), one.stdout
