@@ -409,3 +409,20 @@ def test_runs_has_a_column_for_each_knob_that_varies(tmp_path: Path) -> None:
     assert sorted(row.split()[names.index("lr") + 1] for row in rows) == ["0.025", "0.05", "0.1", "0.2"]  # + 1: "base lr-N" is two words
     one = sexpgpu("runs", "--filter", "lr=0.1", cwd=tmp_path)
     assert one.returncode == 0 and "lr" not in one.stdout.splitlines()[0].split(), one.stdout
+
+
+# -- docs/plot.md's examples are real ---------------------------------------------------------------
+
+
+def test_the_plot_page_plots_the_runs_its_own_commands_make(tmp_path: Path) -> None:
+    """Its commands name the slugs its `run` commands print: every `-o FILE` it shows is
+    written (an example that expects `no run at ...` shows nothing of plot)."""
+    pytest.importorskip("matplotlib")
+    from doc_console import parse_page, run_page
+
+    page = REPO / "docs" / "plot.md"
+    assert run_page(page, tmp_path).report() == []
+    outputs = [c.text.split(" -o ", 1)[1].split()[0] for b in parse_page(page).blocks if b.skip is None for c in b.commands
+               if c.text.startswith("sexpgpu plot ") and " -o " in c.text and not any(line.startswith("sexpgpu: error") for line in c.expected)]
+    assert "two.svg" in outputs and "grid.png" in outputs, outputs
+    assert all((tmp_path / name).is_file() for name in outputs), [(name, (tmp_path / name).is_file()) for name in outputs]
