@@ -21,7 +21,7 @@ from ..ledger import PointRecord, SweepLedger, cell, record_attempt, take_status
 from ..outcome import Exit
 from ..runtime.halving import Contender, Leg, search
 from ..runtime.runfolder import RunFolder, run_slug
-from ..runtime.store import Store
+from ..runtime.store import Store, is_store_failure
 from ..session import Compiled, Session, Settings, Stopped
 from .common import Console, existing_file, exit_for, fail_usage, print_diagnostics, print_json
 from .flags import (add_data_root_flag, add_knob_flags, add_limit_flags, add_rank_flags, add_threads_flag, data_roots_from, devices_from, knobs_from,
@@ -245,10 +245,15 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
 def running_elsewhere(store: Store, record: PointRecord) -> bool:
     """Whether another attempt (another sweep, a `run` of the same slug) writes the point's
     run folder now; if so RECORD says so, where the run stands, and who writes it."""
-    writer = RunFolder(store, record.slug).writer()
+    try:
+        writer = RunFolder(store, record.slug).writer()
+        status = RunFolder(store, record.slug).read_status() if writer is not None else None
+    except Exception as exc:  # a store that cannot be read: the attempt's own refusal says so
+        if not is_store_failure(exc):
+            raise
+        return False
     if writer is None:
         return False
-    status = RunFolder(store, record.slug).read_status()
     if status is not None:
         take_status(record, status)
     record.state, record.elsewhere = "running", writer
