@@ -13,9 +13,11 @@ and a lease (driver id + heartbeat) so that two drivers never run the same point
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ from sexpgpu.session import Compiled, store_check
 
 from sexpgpu.ir.experiment import Halving
 from sexpgpu.ledger import DONE, PointRecord, SweepLedger, now, record_attempt, take_status
-from sexpgpu.runtime.halving import Contender, Leg, search
+from sexpgpu.runtime.halving import Contender, Leg, limit, search
 from .attempts import close_status, resume_from, worker_env
 from workers.train_worker import AttemptRequest
 
@@ -182,7 +184,16 @@ class Driver:
 
     # -- running ----------------------------------------------------------------------------------------
     def run(self, points: list[SweepPoint], halving: Optional[Halving] = None) -> SweepLedger:
-        """Every point to its steps; with HALVING, stage by stage, pruning at each rung."""
+        """Every point to its steps; with HALVING, stage by stage, pruning at each rung.
+        Ray prints its raylet's reports (`(raylet) A worker died ...`) to the driver's
+        stdout whatever log_to_driver says: while the driver runs they go to stderr, so that
+        stdout holds only what the command prints (one JSON document under --json)."""
+        if not sys.stderr.isatty():  # Ray's colour codes only where a terminal shows them
+            os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+        with contextlib.redirect_stdout(sys.stderr):
+            return self.run_points(points, halving)
+
+    def run_points(self, points: list[SweepPoint], halving: Optional[Halving]) -> SweepLedger:
         self.preflight()
         records = self.bundles(points)
         self.write_ledger(self.merge(records))
@@ -233,7 +244,8 @@ class Driver:
         record.lease, record.heartbeat = self.id, time.time()
         bundle = f"{self.store.url_of(self.prefix)}/bundles/point-{record.point:04d}"
         gang = Gang(self.devices, worker_env(), self.idle)
-        gang.start(AttemptRequest(bundle=bundle, store=self.store_url, resume=resume_from(self.store, record.slug), max_steps=self.wanted[record.slug],
+        gang.start(AttemptRequest(bundle=bundle, store=self.store_url, resume=resume_from(self.store, record.slug),
+                                  max_steps=limit(self.wanted[record.slug], self.steps[record.slug], self.max_steps),
                                   max_steps_by=self.limited_by.get(record.slug, "--max-steps"),
                                   take_over=record.attempts > 1, data_roots=self.data_roots))  # a later attempt: the earlier one's workers are stopped
         if self.on_launch is not None:
@@ -330,10 +342,7 @@ class Driver:
         if record.state == "preempted":
             return True
         record.lease = None
-        if record.state in ("finished", "truncated"):
-            self.say(f"point {record.point}: {record.reason}  loss {record.final_loss}")
-        else:
-            self.say(f"point {record.point}: failed: {record.reason}")
+        self.say(record.line())  # as a local sweep's lines: `point 3: finished  300/300 steps  loss 0.4709  (steps)`
         return False
 
 

@@ -16,7 +16,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, Field
 
-from .outcome import AttemptOutcome, EvalSeen, Exit, TargetHit, bounded
+from .outcome import AttemptOutcome, EvalSeen, Exit, TargetHit, bounded, evals_line
 from .runtime.status import Status
 
 AfterAttempt = Literal["finished", "truncated", "preempted", "failed"]  # "preempted": run it again
@@ -50,8 +50,8 @@ def record_attempt(record: Attempts, outcome: AttemptOutcome, max_preemptions: O
     if outcome.folder is not None:  # an attempt refused before training leaves what the run had
         record.steps, record.final_loss, record.metrics = outcome.steps, outcome.final_loss, dict(outcome.metrics)
         record.evals, record.target = dict(outcome.evals), outcome.target
-    if outcome.exit_code == Exit.OK:
-        return "truncated" if outcome.reason.startswith("truncated") else "finished"
+    if outcome.exit_code == Exit.OK:  # "truncated at step N ...", or a rerun's "already finished: truncated at ..."
+        return "truncated" if outcome.reason.removeprefix("already finished: ").startswith("truncated") else "finished"
     if outcome.exit_code != Exit.STOPPED:
         return "failed"
     if max_preemptions is not None and record.preemptions > max_preemptions:
@@ -80,10 +80,29 @@ class PointRecord(Attempts):
     state: PointState = "pending"
     lease: Optional[str] = None  # driver id holding the point
     heartbeat: Optional[float] = None  # unix time of the holder's last heartbeat
+    elsewhere: Optional[str] = None  # a local sweep: the other attempt writing the run folder (`HOST pid N, ...`)
+
+    def progress(self) -> str:
+        """The steps done of the point's target: what this sweep asks of it, or the steps the
+        run already did when it did more (a run that finished at 20000 steps, the file now
+        asking 6000, is `20000/20000`): never more done than the target."""
+        if self.planned is None:
+            return str(self.steps)
+        return f"{self.steps}/{max(self.planned, self.steps)}"
+
+    def line(self) -> str:
+        """The point as it ends, on a line of its own, the same on this machine and over Ray:
+        `point 3: truncated  50/50 steps  loss 0.7714  val/acc ...  (--max-steps)`."""
+        train = "".join(f"  {k} {v:.4g}" for k, v in self.metrics.items())
+        evals = f"  {evals_line(self.evals)}" if self.evals else ""
+        ended = self.ended_by()
+        return f"point {self.point}: {self.state}  {self.progress()} steps  loss {cell(self.final_loss)}{train}{evals}" + (f"  ({ended})" if ended else "")
 
     def ended_by(self) -> str:
         """Why the point stands where it does, in a few words: `steps`, `--max-steps`, the
         target and its value, the rung that pruned it, or the failure."""
+        if self.elsewhere is not None:
+            return f"running elsewhere: {self.elsewhere}"
         if self.state == "finished":
             return f"target {self.target.describe()}" if self.target is not None else "steps"
         if self.state == "truncated":  # "truncated at step N by --max-steps (the run asks for M)"
@@ -92,6 +111,11 @@ class PointRecord(Attempts):
         if self.state in ("pruned", "failed", "preempted", "stopped"):
             return self.reason
         return ""
+
+
+def cell(value: Optional[float]) -> str:
+    """A number in a sweep's table or line: four significant digits, `-` for none."""
+    return f"{value:.4g}" if isinstance(value, (int, float)) else "-"
 
 
 class SweepLedger(BaseModel):

@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Protocol, TypeVar, Union
 
@@ -47,6 +47,10 @@ class Reporter(Protocol):
     def say(self, text: str) -> None:
         """A progress line: the slug and the run folder, a resume, a warning."""
 
+    def notice(self, text: str) -> None:
+        """A note on the device: the NumPy fallback, how each program runs there, what
+        compiling its kernels cost (not the run's results: stderr on the command line)."""
+
     def output(self, text: str) -> None:
         """What the run file itself prints while it is evaluated."""
 
@@ -61,6 +65,9 @@ class Silent:
     """A Reporter that keeps nothing: a worker's outcome carries what matters."""
 
     def say(self, text: str) -> None:
+        pass
+
+    def notice(self, text: str) -> None:
         pass
 
     def output(self, text: str) -> None:
@@ -132,7 +139,7 @@ class Session:
         if not is_device_spec(self.settings.device):
             return self.refuse(Exit.USAGE, f"--device {self.settings.device}: use {DEVICE_FORMS}")
         try:
-            self.device, self.backend = open_device(self.settings.device, self.reporter.say)
+            self.device, self.backend = open_device(self.settings.device, self.reporter.notice)
         except DeviceError as exc:
             return self.refuse(Exit.CANNOT_START, f"cannot start here: {exc}")
         return None
@@ -167,7 +174,10 @@ class Session:
                 changed = data_changed(bundle.manifest, prepared.experiment)
                 if changed is not None:
                     raise BundleError(changed, Exit.DATA)
-                return then(prepared)
+                # run.json's `file` is the run file in the bundle, not in the temporary project
+                # (gone once the attempt ends)
+                file = Store.open(location).url_of(f"source/{bundle.manifest.main}")
+                return then(replace(prepared, experiment=prepared.experiment.model_copy(update={"file": file})))
         except BundleError as exc:
             return self.refuse(exc.code, f"bundle refused: {exc}")
 
@@ -206,7 +216,8 @@ class Session:
                              max_steps_by=max_steps_by if max_steps is not None and max_steps_by else settings.max_steps_by,
                              progress=settings.progress, sources=compiled.sources(), resume=settings.resume,
                              signals=settings.signals, store_patience_s=settings.store_patience_s, ranks=ranks,
-                             take_over=settings.take_over, data_roots=self.data_roots(), fresh=settings.fresh, worker=settings.worker)
+                             take_over=settings.take_over, data_roots=self.data_roots(), fresh=settings.fresh, worker=settings.worker,
+                             notice=self.reporter.notice)
         with blas_threads(threads, self.backend):
             return self.guarded(slug, lambda: train(compiled.experiment, options, say=self.reporter.say))
 

@@ -59,7 +59,7 @@ def test_the_table_has_a_row_per_run_and_the_columns_the_issue_asks_for(made: Ma
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     header = lines[0].split()
-    assert header == ["slug", "file", "selection", "state", "steps", "loss", "acc", "val/loss", "val/acc", "started", "duration", "device"]
+    assert header == ["slug", "file", "selection", "lr", "width", "state", "steps", "loss", "acc", "val/loss", "val/acc", "started", "duration", "device"]
     rows = lines[1:]
     assert len(rows) == len(made.slugs)
     for slug in made.slugs:

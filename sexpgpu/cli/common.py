@@ -65,14 +65,17 @@ def exit_for(diagnostics: Iterable[Diagnostic]) -> int:
 
 class Console:
     """The session's Reporter on a terminal: progress on stdout (stderr under --json, whose
-    stdout is the document), the file's own output and every diagnostic and refusal on
-    stderr."""
+    stdout is the document), the file's own output, the device's notices and every
+    diagnostic and refusal on stderr."""
 
     def __init__(self, progress_to_stderr: bool = False) -> None:
         self.stream = sys.stderr if progress_to_stderr else sys.stdout
 
     def say(self, text: str) -> None:
         print(text, file=self.stream)
+
+    def notice(self, text: str) -> None:
+        print(text, file=sys.stderr)
 
     def output(self, text: str) -> None:
         sys.stderr.write(text)

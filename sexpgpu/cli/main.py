@@ -67,10 +67,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except UsageError as exc:
         print(f"sexpgpu: error: {exc}", file=sys.stderr)
         return Exit.USAGE
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:
-        return Exit.OK
+        raise  # a closed stdout is not a bug: entry() ends quietly
     except Exception as exc:  # a bug in sexpgpu: say so plainly, without a traceback
         if os.environ.get("SEXPGPU_LOG", "").lower() == "debug":
             raise
@@ -79,7 +77,19 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def entry() -> None:
-    code = main()
+    """The `sexpgpu` command. Ctrl-C (during start-up too, while the verb's modules load) is
+    exit 130 with one line; a closed stdout (`sexpgpu logs RUN | head -2`) is a quiet exit."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = Exit.INTERRUPTED
+    except BrokenPipeError:
+        # nothing more reaches the reader; point stdout at nothing so that the interpreter's
+        # own flush at exit does not complain about the same pipe
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = Exit.OK
     # The process ends here. Its last full garbage collection would walk every object the
     # compile made (0.6 s of a 2 s check of a 5,000-line file); frozen, they are left to the
     # end of the process. atexit handlers and module teardown still run.

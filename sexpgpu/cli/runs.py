@@ -110,15 +110,36 @@ def steps(record: RunRecord) -> str:
     return f"{record.step}/{record.steps}" if record.steps is not None else str(record.step)
 
 
+def varying_knobs(records: list[RunRecord]) -> list[str]:
+    """The knobs whose values differ between RECORDS (a knob a run lacks differs too), in
+    the order the runs declare them: what tells the rows apart."""
+    names = list(dict.fromkeys(k for r in records for k in r.knobs))
+    missing = object()
+    return [k for k in names if len({repr(r.knobs.get(k, missing)) for r in records}) > 1]
+
+
+def knob_value(value: Any) -> str:
+    if isinstance(value, float):
+        return number(value)
+    if isinstance(value, bool) or value is None:
+        return "t" if value is True else "nil"
+    return str(value)
+
+
 def table(records: list[RunRecord]) -> list[str]:
-    """A column for each field, each training metric and each eval metric any record has;
-    numbers right-aligned."""
+    """A column for each field, each knob whose value differs between the runs, each
+    training metric and each eval metric any record has; numbers right-aligned."""
     train = list(dict.fromkeys(k for r in records for k in r.metrics))
     evals = list(dict.fromkeys(k for r in records for k in r.eval))
-    columns: list[tuple[str, bool]] = [("slug", False), ("file", False), ("selection", False), ("state", False), ("steps", True)]
+    columns: list[tuple[str, bool]] = [("slug", False), ("file", False), ("selection", False)]
+    fixed = {"slug", "file", "selection", "state", "steps", "started", "duration", "device", *train, *evals}
+    knobs = {(f"knobs.{k}" if k in fixed else k): k for k in varying_knobs(records)}  # a knob named like a column: knobs.NAME
+    columns += [(header, all(isinstance(r.knobs.get(k), (int, float)) for r in records)) for header, k in knobs.items()]
+    columns += [("state", False), ("steps", True)]
     columns += [(k, True) for k in train] + [(k, True) for k in evals]
     columns += [("started", False), ("duration", True), ("device", False)]
-    rows = [[cell(r, name, name in train, name in evals) for name, _ in columns] for r in records]
+    rows = [[knob_value(r.knobs[knobs[name]]) if name in knobs and knobs[name] in r.knobs else "-" if name in knobs
+             else cell(r, name, name in train, name in evals) for name, _ in columns] for r in records]
     widths = [max(len(name), *(len(row[i]) for row in rows)) for i, (name, _) in enumerate(columns)]
 
     def line(cells: list[str]) -> str:

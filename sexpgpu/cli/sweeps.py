@@ -17,12 +17,12 @@ from ..compile.selection import Declared, SweepDecl, located, prescan
 from ..ir.experiment import Experiment, Selection
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.program import diagnostic_from, has_errors
-from ..ledger import PointRecord, SweepLedger, record_attempt, take_status
-from ..outcome import Exit, evals_line
+from ..ledger import PointRecord, SweepLedger, cell, record_attempt, take_status
+from ..outcome import Exit
 from ..runtime.data.fingerprint import fingerprinted
 from ..runtime.halving import Contender, Leg, search
 from ..runtime.runfolder import RunFolder, run_slug
-from ..runtime.store import Store
+from ..runtime.store import Store, is_store_failure
 from ..session import Compiled, Session, Settings, Stopped
 from .common import Console, existing_file, exit_for, fail_usage, print_diagnostics, print_json
 from .flags import (add_data_root_flag, add_knob_flags, add_limit_flags, add_rank_flags, add_threads_flag, data_roots_from, devices_from, knobs_from,
@@ -205,13 +205,16 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
             if failed is not None and not args.retry_failed:
                 print(f"point {record.point} failed before ({failed.reason}); not run again: --retry-failed runs it again", file=sys.stderr)
                 record.state = record_attempt(record, failed, None)
-                print(table.line(record), file=sys.stderr)
+                print(record.line(), file=sys.stderr)
                 continue
-            outcome = session.train(points[record.point], max_steps=leg.steps, max_steps_by=leg.by)
+            outcome = session.train(points[record.point], max_steps=leg.limit(args.max_steps), max_steps_by=leg.by)
+            if outcome.exit_code == Exit.CANNOT_START and running_elsewhere(store, record):
+                print(record.line(), file=sys.stderr)
+                continue
             record.attempts += 1
             after = record_attempt(record, outcome, None)
             record.state = "stopped" if outcome.exit_code == Exit.STOPPED else after
-            print(table.line(record), file=sys.stderr)
+            print(record.line(), file=sys.stderr)
             if outcome.exit_code == Exit.STOPPED:
                 print(f"sweep {args.sweep}: stopped at point {record.point}; run the same command again to continue", file=sys.stderr)
                 stopped = True
@@ -238,7 +241,30 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
         print_json(ledger.model_dump(mode="json"))
     else:
         table.print_final(sys.stdout)
-    return max((int(r.exit_code or 0) for r in records if r.state in ("failed", "stopped")), default=0)
+    code = max((int(r.exit_code or 0) for r in records if r.state in ("failed", "stopped")), default=0)
+    if any(r.elsewhere is not None for r in records):  # not done yet: the same command again takes it up
+        print(f"sweep {args.sweep}: point {', '.join(str(r.point) for r in records if r.elsewhere is not None)} "
+              "is running elsewhere; run the same command again once it ends", file=sys.stderr)
+        code = max(code, int(Exit.STOPPED))
+    return code
+
+
+def running_elsewhere(store: Store, record: PointRecord) -> bool:
+    """Whether another attempt (another sweep, a `run` of the same slug) writes the point's
+    run folder now; if so RECORD says so, where the run stands, and who writes it."""
+    try:
+        writer = RunFolder(store, record.slug).writer()
+        status = RunFolder(store, record.slug).read_status() if writer is not None else None
+    except Exception as exc:  # a store that cannot be read: the attempt's own refusal says so
+        if not is_store_failure(exc):
+            raise
+        return False
+    if writer is None:
+        return False
+    if status is not None:
+        take_status(record, status)
+    record.state, record.elsewhere = "running", writer
+    return True
 
 
 def planned(compiled: Compiled, max_steps: Optional[int]) -> int:
@@ -280,21 +306,12 @@ class SweepTable:
         return f"{'point':>5}  {'knobs':<{self.knob_width}}  {'steps':>11} {'loss':>10}{metrics}  {'state':<10} ended by"
 
     def row(self, p: PointRecord) -> str:
-        steps = f"{p.steps}/{p.planned}" if p.planned is not None else str(p.steps)
+        steps = p.progress()
         value = p.final_loss
         values = [p.metrics.get(n) for n in self.train]
         values += [p.evals[e].metrics.get(m) if e in p.evals else None for e, _, m in (n.partition("/") for n in self.evals)]
         metrics = "".join(f" {cell(v):>10}" for v in values)
         return f"{p.point:>5}  {self.knobs(p):<{self.knob_width}}  {steps:>11} {cell(value):>10}{metrics}  {p.state:<10} {p.ended_by()}".rstrip()
-
-    @staticmethod
-    def line(p: PointRecord) -> str:
-        """A point as it ends, on a line of its own: `point 3: truncated  50/50 steps  loss ...`."""
-        steps = f"{p.steps}/{p.planned}" if p.planned is not None else str(p.steps)
-        train = "".join(f"  {k} {v:.4g}" for k, v in p.metrics.items())
-        evals = f"  {evals_line(p.evals)}" if p.evals else ""
-        ended = p.ended_by()
-        return f"point {p.point}: {p.state}  {steps} steps  loss {cell(p.final_loss)}{train}{evals}" + (f"  ({ended})" if ended else "")
 
     def lines(self, points: list[PointRecord]) -> list[str]:
         self.widen(points)
@@ -303,10 +320,6 @@ class SweepTable:
     def print_final(self, stream: Any, points: Optional[list[PointRecord]] = None) -> None:
         for line in self.lines(points if points is not None else self.points):
             print(line, file=stream)
-
-
-def cell(value: Optional[float]) -> str:
-    return f"{value:.4g}" if isinstance(value, (int, float)) else "-"
 
 
 class LiveTable:

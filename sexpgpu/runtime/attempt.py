@@ -78,6 +78,9 @@ class RunOptions:
     stops: Optional[StopRequests] = None
     fresh: bool = False  # start from step 0; an earlier folder of the slug is kept as SLUG~N
     worker: Optional[str] = None  # who trains it, for status.json (a Ray actor's id; None: this process)
+    # where the device's notices go (how each program runs there, what compiling its kernels
+    # cost): the CLI's stderr; None: through `say`, with the attempt's other lines
+    notice: Optional[Callable[[str], None]] = None
     # the run folder's last writer is known to be gone (a preempted worker the driver stopped):
     # its lease is taken over at once, not after its heartbeat expires
     take_over: bool = False
@@ -126,6 +129,30 @@ class ThroughputWindow:
                 "tokens_per_s": tokens / self.seconds if timed and tokens else None}
 
 
+class WallClockRate:
+    """Steps per second of wall time since the attempt's first step: evaluation passes,
+    checkpoints and the writing of events and status included, as a user waits for them
+    (the steps' own time, step_time, leaves them out and promised 8-10x too much)."""
+
+    def __init__(self) -> None:
+        self.since: Optional[tuple[float, int]] = None  # (time, step) when the first step began
+
+    def start(self, step: int) -> None:
+        if self.since is None:
+            self.since = (time.time(), step)
+
+    def per_s(self, step: int) -> float:
+        if self.since is None:
+            return 0.0
+        began, first = self.since
+        elapsed = time.time() - began
+        return max(step - first, 0) / elapsed if elapsed > 0 else 0.0
+
+    def eta_s(self, step: int, steps: int) -> Optional[float]:
+        rate = self.per_s(step)
+        return (steps - step) / rate if rate > 0 else None
+
+
 class Attempt:
     """One attempt of a run: resume if asked (or if the folder has a checkpoint), train,
     evaluate, checkpoint, stop cleanly on SIGINT/SIGTERM, guard against non-finite steps."""
@@ -155,6 +182,7 @@ class Attempt:
         self.first_step = 0  # the step this attempt started from (a resume's)
         self.resumed_metrics: dict[str, float] = {}  # the run's last metrics before this attempt
         self.earlier_evals: dict[str, EvalSeen] = {}  # what an attempt that trains nothing reports
+        self.rate = WallClockRate()  # the progress line's steps/s and ETA, status.json's eta_s
 
     @property
     def events(self) -> EventLog:
@@ -163,6 +191,8 @@ class Attempt:
     # -- the attempt ----------------------------------------------------------------------------
     def execute(self) -> AttemptOutcome:
         """The attempt, holding the run folder's writer lease throughout (only rank 0 writes)."""
+        if self.options.resume is not None and not self.store.list(self.slug):  # refused before a lease makes the folder
+            raise ResumeError(f"{self.slug} has not run yet in {self.store.url}: there is nothing to resume; run it without --resume")
         lease = WriterLease(self.shared, self.options.take_over) if self.writer else None
         if lease is not None:  # another writer: FolderHeld, before anything is read or written
             self.when_the_store_answers(lease.take)
@@ -175,8 +205,8 @@ class Attempt:
 
     def attempt_holding_the_folder(self) -> AttemptOutcome:
         started = time.time()
-        if self.options.fresh and self.writer and self.store.list(self.slug):
-            aside = self.shared.set_aside()
+        aside = self.shared.set_aside() if self.options.fresh and self.writer else None
+        if aside is not None:
             self.say(f"fresh run: the earlier attempts' folder is kept as {self.store.url_of(aside)}")
         previous = self.shared.read_status() if self.shared.exists() else None
         if previous is not None and self.options.resume is None and previous.has_ended(self.steps):
@@ -187,7 +217,10 @@ class Attempt:
                 self.say("already finished: nothing to do (pass --resume to continue from a checkpoint)")
             metrics = {k: v for k, v in previous.metrics.items() if k != "loss" and v is not None}
             self.earlier_evals = previous.evals()
-            return self.outcome(previous.step, previous.metrics.get("loss"), metrics, 0.0, Exit.OK, "already finished")
+            self.target = self.target_reached(previous)
+            ended = previous.summary.reason if previous.summary is not None else ""
+            reason = "already finished" + (f": {ended}" if ended and ended != "finished" else "")
+            return self.outcome(previous.step, previous.metrics.get("loss"), metrics, 0.0, Exit.OK, reason)
         resume = self.options.resume
         if resume is None and previous is not None and any(c.valid for c in list_checkpoints(self.store, self.slug)):
             resume = "latest"  # the same run again continues where it stopped
@@ -202,8 +235,9 @@ class Attempt:
              worker=self.options.worker or f"pid {os.getpid()}", device=self.options.device)
         emit(self.events, "compile", step=0, ir_hash=self.experiment.ir_hash, params=sum(int(np.prod(p.shape)) for p in self.experiment.params))
         try:
-            self.trainer = Trainer(self.experiment, self.ranks, self.options.backend, self.options.data_roots, say=self.say)
-            self.evaluations = Evaluations(self.experiment, self.trainer.dataset, self.options.backend, self.options.data_roots, say=self.say)
+            notice = self.options.notice or self.say
+            self.trainer = Trainer(self.experiment, self.ranks, self.options.backend, self.options.data_roots, say=notice)
+            self.evaluations = Evaluations(self.experiment, self.trainer.dataset, self.options.backend, self.options.data_roots, say=notice)
         except DataError as exc:
             status.update(state="failed", summary=Summary(exit_code=int(Exit.DATA), reason=f"data error: {exc}"))
             emit(self.events, "run.end", step=0, exit_code=int(Exit.DATA), reason=f"data error: {exc}")
@@ -224,6 +258,19 @@ class Attempt:
                 return self.outcome(self.trainer.step, None, {}, time.time() - started, Exit.STOPPED,
                                     f"stopped at step {self.trainer.step}: {taken}; this attempt wrote nothing more")
         return self.finish(started, reason, code)
+
+    def target_reached(self, status: Status) -> Optional[TargetHit]:
+        """The deftarget an earlier attempt ended the run at, as its STATUS tells it (the
+        pass that met it was the run's last: its value is the summary's last eval)."""
+        summary = status.summary
+        if summary is None or summary.target_reached_at_step is None:
+            return None
+        for target in self.experiment.targets:
+            value = summary.last_eval.get(f"{target.eval}/{target.metric}")
+            if value is not None and target.holds(value):
+                return TargetHit(metric=f"{target.eval}/{target.metric}", test=target.test, threshold=target.value, value=value,
+                                 step=summary.target_reached_at_step)
+        return None
 
     def begin(self, loaded: Optional[Loaded], previous: Optional[Status]) -> None:
         if previous is not None:
@@ -248,6 +295,7 @@ class Attempt:
                 raise FolderTaken(f"another attempt took the run folder {self.folder.url} over")
             if self.stops.signal is not None:
                 return self.stop_for_signal()
+            self.rate.start(trainer.step)
             started = time.time()
             result = trainer.train_step()
             window.add(time.time() - started)
@@ -294,13 +342,12 @@ class Attempt:
         throughput = window.fields()
         emit(self.events, "step", step=step, loss=result.loss, metrics=result.metrics, lr=result.lr, grad_norm=result.grad_norm,
              **throughput, memory=peak_memory())
-        step_time = throughput["step_time"] or 0.0
-        eta = step_time * (self.steps - step)
+        eta = self.rate.eta_s(step, self.steps)
         self.folder.status.update(step=step, metrics={"loss": result.loss, **result.metrics}, eta_s=eta)
         if self.options.progress:
             train = "".join(f"  {k} {v:.4g}" for k, v in result.metrics.items())
             evals = f"  {evals_line(self.evaluations.seen())}" if self.evaluations.done else ""
-            sys.stderr.write(f"\rstep {step}/{self.steps}  loss {result.loss:.4f}{train}{evals}  {1 / step_time if step_time else 0:.0f} steps/s  ETA {eta:.0f}s   ")
+            sys.stderr.write(f"\rstep {step}/{self.steps}  loss {result.loss:.4f}{train}{evals}  {self.rate.per_s(step):.0f} steps/s  ETA {eta or 0:.0f}s   ")
             sys.stderr.flush()
 
     # -- checkpoints and resume --------------------------------------------------------------------

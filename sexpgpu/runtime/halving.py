@@ -109,6 +109,17 @@ class Leg:
     steps: int
     by: Optional[str]
 
+    def limit(self, given: Optional[int]) -> Optional[int]:
+        """The max_steps an attempt of this leg runs under (run.json records it): STEPS where
+        they stop short of the run's own :steps, else the user's --max-steps GIVEN (or none)."""
+        return limit(self.steps, self.contender.steps, given)
+
+
+def limit(wanted: int, steps: int, given: Optional[int]) -> Optional[int]:
+    """The max_steps of an attempt asked for WANTED steps of a run of STEPS: WANTED when it
+    is short of them, else GIVEN (the user's --max-steps, or None)."""
+    return wanted if wanted < steps else given
+
 
 def standing(store: Store, slug: str) -> tuple[Optional[str], int, bool]:
     """The run's state, its step, and whether it reached a deftarget."""

@@ -268,15 +268,24 @@ class RunFolder:
     def read_status(self) -> Optional[Status]:
         return read_status(self.store, self.slug)
 
-    def set_aside(self) -> str:
+    def writer(self) -> Optional[str]:
+        """Who writes the folder now, while a live attempt holds its lease (`HOST pid N,
+        heartbeat 3 s ago`); None when no one does."""
+        lease = Leases(self.store, "a reader").held_elsewhere(self.path("lease.json"))
+        return lease.describe(time.time()) if lease is not None else None
+
+    def set_aside(self) -> Optional[str]:
         """Move every file of the folder (its lease aside) to SLUG~N, the first free N, for a
-        fresh run in this folder; nothing is deleted. Returns the new folder's name."""
+        fresh run in this folder; nothing is deleted. Returns the new folder's name, or None
+        when the folder held nothing but its lease (a slug that never ran)."""
+        paths = [path for path in self.store.list(self.slug) if path != self.path("lease.json")]
+        if not paths:
+            return None
         taken = {p.split("/", 1)[0] for p in self.store.list("") if p.startswith(f"{self.slug}~")}
         number = next(n for n in range(1, len(taken) + 2) if f"{self.slug}~{n}" not in taken)
         aside = f"{self.slug}~{number}"
-        for path in self.store.list(self.slug):
-            if path != self.path("lease.json"):
-                self.store.rename(path, f"{aside}/{path[len(self.slug) + 1:]}")
+        for path in paths:
+            self.store.rename(path, f"{aside}/{path[len(self.slug) + 1:]}")
         return aside
 
     def close(self) -> None:

@@ -179,7 +179,10 @@ CLIENT_MODULES = frozenset({"botocore", "aiobotocore", "s3fs", "aiohttp", "boto3
 
 def is_store_failure(error: BaseException) -> bool:
     """The store cannot be used (a finding for the user, exit 4), not a bug: an OSError
-    (StoreError, a path under a file, no permission...) or an S3 client's own error."""
+    (StoreError, a path under a file, no permission...) or an S3 client's own error. A
+    closed stdout (BrokenPipeError) is the reader's, not the store's."""
+    if isinstance(error, BrokenPipeError):
+        return False
     if isinstance(error, OSError):
         return True
     return any(cls.__module__.split(".")[0] in CLIENT_MODULES for cls in type(error).__mro__)
