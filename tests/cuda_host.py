@@ -69,7 +69,7 @@ def launcher(kernel: KernelSource) -> str:
         store, _ = c_types(p.dtype)
         qualifier = "const " if p.role == "in" else ""
         casts.append(f"({qualifier}{store}*)args[{k}]")
-    call = f"{kernel.name}({', '.join(casts + ['n'])});"
+    call = f"{kernel.name}({', '.join(casts + ['n'])});" if not kernel.table else f"{kernel.name}((void* const*)args, n);"  # the device's pointer array
     if kernel.lanes != "thread":  # cooperating lanes: a coroutine per CUDA thread, a block at a time
         return (
             f'extern "C" int launch_{kernel.name}(void** args, long long n, unsigned int grid, unsigned int block) {{\n'
