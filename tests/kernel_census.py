@@ -45,7 +45,7 @@ def program_kernels(program: Program, variants: bool = True) -> Kernels:
                 out[kernel.name] = kernel
         if step.kind == "reduce":
             for strategy in strategies(step, types):
-                out.update((k.name, k) for k in reduce_kernels(step, lowered, lowering.constants, strategy))  # type: ignore[arg-type]
+                out.update((k.name, k) for k in reduce_kernels(step, lowered, lowering.constants, strategy))
     return out
 
 

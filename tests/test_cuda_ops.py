@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import re
 import shutil
-from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from cuda_host import HostRunner, nvcc, nvcc_compiles
+from cuda_host import HostRunner
 from sexpgpu.ir.builder import Builder
 from sexpgpu.ir.dtypes import DType, parse_dtype
 from sexpgpu.ir.graph import Program, TensorType
@@ -248,23 +247,6 @@ def test_an_op_on_the_host_is_declared_in_the_table_reported_and_counted() -> No
     feeds = {"rng.step": np.asarray(4, dtype=np.int64)}
     want, runs = run_both(program, feeds)
     assert runs[0]["y"].view(np.uint16).tobytes() == np.asarray(want["y"], dtype=ml_dtypes.bfloat16).view(np.uint16).tobytes()
-
-
-@pytest.mark.skipif(nvcc() is None, reason="no nvcc on this machine")
-def test_every_kernel_of_every_op_case_compiles_with_nvcc(tmp_path: Path) -> None:
-    """The kernels above, the same sources, for sm_90."""
-    sources: dict[str, str] = {}
-    for op in sorted(all_ops()):
-        for case in cases_of(op) + [c for o, c, _ in EDGE_CASES + pool_edge_cases() if o == op]:
-            for float_dtype in ("f32", "bf16"):
-                try:
-                    lowering = lower(one_op(op, case, float_dtype))
-                except (OpError, LoweringError):
-                    continue
-                for step in lowering.steps:
-                    sources.update((k.name, k.source) for k in kernels_for(step, lowering.program, lowering.constants))
-    assert len(sources) > 200, len(sources)
-    nvcc_compiles(["".join(sources.values())], tmp_path)
 
 
 def test_a_joined_update_with_more_pointers_than_the_parameter_space_takes_them_from_device_memory() -> None:

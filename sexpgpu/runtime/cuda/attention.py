@@ -268,6 +268,11 @@ def query_grad_kernel(node: Node, program: Program, tile: int = TILE, constants:
                     moved=operands.bytes + g.elements * BYTES[g.dtype] + 2 * rows * 4, lanes="tile", threads=g.tile)
 
 
+def splits(g: Geometry) -> bool:
+    """Whether the key pass gives dk and dv blocks of their own (heads wider than SPLIT_WIDTH)."""
+    return g.width > SPLIT_WIDTH
+
+
 def key_grad_kernel(node: Node, program: Program, tile: int = TILE, constants: Optional[dict[int, Node]] = None,
                     prologues: Optional[dict[int, Prologue]] = None) -> KernelSource:
     """dk and dv (the second and third thirds of the stacked result), from the stats: both
@@ -279,7 +284,7 @@ def key_grad_kernel(node: Node, program: Program, tile: int = TILE, constants: O
     scale = literal(g.scale, DType.f32)
     rows = g.heads * g.length
     blocks = g.heads * g.tiles
-    split = g.width > SPLIT_WIDTH
+    split = splits(g)
     first = f"(tile_item % {g.tiles}LL) * {g.tile}LL" if g.causal else "0"
     stats_loads = (f"  SX_SHARED float ls[{g.keys}];", f"  SX_SHARED float ds_[{g.keys}];", f"  SX_SHARED float sx_own[{own_rows(g.tile, g.width)}];")
     at = f"base + key * {g.stride}LL + d"
@@ -403,10 +408,11 @@ class AttentionGradStep(AttentionStep):
     def describe(self, index: int, lowered: Lowered) -> KernelLine:
         kernels = self.kernels(lowered.program, lowered.constants)
         threads = kernels[0].threads
+        per_keys = "two (dv, dk) per" if splits(backward_geometry(self.node, lowered.program.types(), self.tile)) else "per"
         computed = "; q, k and v computed as they are loaded" if self.prologues else ""
         return KernelLine(step=index, kind=self.kind, kernel=" + ".join(k.name for k in kernels), nodes=[lowered.label(n) for n in self.nodes],
                           elements=shape_size(self.node.type.shape), bytes=sum(k.bytes for k in kernels), flops=sum(k.flops for k in kernels), launches=2,
-                          how=f"a block per {threads} queries, then per {threads} keys; the scores recomputed tile by tile{computed}")
+                          how=f"a block per {threads} queries, then {per_keys} {threads} keys; the scores recomputed tile by tile{computed}")
 
 
 def computed(node: Node, context: LoweringContext) -> None:

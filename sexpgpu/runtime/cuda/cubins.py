@@ -1,13 +1,14 @@
-"""The precompiled kernels the CUDA device loads instead of compiling: one cubin per kernel, in
-`$SEXPGPU_CACHE/cubins/sm_ARCH/DIGEST.cubin` (`~/.cache/sexpgpu` by default, the root of the
-CPU device's kernel cache and the prepared-data cache), DIGEST being the SHA-256 of the
-compile options and the unit's source (the prelude and the kernel).
+"""The precompiled kernels the CUDA device loads instead of compiling, in
+`$SEXPGPU_CACHE/cubins/sm_ARCH/` (`~/.cache/sexpgpu` by default, the root of the CPU device's
+kernel cache and of the prepared-data cache): compile units (the prelude and a few kernels,
+`units/DIGEST.cubin`), and for each kernel `DIGEST.cubin`, a link to the unit that holds it,
+DIGEST being the SHA-256 of the compile options and the source (for a kernel, the prelude and
+the kernel alone), so a kernel is found by its text whatever unit compiled it.
 
-`bench/gpu_ready.py` builds them with NVRTC and ptxas on a machine without a GPU (nvrtc.py);
-`bench/gpu_wheels.sh` copies them into `.gpu-wheels/cubins`, which the GPU machine's check
-script points `SEXPGPU_CACHE` at. A kernel without its cubin is compiled as before (a
-cache miss costs time, never a result). A file is written under a temporary name and renamed,
-so a reader never sees half of one.
+`bench/gpu_ready.py` builds them with NVRTC and ptxas on a machine without a GPU (nvrtc.py)
+and packs them (`pack`); bench/gpu_check.sh unpacks them into the GPU machine's cache. A
+kernel without its cubin is compiled as before: a miss costs time, never a result. Files are
+written under a temporary name and renamed, so a reader never sees half of one.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from .codegen import PRELUDE, KernelSource
 COMPILE_OPTIONS = ("--std=c++14", "--fmad=false")  # no fused multiply-add: a*b+c rounds twice, as on the CPU
 
 
-def unit_source(kernel: KernelSource) -> str:
-    """What one kernel is compiled from on its own."""
-    return PRELUDE + kernel.source
+def unit_source(kernels: list[KernelSource]) -> str:
+    """What KERNELS are compiled from together."""
+    return PRELUDE + "".join(k.source for k in kernels)
 
 
 def digest(source: str, options: tuple[str, ...] = COMPILE_OPTIONS) -> str:
@@ -40,14 +41,30 @@ def folder(arch: str, root: Optional[Path] = None) -> Path:
     return (root or default_cache_dir()) / "cubins" / f"sm_{arch}"
 
 
-def cubin_path(kernel: KernelSource, arch: str, root: Optional[Path] = None) -> Path:
-    return folder(arch, root) / f"{digest(unit_source(kernel))}.cubin"
+def kernel_path(kernel: KernelSource, arch: str, root: Optional[Path] = None) -> Path:
+    return folder(arch, root) / f"{digest(unit_source([kernel]))}.cubin"
+
+
+def unit_path(key: str, arch: str, root: Optional[Path] = None) -> Path:
+    return folder(arch, root) / "units" / f"{key}.cubin"
 
 
 def lookup(kernel: KernelSource, arch: str, root: Optional[Path] = None) -> Optional[Path]:
-    """KERNEL's precompiled cubin for sm_ARCH, if there is one."""
-    path = cubin_path(kernel, arch, root)
-    return path if path.is_file() and path.stat().st_size > 0 else None
+    """The precompiled cubin for sm_ARCH holding KERNEL (its unit's file), if there is one."""
+    path = kernel_path(kernel, arch, root)
+    try:
+        return path.resolve(strict=True) if path.stat().st_size > 0 else None
+    except OSError:  # none, or a link to a unit that is not there
+        return None
+
+
+def link(kernel: KernelSource, key: str, arch: str, root: Optional[Path] = None) -> None:
+    """KERNEL is found in unit KEY from now on."""
+    path = kernel_path(kernel, arch, root)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.unlink(missing_ok=True)
+    os.symlink(f"units/{key}.cubin", temporary)
+    os.replace(temporary, path)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -59,18 +76,21 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 
 def pack(kernels: Iterable[KernelSource], archive: Path, arch: str, root: Optional[Path] = None) -> tuple[int, list[str]]:
-    """The cubins of KERNELS, as `cubins/sm_ARCH/DIGEST.cubin` in the gzipped tar ARCHIVE
-    (unpacked into a cache root, they are that root's cubins): how many, and the kernels that
-    have none."""
-    missing, count = [], 0
+    """The cubins of KERNELS (their links and the units they name) in the gzipped tar ARCHIVE,
+    as `cubins/sm_ARCH/...`: unpacked into a cache root, they are that root's. Returns how
+    many kernels have one, and the names of those that have none."""
+    missing, count, units = [], 0, set()
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         for kernel in sorted({k.name: k for k in kernels}.values(), key=lambda k: k.name):
-            path = lookup(kernel, arch, root)
-            if path is None:
+            unit = lookup(kernel, arch, root)
+            if unit is None:
                 missing.append(kernel.name)
                 continue
-            tar.add(path, arcname=f"cubins/sm_{arch}/{path.name}")
+            if unit.name not in units:
+                tar.add(unit, arcname=f"cubins/sm_{arch}/units/{unit.name}")
+                units.add(unit.name)
+            tar.add(kernel_path(kernel, arch, root), arcname=f"cubins/sm_{arch}/{kernel_path(kernel, arch, root).name}")
             count += 1
     write_atomically(archive, buffer.getvalue())
     return count, missing

@@ -26,7 +26,7 @@ class CupyRunner:
 
     def __init__(self, cupy: Any) -> None:
         self.cupy = cupy
-        self.modules: dict[str, Any] = {}  # source hash -> RawModule (this device's cache)
+        self.modules: dict[str, Any] = {}  # source hash or cubin path -> RawModule (this device's cache)
         self.functions: dict[str, Any] = {}
         self.tables: dict[str, tuple[tuple[int, ...], Any]] = {}  # kernel -> its pointers and their device array
         self.max_grid = 65535 * 32
@@ -41,8 +41,11 @@ class CupyRunner:
             cubin = lookup(kernel, arch)
             if cubin is None:
                 missing.append(kernel)
-            else:
-                self.functions[name] = self.cupy.RawModule(path=str(cubin)).get_function(name)
+                continue
+            module = self.modules.get(str(cubin))
+            if module is None:  # a unit holds several kernels: loaded once
+                module = self.modules[str(cubin)] = self.cupy.RawModule(path=str(cubin))
+            self.functions[name] = module.get_function(name)
         if not missing:
             return
         source = PRELUDE + "".join(k.source for k in missing)

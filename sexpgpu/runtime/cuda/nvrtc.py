@@ -11,9 +11,10 @@ A kernel fails the check on a compile error, on any warning but an unused variab
 spill, or when it exceeds sm_90's limits for the block it is launched with (registers x
 threads, 48 KiB of static shared memory, 4 KiB of parameters).
 
-`check` builds each kernel as its own unit (the prelude and the kernel), in threads, and keeps
-each unit's cubin (cubins.py: what the device loads) and its report (`DIGEST.json`, beside
-the cubin, with the NVRTC version that made it), so an unchanged kernel is not built again.
+`check` builds the kernels in units of a few (the prelude once, then the kernels), in
+threads, and keeps each unit's cubin (cubins.py: what the device loads) and its report
+(`DIGEST.json`, beside the cubin, with the NVRTC version that made it), so an unchanged unit
+is not built again.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..backend import DeviceError
 from .codegen import BLOCK, KernelSource
-from .cubins import COMPILE_OPTIONS, digest, folder, unit_source, write_atomically
+from .cubins import COMPILE_OPTIONS, digest, link, lookup, unit_path, unit_source, write_atomically
 
 CUPY_ADDS = ("-ftz=true",)  # what CuPy's compile_with_cache appends to a RawModule's options
 ARCH = "90"  # the H100/H200 the GPU machines have
@@ -74,7 +75,7 @@ def find_nvrtc() -> Path:
     if configured:
         return Path(configured)
     try:
-        import nvidia.cuda_nvrtc  # type: ignore[import-not-found,unused-ignore]
+        import nvidia.cuda_nvrtc
     except ImportError:
         raise Toolchain("no NVRTC: pip install -e '.[test]' (nvidia-cuda-nvrtc-cu12) or set SEXPGPU_NVRTC to a libnvrtc.so") from None
     folder = Path(next(iter(nvidia.cuda_nvrtc.__path__))) / "lib"
@@ -90,7 +91,7 @@ def find_ptxas() -> Path:
     if configured:
         return Path(configured)
     try:
-        import nvidia.cuda_nvcc  # type: ignore[import-not-found,unused-ignore]
+        import nvidia.cuda_nvcc
 
         candidate = Path(next(iter(nvidia.cuda_nvcc.__path__))) / "bin" / "ptxas"
         if candidate.exists():
@@ -148,7 +149,7 @@ class Nvrtc:
 
 def disallowed(log: str) -> list[str]:
     """The warnings and errors of a compile log, but an unused variable's."""
-    lines = [line.strip() for line in log.splitlines() if re.search(r"\b(warning|error)\b", line, re.IGNORECASE)]
+    lines = [line.strip() for line in log.splitlines() if re.search(r"\b(warning|error)\b", line, re.IGNORECASE) and not line.lstrip().startswith("Remark")]
     return [line for line in lines if not any(p.search(line) for p in ALLOWED_WARNINGS)]
 
 
@@ -264,35 +265,62 @@ class CheckReport(BaseModel):
 
 
 def check(kernels: list[KernelSource], root: Optional[Path] = None, arch: str = ARCH, workers: Optional[int] = None) -> CheckReport:
-    """Every distinct kernel of KERNELS through NVRTC and ptxas for sm_ARCH, WORKERS at a time
-    (the CPUs by default), each unit's cubin and report kept under ROOT (the cache root)."""
+    """Every distinct kernel of KERNELS through NVRTC and ptxas for sm_ARCH, WORKERS units at
+    a time (the CPUs by default), each unit's cubin and report kept under ROOT (the cache
+    root). A unit is the kernels whose names end in the same two hex digits (a kernel's name
+    is the hash of its text): a changed kernel rebuilds its unit only. A unit that does not
+    build is built again a kernel at a time, so that each error names its kernel."""
     nvrtc, ptxas = Nvrtc.load(), find_ptxas()
     version = ".".join(map(str, nvrtc.version()))
-    unique = {k.name: k for k in kernels}
-    place = folder(arch, root)
-    todo: list[tuple[str, KernelSource]] = []
-    reports: dict[str, UnitReport] = {}
-    for kernel in unique.values():
-        key = digest(unit_source(kernel))
-        cached = cached_report(place / f"{key}.json", version)
-        if cached is not None and (place / f"{key}.cubin").is_file():
-            reports[kernel.name] = cached
-        else:
-            todo.append((key, kernel))
+    buckets: dict[str, list[KernelSource]] = {}
+    for kernel in sorted({k.name: k for k in kernels}.values(), key=lambda k: k.name):
+        buckets.setdefault(kernel.name[-12:-10], []).append(kernel)
+    units = list(buckets.values())
+    cached = [cached_unit(unit, version, arch, root) for unit in units]
+    todo = [unit for unit, report in zip(units, cached) if report is None]
 
-    def build(item: tuple[str, KernelSource]) -> tuple[str, UnitReport]:
-        key, kernel = item
-        report, cubin = build_unit(nvrtc, ptxas, key, unit_source(kernel), {kernel.name: kernel.threads or BLOCK}, COMPILE_OPTIONS, arch)
-        if cubin is not None and not report.errors:
-            write_atomically(place / f"{key}.cubin", cubin)
-            write_atomically(place / f"{key}.json", CachedUnit(nvrtc=version, report=report).model_dump_json().encode())
-        return kernel.name, report
+    def build(unit: list[KernelSource]) -> list[UnitReport]:
+        report = build_and_keep(nvrtc, ptxas, version, unit, arch, root)
+        if not report.errors or len(unit) == 1:
+            return [report]
+        return [build_and_keep(nvrtc, ptxas, version, [kernel], arch, root) for kernel in unit]
 
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-        reports.update(pool.map(build, todo))
-    errors = [f"{name}: {e}" for name, r in sorted(reports.items()) for e in r.errors]
-    found = sorted((k for r in reports.values() for k in r.kernels), key=lambda k: k.name)
-    return CheckReport(nvrtc=version, units=len(reports), built=len(todo), kernels=found, errors=errors)
+        built = [r for reports in pool.map(build, todo) for r in reports]
+    reports = [r for r in cached if r is not None] + built
+    errors = [e for r in reports for e in r.errors]
+    found = sorted((k for r in reports for k in r.kernels), key=lambda k: k.name)
+    return CheckReport(nvrtc=version, units=len(units), built=len(todo), kernels=found, errors=errors)
+
+
+def build_and_keep(nvrtc: Nvrtc, ptxas: Path, version: str, unit: list[KernelSource], arch: str, root: Optional[Path]) -> UnitReport:
+    """UNIT built; when it builds cleanly, its cubin, its report and its kernels' links kept."""
+    source = unit_source(unit)
+    key = digest(source)
+    report, cubin = build_unit(nvrtc, ptxas, key, source, {k.name: k.threads or BLOCK for k in unit}, COMPILE_OPTIONS, arch)
+    if len(unit) == 1:  # errors name their kernel
+        report.errors = [f"{unit[0].name}: {e}" for e in report.errors]
+    if cubin is not None and not report.errors:
+        path = unit_path(key, arch, root)
+        write_atomically(path, cubin)
+        write_atomically(path.with_suffix(".json"), CachedUnit(nvrtc=version, report=report).model_dump_json().encode())
+        for kernel in unit:
+            link(kernel, key, arch, root)
+    return report
+
+
+def cached_unit(unit: list[KernelSource], version: str, arch: str, root: Optional[Path]) -> Optional[UnitReport]:
+    """UNIT's kept report, if NVRTC VERSION made it, its cubin is there and its kernels link
+    to it."""
+    key = digest(unit_source(unit))
+    path = unit_path(key, arch, root)
+    report = cached_report(path.with_suffix(".json"), version)
+    if report is None or not path.is_file():
+        return None
+    for kernel in unit:
+        if lookup(kernel, arch, root) != path.resolve():
+            link(kernel, key, arch, root)
+    return report
 
 
 def cached_report(path: Path, version: str) -> Optional[UnitReport]:
