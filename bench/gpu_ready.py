@@ -82,20 +82,25 @@ def main() -> int:
     _, every, report = kernel_check(args.workers)
     print_report(report)
     result: dict[str, Any] = summary(report)
-    if args.pack is not None:
-        from sexpgpu.runtime.cuda.cubins import pack
-        from sexpgpu.runtime.cuda.nvrtc import ARCH
-
-        count, missing = pack(every, args.pack, ARCH)
-        print(f"packed {count} cubins into {args.pack} ({args.pack.stat().st_size / 2**20:.1f} MiB); {len(missing)} without one", flush=True)
     result["install_ok"], result["gpu_tests_collected"] = None, None
-    if not args.no_install:
-        import gpu_machine
+    with tempfile.TemporaryDirectory(prefix="sexpgpu-gpu-machine-") as work:
+        archive = args.pack or Path(work) / "cubins.tar.gz"
+        if args.pack is not None or not args.no_install:
+            from sexpgpu.runtime.cuda.cubins import pack
+            from sexpgpu.runtime.cuda.nvrtc import ARCH
 
-        with tempfile.TemporaryDirectory(prefix="sexpgpu-gpu-machine-") as work:
-            machine = gpu_machine.simulate(Path(work))
-        print(machine.log_tail, flush=True)
-        result["install_ok"], result["gpu_tests_collected"] = machine.install_ok, len(machine.collected)
+            count, missing = pack(every, archive, ARCH)
+            print(f"packed {count} cubins into {archive} ({archive.stat().st_size / 2**20:.1f} MiB); {len(missing)} without one", flush=True)
+        if not args.no_install:
+            import gpu_machine
+
+            machine = gpu_machine.simulate(Path(work) / "machine", archive)
+            print(machine.log_tail, flush=True)
+            print(f"simulated GPU machine: install {'worked' if machine.install_ok else 'FAILED'}, {len(machine.collected)} GPU tests collected"
+                  f"{', not collected: ' + ', '.join(machine.missing) if machine.missing else ''}; {machine.kernels_found} precompiled kernels found in its cache",
+                  flush=True)
+            result["install_ok"] = machine.install_ok and not machine.missing and machine.kernels_found == len(every)
+            result["gpu_tests_collected"] = len(machine.collected)
     print(json.dumps(result), flush=True)
     return 0 if result["failures"] == 0 and result["install_ok"] is not False else 1
 

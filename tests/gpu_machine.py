@@ -123,8 +123,10 @@ def simulate(work: Path, cubins: Optional[Path] = None) -> Machine:
     run([python, "-m", "pip", "uninstall", "-y", "-q", "setuptools", "wheel"], env, repo, steps)  # the machine has neither
     ok = run([python, "-m", "pip", "install", "-q", "--no-deps", *map(str, own)], env, repo, steps).returncode == 0
     installed = run(["bash", "-c", "set -uo pipefail\n" + install_lines()], env, repo, steps)
-    imports = run([python, "-c", "import sexpgpu, threadpoolctl, xdist, execnet, pydantic, cupy, ml_dtypes; print(cupy.__version__)"], env, repo, steps)
-    install_ok = ok and installed.returncode == 0 and imports.returncode == 0
+    # from outside the tree: sexpgpu is found because it is installed, not because it is here
+    imports = run([python, "-c", "import sexpgpu, threadpoolctl, xdist, execnet, pydantic, cupy, ml_dtypes; print(sexpgpu.__file__, cupy.__version__)"], env, work, steps)
+    installed_ok = imports.returncode == 0 and str(repo) in imports.stdout
+    install_ok = ok and installed.returncode == 0 and installed_ok
     collect = run([python, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0", *GPU_TESTS], env, repo, steps)
     collected = [line.strip() for line in collect.stdout.splitlines() if "::" in line]
     functions = {re.sub(r"\[.*$", "", node) for node in collected}
