@@ -121,6 +121,14 @@ def test_wide_heads_accumulate_dk_and_dv_in_separate_blocks_with_the_same_bits(d
     one = whole.run(data)
     for key in ("dq", "dk", "dv"):
         assert np.asarray(got[key]).tobytes() == np.asarray(one[key]).tobytes(), key
+    if shutil.which("cc") is not None:  # the compiled CPU device's attention: the same sums, over its own items
+        from sexpgpu.runtime.cpu.device import CpuBackend, CpuRuntime
+        from sexpgpu.runtime.cpu.toolchain import open_toolchain
+
+        monkeypatch.setattr(attention, "SPLIT_WIDTH", width - 1)
+        on_cpu = CpuBackend(CpuRuntime(open_toolchain(), math="libm")).program(program).run(data)
+        for key in ("dq", "dk", "dv"):
+            assert np.asarray(on_cpu[key]).tobytes() == np.asarray(got[key]).tobytes(), f"cpu {key}"
     if dtype == DType.f32:
         compare(got, CompiledProgram(attention_program(length, dtype, True, fused=False, width=width)).run_copy(data), 2e-5, "wide heads")
 

@@ -33,14 +33,13 @@ from typing import Optional
 from pydantic import BaseModel, ValidationError
 
 from ..backend import DeviceError
-from .codegen import BLOCK, KernelSource
+from .codegen import BLOCK, PARAM_BYTES, KernelSource
 from .cubins import COMPILE_OPTIONS, digest, link, lookup, unit_path, unit_source, write_atomically
 
 CUPY_ADDS = ("-ftz=true",)  # what CuPy's compile_with_cache appends to a RawModule's options
 ARCH = "90"  # the H100/H200 the GPU machines have
 REGISTER_FILE = 65536  # 32-bit registers per SM (and per block) on sm_90
 STATIC_SHARED = 48 * 1024  # static __shared__ per block
-PARAM_BYTES = 4096  # the classic kernel-parameter limit (more needs CUDA >= 12.1 and a recent driver)
 ALLOWED_WARNINGS = (re.compile(r"variable \"[^\"]*\" was (declared|set) but never (referenced|used)"),)
 
 
