@@ -118,33 +118,36 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak of the GPU (H100/H200 SXM: 989)")
     parser.add_argument("--only", default=None, help="run only the configurations whose name contains this")
     args = parser.parse_args()
-    rows = []
+    # each row as soon as its side is measured (flushed): a run cut off by its timeout still
+    # shows what it reached
+    print(f"{'config':<38} {'side':<14} {'step ms':>9} {'tokens/s':>12} {'MFU':>7} {'ours/side':>10}", flush=True)
     for name, config in CONFIGS.items():
         if args.only and args.only not in name:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             path = run_file(Path(tmp), config)
             tokens = config["batch"] * config["context"]
-            results: dict[str, float] = {}
             params = 0
+            mine = float("nan")
             for side in ("ours", "torch eager", "torch.compile"):
                 try:
                     if side == "ours":
                         seconds, experiment = ours(path, args.steps)
                         params = sum(int(__import__("numpy").prod(p.shape)) for p in experiment.params)
+                        mine = seconds
                     else:
                         seconds = torch_side(path, args.steps, compiled=side == "torch.compile")
-                    results[side] = seconds
                 except Exception:  # one side failing must not hide the others
-                    print(f"{name} / {side} failed:\n{traceback.format_exc()}", file=sys.stderr)
-            rows.append((name, tokens, params, results))
-    print(f"{'config':<38} {'side':<14} {'step ms':>9} {'tokens/s':>12} {'MFU':>7} {'ours/side':>10}")
-    for name, tokens, params, results in rows:
-        for side, seconds in results.items():
-            rate = tokens / seconds
-            mfu = 6 * params * rate / (args.peak_tflops * 1e12) if params else float("nan")
-            ratio = results["ours"] and seconds / results["ours"] if "ours" in results else float("nan")
-            print(f"{name:<38} {side:<14} {seconds * 1000:>9.2f} {rate:>12,.0f} {mfu:>7.2%} {ratio:>10.2f}")
+                    print(f"{name} / {side} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+                    continue
+                print(row(name, side, seconds, tokens, params, mine, args.peak_tflops), flush=True)
+
+
+def row(name: str, side: str, seconds: float, tokens: int, params: int, ours_seconds: float, peak_tflops: float) -> str:
+    """One side's line: step time, tokens/s, MFU and its time over ours."""
+    rate = tokens / seconds
+    mfu = 6 * params * rate / (peak_tflops * 1e12) if params else float("nan")
+    return f"{name:<38} {side:<14} {seconds * 1000:>9.2f} {rate:>12,.0f} {mfu:>7.2%} {seconds / ours_seconds:>10.2f}"
 
 
 if __name__ == "__main__":

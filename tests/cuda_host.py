@@ -19,11 +19,9 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -69,7 +67,7 @@ def launcher(kernel: KernelSource) -> str:
         store, _ = c_types(p.dtype)
         qualifier = "const " if p.role == "in" else ""
         casts.append(f"({qualifier}{store}*)args[{k}]")
-    call = f"{kernel.name}({', '.join(casts + ['n'])});"
+    call = f"{kernel.name}({', '.join(casts + ['n'])});" if not kernel.table else f"{kernel.name}((void* const*)args, n);"  # the device's pointer array
     if kernel.lanes != "thread":  # cooperating lanes: a coroutine per CUDA thread, a block at a time
         return (
             f'extern "C" int launch_{kernel.name}(void** args, long long n, unsigned int grid, unsigned int block) {{\n'
@@ -168,25 +166,6 @@ def from_storage(x: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bool":
         return x.astype(bool)
     return x
-
-
-def nvcc() -> Optional[str]:
-    return shutil.which("nvcc") or (str(Path("/usr/local/cuda/bin/nvcc")) if Path("/usr/local/cuda/bin/nvcc").exists() else None)
-
-
-def nvcc_compiles(sources: list[str], workdir: Path) -> None:
-    """Compile every source (PRELUDE included) to PTX with nvcc, in one translation unit per
-    source, through one nvcc call; raises with nvcc's message on the first failure."""
-    compiler = nvcc()
-    assert compiler is not None
-    files = []
-    for k, source in enumerate(sources):
-        path = workdir / f"k{k}.cu"
-        path.write_text(PRELUDE + source)
-        files.append(str(path))
-    done = subprocess.run([compiler, "--ptx", "-arch=sm_90", "-ftz=true", "-odir", str(workdir), *files], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"nvcc refused a generated kernel:\n{done.stderr[-4000:]}")
 
 
 class HostRunner:

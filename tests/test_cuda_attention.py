@@ -29,14 +29,14 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the host em
 BATCH, HEADS, WIDTH = 2, 3, 8
 
 
-def attention_program(length: int, dtype: DType, causal: bool, fused: bool) -> Program:
+def attention_program(length: int, dtype: DType, causal: bool, fused: bool, width: int = WIDTH) -> Program:
     """o = attention(q, k, v) fused or as the unfused ops; loss = sum(f32(o) * c); outputs o,
     loss and the gradients of q, k and v."""
     b = Builder("attention")
-    t = TensorType(dtype=dtype, shape=(BATCH, length, HEADS, WIDTH))
+    t = TensorType(dtype=dtype, shape=(BATCH, length, HEADS, width))
     q, k, v = (b.input(name, "data", t) for name in "qkv")
     c = b.input("c", "data", TensorType(dtype=DType.f32, shape=t.shape))
-    scale = WIDTH**-0.5
+    scale = width**-0.5
     if fused:
         o = b.op("attention", q, k, v, causal=causal, scale=scale)
     else:  # heads first, as nn:causal-attention does with dropout
@@ -51,9 +51,9 @@ def attention_program(length: int, dtype: DType, causal: bool, fused: bool) -> P
     return b.program({"o": o, "loss": loss, **{f"d{name}": grads[vid] for name, vid in zip("qkv", (q, k, v))}})  # type: ignore[misc]
 
 
-def feeds(length: int, dtype: DType, seed: int) -> dict[str, np.ndarray]:
+def feeds(length: int, dtype: DType, seed: int, width: int = WIDTH) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    shape = (BATCH, length, HEADS, WIDTH)
+    shape = (BATCH, length, HEADS, width)
     out = {name: (rng.standard_normal(shape) * 1.5).astype(numpy_dtype(dtype)) for name in "qkv"}
     out["c"] = rng.standard_normal(shape).astype(np.float32)
     return out
@@ -100,6 +100,37 @@ def test_fused_attention_in_bf16_is_within_bf16_of_the_f32_result(length: int, t
         ours = np.abs(np.asarray(got[key], np.float64) - np.asarray(exact[key], np.float64)).max()
         theirs = np.abs(np.asarray(unfused[key], np.float64) - np.asarray(exact[key], np.float64)).max()
         assert ours <= theirs * 1.5 + 1e-6, (key, ours, theirs)
+
+
+@pytest.mark.parametrize("dtype", [DType.f32, DType.bf16])
+def test_wide_heads_accumulate_dk_and_dv_in_separate_blocks_with_the_same_bits(dtype: DType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Heads wider than SPLIT_WIDTH (GPT-2's 64): the key pass gives each key tile a block for
+    dv and one for dk, so that a thread holds one row of accumulators (two spill on sm_90);
+    the gradients are bit for bit those of one block doing both, and the unfused path's."""
+    monkeypatch.setattr(attention, "TILE", 16)
+    length, width = 37, attention.SPLIT_WIDTH + 8
+    data = feeds(length, dtype, 11, width)
+    program = attention_program(length, dtype, True, fused=True, width=width)
+    split = LoweredProgram(program, ArrayDevice(np, HostRunner()))
+    (dkv,) = [k for ks in split.kernels for k in ks if k.name.startswith("sx_attention_dkv")]
+    assert "dv_part" in dkv.source and dkv.size == 2 * BATCH * HEADS * -(-length // 16)
+    got = split.run(data)
+    monkeypatch.setattr(attention, "SPLIT_WIDTH", width)
+    whole = LoweredProgram(program, ArrayDevice(np, HostRunner()))
+    assert not any("dv_part" in k.source for ks in whole.kernels for k in ks)
+    one = whole.run(data)
+    for key in ("dq", "dk", "dv"):
+        assert np.asarray(got[key]).tobytes() == np.asarray(one[key]).tobytes(), key
+    if shutil.which("cc") is not None:  # the compiled CPU device's attention: the same sums, over its own items
+        from sexpgpu.runtime.cpu.device import CpuBackend, CpuRuntime
+        from sexpgpu.runtime.cpu.toolchain import open_toolchain
+
+        monkeypatch.setattr(attention, "SPLIT_WIDTH", width - 1)
+        on_cpu = CpuBackend(CpuRuntime(open_toolchain(), math="libm")).program(program).run(data)
+        for key in ("dq", "dk", "dv"):
+            assert np.asarray(on_cpu[key]).tobytes() == np.asarray(got[key]).tobytes(), f"cpu {key}"
+    if dtype == DType.f32:
+        compare(got, CompiledProgram(attention_program(length, dtype, True, fused=False, width=width)).run_copy(data), 2e-5, "wide heads")
 
 
 def test_the_plan_holds_no_scores() -> None:

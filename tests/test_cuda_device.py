@@ -83,14 +83,15 @@ def test_examples_train_on_the_gpu_like_on_the_cpu(example: str, steps: int, rto
 
     from sexpgpu.compile.pipeline import compile_file
     from sexpgpu.runtime.attempt import RunOptions, train
-    from sexpgpu.runtime.devices import open_backend
+    from sexpgpu.runtime.devices import open_device
 
     experiment = compile_file(REPO / "examples" / f"{example}.lisp").experiment
     assert experiment is not None
     experiment.run.log_every = 1
     runs = {}
     for dev in ("cpu", "cuda"):
-        result = train(experiment, RunOptions(store=str(tmp_path / dev), device=dev, backend=open_backend(dev), max_steps=steps, signals=False), say=lambda _: None)
+        resolved, backend = open_device(dev)  # the CPU side on the NumPy backend where no C compiler works
+        result = train(experiment, RunOptions(store=str(tmp_path / dev), device=resolved, backend=backend, max_steps=steps, signals=False), say=lambda _: None)
         assert result.exit_code == 0
         events = [json.loads(line) for line in (tmp_path / dev / result.slug / "events.jsonl").read_text().splitlines()]
         runs[dev] = [e["loss"] for e in events if e["kind"] == "step"]
@@ -244,3 +245,27 @@ def test_fused_attention_on_the_gpu_matches_the_unfused_numpy_path(dtype: DType,
     want = CompiledProgram(attention_program(length, DType.f32, True, fused=False)).run_copy(wide)
     got = LoweredProgram(attention_program(length, dtype, True, fused=True), device()).run(data)
     compare(got, want, 1e-4 if dtype == DType.f32 else 1e-2, f"{dtype.value} length {length} tile {tile}")
+
+
+def test_the_precompiled_kernels_are_loaded_not_compiled() -> None:
+    """With the cubins bench/gpu_check.sh unpacks (built without a GPU by bench/gpu_ready.py),
+    every kernel of the examples' programs comes from one: nothing goes to NVRTC, and the
+    programs still match the NumPy backend."""
+    from sexpgpu.runtime.cuda import cubins
+    from sexpgpu.runtime.cuda.device import CupyRunner
+    from sexpgpu.runtime.cuda.executor import ArrayDevice, LoweredProgram
+    from test_cuda_codegen import example_programs, feeds_for
+
+    arch = str(cupy.cuda.Device().compute_capability)
+    if not cubins.folder(arch).is_dir():
+        pytest.skip(f"no precompiled kernels in {cubins.folder(arch)} (bench/gpu_check.sh unpacks them)")
+    runner = CupyRunner(cupy)
+    dev = ArrayDevice(cupy, runner)
+    rng = np.random.default_rng(12)
+    for stem, name, program in example_programs():
+        lowered = LoweredProgram(program, dev)
+        by_id = feeds_for(program, rng)
+        feeds = {i.name: by_id[i.id] for i in program.inputs}
+        compare(lowered.run(feeds), CompiledProgram(program).run_copy(feeds), program, f"{stem} {name}")
+    compiled = [key for key in runner.modules if not key.endswith(".cubin")]
+    assert not compiled, f"{len(compiled)} modules compiled by NVRTC; {len(runner.modules)} loaded"

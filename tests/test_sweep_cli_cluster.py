@@ -84,6 +84,15 @@ def test_a_rank_without_its_collective_library_is_exit_4_not_a_retry() -> None:
             raise AssertionError("NCCL ranks without CuPy must refuse to start")
 
 
+def test_the_nccl_hint_names_the_wheel_of_the_installed_cupys_cuda() -> None:
+    """A CuPy without NCCL is told the NCCL wheel of its own CUDA major version."""
+    from workers.collective import nccl_install
+
+    assert nccl_install(["numpy", "cupy-cuda12x"]) == "pip install nvidia-nccl-cu12"
+    assert nccl_install(["cupy_cuda13x", "torch"]) == "pip install nvidia-nccl-cu13"
+    assert "NN the CUDA major version" in nccl_install(["cupy"])
+
+
 def test_a_lost_attempt_does_not_leave_its_run_running(tmp_path: Path) -> None:
     """The supervisor writes the end of an attempt that could not (its rank was killed): the
     status says preempted, with the reason, not `running` with a dead heartbeat."""

@@ -17,6 +17,7 @@ Both joins (rendezvous) run under a timeout: a rank that never arrives is a clea
 
 from __future__ import annotations
 
+import re
 import threading
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -75,8 +76,23 @@ def unavailable(backend: str) -> Optional[str]:
     except ImportError:
         return "GPU ranks need CuPy with NCCL: pip install -e '.[cuda]' on every worker"
     if not getattr(nccl, "available", True):
-        return "this CuPy has no NCCL (cupy.cuda.nccl.available is False): install NCCL for CuPy (pip install nvidia-nccl-cu13)"
+        return f"this CuPy has no NCCL (cupy.cuda.nccl.available is False): install NCCL for CuPy ({nccl_install(installed_distributions())})"
     return None
+
+
+def installed_distributions() -> list[str]:
+    from importlib import metadata
+
+    return [d.metadata["Name"] or "" for d in metadata.distributions()]
+
+
+def nccl_install(distributions: list[str]) -> str:
+    """The pip line of the NCCL wheel for the CUDA major version of the CuPy wheel among
+    DISTRIBUTIONS (cupy-cuda12x: nvidia-nccl-cu12); a CuPy built from source says which."""
+    majors = sorted({m.group(1) for d in distributions if (m := re.fullmatch(r"cupy-cuda(\d+)x", d.strip().lower().replace("_", "-")))})
+    if len(majors) == 1:
+        return f"pip install nvidia-nccl-cu{majors[0]}"
+    return "pip install nvidia-nccl-cuNN, NN the CUDA major version CuPy was built for"
 
 
 class DeviceReducer(Protocol):

@@ -41,7 +41,7 @@ from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, Shape, TensorType, shape_size
 from ...ir.ops import OpKind, op_def
 from ..cuda.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, geometry
-from ..cuda.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage
+from ..cuda.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage, unpack
 from ..cuda.kernels import ReduceStrategy, axis_coords, piecewise, planned_strategy, reduce_geometry
 from ..cuda.lowering import Step
 from ..cuda.row_kernel import BLOCK_ROWS, WARP_ROWS, needed_row_nodes
@@ -106,16 +106,6 @@ class HostKernel:
 
 def is_call(node: Node, math: str) -> bool:
     return math == "numpy" and node.op in NUMPY_LOOPS and node.type.dtype == DType.f32
-
-
-def unpack(decls: tuple[str, ...] | list[str]) -> list[str]:
-    """The kernel's parameters from the argument array, in the order of its params."""
-    out = []
-    for k, decl in enumerate(decls):
-        name = decl.split()[-1]
-        typ = decl[: -len(name)].strip()
-        out.append(f"  {typ} {name} = ({typ.replace('__restrict__', '').strip()})sx_args[{k}];")
-    return out
 
 
 def function(name: str, decls: tuple[str, ...] | list[str], body: list[str]) -> str:
@@ -829,7 +819,8 @@ def attention_dkv_host(step: AttentionGradStep, program: Program, constants: dic
         "    }",
         "  }",
     ]
-    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops)
+    # its tiles' items (the device's kernel may give each tile two blocks, one for dk, one for dv)
+    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), g.heads * g.tiles, kernel.bytes + kernel.flops)
 
 
 # -- every kernel of a step -------------------------------------------------------------------------------

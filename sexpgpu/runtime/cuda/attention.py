@@ -17,7 +17,10 @@ element has one writer, which adds in a fixed order):
   D_i = g_i . o_i; the log-sum-exps and D go to the step's scratch;
 - per key tile, a thread per key: dv = sum_i P_ij g_i and dk = sum_i dS_ij q_i * scale over the
   query tiles that see it (causal: from its own tile on), Q, g, lse and D tiles in shared
-  memory.
+  memory. Heads wider than SPLIT_WIDTH give each key tile two blocks, one accumulating dv and
+  one dk (each recomputing P), so that a thread holds one row of accumulators, not two: two
+  rows of 64 do not fit sm_90's 255 registers without spilling. The sums are the same, in the
+  same order, either way.
 
 Sequence lengths need not be multiples of the tile: threads past the end load zeros, keep
 their hands off the results, and meet every barrier as the others do.
@@ -39,6 +42,7 @@ from .steps import NodeStep
 TILE = 64  # queries (keys in the dK/dV pass) per block: its threads
 SHARED_FLOATS = 8192  # f32 elements of the forward pass's K and V tiles together: 32 KiB
 BACKWARD_FLOATS = 12288  # the backward kernels' shared memory, in f32 elements: 48 KiB, the static limit
+SPLIT_WIDTH = 32  # wider heads: dk and dv accumulated by separate blocks of the key pass
 
 
 @dataclass(frozen=True)
@@ -229,8 +233,8 @@ def query_grad_kernel(node: Node, program: Program, tile: int = TILE, constants:
     body = [
         f"    const long long head = item / {g.tiles}LL, base = {g.base('head')}, query = (item % {g.tiles}LL) * {g.tile}LL + lane;",
         f"    const bool live = query < {g.length}LL;",
-        f"    float* const qr = sx_own + lane * {g.width + 1};",
-        f"    float* const gr = sx_own + {g.tile * (g.width + 1)} + lane * {g.width + 1};",
+        f"    volatile float* const qr = sx_own + lane * {g.width + 1};",
+        f"    volatile float* const gr = sx_own + {g.tile * (g.width + 1)} + lane * {g.width + 1};",
         f"    float dq[{g.width}];",
         "    float dsum = 0.0f;",
         f"    for (int d = 0; d < {g.width}; ++d) {{ qr[d] = live ? {operands.load('q', at)} : 0.0f; gr[d] = live ? {operands.load('g', at)} : 0.0f; dq[d] = 0.0f;"
@@ -264,25 +268,58 @@ def query_grad_kernel(node: Node, program: Program, tile: int = TILE, constants:
                     moved=operands.bytes + g.elements * BYTES[g.dtype] + 2 * rows * 4, lanes="tile", threads=g.tile)
 
 
+def splits(g: Geometry) -> bool:
+    """Whether the key pass gives dk and dv blocks of their own (heads wider than SPLIT_WIDTH)."""
+    return g.width > SPLIT_WIDTH
+
+
 def key_grad_kernel(node: Node, program: Program, tile: int = TILE, constants: Optional[dict[int, Node]] = None,
                     prologues: Optional[dict[int, Prologue]] = None) -> KernelSource:
-    """dk and dv (the second and third thirds of the stacked result), from the stats."""
+    """dk and dv (the second and third thirds of the stacked result), from the stats: both
+    by each block, or (heads wider than SPLIT_WIDTH) dv by the blocks of the first half of
+    the items and dk by those of the second."""
     g = backward_geometry(node, program.types(), tile)
     operands = Operands(node, program, constants or {}, prologues or {}, ("q", "k", "v", "g"))
     store, _ = c_types(g.dtype)
     scale = literal(g.scale, DType.f32)
     rows = g.heads * g.length
-    first = f"(item % {g.tiles}LL) * {g.tile}LL" if g.causal else "0"
+    blocks = g.heads * g.tiles
+    split = splits(g)
+    first = f"(tile_item % {g.tiles}LL) * {g.tile}LL" if g.causal else "0"
     stats_loads = (f"  SX_SHARED float ls[{g.keys}];", f"  SX_SHARED float ds_[{g.keys}];", f"  SX_SHARED float sx_own[{own_rows(g.tile, g.width)}];")
     at = f"base + key * {g.stride}LL + d"
+    dv_step = "dv[d] += p * gs[r + d]; " if not split else ""
+    if split:  # a block-uniform choice: every lane of a block takes the same branch, barriers included
+        accumulate = [
+            "        if (dv_part) { for (int d = 0; d < " + str(g.width) + "; ++d) acc[d] += p * gs[r + d]; }",
+            "        else {",
+            f"          float dp = 0.0f; for (int d = 0; d < {g.width}; ++d) dp += gs[r + d] * vr[d];",
+            "          const float ds = p * (dp - ds_[i - q0]);",
+            f"          for (int d = 0; d < {g.width}; ++d) acc[d] += ds * qs[r + d];",
+            "        }",
+        ]
+        accumulators = [f"    const bool dv_part = item < {blocks}LL;", f"    const long long tile_item = dv_part ? item : item - {blocks}LL;",
+                        f"    float acc[{g.width}];"]
+        zero = "acc[d] = 0.0f;"
+        store_lines = [f"    if (live) for (int d = 0; d < {g.width}; ++d) {{ if (dv_part) out[{2 * g.elements}LL + {at}] = {to_storage('acc[d]', g.dtype)};"
+                       f" else out[{g.elements}LL + {at}] = {to_storage(f'acc[d] * {scale}', g.dtype)}; }}"]
+    else:
+        accumulate = [
+            f"        float dp = 0.0f; for (int d = 0; d < {g.width}; ++d) {{ {dv_step}dp += gs[r + d] * vr[d]; }}",
+            "        const float ds = p * (dp - ds_[i - q0]);",
+            f"        for (int d = 0; d < {g.width}; ++d) dk[d] += ds * qs[r + d];",
+        ]
+        accumulators = ["    const long long tile_item = item;", f"    float dk[{g.width}], dv[{g.width}];"]
+        zero = "dk[d] = 0.0f; dv[d] = 0.0f;"
+        store_lines = [f"    if (live) for (int d = 0; d < {g.width}; ++d) {{ out[{g.elements}LL + {at}] = {to_storage(f'dk[d] * {scale}', g.dtype)};"
+                       f" out[{2 * g.elements}LL + {at}] = {to_storage('dv[d]', g.dtype)}; }}"]
     body = [
-        f"    const long long head = item / {g.tiles}LL, base = {g.base('head')}, key = (item % {g.tiles}LL) * {g.tile}LL + lane;",
+        *accumulators,
+        f"    const long long head = tile_item / {g.tiles}LL, base = {g.base('head')}, key = (tile_item % {g.tiles}LL) * {g.tile}LL + lane;",
         f"    const bool live = key < {g.length}LL;",
-        f"    float* const kr = sx_own + lane * {g.width + 1};",
-        f"    float* const vr = sx_own + {g.tile * (g.width + 1)} + lane * {g.width + 1};",
-        f"    float dk[{g.width}], dv[{g.width}];",
-        f"    for (int d = 0; d < {g.width}; ++d) {{ kr[d] = live ? {operands.load('k', at)} : 0.0f; vr[d] = live ? {operands.load('v', at)} : 0.0f;"
-        " dk[d] = 0.0f; dv[d] = 0.0f; }",
+        f"    volatile float* const kr = sx_own + lane * {g.width + 1};",
+        f"    volatile float* const vr = sx_own + {g.tile * (g.width + 1)} + lane * {g.width + 1};",
+        f"    for (int d = 0; d < {g.width}; ++d) {{ kr[d] = live ? {operands.load('k', at)} : 0.0f; vr[d] = live ? {operands.load('v', at)} : 0.0f; {zero} }}",
         *tile_loop(g, operands, first, f"{g.length}LL", [("qs", "q"), ("gs", "g")], "q0"),
         f"      for (long long t = lane; t < {g.keys}LL; t += {g.tile}) {{ const long long row = q0 + t;"
         f" ls[t] = row < {g.length}LL ? stats[head * {g.length}LL + row] : 0.0f; ds_[t] = row < {g.length}LL ? stats[{rows}LL + head * {g.length}LL + row] : 0.0f; }}",
@@ -292,17 +329,14 @@ def key_grad_kernel(node: Node, program: Program, tile: int = TILE, constants: O
         f"        const long long r = (i - q0) * {g.width};",
         f"        {dot('kr', 'qs', 'r', g.width)}",
         f"        const float p = expf(dot * {scale} - ls[i - q0]);",
-        f"        float dp = 0.0f; for (int d = 0; d < {g.width}; ++d) {{ dv[d] += p * gs[r + d]; dp += gs[r + d] * vr[d]; }}",
-        "        const float ds = p * (dp - ds_[i - q0]);",
-        f"        for (int d = 0; d < {g.width}; ++d) dk[d] += ds * qs[r + d];",
+        *accumulate,
         "      }",
         "    }",
-        f"    if (live) for (int d = 0; d < {g.width}; ++d) {{ out[{g.elements}LL + {at}] = {to_storage(f'dk[d] * {scale}', g.dtype)};"
-        f" out[{2 * g.elements}LL + {at}] = {to_storage('dv[d]', g.dtype)}; }}",
+        *store_lines,
     ]
     decls = operands.decls + ["const float* __restrict__ stats", f"{store}* __restrict__ out"]
     params = operands.params + [Param("in", -1, DType.f32, (2 * rows,)), Param("out", node.id, g.dtype, tuple(node.type.shape))]
-    return assemble("sx_attention_dkv", decls, "item", body, params, g.heads * g.tiles, 8 * pairs(g) * g.width,
+    return assemble("sx_attention_dkv", decls, "item", body, params, blocks * (2 if split else 1), (12 if split else 8) * pairs(g) * g.width,
                     before=shared(["qs", "gs"], g, stats_loads + tuple(operands.lambdas)),
                     moved=operands.bytes + 2 * g.elements * BYTES[g.dtype] + 2 * rows * 4, lanes="tile", threads=g.tile)
 
@@ -374,10 +408,11 @@ class AttentionGradStep(AttentionStep):
     def describe(self, index: int, lowered: Lowered) -> KernelLine:
         kernels = self.kernels(lowered.program, lowered.constants)
         threads = kernels[0].threads
+        per_keys = "two (dv, dk) per" if splits(backward_geometry(self.node, lowered.program.types(), self.tile)) else "per"
         computed = "; q, k and v computed as they are loaded" if self.prologues else ""
         return KernelLine(step=index, kind=self.kind, kernel=" + ".join(k.name for k in kernels), nodes=[lowered.label(n) for n in self.nodes],
                           elements=shape_size(self.node.type.shape), bytes=sum(k.bytes for k in kernels), flops=sum(k.flops for k in kernels), launches=2,
-                          how=f"a block per {threads} queries, then per {threads} keys; the scores recomputed tile by tile{computed}")
+                          how=f"a block per {threads} queries, then {per_keys} {threads} keys; the scores recomputed tile by tile{computed}")
 
 
 def computed(node: Node, context: LoweringContext) -> None:

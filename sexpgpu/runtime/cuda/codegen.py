@@ -84,6 +84,7 @@ C_TYPES: dict[DType, tuple[str, str]] = {
 }
 
 
+PARAM_BYTES = 4096  # the classic limit of a kernel's parameters (more needs CUDA >= 12.1 and a recent driver)
 BLOCK = 256  # threads per block on the device: a "block" reduction's lanes (the host emitter reduces in the same order)
 
 
@@ -130,6 +131,7 @@ class KernelSource:
     lines: tuple[str, ...] = ()
     before: tuple[str, ...] = ()
     preamble: str = ""  # file-scope C the kernel needs (a constant's table)
+    table: bool = False  # its arrays' pointers come in a device array (too many for PARAM_BYTES), then n
 
 
 def c_types(dtype: DType) -> tuple[str, str]:
@@ -241,8 +243,13 @@ def assemble(prefix: str, decls: list[str], loop: str, lines: list[str], params:
              before: tuple[str, ...] = (), moved: Optional[int] = None, lanes: str = "thread", threads: Optional[int] = None) -> KernelSource:
     """A kernel: LINES inside a grid-stride loop over `LOOP < n` (items given to threads,
     warps or blocks, as LANES says), named PREFIX_<hash of its text>."""
-    signature = ", ".join(decls + ["long long n"])
     setup, first, stride = LOOPS[lanes]
+    table = 8 * (len(decls) + 1) > PARAM_BYTES
+    if table:  # the pointers through device memory, unpacked as the host's kernels unpack theirs
+        signature = "void* const* __restrict__ sx_args, long long n"
+        setup = (*unpack(decls), *setup)
+    else:
+        signature = ", ".join(decls + ["long long n"])
     # a kernel whose lanes cooperate is SX_COOPERATIVE: a CUDA kernel on the device, a
     # coroutine per lane in the host emulation (tests/cuda_host.py)
     head = 'extern "C" __global__ void' if lanes == "thread" else "SX_COOPERATIVE"
@@ -255,7 +262,17 @@ def assemble(prefix: str, decls: list[str], loop: str, lines: list[str], params:
     if moved is None:
         moved = sum(shape_size(p.shape) * BYTES[p.dtype] for p in params)
     return KernelSource(name=name, source=text.replace("@NAME@", name), params=params, size=size, flops=flops, bytes=moved, lanes=lanes, threads=threads,
-                        decls=tuple(decls), loop=loop, lines=tuple(lines), before=tuple(before))
+                        decls=tuple(decls), loop=loop, lines=tuple(lines), before=tuple(before), table=table)
+
+
+def unpack(decls: tuple[str, ...] | list[str]) -> list[str]:
+    """The kernel's parameters from the pointer array `sx_args`, in the order of its params."""
+    out = []
+    for k, decl in enumerate(decls):
+        name = decl.split()[-1]
+        typ = decl[: -len(name)].strip()
+        out.append(f"  {typ} {name} = ({typ.replace('__restrict__', '').strip()})sx_args[{k}];")
+    return out
 
 
 def combine_lanes(acc: str, op: str, lanes: str, indent: str = "    ") -> list[str]:

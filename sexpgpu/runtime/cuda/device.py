@@ -1,5 +1,6 @@
-"""The CUDA device through CuPy: generated kernels compiled with NVRTC (`cupy.RawModule`, one
-module per program, cached by source hash), cuBLAS calls (blas.py's, through CuPy's cuBLAS
+"""The CUDA device through CuPy: generated kernels loaded from their precompiled cubins
+(cubins.py; built for this GPU's architecture without a GPU by `bench/gpu_ready.py`), the
+others compiled with NVRTC (`cupy.RawModule`, one module per program, cached by source hash), cuBLAS calls (blas.py's, through CuPy's cuBLAS
 bindings on its handle and the current stream), the arena as one device allocation.
 `--device cuda|cuda:N|auto`.
 
@@ -17,8 +18,8 @@ from ..backend import DeviceError
 from ..diskcache import point_cupy_cache
 from .blas import CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUDA_TYPES, BlasCall
 from .codegen import BLOCK, PRELUDE, KernelSource
+from .cubins import COMPILE_OPTIONS, lookup
 from .executor import ArrayDevice
-
 
 
 class CupyRunner:
@@ -26,27 +27,51 @@ class CupyRunner:
 
     def __init__(self, cupy: Any) -> None:
         self.cupy = cupy
-        self.modules: dict[str, Any] = {}  # source hash -> RawModule (this device's cache)
+        self.modules: dict[str, Any] = {}  # source hash or cubin path -> RawModule (this device's cache)
         self.functions: dict[str, Any] = {}
+        self.tables: dict[str, tuple[tuple[int, ...], Any]] = {}  # kernel -> its pointers and their device array
         self.max_grid = 65535 * 32
 
     def prepare(self, kernels: list[KernelSource]) -> None:
         unique = {k.name: k for k in kernels if k.name not in self.functions}
         if not unique:
             return
-        source = PRELUDE + "".join(k.source for k in unique.values())
+        arch = str(self.cupy.cuda.Device().compute_capability)
+        missing = []
+        for name, kernel in unique.items():
+            cubin = lookup(kernel, arch)
+            if cubin is None:
+                missing.append(kernel)
+                continue
+            module = self.modules.get(str(cubin))
+            if module is None:  # a unit holds several kernels: loaded once
+                module = self.modules[str(cubin)] = self.cupy.RawModule(path=str(cubin))
+            self.functions[name] = module.get_function(name)
+        if not missing:
+            return
+        source = PRELUDE + "".join(k.source for k in missing)
         digest = hashlib.sha256(source.encode()).hexdigest()
         module = self.modules.get(digest)
         if module is None:
-            # no fused multiply-add: a*b+c rounds twice, as on the CPU (CuPy adds -ftz=true itself)
-            module = self.cupy.RawModule(code=source, options=("--std=c++14", "--fmad=false"))
+            module = self.cupy.RawModule(code=source, options=COMPILE_OPTIONS)  # CuPy adds -ftz=true itself
             self.modules[digest] = module
-        for name in unique:
-            self.functions[name] = module.get_function(name)
+        for kernel in missing:
+            self.functions[kernel.name] = module.get_function(kernel.name)
 
     def launch(self, kernel: KernelSource, arrays: list[Any]) -> None:
         block = kernel.threads or BLOCK
-        self.functions[kernel.name]((grid_size(kernel, block, self.max_grid),), (block,), (*arrays, np.int64(kernel.size)))
+        args = (self.table(kernel, arrays),) if kernel.table else tuple(arrays)
+        self.functions[kernel.name]((grid_size(kernel, block, self.max_grid),), (block,), (*args, np.int64(kernel.size)))
+
+    def table(self, kernel: KernelSource, arrays: list[Any]) -> Any:
+        """ARRAYS' pointers in device memory, for a kernel with more than the parameter space
+        holds; kept per kernel while they stay the same (the arena's buffers do)."""
+        pointers = tuple(int(a.data.ptr) for a in arrays)
+        known = self.tables.get(kernel.name)
+        if known is None or known[0] != pointers:
+            known = (pointers, self.cupy.asarray(np.asarray(pointers, dtype=np.uint64)))
+            self.tables[kernel.name] = known
+        return known[1]
 
     def gemm(self, call: BlasCall, a: Any, b: Any, c: Any) -> None:
         """CALL through cublasGemmEx or cublasGemmStridedBatchedEx on the current stream,

@@ -93,14 +93,33 @@ def elementwise_kernel(group: FusedNodes, program: Program, constants: Optional[
             more, cost = chain_lines([node], names, types, constants, "    ")
             lines += more
             flops += cost
+    windowed: dict[tuple[int, int], list[str]] = {}
     for k, vid in enumerate(group.outputs):
         value = to_storage(names[vid], types[vid].dtype)
         if vid in group.windows:  # a window of the loop: its own buffer, from its start
             start, stop = group.windows[vid]
-            lines.append(f"    if (i >= {start}LL && i < {stop}LL) out{k}[i - {start}LL] = {value};")
+            windowed.setdefault((start, stop), []).append(f"out{k}[i - {start}LL] = {value};")
         else:
             lines.append(f"    out{k}[i] = {value};")
+    lines += window_stores(sorted(windowed.items()))
     return assemble("sx_fused", decls, "i", lines, params, shape_size(space), flops)
+
+
+def window_stores(ranges: list[tuple[tuple[int, int], list[str]]]) -> list[str]:
+    """The windowed stores, each range's inside its own range: a balanced tree of
+    comparisons where the ranges do not overlap (the joined update's parameters), so an
+    element meets a log2 of them, not each."""
+    apart = all(ranges[k][0][0] >= ranges[k - 1][0][1] for k in range(1, len(ranges)))
+    if not apart:
+        return [f"    if (i >= {a}LL && i < {b}LL) {{ {' '.join(stores)} }}" for (a, b), stores in ranges]
+
+    def tree(lo: int, hi: int, indent: str) -> list[str]:
+        if hi - lo == 1:
+            (a, b), stores = ranges[lo]
+            return [f"{indent}if (i >= {a}LL && i < {b}LL) {{ {' '.join(stores)} }}"]
+        mid = (lo + hi) // 2
+        return [f"{indent}if (i < {ranges[mid][0][0]}LL) {{", *tree(lo, mid, indent + "  "), f"{indent}}} else {{", *tree(mid, hi, indent + "  "), f"{indent}}}"]
+    return tree(0, len(ranges), "    ") if ranges else []
 
 
 def piecewise(node: Node, piece: dict[int, int], types: dict[int, TensorType], constants: dict[int, Node]) -> str:
@@ -116,10 +135,17 @@ def piecewise(node: Node, piece: dict[int, int], types: dict[int, TensorType], c
             raise LoweringError(f"concat %{node.id}: part %{a} is neither an input of the kernel nor a constant")
         offset += shape_size(types[a].shape)
         parts.append((offset, value))
-    expression = parts[-1][1]
-    for end, value in reversed(parts[:-1]):
-        expression = f"(i < {end}LL ? {value} : {expression})"
-    return expression
+    return split_at_ends(parts, 0, len(parts))
+
+
+def split_at_ends(parts: list[tuple[int, str]], lo: int, hi: int) -> str:
+    """The value of the part of PARTS[LO:HI] (each (end, value), in order) that holds i, as a
+    balanced tree of comparisons: a log2 of the parts deep, not one per part (the optimizer's
+    joined update has one per parameter)."""
+    if hi - lo == 1:
+        return parts[lo][1]
+    mid = (lo + hi) // 2
+    return f"(i < {parts[mid - 1][0]}LL ? {split_at_ends(parts, lo, mid)} : {split_at_ends(parts, mid, hi)})"
 
 
 @dataclass(frozen=True)
