@@ -17,11 +17,10 @@ import hashlib
 import io
 import os
 import tarfile
-import tempfile
 from pathlib import Path
 from typing import Iterable, Optional
 
-from ..data.cache import default_cache_dir
+from ..diskcache import cache_root, publish
 from .codegen import PRELUDE, KernelSource
 
 COMPILE_OPTIONS = ("--std=c++14", "--fmad=false")  # no fused multiply-add: a*b+c rounds twice, as on the CPU
@@ -38,7 +37,7 @@ def digest(source: str, options: tuple[str, ...] = COMPILE_OPTIONS) -> str:
 
 def folder(arch: str, root: Optional[Path] = None) -> Path:
     """Where the cubins for sm_ARCH live."""
-    return (root or default_cache_dir()) / "cubins" / f"sm_{arch}"
+    return (root or cache_root()) / "cubins" / f"sm_{arch}"
 
 
 def kernel_path(kernel: KernelSource, arch: str, root: Optional[Path] = None) -> Path:
@@ -68,11 +67,8 @@ def link(kernel: KernelSource, key: str, arch: str, root: Optional[Path] = None)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(handle, "wb") as out:
-        out.write(data)
-    os.replace(temporary, path)
+    """DATA published whole at PATH (the one way a cache entry is written: diskcache.publish)."""
+    publish(path, lambda out: out.write(data))
 
 
 def pack(kernels: Iterable[KernelSource], archive: Path, arch: str, root: Optional[Path] = None) -> tuple[int, list[str]]:
