@@ -31,13 +31,13 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    v = sub.add_parser("variants", help="the declared selection: knobs, variants, sweeps and every point with its slug")
+    v = sub.add_parser("variants")
     v.add_argument("file")
     v.add_argument("--json", action="store_true")
     add_limit_flags(v)
     v.set_defaults(run=run_variants)
 
-    s = sub.add_parser("sweep", help="run every point of a sweep: in order on this machine, or over a Ray cluster with --ray")
+    s = sub.add_parser("sweep")
     s.add_argument("file")
     s.add_argument("--sweep", required=True, metavar="S")
     s.add_argument("--store", default=None)
@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_threads_flag(s)
     s.set_defaults(run=run_sweep)
 
-    n = sub.add_parser("new", help="start a run file from a template or another file, knob defaults changed")
+    n = sub.add_parser("new")
     n.add_argument("out")
     source = n.add_mutually_exclusive_group()
     source.add_argument("--from", dest="from_file", metavar="FILE")
