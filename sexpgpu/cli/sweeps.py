@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from ..compile.pipeline import compile_file
+from ..compile.pipeline import compile_file, compile_points
 from ..compile.search import halving_problem
 from ..compile.selection import Declared, SweepDecl, located, prescan
 from ..ir.experiment import Selection
@@ -93,8 +93,9 @@ def run_variants(args: argparse.Namespace) -> int:
             doc.setdefault("variant_slugs", {})[variant] = run_slug(result.experiment)
     for name, sweep in declared.sweeps.items():
         points = []
-        for i, values in enumerate(sweep.points()):
-            result = compile_file(path, Selection(sweep=name, point=i), limits_from(args), output=sys.stderr.write)
+        values_of = sweep.points()
+        results = compile_points(path, [Selection(sweep=name, point=i) for i in range(len(values_of))], limits_from(args), output=sys.stderr.write)
+        for i, (values, result) in enumerate(zip(values_of, results)):
             if has_errors(result.diagnostics):
                 print_diagnostics(result.diagnostics, result.program.sources if result.program else _sources())
                 return exit_for(result.diagnostics)
