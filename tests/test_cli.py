@@ -248,3 +248,28 @@ def test_version_help_and_docs_import_no_compiler_runtime_or_pydantic(argv: list
     assert "sexpgpu.cli.main" in imported
     heavy = sorted(m for m in imported if m.startswith(HEAVY))
     assert heavy == [], heavy
+
+
+def test_watch_frees_each_checks_world_before_the_next_check() -> None:
+    """A check's Lisp world is cyclic garbage once the check is done; watch collects it while
+    it waits for a save (settle_memory), so the next check's collections do not walk it."""
+    import gc
+    import weakref
+
+    from sexpgpu.cli.check import settle_memory
+    from sexpgpu.compile.pipeline import compile_file
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # no collection of its own may run between the check and settle_memory
+    try:
+        result = compile_file(REPO / "examples" / "quickstart.lisp")
+        assert result.program is not None
+        world = weakref.ref(result.program.interp)
+        del result
+        assert world() is not None  # held by its own cycles, not by anyone
+        settle_memory()
+        assert world() is None
+    finally:
+        gc.unfreeze()  # the rest of this test process collects as before
+        if was_enabled:
+            gc.enable()
