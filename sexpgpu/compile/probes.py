@@ -93,37 +93,31 @@ INT_READS = FLOAT_READS + ("__and__ __rand__ __or__ __ror__ __xor__ __rxor__ __l
                            "__index__ bit_length bit_count to_bytes __lshift__").split()
 
 
-class FloatProbe(float):
+class Probe:
+    """What a knob's stand-in is besides its number: the knob, and the record it notes
+    observations in. `plain` is the poison as a plain number, read without observing (for
+    the sinks)."""
+
+    knob: str
+    probing: Probing
+
+    def __new__(cls, value: Any, knob: str, probing: Probing) -> Any:
+        made = super().__new__(cls, value)  # type: ignore[call-arg]
+        made.knob = knob
+        made.probing = probing
+        return made
+
+    def plain(self) -> Any:
+        number: Any = self
+        return float.__float__(number) if isinstance(number, float) else int.__int__(number)
+
+
+class FloatProbe(Probe, float):
     """A float knob's stand-in in a probe compile (see the module's docstring)."""
 
-    knob: str
-    probing: Probing
 
-    def __new__(cls, value: float, knob: str, probing: Probing) -> "FloatProbe":
-        made = super().__new__(cls, value)
-        made.knob = knob
-        made.probing = probing
-        return made
-
-    def plain(self) -> float:
-        """The poison as a plain float, without observing the knob (for the sinks)."""
-        return float.__float__(self)
-
-
-class IntProbe(int):
+class IntProbe(Probe, int):
     """An integer knob's stand-in in a probe compile."""
-
-    knob: str
-    probing: Probing
-
-    def __new__(cls, value: int, knob: str, probing: Probing) -> "IntProbe":
-        made = super().__new__(cls, value)
-        made.knob = knob
-        made.probing = probing
-        return made
-
-    def plain(self) -> int:
-        return int.__int__(self)
 
 
 for _name in FLOAT_READS:
