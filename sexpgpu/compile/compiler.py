@@ -72,9 +72,9 @@ def watch_probes(interp: Interpreter) -> None:
     """In a probe compile (probes.py): every Lisp builtin given a knob's probe sees the knob,
     but those that only move values along; so does printing one. (The compile layer's own
     builtins take probes through number_of, count_of and TensorLib.staged.)"""
-    for sym, fn in list(interp.functions.items()):
+    for sym, fn in interp.functions.items():
         if type(fn) is Builtin and fn.fn.__module__.startswith("sexpgpu.lisp.") and sym.name not in MOVES_VALUES:
-            interp.functions[sym] = Builtin(fn.name, seeing_probes(fn.fn), fn.min_args, fn.max_args)
+            fn.fn = seeing_probes(fn.fn)  # in place: code made from the prelude holds the Builtin
     printing = interp.print_other
 
     def print_other(x: Any, printer: Any) -> str:

@@ -112,8 +112,9 @@ def at_users_call(diagnostic: Diagnostic, user: Optional[Loc]) -> Diagnostic:
 
 @dataclass
 class Checked:
-    """What `check` reports for a file: the diagnostics of every selection it compiled, the
-    sources to show them, the files read (for watch), and how many selections it compiled."""
+    """What `check` reports for a file: the diagnostics of every selection it checked, the
+    sources to show them, the files read (for watch), and how many selections it checked
+    (the file as it is, and each selection with knob values of its own)."""
 
     diagnostics: list[Diagnostic]
     sources: SourceMap
