@@ -38,6 +38,10 @@ def sweep_of(knobs: str, axes: str, *edits: tuple[str, str]) -> str:
 # check that refuses one point, a value only a record keeps
 ADVERSARIAL = {
     "knob-picks-a-width-by-if": sweep_of("(defknob lr 0.1)", ":lr (0.05 0.1 0.2 0.3 0.4)", ("(nn:mlp 2 64 3)", "(nn:mlp 2 (if (> lr 0.15) 32 64) 3)")),
+    "knob-in-a-list-a-builtin-searches": sweep_of("(defknob lr 0.1)", ":lr (0.1 0.5 0.2 0.3)", ("(nn:mlp 2 64 3)", "(nn:mlp 2 (if (find 0.5 (list lr)) 32 64) 3)")),
+    "knob-picks-a-width-by-case": sweep_of("(defknob lr 0.1)", ":lr (0.1 0.5 0.2 0.3)", ("(nn:mlp 2 64 3)", "(nn:mlp 2 (case lr (0.5 32) (t 64)) 3)")),
+    "knob-is-a-hash-key": sweep_of("(defknob lr 0.1)", ":lr (0.1 0.5 0.2 0.3)",
+                                   ("(nn:mlp 2 64 3)", "(nn:mlp 2 (let ((h (make-hash-table))) (setf (gethash 0.5 h) 32) (gethash lr h 64)) 3)")),
     "knob-in-arithmetic": sweep_of("(defknob lr 0.1)", ":lr (0.05 0.1 0.2 0.3)", ("(optim:sgd :lr lr)", "(optim:sgd :lr (* 2 lr))")),
     "knob-equals-an-ir-constant": sweep_of("(defknob lr 0.1)", ":lr (0.05 0.5 1.0 0.2 2.0 -1.0)"),
     "knob-is-a-width": sweep_of("(defknob lr 0.1)\n(defknob width 64)", ":width (16 32 64) :lr (0.1 0.2)", ("(nn:mlp 2 64 3)", "(nn:mlp 2 width 3)")),

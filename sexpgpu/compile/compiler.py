@@ -24,7 +24,7 @@ from ..ir.data_options import PREPARE_STEPS, SOURCES, Problem, source_problem, s
 from ..ir.selectors import glob_match
 from ..ir.experiment import CheckpointPolicy, DiagnosticsSpec, EvalSpec, FieldRecord, FiniteGuard, InitSpec, KnobSpec, LoaderRecord, PrepareRecord, RunSpec, Selection, SourceRecord, StageRecord, TargetSpec
 from .models import Batch, Group, Model, ModelList, Optimizer, Param, rebase
-from .probes import FloatProbe, Probing, is_probe
+from .probes import FloatProbe, Probing, is_probe, observe_within
 from .selection import Written
 from .tensors import Staged, TensorLib
 
@@ -87,9 +87,7 @@ def watch_probes(interp: Interpreter) -> None:
 
 def seeing_probes(fn: Callable[..., Any]) -> Callable[..., Any]:
     def seeing(*args: Any) -> Any:
-        for a in args:
-            if is_probe(a):
-                a.probing.observe(a.knob)
+        observe_within(args)
         return fn(*args)
 
     return seeing

@@ -15,7 +15,10 @@ of the group's first point catches (pipeline.compile_points).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
+
+from ..lisp.objects import BitVector, HashTable, LispArray, StructInstance
+from ..lisp.types import Cons
 
 if TYPE_CHECKING:
     from ..ir.experiment import KnobSpec
@@ -132,6 +135,33 @@ PROBES = (FloatProbe, IntProbe)
 
 def is_probe(x: Any) -> bool:
     return type(x) is FloatProbe or type(x) is IntProbe
+
+
+def observe_within(values: Any) -> None:
+    """Note the knob of every probe in VALUES or inside them: in a list, a vector, an array,
+    a structure or a hash table, as far as they reach (each object once)."""
+    stack = list(values)
+    seen: set[int] = set()
+    while stack:
+        x = stack.pop()
+        kind = type(x)
+        if kind is FloatProbe or kind is IntProbe:
+            x.probing.observe(x.knob)
+        elif kind in CONTAINERS and id(x) not in seen:
+            seen.add(id(x))
+            stack.extend(CONTAINERS[kind](x))
+
+
+# what a probe can sit inside of, and how to reach what is inside
+CONTAINERS: dict[type, Callable[[Any], Iterable[Any]]] = {
+    Cons: lambda c: (c.car, c.cdr),
+    list: lambda v: v,
+    tuple: lambda v: v,
+    BitVector: lambda v: (),
+    LispArray: lambda a: (a.data,),
+    StructInstance: lambda s: s.values,
+    HashTable: lambda h: h.entries.values(),  # (key, value) pairs
+}
 
 
 def plain(x: Any) -> Any:
