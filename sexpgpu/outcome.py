@@ -9,25 +9,11 @@ everywhere (docs/command-line.md lists the codes).
 
 from __future__ import annotations
 
-from enum import IntEnum
 from typing import Annotated, Optional
 
 from pydantic import AfterValidator, BaseModel, Field
 
-
-class Exit(IntEnum):
-    """Exit codes, the same for every verb and every path that runs an attempt."""
-
-    OK = 0
-    RUN_FAILED = 1  # the run itself failed: a non-finite step the guard stopped at, a rank's exception
-    USAGE = 2
-    CHECK_FAILED = 3
-    CANNOT_START = 4  # the store, the device, the cluster or missing software
-    DATA = 5
-    RESUME_REFUSED = 6
-    STOPPED = 75  # resumable: a signal, or the attempt was lost (preempted)
-    INTERRUPTED = 130  # SIGINT before the attempt wrote anything (128 + 2, as shells report it)
-    TERMINATED = 143  # SIGTERM before the attempt wrote anything (128 + 15)
+from .exits import Exit as Exit  # the codes live in a leaf module; every user of an outcome reads them here too
 
 
 REASON_LIMIT = 2000  # characters: a reason is echoed into the store (sweep.json, submit.json, status.json)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional, Protocol, TypeVar, Union
 
 from .bundle import BundleError, compile_unpacked, data_changed, unpacked
-from .compile.pipeline import CompileResult, compile_file
+from .compile.pipeline import CompileResult, compile_file, compile_points
 from .ir.experiment import Experiment, Selection
 from .lisp.diagnostics import Diagnostic, SourceMap
 from .lisp.evaluator import Limits
@@ -153,9 +153,11 @@ class Session:
         """The COUNT points of SWEEP (on BASE's --variant and --set), compiled in order before
         any trains: the compiled points, and the refusal of the first one that does not check
         (then no later one is compiled)."""
+        selections = [(base or Selection()).model_copy(update={"sweep": sweep, "point": i}) for i in range(count)]
+        results = self.interruptible(lambda: compile_points(path, selections, self.settings.limits, output=self.reporter.output, world=self.settings.world))
         points: list[Compiled] = []
-        for i in range(count):
-            prepared = self.compile(path, (base or Selection()).model_copy(update={"sweep": sweep, "point": i}))
+        for result in results:
+            prepared = self.checked(path, result)
             if isinstance(prepared, AttemptOutcome):
                 return points, prepared
             points.append(prepared)

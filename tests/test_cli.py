@@ -214,16 +214,18 @@ def test_diff_shows_defrun_and_loader_changes(tmp_path: Path) -> None:
 
 def test_each_verb_loads_only_its_own_module_and_the_table_matches_the_parser() -> None:
     """`sexpgpu VERB` registers (and imports) only VERB's module; the table main.py keeps of
-    which module defines which verbs agrees with what the modules register."""
-    from sexpgpu.cli.main import REGISTRARS, build_parser
+    which module defines which verbs agrees with what the modules register, and the help
+    printed from the table alone is the help of the parser with every verb imported."""
+    from sexpgpu.cli.main import VERBS, build_parser
 
     def verbs(parser: Any) -> list[str]:
         return [name for action in parser._subparsers._group_actions for name in action.choices]
 
-    everything = verbs(build_parser())
-    assert everything == [v for _, _, names in REGISTRARS for v in names]
+    everything = build_parser(every_verb=True)
+    assert verbs(everything) == list(VERBS)
+    assert build_parser().format_help() == everything.format_help()
     # each verb alone, in a fresh process: its module must not lean on another's import
-    for verb in everything:
+    for verb in VERBS:
         alone = subprocess.run([sys.executable, "-m", "sexpgpu", verb, "--help"], capture_output=True, text=True, cwd=REPO)
         assert alone.returncode == 0 and verb in alone.stdout, (verb, alone.stderr[-500:])
     done = subprocess.run([sys.executable, "-c", "import sys; from sexpgpu.cli.main import build_parser; build_parser(['check', 'f.lisp']); "
@@ -231,3 +233,43 @@ def test_each_verb_loads_only_its_own_module_and_the_table_matches_the_parser() 
                           capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout
+
+
+HEAVY = ("pydantic", "numpy", "sexpgpu.lisp", "sexpgpu.compile", "sexpgpu.ir", "sexpgpu.runtime", "sexpgpu.session", "sexpgpu.outcome")
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], [], ["docs"], ["docs", "quickstart"], ["chek"]])
+def test_version_help_and_docs_import_no_compiler_runtime_or_pydantic(argv: list[str]) -> None:
+    """`python -X importtime -m sexpgpu ARGV` lists every module the command imported: none of
+    the compiler, the runtime or pydantic."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "sexpgpu", *argv], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode in (0, 2), done.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "sexpgpu.cli.main" in imported
+    heavy = sorted(m for m in imported if m.startswith(HEAVY))
+    assert heavy == [], heavy
+
+
+def test_watch_frees_each_checks_world_before_the_next_check() -> None:
+    """A check's Lisp world is cyclic garbage once the check is done; watch collects it while
+    it waits for a save (settle_memory), so the next check's collections do not walk it."""
+    import gc
+    import weakref
+
+    from sexpgpu.cli.check import settle_memory
+    from sexpgpu.compile.pipeline import compile_file
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # no collection of its own may run between the check and settle_memory
+    try:
+        result = compile_file(REPO / "examples" / "quickstart.lisp")
+        assert result.program is not None
+        world = weakref.ref(result.program.interp)
+        del result
+        assert world() is not None  # held by its own cycles, not by anyone
+        settle_memory()
+        assert world() is None
+    finally:
+        gc.unfreeze()  # the rest of this test process collects as before
+        if was_enabled:
+            gc.enable()

@@ -15,7 +15,7 @@ from .flags import add_data_root_flag, add_rank_flags, add_selection_flags, data
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    b = sub.add_parser("bundle", help="write one self-contained directory (source, IR, data manifest) that `run` accepts")
+    b = sub.add_parser("bundle")
     b.add_argument("file")
     b.add_argument("-o", "--out", required=True, metavar="DIR|URL")
     b.add_argument("--device", action="append", dest="devices", default=None, help="devices the run asks for (default cpu)")
@@ -41,7 +41,7 @@ def run_bundle(args: argparse.Namespace) -> int:
 
 
 def register_submit(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    s = sub.add_parser("submit", help="run a bundle as a detached, preemptible job on a Ray cluster")
+    s = sub.add_parser("submit")
     s.add_argument("bundle", metavar="BUNDLE")
     s.add_argument("--ray", required=True, metavar="ADDRESS", help="the cluster (e.g. 10.0.0.5:6379, or auto)")
     s.add_argument("--store", required=True, metavar="URL", help="where the run folder goes (workers must reach it: s3://...)")

@@ -6,10 +6,12 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterable, NoReturn
+from typing import TYPE_CHECKING, Any, Iterable, NoReturn
 
-from ..lisp.diagnostics import Diagnostic, SourceMap, render
-from ..outcome import Exit
+from ..exits import Exit
+
+if TYPE_CHECKING:  # `--version`, `--help` and `docs` load this module, and no pydantic
+    from ..lisp.diagnostics import Diagnostic, SourceMap
 
 
 class UsageError(Exception):
@@ -34,6 +36,8 @@ def color_enabled(stream: Any) -> bool:
 
 
 def print_diagnostics(diagnostics: Iterable[Diagnostic], sources: SourceMap) -> None:
+    from ..lisp.diagnostics import render
+
     for diag in diagnostics:
         text = render(diag, sources)
         if color_enabled(sys.stderr):

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ..outcome import Exit
+from ..exits import Exit
 from .common import fail_usage
 
 
@@ -29,7 +29,7 @@ def slugify(name: str) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    d = sub.add_parser("docs", help="print a documentation page (no PAGE: the index)")
+    d = sub.add_parser("docs")
     d.add_argument("page", nargs="?", help="a page name such as 'quickstart' or 'It is Common Lisp'")
     d.add_argument("--json", action="store_true", help='{"page", "markdown"} or the list of pages')
     d.set_defaults(run=run_docs)

@@ -33,7 +33,7 @@ class Finding(BaseModel):
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    d = sub.add_parser("doctor", help="whether a run can start here: packages, devices, memory, the store, Ray")
+    d = sub.add_parser("doctor")
     d.add_argument("file", nargs="?")
     d.add_argument("--store", default=None)
     d.add_argument("--device", default=None)

@@ -22,7 +22,7 @@ PROGRAMS = ("forward", "train", "backward", "update")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    i = sub.add_parser("ir", help="print the IR (one SSA line per node)")
+    i = sub.add_parser("ir")
     i.add_argument("file")
     i.add_argument("--program", default="train", help="forward | train | backward | update | eval:NAME | train@STAGE | curriculum | train:diagnostics | train:diagnostics@STAGE (default train)")
     i.add_argument("--json", action="store_true", help="the machine form")
@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_limit_flags(i)
     i.set_defaults(run=run_ir)
 
-    e = sub.add_parser("explain", help="knobs, parameter tree, groups, FLOPs and the memory plan")
+    e = sub.add_parser("explain")
     e.add_argument("file")
     e.add_argument("--json", action="store_true")
     e.add_argument("--cuda", action="store_true", help="the CUDA lowering report: kernels, the IR nodes each fuses, cuBLAS calls, bytes, FLOPs, the arena")
@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_limit_flags(e)
     e.set_defaults(run=run_explain)
 
-    d = sub.add_parser("diff", help="what changed between two files or two selections of one")
+    d = sub.add_parser("diff")
     d.add_argument("a")
     d.add_argument("b", nargs="?", help="the second file (default: the same file)")
     d.add_argument("--json", action="store_true")

@@ -19,14 +19,14 @@ from .flags import add_limit_flags, add_selection_flags, limits_from, selection_
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    e = sub.add_parser("eval", help="evaluate expressions in a file's environment (or a fresh one); no EXPR: a REPL")
+    e = sub.add_parser("eval")
     e.add_argument("args", nargs="*", metavar="[FILE] EXPR", help="an optional .lisp file, then expressions; '-' reads forms from stdin")
     e.add_argument("--json", action="store_true", help='a JSON list of {"form", "value", "values", "error"}')
     add_selection_flags(e)
     add_limit_flags(e)
     e.set_defaults(run=run_eval)
 
-    f = sub.add_parser("fmt", help="rewrite files in the one canonical layout")
+    f = sub.add_parser("fmt")
     f.add_argument("files", nargs="+")
     f.add_argument("--check", action="store_true", help="change nothing; exit 3 if a file would change")
     f.add_argument("--json", action="store_true", help='{"files": [{"file", "changed"}], "diagnostics": [...]}')

@@ -7,29 +7,48 @@ import gc
 import importlib
 import os
 import sys
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence
 
-from ..outcome import Exit
+from ..exits import Exit
 from .common import UsageError
 
-# the module that defines each verb and its registering function, in `sexpgpu --help` order.
-# A command imports only its own verb's module: `sexpgpu check` does not load the runtime,
-# the store or the cluster code (a third of its start-up time before).
-REGISTRARS: list[tuple[str, str, tuple[str, ...]]] = [
-    ("check", "register", ("check", "watch")),
-    ("lisp_tools", "register", ("eval", "fmt")),
-    ("run", "register", ("run",)),
-    ("inspect", "register", ("ir", "explain", "diff")),
-    ("sweeps", "register", ("variants", "sweep", "new")),
-    ("doctor", "register", ("doctor",)),
-    ("bundles", "register", ("bundle",)),
-    ("bundles", "register_submit", ("submit",)),
-    ("observe", "register", ("status", "logs", "checkpoint", "annotate")),
-    ("runs", "register", ("runs",)),
-    ("ui", "register", ("ui",)),
-    ("plot", "register", ("plot",)),
-    ("docs", "register", ("docs",)),
-]
+
+class Verb(NamedTuple):
+    """A verb: the module under cli/ that defines it, the function there that registers its
+    flags, and its line in `sexpgpu --help`."""
+
+    module: str
+    registrar: str
+    summary: str
+
+
+# Every verb by name, in `sexpgpu --help` order. A command imports only its own verb's module
+# (on first use): `--version`, `--help` and `docs` load no compiler, runtime or pydantic, and
+# `check` no runtime, store or cluster code.
+VERBS: dict[str, Verb] = {
+    "check": Verb("check", "register", "read, evaluate and check a file; print diagnostics"),
+    "watch": Verb("check", "register", "check again on every save of the file or anything it requires"),
+    "eval": Verb("lisp_tools", "register", "evaluate expressions in a file's environment (or a fresh one); no EXPR: a REPL"),
+    "fmt": Verb("lisp_tools", "register", "rewrite files in the one canonical layout"),
+    "run": Verb("run", "register", "train a run file"),
+    "ir": Verb("inspect", "register", "print the IR (one SSA line per node)"),
+    "explain": Verb("inspect", "register", "knobs, parameter tree, groups, FLOPs and the memory plan"),
+    "diff": Verb("inspect", "register", "what changed between two files or two selections of one"),
+    "variants": Verb("sweeps", "register", "the declared selection: knobs, variants, sweeps and every point with its slug"),
+    "sweep": Verb("sweeps", "register", "run every point of a sweep: in order on this machine, or over a Ray cluster with --ray"),
+    "new": Verb("sweeps", "register", "start a run file from a template or another file, knob defaults changed"),
+    "doctor": Verb("doctor", "register", "whether a run can start here: packages, devices, memory, the store, Ray"),
+    "bundle": Verb("bundles", "register", "write one self-contained directory (source, IR, data manifest) that `run` accepts"),
+    "submit": Verb("bundles", "register_submit", "run a bundle as a detached, preemptible job on a Ray cluster"),
+    "status": Verb("observe", "register", "a run's status file: state, step, metrics, ETA, heartbeat, summary"),
+    "logs": Verb("observe", "register", "a run's events, one per line (--follow to keep reading)"),
+    "checkpoint": Verb("observe", "register", "list, show, verify or export a run's checkpoints"),
+    "annotate": Verb("observe", "register", "append an annotation event to a run's log"),
+    "runs": Verb("runs", "register", "the runs of a store as a table: state, steps, latest train and eval metrics, start, duration, device"),
+    "ui": Verb("ui", "register", "a read-only web dashboard of a store on 127.0.0.1: runs, live curves, sweeps, events"),
+    "plot": Verb("plot", "register", "curves of runs or of a sweep's points, overlaid: a PNG or SVG file, or --terminal"),
+    "docs": Verb("docs", "register", "print a documentation page (no PAGE: the index)"),
+}
 
 
 class Parser(argparse.ArgumentParser):
@@ -39,15 +58,48 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message}\n{self.format_usage().strip()}")
 
 
-def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
-    """The command line's parser: with every verb, or only ARGV's verb when it names one."""
+if TYPE_CHECKING:
+    SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+else:
+    SubParsers = argparse._SubParsersAction
+
+
+class VerbParsers(SubParsers):
+    """The VERB argument. A registrar's add_parser takes the verb's summary from VERBS, the one
+    place it is written, so the full help can be printed without importing any verb."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        kwargs.setdefault("help", VERBS[name].summary)
+        return super().add_parser(name, **kwargs)
+
+
+def named_verb(argv: Sequence[str]) -> Optional[str]:
+    """The verb ARGV names: its first word that is not a flag (sexpgpu's own flags take no
+    value), when that word is a verb."""
+    first = next((word for word in argv if not word.startswith("-")), None)
+    return first if first in VERBS else None
+
+
+def build_parser(argv: Sequence[str] = (), every_verb: bool = False) -> argparse.ArgumentParser:
+    """The command line's parser. ARGV's verb gets its module's parser; every other verb is
+    only its name and summary (enough for `--help` and a usage error), unless EVERY_VERB
+    imports them all."""
     parser = Parser(prog="sexpgpu", description="One Lisp file states an ML experiment; sexpgpu checks, explains and trains it.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=Parser)
-    verb = argv[0] if argv else None
-    wanted = [r for r in REGISTRARS if verb in r[2]] or REGISTRARS
-    for module, function, _ in wanted:
-        getattr(importlib.import_module(f"{__package__}.{module}"), function)(sub)
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=Parser, action=VerbParsers)
+    verb = named_verb(argv)
+    registered: set[str] = set()
+    for name, entry in VERBS.items():
+        if name in registered:
+            continue
+        if every_verb or (verb is not None and entry[:2] == VERBS[verb][:2]):
+            registrar = getattr(importlib.import_module(f"{__package__}.{entry.module}"), entry.registrar)
+            before = set(sub.choices)
+            registrar(sub)
+            registered |= set(sub.choices) - before
+        else:
+            sub.add_parser(name)
+            registered.add(name)
     return parser
 
 
@@ -63,6 +115,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.verb is None:
             parser.print_help(sys.stderr)
             return Exit.USAGE
+        # what the verb imported lives to the end: frozen, the collections of its work do not
+        # walk it (a tenth of a second of an example's check)
+        gc.freeze()
         return int(args.run(args))
     except UsageError as exc:
         print(f"sexpgpu: error: {exc}", file=sys.stderr)

@@ -30,11 +30,11 @@ from .common import fail_usage, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    s = sub.add_parser("status", help="a run's status file: state, step, metrics, ETA, heartbeat, summary")
+    s = sub.add_parser("status")
     _run_arguments(s)
     s.set_defaults(run=run_status)
 
-    lg = sub.add_parser("logs", help="a run's events, one per line (--follow to keep reading)")
+    lg = sub.add_parser("logs")
     _run_arguments(lg)
     lg.add_argument("--kind", dest="kinds", action="append", default=[], metavar="K", help="only events of kind K (repeatable)")
     lg.add_argument("--all", action="store_true", help="keep the events a resume superseded")
@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     lg.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="stop following after SECONDS (exit 0)")
     lg.set_defaults(run=run_logs)
 
-    c = sub.add_parser("checkpoint", help="list, show, verify or export a run's checkpoints")
+    c = sub.add_parser("checkpoint")
     _run_arguments(c)
     c.add_argument("action", nargs="?", default="list", choices=["list", "show", "verify", "export"], help="default: list")
     c.add_argument("step", nargs="?", default=None, metavar="STEP", help="500, step-000500 or latest (show, export)")
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     c.add_argument("-o", "--output", default=None, metavar="FILE", help="export to FILE (default SLUG.step-NNNNNN.FORMAT here)")
     c.set_defaults(run=run_checkpoint)
 
-    a = sub.add_parser("annotate", help="append an annotation event to a run's log")
+    a = sub.add_parser("annotate")
     _run_arguments(a)
     a.add_argument("text")
     a.add_argument("--author", default=None, help="default $USER")

@@ -20,7 +20,7 @@ from .common import color_enabled, fail_usage
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("plot", help="curves of runs or of a sweep's points, overlaid: a PNG or SVG file, or --terminal")
+    p = sub.add_parser("plot")
     p.add_argument("runs", nargs="*", metavar="RUN", help="a run folder: a local path, a URL, or a slug in --store")
     p.add_argument("--sweep", default=None, metavar="NAME", help="every point of the sweep NAME in the store")
     p.add_argument("--store", default=None, metavar="URL", help="where slugs and --sweep are looked up (default $SEXPGPU_STORE or ./runs)")

@@ -15,7 +15,7 @@ from .flags import add_data_root_flag, add_limit_flags, add_selection_flags, add
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("run", help="train a run file")
+    p = sub.add_parser("run")
     p.add_argument("file")
     p.add_argument("--store", default=None, help="where run folders go (default $SEXPGPU_STORE or ./runs)")
     p.add_argument("--device", default=None, help="cpu (compiled kernels), numpy (the NumPy reference), cuda, cuda:N or auto (default $SEXPGPU_DEVICE or cpu)")

@@ -17,7 +17,7 @@ from .common import fail_usage, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("runs", help="the runs of a store as a table: state, steps, latest train and eval metrics, start, duration, device")
+    p = sub.add_parser("runs")
     p.add_argument("store", nargs="?", default=None, metavar="STORE", help="a folder or URL (default $SEXPGPU_STORE or ./runs)")
     p.add_argument("--sort", default="started", metavar="KEY", help="a column, a metric (loss, val/acc) or a knob (default started)")
     p.add_argument("--reverse", action="store_true", help="sort from the largest")

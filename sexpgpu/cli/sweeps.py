@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from ..compile.pipeline import compile_file
+from ..compile.pipeline import compile_file, compile_points
 from ..compile.search import halving_problem
 from ..compile.selection import Declared, SweepDecl, located, prescan
 from ..ir.experiment import Experiment, Selection
@@ -32,14 +32,14 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    v = sub.add_parser("variants", help="the declared selection: knobs, variants, sweeps and every point with its slug")
+    v = sub.add_parser("variants")
     v.add_argument("file")
     v.add_argument("--json", action="store_true")
     add_limit_flags(v)
     add_data_root_flag(v)
     v.set_defaults(run=run_variants)
 
-    s = sub.add_parser("sweep", help="run every point of a sweep: in order on this machine, or over a Ray cluster with --ray")
+    s = sub.add_parser("sweep")
     s.add_argument("file")
     s.add_argument("--sweep", required=True, metavar="S")
     s.add_argument("--store", default=None)
@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_threads_flag(s)
     s.set_defaults(run=run_sweep)
 
-    n = sub.add_parser("new", help="start a run file from a template or another file, knob defaults changed")
+    n = sub.add_parser("new")
     n.add_argument("out")
     source = n.add_mutually_exclusive_group()
     source.add_argument("--from", dest="from_file", metavar="FILE")
@@ -100,8 +100,9 @@ def run_variants(args: argparse.Namespace) -> int:
             doc.setdefault("variant_slugs", {})[variant] = slug_with_data(result.experiment, args)
     for name, sweep in declared.sweeps.items():
         points = []
-        for i, values in enumerate(sweep.points()):
-            result = compile_file(path, Selection(sweep=name, point=i), limits_from(args), output=sys.stderr.write)
+        values_of = sweep.points()
+        results = compile_points(path, [Selection(sweep=name, point=i) for i in range(len(values_of))], limits_from(args), output=sys.stderr.write)
+        for i, (values, result) in enumerate(zip(values_of, results)):
             if has_errors(result.diagnostics):
                 print_diagnostics(result.diagnostics, result.program.sources if result.program else _sources())
                 return exit_for(result.diagnostics)

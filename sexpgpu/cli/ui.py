@@ -15,7 +15,7 @@ from .common import fail_usage
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("ui", help="a read-only web dashboard of a store on 127.0.0.1: runs, live curves, sweeps, events")
+    p = sub.add_parser("ui")
     p.add_argument("store", nargs="?", default=None, metavar="STORE", help="a folder or URL (default $SEXPGPU_STORE or ./runs)")
     p.add_argument("--port", type=int, default=0, metavar="N", help="the port on 127.0.0.1 (default: a free one)")
     p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="how often a live page reads status.json (default 1)")

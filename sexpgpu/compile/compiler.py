@@ -24,6 +24,7 @@ from ..ir.data_options import PREPARE_STEPS, SOURCES, Problem, source_problem, s
 from ..ir.selectors import glob_match
 from ..ir.experiment import CheckpointPolicy, DiagnosticsSpec, EvalSpec, FieldRecord, FiniteGuard, InitSpec, KnobSpec, LoaderRecord, PrepareRecord, RunSpec, Selection, SourceRecord, StageRecord, TargetSpec
 from .models import Batch, Group, Model, ModelList, Optimizer, Param, rebase
+from .probes import FloatProbe, Probing, is_probe, observe_within
 from .selection import Written
 from .tensors import Staged, TensorLib
 
@@ -63,10 +64,40 @@ def misplaced_in_model(form: str, name: str, model: str) -> Exception:
     )
 
 
+# the Lisp builtins that only move a value along (a probe given to them is not looked at)
+MOVES_VALUES = frozenset("LIST LIST* CONS VALUES VECTOR IDENTITY FUNCALL APPLY APPEND".split())
+
+
+def watch_probes(interp: Interpreter) -> None:
+    """In a probe compile (probes.py): every Lisp builtin given a knob's probe sees the knob,
+    but those that only move values along; so does printing one. (The compile layer's own
+    builtins take probes through number_of, count_of and TensorLib.staged.)"""
+    for sym, fn in interp.functions.items():
+        if type(fn) is Builtin and fn.fn.__module__.startswith("sexpgpu.lisp.") and sym.name not in MOVES_VALUES:
+            fn.fn = seeing_probes(fn.fn)  # in place: code made from the prelude holds the Builtin
+    printing = interp.print_other
+
+    def print_other(x: Any, printer: Any) -> str:
+        if is_probe(x):
+            x.probing.observe(x.knob)
+        return printing(x, printer)
+
+    interp.print_other = print_other  # type: ignore[method-assign]
+
+
+def seeing_probes(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def seeing(*args: Any) -> Any:
+        observe_within(args)
+        return fn(*args)
+
+    return seeing
+
+
 class Compiler:
     def __init__(self, interp: Interpreter, selection: Selection, base_dir: Path, overrides: Optional[dict[str, Any]] = None, root: Optional[Path] = None,
-                 written: Optional[dict[str, Written]] = None) -> None:
+                 written: Optional[dict[str, Written]] = None, probing: Optional[Probing] = None) -> None:
         self.interp = interp
+        self.probing = probing  # a probe compile for a group of sweep points (probes.py), or None
         self.selection = selection
         self.overrides = overrides or {}
         self.written = written or {}  # where the variant's and sweep point's values are written
@@ -98,8 +129,11 @@ class Compiler:
         self.first_of: dict[str, Loc] = {}  # form name -> where it first appears
         self.latest: dict[tuple[int, bool], tuple[int, str, Loc]] = {}  # (rank, contract form?) -> the latest such
         self.lib = TensorLib(interp)
+        self.lib.probing = probing
         self.lib.install()
         self.install_builtins()
+        if probing is not None:
+            watch_probes(interp)
         self.load_contract_macros()
 
     # -- setup -----------------------------------------------------------------------------------
@@ -184,8 +218,11 @@ class Compiler:
         except LispError as exc:
             raise malformed(f"{what}: {exc.condition.message.replace(f'`{what}`: ', '')} (its keywords: {', '.join(':' + k.lower() for k in sorted(allowed))})") from None
 
-    def number_of(self, what: str, x: Any) -> float:
-        """A real number as a double; a value too large for a double is refused, not overflowed."""
+    def number_of(self, what: str, x: Any, kept: bool = False) -> float:
+        """A real number as a double; a value too large for a double is refused, not overflowed.
+        KEPT: the caller only keeps the number (a record, an IR constant), so a knob's probe
+        passes unobserved and each point's own value is checked the same way (probes.py)."""
+        x = self.unprobed(x, kept, lambda v: self.number_of(what, v))
         if type(x) not in (int, float, Fraction):
             raise malformed(f"{what} needs a number, got {short(x)}")
         try:
@@ -193,8 +230,22 @@ class Compiler:
         except OverflowError:
             raise malformed(f"{what}: {short(x)} is too large for a double") from None
 
-    def count_of(self, what: str, x: Any, least: int = 1) -> int:
-        """A positive (or, with LEAST 0, non-negative) integer that fits in 64 bits."""
+    def unprobed(self, x: Any, kept: bool, check: Callable[[Any], Any]) -> Any:
+        """X, or a probe's poison: observed, unless the caller only KEPT it; then CHECK is
+        replayed on each point's value."""
+        if not is_probe(x):
+            return x
+        assert self.probing is not None
+        if kept:
+            self.probing.guard(x.knob, check)
+        else:
+            self.probing.observe(x.knob)
+        return x.plain()
+
+    def count_of(self, what: str, x: Any, least: int = 1, kept: bool = False) -> int:
+        """A positive (or, with LEAST 0, non-negative) integer that fits in 64 bits (KEPT: as
+        number_of's)."""
+        x = self.unprobed(x, kept, lambda v: self.count_of(what, v, least))
         if type(x) is not int or x < least:
             kind = "a positive integer" if least == 1 else "a non-negative integer"
             raise malformed(f"{what} needs {kind}, got {short(x)}")
@@ -266,15 +317,27 @@ class Compiler:
         keys = self.keys_of(f"defknob {knob}", args, {"TYPE", "RANGE", "CHOICES", "DOC"})
         default = literal_default(self.interp, default)
         self.check_knob_options(knob, default, keys)
+        value, self.knobs[knob] = self.knob_setting(knob, default, keys, self.overrides, self.written.get(knob))
+        if self.probing is not None and knob in self.probing.values:
+            self.probe_points(knob, default, keys, self.probing)
+            value = self.probing.probe(knob, value)
+        # a knob is a global value, not a special variable: a parameter or let of the same
+        # name (an optimizer's &key lr, say) binds lexically, as the reader of the file expects
+        self.interp.values[name] = value
+        return name
+
+    def knob_setting(self, knob: str, default: Any, keys: dict[str, Any], overrides: dict[str, Any], written_at: Optional[Written]) -> tuple[Any, KnobSpec]:
+        """The knob's value (from --set, else OVERRIDES, else its default), checked against
+        its declaration, and its record."""
         value = default
         raw = self.selection.set.get(knob)
         if raw is not None:
             value = self.parse_knob_value(knob, raw, default)
-        elif knob in self.overrides:
-            value = self.from_literal(self.overrides[knob])
+        elif knob in overrides:
+            value = self.from_literal(overrides[knob])
             if type(default) is float and type(value) is int:
                 value = float(value)
-        written = self.written.get(knob) if raw is None and knob in self.overrides else None
+        written = written_at if raw is None and knob in overrides else None
         shown = written.text if written is not None else short(value)
         doc = keys.get("DOC", NIL)
         declared = keys.get("TYPE", NIL)
@@ -286,11 +349,23 @@ class Compiler:
             if written is None:
                 raise
             raise self.blamed_on_value(err, written) from None
-        self.knobs[knob] = KnobSpec(name=knob, default=self.data_of(f"defknob {knob}", default), value=self.data_of(f"knob {knob}", value), type=kind, doc=doc if type(doc) is str else None)
-        # a knob is a global value, not a special variable: a parameter or let of the same
-        # name (an optimizer's &key lr, say) binds lexically, as the reader of the file expects
-        self.interp.values[name] = value
-        return name
+        return value, KnobSpec(name=knob, default=self.data_of(f"defknob {knob}", default), value=self.data_of(f"knob {knob}", value), type=kind, doc=doc if type(doc) is str else None)
+
+    def probe_points(self, knob: str, default: Any, keys: dict[str, Any], probing: Probing) -> None:
+        """Each point's value of a probed knob, checked and recorded as the point's own compile
+        would; a point whose value is refused is left to compile on its own."""
+        specs: list[Optional[KnobSpec]] = []
+        bound: list[Any] = []
+        for i, literal in enumerate(probing.values[knob]):
+            try:
+                value, spec = self.knob_setting(knob, default, keys, {knob: literal}, probing.written[knob][i])
+            except LispError:
+                probing.refused.add(i)
+                value, spec = None, None
+            specs.append(spec)
+            bound.append(value)
+        probing.specs[knob] = specs
+        probing.bound[knob] = bound
 
     def blamed_on_value(self, err: LispError, written: Written) -> LispError:
         """ERR, about a value a defvariant or a defsweep gives a knob, at that value (the
@@ -456,7 +531,7 @@ class Compiler:
         if type(init) is Symbol and init.is_keyword and init.name in ("ZEROS", "ONES"):
             return InitSpec(kind=init.name.lower())
         if type(init) in (int, float, Fraction):
-            return InitSpec(kind="constant", value=self.number_of("defparam :init", init))
+            return InitSpec(kind="constant", value=self.number_of("defparam :init", init, kept=True))
         raise type_error("defparam", 3, "an initializer (:zeros :ones (normal :std s) (uniform ...) (xavier) (kaiming))", init)
 
     def b_defpart(self, name: Any, thunk: Any) -> Any:
@@ -791,7 +866,7 @@ class Compiler:
             raise self.at(loc, "C008", f"{what}: the threshold must be a number, got {short(value)}")
         if loc is not None:
             self.target_locs[len(self.targets)] = loc
-        self.targets.append(TargetSpec(eval=key, metric=metric.name.lower(), test=test.name, value=self.number_of(f"{what}: the threshold", value)))
+        self.targets.append(TargetSpec(eval=key, metric=metric.name.lower(), test=test.name, value=self.number_of(f"{what}: the threshold", value, kept=True)))
         return name
 
     def unresolved_targets(self) -> None:
@@ -851,7 +926,7 @@ class Compiler:
     def b_defrun(self, *args: Any) -> Any:
         keys = self.keys_of("defrun", args, {"STEPS", "SEED", "LOG-EVERY", "META", "MICROBATCHES", "PRECISION", "CHECKPOINT", "FINITE-GUARD", "DIAGNOSTICS"})
         steps = self.count_of("defrun: :steps", keys.get("STEPS", NIL))
-        seed = self.count_of("defrun: :seed", keys.get("SEED", 0), least=0)
+        seed = self.count_of("defrun: :seed", keys.get("SEED", 0), least=0, kept=True)
         log_every = self.count_of("defrun: :log-every", keys.get("LOG-EVERY", 10))
         micro = self.count_of("defrun: :microbatches", keys.get("MICROBATCHES", 1))
         precision = keys.get("PRECISION", self.interp.kw("f32"))
@@ -936,7 +1011,7 @@ class Compiler:
 
     def b_schedule(self, lr: Any, ctx: Any) -> Any:
         if isinstance(lr, (int, float)):
-            value: Any = self.number_of("schedule: the learning rate", lr)
+            value: Any = self.number_of("schedule: the learning rate", lr, kept=type(lr) is FloatProbe)
         elif type(lr) in (Closure, Builtin):
             tracer = self.lib.tracer("schedule")
             value = self.interp.call(lr, Staged(tracer, tracer.ctx_input("step")))
@@ -949,7 +1024,8 @@ class Compiler:
         if tracer.group is not None:
             staged = self.lib.staged("schedule", 1, value)
             tracer.metrics[f"lr:{tracer.group}"] = staged.id
-        return value
+        # a float knob's probe stays one for what the caller does with the rate (probes.py)
+        return lr if type(lr) is FloatProbe and type(value) is float else value
 
     def b_ctx(self, key: Any, *rest: Any) -> Any:
         tracer = self.lib.tracer("ctx")

@@ -31,7 +31,9 @@ from ..lisp.types import NIL, Loc, MultipleValues
 from .autodiff import backward
 from .compiler import Compiler
 from .models import Batch, Ctx, Group, Param
+from .probes import Probing
 from .search import halving_problem
+from .sweep_groups import Binding, group_key, numeric, split_by
 from .selection import Declared, Written, located, overrides, prescan, written_values
 from .tensors import Staged, TensorLib, Tracer
 
@@ -51,14 +53,17 @@ class CompileResult:
         return not has_errors(self.diagnostics)
 
 
-def compile_file(path: Path, selection: Optional[Selection] = None, limits: Optional[Limits] = None, output: Any = None, world: int = 1) -> CompileResult:
+def compile_file(path: Path, selection: Optional[Selection] = None, limits: Optional[Limits] = None, output: Any = None, world: int = 1,
+                 probing: Optional[Probing] = None, declared: Optional[Declared] = None) -> CompileResult:
     """Read, evaluate, stage and check PATH. WORLD > 1 also stages each data-parallel rank's
-    train programs at batch/WORLD (the experiment's identity stays the single-device IR's)."""
+    train programs at batch/WORLD (the experiment's identity stays the single-device IR's).
+    PROBING: a probe compile for a group of sweep points (compile_points); DECLARED: the
+    file's pre-read selection, when the caller has it."""
     try:
-        chosen, imposed, written = resolve_selection(path, selection or Selection())
+        chosen, imposed, written = resolve_selection(path, selection or Selection(), declared)
     except LispError as exc:
         return CompileResult(diagnostics=[diagnostic_from(exc)])
-    made, problem = guarded(lambda: compiling_world(path, limits, output, chosen, imposed, written))
+    made, problem = guarded(lambda: compiling_world(path, limits, output, chosen, imposed, written, probing))
     if made is None:
         return CompileResult(diagnostics=[problem] if problem else [])
     fresh, compiler = made
@@ -107,8 +112,9 @@ def at_users_call(diagnostic: Diagnostic, user: Optional[Loc]) -> Diagnostic:
 
 @dataclass
 class Checked:
-    """What `check` reports for a file: the diagnostics of every selection it compiled, the
-    sources to show them, the files read (for watch), and how many selections it compiled."""
+    """What `check` reports for a file: the diagnostics of every selection it checked, the
+    sources to show them, the files read (for watch), and how many selections it checked
+    (the file as it is, and each selection with knob values of its own)."""
 
     diagnostics: list[Diagnostic]
     sources: SourceMap
@@ -137,7 +143,7 @@ def check_every_selection(path: Path, limits: Optional[Limits] = None, output: A
     from_base = set(seen)
     defaults = {k.name: k.value for k in base.compiler.knobs.values()} if base.compiler is not None else {}
     done = {json.dumps(defaults, sort_keys=True, default=str)}
-    compiled = 1
+    chosen: list[tuple[Selection, str]] = []
     for selection, label in declared_selections(declared):
         try:
             values = json.dumps({**defaults, **overrides(declared, selection)}, sort_keys=True, default=str)
@@ -146,15 +152,90 @@ def check_every_selection(path: Path, limits: Optional[Limits] = None, output: A
         if values in done:
             continue
         done.add(values)
-        compiled += 1
-        for diagnostic in compile_file(path, selection, limits, output=lambda _: None).diagnostics:
+        chosen.append((selection, label))
+    results = compile_points(path, [selection for selection, _ in chosen], limits, output=lambda _: None, experiments=False)
+    for (_, label), result in zip(chosen, results):
+        for diagnostic in result.diagnostics:
             key = same(diagnostic)
             if key not in seen:
                 seen[key] = []
                 diagnostics.append(diagnostic)
             if key not in from_base:
                 seen[key].append(label)
+    compiled = 1 + len(chosen)
     return Checked([with_selections(d, seen[same(d)]) for d in diagnostics], sources, files, compiled)
+
+
+def compile_points(path: Path, selections: list[Selection], limits: Optional[Limits] = None, output: Any = None, world: int = 1,
+                   experiments: bool = True) -> list[CompileResult]:
+    """Each of SELECTIONS compiled, as compile_file(PATH, selection) compiles it, with one
+    staging per shape: points that differ only in numeric knobs no shape, dtype or structure
+    depends on share one probe compile (sweep_groups.py), checked against a real compile of
+    their first point. Without EXPERIMENTS a shared point's result has its diagnostics only.
+    What the file prints reaches OUTPUT from the compiles that ran."""
+    try:
+        declared = prescan(path)
+        resolved = [resolve_selection(path, selection, declared) for selection in selections]
+    except LispError:
+        return [compile_file(path, selection, limits, output, world) for selection in selections]
+    imposed = [r[1] for r in resolved]
+    results: dict[int, CompileResult] = {}
+
+    def own(i: int) -> CompileResult:
+        if i not in results:
+            results[i] = compile_file(path, selections[i], limits, output, world, declared=declared)
+        return results[i]
+
+    def settle(indices: list[int], numbers: set[str]) -> None:
+        varying = {k for k in numbers if len({repr(imposed[i].get(k)) for i in indices}) > 1}
+        if len(indices) <= 2 or not varying:
+            for i in indices:
+                own(i)
+            return
+        first = own(indices[0])
+        probing = Probing(values={k: [imposed[i][k] for i in indices] for k in varying},
+                          written={k: [resolved[i][2].get(k) for i in indices] for k in varying})
+        probe = compile_file(path, selections[indices[0]], limits, lambda _: None, world, probing=probing, declared=declared)
+        if probing.observed:  # those knobs reach the structure: their values group the points
+            for group in split_by(indices, probing.observed, imposed):
+                settle(group, numbers - probing.observed)
+            return
+        binding = Binding(probing, probe.diagnostics, probe.experiment)
+        if not reproduces(binding, first, resolved[indices[0]][0]):
+            integers = {k for k in varying if type(imposed[indices[0]][k]) is int}
+            if integers:  # seen where no probe could say: an integer is the likelier shape
+                for group in split_by(indices, integers, imposed):
+                    settle(group, numbers - integers)
+            else:
+                for i in indices:
+                    own(i)
+            return
+        for at, i in enumerate(indices[1:], start=1):
+            if binding.refuses(at):
+                own(i)
+                continue
+            experiment = binding.experiment_for(at, resolved[i][0]) if experiments else None
+            results[i] = CompileResult(diagnostics=list(first.diagnostics), experiment=experiment, program=first.program, compiler=first.compiler)
+
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, (chosen, values, _) in enumerate(resolved):
+        groups.setdefault(group_key(chosen, values), []).append(i)
+    for indices in groups.values():
+        settle(indices, {k for k, v in imposed[indices[0]].items() if numeric(v)})
+    return [results[i] for i in range(len(selections))]
+
+
+def reproduces(binding: Binding, real: CompileResult, selection: Selection) -> bool:
+    """Whether the probe compile, bound to its first point's values, is that point's own
+    compile: the same diagnostics and the same experiment, byte for byte."""
+    if [d.model_dump() for d in binding.diagnostics] != [d.model_dump() for d in real.diagnostics]:
+        return False
+    if (binding.experiment is None) != (real.experiment is None):
+        return False
+    if binding.refuses(0):
+        return False
+    bound = binding.experiment_for(0, selection)
+    return bound is None or real.experiment is None or bound.model_dump_json() == real.experiment.model_dump_json()
 
 
 def declared_selections(declared: Declared) -> list[tuple[Selection, str]]:
@@ -182,10 +263,11 @@ def with_selections(diagnostic: Diagnostic, labels: list[str], most: int = 3) ->
     return diagnostic.model_copy(update={"notes": [*diagnostic.notes, note]})
 
 
-def resolve_selection(path: Path, selection: Selection) -> tuple[Selection, dict[str, Any], dict[str, Written]]:
+def resolve_selection(path: Path, selection: Selection, declared: Optional[Declared] = None) -> tuple[Selection, dict[str, Any], dict[str, Written]]:
     """SELECTION with its sweep's variant filled in, the knob values it imposes (from the
-    pre-read of PATH's variants and sweeps), and where those values are written."""
-    declared = prescan(path)
+    pre-read of PATH's variants and sweeps, DECLARED when given), and where those values are
+    written."""
+    declared = declared if declared is not None else prescan(path)
     imposed = overrides(declared, selection)
     written = written_values(declared, selection)
     sweep = declared.sweeps.get(selection.sweep or "")
@@ -195,10 +277,10 @@ def resolve_selection(path: Path, selection: Selection) -> tuple[Selection, dict
 
 
 def compiling_world(path: Path, limits: Optional[Limits], output: Any, selection: Selection, imposed: dict[str, Any],
-                    written: Optional[dict[str, Written]] = None) -> tuple[LispProgram, Compiler]:
+                    written: Optional[dict[str, Written]] = None, probing: Optional[Probing] = None) -> tuple[LispProgram, Compiler]:
     """A fresh world for PATH with the compiler installed, watching the file's contract order."""
     program = new_program(path, limits, output=output)
-    compiler = Compiler(program.interp, selection, path.resolve().parent, imposed, root=program.loader.root, written=written)
+    compiler = Compiler(program.interp, selection, path.resolve().parent, imposed, root=program.loader.root, written=written, probing=probing)
     compiler.watch(program.table)
     return program, compiler
 

@@ -9,6 +9,7 @@ Precedence of a knob's value: the file's default < the variant < the sweep point
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -63,8 +64,16 @@ class SweepDecl:
     seed: int = 0
     draws: dict[str, Distribution] = field(default_factory=dict)
     halving: Optional[Halving] = None
+    _points: Optional[list[dict[str, Any]]] = field(default=None, repr=False, compare=False)
 
     def points(self) -> list[dict[str, Any]]:
+        """Every point's knob values, in order (made once: a grid of a thousand points is
+        asked for each of its points)."""
+        if self._points is None:
+            self._points = self.all_points()
+        return self._points
+
+    def all_points(self) -> list[dict[str, Any]]:
         if self.sample is not None:
             return sampled_points(self.seed, self.sample, self.draws)
         names = list(self.axes)
@@ -82,9 +91,16 @@ class SweepDecl:
         names = [n for n in self.axes if n in self.written]
         if not names:
             return {}
-        columns = [[replace(w, by=f"point {point} of defsweep {self.name}") for w in self.written[n]] for n in names]
-        rows = list(zip(*columns)) if self.zip else list(itertools.product(*columns))
-        return dict(zip(names, rows[point])) if 0 <= point < len(rows) else {}
+        sizes = [len(self.written[n]) for n in names]
+        count = min(sizes) if self.zip else math.prod(sizes)
+        if not 0 <= point < count:
+            return {}
+        picks = [point] * len(names)
+        if not self.zip:  # the row of itertools.product: the last axis varies fastest
+            rest = point
+            for at in reversed(range(len(names))):
+                rest, picks[at] = divmod(rest, sizes[at])
+        return {n: replace(self.written[n][i], by=f"point {point} of defsweep {self.name}") for n, i in zip(names, picks)}
 
 
 @dataclass

@@ -31,6 +31,7 @@ from ..lisp.builtins import Registry, list_items, parse_keys, to_lisp_list, type
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.objects import Builtin
 from ..lisp.types import NIL, T, Cons, Symbol, is_number
+from .probes import PROBES, Probing
 
 if TYPE_CHECKING:
     from ..lisp.evaluator import Interpreter
@@ -117,11 +118,14 @@ class TensorLib:
         self.reg = Registry(interp)
         self.active: Optional[Tracer] = None
         self.islands = 0  # open f32 islands (with-numerics) in a :bf16 program
+        self.probing: Optional[Probing] = None  # set by a probe compile (probes.py)
 
     @contextmanager
     def tracing(self, tracer: Tracer) -> Iterator[Tracer]:
         """Stage the tensor builtins called inside the block into TRACER."""
         previous, self.active = self.active, tracer
+        if self.probing is not None:
+            self.probing.tracers[id(tracer)] = tracer
         try:
             yield tracer
         finally:
@@ -139,6 +143,8 @@ class TensorLib:
         dtype (weak literals) or f32."""
         from .models import Param
 
+        if type(x) in PROBES:  # a knob's probe becomes a constant without being looked at
+            x = x.plain()
         if type(x) is Staged:
             if self.islands and x.type.dtype in (DType.bf16, DType.f16):
                 return self.op(fn, "cast", x, dtype="f32")
@@ -219,6 +225,7 @@ class TensorLib:
         tensors = (Staged, Param)
         low, high = arity(tensor_fn)
         interp = self.interp
+        lib = self
 
         def on_tensors(args: tuple[Any, ...]) -> Any:
             if len(args) < low or (high is not None and len(args) > high):
@@ -231,6 +238,10 @@ class TensorLib:
             for a in args:
                 if type(a) in tensors:
                     return on_tensors(args)
+            if lib.probing is not None:  # arithmetic on a knob's probe, in Lisp numbers: the knob is seen
+                for a in args:
+                    if type(a) in PROBES:
+                        a.probing.observe(a.knob)
             return original.fn(*args)
 
         min_args = original.min_args if original is not None else 1
@@ -421,10 +432,19 @@ class TensorLib:
         return self.op(fn, "reshape", x, shape=[d for i, d in enumerate(shape) if i not in axes])
 
     # -- shape ---------------------------------------------------------------------------------------
+    def looked_at(self, x: Any) -> Any:
+        """X, with a knob's probe seen for its value (a shape, an axis: the knob reaches the
+        program's structure) and given as its poison."""
+        if type(x) in PROBES:
+            x.probing.observe(x.knob)
+            return x.plain()
+        return x
+
     def shape_arg(self, fn: str, pos: int, x: Any) -> list[int]:
+        x = self.looked_at(x)
         if type(x) is int:
             return [x]
-        dims = list_items(fn, pos, x)
+        dims = [self.looked_at(d) for d in list_items(fn, pos, x)]
         for d in dims:
             if type(d) is not int or d < 0:
                 raise type_error(fn, pos, "a shape: a list of non-negative integers", x)
@@ -432,11 +452,13 @@ class TensorLib:
 
     def float_arg(self, fn: str, x: Any, pos: int = 3) -> float:
         """A number given as a keyword's value (such as :eps: an integer, a float or a ratio), as a float."""
+        x = self.looked_at(x)
         if not is_number(x):
             raise type_error(fn, pos, "a number", x)
         return float(x)
 
     def int_arg(self, fn: str, pos: int, x: Any) -> int:
+        x = self.looked_at(x)
         if type(x) is not int:
             raise type_error(fn, pos, "an integer", x)
         return x

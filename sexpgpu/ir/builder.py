@@ -74,6 +74,11 @@ class Builder:
         self._consts[key] = nid
         return nid
 
+    def constant_keys(self) -> set[tuple[Any, ...]]:
+        """The (value, dtype, shape) of every constant made so far: const() gives one node
+        to each."""
+        return set(self._consts)
+
     def scalar_like(self, value: float, like: int) -> int:
         return self.const(value, self.type(like).dtype)
 
