@@ -192,7 +192,9 @@ class Attempt:
     def execute(self) -> AttemptOutcome:
         """The attempt, holding the run folder's writer lease throughout (only rank 0 writes)."""
         if self.options.resume is not None and not self.store.list(self.slug):  # refused before a lease makes the folder
-            raise ResumeError(f"{self.slug} has not run yet in {self.store.url}: there is nothing to resume; run it without --resume")
+            # a slug that never ran may be this run's after its data changed: say that first
+            changed = changed_data(self.store, self.slug, self.experiment, self.options.resume)
+            raise ResumeError(changed or f"{self.slug} has not run yet in {self.store.url}: there is nothing to resume; run it without --resume")
         lease = WriterLease(self.shared, self.options.take_over) if self.writer else None
         if lease is not None:  # another writer: FolderHeld, before anything is read or written
             self.when_the_store_answers(lease.take)

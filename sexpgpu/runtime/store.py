@@ -613,7 +613,10 @@ class Store:
     def _ls(self, full: str) -> builtins.list[dict[str, Any]]:
         if not self.is_local:
             self.fs.invalidate_cache(full)
-        return list(self.fs.ls(full, detail=True))
+        try:
+            return list(self.fs.ls(full, detail=True))
+        except FileNotFoundError:  # a folder nothing was written to yet holds nothing, as `list` says
+            return []
 
     def rename(self, path: str, new_path: str) -> None:
         """Move the file at PATH to NEW_PATH (a rename on a local folder; a copy, then the
