@@ -9,7 +9,7 @@ import inspect
 import math
 from fractions import Fraction
 from functools import cmp_to_key
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
 
 from .conditions import Condition, LispError, lisp_error
 from .objects import (
@@ -158,14 +158,64 @@ def lbool(b: bool) -> Any:
     return T if b else NIL
 
 
-def list_items(fn: str, pos: int, x: Any) -> list[Any]:
-    """The elements of a proper list, with a type error naming the argument."""
-    items: list[Any] = []
+class _Circular:
+    def __repr__(self) -> str:
+        return "CIRCULAR"
+
+
+CIRCULAR: Any = _Circular()
+"""What ends a list whose conses come round again (list_cells, list_cars)."""
+
+
+def list_cells(x: Any) -> tuple[list[Cons], Any]:
+    """The conses of X in order, and what ends them: nil for a proper list, the atom of a
+    dotted one, CIRCULAR for a circular one. Brent's cycle test (a mark moved to the walk's
+    head at each power of two, the head compared with it) stops the walk within a few times
+    the number of distinct conses, so a circular list costs what its conses are, not
+    memory until the host runs out."""
+    out: list[Cons] = []
     cell = x
+    mark: Any = None
+    n, power = 0, 1
     while type(cell) is Cons:
-        items.append(cell.car)
+        out.append(cell)
         cell = cell.cdr
-    if cell is not NIL:
+        if cell is mark:
+            return out, CIRCULAR
+        n += 1
+        if n == power:
+            mark, power = cell, power << 1
+    return out, cell
+
+
+def list_cars(x: Any) -> tuple[list[Any], Any]:
+    """The elements of X, and what ends it, as list_cells walks it."""
+    out: list[Any] = []
+    cell = x
+    mark: Any = None
+    n, power = 0, 1
+    while type(cell) is Cons:
+        out.append(cell.car)
+        cell = cell.cdr
+        if cell is mark:
+            return out, CIRCULAR
+        n += 1
+        if n == power:
+            mark, power = cell, power << 1
+    return out, cell
+
+
+def circular_error(fn: str, pos: int) -> LispError:
+    return lisp_error("E103", f"`{fn}`: argument {pos} must be a proper list, got a circular list", "TYPE-ERROR")
+
+
+def list_items(fn: str, pos: int, x: Any) -> list[Any]:
+    """The elements of a proper list, with a type error naming the argument (a circular
+    list included: no step budget is at hand here)."""
+    items, end = list_cars(x)
+    if end is CIRCULAR:
+        raise circular_error(fn, pos)
+    if end is not NIL:
         raise type_error(fn, pos, "a proper list", x)
     return items
 
@@ -601,28 +651,28 @@ class Lib:
 
     # -- walking ------------------------------------------------------------------------------
     def cells(self, fn: str, pos: int, x: Any) -> list[Any]:
-        """The conses of a proper list; a dotted list or a non-list is a type error."""
-        out: list[Any] = []
-        cell = x
-        while type(cell) is Cons:
-            out.append(cell)
-            cell = cell.cdr
+        """The conses of a proper list; a dotted list or a non-list is a type error, and a
+        circular one a walk that never ends (the step budget)."""
+        out, end = list_cells(x)
         self.charge(len(out))
-        if cell is not NIL:
-            raise type_error(fn, pos, "a proper list", x)
+        if end is not NIL:
+            self.improper(fn, pos, x, end)
         return out
 
     def elements(self, fn: str, pos: int, x: Any) -> list[Any]:
-        """The elements of a proper list."""
-        out: list[Any] = []
-        cell = x
-        while type(cell) is Cons:
-            out.append(cell.car)
-            cell = cell.cdr
+        """The elements of a proper list, as cells walks it."""
+        out, end = list_cars(x)
         self.charge(len(out))
-        if cell is not NIL:
-            raise type_error(fn, pos, "a proper list", x)
+        if end is not NIL:
+            self.improper(fn, pos, x, end)
         return out
+
+    def improper(self, fn: str, pos: int, x: Any, end: Any) -> NoReturn:
+        """A walk to the end of X found END, not nil: CIRCULAR never ends, so it is the step
+        budget (L001); an atom is a type error."""
+        if end is CIRCULAR:
+            self.interp.endless()
+        raise type_error(fn, pos, "a proper list", x)
 
     def items(self, fn: str, pos: int, seq: Any) -> list[Any]:
         """The elements of any sequence (a string's are characters)."""

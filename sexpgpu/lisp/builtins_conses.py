@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
-from .builtins import Lib, Registry, eql, lbool, need_index, need_list, parse_keys, to_lisp_list, type_error
+from .builtins import CIRCULAR, Lib, Registry, eql, lbool, list_cars, list_cells, need_index, need_list, parse_keys, to_lisp_list, type_error
 from .conditions import lisp_error
 from .types import NIL, T, Cons, MultipleValues
 
@@ -150,14 +150,12 @@ class Conses(Lib):
 
     def op_copy_list(self, x: Any) -> Any:
         need_list("copy-list", 1, x)
-        items = []
-        cell = x
-        while type(cell) is Cons:
-            items.append(cell.car)
-            cell = cell.cdr
+        items, end = list_cars(x)
         self.charge(len(items))
+        if end is CIRCULAR:
+            self.interp.endless()
         self.alloc(len(items))
-        return _with_tail(items, cell)
+        return _with_tail(items, end)
 
     def op_copy_alist(self, x: Any) -> Any:
         out = []
@@ -274,13 +272,11 @@ class Conses(Lib):
     def spine(self, fn: str, x: Any) -> tuple[list[Any], Any]:
         """The conses of a list that may be dotted, and what ends it."""
         need_list(fn, 1, x)
-        cells = []
-        cell = x
-        while type(cell) is Cons:
-            cells.append(cell)
-            cell = cell.cdr
+        cells, end = list_cells(x)
         self.charge(len(cells))
-        return cells, cell
+        if end is CIRCULAR:
+            self.interp.endless()
+        return cells, end
 
     def op_last(self, x: Any, n: Any = 1) -> Any:
         need_index("last", 2, n)
@@ -309,27 +305,29 @@ class Conses(Lib):
 
     def op_ldiff(self, x: Any, obj: Any) -> Any:
         need_list("ldiff", 1, x)
-        items = []
-        cell = x
-        while type(cell) is Cons and cell is not obj:
-            items.append(cell.car)
-            cell = cell.cdr
-        self.charge(len(items))
-        self.alloc(len(items))
-        return _with_tail(items, NIL if cell is obj or eql(cell, obj) else cell)
+        cells, end = list_cells(x)
+        for i, cell in enumerate(cells):  # a tail of a circular list is found before it comes round
+            if cell is obj:
+                self.charge(i)
+                self.alloc(i)
+                return _with_tail([c.car for c in cells[:i]], NIL)
+        self.charge(len(cells))
+        if end is CIRCULAR:
+            self.interp.endless()
+        self.alloc(len(cells))
+        return _with_tail([c.car for c in cells], NIL if end is obj or eql(end, obj) else end)
 
     def op_tailp(self, obj: Any, x: Any) -> Any:
         need_list("tailp", 2, x)
-        cell = x
-        n = 0
-        while type(cell) is Cons:
+        cells, end = list_cells(x)
+        for n, cell in enumerate(cells):
             if cell is obj:
                 self.charge(n)
                 return T
-            cell = cell.cdr
-            n += 1
-        self.charge(n)
-        return lbool(eql(cell, obj))
+        self.charge(len(cells))
+        if end is CIRCULAR:
+            self.interp.endless()
+        return lbool(eql(end, obj))
 
     # -- joining ---------------------------------------------------------------------------------
     def op_append(self, *xs: Any) -> Any:
@@ -362,13 +360,11 @@ class Conses(Lib):
                 result = x
             else:
                 last.cdr = x
-            cell = x
-            n = 0
-            while type(cell.cdr) is Cons:
-                cell = cell.cdr
-                n += 1
-            self.charge(n)
-            last = cell
+            cells, end = list_cells(x)
+            self.charge(len(cells) - 1)
+            if end is CIRCULAR:
+                self.interp.endless()
+            last = cells[-1]
         return result
 
     def op_revappend(self, x: Any, tail: Any) -> Any:
@@ -706,15 +702,30 @@ class Conses(Lib):
     def walk(self, fn: str, lists: tuple[Any, ...], tails: bool) -> list[list[Any]]:
         """The elements (or tails) of each list, stopping at the shortest; each list must
         be a list, and a dotted one is an error when it ends the walk."""
+        for i, x in enumerate(lists, 2):
+            need_list(fn, i, x)
+        if len(lists) == 1:
+            spine = self.cells(fn, 2, lists[0])
+            return [[c] for c in spine] if tails else [[c.car] for c in spine]
         columns = []
         cells = list(lists)
-        for i, x in enumerate(cells, 2):
-            need_list(fn, i, x)
-        n = 0
+        # Brent's cycle test on each list (list_cells), in step: the walk never ends only
+        # when every list is circular
+        marks: list[Any] = [None] * len(cells)
+        looped = [False] * len(cells)
+        n, power = 0, 1
         while all(type(c) is Cons for c in cells):
             columns.append([c if tails else c.car for c in cells])
             cells = [c.cdr for c in cells]
             n += 1
+            for i, c in enumerate(cells):
+                if c is marks[i]:
+                    looped[i] = True
+            if all(looped):
+                self.charge(n * len(lists))
+                self.interp.endless()
+            if n == power:
+                marks, power = list(cells), power << 1
         self.charge(n * len(lists))
         for i, c in enumerate(cells, 2):
             if c is not NIL and type(c) is not Cons:

@@ -159,15 +159,24 @@ class Sequences(Lib):
             return Char(seq[i]) if t is str else seq[i]
         if seq is not NIL and t is not Cons:
             raise type_error("elt", 1, "a sequence (list, vector or string)", seq)
-        cell = seq
-        walked = 0  # the cells walked, not the index: (elt nil 1000000) is a quick type-error
-        while walked < i and type(cell) is Cons:
-            cell = cell.cdr
-            walked += 1
-        self.charge(walked)
+        cell = self.nth_cell(seq, i)
         if type(cell) is not Cons:
             raise lisp_error("E103", f"`elt`: index {i} is out of bounds for a sequence of length {self.op_length(seq) if cell is NIL else 'shorter than the index'}", "TYPE-ERROR", i)
         return cell.car
+
+    def nth_cell(self, x: Any, i: int) -> Any:
+        """The Ith tail of the list X, or the atom that ends it first. The cells walked are
+        charged, not the index ((elt nil 1000000) is a quick type-error), as the walk goes
+        (a circular list ends at the budget)."""
+        cell = x
+        walked = 0
+        while walked < i and type(cell) is Cons:
+            cell = cell.cdr
+            walked += 1
+            if walked & 1023 == 0:
+                self.charge(1024)
+        self.charge(walked & 1023)
+        return cell
 
     def op_p_set_elt(self, seq: Any, i: Any, value: Any) -> Any:
         need_index("(setf elt)", 2, i)
@@ -183,12 +192,7 @@ class Sequences(Lib):
             return value
         if seq is not NIL and t is not Cons:
             raise type_error("(setf elt)", 1, "a sequence (list, vector or string)", seq)
-        cell = seq
-        walked = 0  # the cells walked, not the index: (elt nil 1000000) is a quick type-error
-        while walked < i and type(cell) is Cons:
-            cell = cell.cdr
-            walked += 1
-        self.charge(walked)
+        cell = self.nth_cell(seq, i)
         if type(cell) is not Cons:
             raise lisp_error("E103", f"(setf elt): index {i} is past the end of the list", "TYPE-ERROR", i)
         cell.car = value

@@ -4,7 +4,7 @@ structures, conditions, definitions, eval and macroexpansion."""
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .builtins import (
     Registry,
@@ -14,6 +14,8 @@ from .builtins import (
     equalp,
     format_to_string,
     lbool,
+    list_cars,
+    list_cells,
     list_items,
     need_string,
     need_symbol,
@@ -602,12 +604,24 @@ def install(reg: Registry) -> None:
     def plist_of(fn: str, sym: Any) -> Any:
         return interp.plists.get(need_symbol(fn, 1, sym), NIL)
 
-    def get(sym: Any, indicator: Any, default: Any = NIL) -> Any:
-        cell = plist_of("get", sym)
+    def plist_cells(plist: Any) -> Iterator[Cons]:
+        """The conses of a symbol's property list that hold an indicator; each pair is two
+        steps, charged as the walk goes (a circular plist ends at the budget)."""
+        cell = plist
+        walked = 0
         while type(cell) is Cons and type(cell.cdr) is Cons:
+            walked += 1
+            if walked == 1024:
+                interp.charge(2 * walked)
+                walked = 0
+            yield cell
+            cell = cell.cdr.cdr
+        interp.charge(2 * walked)
+
+    def get(sym: Any, indicator: Any, default: Any = NIL) -> Any:
+        for cell in plist_cells(plist_of("get", sym)):
             if cell.car is indicator:
                 return cell.cdr.car
-            cell = cell.cdr.cdr
         return default
 
     def put(sym: Any, indicator: Any, *rest: Any) -> Any:
@@ -615,20 +629,17 @@ def install(reg: Registry) -> None:
         if not 1 <= len(rest) <= 2:
             raise lisp_error("E102", "`(setf get)` takes a symbol, an indicator, an optional default and a value", "PROGRAM-ERROR")
         value = rest[-1]
-        cell = plist_of("(setf get)", sym)
-        while type(cell) is Cons and type(cell.cdr) is Cons:
+        for cell in plist_cells(plist_of("(setf get)", sym)):
             if cell.car is indicator:
                 cell.cdr.car = value
                 return value
-            cell = cell.cdr.cdr
         interp.alloc(2)
         interp.plists[sym] = Cons(indicator, Cons(value, interp.plists.get(sym, NIL)))
         return value
 
     def remprop(sym: Any, indicator: Any) -> Any:
         previous = None
-        cell = plist_of("remprop", sym)
-        while type(cell) is Cons and type(cell.cdr) is Cons:
+        for cell in plist_cells(plist_of("remprop", sym)):
             if cell.car is indicator:
                 if previous is None:
                     interp.plists[sym] = cell.cdr.cdr
@@ -636,7 +647,6 @@ def install(reg: Registry) -> None:
                     previous.cdr.cdr = cell.cdr.cdr
                 return cell
             previous = cell
-            cell = cell.cdr.cdr
         return NIL
 
     def set_symbol_plist(sym: Any, plist: Any) -> Any:
@@ -680,12 +690,8 @@ def install(reg: Registry) -> None:
         if type(form) is not Cons:
             return True
         head = form.car
-        args = []
-        cell = form.cdr
-        while type(cell) is Cons:
-            args.append(cell.car)
-            cell = cell.cdr
-        if type(head) is not Symbol or cell is not NIL:
+        args, end = list_cars(form.cdr)
+        if type(head) is not Symbol or end is not NIL:
             return False
         if head.name == "QUOTE":
             return len(args) == 1
@@ -802,9 +808,13 @@ def _tree_has_name(interp: "Interpreter", tree: Any, name: str) -> bool:
         x = stack.pop()
         while type(x) is Cons:
             seen += 1
+            if seen == 1024:  # charged as it goes: a circular tree ends at the budget
+                interp.charge(seen)
+                seen = 0
             stack.append(x.car)
             x = x.cdr
         if type(x) is Symbol and x.name == name:
+            interp.charge(seen)
             return True
     interp.charge(seen)
     return False
@@ -845,8 +855,5 @@ def _sxhash_key(x: Any, budget: list[int]) -> str:
 
 
 def _proper_length(x: Any) -> Any:
-    n = 0
-    while type(x) is Cons:
-        n += 1
-        x = x.cdr
-    return n if x is NIL else NIL
+    cells, end = list_cells(x)
+    return len(cells) if end is NIL else NIL
