@@ -22,6 +22,7 @@ from .objects import (
     StructInstance,
 )
 from .printer import Printer, PrintTooLarge, prin1_to_string
+from .registry import install_modules
 from .types import NIL, T, Char, Cons, Symbol, from_iter, primary
 
 if TYPE_CHECKING:
@@ -461,10 +462,10 @@ def install_builtins(interp: "Interpreter") -> None:
     from . import builtins_arrays, builtins_conses, builtins_numbers, builtins_sequences, builtins_streams, builtins_strings, builtins_system
 
     builtins_numbers.install(reg)
-    builtins_conses.install(reg)
-    builtins_sequences.install(reg)
-    builtins_arrays.install(reg)
-    builtins_streams.install(reg)
+    install_modules(interp, (builtins_conses, builtins_sequences, builtins_arrays))
+    builtins_arrays.define_constants(interp)
+    install_modules(interp, (builtins_streams,))
+    builtins_streams.define_variables(interp)
     builtins_strings.install(reg)
     builtins_system.install(reg)
 

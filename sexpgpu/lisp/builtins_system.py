@@ -661,9 +661,9 @@ def install(reg: Registry) -> None:
                 interp.values[new] = interp.values[sym]
             if sym in interp.functions:
                 interp.functions[new] = interp.functions[sym]
-            from .builtins_conses import Conses
+            from .builtins_conses import Conses, copy_list
 
-            interp.plists[new] = Conses(interp).op_copy_list(interp.plists.get(sym, NIL))
+            interp.plists[new] = copy_list(Conses(interp), interp.plists.get(sym, NIL))
         return new
 
     def makunbound(sym: Any) -> Any:
