@@ -461,8 +461,8 @@ def install_builtins(interp: "Interpreter") -> None:
     reg = Registry(interp)
     from . import builtins_arrays, builtins_conses, builtins_numbers, builtins_sequences, builtins_streams, builtins_strings, builtins_system
 
-    builtins_numbers.install(reg)
-    install_modules(interp, (builtins_conses, builtins_sequences, builtins_arrays))
+    builtins_numbers.define_constants(interp)
+    install_modules(interp, (builtins_numbers, builtins_conses, builtins_sequences, builtins_arrays))
     builtins_arrays.define_constants(interp)
     install_modules(interp, (builtins_streams,))
     builtins_streams.define_variables(interp)

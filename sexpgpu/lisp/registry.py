@@ -10,6 +10,7 @@ arguments). The arity is read from the signature once, when the module is import
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
@@ -62,15 +63,26 @@ def spec_of(fn: Any) -> Optional[BuiltinSpec]:
 
 
 def registered(module: ModuleType) -> list[tuple[Callable[..., Any], BuiltinSpec]]:
-    """The builtins a module registers, in the order they are defined."""
+    """The builtins a module registers, in the order they are defined: its decorated
+    functions, not those it imports from another module that registers them."""
     out: list[tuple[Callable[..., Any], BuiltinSpec]] = []
     seen: set[int] = set()
     for value in vars(module).values():
         spec = spec_of(value)
-        if spec is not None and id(value) not in seen and getattr(value, "__module__", None) == module.__name__:
+        if spec is not None and id(value) not in seen and _registers(module, value):
             seen.add(id(value))
             out.append((value, spec))
     return out
+
+
+def _registers(module: ModuleType, fn: Any) -> bool:
+    """Whether MODULE is where FN is registered: FN was defined there, or made there by a
+    factory of another module (and so is no name of that module)."""
+    home = getattr(fn, "__module__", None)
+    if home == module.__name__:
+        return True
+    defining = sys.modules.get(home or "")
+    return defining is None or not any(value is fn for value in vars(defining).values())
 
 
 def install_modules(interp: "Interpreter", modules: tuple[ModuleType, ...]) -> None:
