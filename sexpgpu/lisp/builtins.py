@@ -466,7 +466,8 @@ def install_builtins(interp: "Interpreter") -> None:
     builtins_arrays.define_constants(interp)
     install_modules(interp, (builtins_streams,))
     builtins_streams.define_variables(interp)
-    builtins_strings.install(reg)
+    install_modules(interp, (builtins_strings,))
+    builtins_strings.set_up(interp)
     builtins_system.install(reg)
 
 

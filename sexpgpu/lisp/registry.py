@@ -41,6 +41,12 @@ def builtin(*names: str, context: Optional[type] = None) -> Callable[[F], F]:
         raise ValueError("@builtin needs at least one Lisp name")
 
     def mark(fn: F) -> F:
+        earlier = spec_of(fn)
+        if earlier is not None:  # one function under more names (char and schar)
+            if earlier.context is not context:
+                raise ValueError(f"{fn.__name__} is registered with two contexts")
+            setattr(fn, MARK, BuiltinSpec(earlier.names + names, context, earlier.required, earlier.maximum))
+            return fn
         required, maximum = arity(fn, 1 if context is not None else 0)
         setattr(fn, MARK, BuiltinSpec(names, context, required, maximum))
         return fn
