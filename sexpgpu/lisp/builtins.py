@@ -459,7 +459,7 @@ class Registry:
 
 def install_builtins(interp: "Interpreter") -> None:
     reg = Registry(interp)
-    from . import builtins_arrays, builtins_conses, builtins_numbers, builtins_sequences, builtins_streams, builtins_strings, builtins_system
+    from . import builtins_arrays, builtins_conses, builtins_numbers, builtins_sequences, builtins_calling, builtins_conditions, builtins_hashtables, builtins_streams, builtins_strings, builtins_structures, builtins_symbols
 
     builtins_numbers.define_constants(interp)
     install_modules(interp, (builtins_numbers, builtins_conses, builtins_sequences, builtins_arrays))
@@ -468,7 +468,11 @@ def install_builtins(interp: "Interpreter") -> None:
     builtins_streams.define_variables(interp)
     install_modules(interp, (builtins_strings,))
     builtins_strings.set_up(interp)
-    builtins_system.install(reg)
+    builtins_calling.install(reg)
+    builtins_conditions.install(reg)
+    builtins_hashtables.install(reg)
+    builtins_symbols.install(reg)
+    builtins_structures.install(reg)
 
 
 def format_to_string(interp: "Interpreter", control: Any, args: list[Any]) -> str:
