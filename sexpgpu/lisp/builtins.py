@@ -5,7 +5,6 @@ Only what cannot reasonably be written in the language lives here; prelude.lisp 
 
 from __future__ import annotations
 
-import inspect
 import math
 from fractions import Fraction
 from functools import cmp_to_key
@@ -22,7 +21,7 @@ from .objects import (
     StructInstance,
 )
 from .printer import Printer, PrintTooLarge, prin1_to_string
-from .registry import install_modules
+from .registry import arity, install_modules
 from .types import NIL, T, Char, Cons, Symbol, from_iter, primary
 
 if TYPE_CHECKING:
@@ -449,16 +448,13 @@ class Registry:
         self.interp = interp
 
     def add(self, name: str, fn: Callable[..., Any]) -> None:
-        params = inspect.signature(fn).parameters.values()
-        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        required = sum(1 for p in positional if p.default is p.empty)
-        variadic = any(p.kind == p.VAR_POSITIONAL for p in params)
-        sym = self.interp.sym(name)
-        self.interp.functions[sym] = Builtin(name.lower(), fn, required, None if variadic else len(positional))
+        """A function the compiler adds to the Lisp world (its tensor and model builtins);
+        the Lisp's own builtins are registered by @builtin (registry.py)."""
+        required, maximum = arity(fn)
+        self.interp.functions[self.interp.sym(name)] = Builtin(name.lower(), fn, required, maximum)
 
 
 def install_builtins(interp: "Interpreter") -> None:
-    reg = Registry(interp)
     from . import builtins_arrays, builtins_conses, builtins_numbers, builtins_sequences, builtins_calling, builtins_conditions, builtins_hashtables, builtins_streams, builtins_strings, builtins_structures, builtins_symbols
 
     builtins_numbers.define_constants(interp)
@@ -468,11 +464,8 @@ def install_builtins(interp: "Interpreter") -> None:
     builtins_streams.define_variables(interp)
     install_modules(interp, (builtins_strings,))
     builtins_strings.set_up(interp)
-    builtins_calling.install(reg)
-    builtins_conditions.install(reg)
-    builtins_hashtables.install(reg)
-    builtins_symbols.install(reg)
-    builtins_structures.install(reg)
+    install_modules(interp, (builtins_calling, builtins_conditions, builtins_hashtables, builtins_symbols, builtins_structures))
+    builtins_calling.set_up(interp)
 
 
 def format_to_string(interp: "Interpreter", control: Any, args: list[Any]) -> str:

@@ -4,10 +4,11 @@ the cores of the definition macros, macros, eval and macroexpansion, types."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from .builtins import (
-    Registry,
+    Lib,
     eq,
     eql,
     equal,
@@ -29,6 +30,8 @@ from .objects import BitVector, Builtin, Closure, HashTable, LexicalEnvironment,
 from .scope import SymbolMacroEntry
 from .typespecs import FIXNUM_HIGH, FIXNUM_LOW, subtypep_values
 from .types import NIL, T, Char, Cons, MultipleValues, Symbol
+
+from .registry import builtin
 
 if TYPE_CHECKING:
     from .evaluator import Interpreter
@@ -101,286 +104,329 @@ def _proper_length(x: Any) -> Any:
     return len(cells) if end is NIL else NIL
 
 
-def install(reg: Registry) -> None:
-    interp = reg.interp
-    add = reg.add
+@builtin("funcall", context=Lib)
+def funcall(lib: Lib, fn: Any, *args: Any) -> Any:
+    interp = lib.interp
+    return interp.apply(interp.function_value(fn), list(args))
 
 
-    add("eq", lambda a, b: lbool(eq(a, b)))
-    add("eql", lambda a, b: lbool(eql(a, b)))
-    add("equal", lambda a, b: lbool(equal(a, b, interp.charge)))
-    add("equalp", lambda a, b: lbool(equalp(a, b, interp.charge)))
+@builtin("apply", context=Lib)
+def apply(lib: Lib, fn: Any, arg: Any, *more: Any) -> Any:
+    interp = lib.interp
+    args = (arg, *more)
+    spread = list_items("apply", len(args) + 1, args[-1])
+    return interp.apply(interp.function_value(fn), list(args[:-1]) + spread)
+
+
+@builtin("values")
+def values(*xs: Any) -> Any:
+    return xs[0] if len(xs) == 1 else MultipleValues(xs)
+
+
+@builtin("values-list")
+def values_list(x: Any) -> Any:
+    return values(*list_items("values-list", 1, x))
+
+
+@builtin("symbol-function", "fdefinition", context=Lib)
+def symbol_function(lib: Lib, s: Any) -> Any:
+    interp = lib.interp
+    return interp.function_value(need_symbol("symbol-function", 1, s))
+
+
+@builtin("fboundp", context=Lib)
+def fboundp(lib: Lib, s: Any) -> Any:
+    interp = lib.interp
+    if type(s) is Cons and s.car is interp.sym("SETF") and type(s.cdr) is Cons and s.cdr.cdr is NIL:
+        return lbool(s.cdr.car in interp.setf_functions)
+    need_symbol("fboundp", 1, s)
+    return lbool(s in interp.functions or s in interp.macros or s in interp.special_forms)
+
+
+@builtin("symbol-value", context=Lib)
+def symbol_value(lib: Lib, s: Any) -> Any:
+    interp = lib.interp
+    return interp.global_value(need_symbol("symbol-value", 1, s))
+
+
+@builtin("boundp", context=Lib)
+def boundp(lib: Lib, s: Any) -> Any:
+    interp = lib.interp
+    need_symbol("boundp", 1, s)
+    return lbool(s in interp.values or s.package == "KEYWORD")
+
+
+@builtin("set", context=Lib)
+def lisp_set(lib: Lib, s: Any, value: Any) -> Any:
+    interp = lib.interp
+    need_symbol("set", 1, s)
+    if s in interp.constants or s.package == "KEYWORD":
+        raise lisp_error("E107", f"`{short(s)}` is a constant and cannot be assigned", "ERROR")
+    interp.values[s] = value
+    return value
+
+
+@builtin("%defun", context=Lib)
+def p_defun(lib: Lib, name: Any, fn: Any) -> Any:
+    interp = lib.interp
+    need_symbol("defun", 1, name)
+    interp.check_redefinition(name, "function")
+    if type(fn) is Closure and (fn.name is NIL or fn.name is None):
+        fn.name = name
+    interp.functions[name] = fn
+    interp.macros.pop(name, None)
+    return name
+
+
+@builtin("%defsetf-function", context=Lib)
+def p_defsetf_function(lib: Lib, name: Any, fn: Any) -> Any:
+    interp = lib.interp
+    need_symbol("defun", 1, name)
+    interp.setf_functions[name] = fn
+    return to_lisp_list([interp.sym("SETF"), name])
+
+
+@builtin("%defvar", context=Lib)
+def p_defvar(lib: Lib, name: Any, value: Any, always: Any) -> Any:
+    interp = lib.interp
+    need_symbol("defvar", 1, name)
+    interp.check_assignable(name)
+    interp.specials.add(name)
+    if always is not NIL or name not in interp.values:
+        interp.values[name] = value
+    return name
+
+
+@builtin("%declare-special", context=Lib)
+def p_declare_special(lib: Lib, name: Any) -> Any:
+    interp = lib.interp
+    need_symbol("defvar", 1, name)
+    interp.check_assignable(name)
+    interp.specials.add(name)
+    return name
+
+
+@builtin("%special-p", context=Lib)
+def p_special_p(lib: Lib, name: Any) -> Any:
+    interp = lib.interp
+    return lbool(name in interp.specials)
+
+
+@builtin("%defconstant", context=Lib)
+def p_defconstant(lib: Lib, name: Any, value: Any) -> Any:
+    interp = lib.interp
+    need_symbol("defconstant", 1, name)
+    if name in interp.constants and not eql(interp.values.get(name), value) and not equal(interp.values.get(name), value):
+        raise lisp_error("E107", f"constant `{short(name)}` is already defined with another value", "PROGRAM-ERROR")
+    interp.values[name] = value
+    interp.constants.add(name)
+    return name
+
+
+@builtin("%set-symbol-function", context=Lib)
+def p_set_symbol_function(lib: Lib, name: Any, fn: Any) -> Any:
+    interp = lib.interp
+    fn = interp.function_value(fn)
+    if type(name) is Cons and name.car is interp.sym("SETF") and type(name.cdr) is Cons and name.cdr.cdr is NIL:
+        p_defsetf_function(lib, name.cdr.car, fn)
+    else:
+        p_defun(lib, name, fn)
+    return fn
+
+
+@builtin("%define-setf-expander", context=Lib)
+def p_define_setf_expander(lib: Lib, name: Any, expander: Any) -> Any:
+    interp = lib.interp
+    need_symbol("define-setf-expander", 1, name)
+    interp.setf_expanders[name] = interp.function_value(expander)
+    return name
+
+
+@builtin("%setf-expander", context=Lib)
+def p_setf_expander(lib: Lib, name: Any) -> Any:
+    interp = lib.interp
+    return interp.setf_expanders.get(name, NIL) if type(name) is Symbol else NIL
+
+
+def documentation_key(lib: Lib, fn: str, x: Any, doc_type: Any) -> tuple[Any, str]:
+    interp = lib.interp
+    need_symbol(fn, 2, doc_type)
+    name: Any = x.name if type(x) is Closure else interp.sym(x.name.upper()) if type(x) is Builtin else x
+    if type(name) is Symbol:
+        return name, doc_type.name
+    if type(name) is Cons and name.car is interp.sym("SETF") and type(name.cdr) is Cons:
+        return ("SETF", name.cdr.car), doc_type.name
+    raise type_error(fn, 1, "a symbol, (setf name) or function", x)
+
+
+@builtin("documentation", context=Lib)
+def documentation(lib: Lib, x: Any, doc_type: Any) -> Any:
+    interp = lib.interp
+    return interp.documentation.get(documentation_key(lib, "documentation", x, doc_type), NIL)
+
+
+@builtin("%set-documentation", context=Lib)
+def p_set_documentation(lib: Lib, x: Any, doc_type: Any, doc: Any) -> Any:
+    interp = lib.interp
+    key = documentation_key(lib, "(setf documentation)", x, doc_type)
+    if doc is NIL:
+        interp.documentation.pop(key, None)
+    elif type(doc) is str:
+        interp.documentation[key] = doc
+    else:
+        raise type_error("(setf documentation)", 3, "a string or nil", doc)
+    return doc
+
+
+@builtin("function-lambda-expression", context=Lib)
+def function_lambda_expression(lib: Lib, fn: Any) -> Any:
+    """(values nil t name): CLHS allows nil for the lambda expression, and t for closure-p."""
+    interp = lib.interp
+    if type(fn) is Closure:
+        name = fn.name if isinstance(fn.name, (Symbol, Cons)) else NIL
+    elif type(fn) is Builtin:
+        name = interp.sym(fn.name.upper()) if " " not in fn.name else NIL
+    else:
+        raise type_error("function-lambda-expression", 1, "a function", fn)
+    return MultipleValues((NIL, T, name))
+
+
+def local_definition(env: Any, name: Any) -> Any:
+    """What a lexical environment says of a function name: a Macro, a local function, or None."""
+    if type(env) is not LexicalEnvironment:
+        return None
+    entry, _ = env.scope.find_fun(name)
+    return entry
+
+
+@builtin("%local-function-p")
+def local_function_p(name: Any, env: Any) -> Any:
+    """Whether ENV binds NAME as a local function (flet, labels), which shadows a setf expander."""
+    entry = local_definition(env, name)
+    return lbool(entry is not None and type(entry) is not Macro)
+
+
+@builtin("macroexpand-1", context=Lib)
+def macroexpand_1(lib: Lib, form: Any, env: Any = NIL) -> Any:
+    interp = lib.interp
+    scope = env.scope if type(env) is LexicalEnvironment else None
+    if type(form) is Symbol:
+        entry = scope.find_var(form)[0] if scope is not None else None
+        if type(entry) is SymbolMacroEntry:
+            return MultipleValues((entry.expansion, T))
+        if entry is None and form in interp.symbol_macros:
+            return MultipleValues((interp.symbol_macros[form], T))
+    if type(form) is Cons and type(form.car) is Symbol:
+        local = local_definition(env, form.car)
+        if type(local) is Macro:
+            return MultipleValues((interp.call_macro(local, form, scope), T))
+        macro = interp.macros.get(form.car) if local is None else None
+        if macro is not None and form.car not in interp.special_forms:
+            return MultipleValues((interp.call_macro(macro, form, scope), T))
+    return MultipleValues((form, NIL))
+
+
+@builtin("macroexpand", context=Lib)
+def macroexpand(lib: Lib, form: Any, env: Any = NIL) -> Any:
+    expanded_any = False
+    for _ in range(10_000):
+        form, expanded = macroexpand_1(lib, form, env)
+        if expanded is NIL:
+            break
+        expanded_any = True
+    return MultipleValues((form, lbool(expanded_any)))
+
+
+def expander_function(lib: Lib, macro: Macro) -> Builtin:
+    """What funcall makes of a macro function: the expander itself, called as CLHS says
+    with the whole form and an environment (two arguments, no fewer, no more)."""
+    interp = lib.interp
+
+    def expand(form: Any, env: Any) -> Any:
+        if type(form) is not Cons:
+            raise lisp_error("E103", f"the expander of `{short(macro.name)}` takes a macro form, not {short(form)}", "TYPE-ERROR", form)
+        return interp.call_macro(macro, form, env.scope if type(env) is LexicalEnvironment else None)
+
+    return Builtin(f"expander of {short(macro.name)}", expand, 2, 2)
+
+
+@builtin("macro-function", context=Lib)
+def macro_function(lib: Lib, name: Any, env: Any = NIL) -> Any:
+    interp = lib.interp
+    local = local_definition(env, need_symbol("macro-function", 1, name))
+    if local is not None:
+        return expander_function(lib, local) if type(local) is Macro else NIL
+    macro = interp.macros.get(name)
+    return NIL if macro is None else expander_function(lib, macro)
+
+
+def set_macro_function(lib: Lib, fn: Any, name: Any, env: Any = NIL) -> Any:
+    """(setf (macro-function name) fn): NAME becomes a macro whose expander is FN, called
+    with the form and the environment."""
+    interp = lib.interp
+    need_symbol("(setf macro-function)", 2, name)
+    expander = interp.function_value(fn)
+    form, environment, args = Symbol("FORM", None), Symbol("ENV", None), Symbol("ARGS", None)
+    call = to_lisp_list([interp.sym("FUNCALL"), to_lisp_list([interp.sym("QUOTE"), expander]), form, environment])
+    lambda_list = to_lisp_list([interp.sym("&WHOLE"), form, interp.sym("&ENVIRONMENT"), environment, interp.sym("&REST"), args])
+    ignore = to_lisp_list([interp.sym("DECLARE"), to_lisp_list([interp.sym("IGNORE"), args])])
+    interp.ev(to_lisp_list([interp.sym("%DEFMACRO"), name, lambda_list, ignore, call]))
+    return fn
+
+
+@builtin("eval", context=Lib)
+def lisp_eval(lib: Lib, form: Any) -> Any:
+    interp = lib.interp
+    return interp.ev(form)
+
+
+@builtin("%define-symbol-macro", context=Lib)
+def p_define_symbol_macro(lib: Lib, name: Any, expansion: Any) -> Any:
+    interp = lib.interp
+    need_symbol("define-symbol-macro", 1, name)
+    if name in interp.specials or name in interp.constants:
+        raise lisp_error("E107", f"`{short(name)}` is a variable; it cannot also be a symbol macro", "PROGRAM-ERROR")
+    interp.symbol_macros[name] = expansion
+    return name
+
+
+@builtin("%deftype", context=Lib)
+def p_deftype(lib: Lib, name: Any, expander: Any) -> Any:
+    interp = lib.interp
+    need_symbol("deftype", 1, name)
+    interp.types.deftypes[name] = expander
+    interp.types.cache.clear()
+    return name
+
+
+eq_ = builtin("eq")(lambda a, b: lbool(eq(a, b)))
+eql_ = builtin("eql")(lambda a, b: lbool(eql(a, b)))
+equal_ = builtin("equal", context=Lib)(lambda lib, a, b: lbool(equal(a, b, lib.interp.charge)))
+equalp_ = builtin("equalp", context=Lib)(lambda lib, a, b: lbool(equalp(a, b, lib.interp.charge)))
+not_ = builtin("not", context=Lib)(lambda lib, x: lbool(not lib.interp.truth(x)))
+functionp = builtin("functionp")(lambda x: lbool(type(x) in (Closure, Builtin)))
+hash_table_p = builtin("hash-table-p")(lambda x: lbool(type(x) is HashTable))
+typep_ = builtin("typep", context=Lib)(lambda lib, x, spec: lbool(typep(lib.interp, x, spec)))
+type_of_ = builtin("type-of", context=Lib)(lambda lib, x: type_of(lib.interp, x))
+special_operator_p = builtin("special-operator-p", context=Lib)(lambda lib, s: lbool(need_symbol("special-operator-p", 1, s) in lib.interp.special_forms))
+subtypep = builtin("subtypep", context=Lib)(lambda lib, a, b, env=NIL: subtypep_values(lib.interp.types, a, b))
+p_gensym_list = builtin("%gensym-list", context=Lib)(lambda lib, n: _gensyms(lib.interp, n))
+p_name_eq = builtin("%name=")(lambda x, name: lbool(type(x) is Symbol and x.name == name))
+p_list_length_or_nil = builtin("%list-length-or-nil")(lambda x: _proper_length(x))
+p_macro_p = builtin("%macro-p", context=Lib)(lambda lib, s: lbool(type(s) is Symbol and s in lib.interp.macros))
+p_loop_kw_p = builtin("%loop-kw-p")(lambda x, *names: lbool(type(x) is Symbol and x is not NIL and x.name in names))
+p_loop_keyword = builtin("%loop-keyword", context=Lib)(lambda lib, x: lib.interp.kw(x.name) if type(x) is Symbol and x is not NIL else NIL)
+p_tree_has_name = builtin("%tree-has-name", context=Lib)(lambda lib, tree, name: lbool(_tree_has_name(lib.interp, tree, need_string("%tree-has-name", 2, name))))
+
+
+def set_up(interp: "Interpreter") -> None:
+    """What these builtins need besides themselves: eq, eql, equal and equalp as fast :test
+    functions, and (setf macro-function)."""
     tests: dict[str, Callable[[Any, Any], bool]] = {
         "eq": eq, "eql": eql, "equal": lambda a, b: equal(a, b, interp.charge), "equalp": lambda a, b: equalp(a, b, interp.charge),
     }
     for name, test in tests.items():
         interp.standard_tests[interp.functions[interp.sym(name)]] = test
-    add("not", lambda x: lbool(not interp.truth(x)))
-    add("functionp", lambda x: lbool(type(x) in (Closure, Builtin)))
-    add("hash-table-p", lambda x: lbool(type(x) is HashTable))
-    add("typep", lambda x, spec: lbool(typep(interp, x, spec)))
-    add("type-of", lambda x: type_of(interp, x))
-
-    # -- calling ----------------------------------------------------------------------------
-    def funcall(fn: Any, *args: Any) -> Any:
-        return interp.apply(interp.function_value(fn), list(args))
-
-    def apply(fn: Any, arg: Any, *more: Any) -> Any:
-        args = (arg, *more)
-        spread = list_items("apply", len(args) + 1, args[-1])
-        return interp.apply(interp.function_value(fn), list(args[:-1]) + spread)
-
-    def values(*xs: Any) -> Any:
-        return xs[0] if len(xs) == 1 else MultipleValues(xs)
-
-    def values_list(x: Any) -> Any:
-        return values(*list_items("values-list", 1, x))
-
-    add("funcall", funcall)
-    add("apply", apply)
-    add("values", values)
-    add("values-list", values_list)
-
-    def symbol_function(s: Any) -> Any:
-        return interp.function_value(need_symbol("symbol-function", 1, s))
-
-    def fboundp(s: Any) -> Any:
-        if type(s) is Cons and s.car is interp.sym("SETF") and type(s.cdr) is Cons and s.cdr.cdr is NIL:
-            return lbool(s.cdr.car in interp.setf_functions)
-        need_symbol("fboundp", 1, s)
-        return lbool(s in interp.functions or s in interp.macros or s in interp.special_forms)
-
-    def symbol_value(s: Any) -> Any:
-        return interp.global_value(need_symbol("symbol-value", 1, s))
-
-    def boundp(s: Any) -> Any:
-        need_symbol("boundp", 1, s)
-        return lbool(s in interp.values or s.package == "KEYWORD")
-
-    def lisp_set(s: Any, value: Any) -> Any:
-        need_symbol("set", 1, s)
-        if s in interp.constants or s.package == "KEYWORD":
-            raise lisp_error("E107", f"`{short(s)}` is a constant and cannot be assigned", "ERROR")
-        interp.values[s] = value
-        return value
-
-    add("symbol-function", symbol_function)
-    add("fdefinition", symbol_function)
-    add("fboundp", fboundp)
-    add("symbol-value", symbol_value)
-    add("boundp", boundp)
-    add("set", lisp_set)
-    add("special-operator-p", lambda s: lbool(need_symbol("special-operator-p", 1, s) in interp.special_forms))
-
-    # -- definitions (the cores of the prelude's defun, defvar ...) ------------------------------
-    def p_defun(name: Any, fn: Any) -> Any:
-        need_symbol("defun", 1, name)
-        interp.check_redefinition(name, "function")
-        if type(fn) is Closure and (fn.name is NIL or fn.name is None):
-            fn.name = name
-        interp.functions[name] = fn
-        interp.macros.pop(name, None)
-        return name
-
-    def p_defsetf_function(name: Any, fn: Any) -> Any:
-        need_symbol("defun", 1, name)
-        interp.setf_functions[name] = fn
-        return to_lisp_list([interp.sym("SETF"), name])
-
-    def p_defvar(name: Any, value: Any, always: Any) -> Any:
-        need_symbol("defvar", 1, name)
-        interp.check_assignable(name)
-        interp.specials.add(name)
-        if always is not NIL or name not in interp.values:
-            interp.values[name] = value
-        return name
-
-    def p_declare_special(name: Any) -> Any:
-        need_symbol("defvar", 1, name)
-        interp.check_assignable(name)
-        interp.specials.add(name)
-        return name
-
-    def p_special_p(name: Any) -> Any:
-        return lbool(name in interp.specials)
-
-    def p_defconstant(name: Any, value: Any) -> Any:
-        need_symbol("defconstant", 1, name)
-        if name in interp.constants and not eql(interp.values.get(name), value) and not equal(interp.values.get(name), value):
-            raise lisp_error("E107", f"constant `{short(name)}` is already defined with another value", "PROGRAM-ERROR")
-        interp.values[name] = value
-        interp.constants.add(name)
-        return name
-
-    def p_set_symbol_function(name: Any, fn: Any) -> Any:
-        fn = interp.function_value(fn)
-        if type(name) is Cons and name.car is interp.sym("SETF") and type(name.cdr) is Cons and name.cdr.cdr is NIL:
-            p_defsetf_function(name.cdr.car, fn)
-        else:
-            p_defun(name, fn)
-        return fn
-
-    add("%defun", p_defun)
-    add("%set-symbol-function", p_set_symbol_function)
-    add("%defsetf-function", p_defsetf_function)
-
-    def p_define_setf_expander(name: Any, expander: Any) -> Any:
-        need_symbol("define-setf-expander", 1, name)
-        interp.setf_expanders[name] = interp.function_value(expander)
-        return name
-
-    def p_setf_expander(name: Any) -> Any:
-        return interp.setf_expanders.get(name, NIL) if type(name) is Symbol else NIL
-
-    def documentation_key(fn: str, x: Any, doc_type: Any) -> tuple[Any, str]:
-        need_symbol(fn, 2, doc_type)
-        name: Any = x.name if type(x) is Closure else interp.sym(x.name.upper()) if type(x) is Builtin else x
-        if type(name) is Symbol:
-            return name, doc_type.name
-        if type(name) is Cons and name.car is interp.sym("SETF") and type(name.cdr) is Cons:
-            return ("SETF", name.cdr.car), doc_type.name
-        raise type_error(fn, 1, "a symbol, (setf name) or function", x)
-
-    def documentation(x: Any, doc_type: Any) -> Any:
-        return interp.documentation.get(documentation_key("documentation", x, doc_type), NIL)
-
-    def p_set_documentation(x: Any, doc_type: Any, doc: Any) -> Any:
-        key = documentation_key("(setf documentation)", x, doc_type)
-        if doc is NIL:
-            interp.documentation.pop(key, None)
-        elif type(doc) is str:
-            interp.documentation[key] = doc
-        else:
-            raise type_error("(setf documentation)", 3, "a string or nil", doc)
-        return doc
-
-    def function_lambda_expression(fn: Any) -> Any:
-        """(values nil t name): CLHS allows nil for the lambda expression, and t for closure-p."""
-        if type(fn) is Closure:
-            name = fn.name if isinstance(fn.name, (Symbol, Cons)) else NIL
-        elif type(fn) is Builtin:
-            name = interp.sym(fn.name.upper()) if " " not in fn.name else NIL
-        else:
-            raise type_error("function-lambda-expression", 1, "a function", fn)
-        return MultipleValues((NIL, T, name))
-
-    add("documentation", documentation)
-    add("%set-documentation", p_set_documentation)
-    add("function-lambda-expression", function_lambda_expression)
-    add("%define-setf-expander", p_define_setf_expander)
-    add("%setf-expander", p_setf_expander)
-    add("%defvar", p_defvar)
-    add("%special-p", p_special_p)
-    add("%declare-special", p_declare_special)
-    add("%defconstant", p_defconstant)
-
-    # -- macros and eval ----------------------------------------------------------------------------
-    def local_definition(env: Any, name: Any) -> Any:
-        """What a lexical environment says of a function name: a Macro, a local function, or None."""
-        if type(env) is not LexicalEnvironment:
-            return None
-        entry, _ = env.scope.find_fun(name)
-        return entry
-
-    def local_function_p(name: Any, env: Any) -> Any:
-        """Whether ENV binds NAME as a local function (flet, labels), which shadows a setf expander."""
-        entry = local_definition(env, name)
-        return lbool(entry is not None and type(entry) is not Macro)
-
-    add("%local-function-p", local_function_p)
-
-    def macroexpand_1(form: Any, env: Any = NIL) -> Any:
-        scope = env.scope if type(env) is LexicalEnvironment else None
-        if type(form) is Symbol:
-            entry = scope.find_var(form)[0] if scope is not None else None
-            if type(entry) is SymbolMacroEntry:
-                return MultipleValues((entry.expansion, T))
-            if entry is None and form in interp.symbol_macros:
-                return MultipleValues((interp.symbol_macros[form], T))
-        if type(form) is Cons and type(form.car) is Symbol:
-            local = local_definition(env, form.car)
-            if type(local) is Macro:
-                return MultipleValues((interp.call_macro(local, form, scope), T))
-            macro = interp.macros.get(form.car) if local is None else None
-            if macro is not None and form.car not in interp.special_forms:
-                return MultipleValues((interp.call_macro(macro, form, scope), T))
-        return MultipleValues((form, NIL))
-
-    def macroexpand(form: Any, env: Any = NIL) -> Any:
-        expanded_any = False
-        for _ in range(10_000):
-            form, expanded = macroexpand_1(form, env)
-            if expanded is NIL:
-                break
-            expanded_any = True
-        return MultipleValues((form, lbool(expanded_any)))
-
-    def expander_function(macro: Macro) -> Builtin:
-        """What funcall makes of a macro function: the expander itself, called as CLHS says
-        with the whole form and an environment (two arguments, no fewer, no more)."""
-
-        def expand(form: Any, env: Any) -> Any:
-            if type(form) is not Cons:
-                raise lisp_error("E103", f"the expander of `{short(macro.name)}` takes a macro form, not {short(form)}", "TYPE-ERROR", form)
-            return interp.call_macro(macro, form, env.scope if type(env) is LexicalEnvironment else None)
-
-        return Builtin(f"expander of {short(macro.name)}", expand, 2, 2)
-
-    def macro_function(name: Any, env: Any = NIL) -> Any:
-        local = local_definition(env, need_symbol("macro-function", 1, name))
-        if local is not None:
-            return expander_function(local) if type(local) is Macro else NIL
-        macro = interp.macros.get(name)
-        return NIL if macro is None else expander_function(macro)
-
-    def set_macro_function(fn: Any, name: Any, env: Any = NIL) -> Any:
-        """(setf (macro-function name) fn): NAME becomes a macro whose expander is FN, called
-        with the form and the environment."""
-        need_symbol("(setf macro-function)", 2, name)
-        expander = interp.function_value(fn)
-        form, environment, args = Symbol("FORM", None), Symbol("ENV", None), Symbol("ARGS", None)
-        call = to_lisp_list([interp.sym("FUNCALL"), to_lisp_list([interp.sym("QUOTE"), expander]), form, environment])
-        lambda_list = to_lisp_list([interp.sym("&WHOLE"), form, interp.sym("&ENVIRONMENT"), environment, interp.sym("&REST"), args])
-        ignore = to_lisp_list([interp.sym("DECLARE"), to_lisp_list([interp.sym("IGNORE"), args])])
-        interp.ev(to_lisp_list([interp.sym("%DEFMACRO"), name, lambda_list, ignore, call]))
-        return fn
-
-    interp.setf_functions[interp.sym("MACRO-FUNCTION")] = Builtin("(setf macro-function)", set_macro_function, 2, 3)
-
-    def lisp_eval(form: Any) -> Any:
-        return interp.ev(form)
-
-    def p_define_symbol_macro(name: Any, expansion: Any) -> Any:
-        need_symbol("define-symbol-macro", 1, name)
-        if name in interp.specials or name in interp.constants:
-            raise lisp_error("E107", f"`{short(name)}` is a variable; it cannot also be a symbol macro", "PROGRAM-ERROR")
-        interp.symbol_macros[name] = expansion
-        return name
-
-    add("%define-symbol-macro", p_define_symbol_macro)
-    add("macroexpand-1", macroexpand_1)
-    add("macro-function", macro_function)
-    add("macroexpand", macroexpand)
-    add("eval", lisp_eval)
-
-    # -- types ------------------------------------------------------------------------------------------------
-    def p_deftype(name: Any, expander: Any) -> Any:
-        need_symbol("deftype", 1, name)
-        interp.types.deftypes[name] = expander
-        interp.types.cache.clear()
-        return name
-
-    add("subtypep", lambda a, b, env=NIL: subtypep_values(interp.types, a, b))
-    add("%deftype", p_deftype)
-
-    # -- misc ---------------------------------------------------------------------------------------------------
-    add("%gensym-list", lambda n: _gensyms(interp, n))
-    add("%name=", lambda x, name: lbool(type(x) is Symbol and x.name == name))
-    add("%list-length-or-nil", lambda x: _proper_length(x))
-    add("%macro-p", lambda s: lbool(type(s) is Symbol and s in interp.macros))
-    # loop's parser asks this of every token: (%loop-kw-p x "FOR" "AS" ...)
-    add("%loop-kw-p", lambda x, *names: lbool(type(x) is Symbol and x is not NIL and x.name in names))
-    add("%loop-keyword", lambda x: interp.kw(x.name) if type(x) is Symbol and x is not NIL else NIL)
-    add("%tree-has-name", lambda tree, name: lbool(_tree_has_name(interp, tree, need_string("%tree-has-name", 2, name))))
+    interp.setf_functions[interp.sym("MACRO-FUNCTION")] = Builtin("(setf macro-function)", partial(set_macro_function, Lib(interp)), 2, 3)
 
 

@@ -7,7 +7,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from .builtins import (
-    Registry,
+    Lib,
     lbool,
     parse_keys,
     short,
@@ -17,6 +17,8 @@ from .builtins import (
 from .conditions import lisp_error
 from .objects import BitVector, Builtin, HashTable
 from .types import NIL, T, Char, Cons, MultipleValues, Symbol
+
+from .registry import builtin
 
 if TYPE_CHECKING:
     pass
@@ -55,73 +57,79 @@ def _sxhash_key(x: Any, budget: list[int]) -> str:
     return "o" + t.__name__
 
 
-def install(reg: Registry) -> None:
-    interp = reg.interp
-    add = reg.add
+@builtin("make-hash-table", context=Lib)
+def make_hash_table(lib: Lib, *args: Any) -> Any:
+    interp = lib.interp
+    keys = parse_keys("make-hash-table", args, {"TEST", "SIZE", "REHASH-SIZE", "REHASH-THRESHOLD", "WEAKNESS", "SYNCHRONIZED"}, 1)
+    test = keys.get("TEST", NIL)
+    name = "EQL"
+    if type(test) is Symbol and test is not NIL:
+        name = test.name
+    elif type(test) is Builtin:
+        fname = test.name
+        if interp.functions.get(interp.sym(fname)) is test:
+            name = fname.upper()
+    if name not in ("EQ", "EQL", "EQUAL", "EQUALP"):
+        raise lisp_error("E103", f"`make-hash-table`: the :test must be eq, eql, equal or equalp, got {short(test)}", "ERROR", test)
+    return HashTable(name, interp.charge)
 
-    # -- hash tables ----------------------------------------------------------------------------------------
-    def make_hash_table(*args: Any) -> Any:
-        keys = parse_keys("make-hash-table", args, {"TEST", "SIZE", "REHASH-SIZE", "REHASH-THRESHOLD", "WEAKNESS", "SYNCHRONIZED"}, 1)
-        test = keys.get("TEST", NIL)
-        name = "EQL"
-        if type(test) is Symbol and test is not NIL:
-            name = test.name
-        elif type(test) is Builtin:
-            fname = test.name
-            if interp.functions.get(interp.sym(fname)) is test:
-                name = fname.upper()
-        if name not in ("EQ", "EQL", "EQUAL", "EQUALP"):
-            raise lisp_error("E103", f"`make-hash-table`: the :test must be eq, eql, equal or equalp, got {short(test)}", "ERROR", test)
-        return HashTable(name, interp.charge)
 
-    def need_table(fn: str, pos: int, x: Any) -> HashTable:
-        if type(x) is not HashTable:
-            raise type_error(fn, pos, "a hash table", x)
-        return x
+def need_table(fn: str, pos: int, x: Any) -> HashTable:
+    if type(x) is not HashTable:
+        raise type_error(fn, pos, "a hash table", x)
+    return x
 
-    def gethash(key: Any, table: Any, default: Any = NIL) -> Any:
-        entry = need_table("gethash", 2, table).entries.get(table.key(key))
-        if entry is None:
-            return MultipleValues((default, NIL))
-        return MultipleValues((entry[1], T))
 
-    def puthash(key: Any, table: Any, *rest: Any) -> Any:
-        """(setf (gethash key table [default]) value): the value comes last."""
-        if not 1 <= len(rest) <= 2:
-            raise lisp_error("E102", "`(setf gethash)` takes a key, a table, an optional default and a value", "PROGRAM-ERROR")
-        value = rest[-1]
-        interp.alloc(1)
-        need_table("(setf gethash)", 2, table).entries[table.key(key)] = (key, value)
-        return value
+@builtin("gethash")
+def gethash(key: Any, table: Any, default: Any = NIL) -> Any:
+    entry = need_table("gethash", 2, table).entries.get(table.key(key))
+    if entry is None:
+        return MultipleValues((default, NIL))
+    return MultipleValues((entry[1], T))
 
-    def remhash(key: Any, table: Any) -> Any:
-        return lbool(need_table("remhash", 2, table).entries.pop(table.key(key), None) is not None)
 
-    def clrhash(table: Any) -> Any:
-        need_table("clrhash", 1, table).entries.clear()
-        return table
+@builtin("%puthash", context=Lib)
+def puthash(lib: Lib, key: Any, table: Any, *rest: Any) -> Any:
+    """(setf (gethash key table [default]) value): the value comes last."""
+    interp = lib.interp
+    if not 1 <= len(rest) <= 2:
+        raise lisp_error("E102", "`(setf gethash)` takes a key, a table, an optional default and a value", "PROGRAM-ERROR")
+    value = rest[-1]
+    interp.alloc(1)
+    need_table("(setf gethash)", 2, table).entries[table.key(key)] = (key, value)
+    return value
 
-    def maphash(fn: Any, table: Any) -> Any:
-        f = interp.function_value(fn)
-        for key, value in list(need_table("maphash", 2, table).entries.values()):
-            interp.call(f, key, value)
-        return NIL
 
-    add("make-hash-table", make_hash_table)
-    add("gethash", gethash)
-    add("%puthash", puthash)
-    add("remhash", remhash)
-    add("clrhash", clrhash)
-    add("maphash", maphash)
-    def hash_entries(table: Any) -> Any:
+@builtin("remhash")
+def remhash(key: Any, table: Any) -> Any:
+    return lbool(need_table("remhash", 2, table).entries.pop(table.key(key), None) is not None)
 
-        return to_lisp_list([Cons(k, v) for k, v in need_table("maphash", 1, table).entries.values()])
 
-    add("%hash-entries", hash_entries)
-    add("hash-table-count", lambda t: len(need_table("hash-table-count", 1, t).entries))
-    add("hash-table-test", lambda t: interp.sym(need_table("hash-table-test", 1, t).test))
-    add("hash-table-size", lambda t: max(16, len(need_table("hash-table-size", 1, t).entries)))
-    add("hash-table-rehash-size", lambda t: (need_table("hash-table-rehash-size", 1, t), 1.5)[1])
-    add("hash-table-rehash-threshold", lambda t: (need_table("hash-table-rehash-threshold", 1, t), 1.0)[1])
-    add("sxhash", lambda x: _sxhash(x))
+@builtin("clrhash")
+def clrhash(table: Any) -> Any:
+    need_table("clrhash", 1, table).entries.clear()
+    return table
+
+
+@builtin("maphash", context=Lib)
+def maphash(lib: Lib, fn: Any, table: Any) -> Any:
+    interp = lib.interp
+    f = interp.function_value(fn)
+    for key, value in list(need_table("maphash", 2, table).entries.values()):
+        interp.call(f, key, value)
+    return NIL
+
+
+@builtin("%hash-entries")
+def hash_entries(table: Any) -> Any:
+
+    return to_lisp_list([Cons(k, v) for k, v in need_table("maphash", 1, table).entries.values()])
+
+
+hash_table_count = builtin("hash-table-count")(lambda t: len(need_table("hash-table-count", 1, t).entries))
+hash_table_test = builtin("hash-table-test", context=Lib)(lambda lib, t: lib.interp.sym(need_table("hash-table-test", 1, t).test))
+hash_table_size = builtin("hash-table-size")(lambda t: max(16, len(need_table("hash-table-size", 1, t).entries)))
+hash_table_rehash_size = builtin("hash-table-rehash-size")(lambda t: (need_table("hash-table-rehash-size", 1, t), 1.5)[1])
+hash_table_rehash_threshold = builtin("hash-table-rehash-threshold")(lambda t: (need_table("hash-table-rehash-threshold", 1, t), 1.0)[1])
+sxhash = builtin("sxhash")(lambda x: _sxhash(x))
 

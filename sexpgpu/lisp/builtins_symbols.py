@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Iterator
 
 from .builtins import (
-    Registry,
+    Lib,
     lbool,
     list_cars,
     need_symbol,
@@ -14,6 +14,8 @@ from .builtins import (
 from .conditions import lisp_error
 from .objects import Builtin
 from .types import NIL, Cons, Symbol
+
+from .registry import builtin
 
 if TYPE_CHECKING:
     pass
@@ -31,124 +33,139 @@ digit-char-p identity
 """.upper().split())
 
 
-def install(reg: Registry) -> None:
-    interp = reg.interp
-    add = reg.add
+def plist_of(lib: Lib, fn: str, sym: Any) -> Any:
+    interp = lib.interp
+    return interp.plists.get(need_symbol(fn, 1, sym), NIL)
 
-    # -- symbols -------------------------------------------------------------------------------------------
-    def plist_of(fn: str, sym: Any) -> Any:
-        return interp.plists.get(need_symbol(fn, 1, sym), NIL)
 
-    def plist_cells(plist: Any) -> Iterator[Cons]:
-        """The conses of a symbol's property list that hold an indicator; each pair is two
-        steps, charged as the walk goes (a circular plist ends at the budget)."""
-        cell = plist
-        walked = 0
-        while type(cell) is Cons and type(cell.cdr) is Cons:
-            walked += 1
-            if walked == 1024:
-                interp.charge(2 * walked)
-                walked = 0
-            yield cell
-            cell = cell.cdr.cdr
-        interp.charge(2 * walked)
+def plist_cells(lib: Lib, plist: Any) -> Iterator[Cons]:
+    """The conses of a symbol's property list that hold an indicator; each pair is two
+    steps, charged as the walk goes (a circular plist ends at the budget)."""
+    interp = lib.interp
+    cell = plist
+    walked = 0
+    while type(cell) is Cons and type(cell.cdr) is Cons:
+        walked += 1
+        if walked == 1024:
+            interp.charge(2 * walked)
+            walked = 0
+        yield cell
+        cell = cell.cdr.cdr
+    interp.charge(2 * walked)
 
-    def get(sym: Any, indicator: Any, default: Any = NIL) -> Any:
-        for cell in plist_cells(plist_of("get", sym)):
-            if cell.car is indicator:
-                return cell.cdr.car
-        return default
 
-    def put(sym: Any, indicator: Any, *rest: Any) -> Any:
-        """(setf (get symbol indicator [default]) value)."""
-        if not 1 <= len(rest) <= 2:
-            raise lisp_error("E102", "`(setf get)` takes a symbol, an indicator, an optional default and a value", "PROGRAM-ERROR")
-        value = rest[-1]
-        for cell in plist_cells(plist_of("(setf get)", sym)):
-            if cell.car is indicator:
-                cell.cdr.car = value
-                return value
-        interp.alloc(2)
-        interp.plists[sym] = Cons(indicator, Cons(value, interp.plists.get(sym, NIL)))
-        return value
+@builtin("get", context=Lib)
+def get(lib: Lib, sym: Any, indicator: Any, default: Any = NIL) -> Any:
+    for cell in plist_cells(lib, plist_of(lib, "get", sym)):
+        if cell.car is indicator:
+            return cell.cdr.car
+    return default
 
-    def remprop(sym: Any, indicator: Any) -> Any:
-        previous = None
-        for cell in plist_cells(plist_of("remprop", sym)):
-            if cell.car is indicator:
-                if previous is None:
-                    interp.plists[sym] = cell.cdr.cdr
-                else:
-                    previous.cdr.cdr = cell.cdr.cdr
-                return cell
-            previous = cell
-        return NIL
 
-    def set_symbol_plist(sym: Any, plist: Any) -> Any:
-        interp.plists[need_symbol("(setf symbol-plist)", 1, sym)] = plist
-        return plist
+@builtin("%put", context=Lib)
+def put(lib: Lib, sym: Any, indicator: Any, *rest: Any) -> Any:
+    """(setf (get symbol indicator [default]) value)."""
+    interp = lib.interp
+    if not 1 <= len(rest) <= 2:
+        raise lisp_error("E102", "`(setf get)` takes a symbol, an indicator, an optional default and a value", "PROGRAM-ERROR")
+    value = rest[-1]
+    for cell in plist_cells(lib, plist_of(lib, "(setf get)", sym)):
+        if cell.car is indicator:
+            cell.cdr.car = value
+            return value
+    interp.alloc(2)
+    interp.plists[sym] = Cons(indicator, Cons(value, interp.plists.get(sym, NIL)))
+    return value
 
-    def copy_symbol(sym: Any, copy_props: Any = NIL) -> Any:
-        need_symbol("copy-symbol", 1, sym)
-        new = Symbol(sym.name, None)
-        if copy_props is not NIL:
-            if sym in interp.values:
-                interp.values[new] = interp.values[sym]
-            if sym in interp.functions:
-                interp.functions[new] = interp.functions[sym]
-            from .builtins_conses import Conses, copy_list
 
-            interp.plists[new] = copy_list(Conses(interp), interp.plists.get(sym, NIL))
-        return new
+@builtin("remprop", context=Lib)
+def remprop(lib: Lib, sym: Any, indicator: Any) -> Any:
+    interp = lib.interp
+    previous = None
+    for cell in plist_cells(lib, plist_of(lib, "remprop", sym)):
+        if cell.car is indicator:
+            if previous is None:
+                interp.plists[sym] = cell.cdr.cdr
+            else:
+                previous.cdr.cdr = cell.cdr.cdr
+            return cell
+        previous = cell
+    return NIL
 
-    def makunbound(sym: Any) -> Any:
-        need_symbol("makunbound", 1, sym)
-        interp.check_assignable(sym)
-        interp.values.pop(sym, None)
-        return sym
 
-    def fmakunbound(name: Any) -> Any:
-        if type(name) is Cons and type(name.cdr) is Cons:
-            interp.setf_functions.pop(name.cdr.car, None)
-            return name
-        need_symbol("fmakunbound", 1, name)
-        interp.check_redefinition(name, "function")
-        interp.functions.pop(name, None)
-        interp.macros.pop(name, None)
+@builtin("%set-symbol-plist", context=Lib)
+def set_symbol_plist(lib: Lib, sym: Any, plist: Any) -> Any:
+    interp = lib.interp
+    interp.plists[need_symbol("(setf symbol-plist)", 1, sym)] = plist
+    return plist
+
+
+@builtin("copy-symbol", context=Lib)
+def copy_symbol(lib: Lib, sym: Any, copy_props: Any = NIL) -> Any:
+    interp = lib.interp
+    need_symbol("copy-symbol", 1, sym)
+    new = Symbol(sym.name, None)
+    if copy_props is not NIL:
+        if sym in interp.values:
+            interp.values[new] = interp.values[sym]
+        if sym in interp.functions:
+            interp.functions[new] = interp.functions[sym]
+        from .builtins_conses import Conses, copy_list
+
+        interp.plists[new] = copy_list(Conses(interp), interp.plists.get(sym, NIL))
+    return new
+
+
+@builtin("makunbound", context=Lib)
+def makunbound(lib: Lib, sym: Any) -> Any:
+    interp = lib.interp
+    need_symbol("makunbound", 1, sym)
+    interp.check_assignable(sym)
+    interp.values.pop(sym, None)
+    return sym
+
+
+@builtin("fmakunbound", context=Lib)
+def fmakunbound(lib: Lib, name: Any) -> Any:
+    interp = lib.interp
+    if type(name) is Cons and type(name.cdr) is Cons:
+        interp.setf_functions.pop(name.cdr.car, None)
         return name
+    need_symbol("fmakunbound", 1, name)
+    interp.check_redefinition(name, "function")
+    interp.functions.pop(name, None)
+    interp.macros.pop(name, None)
+    return name
 
-    def constant_form(form: Any) -> bool:
-        """SBCL's answer: constants, quoted forms, if/progn/the/block of constant forms, and
-        calls of functions it folds (pure ones returning no fresh object) on constant forms."""
-        if type(form) is Symbol:
-            return form.package == "KEYWORD" or form in interp.constants
-        if type(form) is not Cons:
-            return True
-        head = form.car
-        args, end = list_cars(form.cdr)
-        if type(head) is not Symbol or end is not NIL:
-            return False
-        if head.name == "QUOTE":
-            return len(args) == 1
-        if head.name == "THE":
-            return len(args) == 2 and constant_form(args[1])
-        if head.name == "BLOCK":
-            return bool(args) and all(constant_form(a) for a in args[1:])
-        if head.name in ("IF", "PROGN"):
-            return all(constant_form(a) for a in args)
-        return head.name in FOLDABLE and type(interp.functions.get(head)) is Builtin and all(constant_form(a) for a in args)
 
-    def constantp(form: Any, env: Any = NIL) -> Any:
-        return lbool(constant_form(form))
+def constant_form(lib: Lib, form: Any) -> bool:
+    """SBCL's answer: constants, quoted forms, if/progn/the/block of constant forms, and
+    calls of functions it folds (pure ones returning no fresh object) on constant forms."""
+    interp = lib.interp
+    if type(form) is Symbol:
+        return form.package == "KEYWORD" or form in interp.constants
+    if type(form) is not Cons:
+        return True
+    head = form.car
+    args, end = list_cars(form.cdr)
+    if type(head) is not Symbol or end is not NIL:
+        return False
+    if head.name == "QUOTE":
+        return len(args) == 1
+    if head.name == "THE":
+        return len(args) == 2 and constant_form(lib, args[1])
+    if head.name == "BLOCK":
+        return bool(args) and all(constant_form(lib, a) for a in args[1:])
+    if head.name in ("IF", "PROGN"):
+        return all(constant_form(lib, a) for a in args)
+    return head.name in FOLDABLE and type(interp.functions.get(head)) is Builtin and all(constant_form(lib, a) for a in args)
 
-    add("get", get)
-    add("%put", put)
-    add("remprop", remprop)
-    add("symbol-plist", lambda sym: plist_of("symbol-plist", sym))
-    add("%set-symbol-plist", set_symbol_plist)
-    add("copy-symbol", copy_symbol)
-    add("makunbound", makunbound)
-    add("fmakunbound", fmakunbound)
-    add("constantp", constantp)
-    add("symbol-package", lambda sym: (need_symbol("symbol-package", 1, sym), NIL)[1])
+
+@builtin("constantp", context=Lib)
+def constantp(lib: Lib, form: Any, env: Any = NIL) -> Any:
+    return lbool(constant_form(lib, form))
+
+
+symbol_plist = builtin("symbol-plist", context=Lib)(lambda lib, sym: plist_of(lib, "symbol-plist", sym))
+symbol_package = builtin("symbol-package")(lambda sym: (need_symbol("symbol-package", 1, sym), NIL)[1])
 
