@@ -6,6 +6,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from .equality import equal, equalp
 from .builtins import (
     Lib,
     lbool,
@@ -71,7 +72,7 @@ def make_hash_table(lib: Lib, *args: Any) -> Any:
             name = fname.upper()
     if name not in ("EQ", "EQL", "EQUAL", "EQUALP"):
         raise lisp_error("E103", f"`make-hash-table`: the :test must be eq, eql, equal or equalp, got {short(test)}", "ERROR", test)
-    return HashTable(name, interp.charge)
+    return HashTable(name, interp.charge, equalp if name == "EQUALP" else equal)
 
 
 def need_table(fn: str, pos: int, x: Any) -> HashTable:

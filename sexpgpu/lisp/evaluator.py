@@ -34,10 +34,9 @@ from .objects import (
     StructType,
     Undefined,
     VectorHeader,
-    function_name,
     root_frame,
 )
-from .printer import PrintOptions, prin1_to_string, print_to_string
+from .printer import PrintOptions, function_name, prin1_to_string, print_to_string
 from .reader import Reader
 from .scope import BindPlan, Pattern, Scope
 from .typespecs import TypeSpecs
