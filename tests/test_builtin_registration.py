@@ -95,3 +95,15 @@ def test_the_arity_comes_from_the_signature_past_the_context() -> None:
 
     assert (spec_of(f).required, spec_of(f).maximum) == (1, None)  # type: ignore[union-attr]
     assert (spec_of(g).required, spec_of(g).maximum) == (1, 2)  # type: ignore[union-attr]
+
+
+def test_the_x_if_and_x_if_not_families_come_from_one_helper() -> None:
+    interp = Interpreter()
+    families = ["count", "find", "position", "remove", "delete", "substitute", "nsubstitute", "member", "assoc", "rassoc"]
+    makers = {}
+    for base in families:
+        for name in (base, f"{base}-if", f"{base}-if-not"):
+            fn = interp.functions[interp.sym(name)]
+            assert type(fn) is Builtin and isinstance(fn.fn, partial)
+            makers[name] = fn.fn.func.__qualname__.split(".")[0]
+    assert set(makers.values()) == {"test_family", "substitution_family"}

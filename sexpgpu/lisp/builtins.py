@@ -48,7 +48,7 @@ from .objects import (
     StructInstance,
 )
 from .printer import Printer, PrintTooLarge, function_name
-from .registry import arity, install_modules
+from .registry import arity, builtin, install_modules
 from .types import NIL, T, Char, Cons, Symbol, from_iter, primary
 
 if TYPE_CHECKING:
@@ -299,6 +299,22 @@ class Lib:
             return lambda a, b: primary(interp.call_closure(fn, (a, b))) is not NIL
         return lambda a, b: primary(interp.apply(fn, (a, b))) is not NIL
 
+    def matcher(self, fn: str, item: Any, keys: dict[str, Any]) -> Callable[[Any], bool]:
+        """Whether an element matches ITEM: :test or :test-not (default eql) on its :key."""
+        test = self.test_fn(fn, keys)
+        key = self.key_fn(keys)
+        if key is None:
+            return lambda x: test(item, x)
+        return lambda x: test(item, key(x))
+
+    def if_matcher(self, pred: Any, keys: dict[str, Any], negate: bool = False) -> Callable[[Any], bool]:
+        """Whether an element's :key satisfies PRED (does not, when NEGATE)."""
+        p = self.predicate1(pred, negate)
+        key = self.key_fn(keys)
+        if key is None:
+            return p
+        return lambda x: p(key(x))
+
     def predicate1(self, designator: Any, negate: bool = False) -> Callable[[Any], bool]:
         f = self.fn1(designator)
         if negate:
@@ -380,3 +396,55 @@ class Lib:
         if t is BitVector:
             return bits_of(fn, items)
         return to_lisp_list(items)
+
+
+Match = Callable[[Any], bool]
+FamilyRun = Callable[[Any, str, Any, Match, dict[str, Any]], Any]
+Family = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
+
+
+def test_family(name: str, context: type, item_keys: set[str], if_keys: set[str], run: FamilyRun) -> Family:
+    """The builtins NAME, NAME-if and NAME-if-not (CLHS 17.2): NAME takes an item that an
+    element matches by :test or :test-not (default eql), NAME-if a predicate, NAME-if-not a
+    predicate it complements; :key applies to the elements in all three. Each is
+    (x sequence &key ...) and does RUN(context, its name, sequence, match, keys)."""
+    if_name, if_not_name = f"{name}-if", f"{name}-if-not"
+
+    def with_item(lib: Lib, item: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys(name, args, item_keys, 3)
+        return run(lib, name, seq, lib.matcher(name, item, keys), keys)
+
+    def with_predicate(lib: Lib, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys(if_name, args, if_keys, 3)
+        return run(lib, if_name, seq, lib.if_matcher(pred, keys), keys)
+
+    def with_complement(lib: Lib, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys(if_not_name, args, if_keys, 3)
+        return run(lib, if_not_name, seq, lib.if_matcher(pred, keys, negate=True), keys)
+
+    return (builtin(name, context=context)(with_item), builtin(if_name, context=context)(with_predicate),
+            builtin(if_not_name, context=context)(with_complement))
+
+
+SubstituteRun = Callable[[Any, str, Any, Any, Match, dict[str, Any]], Any]
+
+
+def substitution_family(name: str, context: type, item_keys: set[str], if_keys: set[str], run: SubstituteRun) -> Family:
+    """As test_family, for the families whose first argument is the new element:
+    (new x sequence &key ...), doing RUN(context, its name, new, sequence, match, keys)."""
+    if_name, if_not_name = f"{name}-if", f"{name}-if-not"
+
+    def with_item(lib: Lib, new: Any, item: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys(name, args, item_keys, 4)
+        return run(lib, name, new, seq, lib.matcher(name, item, keys), keys)
+
+    def with_predicate(lib: Lib, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys(if_name, args, if_keys, 4)
+        return run(lib, if_name, new, seq, lib.if_matcher(pred, keys), keys)
+
+    def with_complement(lib: Lib, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys(if_not_name, args, if_keys, 4)
+        return run(lib, if_not_name, new, seq, lib.if_matcher(pred, keys, negate=True), keys)
+
+    return (builtin(name, context=context)(with_item), builtin(if_name, context=context)(with_predicate),
+            builtin(if_not_name, context=context)(with_complement))

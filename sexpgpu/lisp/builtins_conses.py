@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
-from .builtins import CIRCULAR, Lib, eql, lbool, list_cars, list_cells, need_index, need_list, parse_keys, to_lisp_list, type_error
+from .builtins import CIRCULAR, Lib, test_family, eql, lbool, list_cars, list_cells, need_index, need_list, parse_keys, to_lisp_list, type_error
 from .conditions import lisp_error
 from .registry import builtin
 from .types import NIL, T, Cons, MultipleValues
@@ -104,11 +104,6 @@ class Conses(Lib):
             raise type_error(fn, 2, "a proper list", x)
         return NIL
 
-    def keyed_predicate(self, pred: Any, keys: dict[str, Any], negate: bool = False) -> Callable[[Any], bool]:
-        p = self.predicate1(pred, negate)
-        key = self.key_fn(keys)
-        return p if key is None else (lambda e: p(key(e)))
-
     def alist_find(self, fn: str, alist: Any, part: str, match: Callable[[Any], bool]) -> Any:
         """The first pair of ALIST whose car (or cdr) matches; nil entries are skipped. Walked
         as member walks a list: only as far as the match."""
@@ -122,11 +117,6 @@ class Conses(Lib):
 
         tail = self.member_tail(fn, alist, pair_matches)
         return tail.car if type(tail) is Cons else NIL
-
-    def item_matcher(self, fn: str, item: Any, keys: dict[str, Any]) -> Callable[[Any], bool]:
-        test = self.test_fn(fn, keys)
-        key = self.key_fn(keys)
-        return (lambda e: test(item, e)) if key is None else (lambda e: test(item, key(e)))
 
     # -- property lists ---------------------------------------------------------------------------
     def plist_pairs(self, fn: str, plist: Any) -> Iterator[Any]:
@@ -636,60 +626,6 @@ def nreconc(lib: Conses, x: Any, tail: Any) -> Any:
 
 
 # -- searching lists ------------------------------------------------------------------------
-@builtin("member", context=Conses)
-def member(lib: Conses, item: Any, x: Any, *args: Any) -> Any:
-    keys = parse_keys("member", args, TEST_KEYS, 3)
-    test = lib.test_fn("member", keys)
-    key = lib.key_fn(keys)
-    return lib.member_tail("member", x, (lambda e: test(item, e)) if key is None else (lambda e: test(item, key(e))))
-
-
-@builtin("member-if", context=Conses)
-def member_if(lib: Conses, pred: Any, x: Any, *args: Any) -> Any:
-    keys = parse_keys("member-if", args, {"KEY"}, 3)
-    return lib.member_tail("member-if", x, lib.keyed_predicate(pred, keys))
-
-
-@builtin("member-if-not", context=Conses)
-def member_if_not(lib: Conses, pred: Any, x: Any, *args: Any) -> Any:
-    keys = parse_keys("member-if-not", args, {"KEY"}, 3)
-    return lib.member_tail("member-if-not", x, lib.keyed_predicate(pred, keys, negate=True))
-
-
-@builtin("assoc", context=Conses)
-def assoc(lib: Conses, item: Any, alist: Any, *args: Any) -> Any:
-    keys = parse_keys("assoc", args, TEST_KEYS, 3)
-    return lib.alist_find("assoc", alist, "car", lib.item_matcher("assoc", item, keys))
-
-
-@builtin("assoc-if", context=Conses)
-def assoc_if(lib: Conses, pred: Any, alist: Any, *args: Any) -> Any:
-    keys = parse_keys("assoc-if", args, {"KEY"}, 3)
-    return lib.alist_find("assoc-if", alist, "car", lib.keyed_predicate(pred, keys))
-
-
-@builtin("assoc-if-not", context=Conses)
-def assoc_if_not(lib: Conses, pred: Any, alist: Any, *args: Any) -> Any:
-    keys = parse_keys("assoc-if-not", args, {"KEY"}, 3)
-    return lib.alist_find("assoc-if-not", alist, "car", lib.keyed_predicate(pred, keys, negate=True))
-
-
-@builtin("rassoc", context=Conses)
-def rassoc(lib: Conses, item: Any, alist: Any, *args: Any) -> Any:
-    keys = parse_keys("rassoc", args, TEST_KEYS, 3)
-    return lib.alist_find("rassoc", alist, "cdr", lib.item_matcher("rassoc", item, keys))
-
-
-@builtin("rassoc-if", context=Conses)
-def rassoc_if(lib: Conses, pred: Any, alist: Any, *args: Any) -> Any:
-    keys = parse_keys("rassoc-if", args, {"KEY"}, 3)
-    return lib.alist_find("rassoc-if", alist, "cdr", lib.keyed_predicate(pred, keys))
-
-
-@builtin("rassoc-if-not", context=Conses)
-def rassoc_if_not(lib: Conses, pred: Any, alist: Any, *args: Any) -> Any:
-    keys = parse_keys("rassoc-if-not", args, {"KEY"}, 3)
-    return lib.alist_find("rassoc-if-not", alist, "cdr", lib.keyed_predicate(pred, keys, negate=True))
 
 
 @builtin("acons", context=Conses)
@@ -943,3 +879,9 @@ def _with_tail(items: list[Any], tail: Any) -> Any:
     for item in reversed(items):
         result = Cons(item, result)
     return result
+
+
+# the X, X-if and X-if-not families (CLHS 14.2.2)
+member, member_if, member_if_not = test_family("member", Conses, TEST_KEYS, {"KEY"}, lambda lib, fn, x, match, keys: lib.member_tail(fn, x, match))
+assoc, assoc_if, assoc_if_not = test_family("assoc", Conses, TEST_KEYS, {"KEY"}, lambda lib, fn, alist, match, keys: lib.alist_find(fn, alist, "car", match))
+rassoc, rassoc_if, rassoc_if_not = test_family("rassoc", Conses, TEST_KEYS, {"KEY"}, lambda lib, fn, alist, match, keys: lib.alist_find(fn, alist, "cdr", match))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import cmp_to_key
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .builtins import Lib, bits_of, lbool, need_index, parse_keys, short, type_error
+from .builtins import Lib, substitution_family, test_family, bits_of, lbool, need_index, parse_keys, short, type_error
 from .builtins_strings import character_of
 from .conditions import lisp_error
 from .objects import BitVector
@@ -128,20 +128,6 @@ class Sequences(Lib):
         if keys.get("FROM-END", NIL) is not NIL:
             return items, range(e - 1, s - 1, -1)
         return items, range(s, e)
-
-    def matcher(self, fn: str, item: Any, keys: dict[str, Any]) -> Callable[[Any], bool]:
-        test = self.test_fn(fn, keys)
-        key = self.key_fn(keys)
-        if key is None:
-            return lambda x: test(item, x)
-        return lambda x: test(item, key(x))
-
-    def if_matcher(self, pred: Any, keys: dict[str, Any], negate: bool = False) -> Callable[[Any], bool]:
-        p = self.predicate1(pred, negate)
-        key = self.key_fn(keys)
-        if key is None:
-            return p
-        return lambda x: p(key(x))
 
     def count(self, fn: str, seq: Any, match: Callable[[Any], bool], keys: dict[str, Any]) -> int:
         items, indices = self.visit(fn, 2, seq, keys)
@@ -493,60 +479,6 @@ def reduce(lib: Sequences, fn: Any, seq: Any, *args: Any) -> Any:
     return acc
 
 
-@builtin("count", context=Sequences)
-def count(lib: Sequences, item: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("count", args, TEST_KEYS, 3)
-    return lib.count("count", seq, lib.matcher("count", item, keys), keys)
-
-
-@builtin("count-if", context=Sequences)
-def count_if(lib: Sequences, pred: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("count-if", args, IF_KEYS, 3)
-    return lib.count("count-if", seq, lib.if_matcher(pred, keys), keys)
-
-
-@builtin("count-if-not", context=Sequences)
-def count_if_not(lib: Sequences, pred: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("count-if-not", args, IF_KEYS, 3)
-    return lib.count("count-if-not", seq, lib.if_matcher(pred, keys, negate=True), keys)
-
-
-@builtin("find", context=Sequences)
-def find(lib: Sequences, item: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("find", args, TEST_KEYS, 3)
-    return lib.first_match("find", seq, lib.matcher("find", item, keys), keys)[0]
-
-
-@builtin("find-if", context=Sequences)
-def find_if(lib: Sequences, pred: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("find-if", args, IF_KEYS, 3)
-    return lib.first_match("find-if", seq, lib.if_matcher(pred, keys), keys)[0]
-
-
-@builtin("find-if-not", context=Sequences)
-def find_if_not(lib: Sequences, pred: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("find-if-not", args, IF_KEYS, 3)
-    return lib.first_match("find-if-not", seq, lib.if_matcher(pred, keys, negate=True), keys)[0]
-
-
-@builtin("position", context=Sequences)
-def position(lib: Sequences, item: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("position", args, TEST_KEYS, 3)
-    return lib.first_match("position", seq, lib.matcher("position", item, keys), keys)[1]
-
-
-@builtin("position-if", context=Sequences)
-def position_if(lib: Sequences, pred: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("position-if", args, IF_KEYS, 3)
-    return lib.first_match("position-if", seq, lib.if_matcher(pred, keys), keys)[1]
-
-
-@builtin("position-if-not", context=Sequences)
-def position_if_not(lib: Sequences, pred: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("position-if-not", args, IF_KEYS, 3)
-    return lib.first_match("position-if-not", seq, lib.if_matcher(pred, keys, negate=True), keys)[1]
-
-
 @builtin("search", context=Sequences)
 def search(lib: Sequences, needle: Any, hay: Any, *args: Any) -> Any:
     keys = parse_keys("search", args, TWO_KEYS, 3)
@@ -594,42 +526,6 @@ def mismatch(lib: Sequences, seq1: Any, seq2: Any, *args: Any) -> Any:
     return NIL if len(a) == len(b) else s1 + n
 
 
-@builtin("remove", context=Sequences)
-def remove(lib: Sequences, item: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("remove", args, TEST_KEYS | {"COUNT"}, 3)
-    return lib.removed("remove", seq, lib.matcher("remove", item, keys), keys)
-
-
-@builtin("remove-if", context=Sequences)
-def remove_if(lib: Sequences, pred: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("remove-if", args, IF_KEYS | {"COUNT"}, 3)
-    return lib.removed("remove-if", seq, lib.if_matcher(pred, keys), keys)
-
-
-@builtin("remove-if-not", context=Sequences)
-def remove_if_not(lib: Sequences, pred: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("remove-if-not", args, IF_KEYS | {"COUNT"}, 3)
-    return lib.removed("remove-if-not", seq, lib.if_matcher(pred, keys, negate=True), keys)
-
-
-@builtin("delete", context=Sequences)
-def delete(lib: Sequences, item: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("delete", args, TEST_KEYS | {"COUNT"}, 3)
-    return lib.removed("delete", seq, lib.matcher("delete", item, keys), keys)
-
-
-@builtin("delete-if", context=Sequences)
-def delete_if(lib: Sequences, pred: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("delete-if", args, IF_KEYS | {"COUNT"}, 3)
-    return lib.removed("delete-if", seq, lib.if_matcher(pred, keys), keys)
-
-
-@builtin("delete-if-not", context=Sequences)
-def delete_if_not(lib: Sequences, pred: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("delete-if-not", args, IF_KEYS | {"COUNT"}, 3)
-    return lib.removed("delete-if-not", seq, lib.if_matcher(pred, keys, negate=True), keys)
-
-
 @builtin("remove-duplicates", context=Sequences)
 def remove_duplicates(lib: Sequences, seq: Any, *args: Any) -> Any:
     return lib.duplicates("remove-duplicates", seq, args)
@@ -638,42 +534,6 @@ def remove_duplicates(lib: Sequences, seq: Any, *args: Any) -> Any:
 @builtin("delete-duplicates", context=Sequences)
 def delete_duplicates(lib: Sequences, seq: Any, *args: Any) -> Any:
     return lib.duplicates("delete-duplicates", seq, args)
-
-
-@builtin("substitute", context=Sequences)
-def substitute(lib: Sequences, new: Any, old: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("substitute", args, TEST_KEYS | {"COUNT"}, 4)
-    return lib.substituted("substitute", new, seq, lib.matcher("substitute", old, keys), keys, False)
-
-
-@builtin("substitute-if", context=Sequences)
-def substitute_if(lib: Sequences, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("substitute-if", args, IF_KEYS | {"COUNT"}, 4)
-    return lib.substituted("substitute-if", new, seq, lib.if_matcher(pred, keys), keys, False)
-
-
-@builtin("substitute-if-not", context=Sequences)
-def substitute_if_not(lib: Sequences, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("substitute-if-not", args, IF_KEYS | {"COUNT"}, 4)
-    return lib.substituted("substitute-if-not", new, seq, lib.if_matcher(pred, keys, negate=True), keys, False)
-
-
-@builtin("nsubstitute", context=Sequences)
-def nsubstitute(lib: Sequences, new: Any, old: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("nsubstitute", args, TEST_KEYS | {"COUNT"}, 4)
-    return lib.substituted("nsubstitute", new, seq, lib.matcher("nsubstitute", old, keys), keys, True)
-
-
-@builtin("nsubstitute-if", context=Sequences)
-def nsubstitute_if(lib: Sequences, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("nsubstitute-if", args, IF_KEYS | {"COUNT"}, 4)
-    return lib.substituted("nsubstitute-if", new, seq, lib.if_matcher(pred, keys), keys, True)
-
-
-@builtin("nsubstitute-if-not", context=Sequences)
-def nsubstitute_if_not(lib: Sequences, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
-    keys = parse_keys("nsubstitute-if-not", args, IF_KEYS | {"COUNT"}, 4)
-    return lib.substituted("nsubstitute-if-not", new, seq, lib.if_matcher(pred, keys, negate=True), keys, True)
 
 
 @builtin("sort", context=Sequences)
@@ -814,3 +674,17 @@ def _is_star(x: Any) -> bool:
 
 def _kw(interp: "Interpreter", name: str) -> Symbol:
     return interp.kw(name)
+
+
+# the X, X-if and X-if-not families (CLHS 17.2)
+count, count_if, count_if_not = test_family("count", Sequences, TEST_KEYS, IF_KEYS, Sequences.count)
+find, find_if, find_if_not = test_family("find", Sequences, TEST_KEYS, IF_KEYS, lambda lib, fn, seq, match, keys: lib.first_match(fn, seq, match, keys)[0])
+position, position_if, position_if_not = test_family("position", Sequences, TEST_KEYS, IF_KEYS, lambda lib, fn, seq, match, keys: lib.first_match(fn, seq, match, keys)[1])
+remove, remove_if, remove_if_not = test_family("remove", Sequences, TEST_KEYS | {"COUNT"}, IF_KEYS | {"COUNT"}, Sequences.removed)
+delete, delete_if, delete_if_not = test_family("delete", Sequences, TEST_KEYS | {"COUNT"}, IF_KEYS | {"COUNT"}, Sequences.removed)
+substitute, substitute_if, substitute_if_not = substitution_family(
+    "substitute", Sequences, TEST_KEYS | {"COUNT"}, IF_KEYS | {"COUNT"},
+    lambda lib, fn, new, seq, match, keys: lib.substituted(fn, new, seq, match, keys, False))
+nsubstitute, nsubstitute_if, nsubstitute_if_not = substitution_family(
+    "nsubstitute", Sequences, TEST_KEYS | {"COUNT"}, IF_KEYS | {"COUNT"},
+    lambda lib, fn, new, seq, match, keys: lib.substituted(fn, new, seq, match, keys, True))
