@@ -152,6 +152,7 @@ def install_builtins(interp: "Interpreter") -> None:
     install_modules(interp, (builtins_strings,))
     builtins_strings.set_up(interp)
     install_modules(interp, (builtins_calling, builtins_conditions, builtins_hashtables, builtins_symbols, builtins_structures))
+    builtins_symbols.define_variables(interp)
     builtins_calling.set_up(interp)
 
 

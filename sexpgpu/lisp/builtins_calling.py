@@ -1,7 +1,6 @@
 """Builtins of evaluation and calling (CLHS 3 and 5): equality, funcall and apply, values,
 the cores of the definition macros, macros, eval and macroexpansion, types."""
 
-
 from __future__ import annotations
 
 from functools import partial
@@ -30,13 +29,11 @@ from .objects import BitVector, Builtin, Closure, HashTable, LexicalEnvironment,
 from .scope import SymbolMacroEntry
 from .typespecs import FIXNUM_HIGH, FIXNUM_LOW, subtypep_values
 from .types import NIL, T, Char, Cons, MultipleValues, Symbol
-
 from .registry import builtin
+
 
 if TYPE_CHECKING:
     from .evaluator import Interpreter
-
-
 
 
 def type_of(interp: "Interpreter", x: Any) -> Any:

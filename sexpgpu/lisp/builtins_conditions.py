@@ -1,10 +1,9 @@
 """The condition system's builtins (CLHS 9): making, signalling and handling conditions,
 restarts, and the readers of condition slots."""
 
-
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from .builtins import (
     Lib,
@@ -20,11 +19,8 @@ from .builtins import (
 from .conditions import CONDITION_PARENTS, Condition, LispError, OperationName, condition_is, lisp_error
 from .objects import ConditionType, HandlerCluster
 from .types import NIL, T, Symbol
-
 from .registry import builtin
 
-if TYPE_CHECKING:
-    pass
 
 condition_keys = {"FORMAT-CONTROL", "FORMAT-ARGUMENTS", "DATUM", "EXPECTED-TYPE", "NAME", "OPERATION", "OPERANDS", "PATHNAME", "STREAM", "PACKAGE"}
 

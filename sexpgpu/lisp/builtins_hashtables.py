@@ -1,10 +1,9 @@
 """Hash tables (CLHS 18)."""
 
-
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .equality import equal, equalp
 from .builtins import (
@@ -18,11 +17,8 @@ from .builtins import (
 from .conditions import lisp_error
 from .objects import BitVector, Builtin, HashTable
 from .types import NIL, T, Char, Cons, MultipleValues, Symbol
-
 from .registry import builtin
 
-if TYPE_CHECKING:
-    pass
 
 def _sxhash(x: Any) -> int:
     """A non-negative fixnum, equal for equal objects, and the same in every process (Python's

@@ -6,7 +6,7 @@ import operator
 
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .builtins import Lib, format_to_string, format_with_rest, lbool, need_char, need_index, need_string, need_symbol, parse_keys, seq_items, short, type_error
+from .builtins import Lib, format_to_string, format_with_rest, lbool, need_char, need_index, need_string, parse_keys, seq_items, short, type_error
 from .charnames import char_name, name_char
 from .conditions import lisp_error
 from .builtins_streams import WRITE_KEYS
@@ -167,75 +167,6 @@ def printed(name: str, escape: Optional[bool]) -> Callable[..., Any]:
     return op
 
 
-def status(lib: Lib, sym: Symbol) -> Any:
-    """find-symbol's second value: a keyword is :external, a standard symbol :inherited."""
-    interp = lib.interp
-    if sym.package == "KEYWORD":
-        return interp.kw("external")
-    return interp.kw("internal") if sym.name in interp.table.own else interp.kw("inherited")
-
-
-def keyword_package(fn: str, package: Any) -> bool:
-    if package is NIL:
-        return False
-    pname = string_designator(fn, 2, package).upper()
-    if pname not in ("KEYWORD", "CL-USER", "COMMON-LISP-USER", "CL", "COMMON-LISP"):
-        raise lisp_error("E103", f"`{fn}`: no package {pname} (SexpGPU has none but KEYWORD and CL-USER)", "PACKAGE-ERROR")
-    return pname == "KEYWORD"
-
-
-@builtin("find-symbol", context=Lib)
-def find_symbol(lib: Lib, name: Any, package: Any = NIL) -> Any:
-    interp = lib.interp
-    from .types import MultipleValues
-
-    need_string("find-symbol", 1, name)
-    if keyword_package("find-symbol", package):
-        sym = interp.table.keywords.get(name)
-    else:
-        sym = interp.table.find(name) if name != "NIL" else NIL
-    return MultipleValues((sym, status(lib, sym))) if sym is not None else MultipleValues((NIL, NIL))
-
-
-@builtin("intern", context=Lib)
-def intern(lib: Lib, name: Any, package: Any = NIL) -> Any:
-    interp = lib.interp
-    from .types import MultipleValues
-
-    found = find_symbol(lib, name, package)
-    if found[0] is not NIL or found[1] is not NIL:
-        return found
-    sym = interp.table.keyword(name) if keyword_package("intern", package) else interp.table.intern(name)
-    return MultipleValues((sym, NIL))
-
-
-@builtin("make-symbol")
-def make_symbol(name: Any) -> Any:
-    return Symbol(need_string("make-symbol", 1, name), None)
-
-
-@builtin("gensym", context=Lib)
-def gensym(lib: Lib, prefix: Any = "G") -> Any:
-    interp = lib.interp
-    if type(prefix) is int:
-        return Symbol(f"G{prefix}", None)
-    counter = interp.sym("*GENSYM-COUNTER*")
-    n = interp.values.get(counter, 0)
-    interp.values[counter] = n + 1
-    return Symbol(f"{need_string('gensym', 1, prefix)}{n}", None)
-
-
-@builtin("gentemp", context=Lib)
-def gentemp(lib: Lib, prefix: Any = "T", package: Any = NIL) -> Any:
-    interp = lib.interp
-    need_string("gentemp", 1, prefix)
-    while True:
-        interp.gentemp_counter += 1
-        name = f"{prefix}{interp.gentemp_counter}"
-        if interp.table.find(name) is None:
-            return interp.table.intern(name)
-
-
 @builtin("read-from-string", context=Lib)
 def read_from_string(lib: Lib, text: Any, eof_error: Any = T, eof_value: Any = NIL, *args: Any) -> Any:
     """(read-from-string string &optional eof-error-p eof-value &key start end
@@ -269,8 +200,8 @@ def read_from_string(lib: Lib, text: Any, eof_error: Any = T, eof_value: Any = N
 
 
 def set_up(interp: "Interpreter") -> None:
-    """What the string builtins need besides themselves: char-code-limit, *gensym-counter*,
-    and the fast paths of string= and char= as :test functions."""
+    """What the string builtins need besides themselves: char-code-limit, and the fast
+    paths of string= and char= as :test functions."""
 
     def fast_string_equal(a: Any, b: Any) -> bool:
         if type(a) is str and type(b) is str:
@@ -286,9 +217,6 @@ def set_up(interp: "Interpreter") -> None:
     interp.constants.add(interp.sym("CHAR-CODE-LIMIT"))
     interp.standard_tests[interp.functions[interp.sym("string=")]] = fast_string_equal
     interp.standard_tests[interp.functions[interp.sym("char=")]] = fast_char_equal
-    counter = interp.sym("*GENSYM-COUNTER*")
-    interp.values[counter] = 1
-    interp.specials.add(counter)
 
 
 def _one(ch: str, case: Callable[[str], str]) -> str:
@@ -481,9 +409,6 @@ string_right_trim = builtin("string-right-trim")(lambda bag, s: string_designato
 stringp = builtin("stringp")(lambda x: lbool(type(x) is str))
 simple_string_p = builtin("simple-string-p")(lambda x: lbool(type(x) is str))
 characterp = builtin("characterp")(lambda x: lbool(type(x) is Char))
-symbolp = builtin("symbolp")(lambda x: lbool(type(x) is Symbol))
-keywordp = builtin("keywordp")(lambda x: lbool(type(x) is Symbol and x.package == "KEYWORD"))
-symbol_name = builtin("symbol-name")(lambda s: need_symbol("symbol-name", 1, s).name)
 char = builtin("char", "schar")(_char)
 p_set_char = builtin("%set-char")(_set_char)
 char_code = builtin("char-code")(lambda c: ord(need_char("char-code", 1, c).ch))

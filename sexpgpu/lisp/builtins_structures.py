@@ -1,9 +1,8 @@
 """Structures (CLHS 8): the cores of defstruct, its constructors, accessors and predicates."""
 
-
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .builtins import (
     Lib,
@@ -17,11 +16,8 @@ from .builtins import (
 from .conditions import lisp_error
 from .objects import StructInstance, StructType
 from .types import NIL
-
 from .registry import builtin
 
-if TYPE_CHECKING:
-    pass
 
 @builtin("%defstruct", context=Lib)
 def p_defstruct(lib: Lib, name: Any, slots: Any, include: Any) -> Any:
@@ -85,7 +81,5 @@ def struct_slots(lib: Lib, name: Any) -> Any:
 def set_struct_printer(lib: Lib, name: Any, fn: Any, print_object: Any) -> Any:
     need_struct_type(lib, "defstruct", name).printer = (fn, print_object is not NIL)
     return name
-
-
 
 

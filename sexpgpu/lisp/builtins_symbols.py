@@ -1,5 +1,5 @@
-"""Symbols (CLHS 10): property lists, values and function cells, constantp."""
-
+"""Symbols (CLHS 10): making and finding them (intern, gensym ...), property lists, values
+and function cells, constantp."""
 
 from __future__ import annotations
 
@@ -9,16 +9,17 @@ from .builtins import (
     Lib,
     lbool,
     list_cars,
+    need_string,
     need_symbol,
 )
 from .conditions import lisp_error
 from .objects import Builtin
+from .builtins_strings import string_designator
 from .types import NIL, Cons, Symbol
-
 from .registry import builtin
 
 if TYPE_CHECKING:
-    pass
+    from .evaluator import Interpreter
 
 # Functions whose calls on constant arguments constantp calls constant (as SBCL does): pure,
 # and returning numbers, characters, booleans or parts of their arguments, never fresh conses.
@@ -169,3 +170,83 @@ def constantp(lib: Lib, form: Any, env: Any = NIL) -> Any:
 symbol_plist = builtin("symbol-plist", context=Lib)(lambda lib, sym: plist_of(lib, "symbol-plist", sym))
 symbol_package = builtin("symbol-package")(lambda sym: (need_symbol("symbol-package", 1, sym), NIL)[1])
 
+
+def status(lib: Lib, sym: Symbol) -> Any:
+    """find-symbol's second value: a keyword is :external, a standard symbol :inherited."""
+    interp = lib.interp
+    if sym.package == "KEYWORD":
+        return interp.kw("external")
+    return interp.kw("internal") if sym.name in interp.table.own else interp.kw("inherited")
+
+
+def keyword_package(fn: str, package: Any) -> bool:
+    if package is NIL:
+        return False
+    pname = string_designator(fn, 2, package).upper()
+    if pname not in ("KEYWORD", "CL-USER", "COMMON-LISP-USER", "CL", "COMMON-LISP"):
+        raise lisp_error("E103", f"`{fn}`: no package {pname} (SexpGPU has none but KEYWORD and CL-USER)", "PACKAGE-ERROR")
+    return pname == "KEYWORD"
+
+
+@builtin("find-symbol", context=Lib)
+def find_symbol(lib: Lib, name: Any, package: Any = NIL) -> Any:
+    interp = lib.interp
+    from .types import MultipleValues
+
+    need_string("find-symbol", 1, name)
+    if keyword_package("find-symbol", package):
+        sym = interp.table.keywords.get(name)
+    else:
+        sym = interp.table.find(name) if name != "NIL" else NIL
+    return MultipleValues((sym, status(lib, sym))) if sym is not None else MultipleValues((NIL, NIL))
+
+
+@builtin("intern", context=Lib)
+def intern(lib: Lib, name: Any, package: Any = NIL) -> Any:
+    interp = lib.interp
+    from .types import MultipleValues
+
+    found = find_symbol(lib, name, package)
+    if found[0] is not NIL or found[1] is not NIL:
+        return found
+    sym = interp.table.keyword(name) if keyword_package("intern", package) else interp.table.intern(name)
+    return MultipleValues((sym, NIL))
+
+
+@builtin("make-symbol")
+def make_symbol(name: Any) -> Any:
+    return Symbol(need_string("make-symbol", 1, name), None)
+
+
+@builtin("gensym", context=Lib)
+def gensym(lib: Lib, prefix: Any = "G") -> Any:
+    interp = lib.interp
+    if type(prefix) is int:
+        return Symbol(f"G{prefix}", None)
+    counter = interp.sym("*GENSYM-COUNTER*")
+    n = interp.values.get(counter, 0)
+    interp.values[counter] = n + 1
+    return Symbol(f"{need_string('gensym', 1, prefix)}{n}", None)
+
+
+@builtin("gentemp", context=Lib)
+def gentemp(lib: Lib, prefix: Any = "T", package: Any = NIL) -> Any:
+    interp = lib.interp
+    need_string("gentemp", 1, prefix)
+    while True:
+        interp.gentemp_counter += 1
+        name = f"{prefix}{interp.gentemp_counter}"
+        if interp.table.find(name) is None:
+            return interp.table.intern(name)
+
+
+def define_variables(interp: "Interpreter") -> None:
+    """*gensym-counter*."""
+    counter = interp.sym("*GENSYM-COUNTER*")
+    interp.values[counter] = 1
+    interp.specials.add(counter)
+
+
+symbolp = builtin("symbolp")(lambda x: lbool(type(x) is Symbol))
+keywordp = builtin("keywordp")(lambda x: lbool(type(x) is Symbol and x.package == "KEYWORD"))
+symbol_name = builtin("symbol-name")(lambda s: need_symbol("symbol-name", 1, s).name)
