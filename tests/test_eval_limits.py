@@ -103,3 +103,91 @@ def test_the_time_limit_flag(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "error[L004]: evaluation time limit of 0.3 s exceeded" in proc.stdout + proc.stderr
+
+
+# Every builtin that walks a list to its end, on a circular list (a cons whose cdr comes round
+# again). Each walk is charged as it goes and checks for the cycle, so each ends with the step
+# budget's L001 at once, never with memory growing until the host kills the process.
+CIRCULAR_WALKS = [
+    "(mapcar #'1+ x)", "(mapc #'1+ x)", "(mapcan #'list x)", "(maplist #'car x)", "(mapl #'car x)",
+    "(mapcon #'list x)", "(mapcar #'+ x x)", "(mapc #'+ x x x)",
+    "(reverse x)", "(nreverse x)", "(sort x #'<)", "(stable-sort x #'<)",
+    "(append x nil)", "(copy-list x)", "(last x)", "(butlast x)", "(nbutlast x)", "(elt x 100000000000)",
+    "(remove 9 x)", "(remove-if #'null x)", "(remove-if-not #'numberp x)", "(delete 9 x)", "(delete-if #'null x)",
+    "(delete-if-not #'numberp x)", "(remove-duplicates x)", "(delete-duplicates x)", "(substitute 0 9 x)",
+    "(nsubstitute 0 9 x)", "(remove 9 x :from-end t)",
+    "(find 9 x)", "(find-if #'null x)", "(find-if-not #'numberp x)", "(position 9 x)", "(position-if #'null x)",
+    "(count 9 x)", "(count-if #'null x)", "(reduce #'+ x)", "(every #'numberp x)", "(some #'null x)",
+    "(notany #'null x)", "(notevery #'numberp x)",
+    "(subseq x 0)", "(copy-seq x)", "(coerce x 'vector)", "(concatenate 'list x)", "(map 'list #'1+ x)",
+    "(map-into (make-list 3) #'1+ x)", "(fill x 0)", "(replace (make-list 3) x)", "(search '(9) x)",
+    "(mismatch x x)", "(merge 'list x (list 1) #'<)", "(make-array 3 :initial-contents x)",
+    "(nconc x (list 1))", "(revappend x nil)", "(nreconc x nil)", "(ldiff x nil)", "(tailp nil x)",
+    "(copy-alist x)", "(union x (list 1))", "(intersection x (list 9))", "(set-difference x (list 9))",
+    "(subsetp x (list 1 2 3))", "(adjoin 9 x)", "(pairlis x x)", "(member 9 x)", "(tree-equal x x)",
+    "(get-properties x '(9))", "(loop for e in x collect e)", "(dolist (e x) e)",
+    "(progn (setf (symbol-plist 'p) x) (get 'p :missing))",
+]
+
+
+def _eval_rusage(args: list[str]) -> tuple[str, int, int, float]:
+    """`sexpgpu eval ARGS` as a child process under a 3 GiB address-space cap and two minutes of
+    CPU: its stdout, its exit code, its peak resident memory in KiB, and its wall time."""
+    import os
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+        resource.setrlimit(resource.RLIMIT_CPU, (120, 120))
+
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "sexpgpu", "eval", "--json", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=cap)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return out, proc.returncode, usage.ru_maxrss, time.monotonic() - start
+
+
+@pytest.mark.parametrize("seconds", ["30", "5"])
+def test_every_list_walk_of_a_circular_list_ends_at_the_step_budget(seconds: str) -> None:
+    import json
+
+    forms = [f"(let ((x (list 1 2 3))) (setf (cdr (last x)) x) {walk} nil)" for walk in CIRCULAR_WALKS]
+    out, code, max_rss_kib, elapsed = _eval_rusage(["--max-eval-seconds", seconds, *forms])
+    assert code == 3
+    codes = {walk: (r["error"] or {}).get("code") for walk, r in zip(CIRCULAR_WALKS, json.loads(out))}
+    assert codes == {walk: "L001" for walk in CIRCULAR_WALKS}
+    assert max_rss_kib < 400 * 1024, f"peak memory {max_rss_kib // 1024} MiB"
+    assert elapsed < 120
+
+
+def test_format_iterating_over_a_circular_list_ends(tmp_path: Path) -> None:
+    """~{ formats each element as it goes (a step each), so it ends at the budget or the clock."""
+    code, line, _, elapsed = check(tmp_path, '(let ((x (list 1 2 3))) (setf (cdr (last x)) x) (format nil "~{~a~}" x))\n')
+    assert code in ("L001", "L004") and line == 1 and elapsed < 60
+
+
+def test_a_proper_list_still_walks_past_a_shared_tail_and_a_circular_one_stops_the_walk(tmp_path: Path) -> None:
+    """The cycle test must not mistake a list for a circular one: a long list, a list whose
+    elements are one cons (eq elements, distinct cells), and mapcar over a circular list with a
+    proper one (the proper one ends the walk, as in SBCL)."""
+    path = tmp_path / "ok.lisp"
+    path.write_text("(defvar *c* (list 1 2 3))\n(setf (cdr (last *c*)) *c*)\n"
+                    "(assert (equal (mapcar #'+ '(10 20 30 40 50 60 70) *c*) '(11 22 33 41 52 63 71)))\n"
+                    "(assert (equal (mapcar #'list *c* '(a b)) '((1 a) (2 b))))\n"
+                    "(assert (= (length (reverse (make-list 5000 :initial-element *c*))) 5000))\n"
+                    "(assert (= (reduce #'+ (loop for i below 4097 collect i)) 8390656))\n"
+                    "(assert (eq (tailp (cddr *c*) *c*) t))\n"
+                    "(assert (equal (ldiff *c* (cddr *c*)) '(1 2)))\n"
+                    "(assert (= (elt *c* 100) 2))\n")
+    assert compile_file(path).diagnostics == []
+
+
+def test_eval_of_a_form_whose_value_is_circular_is_a_located_error() -> None:
+    import json
+
+    out, _, _, _ = _eval_rusage(["(let ((x (list 1 2 3))) (setf (cdr (last x)) x) x)"])
+    (result,) = json.loads(out)
+    assert result["error"]["code"] == "L003" and "cannot be printed" in result["error"]["message"]

@@ -5,317 +5,56 @@ Only what cannot reasonably be written in the language lives here; prelude.lisp 
 
 from __future__ import annotations
 
-import inspect
-import math
 from fractions import Fraction
 from functools import cmp_to_key
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
 
-from .conditions import Condition, LispError, lisp_error
+from .conditions import Condition, lisp_error
+# the argument checks and equality, re-exported: the builtins modules and the compiler import them from here
+from .checks import (
+    describe as describe,
+    short as short,
+    type_error as type_error,
+    is_num as is_num,
+    is_real_rational as is_real_rational,
+    need_number as need_number,
+    need_integer as need_integer,
+    need_index as need_index,
+    need_list as need_list,
+    need_string as need_string,
+    need_symbol as need_symbol,
+    need_char as need_char,
+    bits_of as bits_of,
+    need_sequence as need_sequence,
+    norm as norm,
+    lbool as lbool,
+    CIRCULAR as CIRCULAR,
+    list_cells as list_cells,
+    list_cars as list_cars,
+    circular_error as circular_error,
+    list_items as list_items,
+    seq_items as seq_items,
+    from_items as from_items,
+    to_lisp_list as to_lisp_list,
+    parse_keys as parse_keys,
+)
+from .equality import eq as eq, eql as eql, equal as equal, equalp as equalp
 from .objects import (
     BitVector,
     Builtin,
     Closure,
     HashTable,
-    LispArray,
     Macro,
     StructInstance,
 )
-from .printer import Printer, PrintTooLarge, prin1_to_string
+from .printer import Printer, PrintTooLarge, function_name
+from .registry import arity, builtin, install_modules
 from .types import NIL, T, Char, Cons, Symbol, from_iter, primary
 
 if TYPE_CHECKING:
     from .evaluator import Interpreter
 
 MAX_INTEGER_BITS = 1_000_000
-
-
-# -- argument checking ----------------------------------------------------------------------
-def describe(x: Any) -> str:
-    t = type(x)
-    if t is int:
-        return "an integer"
-    if t is float:
-        return "a float"
-    if t is Fraction:
-        return "a ratio"
-    if t is str:
-        return "a string"
-    if t is Char:
-        return "a character"
-    if t is Cons:
-        return "a cons"
-    if x is NIL:
-        return "nil"
-    if t is Symbol:
-        return "a symbol"
-    if t is list:
-        return "a vector"
-    if t is BitVector:
-        return "a bit vector"
-    if t in (Closure, Builtin):
-        return "a function"
-    if t is HashTable:
-        return "a hash table"
-    if t is StructInstance:
-        return f"a {x.stype.name.name.lower()}"
-    if t is Condition:
-        return "a condition"
-    return "a " + t.__name__.lower()
-
-
-def short(x: Any) -> str:
-    if type(x) is int and x.bit_length() > 3000:  # not worth converting only to cut it short
-        return f"an integer of about {int(x.bit_length() * 0.30103) + 1} digits"
-    try:
-        text = prin1_to_string(x, _print_fallback)
-    except PrintTooLarge:
-        text = "#<too large to print>"
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _print_fallback(x: Any, printer: Printer) -> str:
-    return f"#<{describe(x)[2:] if describe(x).startswith('a ') else describe(x)}>"
-
-
-def type_error(fn: str, pos: int, expected: str, value: Any) -> LispError:
-    return lisp_error("E103", f"`{fn}`: argument {pos} must be {expected}, got {short(value)} ({describe(value)})", "TYPE-ERROR", value)
-
-
-def is_num(x: Any) -> bool:
-    t = type(x)
-    return t is int or t is float or t is Fraction
-
-
-def is_real_rational(x: Any) -> bool:
-    t = type(x)
-    return t is int or t is Fraction
-
-
-def need_number(fn: str, pos: int, x: Any) -> Any:
-    if not is_num(x):
-        raise type_error(fn, pos, "a number", x)
-    return x
-
-
-def need_integer(fn: str, pos: int, x: Any) -> int:
-    if type(x) is not int:
-        raise type_error(fn, pos, "an integer", x)
-    return x
-
-
-def need_index(fn: str, pos: int, x: Any) -> int:
-    if type(x) is not int or x < 0:
-        raise type_error(fn, pos, "a non-negative integer", x)
-    return x
-
-
-def need_list(fn: str, pos: int, x: Any) -> Any:
-    if x is not NIL and type(x) is not Cons:
-        raise type_error(fn, pos, "a list", x)
-    return x
-
-
-def need_string(fn: str, pos: int, x: Any) -> str:
-    if type(x) is not str:
-        raise type_error(fn, pos, "a string", x)
-    return x
-
-
-def need_symbol(fn: str, pos: int, x: Any) -> Symbol:
-    if type(x) is not Symbol:
-        raise type_error(fn, pos, "a symbol", x)
-    return x
-
-
-def need_char(fn: str, pos: int, x: Any) -> Char:
-    if type(x) is not Char:
-        raise type_error(fn, pos, "a character", x)
-    return x
-
-
-def bits_of(fn: str, items: list[Any]) -> BitVector:
-    """ITEMS as a bit vector: a type-error names FN when one of them is not 0 or 1."""
-    for x in items:
-        if not (type(x) is int and (x == 0 or x == 1)):
-            raise lisp_error("E103", f"`{fn or 'a bit vector'}`: a bit vector holds only 0 and 1, not {short(x)}", "TYPE-ERROR", x)
-    return BitVector(items)
-
-
-def need_sequence(fn: str, pos: int, x: Any) -> Any:
-    if not (x is NIL or type(x) in (Cons, str, list, BitVector)):
-        raise type_error(fn, pos, "a sequence (list, vector or string)", x)
-    return x
-
-
-def norm(x: Any) -> Any:
-    if type(x) is Fraction and x.denominator == 1:
-        return x.numerator
-    return x
-
-
-def lbool(b: bool) -> Any:
-    return T if b else NIL
-
-
-def list_items(fn: str, pos: int, x: Any) -> list[Any]:
-    """The elements of a proper list, with a type error naming the argument."""
-    items: list[Any] = []
-    cell = x
-    while type(cell) is Cons:
-        items.append(cell.car)
-        cell = cell.cdr
-    if cell is not NIL:
-        raise type_error(fn, pos, "a proper list", x)
-    return items
-
-
-def seq_items(fn: str, pos: int, x: Any) -> list[Any]:
-    t = type(x)
-    if t is str:
-        return [Char(c) for c in x]
-    if t is list or t is BitVector:
-        return list(x)
-    if x is NIL or t is Cons:
-        return list_items(fn, pos, x)
-    raise type_error(fn, pos, "a sequence (list, vector or string)", x)
-
-
-def from_items(items: list[Any], like: Any) -> Any:
-    """A sequence of the same kind as LIKE holding ITEMS."""
-    t = type(like)
-    if t is str:
-        return "".join(c.ch if type(c) is Char else str(c) for c in items)
-    if t is list:
-        return items
-    if t is BitVector:
-        return bits_of("", items)
-    result: Any = NIL
-    for item in reversed(items):
-        result = Cons(item, result)
-    return result
-
-
-def to_lisp_list(items: Any) -> Any:
-    result: Any = NIL
-    for item in reversed(list(items)):
-        result = Cons(item, result)
-    return result
-
-
-# -- equality ---------------------------------------------------------------------------------
-def eq(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    ta = type(a)
-    if ta is int and type(b) is int:
-        return bool(a == b)
-    if ta is Char and type(b) is Char:
-        return a.ch == b.ch
-    return False
-
-
-def eql(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    ta = type(a)
-    if ta is not type(b):
-        return False
-    if ta in (int, float, Fraction):
-        return bool(a == b) and (ta is not float or math.copysign(1, a) == math.copysign(1, b))
-    if ta is Char:
-        return a.ch == b.ch
-    return False
-
-
-def equal(a: Any, b: Any, charge: Optional[Callable[[int], None]] = None) -> bool:
-    """equal: conses by structure, strings by contents, else eql. CHARGE, when given, is
-    charged a step per cons compared (so a circular list stops at the budget)."""
-    pending = [(a, b)]
-    n = 0
-    while pending:
-        a, b = pending.pop()
-        while a is not b:
-            ta = type(a)
-            if ta is Cons and type(b) is Cons:
-                pending.append((a.car, b.car))
-                a, b = a.cdr, b.cdr
-                n += 1
-                if charge is not None and n >= 4096:
-                    charge(n)
-                    n = 0
-                continue
-            if ta is str and type(b) is str:
-                if a != b:
-                    return False
-                break
-            if ta is BitVector and type(b) is BitVector:  # equal looks into bit vectors, as into strings
-                if a != b:
-                    return False
-                break
-            if not eql(a, b):
-                return False
-            break
-    if charge is not None and n:
-        charge(n)
-    return True
-
-
-def equalp(a: Any, b: Any, charge: Optional[Callable[[int], None]] = None) -> bool:
-    """equalp: numbers by =, characters and strings ignoring case, conses, arrays,
-    structures and hash tables element by element."""
-    pending = [(a, b)]
-    n = 0
-    while pending:
-        a, b = pending.pop()
-        n += 1
-        if charge is not None and n >= 4096:
-            charge(n)
-            n = 0
-        if a is b:
-            continue
-        ta, tb = type(a), type(b)
-        if is_num(a) and is_num(b):
-            if a != b:
-                return False
-        elif ta is Char and tb is Char:
-            if a.ch.lower() != b.ch.lower():
-                return False
-        elif ta is str and tb is str:
-            if a.lower() != b.lower():
-                return False
-        elif ta is Cons and tb is Cons:
-            pending.append((a.cdr, b.cdr))
-            pending.append((a.car, b.car))
-        elif ta in (str, list, BitVector) and tb in (str, list, BitVector):
-            if len(a) != len(b):
-                return False
-            pending.extend(zip(_elements(a), _elements(b)))
-        elif ta is LispArray and tb is LispArray:
-            if a.dims != b.dims:
-                return False
-            pending.extend(zip(a.data, b.data))
-        elif ta is StructInstance and tb is StructInstance:
-            if a.stype is not b.stype:
-                return False
-            pending.extend(zip(a.values, b.values))
-        elif ta is HashTable and tb is HashTable:
-            if a.test != b.test or len(a.entries) != len(b.entries):
-                return False
-            for k, v in a.entries.items():
-                other = b.entries.get(k)
-                if other is None:
-                    return False
-                pending.append((v[1], other[1]))
-        elif not eql(a, b):
-            return False
-    if charge is not None and n:
-        charge(n)
-    return True
-
-
-def _elements(x: Any) -> list[Any]:
-    return [Char(c) for c in x] if type(x) is str else x
 
 
 # -- types ----------------------------------------------------------------------------------------
@@ -365,8 +104,6 @@ def print_object(interp: "Interpreter", x: Any, printer: Printer) -> str:
             parts.append(printer.text(value))
         return "#S(" + " ".join(parts) + ")"
     if t is Closure or t is Builtin:
-        from .objects import function_name
-
         return f"#<function {function_name(x)}>"
     if t is Macro:
         return f"#<macro {short(x.name)}>"
@@ -398,25 +135,25 @@ class Registry:
         self.interp = interp
 
     def add(self, name: str, fn: Callable[..., Any]) -> None:
-        params = inspect.signature(fn).parameters.values()
-        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        required = sum(1 for p in positional if p.default is p.empty)
-        variadic = any(p.kind == p.VAR_POSITIONAL for p in params)
-        sym = self.interp.sym(name)
-        self.interp.functions[sym] = Builtin(name.lower(), fn, required, None if variadic else len(positional))
+        """A function the compiler adds to the Lisp world (its tensor and model builtins);
+        the Lisp's own builtins are registered by @builtin (registry.py)."""
+        required, maximum = arity(fn)
+        self.interp.functions[self.interp.sym(name)] = Builtin(name.lower(), fn, required, maximum)
 
 
 def install_builtins(interp: "Interpreter") -> None:
-    reg = Registry(interp)
-    from . import builtins_arrays, builtins_conses, builtins_numbers, builtins_sequences, builtins_streams, builtins_strings, builtins_system
+    from . import builtins_arrays, builtins_conses, builtins_numbers, builtins_sequences, builtins_calling, builtins_conditions, builtins_hashtables, builtins_streams, builtins_strings, builtins_structures, builtins_symbols
 
-    builtins_numbers.install(reg)
-    builtins_conses.install(reg)
-    builtins_sequences.install(reg)
-    builtins_arrays.install(reg)
-    builtins_streams.install(reg)
-    builtins_strings.install(reg)
-    builtins_system.install(reg)
+    builtins_numbers.define_constants(interp)
+    install_modules(interp, (builtins_numbers, builtins_conses, builtins_sequences, builtins_arrays))
+    builtins_arrays.define_constants(interp)
+    install_modules(interp, (builtins_streams,))
+    builtins_streams.define_variables(interp)
+    install_modules(interp, (builtins_strings,))
+    builtins_strings.set_up(interp)
+    install_modules(interp, (builtins_calling, builtins_conditions, builtins_hashtables, builtins_symbols, builtins_structures))
+    builtins_symbols.define_variables(interp)
+    builtins_calling.set_up(interp)
 
 
 def format_to_string(interp: "Interpreter", control: Any, args: list[Any]) -> str:
@@ -477,36 +214,6 @@ def format_call(interp: "Interpreter", name: str, arg: Any, colon: bool, at: boo
     stream = OutputStream()
     interp.call(interp.table.intern(symbol_name), stream, arg, lbool(colon), lbool(at), *params)
     return stream.take()
-
-
-def parse_keys(fn: str, args: tuple[Any, ...], allowed: set[str], first_pos: int) -> dict[str, Any]:
-    """&key arguments of a builtin (CLHS 3.4.1.4): a dict from keyword name (upper case) to
-    value. An odd number of arguments, a key that is not a symbol, or an unknown key is a
-    program-error, unless the first :allow-other-keys argument is true; the first occurrence
-    of a key counts."""
-    if len(args) % 2:
-        raise lisp_error("E102", f"`{fn}`: odd number of keyword arguments", "PROGRAM-ERROR")
-    out: dict[str, Any] = {}
-    allow_other: Any = None
-    unknown: Any = None
-    for i in range(0, len(args), 2):
-        k = args[i]
-        if type(k) is not Symbol:
-            raise lisp_error("E102", f"`{fn}`: argument {first_pos + i} must be a keyword, got {short(k)} ({describe(k)})", "PROGRAM-ERROR")
-        name = k.name if k.package == "KEYWORD" else None
-        if name == "ALLOW-OTHER-KEYS":
-            if allow_other is None:
-                allow_other = args[i + 1]
-            continue
-        if name is None or name not in allowed:
-            if unknown is None:
-                unknown = k
-            continue
-        out.setdefault(name, args[i + 1])
-    if unknown is not None and (allow_other is None or allow_other is NIL):
-        expected = " ".join(":" + a.lower() for a in sorted(allowed))
-        raise lisp_error("E102", f"`{fn}`: unknown keyword argument {prin1_to_string(unknown)}; expected one of: {expected}", "PROGRAM-ERROR")
-    return out
 
 
 def sort_items(interp: "Interpreter", fn: str, items: list[Any], pred: Any, key: Any) -> list[Any]:
@@ -593,6 +300,22 @@ class Lib:
             return lambda a, b: primary(interp.call_closure(fn, (a, b))) is not NIL
         return lambda a, b: primary(interp.apply(fn, (a, b))) is not NIL
 
+    def matcher(self, fn: str, item: Any, keys: dict[str, Any]) -> Callable[[Any], bool]:
+        """Whether an element matches ITEM: :test or :test-not (default eql) on its :key."""
+        test = self.test_fn(fn, keys)
+        key = self.key_fn(keys)
+        if key is None:
+            return lambda x: test(item, x)
+        return lambda x: test(item, key(x))
+
+    def if_matcher(self, pred: Any, keys: dict[str, Any], negate: bool = False) -> Callable[[Any], bool]:
+        """Whether an element's :key satisfies PRED (does not, when NEGATE)."""
+        p = self.predicate1(pred, negate)
+        key = self.key_fn(keys)
+        if key is None:
+            return p
+        return lambda x: p(key(x))
+
     def predicate1(self, designator: Any, negate: bool = False) -> Callable[[Any], bool]:
         f = self.fn1(designator)
         if negate:
@@ -601,28 +324,28 @@ class Lib:
 
     # -- walking ------------------------------------------------------------------------------
     def cells(self, fn: str, pos: int, x: Any) -> list[Any]:
-        """The conses of a proper list; a dotted list or a non-list is a type error."""
-        out: list[Any] = []
-        cell = x
-        while type(cell) is Cons:
-            out.append(cell)
-            cell = cell.cdr
+        """The conses of a proper list; a dotted list or a non-list is a type error, and a
+        circular one a walk that never ends (the step budget)."""
+        out, end = list_cells(x)
         self.charge(len(out))
-        if cell is not NIL:
-            raise type_error(fn, pos, "a proper list", x)
+        if end is not NIL:
+            self.improper(fn, pos, x, end)
         return out
 
     def elements(self, fn: str, pos: int, x: Any) -> list[Any]:
-        """The elements of a proper list."""
-        out: list[Any] = []
-        cell = x
-        while type(cell) is Cons:
-            out.append(cell.car)
-            cell = cell.cdr
+        """The elements of a proper list, as cells walks it."""
+        out, end = list_cars(x)
         self.charge(len(out))
-        if cell is not NIL:
-            raise type_error(fn, pos, "a proper list", x)
+        if end is not NIL:
+            self.improper(fn, pos, x, end)
         return out
+
+    def improper(self, fn: str, pos: int, x: Any, end: Any) -> NoReturn:
+        """A walk to the end of X found END, not nil: CIRCULAR never ends, so it is the step
+        budget (L001); an atom is a type error."""
+        if end is CIRCULAR:
+            self.interp.endless()
+        raise type_error(fn, pos, "a proper list", x)
 
     def items(self, fn: str, pos: int, seq: Any) -> list[Any]:
         """The elements of any sequence (a string's are characters)."""
@@ -674,3 +397,55 @@ class Lib:
         if t is BitVector:
             return bits_of(fn, items)
         return to_lisp_list(items)
+
+
+Match = Callable[[Any], bool]
+FamilyRun = Callable[[Any, str, Any, Match, dict[str, Any]], Any]
+Family = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
+
+
+def test_family(name: str, context: type, item_keys: set[str], if_keys: set[str], run: FamilyRun) -> Family:
+    """The builtins NAME, NAME-if and NAME-if-not (CLHS 17.2): NAME takes an item that an
+    element matches by :test or :test-not (default eql), NAME-if a predicate, NAME-if-not a
+    predicate it complements; :key applies to the elements in all three. Each is
+    (x sequence &key ...) and does RUN(context, its name, sequence, match, keys)."""
+    if_name, if_not_name = f"{name}-if", f"{name}-if-not"
+
+    def with_item(lib: Lib, item: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys(name, args, item_keys, 3)
+        return run(lib, name, seq, lib.matcher(name, item, keys), keys)
+
+    def with_predicate(lib: Lib, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys(if_name, args, if_keys, 3)
+        return run(lib, if_name, seq, lib.if_matcher(pred, keys), keys)
+
+    def with_complement(lib: Lib, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys(if_not_name, args, if_keys, 3)
+        return run(lib, if_not_name, seq, lib.if_matcher(pred, keys, negate=True), keys)
+
+    return (builtin(name, context=context)(with_item), builtin(if_name, context=context)(with_predicate),
+            builtin(if_not_name, context=context)(with_complement))
+
+
+SubstituteRun = Callable[[Any, str, Any, Any, Match, dict[str, Any]], Any]
+
+
+def substitution_family(name: str, context: type, item_keys: set[str], if_keys: set[str], run: SubstituteRun) -> Family:
+    """As test_family, for the families whose first argument is the new element:
+    (new x sequence &key ...), doing RUN(context, its name, new, sequence, match, keys)."""
+    if_name, if_not_name = f"{name}-if", f"{name}-if-not"
+
+    def with_item(lib: Lib, new: Any, item: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys(name, args, item_keys, 4)
+        return run(lib, name, new, seq, lib.matcher(name, item, keys), keys)
+
+    def with_predicate(lib: Lib, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys(if_name, args, if_keys, 4)
+        return run(lib, if_name, new, seq, lib.if_matcher(pred, keys), keys)
+
+    def with_complement(lib: Lib, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
+        keys = parse_keys(if_not_name, args, if_keys, 4)
+        return run(lib, if_not_name, new, seq, lib.if_matcher(pred, keys, negate=True), keys)
+
+    return (builtin(name, context=context)(with_item), builtin(if_name, context=context)(with_predicate),
+            builtin(if_not_name, context=context)(with_complement))

@@ -5,13 +5,17 @@ active elements; vector-push-extend grows it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from .builtins import Lib, Registry, bits_of, lbool, need_index, parse_keys, type_error
+from .builtins import Lib, bits_of, lbool, need_index, parse_keys, type_error
 from .conditions import lisp_error
 from .objects import BitVector, LispArray, VectorHeader
+from .registry import builtin
 from .types import NIL, T, Char, Cons, Symbol
 from .typespecs import upgrades_to_bit
+
+if TYPE_CHECKING:
+    from .evaluator import Interpreter
 
 ARRAY_RANK_LIMIT = 129  # SBCL's
 ARRAY_DIMENSION_LIMIT = 2**31 - 1
@@ -19,23 +23,12 @@ ARRAY_TOTAL_SIZE_LIMIT = 2**31 - 1
 IMMUTABLE = "strings are immutable in SexpGPU; build a new one with concatenate or format"
 
 
-def install(reg: Registry) -> None:
-    ops = Arrays(reg.interp)
-    for name in [
-        "make-array", "vector", "aref", "%aset", "svref", "%svset", "row-major-aref", "%set-row-major-aref",
-        "array-dimensions", "array-dimension", "array-rank", "array-total-size", "array-row-major-index",
-        "array-in-bounds-p", "array-element-type", "upgraded-array-element-type", "adjustable-array-p",
-        "array-has-fill-pointer-p", "array-displacement", "fill-pointer", "%set-fill-pointer", "vector-push",
-        "vector-push-extend", "vector-pop", "adjust-array", "arrayp", "vectorp", "simple-vector-p",
-        "bit", "sbit", "%set-bit", "bit-vector-p", "simple-bit-vector-p", "bit-not",
-    ]:
-        reg.add(name, getattr(ops, "op_" + name.replace("%", "p_").replace("-", "_")))
-    for name, combine in BIT_OPERATIONS.items():
-        reg.add(name.lower(), ops.bit_operation(name.lower(), combine))
+def define_constants(interp: "Interpreter") -> None:
+    """array-rank-limit, array-dimension-limit and array-total-size-limit."""
     for name, value in (("ARRAY-RANK-LIMIT", ARRAY_RANK_LIMIT), ("ARRAY-DIMENSION-LIMIT", ARRAY_DIMENSION_LIMIT), ("ARRAY-TOTAL-SIZE-LIMIT", ARRAY_TOTAL_SIZE_LIMIT)):
-        sym = reg.interp.sym(name)
-        reg.interp.values[sym] = value
-        reg.interp.constants.add(sym)
+        sym = interp.sym(name)
+        interp.values[sym] = value
+        interp.constants.add(sym)
 
 
 def is_array(x: Any) -> bool:
@@ -86,47 +79,6 @@ class Arrays(Lib):
             raise lisp_error("E103", f"`{fn}`: rank {len(items)} is above array-rank-limit ({ARRAY_RANK_LIMIT})", "TYPE-ERROR", spec)
         return tuple(items)
 
-    def op_make_array(self, dims: Any, *args: Any) -> Any:
-        keys = parse_keys("make-array", args, {"INITIAL-ELEMENT", "INITIAL-CONTENTS", "ELEMENT-TYPE", "ADJUSTABLE", "FILL-POINTER", "DISPLACED-TO", "DISPLACED-INDEX-OFFSET"}, 2)
-        shape = self.dims_of("make-array", dims)
-        if keys.get("DISPLACED-TO", NIL) is not NIL:
-            raise lisp_error("E109", "`make-array`: displaced arrays do not exist in SexpGPU; copy with subseq or replace", "PROGRAM-ERROR")
-        if "INITIAL-ELEMENT" in keys and "INITIAL-CONTENTS" in keys:
-            raise lisp_error("E103", "`make-array`: give :initial-element or :initial-contents, not both", "ERROR")
-        total = 1
-        for d in shape:
-            total *= d
-        element = keys.get("ELEMENT-TYPE", T)
-        characters = _character_type(element)
-        bits = upgrades_to_bit(self.interp.types.expand(element))
-        self.alloc(total // 8 if characters else total)
-        self.charge(total)
-        if "INITIAL-CONTENTS" in keys:
-            data = self.contents("make-array", keys["INITIAL-CONTENTS"], shape)
-        else:
-            default = Char("\x00") if characters else 0  # what SBCL's fresh arrays hold
-            data = [keys.get("INITIAL-ELEMENT", default)] * total
-        fill = keys.get("FILL-POINTER", NIL)
-        active = len(data)
-        if fill is not NIL:
-            if len(shape) != 1:
-                raise lisp_error("E103", "`make-array`: only a vector can have a fill pointer", "TYPE-ERROR", fill)
-            if fill is not T:
-                if type(fill) is not int or not 0 <= fill <= shape[0]:
-                    raise type_error("make-array", 0, f"t or an integer from 0 to {shape[0]} (the :fill-pointer)", fill)
-                active = fill
-        if len(shape) == 1:
-            if characters:
-                if not all(type(c) is Char for c in data):
-                    raise lisp_error("E103", "`make-array`: a character array holds only characters", "TYPE-ERROR")
-                return "".join(c.ch for c in data[:active])
-            vector = bits_of("make-array", data) if bits else data
-            if fill is not NIL or keys.get("ADJUSTABLE", NIL) is not NIL:
-                self.interp.vector_headers[id(vector)] = VectorHeader(vector, vector[active:], fill is not NIL, True)
-                del vector[active:]
-            return vector
-        return LispArray(shape, list(bits_of("make-array", data)) if bits else data, bits)
-
     def header(self, v: Any) -> VectorHeader | None:
         return self.interp.vector_headers.get(id(v)) if type(v) is list or type(v) is BitVector else None
 
@@ -155,10 +107,6 @@ class Arrays(Lib):
             out.extend(self.contents(fn, sub, shape[1:]))
         return out
 
-    def op_vector(self, *xs: Any) -> Any:
-        self.alloc(len(xs))
-        return list(xs)
-
     def index(self, fn: str, array: Any, subscripts: tuple[Any, ...]) -> int:
         """The row-major index of SUBSCRIPTS in ARRAY, each checked (aref reaches past a fill
         pointer, CLHS 15.1.2.2)."""
@@ -174,12 +122,6 @@ class Arrays(Lib):
                 raise lisp_error("E103", f"`{fn}`: index {s} is out of bounds for dimension {i - 2} of length {d}", "TYPE-ERROR", s)
             index = index * d + s
         return index
-
-    def op_aref(self, array: Any, *subscripts: Any) -> Any:
-        t = type(array)
-        if (t is list or t is BitVector) and len(subscripts) == 1 and type(subscripts[0]) is int and 0 <= subscripts[0] < len(array):
-            return array[subscripts[0]]
-        return self.element(array, self.index("aref", array, subscripts))
 
     def element(self, array: Any, i: int) -> Any:
         """The element at row-major index I (checked by the caller): past a fill pointer too."""
@@ -211,171 +153,10 @@ class Arrays(Lib):
         assert header is not None  # index() allowed an index past the active elements
         return header.beyond
 
-    def op_p_aset(self, array: Any, *rest: Any) -> Any:
-        """(setf (aref array subscripts...) value): the value comes last."""
-        if not rest:
-            raise lisp_error("E102", "`(setf aref)` needs a value", "PROGRAM-ERROR")
-        *subscripts, value = rest
-        if type(array) is str:
-            raise lisp_error("E109", IMMUTABLE, "PROGRAM-ERROR")
-        return self.store("(setf aref)", array, self.index("(setf aref)", array, tuple(subscripts)), value)
-
-    def op_svref(self, v: Any, i: Any) -> Any:
-        if type(v) is not list:
-            raise type_error("svref", 1, "a simple vector", v)
-        return self.op_aref(v, i)
-
-    def op_p_svset(self, v: Any, i: Any, value: Any) -> Any:
-        if type(v) is not list:
-            raise type_error("(setf svref)", 1, "a simple vector", v)
-        return self.op_p_aset(v, i, value)
-
-    def op_row_major_aref(self, array: Any, i: Any) -> Any:
-        self.need_array("row-major-aref", 1, array)
-        total = self.op_array_total_size(array)
-        need_index("row-major-aref", 2, i)
-        if i >= total:
-            raise lisp_error("E103", f"`row-major-aref`: index {i} is out of bounds for an array of {total} elements", "TYPE-ERROR", i)
-        return self.element(array, i)
-
-    def op_p_set_row_major_aref(self, array: Any, i: Any, value: Any) -> Any:
-        if type(array) is str:
-            raise lisp_error("E109", IMMUTABLE, "PROGRAM-ERROR")
-        self.op_row_major_aref(array, i)
-        return self.store("(setf row-major-aref)", array, i, value)
-
-    def op_array_dimensions(self, array: Any) -> Any:
-        return to_lisp(list(self.dims(self.need_array("array-dimensions", 1, array))))
-
-    def op_array_dimension(self, array: Any, axis: Any) -> Any:
-        dims = self.dims(self.need_array("array-dimension", 1, array))
-        need_index("array-dimension", 2, axis)
-        if axis >= len(dims):
-            raise lisp_error("E103", f"`array-dimension`: axis {axis} is not below the rank {len(dims)}", "ERROR", axis)
-        return dims[axis]
-
-    def op_array_rank(self, array: Any) -> Any:
-        return len(dimensions(self.need_array("array-rank", 1, array)))
-
-    def op_array_total_size(self, array: Any) -> Any:
-        total = 1
-        for d in self.dims(self.need_array("array-total-size", 1, array)):
-            total *= d
-        return total
-
-    def op_array_row_major_index(self, array: Any, *subscripts: Any) -> Any:
-        return self.index("array-row-major-index", array, subscripts)
-
-    def op_array_in_bounds_p(self, array: Any, *subscripts: Any) -> Any:
-        dims = self.dims(self.need_array("array-in-bounds-p", 1, array))
-        if len(subscripts) != len(dims):
-            raise lisp_error("E102", f"`array-in-bounds-p`: an array of rank {len(dims)} takes {len(dims)} subscripts, got {len(subscripts)}", "PROGRAM-ERROR")
-        for i, s in enumerate(subscripts, 2):
-            if type(s) is not int:
-                raise type_error("array-in-bounds-p", i, "an integer", s)
-        return lbool(all(0 <= s < d for s, d in zip(subscripts, dims)))
-
-    def op_array_element_type(self, array: Any) -> Any:
-        self.need_array("array-element-type", 1, array)
-        t = type(array)
-        bits = t is BitVector or (t is LispArray and array.bits)
-        return self.interp.sym("CHARACTER") if t is str else self.interp.sym("BIT") if bits else T
-
-    def op_upgraded_array_element_type(self, spec: Any, env: Any = NIL) -> Any:
-        if _character_type(spec):
-            return self.interp.sym("CHARACTER")
-        return self.interp.sym("BIT") if upgrades_to_bit(self.interp.types.expand(spec)) else T
-
-    def op_adjustable_array_p(self, array: Any) -> Any:
-        # a vector made with :adjustable or :fill-pointer (SBCL makes both adjustable)
-        self.need_array("adjustable-array-p", 1, array)
-        return lbool(self.header(array) is not None)
-
-    def op_array_has_fill_pointer_p(self, array: Any) -> Any:
-        self.need_array("array-has-fill-pointer-p", 1, array)
-        header = self.header(array)
-        return lbool(header is not None and header.fill_pointer)
-
-    def op_array_displacement(self, array: Any) -> Any:
-        from .types import MultipleValues
-
-        self.need_array("array-displacement", 1, array)
-        return MultipleValues((NIL, 0))
-
     def need_vector(self, fn: str, pos: int, v: Any) -> list[Any]:
         if type(v) is not list and type(v) is not BitVector:
             raise type_error(fn, pos, "a vector (strings are immutable)" if type(v) is str else "a vector", v)
         return v
-
-    def op_fill_pointer(self, v: Any) -> Any:
-        self.need_fill_pointer("fill-pointer", 1, v)
-        return len(v)
-
-    def op_p_set_fill_pointer(self, v: Any, n: Any) -> Any:
-        header = self.need_fill_pointer("(setf fill-pointer)", 1, v)
-        need_index("(setf fill-pointer)", 2, n)
-        capacity = len(v) + len(header.beyond)
-        if n > capacity:
-            raise lisp_error("E103", f"(setf fill-pointer): {n} is beyond the vector's dimension {capacity}", "TYPE-ERROR", n)
-        if n < len(v):
-            header.beyond[:0] = v[n:]
-            del v[n:]
-        else:
-            v.extend(header.beyond[: n - len(v)])
-            del header.beyond[: n - len(v)]
-        return n
-
-    def op_vector_push(self, x: Any, v: Any) -> Any:
-        """Store X at the fill pointer and advance it; nil when the vector is full."""
-        header = self.need_fill_pointer("vector-push", 2, v)
-        if type(v) is BitVector:
-            need_bit("vector-push", x)
-        if not header.beyond:
-            return NIL
-        del header.beyond[0]
-        v.append(x)
-        return len(v) - 1
-
-    def op_vector_push_extend(self, x: Any, v: Any, extension: Any = NIL) -> Any:
-        """vector-push, growing the vector when it is full (as SBCL does, adjustable or not)."""
-        header = self.need_fill_pointer("vector-push-extend", 2, v)
-        if extension is not NIL and not (type(extension) is int and extension > 0):
-            raise type_error("vector-push-extend", 3, "a positive integer", extension)
-        if type(v) is BitVector:
-            need_bit("vector-push-extend", x)
-        self.alloc(1)
-        if header.beyond:
-            del header.beyond[0]
-        v.append(x)
-        return len(v) - 1
-
-    def op_vector_pop(self, v: Any) -> Any:
-        header = self.need_fill_pointer("vector-pop", 1, v)
-        if not v:
-            raise lisp_error("E103", "`vector-pop`: the fill pointer is already zero", "ERROR")
-        x = v.pop()
-        header.beyond.insert(0, x)  # the element stays in the vector, past the fill pointer
-        return x
-
-    def op_adjust_array(self, array: Any, dims: Any, *args: Any) -> Any:
-        keys = parse_keys("adjust-array", args, {"INITIAL-ELEMENT", "INITIAL-CONTENTS", "ELEMENT-TYPE", "FILL-POINTER", "DISPLACED-TO", "DISPLACED-INDEX-OFFSET"}, 3)
-        shape = self.dims_of("adjust-array", dims)
-        old = self.need_array("adjust-array", 1, array)
-        bits = type(old) is BitVector or (type(old) is LispArray and old.bits)
-        element = (self.interp.kw("ELEMENT-TYPE"), self.interp.sym("BIT")) if bits else ()
-        if "INITIAL-CONTENTS" in keys:
-            return self.op_make_array(dims, self.interp.kw("INITIAL-CONTENTS"), keys["INITIAL-CONTENTS"], *element)
-        init = keys.get("INITIAL-ELEMENT", 0 if bits else NIL)
-        if bits:
-            need_bit("adjust-array", init)
-        if (type(old) is list or type(old) is BitVector) and len(shape) == 1:
-            return self.adjust_vector(old, shape[0], init, keys.get("FILL-POINTER", NIL))
-        made = self.op_make_array(dims, self.interp.kw("INITIAL-ELEMENT"), init, *element)
-        old_dims = dimensions(old)
-        if len(old_dims) == len(shape):
-            for index in _all_subscripts(tuple(min(a, b) for a, b in zip(old_dims, shape))):
-                self.op_p_aset(made, *index, self.op_aref(old, *index))
-        return made
 
     def adjust_vector(self, v: Any, n: int, init: Any, fill: Any) -> Any:
         """A vector adjusted in place to dimension N: its elements (those past a fill pointer
@@ -396,49 +177,11 @@ class Arrays(Lib):
         header.beyond[:] = every[active:]
         return v
 
-    def op_arrayp(self, x: Any) -> Any:
-        return lbool(is_array(x))
-
-    def op_vectorp(self, x: Any) -> Any:
-        return lbool(type(x) in (list, str, BitVector))
-
-    def op_simple_vector_p(self, x: Any) -> Any:
-        return lbool(type(x) is list and self.header(x) is None)
-
     # -- bit arrays (CLHS 15.2: bit, sbit, bit-and ...) ---------------------------------------
     def need_bit_array(self, fn: str, pos: int, x: Any) -> Any:
         if type(x) is not BitVector and not (type(x) is LispArray and x.bits):
             raise type_error(fn, pos, "a bit array", x)
         return x
-
-    def op_bit(self, array: Any, *subscripts: Any) -> Any:
-        return self.op_aref(self.need_bit_array("bit", 1, array), *subscripts)
-
-    def op_sbit(self, array: Any, *subscripts: Any) -> Any:
-        return self.op_aref(self.need_bit_array("sbit", 1, array), *subscripts)
-
-    def op_p_set_bit(self, array: Any, *rest: Any) -> Any:
-        return self.op_p_aset(self.need_bit_array("(setf bit)", 1, array), *rest)
-
-    def op_bit_vector_p(self, x: Any) -> Any:
-        return lbool(type(x) is BitVector)
-
-    def op_simple_bit_vector_p(self, x: Any) -> Any:
-        return lbool(type(x) is BitVector and self.header(x) is None)
-
-    def op_bit_not(self, a: Any, result: Any = NIL) -> Any:
-        self.need_bit_array("bit-not", 1, a)
-        return self.bits_into("bit-not", [1 - x for x in _bits(a)], a, result, 2)
-
-    def bit_operation(self, fn: str, combine: Any) -> Any:
-        def operate(a: Any, b: Any, result: Any = NIL) -> Any:
-            self.need_bit_array(fn, 1, a)
-            self.need_bit_array(fn, 2, b)
-            if dimensions(a) != dimensions(b):
-                raise lisp_error("E103", f"`{fn}`: the bit arrays have dimensions {list(dimensions(a))} and {list(dimensions(b))}", "TYPE-ERROR", b)
-            return self.bits_into(fn, [combine(x, y) for x, y in zip(_bits(a), _bits(b))], a, result, 3)
-
-        return operate
 
     def bits_into(self, fn: str, bits: list[int], first: Any, result: Any, pos: int) -> Any:
         """CLHS's opt-arg: nil makes a fresh bit array, t stores into FIRST, a bit array of the
@@ -452,6 +195,314 @@ class Arrays(Lib):
             raise lisp_error("E103", f"`{fn}`: the result has dimensions {list(dimensions(target))}, the arguments {list(dimensions(first))}", "TYPE-ERROR", result)
         _bits(target)[:] = bits
         return target
+
+
+@builtin("make-array", context=Arrays)
+def make_array(lib: Arrays, dims: Any, *args: Any) -> Any:
+    keys = parse_keys("make-array", args, {"INITIAL-ELEMENT", "INITIAL-CONTENTS", "ELEMENT-TYPE", "ADJUSTABLE", "FILL-POINTER", "DISPLACED-TO", "DISPLACED-INDEX-OFFSET"}, 2)
+    shape = lib.dims_of("make-array", dims)
+    if keys.get("DISPLACED-TO", NIL) is not NIL:
+        raise lisp_error("E109", "`make-array`: displaced arrays do not exist in SexpGPU; copy with subseq or replace", "PROGRAM-ERROR")
+    if "INITIAL-ELEMENT" in keys and "INITIAL-CONTENTS" in keys:
+        raise lisp_error("E103", "`make-array`: give :initial-element or :initial-contents, not both", "ERROR")
+    total = 1
+    for d in shape:
+        total *= d
+    element = keys.get("ELEMENT-TYPE", T)
+    characters = _character_type(element)
+    bits = upgrades_to_bit(lib.interp.types.expand(element))
+    lib.alloc(total // 8 if characters else total)
+    lib.charge(total)
+    if "INITIAL-CONTENTS" in keys:
+        data = lib.contents("make-array", keys["INITIAL-CONTENTS"], shape)
+    else:
+        default = Char("\x00") if characters else 0  # what SBCL's fresh arrays hold
+        data = [keys.get("INITIAL-ELEMENT", default)] * total
+    fill = keys.get("FILL-POINTER", NIL)
+    active = len(data)
+    if fill is not NIL:
+        if len(shape) != 1:
+            raise lisp_error("E103", "`make-array`: only a vector can have a fill pointer", "TYPE-ERROR", fill)
+        if fill is not T:
+            if type(fill) is not int or not 0 <= fill <= shape[0]:
+                raise type_error("make-array", 0, f"t or an integer from 0 to {shape[0]} (the :fill-pointer)", fill)
+            active = fill
+    if len(shape) == 1:
+        if characters:
+            if not all(type(c) is Char for c in data):
+                raise lisp_error("E103", "`make-array`: a character array holds only characters", "TYPE-ERROR")
+            return "".join(c.ch for c in data[:active])
+        vector = bits_of("make-array", data) if bits else data
+        if fill is not NIL or keys.get("ADJUSTABLE", NIL) is not NIL:
+            lib.interp.vector_headers[id(vector)] = VectorHeader(vector, vector[active:], fill is not NIL, True)
+            del vector[active:]
+        return vector
+    return LispArray(shape, list(bits_of("make-array", data)) if bits else data, bits)
+
+
+@builtin("vector", context=Arrays)
+def vector(lib: Arrays, *xs: Any) -> Any:
+    lib.alloc(len(xs))
+    return list(xs)
+
+
+@builtin("aref", context=Arrays)
+def aref(lib: Arrays, array: Any, *subscripts: Any) -> Any:
+    t = type(array)
+    if (t is list or t is BitVector) and len(subscripts) == 1 and type(subscripts[0]) is int and 0 <= subscripts[0] < len(array):
+        return array[subscripts[0]]
+    return lib.element(array, lib.index("aref", array, subscripts))
+
+
+@builtin("%aset", context=Arrays)
+def p_aset(lib: Arrays, array: Any, *rest: Any) -> Any:
+    """(setf (aref array subscripts...) value): the value comes last."""
+    if not rest:
+        raise lisp_error("E102", "`(setf aref)` needs a value", "PROGRAM-ERROR")
+    *subscripts, value = rest
+    if type(array) is str:
+        raise lisp_error("E109", IMMUTABLE, "PROGRAM-ERROR")
+    return lib.store("(setf aref)", array, lib.index("(setf aref)", array, tuple(subscripts)), value)
+
+
+@builtin("svref", context=Arrays)
+def svref(lib: Arrays, v: Any, i: Any) -> Any:
+    if type(v) is not list:
+        raise type_error("svref", 1, "a simple vector", v)
+    return aref(lib, v, i)
+
+
+@builtin("%svset", context=Arrays)
+def p_svset(lib: Arrays, v: Any, i: Any, value: Any) -> Any:
+    if type(v) is not list:
+        raise type_error("(setf svref)", 1, "a simple vector", v)
+    return p_aset(lib, v, i, value)
+
+
+@builtin("row-major-aref", context=Arrays)
+def row_major_aref(lib: Arrays, array: Any, i: Any) -> Any:
+    lib.need_array("row-major-aref", 1, array)
+    total = array_total_size(lib, array)
+    need_index("row-major-aref", 2, i)
+    if i >= total:
+        raise lisp_error("E103", f"`row-major-aref`: index {i} is out of bounds for an array of {total} elements", "TYPE-ERROR", i)
+    return lib.element(array, i)
+
+
+@builtin("%set-row-major-aref", context=Arrays)
+def p_set_row_major_aref(lib: Arrays, array: Any, i: Any, value: Any) -> Any:
+    if type(array) is str:
+        raise lisp_error("E109", IMMUTABLE, "PROGRAM-ERROR")
+    row_major_aref(lib, array, i)
+    return lib.store("(setf row-major-aref)", array, i, value)
+
+
+@builtin("array-dimensions", context=Arrays)
+def array_dimensions(lib: Arrays, array: Any) -> Any:
+    return to_lisp(list(lib.dims(lib.need_array("array-dimensions", 1, array))))
+
+
+@builtin("array-dimension", context=Arrays)
+def array_dimension(lib: Arrays, array: Any, axis: Any) -> Any:
+    dims = lib.dims(lib.need_array("array-dimension", 1, array))
+    need_index("array-dimension", 2, axis)
+    if axis >= len(dims):
+        raise lisp_error("E103", f"`array-dimension`: axis {axis} is not below the rank {len(dims)}", "ERROR", axis)
+    return dims[axis]
+
+
+@builtin("array-rank", context=Arrays)
+def array_rank(lib: Arrays, array: Any) -> Any:
+    return len(dimensions(lib.need_array("array-rank", 1, array)))
+
+
+@builtin("array-total-size", context=Arrays)
+def array_total_size(lib: Arrays, array: Any) -> Any:
+    total = 1
+    for d in lib.dims(lib.need_array("array-total-size", 1, array)):
+        total *= d
+    return total
+
+
+@builtin("array-row-major-index", context=Arrays)
+def array_row_major_index(lib: Arrays, array: Any, *subscripts: Any) -> Any:
+    return lib.index("array-row-major-index", array, subscripts)
+
+
+@builtin("array-in-bounds-p", context=Arrays)
+def array_in_bounds_p(lib: Arrays, array: Any, *subscripts: Any) -> Any:
+    dims = lib.dims(lib.need_array("array-in-bounds-p", 1, array))
+    if len(subscripts) != len(dims):
+        raise lisp_error("E102", f"`array-in-bounds-p`: an array of rank {len(dims)} takes {len(dims)} subscripts, got {len(subscripts)}", "PROGRAM-ERROR")
+    for i, s in enumerate(subscripts, 2):
+        if type(s) is not int:
+            raise type_error("array-in-bounds-p", i, "an integer", s)
+    return lbool(all(0 <= s < d for s, d in zip(subscripts, dims)))
+
+
+@builtin("array-element-type", context=Arrays)
+def array_element_type(lib: Arrays, array: Any) -> Any:
+    lib.need_array("array-element-type", 1, array)
+    t = type(array)
+    bits = t is BitVector or (t is LispArray and array.bits)
+    return lib.interp.sym("CHARACTER") if t is str else lib.interp.sym("BIT") if bits else T
+
+
+@builtin("upgraded-array-element-type", context=Arrays)
+def upgraded_array_element_type(lib: Arrays, spec: Any, env: Any = NIL) -> Any:
+    if _character_type(spec):
+        return lib.interp.sym("CHARACTER")
+    return lib.interp.sym("BIT") if upgrades_to_bit(lib.interp.types.expand(spec)) else T
+
+
+@builtin("adjustable-array-p", context=Arrays)
+def adjustable_array_p(lib: Arrays, array: Any) -> Any:
+    # a vector made with :adjustable or :fill-pointer (SBCL makes both adjustable)
+    lib.need_array("adjustable-array-p", 1, array)
+    return lbool(lib.header(array) is not None)
+
+
+@builtin("array-has-fill-pointer-p", context=Arrays)
+def array_has_fill_pointer_p(lib: Arrays, array: Any) -> Any:
+    lib.need_array("array-has-fill-pointer-p", 1, array)
+    header = lib.header(array)
+    return lbool(header is not None and header.fill_pointer)
+
+
+@builtin("array-displacement", context=Arrays)
+def array_displacement(lib: Arrays, array: Any) -> Any:
+    from .types import MultipleValues
+
+    lib.need_array("array-displacement", 1, array)
+    return MultipleValues((NIL, 0))
+
+
+@builtin("fill-pointer", context=Arrays)
+def fill_pointer(lib: Arrays, v: Any) -> Any:
+    lib.need_fill_pointer("fill-pointer", 1, v)
+    return len(v)
+
+
+@builtin("%set-fill-pointer", context=Arrays)
+def p_set_fill_pointer(lib: Arrays, v: Any, n: Any) -> Any:
+    header = lib.need_fill_pointer("(setf fill-pointer)", 1, v)
+    need_index("(setf fill-pointer)", 2, n)
+    capacity = len(v) + len(header.beyond)
+    if n > capacity:
+        raise lisp_error("E103", f"(setf fill-pointer): {n} is beyond the vector's dimension {capacity}", "TYPE-ERROR", n)
+    if n < len(v):
+        header.beyond[:0] = v[n:]
+        del v[n:]
+    else:
+        v.extend(header.beyond[: n - len(v)])
+        del header.beyond[: n - len(v)]
+    return n
+
+
+@builtin("vector-push", context=Arrays)
+def vector_push(lib: Arrays, x: Any, v: Any) -> Any:
+    """Store X at the fill pointer and advance it; nil when the vector is full."""
+    header = lib.need_fill_pointer("vector-push", 2, v)
+    if type(v) is BitVector:
+        need_bit("vector-push", x)
+    if not header.beyond:
+        return NIL
+    del header.beyond[0]
+    v.append(x)
+    return len(v) - 1
+
+
+@builtin("vector-push-extend", context=Arrays)
+def vector_push_extend(lib: Arrays, x: Any, v: Any, extension: Any = NIL) -> Any:
+    """vector-push, growing the vector when it is full (as SBCL does, adjustable or not)."""
+    header = lib.need_fill_pointer("vector-push-extend", 2, v)
+    if extension is not NIL and not (type(extension) is int and extension > 0):
+        raise type_error("vector-push-extend", 3, "a positive integer", extension)
+    if type(v) is BitVector:
+        need_bit("vector-push-extend", x)
+    lib.alloc(1)
+    if header.beyond:
+        del header.beyond[0]
+    v.append(x)
+    return len(v) - 1
+
+
+@builtin("vector-pop", context=Arrays)
+def vector_pop(lib: Arrays, v: Any) -> Any:
+    header = lib.need_fill_pointer("vector-pop", 1, v)
+    if not v:
+        raise lisp_error("E103", "`vector-pop`: the fill pointer is already zero", "ERROR")
+    x = v.pop()
+    header.beyond.insert(0, x)  # the element stays in the vector, past the fill pointer
+    return x
+
+
+@builtin("adjust-array", context=Arrays)
+def adjust_array(lib: Arrays, array: Any, dims: Any, *args: Any) -> Any:
+    keys = parse_keys("adjust-array", args, {"INITIAL-ELEMENT", "INITIAL-CONTENTS", "ELEMENT-TYPE", "FILL-POINTER", "DISPLACED-TO", "DISPLACED-INDEX-OFFSET"}, 3)
+    shape = lib.dims_of("adjust-array", dims)
+    old = lib.need_array("adjust-array", 1, array)
+    bits = type(old) is BitVector or (type(old) is LispArray and old.bits)
+    element = (lib.interp.kw("ELEMENT-TYPE"), lib.interp.sym("BIT")) if bits else ()
+    if "INITIAL-CONTENTS" in keys:
+        return make_array(lib, dims, lib.interp.kw("INITIAL-CONTENTS"), keys["INITIAL-CONTENTS"], *element)
+    init = keys.get("INITIAL-ELEMENT", 0 if bits else NIL)
+    if bits:
+        need_bit("adjust-array", init)
+    if (type(old) is list or type(old) is BitVector) and len(shape) == 1:
+        return lib.adjust_vector(old, shape[0], init, keys.get("FILL-POINTER", NIL))
+    made = make_array(lib, dims, lib.interp.kw("INITIAL-ELEMENT"), init, *element)
+    old_dims = dimensions(old)
+    if len(old_dims) == len(shape):
+        for index in _all_subscripts(tuple(min(a, b) for a, b in zip(old_dims, shape))):
+            p_aset(lib, made, *index, aref(lib, old, *index))
+    return made
+
+
+@builtin("arrayp")
+def arrayp(x: Any) -> Any:
+    return lbool(is_array(x))
+
+
+@builtin("vectorp")
+def vectorp(x: Any) -> Any:
+    return lbool(type(x) in (list, str, BitVector))
+
+
+@builtin("simple-vector-p", context=Arrays)
+def simple_vector_p(lib: Arrays, x: Any) -> Any:
+    return lbool(type(x) is list and lib.header(x) is None)
+
+
+@builtin("bit", context=Arrays)
+def bit(lib: Arrays, array: Any, *subscripts: Any) -> Any:
+    return aref(lib, lib.need_bit_array("bit", 1, array), *subscripts)
+
+
+@builtin("sbit", context=Arrays)
+def sbit(lib: Arrays, array: Any, *subscripts: Any) -> Any:
+    return aref(lib, lib.need_bit_array("sbit", 1, array), *subscripts)
+
+
+@builtin("%set-bit", context=Arrays)
+def p_set_bit(lib: Arrays, array: Any, *rest: Any) -> Any:
+    return p_aset(lib, lib.need_bit_array("(setf bit)", 1, array), *rest)
+
+
+@builtin("bit-vector-p")
+def bit_vector_p(x: Any) -> Any:
+    return lbool(type(x) is BitVector)
+
+
+@builtin("simple-bit-vector-p", context=Arrays)
+def simple_bit_vector_p(lib: Arrays, x: Any) -> Any:
+    return lbool(type(x) is BitVector and lib.header(x) is None)
+
+
+@builtin("bit-not", context=Arrays)
+def bit_not(lib: Arrays, a: Any, result: Any = NIL) -> Any:
+    lib.need_bit_array("bit-not", 1, a)
+    return lib.bits_into("bit-not", [1 - x for x in _bits(a)], a, result, 2)
 
 
 def _all_subscripts(dims: tuple[int, ...]) -> Any:
@@ -469,3 +520,28 @@ def to_lisp(items: list[Any]) -> Any:
         result = Cons(item, result)
     return result
 
+
+def _bit_operation(fn: str) -> Callable[..., Any]:
+    """bit-and and the other two-argument bit array operations: BIT_OPERATIONS elementwise."""
+    combine = BIT_OPERATIONS[fn.upper()]
+
+    def operate(lib: Arrays, a: Any, b: Any, result: Any = NIL) -> Any:
+        lib.need_bit_array(fn, 1, a)
+        lib.need_bit_array(fn, 2, b)
+        if dimensions(a) != dimensions(b):
+            raise lisp_error("E103", f"`{fn}`: the bit arrays have dimensions {list(dimensions(a))} and {list(dimensions(b))}", "TYPE-ERROR", b)
+        return lib.bits_into(fn, [combine(x, y) for x, y in zip(_bits(a), _bits(b))], a, result, 3)
+
+    return operate
+
+
+bit_and = builtin("bit-and", context=Arrays)(_bit_operation("bit-and"))
+bit_ior = builtin("bit-ior", context=Arrays)(_bit_operation("bit-ior"))
+bit_xor = builtin("bit-xor", context=Arrays)(_bit_operation("bit-xor"))
+bit_eqv = builtin("bit-eqv", context=Arrays)(_bit_operation("bit-eqv"))
+bit_nand = builtin("bit-nand", context=Arrays)(_bit_operation("bit-nand"))
+bit_nor = builtin("bit-nor", context=Arrays)(_bit_operation("bit-nor"))
+bit_andc1 = builtin("bit-andc1", context=Arrays)(_bit_operation("bit-andc1"))
+bit_andc2 = builtin("bit-andc2", context=Arrays)(_bit_operation("bit-andc2"))
+bit_orc1 = builtin("bit-orc1", context=Arrays)(_bit_operation("bit-orc1"))
+bit_orc2 = builtin("bit-orc2", context=Arrays)(_bit_operation("bit-orc2"))

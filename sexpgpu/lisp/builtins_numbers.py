@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import math
+import operator
 from fractions import Fraction
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from .builtins import MAX_INTEGER_BITS, Registry, is_num, lbool, need_index, need_integer, need_number, norm, short, to_lisp_list, type_error
+from .builtins import MAX_INTEGER_BITS, is_num, lbool, need_index, need_integer, need_number, norm, short, to_lisp_list, type_error
 from .conditions import LimitExceeded, OperationName, lisp_error
 from .objects import RandomState
+from .registry import builtin
 from .types import NIL, T, Cons, MultipleValues
+
+if TYPE_CHECKING:
+    from .evaluator import Interpreter
 
 
 def big(fn: str, x: Any) -> Any:
@@ -37,6 +42,7 @@ def finite(fn: str, x: Any) -> Any:
 _INF = math.inf
 
 
+@builtin("+")
 def add(*xs: Any) -> Any:
     if len(xs) == 2:  # the common case, without the general loop
         a, b = xs
@@ -57,6 +63,7 @@ def add(*xs: Any) -> Any:
     return finite("+", norm(total))
 
 
+@builtin("-")
 def sub(x: Any, *xs: Any) -> Any:
     if len(xs) == 1:
         y = xs[0]
@@ -77,6 +84,7 @@ def sub(x: Any, *xs: Any) -> Any:
     return finite("-", norm(total))
 
 
+@builtin("*")
 def mul(*xs: Any) -> Any:
     if len(xs) == 2:
         a, b = xs
@@ -97,6 +105,7 @@ def mul(*xs: Any) -> Any:
 _FIXNUM_LIMIT = 2**62
 
 
+@builtin("/")
 def divide(x: Any, *xs: Any) -> Any:
     need_number("/", 1, x)
     if not xs:
@@ -132,6 +141,7 @@ def compare_chain(name: str, op: Callable[[Any, Any], bool]) -> Callable[..., An
     return compare
 
 
+@builtin("/=")
 def not_equal(x: Any, *xs: Any) -> Any:
     seq = (x, *xs)
     for i, v in enumerate(seq, 1):
@@ -139,6 +149,7 @@ def not_equal(x: Any, *xs: Any) -> Any:
     return lbool(all(seq[i] != seq[j] for i in range(len(seq)) for j in range(i + 1, len(seq))))
 
 
+@builtin("max")
 def lisp_max(x: Any, *xs: Any) -> Any:
     best = need_number("max", 1, x)
     for i, y in enumerate(xs, 2):
@@ -149,6 +160,7 @@ def lisp_max(x: Any, *xs: Any) -> Any:
     return best
 
 
+@builtin("min")
 def lisp_min(x: Any, *xs: Any) -> Any:
     best = need_number("min", 1, x)
     for i, y in enumerate(xs, 2):
@@ -193,14 +205,17 @@ def _round_half_even(x: Any) -> int:
     return round(x)
 
 
+@builtin("mod")
 def lisp_mod(x: Any, y: Any) -> Any:
     return divider("mod", math.floor)(x, y)[1]
 
 
+@builtin("rem")
 def lisp_rem(x: Any, y: Any) -> Any:
     return divider("rem", math.trunc)(x, y)[1]
 
 
+@builtin("expt")
 def expt(base: Any, power: Any) -> Any:
     need_number("expt", 1, base)
     need_number("expt", 2, power)
@@ -229,6 +244,7 @@ def expt(base: Any, power: Any) -> Any:
         raise div_zero("expt") from None
 
 
+@builtin("sqrt")
 def lisp_sqrt(x: Any) -> Any:
     need_number("sqrt", 1, x)
     if x < 0:
@@ -236,12 +252,14 @@ def lisp_sqrt(x: Any) -> Any:
     return math.sqrt(x)
 
 
+@builtin("isqrt")
 def isqrt(x: Any) -> Any:
     if type(x) is not int or x < 0:
         raise type_error("isqrt", 1, "a non-negative integer", x)
     return math.isqrt(x)
 
 
+@builtin("exp")
 def lisp_exp(x: Any) -> Any:
     need_number("exp", 1, x)
     try:
@@ -250,6 +268,7 @@ def lisp_exp(x: Any) -> Any:
         raise lisp_error("E108", "`exp`: floating-point overflow", "FLOATING-POINT-OVERFLOW") from None
 
 
+@builtin("log")
 def lisp_log(x: Any, base: Any = None) -> Any:
     need_number("log", 1, x)
     if x <= 0:
@@ -273,6 +292,7 @@ def unary_float(name: str, fn: Callable[[float], float]) -> Callable[[Any], Any]
     return op
 
 
+@builtin("atan")
 def atan(y: Any, x: Any = None) -> Any:
     need_number("atan", 1, y)
     if x is None:
@@ -281,10 +301,12 @@ def atan(y: Any, x: Any = None) -> Any:
     return math.atan2(y, x)
 
 
+@builtin("abs")
 def lisp_abs(x: Any) -> Any:
     return abs(need_number("abs", 1, x))
 
 
+@builtin("signum")
 def signum(x: Any) -> Any:
     need_number("signum", 1, x)
     if type(x) is float:
@@ -292,6 +314,7 @@ def signum(x: Any) -> Any:
     return (x > 0) - (x < 0)
 
 
+@builtin("gcd")
 def gcd(*xs: Any) -> Any:
     result = 0
     for i, x in enumerate(xs, 1):
@@ -299,6 +322,7 @@ def gcd(*xs: Any) -> Any:
     return result
 
 
+@builtin("lcm")
 def lcm(*xs: Any) -> Any:
     result = 1
     for i, x in enumerate(xs, 1):
@@ -306,6 +330,7 @@ def lcm(*xs: Any) -> Any:
     return abs(result) if xs else 1
 
 
+@builtin("float")
 def to_float(x: Any, prototype: Any = None) -> Any:
     need_number("float", 1, x)
     try:
@@ -322,6 +347,7 @@ def predicate(name: str, test: Callable[[Any], bool], need: Callable[[str, int, 
     return op
 
 
+@builtin("ash")
 def ash(x: Any, count: Any) -> Any:
     need_integer("ash", 1, x)
     need_integer("ash", 2, count)
@@ -340,6 +366,7 @@ def logop(name: str, op: Callable[[int, int], int], identity: int) -> Callable[.
     return fn
 
 
+@builtin("numerator")
 def numerator(x: Any) -> Any:
     if type(x) is int:
         return x
@@ -348,6 +375,7 @@ def numerator(x: Any) -> Any:
     raise type_error("numerator", 1, "a rational", x)
 
 
+@builtin("denominator")
 def denominator(x: Any) -> Any:
     if type(x) is int:
         return 1
@@ -356,6 +384,7 @@ def denominator(x: Any) -> Any:
     raise type_error("denominator", 1, "a rational", x)
 
 
+@builtin("rational")
 def rational(x: Any) -> Any:
     need_number("rational", 1, x)
     return norm(Fraction(x))
@@ -364,25 +393,30 @@ def rational(x: Any) -> Any:
 
 # -- bits and bytes -------------------------------------------------------------------------------
 
+@builtin("logbitp")
 def logbitp(index: Any, x: Any) -> Any:
     need_index("logbitp", 1, index)
     return lbool((need_integer("logbitp", 2, x) >> index) & 1)
 
 
+@builtin("logcount")
 def logcount(x: Any) -> Any:
     need_integer("logcount", 1, x)
     return bin(~x if x < 0 else x).count("1")
 
 
+@builtin("integer-length")
 def integer_length(x: Any) -> Any:
     need_integer("integer-length", 1, x)
     return (~x if x < 0 else x).bit_length()
 
 
+@builtin("logtest")
 def logtest(a: Any, b: Any) -> Any:
     return lbool(need_integer("logtest", 1, a) & need_integer("logtest", 2, b) != 0)
 
 
+@builtin("logeqv")
 def logeqv(*xs: Any) -> Any:
     result = -1
     for i, x in enumerate(xs, 1):
@@ -405,12 +439,14 @@ BOOLE_OPS: list[Callable[[int, int], int]] = [
 BOOLE_NAMES = ["CLR", "SET", "1", "2", "C1", "C2", "AND", "IOR", "XOR", "EQV", "NAND", "NOR", "ANDC1", "ANDC2", "ORC1", "ORC2"]
 
 
+@builtin("boole")
 def boole(op: Any, a: Any, b: Any) -> Any:
     if type(op) is not int or not 0 <= op < 16:
         raise type_error("boole", 1, "one of the boole- constants", op)
     return BOOLE_OPS[op](need_integer("boole", 2, a), need_integer("boole", 3, b))
 
 
+@builtin("byte")
 def byte(size: Any, position: Any) -> Any:
     """A byte specifier: (size . position), as SBCL prints it."""
     return Cons(need_index("byte", 1, size), need_index("byte", 2, position))
@@ -424,34 +460,41 @@ def _bytespec(fn: str, spec: Any) -> tuple[int, int]:
     return spec.car, spec.cdr
 
 
+@builtin("byte-size")
 def byte_size(spec: Any) -> Any:
     return _bytespec("byte-size", spec)[0]
 
 
+@builtin("byte-position")
 def byte_position(spec: Any) -> Any:
     return _bytespec("byte-position", spec)[1]
 
 
+@builtin("ldb")
 def ldb(spec: Any, x: Any) -> Any:
     size, pos = _bytespec("ldb", spec)
     return (need_integer("ldb", 2, x) >> pos) & ((1 << size) - 1)
 
 
+@builtin("ldb-test")
 def ldb_test(spec: Any, x: Any) -> Any:
     return lbool(ldb(spec, x) != 0)
 
 
+@builtin("mask-field")
 def mask_field(spec: Any, x: Any) -> Any:
     size, pos = _bytespec("mask-field", spec)
     return need_integer("mask-field", 2, x) & (((1 << size) - 1) << pos)
 
 
+@builtin("dpb")
 def dpb(new: Any, spec: Any, x: Any) -> Any:
     size, pos = _bytespec("dpb", spec)
     mask = (1 << size) - 1
     return (need_integer("dpb", 3, x) & ~(mask << pos)) | ((need_integer("dpb", 1, new) & mask) << pos)
 
 
+@builtin("deposit-field")
 def deposit_field(new: Any, spec: Any, x: Any) -> Any:
     size, pos = _bytespec("deposit-field", spec)
     mask = ((1 << size) - 1) << pos
@@ -466,22 +509,26 @@ def need_float(fn: str, pos: int, x: Any) -> float:
     return x
 
 
+@builtin("float-radix")
 def float_radix(x: Any) -> Any:
     need_float("float-radix", 1, x)
     return 2
 
 
+@builtin("float-sign")
 def float_sign(x: Any, y: Any = None) -> Any:
     need_float("float-sign", 1, x)
     magnitude = 1.0 if y is None else abs(need_float("float-sign", 2, y))
     return math.copysign(magnitude, x)
 
 
+@builtin("float-digits")
 def float_digits(x: Any) -> Any:
     need_float("float-digits", 1, x)
     return 53
 
 
+@builtin("float-precision")
 def float_precision(x: Any) -> Any:
     need_float("float-precision", 1, x)
     if x == 0:
@@ -492,6 +539,7 @@ def float_precision(x: Any) -> Any:
     return 53
 
 
+@builtin("decode-float")
 def decode_float(x: Any) -> Any:
     need_float("decode-float", 1, x)
     if x == 0:
@@ -500,6 +548,7 @@ def decode_float(x: Any) -> Any:
     return MultipleValues((m, e, math.copysign(1.0, x)))
 
 
+@builtin("integer-decode-float")
 def integer_decode_float(x: Any) -> Any:
     need_float("integer-decode-float", 1, x)
     if x == 0:
@@ -509,6 +558,7 @@ def integer_decode_float(x: Any) -> Any:
     return MultipleValues((significand, e - 53, -1 if x < 0 else 1))
 
 
+@builtin("scale-float")
 def scale_float(x: Any, k: Any) -> Any:
     need_float("scale-float", 1, x)
     need_integer("scale-float", 2, k)
@@ -518,6 +568,7 @@ def scale_float(x: Any, k: Any) -> Any:
         raise lisp_error("E108", "`scale-float`: floating-point overflow", "FLOATING-POINT-OVERFLOW") from None
 
 
+@builtin("rationalize")
 def rationalize(x: Any) -> Any:
     """The simplest rational that reads back as the same double (exact rationals as they are)."""
     need_real("rationalize", 1, x)
@@ -558,15 +609,18 @@ def hyperbolic(name: str, fn: Callable[[float], float], ok: Callable[[float], bo
     return op
 
 
+@builtin("realpart", "conjugate")
 def realpart(x: Any) -> Any:
     return need_number("realpart", 1, x)
 
 
+@builtin("imagpart")
 def imagpart(x: Any) -> Any:
     need_number("imagpart", 1, x)
     return 0.0 if type(x) is float else 0
 
 
+@builtin("complex")
 def make_complex(real: Any, imag: Any = 0) -> Any:
     need_real("complex", 1, real)
     need_real("complex", 2, imag)
@@ -612,145 +666,97 @@ CONSTANTS: dict[str, Any] = {
 }
 
 
-def install_random(reg: Registry) -> None:
-    """random and random states; *random-state* starts from a fixed seed, and each
-    (make-random-state t) takes the next seed, so evaluation is reproducible."""
-    interp = reg.interp
+def define_constants(interp: "Interpreter") -> None:
+    """The numeric constants (most-positive-fixnum, pi, the float limits, boole-*) and
+    *random-state*, which starts from a fixed seed, so evaluation is reproducible."""
+    for name, value in CONSTANTS.items():
+        sym = interp.sym(name)
+        interp.values[sym] = value
+        interp.constants.add(sym)
     state_var = interp.sym("*RANDOM-STATE*")
     interp.values[state_var] = RandomState(0)
     interp.specials.add(state_var)
-    seeds = iter(range(1, 2**62))
-
-    def random(limit: Any, state: Any = None) -> Any:
-        rs = interp.values[state_var] if state is None else state
-        if type(rs) is not RandomState:
-            raise type_error("random", 2, "a random state", rs)
-        if type(limit) is int and limit > 0:
-            return rs.rng.randrange(limit)
-        if type(limit) is float and limit > 0:
-            return rs.rng.random() * limit
-        raise type_error("random", 1, "a positive integer or a positive float", limit)
-
-    def make_random_state(state: Any = NIL) -> Any:
-        if state is T:
-            return RandomState(next(seeds))
-        source = interp.values[state_var] if state is NIL else state
-        if type(source) is not RandomState:
-            raise type_error("make-random-state", 1, "nil, t or a random state", state)
-        return source.copy()
-
-    reg.add("random", random)
-    reg.add("make-random-state", make_random_state)
-    reg.add("random-state-p", lambda x: lbool(type(x) is RandomState))
 
 
-def install(reg: Registry) -> None:
-    import operator
+class RandomStates:
+    """What random and make-random-state share: *random-state*, and the seeds that each
+    (make-random-state t) takes in turn."""
 
-    for name, value in CONSTANTS.items():
-        sym = reg.interp.sym(name)
-        reg.interp.values[sym] = value
-        reg.interp.constants.add(sym)
-    install_random(reg)
+    def __init__(self, interp: "Interpreter") -> None:
+        self.interp = interp
+        self.state_var = interp.sym("*RANDOM-STATE*")
+        self.seeds = iter(range(1, 2**62))
 
-    table: dict[str, Callable[..., Any]] = {
-        "+": add,
-        "-": sub,
-        "*": mul,
-        "/": divide,
-        "=": compare_chain("=", operator.eq),
-        "<": compare_chain("<", operator.lt),
-        ">": compare_chain(">", operator.gt),
-        "<=": compare_chain("<=", operator.le),
-        ">=": compare_chain(">=", operator.ge),
-        "/=": not_equal,
-        "max": lisp_max,
-        "min": lisp_min,
-        "floor": divider("floor", math.floor),
-        "ceiling": divider("ceiling", math.ceil),
-        "truncate": divider("truncate", math.trunc),
-        "round": divider("round", _round_half_even),
-        "ffloor": divider("ffloor", math.floor, True),
-        "fceiling": divider("fceiling", math.ceil, True),
-        "ftruncate": divider("ftruncate", math.trunc, True),
-        "fround": divider("fround", _round_half_even, True),
-        "logbitp": logbitp,
-        "logcount": logcount,
-        "integer-length": integer_length,
-        "logtest": logtest,
-        "logeqv": logeqv,
-        "lognand": two_integers("lognand", lambda a, b: ~(a & b)),
-        "lognor": two_integers("lognor", lambda a, b: ~(a | b)),
-        "logandc1": two_integers("logandc1", lambda a, b: ~a & b),
-        "logandc2": two_integers("logandc2", lambda a, b: a & ~b),
-        "logorc1": two_integers("logorc1", lambda a, b: ~a | b),
-        "logorc2": two_integers("logorc2", lambda a, b: a | ~b),
-        "boole": boole,
-        "byte": byte,
-        "byte-size": byte_size,
-        "byte-position": byte_position,
-        "ldb": ldb,
-        "ldb-test": ldb_test,
-        "mask-field": mask_field,
-        "dpb": dpb,
-        "deposit-field": deposit_field,
-        "float-radix": float_radix,
-        "float-sign": float_sign,
-        "float-digits": float_digits,
-        "float-precision": float_precision,
-        "decode-float": decode_float,
-        "integer-decode-float": integer_decode_float,
-        "scale-float": scale_float,
-        "asinh": hyperbolic("asinh", math.asinh, lambda x: True),
-        "acosh": hyperbolic("acosh", math.acosh, lambda x: x >= 1),
-        "atanh": hyperbolic("atanh", math.atanh, lambda x: -1 < x < 1),
-        "realpart": realpart,
-        "imagpart": imagpart,
-        "conjugate": realpart,
-        "complex": make_complex,
-        "complexp": lambda x: NIL,
-        "mod": lisp_mod,
-        "rem": lisp_rem,
-        "expt": expt,
-        "sqrt": lisp_sqrt,
-        "isqrt": isqrt,
-        "exp": lisp_exp,
-        "log": lisp_log,
-        "sin": unary_float("sin", math.sin),
-        "cos": unary_float("cos", math.cos),
-        "tan": unary_float("tan", math.tan),
-        "asin": unary_float("asin", math.asin),
-        "acos": unary_float("acos", math.acos),
-        "atan": atan,
-        "sinh": unary_float("sinh", math.sinh),
-        "cosh": unary_float("cosh", math.cosh),
-        "tanh": unary_float("tanh", math.tanh),
-        "abs": lisp_abs,
-        "signum": signum,
-        "gcd": gcd,
-        "lcm": lcm,
-        "float": to_float,
-        "rational": rational,
-        "rationalize": rationalize,
-        "numerator": numerator,
-        "denominator": denominator,
-        "ash": ash,
-        "logand": logop("logand", operator.and_, -1),
-        "logior": logop("logior", operator.or_, 0),
-        "logxor": logop("logxor", operator.xor, 0),
-        "zerop": predicate("zerop", lambda x: x == 0),
-        "plusp": predicate("plusp", lambda x: x > 0),
-        "minusp": predicate("minusp", lambda x: x < 0),
-        "evenp": predicate("evenp", lambda x: x % 2 == 0, need_integer),
-        "oddp": predicate("oddp", lambda x: x % 2 == 1, need_integer),
-        "1+": lambda x: norm(need_number("1+", 1, x) + 1),
-        "1-": lambda x: norm(need_number("1-", 1, x) - 1),
-        "numberp": lambda x: lbool(is_num(x)),
-        "realp": lambda x: lbool(is_num(x)),
-        "integerp": lambda x: lbool(type(x) is int),
-        "floatp": lambda x: lbool(type(x) is float),
-        "rationalp": lambda x: lbool(type(x) in (int, Fraction)),
-        "lognot": lambda x: ~need_integer("lognot", 1, x),
-    }
-    for name, fn in table.items():
-        reg.add(name, fn)
+
+@builtin("random", context=RandomStates)
+def random(states: RandomStates, limit: Any, state: Any = None) -> Any:
+    rs = states.interp.values[states.state_var] if state is None else state
+    if type(rs) is not RandomState:
+        raise type_error("random", 2, "a random state", rs)
+    if type(limit) is int and limit > 0:
+        return rs.rng.randrange(limit)
+    if type(limit) is float and limit > 0:
+        return rs.rng.random() * limit
+    raise type_error("random", 1, "a positive integer or a positive float", limit)
+
+
+@builtin("make-random-state", context=RandomStates)
+def make_random_state(states: RandomStates, state: Any = NIL) -> Any:
+    if state is T:
+        return RandomState(next(states.seeds))
+    source = states.interp.values[states.state_var] if state is NIL else state
+    if type(source) is not RandomState:
+        raise type_error("make-random-state", 1, "nil, t or a random state", state)
+    return source.copy()
+
+
+random_state_p = builtin("random-state-p")(lambda x: lbool(type(x) is RandomState))
+
+
+eq = builtin("=")(compare_chain("=", operator.eq))
+lt = builtin("<")(compare_chain("<", operator.lt))
+gt = builtin(">")(compare_chain(">", operator.gt))
+le = builtin("<=")(compare_chain("<=", operator.le))
+ge = builtin(">=")(compare_chain(">=", operator.ge))
+floor = builtin("floor")(divider("floor", math.floor))
+ceiling = builtin("ceiling")(divider("ceiling", math.ceil))
+truncate = builtin("truncate")(divider("truncate", math.trunc))
+round_ = builtin("round")(divider("round", _round_half_even))
+ffloor = builtin("ffloor")(divider("ffloor", math.floor, True))
+fceiling = builtin("fceiling")(divider("fceiling", math.ceil, True))
+ftruncate = builtin("ftruncate")(divider("ftruncate", math.trunc, True))
+fround = builtin("fround")(divider("fround", _round_half_even, True))
+lognand = builtin("lognand")(two_integers("lognand", lambda a, b: ~(a & b)))
+lognor = builtin("lognor")(two_integers("lognor", lambda a, b: ~(a | b)))
+logandc1 = builtin("logandc1")(two_integers("logandc1", lambda a, b: ~a & b))
+logandc2 = builtin("logandc2")(two_integers("logandc2", lambda a, b: a & ~b))
+logorc1 = builtin("logorc1")(two_integers("logorc1", lambda a, b: ~a | b))
+logorc2 = builtin("logorc2")(two_integers("logorc2", lambda a, b: a | ~b))
+asinh = builtin("asinh")(hyperbolic("asinh", math.asinh, lambda x: True))
+acosh = builtin("acosh")(hyperbolic("acosh", math.acosh, lambda x: x >= 1))
+atanh = builtin("atanh")(hyperbolic("atanh", math.atanh, lambda x: -1 < x < 1))
+complexp = builtin("complexp")(lambda x: NIL)
+sin = builtin("sin")(unary_float("sin", math.sin))
+cos = builtin("cos")(unary_float("cos", math.cos))
+tan = builtin("tan")(unary_float("tan", math.tan))
+asin = builtin("asin")(unary_float("asin", math.asin))
+acos = builtin("acos")(unary_float("acos", math.acos))
+sinh = builtin("sinh")(unary_float("sinh", math.sinh))
+cosh = builtin("cosh")(unary_float("cosh", math.cosh))
+tanh = builtin("tanh")(unary_float("tanh", math.tanh))
+logand = builtin("logand")(logop("logand", operator.and_, -1))
+logior = builtin("logior")(logop("logior", operator.or_, 0))
+logxor = builtin("logxor")(logop("logxor", operator.xor, 0))
+zerop = builtin("zerop")(predicate("zerop", lambda x: x == 0))
+plusp = builtin("plusp")(predicate("plusp", lambda x: x > 0))
+minusp = builtin("minusp")(predicate("minusp", lambda x: x < 0))
+evenp = builtin("evenp")(predicate("evenp", lambda x: x % 2 == 0, need_integer))
+oddp = builtin("oddp")(predicate("oddp", lambda x: x % 2 == 1, need_integer))
+one_plus = builtin("1+")(lambda x: norm(need_number("1+", 1, x) + 1))
+one_minus = builtin("1-")(lambda x: norm(need_number("1-", 1, x) - 1))
+numberp = builtin("numberp")(lambda x: lbool(is_num(x)))
+realp = builtin("realp")(lambda x: lbool(is_num(x)))
+integerp = builtin("integerp")(lambda x: lbool(type(x) is int))
+floatp = builtin("floatp")(lambda x: lbool(type(x) is float))
+rationalp = builtin("rationalp")(lambda x: lbool(type(x) in (int, Fraction)))
+lognot = builtin("lognot")(lambda x: ~need_integer("lognot", 1, x))

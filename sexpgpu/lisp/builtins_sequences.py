@@ -7,10 +7,11 @@ from __future__ import annotations
 from functools import cmp_to_key
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .builtins import Lib, Registry, bits_of, lbool, need_index, parse_keys, short, type_error
+from .builtins import Lib, substitution_family, test_family, bits_of, lbool, need_index, parse_keys, short, type_error
 from .builtins_strings import character_of
 from .conditions import lisp_error
 from .objects import BitVector
+from .registry import builtin
 from .types import NIL, T, Char, Cons, Symbol
 from .typespecs import upgrades_to_bit
 
@@ -20,20 +21,6 @@ if TYPE_CHECKING:
 TEST_KEYS = {"FROM-END", "TEST", "TEST-NOT", "START", "END", "KEY"}
 IF_KEYS = {"FROM-END", "START", "END", "KEY"}
 TWO_KEYS = {"FROM-END", "TEST", "TEST-NOT", "KEY", "START1", "END1", "START2", "END2"}
-
-
-def install(reg: Registry) -> None:
-    ops = Sequences(reg.interp)
-    for name in [
-        "length", "elt", "%set-elt", "subseq", "%set-subseq", "copy-seq", "reverse", "nreverse", "fill", "replace",
-        "make-sequence", "map", "map-into", "reduce", "count", "count-if", "count-if-not", "find", "find-if",
-        "find-if-not", "position", "position-if", "position-if-not", "remove", "remove-if", "remove-if-not", "delete",
-        "delete-if", "delete-if-not", "remove-duplicates", "delete-duplicates", "substitute", "substitute-if",
-        "substitute-if-not", "nsubstitute", "nsubstitute-if", "nsubstitute-if-not", "search", "mismatch", "sort",
-        "stable-sort", "merge", "concatenate", "every", "some", "notany", "notevery", "sequencep", "identity",
-        "coerce",
-    ]:
-        reg.add(name, getattr(ops, "op_" + name.replace("%", "p_").replace("-", "_")))
 
 
 class SequenceType:
@@ -114,224 +101,24 @@ class Sequences(Lib):
         """What goes into a bit vector must be 0 or 1."""
         bits_of(fn, items)
 
-    # -- basics -----------------------------------------------------------------------------------
-    def op_length(self, seq: Any) -> Any:
-        t = type(seq)
-        if t is str or t is list or t is BitVector:
-            return len(seq)
-        if seq is NIL:
-            return 0
-        if t is not Cons:
-            raise type_error("length", 1, "a sequence (list, vector or string)", seq)
-        # Floyd: a circular list is found in time proportional to its cycle, not the budget
-        slow = fast = seq
-        n = 0
-        while True:
-            for _ in range(2):
-                fast = fast.cdr
-                n += 1
-                if fast is NIL:
-                    self.charge(n)
-                    return n
-                if type(fast) is not Cons:
-                    self.charge(n)
-                    raise type_error("length", 1, "a proper sequence", seq)
-            slow = slow.cdr
-            if fast is slow:
-                self.charge(n)
-                raise lisp_error("E103", "`length`: argument 1 must be a proper sequence, got a circular list", "TYPE-ERROR", seq)
-            if n % 65536 == 0:
-                self.charge(65536)
-                n -= 65536
-
-    def op_sequencep(self, x: Any) -> Any:
-        return lbool(x is NIL or type(x) in (Cons, list, str))
-
-    def op_identity(self, x: Any) -> Any:
-        return x
-
-    def op_elt(self, seq: Any, i: Any) -> Any:
-        need_index("elt", 2, i)
-        t = type(seq)
-        if t is list or t is str or t is BitVector:
-            if i >= len(seq):
-                raise lisp_error("E103", f"`elt`: index {i} is out of bounds for a sequence of length {len(seq)}", "TYPE-ERROR", i)
-            return Char(seq[i]) if t is str else seq[i]
-        if seq is not NIL and t is not Cons:
-            raise type_error("elt", 1, "a sequence (list, vector or string)", seq)
-        cell = seq
-        walked = 0  # the cells walked, not the index: (elt nil 1000000) is a quick type-error
+    def nth_cell(self, x: Any, i: int) -> Any:
+        """The Ith tail of the list X, or the atom that ends it first. The cells walked are
+        charged, not the index ((elt nil 1000000) is a quick type-error), as the walk goes
+        (a circular list ends at the budget)."""
+        cell = x
+        walked = 0
         while walked < i and type(cell) is Cons:
             cell = cell.cdr
             walked += 1
-        self.charge(walked)
-        if type(cell) is not Cons:
-            raise lisp_error("E103", f"`elt`: index {i} is out of bounds for a sequence of length {self.op_length(seq) if cell is NIL else 'shorter than the index'}", "TYPE-ERROR", i)
-        return cell.car
-
-    def op_p_set_elt(self, seq: Any, i: Any, value: Any) -> Any:
-        need_index("(setf elt)", 2, i)
-        t = type(seq)
-        if t is str:
-            raise lisp_error("E109", "strings are immutable in SexpGPU; build a new one with concatenate or format", "PROGRAM-ERROR")
-        if t is list or t is BitVector:
-            if i >= len(seq):
-                raise lisp_error("E103", f"(setf elt): index {i} is out of bounds for a vector of length {len(seq)}", "TYPE-ERROR", i)
-            if t is BitVector:
-                self.need_bits("(setf elt)", [value])
-            seq[i] = value
-            return value
-        if seq is not NIL and t is not Cons:
-            raise type_error("(setf elt)", 1, "a sequence (list, vector or string)", seq)
-        cell = seq
-        walked = 0  # the cells walked, not the index: (elt nil 1000000) is a quick type-error
-        while walked < i and type(cell) is Cons:
-            cell = cell.cdr
-            walked += 1
-        self.charge(walked)
-        if type(cell) is not Cons:
-            raise lisp_error("E103", f"(setf elt): index {i} is past the end of the list", "TYPE-ERROR", i)
-        cell.car = value
-        return value
-
-    def op_subseq(self, seq: Any, start: Any, end: Any = NIL) -> Any:
-        if type(seq) is str:
-            s, e = self.bounds("subseq", {"START": start, "END": end}, len(seq))
-            self.alloc((e - s) // 8)
-            self.charge((e - s) // 8)
-            return _fresh(seq[s:e])
-        items = self.items("subseq", 1, seq)
-        s, e = self.bounds("subseq", {"START": start, "END": end}, len(items))
-        return self.like(items[s:e], seq)
-
-    def op_p_set_subseq(self, seq: Any, start: Any, *rest: Any) -> Any:
-        """(setf (subseq seq start [end]) new): replace the elements, return NEW."""
-        if not rest or len(rest) > 2:
-            raise lisp_error("E102", "`(setf subseq)` takes a sequence, a start, an optional end and a value", "PROGRAM-ERROR")
-        end = rest[0] if len(rest) == 2 else NIL
-        new = rest[-1]
-        self.op_replace(seq, new, _kw(self.interp, "START1"), start, _kw(self.interp, "END1"), end)
-        return new
-
-    def op_copy_seq(self, seq: Any) -> Any:
-        if type(seq) is str:
-            self.alloc(len(seq) // 8)
-            self.charge(len(seq) // 8)
-            return _fresh(seq)
-        return self.like(self.items("copy-seq", 1, seq), seq)
-
-    def op_reverse(self, seq: Any) -> Any:
-        if type(seq) is str:
-            self.alloc(len(seq) // 8)
-            self.charge(len(seq) // 8)
-            return _fresh(seq[::-1])
-        return self.like(self.items("reverse", 1, seq)[::-1], seq)
-
-    def op_nreverse(self, seq: Any) -> Any:
-        return self.op_reverse(seq)
-
-    def op_fill(self, seq: Any, item: Any, *args: Any) -> Any:
-        keys = parse_keys("fill", args, {"START", "END"}, 3)
-        if type(seq) is str:
-            raise lisp_error("E109", "strings are immutable in SexpGPU; build a new one with make-string or concatenate", "PROGRAM-ERROR")
-        if type(seq) is list or type(seq) is BitVector:
-            s, e = self.bounds("fill", keys, len(seq))
-            self.charge(e - s)
-            if type(seq) is BitVector:
-                self.need_bits("fill", [item])
-            seq[s:e] = [item] * (e - s)
-            return seq
-        cells = self.cells_of_sequence("fill", seq)
-        s, e = self.bounds("fill", keys, len(cells))
-        for cell in cells[s:e]:
-            cell.car = item
-        return seq
+            if walked & 1023 == 0:
+                self.charge(1024)
+        self.charge(walked & 1023)
+        return cell
 
     def cells_of_sequence(self, fn: str, seq: Any) -> list[Any]:
         if seq is not NIL and type(seq) is not Cons:
             raise type_error(fn, 1, "a sequence (list, vector or string)", seq)
         return self.cells(fn, 1, seq)
-
-    def op_replace(self, seq1: Any, seq2: Any, *args: Any) -> Any:
-        keys = parse_keys("replace", args, {"START1", "END1", "START2", "END2"}, 3)
-        if type(seq1) is str:
-            raise lisp_error("E109", "strings are immutable in SexpGPU; build a new one with concatenate or subseq", "PROGRAM-ERROR")
-        source = self.items("replace", 2, seq2)
-        s2, e2 = self.bounds("replace", keys, len(source), "START2", "END2")
-        source = source[s2:e2]  # copied first: seq2 may be seq1
-        if type(seq1) is list or type(seq1) is BitVector:
-            s1, e1 = self.bounds("replace", keys, len(seq1), "START1", "END1")
-            n = min(e1 - s1, len(source))
-            if type(seq1) is BitVector:
-                self.need_bits("replace", source[:n])
-            seq1[s1 : s1 + n] = source[:n]
-            return seq1
-        cells = self.cells_of_sequence("replace", seq1)
-        s1, e1 = self.bounds("replace", keys, len(cells), "START1", "END1")
-        for cell, value in zip(cells[s1:e1], source):
-            cell.car = value
-        return seq1
-
-    def op_make_sequence(self, rtype: Any, size: Any, *args: Any) -> Any:
-        keys = parse_keys("make-sequence", args, {"INITIAL-ELEMENT"}, 3)
-        need_index("make-sequence", 2, size)
-        kind = self.sequence_type("make-sequence", rtype)
-        self.alloc(size if kind.kind != "string" else size // 8)
-        default = Char(" ") if kind.kind == "string" else (0 if kind.kind == "bits" or (kind.kind == "vector" and kind.element not in (None, T)) else NIL)
-        init = keys.get("INITIAL-ELEMENT", default)
-        if kind.kind == "string" and type(init) is not Char:
-            raise type_error("make-sequence", 4, "a character (the elements of a string)", init)
-        return self.make("make-sequence", [init] * size, kind, rtype)
-
-    # -- mapping ----------------------------------------------------------------------------------
-    def op_map(self, rtype: Any, fn: Any, seq: Any, *more: Any) -> Any:
-        seqs = [self.items("map", i, s) for i, s in enumerate((seq, *more), 3)]
-        kind = None if rtype is NIL else self.sequence_type("map", rtype)
-        f = self.fnn(fn)
-        n = min(len(s) for s in seqs)
-        values = [f(*(s[i] for s in seqs)) for i in range(n)]
-        if kind is None:
-            return NIL
-        return self.make("map", values, kind, rtype)
-
-    def op_map_into(self, result: Any, fn: Any, *seqs: Any) -> Any:
-        f = self.fnn(fn)
-        sources = [self.items("map-into", i, s) for i, s in enumerate(seqs, 3)]
-        if type(result) is str:
-            raise lisp_error("E109", "strings are immutable in SexpGPU; map into a vector or build a string with map 'string", "PROGRAM-ERROR")
-        if type(result) is list or type(result) is BitVector:
-            n = min([len(result), *(len(s) for s in sources)])
-            values = [f(*(s[i] for s in sources)) for i in range(n)]
-            if type(result) is BitVector:
-                self.need_bits("map-into", values)
-            result[:n] = values
-            return result
-        cells = self.cells_of_sequence("map-into", result)
-        n = min([len(cells), *(len(s) for s in sources)])
-        for i in range(n):
-            cells[i].car = f(*(s[i] for s in sources))
-        return result
-
-    def op_reduce(self, fn: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("reduce", args, {"INITIAL-VALUE", "FROM-END", "KEY", "START", "END"}, 3)
-        items = self.items("reduce", 2, seq)
-        s, e = self.bounds("reduce", keys, len(items))
-        items = items[s:e]
-        from_end = keys.get("FROM-END", NIL) is not NIL
-        key = self.key_fn(keys)
-        f = self.fn2(fn)
-        if from_end:
-            items.reverse()
-        if key is not None:
-            items = [key(x) for x in items]
-        if "INITIAL-VALUE" in keys:
-            items.insert(0, keys["INITIAL-VALUE"])
-        if not items:
-            return self.fnn(fn)()
-        acc = items[0]
-        for x in items[1:]:
-            acc = f(x, acc) if from_end else f(acc, x)
-        return acc
 
     # -- counting and searching --------------------------------------------------------------------
     def visit(self, fn: str, pos: int, seq: Any, keys: dict[str, Any]) -> tuple[list[Any], range]:
@@ -342,35 +129,9 @@ class Sequences(Lib):
             return items, range(e - 1, s - 1, -1)
         return items, range(s, e)
 
-    def matcher(self, fn: str, item: Any, keys: dict[str, Any]) -> Callable[[Any], bool]:
-        test = self.test_fn(fn, keys)
-        key = self.key_fn(keys)
-        if key is None:
-            return lambda x: test(item, x)
-        return lambda x: test(item, key(x))
-
-    def if_matcher(self, pred: Any, keys: dict[str, Any], negate: bool = False) -> Callable[[Any], bool]:
-        p = self.predicate1(pred, negate)
-        key = self.key_fn(keys)
-        if key is None:
-            return p
-        return lambda x: p(key(x))
-
     def count(self, fn: str, seq: Any, match: Callable[[Any], bool], keys: dict[str, Any]) -> int:
         items, indices = self.visit(fn, 2, seq, keys)
         return sum(1 for i in indices if match(items[i]))
-
-    def op_count(self, item: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("count", args, TEST_KEYS, 3)
-        return self.count("count", seq, self.matcher("count", item, keys), keys)
-
-    def op_count_if(self, pred: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("count-if", args, IF_KEYS, 3)
-        return self.count("count-if", seq, self.if_matcher(pred, keys), keys)
-
-    def op_count_if_not(self, pred: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("count-if-not", args, IF_KEYS, 3)
-        return self.count("count-if-not", seq, self.if_matcher(pred, keys, negate=True), keys)
 
     def first_match(self, fn: str, seq: Any, match: Callable[[Any], bool], keys: dict[str, Any]) -> tuple[Any, Any]:
         """(element, index) of the first match in visiting order, or (nil, nil)."""
@@ -386,73 +147,6 @@ class Sequences(Lib):
             if match(items[i]):
                 return items[i], i
         return NIL, NIL
-
-    def op_find(self, item: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("find", args, TEST_KEYS, 3)
-        return self.first_match("find", seq, self.matcher("find", item, keys), keys)[0]
-
-    def op_find_if(self, pred: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("find-if", args, IF_KEYS, 3)
-        return self.first_match("find-if", seq, self.if_matcher(pred, keys), keys)[0]
-
-    def op_find_if_not(self, pred: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("find-if-not", args, IF_KEYS, 3)
-        return self.first_match("find-if-not", seq, self.if_matcher(pred, keys, negate=True), keys)[0]
-
-    def op_position(self, item: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("position", args, TEST_KEYS, 3)
-        return self.first_match("position", seq, self.matcher("position", item, keys), keys)[1]
-
-    def op_position_if(self, pred: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("position-if", args, IF_KEYS, 3)
-        return self.first_match("position-if", seq, self.if_matcher(pred, keys), keys)[1]
-
-    def op_position_if_not(self, pred: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("position-if-not", args, IF_KEYS, 3)
-        return self.first_match("position-if-not", seq, self.if_matcher(pred, keys, negate=True), keys)[1]
-
-    def op_search(self, needle: Any, hay: Any, *args: Any) -> Any:
-        keys = parse_keys("search", args, TWO_KEYS, 3)
-        test = self.test_fn("search", keys)
-        key = self.key_fn(keys) or _identity
-        a = self.items("search", 1, needle)
-        s1, e1 = self.bounds("search", keys, len(a), "START1", "END1")
-        b = self.items("search", 2, hay)
-        s2, e2 = self.bounds("search", keys, len(b), "START2", "END2")
-        pattern, text = a[s1:e1], b[s2:e2]
-        m = len(pattern)
-        from_end = keys.get("FROM-END", NIL) is not NIL
-        starts = range(len(text) - m + 1)
-        if from_end and type(hay) is not Cons:
-            starts = starts[::-1]
-        found: Any = NIL
-        for i in starts:
-            self.charge(m)
-            if all(test(key(pattern[j]), key(text[i + j])) for j in range(m)):
-                found = s2 + i
-                if not from_end or type(hay) is not Cons:
-                    return found
-        return found
-
-    def op_mismatch(self, seq1: Any, seq2: Any, *args: Any) -> Any:
-        keys = parse_keys("mismatch", args, TWO_KEYS, 3)
-        test = self.test_fn("mismatch", keys)
-        key = self.key_fn(keys) or _identity
-        a = self.items("mismatch", 1, seq1)
-        s1, e1 = self.bounds("mismatch", keys, len(a), "START1", "END1")
-        b = self.items("mismatch", 2, seq2)
-        s2, e2 = self.bounds("mismatch", keys, len(b), "START2", "END2")
-        a, b = a[s1:e1], b[s2:e2]
-        n = min(len(a), len(b))
-        if keys.get("FROM-END", NIL) is not NIL:
-            for i in range(1, n + 1):
-                if not test(key(a[-i]), key(b[-i])):
-                    return s1 + len(a) - i + 1
-            return NIL if len(a) == len(b) else s1 + len(a) - n
-        for i in range(n):
-            if not test(key(a[i]), key(b[i])):
-                return s1 + i
-        return NIL if len(a) == len(b) else s1 + n
 
     # -- removing and substituting -------------------------------------------------------------------
     def chosen(self, fn: str, items: list[Any], match: Callable[[Any], bool], keys: dict[str, Any]) -> set[int]:
@@ -484,30 +178,6 @@ class Sequences(Lib):
         drop = self.chosen(fn, items, match, keys)
         return self.like([x for i, x in enumerate(items) if i not in drop], seq)
 
-    def op_remove(self, item: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("remove", args, TEST_KEYS | {"COUNT"}, 3)
-        return self.removed("remove", seq, self.matcher("remove", item, keys), keys)
-
-    def op_remove_if(self, pred: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("remove-if", args, IF_KEYS | {"COUNT"}, 3)
-        return self.removed("remove-if", seq, self.if_matcher(pred, keys), keys)
-
-    def op_remove_if_not(self, pred: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("remove-if-not", args, IF_KEYS | {"COUNT"}, 3)
-        return self.removed("remove-if-not", seq, self.if_matcher(pred, keys, negate=True), keys)
-
-    def op_delete(self, item: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("delete", args, TEST_KEYS | {"COUNT"}, 3)
-        return self.removed("delete", seq, self.matcher("delete", item, keys), keys)
-
-    def op_delete_if(self, pred: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("delete-if", args, IF_KEYS | {"COUNT"}, 3)
-        return self.removed("delete-if", seq, self.if_matcher(pred, keys), keys)
-
-    def op_delete_if_not(self, pred: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("delete-if-not", args, IF_KEYS | {"COUNT"}, 3)
-        return self.removed("delete-if-not", seq, self.if_matcher(pred, keys, negate=True), keys)
-
     def duplicates(self, fn: str, seq: Any, args: tuple[Any, ...]) -> Any:
         keys = parse_keys(fn, args, TEST_KEYS, 2)
         test = self.test_fn(fn, keys)
@@ -522,12 +192,6 @@ class Sequences(Lib):
         else:
             drop = {s + i for i in range(n) if any(test(keyed[i], keyed[j]) for j in range(i + 1, n))}
         return self.like([x for i, x in enumerate(items) if i not in drop], seq, fn)
-
-    def op_remove_duplicates(self, seq: Any, *args: Any) -> Any:
-        return self.duplicates("remove-duplicates", seq, args)
-
-    def op_delete_duplicates(self, seq: Any, *args: Any) -> Any:
-        return self.duplicates("delete-duplicates", seq, args)
 
     def substituted(self, fn: str, new: Any, seq: Any, match: Callable[[Any], bool], keys: dict[str, Any], in_place: bool) -> Any:
         items = self.items(fn, 3, seq)
@@ -544,30 +208,6 @@ class Sequences(Lib):
                     cell.car = new
             return seq
         return self.like([new if i in change else x for i, x in enumerate(items)], seq, fn)
-
-    def op_substitute(self, new: Any, old: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("substitute", args, TEST_KEYS | {"COUNT"}, 4)
-        return self.substituted("substitute", new, seq, self.matcher("substitute", old, keys), keys, False)
-
-    def op_substitute_if(self, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("substitute-if", args, IF_KEYS | {"COUNT"}, 4)
-        return self.substituted("substitute-if", new, seq, self.if_matcher(pred, keys), keys, False)
-
-    def op_substitute_if_not(self, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("substitute-if-not", args, IF_KEYS | {"COUNT"}, 4)
-        return self.substituted("substitute-if-not", new, seq, self.if_matcher(pred, keys, negate=True), keys, False)
-
-    def op_nsubstitute(self, new: Any, old: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("nsubstitute", args, TEST_KEYS | {"COUNT"}, 4)
-        return self.substituted("nsubstitute", new, seq, self.matcher("nsubstitute", old, keys), keys, True)
-
-    def op_nsubstitute_if(self, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("nsubstitute-if", args, IF_KEYS | {"COUNT"}, 4)
-        return self.substituted("nsubstitute-if", new, seq, self.if_matcher(pred, keys), keys, True)
-
-    def op_nsubstitute_if_not(self, new: Any, pred: Any, seq: Any, *args: Any) -> Any:
-        keys = parse_keys("nsubstitute-if-not", args, IF_KEYS | {"COUNT"}, 4)
-        return self.substituted("nsubstitute-if-not", new, seq, self.if_matcher(pred, keys, negate=True), keys, True)
 
     # -- ordering, joining ---------------------------------------------------------------------------
     def sorted_items(self, fn: str, seq: Any, pred: Any, args: tuple[Any, ...]) -> Any:
@@ -588,93 +228,6 @@ class Sequences(Lib):
         keyed.sort(key=cmp_to_key(compare))
         return self.like([x for _, x in keyed], seq, fn)
 
-    def op_sort(self, seq: Any, pred: Any, *args: Any) -> Any:
-        return self.sorted_items("sort", seq, pred, args)
-
-    def op_stable_sort(self, seq: Any, pred: Any, *args: Any) -> Any:
-        return self.sorted_items("stable-sort", seq, pred, args)
-
-    def op_merge(self, rtype: Any, seq1: Any, seq2: Any, pred: Any, *args: Any) -> Any:
-        keys = parse_keys("merge", args, {"KEY"}, 5)
-        kind = self.sequence_type("merge", rtype)
-        a, b = self.items("merge", 2, seq1), self.items("merge", 3, seq2)
-        less = self.predicate2(pred)
-        key = self.key_fn(keys) or _identity
-        out: list[Any] = []
-        i = j = 0
-        while i < len(a) and j < len(b):
-            # stable: an element of seq2 goes first only when it is strictly less
-            if less(key(b[j]), key(a[i])):
-                out.append(b[j])
-                j += 1
-            else:
-                out.append(a[i])
-                i += 1
-        out += a[i:] + b[j:]
-        return self.make("merge", out, kind, rtype)
-
-    def op_concatenate(self, rtype: Any, *seqs: Any) -> Any:
-        kind = self.sequence_type("concatenate", rtype)
-        if kind.kind == "string" and all(type(s) is str for s in seqs):
-            total = sum(len(s) for s in seqs)
-            self.alloc(total // 8 + 1)  # before the string exists
-            self.charge(total // 8)
-            text = "".join(seqs)
-            if kind.length is not None and kind.length != len(text):
-                raise lisp_error("E103", f"`concatenate`: the result has {len(text)} elements, but {short(rtype)} has {kind.length}", "TYPE-ERROR", rtype)
-            return _fresh(text) if len(seqs) == 1 else text
-        total = 0
-        for i, s in enumerate(seqs, 2):
-            total += self.length("concatenate", i, s)
-        self.alloc(total)
-        items: list[Any] = []
-        for i, s in enumerate(seqs, 2):
-            items.extend(self.items("concatenate", i, s))
-        return self.make("concatenate", items, kind, rtype)
-
-    def op_coerce(self, x: Any, rtype: Any) -> Any:
-        """(coerce object result-type) for sequence types, character, the float types,
-        rational/real/number/t and function."""
-        rtype = self.interp.types.expand(rtype)
-        name = rtype.name if type(rtype) is Symbol else (rtype.car.name if type(rtype) is Cons and type(rtype.car) is Symbol else "")
-        from .builtins import is_num, typep
-
-        if rtype is T or name == "T":
-            return x
-        if name == "SEQUENCE" and type(rtype) is Symbol:
-            if x is NIL or type(x) in (Cons, list, str):
-                return x
-            raise type_error("coerce", 1, "a sequence", x)
-        if name in ("FLOAT", "DOUBLE-FLOAT", "SINGLE-FLOAT", "SHORT-FLOAT", "LONG-FLOAT"):
-            if not is_num(x):
-                raise type_error("coerce", 1, "a real number", x)
-            try:
-                return float(x)
-            except OverflowError:
-                raise lisp_error("E108", f"`coerce`: {short(x)} is too large for a double", "FLOATING-POINT-OVERFLOW") from None
-        if name in ("NUMBER", "REAL", "RATIONAL", "INTEGER", "RATIO", "FIXNUM", "BIGNUM"):
-            if not typep(self.interp, x, rtype):
-                raise type_error("coerce", 1, f"of type {short(rtype)}", x)
-            return x
-        if name == "CHARACTER":
-            return character_of(x, "coerce")
-        if name == "FUNCTION":
-            if type(x) is Cons and type(x.car) is Symbol and x.car.name == "LAMBDA":
-                return self.interp.ev(x)
-            return self.interp.function_value(x)
-        kind = self.sequence_type("coerce", rtype)
-        if kind.kind in ("list", "cons", "null") and (x is NIL or type(x) is Cons):
-            return self.make("coerce", self.items("coerce", 1, x), kind, rtype) if kind.kind != "list" else x
-        if kind.kind == "string" and type(x) is str and kind.length in (None, len(x)):
-            return x
-        if kind.kind == "vector" and kind.element is None and type(x) in (list, str, BitVector) and kind.length in (None, len(x)):
-            return x
-        if kind.kind == "bits" and type(x) is BitVector and kind.length in (None, len(x)):
-            return x
-        if kind.kind == "vector" and type(x) is list and kind.length in (None, len(x)) and kind.element is T:
-            return x
-        return self.make("coerce", self.items("coerce", 1, x), kind, rtype)
-
     # -- quantifiers ----------------------------------------------------------------------------------
     def quantify(self, fn: str, pred: Any, seqs: tuple[Any, ...]) -> Any:
         """Call PRED on successive elements; the first true result (some) or nil."""
@@ -689,18 +242,415 @@ class Sequences(Lib):
                 return yield_value
         return T if fn in ("every", "notevery") else NIL
 
-    def op_every(self, pred: Any, seq: Any, *more: Any) -> Any:
-        return self.quantify("every", pred, (seq, *more))
 
-    def op_some(self, pred: Any, seq: Any, *more: Any) -> Any:
-        return self.quantify("some", pred, (seq, *more))
+# -- basics -----------------------------------------------------------------------------------
+@builtin("length", context=Sequences)
+def length(lib: Sequences, seq: Any) -> Any:
+    t = type(seq)
+    if t is str or t is list or t is BitVector:
+        return len(seq)
+    if seq is NIL:
+        return 0
+    if t is not Cons:
+        raise type_error("length", 1, "a sequence (list, vector or string)", seq)
+    # Floyd: a circular list is found in time proportional to its cycle, not the budget
+    slow = fast = seq
+    n = 0
+    while True:
+        for _ in range(2):
+            fast = fast.cdr
+            n += 1
+            if fast is NIL:
+                lib.charge(n)
+                return n
+            if type(fast) is not Cons:
+                lib.charge(n)
+                raise type_error("length", 1, "a proper sequence", seq)
+        slow = slow.cdr
+        if fast is slow:
+            lib.charge(n)
+            raise lisp_error("E103", "`length`: argument 1 must be a proper sequence, got a circular list", "TYPE-ERROR", seq)
+        if n % 65536 == 0:
+            lib.charge(65536)
+            n -= 65536
 
-    def op_notany(self, pred: Any, seq: Any, *more: Any) -> Any:
-        return lbool(self.quantify("notany", pred, (seq, *more)) is NIL)
 
-    def op_notevery(self, pred: Any, seq: Any, *more: Any) -> Any:
-        return lbool(self.quantify("notevery", pred, (seq, *more)) is NIL)
+@builtin("sequencep")
+def sequencep(x: Any) -> Any:
+    return lbool(x is NIL or type(x) in (Cons, list, str))
 
+
+@builtin("identity")
+def identity(x: Any) -> Any:
+    return x
+
+
+@builtin("elt", context=Sequences)
+def elt(lib: Sequences, seq: Any, i: Any) -> Any:
+    need_index("elt", 2, i)
+    t = type(seq)
+    if t is list or t is str or t is BitVector:
+        if i >= len(seq):
+            raise lisp_error("E103", f"`elt`: index {i} is out of bounds for a sequence of length {len(seq)}", "TYPE-ERROR", i)
+        return Char(seq[i]) if t is str else seq[i]
+    if seq is not NIL and t is not Cons:
+        raise type_error("elt", 1, "a sequence (list, vector or string)", seq)
+    cell = lib.nth_cell(seq, i)
+    if type(cell) is not Cons:
+        raise lisp_error("E103", f"`elt`: index {i} is out of bounds for a sequence of length {length(lib, seq) if cell is NIL else 'shorter than the index'}", "TYPE-ERROR", i)
+    return cell.car
+
+
+@builtin("%set-elt", context=Sequences)
+def p_set_elt(lib: Sequences, seq: Any, i: Any, value: Any) -> Any:
+    need_index("(setf elt)", 2, i)
+    t = type(seq)
+    if t is str:
+        raise lisp_error("E109", "strings are immutable in SexpGPU; build a new one with concatenate or format", "PROGRAM-ERROR")
+    if t is list or t is BitVector:
+        if i >= len(seq):
+            raise lisp_error("E103", f"(setf elt): index {i} is out of bounds for a vector of length {len(seq)}", "TYPE-ERROR", i)
+        if t is BitVector:
+            lib.need_bits("(setf elt)", [value])
+        seq[i] = value
+        return value
+    if seq is not NIL and t is not Cons:
+        raise type_error("(setf elt)", 1, "a sequence (list, vector or string)", seq)
+    cell = lib.nth_cell(seq, i)
+    if type(cell) is not Cons:
+        raise lisp_error("E103", f"(setf elt): index {i} is past the end of the list", "TYPE-ERROR", i)
+    cell.car = value
+    return value
+
+
+@builtin("subseq", context=Sequences)
+def subseq(lib: Sequences, seq: Any, start: Any, end: Any = NIL) -> Any:
+    if type(seq) is str:
+        s, e = lib.bounds("subseq", {"START": start, "END": end}, len(seq))
+        lib.alloc((e - s) // 8)
+        lib.charge((e - s) // 8)
+        return _fresh(seq[s:e])
+    items = lib.items("subseq", 1, seq)
+    s, e = lib.bounds("subseq", {"START": start, "END": end}, len(items))
+    return lib.like(items[s:e], seq)
+
+
+@builtin("%set-subseq", context=Sequences)
+def p_set_subseq(lib: Sequences, seq: Any, start: Any, *rest: Any) -> Any:
+    """(setf (subseq seq start [end]) new): replace the elements, return NEW."""
+    if not rest or len(rest) > 2:
+        raise lisp_error("E102", "`(setf subseq)` takes a sequence, a start, an optional end and a value", "PROGRAM-ERROR")
+    end = rest[0] if len(rest) == 2 else NIL
+    new = rest[-1]
+    replace(lib, seq, new, _kw(lib.interp, "START1"), start, _kw(lib.interp, "END1"), end)
+    return new
+
+
+@builtin("copy-seq", context=Sequences)
+def copy_seq(lib: Sequences, seq: Any) -> Any:
+    if type(seq) is str:
+        lib.alloc(len(seq) // 8)
+        lib.charge(len(seq) // 8)
+        return _fresh(seq)
+    return lib.like(lib.items("copy-seq", 1, seq), seq)
+
+
+@builtin("reverse", context=Sequences)
+def reverse(lib: Sequences, seq: Any) -> Any:
+    if type(seq) is str:
+        lib.alloc(len(seq) // 8)
+        lib.charge(len(seq) // 8)
+        return _fresh(seq[::-1])
+    return lib.like(lib.items("reverse", 1, seq)[::-1], seq)
+
+
+@builtin("nreverse", context=Sequences)
+def nreverse(lib: Sequences, seq: Any) -> Any:
+    return reverse(lib, seq)
+
+
+@builtin("fill", context=Sequences)
+def fill(lib: Sequences, seq: Any, item: Any, *args: Any) -> Any:
+    keys = parse_keys("fill", args, {"START", "END"}, 3)
+    if type(seq) is str:
+        raise lisp_error("E109", "strings are immutable in SexpGPU; build a new one with make-string or concatenate", "PROGRAM-ERROR")
+    if type(seq) is list or type(seq) is BitVector:
+        s, e = lib.bounds("fill", keys, len(seq))
+        lib.charge(e - s)
+        if type(seq) is BitVector:
+            lib.need_bits("fill", [item])
+        seq[s:e] = [item] * (e - s)
+        return seq
+    cells = lib.cells_of_sequence("fill", seq)
+    s, e = lib.bounds("fill", keys, len(cells))
+    for cell in cells[s:e]:
+        cell.car = item
+    return seq
+
+
+@builtin("replace", context=Sequences)
+def replace(lib: Sequences, seq1: Any, seq2: Any, *args: Any) -> Any:
+    keys = parse_keys("replace", args, {"START1", "END1", "START2", "END2"}, 3)
+    if type(seq1) is str:
+        raise lisp_error("E109", "strings are immutable in SexpGPU; build a new one with concatenate or subseq", "PROGRAM-ERROR")
+    source = lib.items("replace", 2, seq2)
+    s2, e2 = lib.bounds("replace", keys, len(source), "START2", "END2")
+    source = source[s2:e2]  # copied first: seq2 may be seq1
+    if type(seq1) is list or type(seq1) is BitVector:
+        s1, e1 = lib.bounds("replace", keys, len(seq1), "START1", "END1")
+        n = min(e1 - s1, len(source))
+        if type(seq1) is BitVector:
+            lib.need_bits("replace", source[:n])
+        seq1[s1 : s1 + n] = source[:n]
+        return seq1
+    cells = lib.cells_of_sequence("replace", seq1)
+    s1, e1 = lib.bounds("replace", keys, len(cells), "START1", "END1")
+    for cell, value in zip(cells[s1:e1], source):
+        cell.car = value
+    return seq1
+
+
+@builtin("make-sequence", context=Sequences)
+def make_sequence(lib: Sequences, rtype: Any, size: Any, *args: Any) -> Any:
+    keys = parse_keys("make-sequence", args, {"INITIAL-ELEMENT"}, 3)
+    need_index("make-sequence", 2, size)
+    kind = lib.sequence_type("make-sequence", rtype)
+    lib.alloc(size if kind.kind != "string" else size // 8)
+    default = Char(" ") if kind.kind == "string" else (0 if kind.kind == "bits" or (kind.kind == "vector" and kind.element not in (None, T)) else NIL)
+    init = keys.get("INITIAL-ELEMENT", default)
+    if kind.kind == "string" and type(init) is not Char:
+        raise type_error("make-sequence", 4, "a character (the elements of a string)", init)
+    return lib.make("make-sequence", [init] * size, kind, rtype)
+
+
+# -- mapping ----------------------------------------------------------------------------------
+@builtin("map", context=Sequences)
+def map_(lib: Sequences, rtype: Any, fn: Any, seq: Any, *more: Any) -> Any:
+    seqs = [lib.items("map", i, s) for i, s in enumerate((seq, *more), 3)]
+    kind = None if rtype is NIL else lib.sequence_type("map", rtype)
+    f = lib.fnn(fn)
+    n = min(len(s) for s in seqs)
+    values = [f(*(s[i] for s in seqs)) for i in range(n)]
+    if kind is None:
+        return NIL
+    return lib.make("map", values, kind, rtype)
+
+
+@builtin("map-into", context=Sequences)
+def map_into(lib: Sequences, result: Any, fn: Any, *seqs: Any) -> Any:
+    f = lib.fnn(fn)
+    sources = [lib.items("map-into", i, s) for i, s in enumerate(seqs, 3)]
+    if type(result) is str:
+        raise lisp_error("E109", "strings are immutable in SexpGPU; map into a vector or build a string with map 'string", "PROGRAM-ERROR")
+    if type(result) is list or type(result) is BitVector:
+        n = min([len(result), *(len(s) for s in sources)])
+        values = [f(*(s[i] for s in sources)) for i in range(n)]
+        if type(result) is BitVector:
+            lib.need_bits("map-into", values)
+        result[:n] = values
+        return result
+    cells = lib.cells_of_sequence("map-into", result)
+    n = min([len(cells), *(len(s) for s in sources)])
+    for i in range(n):
+        cells[i].car = f(*(s[i] for s in sources))
+    return result
+
+
+@builtin("reduce", context=Sequences)
+def reduce(lib: Sequences, fn: Any, seq: Any, *args: Any) -> Any:
+    keys = parse_keys("reduce", args, {"INITIAL-VALUE", "FROM-END", "KEY", "START", "END"}, 3)
+    items = lib.items("reduce", 2, seq)
+    s, e = lib.bounds("reduce", keys, len(items))
+    items = items[s:e]
+    from_end = keys.get("FROM-END", NIL) is not NIL
+    key = lib.key_fn(keys)
+    f = lib.fn2(fn)
+    if from_end:
+        items.reverse()
+    if key is not None:
+        items = [key(x) for x in items]
+    if "INITIAL-VALUE" in keys:
+        items.insert(0, keys["INITIAL-VALUE"])
+    if not items:
+        return lib.fnn(fn)()
+    acc = items[0]
+    for x in items[1:]:
+        acc = f(x, acc) if from_end else f(acc, x)
+    return acc
+
+
+@builtin("search", context=Sequences)
+def search(lib: Sequences, needle: Any, hay: Any, *args: Any) -> Any:
+    keys = parse_keys("search", args, TWO_KEYS, 3)
+    test = lib.test_fn("search", keys)
+    key = lib.key_fn(keys) or _identity
+    a = lib.items("search", 1, needle)
+    s1, e1 = lib.bounds("search", keys, len(a), "START1", "END1")
+    b = lib.items("search", 2, hay)
+    s2, e2 = lib.bounds("search", keys, len(b), "START2", "END2")
+    pattern, text = a[s1:e1], b[s2:e2]
+    m = len(pattern)
+    from_end = keys.get("FROM-END", NIL) is not NIL
+    starts = range(len(text) - m + 1)
+    if from_end and type(hay) is not Cons:
+        starts = starts[::-1]
+    found: Any = NIL
+    for i in starts:
+        lib.charge(m)
+        if all(test(key(pattern[j]), key(text[i + j])) for j in range(m)):
+            found = s2 + i
+            if not from_end or type(hay) is not Cons:
+                return found
+    return found
+
+
+@builtin("mismatch", context=Sequences)
+def mismatch(lib: Sequences, seq1: Any, seq2: Any, *args: Any) -> Any:
+    keys = parse_keys("mismatch", args, TWO_KEYS, 3)
+    test = lib.test_fn("mismatch", keys)
+    key = lib.key_fn(keys) or _identity
+    a = lib.items("mismatch", 1, seq1)
+    s1, e1 = lib.bounds("mismatch", keys, len(a), "START1", "END1")
+    b = lib.items("mismatch", 2, seq2)
+    s2, e2 = lib.bounds("mismatch", keys, len(b), "START2", "END2")
+    a, b = a[s1:e1], b[s2:e2]
+    n = min(len(a), len(b))
+    if keys.get("FROM-END", NIL) is not NIL:
+        for i in range(1, n + 1):
+            if not test(key(a[-i]), key(b[-i])):
+                return s1 + len(a) - i + 1
+        return NIL if len(a) == len(b) else s1 + len(a) - n
+    for i in range(n):
+        if not test(key(a[i]), key(b[i])):
+            return s1 + i
+    return NIL if len(a) == len(b) else s1 + n
+
+
+@builtin("remove-duplicates", context=Sequences)
+def remove_duplicates(lib: Sequences, seq: Any, *args: Any) -> Any:
+    return lib.duplicates("remove-duplicates", seq, args)
+
+
+@builtin("delete-duplicates", context=Sequences)
+def delete_duplicates(lib: Sequences, seq: Any, *args: Any) -> Any:
+    return lib.duplicates("delete-duplicates", seq, args)
+
+
+@builtin("sort", context=Sequences)
+def sort(lib: Sequences, seq: Any, pred: Any, *args: Any) -> Any:
+    return lib.sorted_items("sort", seq, pred, args)
+
+
+@builtin("stable-sort", context=Sequences)
+def stable_sort(lib: Sequences, seq: Any, pred: Any, *args: Any) -> Any:
+    return lib.sorted_items("stable-sort", seq, pred, args)
+
+
+@builtin("merge", context=Sequences)
+def merge(lib: Sequences, rtype: Any, seq1: Any, seq2: Any, pred: Any, *args: Any) -> Any:
+    keys = parse_keys("merge", args, {"KEY"}, 5)
+    kind = lib.sequence_type("merge", rtype)
+    a, b = lib.items("merge", 2, seq1), lib.items("merge", 3, seq2)
+    less = lib.predicate2(pred)
+    key = lib.key_fn(keys) or _identity
+    out: list[Any] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        # stable: an element of seq2 goes first only when it is strictly less
+        if less(key(b[j]), key(a[i])):
+            out.append(b[j])
+            j += 1
+        else:
+            out.append(a[i])
+            i += 1
+    out += a[i:] + b[j:]
+    return lib.make("merge", out, kind, rtype)
+
+
+@builtin("concatenate", context=Sequences)
+def concatenate(lib: Sequences, rtype: Any, *seqs: Any) -> Any:
+    kind = lib.sequence_type("concatenate", rtype)
+    if kind.kind == "string" and all(type(s) is str for s in seqs):
+        total = sum(len(s) for s in seqs)
+        lib.alloc(total // 8 + 1)  # before the string exists
+        lib.charge(total // 8)
+        text = "".join(seqs)
+        if kind.length is not None and kind.length != len(text):
+            raise lisp_error("E103", f"`concatenate`: the result has {len(text)} elements, but {short(rtype)} has {kind.length}", "TYPE-ERROR", rtype)
+        return _fresh(text) if len(seqs) == 1 else text
+    total = 0
+    for i, s in enumerate(seqs, 2):
+        total += lib.length("concatenate", i, s)
+    lib.alloc(total)
+    items: list[Any] = []
+    for i, s in enumerate(seqs, 2):
+        items.extend(lib.items("concatenate", i, s))
+    return lib.make("concatenate", items, kind, rtype)
+
+
+@builtin("coerce", context=Sequences)
+def coerce(lib: Sequences, x: Any, rtype: Any) -> Any:
+    """(coerce object result-type) for sequence types, character, the float types,
+    rational/real/number/t and function."""
+    rtype = lib.interp.types.expand(rtype)
+    name = rtype.name if type(rtype) is Symbol else (rtype.car.name if type(rtype) is Cons and type(rtype.car) is Symbol else "")
+    from .builtins import is_num, typep
+
+    if rtype is T or name == "T":
+        return x
+    if name == "SEQUENCE" and type(rtype) is Symbol:
+        if x is NIL or type(x) in (Cons, list, str):
+            return x
+        raise type_error("coerce", 1, "a sequence", x)
+    if name in ("FLOAT", "DOUBLE-FLOAT", "SINGLE-FLOAT", "SHORT-FLOAT", "LONG-FLOAT"):
+        if not is_num(x):
+            raise type_error("coerce", 1, "a real number", x)
+        try:
+            return float(x)
+        except OverflowError:
+            raise lisp_error("E108", f"`coerce`: {short(x)} is too large for a double", "FLOATING-POINT-OVERFLOW") from None
+    if name in ("NUMBER", "REAL", "RATIONAL", "INTEGER", "RATIO", "FIXNUM", "BIGNUM"):
+        if not typep(lib.interp, x, rtype):
+            raise type_error("coerce", 1, f"of type {short(rtype)}", x)
+        return x
+    if name == "CHARACTER":
+        return character_of(x, "coerce")
+    if name == "FUNCTION":
+        if type(x) is Cons and type(x.car) is Symbol and x.car.name == "LAMBDA":
+            return lib.interp.ev(x)
+        return lib.interp.function_value(x)
+    kind = lib.sequence_type("coerce", rtype)
+    if kind.kind in ("list", "cons", "null") and (x is NIL or type(x) is Cons):
+        return lib.make("coerce", lib.items("coerce", 1, x), kind, rtype) if kind.kind != "list" else x
+    if kind.kind == "string" and type(x) is str and kind.length in (None, len(x)):
+        return x
+    if kind.kind == "vector" and kind.element is None and type(x) in (list, str, BitVector) and kind.length in (None, len(x)):
+        return x
+    if kind.kind == "bits" and type(x) is BitVector and kind.length in (None, len(x)):
+        return x
+    if kind.kind == "vector" and type(x) is list and kind.length in (None, len(x)) and kind.element is T:
+        return x
+    return lib.make("coerce", lib.items("coerce", 1, x), kind, rtype)
+
+
+@builtin("every", context=Sequences)
+def every(lib: Sequences, pred: Any, seq: Any, *more: Any) -> Any:
+    return lib.quantify("every", pred, (seq, *more))
+
+
+@builtin("some", context=Sequences)
+def some(lib: Sequences, pred: Any, seq: Any, *more: Any) -> Any:
+    return lib.quantify("some", pred, (seq, *more))
+
+
+@builtin("notany", context=Sequences)
+def notany(lib: Sequences, pred: Any, seq: Any, *more: Any) -> Any:
+    return lbool(lib.quantify("notany", pred, (seq, *more)) is NIL)
+
+
+@builtin("notevery", context=Sequences)
+def notevery(lib: Sequences, pred: Any, seq: Any, *more: Any) -> Any:
+    return lbool(lib.quantify("notevery", pred, (seq, *more)) is NIL)
 
 def _identity(x: Any) -> Any:
     return x
@@ -724,3 +674,17 @@ def _is_star(x: Any) -> bool:
 
 def _kw(interp: "Interpreter", name: str) -> Symbol:
     return interp.kw(name)
+
+
+# the X, X-if and X-if-not families (CLHS 17.2)
+count, count_if, count_if_not = test_family("count", Sequences, TEST_KEYS, IF_KEYS, Sequences.count)
+find, find_if, find_if_not = test_family("find", Sequences, TEST_KEYS, IF_KEYS, lambda lib, fn, seq, match, keys: lib.first_match(fn, seq, match, keys)[0])
+position, position_if, position_if_not = test_family("position", Sequences, TEST_KEYS, IF_KEYS, lambda lib, fn, seq, match, keys: lib.first_match(fn, seq, match, keys)[1])
+remove, remove_if, remove_if_not = test_family("remove", Sequences, TEST_KEYS | {"COUNT"}, IF_KEYS | {"COUNT"}, Sequences.removed)
+delete, delete_if, delete_if_not = test_family("delete", Sequences, TEST_KEYS | {"COUNT"}, IF_KEYS | {"COUNT"}, Sequences.removed)
+substitute, substitute_if, substitute_if_not = substitution_family(
+    "substitute", Sequences, TEST_KEYS | {"COUNT"}, IF_KEYS | {"COUNT"},
+    lambda lib, fn, new, seq, match, keys: lib.substituted(fn, new, seq, match, keys, False))
+nsubstitute, nsubstitute_if, nsubstitute_if_not = substitution_family(
+    "nsubstitute", Sequences, TEST_KEYS | {"COUNT"}, IF_KEYS | {"COUNT"},
+    lambda lib, fn, new, seq, match, keys: lib.substituted(fn, new, seq, match, keys, True))

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import operator
+
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .builtins import Registry, format_to_string, format_with_rest, lbool, need_char, need_index, need_string, need_symbol, parse_keys, seq_items, short, type_error
+from .builtins import Lib, format_to_string, format_with_rest, lbool, need_char, need_index, need_string, parse_keys, seq_items, short, type_error
 from .charnames import char_name, name_char
 from .conditions import lisp_error
 from .builtins_streams import WRITE_KEYS
 from .objects import Builtin, Closure, OutputStream
 from .printer import PrintTooLarge
+from .registry import builtin
 from .types import NIL, T, Char, Cons, Symbol
 
 if TYPE_CHECKING:
-    pass
+    from .evaluator import Interpreter
 
 
 def string_designator(fn: str, pos: int, x: Any) -> str:
@@ -92,60 +95,113 @@ def _downcase(text: str) -> str:
 STANDARD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 \n!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 
 
-def install(reg: Registry) -> None:
-    interp = reg.interp
-    import operator
+@builtin("make-string", context=Lib)
+def make_string(lib: Lib, n: Any, *args: Any) -> Any:
+    interp = lib.interp
+    need_index("make-string", 1, n)
+    keys = parse_keys("make-string", args, {"INITIAL-ELEMENT", "ELEMENT-TYPE"}, 2)
+    interp.alloc(n // 8)
+    init = keys.get("INITIAL-ELEMENT", Char("\x00"))  # as SBCL
+    return need_char("make-string", 3, init).ch * n
 
-    for name, op, fold in [
-        ("string=", operator.eq, False), ("string/=", operator.ne, False), ("string<", operator.lt, False),
-        ("string>", operator.gt, False), ("string<=", operator.le, False), ("string>=", operator.ge, False),
-        ("string-equal", operator.eq, True), ("string-not-equal", operator.ne, True), ("string-lessp", operator.lt, True),
-        ("string-greaterp", operator.gt, True), ("string-not-greaterp", operator.le, True), ("string-not-lessp", operator.ge, True),
-    ]:
-        reg.add(name, string_compare(name, op, fold))
-    for prefix in ("", "n"):
-        reg.add(f"{prefix}string-upcase", case_changer(f"{prefix}string-upcase", _upcase))
-        reg.add(f"{prefix}string-downcase", case_changer(f"{prefix}string-downcase", _downcase))
-        reg.add(f"{prefix}string-capitalize", case_changer(f"{prefix}string-capitalize", _capitalize))
-    reg.add("string", lambda x: string_designator("string", 1, x))
-    reg.add("string-trim", lambda bag, s: string_designator("string-trim", 2, s).strip(_bag(bag)))
-    reg.add("string-left-trim", lambda bag, s: string_designator("string-left-trim", 2, s).lstrip(_bag(bag)))
-    reg.add("string-right-trim", lambda bag, s: string_designator("string-right-trim", 2, s).rstrip(_bag(bag)))
-    reg.add("stringp", lambda x: lbool(type(x) is str))
-    reg.add("simple-string-p", lambda x: lbool(type(x) is str))
-    reg.add("characterp", lambda x: lbool(type(x) is Char))
-    reg.add("symbolp", lambda x: lbool(type(x) is Symbol))
-    reg.add("keywordp", lambda x: lbool(type(x) is Symbol and x.package == "KEYWORD"))
-    reg.add("symbol-name", lambda s: need_symbol("symbol-name", 1, s).name)
-    reg.add("char", _char)
-    reg.add("schar", _char)
-    reg.add("%set-char", _set_char)
-    reg.add("char-code", lambda c: ord(need_char("char-code", 1, c).ch))
-    reg.add("char-int", lambda c: ord(need_char("char-int", 1, c).ch))
-    reg.add("code-char", _code_char)
-    reg.add("character", lambda x: character_of(x))
-    reg.add("char-upcase", lambda c: Char(_one(need_char("char-upcase", 1, c).ch, str.upper)))
-    reg.add("char-downcase", lambda c: Char(_one(need_char("char-downcase", 1, c).ch, str.lower)))
-    reg.add("alpha-char-p", lambda c: lbool(need_char("alpha-char-p", 1, c).ch.isalpha()))
-    reg.add("alphanumericp", lambda c: lbool(need_char("alphanumericp", 1, c).ch.isalnum()))
-    reg.add("upper-case-p", lambda c: lbool(_has_other_case(need_char("upper-case-p", 1, c).ch, str.lower)))
-    reg.add("lower-case-p", lambda c: lbool(_has_other_case(need_char("lower-case-p", 1, c).ch, str.upper)))
-    reg.add("both-case-p", lambda c: lbool(_has_other_case(need_char("both-case-p", 1, c).ch, str.lower) or _has_other_case(c.ch, str.upper)))
-    reg.add("graphic-char-p", lambda c: lbool(31 < ord(need_char("graphic-char-p", 1, c).ch) < 127 or ord(c.ch) > 159))
-    reg.add("standard-char-p", lambda c: lbool(need_char("standard-char-p", 1, c).ch in STANDARD_CHARS))
-    reg.add("digit-char-p", _digit_char_p)
-    reg.add("digit-char", _digit_char)
-    reg.add("char-name", lambda c: char_name(need_char("char-name", 1, c).ch) or NIL)
-    reg.add("name-char", _name_char)
-    for name, op in [("=", operator.eq), ("<", operator.lt), (">", operator.gt), ("<=", operator.le), (">=", operator.ge)]:
-        reg.add(f"char{name}", _char_compare(f"char{name}", op, False))
-    reg.add("char/=", _char_distinct("char/=", False))
-    for name, op in [("equal", operator.eq), ("lessp", operator.lt), ("greaterp", operator.gt), ("not-greaterp", operator.le), ("not-lessp", operator.ge)]:
-        reg.add(f"char-{name}", _char_compare(f"char-{name}", op, True))
-    reg.add("char-not-equal", _char_distinct("char-not-equal", True))
-    reg.add("parse-integer", _parse_integer)
-    interp.values[interp.sym("CHAR-CODE-LIMIT")] = 1114112
-    interp.constants.add(interp.sym("CHAR-CODE-LIMIT"))
+
+@builtin("format", context=Lib)
+def lisp_format(lib: Lib, dest: Any, control: Any, *args: Any) -> Any:
+    interp = lib.interp
+    if type(control) in (Closure, Builtin) and dest is not NIL:
+        # CLHS 22.3: a function control is called with the destination stream itself
+        stream = interp.values[interp.sym("*STANDARD-OUTPUT*")] if dest is T else dest
+        if type(stream) is not OutputStream:
+            raise type_error("format", 1, "nil, t or an output stream (SexpGPU has string streams)", dest)
+        interp.call(control, stream, *args)
+        return NIL
+    if type(control) not in (Closure, Builtin):
+        need_string("format", 2, control)
+    text = format_to_string(interp, control, list(args))
+    if dest is NIL:
+        return text
+    return interp.call(interp.sym("%format-to-stream"), NIL if dest is T else dest, text)
+
+
+@builtin("%formatter-run", context=Lib)
+def formatter_run(lib: Lib, stream: Any, control: Any, args: Any) -> Any:
+    """The body of a function `formatter` makes: format ARGS with CONTROL to STREAM and
+    return the arguments it did not consume."""
+    interp = lib.interp
+    need_string("formatter", 1, control)
+    text, rest = format_with_rest(interp, control, list(args) if type(args) is Cons else [])
+    interp.call(interp.sym("%format-to-stream"), stream, text)
+    return rest
+
+
+@builtin("%formatter-check")
+def formatter_check(control: Any) -> Any:
+    """formatter's expansion-time check: CONTROL is a string whose directives parse."""
+    from .format import FormatError, parse_control
+
+    need_string("formatter", 1, control)
+    try:
+        parse_control(control)
+    except FormatError as exc:
+        raise lisp_error("E103", str(exc), exc.ctype) from None
+    return control
+
+
+def printed(name: str, escape: Optional[bool]) -> Callable[..., Any]:
+    """prin1-to-string (ESCAPE true), princ-to-string (false), write-to-string (None: the
+    keyword or *print-escape*)."""
+
+    def op(lib: Lib, x: Any, *args: Any) -> Any:
+        interp = lib.interp
+        keys = parse_keys(name, args, WRITE_KEYS - {"STREAM"}, 2) if args else {}
+        given = keys.pop("ESCAPE", None)
+        if given is None:
+            given = interp.values.get(interp.sym("*PRINT-ESCAPE*"), T) if escape is None else lbool(escape)
+        try:
+            text = interp.print_string(x, given is not NIL, **{k.lower(): v for k, v in keys.items()})
+        except PrintTooLarge as exc:
+            raise lisp_error("L003", f"`{name}`: {exc}", "STORAGE-CONDITION") from None
+        interp.alloc(len(text) // 8)
+        return text
+
+    return op
+
+
+@builtin("read-from-string", context=Lib)
+def read_from_string(lib: Lib, text: Any, eof_error: Any = T, eof_value: Any = NIL, *args: Any) -> Any:
+    """(read-from-string string &optional eof-error-p eof-value &key start end
+    preserve-whitespace): the form (SexpGPU's reader, so #. is refused) and the index after it."""
+    interp = lib.interp
+    from .diagnostics import DiagnosticError
+    from .reader import Reader
+    from .types import MultipleValues
+
+    need_string("read-from-string", 1, text)
+    keys = parse_keys("read-from-string", args, {"START", "END", "PRESERVE-WHITESPACE"}, 4)
+    start, end = _bounds("read-from-string", keys, len(text), "START", "END")
+    base = interp.values.get(interp.sym("*READ-BASE*"), 10)
+    reader = Reader(text[:end], "<string>", interp.table, base if type(base) is int and 2 <= base <= 36 else 10, interp.features)
+    reader.pos = start
+    try:
+        form = reader.read_next()
+    except DiagnosticError as exc:
+        if exc.diagnostic.code == "R001" and eof_error is NIL:
+            return MultipleValues((eof_value, end))
+        ctype = "END-OF-FILE" if exc.diagnostic.code == "R001" else "READER-ERROR"
+        raise lisp_error("E104", f"read-from-string: {exc.diagnostic.message}", ctype) from None
+    if form is None:
+        if eof_error is NIL:
+            return MultipleValues((eof_value, reader.pos))
+        raise lisp_error("E104", "read-from-string: end of string before a form", "END-OF-FILE")
+    position = reader.pos
+    if keys.get("PRESERVE-WHITESPACE", NIL) is NIL and position < end and text[position] in _WHITESPACE:
+        position += 1
+    return MultipleValues((form.form, position))
+
+
+def set_up(interp: "Interpreter") -> None:
+    """What the string builtins need besides themselves: char-code-limit, and the fast
+    paths of string= and char= as :test functions."""
 
     def fast_string_equal(a: Any, b: Any) -> bool:
         if type(a) is str and type(b) is str:
@@ -157,165 +213,10 @@ def install(reg: Registry) -> None:
             return a.ch == b.ch
         return interp.call(interp.sym("char="), a, b) is not NIL
 
+    interp.values[interp.sym("CHAR-CODE-LIMIT")] = 1114112
+    interp.constants.add(interp.sym("CHAR-CODE-LIMIT"))
     interp.standard_tests[interp.functions[interp.sym("string=")]] = fast_string_equal
     interp.standard_tests[interp.functions[interp.sym("char=")]] = fast_char_equal
-
-    def make_string(n: Any, *args: Any) -> Any:
-        need_index("make-string", 1, n)
-        keys = parse_keys("make-string", args, {"INITIAL-ELEMENT", "ELEMENT-TYPE"}, 2)
-        interp.alloc(n // 8)
-        init = keys.get("INITIAL-ELEMENT", Char("\x00"))  # as SBCL
-        return need_char("make-string", 3, init).ch * n
-
-    def lisp_format(dest: Any, control: Any, *args: Any) -> Any:
-        if type(control) in (Closure, Builtin) and dest is not NIL:
-            # CLHS 22.3: a function control is called with the destination stream itself
-            stream = interp.values[interp.sym("*STANDARD-OUTPUT*")] if dest is T else dest
-            if type(stream) is not OutputStream:
-                raise type_error("format", 1, "nil, t or an output stream (SexpGPU has string streams)", dest)
-            interp.call(control, stream, *args)
-            return NIL
-        if type(control) not in (Closure, Builtin):
-            need_string("format", 2, control)
-        text = format_to_string(interp, control, list(args))
-        if dest is NIL:
-            return text
-        return interp.call(interp.sym("%format-to-stream"), NIL if dest is T else dest, text)
-
-    def formatter_run(stream: Any, control: Any, args: Any) -> Any:
-        """The body of a function `formatter` makes: format ARGS with CONTROL to STREAM and
-        return the arguments it did not consume."""
-        need_string("formatter", 1, control)
-        text, rest = format_with_rest(interp, control, list(args) if type(args) is Cons else [])
-        interp.call(interp.sym("%format-to-stream"), stream, text)
-        return rest
-
-    def formatter_check(control: Any) -> Any:
-        """formatter's expansion-time check: CONTROL is a string whose directives parse."""
-        from .format import FormatError, parse_control
-
-        need_string("formatter", 1, control)
-        try:
-            parse_control(control)
-        except FormatError as exc:
-            raise lisp_error("E103", str(exc), exc.ctype) from None
-        return control
-
-    def printed(name: str, escape: Optional[bool]) -> Callable[..., Any]:
-        """prin1-to-string (ESCAPE true), princ-to-string (false), write-to-string (None: the
-        keyword or *print-escape*)."""
-
-        def op(x: Any, *args: Any) -> Any:
-            keys = parse_keys(name, args, WRITE_KEYS - {"STREAM"}, 2) if args else {}
-            given = keys.pop("ESCAPE", None)
-            if given is None:
-                given = interp.values.get(interp.sym("*PRINT-ESCAPE*"), T) if escape is None else lbool(escape)
-            try:
-                text = interp.print_string(x, given is not NIL, **{k.lower(): v for k, v in keys.items()})
-            except PrintTooLarge as exc:
-                raise lisp_error("L003", f"`{name}`: {exc}", "STORAGE-CONDITION") from None
-            interp.alloc(len(text) // 8)
-            return text
-
-        return op
-
-    def status(sym: Symbol) -> Any:
-        """find-symbol's second value: a keyword is :external, a standard symbol :inherited."""
-        if sym.package == "KEYWORD":
-            return interp.kw("external")
-        return interp.kw("internal") if sym.name in interp.table.own else interp.kw("inherited")
-
-    def keyword_package(fn: str, package: Any) -> bool:
-        if package is NIL:
-            return False
-        pname = string_designator(fn, 2, package).upper()
-        if pname not in ("KEYWORD", "CL-USER", "COMMON-LISP-USER", "CL", "COMMON-LISP"):
-            raise lisp_error("E103", f"`{fn}`: no package {pname} (SexpGPU has none but KEYWORD and CL-USER)", "PACKAGE-ERROR")
-        return pname == "KEYWORD"
-
-    def find_symbol(name: Any, package: Any = NIL) -> Any:
-        from .types import MultipleValues
-
-        need_string("find-symbol", 1, name)
-        if keyword_package("find-symbol", package):
-            sym = interp.table.keywords.get(name)
-        else:
-            sym = interp.table.find(name) if name != "NIL" else NIL
-        return MultipleValues((sym, status(sym))) if sym is not None else MultipleValues((NIL, NIL))
-
-    def intern(name: Any, package: Any = NIL) -> Any:
-        from .types import MultipleValues
-
-        found = find_symbol(name, package)
-        if found[0] is not NIL or found[1] is not NIL:
-            return found
-        sym = interp.table.keyword(name) if keyword_package("intern", package) else interp.table.intern(name)
-        return MultipleValues((sym, NIL))
-
-    def make_symbol(name: Any) -> Any:
-        return Symbol(need_string("make-symbol", 1, name), None)
-
-    def gensym(prefix: Any = "G") -> Any:
-        if type(prefix) is int:
-            return Symbol(f"G{prefix}", None)
-        counter = interp.sym("*GENSYM-COUNTER*")
-        n = interp.values.get(counter, 0)
-        interp.values[counter] = n + 1
-        return Symbol(f"{need_string('gensym', 1, prefix)}{n}", None)
-
-    def gentemp(prefix: Any = "T", package: Any = NIL) -> Any:
-        need_string("gentemp", 1, prefix)
-        while True:
-            interp.gentemp_counter += 1
-            name = f"{prefix}{interp.gentemp_counter}"
-            if interp.table.find(name) is None:
-                return interp.table.intern(name)
-
-    def read_from_string(text: Any, eof_error: Any = T, eof_value: Any = NIL, *args: Any) -> Any:
-        """(read-from-string string &optional eof-error-p eof-value &key start end
-        preserve-whitespace): the form (SexpGPU's reader, so #. is refused) and the index after it."""
-        from .diagnostics import DiagnosticError
-        from .reader import Reader
-        from .types import MultipleValues
-
-        need_string("read-from-string", 1, text)
-        keys = parse_keys("read-from-string", args, {"START", "END", "PRESERVE-WHITESPACE"}, 4)
-        start, end = _bounds("read-from-string", keys, len(text), "START", "END")
-        base = interp.values.get(interp.sym("*READ-BASE*"), 10)
-        reader = Reader(text[:end], "<string>", interp.table, base if type(base) is int and 2 <= base <= 36 else 10, interp.features)
-        reader.pos = start
-        try:
-            form = reader.read_next()
-        except DiagnosticError as exc:
-            if exc.diagnostic.code == "R001" and eof_error is NIL:
-                return MultipleValues((eof_value, end))
-            ctype = "END-OF-FILE" if exc.diagnostic.code == "R001" else "READER-ERROR"
-            raise lisp_error("E104", f"read-from-string: {exc.diagnostic.message}", ctype) from None
-        if form is None:
-            if eof_error is NIL:
-                return MultipleValues((eof_value, reader.pos))
-            raise lisp_error("E104", "read-from-string: end of string before a form", "END-OF-FILE")
-        position = reader.pos
-        if keys.get("PRESERVE-WHITESPACE", NIL) is NIL and position < end and text[position] in _WHITESPACE:
-            position += 1
-        return MultipleValues((form.form, position))
-
-    reg.add("make-string", make_string)
-    reg.add("format", lisp_format)
-    reg.add("%formatter-run", formatter_run)
-    reg.add("%formatter-check", formatter_check)
-    reg.add("prin1-to-string", printed("prin1-to-string", True))
-    reg.add("write-to-string", printed("write-to-string", None))
-    reg.add("princ-to-string", printed("princ-to-string", False))
-    reg.add("intern", intern)
-    reg.add("make-symbol", make_symbol)
-    reg.add("gensym", gensym)
-    reg.add("gentemp", gentemp)
-    reg.add("find-symbol", find_symbol)
-    counter = interp.sym("*GENSYM-COUNTER*")
-    interp.values[counter] = 1
-    interp.specials.add(counter)
-    reg.add("read-from-string", read_from_string)
 
 
 def _one(ch: str, case: Callable[[str], str]) -> str:
@@ -481,3 +382,65 @@ def _parse_integer(s: Any, *args: Any) -> Any:
     if not found or i < end:
         raise lisp_error("E104", f"parse-integer: {s[start:end]!r} is not an integer", "PARSE-ERROR")
     return MultipleValues((sign * value, i))
+
+
+string_eq = builtin("string=")(string_compare("string=", operator.eq, False))
+string_slash_eq = builtin("string/=")(string_compare("string/=", operator.ne, False))
+string_ = builtin("string<")(string_compare("string<", operator.lt, False))
+string__ = builtin("string>")(string_compare("string>", operator.gt, False))
+string__eq = builtin("string<=")(string_compare("string<=", operator.le, False))
+string__eq_ = builtin("string>=")(string_compare("string>=", operator.ge, False))
+string_equal = builtin("string-equal")(string_compare("string-equal", operator.eq, True))
+string_not_equal = builtin("string-not-equal")(string_compare("string-not-equal", operator.ne, True))
+string_lessp = builtin("string-lessp")(string_compare("string-lessp", operator.lt, True))
+string_greaterp = builtin("string-greaterp")(string_compare("string-greaterp", operator.gt, True))
+string_not_greaterp = builtin("string-not-greaterp")(string_compare("string-not-greaterp", operator.le, True))
+string_not_lessp = builtin("string-not-lessp")(string_compare("string-not-lessp", operator.ge, True))
+string_upcase = builtin("string-upcase")(case_changer("string-upcase", _upcase))
+string_downcase = builtin("string-downcase")(case_changer("string-downcase", _downcase))
+string_capitalize = builtin("string-capitalize")(case_changer("string-capitalize", _capitalize))
+nstring_upcase = builtin("nstring-upcase")(case_changer("nstring-upcase", _upcase))
+nstring_downcase = builtin("nstring-downcase")(case_changer("nstring-downcase", _downcase))
+nstring_capitalize = builtin("nstring-capitalize")(case_changer("nstring-capitalize", _capitalize))
+string = builtin("string")(lambda x: string_designator("string", 1, x))
+string_trim = builtin("string-trim")(lambda bag, s: string_designator("string-trim", 2, s).strip(_bag(bag)))
+string_left_trim = builtin("string-left-trim")(lambda bag, s: string_designator("string-left-trim", 2, s).lstrip(_bag(bag)))
+string_right_trim = builtin("string-right-trim")(lambda bag, s: string_designator("string-right-trim", 2, s).rstrip(_bag(bag)))
+stringp = builtin("stringp")(lambda x: lbool(type(x) is str))
+simple_string_p = builtin("simple-string-p")(lambda x: lbool(type(x) is str))
+characterp = builtin("characterp")(lambda x: lbool(type(x) is Char))
+char = builtin("char", "schar")(_char)
+p_set_char = builtin("%set-char")(_set_char)
+char_code = builtin("char-code")(lambda c: ord(need_char("char-code", 1, c).ch))
+char_int = builtin("char-int")(lambda c: ord(need_char("char-int", 1, c).ch))
+code_char = builtin("code-char")(_code_char)
+character = builtin("character")(lambda x: character_of(x))
+char_upcase = builtin("char-upcase")(lambda c: Char(_one(need_char("char-upcase", 1, c).ch, str.upper)))
+char_downcase = builtin("char-downcase")(lambda c: Char(_one(need_char("char-downcase", 1, c).ch, str.lower)))
+alpha_char_p = builtin("alpha-char-p")(lambda c: lbool(need_char("alpha-char-p", 1, c).ch.isalpha()))
+alphanumericp = builtin("alphanumericp")(lambda c: lbool(need_char("alphanumericp", 1, c).ch.isalnum()))
+upper_case_p = builtin("upper-case-p")(lambda c: lbool(_has_other_case(need_char("upper-case-p", 1, c).ch, str.lower)))
+lower_case_p = builtin("lower-case-p")(lambda c: lbool(_has_other_case(need_char("lower-case-p", 1, c).ch, str.upper)))
+both_case_p = builtin("both-case-p")(lambda c: lbool(_has_other_case(need_char("both-case-p", 1, c).ch, str.lower) or _has_other_case(c.ch, str.upper)))
+graphic_char_p = builtin("graphic-char-p")(lambda c: lbool(31 < ord(need_char("graphic-char-p", 1, c).ch) < 127 or ord(c.ch) > 159))
+standard_char_p = builtin("standard-char-p")(lambda c: lbool(need_char("standard-char-p", 1, c).ch in STANDARD_CHARS))
+digit_char_p = builtin("digit-char-p")(_digit_char_p)
+digit_char = builtin("digit-char")(_digit_char)
+char_name_ = builtin("char-name")(lambda c: char_name(need_char("char-name", 1, c).ch) or NIL)
+name_char_ = builtin("name-char")(_name_char)
+char_eq = builtin("char=")(_char_compare("char=", operator.eq, False))
+char_ = builtin("char<")(_char_compare("char<", operator.lt, False))
+char__ = builtin("char>")(_char_compare("char>", operator.gt, False))
+char__eq = builtin("char<=")(_char_compare("char<=", operator.le, False))
+char__eq_ = builtin("char>=")(_char_compare("char>=", operator.ge, False))
+char_slash_eq = builtin("char/=")(_char_distinct("char/=", False))
+char_equal = builtin("char-equal")(_char_compare("char-equal", operator.eq, True))
+char_lessp = builtin("char-lessp")(_char_compare("char-lessp", operator.lt, True))
+char_greaterp = builtin("char-greaterp")(_char_compare("char-greaterp", operator.gt, True))
+char_not_greaterp = builtin("char-not-greaterp")(_char_compare("char-not-greaterp", operator.le, True))
+char_not_lessp = builtin("char-not-lessp")(_char_compare("char-not-lessp", operator.ge, True))
+char_not_equal = builtin("char-not-equal")(_char_distinct("char-not-equal", True))
+parse_integer = builtin("parse-integer")(_parse_integer)
+prin1_to_string = builtin("prin1-to-string", context=Lib)(printed("prin1-to-string", True))
+write_to_string = builtin("write-to-string", context=Lib)(printed("write-to-string", None))
+princ_to_string = builtin("princ-to-string", context=Lib)(printed("princ-to-string", False))

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from importlib import resources
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 from pydantic import BaseModel, PositiveFloat, PositiveInt
 
@@ -34,10 +34,9 @@ from .objects import (
     StructType,
     Undefined,
     VectorHeader,
-    function_name,
     root_frame,
 )
-from .printer import PrintOptions, prin1_to_string, print_to_string
+from .printer import PrintOptions, function_name, prin1_to_string, print_to_string
 from .reader import Reader
 from .scope import BindPlan, Pattern, Scope
 from .typespecs import TypeSpecs
@@ -222,9 +221,24 @@ class Interpreter:
             self.steps_left += grant
         if time.monotonic() > self.deadline:
             self.steps_left = -1
-            raise LimitExceeded("L004", f"evaluation time limit of {self.limits.seconds:g} s exceeded; is there an endless loop or a very large computation?")
+            raise self.out_of_time()
         if self.steps_left < 0:
-            raise LimitExceeded("L001", f"evaluation step budget of {self.limits.steps} steps exhausted; is there an endless loop?")
+            raise self.out_of_budget()
+
+    def out_of_budget(self) -> LimitExceeded:
+        return LimitExceeded("L001", f"evaluation step budget of {self.limits.steps} steps exhausted; is there an endless loop?")
+
+    def out_of_time(self) -> LimitExceeded:
+        return LimitExceeded("L004", f"evaluation time limit of {self.limits.seconds:g} s exceeded; is there an endless loop or a very large computation?")
+
+    def endless(self) -> NoReturn:
+        """A walk that would never end (a circular list where the walk goes to its end) uses
+        up the whole step budget: L001 (L004 past the deadline) now, rather than after it."""
+        self.steps_left = -1
+        self.steps_reserve = 0
+        if time.monotonic() > self.deadline:
+            raise self.out_of_time()
+        raise self.out_of_budget()
 
     def step(self) -> None:
         self.steps_left -= 1

@@ -7,7 +7,7 @@ import math
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .types import NIL, Char, Cons, Symbol
+from .types import Char, Cons, Symbol
 
 if TYPE_CHECKING:
     from .analyze import LambdaNode
@@ -254,16 +254,20 @@ class ConditionType:
         self.report = report
 
 
+Same = Callable[[Any, Any, Optional[Callable[[int], None]]], bool]
+
+
 class HashTable:
-    """A CL hash table. Keys are mapped to Python keys by the table's test; CHARGE pays for
-    comparing structured keys (equal and equalp tables)."""
+    """A CL hash table. Keys are mapped to Python keys by the table's test; SAME is the test
+    itself for structured keys (equal or equalp, from equality.py), CHARGE pays for it."""
 
-    __slots__ = ("test", "entries", "charge")
+    __slots__ = ("test", "entries", "charge", "same")
 
-    def __init__(self, test: str, charge: Optional[Callable[[int], None]] = None) -> None:
+    def __init__(self, test: str, charge: Optional[Callable[[int], None]] = None, same: Optional[Same] = None) -> None:
         self.test = test  # "EQ" "EQL" "EQUAL" "EQUALP"
         self.entries: dict[Any, tuple[Any, Any]] = {}
         self.charge = charge
+        self.same = same
 
     def key(self, k: Any) -> Any:
         if self.test in ("EQ", "EQL"):
@@ -271,7 +275,9 @@ class HashTable:
         t = type(k)
         # equal compares bit vectors by their elements (CLHS 5.3), as it does strings
         if t is Cons or t is str or t is BitVector or (self.test == "EQUALP" and t in (list, Char, StructInstance, LispArray, HashTable, int, float, Fraction)):
-            return StructuredKey(k, self.test == "EQUALP", self.charge)
+            if self.same is None:
+                raise ValueError(f"an {self.test.lower()} hash table made without its test")
+            return StructuredKey(k, self.test == "EQUALP", self.same, self.charge)
         return eql_key(k)
 
 
@@ -290,11 +296,11 @@ class StructuredKey:
     """A key of an equal or equalp table: hashed from a bounded part of the object, compared
     in full (equal or equalp)."""
 
-    __slots__ = ("obj", "loose", "charge", "hash")
+    __slots__ = ("obj", "same", "charge", "hash")
 
-    def __init__(self, obj: Any, loose: bool, charge: Optional[Callable[[int], None]]) -> None:
+    def __init__(self, obj: Any, loose: bool, same: Same, charge: Optional[Callable[[int], None]]) -> None:
         self.obj = obj
-        self.loose = loose
+        self.same = same
         self.charge = charge
         self.hash = _bounded_hash(obj, loose, [64])
 
@@ -304,11 +310,7 @@ class StructuredKey:
     def __eq__(self, other: object) -> bool:
         if type(other) is not StructuredKey:
             return False
-        from .builtins import equal, equalp
-
-        if self.loose:
-            return equalp(self.obj, other.obj, self.charge)
-        return equal(self.obj, other.obj, self.charge)
+        return self.same(self.obj, other.obj, self.charge)
 
 
 def _bounded_hash(x: Any, loose: bool, budget: list[int]) -> int:
@@ -362,14 +364,3 @@ class ThrowSignal(Exception):
     def __init__(self, tag: Any, value: Any) -> None:
         self.tag = tag
         self.value = value
-
-
-def function_name(fn: Any) -> str:
-    from .printer import prin1_to_string
-
-    if isinstance(fn, Builtin):
-        return fn.name
-    name = getattr(fn, "name", None)
-    if name is None or name is NIL:
-        return "lambda"
-    return prin1_to_string(name)

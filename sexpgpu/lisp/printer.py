@@ -10,7 +10,7 @@ from fractions import Fraction
 from typing import Any, Callable, NamedTuple, Optional
 
 from .charnames import char_name
-from .objects import BitVector, LispArray
+from .objects import BitVector, Builtin, LispArray
 from .types import FUNCTION, NIL, QUASIQUOTE, QUOTE, UNQUOTE, UNQUOTE_SPLICING, Char, Cons, Symbol
 
 
@@ -341,3 +341,13 @@ def prin1_to_string(x: Any, other: Callable[[Any, Printer], str] | None = None) 
 
 def princ_to_string(x: Any, other: Callable[[Any, Printer], str] | None = None) -> str:
     return Printer(False, other).text(x)
+
+
+def function_name(fn: Any) -> str:
+    """A function's name as messages give it: a builtin's, a named closure's printed, or lambda."""
+    if isinstance(fn, Builtin):
+        return fn.name
+    name = getattr(fn, "name", None)
+    if name is None or name is NIL:
+        return "lambda"
+    return prin1_to_string(name)

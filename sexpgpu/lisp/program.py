@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
-from .conditions import LimitExceeded, LispError
+from .conditions import LimitExceeded, LispError, lisp_error
 from .diagnostics import Diagnostic, DiagnosticError, Note, SourceMap
 from .evaluator import Interpreter, Limits, run_with_big_stack
 from .modules import ModuleLoader, find_project_root
@@ -111,7 +111,12 @@ class Program:
             try:
                 value = interp.eval_toplevel(form, loc)
                 values = list(value) if type(value) is MultipleValues else [value]
-                return [prin1_to_string(v, interp.print_other) for v in values]
+                try:
+                    return [prin1_to_string(v, interp.print_other) for v in values]
+                except PrintTooLarge as exc:  # a circular list, say: as print would say it
+                    error = lisp_error("L003", f"the value cannot be printed: {exc}", "STORAGE-CONDITION")
+                    error.loc = loc
+                    raise error from None
             finally:
                 interp.table = previous
 

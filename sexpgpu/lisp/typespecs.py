@@ -8,7 +8,9 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from .checks import list_items, short
 from .conditions import CONDITION_PARENTS, Condition, condition_is, lisp_error
+from .equality import eql
 from .objects import BitVector, Builtin, Closure, HashTable, LispArray, StructInstance
 from .types import NIL, T, Char, Cons, MultipleValues, Symbol
 
@@ -105,8 +107,6 @@ class TypeSpecs:
         return predicate(x)
 
     def unknown(self, spec: Any) -> Exception:
-        from .builtins import short
-
         return lisp_error("E103", f"unknown type specifier {short(spec)}", "ERROR", spec)
 
     def expand(self, spec: Any) -> Any:
@@ -126,8 +126,6 @@ class TypeSpecs:
             return self.atomic(spec)
         if type(spec) is not Cons or type(spec.car) is not Symbol:
             raise self.unknown(spec)
-        from .builtins import eql, list_items
-
         head = spec.car.name
         args = list_items("typep", 2, spec.cdr)
         if head == "OR":
