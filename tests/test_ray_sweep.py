@@ -318,10 +318,15 @@ def test_a_lost_node_is_one_preemption_and_every_checkpoint_event_reaches_the_lo
         thread.join(30)
     assert killed and unstarted, "the loss was not played"
     [point] = ledger.points
-    assert (point.state, point.attempts, point.preemptions) == ("finished", 3, 1), (point.state, point.attempts, point.preemptions, point.reason)
     store = Store.open(str(remote))
     everything = events_of(store, point.slug)
     checkpoints = {e["path"] for e in everything if e["kind"] == "checkpoint"}
     resumes = [e for e in everything if e["kind"] == "resume"]
-    assert resumes and all(e["checkpoint"] in checkpoints for e in resumes), (resumes, sorted(checkpoints))
+    problems = []  # both, so that each is seen on its own
+    if (point.state, point.attempts, point.preemptions) != ("finished", 3, 1):
+        problems.append(f"one loss counted as {point.preemptions} preemptions: {point.state} after {point.attempts} attempts ({point.reason})")
+    unlogged = [e["checkpoint"] for e in resumes if e["checkpoint"] not in checkpoints]
+    if not resumes or unlogged:
+        problems.append(f"resumed from checkpoints without their event in the log: {unlogged or 'no resume'} (logged: {sorted(checkpoints)})")
+    assert not problems, problems
     assert_one_series(store, point.slug)
