@@ -336,9 +336,10 @@ class Driver:
         if self.table is not None:
             self.table(ledger, final)
 
-    def record_outcome(self, record: PointRecord, outcome: AttemptOutcome) -> bool:
-        """Count an ended attempt into the point's record; True when it must run again."""
-        record.state = record_attempt(record, outcome, self.max_preemptions)
+    def record_outcome(self, record: PointRecord, outcome: AttemptOutcome, counted: bool = True) -> bool:
+        """Count an ended attempt into the point's record (a loss as a preemption unless it
+        is not COUNTED: the same loss as the one before); True when it must run again."""
+        record.state = record_attempt(record, outcome, self.max_preemptions, counted)
         if record.state == "preempted":
             return True
         record.lease = None
@@ -355,6 +356,7 @@ class Supervision:
         self.running: dict[ray.ObjectRef, tuple[PointRecord, Gang]] = {}  # result ref -> its point and gang
         self.gangs: dict[int, Gang] = {}  # point -> the gang running it
         self.reserved: list[int] = []  # leased by this driver, not started yet
+        self.lost_at: dict[int, int] = {}  # point -> the attempt its run folder showed when its last loss was counted
 
     def record_of(self, point: int) -> PointRecord:  # write_ledger may adopt another driver's record
         return next(p for p in self.ledger.points if p.point == point)
@@ -422,12 +424,25 @@ class Supervision:
             if outcome is None:  # another rank still runs
                 continue
             self.stop(record, gang, reuse=not outcome.preempted)
+            counted = not outcome.preempted or driver.tolerant("read a lost attempt's status", functools.partial(self.new_loss, record), True)
             driver.tolerant("write the attempt's end into status.json", functools.partial(close_status, driver.store, record.slug, outcome), None)
-            if driver.record_outcome(record, outcome):
+            if driver.record_outcome(record, outcome, counted):
                 if self.start(record):
                     driver.say(f"point {record.point}: preempted, resumed (attempt {record.attempts})")
             else:
                 driver.tolerant("release a lease", functools.partial(driver.leases.release, record.point), None)
+
+    def new_loss(self, record: PointRecord) -> bool:
+        """Whether a lost attempt of RECORD is a new loss. One whose worker died before its
+        attempt began (the run folder shows no attempt since the loss counted just before:
+        it was placed on the node that was lost, before Ray knew) is the same loss, once;
+        a second such death in a row counts again, so a launch that never works still ends."""
+        status = RunFolder(self.driver.store, record.slug).read_status()
+        began = status.attempt if status is not None else 0
+        if self.lost_at.pop(record.point, None) == began:
+            return False
+        self.lost_at[record.point] = began
+        return True
 
     def give_up_lost_leases(self, lost: list[int]) -> None:
         for point in lost:

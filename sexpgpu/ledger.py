@@ -42,9 +42,10 @@ class Attempts(BaseModel):
     target: Optional[TargetHit] = None
 
 
-def record_attempt(record: Attempts, outcome: AttemptOutcome, max_preemptions: Optional[int]) -> AfterAttempt:
-    """Count OUTCOME into RECORD; what the run's state is now."""
-    if outcome.resumable:  # a clean stop on SIGTERM (a spot reclaim) is a preemption too
+def record_attempt(record: Attempts, outcome: AttemptOutcome, max_preemptions: Optional[int], counted: bool = True) -> AfterAttempt:
+    """Count OUTCOME into RECORD (a resumable end as a preemption, unless it is not COUNTED:
+    a supervisor's word that it is the same loss as the one before); what the run's state is now."""
+    if outcome.resumable and counted:  # a clean stop on SIGTERM (a spot reclaim) is a preemption too
         record.preemptions += 1
     record.exit_code, record.reason = int(outcome.exit_code), outcome.reason
     if outcome.folder is not None:  # an attempt refused before training leaves what the run had
@@ -55,6 +56,8 @@ def record_attempt(record: Attempts, outcome: AttemptOutcome, max_preemptions: O
     if outcome.exit_code != Exit.STOPPED:
         return "failed"
     if max_preemptions is not None and record.preemptions > max_preemptions:
+        # given up: the point failed (exit 1), it is no longer a stop that a rerun continues (75)
+        record.exit_code = int(Exit.RUN_FAILED)
         record.reason = bounded(f"preempted {record.preemptions} times (--max-preemptions {max_preemptions}); last: {outcome.reason}")
         return "failed"
     return "preempted"

@@ -245,3 +245,88 @@ def test_the_store_going_away_during_a_ray_sweep_loses_nothing(project: Path, po
                     assert value.tobytes() == theirs[name].tobytes(), (p.point, name)
                 assert_one_series(store, p.slug)
         s3fs.S3FileSystem.clear_instance_cache()
+
+
+def kill_after_a_checkpoint(store_url: str, record: Any, gang: Any, killed: list[int]) -> threading.Thread:
+    """A thread that SIGKILLs GANG's worker once the attempt published a checkpoint of its own
+    (an event, not a delay): the worker dies with its buffered events, as on a lost node."""
+    def latest() -> int:
+        try:
+            return max((c.step for c in list_checkpoints(Store.open(store_url), record.slug) if c.valid), default=-1)
+        except OSError:
+            return -1
+
+    base = latest()
+
+    def kill() -> None:
+        wait_for(lambda: latest() > base or gang.stopped, "a checkpoint of the attempt")
+        if gang.stopped:
+            return
+        pid = ray.get(gang.workers[0].where.remote(), timeout=30)["pid"]
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_point_given_up_after_its_preemptions_fails_with_exit_1(project: Path, points: list[SweepPoint], ray_cluster: Any) -> None:
+    """--max-preemptions 0 and a worker lost: the point failed, exit 1 (not 75, which would say
+    that the same command continues it), and so does the sweep."""
+    from orchestration.driver import Driver
+
+    remote = project.parent / "given-up"
+    killed: list[int] = []
+    threads: list[threading.Thread] = []
+
+    def on_launch(record: Any, gang: Any) -> None:
+        if record.attempts == 1:
+            threads.append(kill_after_a_checkpoint(str(remote), record, gang, killed))
+
+    ledger = Driver(project, "lrs", str(remote), None, 0, None, say=lambda _: None, on_launch=on_launch).run(points[:1])
+    for thread in threads:
+        thread.join(30)
+    assert killed, "the worker was never killed"
+    [point] = ledger.points
+    assert (point.state, point.exit_code, point.preemptions) == ("failed", 1, 1), point
+    assert "--max-preemptions 0" in point.reason
+    assert max((p.exit_code or 0 for p in ledger.points if p.state == "failed"), default=0) == 1  # `sweep --ray`'s exit
+
+
+def test_a_lost_node_is_one_preemption_and_every_checkpoint_event_reaches_the_log(project: Path, points: list[SweepPoint], ray_cluster: Any) -> None:
+    """A node lost: its worker dies after a checkpoint (with its buffered events), and the next
+    attempt's worker, placed there before Ray knew, dies before its attempt began. That is one
+    loss: with --max-preemptions 1 the point resumes and finishes; the checkpoint it resumed
+    from has its event in the log."""
+    from orchestration.driver import Driver
+
+    remote = project.parent / "node-lost"
+    killed: list[int] = []
+    threads: list[threading.Thread] = []
+    unstarted: list[Any] = []
+
+    def on_launch(record: Any, gang: Any) -> None:
+        if record.attempts == 1:
+            threads.append(kill_after_a_checkpoint(str(remote), record, gang, killed))
+        elif record.attempts == 2:  # its worker process is still starting: gone before the attempt begins
+            ray.kill(gang.workers[0], no_restart=True)
+            unstarted.append(gang)
+
+    ledger = Driver(project, "lrs", str(remote), None, 1, None, say=lambda _: None, on_launch=on_launch).run(points[:1])
+    for thread in threads:
+        thread.join(30)
+    assert killed and unstarted, "the loss was not played"
+    [point] = ledger.points
+    store = Store.open(str(remote))
+    everything = events_of(store, point.slug)
+    checkpoints = {e["path"] for e in everything if e["kind"] == "checkpoint"}
+    resumes = [e for e in everything if e["kind"] == "resume"]
+    problems = []  # both, so that each is seen on its own
+    if (point.state, point.attempts, point.preemptions) != ("finished", 3, 1):
+        problems.append(f"one loss counted as {point.preemptions} preemptions: {point.state} after {point.attempts} attempts ({point.reason})")
+    unlogged = [e["checkpoint"] for e in resumes if e["checkpoint"] not in checkpoints]
+    if not resumes or unlogged:
+        problems.append(f"resumed from checkpoints without their event in the log: {unlogged or 'no resume'} (logged: {sorted(checkpoints)})")
+    assert not problems, problems
+    assert_one_series(store, point.slug)

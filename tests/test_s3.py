@@ -444,3 +444,90 @@ def test_a_run_resumes_from_s3(s3: S3, experiment: Any) -> None:
     # Bit-exact with a run that was never interrupted (in memory, same file and selection).
     whole = train(experiment, run_options(store=f"memory://s3-resume-{s3.bucket}", max_steps=30), say=lambda _: None)
     assert resumed.final_loss == whole.final_loss
+
+
+def logging_every_step(experiment: Any) -> Any:
+    """EXPERIMENT logging a step event (and a status update) at every step."""
+    return experiment.model_copy(update={"run": experiment.run.model_copy(update={"log_every": 1})})
+
+
+def status_writes(s3: S3, key: str) -> int:
+    """How many times the S3 server stored KEY (the bucket keeps every version)."""
+    client = boto3_client(s3.proxy.endpoint)
+    versions = client.list_object_versions(Bucket=s3.bucket, Prefix=key).get("Versions", [])
+    return sum(1 for version in versions if version["Key"] == key)
+
+
+def test_status_writes_are_bounded_by_time_not_by_steps(s3: S3, experiment: Any) -> None:
+    """300 logged steps: status.json is written every publish interval (and at the start, each
+    checkpoint and the end), not at every logged step, and the events still hold every step."""
+    from sexpgpu.runtime.attempt import train
+
+    boto3_client(s3.proxy.endpoint).put_bucket_versioning(Bucket=s3.bucket, VersioningConfiguration={"Status": "Enabled"})
+    url = s3.url("runs")
+    every_s = 0.5
+    result = train(logging_every_step(experiment), run_options(store=url, publish_every_s=every_s), say=lambda _: None)
+    assert result.exit_code == 0 and result.steps == 300
+    store = Store.open(url)
+    events = RunFolder(store, result.slug).read_events()
+    assert steps_of(events) == list(range(1, 301))
+    checkpoints = sum(1 for e in events if e["kind"] == "checkpoint")
+    writes = status_writes(s3, f"runs/{result.slug}/status.json")
+    assert writes >= 2  # the start and the end at least
+    # the first (compiling) and the end; one per interval of the run's wall time; one per checkpoint
+    assert writes <= 2 + checkpoints + result.wall_time_s / every_s + 1, (writes, result.wall_time_s)
+    assert writes < 300 / 10, f"{writes} writes of status.json for 300 logged steps"
+
+
+def test_a_step_never_waits_on_a_paused_store_and_nothing_is_lost(
+    s3: S3, experiment: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store is paused from step 5 to step 200, far past its retries: the training thread
+    makes no store call in between (the publisher's thread retries), and once the store is back
+    every step's event and the final status are published."""
+    from sexpgpu.runtime.attempt import train
+
+    sleeps = Sleeps()
+
+    @dataclass(frozen=True)
+    class QuickRetry(RetryPolicy):
+        attempts: int = 2
+        base_delay: float = 0.01
+        max_delay: float = 0.02
+        sleep: Callable[[float], None] = field(default=sleeps, compare=False)
+
+    monkeypatch.setattr(store_module, "RetryPolicy", QuickRetry)
+    trainer_thread = threading.get_ident()
+    blocked: list[str] = []  # the store calls the training thread made while the store was paused
+
+    def watched(name: str) -> None:
+        original = getattr(Store, name)
+
+        def call(self: Store, *args: Any, **kwargs: Any) -> Any:
+            if s3.proxy.paused and threading.get_ident() == trainer_thread:
+                blocked.append(f"{name}({args[0] if args else ''})")
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(Store, name, call)
+
+    for name in ("write_json", "write_bytes", "write_text", "append_lines", "read_bytes", "exists", "list"):
+        watched(name)
+    def resume_once_a_publish_failed() -> None:
+        deadline = time.monotonic() + 60
+        while not sleeps.calls and time.monotonic() < deadline:  # the publisher's thread meets the outage
+            time.sleep(0.01)
+        s3.proxy.resume()
+
+    pausing_at(monkeypatch, {5: s3.proxy.pause, 200: resume_once_a_publish_failed})
+    url = s3.url("runs")
+    result = train(logging_every_step(experiment), run_options(store=url, publish_every_s=0.2), say=lambda _: None)
+    assert result.exit_code == 0 and result.steps == 300
+    assert sleeps.calls, "the store never failed: the outage did not happen"
+    assert blocked == [], f"training waited on the store while it was paused: {blocked[:5]}"
+    store = Store.open(url)
+    folder = RunFolder(store, result.slug)
+    events = folder.read_events()
+    assert steps_of(events) == list(range(1, 301))
+    assert [e["kind"] for e in events].count("run.start") == 1 and events[-1]["kind"] == "run.end"
+    status = folder.read_status()
+    assert status is not None and status.state == "finished" and status.step == 300

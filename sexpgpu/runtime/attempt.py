@@ -22,7 +22,7 @@ import numpy as np
 from ..ir.experiment import Experiment
 from ..outcome import AttemptOutcome, EvalSeen, Exit, TargetHit, evals_line
 from .backend import Backend, HostBackend
-from .checkpoint import CheckpointState, Expected, ResumeError, list_checkpoints, load_checkpoint, resolve, step_name, write_checkpoint
+from .checkpoint import CheckpointState, Expected, ResumeError, Written, list_checkpoints, load_checkpoint, resolve, step_name, write_checkpoint
 from .checkpoint import prune as prune_checkpoints
 from .data.fingerprint import fingerprinted
 from .data.spec import DataError
@@ -38,6 +38,10 @@ from .store import DEFAULT_PATIENCE_S, Store, StoreError, is_store_failure
 from .trainer import StepResult, Trainer
 
 Loaded = tuple[str, list[str], dict[str, np.ndarray], dict[str, np.ndarray], CheckpointState]
+
+# how often an attempt's background publisher writes its events and status.json (besides at
+# every checkpoint, stop and end): what a step logs in between is coalesced
+PUBLISH_EVERY_S = 2.0
 
 
 class AttemptEnds(Exception):
@@ -84,6 +88,7 @@ class RunOptions:
     # the run folder's last writer is known to be gone (a preempted worker the driver stopped):
     # its lease is taken over at once, not after its heartbeat expires
     take_over: bool = False
+    publish_every_s: float = PUBLISH_EVERY_S  # the status and events are written this often, from a thread
 
 
 def train(experiment: Experiment, options: RunOptions, say: Callable[[str], None] = print) -> AttemptOutcome:
@@ -202,6 +207,7 @@ class Attempt:
         try:
             return self.attempt_holding_the_folder()
         finally:
+            self.folder.stop_publishing()  # an attempt that ended without its close writes nothing more
             if lease is not None:
                 lease.release()
 
@@ -236,6 +242,7 @@ class Attempt:
         emit(self.events, "run.start", step=0, slug=self.slug, steps=self.steps, attempt=self.attempt, host=socket.gethostname(),
              worker=self.options.worker or f"pid {os.getpid()}", device=self.options.device)
         emit(self.events, "compile", step=0, ir_hash=self.experiment.ir_hash, params=sum(int(np.prod(p.shape)) for p in self.experiment.params))
+        self.folder.start_publishing(self.options.publish_every_s)  # from here on no step waits on the store
         try:
             notice = self.options.notice or self.say
             self.trainer = Trainer(self.experiment, self.ranks, self.options.backend, self.options.data_roots, say=notice)
@@ -389,10 +396,14 @@ class Attempt:
             self.records_still_there()  # first: a store that lost them lost the lease too
             if self.lease is not None:
                 self.lease.check()
-            # every event up to the checkpoint is durable before the checkpoint exists, so a
-            # resume from it never lacks the history it continues
-            self.events.flush()
-            name, size = write_checkpoint(self.store, self.slug, trainer.step, trainer.host_params(), trainer.host_states(), state)
+            # every event up to the checkpoint, its own event too, is durable before the
+            # checkpoint is published, so a resume from it never lacks the history it
+            # continues, and a worker lost right after it still left its checkpoint event
+            def with_its_event(written: Written) -> None:
+                self.events.flush({"kind": "checkpoint", "step": trainer.step, "path": f"checkpoints/{written.name}", "bytes": written.bytes,
+                                   "seconds": time.time() - started})
+
+            name, _ = write_checkpoint(self.store, self.slug, trainer.step, trainer.host_params(), trainer.host_states(), state, before_publish=with_its_event)
             prune_checkpoints(self.store, self.slug, self.experiment.run.checkpoint.keep, protect=name)
         except BaseException:
             status.update(state="running")
@@ -402,8 +413,8 @@ class Attempt:
         if self.ranks is not None:
             self.ranks.agree(True)
         self.last_checkpoint = name
-        emit(self.events, "checkpoint", step=trainer.step, path=f"checkpoints/{name}", bytes=size, seconds=time.time() - started)
         status.update(state="running", last_checkpoint=name)
+        self.folder.publish_soon()
         return name
 
     def records_still_there(self) -> None:

@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 from datetime import datetime, timezone
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -87,10 +87,13 @@ class Written(NamedTuple):
     bytes: int  # its files' sizes, as MANIFEST.json records them (the manifest itself not counted)
 
 
-def write_checkpoint(store: Store, slug: str, step: int, params: dict[str, np.ndarray], states: dict[str, np.ndarray], state: CheckpointState) -> Written:
+def write_checkpoint(store: Store, slug: str, step: int, params: dict[str, np.ndarray], states: dict[str, np.ndarray], state: CheckpointState,
+                     before_publish: Optional[Callable[[Written], None]] = None) -> Written:
     """Write and publish one checkpoint; returns its folder name and size. The MANIFEST is written
     last, so a crash before it leaves a folder that is never loaded (and is replaced the
-    next time the same step is written)."""
+    next time the same step is written). BEFORE_PUBLISH runs once the files are written, just
+    before the MANIFEST (the attempt writes the checkpoint's event then); if it raises, the
+    checkpoint is not published."""
     name = step_name(step)
     folder = f"{slug}/checkpoints/{name}"
     store.delete(f"{folder}/MANIFEST.json")
@@ -102,6 +105,8 @@ def write_checkpoint(store: Store, slug: str, step: int, params: dict[str, np.nd
     for file, data in files.items():
         store.write_bytes(f"{folder}/{file}", data)
     manifest = Manifest(step=step, files={k: FileEntry(sha256=_digest(v), bytes=len(v)) for k, v in files.items()})
+    if before_publish is not None:
+        before_publish(Written(name, sum(len(v) for v in files.values())))
     store.write_bytes(f"{folder}/MANIFEST.json", manifest.model_dump_json(indent=2).encode())
     store.write_text(f"{slug}/checkpoints/LATEST", name)
     return Written(name, sum(len(v) for v in files.values()))

@@ -250,10 +250,13 @@ def events_prefix(run_prefix: str) -> str:
 class EventLog:
     """Buffers events and appends them to the run's log through the store.
 
-    A flush happens when FLUSH_EVERY events are pending, when FLUSH_SECONDS have passed since
-    the last flush (checked at each emit), and on `flush()`/`close()`. A flush that `emit`
-    triggers and that fails (the store is down past its retries) keeps the events pending
-    for the next one and records the error in `last_error`; `flush()` and `close()` raise.
+    On its own, a flush happens when FLUSH_EVERY events are pending, when FLUSH_SECONDS have
+    passed since the last flush (checked at each emit), and on `flush()`/`close()`. A log that
+    is `deferred` (a run folder's background publisher flushes it: runfolder.Publisher) only
+    queues on emit, so the emitting thread never waits on the store. A flush that fails (the
+    store is down past its retries) keeps the events pending for the next one and records the
+    error in `last_error`; `flush()` and `close()` raise. Flushes are serialised, and the
+    buffer is never locked while the store is written, so `emit` never waits for a flush.
     """
 
     DEFAULT_FLUSH_EVERY: ClassVar[int] = 50
@@ -272,15 +275,18 @@ class EventLog:
         self.flush_every = max(1, flush_every)
         self.flush_seconds = flush_seconds
         self.clock = clock
+        self.deferred = False  # set by the publisher that flushes this log from its own thread
         self.last_error: Optional[BaseException] = None
         self._pending: list[str] = []
         self._last_flush = clock()
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # the buffer
+        self._writing = threading.Lock()  # one flush at a time, so lines land in order
         self._closed = False
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        with self._lock:
+            return len(self._pending)
 
     def emit(self, event: Union[Event, Mapping[str, Any]]) -> Event:
         """Queue EVENT (a model, or a mapping of a known kind); returns the model."""
@@ -290,8 +296,9 @@ class EventLog:
             if self._closed:
                 raise ValueError("event log is closed")
             self._pending.append(line)
-            if self._due():
-                self._flush_quietly()
+            due = not self.deferred and self._due()
+        if due:
+            self._flush_quietly()
         return model
 
     def _due(self) -> bool:
@@ -307,20 +314,37 @@ class EventLog:
                 raise
             self.last_error = error
 
-    def flush(self) -> None:
-        """Write every pending event now."""
-        with self._lock:
-            if self._pending:
-                self.store.append_lines(self.prefix, self._pending)
-                self._pending = []
+    def flush(self, *last: Union[Event, Mapping[str, Any]]) -> None:
+        """Write every pending event now, and LAST after them in the same write: events that
+        exist only if that write lands (a store that fails it keeps the pending events, not
+        LAST; a checkpoint's event is flushed so before the checkpoint is published)."""
+        extra = [event_from(event).to_line() for event in last]
+        with self._writing:
+            with self._lock:
+                lines, self._pending = self._pending, []
+            if lines or extra:
+                try:
+                    self.store.append_lines(self.prefix, lines + extra)
+                except BaseException:
+                    with self._lock:
+                        self._pending = lines + self._pending
+                    raise
+            with self._lock:
                 self.last_error = None
-            self._last_flush = self.clock()
+                self._last_flush = self.clock()
 
     def close(self) -> None:
+        """Flush and refuse further events; a flush the store fails leaves the log open."""
         with self._lock:
-            if not self._closed:
-                self.flush()
-                self._closed = True
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self.flush()
+        except BaseException:
+            with self._lock:
+                self._closed = False
+            raise
 
     def __enter__(self) -> "EventLog":
         return self

@@ -11,6 +11,7 @@ import hashlib
 import json
 import platform
 import socket
+import threading
 import time
 import uuid
 from importlib import metadata
@@ -24,7 +25,7 @@ from .events import EventLog, read_events, utc_now
 from .lease import Leases, Renewal
 from .threads import ThreadPlan
 from .status import Status, StatusWriter, read_status
-from .store import Store, check_path
+from .store import Store, check_path, is_store_failure
 
 RUN_INFO_VERSION = 1
 
@@ -192,6 +193,7 @@ class RunFolder:
         self.flush_seconds = flush_seconds
         self._events: Optional[EventLog] = None
         self._status: Optional[StatusWriter] = None
+        self._publisher: Optional[Publisher] = None
 
     def __repr__(self) -> str:
         return f"RunFolder({self.url!r})"
@@ -288,12 +290,98 @@ class RunFolder:
             self.store.rename(path, f"{aside}/{path[len(self.slug) + 1:]}")
         return aside
 
+    def publish(self) -> None:
+        """Write the pending events, then the status if it changed; raises the first failure
+        of the store (what it did not take stays pending)."""
+        failure: Optional[BaseException] = None
+        for flush in (self.events.flush, self.status.flush):
+            try:
+                flush()
+            except Exception as error:
+                if not is_store_failure(error):
+                    raise
+                failure = failure or error
+        if failure is not None:
+            raise failure
+
+    def start_publishing(self, every_s: float) -> None:
+        """From now on the events and the status are written by one background thread, every
+        EVERY_S seconds and when `publish_soon` asks, until `close` or `stop_publishing`."""
+        if self._publisher is None:
+            self.events.deferred = self.status.deferred = True
+            self._publisher = Publisher(self, every_s)
+
+    def publish_soon(self) -> None:
+        """Have the background publisher write what is pending now (a checkpoint was
+        published); without one, every update was written already."""
+        if self._publisher is not None:
+            self._publisher.wake()
+
+    def stop_publishing(self) -> None:
+        """Stop the background publisher, writing nothing more (what is pending stays)."""
+        publisher, self._publisher = self._publisher, None
+        if publisher is not None:
+            publisher.stop()
+            self.events.deferred = self.status.deferred = False
+            publisher.raise_failure()
+
     def close(self) -> None:
-        """Flush pending events and an unpublished status; raises if the store still fails."""
+        """Stop the background publisher, then flush pending events and an unpublished
+        status; raises if the store still fails (again: nothing is lost)."""
+        self.stop_publishing()
+        failure: Optional[BaseException] = None
         if self._events is not None:
-            self._events.close()
+            try:
+                self._events.close()
+            except Exception as error:
+                if not is_store_failure(error):
+                    raise
+                failure = error
         if self._status is not None:
             self._status.flush()
+        if failure is not None:
+            raise failure
+
+
+class Publisher:
+    """A run folder's one writer of events and status while an attempt trains: a thread that
+    publishes what arrived since its last round (the events in order, the latest status)
+    every EVERY_S seconds, or at once when woken, so the training thread never waits on the
+    store. A round the store fails (down past its retries) keeps everything for the next;
+    the folder's `close` publishes the rest. Any other error ends the thread, and `stop`'s
+    caller raises it."""
+
+    def __init__(self, folder: RunFolder, every_s: float) -> None:
+        self.folder = folder
+        self.every_s = every_s
+        self.failure: Optional[BaseException] = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"sexpgpu-publish {folder.slug}", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+
+    def raise_failure(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.folder.publish()
+            except Exception as error:
+                if not is_store_failure(error):  # a bug: the attempt raises it at its end
+                    self.failure = error
+                    return
+            self._wake.wait(self.every_s)
+            self._wake.clear()
 
 
 # ---------------------------------------------------------------------------------------------

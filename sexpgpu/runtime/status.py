@@ -1,9 +1,11 @@
-"""`status.json`: the one file to poll, replaced atomically at every log step and state change.
+"""`status.json`: the one file to poll, replaced atomically (temp + rename locally, a single
+put on object stores).
 
-`StatusWriter.update(...)` changes some fields, stamps the heartbeat and publishes the whole
-file (temp + rename locally, a single put on object stores). When the store is down past its
-retries, `update` keeps the latest status and records the error in `last_error`; the next
-update (or `flush()`, which raises) publishes it.
+`StatusWriter.update(...)` changes some fields and stamps the heartbeat. On its own it
+publishes the whole file at once; during an attempt the run folder's background publisher
+(runfolder.Publisher) publishes the latest status every few seconds and at every checkpoint,
+stop and end. When the store is down past its retries, the latest status is kept and the
+error recorded in `last_error`; the next publish (or `flush()`, which raises) writes it.
 """
 
 from __future__ import annotations
@@ -110,18 +112,24 @@ def read_status(store: Store, run_prefix: str) -> Optional[Status]:
 
 
 class StatusWriter:
-    """Holds a run's current status and republishes it whole on every change."""
+    """Holds a run's current status and publishes it whole: on every change, or, `deferred`
+    (a run folder's background publisher flushes it: runfolder.Publisher), only when flushed,
+    the updates in between coalesced into the latest. The status is never locked while the
+    store is written, so `update` never waits for a publish."""
 
     def __init__(self, store: Store, run_prefix: str, status: Optional[Status] = None) -> None:
         self.store = store
         self.path = status_path(run_prefix)
         self.current = status if status is not None else Status(state="compiling")
+        self.deferred = False  # set by the publisher that flushes this status from its own thread
         self.last_error: Optional[BaseException] = None
         self._dirty = False
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()  # current and dirty
+        self._writing = threading.Lock()  # one publish at a time
 
     def update(self, **changes: Any) -> Status:
-        """Set CHANGES (field names of `Status`), stamp the heartbeat, publish; the new status.
+        """Set CHANGES (field names of `Status`), stamp the heartbeat, publish (unless
+        deferred); the new status.
 
         An unknown field name is a TypeError, since a typo would otherwise be published
         silently; `write` takes a whole `Status`, extra keys included."""
@@ -130,35 +138,45 @@ class StatusWriter:
             raise TypeError(f"unknown status fields: {', '.join(unknown)}")
         with self._lock:
             data = {**self.current.model_dump(), **changes, "heartbeat": utc_now()}
-            return self._publish(Status.model_validate(data), quiet=True)
+            status = self.current = Status.model_validate(data)
+            self._dirty = True
+            deferred = self.deferred
+        if not deferred:
+            self._flush_quietly()
+        return status
 
     def heartbeat(self) -> Status:
         """Republish with a fresh heartbeat only."""
         return self.update()
 
     def write(self, status: Status) -> Status:
-        """Replace the whole status with STATUS (published as given); raises on store errors."""
+        """Replace the whole status with STATUS and publish it as given; raises on store errors."""
         with self._lock:
-            return self._publish(status, quiet=False)
+            self.current, self._dirty = status, True
+        self.flush()
+        return status
 
     def flush(self) -> None:
-        """Publish a status an earlier update could not; raises if the store still fails."""
-        with self._lock:
-            if self._dirty:
-                self._publish(self.current, quiet=False)
+        """Publish the status if it changed since the last publish; raises if the store fails
+        (the status stays to publish)."""
+        with self._writing:
+            with self._lock:
+                if not self._dirty:
+                    return
+                status = self.current
+            try:
+                self.store.write_json(self.path, status)
+            except Exception as error:
+                if is_store_failure(error):
+                    self.last_error = error
+                raise
+            with self._lock:
+                self._dirty = self.current is not status
+                self.last_error = None
 
-    def _publish(self, status: Status, quiet: bool) -> Status:
-        self.current = status
-        self._dirty = True
+    def _flush_quietly(self) -> None:
         try:
-            self.store.write_json(self.path, status)
+            self.flush()
         except Exception as error:  # kept for the next publish (flush raises it); others are bugs
             if not is_store_failure(error):
                 raise
-            self.last_error = error
-            if not quiet:
-                raise
-            return status
-        self._dirty = False
-        self.last_error = None
-        return status
