@@ -1,9 +1,10 @@
 """Points of a local sweep run side by side (`sweep --jobs N`), each in a child process.
 
-A child is `python -m sexpgpu.jobs JOB.json`: it reads a PointJob, runs the point through
-`Session.run_file` (the path `sexpgpu run FILE --sweep S --point I` takes: compile, the
-slug, the attempt), and writes its AttemptOutcome to the file the job names. Nothing but
-JSON records crosses between the processes.
+A worker is `python -m sexpgpu.jobs`, one per job slot: it reads PointJobs on stdin, one a
+line, runs each through `Session.run_file` (the path `sexpgpu run FILE --sweep S --point I`
+takes: compile, the slug, the attempt; one session, so the device opens once, as it does
+for one at a time), writes its AttemptOutcome to the file the job names and says DONE. Only
+JSON records cross between the processes.
 
 The sweep waits on its children from the main thread: it starts the next point as one
 ends, and on SIGINT/SIGTERM sends each child SIGTERM (the child checkpoints and ends 75)
@@ -14,6 +15,7 @@ until it ends, so the output reads as the one-at-a-time sweep's does.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -58,7 +60,9 @@ class PointJob(BaseModel):
     outcome: str  # where the child writes its AttemptOutcome
 
     def settings(self) -> Settings:
-        return Settings(store=self.store, device=self.device, max_steps=self.max_steps, max_steps_by=self.max_steps_by, limits=self.limits,
+        """The session's settings (the same for every point of the sweep; the steps, each
+        point's own, are given to each attempt)."""
+        return Settings(store=self.store, device=self.device, limits=self.limits,
                         data_roots=tuple(self.data_roots), threads=self.threads, thread_share=self.thread_share,
                         store_patience_s=self.store_patience_s)
 
@@ -100,17 +104,21 @@ class Stream:
     closed: bool = False
 
 
-class Child:
-    """A point's child process, its merged stdout and stderr read line by line."""
+DONE = "\x00sexpgpu-jobs: done"  # a worker's line after each point's outcome is written
 
-    def __init__(self, job: PointJob, folder: Path, name: str) -> None:
-        path = folder / f"{name}.json"
-        path.write_text(job.model_dump_json(), encoding="utf-8")
-        self.job = job
-        self.process = subprocess.Popen([sys.executable, "-m", "sexpgpu.jobs", str(path)], stdin=subprocess.DEVNULL,
+
+class Worker:
+    """A child process that trains the points it is given, one after another, with one
+    session (the device opened once, as one at a time opens it); its merged stdout and
+    stderr are read line by line."""
+
+    def __init__(self, name: str) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "sexpgpu.jobs"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         self.lock = threading.Lock()
         self.received: list[str] = []
+        self.done = False
+        self.job: Optional[PointJob] = None
         self.reader = threading.Thread(target=self.read, name=f"sexpgpu-{name}", daemon=True)
         self.reader.start()
 
@@ -118,7 +126,17 @@ class Child:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             with self.lock:
-                self.received.append(line)
+                if line.rstrip("\n") == DONE:
+                    self.done = True
+                else:
+                    self.received.append(line)
+
+    def give(self, job: PointJob) -> None:
+        assert self.process.stdin is not None
+        with self.lock:
+            self.job, self.done = job, False
+        self.process.stdin.write(job.model_dump_json() + "\n")
+        self.process.stdin.flush()
 
     def take(self) -> list[str]:
         with self.lock:
@@ -126,15 +144,32 @@ class Child:
         return taken
 
     def ended(self) -> bool:
+        """Whether the point given last has ended (or the process has)."""
+        with self.lock:
+            if self.done:
+                return True
         return self.process.poll() is not None and not self.reader.is_alive()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
 
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
 
+    def close(self) -> None:
+        """No more points: the worker ends once it has read that."""
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            try:
+                self.process.stdin.close()
+            except BrokenPipeError:  # it ended already
+                pass
+        self.process.wait()
+
     def outcome(self, stopping: bool) -> AttemptOutcome:
-        """What the attempt said it ended with; a child that ended without saying (killed,
-        or stopped before it could start) is a lost attempt: the sweep run again resumes it."""
+        """What the attempt said it ended with; a worker that ended without saying (killed,
+        or stopped before it could start) lost its attempt: the sweep run again resumes it."""
+        assert self.job is not None
         path = Path(self.job.outcome)
         if path.is_file():
             outcome = AttemptOutcome.model_validate_json(path.read_text(encoding="utf-8"))
@@ -164,15 +199,16 @@ class SideBySide:
     def run(self, points: list[int], begin: Begin, end: End) -> None:
         streams = {i: Stream() for i in points}
         waiting = list(points)
-        running: dict[int, Child] = {}
+        running: dict[int, Worker] = {}
+        idle: list[Worker] = []
         can_start = True
         with tempfile.TemporaryDirectory(prefix="sexpgpu-jobs-") as folder:
             try:
                 while waiting or running:
                     if self.stops is not None and self.stops.signal is not None and not self.stopped:
                         self.stopped, can_start = True, False
-                        for child in running.values():
-                            child.stop()
+                        for worker in running.values():
+                            worker.stop()
                     while can_start and waiting and len(running) < self.jobs:
                         i = waiting.pop(0)
                         lines, job = begin(i)
@@ -181,25 +217,30 @@ class SideBySide:
                         if job is None:
                             streams[i].closed = True
                             continue
-                        job = job.model_copy(update={"outcome": str(Path(folder) / f"outcome-{i}.json")})
-                        running[i] = Child(job, Path(folder), f"point-{i}")
-                    for i, child in list(running.items()):
-                        streams[i].lines += child.take()
-                        if child.ended():
+                        worker = idle.pop() if idle else Worker(f"worker-{i}")
+                        worker.give(job.model_copy(update={"outcome": str(Path(folder) / f"outcome-{i}.json")}))
+                        running[i] = worker
+                    for i, worker in list(running.items()):
+                        streams[i].lines += worker.take()
+                        if worker.ended():
                             del running[i]
-                            streams[i].lines += child.take()
-                            lines, go_on = end(i, child.outcome(self.stopped))
+                            streams[i].lines += worker.take()
+                            lines, go_on = end(i, worker.outcome(self.stopped))
                             streams[i].lines += lines
                             streams[i].closed = True
                             can_start = can_start and go_on
+                            if worker.alive():
+                                idle.append(worker)
                     self.flush(points, streams)
                     if not can_start and not running:
                         break
                     if running:
                         time.sleep(POLL_S)
             finally:
-                for child in running.values():  # only on an exception here (a second Ctrl-C)
-                    child.stop()
+                for worker in running.values():  # only on an exception here (a second Ctrl-C)
+                    worker.stop()
+                for worker in [*idle, *running.values()]:
+                    worker.close()
                 self.flush(points, streams, every=True)
 
     def flush(self, points: list[int], streams: dict[int, Stream], every: bool = False) -> None:
@@ -241,15 +282,27 @@ class Quiet:
         self.console.refusal(reason)
 
 
-def main(argv: Sequence[str]) -> int:
-    """A child: run the point of the job file ARGV[0], write its outcome."""
-    job = PointJob.model_validate_json(Path(argv[0]).read_text(encoding="utf-8"))
-    outcome = Session(job.settings(), Quiet()).run_file(Path(job.file), job.selection)
-    written = Path(job.outcome + ".partial")
-    written.write_text(outcome.model_dump_json(), encoding="utf-8")
-    os.replace(written, job.outcome)  # the sweep reads a whole outcome or none
-    return int(outcome.exit_code)
+def serve(jobs: TextIO, out: TextIO) -> int:
+    """A worker: train each point of JOBS (one PointJob a line) through one session, write its
+    outcome, then say DONE on OUT; end when JOBS does."""
+    session: Optional[Session] = None
+    try:
+        for line in jobs:
+            job = PointJob.model_validate_json(line)
+            session = session or Session(job.settings(), Quiet())
+            outcome = session.run_file(Path(job.file), job.selection, max_steps=job.max_steps, max_steps_by=job.max_steps_by)
+            written = Path(job.outcome + ".partial")
+            written.write_text(outcome.model_dump_json(), encoding="utf-8")
+            os.replace(written, job.outcome)  # the sweep reads a whole outcome or none
+            out.flush()
+            print(DONE, file=out, flush=True)
+    except KeyboardInterrupt:  # Ctrl-C on the terminal while the worker waited for a point
+        return int(Exit.INTERRUPTED)
+    return int(Exit.OK)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr = sys.stdout  # one stream, in order, a line at a time: the sweep reads it so
+    raise SystemExit(serve(sys.stdin, sys.stdout))

@@ -236,14 +236,15 @@ class Session:
         return AttemptOutcome(exit_code=status.summary.exit_code, reason=status.summary.reason, slug=run_slug(compiled.experiment),
                               steps=status.step, final_loss=status.metrics.get("loss"))
 
-    def run_file(self, path: Path, selection: Selection) -> AttemptOutcome:
-        """`sexpgpu run FILE`: open the device, compile, train."""
+    def run_file(self, path: Path, selection: Selection, max_steps: Optional[int] = None, max_steps_by: Optional[str] = None) -> AttemptOutcome:
+        """`sexpgpu run FILE`: open the device, compile, train (to MAX_STEPS, set by
+        MAX_STEPS_BY, for a point of a sweep run side by side: see train)."""
         with self.listening():
             try:
                 prepared = self.open_device() or self.compile(path, selection)
             except Stopped as stop:
                 return self.refuse(stop.outcome.exit_code, stop.outcome.reason)
-            return prepared if isinstance(prepared, AttemptOutcome) else self.train(prepared)
+            return prepared if isinstance(prepared, AttemptOutcome) else self.train(prepared, max_steps=max_steps, max_steps_by=max_steps_by)
 
     def run_bundle(self, location: str) -> AttemptOutcome:
         """`sexpgpu run BUNDLE`: the same, from a bundle."""
