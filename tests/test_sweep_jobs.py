@@ -18,7 +18,10 @@ import pytest
 from conftest import REPO, wait_for
 
 from sexpgpu.cli.main import main
-from sexpgpu.runtime.threads import plan_threads
+from sexpgpu.compile.pipeline import compile_file
+from sexpgpu.ir.experiment import Selection
+from sexpgpu.jobs import JobPlan, plan_jobs
+from sexpgpu.runtime.threads import plan_threads, process_cores
 
 SWEEP = (REPO / "examples" / "sweep.lisp").read_text()
 SEARCH = (REPO / "examples" / "search.lisp").read_text()
@@ -147,3 +150,14 @@ def test_sigterm_stops_every_child_resumably(tmp_path: Path) -> None:
 def test_a_point_of_a_sweep_side_by_side_takes_its_share_of_the_cores() -> None:
     plan = plan_threads([], share=1, assume_large=True, environ={})
     assert (plan.blas, plan.reason) == (1, "one core: this point's share of the sweep's cores")
+
+
+def test_the_default_is_what_the_free_cores_and_the_memory_allow(tmp_path: Path) -> None:
+    experiment = compile_file(REPO / "examples" / "sweep.lisp", Selection(sweep="lr", point=0)).experiment
+    assert experiment is not None
+    assert plan_jobs([experiment], "cuda", None) == JobPlan(1, None)  # one accelerator: one point at a time
+    chosen = plan_jobs([experiment] * 64, "cpu", None)
+    assert 1 <= chosen.jobs <= process_cores()
+    asked = plan_jobs([experiment] * 4, "cpu", 2)
+    assert asked.jobs == 2 and asked.share is not None and asked.jobs * asked.share <= process_cores()
+    assert plan_jobs([experiment] * 4, "cpu", 1) == JobPlan(1, None)  # one at a time: the point's own thread plan
