@@ -135,8 +135,11 @@ class Worker:
         assert self.process.stdin is not None
         with self.lock:
             self.job, self.done = job, False
-        self.process.stdin.write(job.model_dump_json() + "\n")
-        self.process.stdin.flush()
+        try:
+            self.process.stdin.write(job.model_dump_json() + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:  # it died idle: ended() says so, and the point is a lost attempt
+            pass
 
     def take(self) -> list[str]:
         with self.lock:
