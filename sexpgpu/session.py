@@ -96,6 +96,7 @@ class Settings:
     take_over: bool = False  # the run folder's last writer is known to be gone (a preempted attempt)
     data_roots: tuple[str, ...] = ()  # where loader sources may be read besides the project (--data-root)
     threads: Optional[int] = None  # the BLAS threads (--threads); None: the runtime's plan
+    thread_share: Optional[int] = None  # the most cores the plan may give (a point of a sweep run side by side: sweep --jobs)
     fresh: bool = False  # --fresh: a new run, the slug's earlier folder kept as SLUG~N
     worker: Optional[str] = None  # who trains, for status.json (a Ray worker says which actor)
     store_patience_s: float = DEFAULT_PATIENCE_S  # how long a run waits for an unreachable store
@@ -212,7 +213,7 @@ class Session:
         if problem is not None:
             return self.refuse(Exit.CANNOT_START, f"cannot start here: {problem}", slug)
         settings = self.settings
-        threads = plan_threads(compiled.experiment.module.programs.values(), settings.threads)
+        threads = plan_threads(compiled.experiment.module.programs.values(), settings.threads, share=settings.thread_share)
         options = RunOptions(threads=threads, store=settings.store, device=self.device, backend=self.backend, stops=self.stops,
                              max_steps=max_steps if max_steps is not None else settings.max_steps,
                              max_steps_by=max_steps_by if max_steps is not None and max_steps_by else settings.max_steps_by,
@@ -237,14 +238,15 @@ class Session:
         return AttemptOutcome(exit_code=status.summary.exit_code, reason=status.summary.reason, slug=run_slug(compiled.experiment),
                               steps=status.step, final_loss=status.metrics.get("loss"))
 
-    def run_file(self, path: Path, selection: Selection) -> AttemptOutcome:
-        """`sexpgpu run FILE`: open the device, compile, train."""
+    def run_file(self, path: Path, selection: Selection, max_steps: Optional[int] = None, max_steps_by: Optional[str] = None) -> AttemptOutcome:
+        """`sexpgpu run FILE`: open the device, compile, train (to MAX_STEPS, set by
+        MAX_STEPS_BY, for a point of a sweep run side by side: see train)."""
         with self.listening():
             try:
                 prepared = self.open_device() or self.compile(path, selection)
             except Stopped as stop:
                 return self.refuse(stop.outcome.exit_code, stop.outcome.reason)
-            return prepared if isinstance(prepared, AttemptOutcome) else self.train(prepared)
+            return prepared if isinstance(prepared, AttemptOutcome) else self.train(prepared, max_steps=max_steps, max_steps_by=max_steps_by)
 
     def run_bundle(self, location: str) -> AttemptOutcome:
         """`sexpgpu run BUNDLE`: the same, from a bundle."""

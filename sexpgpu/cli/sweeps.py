@@ -15,10 +15,11 @@ from ..compile.pipeline import compile_file, compile_points
 from ..compile.search import halving_problem
 from ..compile.selection import Declared, SweepDecl, located, prescan
 from ..ir.experiment import Experiment, Selection
+from ..jobs import PointJob, SideBySide, plan_jobs
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.program import diagnostic_from, has_errors
 from ..ledger import PointRecord, SweepLedger, cell, record_attempt, take_status
-from ..outcome import Exit
+from ..outcome import AttemptOutcome, Exit
 from ..runtime.data.fingerprint import fingerprinted
 from ..runtime.halving import Contender, Leg, search
 from ..runtime.runfolder import RunFolder, run_slug
@@ -26,7 +27,7 @@ from ..runtime.store import Store, is_store_failure
 from ..session import Compiled, Session, Settings, Stopped
 from .common import Console, existing_file, exit_for, fail_usage, print_diagnostics, print_json
 from .flags import (add_data_root_flag, add_knob_flags, add_limit_flags, add_rank_flags, add_threads_flag, data_roots_from, devices_from, knobs_from,
-                    limits_from, store_patience, threads_from)
+                    limits_from, positive_int, store_patience, threads_from)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -48,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help="fan the points out over a Ray cluster (no ADDRESS: a local Ray started for the sweep)")
     s.add_argument("--max-preemptions", type=int, default=None, metavar="N", help="give up on a point preempted more than N times (default: never)")
     s.add_argument("--retry-failed", action="store_true", help="run again the points that failed before (they are skipped otherwise)")
+    s.add_argument("--jobs", type=positive_int, default=None, metavar="N",
+                   help="points trained at once on this machine, each in a process of its own (default: as many as the free cores and the memory allow)")
     add_knob_flags(s)
     add_rank_flags(s)
     add_limit_flags(s)
@@ -161,6 +164,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     if swept:
         fail_usage(f"--set {swept[0]}: the sweep {args.sweep} sets {swept[0]} at each of its points; --set another knob, or run one point with run --sweep --point")
     over_ray = args.ray is not None
+    if over_ray and args.jobs is not None:
+        fail_usage("--jobs runs points side by side on this machine; over Ray every point has a worker of its own: drop --jobs or --ray")
     if not over_ray and args.devices != 1:
         fail_usage(f"--devices {args.devices} needs --ray: data-parallel ranks run as Ray actors (a local Ray when --ray has no address)")
     store_url = args.store or os.environ.get("SEXPGPU_STORE") or "./runs"
@@ -187,51 +192,107 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 
 def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, points: list[Compiled]) -> int:
-    """The points in order, on this machine, through the one session; a halving sweep stage
-    by stage. Each point's row is printed as it ends, the whole table at the end."""
+    """The points on this machine, through the one session: one at a time in this process, or
+    --jobs of them side by side, each in a child process (sexpgpu/jobs.py); a halving sweep
+    stage by stage. Each point's lines are printed in point order, the whole table at the end."""
     store = Store.open(session.settings.store)
     records = [PointRecord(point=i, slug=run_slug(c.experiment), knobs=values, planned=planned(c, args.max_steps))
                for i, (c, values) in enumerate(zip(points, sweep.points(), strict=True))]
     table = SweepTable(records)
+    plan = plan_jobs([c.experiment for c in points], session.settings.device, args.jobs)
     stopped = False
+
+    def header(record: PointRecord) -> str:
+        knobs = " ".join(f"{k}={_show(v)}" for k, v in record.knobs.items())
+        return f"point {record.point} ({record.point + 1} of {len(points)}): {knobs}"
+
+    def skipped(record: PointRecord) -> Optional[list[str]]:
+        """The lines of a point that failed before and is not run again (None: it runs)."""
+        failed = session.failed_before(points[record.point])
+        if failed is None or args.retry_failed:
+            return None
+        record.state = record_attempt(record, failed, None)
+        return [f"point {record.point} failed before ({failed.reason}); not run again: --retry-failed runs it again", record.line()]
+
+    def settle(record: PointRecord, outcome: AttemptOutcome) -> str:
+        """Count OUTCOME into RECORD: "" (go on), "stopped" or "cannot start"."""
+        if outcome.exit_code == Exit.CANNOT_START and running_elsewhere(store, record):
+            return ""
+        record.attempts += 1
+        after = record_attempt(record, outcome, None)
+        record.state = "stopped" if outcome.exit_code == Exit.STOPPED else after
+        if outcome.exit_code == Exit.STOPPED:
+            return "stopped"
+        return "cannot start" if outcome.exit_code == Exit.CANNOT_START else ""  # the store or the device: every later point would fail alike
 
     def train_legs(legs: list[Leg]) -> bool:
         nonlocal stopped
         for leg in legs:
             record = records[leg.contender.point]
             record.planned = leg.steps
-            knobs = " ".join(f"{k}={_show(v)}" for k, v in record.knobs.items())
-            print(f"point {record.point} ({record.point + 1} of {len(points)}): {knobs}", file=sys.stderr)
-            failed = session.failed_before(points[record.point])
-            if failed is not None and not args.retry_failed:
-                print(f"point {record.point} failed before ({failed.reason}); not run again: --retry-failed runs it again", file=sys.stderr)
-                record.state = record_attempt(record, failed, None)
-                print(record.line(), file=sys.stderr)
+            print(header(record), file=sys.stderr)
+            lines = skipped(record)
+            if lines is not None:
+                print("\n".join(lines), file=sys.stderr)
                 continue
-            outcome = session.train(points[record.point], max_steps=leg.limit(args.max_steps), max_steps_by=leg.by)
-            if outcome.exit_code == Exit.CANNOT_START and running_elsewhere(store, record):
-                print(record.line(), file=sys.stderr)
-                continue
-            record.attempts += 1
-            after = record_attempt(record, outcome, None)
-            record.state = "stopped" if outcome.exit_code == Exit.STOPPED else after
+            ended = settle(record, session.train(points[record.point], max_steps=leg.limit(args.max_steps), max_steps_by=leg.by))
             print(record.line(), file=sys.stderr)
-            if outcome.exit_code == Exit.STOPPED:
+            if ended == "stopped":
                 print(f"sweep {args.sweep}: stopped at point {record.point}; run the same command again to continue", file=sys.stderr)
-                stopped = True
-                return False
-            if outcome.exit_code == Exit.CANNOT_START:  # the store or the device: every later point would fail alike
+            elif ended:
                 print(f"sweep {args.sweep}: stopped at point {record.point}: nothing more can start here", file=sys.stderr)
+            if ended:
                 stopped = True
                 return False
         return True
 
+    def train_side_by_side(legs: list[Leg]) -> bool:
+        nonlocal stopped
+        by_point = {leg.contender.point: leg for leg in legs}
+        cannot: list[int] = []
+        selection = knobs_from(args)
+
+        def begin(i: int) -> tuple[list[str], Optional[PointJob]]:
+            record, leg = records[i], by_point[i]
+            record.planned = leg.steps
+            lines = skipped(record)
+            if lines is not None:
+                return [header(record), *lines], None
+            given = session.settings
+            job = PointJob(file=str(points[i].path), selection=selection.model_copy(update={"sweep": args.sweep, "point": i}), store=given.store,
+                           device=given.device, max_steps=leg.limit(args.max_steps), max_steps_by=leg.by or given.max_steps_by, limits=given.limits,
+                           data_roots=list(given.data_roots), threads=given.threads, thread_share=plan.share,
+                           store_patience_s=given.store_patience_s, outcome="")
+            return [header(record)], job
+
+        def end(i: int, outcome: AttemptOutcome) -> tuple[list[str], bool]:
+            record = records[i]
+            if outcome.slug is not None and outcome.slug != record.slug:  # the child compiled another run than the sweep did
+                raise RuntimeError(f"point {i}: the child process ran {outcome.slug}, the sweep compiled {record.slug}")
+            ended = settle(record, outcome)
+            if ended == "cannot start":
+                cannot.append(i)
+            return [record.line()], ended != "cannot start"
+
+        pool = SideBySide(plan.jobs, session.stops, sys.stderr)
+        pool.run(sorted(by_point), begin, end)
+        halted = [r.point for r in records if r.point in by_point and r.state == "stopped"]
+        if halted:
+            print(f"sweep {args.sweep}: stopped at point {' '.join(map(str, halted))}; run the same command again to continue", file=sys.stderr)
+        if cannot:
+            print(f"sweep {args.sweep}: stopped at point {cannot[0]}: nothing more can start here", file=sys.stderr)
+        if halted or cannot or pool.stopped:
+            stopped = True
+            return False
+        return True
+
+    run_legs = train_side_by_side if plan.jobs > 1 else train_legs
     contenders = [Contender(point=r.point, slug=r.slug, steps=c.experiment.run.steps) for r, c in zip(records, points, strict=True)]
     if sweep.halving is None:
-        train_legs([Leg(c, planned(points[c.point], args.max_steps), None) for c in contenders])
+        run_legs([Leg(c, planned(points[c.point], args.max_steps), None) for c in contenders])
         pruned: dict[int, str] = {}
     else:
-        pruned = search(sweep.halving, contenders, store, train_legs, cap=args.max_steps, say=lambda text: print(text, file=sys.stderr))
+        pruned = search(sweep.halving, contenders, store, run_legs, cap=args.max_steps, say=lambda text: print(text, file=sys.stderr))
     for record in records:
         if record.attempts == 0 and record.state == "pending" and not stopped:
             take_status_of(store, record)  # nothing left to train: what the run folder says

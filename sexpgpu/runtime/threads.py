@@ -85,12 +85,22 @@ def busy_cores(sample_s: float = SAMPLE_S) -> Optional[float]:
     return (os.cpu_count() or 1) * (1.0 - (idle1 - idle0) / elapsed)
 
 
+def free_cores(cores: int) -> tuple[int, Optional[float]]:
+    """Of CORES, how many other processes leave free now (at least one), and how many they
+    keep busy (None: not known here; then every core counts as free)."""
+    busy = busy_cores()
+    if busy is None:
+        return cores, None
+    return max(1, min(cores, int(cores - busy + 0.25))), busy
+
+
 def plan_threads(programs: Iterable[Program], requested: Optional[int] = None, environ: Optional[Mapping[str, str]] = None,
-                 assume_large: bool = False) -> ThreadPlan:
+                 assume_large: bool = False, share: Optional[int] = None) -> ThreadPlan:
     """The BLAS threads for a run of PROGRAMS (REQUESTED: --threads; ASSUME_LARGE: as for a
-    run whose products are large, when there is no run to look at)."""
+    run whose products are large, when there is no run to look at; SHARE: the most cores the
+    run may take, its part of a sweep that runs points side by side)."""
     environ = os.environ if environ is None else environ
-    cores = process_cores()
+    cores = process_cores() if share is None else max(1, min(share, process_cores()))
     if requested is not None:
         return ThreadPlan(blas=requested, cores=cores, source="flag", reason=f"--threads {requested}")
     for variable in (THREADS_VARIABLE, *BLAS_VARIABLES):
@@ -101,12 +111,13 @@ def plan_threads(programs: Iterable[Program], requested: Optional[int] = None, e
             return ThreadPlan(blas=int(text), cores=cores, source=variable, reason=f"${variable}={text}")
     largest = SMALL_PRODUCT if assume_large else largest_product(programs)
     if largest < SMALL_PRODUCT or cores == 1:
-        why = "one core" if cores == 1 else f"the largest product is {largest:,} multiply-adds: threads cannot help it"
+        why = ("one core" if share is None else "one core: this point's share of the sweep's cores") if cores == 1 else f"the largest product is {largest:,} multiply-adds: threads cannot help it"
         return ThreadPlan(blas=1, cores=cores, source="chosen", reason=why)
-    busy = busy_cores()
+    if share is not None:  # the sweep counted the free cores once for all its points: the others' load is not "other work"
+        return ThreadPlan(blas=cores, cores=cores, source="chosen", reason=f"this point's share of the sweep's free cores: {cores}")
+    free, busy = free_cores(cores)
     if busy is None:
         return ThreadPlan(blas=cores, cores=cores, source="chosen", reason="every core (how busy they are is not known here)")
-    free = max(1, min(cores, int(cores - busy + 0.25)))
     return ThreadPlan(blas=free, cores=cores, source="chosen", reason=f"{busy:.1f} of {cores} cores busy with other work")
 
 
