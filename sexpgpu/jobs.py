@@ -30,6 +30,7 @@ from typing import Callable, Optional, Sequence, TextIO
 from pydantic import BaseModel
 
 from .ir.experiment import Experiment, Selection
+from .ir.ops import program_flops
 from .lisp.diagnostics import Diagnostic, SourceMap
 from .lisp.evaluator import Limits
 from .outcome import AttemptOutcome, Exit, lost, refused
@@ -75,6 +76,20 @@ class JobPlan:
     share: Optional[int]  # None: one at a time, the point's own plan (runtime/threads.py)
 
 
+# A worker process costs about 2-3 s of CPU before its first step (imports, its own compile
+# and kernel build); at the CPU device's ~10 GFLOP/s that is ~25 GFLOP. Points that train less
+# than ten times that each run faster one after another in this process, which the default
+# must then choose.
+WORTH_A_PROCESS_FLOPS = 250e9
+
+
+def training_flops(experiment: Experiment) -> float:
+    """The FLOPs a point's training does: its steps times one train and one update step."""
+    programs = experiment.module.programs
+    per_step = sum(program_flops(programs[name]) for name in ("train", "update") if name in programs)
+    return float(per_step) * experiment.run.steps
+
+
 def plan_jobs(experiments: Sequence[Experiment], device: str, asked: Optional[int]) -> JobPlan:
     """ASKED (--jobs) points at a time, or as many as the free cores and the memory allow:
     one per free core, no more than the available memory holds at the largest point's plan
@@ -86,6 +101,8 @@ def plan_jobs(experiments: Sequence[Experiment], device: str, asked: Optional[in
     if asked is None:
         if not is_host(device):
             return JobPlan(1, None)
+        if sum(training_flops(e) for e in experiments) < len(experiments) * WORTH_A_PROCESS_FLOPS:
+            return JobPlan(1, None)  # a worker's start (imports, its compile) would cost more than it saves
         need = max(host_memory_plan(e).total for e in experiments)
         available = available_memory()
         by_memory = available // need if available is not None and need > 0 else len(experiments)

@@ -20,7 +20,7 @@ from conftest import REPO, wait_for
 from sexpgpu.cli.main import main
 from sexpgpu.compile.pipeline import compile_file
 from sexpgpu.ir.experiment import Selection
-from sexpgpu.jobs import JobPlan, plan_jobs
+from sexpgpu.jobs import WORTH_A_PROCESS_FLOPS, JobPlan, plan_jobs, training_flops
 from sexpgpu.runtime.threads import plan_threads, process_cores
 
 SWEEP = (REPO / "examples" / "sweep.lisp").read_text()
@@ -161,3 +161,13 @@ def test_the_default_is_what_the_free_cores_and_the_memory_allow(tmp_path: Path)
     asked = plan_jobs([experiment] * 4, "cpu", 2)
     assert asked.jobs == 2 and asked.share is not None and asked.jobs * asked.share <= process_cores()
     assert plan_jobs([experiment] * 4, "cpu", 1) == JobPlan(1, None)  # one at a time: the point's own thread plan
+
+
+def test_points_too_small_to_pay_for_a_process_run_one_at_a_time_by_default() -> None:
+    experiment = compile_file(REPO / "examples" / "sweep.lisp", Selection(sweep="lr", point=0)).experiment
+    assert experiment is not None
+    assert training_flops(experiment) < WORTH_A_PROCESS_FLOPS  # the example's points are small
+    assert plan_jobs([experiment] * 64, "cpu", None) == JobPlan(1, None)  # whatever the free cores
+    big = experiment.model_copy(update={"run": experiment.run.model_copy(update={"steps": int(2 * WORTH_A_PROCESS_FLOPS / training_flops(experiment) * experiment.run.steps)})})
+    assert training_flops(big) >= WORTH_A_PROCESS_FLOPS
+    assert plan_jobs([big] * 2, "cpu", 2).jobs == 2  # asked for: always honoured

@@ -10,7 +10,7 @@ from typing import Any, Optional
 from ..ir.experiment import Experiment
 from ..compile.pipeline import CompileResult, compile_file
 from ..ir.graph import Program, shape_size
-from ..ir.ops import op_def
+from ..ir.ops import program_flops
 from ..lisp.diagnostics import SourceMap
 from ..lisp.program import has_errors
 from ..runtime.memory import device_memory_plan, host_memory_plan
@@ -90,11 +90,6 @@ def run_ir(args: argparse.Namespace) -> int:
     else:
         print(program.text())
     return Exit.OK
-
-
-def program_flops(program: Program) -> int:
-    types = program.types()
-    return sum(op_def(n.op).flops(n, [types[a] for a in n.args]) for n in program.nodes)
 
 
 def explain_document(experiment: Experiment) -> dict[str, Any]:

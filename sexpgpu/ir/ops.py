@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
-from .graph import Node, TensorType
+from .graph import Node, Program, TensorType
 
 if TYPE_CHECKING:
     from .builder import Builder
@@ -114,6 +114,12 @@ def op_def(name: str) -> OpDef:
         return OPS[name]
     except KeyError:
         raise OpError(f"unknown op `{name}`") from None
+
+
+def program_flops(program: "Program") -> int:
+    """The FLOPs one run of PROGRAM does, by each op's own rule."""
+    types = program.types()
+    return sum(op_def(n.op).flops(n, [types[a] for a in n.args]) for n in program.nodes)
 
 
 _LOADED: list[bool] = []
