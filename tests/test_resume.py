@@ -123,11 +123,11 @@ def test_a_resumed_attempt_keeps_the_thread_count_of_the_first_whatever_it_would
     assert proc.wait(timeout=300) == 0, proc.stderr.read() if proc.stderr else ""
     (slug,) = [p.name for p in broken.iterdir() if p.is_dir()]
     assert any(e["kind"] == "resume" and e["from_step"] == 20 for e in RunFolder(Store.open(str(broken)), slug).read_events())
-    plan = RunFolder(Store.open(str(broken)), slug).read_run_info().threads
-    assert plan is not None and (plan.blas, plan.cores, plan.source) == (2, 1, "run.json"), plan
     reference, resumed = final_params(straight, 40), final_params(broken, 40)
     for name, value in reference.items():
         assert value.tobytes() == resumed[name].tobytes(), name
+    plan = RunFolder(Store.open(str(broken)), slug).read_run_info().threads
+    assert plan is not None and (plan.blas, plan.cores, plan.source) == (2, 1, "run.json"), plan
 
 
 def test_threads_the_user_sets_on_a_resume_win_and_are_warned_about(tmp_path: Path) -> None:
