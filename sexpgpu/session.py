@@ -35,7 +35,7 @@ from .runtime.memory import host_memory_problem
 from .runtime.ranks import Collective
 from .runtime.runfolder import FolderHeld, RunFolder, run_slug
 from .runtime.stops import StopRequests
-from .runtime.threads import blas_threads, plan_threads
+from .runtime.threads import ThreadPlan, blas_threads, departs_from, plan_threads
 from .runtime.store import DEFAULT_PATIENCE_S, Store, is_store_failure, store_problem
 
 T = TypeVar("T")
@@ -213,7 +213,11 @@ class Session:
         if problem is not None:
             return self.refuse(Exit.CANNOT_START, f"cannot start here: {problem}", slug)
         settings = self.settings
-        threads = plan_threads(compiled.experiment.module.programs.values(), settings.threads, share=settings.thread_share)
+        recorded = None if settings.fresh else self.recorded_threads(slug)
+        threads = plan_threads(compiled.experiment.module.programs.values(), settings.threads, share=settings.thread_share, recorded=recorded)
+        departure = departs_from(threads, recorded)
+        if departure is not None:
+            self.reporter.say(f"warning: {departure}")
         options = RunOptions(threads=threads, store=settings.store, device=self.device, backend=self.backend, stops=self.stops,
                              max_steps=max_steps if max_steps is not None else settings.max_steps,
                              max_steps_by=max_steps_by if max_steps is not None and max_steps_by else settings.max_steps_by,
@@ -223,6 +227,20 @@ class Session:
                              notice=self.reporter.notice)
         with blas_threads(threads, self.backend):
             return self.guarded(slug, lambda: train(compiled.experiment, options, say=self.reporter.say))
+
+    def recorded_threads(self, slug: str) -> Optional[ThreadPlan]:
+        """The thread plan SLUG's earlier attempts recorded in run.json (an attempt that
+        continues the run keeps its count, which changes the products' last bits), or None
+        for a run not started yet."""
+        try:
+            folder = RunFolder(Store.open(self.settings.store), slug)
+            return folder.read_run_info().threads if folder.exists() else None
+        except ValueError:  # a run.json this sexpgpu cannot read: the attempt itself refuses it or starts over
+            return None
+        except Exception as exc:  # the store: the attempt itself will say what is wrong
+            if not is_store_failure(exc):
+                raise
+            return None
 
     def failed_before(self, compiled: Compiled) -> Optional[AttemptOutcome]:
         """The outcome an earlier attempt of COMPILED's run ended with, when it failed (a

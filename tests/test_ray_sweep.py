@@ -23,12 +23,14 @@ from sexpgpu.runtime.checkpoint import list_checkpoints, load_checkpoint
 from sexpgpu.runtime.attempt import RunOptions, train
 from sexpgpu.runtime.runfolder import RunFolder
 from sexpgpu.runtime.store import Store
+from sexpgpu.runtime.threads import blas_threads, plan_threads
 from sexpgpu.session import Session, Settings
 
 ray = pytest.importorskip("ray")
 from orchestration.driver import SweepPoint, sweep_points  # noqa: E402 (needs Ray)
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # one local Ray cluster at a time
 
+WORKER_CPUS = 1  # what orchestration/gang.py asks of Ray for a CPU rank
 LRS = [0.003, 0.002, 0.001, 0.0005]
 STEPS = 300
 RUN = (REPO / "examples" / "charlm.lisp").read_text().replace(
@@ -69,16 +71,19 @@ def points(project: Path) -> list[SweepPoint]:
 @pytest.fixture(scope="module")
 def local(project: Path) -> dict[str, dict[str, np.ndarray]]:
     """The same sweep run locally, point by point, on the device the workers use (`cpu`, the
-    compiled CPU device): slug -> final parameters."""
+    compiled CPU device) and with their thread count (the CPUs Ray gives a worker, one: the
+    count changes a product's last bits, docs/devices.md): slug -> final parameters."""
     from sexpgpu.runtime.devices import open_device
 
     store = project.parent / "local"
     finals = {}
     device, backend = open_device("cpu")
+    plan = plan_threads([], requested=WORKER_CPUS)
     for point in range(len(LRS)):
         experiment = compile_file(project, Selection(sweep="lrs", point=point)).experiment
         assert experiment is not None
-        slug = train(experiment, RunOptions(store=str(store), signals=False, device=device, backend=backend), say=lambda _: None).slug
+        with blas_threads(plan, backend):
+            slug = train(experiment, RunOptions(store=str(store), signals=False, device=device, backend=backend, threads=plan), say=lambda _: None).slug
         assert slug is not None
         finals[slug] = final(Store.open(str(store)), slug)
     return finals

@@ -20,6 +20,7 @@ from sexpgpu.runtime.checkpoint import ResumeError, list_checkpoints, load_check
 from sexpgpu.runtime.attempt import RunOptions, train
 from sexpgpu.runtime.runfolder import RunFolder, run_slug
 from sexpgpu.runtime.store import Store
+from sexpgpu.runtime.threads import BLAS_VARIABLES
 
 LONG = (REPO / "examples" / "charlm.lisp").read_text().replace(
     "(defrun :steps 600 :seed 0 :log-every 50)", "(defrun :steps 400 :seed 0 :log-every 5 :checkpoint (:every 30 :keep 2))"
@@ -36,18 +37,22 @@ def write_run(tmp_path: Path, text: str = LONG) -> Path:
     return path
 
 
-def final_params(store: Path) -> dict[str, np.ndarray]:
+def final_params(store: Path, steps: int = 400) -> dict[str, np.ndarray]:
     (slug,) = [p.name for p in store.iterdir() if p.is_dir()]
     s = Store.open(str(store))
     name = [c.name for c in list_checkpoints(s, slug) if c.valid][-1]
     params, _, state = load_checkpoint(s, slug, name)
-    assert state.step == 400
+    assert state.step == steps
     return params
 
 
-def cli_run(path: Path, store: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "NO_COLOR": "1"}
-    return subprocess.Popen([sys.executable, "-m", "sexpgpu", "run", str(path), "--store", str(store), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+def cli_run(path: Path, store: Path, *flags: str, one_core: bool = False) -> subprocess.Popen[str]:
+    """`sexpgpu run PATH --store STORE FLAGS`; ONE_CORE: the process may use only this
+    process's first core (its affinity, which the thread plan counts)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SEXPGPU_THREADS", *BLAS_VARIABLES)} | {"NO_COLOR": "1"}
+    first = min(os.sched_getaffinity(0))
+    return subprocess.Popen([sys.executable, "-m", "sexpgpu", "run", str(path), "--store", str(store), "--quiet", *flags], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=(lambda: os.sched_setaffinity(0, {first})) if one_core else None)
 
 
 def logged_step(store: Path) -> int:
@@ -66,16 +71,19 @@ KILLS = ((45, signal.SIGKILL), (130, signal.SIGTERM), (200, signal.SIGKILL), (31
 
 
 def test_killed_and_resumed_runs_end_bit_identical(tmp_path: Path) -> None:
+    """Both runs get one BLAS thread (the count changes a product's last bits, so a run
+    compared bit for bit with another has its count set); the broken run only on its first
+    attempt: the later ones keep it on their own, whatever the load."""
     path = write_run(tmp_path)
     straight = tmp_path / "straight"
-    proc = cli_run(path, straight)
+    proc = cli_run(path, straight, "--threads", "1")
     assert proc.wait(timeout=300) == 0, proc.stderr.read() if proc.stderr else ""
     reference = final_params(straight)
 
     broken = tmp_path / "broken"
     landed = 0
     for after, sig in KILLS:
-        proc = cli_run(path, broken)
+        proc = cli_run(path, broken, *(("--threads", "1") if landed == 0 else ()))
         wait_for(lambda after=after, proc=proc: logged_step(broken) >= after or proc.poll() is not None, f"step {after} logged")
         proc.send_signal(sig)
         code = proc.wait(timeout=120)
@@ -94,6 +102,47 @@ def test_killed_and_resumed_runs_end_bit_identical(tmp_path: Path) -> None:
     assert series == straight_series, "the same loss series as the uninterrupted run"
     history = RunFolder(Store.open(str(broken)), slug).read_events(superseded=True)
     assert sum(e["kind"] == "resume" for e in history) == landed, "every attempt after a kill resumed"
+
+
+SHORT = LONG.replace("(defrun :steps 400 :seed 0 :log-every 5 :checkpoint (:every 30 :keep 2))", "(defrun :steps 40 :seed 0 :log-every 5 :checkpoint (:every 20 :keep 2))")
+
+
+def test_a_resumed_attempt_keeps_the_thread_count_of_the_first_whatever_it_would_choose_now(tmp_path: Path) -> None:
+    """OpenBLAS's products change in the last bits with its thread count, which a run
+    chooses from the cores free when it starts. The first attempt has 2 threads; the
+    resumed one runs where it would choose 1 (one core in its affinity) and keeps 2 (run.json),
+    so it ends with the bits of the run never stopped."""
+    path = write_run(tmp_path, SHORT)
+    straight = tmp_path / "straight"
+    proc = cli_run(path, straight, "--threads", "2")
+    assert proc.wait(timeout=300) == 0, proc.stderr.read() if proc.stderr else ""
+    broken = tmp_path / "broken"
+    proc = cli_run(path, broken, "--threads", "2", "--max-steps", "20")
+    assert proc.wait(timeout=300) == 0, proc.stderr.read() if proc.stderr else ""
+    proc = cli_run(path, broken, one_core=True)
+    assert proc.wait(timeout=300) == 0, proc.stderr.read() if proc.stderr else ""
+    (slug,) = [p.name for p in broken.iterdir() if p.is_dir()]
+    assert any(e["kind"] == "resume" and e["from_step"] == 20 for e in RunFolder(Store.open(str(broken)), slug).read_events())
+    reference, resumed = final_params(straight, 40), final_params(broken, 40)
+    for name, value in reference.items():
+        assert value.tobytes() == resumed[name].tobytes(), name
+    plan = RunFolder(Store.open(str(broken)), slug).read_run_info().threads
+    assert plan is not None and (plan.blas, plan.cores, plan.source) == (2, 1, "run.json"), plan
+
+
+def test_threads_the_user_sets_on_a_resume_win_and_are_warned_about(tmp_path: Path) -> None:
+    path = write_run(tmp_path, SHORT)
+    store = tmp_path / "runs"
+    proc = cli_run(path, store, "--threads", "2", "--max-steps", "20")
+    assert proc.wait(timeout=300) == 0, proc.stderr.read() if proc.stderr else ""
+    proc = subprocess.Popen([sys.executable, "-m", "sexpgpu", "run", str(path), "--store", str(store), "--threads", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "NO_COLOR": "1"})
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "--threads 1 gives this run 1 BLAS thread(s) where its earlier attempts had 2" in out + err
+    (slug,) = [p.name for p in store.iterdir() if p.is_dir()]
+    plan = RunFolder(Store.open(str(store)), slug).read_run_info().threads
+    assert plan is not None and (plan.blas, plan.source) == (1, "flag")
 
 
 def compiled(path: Path):  # type: ignore[no-untyped-def]

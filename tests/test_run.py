@@ -112,6 +112,28 @@ def test_slug_does_not_depend_on_the_working_folder(tmp_path: Path) -> None:
     assert json.loads(outer.stdout)["base"] == json.loads(inner.stdout)["base"]
 
 
+def test_a_continued_run_keeps_its_recorded_thread_count_unless_the_user_sets_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The count changes a product's last bits (docs/devices.md), so the plan of an attempt
+    that continues a run is the one its run.json recorded, whatever the load now."""
+    from sexpgpu.runtime import threads
+    from sexpgpu.runtime.threads import ThreadPlan, departs_from, plan_threads
+
+    large = experiment(Selection()).module.programs.values()
+    monkeypatch.setattr(threads, "process_cores", lambda: 4)
+    monkeypatch.setattr(threads, "largest_product", lambda programs: 10**8)
+    monkeypatch.setattr(threads, "busy_cores", lambda: 2.9)  # a busy machine: a new run would get 1
+    recorded = ThreadPlan(blas=3, cores=4, source="chosen", reason="1.0 of 4 cores busy with other work")
+    kept = plan_threads(large, environ={}, recorded=recorded)
+    assert (kept.blas, kept.cores, kept.source) == (3, 4, "run.json") and departs_from(kept, recorded) is None
+    assert plan_threads(large, environ={}, recorded=kept).blas == 3, "and the attempt after it too"
+    theirs = plan_threads(large, requested=1, environ={}, recorded=recorded)
+    assert theirs.blas == 1 and theirs.source == "flag"
+    assert departs_from(theirs, recorded) == ("--threads 1 gives this run 1 BLAS thread(s) where its earlier attempts had 3: its numbers will "
+                                              "differ in the last bits from a run never stopped (leave the threads unset to keep 3)")
+    assert plan_threads(large, environ={"SEXPGPU_THREADS": "2"}, recorded=recorded).blas == 2
+    assert plan_threads(large, environ={}).blas == 1
+
+
 def test_the_runtime_chooses_the_blas_threads_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No variable needed: a run of small products gets one BLAS thread; large products get
     the cores other work leaves free; --threads, $SEXPGPU_THREADS and the BLAS's own

@@ -125,7 +125,7 @@ def data_roots_from(args: argparse.Namespace) -> tuple[str, ...]:
 
 def add_threads_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive_int, default=None, metavar="N",
-                        help="the CPU's BLAS threads (default: chosen from the run's work and the free cores; also $SEXPGPU_THREADS)")
+                        help="the CPU's BLAS threads (default: a continued run's from run.json, else chosen from the run's work and the free cores; also $SEXPGPU_THREADS)")
 
 
 def threads_from(args: argparse.Namespace) -> Optional[int]:

@@ -15,6 +15,13 @@ core busy, a second thread waits for it at every matrix product, and the char mo
 `--threads N`, `$SEXPGPU_THREADS`, and a BLAS variable the user set (`OPENBLAS_NUM_THREADS`,
 `OMP_NUM_THREADS`, `MKL_NUM_THREADS`) win over the plan, in that order. The plan is
 recorded in run.json and `doctor` prints it.
+
+The count changes numbers: OpenBLAS splits a product between its threads, and the split
+changes the last bits of its results (every product of the char model does, at 1 against 2
+threads). So the count is part of what a run computes: an attempt that continues a run
+takes the count run.json recorded, whatever the load now, and a resumed run ends with the
+bits of one never stopped. (The compiled device's own kernels split their items, which
+changes no bit.)
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ THREADS_VARIABLE = "SEXPGPU_THREADS"
 BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 SMALL_PRODUCT = 1_000_000  # multiply-adds: below this, a product gains nothing from threads
 SAMPLE_S = 0.1
+RECORDED_SOURCE = "run.json"  # the source of a continued run's plan: its earlier attempts'
 
 class ThreadPlan(BaseModel):
     """What run.json records of the run's threads."""
@@ -95,20 +103,19 @@ def free_cores(cores: int) -> tuple[int, Optional[float]]:
 
 
 def plan_threads(programs: Iterable[Program], requested: Optional[int] = None, environ: Optional[Mapping[str, str]] = None,
-                 assume_large: bool = False, share: Optional[int] = None) -> ThreadPlan:
+                 assume_large: bool = False, share: Optional[int] = None, recorded: Optional[ThreadPlan] = None) -> ThreadPlan:
     """The BLAS threads for a run of PROGRAMS (REQUESTED: --threads; ASSUME_LARGE: as for a
     run whose products are large, when there is no run to look at; SHARE: the most cores the
-    run may take, its part of a sweep that runs points side by side)."""
+    run may take, its part of a sweep that runs points side by side; RECORDED: the plan of
+    the run's earlier attempts, which an attempt continuing it keeps)."""
     environ = os.environ if environ is None else environ
     cores = process_cores() if share is None else max(1, min(share, process_cores()))
-    if requested is not None:
-        return ThreadPlan(blas=requested, cores=cores, source="flag", reason=f"--threads {requested}")
-    for variable in (THREADS_VARIABLE, *BLAS_VARIABLES):
-        text = environ.get(variable, "").strip()
-        if text:
-            if not text.isdigit() or int(text) < 1:
-                raise ValueError(f"${variable}={text!r}: use a whole number of threads, 1 or more")
-            return ThreadPlan(blas=int(text), cores=cores, source=variable, reason=f"${variable}={text}")
+    explicit = user_threads(requested, environ, cores)
+    if explicit is not None:
+        return explicit
+    if recorded is not None:
+        return ThreadPlan(blas=recorded.blas, cores=cores, source=RECORDED_SOURCE,
+                          reason=f"the run's earlier attempts had {recorded.blas}: a product's last bits depend on the count")
     largest = SMALL_PRODUCT if assume_large else largest_product(programs)
     if largest < SMALL_PRODUCT or cores == 1:
         why = ("one core" if share is None else "one core: this point's share of the sweep's cores") if cores == 1 else f"the largest product is {largest:,} multiply-adds: threads cannot help it"
@@ -119,6 +126,28 @@ def plan_threads(programs: Iterable[Program], requested: Optional[int] = None, e
     if busy is None:
         return ThreadPlan(blas=cores, cores=cores, source="chosen", reason="every core (how busy they are is not known here)")
     return ThreadPlan(blas=free, cores=cores, source="chosen", reason=f"{busy:.1f} of {cores} cores busy with other work")
+
+
+def user_threads(requested: Optional[int], environ: Mapping[str, str], cores: int) -> Optional[ThreadPlan]:
+    """The plan the user asked for (--threads, then the variables), or None."""
+    if requested is not None:
+        return ThreadPlan(blas=requested, cores=cores, source="flag", reason=f"--threads {requested}")
+    for variable in (THREADS_VARIABLE, *BLAS_VARIABLES):
+        text = environ.get(variable, "").strip()
+        if text:
+            if not text.isdigit() or int(text) < 1:
+                raise ValueError(f"${variable}={text!r}: use a whole number of threads, 1 or more")
+            return ThreadPlan(blas=int(text), cores=cores, source=variable, reason=f"${variable}={text}")
+    return None
+
+
+def departs_from(plan: ThreadPlan, recorded: Optional[ThreadPlan]) -> Optional[str]:
+    """What to tell the user when PLAN (theirs) gives a continued run another count than its
+    earlier attempts had (RECORDED), or None."""
+    if recorded is None or plan.blas == recorded.blas:
+        return None
+    return (f"{plan.reason} gives this run {plan.blas} BLAS thread(s) where its earlier attempts had {recorded.blas}: "
+            f"its numbers will differ in the last bits from a run never stopped (leave the threads unset to keep {recorded.blas})")
 
 
 @contextmanager
