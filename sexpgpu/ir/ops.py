@@ -4,7 +4,7 @@ gradient written as IR, its NumPy kernel, its kind, and what the CUDA lowering r
 
 The kind says what the op computes as far as a backend cares, and so which generic lowering
 it gets: the NumPy plan shares a view's memory and computes a constant once; the CUDA
-lowering (runtime/cuda/lowering.py) looks an op's rule up by its name, then by its kind.
+lowering (runtime/lower/lowering.py) looks an op's rule up by its name, then by its kind.
 
 Entries live in ops_*.py next to this file and register themselves here; adding an op
 touches one entry (and, for an op with a CUDA kernel of its own, one lowering file).

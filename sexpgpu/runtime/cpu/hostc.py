@@ -1,6 +1,6 @@
-"""The host emitter: the CUDA lowering's kernels written as C for the CPU.
+"""The host emitter: the lowering's kernels (runtime/lower/) written as C for the CPU.
 
-The lowering (runtime/cuda/: the fusion partition, the reduction strategies, the row groups,
+The lowering (runtime/lower/: the fusion partition, the reduction strategies, the row groups,
 the arena, the order in which steps launch) is one; it has two emitters. The CUDA one writes
 each step's kernels for a GPU; this one writes the same kernels as plain C functions
 `void NAME(void* const* args, long long begin, long long end)` that compute the items
@@ -40,12 +40,12 @@ from typing import Callable, Mapping, Optional
 from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, Shape, TensorType, shape_size
 from ...ir.ops import OpKind, op_def
-from ..cuda.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, geometry
-from ..cuda.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage, unpack
-from ..cuda.kernels import ReduceStrategy, axis_coords, piecewise, planned_strategy, reduce_geometry
-from ..cuda.lowering import Step
-from ..cuda.row_kernel import BLOCK_ROWS, WARP_ROWS, needed_row_nodes
-from ..cuda.steps import FusedGroup, ReduceGroup, RowGroup
+from ..lower.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, geometry
+from ..lower.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage, unpack
+from ..lower.kernels import ReduceStrategy, axis_coords, piecewise, planned_strategy, reduce_geometry
+from ..lower.lowering import Step
+from ..lower.row_kernel import BLOCK_ROWS, WARP_ROWS, needed_row_nodes
+from ..lower.steps import FusedGroup, ReduceGroup, RowGroup
 
 SXB = 256  # elements per block of a chain with NumPy calls; a multiple of every lane count
 FLAT_CHUNK = 4096  # elements per item of an elementwise kernel whose inputs need no row bases
