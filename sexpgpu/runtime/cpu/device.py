@@ -28,7 +28,7 @@ from ..backend import Ready
 from ..lower.blas import CUBLAS_OP_N, BlasCall
 from ..lower.codegen import STORAGE, KernelSource
 from ..lower.executor import ArrayDevice, DeviceBackend, LoweredProgram, ProgramRun
-from .hostc import NUMPY_UFUNCS, HostKernel, host_kernels, host_prelude
+from .hostc import HostKernel, host_kernels, host_prelude, numpy_ufuncs
 from .runtime_c import RUNTIME_C
 from .toolchain import Compiled, Toolchain
 
@@ -49,12 +49,12 @@ class SxRef(ctypes.Structure):
 
 # -- what the kernels call: NumPy's f32 loops, the BLAS ------------------------------------------------------
 def numpy_loops() -> list[tuple[int, int]]:
-    """The f32 inner loops (function, data) of the ufuncs NUMPY_UFUNCS, read from each ufunc's
+    """The f32 inner loops (function, data) of the ufuncs `numpy_ufuncs` (in the op table's order), read from each ufunc's
     PyUFuncObject (NumPy's public C struct: `functions`, `data`, `ntypes`, `name`, `types`),
     each read checked against what Python says of the ufunc."""
     loops = []
     pointer = ctypes.sizeof(ctypes.c_void_p)
-    for name in NUMPY_UFUNCS:
+    for name in numpy_ufuncs():
         ufunc = getattr(np, name)
         address = id(ufunc)
         head = 2 * pointer  # PyObject_HEAD

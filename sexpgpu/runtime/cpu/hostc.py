@@ -22,8 +22,8 @@ CPU device (device.py) can give the items to several threads.
 - Attention: each query (or key) is computed as its CUDA thread computes it, tile by tile
   with the device's tile sizes, so the online softmax rescales at the same keys.
 
-Elementwise f32 exp, log, log1p, tanh, sin, cos and pow are NumPy's own loops (the ufuncs'
-f32 inner loops, called on blocks of SXB elements): NumPy computes these with its own SIMD
+Elementwise f32 exp, log, log1p, tanh, sin, cos and pow (the op table's `numpy_f32_loop`)
+are NumPy's own loops (the ufuncs' f32 inner loops, called on blocks of SXB elements): NumPy computes these with its own SIMD
 code, whose last bit differs from the C library's in up to a third of the elements, and the
 CPU device's elementwise results are NumPy's bit for bit. bf16 computes in f32 through the C
 library, as ml_dtypes does, rounded after every node. `math="libm"` uses the C library for
@@ -39,7 +39,7 @@ from typing import Callable, Mapping, Optional
 
 from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, Shape, TensorType, shape_size
-from ...ir.ops import OpKind, op_def
+from ...ir.ops import OpKind, all_ops, op_def
 from ..lower.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, geometry
 from ..lower.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage, unpack
 from ..lower.kernels import ReduceStrategy, axis_coords, piecewise, planned_strategy, reduce_geometry
@@ -50,9 +50,16 @@ from ..lower.steps import FusedGroup, ReduceGroup, RowGroup
 SXB = 256  # elements per block of a chain with NumPy calls; a multiple of every lane count
 FLAT_CHUNK = 4096  # elements per item of an elementwise kernel whose inputs need no row bases
 
-# the NumPy ufunc whose f32 loop computes each op (device.py fetches the loops)
-NUMPY_LOOPS = {"exp": 0, "log": 1, "log1p": 2, "tanh": 3, "sin": 4, "cos": 5, "pow": 6}
-NUMPY_UFUNCS = ("exp", "log", "log1p", "tanh", "sin", "cos", "power")
+
+def numpy_loop_ops() -> tuple[str, ...]:
+    """The ops whose f32 results NumPy's own loops compute (the op table's `numpy_f32_loop`),
+    in table order: op k calls loop k of the host module's table (device.py fetches them)."""
+    return tuple(name for name, op in all_ops().items() if op.numpy_f32_loop is not None)
+
+
+def numpy_ufuncs() -> tuple[str, ...]:
+    """The NumPy ufunc of each of `numpy_loop_ops`, in the same order."""
+    return tuple(str(op_def(name).numpy_f32_loop) for name in numpy_loop_ops())
 
 HOST_PRELUDE = r"""
 #include <math.h>
@@ -63,8 +70,8 @@ static inline float sx_bits_float(unsigned int b) { float f; memcpy(&f, &b, 4); 
 static inline unsigned int sx_float_bits(float f) { unsigned int b; memcpy(&b, &f, 4); return b; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 typedef void (*sx_loop)(char**, const long*, const long*, void*);
-static sx_loop sx_np[7];
-static void* sx_np_data[7];
+static sx_loop sx_np[SX_LOOPS];
+static void* sx_np_data[SX_LOOPS];
 void sx_set_math(int k, void* fn, void* data) { sx_np[k] = (sx_loop)fn; sx_np_data[k] = data; }
 static inline void sx_np1(int k, const float* x, float* y, long long n) {
   char* args[2] = {(char*)x, (char*)y}; long dims[1] = {(long)n}; long steps[2] = {4, 4};
@@ -79,7 +86,7 @@ static inline void sx_np2(int k, const float* a, long sa, const float* b, long s
 
 
 def host_prelude() -> str:
-    return HOST_PRELUDE + PRELUDE
+    return HOST_PRELUDE.replace("SX_LOOPS", str(len(numpy_loop_ops()))) + PRELUDE
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,7 @@ class HostKernel:
 
 
 def is_call(node: Node, math: str) -> bool:
-    return math == "numpy" and node.op in NUMPY_LOOPS and node.type.dtype == DType.f32
+    return math == "numpy" and op_def(node.op).numpy_f32_loop is not None and node.type.dtype == DType.f32
 
 
 def function(name: str, decls: tuple[str, ...] | list[str], body: list[str]) -> str:
@@ -214,7 +221,7 @@ class Chain:
         return out, {v: f"{self.array(v)}[j]" if v not in self.preset else self.preset[v] for v in targets}
 
     def call_lines(self, node: Node, count: str, indent: str) -> list[str]:
-        k = NUMPY_LOOPS[node.op]
+        k = numpy_loop_ops().index(node.op)
         out = self.array(node.id)
         if len(node.args) == 1:
             return [f"{indent}sx_np1({k}, {self.array(node.args[0])}, {out}, {count});"]
