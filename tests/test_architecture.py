@@ -14,6 +14,8 @@ inside functions included, so a lazy import cannot hide a broken rule.
 - results/ and dashboard/ (runs, ui, plot) only read: no Lisp, no compiler, no session.
 - Each op is declared once, with its kind; adding one with its own kernel touches its
   entry and one lowering.
+- A device writes a step's kernels by the emitter registered for the step's type and the
+  device (runtime/lower/emitters.py), never by an isinstance chain on step types.
 """
 
 from __future__ import annotations
@@ -212,6 +214,66 @@ def test_an_op_with_a_kernel_of_its_own_needs_only_its_entry_and_its_lowering(mo
     got = LoweredProgram(program, ArrayDevice(np, HostRunner())).run(feeds)["out"]
     np.testing.assert_allclose(got, want, rtol=1e-6)
     np.testing.assert_allclose(want, np.exp(feeds["x"])[:, ::-1] + feeds["x"], rtol=1e-6)
+
+
+def step_type_names() -> set[str]:
+    """The names of the lowering's step classes (the classes of its step modules that write
+    kernels and a report line)."""
+    from sexpgpu.runtime.lower import attention, images, steps
+
+    return {name for module in (steps, images, attention) for name, value in vars(module).items()
+            if isinstance(value, type) and value.__module__ == module.__name__
+            and callable(getattr(value, "kernels", None)) and callable(getattr(value, "describe", None))}
+
+
+def test_no_device_dispatches_on_step_types_with_isinstance() -> None:
+    """runtime/cpu/ and runtime/cuda/ never ask `isinstance(x, SomeStep)`: each step type's
+    emitter is registered for its device (`register_emitter(..., platform=)`)."""
+    names = step_type_names()
+    assert {"FusedGroup", "ReduceGroup", "RowGroup", "AttentionStep", "ConvStep"} <= names, names
+    offenders = []
+    for folder in ("cpu", "cuda"):
+        for path in sorted((REPO / "sexpgpu" / "runtime" / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" and len(node.args) == 2:
+                    classes = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+                    if any(isinstance(c, ast.Name) and c.id in names for c in classes):
+                        offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not offenders, "isinstance on a step type in a device package: " + ", ".join(offenders)
+
+
+def test_an_emitter_is_found_by_step_type_and_platform(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The emitter registered for a step's type on a platform writes its kernels; a subclass
+    without its own gets its base's; another platform's, or none, leaves the default; a second
+    registration for one (type, platform) is refused."""
+    from sexpgpu.runtime.cpu import hostc
+    from sexpgpu.runtime.lower.attention import AttentionGradStep, AttentionStep
+    from sexpgpu.runtime.lower.emitters import EMITTERS, emitter_for, register_emitter
+    from sexpgpu.runtime.lower.steps import FusedGroup, ReduceGroup, RowGroup
+
+    for step_type in (FusedGroup, ReduceGroup, RowGroup, AttentionStep, AttentionGradStep):
+        assert (step_type, hostc.PLATFORM) in EMITTERS, step_type
+    assert EMITTERS[(AttentionGradStep, "cpu")] is not EMITTERS[(AttentionStep, "cpu")]
+
+    class Base:
+        pass
+
+    class Derived(Base):
+        pass
+
+    def default() -> str:
+        return "default"
+
+    def own() -> str:
+        return "own"
+
+    monkeypatch.setattr("sexpgpu.runtime.lower.emitters.EMITTERS", dict(EMITTERS))
+    register_emitter(Base, platform="cpu")(own)
+    assert emitter_for(Derived(), "cpu", default)() == "own"
+    assert emitter_for(Derived(), "cuda", default)() == "default"
+    assert emitter_for(object(), "cpu", default)() == "default"
+    with pytest.raises(ValueError, match="registered twice"):
+        register_emitter(Base, platform="cpu")(default)
 
 
 def test_lisp_knows_nothing_of_tensors_and_ir_nothing_of_lisp() -> None:

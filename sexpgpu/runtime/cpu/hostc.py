@@ -35,13 +35,14 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, Shape, TensorType, shape_size
 from ...ir.ops import OpKind, all_ops, op_def
 from ..lower.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, geometry
 from ..lower.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage, unpack
+from ..lower.emitters import emitter_for, register_emitter
 from ..lower.kernels import ReduceStrategy, axis_coords, piecewise, planned_strategy, reduce_geometry
 from ..lower.lowering import Step
 from ..lower.row_kernel import BLOCK_ROWS, WARP_ROWS, needed_row_nodes
@@ -654,16 +655,9 @@ def rows_host(group: RowGroup, program: Program, constants: dict[int, Node], mat
     return HostKernel(kernel.name, function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops)
 
 
-# -- attention ---------------------------------------------------------------------------------------------
-def attention_host(step: AttentionStep, program: Program, constants: dict[int, Node], kernels: list[KernelSource]) -> list[HostKernel]:
-    """Each CUDA thread's computation (a query's, or in the dk/dv pass a key's) over the same
-    tiles, with the tiles read straight from memory as f32 (what the device's shared memory
-    holds): the same operations in the same order."""
-    if isinstance(step, AttentionGradStep):
-        return [attention_dq_host(step, program, constants, kernels[0]), attention_dkv_host(step, program, constants, kernels[1])]
-    return [attention_forward_host(step, program, constants, kernels[0])]
-
-
+# -- attention: each CUDA thread's computation (a query's, or in the dk/dv pass a key's) over the same
+# tiles, with the tiles read straight from memory as f32 (what the device's shared memory holds): the
+# same operations in the same order ---------------------------------------------------------------------
 def prologue_functions(kernel: KernelSource, operands: Operands) -> tuple[str, dict[str, str]]:
     """The CUDA kernel's lambdas `auto sx_q = [&](long long i) -> float { ... };` as static C
     functions over the kernel's inputs in0..; and, per role, a C call taking index i."""
@@ -831,15 +825,45 @@ def attention_dkv_host(step: AttentionGradStep, program: Program, constants: dic
 
 
 # -- every kernel of a step -------------------------------------------------------------------------------
+PLATFORM = "cpu"  # the emitters' key in the lowering's table (runtime/lower/emitters.py)
+
+# (step, program, constants, the CUDA emitter's kernels in launch order, math) -> the host functions
+HostEmitter = Callable[[Any, Program, dict[int, Node], list[KernelSource], str], list[HostKernel]]
+
+
+@register_emitter(FusedGroup, platform=PLATFORM)
+def fused_group_host(group: FusedGroup, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
+    return [elementwise_host(group, program, constants, math, kernels[0])]
+
+
+@register_emitter(ReduceGroup, platform=PLATFORM)
+def reduce_group_host(group: ReduceGroup, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
+    return reduce_host(group, program, constants, math, kernels)
+
+
+@register_emitter(RowGroup, platform=PLATFORM)
+def row_group_host(group: RowGroup, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
+    return [rows_host(group, program, constants, math, kernels[0])]
+
+
+@register_emitter(AttentionStep, platform=PLATFORM)
+def attention_host(step: AttentionStep, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
+    return [attention_forward_host(step, program, constants, kernels[0])]
+
+
+@register_emitter(AttentionGradStep, platform=PLATFORM)
+def attention_grad_host(step: AttentionGradStep, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
+    return [attention_dq_host(step, program, constants, kernels[0]), attention_dkv_host(step, program, constants, kernels[1])]
+
+
+def thread_kernels(step: Step, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
+    """Any other step's kernels (moves, gathers, constants, images, Philox): one CUDA thread per
+    item, each its own loop (`thread_kernel`)."""
+    return [thread_kernel(k) for k in kernels]
+
+
 def host_kernels(step: Step, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
     """STEP's kernels (KERNELS, the CUDA emitter's, in launch order) as host functions of the
-    same names and parameters."""
-    if isinstance(step, FusedGroup):
-        return [elementwise_host(step, program, constants, math, kernels[0])]
-    if isinstance(step, ReduceGroup):
-        return reduce_host(step, program, constants, math, kernels)
-    if isinstance(step, RowGroup):
-        return [rows_host(step, program, constants, math, kernels[0])]
-    if isinstance(step, AttentionStep):
-        return attention_host(step, program, constants, kernels)
-    return [thread_kernel(k) for k in kernels]
+    same names and parameters, by the emitter registered for its type."""
+    emitter: HostEmitter = emitter_for(step, PLATFORM, thread_kernels)
+    return emitter(step, program, constants, kernels, math)
