@@ -64,10 +64,10 @@ def mkl(folder: Path) -> Optional[Library]:
 
 def gemms(path: Path) -> list[tuple[bool, bool, int, int, int, int]]:
     """The train program's gemms: (A transposed, B transposed, m, n, k, batch), row-major."""
-    from sexpgpu.runtime.cuda.blas import CUBLAS_OP_N
-    from sexpgpu.runtime.cuda.fusion import lower
-    from sexpgpu.runtime.cuda.images import ConvStep
-    from sexpgpu.runtime.cuda.steps import GemmCall
+    from sexpgpu.runtime.lower.blas import CUBLAS_OP_N
+    from sexpgpu.runtime.lower.fusion import lower
+    from sexpgpu.runtime.lower.images import ConvStep
+    from sexpgpu.runtime.lower.steps import GemmCall
 
     experiment = experiment_of(path)
     lowering = lower(experiment.module.programs["train"])

@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from sexpgpu.ir.dtypes import DType
-from sexpgpu.runtime.cuda.blas import CUBLAS_OP_N, BlasCall
-from sexpgpu.runtime.cuda.codegen import PRELUDE, KernelSource, c_types
+from sexpgpu.runtime.lower.blas import CUBLAS_OP_N, BlasCall
+from sexpgpu.runtime.lower.codegen import PRELUDE, KernelSource, c_types
 
 SHIM = r"""
 #include <cmath>

@@ -17,11 +17,11 @@ from sexpgpu.ir.builder import Builder
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.graph import Program, TensorType
 from sexpgpu.ir.ops import OpError, all_ops
-from sexpgpu.runtime.cuda.codegen import KernelSource, LoweringError
-from sexpgpu.runtime.cuda.fusion import lower
-from sexpgpu.runtime.cuda.kernels import elementwise_kernel, kernels_for, reduce_kernels
-from sexpgpu.runtime.cuda.row_kernel import rows_kernel
-from sexpgpu.runtime.cuda.steps import RowGroup
+from sexpgpu.runtime.lower.codegen import KernelSource, LoweringError
+from sexpgpu.runtime.lower.fusion import lower
+from sexpgpu.runtime.lower.kernels import elementwise_kernel, kernels_for, reduce_kernels
+from sexpgpu.runtime.lower.row_kernel import rows_kernel
+from sexpgpu.runtime.lower.steps import RowGroup
 
 REPO = Path(__file__).resolve().parents[1]
 Kernels = dict[str, KernelSource]

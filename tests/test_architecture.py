@@ -5,6 +5,8 @@ inside functions included, so a lazy import cannot hide a broken rule.
 - lisp/ knows nothing of tensors or ML; ir/ knows nothing of Lisp; runtime/ knows neither
   Lisp nor the compiler, and a run loads neither.
 - No import circle inside runtime/.
+- The lowering (runtime/lower/) is device-neutral: the CPU device (runtime/cpu/) and the CUDA
+  device (runtime/cuda/) import it, neither imports the other, and it imports neither.
 - The core never imports Ray, orchestration/ or workers/; the CLI reaches them only inside
   the verbs that ask for them (`sweep --ray`, `submit`).
 - A verb's module never imports another verb's module.
@@ -12,6 +14,8 @@ inside functions included, so a lazy import cannot hide a broken rule.
 - results/ and dashboard/ (runs, ui, plot) only read: no Lisp, no compiler, no session.
 - Each op is declared once, with its kind; adding one with its own kernel touches its
   entry and one lowering.
+- A device writes a step's kernels by the emitter registered for the step's type and the
+  device (runtime/lower/emitters.py), never by an isinstance chain on step types.
 """
 
 from __future__ import annotations
@@ -33,11 +37,11 @@ from sexpgpu.ir.builder import Builder
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.graph import Node, Program, TensorType
 from sexpgpu.ir.ops import OPS, OpDef, OpKind, all_ops, no_flops
-from sexpgpu.runtime.cuda.codegen import KernelSource, assemble, declare
-from sexpgpu.runtime.cuda.fusion import lower
-from sexpgpu.runtime.cuda.lowering import LOWERINGS_BY_KIND, LOWERINGS_BY_OP, KernelLine, Lowered, LoweringContext, Placement, StepRun, lowering_for
-from sexpgpu.runtime.cuda.plan import report
-from sexpgpu.runtime.cuda.steps import NodeStep
+from sexpgpu.runtime.lower.codegen import KernelSource, assemble, declare
+from sexpgpu.runtime.lower.fusion import lower
+from sexpgpu.runtime.lower.lowering import LOWERINGS_BY_KIND, LOWERINGS_BY_OP, KernelLine, Lowered, LoweringContext, Placement, StepRun, lowering_for
+from sexpgpu.runtime.lower.plan import report
+from sexpgpu.runtime.lower.steps import NodeStep
 
 PACKAGES = ("sexpgpu", "orchestration", "workers")
 
@@ -132,7 +136,7 @@ def test_no_import_cycle_inside_the_runtime() -> None:
     modules it imports, counting imports inside functions (a lazy import that closes a
     circle is still a circle) and under TYPE_CHECKING."""
     graph = import_graph("sexpgpu.runtime")
-    assert "sexpgpu.runtime.cuda.fusion" in graph and graph["sexpgpu.runtime.cuda.fusion"], "the graph found no imports"
+    assert "sexpgpu.runtime.lower.fusion" in graph and graph["sexpgpu.runtime.lower.fusion"], "the graph found no imports"
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle inside sexpgpu/runtime/: " + " -> ".join(cycle or [])
 
@@ -187,7 +191,7 @@ def test_an_op_with_a_kernel_of_its_own_needs_only_its_entry_and_its_lowering(mo
     backend's result on the emulated device: nothing else in the runtime names it."""
     from cuda_host import HostRunner
 
-    from sexpgpu.runtime.cuda.executor import ArrayDevice, LoweredProgram
+    from sexpgpu.runtime.lower.executor import ArrayDevice, LoweredProgram
     from sexpgpu.runtime.numpy_backend import CompiledProgram
 
     def kernel(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
@@ -212,6 +216,66 @@ def test_an_op_with_a_kernel_of_its_own_needs_only_its_entry_and_its_lowering(mo
     np.testing.assert_allclose(want, np.exp(feeds["x"])[:, ::-1] + feeds["x"], rtol=1e-6)
 
 
+def step_type_names() -> set[str]:
+    """The names of the lowering's step classes (the classes of its step modules that write
+    kernels and a report line)."""
+    from sexpgpu.runtime.lower import attention, images, steps
+
+    return {name for module in (steps, images, attention) for name, value in vars(module).items()
+            if isinstance(value, type) and value.__module__ == module.__name__
+            and callable(getattr(value, "kernels", None)) and callable(getattr(value, "describe", None))}
+
+
+def test_no_device_dispatches_on_step_types_with_isinstance() -> None:
+    """runtime/cpu/ and runtime/cuda/ never ask `isinstance(x, SomeStep)`: each step type's
+    emitter is registered for its device (`register_emitter(..., platform=)`)."""
+    names = step_type_names()
+    assert {"FusedGroup", "ReduceGroup", "RowGroup", "AttentionStep", "ConvStep"} <= names, names
+    offenders = []
+    for folder in ("cpu", "cuda"):
+        for path in sorted((REPO / "sexpgpu" / "runtime" / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" and len(node.args) == 2:
+                    classes = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+                    if any(isinstance(c, ast.Name) and c.id in names for c in classes):
+                        offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not offenders, "isinstance on a step type in a device package: " + ", ".join(offenders)
+
+
+def test_an_emitter_is_found_by_step_type_and_platform(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The emitter registered for a step's type on a platform writes its kernels; a subclass
+    without its own gets its base's; another platform's, or none, leaves the default; a second
+    registration for one (type, platform) is refused."""
+    from sexpgpu.runtime.cpu import hostc
+    from sexpgpu.runtime.lower.attention import AttentionGradStep, AttentionStep
+    from sexpgpu.runtime.lower.emitters import EMITTERS, emitter_for, register_emitter
+    from sexpgpu.runtime.lower.steps import FusedGroup, ReduceGroup, RowGroup
+
+    for step_type in (FusedGroup, ReduceGroup, RowGroup, AttentionStep, AttentionGradStep):
+        assert (step_type, hostc.PLATFORM) in EMITTERS, step_type
+    assert EMITTERS[(AttentionGradStep, "cpu")] is not EMITTERS[(AttentionStep, "cpu")]
+
+    class Base:
+        pass
+
+    class Derived(Base):
+        pass
+
+    def default() -> str:
+        return "default"
+
+    def own() -> str:
+        return "own"
+
+    monkeypatch.setattr("sexpgpu.runtime.lower.emitters.EMITTERS", dict(EMITTERS))
+    register_emitter(Base, platform="cpu")(own)
+    assert emitter_for(Derived(), "cpu", default)() == "own"
+    assert emitter_for(Derived(), "cuda", default)() == "default"
+    assert emitter_for(object(), "cpu", default)() == "default"
+    with pytest.raises(ValueError, match="registered twice"):
+        register_emitter(Base, platform="cpu")(default)
+
+
 def test_lisp_knows_nothing_of_tensors_and_ir_nothing_of_lisp() -> None:
     imports = all_imports()
     lisp = [i for i in imports if under(i.module, "sexpgpu.lisp") and any(under(i.target, f"sexpgpu.{p}") for p in ("ir", "compile", "runtime", "cli", "session"))]
@@ -224,6 +288,21 @@ def test_the_runtime_knows_neither_lisp_nor_the_compiler() -> None:
     offenders = [i for i in all_imports() if under(i.module, "sexpgpu.runtime")
                  and any(under(i.target, f"sexpgpu.{p}") for p in ("lisp", "compile", "cli", "session", "bundle"))]
     assert not offenders, broken("sexpgpu.runtime imports Lisp, the compiler or a layer above it", offenders)
+
+
+DEVICE_PACKAGES = ("sexpgpu.runtime.lower", "sexpgpu.runtime.cpu", "sexpgpu.runtime.cuda")
+
+
+def test_the_lowering_is_shared_and_the_devices_know_nothing_of_each_other() -> None:
+    """runtime/cpu/ (the host dialect, the ctypes device) and runtime/cuda/ (the CUDA dialect,
+    the CuPy device) import the lowering (runtime/lower/); neither imports the other, and the
+    lowering imports neither, lazily or not."""
+    imports = all_imports()
+    for device in DEVICE_PACKAGES[1:]:
+        assert any(under(i.module, device) and under(i.target, "sexpgpu.runtime.lower") for i in imports), f"{device} no longer imports the lowering"
+    offenders = [i for i in imports for package in DEVICE_PACKAGES if under(i.module, package)
+                 and any(under(i.target, other) for other in DEVICE_PACKAGES if other != package and other != "sexpgpu.runtime.lower")]
+    assert not offenders, broken("a device package imports the other device, or the lowering imports a device", offenders)
 
 
 def test_a_run_loads_no_lisp_and_no_compiler_module(tmp_path: Path) -> None:

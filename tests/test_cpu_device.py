@@ -35,13 +35,13 @@ from sexpgpu.ir.builder import Builder
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.graph import Program, TensorType
 from sexpgpu.ir.ops import OpError, all_ops, op_def
-from sexpgpu.runtime.cuda.blas import BlasCall
-from sexpgpu.runtime.cuda.codegen import BLOCK, LoweringError, KernelSource
-from sexpgpu.runtime.cuda.executor import ArrayDevice, DeviceBackend, LoweredProgram
-from sexpgpu.runtime.cuda.fusion import lower
-from sexpgpu.runtime.cuda.kernels import reduce_kernels
-from sexpgpu.runtime.cuda.row_kernel import rows_kernel
-from sexpgpu.runtime.cuda.steps import FusedGroup, ReduceGroup, RowGroup
+from sexpgpu.runtime.lower.blas import BlasCall
+from sexpgpu.runtime.lower.codegen import BLOCK, LoweringError, KernelSource
+from sexpgpu.runtime.lower.executor import ArrayDevice, DeviceBackend, LoweredProgram
+from sexpgpu.runtime.lower.fusion import lower
+from sexpgpu.runtime.lower.kernels import reduce_kernels
+from sexpgpu.runtime.lower.row_kernel import rows_kernel
+from sexpgpu.runtime.lower.steps import FusedGroup, ReduceGroup, RowGroup
 from sexpgpu.runtime.numpy_backend import CompiledProgram
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("g++") is None, reason="the compiled CPU device needs a C compiler")

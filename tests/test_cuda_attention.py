@@ -1,4 +1,4 @@
-"""Fused attention on the emulated device (runtime/cuda/attention.py) against the unfused
+"""Fused attention on the emulated device (runtime/lower/attention.py) against the unfused
 NumPy path: the forward kernel and the two backward kernels, reached through autodiff of
 `attention`, give what matmul, scale, mask, softmax and matmul (and their gradients, by
 autodiff too) give on the NumPy backend, in f32 and bf16, causal or not, with several tiles
@@ -18,10 +18,10 @@ from sexpgpu.compile.autodiff import backward
 from sexpgpu.ir.builder import Builder
 from sexpgpu.ir.dtypes import DType, numpy_dtype
 from sexpgpu.ir.graph import Program, TensorType
-from sexpgpu.runtime.cuda import attention
-from sexpgpu.runtime.cuda.executor import ArrayDevice, LoweredProgram
-from sexpgpu.runtime.cuda.fusion import lower
-from sexpgpu.runtime.cuda.plan import plan_arena
+from sexpgpu.runtime.lower import attention
+from sexpgpu.runtime.lower.executor import ArrayDevice, LoweredProgram
+from sexpgpu.runtime.lower.fusion import lower
+from sexpgpu.runtime.lower.plan import plan_arena
 from sexpgpu.runtime.numpy_backend import CompiledProgram
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")

@@ -19,11 +19,11 @@ from sexpgpu.ir.builder import Builder
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.graph import Program, TensorType
 from sexpgpu.ir.ops import OPS, op_def
-from sexpgpu.runtime.cuda.codegen import KernelSource
-from sexpgpu.runtime.cuda.fusion import lower
-from sexpgpu.runtime.cuda.kernels import ReduceStrategy, elementwise_kernel, planned_strategy, reduce_geometry, reduce_kernels
-from sexpgpu.runtime.cuda.row_kernel import rows_kernel
-from sexpgpu.runtime.cuda.steps import GemmCall, RowGroup
+from sexpgpu.runtime.lower.codegen import KernelSource
+from sexpgpu.runtime.lower.fusion import lower
+from sexpgpu.runtime.lower.kernels import ReduceStrategy, elementwise_kernel, planned_strategy, reduce_geometry, reduce_kernels
+from sexpgpu.runtime.lower.row_kernel import rows_kernel
+from sexpgpu.runtime.lower.steps import GemmCall, RowGroup
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
@@ -302,7 +302,7 @@ def test_every_fusion_group_of_every_example_matches_numpy_on_the_host(examples:
 
 
 def test_the_arena_never_overlaps_two_live_buffers(examples: list[tuple[str, str, Program]]) -> None:
-    from sexpgpu.runtime.cuda.plan import plan_arena
+    from sexpgpu.runtime.lower.plan import plan_arena
 
     for stem, name, program in examples:
         lowering = lower(program)
@@ -382,7 +382,7 @@ def test_the_sorted_scatter_add_gives_the_cpu_backends_bits(dtype: DType) -> Non
     """Repeated and out-of-range indices; the same order of additions as np.add.at, so the
     same bits (not merely close)."""
     from cuda_host import HostRunner
-    from sexpgpu.runtime.cuda.executor import ArrayDevice, LoweredProgram
+    from sexpgpu.runtime.lower.executor import ArrayDevice, LoweredProgram
     from sexpgpu.runtime.numpy_backend import CompiledProgram
 
     b = Builder("scatter")
@@ -404,7 +404,7 @@ def test_the_sorted_scatter_add_gives_the_cpu_backends_bits(dtype: DType) -> Non
 ])
 def test_device_philox_gives_the_cpu_backends_bits(op: str, dtype: DType, attrs: dict[str, Any]) -> None:
     from cuda_host import HostRunner
-    from sexpgpu.runtime.cuda.executor import ArrayDevice, LoweredProgram
+    from sexpgpu.runtime.lower.executor import ArrayDevice, LoweredProgram
     from sexpgpu.runtime.numpy_backend import CompiledProgram
 
     b = Builder("random")

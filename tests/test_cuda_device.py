@@ -52,7 +52,7 @@ def compare(got: dict[str, np.ndarray], want: dict[str, Any], program: Any, what
 
 
 def test_every_op_case_on_the_gpu_matches_numpy() -> None:
-    from sexpgpu.runtime.cuda.executor import LoweredProgram
+    from sexpgpu.runtime.lower.executor import LoweredProgram
     from test_cuda_codegen import CASES, REDUCE_CASES, one_op_program, values
 
     dev = device()
@@ -66,7 +66,7 @@ def test_every_op_case_on_the_gpu_matches_numpy() -> None:
 
 
 def test_every_example_program_on_the_gpu_matches_the_numpy_backend() -> None:
-    from sexpgpu.runtime.cuda.executor import LoweredProgram
+    from sexpgpu.runtime.lower.executor import LoweredProgram
     from test_cuda_codegen import example_programs, feeds_for
 
     dev = device()
@@ -104,7 +104,7 @@ def test_examples_train_on_the_gpu_like_on_the_cpu(example: str, steps: int, rto
 @pytest.mark.parametrize("dtype", [DType.f32, DType.bf16])
 @pytest.mark.parametrize("shapes", [[(33, 17), (17, 9)], [(4, 33, 17), (17, 9)], [(2, 3, 33, 17), (2, 3, 17, 9)]])
 def test_matmuls_through_cublas_match_numpy(dtype: DType, shapes: list[tuple[int, ...]]) -> None:
-    from sexpgpu.runtime.cuda.executor import LoweredProgram
+    from sexpgpu.runtime.lower.executor import LoweredProgram
     from test_cuda_codegen import one_op_program, values
 
     program, _ = one_op_program("matmul", [dtype, dtype], shapes)
@@ -120,10 +120,10 @@ def test_every_reduction_strategy_and_row_layout_on_the_gpu_matches_numpy() -> N
     warps and blocks have real work, through NVRTC against NumPy."""
     from sexpgpu.ir.builder import Builder
     from sexpgpu.ir.graph import TensorType
-    from sexpgpu.runtime.cuda.fusion import lower
-    from sexpgpu.runtime.cuda.kernels import reduce_kernels
-    from sexpgpu.runtime.cuda.row_kernel import rows_kernel
-    from sexpgpu.runtime.cuda.steps import RowGroup
+    from sexpgpu.runtime.lower.fusion import lower
+    from sexpgpu.runtime.lower.kernels import reduce_kernels
+    from sexpgpu.runtime.lower.row_kernel import rows_kernel
+    from sexpgpu.runtime.lower.steps import RowGroup
     from test_cuda_codegen import REDUCE_CASES, assert_close, assert_reduced, one_op_program, reference, strategies, values
 
     dev = device()
@@ -172,9 +172,9 @@ def test_bf16_matmuls_of_transposes_go_to_cublas_with_its_transpose_flags(shapes
     the stored operand, and the product equals NumPy's bf16 matmul."""
     from sexpgpu.ir.builder import Builder
     from sexpgpu.ir.graph import TensorType
-    from sexpgpu.runtime.cuda.executor import LoweredProgram
-    from sexpgpu.runtime.cuda.fusion import lower
-    from sexpgpu.runtime.cuda.steps import GemmCall
+    from sexpgpu.runtime.lower.executor import LoweredProgram
+    from sexpgpu.runtime.lower.fusion import lower
+    from sexpgpu.runtime.lower.steps import GemmCall
     from test_cuda_codegen import values
 
     b = Builder("mt")
@@ -203,10 +203,10 @@ def test_every_op_of_the_table_on_the_gpu_matches_the_numpy_backend() -> None:
     NVRTC kernels and cuBLAS, in f32 and bf16: bit for bit where the device adds in the
     CPU's order, within rounding elsewhere. The kernels compile as one module first."""
     from sexpgpu.ir.ops import OpError, all_ops
-    from sexpgpu.runtime.cuda.codegen import LoweringError
-    from sexpgpu.runtime.cuda.executor import LoweredProgram
-    from sexpgpu.runtime.cuda.fusion import lower
-    from sexpgpu.runtime.cuda.kernels import kernels_for
+    from sexpgpu.runtime.lower.codegen import LoweringError
+    from sexpgpu.runtime.lower.executor import LoweredProgram
+    from sexpgpu.runtime.lower.fusion import lower
+    from sexpgpu.runtime.lower.kernels import kernels_for
     from test_cuda_ops import EDGE_CASES, EXACT, assert_equal_or_close, cases_of, one_op, pool_edge_cases
     from test_ops import _rng
 
@@ -235,8 +235,8 @@ def test_every_op_of_the_table_on_the_gpu_matches_the_numpy_backend() -> None:
 @pytest.mark.parametrize("dtype", [DType.f32, DType.bf16])
 @pytest.mark.parametrize("length,tile", [(37, 16), (70, 64), (1030, 64)])
 def test_fused_attention_on_the_gpu_matches_the_unfused_numpy_path(dtype: DType, length: int, tile: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sexpgpu.runtime.cuda import attention
-    from sexpgpu.runtime.cuda.executor import LoweredProgram
+    from sexpgpu.runtime.lower import attention
+    from sexpgpu.runtime.lower.executor import LoweredProgram
     from test_cuda_attention import attention_program, compare, feeds
 
     monkeypatch.setattr(attention, "TILE", tile)
@@ -253,7 +253,7 @@ def test_the_precompiled_kernels_are_loaded_not_compiled() -> None:
     programs still match the NumPy backend."""
     from sexpgpu.runtime.cuda import cubins
     from sexpgpu.runtime.cuda.device import CupyRunner
-    from sexpgpu.runtime.cuda.executor import ArrayDevice, LoweredProgram
+    from sexpgpu.runtime.lower.executor import ArrayDevice, LoweredProgram
     from test_cuda_codegen import example_programs, feeds_for
 
     arch = str(cupy.cuda.Device().compute_capability)

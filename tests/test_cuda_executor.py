@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO
 from cuda_host import HostRunner
 from sexpgpu.ir.dtypes import DType
-from sexpgpu.runtime.cuda.executor import ArrayDevice, DeviceBackend, LoweredProgram
+from sexpgpu.runtime.lower.executor import ArrayDevice, DeviceBackend, LoweredProgram
 from sexpgpu.runtime.numpy_backend import CompiledProgram
 from test_cuda_codegen import example_programs, feeds_for
 
@@ -162,7 +162,7 @@ def test_the_cublas_calls_of_a_matmul_compute_it_by_cublas_contract(a_shape: tup
     cuBLAS's documentation says each call computes; bf16 accumulates in f32, rounded once."""
     from cuda_host import cublas_gemm
     from sexpgpu.ir.builder import broadcast_shapes
-    from sexpgpu.runtime.cuda.blas import matmul_calls
+    from sexpgpu.runtime.lower.blas import matmul_calls
 
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal(a_shape).astype(np.float32), rng.standard_normal(b_shape).astype(np.float32)

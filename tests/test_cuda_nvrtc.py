@@ -16,7 +16,7 @@ import pytest
 
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.runtime.cuda import cubins, nvrtc
-from sexpgpu.runtime.cuda.codegen import KernelSource, Param, assemble
+from sexpgpu.runtime.lower.codegen import KernelSource, Param, assemble
 
 try:
     nvrtc.find_nvrtc(), nvrtc.find_ptxas()

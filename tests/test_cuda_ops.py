@@ -22,11 +22,11 @@ from sexpgpu.ir.builder import Builder
 from sexpgpu.ir.dtypes import DType, parse_dtype
 from sexpgpu.ir.graph import Program, TensorType
 from sexpgpu.ir.ops import OpError, all_ops
-from sexpgpu.runtime.cuda.codegen import LoweringError
-from sexpgpu.runtime.cuda.executor import ArrayDevice, LoweredProgram
-from sexpgpu.runtime.cuda.fusion import lower
-from sexpgpu.runtime.cuda.kernels import kernels_for
-from sexpgpu.runtime.cuda.plan import report
+from sexpgpu.runtime.lower.codegen import LoweringError
+from sexpgpu.runtime.lower.executor import ArrayDevice, LoweredProgram
+from sexpgpu.runtime.lower.fusion import lower
+from sexpgpu.runtime.lower.kernels import kernels_for
+from sexpgpu.runtime.lower.plan import report
 from sexpgpu.runtime.numpy_backend import CompiledProgram
 from test_ops import FORWARD_CASES, GRAD_CASES, Case, D, F, I, _rng
 
@@ -253,7 +253,7 @@ def test_a_joined_update_with_more_pointers_than_the_parameter_space_takes_them_
     """The optimizer's joined update of many parameters (1-D parts joined, updated, windowed
     back) is one kernel with an input and an output per part: past 4 KiB of parameters its
     pointers go through a device array (as GPT-2's 197 parameters need), with the same values."""
-    from sexpgpu.runtime.cuda.codegen import PARAM_BYTES
+    from sexpgpu.runtime.lower.codegen import PARAM_BYTES
 
     parts, width = 260, 3
     b = Builder("joined")

@@ -21,7 +21,7 @@ from conftest import REPO
 from cuda_host import HostRunner
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.graph import TensorType
-from sexpgpu.runtime.cuda.executor import ArrayDevice, DeviceBackend
+from sexpgpu.runtime.lower.executor import ArrayDevice, DeviceBackend
 from workers.collective import AllReduceSpec, DeviceBuckets, RankCollective, RankSpec, plan_buckets
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")

@@ -430,7 +430,7 @@ class RankCollective:
     def reduces_resident(self, backend: ComputeBackend, grads: dict[str, TensorType]) -> bool:
         """Yes for a backend whose programs run on a device, with a collective that reduces
         device buffers (NCCL)."""
-        from sexpgpu.runtime.cuda.executor import DeviceBackend
+        from sexpgpu.runtime.lower.executor import DeviceBackend
 
         reducer = self.backend.device_reducer()
         if reducer is None or not isinstance(backend, DeviceBackend):

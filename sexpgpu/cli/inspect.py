@@ -181,7 +181,7 @@ def cuda_document(experiment: Experiment, names: list[str]) -> dict[str, Any]:
     """The CUDA lowering of the selected programs and the device memory plan (no GPU needed);
     a program the lowering cannot express is `{"error": why}` and leaves the plan out."""
     from ..runtime.backend import DeviceError
-    from ..runtime.cuda.plan import report
+    from ..runtime.lower.plan import report
 
     programs: dict[str, Any] = {}
     for name in names:

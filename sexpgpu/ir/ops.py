@@ -4,7 +4,7 @@ gradient written as IR, its NumPy kernel, its kind, and what the CUDA lowering r
 
 The kind says what the op computes as far as a backend cares, and so which generic lowering
 it gets: the NumPy plan shares a view's memory and computes a constant once; the CUDA
-lowering (runtime/cuda/lowering.py) looks an op's rule up by its name, then by its kind.
+lowering (runtime/lower/lowering.py) looks an op's rule up by its name, then by its kind.
 
 Entries live in ops_*.py next to this file and register themselves here; adding an op
 touches one entry (and, for an op with a CUDA kernel of its own, one lowering file).
@@ -67,12 +67,15 @@ class OpDef:
     grad: Optional[GradRule]  # None: not differentiable (integer or boolean results)
     kind: OpKind
     arity: Optional[int] = None  # None: any number of arguments
-    # inside a fused CUDA kernel: a C expression over {0}, {1}, ... ({dtype}: the C type the
-    # result is computed in); every elementwise op has one
-    cuda: Optional[str] = None
-    # the expression for i32 and i64 results, where `cuda` calls float helpers (which round
+    # inside a fused kernel, on the CUDA device and the CPU device alike: a C expression over
+    # {0}, {1}, ... ({dtype}: the C type the result is computed in); every elementwise op has one
+    c_expr: Optional[str] = None
+    # the expression for i32 and i64 results, where `c_expr` calls float helpers (which round
     # past 2^24)
-    cuda_integer: Optional[str] = None
+    c_expr_integer: Optional[str] = None
+    # the NumPy ufunc whose f32 inner loop the CPU device calls for the op's f32 results (its
+    # default math, so that they equal NumPy's bit for bit), instead of `c_expr`
+    numpy_f32_loop: Optional[str] = None
     flops: FlopRule = elementwise_flops
     doc: str = ""
     attrs: tuple[str, ...] = field(default=())
@@ -98,8 +101,8 @@ OPS: dict[str, OpDef] = {}
 def register(op: OpDef) -> OpDef:
     if op.name in OPS:
         raise ValueError(f"op {op.name} registered twice")
-    if op.kind is OpKind.ELEMENTWISE and op.cuda is None:
-        raise ValueError(f"op {op.name}: an elementwise op needs its C expression (cuda=)")
+    if op.kind is OpKind.ELEMENTWISE and op.c_expr is None:
+        raise ValueError(f"op {op.name}: an elementwise op needs its C expression (c_expr=)")
     if op.kind is OpKind.ROW and op.decompose is None:
         raise ValueError(f"op {op.name}: a row op needs its decomposition into other ops (decompose=)")
     if op.kind is OpKind.CONSTANT and op.arity != 0:

@@ -17,7 +17,7 @@ attention_grad  q, k, v, o (attention's result), g (its cotangent) -> [3, ..., S
                 stored o, as the device's kernels do).
 
 An op of its own, with its closed-form gradient, so that a device computes it without
-materializing the S x S scores in memory (runtime/cuda/attention.py: flash-attention kernels,
+materializing the S x S scores in memory (runtime/lower/attention.py: flash-attention kernels,
 the backward pass recomputing P tile by tile); on the CPU the kernels below compute the
 unfused math in one call each. 16-bit floats are computed in f32 and rounded once at the
 end; f64 in f64.

@@ -76,13 +76,14 @@ def _same_numeric(name: str) -> Callable[[list[TensorType], dict[str, Any]], Ten
     return infer
 
 
-def unary(name: str, kernel: Callable[..., np.ndarray], grad: Optional[Callable[[Builder, Node, int], list[Optional[int]]]], cuda: str, numeric: bool = False, doc: str = "",
-          cuda_integer: Optional[str] = None, decompose: Optional[Callable[[Builder, Node], int]] = None) -> None:
+def unary(name: str, kernel: Callable[..., np.ndarray], grad: Optional[Callable[[Builder, Node, int], list[Optional[int]]]], c_expr: str, numeric: bool = False, doc: str = "",
+          c_expr_integer: Optional[str] = None, decompose: Optional[Callable[[Builder, Node], int]] = None, numpy_f32_loop: Optional[str] = None) -> None:
     def run(xs: Arrays, attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
         return kernel(xs[0], out=out) if out is not None else kernel(xs[0])
 
     infer = _same_numeric(name) if numeric else _same_float(name)
-    register(OpDef(name, infer, run, grad=grad, kind=OpKind.ELEMENTWISE, arity=1, cuda=cuda, cuda_integer=cuda_integer, doc=doc, decompose=decompose))
+    register(OpDef(name, infer, run, grad=grad, kind=OpKind.ELEMENTWISE, arity=1, c_expr=c_expr, c_expr_integer=c_expr_integer, doc=doc, decompose=decompose,
+                   numpy_f32_loop=numpy_f32_loop))
 
 
 def _g_neg(b: Builder, n: Node, g: int) -> list[Optional[int]]:
@@ -198,20 +199,20 @@ def _identity(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
 
 unary("neg", np.negative, _g_neg, "(-{0})", numeric=True, doc="-x")
 unary("stop_gradient", _identity, None, "({0})", numeric=True, doc="x, passing no gradient (a value autodiff treats as a constant)")
-unary("abs", np.absolute, _g_abs, "fabsf({0})", numeric=True, doc="|x|", cuda_integer="(({0}) < 0 ? -({0}) : ({0}))")
+unary("abs", np.absolute, _g_abs, "fabsf({0})", numeric=True, doc="|x|", c_expr_integer="(({0}) < 0 ? -({0}) : ({0}))")
 unary("sign", _sign, None, "(({0} > 0) ? ({dtype})1 : (({0} < 0) ? ({dtype})-1 : (({0} == 0) ? ({dtype})0 : {0})))", numeric=True, doc="-1, 0 or 1 (NaN for NaN)",
-      cuda_integer="(({0} > 0) - ({0} < 0))")
-unary("exp", np.exp, _g_exp, "expf({0})", doc="e^x")
-unary("log", np.log, _g_log, "logf({0})", doc="natural logarithm")
-unary("log1p", np.log1p, _g_log1p, "log1pf({0})", doc="log(1 + x)")
+      c_expr_integer="(({0} > 0) - ({0} < 0))")
+unary("exp", np.exp, _g_exp, "expf({0})", doc="e^x", numpy_f32_loop="exp")
+unary("log", np.log, _g_log, "logf({0})", doc="natural logarithm", numpy_f32_loop="log")
+unary("log1p", np.log1p, _g_log1p, "log1pf({0})", doc="log(1 + x)", numpy_f32_loop="log1p")
 unary("sqrt", np.sqrt, _g_sqrt, "sqrtf({0})", doc="square root")
 unary("rsqrt", _rsqrt, _g_rsqrt, "rsqrtf({0})", doc="1 / sqrt(x)", decompose=_decompose_rsqrt)
 unary("square", np.square, _g_square, "({0} * {0})", numeric=True, doc="x * x")
-unary("tanh", np.tanh, _g_tanh, "tanhf({0})", doc="hyperbolic tangent")
+unary("tanh", np.tanh, _g_tanh, "tanhf({0})", doc="hyperbolic tangent", numpy_f32_loop="tanh")
 unary("sigmoid", _sigmoid, _g_sigmoid, "(1.0f / (1.0f + expf(-{0})))", doc="1 / (1 + e^-x), computed stably", decompose=_decompose_sigmoid)
-unary("relu", _relu, _g_relu, "sx_maxf({0}, 0.0f)", numeric=True, doc="max(x, 0)", cuda_integer="(({0}) > 0 ? ({0}) : 0)")
-unary("sin", np.sin, _g_sin, "sinf({0})", doc="sine")
-unary("cos", np.cos, _g_cos, "cosf({0})", doc="cosine")
+unary("relu", _relu, _g_relu, "sx_maxf({0}, 0.0f)", numeric=True, doc="max(x, 0)", c_expr_integer="(({0}) > 0 ? ({0}) : 0)")
+unary("sin", np.sin, _g_sin, "sinf({0})", doc="sine", numpy_f32_loop="sin")
+unary("cos", np.cos, _g_cos, "cosf({0})", doc="cosine", numpy_f32_loop="cos")
 
 
 # -- cast ----------------------------------------------------------------------------------------------
@@ -234,7 +235,7 @@ def _g_cast(b: Builder, n: Node, g: int) -> list[Optional[int]]:
     return [b.cast(g, source)]
 
 
-register(OpDef("cast", _cast_type, _cast_kernel, grad=_g_cast, kind=OpKind.ELEMENTWISE, arity=1, cuda="(({dtype}){0})", doc="convert the element type"))
+register(OpDef("cast", _cast_type, _cast_kernel, grad=_g_cast, kind=OpKind.ELEMENTWISE, arity=1, c_expr="(({dtype}){0})", doc="convert the element type"))
 
 
 # -- binary ---------------------------------------------------------------------------------------------
@@ -255,14 +256,15 @@ def _binary_type(name: str, result: Optional[DType] = None, floats_only: bool = 
     return infer
 
 
-def binary(name: str, ufunc: Any, grad: Optional[Callable[[Builder, Node, int], list[Optional[int]]]], cuda: str, result: Optional[DType] = None, floats_only: bool = False, bools_only: bool = False, doc: str = "",
-           cuda_integer: Optional[str] = None) -> None:
+def binary(name: str, ufunc: Any, grad: Optional[Callable[[Builder, Node, int], list[Optional[int]]]], c_expr: str, result: Optional[DType] = None, floats_only: bool = False, bools_only: bool = False, doc: str = "",
+           c_expr_integer: Optional[str] = None, numpy_f32_loop: Optional[str] = None) -> None:
     def run(xs: Arrays, attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
         if out is not None:
             return ufunc(xs[0], xs[1], out=out)
         return ufunc(xs[0], xs[1])
 
-    register(OpDef(name, _binary_type(name, result, floats_only, bools_only), run, grad=grad, kind=OpKind.ELEMENTWISE, arity=2, cuda=cuda, cuda_integer=cuda_integer, doc=doc))
+    register(OpDef(name, _binary_type(name, result, floats_only, bools_only), run, grad=grad, kind=OpKind.ELEMENTWISE, arity=2, c_expr=c_expr, c_expr_integer=c_expr_integer, doc=doc,
+                   numpy_f32_loop=numpy_f32_loop))
 
 
 def _shapes(b: Builder, n: Node) -> tuple[Any, Any]:
@@ -326,9 +328,9 @@ binary("add", np.add, _g_add, "({0} + {1})", doc="a + b, broadcasting")
 binary("sub", np.subtract, _g_sub, "({0} - {1})", doc="a - b, broadcasting")
 binary("mul", np.multiply, _g_mul, "({0} * {1})", doc="a * b, broadcasting")
 binary("div", np.divide, _g_div, "({0} / {1})", floats_only=True, doc="a / b, broadcasting")
-binary("pow", np.power, _g_pow, "powf({0}, {1})", floats_only=True, doc="a ^ b, broadcasting")
-binary("maximum", np.maximum, _g_maximum, "sx_maxf({0}, {1})", doc="elementwise maximum (ties send the gradient to a)", cuda_integer="(({0}) > ({1}) ? ({0}) : ({1}))")
-binary("minimum", np.minimum, _g_minimum, "sx_minf({0}, {1})", doc="elementwise minimum (ties send the gradient to a)", cuda_integer="(({0}) < ({1}) ? ({0}) : ({1}))")
+binary("pow", np.power, _g_pow, "powf({0}, {1})", floats_only=True, doc="a ^ b, broadcasting", numpy_f32_loop="power")
+binary("maximum", np.maximum, _g_maximum, "sx_maxf({0}, {1})", doc="elementwise maximum (ties send the gradient to a)", c_expr_integer="(({0}) > ({1}) ? ({0}) : ({1}))")
+binary("minimum", np.minimum, _g_minimum, "sx_minf({0}, {1})", doc="elementwise minimum (ties send the gradient to a)", c_expr_integer="(({0}) < ({1}) ? ({0}) : ({1}))")
 for _name, _ufunc, _c in [("eq", np.equal, "=="), ("ne", np.not_equal, "!="), ("lt", np.less, "<"), ("gt", np.greater, ">"), ("le", np.less_equal, "<="), ("ge", np.greater_equal, ">=")]:
     binary(_name, _ufunc, None, "({0} " + _c + " {1})", result=DType.bool, doc=f"a {_c} b as a boolean tensor")
 binary("logical_and", np.logical_and, None, "({0} && {1})", result=DType.bool, bools_only=True, doc="a and b")
@@ -342,7 +344,7 @@ def _not_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:
     return t
 
 
-register(OpDef("logical_not", _not_type, lambda xs, at, out: np.logical_not(xs[0], out=out) if out is not None else np.logical_not(xs[0]), grad=None, kind=OpKind.ELEMENTWISE, arity=1, cuda="(!{0})", doc="not a"))
+register(OpDef("logical_not", _not_type, lambda xs, at, out: np.logical_not(xs[0], out=out) if out is not None else np.logical_not(xs[0]), grad=None, kind=OpKind.ELEMENTWISE, arity=1, c_expr="(!{0})", doc="not a"))
 
 
 # -- where ------------------------------------------------------------------------------------------------
@@ -370,4 +372,4 @@ def _g_where(b: Builder, n: Node, g: int) -> list[Optional[int]]:
     return [None, b.sum_to(b.op("where", c, g, zero), b.type(x).shape), b.sum_to(b.op("where", c, zero, g), b.type(y).shape)]
 
 
-register(OpDef("where", _where_type, _where_kernel, grad=_g_where, kind=OpKind.ELEMENTWISE, arity=3, cuda="({0} ? {1} : {2})", doc="a where c, else b"))
+register(OpDef("where", _where_type, _where_kernel, grad=_g_where, kind=OpKind.ELEMENTWISE, arity=3, c_expr="({0} ? {1} : {2})", doc="a where c, else b"))

@@ -79,7 +79,7 @@ def _g_broadcast(b: Builder, n: Node, g: int) -> list[Optional[int]]:
     return [b.sum_to(g, b.type(n.args[0]).shape)]
 
 
-register(OpDef("broadcast_to", _broadcast_type, _broadcast_kernel, grad=_g_broadcast, kind=OpKind.VIEW, arity=1, cuda="{0}", flops=no_flops, doc="repeat along size-1 and new leading axes"))
+register(OpDef("broadcast_to", _broadcast_type, _broadcast_kernel, grad=_g_broadcast, kind=OpKind.VIEW, arity=1, c_expr="{0}", flops=no_flops, doc="repeat along size-1 and new leading axes"))
 
 
 # -- concat ----------------------------------------------------------------------------------------------------

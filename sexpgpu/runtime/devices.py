@@ -1,7 +1,7 @@
 """The device a run trains on, `--device cpu|numpy|cuda|cuda:N|auto`: resolved once per run (by
 sexpgpu.session), then handed to the loop as a backend.
 
-- `cpu` (the default): the compiled CPU device (runtime/cpu/): the CUDA lowering's programs
+- `cpu` (the default): the compiled CPU device (runtime/cpu/): the lowering's programs (runtime/lower/)
   with their kernels emitted as C and compiled by the system C compiler. Where no C compiler
   works, the NumPy backend, with one line saying so; the run then records `numpy`.
 - `numpy`: the NumPy backend, the reference (runtime/numpy_backend.py).
@@ -61,7 +61,7 @@ def open_backend(spec: str) -> Backend:
     if not is_device_spec(spec) or spec == "auto":
         raise DeviceError(f"--device {spec}: use {DEVICE_FORMS}")
     from .cuda.device import cuda_device
-    from .cuda.executor import DeviceBackend
+    from .lower.executor import DeviceBackend
 
     return DeviceBackend(cuda_device(spec))
 

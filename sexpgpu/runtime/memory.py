@@ -51,8 +51,8 @@ def device_memory_plan(experiment: Experiment, arenas: Optional[Mapping[str, int
     """Every program the run loads holds its arena for the whole run (all but `forward`,
     which only explain shows), and with microbatches the gradients are summed in one more
     copy. ARENAS: sizes already known (from lowering reports), the others are planned here."""
-    from .cuda.fusion import lower
-    from .cuda.plan import plan_arena
+    from .lower.fusion import lower
+    from .lower.plan import plan_arena
 
     host = host_memory_plan(experiment)
     known = dict(arenas or {})

@@ -1,1 +1,1 @@
-"""The compiled CPU device: the CUDA lowering's programs with their kernels emitted as C."""
+"""The compiled CPU device: the lowering's programs (runtime/lower/) with their kernels emitted as host C, compiled, and run through ctypes."""

@@ -1,8 +1,8 @@
-"""The compiled CPU device (`--device cpu`, the default): the CUDA lowering's programs with
+"""The compiled CPU device (`--device cpu`, the default): the lowering's programs (runtime/lower/) with
 their kernels written as C for the host (hostc.py), compiled by the system C compiler
 (toolchain.py), loaded with ctypes, and run from a tape.
 
-Each program is lowered once (runtime/cuda/: the fusion partition, the arena, the steps), its
+Each program is lowered once (runtime/lower/: the fusion partition, the arena, the steps), its
 kernels are compiled into one shared library (cached on disk by source hash), and its steps'
 launches are recorded once into a tape (`sx_run` in runtime_c.py walks it in C: one call from
 Python per run of the program). Matmuls and convolutions' gemms are the lowering's cuBLAS
@@ -25,10 +25,10 @@ import numpy as np
 from ...ir.dtypes import DType
 from ...ir.graph import Program
 from ..backend import Ready
-from ..cuda.blas import CUBLAS_OP_N, BlasCall
-from ..cuda.codegen import STORAGE, KernelSource
-from ..cuda.executor import ArrayDevice, DeviceBackend, LoweredProgram, ProgramRun
-from .hostc import NUMPY_UFUNCS, HostKernel, host_kernels, host_prelude
+from ..lower.blas import CUBLAS_OP_N, BlasCall
+from ..lower.codegen import STORAGE, KernelSource
+from ..lower.executor import ArrayDevice, DeviceBackend, LoweredProgram, ProgramRun
+from .hostc import HostKernel, host_kernels, host_prelude, numpy_ufuncs
 from .runtime_c import RUNTIME_C
 from .toolchain import Compiled, Toolchain
 
@@ -49,12 +49,12 @@ class SxRef(ctypes.Structure):
 
 # -- what the kernels call: NumPy's f32 loops, the BLAS ------------------------------------------------------
 def numpy_loops() -> list[tuple[int, int]]:
-    """The f32 inner loops (function, data) of the ufuncs NUMPY_UFUNCS, read from each ufunc's
+    """The f32 inner loops (function, data) of the ufuncs `numpy_ufuncs` (in the op table's order), read from each ufunc's
     PyUFuncObject (NumPy's public C struct: `functions`, `data`, `ntypes`, `name`, `types`),
     each read checked against what Python says of the ufunc."""
     loops = []
     pointer = ctypes.sizeof(ctypes.c_void_p)
-    for name in NUMPY_UFUNCS:
+    for name in numpy_ufuncs():
         ufunc = getattr(np, name)
         address = id(ufunc)
         head = 2 * pointer  # PyObject_HEAD
@@ -169,8 +169,8 @@ class CpuRuntime:
 
     def kernels_of(self, program: Program) -> list[HostKernel]:
         """PROGRAM's host kernels, in the order a CpuProgram compiles them."""
-        from ..cuda.fusion import lower
-        from ..cuda.kernels import kernels_for
+        from ..lower.fusion import lower
+        from ..lower.kernels import kernels_for
 
         lowering = lower(program)
         return [k for step in lowering.steps

@@ -1,6 +1,6 @@
-"""The host emitter: the CUDA lowering's kernels written as C for the CPU.
+"""The host emitter: the lowering's kernels (runtime/lower/) written as C for the CPU.
 
-The lowering (runtime/cuda/: the fusion partition, the reduction strategies, the row groups,
+The lowering (runtime/lower/: the fusion partition, the reduction strategies, the row groups,
 the arena, the order in which steps launch) is one; it has two emitters. The CUDA one writes
 each step's kernels for a GPU; this one writes the same kernels as plain C functions
 `void NAME(void* const* args, long long begin, long long end)` that compute the items
@@ -22,8 +22,8 @@ CPU device (device.py) can give the items to several threads.
 - Attention: each query (or key) is computed as its CUDA thread computes it, tile by tile
   with the device's tile sizes, so the online softmax rescales at the same keys.
 
-Elementwise f32 exp, log, log1p, tanh, sin, cos and pow are NumPy's own loops (the ufuncs'
-f32 inner loops, called on blocks of SXB elements): NumPy computes these with its own SIMD
+Elementwise f32 exp, log, log1p, tanh, sin, cos and pow (the op table's `numpy_f32_loop`)
+are NumPy's own loops (the ufuncs' f32 inner loops, called on blocks of SXB elements): NumPy computes these with its own SIMD
 code, whose last bit differs from the C library's in up to a third of the elements, and the
 CPU device's elementwise results are NumPy's bit for bit. bf16 computes in f32 through the C
 library, as ml_dtypes does, rounded after every node. `math="libm"` uses the C library for
@@ -35,24 +35,32 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, Shape, TensorType, shape_size
-from ...ir.ops import OpKind, op_def
-from ..cuda.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, geometry
-from ..cuda.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage, unpack
-from ..cuda.kernels import ReduceStrategy, axis_coords, piecewise, planned_strategy, reduce_geometry
-from ..cuda.lowering import Step
-from ..cuda.row_kernel import BLOCK_ROWS, WARP_ROWS, needed_row_nodes
-from ..cuda.steps import FusedGroup, ReduceGroup, RowGroup
+from ...ir.ops import OpKind, all_ops, op_def
+from ..lower.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, geometry
+from ..lower.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage, unpack
+from ..lower.emitters import emitter_for, register_emitter
+from ..lower.kernels import ReduceStrategy, axis_coords, piecewise, planned_strategy, reduce_geometry
+from ..lower.lowering import Step
+from ..lower.row_kernel import BLOCK_ROWS, WARP_ROWS, needed_row_nodes
+from ..lower.steps import FusedGroup, ReduceGroup, RowGroup
 
 SXB = 256  # elements per block of a chain with NumPy calls; a multiple of every lane count
 FLAT_CHUNK = 4096  # elements per item of an elementwise kernel whose inputs need no row bases
 
-# the NumPy ufunc whose f32 loop computes each op (device.py fetches the loops)
-NUMPY_LOOPS = {"exp": 0, "log": 1, "log1p": 2, "tanh": 3, "sin": 4, "cos": 5, "pow": 6}
-NUMPY_UFUNCS = ("exp", "log", "log1p", "tanh", "sin", "cos", "power")
+
+def numpy_loop_ops() -> tuple[str, ...]:
+    """The ops whose f32 results NumPy's own loops compute (the op table's `numpy_f32_loop`),
+    in table order: op k calls loop k of the host module's table (device.py fetches them)."""
+    return tuple(name for name, op in all_ops().items() if op.numpy_f32_loop is not None)
+
+
+def numpy_ufuncs() -> tuple[str, ...]:
+    """The NumPy ufunc of each of `numpy_loop_ops`, in the same order."""
+    return tuple(str(op_def(name).numpy_f32_loop) for name in numpy_loop_ops())
 
 HOST_PRELUDE = r"""
 #include <math.h>
@@ -63,8 +71,8 @@ static inline float sx_bits_float(unsigned int b) { float f; memcpy(&f, &b, 4); 
 static inline unsigned int sx_float_bits(float f) { unsigned int b; memcpy(&b, &f, 4); return b; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 typedef void (*sx_loop)(char**, const long*, const long*, void*);
-static sx_loop sx_np[7];
-static void* sx_np_data[7];
+static sx_loop sx_np[SX_LOOPS];
+static void* sx_np_data[SX_LOOPS];
 void sx_set_math(int k, void* fn, void* data) { sx_np[k] = (sx_loop)fn; sx_np_data[k] = data; }
 static inline void sx_np1(int k, const float* x, float* y, long long n) {
   char* args[2] = {(char*)x, (char*)y}; long dims[1] = {(long)n}; long steps[2] = {4, 4};
@@ -79,7 +87,7 @@ static inline void sx_np2(int k, const float* a, long sa, const float* b, long s
 
 
 def host_prelude() -> str:
-    return HOST_PRELUDE + PRELUDE
+    return HOST_PRELUDE.replace("SX_LOOPS", str(len(numpy_loop_ops()))) + PRELUDE
 
 
 @dataclass(frozen=True)
@@ -105,7 +113,7 @@ class HostKernel:
 
 
 def is_call(node: Node, math: str) -> bool:
-    return math == "numpy" and node.op in NUMPY_LOOPS and node.type.dtype == DType.f32
+    return math == "numpy" and op_def(node.op).numpy_f32_loop is not None and node.type.dtype == DType.f32
 
 
 def function(name: str, decls: tuple[str, ...] | list[str], body: list[str]) -> str:
@@ -214,7 +222,7 @@ class Chain:
         return out, {v: f"{self.array(v)}[j]" if v not in self.preset else self.preset[v] for v in targets}
 
     def call_lines(self, node: Node, count: str, indent: str) -> list[str]:
-        k = NUMPY_LOOPS[node.op]
+        k = numpy_loop_ops().index(node.op)
         out = self.array(node.id)
         if len(node.args) == 1:
             return [f"{indent}sx_np1({k}, {self.array(node.args[0])}, {out}, {count});"]
@@ -647,16 +655,9 @@ def rows_host(group: RowGroup, program: Program, constants: dict[int, Node], mat
     return HostKernel(kernel.name, function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops)
 
 
-# -- attention ---------------------------------------------------------------------------------------------
-def attention_host(step: AttentionStep, program: Program, constants: dict[int, Node], kernels: list[KernelSource]) -> list[HostKernel]:
-    """Each CUDA thread's computation (a query's, or in the dk/dv pass a key's) over the same
-    tiles, with the tiles read straight from memory as f32 (what the device's shared memory
-    holds): the same operations in the same order."""
-    if isinstance(step, AttentionGradStep):
-        return [attention_dq_host(step, program, constants, kernels[0]), attention_dkv_host(step, program, constants, kernels[1])]
-    return [attention_forward_host(step, program, constants, kernels[0])]
-
-
+# -- attention: each CUDA thread's computation (a query's, or in the dk/dv pass a key's) over the same
+# tiles, with the tiles read straight from memory as f32 (what the device's shared memory holds): the
+# same operations in the same order ---------------------------------------------------------------------
 def prologue_functions(kernel: KernelSource, operands: Operands) -> tuple[str, dict[str, str]]:
     """The CUDA kernel's lambdas `auto sx_q = [&](long long i) -> float { ... };` as static C
     functions over the kernel's inputs in0..; and, per role, a C call taking index i."""
@@ -824,15 +825,45 @@ def attention_dkv_host(step: AttentionGradStep, program: Program, constants: dic
 
 
 # -- every kernel of a step -------------------------------------------------------------------------------
+PLATFORM = "cpu"  # the emitters' key in the lowering's table (runtime/lower/emitters.py)
+
+# (step, program, constants, the CUDA emitter's kernels in launch order, math) -> the host functions
+HostEmitter = Callable[[Any, Program, dict[int, Node], list[KernelSource], str], list[HostKernel]]
+
+
+@register_emitter(FusedGroup, platform=PLATFORM)
+def fused_group_host(group: FusedGroup, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
+    return [elementwise_host(group, program, constants, math, kernels[0])]
+
+
+@register_emitter(ReduceGroup, platform=PLATFORM)
+def reduce_group_host(group: ReduceGroup, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
+    return reduce_host(group, program, constants, math, kernels)
+
+
+@register_emitter(RowGroup, platform=PLATFORM)
+def row_group_host(group: RowGroup, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
+    return [rows_host(group, program, constants, math, kernels[0])]
+
+
+@register_emitter(AttentionStep, platform=PLATFORM)
+def attention_host(step: AttentionStep, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
+    return [attention_forward_host(step, program, constants, kernels[0])]
+
+
+@register_emitter(AttentionGradStep, platform=PLATFORM)
+def attention_grad_host(step: AttentionGradStep, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
+    return [attention_dq_host(step, program, constants, kernels[0]), attention_dkv_host(step, program, constants, kernels[1])]
+
+
+def thread_kernels(step: Step, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
+    """Any other step's kernels (moves, gathers, constants, images, Philox): one CUDA thread per
+    item, each its own loop (`thread_kernel`)."""
+    return [thread_kernel(k) for k in kernels]
+
+
 def host_kernels(step: Step, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
     """STEP's kernels (KERNELS, the CUDA emitter's, in launch order) as host functions of the
-    same names and parameters."""
-    if isinstance(step, FusedGroup):
-        return [elementwise_host(step, program, constants, math, kernels[0])]
-    if isinstance(step, ReduceGroup):
-        return reduce_host(step, program, constants, math, kernels)
-    if isinstance(step, RowGroup):
-        return [rows_host(step, program, constants, math, kernels[0])]
-    if isinstance(step, AttentionStep):
-        return attention_host(step, program, constants, kernels)
-    return [thread_kernel(k) for k in kernels]
+    same names and parameters, by the emitter registered for its type."""
+    emitter: HostEmitter = emitter_for(step, PLATFORM, thread_kernels)
+    return emitter(step, program, constants, kernels, math)

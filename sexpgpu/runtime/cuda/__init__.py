@@ -1,1 +1,1 @@
-"""The CUDA device: lowering (fusion, kernels generated from the IR, cuBLAS calls), the device memory arena, and the lowering report."""
+"""The CUDA device: the lowering's programs (runtime/lower/) compiled by NVRTC, cached as cubins, and run through CuPy and cuBLAS."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from ..diskcache import cache_root, publish
-from .codegen import PRELUDE, KernelSource
+from ..lower.codegen import PRELUDE, KernelSource
 
 COMPILE_OPTIONS = ("--std=c++14", "--fmad=false")  # no fused multiply-add: a*b+c rounds twice, as on the CPU
 

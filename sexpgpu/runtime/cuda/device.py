@@ -16,10 +16,10 @@ import numpy as np
 
 from ..backend import DeviceError
 from ..diskcache import point_cupy_cache
-from .blas import CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUDA_TYPES, BlasCall
-from .codegen import BLOCK, PRELUDE, KernelSource
+from ..lower.blas import CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUDA_TYPES, BlasCall
+from ..lower.codegen import BLOCK, PRELUDE, KernelSource
+from ..lower.executor import ArrayDevice
 from .cubins import COMPILE_OPTIONS, lookup
-from .executor import ArrayDevice
 
 
 class CupyRunner:

@@ -33,7 +33,7 @@ from typing import Optional
 from pydantic import BaseModel, ValidationError
 
 from ..backend import DeviceError
-from .codegen import BLOCK, PARAM_BYTES, KernelSource
+from ..lower.codegen import BLOCK, PARAM_BYTES, KernelSource
 from .cubins import COMPILE_OPTIONS, digest, link, lookup, unit_path, unit_source, write_atomically
 
 CUPY_ADDS = ("-ftz=true",)  # what CuPy's compile_with_cache appends to a RawModule's options

@@ -188,9 +188,9 @@ def node_expression(node: Node, args: list[str]) -> str:
     op table's template."""
     definition = op_def(node.op)
     integer = node.type.dtype in (DType.i32, DType.i64)
-    template = definition.cuda_integer if integer and definition.cuda_integer is not None else definition.cuda
+    template = definition.c_expr_integer if integer and definition.c_expr_integer is not None else definition.c_expr
     if template is None:
-        raise LoweringError(f"op {node.op} has no CUDA template")
+        raise LoweringError(f"op {node.op} has no C expression")
     return template.format(*args, dtype=c_types(node.type.dtype)[1])
 
 

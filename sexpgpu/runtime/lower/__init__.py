@@ -1,0 +1,1 @@
+"""The device-neutral lowering both compiled devices run: the fusion partition into steps, the steps' kernels (as CUDA C, which the host emitter rewrites for the CPU), the BLAS calls, the arena plan, the executor, and the lowering report."""
