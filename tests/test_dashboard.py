@@ -74,6 +74,13 @@ def xss_slug(made: MadeStore) -> str:
 def serving(store: str, env: Optional[dict[str, str]] = None, *flags: str) -> Iterator[str]:
     """`sexpgpu ui STORE` in its own process: its URL while it serves; stopped with SIGINT
     (it must exit 0)."""
+    with serving_process(store, env, *flags) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def serving_process(store: str, env: Optional[dict[str, str]] = None, *flags: str) -> Iterator[tuple[str, "subprocess.Popen[str]"]]:
+    """`serving`, with the server's process (to read its memory)."""
     process = subprocess.Popen([sys.executable, "-m", "sexpgpu", "ui", store, "--interval", "0.2", *flags],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
@@ -82,7 +89,7 @@ def serving(store: str, env: Optional[dict[str, str]] = None, *flags: str) -> It
         first = process.stdout.readline()
         match = re.match(r"sexpgpu ui: (http://127\.0\.0\.1:\d+/)  \(the store (.*), read-only; Ctrl-C stops\)$", first.rstrip("\n"))
         assert match, (first, process.stderr.read() if process.stderr else "")
-        yield match.group(1)
+        yield match.group(1), process
     finally:
         process.send_signal(signal.SIGINT)
         try:
@@ -390,21 +397,33 @@ def test_the_live_stream_sends_the_whole_curve_then_only_what_is_new(made: MadeS
     assert {s["name"]: len(s["steps"]) for s in doc["series"]}["loss"] == STEPS // 5
 
 
-def test_a_tracker_sends_only_new_points_and_starts_over_when_a_resume_replaced_some() -> None:
-    from sexpgpu.results.curves import curves_of
+def test_a_live_page_is_sent_only_new_points_and_everything_again_when_a_resume_replaced_some(tmp_path: Path) -> None:
+    from sexpgpu.results.curves import RunReaders
+    from sexpgpu.runtime.events import EventLog
+
+    store = Store.open(str(tmp_path / "runs"))
+    readers = RunReaders(store)
+    sent: dict[str, tuple[int, int, Optional[float]]] = {}
+
+    def log(*events: dict[str, Any]) -> None:
+        with EventLog(store, "r") as events_log:
+            for event in events:
+                events_log.emit(event)
 
     def step(n: int, loss: float) -> dict[str, Any]:
         return {"kind": "step", "step": n, "loss": loss}
 
-    tracker = dashboard.Tracker()
-    fresh, reset = tracker.delta(curves_of([step(1, 1.0), step(2, 0.9)]))
-    assert not reset and [(s.name, s.steps) for s in fresh] == [("loss", [1, 2])]
-    fresh, reset = tracker.delta(curves_of([step(1, 1.0), step(2, 0.9), step(3, 0.8)]))
-    assert not reset and [(s.name, s.steps) for s in fresh] == [("loss", [3])]
-    fresh, reset = tracker.delta(curves_of([step(1, 1.0), step(2, 0.9), step(3, 0.8)]))
-    assert not reset and fresh == []
-    fresh, reset = tracker.delta(curves_of([step(1, 1.0), step(2, 0.95), step(3, 0.7)]))  # step 2 on came again
-    assert reset and [(s.name, s.steps) for s in fresh] == [("loss", [1, 2, 3])]
+    log(step(1, 1.0), step(2, 0.9))
+    fresh, reset = readers.since("r", sent, 1000)
+    assert not reset and [(s.name, s.steps) for s in fresh.series] == [("loss", [1, 2])]
+    log(step(3, 0.8))
+    fresh, reset = readers.since("r", sent, 1000)
+    assert not reset and [(s.name, s.steps) for s in fresh.series] == [("loss", [3])]
+    fresh, reset = readers.since("r", sent, 1000)
+    assert not reset and fresh.series == []
+    log({"kind": "resume", "step": 1, "from_step": 1, "checkpoint": "step-1"}, step(2, 0.95), step(3, 0.7))  # step 2 on came again
+    fresh, reset = readers.since("r", sent, 1000)
+    assert reset and [(s.name, s.steps, s.values) for s in fresh.series] == [("loss", [1, 2, 3], [1.0, 0.95, 0.7])]
 
 
 def test_the_vendored_uplot_is_the_npm_release_with_its_licence() -> None:
