@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -83,13 +84,19 @@ def write_long_run(root: Path, template: Path, steps: int) -> str:
     return slug
 
 
+SETTLED = 1_700_000_000.0  # the files' time in a store written long ago
+
+
 def write_sweep(root: Path, template: Path, points: int, sweep: str = "grid") -> list[str]:
     """POINTS points of the sweep SWEEP under ROOT (made from the real point TEMPLATE), each
-    with a short events.jsonl; their slugs in point order."""
+    with a short events.jsonl, their run.json and status.json dated SETTLED (a store written
+    long ago); their slugs in point order."""
     slugs = []
     for point in range(points):
         slug = f"wide.base.{sweep}-{point}.{point:08x}"
         folder = write_run(root, template, slug, sweep, point, {"lr": 0.001 * (1 + point % 100), "width": 8 * (1 + point % 7)}, 40, 1.0 / (1 + point))
         shutil.copyfile(template / "events.jsonl", folder / "events.jsonl")
+        for name in ("run.json", "status.json"):
+            os.utime(folder / name, (SETTLED, SETTLED))
         slugs.append(slug)
     return slugs

@@ -25,7 +25,7 @@ import pytest
 
 from conftest import REPO
 from results_store import TINY, quietly, write_file
-from scale_store import SPIKE_EVERY, loss_at, write_long_run, write_sweep
+from scale_store import SETTLED, SPIKE_EVERY, loss_at, write_long_run, write_sweep
 from sexpgpu.dashboard.server import Dashboard
 from sexpgpu.results.curves import CurveData, RunReaders, downsample
 from sexpgpu.runtime.events import EventLog, apply_resumes, read_events
@@ -217,23 +217,19 @@ def test_plot_of_a_million_step_run_draws_a_few_thousand_points(long_run: tuple[
 
 def test_a_5000_point_sweep_is_paged_and_its_files_are_read_again_only_when_they_change(template: Path, tmp_path: Path) -> None:
     root = tmp_path / "runs"
-    slugs = write_sweep(root, template, 5000)
-    old = 1_700_000_000  # an hour-old store: every file has settled
-    for folder in root.iterdir():
-        for name in ("run.json", "status.json"):
-            os.utime(folder / name, (old, old))
+    slugs = write_sweep(root, template, 5000)  # dated long ago: every file has settled
     board = Dashboard(Store.open(str(root)))
-    first = board.sweep("grid", page=2)
+    first = json.loads(board.sweep("grid", page=2))
     assert first["pages"] == 100 and len(first["points"]) == 5000 and first["shown"] == slugs[50:100]
     assert set(first["curves"]) == set(slugs[50:100]) and board.records.reads == 5000
     assert len(board.readers) == 50  # the events of the points shown, no others
-    again = board.sweep("grid", page=2)
+    again = json.loads(board.sweep("grid", page=2))
     assert board.records.reads == 5000 and again["points"] == first["points"]
     status = root / slugs[7] / "status.json"
     changed = json.loads(status.read_text())
     changed["step"] = 39
     status.write_text(json.dumps(changed))
-    os.utime(status, (old + 60, old + 60))
-    third = board.sweep("grid", page=1)
+    os.utime(status, (SETTLED + 60, SETTLED + 60))
+    third = json.loads(board.sweep("grid", page=1))
     assert board.records.reads == 5001 and third["points"][7]["step"] == 39
-    assert board.sweep("grid", page=1000)["page"] == 100  # past the end: the last page
+    assert json.loads(board.sweep("grid", page=1000))["page"] == 100  # past the end: the last page

@@ -155,21 +155,22 @@ class Dashboard:
         return {"name": name, "text": data.decode("utf-8", errors="replace")}
 
     def sweep(self, name: str, file: Optional[str] = None, page: int = 1, per_page: int = PER_PAGE,
-              buckets: Optional[int] = DEFAULT_BUCKETS) -> dict[str, Any]:
-        """Every point's record, and the curves of the points of PAGE (PER_PAGE a page, in
+              buckets: Optional[int] = DEFAULT_BUCKETS) -> str:
+        """The sweep's document, as JSON text: every point's record (each record's text made
+        once, when it was read), and the curves of the points of PAGE (PER_PAGE a page, in
         point order), downsampled to BUCKETS."""
-        points = [r for r in self.records.records(sweep=name) if file is None or r.file == file]
+        points = [(r, text) for r, text in self.records.records_and_json(sweep=name) if file is None or r.file == file]
         if not points:
             raise NotFound(f"no run of a sweep {name!r} in {self.store.url}" + (f" from {file}" if file else ""))
-        points.sort(key=lambda r: (r.file or "", r.point if r.point is not None else -1, r.slug))
+        points.sort(key=lambda pair: (pair[0].file or "", pair[0].point if pair[0].point is not None else -1, pair[0].slug))
         pages = -(-len(points) // per_page)
         page = min(page, pages)
-        shown = points[(page - 1) * per_page: page * per_page]
+        shown = [r for r, _ in points[(page - 1) * per_page: page * per_page]]
         with ThreadPoolExecutor(max_workers=min(READERS, len(shown)), thread_name_prefix="sexpgpu-ui") as pool:
             curves = list(pool.map(lambda r: self.readers.curves(r.slug, buckets), shown))
-        return {"store": self.store.url, "sweep": name, "file": file, "points": [r.model_dump(mode="json") for r in points],
-                "page": page, "pages": pages, "per_page": per_page, "shown": [r.slug for r in shown],
-                "curves": {r.slug: c.model_dump(mode="json") for r, c in zip(shown, curves)}}
+        head = dump_json({"store": self.store.url, "sweep": name, "file": file, "page": page, "pages": pages, "per_page": per_page,
+                          "shown": [r.slug for r in shown], "curves": {r.slug: c for r, c in zip(shown, curves)}})
+        return head[:-1] + ',"points":[' + ",".join(text for _, text in points) + "]}"
 
     # -- live ---------------------------------------------------------------------------------
 
@@ -304,7 +305,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         if len(parts) == 4 and parts[:3] == ["", "api", "sweep"]:
             file = query.get("file", [None])[0]
-            self._json(board.sweep(unquote(parts[3]), file, number_of(query, "page", 1), number_of(query, "per_page", PER_PAGE), buckets_of(query)))
+            text = board.sweep(unquote(parts[3]), file, number_of(query, "page", 1), number_of(query, "per_page", PER_PAGE), buckets_of(query))
+            self._send(HTTPStatus.OK, text.encode("utf-8"), "application/json; charset=utf-8")
             return
         raise NotFound(f"nothing at {path}")
 

@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 
 from ..runtime.runfolder import RunFolder, RunInfo
 from ..runtime.status import Status
-from ..runtime.store import NotARegularFile, Store, UnexpectedSize
+from ..runtime.store import NotARegularFile, Store, UnexpectedSize, dump_json
 
 # concurrent reads of a listing: enough to hide S3's latency, few enough for any endpoint
 READERS = 16
@@ -222,41 +222,51 @@ def _written(store: Store, path: str) -> Optional[float]:
 
 class RecordCache:
     """The records of STORE's runs, each read again only when its run.json or status.json
-    changed; safe to use from several threads."""
+    changed, with each record's JSON text (`dump_json`'s, made once); safe to use from
+    several threads."""
 
     def __init__(self, store: Store, readers: int = READERS, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.readers = readers
         self.clock = clock
         self.reads = 0  # records read (not taken from the cache), for a test to count
-        self._kept: dict[str, tuple[Stamp, Optional[RunRecord]]] = {}
+        self._kept: dict[str, tuple[Stamp, Optional[RunRecord], str]] = {}
         self._lock = threading.Lock()
 
-    def _record(self, slug: str) -> Optional[RunRecord]:
+    def _record(self, slug: str) -> tuple[Optional[RunRecord], str]:
         folder = RunFolder(self.store, slug)
         stamp = (_written(self.store, folder.path("run.json")), _written(self.store, folder.path("status.json")))
         with self._lock:
             kept = self._kept.get(slug)
         settled = all(when is None or self.clock() - when >= SETTLE_S for when in stamp)
         if kept is not None and kept[0] == stamp and settled and None not in stamp:
-            return kept[1]
+            return kept[1], kept[2]
         record = read_record(self.store, slug)
+        text = dump_json(record) if record is not None else "null"
         with self._lock:
             self.reads += 1
-            self._kept[slug] = (stamp, record)
-        return record
+            self._kept[slug] = (stamp, record, text)
+        return record, text
 
-    def records(self, sweep: Optional[str] = None) -> list[RunRecord]:
-        """Every run of the store (of the sweep SWEEP only, when given), in folder order."""
+    def records_and_json(self, sweep: Optional[str] = None) -> list[tuple[RunRecord, str]]:
+        """Every run of the store (of the sweep SWEEP only, when given), in folder order,
+        each with its record's JSON text."""
         slugs = self.store.folders()
         if not slugs:
             return []
         with self._lock:
             for gone in set(self._kept) - set(slugs):
                 del self._kept[gone]
-        with ThreadPoolExecutor(max_workers=max(1, min(self.readers, len(slugs))), thread_name_prefix="sexpgpu-runs") as pool:
-            records = [r for r in pool.map(self._record, slugs) if r is not None]
-        return [r for r in records if sweep is None or r.sweep == sweep]
+        if self.store.is_local:  # a stat each: a pool of threads would cost more than it saves
+            found = [self._record(slug) for slug in slugs]
+        else:
+            with ThreadPoolExecutor(max_workers=max(1, min(self.readers, len(slugs))), thread_name_prefix="sexpgpu-runs") as pool:
+                found = list(pool.map(self._record, slugs))
+        return [(r, text) for r, text in found if r is not None and (sweep is None or r.sweep == sweep)]
+
+    def records(self, sweep: Optional[str] = None) -> list[RunRecord]:
+        """Every run of the store (of the sweep SWEEP only, when given), in folder order."""
+        return [r for r, _ in self.records_and_json(sweep)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, Optional, Protocol, Union, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import from_json
 
 from ..outcome import bounded
 from .store import Store, dump_json, is_store_failure
@@ -387,9 +388,12 @@ def decode_line(raw: bytes) -> Union[str, tuple[str, dict[str, Any]]]:
     except UnicodeDecodeError as error:
         return f"not UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1})"
     try:
-        value = json.loads(line)
-    except ValueError as error:
-        return f"not JSON ({error})"
+        value = from_json(raw)  # pydantic's parser: a few times faster than json.loads
+    except ValueError:
+        try:  # what json.loads makes of it (lone surrogates), or the words of its error
+            value = json.loads(line)
+        except ValueError as error:
+            return f"not JSON ({error})"
     if not isinstance(value, dict):
         return f"not a JSON object (a JSON {type(value).__name__})"
     try:
