@@ -707,3 +707,23 @@ def test_a_run_page_says_which_lines_of_its_events_it_skipped(made: MadeStore, b
         open_page(browser, page_url(ui, "run", slug))
         said = until(browser, "const e = document.getElementById('skipped'); return !e.hidden && e.textContent", "the skipped line said")
     assert said.startswith("1 line(s) of the events skipped: ") and f"{events}:{lines + 1}: not JSON" in said, said
+
+
+@needs_browser
+def test_a_long_runs_page_draws_downsampled_curves_and_links_every_point(made: MadeStore, browser: Any, tmp_path: Path) -> None:
+    from scale_store import SPIKE_EVERY, loss_at, write_long_run
+
+    steps = 2 * SPIKE_EVERY + 10  # two spikes, and far more points than a chart's 1,000 spans
+    slug = write_long_run(tmp_path / "runs", made.root / made.slugs[0], steps)
+    with serving(str(tmp_path / "runs")) as ui:
+        open_page(browser, page_url(ui, "run", slug))
+        said = until(browser, "const e = document.getElementById('downsampled'); return !e.hidden && e.textContent", "the downsampling said")
+        assert f"of {steps:,} points" in said and "loss " in said, said
+        drawn = browser.execute_script("const u = window.sexpgpu.charts['metric:loss'].uplot; return [u.data[0], u.data[1]];")
+        assert len(drawn[0]) <= 5 * 1000
+        shown = dict(zip(drawn[0], drawn[1]))
+        assert shown[SPIKE_EVERY] == loss_at(SPIKE_EVERY) and shown[2 * SPIKE_EVERY] == loss_at(2 * SPIKE_EVERY)
+        href = browser.execute_script("return document.querySelector('#downsampled a[data-full=\"loss\"]').href")
+        with urllib.request.urlopen(href, timeout=120) as response:
+            (every,) = json.loads(response.read())["series"]
+    assert every["steps"] == list(range(1, steps + 1)) and every["points"] is None
