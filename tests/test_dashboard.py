@@ -74,6 +74,13 @@ def xss_slug(made: MadeStore) -> str:
 def serving(store: str, env: Optional[dict[str, str]] = None, *flags: str) -> Iterator[str]:
     """`sexpgpu ui STORE` in its own process: its URL while it serves; stopped with SIGINT
     (it must exit 0)."""
+    with serving_process(store, env, *flags) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def serving_process(store: str, env: Optional[dict[str, str]] = None, *flags: str) -> Iterator[tuple[str, "subprocess.Popen[str]"]]:
+    """`serving`, with the server's process (to read its memory)."""
     process = subprocess.Popen([sys.executable, "-m", "sexpgpu", "ui", store, "--interval", "0.2", *flags],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
@@ -82,7 +89,7 @@ def serving(store: str, env: Optional[dict[str, str]] = None, *flags: str) -> It
         first = process.stdout.readline()
         match = re.match(r"sexpgpu ui: (http://127\.0\.0\.1:\d+/)  \(the store (.*), read-only; Ctrl-C stops\)$", first.rstrip("\n"))
         assert match, (first, process.stderr.read() if process.stderr else "")
-        yield match.group(1)
+        yield match.group(1), process
     finally:
         process.send_signal(signal.SIGINT)
         try:
@@ -390,21 +397,33 @@ def test_the_live_stream_sends_the_whole_curve_then_only_what_is_new(made: MadeS
     assert {s["name"]: len(s["steps"]) for s in doc["series"]}["loss"] == STEPS // 5
 
 
-def test_a_tracker_sends_only_new_points_and_starts_over_when_a_resume_replaced_some() -> None:
-    from sexpgpu.results.curves import curves_of
+def test_a_live_page_is_sent_only_new_points_and_everything_again_when_a_resume_replaced_some(tmp_path: Path) -> None:
+    from sexpgpu.results.curves import RunReaders
+    from sexpgpu.runtime.events import EventLog
+
+    store = Store.open(str(tmp_path / "runs"))
+    readers = RunReaders(store)
+    sent: dict[str, tuple[int, int, Optional[float]]] = {}
+
+    def log(*events: dict[str, Any]) -> None:
+        with EventLog(store, "r") as events_log:
+            for event in events:
+                events_log.emit(event)
 
     def step(n: int, loss: float) -> dict[str, Any]:
         return {"kind": "step", "step": n, "loss": loss}
 
-    tracker = dashboard.Tracker()
-    fresh, reset = tracker.delta(curves_of([step(1, 1.0), step(2, 0.9)]))
-    assert not reset and [(s.name, s.steps) for s in fresh] == [("loss", [1, 2])]
-    fresh, reset = tracker.delta(curves_of([step(1, 1.0), step(2, 0.9), step(3, 0.8)]))
-    assert not reset and [(s.name, s.steps) for s in fresh] == [("loss", [3])]
-    fresh, reset = tracker.delta(curves_of([step(1, 1.0), step(2, 0.9), step(3, 0.8)]))
-    assert not reset and fresh == []
-    fresh, reset = tracker.delta(curves_of([step(1, 1.0), step(2, 0.95), step(3, 0.7)]))  # step 2 on came again
-    assert reset and [(s.name, s.steps) for s in fresh] == [("loss", [1, 2, 3])]
+    log(step(1, 1.0), step(2, 0.9))
+    fresh, reset = readers.since("r", sent, 1000)
+    assert not reset and [(s.name, s.steps) for s in fresh.series] == [("loss", [1, 2])]
+    log(step(3, 0.8))
+    fresh, reset = readers.since("r", sent, 1000)
+    assert not reset and [(s.name, s.steps) for s in fresh.series] == [("loss", [3])]
+    fresh, reset = readers.since("r", sent, 1000)
+    assert not reset and fresh.series == []
+    log({"kind": "resume", "step": 1, "from_step": 1, "checkpoint": "step-1"}, step(2, 0.95), step(3, 0.7))  # step 2 on came again
+    fresh, reset = readers.since("r", sent, 1000)
+    assert reset and [(s.name, s.steps, s.values) for s in fresh.series] == [("loss", [1, 2, 3], [1.0, 0.95, 0.7])]
 
 
 def test_the_vendored_uplot_is_the_npm_release_with_its_licence() -> None:
@@ -688,3 +707,23 @@ def test_a_run_page_says_which_lines_of_its_events_it_skipped(made: MadeStore, b
         open_page(browser, page_url(ui, "run", slug))
         said = until(browser, "const e = document.getElementById('skipped'); return !e.hidden && e.textContent", "the skipped line said")
     assert said.startswith("1 line(s) of the events skipped: ") and f"{events}:{lines + 1}: not JSON" in said, said
+
+
+@needs_browser
+def test_a_long_runs_page_draws_downsampled_curves_and_links_every_point(made: MadeStore, browser: Any, tmp_path: Path) -> None:
+    from scale_store import SPIKE_EVERY, loss_at, write_long_run
+
+    steps = 2 * SPIKE_EVERY + 10  # two spikes, and far more points than a chart's 1,000 spans
+    slug = write_long_run(tmp_path / "runs", made.root / made.slugs[0], steps)
+    with serving(str(tmp_path / "runs")) as ui:
+        open_page(browser, page_url(ui, "run", slug))
+        said = until(browser, "const e = document.getElementById('downsampled'); return !e.hidden && e.textContent", "the downsampling said")
+        assert f"of {steps:,} points" in said and "loss " in said, said
+        drawn = browser.execute_script("const u = window.sexpgpu.charts['metric:loss'].uplot; return [u.data[0], u.data[1]];")
+        assert len(drawn[0]) <= 5 * 1000
+        shown = dict(zip(drawn[0], drawn[1]))
+        assert shown[SPIKE_EVERY] == loss_at(SPIKE_EVERY) and shown[2 * SPIKE_EVERY] == loss_at(2 * SPIKE_EVERY)
+        href = browser.execute_script("return document.querySelector('#downsampled a[data-full=\"loss\"]').href")
+        with urllib.request.urlopen(href, timeout=120) as response:
+            (every,) = json.loads(response.read())["series"]
+    assert every["steps"] == list(range(1, steps + 1)) and every["points"] is None

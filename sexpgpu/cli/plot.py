@@ -122,4 +122,4 @@ def chosen_runs(args: argparse.Namespace) -> list[tuple[Store, RunRecord]]:
 def read_curves(runs: list[tuple[Store, RunRecord]]) -> list[Curves]:
     readers = {store.url: RunReaders(store) for store, _ in runs}
     with ThreadPoolExecutor(max_workers=max(1, min(listing.READERS, len(runs)))) as pool:
-        return list(pool.map(lambda pair: readers[pair[0].url].curves(pair[1].slug), runs))
+        return list(pool.map(lambda pair: readers[pair[0].url].curves(pair[1].slug, plots.BUCKETS), runs))

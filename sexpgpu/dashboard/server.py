@@ -6,11 +6,11 @@ vendored uPlot, and a JSON API over the store, all read-only.
 | `/`, `/run/SLUG`, `/sweep/NAME` | the pages (the runs table, one run, one sweep) |
 | `/api/runs` | every run's record (sexpgpu/results/listing.py) |
 | `/api/run/SLUG` | the record, run.json, status.json and the names under source/ |
-| `/api/run/SLUG/curves` | every series against step (sexpgpu/results/curves.py) |
-| `/api/run/SLUG/events` | the events, resumes applied |
+| `/api/run/SLUG/curves[?points=B&series=NAME]` | every series against step, downsampled to B spans (sexpgpu/results/curves.py; `points=all`: every point) |
+| `/api/run/SLUG/events` | the events, resumes applied (of the step events, the latest 1,000) |
 | `/api/run/SLUG/source/NAME` | one source file as compiled |
 | `/api/run/SLUG/live` | server-sent events: the record and the points added since the last message |
-| `/api/sweep/NAME[?file=F]` | the sweep's points and each point's curves |
+| `/api/sweep/NAME[?file=F&page=P&per_page=N]` | the sweep's points and the curves of page P's points, downsampled |
 
 It listens on 127.0.0.1 only and answers only requests addressed to it there (a Host of
 127.0.0.1:PORT or localhost:PORT: a page elsewhere cannot reach it through DNS rebinding).
@@ -24,15 +24,14 @@ import json
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ..results.curves import Curves, RunReaders, Series
-from ..results.listing import READERS, list_runs, read_quietly, record_of
+from ..results.curves import DEFAULT_BUCKETS, Curves, RunReaders
+from ..results.listing import READERS, RecordCache, read_quietly, record_of
 from ..runtime.runfolder import RunFolder, RunInfo
 from ..runtime.status import Status
 from ..runtime.store import NotARegularFile, Store, UnexpectedSize, dump_json, is_store_failure, store_problem
@@ -40,6 +39,8 @@ from ..runtime.store import NotARegularFile, Store, UnexpectedSize, dump_json, i
 HOST = "127.0.0.1"
 SOURCE_LIMIT = 4 << 20  # bytes of one source file shown
 REREAD_EVERY = 10  # live pages re-read the events every this many ticks even when status.json did not change
+PER_PAGE = 50  # points of a sweep whose curves one page shows
+MAX_BUCKETS = 100_000
 
 STATIC: dict[str, str] = {  # name -> content type; nothing else under static/ is served
     "app.js": "text/javascript; charset=utf-8",
@@ -73,49 +74,49 @@ def folder_name(text: str) -> str:
     return name
 
 
-@dataclass
-class Tracker:
-    """What a live page was sent of each series: (points, last step, last value)."""
+def buckets_of(query: dict[str, list[str]]) -> Optional[int]:
+    """`?points=B`: the spans a series is downsampled to (DEFAULT_BUCKETS when not given);
+    `points=all`: None, every point; a bad value is a 400 (BadRequest)."""
+    text = query.get("points", [None])[0]
+    if text is None:
+        return DEFAULT_BUCKETS
+    if text == "all":
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= MAX_BUCKETS:
+        raise BadRequest(f"points={text}: give a number of points from 1 to {MAX_BUCKETS:,}, or all")
+    return int(text)
 
-    sent: dict[str, tuple[int, int, Optional[float]]] = field(default_factory=dict)
 
-    def delta(self, curves: Curves) -> tuple[list[Series], bool]:
-        """The points of CURVES the page does not have, and whether it must start over (a
-        resume replaced points it was sent)."""
-        reset = any(self._replaced(s) for s in curves.series) or len({s.name for s in curves.series} & set(self.sent)) < len(self.sent)
-        if reset:
-            self.sent = {}
-        fresh = []
-        for series in curves.series:
-            count = self.sent.get(series.name, (0, 0, None))[0]
-            if len(series.steps) > count:
-                fresh.append(series.model_copy(update={"steps": series.steps[count:], "values": series.values[count:]}))
-            if series.steps:
-                self.sent[series.name] = (len(series.steps), series.steps[-1], series.values[-1])
-        return fresh, reset
+def number_of(query: dict[str, list[str]], name: str, default: int) -> int:
+    text = query.get(name, [None])[0]
+    if text is None:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise BadRequest(f"{name}={text}: give a whole number from 1")
+    return int(text)
 
-    def _replaced(self, series: Series) -> bool:
-        if series.name not in self.sent:
-            return False
-        count, step, value = self.sent[series.name]
-        return len(series.steps) < count or series.steps[count - 1] != step or series.values[count - 1] != value
+
+class BadRequest(Exception):
+    """A query parameter that does not read: 400."""
 
 
 class Dashboard:
     """The documents the API serves, read from STORE on each request: run.json and
-    status.json whole (both capped), the events incrementally (one reader per run, kept: a
-    request reads only what the run logged since the last)."""
+    status.json whole (both capped; a listing reads them only when they changed), the events
+    incrementally (one reader per run, kept for the runs read most recently: a request reads
+    only what the run logged since the last)."""
 
     def __init__(self, store: Store, interval_s: float = 1.0) -> None:
         self.store = store
         self.interval_s = interval_s
         self.closing = threading.Event()
         self.readers = RunReaders(store)
+        self.records = RecordCache(store)
 
     # -- documents ----------------------------------------------------------------------------
 
     def runs(self) -> dict[str, Any]:
-        return {"store": self.store.url, "runs": [r.model_dump(mode="json") for r in list_runs(self.store)]}
+        return {"store": self.store.url, "runs": [r.model_dump(mode="json") for r in self.records.records()]}
 
     def _read(self, slug: str) -> tuple[RunFolder, Optional[RunInfo], Optional[Status], list[str]]:
         folder = RunFolder(self.store, slug)
@@ -137,14 +138,14 @@ class Dashboard:
                 "status": status.model_dump(mode="json") if status is not None else None,
                 "sources": sources}
 
-    def curves(self, slug: str) -> Curves:
+    def curves(self, slug: str, buckets: Optional[int] = DEFAULT_BUCKETS, only: Optional[str] = None) -> Curves:
         self._read(slug)
-        return self.readers.curves(slug)
+        return self.readers.curves(slug, buckets, only)
 
     def events(self, slug: str) -> dict[str, Any]:
         self._read(slug)
-        events, warnings = self.readers.events(slug)
-        return {"events": events, "warnings": warnings}
+        events, warnings, steps = self.readers.events_and_count(slug)
+        return {"events": events, "warnings": warnings, "step_events": steps}
 
     def source(self, slug: str, name: str) -> dict[str, Any]:
         folder, *_ = self._read(slug)
@@ -153,15 +154,23 @@ class Dashboard:
         data = self.store.read_bytes(folder.path(f"source/{name}"), limit=SOURCE_LIMIT)
         return {"name": name, "text": data.decode("utf-8", errors="replace")}
 
-    def sweep(self, name: str, file: Optional[str] = None) -> dict[str, Any]:
-        points = [r for r in list_runs(self.store, sweep=name) if file is None or r.file == file]
+    def sweep(self, name: str, file: Optional[str] = None, page: int = 1, per_page: int = PER_PAGE,
+              buckets: Optional[int] = DEFAULT_BUCKETS) -> str:
+        """The sweep's document, as JSON text: every point's record (each record's text made
+        once, when it was read), and the curves of the points of PAGE (PER_PAGE a page, in
+        point order), downsampled to BUCKETS."""
+        points = [(r, text) for r, text in self.records.records_and_json(sweep=name) if file is None or r.file == file]
         if not points:
             raise NotFound(f"no run of a sweep {name!r} in {self.store.url}" + (f" from {file}" if file else ""))
-        points.sort(key=lambda r: (r.file or "", r.point if r.point is not None else -1, r.slug))
-        with ThreadPoolExecutor(max_workers=min(READERS, len(points)), thread_name_prefix="sexpgpu-ui") as pool:
-            curves = list(pool.map(lambda r: self.readers.curves(r.slug), points))
-        return {"store": self.store.url, "sweep": name, "file": file, "points": [r.model_dump(mode="json") for r in points],
-                "curves": {r.slug: c.model_dump(mode="json") for r, c in zip(points, curves)}}
+        points.sort(key=lambda pair: (pair[0].file or "", pair[0].point if pair[0].point is not None else -1, pair[0].slug))
+        pages = -(-len(points) // per_page)
+        page = min(page, pages)
+        shown = [r for r, _ in points[(page - 1) * per_page: page * per_page]]
+        with ThreadPoolExecutor(max_workers=min(READERS, len(shown)), thread_name_prefix="sexpgpu-ui") as pool:
+            curves = list(pool.map(lambda r: self.readers.curves(r.slug, buckets), shown))
+        head = dump_json({"store": self.store.url, "sweep": name, "file": file, "page": page, "pages": pages, "per_page": per_page,
+                          "shown": [r.slug for r in shown], "curves": {r.slug: c for r, c in zip(shown, curves)}})
+        return head[:-1] + ',"points":[' + ",".join(text for _, text in points) + "]}"
 
     # -- live ---------------------------------------------------------------------------------
 
@@ -171,7 +180,7 @@ class Dashboard:
         any case, read the events and send what is new. A tick that sends nothing sends a
         comment, so that a closed page is noticed."""
         folder, info, _, _ = self._read(slug)
-        tracker = Tracker()
+        sent: dict[str, tuple[int, int, Optional[float]]] = {}
         last: Optional[str] = None
         pending = True
         tick = 0
@@ -181,11 +190,10 @@ class Dashboard:
             fingerprint = status.model_dump_json() if status is not None else None
             changed = fingerprint != last or tick == 0
             if changed or pending or tick % REREAD_EVERY == 0:
-                curves = self.readers.curves(slug)
-                fresh, reset = tracker.delta(curves)
-                if changed or fresh or reset:
+                curves, reset = self.readers.since(slug, sent, DEFAULT_BUCKETS)
+                if changed or curves.series or reset:
                     record = record_of(folder, info, status, problems)
-                    send(_sse({"record": record.model_dump(mode="json"), "series": [s.model_dump(mode="json") for s in fresh],
+                    send(_sse({"record": record.model_dump(mode="json"), "series": [s.model_dump(mode="json") for s in curves.series],
                                "reset": reset or tick == 0, "events": curves.events, "last_step": curves.last_step,
                                "warnings": curves.warnings}))
                 else:
@@ -252,6 +260,8 @@ class Handler(BaseHTTPRequestHandler):
             self._route(url.path, parse_qs(url.query))
         except NotFound as exc:
             self._json({"error": str(exc)}, HTTPStatus.NOT_FOUND)
+        except BadRequest as exc:
+            self._json({"error": str(exc)}, HTTPStatus.BAD_REQUEST)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the page went away
         except (NotARegularFile, UnexpectedSize) as exc:  # one file of one run, which the message names
@@ -283,7 +293,7 @@ class Handler(BaseHTTPRequestHandler):
             if not rest:
                 self._json(board.run(slug))
             elif rest == ["curves"]:
-                self._json(board.curves(slug).model_dump(mode="json"))
+                self._json(board.curves(slug, buckets_of(query), query.get("series", [None])[0]).model_dump(mode="json"))
             elif rest == ["events"]:
                 self._json(board.events(slug))
             elif rest[0] == "source" and len(rest) > 1:
@@ -295,7 +305,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         if len(parts) == 4 and parts[:3] == ["", "api", "sweep"]:
             file = query.get("file", [None])[0]
-            self._json(board.sweep(unquote(parts[3]), file))
+            text = board.sweep(unquote(parts[3]), file, number_of(query, "page", 1), number_of(query, "per_page", PER_PAGE), buckets_of(query))
+            self._send(HTTPStatus.OK, text.encode("utf-8"), "application/json; charset=utf-8")
             return
         raise NotFound(f"nothing at {path}")
 

@@ -15,15 +15,26 @@ A non-finite value is null in the events and a gap (None) in its series.
 
 `RunReaders` is how every reader of a store gets a run's events and curves (`logs`, `plot`,
 the dashboard): TensorBoard's multiplexer in miniature, one `EventReader` per run that reads
-only the bytes added since its last read, and the curves rebuilt only when events came.
+only the bytes added since its last read. What a run keeps is compact: each series as two
+arrays of numbers (16 bytes a point), the events other than `step` as dicts and the last
+`TAIL` step events; and at most `RunReaders.capacity` runs are kept (the least recently read
+go first, and are read again from the start when asked for).
+
+A series is shown downsampled (`downsample`): the steps are cut into BUCKETS equal spans (a
+pixel each) and each span keeps its first, last, lowest and highest point and its first gap,
+so that a spike or a gap is never smoothed away; `buckets=None` asks for every point.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Optional
+from array import array
+from bisect import bisect_right
+from collections import OrderedDict, deque
+from typing import Any, Iterable, Literal, Optional, TypeAlias
+
+import numpy as np
 
 from pydantic import BaseModel, Field
 
@@ -40,6 +51,7 @@ class Series(BaseModel):
     group: Group
     steps: list[int] = Field(default_factory=list)
     values: list[Optional[float]] = Field(default_factory=list)
+    points: Optional[int] = None  # how many points the series has, when fewer are shown (downsampled)
 
     @property
     def metric(self) -> str:
@@ -53,7 +65,7 @@ class Curves(BaseModel):
     """Every series of one run, in the order they first appear, train before eval."""
 
     series: list[Series] = Field(default_factory=list)
-    events: int = 0  # how many events they were read from
+    events: int = 0  # how many events were read
     last_step: Optional[int] = None  # of the latest step event
     warnings: list[str] = Field(default_factory=list)  # the lines of the events that were skipped, FILE:LINE: why
 
@@ -64,114 +76,339 @@ class Curves(BaseModel):
         return [s.name for s in self.series]
 
 
-def _value(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _is_number(value: Any) -> bool:
-    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
-
-
-class _Builder:
-    def __init__(self) -> None:
-        self.series: dict[str, Series] = {}
-
-    def add(self, name: str, group: Group, step: int, value: Any) -> None:
-        if not _is_number(value):
-            return
-        series = self.series.get(name)
-        if series is None:
-            series = self.series[name] = Series(name=name, group=group)
-        series.steps.append(step)
-        series.values.append(_value(value))
-
-    def step_event(self, step: int, event: dict[str, Any]) -> None:
-        if "loss" in event:
-            self.add("loss", "train", step, event["loss"])
-        for key, value in _mapping(event.get("metrics")).items():
-            self.add(str(key), "train", step, value)
-        for group, value in _mapping(event.get("lr")).items():
-            self.add(f"lr:{group}", "optimizer", step, value)
-        if "grad_norm" in event:
-            self.add("grad_norm", "optimizer", step, event["grad_norm"])
-        for key in SPEED_FIELDS:
-            if key in event:
-                self.add(key, "speed", step, event[key])
-
-    def eval_event(self, step: int, event: dict[str, Any]) -> None:
-        name = str(event.get("name") or "eval")
-        for key, value in _mapping(event.get("metrics")).items():
-            self.add(f"{name}/{key}", "eval", step, value)
-
-    def diagnostic_event(self, step: int, event: dict[str, Any]) -> None:
-        for key, value in _mapping(event.get("values")).items():
-            self.add(f"diag:{key}", "diagnostic", step, value)
-
-
 def _mapping(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _step_of(event: dict[str, Any]) -> Optional[int]:
+    step = event.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+TAIL = 1000  # the latest step events a reader keeps whole (the dashboard's events table shows as many)
+DEFAULT_BUCKETS = 1000  # the points a chart is drawn from, about one per pixel of its width
+
+
+class Column:
+    """One series as numbers: its steps (int64) and values (float64, NaN for a gap: a
+    non-finite value is logged as null, so a NaN is never a value). A series of the step
+    events that has a value at every step event so far keeps no steps of its own: they are
+    the first of SHARED (the steps of the step events), 8 bytes a point saved."""
+
+    __slots__ = ("name", "group", "own", "shared", "values", "ordered")
+
+    def __init__(self, name: str, group: Group, shared: Optional["array[int]"] = None) -> None:
+        self.name = name
+        self.group = group
+        self.shared = shared
+        self.own: Optional["array[int]"] = None if shared is not None else array("q")
+        self.values = array("d")
+        self.ordered = True  # steps never go down (what `resume` can rely on)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @property
+    def steps(self) -> "array[int]":
+        """Its steps (a copy, when shared)."""
+        if self.own is not None:
+            return self.own
+        assert self.shared is not None
+        return self.shared[: len(self.values)]
+
+    def step_at(self, index: int) -> int:
+        return (self.own if self.own is not None else self.shared)[index]  # type: ignore[index]
+
+    def append(self, step: int, value: float) -> None:
+        """A point (VALUE NaN: a gap)."""
+        if self.own is None:
+            assert self.shared is not None
+            if len(self.values) == len(self.shared) - 1:  # the step event being read is SHARED's last
+                self.values.append(value)
+                return
+            self.own = self.shared[: len(self.values)]  # it missed a step event: its steps are its own from now on
+        if self.ordered and self.own and step < self.own[-1]:
+            self.ordered = False
+        self.own.append(step)
+        self.values.append(value)
+
+    def drop_after(self, step: int) -> None:
+        """Leave out the points of steps after STEP (what a resume from STEP supersedes)."""
+        if self.own is None:
+            del self.values[bisect_right(self.steps, step):]
+            return
+        if self.ordered:
+            keep = bisect_right(self.own, step)
+            del self.own[keep:]
+            del self.values[keep:]
+            return
+        pairs = [(s, v) for s, v in zip(self.own, self.values) if s <= step]
+        self.own = array("q", (s for s, _ in pairs))
+        self.values = array("d", (v for _, v in pairs))
+        self.ordered = all(a <= b for a, b in zip(self.own, self.own[1:]))
+
+    def _steps_view(self) -> Steps:
+        steps = self.own if self.own is not None else self.shared
+        if not steps:
+            return np.zeros(0, dtype=np.int64)
+        return np.frombuffer(steps, dtype=np.int64)[: len(self.values)]
+
+    def series(self, buckets: Optional[int] = None, start: int = 0) -> Series:
+        """The points from index START on, downsampled to BUCKETS spans when there are more
+        than four a span (None: every point)."""
+        steps = self._steps_view()[start:]
+        values = np.frombuffer(self.values, dtype=np.float64)[start:] if self.values else np.zeros(0, dtype=np.float64)
+        total = len(steps)
+        if buckets is not None and total > 4 * buckets:
+            steps, values = downsample(steps, values, buckets)
+        shown = [None if math.isnan(v) else v for v in values.tolist()]
+        return Series(name=self.name, group=self.group, steps=steps.tolist(), values=shown,
+                      points=total if len(steps) < total else None)
+
+
+Steps: TypeAlias = "np.ndarray[Any, np.dtype[np.int64]]"
+Values: TypeAlias = "np.ndarray[Any, np.dtype[np.float64]]"
+SLICE = 1 << 16  # points downsampled at a time: the temporaries stay small for a series of millions
+
+
+def downsample(steps: Steps, values: Values, buckets: int) -> tuple[Steps, Values]:
+    """STEPS and VALUES (NaN: a gap) cut into BUCKETS equal spans of steps; each span keeps
+    its first and last point, its lowest and highest value and its first gap, in step order
+    (at most 5 points a span: a chart of BUCKETS pixels looks the same as one of every point)."""
+    count = len(steps)
+    if count == 0 or buckets < 1:
+        return steps, values
+    if np.any(steps[1:] < steps[:-1]):
+        order = np.argsort(steps, kind="stable")
+        steps, values = steps[order], values[order]
+    first, width = int(steps[0]), int(steps[-1]) - int(steps[0]) + 1
+    edges = first + (np.arange(buckets, dtype=np.int64) * width + buckets - 1) // buckets  # the first step of each span
+    starts = np.unique(np.searchsorted(steps, edges, side="left"))
+    starts = starts[starts < count]
+    group = max(1, len(starts) * SLICE // count)
+    kept = []
+    for i in range(0, len(starts), group):
+        begin = int(starts[i])
+        end = int(starts[i + group]) if i + group < len(starts) else count
+        kept.append(begin + _kept(values[begin:end], starts[i:i + group] - begin))
+    index = np.concatenate(kept)
+    return steps[index], values[index]
+
+
+def _kept(values: Values, starts: Steps) -> Steps:
+    """The indices of VALUES that its spans (from each of STARTS to the next) keep, in order."""
+    count = len(values)
+    ends = np.r_[starts[1:], count] - 1
+    index = np.arange(count)
+    sizes = ends - starts + 1
+    gaps = np.isnan(values)
+    low = np.where(gaps, np.inf, values)
+    high = np.where(gaps, -np.inf, values)
+    at_low = np.minimum.reduceat(np.where(low == np.repeat(np.minimum.reduceat(low, starts), sizes), index, count), starts)
+    at_high = np.minimum.reduceat(np.where(high == np.repeat(np.maximum.reduceat(high, starts), sizes), index, count), starts)
+    at_gap = np.minimum.reduceat(np.where(gaps, index, count), starts)
+    kept = np.unique(np.concatenate([starts, ends, at_low, at_high, at_gap]))
+    return kept[kept < count]
+
+
+class CurveData:
+    """The curves of one run as they are read (an `EventSink`): a `Column` per series, in the
+    order they first appear, resumes applied as they come (a resume from step S drops the
+    points after S); and the latest `TAIL` step events."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.columns: dict[str, Column] = {}
+        self.step_steps = array("q")  # the step of each step event (resumes applied)
+        self.tail: deque[dict[str, Any]] = deque(maxlen=TAIL)
+        self.events = 0
+
+    @property
+    def last_step(self) -> Optional[int]:
+        return self.step_steps[-1] if self.step_steps else None
+
+    def add(self, events: list[dict[str, Any]]) -> None:
+        self.events += len(events)
+        for event in events:
+            kind = event.get("kind")
+            if kind == "resume":
+                self._resume(event)
+                continue
+            step = _step_of(event)
+            if step is None:
+                continue
+            if kind == "step":
+                self._step(step, event)
+            elif kind == "eval":
+                self._eval(step, event)
+            elif kind == "diagnostic":
+                self._diagnostic(step, event)
+
+    def _put(self, name: str, group: Group, step: int, value: Any) -> None:
+        # type(), not isinstance: a bool is not a number here; NaN marks a gap (a null)
+        kind = type(value)
+        if kind is float:
+            number = value if math.isfinite(value) else math.nan
+        elif kind is int:
+            number = float(value)
+        elif value is None:
+            number = math.nan
+        else:
+            return
+        column = self.columns.get(name)
+        if column is None:
+            shared = self.step_steps if group != "eval" and group != "diagnostic" and len(self.step_steps) == 1 else None
+            column = self.columns[name] = Column(name, group, shared)
+        column.append(step, number)
+
+    def _step(self, step: int, event: dict[str, Any]) -> None:
+        self.step_steps.append(step)
+        self.tail.append(event)
+        if "loss" in event:
+            self._put("loss", "train", step, event["loss"])
+        for key, value in _mapping(event.get("metrics")).items():
+            self._put(str(key), "train", step, value)
+        for group, value in _mapping(event.get("lr")).items():
+            self._put(f"lr:{group}", "optimizer", step, value)
+        if "grad_norm" in event:
+            self._put("grad_norm", "optimizer", step, event["grad_norm"])
+        for key in SPEED_FIELDS:
+            if key in event:
+                self._put(key, "speed", step, event[key])
+
+    def _eval(self, step: int, event: dict[str, Any]) -> None:
+        name = str(event.get("name") or "eval")
+        for key, value in _mapping(event.get("metrics")).items():
+            self._put(f"{name}/{key}", "eval", step, value)
+
+    def _diagnostic(self, step: int, event: dict[str, Any]) -> None:
+        for key, value in _mapping(event.get("values")).items():
+            self._put(f"diag:{key}", "diagnostic", step, value)
+
+    def _resume(self, event: dict[str, Any]) -> None:
+        from_step = event.get("from_step", event.get("step"))
+        if not isinstance(from_step, int) or isinstance(from_step, bool):
+            return
+        for name, column in list(self.columns.items()):
+            column.drop_after(from_step)
+            if not column:
+                del self.columns[name]  # it comes back in the order it appears again
+        keep = bisect_right(self.step_steps, from_step)
+        del self.step_steps[keep:]  # after the columns that share it: each cut its own values first
+        kept = [e for e in self.tail if (_step_of(e) or 0) <= from_step]
+        self.tail = deque(kept, maxlen=TAIL)
+
+    def ordered(self) -> list[Column]:
+        """The columns, train before eval, each group in the order its series first appeared."""
+        return sorted(self.columns.values(), key=lambda c: GROUPS.index(c.group))
+
+    def curves(self, buckets: Optional[int] = None, only: Optional[str] = None) -> Curves:
+        """The curves, each series downsampled to BUCKETS (None: every point); only the
+        series ONLY when given."""
+        columns = [c for c in self.ordered() if only is None or c.name == only]
+        return Curves(series=[c.series(buckets) for c in columns], events=self.events, last_step=self.last_step)
+
+
 def curves_of(events: Iterable[dict[str, Any]]) -> Curves:
-    """The curves of a run's events (as `read_events` returns them: resumes applied)."""
-    builder = _Builder()
-    count = 0
-    last_step: Optional[int] = None
-    handlers = {"step": builder.step_event, "eval": builder.eval_event, "diagnostic": builder.diagnostic_event}
-    for event in events:
-        count += 1
-        step = event.get("step")
-        handler = handlers.get(str(event.get("kind")))
-        if handler is None or not isinstance(step, int) or isinstance(step, bool):
-            continue
-        handler(step, event)
-        if event.get("kind") == "step":
-            last_step = step
-    ordered = sorted(builder.series.values(), key=lambda s: GROUPS.index(s.group))  # stable: first appearance within a group
-    return Curves(series=ordered, events=count, last_step=last_step)
+    """The curves of a run's events (resumes are applied as they come), every point."""
+    data = CurveData()
+    data.add(list(events))
+    return data.curves()
 
 
-@dataclass
+def _not_step(event: dict[str, Any]) -> bool:
+    return event.get("kind") != "step"
+
+
 class _Run:
-    reader: EventReader
-    curves: Optional[Curves] = None
-    of: tuple[int, int] = (-1, -1)  # (resets, events) of the reader the curves were built from
+    def __init__(self, store: Store, slug: str) -> None:
+        self.data = CurveData()
+        self.reader = EventReader(store, slug, sink=self.data, keep=_not_step)
 
 
 class RunReaders:
     """The events and curves of the runs of STORE, each run's read incrementally (one
-    `EventReader` per slug, kept); safe to use from several threads."""
+    `EventReader` per slug, kept for the CAPACITY runs read most recently); safe to use from
+    several threads."""
 
-    def __init__(self, store: Store) -> None:
+    DEFAULT_CAPACITY = 64
+
+    def __init__(self, store: Store, capacity: int = DEFAULT_CAPACITY) -> None:
         self.store = store
-        self._runs: dict[str, _Run] = {}
+        self.capacity = max(1, capacity)
+        self._runs: OrderedDict[str, _Run] = OrderedDict()
         self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._runs)
 
     def _run(self, slug: str) -> _Run:
         with self._lock:
             run = self._runs.get(slug)
             if run is None:
-                run = self._runs[slug] = _Run(EventReader(self.store, slug))
+                run = self._runs[slug] = _Run(self.store, slug)
+                while len(self._runs) > self.capacity:
+                    self._runs.popitem(last=False)
+            else:
+                self._runs.move_to_end(slug)
             return run
 
     def events(self, slug: str, superseded: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
         """SLUG's events, read up to now (resumes applied unless SUPERSEDED), and the warnings
-        about the lines skipped."""
+        about the lines skipped. Of its step events, only the latest `TAIL` (resumes applied)."""
+        events, warnings, _ = self.events_and_count(slug, superseded)
+        return events, warnings
+
+    def events_and_count(self, slug: str, superseded: bool = False) -> tuple[list[dict[str, Any]], list[str], int]:
+        """`events`, and how many step events there are in all."""
         run = self._run(slug)
         with run.reader.lock:
             run.reader.update()
-            return list(run.reader.events(superseded)), list(run.reader.warnings)
+            others = run.reader.events(superseded)
+            steps = list(run.data.tail)
+            merged = sorted([*others, *steps], key=lambda e: str(e.get("t", "")))  # ISO times: in the order written
+            return merged, list(run.reader.warnings), len(run.data.step_steps)
 
-    def curves(self, slug: str) -> Curves:
-        """SLUG's curves, read up to now; its `warnings` name the lines skipped."""
+    def curves(self, slug: str, buckets: Optional[int] = None, only: Optional[str] = None) -> Curves:
+        """SLUG's curves, read up to now, each series downsampled to BUCKETS (None: every
+        point; ONLY: that series alone); its `warnings` name the lines skipped."""
         run = self._run(slug)
         with run.reader.lock:
-            reader = run.reader
-            reader.update()
-            now = (reader.resets, len(reader.pairs))
-            if run.curves is None or run.of != now:
-                run.curves = curves_of(reader.events()).model_copy(update={"warnings": list(reader.warnings)})
-                run.of = now
-            return run.curves
+            run.reader.update()
+            curves = run.data.curves(buckets, only)
+            return curves.model_copy(update={"warnings": list(run.reader.warnings)})
+
+    def since(self, slug: str, sent: dict[str, tuple[int, int, Optional[float]]], buckets: Optional[int]) -> tuple[Curves, bool]:
+        """What a live page that was SENT (per series: points, last step, last value) does
+        not have: a series' new points, or every series again (downsampled to BUCKETS) and
+        True when a resume replaced points it had; SENT is updated to what it has then."""
+        run = self._run(slug)
+        with run.reader.lock:
+            run.reader.update()
+            data = run.data
+            columns = data.ordered()
+            reset = len({c.name for c in columns} & set(sent)) < len(sent) or any(_replaced(c, sent) for c in columns)
+            if reset:
+                sent.clear()
+            fresh = []
+            for column in columns:
+                count = sent.get(column.name, (0, 0, None))[0]
+                if len(column) > count:
+                    fresh.append(column.series(buckets if count == 0 else None, start=count))
+                if len(column):
+                    value = column.values[-1]
+                    sent[column.name] = (len(column), column.step_at(len(column) - 1), None if math.isnan(value) else value)
+            curves = Curves(series=fresh, events=data.events, last_step=data.last_step, warnings=list(run.reader.warnings))
+            return curves, reset
+
+
+def _replaced(column: Column, sent: dict[str, tuple[int, int, Optional[float]]]) -> bool:
+    if column.name not in sent:
+        return False
+    count, step, value = sent[column.name]
+    if len(column) < count:
+        return True
+    had = column.values[count - 1]
+    return column.step_at(count - 1) != step or (None if math.isnan(had) else had) != value

@@ -7,6 +7,11 @@ pool (two small GETs per run on S3). A folder with neither file is not a run (th
 driver's `sweeps/`, a run that has not written anything yet) and is left out; a run that
 is being written (a run.json and no status yet) or whose files do not read is shown, with
 what could not be read in `problem`.
+
+A `RecordCache` (the dashboard's) reads a run's two files again only when they changed: each
+listing asks the store when each was last written (a stat locally, a HEAD on S3) and keeps
+the record while both answers are the same as last time (and older than `SETTLE_S`: a
+store's times may be whole seconds, so a file written within the last seconds is read again).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import json
 import math
 import operator
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Optional, Union
@@ -22,7 +29,7 @@ from pydantic import BaseModel, Field
 
 from ..runtime.runfolder import RunFolder, RunInfo
 from ..runtime.status import Status
-from ..runtime.store import NotARegularFile, Store, UnexpectedSize
+from ..runtime.store import NotARegularFile, Store, UnexpectedSize, dump_json
 
 # concurrent reads of a listing: enough to hide S3's latency, few enough for any endpoint
 READERS = 16
@@ -200,6 +207,66 @@ def list_runs(store: Store, sweep: Optional[str] = None, readers: int = READERS)
     with ThreadPoolExecutor(max_workers=max(1, min(readers, len(slugs))), thread_name_prefix="sexpgpu-runs") as pool:
         records = [r for r in pool.map(lambda slug: read_record(store, slug), slugs) if r is not None]
     return [r for r in records if sweep is None or r.sweep == sweep]
+
+
+Stamp = tuple[Optional[float], Optional[float]]  # when run.json and status.json were written (None: not there)
+SETTLE_S = 2.0
+
+
+def _written(store: Store, path: str) -> Optional[float]:
+    try:
+        return store.modified(path)
+    except FileNotFoundError:
+        return None
+
+
+class RecordCache:
+    """The records of STORE's runs, each read again only when its run.json or status.json
+    changed, with each record's JSON text (`dump_json`'s, made once); safe to use from
+    several threads."""
+
+    def __init__(self, store: Store, readers: int = READERS, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.readers = readers
+        self.clock = clock
+        self.reads = 0  # records read (not taken from the cache), for a test to count
+        self._kept: dict[str, tuple[Stamp, Optional[RunRecord], str]] = {}
+        self._lock = threading.Lock()
+
+    def _record(self, slug: str) -> tuple[Optional[RunRecord], str]:
+        folder = RunFolder(self.store, slug)
+        stamp = (_written(self.store, folder.path("run.json")), _written(self.store, folder.path("status.json")))
+        with self._lock:
+            kept = self._kept.get(slug)
+        settled = all(when is None or self.clock() - when >= SETTLE_S for when in stamp)
+        if kept is not None and kept[0] == stamp and settled and None not in stamp:
+            return kept[1], kept[2]
+        record = read_record(self.store, slug)
+        text = dump_json(record) if record is not None else "null"
+        with self._lock:
+            self.reads += 1
+            self._kept[slug] = (stamp, record, text)
+        return record, text
+
+    def records_and_json(self, sweep: Optional[str] = None) -> list[tuple[RunRecord, str]]:
+        """Every run of the store (of the sweep SWEEP only, when given), in folder order,
+        each with its record's JSON text."""
+        slugs = self.store.folders()
+        if not slugs:
+            return []
+        with self._lock:
+            for gone in set(self._kept) - set(slugs):
+                del self._kept[gone]
+        if self.store.is_local:  # a stat each: a pool of threads would cost more than it saves
+            found = [self._record(slug) for slug in slugs]
+        else:
+            with ThreadPoolExecutor(max_workers=max(1, min(self.readers, len(slugs))), thread_name_prefix="sexpgpu-runs") as pool:
+                found = list(pool.map(self._record, slugs))
+        return [(r, text) for r, text in found if r is not None and (sweep is None or r.sweep == sweep)]
+
+    def records(self, sweep: Optional[str] = None) -> list[RunRecord]:
+        """Every run of the store (of the sweep SWEEP only, when given), in folder order."""
+        return [r for r, _ in self.records_and_json(sweep)]
 
 
 # ---------------------------------------------------------------------------------------------

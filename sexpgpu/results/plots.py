@@ -1,6 +1,10 @@
 """Curves of several runs, overlaid: a PNG or SVG file through matplotlib, or text for a
 terminal through plotext. Both are the optional `plot` extra (pip install 'sexpgpu[plot]');
-without it, `MissingExtra` says so."""
+without it, `MissingExtra` says so.
+
+The curves come downsampled to `BUCKETS` spans of steps (each span's first, last, lowest and
+highest point: sexpgpu/results/curves.py), more than the pixels of a figure's width, so a
+run of a million steps is drawn from a few thousand points and looks the same."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from .listing import RunRecord
 EXTRA = "pip install 'sexpgpu[plot]'"
 IMAGE_FORMATS = ("png", "svg")
 TEXT_MARKERS = "x+o*#%@&"
+BUCKETS = 2000  # a figure is 1,040 pixels wide (8 in at 130 dpi), a terminal far fewer
 
 
 class MissingExtra(Exception):

@@ -386,12 +386,13 @@
     const summary = el("div");
     const toolbar = el("div", { class: "toolbar" }, logToggle(() => drawAll()), el("span", { class: "note", id: "live" }));
     const skippedBox = el("div", { class: "warning", id: "skipped", hidden: true });
+    const sampledBox = el("div", { class: "note", id: "downsampled", hidden: true });
     const chartSections = new Map(SECTIONS.map(([group, name]) => [group, el("section", { "data-section": group, hidden: true }, el("h2", { text: name }), el("div", { class: "charts" }))]));
     const diagnostics = el("section", { hidden: true }, el("h2", { text: "Latest diagnostics" }), el("div", { class: "wide", id: "diagnostics" }));
     const details = el("div", { class: "columns" });
     const eventsBox = el("section", {}, el("h2", { text: "Events" }), el("div", { id: "events" }));
     const sourcesBox = el("section", {}, el("h2", { text: "Source" }), el("div", { id: "sources" }));
-    main.append(title, summary, toolbar, skippedBox, ...chartSections.values(), diagnostics, details, eventsBox, sourcesBox);
+    main.append(title, summary, toolbar, skippedBox, sampledBox, ...chartSections.values(), diagnostics, details, eventsBox, sourcesBox);
 
     // lines of the events that are not events: said, with where they are
     function skipped(warnings) {
@@ -413,6 +414,21 @@
       for (const [key, group] of groups) drawChart(chartSections.get(group.section).querySelector(".charts"), key, group.title, group.series, group.bytes);
       dropCharts(new Set(groups.keys()));
       drawDiagnostics();
+      drawSampled();
+    }
+
+    // a long series is drawn from a few points a pixel; all of them are a link away
+    function drawSampled() {
+      const sampled = [...curves.values()].filter((s) => s.points);
+      sampledBox.hidden = sampled.length === 0;
+      clear(sampledBox);
+      if (!sampled.length) return;
+      sampledBox.append("downsampled (the first, last, lowest and highest point of each pixel's steps): ");
+      sampled.forEach((s, i) => {
+        const href = `/api/run/${encodeURIComponent(slug)}/curves?points=all&series=${encodeURIComponent(s.name)}`;
+        sampledBox.append(i ? "; " : "", `${s.name} ${s.steps.length.toLocaleString("en-US")} of ${s.points.toLocaleString("en-US")} points (`,
+          el("a", { href, "data-full": s.name, text: "every point" }), ")");
+      });
     }
 
     function drawDiagnostics() {
@@ -467,8 +483,13 @@
     const MAIN_KEYS = new Set(["v", "t", "kind", "step"]);
     let eventKind = "not step";
     async function drawEvents() {
-      let events;
-      try { events = (await getJSON(`/api/run/${encodeURIComponent(slug)}/events`)).events; } catch (error) { problem(String(error.message || error)); return; }
+      let events, stepEvents;
+      try {
+        const doc = await getJSON(`/api/run/${encodeURIComponent(slug)}/events`);
+        events = doc.events;
+        stepEvents = doc.step_events || 0;
+      } catch (error) { problem(String(error.message || error)); return; }
+      const stepsHere = events.filter((e) => e.kind === "step").length;
       const box = eventsBox.querySelector("#events");
       const kinds = [...new Set(events.map((e) => String(e.kind)))];
       const select = el("select", { id: "event-kind", onchange: (e) => { eventKind = e.target.value; drawEvents(); } },
@@ -477,7 +498,8 @@
       const LIMIT = 1000;
       const rows = chosen.slice(-LIMIT);
       clear(box);
-      box.append(el("div", { class: "toolbar" }, select, el("span", { class: "note", text: `${chosen.length} of ${events.length} event(s)` + (chosen.length > LIMIT ? `, the last ${LIMIT} shown` : "") })),
+      box.append(el("div", { class: "toolbar" }, select, el("span", { class: "note", text: `${chosen.length} of ${events.length} event(s)` + (chosen.length > LIMIT ? `, the last ${LIMIT} shown` : "") +
+          (stepEvents > stepsHere ? `; of the ${stepEvents.toLocaleString("en-US")} step events, the latest ${stepsHere.toLocaleString("en-US")}` : "") })),
         el("table", { class: "events" }, el("tr", {}, el("th", { text: "time" }), el("th", { class: "num", text: "step" }), el("th", { text: "kind" }), el("th", { text: "fields" })),
           rows.map((e) => el("tr", { "data-kind": e.kind }, el("td", { text: when(e.t) }), el("td", { class: "num", text: e.step ?? "-" }), el("td", { text: e.kind }),
             el("td", { class: "details", text: Object.entries(e).filter(([k]) => !MAIN_KEYS.has(k)).map(([k, v]) => `${k}=${shown(v)}`).join("  ") })))));
@@ -503,8 +525,11 @@
       if (update.reset) curves.clear();
       for (const series of update.series) {
         const have = curves.get(series.name);
-        if (!have) curves.set(series.name, { name: series.name, group: series.group, steps: series.steps.slice(), values: series.values.slice() });
-        else { have.steps.push(...series.steps); have.values.push(...series.values); }
+        if (!have) curves.set(series.name, { name: series.name, group: series.group, steps: series.steps.slice(), values: series.values.slice(), points: series.points || null });
+        else {
+          for (let i = 0; i < series.steps.length; i++) { have.steps.push(series.steps[i]); have.values.push(series.values[i]); }
+          if (have.points) have.points += series.steps.length;
+        }
       }
     }
 
@@ -628,15 +653,27 @@
     let doc = null;
     let metric = null;
     let final = null;
+    let page = 1;
     const metricSelect = el("select", { id: "metric", onchange: (e) => { metric = e.target.value; draw(); } });
     const finalSelect = el("select", { id: "final-metric", onchange: (e) => { final = e.target.value; draw(); } });
     const overlay = el("div", { class: "charts single", id: "overlay" });
     const parallelBox = el("div", { class: "wide", id: "parallel" });
     const pointsBox = el("div", { class: "wide", id: "points" });
+    const pager = el("div", { class: "toolbar", id: "pager" });
     main.append(el("h1", { text: "Sweep " + name + (file ? " of " + file : "") }),
       el("div", { class: "toolbar" }, el("label", {}, "curve ", metricSelect), logToggle(() => draw())), overlay,
       el("h2", { text: "Knobs against the final metric" }), el("div", { class: "toolbar" }, el("label", {}, "metric ", finalSelect)), parallelBox,
-      el("h2", { text: "Points" }), pointsBox);
+      el("h2", { text: "Points" }), pager, pointsBox);
+
+    // the curves and the table show one page of points; the knobs chart shows them all
+    function drawPager() {
+      clear(pager);
+      if (doc.pages <= 1) return;
+      const go = (to) => { page = to; refresh(); };
+      pager.append(el("button", { id: "page-prev", disabled: doc.page <= 1, onclick: () => go(doc.page - 1), text: "previous" }),
+        el("span", { class: "note", id: "page-of", text: ` page ${doc.page} of ${doc.pages} (points ${(doc.page - 1) * doc.per_page + 1}-${Math.min(doc.page * doc.per_page, doc.points.length)} of ${doc.points.length}) ` }),
+        el("button", { id: "page-next", disabled: doc.page >= doc.pages, onclick: () => go(doc.page + 1), text: "next" }));
+    }
 
     function fill(select, names, current) {
       clear(select);
@@ -644,8 +681,11 @@
     }
 
     function draw() {
-      const points = doc.points;
-      const knobs = varying(points);
+      const all = doc.points;
+      const shownSlugs = new Set(doc.shown);
+      const points = all.filter((p) => shownSlugs.has(p.slug));
+      const knobs = varying(all);
+      drawPager();
       const names = [...new Set(points.flatMap((p) => (doc.curves[p.slug] || { series: [] }).series.map((s) => s.name)))];
       if (!metric || !names.includes(metric)) metric = names.includes("loss") ? "loss" : names[0];
       fill(metricSelect, names, metric);
@@ -659,7 +699,8 @@
       const chart = metric ? drawChart(overlay, "sweep", metric, series, metric === "memory") : null;
       clear(parallelBox);
       const pick = (index) => { if (chart) chart.uplot.setSeries(index === null ? null : index + 1, { focus: index !== null }); };
-      if (final) parallelBox.append(parallel(points, knobs, final, pick));
+      const onPage = new Map(points.map((p, i) => [p.slug, i]));
+      if (final) parallelBox.append(parallel(all, knobs, final, (index) => pick(index === null ? null : (onPage.has(all[index].slug) ? onPage.get(all[index].slug) : null))));
       clear(pointsBox);
       const train = [...new Set(points.flatMap((p) => Object.keys(p.metrics || {})))];
       const evals = [...new Set(points.flatMap((p) => Object.keys(p.eval || {})))];
@@ -675,7 +716,7 @@
 
     async function refresh() {
       try {
-        doc = await getJSON("/api/sweep/" + encodeURIComponent(name) + (file ? "?file=" + encodeURIComponent(file) : ""));
+        doc = await getJSON("/api/sweep/" + encodeURIComponent(name) + "?page=" + page + (file ? "&file=" + encodeURIComponent(file) : ""));
         showStore(doc.store);
         problem(null);
         draw();

@@ -1,0 +1,138 @@
+"""The dashboard and `plot` at scale, against stores written directly in the formats real
+runs write (tests/scale_store.py, from a real run's files):
+
+- a run of --steps logged steps (default 1,000,000) opened in a real `sexpgpu ui`: the
+  seconds (wall, and the server's CPU) of the first /api/run/SLUG/curves (every event read
+  and parsed), of the next one (read from where it stopped: nothing new), and the server's
+  peak resident memory (VmHWM);
+- `sexpgpu plot` of that run: seconds and peak memory of the process;
+- a sweep of --runs points (default 5,000): the seconds of its first /api/sweep/NAME (every
+  run.json and status.json read) and of the next (only each file's time looked at).
+
+    python bench/dashboard_scale.py [--steps 1000000] [--runs 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from results_store import TINY, write_file  # noqa: E402
+from scale_store import write_long_run, write_sweep  # noqa: E402
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sexpgpu", *args], capture_output=True, text=True, env=ENV, check=True)
+
+
+def timed(action: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+def get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=3600) as response:
+        return json.loads(response.read())
+
+
+def cpu_s(pid: int) -> float:
+    """The CPU seconds (user and system) the process PID has used: on a loaded machine, a
+    steadier measure than the wall time."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(pid: int, action: Callable[[], Any]) -> str:
+    before = cpu_s(pid)
+    wall = timed(action)
+    return f"{wall:.2f} s ({cpu_s(pid) - before:.2f} s CPU)"
+
+
+def peak_mb(pid: int) -> float:
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+def serve(store: Path) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen([sys.executable, "-m", "sexpgpu", "ui", str(store)], stdout=subprocess.PIPE, text=True, env=ENV)
+    assert process.stdout is not None
+    found = re.search(r"(http://127\.0\.0\.1:\d+/)", process.stdout.readline())
+    assert found, "sexpgpu ui did not say where it listens"
+    return process, found.group(1)
+
+
+def stop(process: subprocess.Popen[str]) -> None:
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=60)
+
+
+def plot(run: Path, out: Path) -> tuple[float, resource.struct_rusage]:
+    """The seconds `sexpgpu plot RUN -o OUT` took, and its own resource use (wait4: that
+    child's alone, not the servers' before it)."""
+    start = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "sexpgpu", "plot", str(run), "-o", str(out)], env=ENV, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    assert process.returncode == 0, f"plot exited {process.returncode}"
+    return time.perf_counter() - start, usage
+
+
+def twice(store: Path, path: str, first: str, again: str) -> list[tuple[str, str]]:
+    """Rows: PATH asked of a fresh server of STORE, then again, and the server's peak memory."""
+    process, url = serve(store)
+    try:
+        return [(first, measured(process.pid, lambda: get(url + path))), (again, measured(process.pid, lambda: get(url + path))),
+                ("server peak memory", f"{peak_mb(process.pid):.0f} MiB")]
+    finally:
+        stop(process)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=5000)
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="dashboard-scale-"))
+    try:
+        cli("run", str(write_file(base / "project", text=TINY)), "--store", str(base / "real"), "--quiet")
+        (template,) = [p for p in (base / "real").iterdir() if p.is_dir()]
+        rows: list[tuple[str, str]] = []
+
+        written = timed(lambda: write_long_run(base / "long", template, args.steps))
+        slug = next(p.name for p in (base / "long").iterdir())
+        rows += twice(base / "long", f"api/run/{slug}/curves", f"open a {args.steps:,}-step run (first read)", "open it again (nothing new)")
+        plotted, usage = plot(base / "long" / slug, base / "long.png")
+        rows += [(f"plot the {args.steps:,}-step run", f"{plotted:.2f} s ({usage.ru_utime + usage.ru_stime:.2f} s CPU)"),
+                 ("plot peak memory", f"{usage.ru_maxrss / 1024:.0f} MiB")]
+
+        write_sweep(base / "wide", template, args.runs)
+        rows += twice(base / "wide", "api/sweep/grid", f"sweep page of {args.runs:,} runs (first)", "sweep page again (files unchanged)")
+        width = max(len(name) for name, _ in rows)
+        print(f"(the {args.steps:,}-step events.jsonl was written in {written:.1f} s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+        print(f"| {'measure'.ljust(width)} | value |")
+        print(f"| {'-' * width} | --- |")
+        for name, value in rows:
+            print(f"| {name.ljust(width)} | {value} |")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
