@@ -7,8 +7,15 @@ once as the cluster holds. A worker that dies is a preemption: the point is star
 with resume="latest" (unbounded unless max_preemptions is set) and every attempt is
 recorded in the ledger. A point that fails on its own (exit 1) is not retried.
 
-The ledger, STORE/sweeps/STEM.SWEEP/sweep.json, holds each point's state, attempts and slug,
-and a lease (driver id + heartbeat) so that two drivers never run the same point.
+The ledger, under STORE/sweeps/STEM.SWEEP/, holds each point's state, attempts and slug: one
+record per point (points/SLUG.json), written when the point changes, and sweep.json, the whole
+ledger, written when the sweep starts and ends (sexpgpu.ledger.LedgerStore). A lease per
+point (leases/) makes sure two drivers never run the same point.
+
+The driver learns that a point ended from its workers' results (ray.wait on the attempts'
+refs), not from the store; it reads the store only for the points another driver holds and
+for the few it is about to lease, a bounded batch at a time, concurrently: the work of one
+round does not grow with the sweep.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from sexpgpu.runtime.store import Store, StoreError
 from sexpgpu.session import Compiled, store_check
 
 from sexpgpu.ir.experiment import Halving
-from sexpgpu.ledger import DONE, PointRecord, SweepLedger, now, record_attempt, take_status
+from sexpgpu.ledger import DONE, LedgerStore, PointRecord, SweepLedger, concurrently, now, record_attempt, take_status
 from sexpgpu.runtime.halving import Contender, Leg, limit, search
 from .attempts import close_status, resume_from, worker_env
 from workers.train_worker import AttemptRequest
@@ -44,6 +51,7 @@ from .gang import Devices, Gang
 from .leases import PointLeases
 
 T = TypeVar("T")
+FOLLOW_EVERY_S = 5.0  # how often the points another driver holds are read from the store
 Ended = Literal["finished", "truncated", "failed"]
 
 
@@ -102,6 +110,7 @@ class Driver:
         self.id = uuid.uuid4().hex[:12]
         self.prefix = f"sweeps/{path.stem}.{sweep}"
         self.leases = PointLeases(self.store, self.prefix, self.id)
+        self.ledger_store = LedgerStore(self.store, self.prefix)
         self.capacity_wait_s = capacity_wait_s
         self.idle: list[ActorHandle] = []  # single workers whose point ended cleanly, for the next point
         self.steps: dict[str, int] = {}  # slug -> the run's own :steps
@@ -137,14 +146,16 @@ class Driver:
 
     # -- the ledger -------------------------------------------------------------------------------------
     def read_ledger(self) -> Optional[SweepLedger]:
-        try:
-            return SweepLedger.model_validate_json(self.store.read_bytes(f"{self.prefix}/sweep.json"))
-        except FileNotFoundError:
-            return None
+        return self.ledger_store.read()
+
+    def write_points(self, records: list[PointRecord]) -> None:
+        """The records of RECORDS that changed, each to its own file (a round's writes)."""
+        self.ledger_store.write_points(records)
 
     def write_ledger(self, ledger: SweepLedger) -> None:
-        """Write the ledger; for points another driver has advanced further (more attempts,
-        or ended), keep that driver's record rather than an older view of ours."""
+        """Write the whole ledger (as a sweep starts and ends): the point records that
+        changed and the snapshot; for points another driver has advanced further (more
+        attempts, or ended), keep that driver's record rather than an older view of ours."""
         stored = self.read_ledger() if self.leases_used else None
         if stored is not None:
             theirs = {p.slug: p for p in stored.points}
@@ -159,7 +170,13 @@ class Driver:
                     ledger.points[i] = other.model_copy(update={"point": ours.point, "knobs": ours.knobs})
         self.leases_used = True
         ledger.updated = now()
-        self.store.write_text(f"{self.prefix}/sweep.json", ledger.model_dump_json(indent=2))
+        # a point another driver holds is that driver's to write
+        self.write_points([p for p in ledger.points if p.lease is None or p.lease == self.id])
+        self.ledger_store.write_snapshot(ledger)
+
+    def statuses(self, slugs: list[str]) -> list[Optional[Status]]:
+        """The runs' status.json, read concurrently (a bounded pool)."""
+        return concurrently(lambda slug: RunFolder(self.store, slug).read_status(), slugs)
 
     def merge(self, fresh: list[PointRecord]) -> SweepLedger:
         """Keep what an earlier driver learned about points whose slug is unchanged; a point
@@ -167,12 +184,11 @@ class Driver:
         old = self.read_ledger()
         known = {p.slug: p for p in old.points} if old else {}
         points = []
-        for record in fresh:
+        for record, status in zip(fresh, self.statuses([r.slug for r in fresh]), strict=True):
             previous = known.get(record.slug)
             if previous is not None:
                 record = previous.model_copy(update={"point": record.point, "knobs": record.knobs, "planned": record.planned})
             record.planned = self.wanted[record.slug]
-            status = RunFolder(self.store, record.slug).read_status()
             ended = self.ended(status, record.slug) if status is not None else None
             if ended is not None and status is not None:
                 record.state = ended
@@ -296,11 +312,11 @@ class Driver:
             self.say(f"waiting for the cluster to grow: {problem}")
             time.sleep(10.0)
 
-    def follow_others(self, ledger: SweepLedger, gangs: dict[int, Gang]) -> None:
-        """Points another driver runs: learn when they finish or fail (from the run's status)."""
-        for record in ledger.points:
-            if record.point in gangs or record.state in DONE:
-                continue
+    def follow_others(self, others: list[PointRecord]) -> None:
+        """OTHERS, points another driver was found to hold: learn when they finish or fail
+        (from the run's status), or when their lease is gone (they are open again)."""
+
+        def look(record: PointRecord) -> None:
             status = RunFolder(self.store, record.slug).read_status()
             state = self.ended(status, record.slug) if status is not None else None
             if state is not None and status is not None and status.summary is not None:
@@ -309,6 +325,10 @@ class Driver:
                 record.lease = None
             elif (lease := self.leases.held_elsewhere(record.point)) is not None:
                 record.state, record.lease, record.heartbeat = "leased", lease.holder, lease.heartbeat
+            else:  # its driver let it go (or is gone): this driver may lease it
+                record.state, record.lease = "pending", None
+
+        concurrently(look, others)
 
     def ended(self, status: Status, slug: str) -> Optional[Ended]:
         """How the run's status says it ended, when that ends it for this sweep: finished or
@@ -357,15 +377,27 @@ class Supervision:
         self.gangs: dict[int, Gang] = {}  # point -> the gang running it
         self.reserved: list[int] = []  # leased by this driver, not started yet
         self.lost_at: dict[int, int] = {}  # point -> the attempt its run folder showed when its last loss was counted
+        self.touched: set[int] = set()  # points changed since the ledger was last written
+        self.followed = 0.0  # when the other drivers' points were last read
 
     def record_of(self, point: int) -> PointRecord:  # write_ledger may adopt another driver's record
         return next(p for p in self.ledger.points if p.point == point)
+
+    def records_of(self) -> dict[int, PointRecord]:
+        return {p.point: p for p in self.ledger.points}
+
+    def write_touched(self) -> None:
+        """The point records this round changed, and nothing else."""
+        records = self.records_of()
+        self.driver.write_points([records[p] for p in sorted(self.touched)])
+        self.touched.clear()
 
     def open_points(self) -> list[PointRecord]:
         """Points not ended and not running here (of this stage's, in a halving sweep)."""
         return [p for p in self.ledger.points if p.state not in DONE and p.point not in self.gangs and (self.only is None or p.point in self.only)]
 
     def start(self, record: PointRecord) -> bool:
+        self.touched.add(record.point)
         try:
             gang = self.driver.launch(record)
         except Exception as exc:  # the gang could not start (a rank's node went away, the store): next round
@@ -389,29 +421,47 @@ class Supervision:
         lease a few points ahead so the wait before a lease is read back is paid per batch."""
         driver = self.driver
         room = driver.capacity() - len(self.gangs)
-        self.reserved[:] = [p for p in self.reserved if self.record_of(p).state not in DONE and p not in self.gangs]
-        waiting = [p.point for p in self.open_points() if p.point not in self.reserved]
+        records = self.records_of()
+        self.reserved[:] = [p for p in self.reserved if records[p].state not in DONE and p not in self.gangs]
+        waiting = [p.point for p in self.open_points() if p.point not in self.reserved and p.state != "leased"]
         driver.ask_autoscaler(len(self.gangs) + len(self.reserved) + len(waiting))
         if room <= 0:
             return
         if len(self.reserved) < room and waiting:
             ahead = max(room, 2 * driver.capacity(), 8) - len(self.reserved)
-            for point in driver.leases.claim(waiting[:ahead]):
-                record = self.record_of(point)
-                status = RunFolder(driver.store, record.slug).read_status()
+            asked = waiting[:ahead]
+            won = driver.leases.claim(asked)
+            for point in set(asked) - set(won):  # another driver holds it (its to write): followed from now on
+                records[point].state = "leased"
+            claimed = [records[p] for p in won]
+            for record, status in zip(claimed, driver.statuses([r.slug for r in claimed]), strict=True):
                 state = driver.ended(status, record.slug) if status is not None else None
                 if state is None:
-                    self.reserved.append(point)
+                    self.reserved.append(record.point)
                 else:  # another driver ended it since we last looked
                     record.state = state
-                    driver.leases.release(point)
+                    self.touched.add(record.point)
+                    driver.leases.release(record.point)
         starting, self.reserved[:] = self.reserved[:room], self.reserved[room:]
         for point in starting:
-            record = self.record_of(point)
+            record = records[point]
             if self.start(record):
                 driver.say(f"point {record.point}: started (attempt {record.attempts})  {record.slug}")
             else:
                 self.reserved.append(point)
+
+    def wait_for_results(self) -> list[ray.ObjectRef]:
+        """The attempts' results that are in: the first within a few seconds, and every
+        other one ready by then (one round for all of them)."""
+        if not self.running:
+            time.sleep(5.0)  # only other drivers' points are open: look at them again soon
+            return []
+        refs = list(self.running)
+        done, rest = ray.wait(refs, num_returns=1, timeout=5.0)
+        if done and rest:
+            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+            done = [*done, *more]
+        return list(done)
 
     def collect_done(self, done: list[ray.ObjectRef]) -> None:
         """The attempts whose ranks returned: record each, start the preempted ones again."""
@@ -420,6 +470,7 @@ class Supervision:
             if ref not in self.running:  # its gang's outcome is known already
                 continue
             record, gang = self.running.pop(ref)
+            self.touched.add(record.point)
             outcome = gang.collect(ref)
             if outcome is None:  # another rank still runs
                 continue
@@ -453,6 +504,17 @@ class Supervision:
                 record = self.record_of(point)
                 self.stop(record, self.gangs[point])
                 record.state, record.lease = "leased", None
+                self.touched.add(point)
+
+    def follow_others(self) -> None:
+        """Every few seconds, the points another driver holds (read from the store; this
+        driver's own points it learns of from their workers)."""
+        if time.time() - self.followed < FOLLOW_EVERY_S:
+            return
+        self.followed = time.time()
+        others = [p for p in self.open_points() if p.state == "leased" and p.point not in self.reserved]
+        if others:
+            self.driver.follow_others(others)
 
     def run(self) -> SweepLedger:
         driver, ledger = self.driver, self.ledger
@@ -461,25 +523,21 @@ class Supervision:
         renewal = driver.leases.keep_renewed(lambda: [*self.gangs, *self.reserved])
         try:
             driver.tolerant("lease free points", self.take_free_points, None)
-            driver.tolerant("write sweep.json", lambda: driver.write_ledger(ledger), None)
+            driver.tolerant("write the ledger's changed points", self.write_touched, None)
             while self.running or self.open_points():
-                done, _ = ray.wait(list(self.running), num_returns=1, timeout=5.0) if self.running else ([], [])
-                if not self.running:
-                    time.sleep(5.0)
+                done = self.wait_for_results()
                 self.collect_done(done)
                 self.give_up_lost_leases(renewal.take_lost())
-                for record in ledger.points:
-                    if record.point in self.gangs:
-                        record.heartbeat = time.time()
-                driver.tolerant("read the other drivers' points", lambda: driver.follow_others(ledger, self.gangs), None)
+                driver.tolerant("read the other drivers' points", self.follow_others, None)
                 if self.open_points():
                     driver.tolerant("lease free points", self.take_free_points, None)
                 if not self.reserved:  # nothing of ours to start: idle workers give their CPUs/GPUs back
                     driver.drop_idle()
                 driver.show(ledger)
-                driver.tolerant("write sweep.json", lambda: driver.write_ledger(ledger), None)
+                driver.tolerant("write the ledger's changed points", self.write_touched, None)
         finally:
             renewal.stop()
+        driver.tolerant("write sweep.json", lambda: driver.write_ledger(ledger), None)
         driver.show(ledger, final=True)
         driver.drop_idle()
         return ledger

@@ -1,7 +1,7 @@
 """What a supervisor knows of a run's attempts, and a sweep of its points: one record per
 point, the same for a sweep on this machine and one over Ray (`sweep --json` prints it;
-the Ray driver keeps it in STORE/sweeps/STEM.SWEEP/sweep.json), and the rule that counts an
-ended attempt into it.
+the Ray driver keeps it in the store, one record per point: LedgerStore), and the rule that
+counts an ended attempt into it.
 
 An attempt that finished ends the run. One that stopped resumably (exit 75: a signal, a
 killed worker, a lost node, ranks that never met) runs again from the latest checkpoint,
@@ -11,13 +11,18 @@ own failure, and is not retried.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
-from typing import Any, Literal, Optional
+from typing import Any, Callable, Iterable, Literal, Optional, TypeVar
 
 from pydantic import BaseModel, Field
 
 from .outcome import AttemptOutcome, EvalSeen, Exit, TargetHit, bounded, evals_line
 from .runtime.status import Status
+from .runtime.store import Store
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 AfterAttempt = Literal["finished", "truncated", "preempted", "failed"]  # "preempted": run it again
 PointState = Literal["pending", "leased", "running", "preempted", "stopped", "finished", "truncated", "pruned", "failed"]  # stopped: a local sweep stopped by a signal
@@ -127,3 +132,82 @@ class SweepLedger(BaseModel):
     sweep: str
     points: list[PointRecord]
     updated: str = Field(default_factory=now)
+
+
+READERS = 16  # store requests a ledger keeps in flight at once
+
+
+def concurrently(action: Callable[[T], R], items: Iterable[T], workers: int = READERS) -> list[R]:
+    """ACTION over ITEMS, at most WORKERS at once (store requests wait on the network, not
+    the CPU), in the order of ITEMS."""
+    todo = list(items)
+    if len(todo) <= 1:
+        return [action(item) for item in todo]
+    with ThreadPoolExecutor(max_workers=min(workers, len(todo)), thread_name_prefix="sexpgpu-ledger") as pool:
+        return list(pool.map(action, todo))
+
+
+class LedgerStore:
+    """A sweep's ledger in the store, under PREFIX (STORE/sweeps/STEM.SWEEP):
+
+    - `points/SLUG.json`: one PointRecord per point, written when that point changes;
+    - `sweep.json`: the whole ledger, written when a sweep starts and ends (a snapshot for
+      whoever reads one file; a ledger of an older version is this file alone).
+
+    Reading takes the snapshot and lays every point record over it (a point record is
+    written at every change of its point, so it is never older than the snapshot's)."""
+
+    def __init__(self, store: Store, prefix: str) -> None:
+        self.store = store
+        self.snapshot_path = f"{prefix}/sweep.json"
+        self.points_prefix = f"{prefix}/points"
+        self.stored: dict[str, str] = {}  # slug -> the point record's JSON as the store holds it (read or written here)
+        self.bytes_written = 0
+
+    def point_path(self, slug: str) -> str:
+        return f"{self.points_prefix}/{slug}.json"
+
+    def read(self) -> Optional[SweepLedger]:
+        """The ledger as the store holds it; None when there is none."""
+        try:
+            snapshot: Optional[SweepLedger] = SweepLedger.model_validate_json(self.store.read_bytes(self.snapshot_path))
+        except FileNotFoundError:
+            snapshot = None
+        records = [r for r in concurrently(self.read_point, self.store.list(self.points_prefix)) if r is not None]
+        if snapshot is None:
+            if not records:
+                return None
+            snapshot = SweepLedger(file="", sweep="", points=[])
+        position = {p.slug: i for i, p in enumerate(snapshot.points)}
+        for record in records:
+            if record.slug in position:
+                snapshot.points[position[record.slug]] = record
+            else:
+                snapshot.points.append(record)
+        return snapshot
+
+    def read_point(self, path: str) -> Optional[PointRecord]:
+        try:
+            text = self.store.read_text(path)
+        except FileNotFoundError:  # removed since the listing
+            return None
+        record = PointRecord.model_validate_json(text)
+        self.stored[record.slug] = record.model_dump_json()
+        return record
+
+    def write_points(self, records: Iterable[PointRecord]) -> int:
+        """Write the records of RECORDS that differ from what the store holds; how many."""
+        changed = [(r.slug, r.model_dump_json()) for r in records]
+        changed = [(slug, text) for slug, text in changed if self.stored.get(slug) != text]
+        concurrently(lambda item: self.write_point(*item), changed)
+        return len(changed)
+
+    def write_point(self, slug: str, text: str) -> None:
+        self.store.write_text(self.point_path(slug), text)
+        self.stored[slug] = text
+        self.bytes_written += len(text.encode())
+
+    def write_snapshot(self, ledger: SweepLedger) -> None:
+        text = ledger.model_dump_json(indent=2)
+        self.store.write_text(self.snapshot_path, text)
+        self.bytes_written += len(text.encode())

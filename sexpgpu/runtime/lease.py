@@ -4,10 +4,14 @@ A lease is one small JSON object naming its holder and the holder's last heartbe
 taken so that of two claimants exactly one wins:
 
 - on a local folder, by creating the file exclusively (O_EXCL): the filesystem decides;
-- on an object store, which has no exclusive create, by writing it, waiting `verify_after_s`
-  and reading it back: of two claimants the later write wins and the other backs off. This
-  needs a store whose reads see a completed write (S3 is strongly consistent) and clocks
-  that agree to well within `ttl_s`.
+- on an object store with conditional writes (S3: If-None-Match, If-Match), by creating it
+  only if there is none, or replacing the one it judged expired only if it is still that
+  one (its version): the store decides, at once;
+- on an object store without them, by writing it, waiting `verify_after_s` and reading it
+  back: of two claimants the later write wins and the other backs off. This needs a store
+  whose reads see a completed write (S3 is strongly consistent).
+
+Either way the clocks must agree to well within `ttl_s`.
 
 The holder renews it while it works; a lease whose heartbeat is older than `ttl_s`, or whose
 holder is a process of this host that is gone, belongs to nobody and may be taken over. A
@@ -108,6 +112,8 @@ class Leases:
         caller knows their holders are gone); returns the paths now held."""
         if self.store.is_local:
             return [p for p in paths if self.create(p, take_over)]
+        if self.store.conditional_writes():
+            return [p for p in paths if self.take(p, take_over)]
         free = [p for p in paths if take_over or self.held_elsewhere(p) is None]
         for path in free:
             self.write(path)
@@ -135,6 +141,20 @@ class Leases:
                 moved.discard()
         return self.store.create_new(path, self.mine().model_dump_json().encode())
 
+    def take(self, path: str, take_over: bool) -> bool:
+        """The lease at PATH made ours by a conditional write: created if there is none,
+        else replaced if it holds nothing any more (or we take it over) and is still the
+        version we judged. The version is read before the lease, so a lease renewed in
+        between fails the replace rather than being judged by its older self."""
+        mine = self.mine().model_dump_json().encode()
+        version = self.store.version(path)
+        current = self.holder_of(path) if version is not None else None
+        if current is None:
+            return self.store.create_new(path, mine) or self.still_mine(path)
+        if current.holder != self.holder and self.live(current) and not take_over:
+            return False
+        return self.store.replace_if(path, mine, version or "") or self.still_mine(path)
+
     def write(self, path: str) -> None:
         self.store.write_text(path, self.mine().model_dump_json())
 
@@ -146,11 +166,23 @@ class Leases:
         """Renew our leases at PATHS; returns those another holder took."""
         lost = []
         for path in paths:
-            if self.still_mine(path):
-                self.write(path)
-            else:
+            if not self.renew_one(path):
                 lost.append(path)
         return lost
+
+    def renew_one(self, path: str) -> bool:
+        """Renew our lease at PATH; False when another holder has it. With conditional
+        writes the renewal replaces only the version read as ours (a takeover in between
+        wins)."""
+        if self.store.is_local or not self.store.conditional_writes():
+            if not self.still_mine(path):
+                return False
+            self.write(path)
+            return True
+        version = self.store.version(path)
+        if version is None or not self.still_mine(path):
+            return False
+        return self.store.replace_if(path, self.mine().model_dump_json().encode(), version)
 
     def release(self, path: str) -> None:
         if self.still_mine(path):

@@ -156,6 +156,21 @@ def is_transient(error: BaseException) -> bool:
     )
 
 
+def precondition_failed(error: BaseException) -> bool:
+    """An object store refused a conditional write (HTTP 412), directly or as the cause."""
+    seen: set[int] = set()
+    current: Optional[BaseException] = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        response = getattr(current, "response", None)
+        if isinstance(response, dict) and response.get("Error", {}).get("Code") == "PreconditionFailed":
+            return True
+        if "pre-conditions you specified did not hold" in str(current):  # s3fs keeps only the message
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def is_permanent(error: BaseException) -> bool:
     """The store refused for good (full, a quota, no access), directly or as the cause of
     what the client raised."""
@@ -322,6 +337,7 @@ class Store:
         self.is_local = bool(_protocols(fs) & LOCAL_PROTOCOLS)
         # Object stores: the next segment number per log prefix, found by listing once.
         self._next_segment: dict[str, int] = {}
+        self._conditional: Optional[bool] = None  # conditional_writes(), once known
 
     @classmethod
     def open(
@@ -409,11 +425,12 @@ class Store:
         self.write_text(path, text + "\n")
 
     def create_new(self, path: str, data: bytes) -> bool:
-        """On a local store: write DATA at PATH only if nothing is there (an exclusive
-        create, so of two writers exactly one succeeds); False when PATH exists. Object
-        stores have no such operation: use write and read back (runtime/lease.py)."""
+        """Write DATA at PATH only if nothing is there (an exclusive create, so of two
+        writers exactly one succeeds); False when PATH exists. On an object store only where
+        it has conditional writes (S3's If-None-Match; `conditional_writes`); elsewhere use
+        write and read back (runtime/lease.py)."""
         if not self.is_local:
-            raise NotImplementedError("an object store has no exclusive create")
+            return self._put_if(path, data, {"mode": "create"})
         full = self._full(path)
         os.makedirs(os.path.dirname(full), exist_ok=True)
         try:
@@ -426,6 +443,63 @@ class Store:
             os.fsync(handle.fileno())
         _fsync_dir(os.path.dirname(full))
         return True
+
+    def conditional_writes(self) -> bool:
+        """Whether this object store refuses a write whose precondition does not hold
+        (S3 since 2024: If-None-Match, If-Match). Found once per store by trying: an object
+        store that ignores the preconditions would let two writers both win."""
+        if self.is_local:
+            return False
+        if self._conditional is None:
+            probe = f".conditional-{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}"  # a temp name: never listed
+            try:
+                first = self._put_if(probe, b"1", {"mode": "create"}, probing=True)
+                second = self._put_if(probe, b"2", {"mode": "create"}, probing=True)
+                self._conditional = first and not second
+            except Exception as exc:  # noqa: BLE001 - a store without the operation: write and read back
+                if is_transient(exc):
+                    raise
+                self._conditional = False
+            finally:
+                self.delete(probe)
+        return self._conditional
+
+    def version(self, path: str) -> Optional[str]:
+        """An object store's version of the object at PATH (its ETag): what `replace_if`
+        needs; None when nothing is there."""
+        full = self._full(path)
+
+        def info() -> Optional[str]:
+            self.fs.invalidate_cache(full)
+            try:
+                return str(self.fs.info(full).get("ETag") or "") or None
+            except FileNotFoundError:
+                return None
+
+        return self._retrying(f"look at {path}", info)
+
+    def replace_if(self, path: str, data: bytes, version: str) -> bool:
+        """On an object store with conditional writes: write DATA at PATH only if the
+        object there is still VERSION (If-Match); False when it changed since."""
+        return self._put_if(path, data, {"IfMatch": version})
+
+    def _put_if(self, path: str, data: bytes, condition: dict[str, str], probing: bool = False) -> bool:
+        if not probing and not self.conditional_writes():
+            raise NotImplementedError("this object store has no conditional writes")
+        full = self._full(path)
+
+        def put() -> bool:
+            try:
+                self.fs.pipe_file(full, data, **condition)
+            except FileExistsError:  # If-None-Match
+                return False
+            except OSError as exc:  # If-Match: s3fs says EINVAL, the code is the cause's
+                if precondition_failed(exc):
+                    return False
+                raise
+            return True
+
+        return self._retrying(f"write {path}", put)
 
     def move_aside(self, path: str) -> Optional["MovedAside"]:
         """On a local store: rename the file at PATH to a unique name beside it (atomic: of

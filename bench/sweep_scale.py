@@ -1,0 +1,223 @@
+"""What the Ray driver costs as a sweep grows: the real driver (orchestration/driver.py) on a
+simulated multi-node Ray cluster (several raylets on this host, ray.cluster_utils.Cluster)
+against the S3 store on loopback (moto's server, in a process of its own so that its CPU is
+not the driver's), a tiny experiment (the quickstart MLP) at --max-steps 1, so that what is
+measured is the driver, not the training.
+
+Prints, for each N:
+- compile s: Session.compile_sweep of the N points, before the driver starts;
+- first step s: from the driver's start to the first `step` event of any point;
+- CPU ms/point: the driver process's CPU time over the sweep, per point;
+- peak MB: the driver process's peak RSS during the sweep (the compiled points it holds included);
+- driver req/point: store requests the driver itself sent (a botocore hook on its client),
+  by kind (PUT, GET, LIST, HEAD, DELETE);
+- all req/point: every request the S3 server answered over the sweep (the workers' too);
+- ledger B/point: bytes of the ledger (sweep.json, points/) the driver wrote.
+
+    python bench/sweep_scale.py [--n 100 1000] [--nodes 4] [--cpus-per-node 1]
+    python bench/sweep_scale.py --n 10000          # long: hours of worker start-up here
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+BUCKET = "bench"
+REQUEST_LINE = re.compile(r'"(GET|PUT|POST|HEAD|DELETE) (\S+) HTTP')
+
+
+def run_file(points: int) -> str:
+    lrs = " ".join(f"{0.01 + 0.0001 * i:.4f}" for i in range(points))
+    text = (REPO / "examples" / "quickstart.lisp").read_text()
+    return text.replace("(defknob lr 0.1)", f"(defknob lr 0.1)\n(defsweep grid :lr ({lrs}))")
+
+
+def serve_moto(log: str) -> None:
+    """The child process: moto's server on loopback, one log line per request into LOG."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    handler = logging.FileHandler(log)
+    werkzeug = logging.getLogger("werkzeug")
+    werkzeug.setLevel(logging.INFO)
+    werkzeug.addHandler(handler)
+    werkzeug.propagate = False
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    print(server.get_host_and_port()[1], flush=True)
+    sys.stdin.read()  # until the bench closes our stdin
+    server.stop()
+
+
+def server_requests(log: Path) -> int:
+    return sum(1 for line in log.read_text().splitlines() if REQUEST_LINE.search(line))
+
+
+@dataclass
+class Counted:
+    """The driver's own store requests, by kind, and the ledger bytes it wrote."""
+
+    kinds: Counter[str]
+    ledger_bytes: int = 0
+
+    def hook(self, request: Any, **_: Any) -> None:
+        method, url = str(request.method), str(request.url)
+        kind = "LIST" if method == "GET" and ("list-type=" in url or "prefix=" in url) else method
+        self.kinds[kind] += 1
+        path = url.split("?", 1)[0]
+        if method == "PUT" and "/sweeps/" in path and (path.endswith("/sweep.json") or "/points/" in path):
+            self.ledger_bytes += int(request.headers.get("Content-Length", 0))
+
+
+def count_requests(store: Any) -> Counted:
+    counted = Counted(Counter())
+    store.fs.connect()
+    store.fs.s3.meta.events.register("before-send.s3", counted.hook)
+    return counted
+
+
+class PeakRss(threading.Thread):
+    """The process's resident memory, sampled until stopped: its peak, in MB."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.halt = threading.Event()
+        self.peak = 0
+
+    def run(self) -> None:
+        while not self.halt.wait(0.05):
+            self.peak = max(self.peak, rss_kb())
+
+    def stop(self) -> float:
+        self.halt.set()
+        self.join()
+        return max(self.peak, rss_kb()) / 1024
+
+
+def rss_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def stamp(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(event["t"]).replace("Z", "+00:00")).timestamp()
+
+
+def first_step(store: Any, slugs: list[str]) -> Optional[float]:
+    from sexpgpu.runtime.runfolder import RunFolder
+
+    times = [stamp(e) for slug in slugs for e in RunFolder(store, slug).read_events() if e.get("kind") == "step"]
+    return min(times) if times else None
+
+
+def measure(root: Path, n: int, url: str, log: Path) -> dict[str, Any]:
+    from orchestration.driver import Driver, sweep_points
+    from sexpgpu.runtime.store import Store
+    from sexpgpu.session import Session, Settings
+
+    path = root / f"scale{n}.lisp"
+    path.write_text(run_file(n))
+    started = time.time()
+    compiled, refusal = Session(Settings()).compile_sweep(path, "grid", n)
+    assert refusal is None, refusal
+    points = sweep_points(compiled, [{"lr": 0.01 + 0.0001 * i} for i in range(n)])
+    compile_s = time.time() - started
+    driver = Driver(path, "grid", url, None, None, 1, say=lambda _: None)
+    counted = count_requests(driver.store)
+    before = server_requests(log)
+    rss = PeakRss()
+    rss.start()
+    cpu, wall = time.process_time(), time.time()
+    ledger = driver.run(points)
+    cpu, wall = time.process_time() - cpu, time.time() - wall
+    peak = rss.stop()
+    everything = server_requests(log) - before
+    bad = [(p.point, p.state, p.reason) for p in ledger.points if p.state not in ("finished", "truncated")]
+    assert not bad, bad[:5]
+    store = Store.open(url)
+    first = first_step(store, [p.slug for p in sorted(ledger.points, key=lambda p: p.point)[:8]])
+    driver_requests = sum(counted.kinds.values())
+    return {
+        "n": n, "compile_s": compile_s, "wall_s": wall, "first_step_s": (first - started) if first else float("nan"),
+        "first_step_after_compile_s": (first - started - compile_s) if first else float("nan"),
+        "cpu_ms": 1000 * cpu / n, "peak_mb": peak, "driver_req": driver_requests / n,
+        "kinds": {k: v / n for k, v in sorted(counted.kinds.items())}, "all_req": everything / n,
+        "ledger_b": counted.ledger_bytes / n,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--cpus-per-node", type=int, default=1)
+    parser.add_argument("--serve-moto", metavar="LOG", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_moto:
+        serve_moto(args.serve_moto)
+        return
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from s3_server import make_bucket, s3_env
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / ".git").mkdir()
+        log = root / "moto.log"
+        server = subprocess.Popen([sys.executable, __file__, "--serve-moto", str(log)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert server.stdout is not None
+        endpoint = f"http://127.0.0.1:{server.stdout.readline().strip()}"
+        os.environ.update({k: v for k, v in s3_env(endpoint).items() if v})
+        for key in ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+            os.environ.pop(key, None)
+        os.environ["SEXPGPU_CACHE"] = str(root / "cache")
+        make_bucket(BUCKET, endpoint)
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": args.cpus_per_node, "include_dashboard": False})
+        for _ in range(args.nodes - 1):
+            cluster.add_node(num_cpus=args.cpus_per_node)
+        ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+        rows = []
+        try:
+            for n in args.n:
+                rows.append(measure(root, n, f"s3://{BUCKET}/store{n}", log))
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+            assert server.stdin is not None
+            server.stdin.close()
+            server.wait(timeout=30)
+    print(f"Ray sweep driver, {args.nodes} nodes x {args.cpus_per_node} CPU (raylets on one host), S3 on loopback (moto), --max-steps 1")
+    print(f"{'N':>6}{'compile s':>11}{'wall s':>9}{'1st step s':>12}{'(after compile)':>17}{'CPU ms/pt':>11}{'peak MB':>9}"
+          f"{'driver req/pt':>15}{'all req/pt':>12}{'ledger B/pt':>13}")
+    for r in rows:
+        print(f"{r['n']:>6}{r['compile_s']:>11.1f}{r['wall_s']:>9.1f}{r['first_step_s']:>12.1f}{r['first_step_after_compile_s']:>17.1f}"
+              f"{r['cpu_ms']:>11.1f}{r['peak_mb']:>9.0f}{r['driver_req']:>15.1f}{r['all_req']:>12.1f}{r['ledger_b']:>13.0f}")
+    for r in rows:
+        print(f"N={r['n']}: driver requests per point by kind: " + ", ".join(f"{k} {v:.2f}" for k, v in r["kinds"].items()))
+
+
+if __name__ == "__main__":
+    main()
