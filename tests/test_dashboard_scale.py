@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+import peak_memory
 from results_store import TINY, quietly, write_file
 from scale_store import SETTLED, SPIKE_EVERY, loss_at, write_long_run, write_sweep
 from sexpgpu.dashboard.server import Dashboard
@@ -201,13 +202,11 @@ def test_a_million_step_run_opens_within_200_mb_downsampled_and_every_point_is_s
 def test_plot_of_a_million_step_run_stays_small_and_draws_a_few_thousand_points(long_run: tuple[Path, str], tmp_path: Path) -> None:
     root, slug = long_run
     out = tmp_path / "long.svg"
-    process = subprocess.Popen([sys.executable, "-m", "sexpgpu", "plot", str(root / slug), "-o", str(out)], stderr=subprocess.PIPE,
-                               stdout=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    _, status, usage = os.wait4(process.pid, 0)  # this child's own peak, not an earlier one's
-    assert process.stderr is not None
-    assert os.waitstatus_to_exitcode(status) == 0, process.stderr.read()
-    process.returncode = 0
-    assert usage.ru_maxrss / 1024 < PLOT_LIMIT_MB, f"plot peaked at {usage.ru_maxrss / 1024:.0f} MiB"
+    done = subprocess.run([sys.executable, "-c", peak_memory.MEASURED_CLI, "plot", str(root / slug), "-o", str(out)], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    peak = peak_memory.peak_kb(done.stderr)  # this child's own peak (VmHWM), not its parent's
+    assert peak / 1024 < PLOT_LIMIT_MB, f"plot peaked at {peak / 1024:.0f} MiB"
     svg = out.read_text()
     line = svg.split('id="series-0-0"', 1)[1].split("</g>", 1)[0]
     vertices = len(re.findall(r"\sL ", line)) + 1  # matplotlib's path: M x y, then a line of L x y each (simplified further)

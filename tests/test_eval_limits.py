@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import peak_memory
 import pytest
 
 from sexpgpu.compile.pipeline import compile_file
@@ -133,7 +134,6 @@ CIRCULAR_WALKS = [
 def _eval_rusage(args: list[str]) -> tuple[str, int, int, float]:
     """`sexpgpu eval ARGS` as a child process under a 3 GiB address-space cap and two minutes of
     CPU: its stdout, its exit code, its peak resident memory in KiB, and its wall time."""
-    import os
     import resource
 
     def cap() -> None:
@@ -141,13 +141,10 @@ def _eval_rusage(args: list[str]) -> tuple[str, int, int, float]:
         resource.setrlimit(resource.RLIMIT_CPU, (120, 120))
 
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "sexpgpu", "eval", "--json", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=cap)
-    assert proc.stdout is not None
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return out, proc.returncode, usage.ru_maxrss, time.monotonic() - start
+    proc = subprocess.Popen([sys.executable, "-c", peak_memory.MEASURED_CLI, "eval", "--json", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=cap)
+    out, err = proc.communicate()
+    return out, proc.returncode, peak_memory.peak_kb(err), time.monotonic() - start
 
 
 @pytest.mark.parametrize("seconds", ["30", "5"])

@@ -27,26 +27,20 @@ from sexpgpu.runtime.status import STATUS_LIMIT
 from sexpgpu.runtime.store import Store
 
 sys.path.insert(0, str(Path(__file__).parent))
+import peak_memory  # noqa: E402
 from s3_server import MotoS3, PausableProxy, boto3_client, make_bucket, patched_env, s3_env  # noqa: E402
 
 GIGABYTE = 1 << 30
 # what a CLI process may grow to while it lists or plots a store with a 1 GB file: the
 # interpreter, numpy and the plot extra take ~200 MB; reading the file would take 1 GB more
 MEMORY_BOUND_KB = 700 * 1024
-# a child that reports its own peak memory (RUSAGE_SELF: not another child's), then exits as the CLI did
-MEASURED = ("import resource, sys\nfrom sexpgpu.cli.main import main\ncode = main(sys.argv[1:])\n"
-            "print(f'maxrss_kb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}', file=sys.stderr)\nsys.exit(code)")
-
-
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-c", MEASURED, *args], capture_output=True, text=True, timeout=300, env=full)
+    return subprocess.run([sys.executable, "-c", peak_memory.MEASURED_CLI, *args], capture_output=True, text=True, timeout=300, env=full)
 
 
 def peak_kb(done: subprocess.CompletedProcess[str]) -> int:
-    match = re.search(r"maxrss_kb=(\d+)", done.stderr)
-    assert match, done.stderr
-    return int(match.group(1))
+    return peak_memory.peak_kb(done.stderr)
 
 
 def step_line(step: int, loss: float = 0.5) -> str:

@@ -167,7 +167,9 @@ def test_steps_per_second_and_eta_are_wall_clock(tmp_path: Path) -> None:
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            outcome = train(experiment, RunOptions(store=str(tmp_path / "runs"), progress=True, signals=False, device=device, backend=backend), say=lambda _: None)
+            # statuses every 0.05 s (not the default 2 s: the run takes about two), so one is seen mid-run
+                outcome = train(experiment, RunOptions(store=str(tmp_path / "runs"), progress=True, signals=False, device=device, backend=backend,
+                                                       publish_every_s=0.05), say=lambda _: None)
     finally:
         done.set()
         watcher.join(10)

@@ -7,6 +7,8 @@ and checks the contract's order as each top-level form arrives.
 
 from __future__ import annotations
 
+from functools import partial
+
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
@@ -73,7 +75,7 @@ def watch_probes(interp: Interpreter) -> None:
     but those that only move values along; so does printing one. (The compile layer's own
     builtins take probes through number_of, count_of and TensorLib.staged.)"""
     for sym, fn in interp.functions.items():
-        if type(fn) is Builtin and fn.fn.__module__.startswith("sexpgpu.lisp.") and sym.name not in MOVES_VALUES:
+        if type(fn) is Builtin and lisp_builtin(fn.fn) and sym.name not in MOVES_VALUES:
             fn.fn = seeing_probes(fn.fn)  # in place: code made from the prelude holds the Builtin
     printing = interp.print_other
 
@@ -83,6 +85,13 @@ def watch_probes(interp: Interpreter) -> None:
         return printing(x, printer)
 
     interp.print_other = print_other  # type: ignore[method-assign]
+
+
+def lisp_builtin(fn: Callable[..., Any]) -> bool:
+    """Whether FN is one of lisp/'s builtins (a registered function, or one bound to its
+    context with functools.partial, whose own __module__ is functools')."""
+    target = fn.func if isinstance(fn, partial) else fn
+    return getattr(target, "__module__", "").startswith("sexpgpu.lisp.")
 
 
 def seeing_probes(fn: Callable[..., Any]) -> Callable[..., Any]:
