@@ -73,7 +73,14 @@ def jax_model(model: str, knobs: dict[str, Any]) -> Callable[[dict[str, Any], An
             x = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
         return x.reshape(x.shape[0], -1) @ P["net.head.w"] + P["net.head.b"]
 
-    return {"mlp": mlp, "char_transformer": char_transformer, "cnn": cnn}[model]
+    def vgg(P: dict[str, Any], x: Any) -> Any:
+        for layer in ("net.conv1", "net.conv2"):
+            x = jax.lax.conv_general_dilated(x, P[layer + ".w"], (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"))
+            x = jax.nn.relu(x + P[layer + ".b"].reshape(1, -1, 1, 1))
+        x = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+        return x.reshape(x.shape[0], -1) @ P["net.head.w"] + P["net.head.b"]
+
+    return {"mlp": mlp, "char_transformer": char_transformer, "cnn": cnn, "vgg": vgg}[model]
 
 
 class JaxSide:

@@ -40,7 +40,8 @@ class TorchSide:
         experiment = ours.experiment
         self.P = {k: torch.tensor(v.copy(), requires_grad=True) for k, v in ours.initial().items()}
         knobs = experiment.knob_values()
-        self.forward = ref.mlp(self.P) if workload.model == "mlp" else ref.cnn(self.P) if workload.model == "cnn" else ref.char_transformer(self.P, knobs)
+        models = {"mlp": ref.mlp, "cnn": ref.cnn, "vgg": ref.vgg}
+        self.forward = models[workload.model](self.P) if workload.model in models else ref.char_transformer(self.P, knobs)
         self.loss = ref.sequence_loss
         lr = float(knobs.get("lr", 0.01 if "wide" in workload.path.name else 0.1))
         params = list(self.P.values())

@@ -49,12 +49,50 @@ WIDE = """
 
 NANOGPT = {"width": 128, "heads": 4, "depth": 4, "context": 64, "batch": 12}
 
+# the issue's CNN: 28x28 images, a VGG block (3x3 convs 1->32->64 with 'same' padding and
+# ReLUs, then a 2x2 max-pool) and a linear head, batch 64: about 5.7 GFLOP per training step
+VGG = """
+(require "sexpgpu/nn" :as nn)
+(require "sexpgpu/optim" :as optim)
+
+(defknob lr 0.03)
+
+(defmodel conv-layer (c-in c-out)
+  (defparam w (c-out c-in 3 3) :init (kaiming))
+  (defparam b (c-out) :init :zeros)
+  (forward (x)
+    (relu (+ (conv2d x w :padding 1) (reshape b (list 1 c-out 1 1))))))
+
+(defmodel vgg-block ()
+  (defpart conv1 (conv-layer 1 32))
+  (defpart conv2 (conv-layer 32 64))
+  (defpart head (nn:linear (* 64 14 14) 10))
+  (forward (images)
+    (let ((h (max-pool2d (conv2 (conv1 images)) 2)))
+      (head (reshape h (list (first (shape h)) -1))))))
+
+(defloader train
+  :source (npz "images.npz")
+  :fields ((image :f32 (1 28 28)) (label :i32 ()))
+  :batch 64
+  :shuffle t)
+
+(defpart net (vgg-block))
+
+(defobjective (batch)
+  (nn:cross-entropy (net (field batch image)) (field batch label)))
+
+(defgroups (all "**" (optim:momentum :lr lr :beta 0.9)))
+
+(defrun :steps 100000 :seed 0)
+"""
+
 
 @dataclass(frozen=True)
 class Workload:
     name: str
     path: Path
-    model: str  # mlp | char_transformer | cnn
+    model: str  # mlp | char_transformer | cnn | vgg (tests/torch_reference.py's models)
     steps: int  # timed steps per sample
 
 
@@ -72,6 +110,15 @@ def nanogpt_file(tmp: Path) -> Path:
     return path
 
 
+def vgg_file(tmp: Path) -> Path:
+    """The VGG-block CNN on 1024 random 28x28 images with 10 labels (seeded)."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp / "images.npz", image=rng.random((1024, 1, 28, 28), dtype=np.float32), label=rng.integers(0, 10, 1024).astype(np.int32))
+    path = tmp / "cnn28.lisp"
+    path.write_text(VGG)
+    return path
+
+
 def workloads(tmp: Path, steps: int) -> list[Workload]:
     wide = tmp / "wide_mlp.lisp"
     wide.write_text(WIDE)
@@ -83,6 +130,7 @@ def workloads(tmp: Path, steps: int) -> list[Workload]:
         Workload("char transformer (2x64, ctx32, b16)", examples / "char-transformer.lisp", "char_transformer", few),
         Workload("CNN on digits (16/32 ch, 8x8, b64)", examples / "cnn.lisp", "cnn", few),
         Workload("nanoGPT-char CPU (4x128, 4 heads, ctx64, b12)", nanogpt_file(tmp), "char_transformer", few),
+        Workload("CNN 28x28 (32/64 ch, b64)", vgg_file(tmp), "vgg", max(3, steps // 40)),
     ]
 
 

@@ -61,5 +61,16 @@ def cnn(P: Params) -> Callable[[torch.Tensor], torch.Tensor]:
     return forward
 
 
+def vgg(P: Params) -> Callable[[torch.Tensor], torch.Tensor]:
+    """bench/cpu_workloads.py's VGG block: two 3x3 convs with ReLUs, a 2x2 max-pool, a linear head."""
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        for layer in ("net.conv1", "net.conv2"):
+            x = F.relu(F.conv2d(x, P[layer + ".w"], P[layer + ".b"], padding=1))
+        x = F.max_pool2d(x, 2)
+        return x.reshape(x.shape[0], -1) @ P["net.head.w"] + P["net.head.b"]
+
+    return forward
+
+
 def sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -28,6 +28,7 @@ from ..backend import Ready
 from ..lower.blas import CUBLAS_OP_N, BlasCall
 from ..lower.codegen import STORAGE, KernelSource
 from ..lower.executor import ArrayDevice, DeviceBackend, LoweredProgram, ProgramRun
+from . import images as _images  # noqa: F401  (registers the image steps' host emitters)
 from .hostc import HostKernel, host_kernels, host_prelude, numpy_ufuncs
 from .runtime_c import RUNTIME_C
 from .toolchain import Compiled, Toolchain

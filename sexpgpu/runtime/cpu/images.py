@@ -1,0 +1,195 @@
+"""The host schedule of the image steps (runtime/lower/images.py): im2col, col2im, the
+gradient's row move and the max-pools as loops over rows, each row's inner loop contiguous.
+
+The CUDA kernels give a thread to each element and find its coordinates by dividing its
+flat index; on the host that costs more than the copy itself. Here an item is a row (the
+innermost axis of what the kernel writes): its outer coordinates are found once, the window
+offsets that depend on the row alone are hoisted out, and the inner loop over the row's
+elements is a strided copy (a plain copy at stride 1, which the compiler vectorizes) or, for
+a pool, one window offset applied to the whole row at a time. Every element gets the same
+operations in the same order as its CUDA thread (a window's offsets in window order, a
+cell's kernel offsets in kernel order, each skipped where the thread skips it), so the bits
+are the device's: the emulated CUDA kernels check it (tests/test_cpu_device.py).
+
+A kernel is matched to its row form by its name (the CUDA kernel's prefix); one without a
+row form (the pools' select and the average pools) is its CUDA threads' loop.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ...ir.graph import Node, Program
+from ...ir.ops_conv import ConvGeom, PoolGeom
+from ..lower.codegen import KernelSource, c_types, from_storage, to_storage
+from ..lower.emitters import register_emitter
+from ..lower.images import ConvStep, PoolStep, pool_geom
+from .hostc import PLATFORM, HostKernel, function, thread_kernel
+
+
+def prefix(kernel: KernelSource) -> str:
+    """The kernel's name without its hash: which generator wrote it."""
+    return kernel.name.rsplit("_", 1)[0]
+
+
+def rows_kernel(kernel: KernelSource, rows: int, body: list[str]) -> HostKernel:
+    """KERNEL's host function over rows [sx_begin, sx_end) of BODY (which reads `r`)."""
+    lines = ["  for (long long r = sx_begin; r < sx_end; ++r) {", *body, "  }"]
+    return HostKernel(kernel.name, function(kernel.name, kernel.decls, lines), rows, kernel.bytes + kernel.flops)
+
+
+def first_inside(offset: str, stride: int, count: int, limit: int) -> list[str]:
+    """`lo`, `hi`: the positions t in [0, COUNT) with 0 <= t * STRIDE + OFFSET < LIMIT are
+    [lo, hi) (OFFSET a C expression)."""
+    return [f"      const long long off = {offset};",
+            f"      long long lo = off >= 0 ? 0 : (-off + {stride - 1}LL) / {stride}LL, hi = {limit}LL - off <= 0 ? 0 : ({limit}LL - off + {stride - 1}LL) / {stride}LL;",
+            f"      if (hi > {count}LL) hi = {count}LL;",
+            "      if (lo > hi) lo = hi;"]
+
+
+# -- convolutions --------------------------------------------------------------------------------
+def im2col_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
+    """cols[c, i, j, n, p, :] for row r = ((((c * KH + i) * KW + j) * N + n) * OH + p)."""
+    store, _ = c_types(program.types()[node.args[0]].dtype)
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.padding, geom.dilation
+    (h, w), (oh, ow) = geom.hw, geom.size
+    body = [
+        f"    const long long p = r % {oh}LL, n = (r / {oh}LL) % {geom.n}LL, j = (r / {oh * geom.n}LL) % {kw}LL;",
+        f"    const long long i = (r / {oh * geom.n * kw}LL) % {kh}LL, c = r / {oh * geom.n * kw * kh}LL;",
+        f"    {store}* __restrict__ row = out0 + r * {ow}LL;",
+        f"    const long long y = p * {sh}LL + i * {dh}LL - {ph}LL;",
+        f"    if (y < 0 || y >= {h}LL) {{ for (long long q = 0; q < {ow}LL; ++q) row[q] = ({store})0; continue; }}",
+        f"    const {store}* __restrict__ src = in0 + ((n * {geom.c}LL + c) * {h}LL + y) * {w}LL;",
+        "    {",
+        *first_inside(f"j * {dw}LL - {pw}LL", sw, ow, w),
+        f"      for (long long q = 0; q < lo; ++q) row[q] = ({store})0;",
+        f"      for (long long q = lo; q < hi; ++q) row[q] = src[q * {sw}LL + off];",
+        f"      for (long long q = hi; q < {ow}LL; ++q) row[q] = ({store})0;",
+        "    }",
+    ]
+    return rows_kernel(kernel, geom.c * kh * kw * geom.n * oh, body)
+
+
+def col2im_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
+    """gx[n, c, y, :] for row r = (n * C + c) * H + y: each cell adds the f32 columns that read
+    it in kernel-offset order, from 0."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.padding, geom.dilation
+    (h, w), (oh, ow) = geom.hw, geom.size
+    body = [
+        f"    const long long y = r % {h}LL, c = (r / {h}LL) % {geom.c}LL, n = r / {h * geom.c}LL;",
+        f"    float acc[{w}];",
+        f"    for (long long x = 0; x < {w}LL; ++x) acc[x] = 0.0f;",
+        f"    for (long long i = 0; i < {kh}LL; ++i) {{",
+        f"      const long long py = y + {ph}LL - i * {dh}LL;",
+        f"      if (py < 0 || py % {sh}LL != 0 || py / {sh}LL >= {oh}LL) continue;",
+        f"      for (long long j = 0; j < {kw}LL; ++j) {{",
+        f"        const float* __restrict__ col = in0 + ((c * {kh}LL + i) * {kw}LL + j) * {geom.cells}LL + n * {oh * ow}LL + (py / {sh}LL) * {ow}LL;",
+        f"        const long long off = {pw}LL - j * {dw}LL;",  # px = x + off
+    ]
+    if sw == 1:
+        body += [f"        const long long lo = off >= 0 ? 0 : -off, hi = {ow}LL - off < {w}LL ? {ow}LL - off : {w}LL;",
+                 "        for (long long x = lo; x < hi; ++x) acc[x] += col[x + off];"]
+    else:
+        body += [f"        for (long long x = 0; x < {w}LL; ++x) {{",
+                 "          const long long px = x + off;",
+                 f"          if (px >= 0 && px % {sw}LL == 0 && px / {sw}LL < {ow}LL) acc[x] += col[px / {sw}LL];",
+                 "        }"]
+    body += ["      }", "    }",
+             f"    for (long long x = 0; x < {w}LL; ++x) out0[r * {w}LL + x] = {to_storage('acc[x]', node.type.dtype)};"]
+    return rows_kernel(kernel, geom.n * geom.c * h, body)
+
+
+def grad_rows_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
+    """g[n, o, :] copied to row r = o * N + n of [O, N, OH*OW]."""
+    cells = geom.size[0] * geom.size[1]
+    body = [f"    const long long n = r % {geom.n}LL, o = r / {geom.n}LL;",
+            f"    for (long long l = 0; l < {cells}LL; ++l) out0[r * {cells}LL + l] = in0[(n * {geom.o}LL + o) * {cells}LL + l];"]
+    return rows_kernel(kernel, geom.o * geom.n, body)
+
+
+ConvRows = Callable[[Node, Program, ConvGeom, KernelSource], HostKernel]
+CONV_ROWS: dict[str, ConvRows] = {"sx_im2col": im2col_rows, "sx_col2im": col2im_rows, "sx_conv_grad_rows": grad_rows_rows}
+
+
+@register_emitter(ConvStep, platform=PLATFORM)
+def conv_host(step: ConvStep, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
+    geom = step.geometry(program.types())
+    return [CONV_ROWS[prefix(k)](step.node, program, geom, k) if prefix(k) in CONV_ROWS else thread_kernel(k) for k in kernels]
+
+
+# -- max-pools -------------------------------------------------------------------------------------
+def window_rows(geom: PoolGeom, indent: str) -> tuple[list[str], list[str]]:
+    """For output row (nc, p): the loop over the window's offsets k in window order, skipping
+    an offset whose input row is padding, with `src` that input row and [lo, hi) the outputs q
+    whose cell (at src[q * SW + off]) is inside the input; and its end."""
+    (kh, kw), (sh, sw), (ph, pw), (h, w) = geom.kernel, geom.stride, geom.padding, geom.hw
+    ow = geom.size[1]
+    head = [f"{indent}for (int k = 0; k < {kh * kw}; ++k) {{",
+            f"{indent}  const long long y = p * {sh}LL + k / {kw} - {ph}LL;",
+            f"{indent}  if (y < 0 || y >= {h}LL) continue;",
+            f"{indent}  const long long base = (nc * {h}LL + y) * {w}LL;",
+            *[indent + line[4:] for line in first_inside(f"(long long)(k % {kw}) - {pw}LL", sw, ow, w)]]
+    return head, [f"{indent}}}"]
+
+
+def pool_out_coords(geom: PoolGeom) -> str:
+    return f"    const long long p = r % {geom.size[0]}LL, nc = r / {geom.size[0]}LL;"
+
+
+def max_pool_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource) -> HostKernel:
+    """Each output's maximum over its window's real cells in window order (NaN-propagating)."""
+    ow, dtype = geom.size[1], node.type.dtype
+    head, tail = window_rows(geom, "    ")
+    body = [pool_out_coords(geom), f"    float peak[{ow}];", f"    for (long long q = 0; q < {ow}LL; ++q) peak[q] = -sx_inf();", *head,
+            f"      for (long long q = lo; q < hi; ++q) peak[q] = sx_maxf(peak[q], {from_storage(f'in0[base + q * {geom.stride[1]}LL + off]', dtype)});",
+            *tail, f"    for (long long q = 0; q < {ow}LL; ++q) out0[r * {ow}LL + q] = {to_storage('peak[q]', dtype)};"]
+    return rows_kernel(kernel, geom.n * geom.c * geom.size[0], body)
+
+
+def max_pool_index_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource) -> HostKernel:
+    """Each window's first maximum in window order (the first NaN, else the first real cell
+    equal to the maximum; an all -inf window its first real cell), as `argmax_lines` finds it."""
+    ow, sw = geom.size[1], geom.stride[1]
+    value = from_storage(f"in0[base + q * {sw}LL + off]", program.types()[node.args[0]].dtype)
+    head, tail = window_rows(geom, "    ")
+    body = [pool_out_coords(geom), f"    float peak[{ow}]; int first_real[{ow}], first_nan[{ow}], at[{ow}]; unsigned char found[{ow}];",
+            f"    for (long long q = 0; q < {ow}LL; ++q) {{ peak[q] = -sx_inf(); first_real[q] = -1; first_nan[q] = -1; }}", *head,
+            "      for (long long q = lo; q < hi; ++q) {",
+            f"        const float v = {value};",
+            "        if (first_real[q] < 0) first_real[q] = k;", "        if (v != v && first_nan[q] < 0) first_nan[q] = k;",
+            "        peak[q] = sx_maxf(peak[q], v);", "      }", *tail,
+            f"    for (long long q = 0; q < {ow}LL; ++q) {{ at[q] = first_nan[q] >= 0 ? first_nan[q] : first_real[q]; found[q] = !(first_nan[q] < 0 && peak[q] != -sx_inf()); }}",
+            *head, f"      for (long long q = lo; q < hi; ++q) if (!found[q] && {value} == peak[q]) {{ at[q] = k; found[q] = 1; }}", *tail,
+            f"    for (long long q = 0; q < {ow}LL; ++q) out0[r * {ow}LL + q] = at[q];"]
+    return rows_kernel(kernel, geom.n * geom.c * geom.size[0], body)
+
+
+def max_pool_grad_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource) -> HostKernel:
+    """gx[nc, y, :] = 0 + the gradients of the windows whose first maximum each cell is, the
+    windows in kernel-offset order."""
+    (kh, kw), (sh, sw), (ph, pw), (oh, ow), (h, w) = geom.kernel, geom.stride, geom.padding, geom.size, geom.hw
+    g_dtype = program.types()[node.args[1]].dtype
+    body = [f"    const long long y = r % {h}LL, nc = r / {h}LL;", f"    float acc[{w}];", f"    for (long long x = 0; x < {w}LL; ++x) acc[x] = 0.0f;",
+            f"    for (int k = 0; k < {kh * kw}; ++k) {{",
+            f"      const long long py = y + {ph}LL - k / {kw};",
+            f"      if (py < 0 || py % {sh}LL != 0 || py / {sh}LL >= {oh}LL) continue;",
+            f"      const long long windows = (nc * {oh}LL + py / {sh}LL) * {ow}LL, off = {pw}LL - k % {kw};",
+            f"      for (long long x = 0; x < {w}LL; ++x) {{",
+            "        const long long px = x + off;",
+            f"        if (px < 0 || px % {sw}LL != 0 || px / {sw}LL >= {ow}LL) continue;",
+            f"        const long long window = windows + px / {sw}LL;",
+            f"        if (index[window] == k) acc[x] += {from_storage('in0[window]', g_dtype)};",
+            "      }", "    }",
+            f"    for (long long x = 0; x < {w}LL; ++x) out0[r * {w}LL + x] = {to_storage('acc[x]', node.type.dtype)};"]
+    return rows_kernel(kernel, geom.n * geom.c * h, body)
+
+
+PoolRows = Callable[[Node, Program, PoolGeom, KernelSource], HostKernel]
+POOL_ROWS: dict[str, PoolRows] = {"sx_max_pool": max_pool_rows, "sx_max_pool_index": max_pool_index_rows, "sx_max_pool_grad": max_pool_grad_rows}
+
+
+@register_emitter(PoolStep, platform=PLATFORM)
+def pool_host(step: PoolStep, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
+    geom = pool_geom(step.node, program.types())
+    return [POOL_ROWS[prefix(k)](step.node, program, geom, k) if prefix(k) in POOL_ROWS else thread_kernel(k) for k in kernels]
+
