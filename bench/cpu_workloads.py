@@ -55,7 +55,7 @@ VGG = """
 (require "sexpgpu/nn" :as nn)
 (require "sexpgpu/optim" :as optim)
 
-(defknob lr 0.03)
+(defknob lr 0.01)
 
 (defmodel conv-layer (c-in c-out)
   (defparam w (c-out c-in 3 3) :init (kaiming))

@@ -28,7 +28,8 @@ from ..backend import Ready
 from ..lower.blas import CUBLAS_OP_N, BlasCall
 from ..lower.codegen import STORAGE, KernelSource
 from ..lower.executor import ArrayDevice, DeviceBackend, LoweredProgram, ProgramRun
-from . import images as _images  # noqa: F401  (registers the image steps' host emitters)
+from ..lower.fusion import Lowering
+from .images import CACHE_BYTES, host_schedule
 from .hostc import HostKernel, host_kernels, host_prelude, numpy_ufuncs
 from .runtime_c import RUNTIME_C
 from .toolchain import Compiled, Toolchain
@@ -105,11 +106,12 @@ class CpuRuntime:
     """The runtime library (thread pool and tape runner), the BLAS, NumPy's loops and the
     toolchain: what every program of one CPU device shares."""
 
-    def __init__(self, toolchain: Toolchain, threads: int = 1, math: str = "numpy") -> None:
+    def __init__(self, toolchain: Toolchain, threads: int = 1, math: str = "numpy", cache_bytes: int = CACHE_BYTES) -> None:
         if math not in MATH_MODES:
             raise ValueError(f"math {math!r}: use one of {MATH_MODES}")
         self.toolchain = toolchain
         self.math = math
+        self.cache_bytes = cache_bytes  # a step's scratch per launch (images.host_schedule)
         self.library = ctypes.CDLL(str(toolchain.build(RUNTIME_C, "runtime").path))
         self.library.sx_pool_new.restype = ctypes.c_void_p
         self.library.sx_pool_new.argtypes = [ctypes.c_int, ctypes.c_longlong]
@@ -174,6 +176,7 @@ class CpuRuntime:
         from ..lower.kernels import kernels_for
 
         lowering = lower(program)
+        host_schedule(lowering, self.cache_bytes)
         return [k for step in lowering.steps
                 for k in host_kernels(step, lowering.program, lowering.constants, kernels_for(step, lowering.program, lowering.constants), self.math)]
 
@@ -351,6 +354,9 @@ class CpuProgram(LoweredProgram):
         self.base_array[0] = self.memory.ctypes.data
         self.input_order = list(self.input_ids.items())
         self.fixed = {vid: self.views_of(ref) for vid, ref in self.refs.items() if ref.base == 0}
+
+    def schedule(self, lowering: Lowering) -> None:
+        host_schedule(lowering, self.runtime.cache_bytes)
 
     def views_of(self, ref: ValueRef, inputs: Optional[list[Any]] = None) -> Any:
         """The array at REF (in the arena, or in INPUTS' arrays)."""

@@ -13,6 +13,14 @@ are the device's: the emulated CUDA kernels check it (tests/test_cpu_device.py).
 
 A kernel is matched to its row form by its name (the CUDA kernel's prefix); one without a
 row form (the pools' select and the average pools) is its CUDA threads' loop.
+
+The host's schedule of a convolution (`host_schedule`): the forward and the input gradient
+run a chunk of images at a time, the largest divisor of the batch whose columns fit in
+CACHE_BYTES (1 MiB, about one core's L2 here), so that the gemm reads the columns the im2col
+has just written (and the col2im those the gemm wrote) from the cache instead of memory. On
+the issue's CNN (28x28, 32 -> 64 channels, batch 64) a chunk is one image: 0.9 MB of
+columns instead of 58 MB. The weight gradient stays one gemm over the batch (its sum runs
+over every image). The chunks change no bit (no image's numbers involve another's).
 """
 
 from __future__ import annotations
@@ -23,8 +31,22 @@ from ...ir.graph import Node, Program
 from ...ir.ops_conv import ConvGeom, PoolGeom
 from ..lower.codegen import KernelSource, c_types, from_storage, to_storage
 from ..lower.emitters import register_emitter
+from ..lower.fusion import Lowering
 from ..lower.images import ConvStep, PoolStep, pool_geom
+from ..lower.lowering import FitsCache
 from .hostc import PLATFORM, HostKernel, function, thread_kernel
+
+
+CACHE_BYTES = 1 << 20  # a chunk's scratch on the host: about one core's L2
+
+
+def host_schedule(lowering: Lowering, cache_bytes: int = CACHE_BYTES) -> None:
+    """The host's launches of LOWERING's steps: each step that can split its work does so to
+    keep its scratch within CACHE_BYTES."""
+    types = lowering.program.types()
+    for step in lowering.steps:
+        if isinstance(step, FitsCache):
+            step.fit_cache(types, cache_bytes)
 
 
 def prefix(kernel: KernelSource) -> str:
@@ -113,7 +135,7 @@ CONV_ROWS: dict[str, ConvRows] = {"sx_im2col": im2col_rows, "sx_col2im": col2im_
 
 @register_emitter(ConvStep, platform=PLATFORM)
 def conv_host(step: ConvStep, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
-    geom = step.geometry(program.types())
+    geom = step.launch_geometry(program.types())
     return [CONV_ROWS[prefix(k)](step.node, program, geom, k) if prefix(k) in CONV_ROWS else thread_kernel(k) for k in kernels]
 
 

@@ -21,7 +21,7 @@ from ...ir.ops import op_def
 from ..backend import Ready
 from .blas import BlasCall
 from .codegen import STORAGE, KernelSource, storage_bytes
-from .fusion import lower
+from .fusion import Lowering, lower
 from .kernels import kernels_for
 from .plan import plan_arena, scratch_value
 
@@ -93,6 +93,7 @@ class LoweredProgram:
     def __init__(self, program: Program, device: ArrayDevice) -> None:
         self.device = device
         self.lowering = lower(program)
+        self.schedule(self.lowering)
         self.program = program  # the IR as `sexpgpu ir` prints it (the non-finite replay names its nodes)
         program = self.lowering.program  # what runs: softmax and the like built from their parts
         self.outputs = program.outputs
@@ -123,6 +124,10 @@ class LoweredProgram:
         self.output_steps: dict[int, list[str]] = {}
         for name, k in last.items():
             self.output_steps.setdefault(k, []).append(name)
+
+    def schedule(self, lowering: Lowering) -> None:
+        """The device's choices of how the steps launch their work that change no bit, made
+        before the arena is planned (none here: each kernel and gemm launched once)."""
 
     def run(self, feeds: dict[str, Any], keep: frozenset[str] = frozenset(), ready: Optional[Ready] = None) -> dict[str, Any]:
         """Run on FEEDS; the outputs named in KEEP stay on the device (views of the arena or

@@ -19,7 +19,7 @@ average and its gradient with the CPU's order of additions and its f32 reciproca
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -68,7 +68,7 @@ def im2col_kernel(node: Node, program: Program, geom: ConvGeom) -> KernelSource:
     ]
     decls, _ = declare([x], [], program.types())
     decls.append(f"{store}* __restrict__ out0")
-    params = [Param("in", x, x_t.dtype, tuple(x_t.shape)), Param("out", -1, x_t.dtype, (columns(geom),))]
+    params = [Param("in", x, x_t.dtype, (geom.n, geom.c, h, w)), Param("out", -1, x_t.dtype, (columns(geom),))]
     return assemble("sx_im2col", decls, "e", body, params, columns(geom), 0)
 
 
@@ -92,9 +92,10 @@ def col2im_kernel(node: Node, program: Program, geom: ConvGeom) -> KernelSource:
         "    }",
         f"    out0[e] = {to_storage('acc', dtype)};",
     ]
-    params = [Param("in", -1, DType.f32, (columns(geom),)), Param("out", node.id, dtype, tuple(node.type.shape))]
-    return assemble("sx_col2im", ["const float* __restrict__ in0", f"{store}* __restrict__ out0"], "e", body, params, shape_size(node.type.shape),
-                    shape_size(node.type.shape) * geom.kernel[0] * geom.kernel[1])
+    shape = (geom.n, geom.c, h, w)
+    params = [Param("in", -1, DType.f32, (columns(geom),)), Param("out", node.id, dtype, shape)]
+    return assemble("sx_col2im", ["const float* __restrict__ in0", f"{store}* __restrict__ out0"], "e", body, params, shape_size(shape),
+                    shape_size(shape) * geom.kernel[0] * geom.kernel[1])
 
 
 def grad_rows_kernel(node: Node, program: Program, geom: ConvGeom) -> KernelSource:
@@ -124,21 +125,54 @@ def conv_calls(node: Node, geom: ConvGeom, dtype: DType) -> list[BlasCall]:
     return [row_major(og, k, wide, Rows(wide, 0, og * wide), Rows(wide, 0, k * wide), Rows(k, 0, og * k), False, True, groups, dtype, dtype)]
 
 
+CHUNKED = ("conv2d", "conv2d_input_grad")  # the weight gradient adds over every image: one gemm over the batch
+
+
+def chunk_images(geom: ConvGeom, column_bytes: int, cache_bytes: int) -> int:
+    """Images per launch whose columns fit in CACHE_BYTES (COLUMN_BYTES per column element):
+    the largest divisor of the batch that fits, at least 1 (every launch the same size, so
+    one kernel serves them all)."""
+    fit = max(1, cache_bytes // max(1, columns(replace(geom, n=1)) * column_bytes))
+    return max(d for d in range(1, min(fit, geom.n) + 1) if geom.n % d == 0)
+
+
 @dataclass
 class ConvStep(NodeStep):
     """conv2d, conv2d_input_grad or conv2d_weight_grad: generated kernels around cuBLAS
-    calls, the im2col matrix (and the moved gradient rows) in the step's scratch."""
+    calls, the im2col matrix (and the moved gradient rows) in the step's scratch.
+
+    A chunk of `chunk` images at a time where a device asks for it (`fit_cache`: the CPU,
+    so that a chunk's columns are still in its cache when the gemm reads them, or the col2im
+    reads what the gemm wrote): each chunk's im2col and gemms, or gemms and col2im, on views
+    of the chunk's images. The same bits: no image's columns, products or sums involve
+    another's."""
 
     parts: list[tuple[DType, int]] = field(default_factory=list)  # scratch_parts, worked out when lowered
     gemms: list[BlasCall] = field(default_factory=list)  # calls, likewise
+    chunk: int = 0  # images per launch; 0: the whole batch, one launch of each kernel and gemm
     kind: ClassVar[str] = "image"
 
     def geometry(self, types: dict[int, TensorType]) -> ConvGeom:
         return conv_geom(self.node, types)
 
+    def launch_geometry(self, types: dict[int, TensorType]) -> ConvGeom:
+        """The geometry of one launch: a chunk's images, or the whole batch."""
+        geom = self.geometry(types)
+        return replace(geom, n=self.chunk) if self.chunk else geom
+
+    def fit_cache(self, types: dict[int, TensorType], cache_bytes: int) -> None:
+        """Launch a chunk of images at a time when the batch's columns outgrow CACHE_BYTES."""
+        if self.node.op not in CHUNKED:
+            return
+        geom = self.geometry(types)
+        column_bytes = BYTES[DType.f32] if self.node.op == "conv2d_input_grad" else BYTES[types[self.node.args[0]].dtype]
+        chunk = chunk_images(geom, column_bytes, cache_bytes)
+        self.chunk = 0 if chunk == geom.n else chunk
+        self.parts, self.gemms = self.scratch_parts(types), self.calls(types)
+
     def scratch_parts(self, types: dict[int, TensorType]) -> list[tuple[DType, int]]:
         """The scratch buffers, in order: (storage dtype, elements)."""
-        geom = self.geometry(types)
+        geom = self.launch_geometry(types)
         dtype = types[self.node.args[0]].dtype
         if self.node.op == "conv2d":
             return [(dtype, columns(geom))]
@@ -150,7 +184,7 @@ class ConvStep(NodeStep):
         return sum(aligned(count * BYTES[dtype]) for dtype, count in self.scratch_parts(types))
 
     def kernels(self, program: Program, constants: dict[int, Node]) -> list[KernelSource]:
-        geom = self.geometry(program.types())
+        geom = self.launch_geometry(program.types())
         if self.node.op == "conv2d":
             return [im2col_kernel(self.node, program, geom)]
         if self.node.op == "conv2d_input_grad":
@@ -158,21 +192,25 @@ class ConvStep(NodeStep):
         return [im2col_kernel(self.node, program, geom), grad_rows_kernel(self.node, program, geom)]
 
     def calls(self, types: dict[int, TensorType]) -> list[BlasCall]:
-        return conv_calls(self.node, self.geometry(types), types[self.node.args[0]].dtype)
+        return conv_calls(self.node, self.launch_geometry(types), types[self.node.args[0]].dtype)
 
     def launch(self, run: StepRun, kernels: list[KernelSource]) -> None:
         node = self.node
         out = run.buffer(node.id)
         parts = self.part_arrays(run)
         first, second = run.contiguous(node.args[0]), run.contiguous(node.args[1])
+        batch = out.shape[0]
+        chunk = self.chunk or batch
         if node.op == "conv2d":  # x, w
-            run.launch(kernels[0], [first, parts[0]])
-            for call in self.gemms:
-                run.gemm(call, parts[0], second, out)
+            for n in range(0, batch, chunk):
+                run.launch(kernels[0], [first[n : n + chunk], parts[0]])
+                for call in self.gemms:
+                    run.gemm(call, parts[0], second, out[n : n + chunk])
         elif node.op == "conv2d_input_grad":  # g, w
-            for call in self.gemms:
-                run.gemm(call, first, second, parts[0])
-            run.launch(kernels[0], [parts[0], out])
+            for n in range(0, batch, chunk):
+                for call in self.gemms:
+                    run.gemm(call, first[n : n + chunk], second, parts[0])
+                run.launch(kernels[0], [parts[0], out[n : n + chunk]])
         else:  # x, g
             run.launch(kernels[0], [first, parts[0]])
             run.launch(kernels[1], [second, parts[1]])
@@ -200,12 +238,14 @@ class ConvStep(NodeStep):
         names = [k.name for k in kernels]
         gemm_text = f"{gemm} {shape} ({precision})"
         text = [names[0], gemm_text] if self.node.op == "conv2d" else [gemm_text, names[0]] if self.node.op == "conv2d_input_grad" else names + [gemm_text]
+        chunks = self.geometry(types).n // self.chunk if self.chunk else 1
         gemm_bytes = sum(call.batch * (call.m * call.k * BYTES[call.in_dtype] + call.k * call.n * BYTES[call.in_dtype] + call.m * call.n * BYTES[call.out_dtype])
                          for call in calls)
+        how = "im2col in the step's scratch" if self.node.op != "conv2d_input_grad" else "f32 columns in the step's scratch, added back per input cell"
         return KernelLine(step=index, kind=self.kind, kernel=" + ".join(text), nodes=[lowered.label(self.node)], elements=shape_size(self.node.type.shape),
-                          bytes=sum(k.bytes for k in kernels) + gemm_bytes, flops=sum(c.flops for c in calls) + sum(k.flops for k in kernels),
-                          launches=len(kernels) + len(calls), cublas=len(calls), how="im2col in the step's scratch" if self.node.op != "conv2d_input_grad"
-                          else "f32 columns in the step's scratch, added back per input cell")
+                          bytes=chunks * (sum(k.bytes for k in kernels) + gemm_bytes), flops=chunks * (sum(c.flops for c in calls) + sum(k.flops for k in kernels)),
+                          launches=chunks * (len(kernels) + len(calls)), cublas=chunks * len(calls),
+                          how=how + (f", {chunks} chunks of {self.chunk} images" if self.chunk else ""))
 
 
 @register_lowering("conv2d", "conv2d_input_grad", "conv2d_weight_grad")

@@ -171,6 +171,16 @@ class ComputesInputs(Protocol):
     def compute_input(self, vid: int, prologue: Prologue) -> None: ...
 
 
+@runtime_checkable
+class FitsCache(Protocol):
+    """A step that can launch its work a part at a time (the same bits: the parts are
+    independent), for a device that wants each part's scratch to stay in its cache."""
+
+    def fit_cache(self, types: dict[int, TensorType], cache_bytes: int) -> None:
+        """Split the launches so that each part's scratch fits in CACHE_BYTES where it can."""
+        ...
+
+
 @dataclass(frozen=True)
 class Fuse:
     """The node is computed inside a fused elementwise kernel."""
