@@ -8,8 +8,9 @@ each step's kernels for a GPU; this one writes the same kernels as plain C funct
 CPU device (device.py) can give the items to several threads.
 
 - A kernel whose items are independent, one CUDA thread each (moves, gathers, constants,
-  im2col and col2im, pools, Philox), is the CUDA kernel's own body inside a loop over its
-  items: the same text, the same bits.
+  the average pools, Philox), is the CUDA kernel's own body inside a loop over its items:
+  the same text, the same bits. The image steps' im2col, col2im and max-pools loop over rows
+  instead (images.py).
 - A fused elementwise group is a loop over rows of its element space, each input loaded
   through a base computed once per row, so that the inner loop over a row is contiguous and
   vectorizes (the CUDA kernel divides its flat index by every broadcast stride instead).

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ...ir.dtypes import DType
 from ...ir.graph import Node, Program
 from ...ir.ops_conv import ConvGeom, PoolGeom
 from ..lower.codegen import KernelSource, c_types, from_storage, to_storage
@@ -191,6 +192,8 @@ def max_pool_grad_rows(node: Node, program: Program, geom: PoolGeom, kernel: Ker
     windows in kernel-offset order."""
     (kh, kw), (sh, sw), (ph, pw), (oh, ow), (h, w) = geom.kernel, geom.stride, geom.padding, geom.size, geom.hw
     g_dtype = program.types()[node.args[1]].dtype
+    if sh >= kh and sw >= kw:
+        return disjoint_max_pool_grad_rows(node, geom, kernel, g_dtype)
     body = [f"    const long long y = r % {h}LL, nc = r / {h}LL;", f"    float acc[{w}];", f"    for (long long x = 0; x < {w}LL; ++x) acc[x] = 0.0f;",
             f"    for (int k = 0; k < {kh * kw}; ++k) {{",
             f"      const long long py = y + {ph}LL - k / {kw};",
@@ -203,6 +206,25 @@ def max_pool_grad_rows(node: Node, program: Program, geom: PoolGeom, kernel: Ker
             f"        if (index[window] == k) acc[x] += {from_storage('in0[window]', g_dtype)};",
             "      }", "    }",
             f"    for (long long x = 0; x < {w}LL; ++x) out0[r * {w}LL + x] = {to_storage('acc[x]', node.type.dtype)};"]
+    return rows_kernel(kernel, geom.n * geom.c * h, body)
+
+
+def disjoint_max_pool_grad_rows(node: Node, geom: PoolGeom, kernel: KernelSource, g_dtype: DType) -> HostKernel:
+    """max_pool_grad_rows where no two windows share a cell (strides no smaller than the
+    kernel): a cell's one window, found by division, gives it 0 + its gradient or 0, which is
+    what adding the windows that chose it from 0 comes to."""
+    (kh, kw), (sh, sw), (ph, pw), (oh, ow), (h, w) = geom.kernel, geom.stride, geom.padding, geom.size, geom.hw
+    gradient = from_storage("in0[windows + q]", g_dtype)
+    body = [f"    const long long y = r % {h}LL, nc = r / {h}LL, py = y + {ph}LL;",
+            f"    {c_types(node.type.dtype)[0]}* __restrict__ row = out0 + r * {w}LL;",
+            f"    const long long i = py % {sh}LL, p = py / {sh}LL;",
+            f"    if (i >= {kh}LL || p >= {oh}LL) {{ for (long long x = 0; x < {w}LL; ++x) row[x] = {to_storage('0.0f', node.type.dtype)}; continue; }}",
+            f"    const long long windows = (nc * {oh}LL + p) * {ow}LL;",
+            f"    for (long long x = 0; x < {w}LL; ++x) {{",
+            f"      const long long px = x + {pw}LL, j = px % {sw}LL, q = px / {sw}LL;",
+            f"      const bool chosen = j < {kw}LL && q < {ow}LL && index[windows + q] == (int)(i * {kw}LL + j);",
+            f"      row[x] = {to_storage(f'chosen ? 0.0f + {gradient} : 0.0f', node.type.dtype)};",
+            "    }"]
     return rows_kernel(kernel, geom.n * geom.c * h, body)
 
 

@@ -1,0 +1,116 @@
+"""The host schedule of the image steps (runtime/cpu/images.py): im2col, col2im, the
+gradient's row move and the max-pools as loops over rows; convolutions a chunk of images at
+a time. Both change no bit: the compiled CPU equals the emulated CUDA device (one launch of
+each kernel over the whole batch) on every convolution and pool case of the op tables."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sexpgpu.ir.ops_conv import conv_geometry
+from sexpgpu.runtime.cpu.hostc import host_kernels
+from sexpgpu.runtime.cpu.images import CONV_ROWS, POOL_ROWS, host_schedule, prefix
+from sexpgpu.runtime.lower.executor import LoweredProgram
+from sexpgpu.runtime.lower.fusion import lower
+from sexpgpu.runtime.lower.images import ConvStep, chunk_images
+from sexpgpu.runtime.lower.kernels import kernels_for
+from test_cpu_device import assert_same_bits, emulated
+from test_cuda_ops import one_op, pool_edge_cases
+from test_ops import GRAD_CASES, Case, D, F, _rng
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("g++") is None, reason="the compiled CPU device needs a C compiler")
+
+CONVOLUTIONS = ("conv2d", "conv2d_input_grad", "conv2d_weight_grad")
+POOLS = ("max_pool2d", "max_pool2d_grad")
+# windows with gaps between them, padded (the disjoint windows' gradient finds each cell's one window)
+GAPS = [
+    Case([D(1, 2, 7, 8), F(1, 2, 3, 2)], {"kernel": [2, 3], "stride": [3, 3], "padding": [1, 0]}),
+    Case([D(2, 1, 5, 7), F(2, 1, 2, 4)], {"kernel": [2, 2], "stride": [3, 2], "padding": [1, 1]}),
+]
+
+
+@pytest.fixture(scope="module")
+def runtimes() -> dict[str, Any]:
+    """The C library's math (what the emulated CUDA kernels compute), with the default cache
+    and with one so small that every convolution runs an image at a time."""
+    from sexpgpu.runtime.cpu.device import CpuRuntime
+    from sexpgpu.runtime.cpu.toolchain import open_toolchain
+
+    toolchain = open_toolchain()
+    return {"libm": CpuRuntime(toolchain, math="libm"), "chunked": CpuRuntime(toolchain, math="libm", cache_bytes=1)}
+
+
+def image_cases() -> list[tuple[str, Any, dict[str, np.ndarray]]]:
+    out = []
+    for op in (*CONVOLUTIONS, *POOLS):
+        own = GRAD_CASES[op] + (GAPS if op == "max_pool2d_grad" else [Case(case.args[:1], case.attrs) for case in GAPS] if op == "max_pool2d" else [])
+        cases = [(case, dtype) for case in own for dtype in ("f32", "bf16")] + [(c, d) for o, c, d in pool_edge_cases() if o == op]
+        for index, (case, dtype) in enumerate(cases):
+            program = one_op(op, case, dtype)
+            rng = _rng(op, index, dtype, "cpu-images")
+            out.append((f"{op} {case.label()} {dtype}", program, {f"x{i}": arg.draw(rng, dtype) for i, arg in enumerate(case.args)}))
+    return out
+
+
+def test_the_image_kernels_are_row_loops_on_the_host() -> None:
+    """Each im2col, col2im, row move and max-pool kernel is a host function over rows (the
+    innermost axis of what it writes inside each item), not over its CUDA threads' elements."""
+    seen = set()
+    for what, program, _ in image_cases():
+        lowering = lower(program)
+        (step,) = lowering.steps
+        kernels = kernels_for(step, lowering.program, lowering.constants)
+        for cuda, host in zip(kernels, host_kernels(step, lowering.program, lowering.constants, kernels, "libm")):
+            if prefix(cuda) not in {**CONV_ROWS, **POOL_ROWS}:
+                continue
+            seen.add(prefix(cuda))
+            assert host.name == cuda.name and not host.launched_items, what
+            assert host.size < cuda.size and cuda.size % host.size == 0, f"{what}: {cuda.name} has {host.size} items for {cuda.size} elements"
+    assert seen == set(CONV_ROWS) | set(POOL_ROWS), seen
+
+
+def test_a_chunk_is_the_largest_divisor_of_the_batch_whose_columns_fit() -> None:
+    def geom(n: int, c: int, hw: int) -> Any:
+        return conv_geometry("conv2d", (n, c, hw, hw), (8, c, 3, 3), {"padding": 1}, "")
+
+    assert chunk_images(geom(64, 32, 28), 4, 1 << 20) == 1  # the issue's CNN: 0.9 MB of columns per image
+    assert chunk_images(geom(64, 1, 28), 4, 1 << 20) == 32  # 28 KB per image: 37 fit, 32 divides 64
+    assert chunk_images(geom(6, 1, 28), 4, 4 * 28 * 1024) == 3
+    assert chunk_images(geom(5, 32, 28), 4, 1) == 1
+    assert chunk_images(geom(5, 1, 8), 4, 1 << 20) == 5
+
+
+def test_chunked_convolutions_and_row_loops_equal_the_emulated_device_bit_for_bit(runtimes: dict[str, Any]) -> None:
+    """Every convolution and max-pool case, f32 and bf16: the compiled CPU (row loops, and with
+    a cache of one byte, a launch per image) against the emulated CUDA kernels, bit for bit."""
+    from sexpgpu.runtime.cpu.device import CpuBackend
+
+    device = emulated(runtimes)
+    cases = image_cases()
+    chunked = 0
+    for name in ("libm", "chunked"):
+        runtime = runtimes[name]
+        runtime.preload([p for _, p, _ in cases])
+        backend = CpuBackend(runtime)
+        for what, program, feeds in cases:
+            mine = backend.program(program)
+            steps = [s for s in mine.lowering.steps if isinstance(s, ConvStep)]
+            if name == "chunked" and steps and steps[0].node.op != "conv2d_weight_grad" and mine.lowering.program.types()[steps[0].node.args[0]].shape[0] > 1:
+                assert steps[0].chunk == 1, what
+                chunked += 1
+            got, want = mine.run(feeds)["y"], LoweredProgram(program, device).run(feeds)["y"]
+            assert_same_bits(backend.get(got, program.types()[program.outputs["y"]]), backend.get(want, program.types()[program.outputs["y"]]), f"{what} ({name})")
+    assert chunked >= 4, chunked
+
+
+def test_the_default_schedule_leaves_small_batches_whole() -> None:
+    """A batch whose columns fit in the cache is one launch (the CUDA device's schedule)."""
+    case = GRAD_CASES["conv2d"][1]
+    lowering = lower(one_op("conv2d", case, "f32"))
+    host_schedule(lowering)
+    (step,) = lowering.steps
+    assert isinstance(step, ConvStep) and step.chunk == 0
