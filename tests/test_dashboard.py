@@ -398,7 +398,7 @@ def test_the_live_stream_sends_the_whole_curve_then_only_what_is_new(made: MadeS
 
 
 def test_a_live_page_is_sent_only_new_points_and_everything_again_when_a_resume_replaced_some(tmp_path: Path) -> None:
-    from sexpgpu.results.curves import RunReaders
+    from sexpgpu.results.readers import RunReaders
     from sexpgpu.runtime.events import EventLog
 
     store = Store.open(str(tmp_path / "runs"))

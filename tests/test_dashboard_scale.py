@@ -28,7 +28,8 @@ import peak_memory
 from results_store import TINY, quietly, write_file
 from scale_store import SETTLED, SPIKE_EVERY, loss_at, write_long_run, write_sweep
 from sexpgpu.dashboard.server import Dashboard
-from sexpgpu.results.curves import CurveData, RunReaders, downsample
+from sexpgpu.results.curves import CurveData, downsample
+from sexpgpu.results.readers import RunReaders
 from sexpgpu.runtime.events import EventLog, apply_resumes, read_events
 from sexpgpu.runtime.store import Store
 from test_dashboard import serving_process

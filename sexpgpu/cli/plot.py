@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ..outcome import Exit
 from ..results import listing, locate, plots
-from ..results.curves import Curves, RunReaders
+from ..results.curves import Curves
+from ..results.readers import RunReaders
 from ..results.listing import RunRecord
 from ..runtime.store import NotARegularFile, Store, UnexpectedSize, is_store_failure, store_problem
 from .common import color_enabled, fail_usage

@@ -30,7 +30,8 @@ from importlib import resources
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ..results.curves import DEFAULT_BUCKETS, Curves, RunReaders
+from ..results.curves import DEFAULT_BUCKETS, Curves
+from ..results.readers import RunReaders
 from ..results.listing import READERS, RecordCache, read_quietly, record_of
 from ..runtime.runfolder import RunFolder, RunInfo
 from ..runtime.status import Status
