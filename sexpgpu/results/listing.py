@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 
 from ..runtime.runfolder import RunFolder, RunInfo
 from ..runtime.status import Status
-from ..runtime.store import NotARegularFile, Store, UnexpectedSize, dump_json
+from ..runtime.store import NotARegularFile, Store, UnexpectedSize
 
 # concurrent reads of a listing: enough to hide S3's latency, few enough for any endpoint
 READERS = 16
@@ -171,10 +171,10 @@ def read_record(store: Store, slug: str) -> Optional[RunRecord]:
 def record_of(folder: RunFolder, info: Optional[RunInfo], status: Optional[Status], problems: Iterable[str] = ()) -> RunRecord:
     """The record of FOLDER from its run.json and status.json as read (None: not there)."""
     notes = list(problems)
-    record = RunRecord(slug=folder.slug, folder=folder.url)
+    fields: dict[str, Any] = {"slug": folder.slug, "folder": folder.url}
     if info is not None:
         selection = info.selection
-        record = record.model_copy(update={
+        fields.update({
             "file": info.file, "variant": selection.variant, "sweep": selection.sweep, "point": selection.point,
             "knobs": dict(info.knobs), "started": info.created, "device": _device(info), "host": info.host,
             "ir_hash": info.ir_hash,
@@ -182,14 +182,14 @@ def record_of(folder: RunFolder, info: Optional[RunInfo], status: Optional[Statu
     elif not any(p.startswith("run.json") for p in notes):
         notes.append("no run.json")
     if status is not None:
-        record = record.model_copy(update=_from_status(status))
-    return record.model_copy(update={"problem": "; ".join(notes) or None})
+        fields.update(_from_status(status))
+    return RunRecord(**fields, problem="; ".join(notes) or None)
 
 
 def _from_status(status: Status) -> dict[str, Any]:
     summary = status.summary
     evaluation = metric_values(status.last_eval) or (metric_values(summary.last_eval) if summary else {})
-    eval_step = status.model_dump().get("last_eval_step")
+    eval_step = status.last_eval_step
     duration = summary.wall_time_s if summary is not None else seconds_between(status.started, status.heartbeat)
     return {
         "state": str(status.state), "step": status.step, "steps": status.steps, "metrics": metric_values(status.metrics),
@@ -230,7 +230,7 @@ class RecordCache:
     def _record(self, slug: str) -> tuple[Optional[RunRecord], str]:
         if not self.remember:
             record = self._read(slug)
-            return record, dump_json(record) if record is not None else "null"
+            return record, record.model_dump_json() if record is not None else "null"
         folder = RunFolder(self.store, slug)
         stamp = (_written(self.store, folder.path("run.json")), _written(self.store, folder.path("status.json")))
         with self._lock:
@@ -239,7 +239,7 @@ class RecordCache:
         if kept is not None and kept[0] == stamp and settled and None not in stamp:
             return kept[1], kept[2]
         record = self._read(slug)
-        text = dump_json(record) if record is not None else "null"
+        text = record.model_dump_json() if record is not None else "null"  # strict JSON too: a non-finite float is null
         with self._lock:
             self._kept[slug] = (stamp, record, text)
         return record, text
