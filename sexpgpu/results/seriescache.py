@@ -32,9 +32,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import secrets
-import shutil
 from array import array
 from collections import deque
 from pathlib import Path
@@ -44,7 +42,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import from_json
 
-from ..runtime.diskcache import BadEntry, cache_root, open_entry, read_entry
+from ..runtime.diskcache import BadEntry, cache_root, discard, open_entry, publish, read_entry
 from ..runtime.events import EventReader, ReaderPosition
 from .curves import TAIL, Column, CurveData, Group
 
@@ -257,9 +255,7 @@ class SeriesCache:
         position = reader.position()
         manifest = Manifest(version=VERSION, events_url=self.url, position=position, last_line=self._last_line(position.offset),
                             events=data.events, warnings=list(reader.warnings), chunks=chunks, tail_sha256=tail)
-        temporary = self.folder / f"manifest.{secrets.token_hex(4)}.tmp"
-        temporary.write_text(manifest.model_dump_json(), encoding="utf-8")
-        os.replace(temporary, self.folder / "manifest.json")
+        publish(self.folder / "manifest.json", lambda out: out.write(manifest.model_dump_json().encode("utf-8")))  # last: what it lists is there
         if saved is None:
             self._remove_unlisted(manifest)
         self.saved = Saved(manifest=manifest, counts={c.name: len(c) for c in data.columns.values()}, step_events=len(data.step_steps),
@@ -275,11 +271,11 @@ class SeriesCache:
     def _remove_unlisted(self, manifest: Manifest) -> None:
         listed = {"manifest.json", "tail.jsonl", *(f for c in manifest.chunks for f in c.sha256)}
         for entry in self.folder.iterdir():
-            if entry.name not in listed and not entry.name.endswith(".tmp"):
-                entry.unlink(missing_ok=True)
+            if entry.name not in listed and not entry.name.startswith("."):  # publish's temporary files start with a dot
+                discard(entry)
 
     def _remove(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        discard(self.folder)
 
 
 def _zeros(code: str, count: int) -> "array[Any]":
@@ -287,18 +283,20 @@ def _zeros(code: str, count: int) -> "array[Any]":
 
 
 def _write_array(path: Path, descr: str, pieces: list[memoryview]) -> str:
-    """PIECES (of one type) as one 1-D .npy file at PATH; its SHA-256."""
+    """PIECES (of one type) published as one 1-D .npy file at PATH; its SHA-256."""
     digest = hashlib.sha256()
-    count = sum(len(p) for p in pieces)
     header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(header, {"descr": descr, "fortran_order": False, "shape": (count,)})
-    with open(path, "wb") as out:
-        digest.update(header.getvalue())
+    np.lib.format.write_array_header_1_0(header, {"descr": descr, "fortran_order": False, "shape": (sum(len(p) for p in pieces),)})
+    digest.update(header.getvalue())
+
+    def write(out: BinaryIO) -> None:
         out.write(header.getvalue())
         for piece in pieces:
             raw = piece.cast("B")
             digest.update(raw)
             out.write(raw)
+
+    publish(path, write)
     return digest.hexdigest()
 
 
@@ -327,7 +325,7 @@ def _read_array(path: Path, descr: str, targets: list[tuple["array[Any]", int, i
 
 def _write_lines(path: Path, lines: list[str]) -> str:
     data = "".join(f"{line}\n" for line in lines).encode("utf-8", errors="surrogatepass")
-    path.write_bytes(data)
+    publish(path, lambda out: out.write(data))
     return hashlib.sha256(data).hexdigest()
 
 
