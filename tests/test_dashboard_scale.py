@@ -277,3 +277,18 @@ def test_a_5000_point_sweep_is_paged_and_its_files_are_read_again_only_when_they
     third = json.loads(board.sweep("grid", page=1))
     assert board.records.reads == 5001 and third["points"][7]["step"] == 39
     assert json.loads(board.sweep("grid", page=1000))["page"] == 100  # past the end: the last page
+
+
+SWEEP_LIMIT_MB = 150
+
+
+@pytest.mark.slow
+def test_a_5000_point_sweep_page_is_served_within_150_mb(template: Path, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    slugs = write_sweep(root, template, 5000)
+    with serving_process(str(root), {"SEXPGPU_CACHE": str(tmp_path / "cache")}) as (url, process):
+        first = get(f"{url}api/sweep/grid")
+        again = get(f"{url}api/sweep/grid")
+        peak = peak_mb(process.pid)
+    assert [p["slug"] for p in first["points"]] == slugs and first["shown"] == slugs[:50] and again == first
+    assert peak < SWEEP_LIMIT_MB, f"the server peaked at {peak:.0f} MiB serving a 5,000-point sweep page"
