@@ -745,7 +745,7 @@ def test_a_long_runs_page_draws_downsampled_curves_and_links_every_point(made: M
 
     steps = 2 * SPIKE_EVERY + 10  # two spikes, and far more points than a chart's 1,000 spans
     slug = write_long_run(tmp_path / "runs", made.root / made.slugs[0], steps)
-    with serving(str(tmp_path / "runs")) as ui:
+    with serving(str(tmp_path / "runs"), {"SEXPGPU_CACHE": str(tmp_path / "cache")}) as ui:  # its series are cached: not in the user's cache
         open_page(browser, page_url(ui, "run", slug))
         said = until(browser, "const e = document.getElementById('downsampled'); return !e.hidden && e.textContent", "the downsampling said")
         assert f"of {steps:,} points" in said and "loss " in said, said
