@@ -3,9 +3,10 @@ runs write (tests/scale_store.py, from a real run's files):
 
 - a run of --steps logged steps (default 1,000,000) opened in a real `sexpgpu ui`: the
   seconds (wall, and the server's CPU) of the first /api/run/SLUG/curves (every event read
-  and parsed), of the next one (read from where it stopped: nothing new), and the server's
-  peak resident memory (VmHWM);
-- `sexpgpu plot` of that run: seconds and peak memory of the process;
+  and parsed, and the parsed series written to the disk cache), of the next one (read from
+  where it stopped: nothing new), and the server's peak resident memory (VmHWM); then the
+  same in a fresh server, which finds the series in the disk cache;
+- `sexpgpu plot` of that run (the disk cache there): seconds and peak memory of the process;
 - a sweep of --runs points (default 5,000): the seconds of its first /api/sweep/NAME (every
   run.json and status.json read) and of the next (only each file's time looked at).
 
@@ -34,7 +35,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from results_store import TINY, write_file  # noqa: E402
 from scale_store import write_long_run, write_sweep  # noqa: E402
 
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "SEXPGPU_CACHE": tempfile.mkdtemp(prefix="dashboard-scale-cache-")}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -118,6 +119,7 @@ def main() -> None:
         written = timed(lambda: write_long_run(base / "long", template, args.steps))
         slug = next(p.name for p in (base / "long").iterdir())
         rows += twice(base / "long", f"api/run/{slug}/curves", f"open a {args.steps:,}-step run (first read)", "open it again (nothing new)")
+        rows += twice(base / "long", f"api/run/{slug}/curves", "open it in a fresh server (from the disk cache)", "open it again (nothing new)")
         plotted, usage = plot(base / "long" / slug, base / "long.png")
         rows += [(f"plot the {args.steps:,}-step run", f"{plotted:.2f} s ({usage.ru_utime + usage.ru_stime:.2f} s CPU)"),
                  ("plot peak memory", f"{usage.ru_maxrss / 1024:.0f} MiB")]
@@ -132,6 +134,7 @@ def main() -> None:
             print(f"| {name.ljust(width)} | {value} |")
     finally:
         shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(ENV["SEXPGPU_CACHE"], ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -366,6 +367,35 @@ def test_what_is_not_there_is_a_404(made: MadeStore, ui: str, path: str) -> None
     assert status == 404 and (body.startswith(b"{") or b"404" in body)
 
 
+@pytest.mark.parametrize("query", ["points=%C2%B2", "page=%C2%B2", "per_page=0", "points=0", "points=all2"])
+def test_a_query_that_is_not_a_number_is_a_400(ui: str, query: str) -> None:
+    status, _, body = get(f"{ui}api/sweep/grid?{query}", ok=(400,))
+    assert "give" in json.loads(body)["error"]
+
+
+class Faulty(dashboard.Dashboard):
+    """A dashboard with a fault of its own (not the store's) in its runs listing."""
+
+    def runs(self) -> dict[str, Any]:
+        raise KeyError("a fault of the dashboard's own")
+
+
+def test_a_fault_of_the_dashboard_is_a_500_that_says_what_and_the_server_goes_on(made: MadeStore, capfd: pytest.CaptureFixture[str]) -> None:
+    server = dashboard.Server(Faulty(Store.open(str(made.root))))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        status, headers, body = get(f"{server.url}api/runs", ok=(500,))
+        error = json.loads(body)["error"]
+        assert headers["Content-Type"] == "application/json; charset=utf-8"
+        assert "KeyError" in error and "a fault of the dashboard's own" in error and "/api/runs" in error, error
+        assert "Traceback" in capfd.readouterr().err
+        assert json.loads(get(page_url(server.url, "api/run", made.slugs[0]))[2])["record"]["slug"] == made.slugs[0]
+    finally:
+        server.close()
+        thread.join(timeout=30)
+
+
 def test_only_requests_to_127_0_0_1_are_answered(ui: str) -> None:
     status, _, body = get(f"{ui}api/runs", host="evil.example:80", ok=(421,))
     assert b"answers only 127.0.0.1 and localhost" in body
@@ -398,7 +428,7 @@ def test_the_live_stream_sends_the_whole_curve_then_only_what_is_new(made: MadeS
 
 
 def test_a_live_page_is_sent_only_new_points_and_everything_again_when_a_resume_replaced_some(tmp_path: Path) -> None:
-    from sexpgpu.results.curves import RunReaders
+    from sexpgpu.results.readers import RunReaders
     from sexpgpu.runtime.events import EventLog
 
     store = Store.open(str(tmp_path / "runs"))
@@ -715,7 +745,7 @@ def test_a_long_runs_page_draws_downsampled_curves_and_links_every_point(made: M
 
     steps = 2 * SPIKE_EVERY + 10  # two spikes, and far more points than a chart's 1,000 spans
     slug = write_long_run(tmp_path / "runs", made.root / made.slugs[0], steps)
-    with serving(str(tmp_path / "runs")) as ui:
+    with serving(str(tmp_path / "runs"), {"SEXPGPU_CACHE": str(tmp_path / "cache")}) as ui:  # its series are cached: not in the user's cache
         open_page(browser, page_url(ui, "run", slug))
         said = until(browser, "const e = document.getElementById('downsampled'); return !e.hidden && e.textContent", "the downsampling said")
         assert f"of {steps:,} points" in said and "loss " in said, said

@@ -14,6 +14,7 @@ import math
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -28,7 +29,8 @@ import peak_memory
 from results_store import TINY, quietly, write_file
 from scale_store import SETTLED, SPIKE_EVERY, loss_at, write_long_run, write_sweep
 from sexpgpu.dashboard.server import Dashboard
-from sexpgpu.results.curves import CurveData, RunReaders, downsample
+from sexpgpu.results.curves import CurveData, downsample
+from sexpgpu.results.readers import RunReaders
 from sexpgpu.runtime.events import EventLog, apply_resumes, read_events
 from sexpgpu.runtime.store import Store
 from test_dashboard import serving_process
@@ -53,6 +55,12 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def long_run(template: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("long") / "runs"
     return root, write_long_run(root, template, MILLION)
+
+
+@pytest.fixture(scope="module")
+def series_cache(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment of a child whose disk cache of parsed series is this module's own."""
+    return {"SEXPGPU_CACHE": str(tmp_path_factory.mktemp("cache"))}
 
 
 def get(url: str) -> Any:
@@ -177,9 +185,10 @@ def test_at_most_capacity_runs_are_kept_and_a_dropped_one_reads_again(tmp_path: 
 
 
 @pytest.mark.slow
-def test_a_million_step_run_opens_within_200_mb_downsampled_and_every_point_is_served_on_request(long_run: tuple[Path, str]) -> None:
+def test_a_million_step_run_opens_within_200_mb_downsampled_and_every_point_is_served_on_request(
+        long_run: tuple[Path, str], series_cache: dict[str, str]) -> None:
     root, slug = long_run
-    with serving_process(str(root)) as (url, process):
+    with serving_process(str(root), series_cache) as (url, process):
         curves = get(f"{url}api/run/{slug}/curves")
         opened_mb = peak_mb(process.pid)
         loss = next(s for s in curves["series"] if s["name"] == "loss")
@@ -199,11 +208,12 @@ def test_a_million_step_run_opens_within_200_mb_downsampled_and_every_point_is_s
 
 
 @pytest.mark.slow
-def test_plot_of_a_million_step_run_stays_small_and_draws_a_few_thousand_points(long_run: tuple[Path, str], tmp_path: Path) -> None:
+def test_plot_of_a_million_step_run_stays_small_and_draws_a_few_thousand_points(long_run: tuple[Path, str], tmp_path: Path,
+                                                                               series_cache: dict[str, str]) -> None:
     root, slug = long_run
     out = tmp_path / "long.svg"
     done = subprocess.run([sys.executable, "-c", peak_memory.MEASURED_CLI, "plot", str(root / slug), "-o", str(out)], capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO), **series_cache})
     assert done.returncode == 0, done.stderr
     peak = peak_memory.peak_kb(done.stderr)  # this child's own peak (VmHWM), not its parent's
     assert peak / 1024 < PLOT_LIMIT_MB, f"plot peaked at {peak / 1024:.0f} MiB"
@@ -211,6 +221,39 @@ def test_plot_of_a_million_step_run_stays_small_and_draws_a_few_thousand_points(
     line = svg.split('id="series-0-0"', 1)[1].split("</g>", 1)[0]
     vertices = len(re.findall(r"\sL ", line)) + 1  # matplotlib's path: M x y, then a line of L x y each (simplified further)
     assert 2 <= vertices <= 5 * 2000, vertices
+
+
+def scramble_lines(path: Path, keep: int = 4096) -> None:
+    """Every byte of PATH but its newlines and its first and last KEEP bytes made `#`: a
+    reader that parses its lines finds none of them an event."""
+    data = np.fromfile(path, dtype=np.uint8)
+    middle = data[keep:-keep]
+    middle[middle != ord("\n")] = ord("#")
+    data.tofile(path)
+
+
+@pytest.mark.slow
+def test_a_fresh_process_opens_a_cached_million_step_run_within_200_mb_without_parsing_its_lines(
+        long_run: tuple[Path, str], tmp_path: Path) -> None:
+    root, slug = long_run
+    copy = tmp_path / "runs"
+    shutil.copytree(root / slug, copy / slug)
+    cache = {"SEXPGPU_CACHE": str(tmp_path / "cache")}
+    with serving_process(str(copy), cache) as (url, _):
+        parsed = get(f"{url}api/run/{slug}/curves")  # the first open parses every line, and caches them
+    scramble_lines(copy / slug / "events.jsonl")
+    with serving_process(str(copy), cache) as (url, process):
+        cached = get(f"{url}api/run/{slug}/curves")
+        opened_mb = peak_mb(process.pid)
+        assert cached == parsed and not cached["warnings"]  # had it parsed a line, every line would be a warning
+        assert opened_mb < OPEN_LIMIT_MB, f"the server peaked at {opened_mb:.0f} MiB opening {MILLION:,} cached steps"
+        events = get(f"{url}api/run/{slug}/events")
+        assert events["step_events"] == MILLION and sum(e["kind"] == "checkpoint" for e in events["events"]) == MILLION // 10_000
+    done = subprocess.run([sys.executable, "-c", peak_memory.MEASURED_CLI, "plot", str(copy / slug), "-o", str(tmp_path / "long.svg")],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO), **cache})
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+    peak = peak_memory.peak_kb(done.stderr)
+    assert peak / 1024 < PLOT_LIMIT_MB, f"plot peaked at {peak / 1024:.0f} MiB"
 
 
 # -- a sweep of 5,000 points --------------------------------------------------------------------
@@ -234,3 +277,18 @@ def test_a_5000_point_sweep_is_paged_and_its_files_are_read_again_only_when_they
     third = json.loads(board.sweep("grid", page=1))
     assert board.records.reads == 5001 and third["points"][7]["step"] == 39
     assert json.loads(board.sweep("grid", page=1000))["page"] == 100  # past the end: the last page
+
+
+SWEEP_LIMIT_MB = 150
+
+
+@pytest.mark.slow
+def test_a_5000_point_sweep_page_is_served_within_150_mb(template: Path, tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    slugs = write_sweep(root, template, 5000)
+    with serving_process(str(root), {"SEXPGPU_CACHE": str(tmp_path / "cache")}) as (url, process):
+        first = get(f"{url}api/sweep/grid")
+        again = get(f"{url}api/sweep/grid")
+        peak = peak_mb(process.pid)
+    assert [p["slug"] for p in first["points"]] == slugs and first["shown"] == slugs[:50] and again == first
+    assert peak < SWEEP_LIMIT_MB, f"the server peaked at {peak:.0f} MiB serving a 5,000-point sweep page"

@@ -267,7 +267,7 @@ def test_a_listing_reads_only_run_json_and_status_json(s3_store: tuple[str, dict
 
         monkeypatch.setattr(Store, name, recording)
     with patched_env(env):
-        found = listing.list_runs(Store.open(url))
+        found = listing.RecordCache(Store.open(url), remember=False).records()
     assert len(found) == MANY + 2
     assert calls.count(("folders", "")) == 1
     assert {c[0] for c in calls} == {"folders", "read_bytes"}, sorted({c[0] for c in calls})

@@ -630,3 +630,27 @@ def test_run_folder_refuses_mismatched_info_and_escaping_sources(store: Store) -
                                       ir_hash="i"))
     with pytest.raises(ValueError):
         folder.write_sources({"../escape.lisp": b""})
+
+
+def test_folders_lists_the_folders_only(store: Store) -> None:
+    for name in ("b", "a", ".hidden"):
+        store.write_text(f"{name}/run.json", "{}")
+    store.write_text("file.txt", "x")
+    assert store.folders() == ["a", "b"]
+    assert store.folders("a") == [] and store.folders("nothing-here") == []
+
+
+def test_local_folders_are_one_scandir_not_a_stat_a_folder(local: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for n in range(200):
+        local.write_text(f"run-{n:03d}/run.json", "{}")
+    os.symlink(tmp_path / "runs" / "run-000", tmp_path / "runs" / "a-link")  # not a folder of the store, as fsspec says
+    described = []
+    real_info = local.fs.info
+
+    def counted_info(path: Any, **kwargs: Any) -> Any:  # fsspec's listing describes each entry (a stat each)
+        described.append(path)
+        return real_info(path, **kwargs)
+
+    monkeypatch.setattr(local.fs, "info", counted_info)
+    assert local.folders() == [f"run-{n:03d}" for n in range(200)]
+    assert described == []

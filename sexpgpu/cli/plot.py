@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ..outcome import Exit
 from ..results import listing, locate, plots
-from ..results.curves import Curves, RunReaders
+from ..results.curves import Curves
+from ..results.readers import RunReaders
 from ..results.listing import RunRecord
 from ..runtime.store import NotARegularFile, Store, UnexpectedSize, is_store_failure, store_problem
 from .common import color_enabled, fail_usage
@@ -111,7 +112,7 @@ def chosen_runs(args: argparse.Namespace) -> list[tuple[Store, RunRecord]]:
         if "://" not in url and not os.path.isdir(url):
             fail_usage(f"--sweep {args.sweep}: no store at {url} (name it with --store)")
         store = store_at(url)
-        points = listing.sort_records(listing.list_runs(store, sweep=args.sweep), "point")
+        points = listing.sort_records(listing.RecordCache(store, remember=False).records(sweep=args.sweep), "point")
         if not points:
             fail_usage(f"--sweep {args.sweep}: no point of it in {store.url}")
         seen = {(s.url, r.slug) for s, r in runs}

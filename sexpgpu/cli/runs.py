@@ -1,5 +1,5 @@
 """`sexpgpu runs [STORE]`: the runs of a store, local or remote, as a table (or `--json`).
-It reads only each run's run.json and status.json (sexpgpu/results/listing.py)."""
+It reads only each run's run.json and status.json (sexpgpu/results/listing.py's RecordCache)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def run_runs(args: argparse.Namespace) -> int:
     url = args.store or locate.default_store()
     try:
         store = locate.open_store(url, must_exist=True)
-        records = listing.list_runs(store, sweep=args.sweep)
+        records = listing.RecordCache(store, remember=False).records(sweep=args.sweep)
     except locate.NoStore as exc:
         print(f"sexpgpu: {exc}", file=sys.stderr)
         return Exit.USAGE

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,7 +32,8 @@ from importlib import resources
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ..results.curves import DEFAULT_BUCKETS, Curves, RunReaders
+from ..results.curves import DEFAULT_BUCKETS, Curves
+from ..results.readers import RunReaders
 from ..results.listing import READERS, RecordCache, read_quietly, record_of
 from ..runtime.runfolder import RunFolder, RunInfo
 from ..runtime.status import Status
@@ -82,7 +85,7 @@ def buckets_of(query: dict[str, list[str]]) -> Optional[int]:
         return DEFAULT_BUCKETS
     if text == "all":
         return None
-    if not text.isdigit() or not 1 <= int(text) <= MAX_BUCKETS:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_BUCKETS:  # isdigit alone takes ² (int() does not)
         raise BadRequest(f"points={text}: give a number of points from 1 to {MAX_BUCKETS:,}, or all")
     return int(text)
 
@@ -91,7 +94,7 @@ def number_of(query: dict[str, list[str]], name: str, default: int) -> int:
     text = query.get(name, [None])[0]
     if text is None:
         return default
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise BadRequest(f"{name}={text}: give a whole number from 1")
     return int(text)
 
@@ -267,9 +270,13 @@ class Handler(BaseHTTPRequestHandler):
         except (NotARegularFile, UnexpectedSize) as exc:  # one file of one run, which the message names
             self._json({"error": str(exc)}, HTTPStatus.BAD_GATEWAY)
         except Exception as exc:
-            if not is_store_failure(exc):
-                raise
-            self._json({"error": store_problem(self.server.dashboard.store.url, exc)}, HTTPStatus.BAD_GATEWAY)
+            if is_store_failure(exc):
+                self._json({"error": store_problem(self.server.dashboard.store.url, exc)}, HTTPStatus.BAD_GATEWAY)
+                return
+            # a fault of the dashboard itself: the page is told, and the server's stderr has the traceback
+            traceback.print_exc(file=sys.stderr)
+            self._json({"error": f"the dashboard failed on {url.path} ({type(exc).__name__}: {exc}); "
+                                 "the traceback is on the server's stderr: please report it"}, HTTPStatus.INTERNAL_SERVER_ERROR)
 
     def _route(self, path: str, query: dict[str, list[str]]) -> None:
         board = self.server.dashboard

@@ -13,12 +13,11 @@ Series names, what `plot --metric` and the dashboard use:
 
 A non-finite value is null in the events and a gap (None) in its series.
 
-`RunReaders` is how every reader of a store gets a run's events and curves (`logs`, `plot`,
-the dashboard): TensorBoard's multiplexer in miniature, one `EventReader` per run that reads
-only the bytes added since its last read. What a run keeps is compact: each series as two
-arrays of numbers (16 bytes a point), the events other than `step` as dicts and the last
-`TAIL` step events; and at most `RunReaders.capacity` runs are kept (the least recently read
-go first, and are read again from the start when asked for).
+`CurveData` is what a reader of a run's events keeps (sexpgpu/results/readers.py's
+`RunReaders`, which `logs`, `plot` and the dashboard read through): each series as two arrays
+of numbers (16 bytes a point; 8 for a series with a value at every step event, whose steps
+are those of the step events), the latest `TAIL` step events whole, and how many events it
+was given; sexpgpu/results/seriescache.py keeps it on disk.
 
 A series is shown downsampled (`downsample`): the steps are cut into BUCKETS equal spans (a
 pixel each) and each span keeps its first, last, lowest and highest point and its first gap,
@@ -28,18 +27,15 @@ so that a spike or a gap is never smoothed away; `buckets=None` asks for every p
 from __future__ import annotations
 
 import math
-import threading
 from array import array
 from bisect import bisect_right
-from collections import OrderedDict, deque
+from collections import deque
 from typing import Any, Iterable, Literal, Optional, TypeAlias
 
 import numpy as np
 
 from pydantic import BaseModel, Field
 
-from ..runtime.events import EventReader
-from ..runtime.store import Store
 
 Group = Literal["train", "eval", "optimizer", "speed", "diagnostic"]
 GROUPS: tuple[Group, ...] = ("train", "eval", "optimizer", "speed", "diagnostic")
@@ -217,6 +213,7 @@ class CurveData:
     points after S); and the latest `TAIL` step events."""
 
     def __init__(self) -> None:
+        self.cuts = 0  # how many times points were dropped (a resume, or a clear): a cache of it is then saved whole
         self.clear()
 
     def clear(self) -> None:
@@ -224,6 +221,7 @@ class CurveData:
         self.step_steps = array("q")  # the step of each step event (resumes applied)
         self.tail: deque[dict[str, Any]] = deque(maxlen=TAIL)
         self.events = 0
+        self.cuts += 1
 
     @property
     def last_step(self) -> Optional[int]:
@@ -291,6 +289,7 @@ class CurveData:
         from_step = event.get("from_step", event.get("step"))
         if not isinstance(from_step, int) or isinstance(from_step, bool):
             return
+        self.cuts += 1
         for name, column in list(self.columns.items()):
             column.drop_after(from_step)
             if not column:
@@ -316,99 +315,3 @@ def curves_of(events: Iterable[dict[str, Any]]) -> Curves:
     data = CurveData()
     data.add(list(events))
     return data.curves()
-
-
-def _not_step(event: dict[str, Any]) -> bool:
-    return event.get("kind") != "step"
-
-
-class _Run:
-    def __init__(self, store: Store, slug: str) -> None:
-        self.data = CurveData()
-        self.reader = EventReader(store, slug, sink=self.data, keep=_not_step)
-
-
-class RunReaders:
-    """The events and curves of the runs of STORE, each run's read incrementally (one
-    `EventReader` per slug, kept for the CAPACITY runs read most recently); safe to use from
-    several threads."""
-
-    DEFAULT_CAPACITY = 64
-
-    def __init__(self, store: Store, capacity: int = DEFAULT_CAPACITY) -> None:
-        self.store = store
-        self.capacity = max(1, capacity)
-        self._runs: OrderedDict[str, _Run] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._runs)
-
-    def _run(self, slug: str) -> _Run:
-        with self._lock:
-            run = self._runs.get(slug)
-            if run is None:
-                run = self._runs[slug] = _Run(self.store, slug)
-                while len(self._runs) > self.capacity:
-                    self._runs.popitem(last=False)
-            else:
-                self._runs.move_to_end(slug)
-            return run
-
-    def events(self, slug: str, superseded: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
-        """SLUG's events, read up to now (resumes applied unless SUPERSEDED), and the warnings
-        about the lines skipped. Of its step events, only the latest `TAIL` (resumes applied)."""
-        events, warnings, _ = self.events_and_count(slug, superseded)
-        return events, warnings
-
-    def events_and_count(self, slug: str, superseded: bool = False) -> tuple[list[dict[str, Any]], list[str], int]:
-        """`events`, and how many step events there are in all."""
-        run = self._run(slug)
-        with run.reader.lock:
-            run.reader.update()
-            others = run.reader.events(superseded)
-            steps = list(run.data.tail)
-            merged = sorted([*others, *steps], key=lambda e: str(e.get("t", "")))  # ISO times: in the order written
-            return merged, list(run.reader.warnings), len(run.data.step_steps)
-
-    def curves(self, slug: str, buckets: Optional[int] = None, only: Optional[str] = None) -> Curves:
-        """SLUG's curves, read up to now, each series downsampled to BUCKETS (None: every
-        point; ONLY: that series alone); its `warnings` name the lines skipped."""
-        run = self._run(slug)
-        with run.reader.lock:
-            run.reader.update()
-            curves = run.data.curves(buckets, only)
-            return curves.model_copy(update={"warnings": list(run.reader.warnings)})
-
-    def since(self, slug: str, sent: dict[str, tuple[int, int, Optional[float]]], buckets: Optional[int]) -> tuple[Curves, bool]:
-        """What a live page that was SENT (per series: points, last step, last value) does
-        not have: a series' new points, or every series again (downsampled to BUCKETS) and
-        True when a resume replaced points it had; SENT is updated to what it has then."""
-        run = self._run(slug)
-        with run.reader.lock:
-            run.reader.update()
-            data = run.data
-            columns = data.ordered()
-            reset = len({c.name for c in columns} & set(sent)) < len(sent) or any(_replaced(c, sent) for c in columns)
-            if reset:
-                sent.clear()
-            fresh = []
-            for column in columns:
-                count = sent.get(column.name, (0, 0, None))[0]
-                if len(column) > count:
-                    fresh.append(column.series(buckets if count == 0 else None, start=count))
-                if len(column):
-                    value = column.values[-1]
-                    sent[column.name] = (len(column), column.step_at(len(column) - 1), None if math.isnan(value) else value)
-            curves = Curves(series=fresh, events=data.events, last_step=data.last_step, warnings=list(run.reader.warnings))
-            return curves, reset
-
-
-def _replaced(column: Column, sent: dict[str, tuple[int, int, Optional[float]]]) -> bool:
-    if column.name not in sent:
-        return False
-    count, step, value = sent[column.name]
-    if len(column) < count:
-        return True
-    had = column.values[count - 1]
-    return column.step_at(count - 1) != step or (None if math.isnan(had) else had) != value

@@ -23,13 +23,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, TypeVar, Union
 
 from pydantic import BaseModel, Field
 
 from ..runtime.runfolder import RunFolder, RunInfo
 from ..runtime.status import Status
-from ..runtime.store import NotARegularFile, Store, UnexpectedSize, dump_json
+from ..runtime.store import NotARegularFile, Store, UnexpectedSize
 
 # concurrent reads of a listing: enough to hide S3's latency, few enough for any endpoint
 READERS = 16
@@ -171,10 +171,10 @@ def read_record(store: Store, slug: str) -> Optional[RunRecord]:
 def record_of(folder: RunFolder, info: Optional[RunInfo], status: Optional[Status], problems: Iterable[str] = ()) -> RunRecord:
     """The record of FOLDER from its run.json and status.json as read (None: not there)."""
     notes = list(problems)
-    record = RunRecord(slug=folder.slug, folder=folder.url)
+    fields: dict[str, Any] = {"slug": folder.slug, "folder": folder.url}
     if info is not None:
         selection = info.selection
-        record = record.model_copy(update={
+        fields.update({
             "file": info.file, "variant": selection.variant, "sweep": selection.sweep, "point": selection.point,
             "knobs": dict(info.knobs), "started": info.created, "device": _device(info), "host": info.host,
             "ir_hash": info.ir_hash,
@@ -182,14 +182,14 @@ def record_of(folder: RunFolder, info: Optional[RunInfo], status: Optional[Statu
     elif not any(p.startswith("run.json") for p in notes):
         notes.append("no run.json")
     if status is not None:
-        record = record.model_copy(update=_from_status(status))
-    return record.model_copy(update={"problem": "; ".join(notes) or None})
+        fields.update(_from_status(status))
+    return RunRecord(**fields, problem="; ".join(notes) or None)
 
 
 def _from_status(status: Status) -> dict[str, Any]:
     summary = status.summary
     evaluation = metric_values(status.last_eval) or (metric_values(summary.last_eval) if summary else {})
-    eval_step = status.model_dump().get("last_eval_step")
+    eval_step = status.last_eval_step
     duration = summary.wall_time_s if summary is not None else seconds_between(status.started, status.heartbeat)
     return {
         "state": str(status.state), "step": status.step, "steps": status.steps, "metrics": metric_values(status.metrics),
@@ -199,16 +199,7 @@ def _from_status(status: Status) -> dict[str, Any]:
     }
 
 
-def list_runs(store: Store, sweep: Optional[str] = None, readers: int = READERS) -> list[RunRecord]:
-    """Every run of STORE (those of the sweep SWEEP only, when given), in folder order."""
-    slugs = store.folders()
-    if not slugs:
-        return []
-    with ThreadPoolExecutor(max_workers=max(1, min(readers, len(slugs))), thread_name_prefix="sexpgpu-runs") as pool:
-        records = [r for r in pool.map(lambda slug: read_record(store, slug), slugs) if r is not None]
-    return [r for r in records if sweep is None or r.sweep == sweep]
-
-
+T = TypeVar("T")
 Stamp = tuple[Optional[float], Optional[float]]  # when run.json and status.json were written (None: not there)
 SETTLE_S = 2.0
 
@@ -221,19 +212,25 @@ def _written(store: Store, path: str) -> Optional[float]:
 
 
 class RecordCache:
-    """The records of STORE's runs, each read again only when its run.json or status.json
-    changed, with each record's JSON text (`dump_json`'s, made once); safe to use from
-    several threads."""
+    """The records of STORE's runs (what `runs`, `plot --sweep` and the dashboard list),
+    each read again only when its run.json or status.json changed, with each record's JSON
+    text (`dump_json`'s, made once); safe to use from several threads. A cache that will
+    not be asked again (REMEMBER False: a command that lists once) looks at no file's time,
+    which on an object store is a request a file."""
 
-    def __init__(self, store: Store, readers: int = READERS, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: Store, readers: int = READERS, clock: Callable[[], float] = time.time, remember: bool = True) -> None:
         self.store = store
         self.readers = readers
         self.clock = clock
+        self.remember = remember
         self.reads = 0  # records read (not taken from the cache), for a test to count
         self._kept: dict[str, tuple[Stamp, Optional[RunRecord], str]] = {}
         self._lock = threading.Lock()
 
     def _record(self, slug: str) -> tuple[Optional[RunRecord], str]:
+        if not self.remember:
+            record = self._read(slug)
+            return record, record.model_dump_json() if record is not None else "null"
         folder = RunFolder(self.store, slug)
         stamp = (_written(self.store, folder.path("run.json")), _written(self.store, folder.path("status.json")))
         with self._lock:
@@ -241,16 +238,20 @@ class RecordCache:
         settled = all(when is None or self.clock() - when >= SETTLE_S for when in stamp)
         if kept is not None and kept[0] == stamp and settled and None not in stamp:
             return kept[1], kept[2]
-        record = read_record(self.store, slug)
-        text = dump_json(record) if record is not None else "null"
+        record = self._read(slug)
+        text = record.model_dump_json() if record is not None else "null"  # strict JSON too: a non-finite float is null
         with self._lock:
-            self.reads += 1
             self._kept[slug] = (stamp, record, text)
         return record, text
 
-    def records_and_json(self, sweep: Optional[str] = None) -> list[tuple[RunRecord, str]]:
-        """Every run of the store (of the sweep SWEEP only, when given), in folder order,
-        each with its record's JSON text."""
+    def _read(self, slug: str) -> Optional[RunRecord]:
+        record = read_record(self.store, slug)
+        with self._lock:
+            self.reads += 1
+        return record
+
+    def _each(self, read: Callable[[str], T]) -> list[T]:
+        """READ of each run folder of the store, in folder order."""
         slugs = self.store.folders()
         if not slugs:
             return []
@@ -258,15 +259,21 @@ class RecordCache:
             for gone in set(self._kept) - set(slugs):
                 del self._kept[gone]
         if self.store.is_local:  # a stat each: a pool of threads would cost more than it saves
-            found = [self._record(slug) for slug in slugs]
-        else:
-            with ThreadPoolExecutor(max_workers=max(1, min(self.readers, len(slugs))), thread_name_prefix="sexpgpu-runs") as pool:
-                found = list(pool.map(self._record, slugs))
-        return [(r, text) for r, text in found if r is not None and (sweep is None or r.sweep == sweep)]
+            return [read(slug) for slug in slugs]
+        with ThreadPoolExecutor(max_workers=max(1, min(self.readers, len(slugs))), thread_name_prefix="sexpgpu-runs") as pool:
+            return list(pool.map(read, slugs))
+
+    def records_and_json(self, sweep: Optional[str] = None) -> list[tuple[RunRecord, str]]:
+        """Every run of the store (of the sweep SWEEP only, when given), in folder order,
+        each with its record's JSON text."""
+        return [(r, text) for r, text in self._each(self._record) if r is not None and (sweep is None or r.sweep == sweep)]
 
     def records(self, sweep: Optional[str] = None) -> list[RunRecord]:
         """Every run of the store (of the sweep SWEEP only, when given), in folder order."""
-        return [r for r, _ in self.records_and_json(sweep)]
+        if self.remember:
+            return [r for r, _ in self.records_and_json(sweep)]
+        found = self._each(self._read)
+        return [r for r in found if r is not None and (sweep is None or r.sweep == sweep)]
 
 
 # ---------------------------------------------------------------------------------------------

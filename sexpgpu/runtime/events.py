@@ -429,6 +429,19 @@ def decode_line(raw: bytes) -> Union[str, tuple[str, dict[str, Any]]]:
     return line, value
 
 
+class ReaderPosition(BaseModel):
+    """Where an `EventReader` stopped: the bytes and lines of events.jsonl read (up to the
+    last complete line), its first line (hex), the last segment read, and the events read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    offset: int = Field(ge=0)
+    lines: int = Field(ge=0)
+    head: str = Field(pattern="^([0-9a-f]{2})*$", max_length=512)
+    segments: int = Field(ge=-1)
+    count: int = Field(ge=0)
+
+
 class EventSink(Protocol):
     """What an `EventReader` hands every event it reads to, in order, a chunk at a time (the
     curves keep their numbers in arrays rather than the events as dicts)."""
@@ -492,6 +505,19 @@ class EventReader:
         if self._resolved is None:
             self._resolved = apply_resumes([event for _, event in self.pairs])
         return self._resolved
+
+    def position(self) -> ReaderPosition:
+        """How far it read, for a reader in another process to go on from (`restore`)."""
+        return ReaderPosition(offset=self._offset, lines=self._lines, head=self._head.hex(), segments=self._segments, count=self.count)
+
+    def restore(self, position: ReaderPosition, pairs: list[tuple[str, dict[str, Any]]], warnings: list[str]) -> None:
+        """Go on from POSITION, with the PAIRS kept and the WARNINGS collected up to it (what
+        a cache of this log saved); the next `update` reads from there, and from the start
+        when the log is no longer the one read (shorter, or another first line)."""
+        self.pairs, self.warnings, self._resolved = pairs, warnings, None
+        self.count = position.count
+        self._offset, self._lines, self._segments = position.offset, position.lines, position.segments
+        self._head = bytes.fromhex(position.head)
 
     def _start_over(self) -> None:
         self.pairs, self.warnings, self._resolved = [], [], None

@@ -316,6 +316,16 @@ def _fsync_dir(folder: str) -> None:
         os.close(handle)
 
 
+def _local_folders(full: str) -> list[str]:
+    """The names of the folders in the local folder FULL (not a link to one, which fsspec's
+    listing does not call a folder either); none when it is not there."""
+    try:
+        with os.scandir(full) as entries:
+            return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 def _protocols(fs: fsspec.AbstractFileSystem) -> frozenset[str]:
     protocol = fs.protocol
     return frozenset([protocol] if isinstance(protocol, str) else protocol)
@@ -680,8 +690,11 @@ class Store:
         """The names of the folders directly under PREFIX, sorted: one listing (on an object
         store, one delimited LIST of the common prefixes), where `list` walks every file."""
         full = self._full(prefix, allow_root=True)
-        entries = self._retrying(f"list folders {prefix or '/'}", lambda: self._ls(full))
-        names = (posixpath.basename(str(e["name"]).rstrip("/")) for e in entries if e.get("type") == "directory")
+        if self.is_local:  # one scandir: fsspec's listing stats every entry (0.36 s for 5,000 folders)
+            names: Iterable[str] = self._retrying(f"list folders {prefix or '/'}", lambda: _local_folders(full))
+        else:
+            entries = self._retrying(f"list folders {prefix or '/'}", lambda: self._ls(full))
+            names = (posixpath.basename(str(e["name"]).rstrip("/")) for e in entries if e.get("type") == "directory")
         return sorted(n for n in names if n and not n.startswith("."))
 
     def _ls(self, full: str) -> builtins.list[dict[str, Any]]:
