@@ -43,7 +43,7 @@ from ...ir.ops import ReducerSpec, all_ops, op_def
 from ..lower.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, geometry
 from ..lower.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage, unpack
 from ..lower.emitters import emitter_for, register_emitter
-from ..lower.kernel_ir import Accumulate, Alu, Elementwise, Load, RowReduce, RowScalar, Store, WindowStore
+from ..lower.kernel_ir import Accumulate, Elementwise, Load, RowReduce, RowScalar, Store, WindowStore
 from ..lower.kernels import ReduceKernel, ReduceStrategy, elementwise_description, piecewise, reduce_description
 from ..lower.lowering import Step
 from ..lower.row_kernel import row_description, row_lanes
@@ -584,9 +584,8 @@ def rows_host(group: RowGroup, program: Program, constants: dict[int, Node], mat
             lines.append(f"    const float s{phase.node.id} = {desc.result(phase, f'{phase.accumulate.acc}[0]')};")
             scalars[phase.node.id] = f"s{phase.node.id}"
         else:
-            stores = {op.value: (lambda name, op=op: f"out{op.param}[idx] = {to_storage(name, op.dtype)};") for op in phase.ops if isinstance(op, Store)}
-            nodes = [op.node for op in phase.ops if isinstance(op, Alu)]
-            more, _ = chain(row_load).lines(nodes, list(stores), ["const long long c = c0 + j;", f"const long long idx = r * {width}LL + c;"], stores, "len", "      ")
+            stores = {op.value: (lambda name, op=op: f"out{op.param}[idx] = {to_storage(name, op.dtype)};") for op in phase.stores}
+            more, _ = chain(row_load).lines(phase.nodes, list(stores), ["const long long c = c0 + j;", f"const long long idx = r * {width}LL + c;"], stores, "len", "      ")
             lines += [f"    for (long long c0 = 0; c0 < {width}LL; c0 += SXB) {{", f"      const long long len = {width}LL - c0 < SXB ? {width}LL - c0 : SXB;",
                       *more, "    }"]
         if isinstance(phase, (RowScalar, RowReduce)) and phase.store is not None:

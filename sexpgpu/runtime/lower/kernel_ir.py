@@ -99,19 +99,14 @@ class WindowStore:
     stop: int
 
 
-@dataclass(frozen=True)
-class Elementwise:
-    """A fused elementwise group: for each flat index i of SPACE, OPS in order (loads at the
-    broadcast of i, one C expression per node, concats read piecewise, stores at i or in a
-    window). The CUDA dialect gives i to threads (a grid-stride loop); the host's to rows or
-    chunks of contiguous elements, each an inner loop the compiler vectorizes."""
+class Ops:
+    """The ops of a loop body by kind, in order (a description's `ops`)."""
 
-    space: Shape
     ops: tuple[Union[Op, WindowStore], ...]
 
     @property
     def nodes(self) -> list[Node]:
-        """Every node the kernel computes, in order (ALU nodes, concats and windows)."""
+        """Every node the loop computes, in order (ALU nodes, concats and windows)."""
         return [op.node for op in self.ops if isinstance(op, (Alu, Concat, Window))]
 
     @property
@@ -132,7 +127,18 @@ class Elementwise:
 
 
 @dataclass(frozen=True)
-class Accumulate:
+class Elementwise(Ops):
+    """A fused elementwise group: for each flat index i of SPACE, OPS in order (loads at the
+    broadcast of i, one C expression per node, concats read piecewise, stores at i or in a
+    window). The CUDA dialect gives i to threads (a grid-stride loop); the host's to rows or
+    chunks of contiguous elements, each an inner loop the compiler vectorizes."""
+
+    space: Shape
+    ops: tuple[Union[Op, WindowStore], ...]
+
+
+@dataclass(frozen=True)
+class Accumulate(Ops):
     """ACC = REDUCER over VAR in [FIRST, END) of VALUE, each element at idx = INDEX (C over VAR
     and the item's variables) made by OPS; the loop shared by LANES ("thread", "warp", "block")."""
 
@@ -146,18 +152,6 @@ class Accumulate:
     ops: tuple[Op, ...]
     value: int
     lanes: str
-
-    @property
-    def nodes(self) -> list[Node]:
-        return [op.node for op in self.ops if isinstance(op, Alu)]
-
-    @property
-    def loads(self) -> list[Load]:
-        return [op for op in self.ops if isinstance(op, Load)]
-
-    @property
-    def stores(self) -> list[Store]:
-        return [op for op in self.ops if isinstance(op, Store)]
 
 
 @dataclass(frozen=True)
@@ -182,7 +176,7 @@ class RowReduce:
 
 
 @dataclass(frozen=True)
-class RowPass:
+class RowPass(Ops):
     """The last loop over row r's columns c (idx = r * width + c): OPS make and store the
     row-space outputs."""
 

@@ -150,13 +150,12 @@ def rows_kernel(group: RowNodes, program: Program, constants: dict[int, Node], l
         else:
             names = dict(scalars)
             body = []
-            for op in phase.ops:
-                if isinstance(op, Load):
-                    names[op.value] = f"x{op.value}"
-                    body.append(f"      const {c_types(op.type.dtype)[1]} x{op.value} = {load_expr(op.param, op.type, op.space, 'idx')};")
-            more, _ = chain_lines([op.node for op in phase.ops if isinstance(op, Alu)], names, types, constants, "      ")
+            for load in phase.loads:
+                names[load.value] = f"x{load.value}"
+                body.append(f"      const {c_types(load.type.dtype)[1]} x{load.value} = {load_expr(load.param, load.type, load.space, 'idx')};")
+            more, _ = chain_lines(phase.nodes, names, types, constants, "      ")
             body += more
-            body += [f"      out{op.param}[idx] = {to_storage(names[op.value], op.dtype)};" for op in phase.ops if isinstance(op, Store)]
+            body += [f"      out{store.param}[idx] = {to_storage(names[store.value], store.dtype)};" for store in phase.stores]
             lines += [f"    {columns}", f"      const long long idx = r * {width}LL + c;", *body, "    }"]
         if isinstance(phase, (RowScalar, RowReduce)) and phase.store is not None:
             lines.append(f"    {only_lane0}out{phase.store}[r] = {to_storage(scalars[phase.node.id], phase.node.type.dtype)};")
