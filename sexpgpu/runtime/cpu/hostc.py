@@ -10,6 +10,11 @@ CPU device (device.py) can give the items to several threads.
 - A kernel whose items are independent, one CUDA thread each (moves, gathers, constants,
   im2col and col2im, pools, Philox), is the CUDA kernel's own body inside a loop over its
   items: the same text, the same bits.
+- A fused elementwise group, a reduction and a row group are rendered here from the kernel
+  description the CUDA kernels are rendered from (runtime/lower/kernel_ir.py: the loads,
+  the op table's C expressions, the stores, each accumulator with its lanes and the op
+  table's reducer spec); what this dialect decides is the schedule (HostKernel.schedule,
+  printed by explain --cpu).
 - A fused elementwise group is a loop over rows of its element space, each input loaded
   through a base computed once per row, so that the inner loop over a row is contiguous and
   vectorizes (the CUDA kernel divides its flat index by every broadcast stride instead).

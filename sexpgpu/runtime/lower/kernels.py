@@ -3,6 +3,10 @@ kernel, or two when it is split into chunks), the sorted scatter-add and the Phi
 ops; and `kernels_for`, every kernel a step launches. The row kernel is in row_kernel.py;
 the C they are made of in codegen.py.
 
+Each fused group and reduction is first a description (kernel_ir.py; `elementwise_description`,
+`reduce_description`), which this module renders as CUDA and the host dialect
+(runtime/cpu/hostc.py) as C for the CPU.
+
 Fused group: a grid-stride loop over the group's element space; each input is loaded once
 per element through its broadcast index (shapes are static, so the index arithmetic is
 constants), every node is one line over registers, and the group's outputs are stored.

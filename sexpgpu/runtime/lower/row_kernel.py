@@ -6,7 +6,8 @@ when they are thousands long): one loop over the row per reduction, its lanes st
 the row (the row-space values it needs are recomputed from the inputs in that loop) and
 their partial results combined in a fixed tree, the reduced values in registers, and a last
 loop that writes the row-space outputs. Only the group's inputs are read and only the values
-used outside it are written.
+used outside it are written. The kernel is rendered from the group's description
+(`row_description`, kernel_ir.RowKernel), which the host dialect renders too.
 """
 
 from __future__ import annotations
