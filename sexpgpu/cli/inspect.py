@@ -221,7 +221,17 @@ def cpu_document(experiment: Experiment, names: list[str]) -> dict[str, Any]:
 def cpu_text(cpu: dict[str, Any]) -> list[str]:
     if cpu["compiler"] is None:
         return ["", f"compiled CPU device: {cpu['error']}"]
-    out = ["", f"compiled CPU device: kernels compiled by {cpu['compiler']}, cached in {cpu['cache']}"]
+    out: list[str] = []
+    for name, rep in cpu["programs"].items():
+        if "error" in rep:
+            continue
+        # the kernels of explain --cuda, by the same names and step numbers, with the host's schedule
+        out += ["", f"CPU kernels: {name}", f"  {'#':>3}  {'kernel':<44} {'items':>10}  schedule"]
+        for k in rep["steps"]:
+            lines = textwrap.wrap(k["schedule"], 60) or [""]
+            out.append(f"  {k['step']:>3}  {k['kernel'][:44]:<44} {k['items']:>10,}  {lines[0]}")
+            out += [f"  {'':>3}  {'':<44} {'':>10}  {line}" for line in lines[1:]]
+    out += ["", f"compiled CPU device: kernels compiled by {cpu['compiler']}, cached in {cpu['cache']}"]
     for name, rep in cpu["programs"].items():
         if "error" in rep:
             out.append(f"  {name:<10} cannot run on the compiled CPU device: {rep['error']}")

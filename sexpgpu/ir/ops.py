@@ -60,6 +60,42 @@ class OpKind(str, Enum):
 
 
 @dataclass(frozen=True)
+class ReducerSpec:
+    """How a reduction op's kernels accumulate, on every device: an accumulator starts at the
+    identity, takes each element in order (`update`), partial results (lanes, chunks) are
+    combined pairwise (`combine`), and the result is `finish`ed. Floats accumulate in double,
+    integers in 64 bits. An extreme (`better` set) follows NumPy: a NaN wins and stays, ties
+    keep the first; any other reducer combines the accumulator with each element as it
+    combines two partial results. `divides`: the result is divided by the element count (mean).
+    The CUDA kernels and the host C are both rendered from it (runtime/lower/kernel_ir.py)."""
+
+    identity: str  # C, the double accumulator's start
+    identity_integer: str  # C, the 64-bit integer accumulator's start
+    combine: str  # C over two partial results {0} and {1} (doubles)
+    better: Optional[str] = None  # an extreme: the comparison by which an element replaces the accumulator
+    divides: bool = False
+
+    def update(self, acc: str, x: str, integer: bool) -> str:
+        """The C statement taking element X (as the kernel computes it) into ACC."""
+        acc_type = "long long" if integer else "double"
+        if self.better is None:
+            return f"{acc} = {self.pair(acc, f'({acc_type}){x}')};"
+        if integer:
+            return f"if (({acc_type}){x} {self.better} {acc}) {acc} = ({acc_type}){x};"
+        return f"if ({acc} == {acc}) {{ if (({acc_type}){x} {self.better} {acc} || {x} != {x}) {acc} = ({acc_type}){x}; }}"
+
+    def start(self, integer: bool) -> str:
+        return self.identity_integer if integer else self.identity
+
+    def pair(self, a: str, b: str) -> str:
+        return self.combine.format(a, b)
+
+    def finish(self, acc: str, count: int) -> str:
+        """The result of the accumulated ACC over COUNT elements, still double (or 64-bit)."""
+        return f"({acc} / {count}.0)" if self.divides else acc
+
+
+@dataclass(frozen=True)
 class OpDef:
     name: str
     infer: ShapeRule
@@ -89,6 +125,8 @@ class OpDef:
     # arguments and its result is copied back, every run (`explain --cuda` warns of it, and
     # `run --device cuda` names it with the bytes it copies)
     on_host: bool = False
+    # a reduction the devices' kernels compute (sum, mean, max, min): how they accumulate
+    reducer: Optional[ReducerSpec] = None
 
     @property
     def elementwise(self) -> bool:

@@ -9,7 +9,7 @@ import numpy as np
 from .builder import Builder
 from .dtypes import DType
 from .graph import Node, TensorType
-from .ops import OpDef, OpError, OpKind, register
+from .ops import OpDef, OpError, OpKind, ReducerSpec, register
 
 
 def normalize_axes(name: str, axis: Any, rank: int) -> list[int]:
@@ -137,10 +137,15 @@ def _specialized(ufunc: Any, mean: bool = False) -> Any:
     return make
 
 
-register(OpDef("sum", _reduce_type("sum"), _kernel(np.sum), grad=_g_sum, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="sum over axes", specialize=_specialized(np.add)))
-register(OpDef("mean", _reduce_type("mean", floats_only=True), _kernel(np.mean), grad=_g_mean, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="mean over axes", specialize=_specialized(np.add, mean=True)))
-register(OpDef("max", _reduce_type("max"), _kernel(np.max), grad=_g_extreme, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="maximum over axes", specialize=_specialized(np.maximum)))
-register(OpDef("min", _reduce_type("min"), _kernel(np.min), grad=_g_extreme, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="minimum over axes", specialize=_specialized(np.minimum)))
+ADDS = ReducerSpec(identity="0", identity_integer="0", combine="{0} + {1}")
+MEAN = ReducerSpec(identity="0", identity_integer="0", combine="{0} + {1}", divides=True)
+MAX = ReducerSpec(identity="-sx_inf()", identity_integer="(-9223372036854775807LL - 1)", combine="sx_maxd({0}, {1})", better=">")
+MIN = ReducerSpec(identity="sx_inf()", identity_integer="9223372036854775807LL", combine="sx_mind({0}, {1})", better="<")
+
+register(OpDef("sum", _reduce_type("sum"), _kernel(np.sum), grad=_g_sum, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="sum over axes", specialize=_specialized(np.add), reducer=ADDS))
+register(OpDef("mean", _reduce_type("mean", floats_only=True), _kernel(np.mean), grad=_g_mean, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="mean over axes", specialize=_specialized(np.add, mean=True), reducer=MEAN))
+register(OpDef("max", _reduce_type("max"), _kernel(np.max), grad=_g_extreme, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="maximum over axes", specialize=_specialized(np.maximum), reducer=MAX))
+register(OpDef("min", _reduce_type("min"), _kernel(np.min), grad=_g_extreme, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="minimum over axes", specialize=_specialized(np.minimum), reducer=MIN))
 
 
 def _argmax_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:

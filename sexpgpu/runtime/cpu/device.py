@@ -170,24 +170,32 @@ class CpuRuntime:
         programs: a sweep's, a test's), so that the programs find them loaded."""
         return self.load([k for program in programs for k in self.kernels_of(program)])[1]
 
-    def kernels_of(self, program: Program) -> list[HostKernel]:
-        """PROGRAM's host kernels, in the order a CpuProgram compiles them."""
+    def step_kernels(self, program: Program) -> list[tuple[int, HostKernel]]:
+        """PROGRAM's host kernels with the index of the step that launches each (the step
+        numbers of `explain --cuda`), in the order a CpuProgram compiles them."""
         from ..lower.fusion import lower
         from ..lower.kernels import kernels_for
 
         lowering = lower(program)
         host_schedule(lowering, self.cache_bytes)
-        return [k for step in lowering.steps
-                for k in host_kernels(step, lowering.program, lowering.constants, kernels_for(step, lowering.program, lowering.constants), self.math)]
+        return [(k, kernel) for k, step in enumerate(lowering.steps)
+                for kernel in host_kernels(step, lowering.program, lowering.constants, kernels_for(step, lowering.program, lowering.constants), self.math)]
+
+    def kernels_of(self, program: Program) -> list[HostKernel]:
+        """PROGRAM's host kernels, in the order a CpuProgram compiles them."""
+        return [kernel for _, kernel in self.step_kernels(program)]
 
     def compile_cost(self, program: Program) -> dict[str, Any]:
         """What running PROGRAM first on this device costs in compiling (explain --cpu): its
-        kernels, those new to this device, the seconds (0 from the disk cache), the library."""
-        kernels = self.kernels_of(program)
+        kernels, those new to this device, the seconds (0 from the disk cache), the library,
+        and each kernel with its step, its items and how the host loops over them."""
+        steps = self.step_kernels(program)
+        kernels = [kernel for _, kernel in steps]
         new = len({k.symbol for k in kernels if k.symbol not in self.functions})
         _, built = self.load(kernels)
         return {"kernels": len({k.name for k in kernels}), "new": new, "seconds": round(built.seconds, 3) if built else 0.0,
-                "cached": built is None or built.cached, "library": str(built.path) if built else None}
+                "cached": built is None or built.cached, "library": str(built.path) if built else None,
+                "steps": [{"step": k, "kernel": kernel.name, "items": kernel.size, "schedule": kernel.schedule} for k, kernel in steps]}
 
 
 # -- running one kernel from Python (the steps between stretches of the tape) ----------------------------------

@@ -11,6 +11,11 @@ CPU device (device.py) can give the items to several threads.
   the average pools, Philox), is the CUDA kernel's own body inside a loop over its items:
   the same text, the same bits. The image steps' im2col, col2im and max-pools loop over rows
   instead (images.py).
+- A fused elementwise group, a reduction and a row group are rendered here from the kernel
+  description the CUDA kernels are rendered from (runtime/lower/kernel_ir.py: the loads,
+  the op table's C expressions, the stores, each accumulator with its lanes and the op
+  table's reducer spec); what this dialect decides is the schedule (HostKernel.schedule,
+  printed by explain --cpu).
 - A fused elementwise group is a loop over rows of its element space, each input loaded
   through a base computed once per row, so that the inner loop over a row is contiguous and
   vectorizes (the CUDA kernel divides its flat index by every broadcast stride instead).
@@ -39,14 +44,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 from ...ir.dtypes import DType
-from ...ir.graph import Node, Program, Shape, TensorType, shape_size
-from ...ir.ops import OpKind, all_ops, op_def
+from ...ir.graph import Node, Program, TensorType, shape_size
+from ...ir.ops import ReducerSpec, all_ops, op_def
 from ..lower.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, geometry
 from ..lower.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage, unpack
 from ..lower.emitters import emitter_for, register_emitter
-from ..lower.kernels import ReduceStrategy, axis_coords, piecewise, planned_strategy, reduce_geometry
+from ..lower.kernel_ir import Accumulate, Elementwise, Load, RowReduce, RowScalar, Store, WindowStore
+from ..lower.kernels import ReduceKernel, ReduceStrategy, elementwise_description, piecewise, reduce_description
 from ..lower.lowering import Step
-from ..lower.row_kernel import BLOCK_ROWS, WARP_ROWS, needed_row_nodes
+from ..lower.row_kernel import row_description, row_lanes
 from ..lower.steps import FusedGroup, ReduceGroup, RowGroup
 
 SXB = 256  # elements per block of a chain with NumPy calls; a multiple of every lane count
@@ -101,6 +107,7 @@ class HostKernel:
     work: int  # bytes moved + flops, for the choice of threads
     preamble: str = ""
     launched_items: bool = False  # its items are the CUDA kernel's, counted at each launch (n is no literal of the text)
+    schedule: str = "each item as the CUDA kernel's threads compute it"  # how the host loops over the work (explain --cpu)
 
     @property
     def symbol(self) -> str:
@@ -127,11 +134,12 @@ def thread_kernel(kernel: KernelSource) -> HostKernel:
         raise LoweringError(f"{kernel.name}: a kernel whose {kernel.lanes} lanes cooperate has no host form of its own here")
     body = ["  const long long n = sx_end; (void)n;", *kernel.before,
             f"  for (long long {kernel.loop} = sx_begin; {kernel.loop} < sx_end; ++{kernel.loop}) {{", *kernel.lines, "  }"]
-    return HostKernel(kernel.name, function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops, kernel.preamble, launched_items=True)
+    return HostKernel(kernel.name, function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops, kernel.preamble, launched_items=True,
+                      schedule="a loop over the CUDA threads' items, each its thread's lines")
 
 
 # -- chains of elementwise nodes over blocks of elements -------------------------------------------
-Load = Callable[[int], str]
+Loader = Callable[[int], str]  # a value's element as C, from its id
 Special = Callable[[Node, dict[int, str]], Optional[list[str]]]
 
 
@@ -141,7 +149,7 @@ class Chain:
     a NumPy call, which runs over the whole block between two loops. Values crossing phases
     live in arrays bv<tag>_<id>[SXB]; the rest in registers."""
 
-    def __init__(self, tag: str, types: dict[int, TensorType], constants: dict[int, Node], math: str, load: Load,
+    def __init__(self, tag: str, types: dict[int, TensorType], constants: dict[int, Node], math: str, load: Loader,
                  preset: Optional[dict[int, str]] = None, special: Optional[Special] = None, opaque: frozenset[int] = frozenset()) -> None:
         self.tag, self.types, self.constants, self.math, self.load = tag, types, constants, math, load
         self.preset = dict(preset or {})
@@ -241,43 +249,27 @@ class Chain:
         return lines + [f"{indent}sx_np2({k}, {operands[0]}, {operands[1]}, {out}, {count});"]
 
 
-def simple_flat_index(coords: list[tuple[int, int, int]], var: str, total: int) -> str:
-    """codegen.flat_index for VAR in [0, TOTAL): coordinates whose memory strides continue one
-    another merged into one, and the outermost coordinate's modulo left out (the same index,
-    fewer divisions: a reduction over trailing axes reads VAR itself)."""
-    merged: list[list[int]] = []
-    for size, loop_stride, mem_stride in coords:  # innermost first
-        if merged and merged[-1][1] * merged[-1][0] == loop_stride and merged[-1][2] * merged[-1][0] == mem_stride:
-            merged[-1][0] *= size
-        else:
-            merged.append([size, loop_stride, mem_stride])
-    terms = []
-    for n, (size, loop_stride, mem_stride) in enumerate(merged):
-        divided = f"({var} / {loop_stride}LL)" if loop_stride > 1 else var
-        outermost = n == len(merged) - 1 and loop_stride * size >= total
-        coord = divided if outermost else f"({divided} % {size}LL)"
-        terms.append(coord if mem_stride == 1 else f"{coord} * {mem_stride}LL")
-    return " + ".join(terms) if terms else "0"
-
-
 # -- fused elementwise groups ----------------------------------------------------------------------
 def elementwise_host(group: FusedGroup, program: Program, constants: dict[int, Node], math: str, kernel: KernelSource) -> HostKernel:
+    """GROUP rendered from its description (kernels.elementwise_description, the CUDA
+    kernel's) for the host: its elements in rows of the space (or flat chunks, or chunks of
+    each segment of a joined group), each row one contiguous inner loop."""
     types = program.types()
-    space = tuple(group.shape)
+    desc = elementwise_description(group, types)
+    space = desc.space
     total = shape_size(space)
     width = space[-1] if space else 1
-    piece_inputs = {a for n in group.nodes if n.id in group.pieces for a in n.args}
-    loaded = [v for v in group.inputs if v not in piece_inputs or any(v in n.args for n in group.nodes if n.id not in group.pieces)]
-    flat = len(space) <= 1 or all(tuple(types[v].shape) == space or shape_size(types[v].shape) == 1 for v in loaded)
+    loads = {load.value: load for load in desc.loads}
+    flat = len(space) <= 1 or all(tuple(load.type.shape) == space or shape_size(load.type.shape) == 1 for load in loads.values())
     length = max(1, min(total, FLAT_CHUNK)) if flat else max(1, width)
     rows = -(-total // length) if total else 0
-    index = {vid: k for k, vid in enumerate(group.inputs)}
     bases: list[str] = []
-    segments = piece_segments(group, types, constants) if flat and (group.pieces or group.windows) else None
+    segments = piece_segments(desc, total, constants) if flat and (desc.concats or desc.windows) else None
+    concats = {c.node.id: c for c in desc.concats}
+    windows = {w.node.id: w for w in desc.windows}
 
     def load(vid: int) -> str:
-        t = types[vid]
-        k = index[vid]
+        t, k = loads[vid].type, loads[vid].param
         if tuple(t.shape) == space:
             return from_storage(f"in{k}[i]", t.dtype)
         if shape_size(t.shape) == 1:
@@ -289,58 +281,73 @@ def elementwise_host(group: FusedGroup, program: Program, constants: dict[int, N
         return from_storage(f"in{k}[rb{k}{' + c' if column else ''}]", t.dtype)
 
     def special(node: Node, names: dict[int, str]) -> Optional[list[str]]:
-        if node.id in group.pieces:
+        if node.id in concats:
             names[node.id] = f"v{node.id}"
-            value = from_storage(f"pp{node.id}[i - po{node.id}]", node.type.dtype) if segments is not None else piecewise(node, index, types, constants)
+            value = from_storage(f"pp{node.id}[i - po{node.id}]", node.type.dtype) if segments is not None else piecewise(concats[node.id], constants)
             return [f"      const {c_types(node.type.dtype)[1]} v{node.id} = {value};"]
-        if node.id in group.windows:
+        if node.id in windows:
             names[node.id] = names[node.args[0]]
             return []
         return None
 
     stores: dict[int, Callable[[str], str]] = {}
-    by_id = {n.id: n for n in group.nodes}
-    families: dict[int, list[int]] = {}  # a value -> the windows of it the group stores
-    for vid in group.outputs:
-        if vid in group.windows:
-            families.setdefault(by_id[vid].args[0], []).append(vid)
-    covered = {source: segments is not None and all(any(group.windows[w][0] <= segments[s] < group.windows[w][1] for w in members)
-                                                    for s in range(len(segments) - 1)) for source, members in families.items()}
-    for k, vid in enumerate(group.outputs):
-        def store(name: str, k: int = k, vid: int = vid) -> str:
-            value = to_storage(name, types[vid].dtype)
-            if vid in group.windows:
-                start, stop = group.windows[vid]
-                if segments is not None:  # one store per windowed value: the window of this segment
-                    source = by_id[vid].args[0]
+    families = window_families(desc)  # a value -> the windows of it the group stores
+    covered = {source: segments is not None and all(any(w.start <= segments[s] < w.stop for w in members) for s in range(len(segments) - 1))
+               for source, members in families.items()}
+    for store in desc.stores:
+        if isinstance(store, WindowStore):
+            source = windows[store.value].node.args[0]
+            if segments is not None and families[source][0] != store:
+                continue  # one store per windowed value: the window of each segment
+
+            def windowed(name: str, store: WindowStore = store, source: int = source) -> str:
+                value = to_storage(name, store.dtype)
+                if segments is not None:
                     return f"{'' if covered[source] else f'if (wf{source}) '}wf{source}[i - wo{source}] = {value};"
-                return f"if (i >= {start}LL && i < {stop}LL) out{k}[i - {start}LL] = {value};"
-            return f"out{k}[i] = {value};"
-        if vid in group.windows and segments is not None and families[by_id[vid].args[0]][0] != vid:
-            continue
-        stores[vid] = store
-    chain = Chain("", types, constants, math, load, special=special, opaque=frozenset(group.pieces))
-    blocked = any(is_call(n, math) for n in group.nodes)
+                return f"if (i >= {store.start}LL && i < {store.stop}LL) out{store.param}[i - {store.start}LL] = {value};"
+            stores[store.value] = windowed
+        else:
+            def plain(name: str, store: Store = store) -> str:
+                return f"out{store.param}[i] = {to_storage(name, store.dtype)};"
+            stores[store.value] = plain
+    chain = Chain("", types, constants, math, load, special=special, opaque=frozenset(concats))
+    nodes = desc.nodes
+    blocked = any(is_call(n, math) for n in nodes)
     if blocked:
-        lines, _ = chain.lines(group.nodes, [], ["const long long c = c0 + j;", "const long long i = i0 + c;"], stores, "len", "      ")
+        lines, _ = chain.lines(nodes, [], ["const long long c = c0 + j;", "const long long i = i0 + c;"], stores, "len", "      ")
         inner = ["    for (long long c0 = 0; c0 < cols; c0 += SXB) {", "      const long long len = cols - c0 < SXB ? cols - c0 : SXB;", *lines, "    }"]
     else:
-        lines, _ = chain.lines(group.nodes, [], ["const long long c = j;", "const long long i = i0 + c;"], stores, "cols", "    ")
+        lines, _ = chain.lines(nodes, [], ["const long long c = j;", "const long long i = i0 + c;"], stores, "cols", "    ")
         inner = lines
     if segments is None:
         head = [f"    const long long i0 = r * {length}LL;", f"    const long long cols = i0 + {length}LL <= {total}LL ? {length}LL : {total}LL - i0;"]
         tables: list[str] = []
     else:
-        tables, head, rows = segment_tables(group, kernel, segments, index)
+        tables, head, rows = segment_tables(desc, segments)
     pointers = {d.split()[-1]: d[: -len(d.split()[-1])].replace("__restrict__", "").strip() for d in kernel.decls}
-    for node in group.nodes:
-        if node.id in group.pieces:
-            pointers[f"pp{node.id}"] = f"const {c_types(node.type.dtype)[0]}*"
+    for concat in desc.concats:
+        pointers[f"pp{concat.node.id}"] = f"const {c_types(concat.node.type.dtype)[0]}*"
     for source, members in families.items():
-        pointers[f"wf{source}"] = f"{c_types(types[members[0]].dtype)[0]}*"
+        pointers[f"wf{source}"] = f"{c_types(members[0].dtype)[0]}*"
     helper, call = outline(f"{kernel.name}_row", inner, pointers)
     body = [*tables, "  for (long long r = sx_begin; r < sx_end; ++r) {", *head, *dict.fromkeys(bases), call, "  }"]
-    return HostKernel(kernel.name, helper + function(kernel.name, kernel.decls, body), rows, kernel.bytes + kernel.flops)
+    if segments is not None:
+        schedule = f"chunks of {FLAT_CHUNK} elements within each of {len(segments) - 1} segments (concat parts, windows), each its own loop"
+    else:
+        schedule = f"{'chunks' if flat else 'rows'} of {length} element{'s' if length > 1 else ''}{'' if flat else ', broadcast inputs through a base per row'}, each a contiguous loop"
+    if blocked:
+        schedule += f" in blocks of {SXB}, NumPy's own loops between"
+    return HostKernel(kernel.name, helper + function(kernel.name, kernel.decls, body), rows, kernel.bytes + kernel.flops, schedule=schedule)
+
+
+def window_families(desc: Elementwise) -> dict[int, list[WindowStore]]:
+    """Each value the group stores windows of -> those windows' stores, in output order."""
+    windows = {w.node.id: w for w in desc.windows}
+    families: dict[int, list[WindowStore]] = {}
+    for store in desc.stores:
+        if isinstance(store, WindowStore):
+            families.setdefault(windows[store.value].node.args[0], []).append(store)
+    return families
 
 
 SCALARS = re.compile(r"\b(i0|cols|r|rb\d+|po\d+|wo\d+)\b")
@@ -359,29 +366,24 @@ def outline(name: str, lines: list[str], pointers: dict[str, str]) -> tuple[str,
     return helper, f"    {name}({', '.join(used + scalars)});"
 
 
-def piece_segments(group: FusedGroup, types: dict[int, TensorType], constants: dict[int, Node]) -> Optional[list[int]]:
+def piece_segments(desc: Elementwise, total: int, constants: dict[int, Node]) -> Optional[list[int]]:
     """The boundaries of a joined group's segments (every part of every concat and every
     window is whole in each), or None when a concat has a literal part (then each element
     picks its part)."""
-    cuts = {0, shape_size(group.shape)}
-    for node in group.nodes:
-        if node.id in group.pieces:
-            offset = 0
-            for a in node.args:
-                if a in constants:
-                    return None
-                cuts.add(offset)
-                offset += shape_size(types[a].shape)
-            cuts.add(offset)
-    for start, stop in group.windows.values():
-        cuts |= {start, stop}
+    cuts = {0, total}
+    for concat in desc.concats:
+        for part in concat.parts:
+            if part.value in constants:
+                return None
+            cuts |= {part.start, part.stop}
+    for window in desc.windows:
+        cuts |= {window.start, window.stop}
     return sorted(cuts)
 
 
-def segment_tables(group: FusedGroup, kernel: KernelSource, cuts: list[int], index: dict[int, int]) -> tuple[list[str], list[str], int]:
+def segment_tables(desc: Elementwise, cuts: list[int]) -> tuple[list[str], list[str], int]:
     """An item is a chunk of one segment: the tables that say where each segment starts and
     which part each concat reads there (and which windows it stores), and the item's head."""
-    types = {p.value: p for p in kernel.params}
     segments = len(cuts) - 1
     firsts = [0]
     for k in range(segments):
@@ -393,36 +395,24 @@ def segment_tables(group: FusedGroup, kernel: KernelSource, cuts: list[int], ind
             "    const long long seg = lo;",
             f"    const long long i0 = sx_cut[seg] + (r - sx_first[seg]) * {FLAT_CHUNK}LL;",
             f"    const long long cols = i0 + {FLAT_CHUNK}LL <= sx_cut[seg + 1] ? {FLAT_CHUNK}LL : sx_cut[seg + 1] - i0;"]
-    for node in group.nodes:
-        if node.id not in group.pieces:
-            continue
+    for concat in desc.concats:
+        node = concat.node
         parts, offsets = [], []
-        offset = 0
-        bounds = []
-        for a in node.args:
-            size = int(shape_size(types[a].shape)) if a in types else 0
-            bounds.append((offset, offset + size, a))
-            offset += size
         for k in range(segments):
-            a, start = next((a, lo) for lo, hi, a in bounds if lo <= cuts[k] < hi) if any(lo <= cuts[k] < hi for lo, hi, _ in bounds) else (node.args[0], 0)
-            parts.append(f"in{index[a]}")
-            offsets.append(f"{start}LL")
+            part = next((p for p in concat.parts if p.start <= cuts[k] < p.stop), None)
+            parts.append(f"in{part.param if part is not None else concat.parts[0].param}")
+            offsets.append(f"{part.start if part is not None else 0}LL")
         store = c_types(node.type.dtype)[0]
         tables.append(f"  const {store}* const sx_parts{node.id}[{segments}] = {{{', '.join(parts)}}};")
         tables.append(f"  static const long long sx_offs{node.id}[{segments}] = {{{', '.join(offsets)}}};")
         head.append(f"    const {store}* const pp{node.id} = sx_parts{node.id}[seg]; const long long po{node.id} = sx_offs{node.id}[seg];")
-    by_id = {n.id: n for n in group.nodes}
-    families: dict[int, list[tuple[int, int]]] = {}
-    for k, vid in enumerate(group.outputs):
-        if vid in group.windows:
-            families.setdefault(by_id[vid].args[0], []).append((k, vid))
-    for source, members in families.items():
-        store = c_types(types[members[0][1]].dtype)[0]
+    for source, members in window_families(desc).items():
+        store = c_types(members[0].dtype)[0]
         pointers, starts = [], []
         for s in range(segments):
-            found = next(((k, group.windows[vid][0]) for k, vid in members if group.windows[vid][0] <= cuts[s] < group.windows[vid][1]), None)
-            pointers.append(f"out{found[0]}" if found else "0")
-            starts.append(f"{found[1] if found else 0}LL")
+            found = next((w for w in members if w.start <= cuts[s] < w.stop), None)
+            pointers.append(f"out{found.param}" if found else "0")
+            starts.append(f"{found.start if found else 0}LL")
         tables.append(f"  {store}* const sx_wf{source}[{segments}] = {{{', '.join(pointers)}}};")
         tables.append(f"  static const long long sx_wo{source}[{segments}] = {{{', '.join(starts)}}};")
         head.append(f"    {store}* const wf{source} = sx_wf{source}[seg]; const long long wo{source} = sx_wo{source}[seg];")
@@ -434,155 +424,135 @@ def lanes_of(lanes: str) -> int:
     return {"thread": 1, "warp": 32, "block": BLOCK}[lanes]
 
 
-def accumulate(op: str, acc: str, x: str, integer: bool) -> str:
-    """One element X into the accumulator ACC, as the device's loop adds it."""
-    acc_type = "long long" if integer else "double"
-    if op in ("sum", "mean"):
-        return f"{acc} += ({acc_type}){x};"
-    better = ">" if op == "max" else "<"
-    if integer:
-        return f"if (({acc_type}){x} {better} {acc}) {acc} = ({acc_type}){x};"
-    return f"if ({acc} == {acc}) {{ if (({acc_type}){x} {better} {acc} || {x} != {x}) {acc} = ({acc_type}){x}; }}"
+def lane_words(lanes: int, what: str) -> str:
+    """How LANES partial results take WHAT, in words (explain --cpu)."""
+    if lanes == 1:
+        return f"one accumulator over {what}"
+    return f"{lanes} lane partials over {what}, then the lanes' tree"
 
 
-def pair(op: str, a: str, b: str) -> str:
-    return {"sum": f"{a} + {b}", "mean": f"{a} + {b}", "max": f"sx_maxd({a}, {b})", "min": f"sx_mind({a}, {b})"}[op]
-
-
-def lane_loop(op: str, lanes: int, acc: str, values: str, count: str, integer: bool, indent: str) -> list[str]:
+def lane_loop(desc: Accumulate, lanes: int, acc: str, values: str, count: str, indent: str) -> list[str]:
     """Block positions [0, COUNT) into the lanes' accumulators ACC[lanes] (position q to lane
     q % lanes: a block starts at a multiple of the lanes)."""
     if lanes == 1:
-        return [f"{indent}for (long long j = 0; j < {count}; ++j) {accumulate(op, f'{acc}[0]', f'{values}[j]', integer)}"]
+        return [f"{indent}for (long long j = 0; j < {count}; ++j) {desc.reducer.update(f'{acc}[0]', f'{values}[j]', desc.integer)}"]
     return [f"{indent}for (long long g = 0; g < {count}; g += {lanes}) {{",
             f"{indent}  const long long m = {count} - g < {lanes} ? {count} - g : {lanes};",
-            f"{indent}  for (long long l = 0; l < m; ++l) {accumulate(op, f'{acc}[l]', f'{values}[g + l]', integer)}", f"{indent}}}"]
+            f"{indent}  for (long long l = 0; l < m; ++l) {desc.reducer.update(f'{acc}[l]', f'{values}[g + l]', desc.integer)}", f"{indent}}}"]
 
 
-def tree(op: str, lanes: int, acc: str, indent: str) -> list[str]:
+def tree(reducer: ReducerSpec, lanes: int, acc: str, indent: str) -> list[str]:
     """The lanes' partial results combined in the device's fixed tree, into ACC[0]."""
     if lanes == 1:
         return []
-    return [f"{indent}for (int s = {lanes // 2}; s > 0; s >>= 1) for (int l = 0; l < s; ++l) {acc}[l] = {pair(op, f'{acc}[l]', f'{acc}[l + s]')};"]
+    return [f"{indent}for (int s = {lanes // 2}; s > 0; s >>= 1) for (int l = 0; l < s; ++l) {acc}[l] = {reducer.pair(f'{acc}[l]', f'{acc}[l + s]')};"]
 
 
-def init_value(op: str, integer: bool) -> str:
-    return {"sum": "0", "mean": "0", "max": "(-9223372036854775807LL - 1)" if integer else "-sx_inf()",
-            "min": "9223372036854775807LL" if integer else "sx_inf()"}[op]
+def host_accumulate(desc: Accumulate, chain: Chain, indent: str = "    ") -> list[str]:
+    """DESC on the host: the lanes' partials in a stack array ACC[lanes], the elements in blocks
+    of SXB (lane l takes the block positions l, l + lanes, ..., as the device's lane takes its
+    elements), each block computed by CHAIN (NumPy's loops over the whole block between its
+    phases), then the lanes' tree: ACC[0] holds the result."""
+    lanes = lanes_of(desc.lanes)
+    var, acc = desc.var, desc.acc
+    stores = {s.value: (lambda name, s=s: f"out{s.param}[idx] = {to_storage(name, s.dtype)};") for s in desc.stores}
+    lines, values = chain.lines(desc.nodes, [desc.value], [f"const long long {var} = {var}0 + j;", f"const long long idx = {desc.index};"], stores, "len", indent + "  ")
+    return [f"{indent}{'long long' if desc.integer else 'double'} {acc}[{lanes}];",
+            f"{indent}for (int l = 0; l < {lanes}; ++l) {acc}[l] = {desc.reducer.start(desc.integer)};",
+            f"{indent}for (long long {var}0 = {desc.first}; {var}0 < {desc.end}; {var}0 += SXB) {{",
+            f"{indent}  const long long len = {desc.end} - {var}0 < SXB ? {desc.end} - {var}0 : SXB;",
+            *lines, *lane_loop(desc, lanes, acc, values[desc.value][: -len("[j]")], "len", indent + "  "), f"{indent}}}",
+            *tree(desc.reducer, lanes, acc, indent)]
 
 
 def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node], math: str, kernels: list[KernelSource],
                 strategy: Optional[ReduceStrategy] = None) -> list[HostKernel]:
-    """The reduction's kernels (one, or the chunks' and their combination's), as the device
-    orders the additions: see the module's docstring."""
+    """The reduction's kernels (one, or the chunks' and their combination's), rendered from the
+    description the CUDA kernels are (kernels.reduce_description): see the module's docstring."""
     types = program.types()
-    node = group.node
-    source = node.args[0]
-    space = tuple(types[source].shape)
-    axes, reduced_size, outputs, integer = reduce_geometry(group, types)
-    strategy = strategy or planned_strategy(group, types)
-    kept = [d for d in range(len(space)) if d not in axes]
-    coords = axis_coords(space)
-
+    desc = reduce_description(group, types, strategy)
+    space = tuple(types[group.node.args[0]].shape)
     index = {vid: k for k, vid in enumerate(group.inputs)}
 
     def load(vid: int) -> str:
         t = types[vid]
         return from_storage(f"in{index[vid]}[{broadcast_index(tuple(t.shape), space, 'idx')}]", t.dtype)
 
-    lanes = lanes_of(strategy.lanes)
-    split = strategy.split
-    chunk = -(-reduced_size // split)
-    acc_type = "long long" if integer else "double"
-    sides = list(group.sides)
-    stores = {v: (lambda name, k=k, v=v: f"out{k + 1}[idx] = {to_storage(name, types[v].dtype)};") for k, v in enumerate(sides)}
+    acc = desc.accumulate
+    split, outputs = desc.split, desc.outputs
     chain = Chain("", types, constants, math, load)
-    nodes = group.prologue.nodes if group.prologue is not None else []
-    first = "0" if split == 1 else f"c * {chunk}LL"
-    end = f"{reduced_size}LL" if split == 1 else f"(c * {chunk}LL + {chunk}LL < {reduced_size}LL ? c * {chunk}LL + {chunk}LL : {reduced_size}LL)"
-    out_t = node.type
-
-    def result(acc: str) -> str:
-        value = acc if node.op != "mean" else f"({acc} / {reduced_size}.0)"
-        return to_storage(f"(float){value}", out_t.dtype) if out_t.dtype == DType.bf16 else f"({c_types(out_t.dtype)[0]}){value}"
-
-    innermost = bool(axes) and axes[-1] == len(space) - 1
-    base_of = simple_flat_index(coords(kept), "o", outputs)
-    within = simple_flat_index(coords(axes), "jj", reduced_size)
-    if lanes == 1 and not innermost:
-        # a thread per output, its elements apart in memory: outputs side by side (SIMD
-        # across outputs, as a GPU's threads), each still adding its elements in order
-        lines, values = chain.lines(nodes, [source], ["const long long o = o0 + j;", f"const long long idx = {base_of} + within;"], stores, "count", "      ")
-        array = values[source][: -len("[j]")]
-        body = [
-            "  for (long long item0 = sx_begin; item0 < sx_end;) {",
-            f"    const long long c = item0 / {outputs}LL, o0 = item0 % {outputs}LL;",
-            f"    long long count = {outputs}LL - o0 < SXB ? {outputs}LL - o0 : SXB;",
-            "    if (count > sx_end - item0) count = sx_end - item0;",
-            "    (void)c;",
-            f"    const long long first = {first}, end = {end};",
-            f"    {acc_type} acc[SXB];",
-            f"    for (long long q = 0; q < count; ++q) acc[q] = {init_value(node.op, integer)};",
-            "    for (long long jj = first; jj < end; ++jj) {",
-            f"      const long long within = {within};",
-            *lines,
-            f"      for (long long j = 0; j < count; ++j) {accumulate(node.op, 'acc[j]', f'{array}[j]', integer)}",
-            "    }",
-            f"    for (long long q = 0; q < count; ++q) {'out0[o0 + q] = ' + result('acc[q]') if split == 1 else 'out0[item0 + q] = acc[q]'};",
-            "    item0 += count;",
-            "  }",
-        ]
+    innermost = desc.innermost
+    per = "per chunk" if split > 1 else "per output"
+    if acc.lanes == "thread" and not innermost:
+        body = across_outputs(desc, chain)
+        schedule = f"outputs side by side in blocks of {SXB}, each adding its elements in order"
     else:
-        lines, values = chain.lines(nodes, [source], ["const long long jj = jb + j;", f"const long long idx = base + {within};"], stores, "len", "      ")
-        array = values[source][: -len("[j]")]
+        schedule = f"{per}: {lane_words(lanes_of(acc.lanes), f'blocks of {SXB} elements')}"
         body = [
             "  for (long long item = sx_begin; item < sx_end; ++item) {",
             *([f"    const long long o = item % {outputs}LL, c = item / {outputs}LL;"] if split > 1 else ["    const long long o = item;"]),
-            f"    const long long base = {base_of};",
-            f"    const long long first = {first}, end = {end};",
-            f"    {acc_type} acc[{lanes}];",
-            f"    for (int l = 0; l < {lanes}; ++l) acc[l] = {init_value(node.op, integer)};",
-            "    for (long long jb = first; jb < end; jb += SXB) {",
-            "      const long long len = end - jb < SXB ? end - jb : SXB;",
-            *lines,
-            *lane_loop(node.op, lanes, "acc", array, "len", integer, "      "),
-            "    }",
-            *tree(node.op, lanes, "acc", "    "),
-            f"    out0[o] = {result('acc[0]')};" if split == 1 else "    out0[item] = acc[0];",
+            f"    const long long base = {desc.base};",
+            *host_accumulate(acc, chain),
+            f"    out0[o] = {desc.result(f'{acc.acc}[0]')};" if split == 1 else f"    out0[item] = {acc.acc}[0];",
             "  }",
         ]
     main = kernels[0]
-    host = [HostKernel(main.name, function(main.name, main.decls, body), main.size, main.bytes + main.flops)]
+    host = [HostKernel(main.name, function(main.name, main.decls, body), main.size, main.bytes + main.flops, schedule=schedule)]
     if split > 1:
         finish = kernels[1]
-        finish_lanes = 1 if strategy.lanes == "thread" else 32
+        finish_lanes = 1 if acc.lanes == "thread" else 32
+        reducer = acc.reducer
         fbody = [
             "  for (long long o = sx_begin; o < sx_end; ++o) {",
             f"    double acc[{finish_lanes}];",
-            f"    for (int l = 0; l < {finish_lanes}; ++l) acc[l] = {init_value(node.op, False)};",
-            f"    for (long long c = 0; c < {split}LL; ++c) {{ const double p = in0[c * {outputs}LL + o]; acc[c % {finish_lanes}] = {pair(node.op, f'acc[c % {finish_lanes}]', 'p')}; }}",
-            *tree(node.op, finish_lanes, "acc", "    "),
-            f"    out0[o] = {result('acc[0]')};",
+            f"    for (int l = 0; l < {finish_lanes}; ++l) acc[l] = {reducer.start(False)};",
+            f"    for (long long c = 0; c < {split}LL; ++c) {{ const double p = in0[c * {outputs}LL + o]; acc[c % {finish_lanes}] = {reducer.pair(f'acc[c % {finish_lanes}]', 'p')}; }}",
+            *tree(reducer, finish_lanes, "acc", "    "),
+            f"    out0[o] = {desc.result('acc[0]')};",
             "  }",
         ]
-        host.append(HostKernel(finish.name, function(finish.name, finish.decls, fbody), finish.size, finish.bytes + finish.flops))
+        host.append(HostKernel(finish.name, function(finish.name, finish.decls, fbody), finish.size, finish.bytes + finish.flops,
+                               schedule=f"per output: {lane_words(finish_lanes, f'its {split} chunks')}"))
     return host
+
+
+def across_outputs(desc: ReduceKernel, chain: Chain) -> list[str]:
+    """The host's schedule for a thread per output whose elements lie apart in memory: outputs
+    side by side in a block (SIMD across outputs, as a GPU's threads), each still taking its
+    elements in order."""
+    acc = desc.accumulate
+    stores = {s.value: (lambda name, s=s: f"out{s.param}[idx] = {to_storage(name, s.dtype)};") for s in acc.stores}
+    lines, values = chain.lines(acc.nodes, [acc.value], ["const long long o = o0 + j;", f"const long long idx = {desc.base} + within;"], stores, "count", "      ")
+    array = values[acc.value][: -len("[j]")]
+    outputs = desc.outputs
+    return [
+        "  for (long long item0 = sx_begin; item0 < sx_end;) {",
+        f"    const long long c = item0 / {outputs}LL, o0 = item0 % {outputs}LL;",
+        f"    long long count = {outputs}LL - o0 < SXB ? {outputs}LL - o0 : SXB;",
+        "    if (count > sx_end - item0) count = sx_end - item0;",
+        "    (void)c;",
+        f"    {'long long' if acc.integer else 'double'} acc[SXB];",
+        f"    for (long long q = 0; q < count; ++q) acc[q] = {acc.reducer.start(acc.integer)};",
+        f"    for (long long {acc.var} = {acc.first}; {acc.var} < {acc.end}; ++{acc.var}) {{",
+        f"      const long long within = {desc.within};",
+        *lines,
+        f"      for (long long j = 0; j < count; ++j) {acc.reducer.update('acc[j]', f'{array}[j]', acc.integer)}",
+        "    }",
+        f"    for (long long q = 0; q < count; ++q) {'out0[o0 + q] = ' + desc.result('acc[q]') if desc.split == 1 else 'out0[item0 + q] = acc[q]'};",
+        "    item0 += count;",
+        "  }",
+    ]
 
 
 # -- row groups ----------------------------------------------------------------------------------------
 def rows_host(group: RowGroup, program: Program, constants: dict[int, Node], math: str, kernel: KernelSource, lanes_name: Optional[str] = None) -> HostKernel:
-    """One row per item, its reductions in the device's lane order (a thread, a warp or a
-    block per row, as the row length chose on the device)."""
+    """One row per item, rendered from the row group's description (the CUDA kernel's): its
+    reductions in the device's lane order (a thread, a warp or a block per row), each loop
+    over the row in blocks of SXB columns, broadcast inputs through a base per row."""
     types = program.types()
-    space = tuple(group.space)
-    width = space[-1]
-    lanes = lanes_of(lanes_name or ("block" if width >= BLOCK_ROWS else "warp" if width >= WARP_ROWS else "thread"))
-    by_id = {n.id: n for n in group.nodes}
-    reductions = [n for n in group.nodes if op_def(n.op).kind is OpKind.REDUCTION]
-    row_nodes = [n for n in group.nodes if tuple(n.type.shape) == space and n not in reductions]
-    reduced_nodes = [n for n in group.nodes if n not in row_nodes and n not in reductions]
-    input_index = {vid: k for k, vid in enumerate(group.inputs)}
-    output_index = {vid: k for k, vid in enumerate(group.outputs)}
+    desc = row_description(group, types, constants, lanes_name or row_lanes(group.space[-1]))
+    space, width = desc.space, desc.width
+    params = {vid: k for k, vid in enumerate(group.inputs)}
     scalars: dict[int, str] = {}
     bases: list[str] = []
     lines: list[str] = []
@@ -590,7 +560,7 @@ def rows_host(group: RowGroup, program: Program, constants: dict[int, Node], mat
 
     def row_load(vid: int) -> str:
         t = types[vid]
-        k = input_index[vid]
+        k = params[vid]
         if tuple(t.shape) == space:
             return from_storage(f"in{k}[idx]", t.dtype)
         if shape_size(t.shape) == 1:
@@ -601,59 +571,34 @@ def rows_host(group: RowGroup, program: Program, constants: dict[int, Node], mat
         column = len(t.shape) >= 1 and t.shape[-1] == width
         return from_storage(f"in{k}[rb{k}{' + c' if column else ''}]", t.dtype)
 
-    def needed_for(targets: list[int]) -> list[Node]:
-        return needed_row_nodes(targets, row_nodes, by_id)
-
-    def tag() -> str:
+    def chain(load: Callable[[int], str]) -> Chain:
         counter[0] += 1
-        return str(counter[0])
+        return Chain(str(counter[0]), types, constants, math, load, preset=scalars)
 
-    def reduced_ready() -> None:
-        for n in reduced_nodes:
-            if n.id in scalars or not all(a in scalars or a in constants or a not in by_id for a in n.args):
-                continue
-            t = tag()
-            shape = tuple(n.type.shape)
+    for phase in desc.phases:
+        if isinstance(phase, RowScalar):
+            loads = {load.value: load for load in phase.loads}
 
-            def scalar_load(vid: int, shape: Shape = shape) -> str:
-                ty = types[vid]
-                return from_storage(f"in{input_index[vid]}[{broadcast_index(tuple(ty.shape), shape, 'r')}]", ty.dtype)
+            def scalar_load(vid: int, loads: dict[int, Load] = loads) -> str:
+                return from_storage(f"in{loads[vid].param}[{broadcast_index(tuple(loads[vid].type.shape), loads[vid].space, 'r')}]", loads[vid].type.dtype)
 
-            chain = Chain(t, types, constants, math, scalar_load, preset=scalars)
-            more, values = chain.lines([n], [n.id], [], {}, "1", "    ")
-            lines.extend(more)
-            scalars[n.id] = values[n.id].replace("[j]", "[0]")
-            if n.id in output_index:
-                lines.append(f"    out{output_index[n.id]}[r] = {to_storage(scalars[n.id], n.type.dtype)};")
-
-    def row_pass(targets: list[int], stores: Mapping[int, Callable[[str], str]]) -> tuple[list[str], dict[int, str]]:
-        chain = Chain(tag(), types, constants, math, row_load, preset=scalars)
-        more, values = chain.lines(needed_for(targets), targets, ["const long long c = c0 + j;", f"const long long idx = r * {width}LL + c;"],
-                                   stores, "len", "      ")
-        return more, values
-
-    reduced_ready()
-    for red in reductions:
-        more, values = row_pass([red.args[0]], {})
-        acc = f"acc{red.id}"
-        lines += [f"    double {acc}[{lanes}];", f"    for (int l = 0; l < {lanes}; ++l) {acc}[l] = {init_value(red.op, False)};",
-                  f"    for (long long c0 = 0; c0 < {width}LL; c0 += SXB) {{", f"      const long long len = {width}LL - c0 < SXB ? {width}LL - c0 : SXB;",
-                  *more, *lane_loop(red.op, lanes, acc, values[red.args[0]][: -len("[j]")], "len", False, "      "), "    }",
-                  *tree(red.op, lanes, acc, "    ")]
-        value = f"(float){acc}[0]" if red.op != "mean" else f"(float)({acc}[0] / {width}.0)"
-        lines.append(f"    const float s{red.id} = {f'sx_bf16_round({value})' if red.type.dtype == DType.bf16 else value};")
-        scalars[red.id] = f"s{red.id}"
-        if red.id in output_index:
-            lines.append(f"    out{output_index[red.id]}[r] = {to_storage(scalars[red.id], red.type.dtype)};")
-        reduced_ready()
-    row_outputs = [v for v in group.outputs if v not in scalars]
-    if row_outputs:
-        stores = {v: (lambda name, v=v: f"out{output_index[v]}[idx] = {to_storage(name, types[v].dtype)};") for v in row_outputs}
-        more, _ = row_pass(row_outputs, stores)
-        lines += [f"    for (long long c0 = 0; c0 < {width}LL; c0 += SXB) {{", f"      const long long len = {width}LL - c0 < SXB ? {width}LL - c0 : SXB;",
-                  *more, "    }"]
+            more, values = chain(scalar_load).lines([phase.node], [phase.node.id], [], {}, "1", "    ")
+            lines += more
+            scalars[phase.node.id] = values[phase.node.id].replace("[j]", "[0]")
+        elif isinstance(phase, RowReduce):
+            lines += host_accumulate(phase.accumulate, chain(row_load))
+            lines.append(f"    const float s{phase.node.id} = {desc.result(phase, f'{phase.accumulate.acc}[0]')};")
+            scalars[phase.node.id] = f"s{phase.node.id}"
+        else:
+            stores = {op.value: (lambda name, op=op: f"out{op.param}[idx] = {to_storage(name, op.dtype)};") for op in phase.stores}
+            more, _ = chain(row_load).lines(phase.nodes, list(stores), ["const long long c = c0 + j;", f"const long long idx = r * {width}LL + c;"], stores, "len", "      ")
+            lines += [f"    for (long long c0 = 0; c0 < {width}LL; c0 += SXB) {{", f"      const long long len = {width}LL - c0 < SXB ? {width}LL - c0 : SXB;",
+                      *more, "    }"]
+        if isinstance(phase, (RowScalar, RowReduce)) and phase.store is not None:
+            lines.append(f"    out{phase.store}[r] = {to_storage(scalars[phase.node.id], phase.node.type.dtype)};")
     body = ["  for (long long r = sx_begin; r < sx_end; ++r) {", *bases, *lines, "  }"]
-    return HostKernel(kernel.name, function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops)
+    schedule = f"a row per item: each reduction {lane_words(lanes_of(desc.lanes), f'blocks of {SXB} columns')}"
+    return HostKernel(kernel.name, function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops, schedule=schedule)
 
 
 # -- attention: each CUDA thread's computation (a query's, or in the dk/dv pass a key's) over the same

@@ -23,7 +23,7 @@ import numpy as np
 
 from ...ir.dtypes import DType, numpy_dtype
 from ...ir.graph import Node, Shape, TensorType, shape_size
-from ...ir.ops import op_def
+from ...ir.ops import ReducerSpec, op_def
 from ..backend import DeviceError
 
 PRELUDE = r"""
@@ -275,17 +275,15 @@ def unpack(decls: tuple[str, ...] | list[str]) -> list[str]:
     return out
 
 
-def combine_lanes(acc: str, op: str, lanes: str, indent: str = "    ") -> list[str]:
-    """Every lane's partial ACC combined, in a fixed tree order (deterministic), into ACC on
-    every lane: a power-of-two tree over `part` in shared memory."""
+def combine_lanes(acc: str, reducer: ReducerSpec, lanes: str, indent: str = "    ") -> list[str]:
+    """Every lane's partial ACC combined by REDUCER's pairwise combine, in a fixed tree order
+    (deterministic), into ACC on every lane: a power-of-two tree over `part` in shared memory."""
     if lanes == "thread":
         return []
-    pair = {"sum": "part[lane] + part[lane + s]", "mean": "part[lane] + part[lane + s]",
-            "max": "sx_maxd(part[lane], part[lane + s])", "min": "sx_mind(part[lane], part[lane + s])"}[op]
     sync = SYNC[lanes]
     return [
         f"{indent}part[lane] = {acc};", f"{indent}{sync}",
-        f"{indent}for (int s = lanes >> 1; s > 0; s >>= 1) {{ if (lane < s) part[lane] = {pair}; {sync} }}",
+        f"{indent}for (int s = lanes >> 1; s > 0; s >>= 1) {{ if (lane < s) part[lane] = {reducer.pair('part[lane]', 'part[lane + s]')}; {sync} }}",
         f"{indent}{acc} = part[0];", f"{indent}{sync}",
     ]
 
@@ -326,10 +324,21 @@ def chain_lines(nodes: list[Node], names: dict[int, str], types: dict[int, Tenso
     return lines, flops
 
 
-def flat_index(coords: list[tuple[int, int, int]], var: str) -> str:
-    """sum over (size, stride in the loop's space, stride in memory) of coordinate * memory stride."""
+def flat_index(coords: list[tuple[int, int, int]], var: str, total: int) -> str:
+    """The memory offset of flat index VAR in [0, TOTAL) over COORDS ((size, stride in the
+    loop's space, stride in memory), innermost first): coordinates whose memory strides
+    continue one another merged into one, and the outermost coordinate's modulo left out
+    (fewer divisions: a reduction over trailing axes reads VAR itself)."""
+    merged: list[list[int]] = []
+    for size, loop_stride, mem_stride in coords:  # innermost first
+        if merged and merged[-1][1] * merged[-1][0] == loop_stride and merged[-1][2] * merged[-1][0] == mem_stride:
+            merged[-1][0] *= size
+        else:
+            merged.append([size, loop_stride, mem_stride])
     terms = []
-    for size, loop_stride, mem_stride in coords:
-        coord = f"(({var} / {loop_stride}LL) % {size}LL)" if loop_stride > 1 else f"({var} % {size}LL)"
+    for n, (size, loop_stride, mem_stride) in enumerate(merged):
+        divided = f"({var} / {loop_stride}LL)" if loop_stride > 1 else var
+        outermost = n == len(merged) - 1 and loop_stride * size >= total
+        coord = divided if outermost else f"({divided} % {size}LL)"
         terms.append(coord if mem_stride == 1 else f"{coord} * {mem_stride}LL")
     return " + ".join(terms) if terms else "0"

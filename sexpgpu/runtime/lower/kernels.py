@@ -3,6 +3,10 @@ kernel, or two when it is split into chunks), the sorted scatter-add and the Phi
 ops; and `kernels_for`, every kernel a step launches. The row kernel is in row_kernel.py;
 the C they are made of in codegen.py.
 
+Each fused group and reduction is first a description (kernel_ir.py; `elementwise_description`,
+`reduce_description`), which this module renders as CUDA and the host dialect
+(runtime/cpu/hostc.py) as C for the CPU.
+
 Fused group: a grid-stride loop over the group's element space; each input is loaded once
 per element through its broadcast index (shapes are static, so the index arithmetic is
 constants), every node is one line over registers, and the group's outputs are stored.
@@ -11,7 +15,7 @@ constants), every node is one line over registers, and the group's outputs are s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, Union
 
 import numpy as np
 
@@ -19,7 +23,8 @@ from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, Shape, TensorType, shape_size
 from ...ir.ops_random import dropout_threshold
 from ...ir.ops_reduce import normalize_axes
-from .codegen import BYTES, GroupNodes, KernelSource, LoweringError, Param, assemble, c_types, chain_lines, combine_lanes, declare, flat_index, from_storage, literal, load_expr, to_storage
+from .codegen import BYTES, GroupNodes, KernelSource, LoweringError, Param, assemble, c_types, chain_lines, combine_lanes, declare, from_storage, literal, load_expr, flat_index, to_storage
+from .kernel_ir import Accumulate, Alu, Concat, Elementwise, Load, Op, Part, Store, Window, WindowStore, cuda_accumulate, reducer_of
 from .lowering import Step
 
 Draw = Callable[[Node], str]  # a random op's element from its Philox word w[l], as C
@@ -67,42 +72,64 @@ def kernels_for(step: Step, program: Program, constants: Optional[dict[int, Node
     return step.kernels(program, constants or {})
 
 
+def elementwise_description(group: FusedNodes, types: dict[int, TensorType]) -> Elementwise:
+    """GROUP as the description both dialects render: the inputs it loads at each element
+    (those only a concat reads are loaded inside the concat, in range only), its nodes, and
+    its stores (a window's into its own buffer)."""
+    space = tuple(group.shape)
+    read_elsewhere = {a for n in group.nodes if n.id not in group.pieces for a in n.args}
+    param = {vid: k for k, vid in enumerate(group.inputs)}
+    ops: list[Union[Op, WindowStore]] = [Load(vid, k, types[vid], space) for k, vid in enumerate(group.inputs) if vid in read_elsewhere]
+    for node in group.nodes:
+        if node.id in group.pieces:
+            parts, offset = [], 0
+            for a in node.args:
+                size = shape_size(types[a].shape)
+                parts.append(Part(a, param.get(a), types[a].dtype, offset, offset + size))
+                offset += size
+            ops.append(Concat(node, tuple(parts)))
+        elif node.id in group.windows:
+            ops.append(Window(node, *group.windows[node.id]))
+        else:
+            ops.append(Alu(node))
+    for k, vid in enumerate(group.outputs):
+        if vid in group.windows:
+            ops.append(WindowStore(vid, k, types[vid].dtype, *group.windows[vid]))
+        else:
+            ops.append(Store(vid, k, types[vid].dtype))
+    return Elementwise(space, tuple(ops))
+
+
 def elementwise_kernel(group: FusedNodes, program: Program, constants: Optional[dict[int, Node]] = None) -> KernelSource:
-    """The kernel computing GROUP (its inputs are read, its outputs written)."""
+    """The kernel computing GROUP (its inputs are read, its outputs written), rendered from
+    its description for CUDA: a thread per element i, in a grid-stride loop."""
     types = program.types()
     constants = constants or {}
-    space = group.shape
+    desc = elementwise_description(group, types)
     decls, params = declare(group.inputs, group.outputs, types)
     names: dict[int, str] = {}
     lines: list[str] = []
-    # values read only by a concat are loaded inside its piecewise expression, in range only
-    read_elsewhere = {a for n in group.nodes if n.id not in group.pieces for a in n.args}
-    piece = {vid: k for k, vid in enumerate(group.inputs)}
-    for k, vid in enumerate(group.inputs):
-        if vid in read_elsewhere:
-            names[vid] = f"a{k}"
-            lines.append(f"    const {c_types(types[vid].dtype)[1]} a{k} = {load_expr(k, types[vid], space, 'i')};")
     flops = 0
-    for node in group.nodes:
-        if node.id in group.pieces:
-            names[node.id] = f"v{node.id}"
-            lines.append(f"    const {c_types(node.type.dtype)[1]} v{node.id} = {piecewise(node, piece, types, constants)};")
-        elif node.id in group.windows:
-            names[node.id] = names[node.args[0]]
-        else:
-            more, cost = chain_lines([node], names, types, constants, "    ")
+    windowed: dict[tuple[int, int], list[str]] = {}
+    for op in desc.ops:
+        if isinstance(op, Load):
+            names[op.value] = f"a{op.param}"
+            lines.append(f"    const {c_types(op.type.dtype)[1]} a{op.param} = {load_expr(op.param, op.type, desc.space, 'i')};")
+        elif isinstance(op, Concat):
+            names[op.node.id] = f"v{op.node.id}"
+            lines.append(f"    const {c_types(op.node.type.dtype)[1]} v{op.node.id} = {piecewise(op, constants)};")
+        elif isinstance(op, Window):
+            names[op.node.id] = names[op.node.args[0]]
+        elif isinstance(op, Alu):
+            more, cost = chain_lines([op.node], names, types, constants, "    ")
             lines += more
             flops += cost
-    windowed: dict[tuple[int, int], list[str]] = {}
-    for k, vid in enumerate(group.outputs):
-        value = to_storage(names[vid], types[vid].dtype)
-        if vid in group.windows:  # a window of the loop: its own buffer, from its start
-            start, stop = group.windows[vid]
-            windowed.setdefault((start, stop), []).append(f"out{k}[i - {start}LL] = {value};")
+        elif isinstance(op, WindowStore):  # a window of the loop: its own buffer, from its start
+            windowed.setdefault((op.start, op.stop), []).append(f"out{op.param}[i - {op.start}LL] = {to_storage(names[op.value], op.dtype)};")
         else:
-            lines.append(f"    out{k}[i] = {value};")
+            lines.append(f"    out{op.param}[i] = {to_storage(names[op.value], op.dtype)};")
     lines += window_stores(sorted(windowed.items()))
-    return assemble("sx_fused", decls, "i", lines, params, shape_size(space), flops)
+    return assemble("sx_fused", decls, "i", lines, params, shape_size(desc.space), flops)
 
 
 def window_stores(ranges: list[tuple[tuple[int, int], list[str]]]) -> list[str]:
@@ -122,19 +149,17 @@ def window_stores(ranges: list[tuple[tuple[int, int], list[str]]]) -> list[str]:
     return tree(0, len(ranges), "    ") if ranges else []
 
 
-def piecewise(node: Node, piece: dict[int, int], types: dict[int, TensorType], constants: dict[int, Node]) -> str:
+def piecewise(concat: Concat, constants: dict[int, Node]) -> str:
     """A 1-D concat at loop index i: each part read only inside its own range."""
     parts: list[tuple[int, str]] = []
-    offset = 0
-    for a in node.args:
-        if a in constants:
-            value = literal(constants[a].attrs["value"], constants[a].type.dtype)
-        elif a in piece:
-            value = from_storage(f"in{piece[a]}[i - {offset}LL]", types[a].dtype)
+    for part in concat.parts:
+        if part.value in constants:
+            value = literal(constants[part.value].attrs["value"], constants[part.value].type.dtype)
+        elif part.param is not None:
+            value = from_storage(f"in{part.param}[i - {part.start}LL]", part.dtype)
         else:
-            raise LoweringError(f"concat %{node.id}: part %{a} is neither an input of the kernel nor a constant")
-        offset += shape_size(types[a].shape)
-        parts.append((offset, value))
+            raise LoweringError(f"concat %{concat.node.id}: part %{part.value} is neither an input of the kernel nor a constant")
+        parts.append((part.stop, value))
     return split_at_ends(parts, 0, len(parts))
 
 
@@ -206,74 +231,74 @@ def axis_coords(space: tuple[int, ...]) -> Callable[[list[int]], list[tuple[int,
     return coords
 
 
+@dataclass(frozen=True)
+class ReduceKernel:
+    """A reduction's kernel description: output o (or, split, item = chunk c of output o)
+    accumulates its elements jj in [FIRST, END) at idx = base + WITHIN, base = BASE (over o)."""
+
+    node: Node
+    outputs: int  # outputs of the reduction
+    count: int  # elements per output
+    split: int
+    base: str
+    within: str
+    accumulate: Accumulate
+    sides: tuple[int, ...]
+    innermost: bool  # the reduced axes include the last one (an output's elements are neighbours in memory)
+
+    def result(self, acc: str) -> str:
+        """The accumulated ACC as the output's storage holds it."""
+        value = self.accumulate.reducer.finish(acc, self.count)
+        out_t = self.node.type
+        return to_storage(f"(float){value}", out_t.dtype) if out_t.dtype == DType.bf16 else f"({c_types(out_t.dtype)[0]}){value}"
+
+
+def reduce_description(group: Reduction, types: dict[int, TensorType], strategy: Optional[ReduceStrategy] = None) -> ReduceKernel:
+    """GROUP's reduction as a description both dialects render: the strategy (chosen from the
+    shapes unless given) says who shares each output's loop and in how many chunks."""
+    node = group.node
+    in_t = types[node.args[0]]
+    space = tuple(in_t.shape)
+    axes, reduced_size, outputs, integer = reduce_geometry(group, types)
+    strategy = strategy or planned_strategy(group, types)
+    # integers stay exact only in a thread's 64-bit accumulator (the lanes' tree and the chunks' partials are f64)
+    if integer and (strategy.lanes != "thread" or strategy.split > 1) or strategy.split > reduced_size:
+        raise LoweringError(f"reduction %{node.id}: strategy {strategy} does not fit {in_t}")
+    kept = [d for d in range(len(space)) if d not in axes]
+    coords = axis_coords(space)
+    split = strategy.split
+    chunk = -(-reduced_size // split)
+    first = "0" if split == 1 else f"c * {chunk}LL"
+    end = f"{reduced_size}LL" if split == 1 else f"(c * {chunk}LL + {chunk}LL < {reduced_size}LL ? c * {chunk}LL + {chunk}LL : {reduced_size}LL)"
+    ops: list[Op] = [Load(vid, k, types[vid], space) for k, vid in enumerate(group.inputs)]
+    ops += [Alu(n) for n in (group.prologue.nodes if group.prologue is not None else [])]
+    ops += [Store(v, k + 1, types[v].dtype) for k, v in enumerate(group.sides)]
+    within = flat_index(coords(axes), "jj", reduced_size)
+    acc = Accumulate("acc", reducer_of(node.op), integer, "jj", first, end, f"base + {within}", tuple(ops), node.args[0], strategy.lanes)
+    innermost = bool(axes) and axes[-1] == len(space) - 1
+    return ReduceKernel(node, outputs, reduced_size, split, flat_index(coords(kept), "o", outputs), within, acc, tuple(group.sides), innermost)
+
+
 def reduce_kernels(group: Reduction, program: Program, constants: Optional[dict[int, Node]] = None,
                    strategy: Optional[ReduceStrategy] = None) -> list[KernelSource]:
     """A reduction as one kernel, or two when it is split (partial results per chunk, then
     their combination): each output (or chunk) by a thread, a warp or a block (the
-    strategy, chosen from the shapes unless given), looping over its elements in a fixed
-    order and combining the lanes in a fixed tree (deterministic), accumulating in double
-    (ints in 64 bits); the prologue (the fused group that makes the reduction's input) is
-    computed per element inside the loop, and the values of it that other steps read (its
-    sides) are stored there."""
+    strategy), looping over its elements in a fixed order and combining the lanes in a fixed
+    tree (deterministic), accumulating in double (ints in 64 bits); the prologue (the fused
+    group that makes the reduction's input) is computed per element inside the loop, and the
+    values of it that other steps read (its sides) are stored there."""
     types = program.types()
-    constants = constants or {}
+    desc = reduce_description(group, types, strategy)
     node = group.node
-    source = node.args[0]
-    in_t = types[source]
-    space = tuple(in_t.shape)
-    axes, reduced_size, outputs, integer = reduce_geometry(group, types)
-    strategy = strategy or planned_strategy(group, types)
-    kept = [d for d in range(len(space)) if d not in axes]
-    coords = axis_coords(space)
-
-    # integers stay exact only in a thread's 64-bit accumulator (the lanes' tree and the chunks' partials are f64)
-    if integer and (strategy.lanes != "thread" or strategy.split > 1) or strategy.split > reduced_size:
-        raise LoweringError(f"reduction %{node.id}: strategy {strategy} does not fit {in_t}")
-    names: dict[int, str] = {}
-    inner: list[str] = []
-    for k, vid in enumerate(group.inputs):
-        names[vid] = f"a{k}"
-        inner.append(f"      const {c_types(types[vid].dtype)[1]} a{k} = {load_expr(k, types[vid], space, 'idx')};")
-    flops = 0
-    if group.prologue is not None:
-        lines, flops = chain_lines(group.prologue.nodes, names, types, constants, "      ")
-        inner += lines
-    sides = list(group.sides)
-    inner += [f"      out{k + 1}[idx] = {to_storage(names[v], types[v].dtype)};" for k, v in enumerate(sides)]
-    x = names[source]
-    acc_type = "long long" if integer else "double"
-    init = {"sum": "0", "mean": "0", "max": "-sx_inf()" if not integer else "(-9223372036854775807LL - 1)", "min": "sx_inf()" if not integer else "9223372036854775807LL"}[node.op]
-    if node.op in ("sum", "mean"):
-        step = f"acc += ({acc_type}){x};"
-    else:  # NaN wins, as in NumPy; ties keep the first
-        better = ">" if node.op == "max" else "<"
-        step = f"if (({acc_type}){x} {better} acc || {x} != {x}) acc = ({acc_type}){x};" if not integer else f"if (({acc_type}){x} {better} acc) acc = ({acc_type}){x};"
-        if not integer:
-            step = f"if (acc == acc) {{ {step} }}"
-    flops += reduced_size * outputs
-    out_t = node.type
-    result = "acc" if node.op != "mean" else f"(acc / {reduced_size}.0)"
-    result = to_storage(f"(float){result}", out_t.dtype) if out_t.dtype == DType.bf16 else f"({c_types(out_t.dtype)[0]}){result}"
-    lanes, split = strategy.lanes, strategy.split
-    chunk = -(-reduced_size // split)
-    first = "0" if split == 1 else f"c * {chunk}LL"
-    end = f"{reduced_size}LL" if split == 1 else f"(c * {chunk}LL + {chunk}LL < {reduced_size}LL ? c * {chunk}LL + {chunk}LL : {reduced_size}LL)"
-    loop = f"for (long long j = {first}; j < {end}; ++j) {{" if lanes == "thread" else f"for (long long j = {first} + lane; j < {end}; j += lanes) {{"
+    lanes, split, outputs = desc.accumulate.lanes, desc.split, desc.outputs
     only_lane0 = "" if lanes == "thread" else "if (lane == 0) "
-    body = [
-        *([f"    const long long o = item % {outputs}LL, c = item / {outputs}LL;"] if split > 1 else []),
-        f"    const long long base = {flat_index(coords(kept), 'o')};",
-        f"    {acc_type} acc = {init};",
-        f"    {loop}",
-        f"      const long long idx = base + {flat_index(coords(axes), 'j')};",
-        *inner,
-        f"      {step}",
-        "    }",
-        *combine_lanes("acc", node.op, lanes),
-    ]
+    loop, flops = cuda_accumulate(desc.accumulate, types, constants or {}, {})
+    flops += desc.count * outputs
+    body = [*([f"    const long long o = item % {outputs}LL, c = item / {outputs}LL;"] if split > 1 else []), f"    const long long base = {desc.base};", *loop]
+    sides = list(desc.sides)
     if split == 1:
         decls, params = declare(group.inputs, [node.id] + sides, types)
-        body.append(f"    {only_lane0}out0[o] = {result};")
+        body.append(f"    {only_lane0}out0[o] = {desc.result('acc')};")
         return [assemble(f"sx_reduce_{node.op}", decls, "o", body, params, outputs, flops, lanes=lanes)]
     decls, params = declare(group.inputs, [], types)
     decls.append("double* __restrict__ out0")
@@ -285,12 +310,13 @@ def reduce_kernels(group: Reduction, program: Program, constants: Optional[dict[
     partials = assemble(f"sx_reduce_{node.op}_chunks", decls, "item", body, params, split * outputs, flops, lanes=lanes)
     # the chunks' partial results, combined per output in chunk order
     finish_lanes = "thread" if lanes == "thread" else "warp"
-    pair = {"sum": "acc + p", "mean": "acc + p", "max": "sx_maxd(acc, p)", "min": "sx_mind(acc, p)"}[node.op]
-    loop = f"for (long long c = 0; c < {split}LL; ++c) {{" if finish_lanes == "thread" else f"for (long long c = lane; c < {split}LL; c += lanes) {{"
+    reducer = desc.accumulate.reducer
+    loop_c = f"for (long long c = 0; c < {split}LL; ++c) {{" if finish_lanes == "thread" else f"for (long long c = lane; c < {split}LL; c += lanes) {{"
+    out_t = node.type
     store, _ = c_types(out_t.dtype)
     finish = [
-        f"    double acc = {init};", f"    {loop}", f"      const double p = in0[c * {outputs}LL + o];", f"      acc = {pair};", "    }",
-        *combine_lanes("acc", node.op, finish_lanes), f"    {'' if finish_lanes == 'thread' else 'if (lane == 0) '}out0[o] = {result};",
+        f"    double acc = {reducer.start(False)};", f"    {loop_c}", f"      const double p = in0[c * {outputs}LL + o];", f"      acc = {reducer.pair('acc', 'p')};", "    }",
+        *combine_lanes("acc", reducer, finish_lanes), f"    {'' if finish_lanes == 'thread' else 'if (lane == 0) '}out0[o] = {desc.result('acc')};",
     ]
     finish_params = [Param("in", -1, DType.f64, (split * outputs,)), Param("out", node.id, out_t.dtype, tuple(out_t.shape))]
     done = assemble(f"sx_reduce_{node.op}_finish", ["const double* __restrict__ in0", f"{store}* __restrict__ out0"], "o", finish, finish_params,

@@ -6,17 +6,19 @@ when they are thousands long): one loop over the row per reduction, its lanes st
 the row (the row-space values it needs are recomputed from the inputs in that loop) and
 their partial results combined in a fixed tree, the reduced values in registers, and a last
 loop that writes the row-space outputs. Only the group's inputs are read and only the values
-used outside it are written.
+used outside it are written. The kernel is rendered from the group's description
+(`row_description`, kernel_ir.RowKernel), which the host dialect renders too.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping, Optional, Protocol
 
-from ...ir.dtypes import DType
-from ...ir.graph import Node, Program, Shape, shape_size
+from ...ir.graph import Node, Program, Shape, TensorType, shape_size
 from ...ir.ops import OpKind, op_def
-from .codegen import GroupNodes, KernelSource, assemble, c_types, chain_lines, combine_lanes, declare, load_expr, to_storage
+from .codegen import GroupNodes, KernelSource, assemble, c_types, chain_lines, declare, load_expr, to_storage
+from .kernel_ir import Accumulate, Alu, Load, Op, RowKernel, RowPass, RowPhase, RowReduce, RowScalar, Store, cuda_accumulate, reducer_of
 
 
 class RowNodes(GroupNodes, Protocol):
@@ -29,7 +31,6 @@ class RowNodes(GroupNodes, Protocol):
 
 WARP_ROWS = 32  # rows at least this long get a warp each
 BLOCK_ROWS = 4096  # and rows at least this long a block each (a vocabulary's logits)
-
 
 
 def needed_row_nodes(targets: list[int], row_nodes: list[Node], by_id: Mapping[int, Node]) -> list[Node]:
@@ -45,84 +46,118 @@ def needed_row_nodes(targets: list[int], row_nodes: list[Node], by_id: Mapping[i
             stack.extend(node.args)
     return [n for n in row_nodes if n.id in needed]
 
-def rows_kernel(group: RowNodes, program: Program, constants: dict[int, Node], lanes: Optional[str] = None) -> KernelSource:
-    """GROUP's kernel, with a thread, a warp or a block per row (as LANES says; by default
-    from the row length)."""
-    types = program.types()
-    space = group.space
-    width = space[-1]
-    lanes = lanes or ("block" if width >= BLOCK_ROWS else "warp" if width >= WARP_ROWS else "thread")
-    columns = f"for (long long c = 0; c < {width}LL; ++c) {{" if lanes == "thread" else f"for (long long c = lane; c < {width}LL; c += lanes) {{"
-    only_lane0 = "" if lanes == "thread" else "if (lane == 0) "
-    by_id = {n.id: n for n in group.nodes}
+
+@dataclass(frozen=True)
+class RowParts:
+    """A row group's nodes by role: the reductions over the row, the row-space nodes, and the
+    reduced-space nodes (elementwise work on the reduced values), each in program order."""
+
+    space: Shape
+    reductions: list[Node]
+    row_nodes: list[Node]
+    reduced_nodes: list[Node]
+    by_id: dict[int, Node]
+    input_index: dict[int, int]
+    output_index: dict[int, int]
+
+    def row_ops(self, targets: list[int], types: dict[int, TensorType]) -> tuple[Op, ...]:
+        """What one element of a pass over the row computes for TARGETS: the inputs it loads
+        (at flat index idx of the row space) and the row-space nodes TARGETS need."""
+        nodes = needed_row_nodes(targets, self.row_nodes, self.by_id)
+        read = [a for n in nodes for a in n.args] + targets  # the targets themselves: a reduction straight over an input
+        inputs = [Load(a, self.input_index[a], types[a], self.space) for a in dict.fromkeys(read) if a in self.input_index]
+        return (*inputs, *[Alu(n) for n in nodes])
+
+    def reduction(self, red: Node, types: dict[int, TensorType], lanes: str) -> Accumulate:
+        """Reduction RED over row r's columns c."""
+        width = self.space[-1]
+        return Accumulate(f"acc{red.id}", reducer_of(red.op), False, "c", "0", f"{width}LL", f"r * {width}LL + c", self.row_ops([red.args[0]], types), red.args[0], lanes)
+
+
+def row_parts(group: RowNodes) -> RowParts:
+    space = tuple(group.space)
     reductions = [n for n in group.nodes if op_def(n.op).kind is OpKind.REDUCTION]
     row_nodes = [n for n in group.nodes if tuple(n.type.shape) == space and n not in reductions]
     reduced_nodes = [n for n in group.nodes if n not in row_nodes and n not in reductions]
+    return RowParts(space, reductions, row_nodes, reduced_nodes, {n.id: n for n in group.nodes},
+                    {vid: k for k, vid in enumerate(group.inputs)}, {vid: k for k, vid in enumerate(group.outputs)})
+
+
+def row_lanes(width: int) -> str:
+    """Who computes a row of WIDTH: a thread, a warp or a block."""
+    return "block" if width >= BLOCK_ROWS else "warp" if width >= WARP_ROWS else "thread"
+
+
+def row_description(group: RowNodes, types: dict[int, TensorType], constants: Mapping[int, Node], lanes: str) -> RowKernel:
+    """GROUP as the description both dialects render: the reduced-space nodes as soon as their
+    arguments are known, each reduction's accumulation, and a last pass for the row-space
+    outputs (the row values each loop needs are recomputed from the inputs in it)."""
+    parts = row_parts(group)
+    space = tuple(group.space)
+    known: set[int] = set()
+    phases: list[RowPhase] = []
+
+    def reduced_ready() -> None:
+        for node in parts.reduced_nodes:
+            if node.id in known or not all(a in known or a in constants or a not in parts.by_id for a in node.args):
+                continue
+            shape = tuple(node.type.shape)
+            inputs = tuple(Load(a, parts.input_index[a], types[a], shape) for a in dict.fromkeys(node.args) if a in parts.input_index)
+            phases.append(RowScalar(node, inputs, parts.output_index.get(node.id)))
+            known.add(node.id)
+
+    reduced_ready()
+    for red in parts.reductions:
+        phases.append(RowReduce(red, parts.reduction(red, types, lanes), parts.output_index.get(red.id)))
+        known.add(red.id)
+        reduced_ready()
+    row_outputs = [v for v in group.outputs if v not in known]
+    if row_outputs:
+        stores = tuple(Store(v, parts.output_index[v], types[v].dtype) for v in row_outputs)
+        phases.append(RowPass((*parts.row_ops(row_outputs, types), *stores)))
+    return RowKernel(space, lanes, tuple(phases))
+
+
+def rows_kernel(group: RowNodes, program: Program, constants: dict[int, Node], lanes: Optional[str] = None) -> KernelSource:
+    """GROUP's kernel rendered from its description for CUDA, with a thread, a warp or a
+    block per row (as LANES says; by default from the row length): the lanes stride each
+    loop over the row and meet in the fixed tree; lane 0 stores the row's scalars."""
+    types = program.types()
+    desc = row_description(group, types, constants, lanes or row_lanes(group.space[-1]))
+    width, lanes = desc.width, desc.lanes
+    columns = f"for (long long c = 0; c < {width}LL; ++c) {{" if lanes == "thread" else f"for (long long c = lane; c < {width}LL; c += lanes) {{"
+    only_lane0 = "" if lanes == "thread" else "if (lane == 0) "
     decls, params = declare(group.inputs, group.outputs, types)
-    input_index = {vid: k for k, vid in enumerate(group.inputs)}
-    output_index = {vid: k for k, vid in enumerate(group.outputs)}
     scalars: dict[int, str] = {}  # reduced values computed so far (registers for the row)
     lines: list[str] = []
     flops = 0
-
-    def loads(nodes: list[Node], index: str, relative_to: Shape, indent: str, tag: str) -> tuple[list[str], dict[int, str]]:
-        """The inputs NODES read, loaded at INDEX, and the names of everything they read."""
-        names = dict(scalars)
-        out = []
-        for node in nodes:
-            for a in node.args:
-                if a in input_index and a not in names:
-                    names[a] = f"x{a}{tag}"
-                    out.append(f"{indent}const {c_types(types[a].dtype)[1]} {names[a]} = {load_expr(input_index[a], types[a], relative_to, index)};")
-        return out, names
-
-    def row_pass(targets: list[int]) -> tuple[list[str], dict[int, str], int]:
-        """The loop body computing the row-space values TARGETS need, at flat index idx."""
-        nodes = needed_row_nodes(targets, row_nodes, by_id)
-        head, names = loads(nodes, "idx", space, "      ", "")
-        for v in targets:  # a reduction straight over an input
-            if v in input_index and v not in names:
-                names[v] = f"x{v}"
-                head.append(f"      const {c_types(types[v].dtype)[1]} x{v} = {load_expr(input_index[v], types[v], space, 'idx')};")
-        body, cost = chain_lines(nodes, names, types, constants, "      ")
-        return head + body, names, cost
-
-    def reduced_ready() -> None:
-        """Every reduced-space node whose arguments are known now, in order."""
-        for node in reduced_nodes:
-            if node.id in scalars or not all(a in scalars or a in constants or a not in by_id for a in node.args):
-                continue
-            head, names = loads([node], "r", tuple(node.type.shape), "    ", f"_{node.id}")
-            body, _ = chain_lines([node], names, types, constants, "    ")
-            lines.extend(head + body)
+    for phase in desc.phases:
+        if isinstance(phase, RowScalar):
+            node = phase.node
+            names = dict(scalars)
+            for load in phase.loads:
+                names[load.value] = f"x{load.value}_{node.id}"
+                lines.append(f"    const {c_types(load.type.dtype)[1]} {names[load.value]} = {load_expr(load.param, load.type, load.space, 'r')};")
+            more, _ = chain_lines([node], names, types, constants, "    ")
+            lines += more
             scalars[node.id] = names[node.id]
-            if node.id in output_index:
-                lines.append(f"    {only_lane0}out{output_index[node.id]}[r] = {to_storage(scalars[node.id], node.type.dtype)};")
-
-    reduced_ready()
-    for red in reductions:
-        body, names, cost = row_pass([red.args[0]])
-        flops += cost + shape_size(space)
-        x, acc = names[red.args[0]], f"acc{red.id}"
-        if red.op in ("sum", "mean"):
-            step, init = f"{acc} += (double){x};", "0.0"
-        else:  # NaN wins, as in NumPy
-            better = ">" if red.op == "max" else "<"
-            step = f"if ({acc} == {acc}) {{ if ((double){x} {better} {acc} || {x} != {x}) {acc} = (double){x}; }}"
-            init = "-sx_inf()" if red.op == "max" else "sx_inf()"
-        lines += [f"    double {acc} = {init};", f"    {columns}", f"      const long long idx = r * {width}LL + c;",
-                  *body, f"      {step}", "    }", *combine_lanes(acc, red.op, lanes)]
-        value = f"(float){acc}" if red.op != "mean" else f"(float)({acc} / {width}.0)"
-        lines.append(f"    const float s{red.id} = {f'sx_bf16_round({value})' if red.type.dtype == DType.bf16 else value};")
-        scalars[red.id] = f"s{red.id}"
-        if red.id in output_index:
-            lines.append(f"    {only_lane0}out{output_index[red.id]}[r] = {to_storage(scalars[red.id], red.type.dtype)};")
-        reduced_ready()
-    row_outputs = [v for v in group.outputs if v not in scalars]
-    if row_outputs:
-        body, names, _ = row_pass(row_outputs)
-        lines += [f"    {columns}", f"      const long long idx = r * {width}LL + c;", *body]
-        lines += [f"      out{output_index[v]}[idx] = {to_storage(names[v], types[v].dtype)};" for v in row_outputs]
-        lines.append("    }")
-    flops += sum(op_def(n.op).flops(n, [types[a] for a in n.args]) for n in reduced_nodes)
-    return assemble("sx_rows", decls, "r", lines, params, shape_size(space) // width, flops, lanes=lanes)
+            flops += op_def(node.op).flops(node, [types[a] for a in node.args])
+        elif isinstance(phase, RowReduce):
+            node = phase.node
+            more, cost = cuda_accumulate(phase.accumulate, types, constants, scalars)
+            flops += cost + shape_size(desc.space)
+            lines += [*more, f"    const float s{node.id} = {desc.result(phase, phase.accumulate.acc)};"]
+            scalars[node.id] = f"s{node.id}"
+        else:
+            names = dict(scalars)
+            body = []
+            for load in phase.loads:
+                names[load.value] = f"x{load.value}"
+                body.append(f"      const {c_types(load.type.dtype)[1]} x{load.value} = {load_expr(load.param, load.type, load.space, 'idx')};")
+            more, _ = chain_lines(phase.nodes, names, types, constants, "      ")
+            body += more
+            body += [f"      out{store.param}[idx] = {to_storage(names[store.value], store.dtype)};" for store in phase.stores]
+            lines += [f"    {columns}", f"      const long long idx = r * {width}LL + c;", *body, "    }"]
+        if isinstance(phase, (RowScalar, RowReduce)) and phase.store is not None:
+            lines.append(f"    {only_lane0}out{phase.store}[r] = {to_storage(scalars[phase.node.id], phase.node.type.dtype)};")
+    return assemble("sx_rows", decls, "r", lines, params, desc.rows, flops, lanes=lanes)
