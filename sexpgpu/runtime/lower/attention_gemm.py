@@ -11,7 +11,7 @@ forward   P = q k^T          (a gemm per head into the scratch, [heads, S, S] f3
 
 backward  P as the forward made it (the same calls and kernel: the same bits)
           dv = P^T g,  dP = g v^T
-          dS = P (dP - sum_j P dP) * scale      (`softmax_grad_kernel`: in place of dP)
+          dS = P (dP - g . o) * scale          (`softmax_grad_kernel`: in place of dP)
           dq = dS k,  dk = dS^T q               (into the stacked result's thirds)
 
 The heads are the batch of strided-batched calls: one call per index of the smaller of the
@@ -130,22 +130,29 @@ def softmax_kernel(h: Heads) -> KernelSource:
                     5 * h.scores, moved=2 * 4 * h.scores)
 
 
-def softmax_grad_kernel(h: Heads) -> KernelSource:
-    """dS = P (dP - sum_j P dP) * scale per row, in place of dP (zeros past the keys the
-    row's query sees)."""
-    s, scale = h.length, literal(h.scale, DType.f32)
+def softmax_grad_kernel(h: Heads, node: Node) -> KernelSource:
+    """dS = P (dP - D) * scale per row, in place of dP (zeros past the keys the row's query
+    sees), D = g . o of the row's query (attention_grad's o and g, NODE's fourth and fifth
+    arguments)."""
+    s, d, scale = h.length, h.width, literal(h.scale, DType.f32)
+    stride = h.per_position * d
     lines = [
         *row_head(h),
+        f"    const long long head = r / {s}LL;",
+        f"    const long long at = (head / {h.per_position}LL) * {s * stride}LL + (head % {h.per_position}LL) * {d}LL + i * {stride}LL;",
         f"    const float* const prow = p + r * {s}LL;",
         f"    float* const drow = dp + r * {s}LL;",
-        "    float dot = 0.0f;",
-        "    for (long long j = 0; j < seen; ++j) dot += prow[j] * drow[j];",
-        f"    for (long long j = 0; j < seen; ++j) drow[j] = prow[j] * (drow[j] - dot) * {scale};",
+        "    float dsum = 0.0f;",
+        f"    for (int e = 0; e < {d}; ++e) dsum += g[at + e] * o[at + e];",
+        f"    for (long long j = 0; j < seen; ++j) drow[j] = prow[j] * (drow[j] - dsum) * {scale};",
         f"    for (long long j = seen; j < {s}LL; ++j) drow[j] = 0.0f;",
     ]
-    rows = h.heads * s
-    return assemble("sx_attention_softmax_grad", ["const float* __restrict__ p", "float* __restrict__ dp"], "r", lines,
-                    [Param("in", -1, DType.f32, (h.scores,)), Param("out", -2, DType.f32, (h.scores,))], rows, 5 * h.scores, moved=3 * 4 * h.scores)
+    shape = (h.batch, s, h.per_position, d)
+    params = [Param("in", -1, DType.f32, (h.scores,)), Param("out", -2, DType.f32, (h.scores,)),
+              Param("in", node.args[3], DType.f32, shape), Param("in", node.args[4], DType.f32, shape)]
+    return assemble("sx_attention_softmax_grad", ["const float* __restrict__ p", "float* __restrict__ dp", "const float* __restrict__ o",
+                                                  "const float* __restrict__ g"], "r", lines, params, h.heads * s, 3 * h.scores + 2 * h.elements,
+                    moved=3 * 4 * h.scores + 2 * 4 * h.elements)
 
 
 def gemm_flops(calls: list[BlasCall]) -> int:
@@ -211,7 +218,7 @@ class AttentionGradGemms(AttentionGemms):
 
     def kernels(self, program: Program, constants: dict[int, Node]) -> list[KernelSource]:
         h = self.h
-        return [softmax_kernel(h), softmax_grad_kernel(h)]
+        return [softmax_kernel(h), softmax_grad_kernel(h, self.node)]
 
     def grad_calls(self, h: Heads) -> list[list[BlasCall]]:
         """P's, then dv's, dP's, dq's and dk's calls."""
@@ -224,7 +231,7 @@ class AttentionGradGemms(AttentionGemms):
 
     def launch(self, run: StepRun, kernels: list[KernelSource]) -> None:
         h = self.h
-        q, k, v, _, g = (run.contiguous(a) for a in self.node.args)
+        q, k, v, o, g = (run.contiguous(a) for a in self.node.args)
         out = run.buffer(self.node.id)
         p = run.scratch(np.float32, h.scores)
         dp = run.scratch(np.float32, h.scores, 4 * h.scores)
@@ -236,7 +243,7 @@ class AttentionGradGemms(AttentionGemms):
             run.gemm(call, g, p, out)
         for call in dps:
             run.gemm(call, v, g, dp)
-        run.launch(kernels[1], [p, dp])
+        run.launch(kernels[1], [p, dp, o, g])
         for call in dq:
             run.gemm(call, k, dp, out)
         for call in dk:
