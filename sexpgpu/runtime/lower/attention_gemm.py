@@ -23,7 +23,7 @@ of attention.py, which hold no scores in memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -187,25 +187,33 @@ class AttentionGemms(NodeStep):
         q, k, v = (run.contiguous(a) for a in self.node.args)
         out = run.buffer(self.node.id)
         p = run.scratch(np.float32, h.scores)
-        scores, values = self.calls(h)
-        for call in scores:  # cuBLAS's first matrix is B (row-major C is its C^T)
-            run.gemm(call, k, q, p)
-        run.launch(kernels[0], [p])
-        for call in values:
+        self.probabilities(run, kernels[0], q, k, p)
+        for call in self.calls(h)[1]:
             run.gemm(call, v, p, out)
         run.set(self.node.id, out)
 
+    def probabilities(self, run: StepRun, softmax: KernelSource, q: Any, k: Any, p: Any) -> None:
+        """P = softmax(q k^T * scale) into P (the scratch)."""
+        for call in score_calls(self.h):  # cuBLAS's first matrix is B (row-major C is its C^T)
+            run.gemm(call, k, q, p)
+        run.launch(softmax, [p])
+
     def describe(self, index: int, lowered: Lowered) -> KernelLine:
-        types = lowered.program.types()
         h = self.h
         scores, values = self.calls(h)
-        kernel = softmax_kernel(h)
-        calls = scores + values
-        return KernelLine(step=index, kind=self.kind, kernel=f"{gemm_label(scores)} + {kernel.name} + {gemm_label(values)}",
-                          nodes=[lowered.label(n) for n in self.nodes], elements=shape_size(self.node.type.shape),
-                          bytes=self.moved_bytes(types) + kernel.bytes, flops=gemm_flops(calls) + kernel.flops, launches=len(calls) + 1, cublas=len(calls),
-                          how=f"the scores q k^T by batched gemms into scratch ({h.heads} x {h.length}x{h.length} f32), a thread per row "
-                          "for the softmax, then P v by batched gemms")
+        return self.line(index, lowered, [scores, values], [softmax_kernel(h)], [0, -1, 1],
+                         f"the scores q k^T by batched gemms into scratch ({h.heads} x {h.length}x{h.length} f32), a thread per row "
+                         "for the softmax, then P v by batched gemms")
+
+    def line(self, index: int, lowered: Lowered, groups: list[list[BlasCall]], kernels: list[KernelSource], order: list[int], how: str) -> KernelLine:
+        """The report's line: the launches in ORDER (k >= 0: the calls GROUPS[k]; -1, -2, ..:
+        the first, second.. of KERNELS)."""
+        types = lowered.program.types()
+        calls = [c for group in groups for c in group]
+        text = " + ".join(gemm_label(groups[k]) if k >= 0 else kernels[-k - 1].name for k in order)
+        return KernelLine(step=index, kind=self.kind, kernel=text, nodes=[lowered.label(n) for n in self.nodes], elements=shape_size(self.node.type.shape),
+                          bytes=self.moved_bytes(types) + sum(k.bytes for k in kernels), flops=gemm_flops(calls) + sum(k.flops for k in kernels),
+                          launches=len(calls) + len(kernels), cublas=len(calls), how=how)
 
 
 @dataclass
@@ -235,10 +243,8 @@ class AttentionGradGemms(AttentionGemms):
         out = run.buffer(self.node.id)
         p = run.scratch(np.float32, h.scores)
         dp = run.scratch(np.float32, h.scores, 4 * h.scores)
-        scores, dv, dps, dq, dk = self.grad_calls(h)
-        for call in scores:
-            run.gemm(call, k, q, p)
-        run.launch(kernels[0], [p])
+        _, dv, dps, dq, dk = self.grad_calls(h)
+        self.probabilities(run, kernels[0], q, k, p)
         for call in dv:
             run.gemm(call, g, p, out)
         for call in dps:
@@ -251,14 +257,7 @@ class AttentionGradGemms(AttentionGemms):
         run.set(self.node.id, out)
 
     def describe(self, index: int, lowered: Lowered) -> KernelLine:
-        types = lowered.program.types()
         h = self.h
-        groups = self.grad_calls(h)
-        kernels = self.kernels(lowered.program, lowered.constants)
-        calls = [c for group in groups for c in group]
-        text = " + ".join([gemm_label(groups[0]), kernels[0].name, *(gemm_label(g) for g in groups[1:3]), kernels[1].name, *(gemm_label(g) for g in groups[3:])])
-        return KernelLine(step=index, kind=self.kind, kernel=text, nodes=[lowered.label(n) for n in self.nodes], elements=shape_size(self.node.type.shape),
-                          bytes=self.moved_bytes(types) + sum(k.bytes for k in kernels), flops=gemm_flops(calls) + sum(k.flops for k in kernels),
-                          launches=len(calls) + 2, cublas=len(calls),
-                          how=f"P recomputed as the forward makes it ({h.heads} x {h.length}x{h.length} f32 scratch), dv = P^T g and dP = g v^T "
-                          "by batched gemms, a thread per row for dS, then dq = dS k and dk = dS^T q by batched gemms")
+        return self.line(index, lowered, self.grad_calls(h), self.kernels(lowered.program, lowered.constants), [0, -1, 1, 2, -2, 3, 4],
+                         f"P recomputed as the forward makes it ({h.heads} x {h.length}x{h.length} f32 scratch), dv = P^T g and dP = g v^T "
+                         "by batched gemms, a thread per row for dS, then dq = dS k and dk = dS^T q by batched gemms")
