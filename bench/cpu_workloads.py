@@ -48,6 +48,9 @@ WIDE = """
 """
 
 NANOGPT = {"width": 128, "heads": 4, "depth": 4, "context": 64, "batch": 12}
+# one GPT-2-small transformer block (768 wide, 12 heads of 64) at context 256; batch 2 (23 GFLOP a
+# training step) keeps a step under about a second on one core
+GPT2_LAYER = {"width": 768, "heads": 12, "depth": 1, "context": 256, "batch": 2}
 
 # the issue's CNN: 28x28 images, a VGG block (3x3 convs 1->32->64 with 'same' padding and
 # ReLUs, then a 2x2 max-pool) and a linear head, batch 64: about 5.7 GFLOP per training step
@@ -96,16 +99,15 @@ class Workload:
     steps: int  # timed steps per sample
 
 
-def nanogpt_file(tmp: Path) -> Path:
-    """examples/char-transformer.lisp at nanoGPT's shakespeare-char "CPU config" (4 layers, 4
-    heads, 128 wide, block 64, batch 12)."""
+def transformer_file(tmp: Path, name: str, shape: dict[str, int]) -> Path:
+    """examples/char-transformer.lisp with SHAPE's width, heads, depth, context and batch."""
     text = (REPO / "examples" / "char-transformer.lisp").read_text()
     for knob in ("width", "heads", "depth", "context"):
-        text = re.sub(rf"\(defknob {knob} \d+", f"(defknob {knob} {NANOGPT[knob]}", text)
-    text = text.replace(":batch 16", f":batch {NANOGPT['batch']}")
+        text = re.sub(rf"\(defknob {knob} \d+", f"(defknob {knob} {shape[knob]}", text)
+    text = text.replace(":batch 16", f":batch {shape['batch']}")
     (tmp / "data").mkdir(exist_ok=True)
     (tmp / "data" / "stdlib-docstrings.txt").write_bytes((REPO / "examples" / "data" / "stdlib-docstrings.txt").read_bytes())
-    path = tmp / "nanogpt_char.lisp"
+    path = tmp / f"{name}.lisp"
     path.write_text(text)
     return path
 
@@ -117,6 +119,11 @@ def vgg_file(tmp: Path) -> Path:
     path = tmp / "cnn28.lisp"
     path.write_text(VGG)
     return path
+
+
+def nanogpt_file(tmp: Path) -> Path:
+    """nanoGPT's shakespeare-char "CPU config" (4 layers, 4 heads, 128 wide, block 64, batch 12)."""
+    return transformer_file(tmp, "nanogpt_char", NANOGPT)
 
 
 def workloads(tmp: Path, steps: int) -> list[Workload]:
@@ -131,6 +138,7 @@ def workloads(tmp: Path, steps: int) -> list[Workload]:
         Workload("CNN on digits (16/32 ch, 8x8, b64)", examples / "cnn.lisp", "cnn", few),
         Workload("nanoGPT-char CPU (4x128, 4 heads, ctx64, b12)", nanogpt_file(tmp), "char_transformer", few),
         Workload("CNN 28x28 (32/64 ch, b64)", vgg_file(tmp), "vgg", max(3, steps // 40)),
+        Workload("GPT-2-small layer (768, ctx256)", transformer_file(tmp, "gpt2_layer", GPT2_LAYER), "char_transformer", max(3, steps // 40)),
     ]
 
 

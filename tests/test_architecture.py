@@ -219,9 +219,9 @@ def test_an_op_with_a_kernel_of_its_own_needs_only_its_entry_and_its_lowering(mo
 def step_type_names() -> set[str]:
     """The names of the lowering's step classes (the classes of its step modules that write
     kernels and a report line)."""
-    from sexpgpu.runtime.lower import attention, images, steps
+    from sexpgpu.runtime.lower import attention, attention_gemm, images, steps
 
-    return {name for module in (steps, images, attention) for name, value in vars(module).items()
+    return {name for module in (steps, images, attention, attention_gemm) for name, value in vars(module).items()
             if isinstance(value, type) and value.__module__ == module.__name__
             and callable(getattr(value, "kernels", None)) and callable(getattr(value, "describe", None))}
 
@@ -230,7 +230,7 @@ def test_no_device_dispatches_on_step_types_with_isinstance() -> None:
     """runtime/cpu/ and runtime/cuda/ never ask `isinstance(x, SomeStep)`: each step type's
     emitter is registered for its device (`register_emitter(..., platform=)`)."""
     names = step_type_names()
-    assert {"FusedGroup", "ReduceGroup", "RowGroup", "AttentionStep", "ConvStep"} <= names, names
+    assert {"FusedGroup", "ReduceGroup", "RowGroup", "AttentionStep", "AttentionGemms", "ConvStep"} <= names, names
     offenders = []
     for folder in ("cpu", "cuda"):
         for path in sorted((REPO / "sexpgpu" / "runtime" / folder).rglob("*.py")):

@@ -1,9 +1,10 @@
-"""Fused attention on the emulated device (runtime/lower/attention.py) against the unfused
-NumPy path: the forward kernel and the two backward kernels, reached through autodiff of
-`attention`, give what matmul, scale, mask, softmax and matmul (and their gradients, by
-autodiff too) give on the NumPy backend, in f32 and bf16, causal or not, with several tiles
-per sequence and lengths that are not multiples of the tile. The plan holds no S x S
-buffer."""
+"""Fused attention on the emulated device against the unfused NumPy path, in both schedules:
+the tiled kernels (runtime/lower/attention.py: the forward kernel and the two backward
+kernels) and the batched gemms with their softmax row kernels (attention_gemm.py), reached
+through autodiff of `attention`, give what matmul, scale, mask, softmax and matmul (and their
+gradients, by autodiff too) give on the NumPy backend, in f32 and bf16, causal or not, with
+several tiles per sequence and lengths that are not multiples of the tile. The tiled plan
+holds no S x S buffer; the gemm schedule's scratch is its scores and nothing more."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from sexpgpu.compile.autodiff import backward
 from sexpgpu.ir.builder import Builder
 from sexpgpu.ir.dtypes import DType, numpy_dtype
 from sexpgpu.ir.graph import Program, TensorType
-from sexpgpu.runtime.lower import attention
+from sexpgpu.runtime.lower import attention, attention_gemm
 from sexpgpu.runtime.lower.executor import ArrayDevice, LoweredProgram
 from sexpgpu.runtime.lower.fusion import lower
 from sexpgpu.runtime.lower.plan import plan_arena
@@ -66,9 +67,15 @@ def compare(got: dict[str, Any], want: dict[str, Any], rtol: float, what: str) -
         np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * scale, err_msg=f"{what}: {key}")
 
 
+def tiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiled kernels' schedule for every attention (no scores fit the gemms' scratch)."""
+    monkeypatch.setattr(attention_gemm, "SCORES_BYTES", 0)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("length,tile", [(16, 16), (37, 16), (70, 16), (37, 64), (5, 64)])
 def test_fused_attention_in_f32_equals_the_unfused_numpy_path(length: int, tile: int, causal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiled(monkeypatch)
     monkeypatch.setattr(attention, "TILE", tile)
     data = feeds(length, DType.f32, length + tile)
     fused = attention_program(length, DType.f32, causal, fused=True)
@@ -81,6 +88,35 @@ def test_fused_attention_in_f32_equals_the_unfused_numpy_path(length: int, tile:
         compare(lowered.run(data), want, 2e-5, f"f32 length {length} tile {tile} run {run}")
     # the NumPy kernels of the op itself: the same math as the unfused ops
     compare(CompiledProgram(fused).run_copy(data), want, 2e-5, "the op's NumPy kernels")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("length", [2, 5, 37, 70])
+def test_attention_as_batched_gemms_equals_the_unfused_numpy_path(length: int, causal: bool) -> None:
+    """f32 attention whose scores fit the scratch: the scores, o, dv, dP, dq and dk by batched
+    gemms, the softmax and its gradient by row kernels; no tiled kernel is left."""
+    data = feeds(length, DType.f32, length + 1)
+    fused = attention_program(length, DType.f32, causal, fused=True)
+    want = CompiledProgram(attention_program(length, DType.f32, causal, fused=False)).run_copy(data)
+    lowered = LoweredProgram(fused, ArrayDevice(np, HostRunner()))
+    names = sorted(k.name.rsplit("_", 1)[0] for ks in lowered.kernels for k in ks if k.name.startswith("sx_attention"))
+    assert names == ["sx_attention_softmax", "sx_attention_softmax", "sx_attention_softmax_grad"], names
+    steps = [s for s in lowered.lowering.steps if s.kind == "attention"]
+    assert [type(s) for s in steps] == [attention_gemm.AttentionGemms, attention_gemm.AttentionGradGemms]
+    for run in range(2):
+        compare(lowered.run(data), want, 2e-5, f"gemms, length {length} run {run}")
+
+
+def test_the_gemm_calls_batch_the_larger_of_the_batch_and_head_axes() -> None:
+    """A head's rows have one stride along the batch axis and another along the heads: one
+    strided-batched call per index of the smaller axis, batched over the larger, every head's
+    block of the scores written once."""
+    for batch, heads, calls, inner in ((12, 4, 4, 12), (2, 12, 2, 12), (1, 3, 1, 3), (5, 1, 1, 5)):
+        h = attention_gemm.Heads(batch, heads, 64, 32, True, 0.125)
+        scores = attention_gemm.score_calls(h)
+        assert (len(scores), {c.batch for c in scores}) == (calls, {inner}), (batch, heads)
+        blocks = sorted(c.c.offset + i * c.c.stride for c in scores for i in range(c.batch))
+        assert blocks == [j * 64 * 64 for j in range(batch * heads)]
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -107,6 +143,7 @@ def test_wide_heads_accumulate_dk_and_dv_in_separate_blocks_with_the_same_bits(d
     """Heads wider than SPLIT_WIDTH (GPT-2's 64): the key pass gives each key tile a block for
     dv and one for dk, so that a thread holds one row of accumulators (two spill on sm_90);
     the gradients are bit for bit those of one block doing both, and the unfused path's."""
+    tiled(monkeypatch)
     monkeypatch.setattr(attention, "TILE", 16)
     length, width = 37, attention.SPLIT_WIDTH + 8
     data = feeds(length, dtype, 11, width)
@@ -133,20 +170,27 @@ def test_wide_heads_accumulate_dk_and_dv_in_separate_blocks_with_the_same_bits(d
         compare(got, CompiledProgram(attention_program(length, dtype, True, fused=False, width=width)).run_copy(data), 2e-5, "wide heads")
 
 
-def test_the_plan_holds_no_scores() -> None:
-    """Neither the forward nor the backward pass materializes an S x S buffer: the largest
-    buffer of the fused program is the stacked gradients (3 x S x D per head)."""
+def test_the_tiled_plan_holds_no_scores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scores over SCORES_BYTES take the tiled kernels: neither the forward nor the backward
+    pass materializes an S x S buffer, and the largest buffer of the fused program is the
+    stacked gradients (3 x S x D per head). Scores within it take the gemms, whose largest
+    buffer is the backward's scratch, P and dP."""
     length = 96
     heads = BATCH * HEADS
+    scores = heads * length * length * 4
+    gemms = plan_arena(lower(attention_program(length, DType.f32, True, fused=True)))
+    assert max(b.bytes for b in gemms.buffers) == 2 * scores
+    monkeypatch.setattr(attention_gemm, "SCORES_BYTES", 2 * scores - 1)
     fused, unfused = (plan_arena(lower(attention_program(length, DType.f32, True, fused=f))) for f in (True, False))
-    assert max(b.bytes for b in unfused.buffers) >= heads * length * length * 4
+    assert max(b.bytes for b in unfused.buffers) >= scores
     assert max(b.bytes for b in fused.buffers) == 3 * heads * length * WIDTH * 4
 
 
 def test_a_bias_added_to_the_projections_is_computed_as_the_kernels_load_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    """q, k, v = reshape(x W + b), as nn:causal-attention makes them: the attention kernels
+    """q, k, v = reshape(x W + b), as nn:causal-attention makes them: the tiled attention kernels
     compute the bias addition as they load (no kernel writes q, k or v), and give the NumPy
     backend's values, forward and backward."""
+    tiled(monkeypatch)
     monkeypatch.setattr(attention, "TILE", 16)
     length, width = 37, HEADS * WIDTH
     for dtype in (DType.f32, DType.bf16):

@@ -7,7 +7,9 @@ program's arena; k: its k-th input) plus a byte offset. `sx_run` walks it: a ker
 is large enough is split into SX_CHUNKS contiguous ranges of items per thread of the pool, which
 the caller and the awake workers claim in turn (items are independent: each is one CUDA thread's, warp's or block's work, so the split
 changes no bit), the others run on the calling thread; a gemm is one BLAS call per batch item
-from the calling thread, with the BLAS's own threads. The pool's threads spin between two
+from the calling thread, with the BLAS's own threads, except a batch of f32 items too small
+for the BLAS to thread (attention's per-head products), whose items the pool's threads share
+as a kernel's (each item one BLAS call on one thread: the split changes no bit). The pool's threads spin between two
 kernels of one stretch (for at most SX_SPINS pauses, then they sleep) and sleep on a condition
 variable during a gemm and between runs, so they never compete with the BLAS's threads nor
 keep a busy machine's cores from its other work; the caller waiting for them yields its core
@@ -38,6 +40,9 @@ RUNTIME_C = r"""
 #define SX_SPINS 20000
 /* chunks per thread of a kernel split between threads (claimed in turn, so a late thread takes fewer) */
 #define SX_CHUNKS 4
+/* multiply-adds of a gemm at most which OpenBLAS computes on the calling thread alone
+   (its SMP_THRESHOLD_MIN x GEMM_MULTITHREAD_THRESHOLD): a batch of these the pool's threads share */
+#define SX_SMALL_GEMM 262144LL
 
 typedef void (*sx_kernel)(void* const*, long long, long long);
 typedef void (*sx_sgemm64)(int, int, int, long long, long long, long long, float, const float*, long long, const float*, long long, float, float*, long long);
@@ -179,15 +184,34 @@ static void sx_widen_matrix(const unsigned short* x, long long rows, long long c
   for (long long j = 0; j < cols; ++j) for (long long i = 0; i < rows; ++i) out[i + j * rows] = sx_widen(x[i + j * ld]);
 }
 
+/* batch item B of an f32 gemm */
+static void sx_gemm_item(const sx_op* op, void* const* ptr, void* blas, int blas64, long long b) {
+  const float* a = (const float*)ptr[0] + op->oa + b * op->sa;
+  const float* bm = (const float*)ptr[1] + op->ob + b * op->sb;
+  float* c = (float*)ptr[2] + op->oc + b * op->sc;
+  sx_sgemm(blas, blas64, (int)op->op_a, (int)op->op_b, op->m, op->n, op->k, a, op->lda, bm, op->ldb, c, op->ldc);
+}
+
+/* a gemm's batch items given to the pool's threads as a kernel's items: the job comes in place of the args */
+typedef struct { const sx_op* op; void* const* ptr; void* blas; int blas64; } sx_gemm_job;
+
+static void sx_gemm_items(void* const* args, long long begin, long long end) {
+  const sx_gemm_job* job = (const sx_gemm_job*)(const void*)args;
+  for (long long b = begin; b < end; ++b) sx_gemm_item(job->op, job->ptr, job->blas, job->blas64, b);
+}
+
+/* whether the pool's threads take a gemm's batch items (each one BLAS call, on one thread):
+   f32, items small enough that the BLAS runs each on one thread anyway */
+static int sx_gemm_splits(const sx_pool* pool, const sx_op* op) {
+  return pool->threads > 1 && op->batch > 1 && !op->in_bf16 && op->m * op->n * op->k <= SX_SMALL_GEMM;
+}
+
 static void sx_gemm(const sx_op* op, void* const* ptr, void* blas, int blas64, float* workspace) {
   for (long long b = 0; b < op->batch; ++b) {
     const long long ra = op->op_a ? op->k : op->m, ca = op->op_a ? op->m : op->k;
     const long long rb = op->op_b ? op->n : op->k, cb = op->op_b ? op->k : op->n;
     if (!op->in_bf16) {
-      const float* a = (const float*)ptr[0] + op->oa + b * op->sa;
-      const float* bm = (const float*)ptr[1] + op->ob + b * op->sb;
-      float* c = (float*)ptr[2] + op->oc + b * op->sc;
-      sx_sgemm(blas, blas64, (int)op->op_a, (int)op->op_b, op->m, op->n, op->k, a, op->lda, bm, op->ldb, c, op->ldc);
+      sx_gemm_item(op, ptr, blas, blas64, b);
       continue;
     }
     float* wa = workspace;
@@ -214,7 +238,11 @@ int sx_run(sx_pool* pool, const sx_op* ops, long long count, const sx_ref* refs,
       const sx_ref r = refs[op->first + a];
       scratch[a] = (char*)bases[r.base] + r.offset;
     }
-    if (op->kind == 1) {
+    if (op->kind == 1 && sx_gemm_splits(pool, op)) {
+      const sx_gemm_job job = {op, scratch, blas, blas64};
+      atomic_store_explicit(&pool->busy, 1, memory_order_relaxed);
+      sx_parallel(pool, sx_gemm_items, (void* const*)(const void*)&job, op->batch);
+    } else if (op->kind == 1) {
       atomic_store_explicit(&pool->busy, 0, memory_order_relaxed);
       sx_gemm(op, scratch, blas, blas64, workspace);
     } else if (pool->threads > 1 && op->size > 1 && op->work >= pool->grain) {

@@ -1,4 +1,6 @@
-"""Fused attention on the device, in the flash-attention manner: softmax(q k^T * scale + mask) v
+"""Fused attention on the device, in the flash-attention manner (the schedule of sequences
+whose scores do not fit attention_gemm.py's scratch, and of bf16; the others are batched
+gemms and a softmax row kernel, attention_gemm.py): softmax(q k^T * scale + mask) v
 without the S x S scores in memory, forward and backward, over q, k, v [..., S, H, D] (a
 head's rows H * D elements apart).
 
@@ -37,6 +39,7 @@ from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, TensorType, shape_size
 from .codegen import BYTES, KernelSource, LoweringError, Param, assemble, c_types, chain_lines, from_storage, literal, load_expr, to_storage
 from .lowering import KernelLine, Lowered, LoweringContext, Placement, Prologue, StepRun, register_lowering
+from .attention_gemm import AttentionGemms, AttentionGradGemms, heads_of, uses_gemms
 from .steps import NodeStep
 
 TILE = 64  # queries (keys in the dK/dV pass) per block: its threads
@@ -424,10 +427,14 @@ def computed(node: Node, context: LoweringContext) -> None:
 @register_lowering("attention")
 def _attention(node: Node, context: LoweringContext) -> Placement:
     computed(node, context)
+    if uses_gemms(node, context.types):
+        return AttentionGemms(node, heads_of(node, context.types))
     return AttentionStep(node, TILE)
 
 
 @register_lowering("attention_grad")
 def _attention_grad(node: Node, context: LoweringContext) -> Placement:
     computed(node, context)
+    if uses_gemms(node, context.types):
+        return AttentionGradGemms(node, heads_of(node, context.types))
     return AttentionGradStep(node, TILE)
