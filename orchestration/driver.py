@@ -9,7 +9,7 @@ recorded in the ledger. A point that fails on its own (exit 1) is not retried.
 
 The ledger, under STORE/sweeps/STEM.SWEEP/, holds each point's state, attempts and slug: one
 record per point (points/SLUG.json), written when the point changes, and sweep.json, the whole
-ledger, written when the sweep starts and ends (sexpgpu.ledger.LedgerStore). A lease per
+ledger, written when the sweep starts and ends (sexpgpu.sweeps.ledger.LedgerStore). A lease per
 point (leases/) makes sure two drivers never run the same point.
 
 The driver learns that a point ended from its workers' results (ray.wait on the attempts'
@@ -42,8 +42,8 @@ from sexpgpu.runtime.store import Store, StoreError
 from sexpgpu.session import Compiled, store_check
 
 from sexpgpu.ir.experiment import Halving
-from sexpgpu.ledger import DONE, LedgerStore, PointRecord, SweepLedger, concurrently, now, record_attempt, take_status
-from sexpgpu.runtime.halving import Contender, Leg, limit, search
+from sexpgpu.sweeps.ledger import DONE, LedgerStore, PointRecord, SweepLedger, concurrently, now, record_attempt, take_status
+from sexpgpu.sweeps.halving import Contender, Leg, limit, search
 from .attempts import close_status, resume_from, worker_env
 from workers.train_worker import AttemptRequest
 
@@ -230,7 +230,7 @@ class Driver:
                 ray.shutdown()
 
     def search(self, records: list[PointRecord], halving: Halving) -> SweepLedger:
-        """Successive halving (sexpgpu.runtime.halving decides): each stage runs its points
+        """Successive halving (sexpgpu.sweeps.halving decides): each stage runs its points
         to the stage's steps, as many at once as the cluster holds."""
 
         def stage(legs: list[Leg]) -> bool:

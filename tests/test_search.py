@@ -22,7 +22,7 @@ from conftest import REPO, wait_for
 from sexpgpu.cli.main import main
 from sexpgpu.compile.selection import prescan
 from sexpgpu.ir.experiment import Halving
-from sexpgpu.runtime.halving import decide
+from sexpgpu.sweeps.halving import decide
 
 SEARCH = REPO / "examples" / "search.lisp"
 
@@ -153,7 +153,7 @@ def test_a_halving_sweep_prunes_at_each_rung_and_trains_the_best_to_the_end(sear
 
 
 def value_at_rung(store: Path, slug: str, step: int) -> float:
-    from sexpgpu.runtime.halving import value_at
+    from sexpgpu.sweeps.halving import value_at
     from sexpgpu.runtime.store import Store
 
     value = value_at(Store.open(str(store)), slug, "val/loss", step)

@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..compile.pipeline import compile_file, compile_points
-from ..compile.search import halving_problem
+from ..sweeps.search import halving_problem
 from ..compile.selection import Declared, SweepDecl, located, prescan
 from ..ir.experiment import Experiment, Selection
-from ..jobs import PointJob, SideBySide, plan_jobs
+from ..sweeps.jobs import PointJob, SideBySide, plan_jobs
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.program import diagnostic_from, has_errors
-from ..ledger import PointRecord, SweepLedger, cell, record_attempt, take_status
+from ..sweeps.ledger import PointRecord, SweepLedger, cell, record_attempt, take_status
 from ..outcome import AttemptOutcome, Exit
 from ..runtime.data.fingerprint import fingerprinted
-from ..runtime.halving import Contender, Leg, search
+from ..sweeps.halving import Contender, Leg, search
 from ..runtime.runfolder import RunFolder, run_slug
 from ..runtime.store import Store, is_store_failure
 from ..session import Compiled, Session, Settings, Stopped
@@ -193,7 +193,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, points: list[Compiled]) -> int:
     """The points on this machine, through the one session: one at a time in this process, or
-    --jobs of them side by side, each in a child process (sexpgpu/jobs.py); a halving sweep
+    --jobs of them side by side, each in a child process (sexpgpu/sweeps/jobs.py); a halving sweep
     stage by stage. Each point's lines are printed in point order, the whole table at the end."""
     store = Store.open(session.settings.store)
     records = [PointRecord(point=i, slug=run_slug(c.experiment), knobs=values, planned=planned(c, args.max_steps))

@@ -18,9 +18,9 @@ from typing import Callable, Optional
 
 from ..ir.experiment import Halving
 from ..outcome import Exit
-from .events import read_events, utc_now
-from .status import StatusWriter, Summary, read_status
-from .store import Store
+from ..runtime.events import read_events, utc_now
+from ..runtime.status import StatusWriter, Summary, read_status
+from ..runtime.store import Store
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterable, Literal, Optional, TypeVar
 
 from pydantic import BaseModel, Field
 
-from .outcome import AttemptOutcome, EvalSeen, Exit, TargetHit, bounded, evals_line
-from .runtime.status import Status
-from .runtime.store import Store
+from ..outcome import AttemptOutcome, EvalSeen, Exit, TargetHit, bounded, evals_line
+from ..runtime.status import Status
+from ..runtime.store import Store
 
 T = TypeVar("T")
 R = TypeVar("R")
