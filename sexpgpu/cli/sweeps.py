@@ -18,10 +18,11 @@ from ..ir.experiment import Experiment, Selection
 from ..sweeps.jobs import PointJob, SideBySide, plan_jobs
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.program import diagnostic_from, has_errors
-from ..sweeps.ledger import PointRecord, SweepLedger, cell, record_attempt, take_status
+from ..sweeps.ledger import PointRecord, SweepLedger, cell, record_attempt, sweep_prefix, take_status
 from ..outcome import AttemptOutcome, Exit
 from ..runtime.data.fingerprint import fingerprinted
-from ..sweeps.halving import Contender, Leg, search
+from ..sweeps.halving import Contender, Leg, Train, is_pruned, mark_pruned, search, standing, to_train
+from ..sweeps.schedulers import RungScheduler, SchedulerJob, SyncHalving, scheduler_for
 from ..runtime.runfolder import RunFolder, run_slug
 from ..runtime.store import Store, is_store_failure
 from ..session import Compiled, Session, Settings, Stopped
@@ -201,6 +202,9 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
     table = SweepTable(records)
     plan = plan_jobs([c.experiment for c in points], session.settings.device, args.jobs)
     stopped = False
+    prefix = sweep_prefix(points[0].path if points else Path(args.file), args.sweep)
+    scheduler = scheduler_for(sweep.halving, store, prefix, {r.point: r.slug for r in records}) if sweep.halving is not None else None
+    asking = None if isinstance(scheduler, SyncHalving) else scheduler  # an asynchronous one is asked at each rung as a point trains
 
     def header(record: PointRecord) -> str:
         knobs = " ".join(f"{k}={_show(v)}" for k, v in record.knobs.items())
@@ -235,7 +239,8 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
             if lines is not None:
                 print("\n".join(lines), file=sys.stderr)
                 continue
-            ended = settle(record, session.train(points[record.point], max_steps=leg.limit(args.max_steps), max_steps_by=leg.by))
+            early = asking.early_stop(record.point) if asking is not None else None
+            ended = settle(record, session.train(points[record.point], max_steps=leg.limit(args.max_steps), max_steps_by=leg.by, early_stop=early))
             print(record.line(), file=sys.stderr)
             if ended == "stopped":
                 print(f"sweep {args.sweep}: stopped at point {record.point}; run the same command again to continue", file=sys.stderr)
@@ -262,7 +267,8 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
             job = PointJob(file=str(points[i].path), selection=selection.model_copy(update={"sweep": args.sweep, "point": i}), store=given.store,
                            device=given.device, max_steps=leg.limit(args.max_steps), max_steps_by=leg.by or given.max_steps_by, limits=given.limits,
                            data_roots=list(given.data_roots), threads=given.threads, thread_share=plan.share,
-                           store_patience_s=given.store_patience_s, outcome="")
+                           store_patience_s=given.store_patience_s, outcome="",
+                           scheduler=SchedulerJob(halving=asking.halving, prefix=prefix, point=i, slug=record.slug) if asking is not None else None)
             return [header(record)], job
 
         def end(i: int, outcome: AttemptOutcome) -> tuple[list[str], bool]:
@@ -288,11 +294,13 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
 
     run_legs = train_side_by_side if plan.jobs > 1 else train_legs
     contenders = [Contender(point=r.point, slug=r.slug, steps=c.experiment.run.steps) for r, c in zip(records, points, strict=True)]
-    if sweep.halving is None:
+    if sweep.halving is None or scheduler is None:
         run_legs([Leg(c, planned(points[c.point], args.max_steps), None) for c in contenders])
         pruned: dict[int, str] = {}
+    elif isinstance(scheduler, SyncHalving):
+        pruned = search(sweep.halving, contenders, store, run_legs, cap=args.max_steps, say=lambda text: print(text, file=sys.stderr), decided=scheduler.record)
     else:
-        pruned = search(sweep.halving, contenders, store, run_legs, cap=args.max_steps, say=lambda text: print(text, file=sys.stderr))
+        pruned = without_a_barrier(scheduler, contenders, store, run_legs, args.max_steps)
     for record in records:
         if record.attempts == 0 and record.state == "pending" and not stopped:
             take_status_of(store, record)  # nothing left to train: what the run folder says
@@ -309,6 +317,26 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
               "is running elsewhere; run the same command again once it ends", file=sys.stderr)
         code = max(code, int(Exit.STOPPED))
     return code
+
+
+def without_a_barrier(scheduler: RungScheduler, contenders: list[Contender], store: Store, run_legs: Train, cap: Optional[int]) -> dict[int, str]:
+    """An asynchronous scheduler's sweep: every point trains to its end on one worker, asked at
+    each rung as it gets there. A point stopped at a rung before (a sweep run again) is not
+    started once it stands at that rung (its status made `pruned` if the stop came before the
+    run said so); short of it, it trains there again and the stored decision stops it.
+    Returns the points pruned, with why."""
+    legs = []
+    for c in contenders:
+        stop = scheduler.stopped(c.point) if scheduler.on_start(c.point) == "stop" else None
+        if stop is not None and standing(store, c.slug)[1] >= stop.step:
+            if not is_pruned(store, c.slug):
+                mark_pruned(store, c.slug, stop.reason)
+            continue
+        legs.append(Leg(c, c.steps if cap is None else min(cap, c.steps), None))
+    run_legs(to_train(store, legs))
+    for c in contenders:
+        scheduler.on_complete(c.point)
+    return scheduler.pruned()
 
 
 def running_elsewhere(store: Store, record: PointRecord) -> bool:

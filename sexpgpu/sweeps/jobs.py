@@ -38,8 +38,9 @@ from ..runtime.devices import is_host
 from ..runtime.memory import available_memory, host_memory_plan
 from ..runtime.stops import StopRequests
 from ..runtime.threads import free_cores, process_cores
-from ..runtime.store import DEFAULT_PATIENCE_S
+from ..runtime.store import DEFAULT_PATIENCE_S, Store
 from ..session import Session, Settings
+from .schedulers import SchedulerJob
 
 POLL_S = 0.02  # how often the sweep looks at its children's pipes and exits
 
@@ -59,6 +60,7 @@ class PointJob(BaseModel):
     thread_share: Optional[int] = None
     store_patience_s: float = DEFAULT_PATIENCE_S
     outcome: str  # where the child writes its AttemptOutcome
+    scheduler: Optional[SchedulerJob] = None  # an asynchronous scheduler's, asked at each rung as the point trains
 
     def settings(self) -> Settings:
         """The session's settings (the same for every point of the sweep; the steps, each
@@ -310,7 +312,8 @@ def serve(jobs: TextIO, out: TextIO) -> int:
         for line in jobs:
             job = PointJob.model_validate_json(line)
             session = session or Session(job.settings(), Quiet())
-            outcome = session.run_file(Path(job.file), job.selection, max_steps=job.max_steps, max_steps_by=job.max_steps_by)
+            early = job.scheduler.early_stop(Store.open(job.store)) if job.scheduler is not None else None
+            outcome = session.run_file(Path(job.file), job.selection, max_steps=job.max_steps, max_steps_by=job.max_steps_by, early_stop=early)
             written = Path(job.outcome + ".partial")
             written.write_text(outcome.model_dump_json(), encoding="utf-8")
             os.replace(written, job.outcome)  # the sweep reads a whole outcome or none
