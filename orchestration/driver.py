@@ -44,6 +44,7 @@ from sexpgpu.session import Compiled, store_check
 from sexpgpu.ir.experiment import Halving
 from sexpgpu.sweeps.ledger import DONE, LedgerStore, PointRecord, SweepLedger, concurrently, now, record_attempt, take_status
 from sexpgpu.sweeps.halving import Contender, Leg, limit, search
+from sexpgpu.sweeps.schedulers import SchedulerJob, SyncHalving, scheduler_for
 from .attempts import close_status, resume_from, worker_env
 from workers.train_worker import AttemptRequest
 
@@ -115,6 +116,7 @@ class Driver:
         self.idle: list[ActorHandle] = []  # single workers whose point ended cleanly, for the next point
         self.steps: dict[str, int] = {}  # slug -> the run's own :steps
         self.wanted: dict[str, int] = {}  # slug -> the steps this sweep asks of it now (--max-steps, a halving rung)
+        self.asking: Optional[Halving] = None  # an asynchronous scheduler's plan, asked by the workers at each rung
         self.limited_by: dict[str, str] = {}  # slug -> what set `wanted` below the run's steps (a rung), if not --max-steps
         self.leases_used = False  # the first write of a run takes merge()'s view as it is
         self.table = table  # the live table (the CLI draws it; None: no table)
@@ -245,7 +247,13 @@ class Driver:
             return True
 
         contenders = [Contender(point=r.point, slug=r.slug, steps=self.steps[r.slug]) for r in records]
-        pruned = search(halving, contenders, self.store, stage, cap=self.max_steps, say=self.say)
+        scheduler = scheduler_for(halving, self.store, self.prefix, {r.point: r.slug for r in records})
+        if isinstance(scheduler, SyncHalving):
+            pruned = search(halving, contenders, self.store, stage, cap=self.max_steps, say=self.say, decided=scheduler.record)
+        else:  # asked by each point's worker at each rung (AttemptRequest.scheduler): no stages
+            self.asking = halving
+            stage(scheduler.legs(contenders, self.store, self.max_steps))
+            pruned = scheduler.pruned()
         ledger = self.merge(records)
         for record in ledger.points:
             if record.point in pruned:
@@ -263,7 +271,8 @@ class Driver:
         gang.start(AttemptRequest(bundle=bundle, store=self.store_url, resume=resume_from(self.store, record.slug),
                                   max_steps=limit(self.wanted[record.slug], self.steps[record.slug], self.max_steps),
                                   max_steps_by=self.limited_by.get(record.slug, "--max-steps"),
-                                  take_over=record.attempts > 1, data_roots=self.data_roots))  # a later attempt: the earlier one's workers are stopped
+                                  take_over=record.attempts > 1, data_roots=self.data_roots,
+                                  scheduler=None if self.asking is None else SchedulerJob(halving=self.asking, prefix=self.prefix, point=record.point, slug=record.slug)))  # a later attempt: the earlier one's workers are stopped
         if self.on_launch is not None:
             self.on_launch(record, gang)
         return gang

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import pytest
 
 from conftest import REPO, wait_for
-from sexpgpu.ir.experiment import Halving
+from sexpgpu.ir.experiment import Halving, Scheduler
 from sexpgpu.runtime.events import read_events
 from sexpgpu.runtime.store import Store
 from sexpgpu.sweeps.schedulers import Asha, Decision, DecisionBook, MedianStopping, SyncHalving
@@ -24,8 +24,8 @@ SEARCH = REPO / "examples" / "search.lisp"
 PREFIX = "sweeps/search.search"
 
 
-def plan(scheduler: str, keep: float = 0.5) -> Halving:
-    return Halving(metric="val/loss", mode="min", rungs=[10, 30], keep=keep, keep_text=f"{keep:g}", scheduler=scheduler)  # type: ignore[arg-type]
+def plan(scheduler: Scheduler, keep: float = 0.5) -> Halving:
+    return Halving(metric="val/loss", mode="min", rungs=[10, 30], keep=keep, keep_text=f"{keep:g}", scheduler=scheduler)
 
 
 def book(name: str) -> DecisionBook:

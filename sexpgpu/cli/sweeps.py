@@ -21,8 +21,8 @@ from ..lisp.program import diagnostic_from, has_errors
 from ..sweeps.ledger import PointRecord, SweepLedger, cell, record_attempt, sweep_prefix, take_status
 from ..outcome import AttemptOutcome, Exit
 from ..runtime.data.fingerprint import fingerprinted
-from ..sweeps.halving import Contender, Leg, Train, is_pruned, mark_pruned, search, standing, to_train
-from ..sweeps.schedulers import RungScheduler, SchedulerJob, SyncHalving, scheduler_for
+from ..sweeps.halving import Contender, Leg, search
+from ..sweeps.schedulers import SchedulerJob, SyncHalving, scheduler_for
 from ..runtime.runfolder import RunFolder, run_slug
 from ..runtime.store import Store, is_store_failure
 from ..session import Compiled, Session, Settings, Stopped
@@ -300,7 +300,8 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
     elif isinstance(scheduler, SyncHalving):
         pruned = search(sweep.halving, contenders, store, run_legs, cap=args.max_steps, say=lambda text: print(text, file=sys.stderr), decided=scheduler.record)
     else:
-        pruned = without_a_barrier(scheduler, contenders, store, run_legs, args.max_steps)
+        run_legs(scheduler.legs(contenders, store, args.max_steps))
+        pruned = scheduler.pruned()
     for record in records:
         if record.attempts == 0 and record.state == "pending" and not stopped:
             take_status_of(store, record)  # nothing left to train: what the run folder says
@@ -317,26 +318,6 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
               "is running elsewhere; run the same command again once it ends", file=sys.stderr)
         code = max(code, int(Exit.STOPPED))
     return code
-
-
-def without_a_barrier(scheduler: RungScheduler, contenders: list[Contender], store: Store, run_legs: Train, cap: Optional[int]) -> dict[int, str]:
-    """An asynchronous scheduler's sweep: every point trains to its end on one worker, asked at
-    each rung as it gets there. A point stopped at a rung before (a sweep run again) is not
-    started once it stands at that rung (its status made `pruned` if the stop came before the
-    run said so); short of it, it trains there again and the stored decision stops it.
-    Returns the points pruned, with why."""
-    legs = []
-    for c in contenders:
-        stop = scheduler.stopped(c.point) if scheduler.on_start(c.point) == "stop" else None
-        if stop is not None and standing(store, c.slug)[1] >= stop.step:
-            if not is_pruned(store, c.slug):
-                mark_pruned(store, c.slug, stop.reason)
-            continue
-        legs.append(Leg(c, c.steps if cap is None else min(cap, c.steps), None))
-    run_legs(to_train(store, legs))
-    for c in contenders:
-        scheduler.on_complete(c.point)
-    return scheduler.pruned()
 
 
 def running_elsewhere(store: Store, record: PointRecord) -> bool:

@@ -1,8 +1,8 @@
 """Schedulers: who decides, at a sweep's rungs, which points train on (after Ray Tune's
 TrialScheduler).
 
-A scheduler is told of each point as it starts (`on_start`), of each result at a rung step
-(`on_result(point, step, value) -> continue | stop | pause`) and of its end (`on_complete`).
+A scheduler is told of each point as it starts (`on_start`) and of each result at a rung
+step (`on_result(point, step, value) -> continue | stop | pause`).
 Three implement it, chosen by the defsweep's `:halving (... :scheduler S)`:
 
 - `:sync` (SyncHalving), successive halving as it always was: a point pauses at each rung
@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Literal, Optional, Protocol
+from typing import Literal, Optional
 
 from pydantic import BaseModel
 
 from ..ir.experiment import Halving, Scheduler
 from ..runtime.stops import EarlyStop
 from ..runtime.store import Store
-from .halving import RungDecision, decide
+from .halving import Contender, Leg, RungDecision, decide, is_pruned, mark_pruned, standing, to_train
 from .ledger import concurrently
 
 Action = Literal["continue", "stop", "pause"]
@@ -84,20 +84,14 @@ class DecisionBook:
         return decision
 
 
-class SweepScheduler(Protocol):
-    def on_start(self, point: int) -> Action: ...
-
-    def on_result(self, point: int, step: int, value: Optional[float]) -> Action: ...
-
-    def on_complete(self, point: int) -> None: ...
-
-
 def finite(value: Optional[float]) -> Optional[float]:
     return value if value is not None and math.isfinite(value) else None
 
 
 class RungScheduler:
-    """What every scheduler shares: the rungs, the book, a point's stored word at start."""
+    """The scheduler interface, and what every scheduler shares: `on_start(point)` (a point
+    stopped before stays stopped), `on_result(point, step, value)` (continue, stop, or pause
+    at a barrier) and the rule each implements; the rungs; the book of decisions."""
 
     name: Scheduler = "sync"
 
@@ -117,9 +111,6 @@ class RungScheduler:
     def on_result(self, point: int, step: int, value: Optional[float]) -> Action:
         decision = self.decision(point, step, value)
         return "continue" if decision is None else decision.action
-
-    def on_complete(self, point: int) -> None:
-        """Nothing to do: every decision was stored as it was made."""
 
     def decision(self, point: int, step: int, value: Optional[float]) -> Optional[Decision]:
         """The decision on POINT at STEP (None: not a rung): the stored one, or one made now
@@ -147,6 +138,22 @@ class RungScheduler:
 
         name, _, metric = self.halving.metric.partition("/")
         return EarlyStop(steps=frozenset(self.halving.rungs), eval=name, metric=metric, decide=ask)
+
+    def legs(self, contenders: list[Contender], store: Store, cap: Optional[int]) -> list[Leg]:
+        """An asynchronous sweep's legs: every point to its end (CAP: --max-steps), on one
+        worker, asked at each rung as it gets there. A point stopped at a rung before (a
+        sweep run again) is not started once it stands at that rung (its status made
+        `pruned` if the stop came before the run said so); short of it, it trains there
+        again and the stored decision stops it. Points with nothing left are left out."""
+        legs = []
+        for c in contenders:
+            stop = self.stopped(c.point) if self.on_start(c.point) == "stop" else None
+            if stop is not None and standing(store, c.slug)[1] >= stop.step:
+                if not is_pruned(store, c.slug):
+                    mark_pruned(store, c.slug, stop.reason)
+                continue
+            legs.append(Leg(c, c.steps if cap is None else min(cap, c.steps), None))
+        return to_train(store, legs)
 
     def pruned(self) -> dict[int, str]:
         """The points stopped at a rung, with why."""
