@@ -1,6 +1,6 @@
 """What an asynchronous halving sweep saves: the same sampled sweep on this machine, run to
 the end (no :halving), with ASHA (`:scheduler :asha`), and optionally with today's synchronous
-halving, each `sweep --jobs J` into a store of its own.
+halving, each `sweep --jobs J` into a store and a cache of its own.
 
 Prints one row per sweep: its wall time, the steps its points trained, and its wall time as a
 fraction of the full sweep's (the goal for ASHA: at most 0.40 at 64 points, --jobs 2).
@@ -48,11 +48,13 @@ def run_file(points: int, steps: int, width: int, halving: Optional[str]) -> str
 
 
 def sweep(root: Path, name: str, text: str, jobs: int) -> tuple[float, dict[str, Any]]:
+    """The sweep, in a folder and with a kernel and data cache of its own: every sweep builds
+    its points' kernels (each learning rate is its own update kernel), none reuses another's."""
     folder = root / name
     folder.mkdir()
     path = folder / "search.lisp"
     path.write_text(text)
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "SEXPGPU_CACHE": str(root / "cache")}
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "SEXPGPU_CACHE": str(root / f"cache-{name}")}
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "sexpgpu", "sweep", str(path), "--sweep", "search", "--store", str(folder / "runs"),
                            "--jobs", str(jobs), "--json"], capture_output=True, text=True, env=env)
@@ -74,8 +76,6 @@ def main() -> None:
     kinds: list[Optional[str]] = [None, "asha", *(["sync"] if args.sync else [])]
     with tempfile.TemporaryDirectory(prefix="sexpgpu-halving-") as folder:
         root = Path(folder)
-        # the kernel cache warmed once, so that no sweep pays for the first build alone
-        sweep(root, "warm", run_file(2, 48, args.width, None), 1)
         rows = []
         for kind in kinds:
             wall, ledger = sweep(root, kind or "full", run_file(args.points, args.steps, args.width, kind), args.jobs)

@@ -94,10 +94,11 @@ def env() -> dict[str, str]:
 
 
 def swept(path: Path, store: Path, *more: str) -> dict[str, Any]:
+    """The sweep's --json ledger (its stderr under "stderr")."""
     done = subprocess.run(sweep(path, store, *more), capture_output=True, text=True, env=env(), timeout=600)
     assert done.returncode == 0, done.stderr
     ledger: dict[str, Any] = json.loads(done.stdout)
-    return ledger
+    return {**ledger, "stderr": done.stderr}
 
 
 def decisions(store: Path) -> list[dict[str, Any]]:
@@ -127,6 +128,7 @@ def test_an_asha_sweep_prunes_each_point_where_it_stood_when_it_reached_the_rung
         p = points[d["point"]]
         if d["action"] == "stop":
             assert p["state"] == "pruned" and p["reason"] == d["reason"] and p["steps"] == d["step"]
+            assert f"point {p['point']}: pruned  {d['step']}/{d['step']} steps" in ledger["stderr"]  # its last line says so as it ends
     assert points[0]["state"] == "finished" and points[0]["steps"] == 450  # the first is alone at every rung
     assert {p["state"] for p in points.values()} == {"finished", "pruned"}
     status = json.loads((store / points[1]["slug"] / "status.json").read_text())
@@ -183,3 +185,28 @@ def test_a_median_sweep_stops_the_points_worse_than_the_median(tmp_path: Path) -
         if d["action"] == "stop":
             assert points[d["point"]]["state"] == "pruned" and "median rule" in d["reason"]
     assert any(d["action"] == "stop" for d in made) and any(p["state"] == "finished" for p in points.values())
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_over_ray_each_worker_asks_the_scheduler_at_its_rungs(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    path = project(tmp_path, "asha", 8)
+    store = tmp_path / "runs"
+    ray_env = {**env(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+    done = subprocess.run(sweep(path, store, "--ray"), capture_output=True, text=True, env=ray_env, timeout=900)
+    assert done.returncode == 0, done.stderr
+    ledger = json.loads(done.stdout)
+    made = decisions(store)
+    assert sorted(d["point"] for d in made if d["rung"] == 1) == list(range(8))
+    stops = {d["point"]: d for d in made if d["action"] == "stop"}
+    assert stops and all(d["scheduler"] == "asha" for d in made)
+    stored = json.loads((store / "sweeps" / "search.search" / "sweep.json").read_text())
+    for p, kept in zip(ledger["points"], stored["points"], strict=True):
+        assert p["attempts"] == 1 and len(attempts_of(store, p["slug"])) == 1  # one attempt, past every rung it passed
+        status = json.loads((store / p["slug"] / "status.json").read_text())
+        if p["point"] in stops:
+            assert p["state"] == kept["state"] == status["state"] == "pruned" and p["steps"] == stops[p["point"]]["step"]
+            assert p["reason"] == stops[p["point"]]["reason"]
+        else:
+            assert p["state"] == status["state"] == "finished" and p["steps"] == 450

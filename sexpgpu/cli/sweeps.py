@@ -225,6 +225,8 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
         record.attempts += 1
         after = record_attempt(record, outcome, None)
         record.state = "stopped" if outcome.exit_code == Exit.STOPPED else after
+        if after == "finished" and asking is not None and asking.stopped(record.point) is not None:  # its scheduler stopped it at a rung
+            record.state, record.planned = "pruned", record.steps
         if outcome.exit_code == Exit.STOPPED:
             return "stopped"
         return "cannot start" if outcome.exit_code == Exit.CANNOT_START else ""  # the store or the device: every later point would fail alike
