@@ -1,7 +1,7 @@
 """What a supervisor (the sweep driver, a submitted job's) does around each attempt of a
 run: the environment its workers get, the checkpoint a new attempt resumes from, and the end
 of an attempt that could not write it. The rule that counts an attempt is
-sexpgpu.ledger.record_attempt, shared with local sweeps."""
+sexpgpu.sweeps.ledger.record_attempt, shared with local sweeps."""
 
 from __future__ import annotations
 

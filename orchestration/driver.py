@@ -9,7 +9,7 @@ recorded in the ledger. A point that fails on its own (exit 1) is not retried.
 
 The ledger, under STORE/sweeps/STEM.SWEEP/, holds each point's state, attempts and slug: one
 record per point (points/SLUG.json), written when the point changes, and sweep.json, the whole
-ledger, written when the sweep starts and ends (sexpgpu.ledger.LedgerStore). A lease per
+ledger, written when the sweep starts and ends (sexpgpu.sweeps.ledger.LedgerStore). A lease per
 point (leases/) makes sure two drivers never run the same point.
 
 The driver learns that a point ended from its workers' results (ray.wait on the attempts'
@@ -42,8 +42,9 @@ from sexpgpu.runtime.store import Store, StoreError
 from sexpgpu.session import Compiled, store_check
 
 from sexpgpu.ir.experiment import Halving
-from sexpgpu.ledger import DONE, LedgerStore, PointRecord, SweepLedger, concurrently, now, record_attempt, take_status
-from sexpgpu.runtime.halving import Contender, Leg, limit, search
+from sexpgpu.sweeps.ledger import DONE, LedgerStore, PointRecord, SweepLedger, concurrently, now, record_attempt, take_status
+from sexpgpu.sweeps.halving import Contender, Leg, limit, search
+from sexpgpu.sweeps.schedulers import SchedulerJob, SyncHalving, scheduler_for
 from .attempts import close_status, resume_from, worker_env
 from workers.train_worker import AttemptRequest
 
@@ -115,6 +116,7 @@ class Driver:
         self.idle: list[ActorHandle] = []  # single workers whose point ended cleanly, for the next point
         self.steps: dict[str, int] = {}  # slug -> the run's own :steps
         self.wanted: dict[str, int] = {}  # slug -> the steps this sweep asks of it now (--max-steps, a halving rung)
+        self.asking: Optional[Halving] = None  # an asynchronous scheduler's plan, asked by the workers at each rung
         self.limited_by: dict[str, str] = {}  # slug -> what set `wanted` below the run's steps (a rung), if not --max-steps
         self.leases_used = False  # the first write of a run takes merge()'s view as it is
         self.table = table  # the live table (the CLI draws it; None: no table)
@@ -230,7 +232,7 @@ class Driver:
                 ray.shutdown()
 
     def search(self, records: list[PointRecord], halving: Halving) -> SweepLedger:
-        """Successive halving (sexpgpu.runtime.halving decides): each stage runs its points
+        """Successive halving (sexpgpu.sweeps.halving decides): each stage runs its points
         to the stage's steps, as many at once as the cluster holds."""
 
         def stage(legs: list[Leg]) -> bool:
@@ -245,7 +247,13 @@ class Driver:
             return True
 
         contenders = [Contender(point=r.point, slug=r.slug, steps=self.steps[r.slug]) for r in records]
-        pruned = search(halving, contenders, self.store, stage, cap=self.max_steps, say=self.say)
+        scheduler = scheduler_for(halving, self.store, self.prefix, {r.point: r.slug for r in records})
+        if isinstance(scheduler, SyncHalving):
+            pruned = search(halving, contenders, self.store, stage, cap=self.max_steps, say=self.say, decided=scheduler.record)
+        else:  # asked by each point's worker at each rung (AttemptRequest.scheduler): no stages
+            self.asking = halving
+            stage(scheduler.legs(contenders, self.store, self.max_steps))
+            pruned = scheduler.pruned()
         ledger = self.merge(records)
         for record in ledger.points:
             if record.point in pruned:
@@ -263,7 +271,8 @@ class Driver:
         gang.start(AttemptRequest(bundle=bundle, store=self.store_url, resume=resume_from(self.store, record.slug),
                                   max_steps=limit(self.wanted[record.slug], self.steps[record.slug], self.max_steps),
                                   max_steps_by=self.limited_by.get(record.slug, "--max-steps"),
-                                  take_over=record.attempts > 1, data_roots=self.data_roots))  # a later attempt: the earlier one's workers are stopped
+                                  take_over=record.attempts > 1, data_roots=self.data_roots,
+                                  scheduler=None if self.asking is None else SchedulerJob(halving=self.asking, prefix=self.prefix, point=record.point, slug=record.slug)))  # a later attempt: the earlier one's workers are stopped
         if self.on_launch is not None:
             self.on_launch(record, gang)
         return gang

@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from sexpgpu.outcome import AttemptOutcome, Exit, bounded, lost
 from sexpgpu.runtime.store import Store, is_store_failure, store_problem
 
-from sexpgpu.ledger import Attempts, record_attempt
+from sexpgpu.sweeps.ledger import Attempts, record_attempt
 from .attempts import close_status, resume_from
 from workers.train_worker import AttemptRequest
 

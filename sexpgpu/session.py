@@ -34,7 +34,7 @@ from .runtime.devices import DEVICE_FORMS, is_device_spec, is_host, open_device
 from .runtime.memory import host_memory_problem
 from .runtime.ranks import Collective
 from .runtime.runfolder import FolderHeld, RunFolder, run_slug
-from .runtime.stops import StopRequests
+from .runtime.stops import EarlyStop, StopRequests
 from .runtime.threads import ThreadPlan, blas_threads, departs_from, plan_threads
 from .runtime.store import DEFAULT_PATIENCE_S, Store, is_store_failure, store_problem
 
@@ -201,9 +201,10 @@ class Session:
 
     # -- training -------------------------------------------------------------------------------
     def train(self, compiled: Compiled, ranks: Optional[Collective] = None, max_steps: Optional[int] = None,
-              max_steps_by: Optional[str] = None) -> AttemptOutcome:
+              max_steps_by: Optional[str] = None, early_stop: Optional[EarlyStop] = None) -> AttemptOutcome:
         """Train COMPILED (as one of the data-parallel RANKS, when given); MAX_STEPS, set by
-        MAX_STEPS_BY (a halving sweep's rung), instead of the session's --max-steps."""
+        MAX_STEPS_BY (a halving sweep's rung), instead of the session's --max-steps; EARLY_STOP:
+        a sweep's scheduler, asked at its rungs whether the run goes on."""
         refusal = self.open_device()
         if refusal is not None:
             return refusal
@@ -224,7 +225,7 @@ class Session:
                              progress=settings.progress, sources=compiled.sources(), resume=settings.resume,
                              signals=settings.signals, store_patience_s=settings.store_patience_s, ranks=ranks,
                              take_over=settings.take_over, data_roots=self.data_roots(), fresh=settings.fresh, worker=settings.worker,
-                             notice=self.reporter.notice)
+                             notice=self.reporter.notice, early_stop=early_stop)
         with blas_threads(threads, self.backend):
             return self.guarded(slug, lambda: train(compiled.experiment, options, say=self.reporter.say))
 
@@ -256,7 +257,8 @@ class Session:
         return AttemptOutcome(exit_code=status.summary.exit_code, reason=status.summary.reason, slug=run_slug(compiled.experiment),
                               steps=status.step, final_loss=status.metrics.get("loss"))
 
-    def run_file(self, path: Path, selection: Selection, max_steps: Optional[int] = None, max_steps_by: Optional[str] = None) -> AttemptOutcome:
+    def run_file(self, path: Path, selection: Selection, max_steps: Optional[int] = None, max_steps_by: Optional[str] = None,
+                 early_stop: Optional[EarlyStop] = None) -> AttemptOutcome:
         """`sexpgpu run FILE`: open the device, compile, train (to MAX_STEPS, set by
         MAX_STEPS_BY, for a point of a sweep run side by side: see train)."""
         with self.listening():
@@ -264,7 +266,7 @@ class Session:
                 prepared = self.open_device() or self.compile(path, selection)
             except Stopped as stop:
                 return self.refuse(stop.outcome.exit_code, stop.outcome.reason)
-            return prepared if isinstance(prepared, AttemptOutcome) else self.train(prepared, max_steps=max_steps, max_steps_by=max_steps_by)
+            return prepared if isinstance(prepared, AttemptOutcome) else self.train(prepared, max_steps=max_steps, max_steps_by=max_steps_by, early_stop=early_stop)
 
     def run_bundle(self, location: str) -> AttemptOutcome:
         """`sexpgpu run BUNDLE`: the same, from a bundle."""

@@ -22,7 +22,7 @@ from conftest import REPO, wait_for
 from sexpgpu.cli.main import main
 from sexpgpu.compile.selection import prescan
 from sexpgpu.ir.experiment import Halving
-from sexpgpu.runtime.halving import decide
+from sexpgpu.sweeps.halving import decide
 
 SEARCH = REPO / "examples" / "search.lisp"
 
@@ -88,6 +88,12 @@ def test_sampled_points_are_drawn_from_the_seed_point_by_point(tmp_path: Path) -
     ("(defsweep s :sample 4 :lr (uniform 0 1) :halving (:metric val/loss :mode :min :rungs (150 50) :keep 1/2))", "defsweep s :halving :rungs needs increasing positive step counts, such as (100 300 900)"),
     ("(defsweep s :sample 4 :lr (uniform 0 1) :halving (:metric val/los :mode :min :rungs (50) :keep 1/2))", "defsweep s :halving :metric val/los: eval val measures loss, acc, not los"),
     ("(defsweep s :sample 4 :lr (uniform 0 1) :halving (:metric val/loss :mode :min :rungs (50 450) :keep 1/2))", "defsweep s :halving :rungs: rung 450 is not before the run's last step (450)"),
+    ("(defsweep s :sample 4 :lr (uniform 0 1) :halving (:metric val/loss :mode :min :rungs (50) :keep 1/2 :scheduler :hyperband))",
+     "defsweep s :halving :scheduler needs :sync (every point to each rung, then the best go on), :asha (each point decided as it reaches a rung) or :median (the median stopping rule)"),
+    ("(defsweep s :sample 4 :lr (uniform 0 1) :halving (:metric val/loss :mode :min :rungs (50) :keep 1/2 :scheduler :median))",
+     "defsweep s :halving :keep: the median rule keeps what is at least as good as the median; remove :keep, or use :scheduler :sync or :asha"),
+    ("(defsweep s :sample 4 :lr (uniform 0 1) :halving (:metric val/loss :mode :min :rungs (50) :keep 1/2 :grace 10))",
+     "defsweep s :halving: unknown option :grace (options: :metric :mode :rungs :keep :scheduler)"),
 ])
 def test_a_wrong_search_is_a_check_failure_at_its_defsweep(tmp_path: Path, head: str, message: str) -> None:
     path = project(tmp_path, sweep_text(head))
@@ -152,8 +158,31 @@ def test_a_halving_sweep_prunes_at_each_rung_and_trains_the_best_to_the_end(sear
     assert first[winner["point"]]["knobs"] == winner["knobs"]
 
 
+def test_the_sync_scheduler_decides_as_the_halving_before_it_and_stores_each_decision(searched: tuple[Path, Path, dict[str, Any]]) -> None:
+    """The :sync scheduler (the default) against what the code before the scheduler interface
+    ran for the same sweep (tests/data/search_sync_before.json): the same points, slugs,
+    pruning decisions and steps; and each decision as the store holds it."""
+    from sexpgpu.runtime.store import Store
+    from sexpgpu.sweeps.schedulers import DecisionBook
+
+    _, store, ledger = searched
+    before = json.loads((REPO / "tests" / "data" / "search_sync_before.json").read_text())["points"]
+    now = [{"point": p["point"], "slug": p["slug"], "knobs": p["knobs"], "state": p["state"], "steps": p["steps"], "reason": p["reason"],
+            "final_loss": float(f"{p['final_loss']:.4g}")} for p in ledger["points"]]
+    assert now == before
+    book = DecisionBook(Store.open(str(store)), "sweeps/search.search")
+    first, second = book.at_rung(1), book.at_rung(2)
+    assert [d.point for d in first] == list(range(16)) and len(second) == 5  # every point ranked at rung 1, the 5 kept at rung 2
+    status = statuses(store)
+    for d in [*first, *second]:
+        assert d.scheduler == "sync" and d.slug == before[d.point]["slug"]
+        assert d.value == value_at_rung(store, d.slug, d.step)
+        assert (d.action == "stop") == (before[d.point]["reason"] == d.reason and status[d.point]["state"] == "pruned")
+    assert sorted(d.point for d in [*first, *second] if d.action == "stop") == sorted(p["point"] for p in before if p["state"] == "pruned")
+
+
 def value_at_rung(store: Path, slug: str, step: int) -> float:
-    from sexpgpu.runtime.halving import value_at
+    from sexpgpu.sweeps.halving import value_at
     from sexpgpu.runtime.store import Store
 
     value = value_at(Store.open(str(store)), slug, "val/loss", step)

@@ -36,7 +36,7 @@ class Terminal(io.StringIO):
 
 
 def test_the_live_table_redraws_in_place_and_keeps_log_lines_above(tmp_path: Path) -> None:
-    from sexpgpu.ledger import PointRecord, SweepLedger
+    from sexpgpu.sweeps.ledger import PointRecord, SweepLedger
     from sexpgpu.cli.sweeps import LiveTable
 
     screen = Terminal()

@@ -20,7 +20,7 @@ from conftest import REPO, wait_for
 from sexpgpu.cli.main import main
 from sexpgpu.compile.pipeline import compile_file
 from sexpgpu.ir.experiment import Selection
-from sexpgpu.jobs import WORTH_A_PROCESS_FLOPS, JobPlan, plan_jobs, training_flops
+from sexpgpu.sweeps.jobs import WORTH_A_PROCESS_FLOPS, JobPlan, plan_jobs, training_flops
 from sexpgpu.runtime.threads import plan_threads, process_cores
 
 SWEEP = (REPO / "examples" / "sweep.lisp").read_text()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sexpgpu.ledger import LedgerStore, PointRecord, SweepLedger
+from sexpgpu.sweeps.ledger import LedgerStore, PointRecord, SweepLedger
 from sexpgpu.runtime.lease import Lease
 from sexpgpu.runtime.store import Store
 

@@ -314,7 +314,7 @@ def test_a_ray_sweep_says_an_ended_point_as_a_local_sweep_does(tmp_path: Path) -
     lines have them, not every digit of a float."""
     pytest.importorskip("ray")
     from orchestration.driver import Driver
-    from sexpgpu.ledger import PointRecord
+    from sexpgpu.sweeps.ledger import PointRecord
     from sexpgpu.outcome import AttemptOutcome, EvalSeen, Exit
 
     said: list[str] = []

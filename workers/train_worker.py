@@ -15,8 +15,10 @@ from pydantic import BaseModel
 
 from sexpgpu.outcome import AttemptOutcome, Exit, lost, refused
 from sexpgpu.runtime.runfolder import run_slug
-from sexpgpu.runtime.store import patience_configured
+from sexpgpu.runtime.stops import EarlyStop
+from sexpgpu.runtime.store import Store, patience_configured
 from sexpgpu.session import Compiled, Session, Settings
+from sexpgpu.sweeps.schedulers import SchedulerJob
 from workers.collective import CollectiveUnavailable, RankSpec, RendezvousError, join
 
 
@@ -32,6 +34,7 @@ class AttemptRequest(BaseModel):
     # the previous attempt's workers are stopped: the run folder's lease is taken over
     take_over: bool = False
     data_roots: tuple[str, ...] = ()  # where loader sources may be read besides the bundle
+    scheduler: Optional[SchedulerJob] = None  # a sweep's asynchronous scheduler, asked at each rung
 
 
 class TrainWorkerImpl:
@@ -65,13 +68,14 @@ class TrainWorkerImpl:
                             resume=request.resume, signals=False,
                             world=rank.world if rank else 1, store_patience_s=patience_configured(os.environ), take_over=request.take_over,
                             data_roots=request.data_roots, threads=assigned_cpus(), worker=self.describe())
-        outcome = self.attempt(Session(settings), request.bundle, rank)
+        early = request.scheduler.early_stop(Store.open(request.store)) if request.scheduler is not None else None
+        outcome = self.attempt(Session(settings), request.bundle, rank, early)
         return outcome.model_copy(update={"rank": rank.rank if rank else 0})
 
-    def attempt(self, session: Session, bundle_url: str, rank: Optional[RankSpec]) -> AttemptOutcome:
-        return session.open_device() or session.with_bundle(bundle_url, lambda compiled: self.join_and_train(session, compiled, rank))
+    def attempt(self, session: Session, bundle_url: str, rank: Optional[RankSpec], early: Optional[EarlyStop] = None) -> AttemptOutcome:
+        return session.open_device() or session.with_bundle(bundle_url, lambda compiled: self.join_and_train(session, compiled, rank, early))
 
-    def join_and_train(self, session: Session, compiled: Compiled, rank: Optional[RankSpec]) -> AttemptOutcome:
+    def join_and_train(self, session: Session, compiled: Compiled, rank: Optional[RankSpec], early: Optional[EarlyStop] = None) -> AttemptOutcome:
         collective = None
         if rank is not None:
             slug = run_slug(compiled.experiment)
@@ -81,7 +85,7 @@ class TrainWorkerImpl:
                 return refused(Exit.CANNOT_START, f"cannot start here: {exc}", slug)
             except RendezvousError as exc:  # a rank that never came: retried like a lost node
                 return lost(f"rendezvous failed: {exc}", slug)
-        return session.train(compiled, ranks=collective)
+        return session.train(compiled, ranks=collective, early_stop=early)
 
 # two calls at once: `run`, and `where` while it runs (the tests kill the process it names)
 TRAIN_WORKER_OPTIONS: dict[str, int] = {"max_concurrency": 2}

@@ -12,16 +12,17 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..compile.pipeline import compile_file, compile_points
-from ..compile.search import halving_problem
+from ..sweeps.search import halving_problem
 from ..compile.selection import Declared, SweepDecl, located, prescan
 from ..ir.experiment import Experiment, Selection
-from ..jobs import PointJob, SideBySide, plan_jobs
+from ..sweeps.jobs import PointJob, SideBySide, plan_jobs
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.program import diagnostic_from, has_errors
-from ..ledger import PointRecord, SweepLedger, cell, record_attempt, take_status
+from ..sweeps.ledger import PointRecord, SweepLedger, cell, record_attempt, sweep_prefix, take_status
 from ..outcome import AttemptOutcome, Exit
 from ..runtime.data.fingerprint import fingerprinted
-from ..runtime.halving import Contender, Leg, search
+from ..sweeps.halving import Contender, Leg, search
+from ..sweeps.schedulers import SchedulerJob, SyncHalving, scheduler_for
 from ..runtime.runfolder import RunFolder, run_slug
 from ..runtime.store import Store, is_store_failure
 from ..session import Compiled, Session, Settings, Stopped
@@ -193,7 +194,7 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, points: list[Compiled]) -> int:
     """The points on this machine, through the one session: one at a time in this process, or
-    --jobs of them side by side, each in a child process (sexpgpu/jobs.py); a halving sweep
+    --jobs of them side by side, each in a child process (sexpgpu/sweeps/jobs.py); a halving sweep
     stage by stage. Each point's lines are printed in point order, the whole table at the end."""
     store = Store.open(session.settings.store)
     records = [PointRecord(point=i, slug=run_slug(c.experiment), knobs=values, planned=planned(c, args.max_steps))
@@ -201,6 +202,9 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
     table = SweepTable(records)
     plan = plan_jobs([c.experiment for c in points], session.settings.device, args.jobs)
     stopped = False
+    prefix = sweep_prefix(points[0].path if points else Path(args.file), args.sweep)
+    scheduler = scheduler_for(sweep.halving, store, prefix, {r.point: r.slug for r in records}) if sweep.halving is not None else None
+    asking = None if isinstance(scheduler, SyncHalving) else scheduler  # an asynchronous one is asked at each rung as a point trains
 
     def header(record: PointRecord) -> str:
         knobs = " ".join(f"{k}={_show(v)}" for k, v in record.knobs.items())
@@ -221,6 +225,8 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
         record.attempts += 1
         after = record_attempt(record, outcome, None)
         record.state = "stopped" if outcome.exit_code == Exit.STOPPED else after
+        if after == "finished" and asking is not None and asking.stopped(record.point) is not None:  # its scheduler stopped it at a rung
+            record.state, record.planned = "pruned", record.steps
         if outcome.exit_code == Exit.STOPPED:
             return "stopped"
         return "cannot start" if outcome.exit_code == Exit.CANNOT_START else ""  # the store or the device: every later point would fail alike
@@ -235,7 +241,8 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
             if lines is not None:
                 print("\n".join(lines), file=sys.stderr)
                 continue
-            ended = settle(record, session.train(points[record.point], max_steps=leg.limit(args.max_steps), max_steps_by=leg.by))
+            early = asking.early_stop(record.point) if asking is not None else None
+            ended = settle(record, session.train(points[record.point], max_steps=leg.limit(args.max_steps), max_steps_by=leg.by, early_stop=early))
             print(record.line(), file=sys.stderr)
             if ended == "stopped":
                 print(f"sweep {args.sweep}: stopped at point {record.point}; run the same command again to continue", file=sys.stderr)
@@ -262,7 +269,8 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
             job = PointJob(file=str(points[i].path), selection=selection.model_copy(update={"sweep": args.sweep, "point": i}), store=given.store,
                            device=given.device, max_steps=leg.limit(args.max_steps), max_steps_by=leg.by or given.max_steps_by, limits=given.limits,
                            data_roots=list(given.data_roots), threads=given.threads, thread_share=plan.share,
-                           store_patience_s=given.store_patience_s, outcome="")
+                           store_patience_s=given.store_patience_s, outcome="",
+                           scheduler=SchedulerJob(halving=asking.halving, prefix=prefix, point=i, slug=record.slug) if asking is not None else None)
             return [header(record)], job
 
         def end(i: int, outcome: AttemptOutcome) -> tuple[list[str], bool]:
@@ -288,11 +296,14 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
 
     run_legs = train_side_by_side if plan.jobs > 1 else train_legs
     contenders = [Contender(point=r.point, slug=r.slug, steps=c.experiment.run.steps) for r, c in zip(records, points, strict=True)]
-    if sweep.halving is None:
+    if sweep.halving is None or scheduler is None:
         run_legs([Leg(c, planned(points[c.point], args.max_steps), None) for c in contenders])
         pruned: dict[int, str] = {}
+    elif isinstance(scheduler, SyncHalving):
+        pruned = search(sweep.halving, contenders, store, run_legs, cap=args.max_steps, say=lambda text: print(text, file=sys.stderr), decided=scheduler.record)
     else:
-        pruned = search(sweep.halving, contenders, store, run_legs, cap=args.max_steps, say=lambda text: print(text, file=sys.stderr))
+        run_legs(scheduler.legs(contenders, store, args.max_steps))
+        pruned = scheduler.pruned()
     for record in records:
         if record.attempts == 0 and record.state == "pending" and not stopped:
             take_status_of(store, record)  # nothing left to train: what the run folder says

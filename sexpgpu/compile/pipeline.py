@@ -32,7 +32,7 @@ from .autodiff import backward
 from .compiler import Compiler
 from .models import Batch, Ctx, Group, Param
 from .probes import Probing
-from .search import halving_problem
+from ..sweeps.search import halving_problem
 from .sweep_groups import Binding, group_key, numeric, split_by
 from .selection import Declared, Written, located, overrides, prescan, written_values
 from .tensors import Staged, TensorLib, Tracer

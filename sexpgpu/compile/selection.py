@@ -24,7 +24,7 @@ from ..lisp.printer import prin1_to_string
 from ..lisp.program import display_path
 from ..lisp.reader import Reader, decode_source
 from ..lisp.types import Cons, Loc, Symbol, SymbolTable
-from .search import DISTRIBUTIONS, Distribution, distribution, halving, sampled_points
+from ..sweeps.search import DISTRIBUTIONS, Distribution, distribution, halving, sampled_points
 
 
 class _AnyPrefix(SymbolTable):

@@ -45,17 +45,25 @@ class Selection(BaseModel):
     point: Optional[int] = None
 
 
+Scheduler = Literal["sync", "asha", "median"]
+
+
 class Halving(BaseModel):
-    """defsweep :halving (:metric EVAL/METRIC :mode :min :rungs (100 300 900) :keep 1/3):
-    successive halving. At each rung (a step count), the points that reached it are ranked by
-    the metric's value at the rung; the best fraction KEEP (at least one) goes on, the rest are
-    pruned. A pure function of the runs' results, so a re-run of the sweep decides alike."""
+    """defsweep :halving (:metric EVAL/METRIC :mode :min :rungs (100 300 900) :keep 1/3
+    :scheduler :sync): early stopping at rungs (step counts), decided by a scheduler
+    (sexpgpu/sweeps/schedulers.py). :sync, successive halving: the points that reached a
+    rung are ranked by the metric's value there; the best fraction KEEP (at least one) goes
+    on, the rest are pruned. :asha decides each point as it reaches the rung, among the
+    points decided there before it; :median stops a point worse than the median of the
+    others' values at the rung. Decided from the runs' results in the store, so a re-run of
+    the sweep decides alike."""
 
     metric: str  # EVAL/METRIC, e.g. val/loss
     mode: Literal["min", "max"]
     rungs: list[int]
-    keep: float  # 0 < keep < 1
+    keep: float  # 0 < keep < 1 (the median rule: 1/2)
     keep_text: str  # as the file writes it, e.g. 1/3
+    scheduler: Scheduler = "sync"
 
     @property
     def eval(self) -> str:

@@ -32,7 +32,7 @@ from .events import EventLog
 from .ranks import Collective
 from .runfolder import FolderTaken, RunFolder, RunInfo, WriterLease, changed_data, run_slug
 from .status import Status, Summary
-from .stops import StopRequests
+from .stops import EarlyStop, StopRequests
 from .threads import ThreadPlan
 from .store import DEFAULT_PATIENCE_S, Store, StoreError, is_store_failure
 from .trainer import StepResult, Trainer
@@ -89,6 +89,7 @@ class RunOptions:
     # its lease is taken over at once, not after its heartbeat expires
     take_over: bool = False
     publish_every_s: float = PUBLISH_EVERY_S  # the status and events are written this often, from a thread
+    early_stop: Optional[EarlyStop] = None  # a sweep's scheduler, asked at its rungs whether the run goes on
 
 
 def train(experiment: Experiment, options: RunOptions, say: Callable[[str], None] = print) -> AttemptOutcome:
@@ -177,6 +178,7 @@ class Attempt:
         spec = experiment.run
         self.steps = spec.steps if options.max_steps is None else min(options.max_steps, spec.steps)
         self.target: Optional[TargetHit] = None  # the deftarget that ended the run
+        self.pruned = False  # the sweep's scheduler ended the run at a rung (RunOptions.early_stop)
         self.stops = options.stops or StopRequests()
         self.skipped_in_a_row = 0
         self.rolled_back = False
@@ -327,6 +329,9 @@ class Attempt:
             if reached is not None:
                 self.target = reached
                 return f"target reached: {reached.describe()}", Exit.OK
+            ended = self.at_rung(step)
+            if ended is not None:
+                return ended
             if policy.every and step % policy.every == 0 and step < self.steps:
                 self.checkpoint()
         step = trainer.step
@@ -337,6 +342,25 @@ class Attempt:
         if self.steps < experiment.run.steps:  # --max-steps: what the run asks is not done
             return f"truncated at step {self.steps} by {self.options.max_steps_by} (the run asks for {experiment.run.steps})", Exit.OK
         return "finished", Exit.OK
+
+    def at_rung(self, step: int) -> Optional[tuple[str, Exit]]:
+        """At a step the sweep's scheduler watches (before the attempt's last): its metric,
+        measured now, and its word; the end of the attempt when it says stop."""
+        early = self.options.early_stop
+        if early is None or step not in early.steps or step >= self.steps:
+            return None
+        if self.evaluations.done_at.get(early.eval) != step:
+            due = [e for e in self.experiment.evals if e.name == early.eval]
+            reached = self.evaluations.run(due, self.trainer.params, step, self.events, self.folder.status)
+            if reached is not None:
+                self.target = reached
+                return f"target reached: {reached.describe()}", Exit.OK
+        value = self.evaluations.done.get(early.eval, {}).get(early.metric)
+        reason = early.decide(step, value)
+        if reason is None:
+            return None
+        self.pruned = True
+        return reason, Exit.OK
 
     def stop_for_signal(self) -> tuple[str, Exit]:
         """SIGINT/SIGTERM arrived: checkpoint this step (unless it just was) and stop."""
@@ -543,7 +567,7 @@ class Attempt:
         examples, tokens = trainer.seen()
         summary = Summary(last_eval=self.evaluations.last(), best_eval=self.evaluations.best, target_reached_at_step=self.target.step if self.target is not None else None,
                           wall_time_s=wall, examples_seen=examples, tokens_seen=tokens, exit_code=int(code), reason=reason)
-        state = ("truncated" if reason.startswith("truncated") else "finished") if code == Exit.OK else ("stopped" if code == Exit.STOPPED else "failed")
+        state = self.end_state(reason, code)
         final = {"loss": loss, **metrics} if loss is not None else status.current.metrics  # the last step, logged or not
         status.update(state=state, step=trainer.step, metrics=final, summary=summary, last_checkpoint=self.last_checkpoint)
         emit(self.events, "run.end", step=trainer.step, exit_code=int(code), reason=reason, wall_time_s=wall,
@@ -558,6 +582,11 @@ class Attempt:
             code = Exit.STOPPED if isinstance(exc, StoreError) else Exit.CANNOT_START
             reason = self.unsafe(f"the store did not take the end of the run at step {trainer.step}", exc)
         return self.outcome(trainer.step, loss, metrics, wall, code, reason)
+
+    def end_state(self, reason: str, code: Exit) -> str:
+        if code == Exit.OK:
+            return "pruned" if self.pruned else "truncated" if reason.startswith("truncated") else "finished"
+        return "stopped" if code == Exit.STOPPED else "failed"
 
     def final_checkpoint(self, reason: str) -> tuple[str, Exit]:
         """The last checkpoint, waited for while the store is unreachable (up to the

@@ -13,8 +13,9 @@ from __future__ import annotations
 import signal
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import FrameType
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 HANDLED = (signal.SIGINT, signal.SIGTERM)
 
@@ -46,3 +47,19 @@ class StopRequests:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+
+Decide = Callable[[int, Optional[float]], Optional[str]]  # (step, the metric's value there) -> why the run stops, or None
+
+
+@dataclass(frozen=True)
+class EarlyStop:
+    """Someone watching a run at some of its steps (a sweep's scheduler; the runtime knows
+    no sweep): at each of STEPS the attempt measures EVAL (its pass runs there if its cadence
+    does not fall on the step) and asks DECIDE with METRIC's value. A reason back ends the
+    attempt at that step: checkpointed, `pruned`, resumable; None: it trains on."""
+
+    steps: frozenset[int]
+    eval: str
+    metric: str
+    decide: Decide

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Optional, TypeVar
 
 from pydantic import BaseModel, Field
 
-from .outcome import AttemptOutcome, EvalSeen, Exit, TargetHit, bounded, evals_line
-from .runtime.status import Status
-from .runtime.store import Store
+from ..outcome import AttemptOutcome, EvalSeen, Exit, TargetHit, bounded, evals_line
+from ..runtime.status import Status
+from ..runtime.store import Store
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -27,6 +28,11 @@ R = TypeVar("R")
 AfterAttempt = Literal["finished", "truncated", "preempted", "failed"]  # "preempted": run it again
 PointState = Literal["pending", "leased", "running", "preempted", "stopped", "finished", "truncated", "pruned", "failed"]  # stopped: a local sweep stopped by a signal
 DONE = ("finished", "truncated", "pruned", "failed")  # for this sweep: not run again by it
+
+
+def sweep_prefix(path: Path, sweep: str) -> str:
+    """The sweep's folder in the store (its ledger, leases, bundles, the scheduler's decisions)."""
+    return f"sweeps/{path.stem}.{sweep}"
 
 
 def now() -> str:

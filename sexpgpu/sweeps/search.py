@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..ir.experiment import Experiment, Halving
+from ..ir.experiment import Experiment, Halving, Scheduler
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.data import as_data
 from ..lisp.types import Cons, Symbol
@@ -101,16 +101,21 @@ def sampled_points(seed: int, count: int, axes: dict[str, Distribution]) -> list
     return [{knob: dist.draw(point_generator(seed, n, knob)) for knob, dist in axes.items()} for n in range(count)]
 
 
+SCHEDULERS: dict[str, Scheduler] = {"SYNC": "sync", "ASHA": "asha", "MEDIAN": "median"}
+HALVING_OPTIONS = ("METRIC", "MODE", "RUNGS", "KEEP", "SCHEDULER")
+
+
 def halving(sweep: str, form: Any) -> Halving:
-    """:halving (:metric EVAL/METRIC :mode :min|:max :rungs (STEP ...) :keep FRACTION)."""
+    """:halving (:metric EVAL/METRIC :mode :min|:max :rungs (STEP ...) :keep FRACTION
+    :scheduler :sync|:asha|:median); the median rule takes no :keep."""
     where = f"defsweep {sweep} :halving"
     items = list(form) if type(form) is Cons else []
     if not items or len(items) % 2 or not all(type(k) is Symbol and k.is_keyword for k in items[::2]):
         raise problem(f"{where} needs (:metric EVAL/METRIC :mode :min :rungs (STEP ...) :keep FRACTION)")
     options = {k.name: v for k, v in zip(items[::2], items[1::2])}
-    unknown = sorted(set(options) - {"METRIC", "MODE", "RUNGS", "KEEP"})
+    unknown = sorted(set(options) - set(HALVING_OPTIONS))
     if unknown:
-        raise problem(f"{where}: unknown option :{unknown[0].lower()} (options: :metric :mode :rungs :keep)")
+        raise problem(f"{where}: unknown option :{unknown[0].lower()} (options: {' '.join(':' + o.lower() for o in HALVING_OPTIONS)})")
     metric = options.get("METRIC")
     if type(metric) is not Symbol or "/" not in metric.name:
         raise problem(f"{where} :metric needs an eval's metric as EVAL/METRIC, such as val/loss")
@@ -120,12 +125,27 @@ def halving(sweep: str, form: Any) -> Halving:
     rungs = as_data(options.get("RUNGS"), form=True)
     if not isinstance(rungs, list) or not rungs or not all(type(r) is int and r > 0 for r in rungs) or rungs != sorted(set(rungs)):
         raise problem(f"{where} :rungs needs increasing positive step counts, such as (100 300 900)")
+    scheduler = scheduler_of(where, options.get("SCHEDULER"))
+    if scheduler == "median":
+        if "KEEP" in options:
+            raise problem(f"{where} :keep: the median rule keeps what is at least as good as the median; remove :keep, or use :scheduler :sync or :asha")
+        return Halving(metric=metric.name.lower(), mode=mode.name.lower(), rungs=rungs, keep=0.5, keep_text="1/2", scheduler=scheduler)
     keep = options.get("KEEP")
     fraction = number(keep)
     if fraction is None or not 0 < fraction < 1:
         raise problem(f"{where} :keep needs a fraction between 0 and 1, such as 1/3")
     text = f"{keep.numerator}/{keep.denominator}" if type(keep) is Fraction else f"{fraction:g}"
-    return Halving(metric=metric.name.lower(), mode=mode.name.lower(), rungs=rungs, keep=fraction, keep_text=text)
+    return Halving(metric=metric.name.lower(), mode=mode.name.lower(), rungs=rungs, keep=fraction, keep_text=text, scheduler=scheduler)
+
+
+def scheduler_of(where: str, form: Any) -> Scheduler:
+    """:scheduler's keyword (none: :sync, today's successive halving)."""
+    if form is None:
+        return "sync"
+    if type(form) is not Symbol or not form.is_keyword or form.name not in SCHEDULERS:
+        raise problem(f"{where} :scheduler needs :sync (every point to each rung, then the best go on), "
+                      ":asha (each point decided as it reaches a rung) or :median (the median stopping rule)")
+    return SCHEDULERS[form.name]
 
 
 def halving_problem(plan: Halving, experiment: Experiment) -> Optional[str]:

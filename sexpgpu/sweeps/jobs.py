@@ -1,6 +1,6 @@
 """Points of a local sweep run side by side (`sweep --jobs N`), each in a child process.
 
-A worker is `python -m sexpgpu.jobs`, one per job slot: it reads PointJobs on stdin, one a
+A worker is `python -m sexpgpu.sweeps.jobs`, one per job slot: it reads PointJobs on stdin, one a
 line, runs each through `Session.run_file` (the path `sexpgpu run FILE --sweep S --point I`
 takes: compile, the slug, the attempt; one session, so the device opens once, as it does
 for one at a time), writes its AttemptOutcome to the file the job names and says DONE. Only
@@ -29,17 +29,18 @@ from typing import Callable, Optional, Sequence, TextIO
 
 from pydantic import BaseModel
 
-from .ir.experiment import Experiment, Selection
-from .ir.ops import program_flops
-from .lisp.diagnostics import Diagnostic, SourceMap
-from .lisp.evaluator import Limits
-from .outcome import AttemptOutcome, Exit, lost, refused
-from .runtime.devices import is_host
-from .runtime.memory import available_memory, host_memory_plan
-from .runtime.stops import StopRequests
-from .runtime.threads import free_cores, process_cores
-from .runtime.store import DEFAULT_PATIENCE_S
-from .session import Session, Settings
+from ..ir.experiment import Experiment, Selection
+from ..ir.ops import program_flops
+from ..lisp.diagnostics import Diagnostic, SourceMap
+from ..lisp.evaluator import Limits
+from ..outcome import AttemptOutcome, Exit, lost, refused
+from ..runtime.devices import is_host
+from ..runtime.memory import available_memory, host_memory_plan
+from ..runtime.stops import StopRequests
+from ..runtime.threads import free_cores, process_cores
+from ..runtime.store import DEFAULT_PATIENCE_S, Store
+from ..session import Session, Settings
+from .schedulers import SchedulerJob
 
 POLL_S = 0.02  # how often the sweep looks at its children's pipes and exits
 
@@ -59,6 +60,7 @@ class PointJob(BaseModel):
     thread_share: Optional[int] = None
     store_patience_s: float = DEFAULT_PATIENCE_S
     outcome: str  # where the child writes its AttemptOutcome
+    scheduler: Optional[SchedulerJob] = None  # an asynchronous scheduler's, asked at each rung as the point trains
 
     def settings(self) -> Settings:
         """The session's settings (the same for every point of the sweep; the steps, each
@@ -130,7 +132,7 @@ class Worker:
     stderr are read line by line."""
 
     def __init__(self, name: str) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "sexpgpu.jobs"], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-m", "sexpgpu.sweeps.jobs"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         self.lock = threading.Lock()
         self.received: list[str] = []
@@ -282,7 +284,7 @@ class Quiet:
     """A child's reporter: the sweep printed the point's diagnostics when it compiled it."""
 
     def __init__(self) -> None:
-        from .cli.common import Console
+        from ..cli.common import Console
 
         self.console = Console(progress_to_stderr=True)
 
@@ -310,7 +312,8 @@ def serve(jobs: TextIO, out: TextIO) -> int:
         for line in jobs:
             job = PointJob.model_validate_json(line)
             session = session or Session(job.settings(), Quiet())
-            outcome = session.run_file(Path(job.file), job.selection, max_steps=job.max_steps, max_steps_by=job.max_steps_by)
+            early = job.scheduler.early_stop(Store.open(job.store)) if job.scheduler is not None else None
+            outcome = session.run_file(Path(job.file), job.selection, max_steps=job.max_steps, max_steps_by=job.max_steps_by, early_stop=early)
             written = Path(job.outcome + ".partial")
             written.write_text(outcome.model_dump_json(), encoding="utf-8")
             os.replace(written, job.outcome)  # the sweep reads a whole outcome or none

@@ -18,9 +18,9 @@ from typing import Callable, Optional
 
 from ..ir.experiment import Halving
 from ..outcome import Exit
-from .events import read_events, utc_now
-from .status import StatusWriter, Summary, read_status
-from .store import Store
+from ..runtime.events import read_events, utc_now
+from ..runtime.status import StatusWriter, Summary, read_status
+from ..runtime.store import Store
 
 
 @dataclass(frozen=True)
@@ -146,10 +146,11 @@ Train = Callable[[list["Leg"]], bool]
 
 
 def search(halving: Halving, contenders: list[Contender], store: Store, train_legs: Train, cap: Optional[int] = None,
-           say: Say = print) -> dict[int, str]:
+           say: Say = print, decided: Optional[Callable[[RungDecision], None]] = None) -> dict[int, str]:
     """Run the halving: TRAIN_LEGS trains each stage's legs (it returns False when the sweep must stop:
-    a signal, nothing can start); decide at each rung. Returns the points pruned, with why.
-    CAP (--max-steps) ends the search at the first stage past it, pruning nothing there."""
+    a signal, nothing can start); decide at each rung (DECIDED is told each rung's ranking: the
+    scheduler stores it). Returns the points pruned, with why. CAP (--max-steps) ends the
+    search at the first stage past it, pruning nothing there."""
     alive = list(contenders)
     pruned: dict[int, str] = {}
     for index, rung in enumerate(halving.rungs, 1):
@@ -177,6 +178,8 @@ def search(halving: Halving, contenders: list[Contender], store: Store, train_le
         if not at_rung:
             continue
         decision = decide(halving, index, rung, {c.point: value_at(store, c.slug, halving.metric, rung) for c in at_rung})
+        if decided is not None:
+            decided(decision)
         for c in at_rung:
             if c.point not in decision.kept:
                 pruned[c.point] = decision.reason(halving, c.point)
