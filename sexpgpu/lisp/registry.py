@@ -60,9 +60,9 @@ def arity(fn: Callable[..., Any], skip: int = 0) -> tuple[int, Optional[int]]:
     if type(fn) is FunctionType and isinstance(code, CodeType) and skip <= code.co_argcount and not hasattr(fn, "__wrapped__") and not hasattr(fn, "__signature__"):
         # what inspect.signature would say, read off the code object: the signatures of the
         # ~500 builtins cost a fresh `check` 10-20 ms
-        positional = code.co_argcount - skip
+        most = code.co_argcount - skip
         required = max(0, code.co_argcount - len(fn.__defaults__ or ()) - skip)
-        return required, None if code.co_flags & inspect.CO_VARARGS else positional
+        return required, None if code.co_flags & inspect.CO_VARARGS else most
     params = list(inspect.signature(fn).parameters.values())[skip:]
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = sum(1 for p in positional if p.default is p.empty)
