@@ -2,7 +2,7 @@
 
 codegen.py turns hot Lisp (the prelude's and the standard modules' functions, a user's loops)
 into Python source, and Python's `compile` of that source is most of what generating costs:
-about 0.1 s of a fresh `check` of a 5,000-line file. The generated source of the same Lisp is
+0.1-0.2 s of CPU in a fresh `check` of a 5,000-line file. The generated source of the same Lisp is
 the same text in every process (its names come from counters, never from addresses), so its
 code object is cached by the SHA-256 of the source, the Python it was compiled by and the
 name it is compiled under: `$SEXPGPU_CACHE/code/<hash>` (cachefiles.py says where the root is
