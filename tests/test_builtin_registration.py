@@ -5,15 +5,18 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
+import inspect
 import pkgutil
 from functools import partial
 from pathlib import Path
+from typing import Any, Optional
 
 import sexpgpu.lisp
 from sexpgpu.lisp.evaluator import Interpreter
 from sexpgpu.lisp.objects import Builtin
-from sexpgpu.lisp.registry import builtin, registered, spec_of
+from sexpgpu.lisp.registry import arity, builtin, registered, spec_of
 
 LISP = Path(sexpgpu.lisp.__file__).parent
 
@@ -95,6 +98,38 @@ def test_the_arity_comes_from_the_signature_past_the_context() -> None:
 
     assert (spec_of(f).required, spec_of(f).maximum) == (1, None)  # type: ignore[union-attr]
     assert (spec_of(g).required, spec_of(g).maximum) == (1, 2)  # type: ignore[union-attr]
+
+
+def _signature_arity(fn: Any, skip: int) -> tuple[int, Optional[int]]:
+    params = list(inspect.signature(fn).parameters.values())[skip:]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    variadic = any(p.kind == p.VAR_POSITIONAL for p in params)
+    return sum(1 for p in positional if p.default is p.empty), None if variadic else len(positional)
+
+
+def test_the_arity_read_off_the_code_object_is_the_signatures() -> None:
+    """arity reads plain functions' code objects (inspect.signature for 500 builtins is a
+    noticeable part of a fresh check): it says what the signature says, for every builtin
+    and for the shapes a builtin may have (positional-only, keyword-only, a wrapper)."""
+
+    def shapes(a: int, /, b: int, c: int = 0, *rest: int, d: int = 0, **kw: int) -> None: ...
+
+    def keyword_only(a: int, *, b: int) -> None: ...
+
+    @functools.wraps(keyword_only)
+    def wrapper(*args: Any, **kwargs: Any) -> None: ...
+
+    odd = [(shapes, 0), (shapes, 1), (shapes, 3), (keyword_only, 0), (keyword_only, 1), (wrapper, 0), (partial(shapes, 1), 0)]
+    for fn, skip in odd:
+        assert arity(fn, skip) == _signature_arity(fn, skip), (fn, skip)
+    modules = [importlib.import_module(f"sexpgpu.lisp.{m.name}") for m in pkgutil.iter_modules([str(LISP)]) if m.name.startswith("builtins")]
+    checked = 0
+    for module in modules:
+        for fn, spec in registered(module):
+            skip = 1 if spec.context is not None else 0
+            assert (spec.required, spec.maximum) == _signature_arity(fn, skip), fn.__qualname__
+            checked += 1
+    assert checked > 400
 
 
 def test_the_x_if_and_x_if_not_families_come_from_one_helper() -> None:

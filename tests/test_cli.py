@@ -250,6 +250,21 @@ def test_version_help_and_docs_import_no_compiler_runtime_or_pydantic(argv: list
     assert heavy == [], heavy
 
 
+@pytest.mark.parametrize("example", ["quickstart.lisp", "cnn.lisp", "char-transformer.lisp"])
+def test_check_imports_no_numpy_and_no_runtime(example: str, tmp_path: Path) -> None:
+    """`check` needs the op table's shape rules, not its NumPy kernels: neither a clean file
+    nor one with an error (a layer given the wrong width) imports NumPy or the runtime."""
+    broken = tmp_path / "broken.lisp"
+    broken.write_text((REPO / "examples" / "quickstart.lisp").read_text().replace("(x :f32 (2))", "(x :f32 (3))"))
+    for path, code in ((REPO / "examples" / example, 0), (broken, 3)):
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "sexpgpu", "check", str(path)], capture_output=True, text=True, cwd=REPO)
+        assert done.returncode == code, done.stdout + done.stderr[-2000:]
+        imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+        assert "sexpgpu.compile.pipeline" in imported and (code or "sexpgpu.ir.ops_elementwise" in imported)  # staged: the op table was read
+        heavy = sorted(m for m in imported if m.startswith(("numpy", "ml_dtypes", "sexpgpu.runtime", "sexpgpu.session")))
+        assert heavy == [], (path.name, heavy)
+
+
 def test_watch_frees_each_checks_world_before_the_next_check() -> None:
     """A check's Lisp world is cyclic garbage once the check is done; watch collects it while
     it waits for a save (settle_memory), so the next check's collections do not walk it."""

@@ -6,7 +6,7 @@ import builtins
 from enum import Enum
 from typing import Any
 
-import numpy as np
+from .lazy_numpy import np
 
 
 class DType(str, Enum):

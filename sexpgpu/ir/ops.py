@@ -14,16 +14,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeAlias
 
-import numpy as np
+from .lazy_numpy import np
 
 from .graph import Node, Program, TensorType
 
 if TYPE_CHECKING:
     from .builder import Builder
 
-Kernel = Callable[[list[np.ndarray], dict[str, Any], Optional[np.ndarray]], np.ndarray]
+# a string, so that the table loads without NumPy (lazy_numpy.py)
+Kernel: TypeAlias = "Callable[[list[np.ndarray], dict[str, Any], Optional[np.ndarray]], np.ndarray]"
 ShapeRule = Callable[[list[TensorType], dict[str, Any]], TensorType]
 GradRule = Callable[["Builder", Node, int], list[Optional[int]]]
 FlopRule = Callable[[Node, list[TensorType]], int]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-import numpy as np
+from .lazy_numpy import np
 
 from .builder import Builder
 from .dtypes import numpy_dtype

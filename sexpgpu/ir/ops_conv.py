@@ -40,8 +40,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-import numpy as np
-from numpy.lib.stride_tricks import as_strided
+from .lazy_numpy import np
 
 from .builder import Builder
 from .graph import Node, TensorType
@@ -128,7 +127,7 @@ def _window_view(xp: np.ndarray, kernel: Pair, stride: Pair, dilation: Pair, siz
     s = xp.strides
     shape = (c, kernel[0], kernel[1], n, size[0], size[1])
     strides = (s[1], s[2] * dilation[0], s[3] * dilation[1], s[0], s[2] * stride[0], s[3] * stride[1])
-    return as_strided(xp, shape=shape, strides=strides, writeable=False)
+    return np.lib.stride_tricks.as_strided(xp, shape=shape, strides=strides, writeable=False)
 
 
 def _offset(i: int, j: int, stride: Pair, dilation: Pair, size: Pair) -> tuple[slice, slice, slice, slice]:

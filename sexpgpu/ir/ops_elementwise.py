@@ -3,16 +3,16 @@ logic, where and cast."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeAlias
 
-import numpy as np
+from .lazy_numpy import np
 
 from .builder import Builder, broadcast_shapes
 from .dtypes import DType, numpy_dtype, parse_dtype
 from .graph import Node, TensorType
 from .ops import OpDef, OpError, OpKind, no_flops, register
 
-Arrays = list[np.ndarray]
+Arrays: TypeAlias = "list[np.ndarray]"
 
 
 # -- creation ---------------------------------------------------------------------------------
@@ -76,10 +76,14 @@ def _same_numeric(name: str) -> Callable[[list[TensorType], dict[str, Any]], Ten
     return infer
 
 
-def unary(name: str, kernel: Callable[..., np.ndarray], grad: Optional[Callable[[Builder, Node, int], list[Optional[int]]]], c_expr: str, numeric: bool = False, doc: str = "",
+def unary(name: str, kernel: str | Callable[..., np.ndarray], grad: Optional[Callable[[Builder, Node, int], list[Optional[int]]]], c_expr: str, numeric: bool = False, doc: str = "",
           c_expr_integer: Optional[str] = None, decompose: Optional[Callable[[Builder, Node], int]] = None, numpy_f32_loop: Optional[str] = None) -> None:
+    """KERNEL: a function of (x, out=), or the name of the NumPy ufunc (looked up at the call,
+    so that the table loads without NumPy)."""
+
     def run(xs: Arrays, attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
-        return kernel(xs[0], out=out) if out is not None else kernel(xs[0])
+        fn = getattr(np, kernel) if isinstance(kernel, str) else kernel
+        return fn(xs[0], out=out) if out is not None else fn(xs[0])
 
     infer = _same_numeric(name) if numeric else _same_float(name)
     register(OpDef(name, infer, run, grad=grad, kind=OpKind.ELEMENTWISE, arity=1, c_expr=c_expr, c_expr_integer=c_expr_integer, doc=doc, decompose=decompose,
@@ -197,22 +201,22 @@ def _identity(x: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
     return x
 
 
-unary("neg", np.negative, _g_neg, "(-{0})", numeric=True, doc="-x")
+unary("neg", "negative", _g_neg, "(-{0})", numeric=True, doc="-x")
 unary("stop_gradient", _identity, None, "({0})", numeric=True, doc="x, passing no gradient (a value autodiff treats as a constant)")
-unary("abs", np.absolute, _g_abs, "fabsf({0})", numeric=True, doc="|x|", c_expr_integer="(({0}) < 0 ? -({0}) : ({0}))")
+unary("abs", "absolute", _g_abs, "fabsf({0})", numeric=True, doc="|x|", c_expr_integer="(({0}) < 0 ? -({0}) : ({0}))")
 unary("sign", _sign, None, "(({0} > 0) ? ({dtype})1 : (({0} < 0) ? ({dtype})-1 : (({0} == 0) ? ({dtype})0 : {0})))", numeric=True, doc="-1, 0 or 1 (NaN for NaN)",
       c_expr_integer="(({0} > 0) - ({0} < 0))")
-unary("exp", np.exp, _g_exp, "expf({0})", doc="e^x", numpy_f32_loop="exp")
-unary("log", np.log, _g_log, "logf({0})", doc="natural logarithm", numpy_f32_loop="log")
-unary("log1p", np.log1p, _g_log1p, "log1pf({0})", doc="log(1 + x)", numpy_f32_loop="log1p")
-unary("sqrt", np.sqrt, _g_sqrt, "sqrtf({0})", doc="square root")
+unary("exp", "exp", _g_exp, "expf({0})", doc="e^x", numpy_f32_loop="exp")
+unary("log", "log", _g_log, "logf({0})", doc="natural logarithm", numpy_f32_loop="log")
+unary("log1p", "log1p", _g_log1p, "log1pf({0})", doc="log(1 + x)", numpy_f32_loop="log1p")
+unary("sqrt", "sqrt", _g_sqrt, "sqrtf({0})", doc="square root")
 unary("rsqrt", _rsqrt, _g_rsqrt, "rsqrtf({0})", doc="1 / sqrt(x)", decompose=_decompose_rsqrt)
-unary("square", np.square, _g_square, "({0} * {0})", numeric=True, doc="x * x")
-unary("tanh", np.tanh, _g_tanh, "tanhf({0})", doc="hyperbolic tangent", numpy_f32_loop="tanh")
+unary("square", "square", _g_square, "({0} * {0})", numeric=True, doc="x * x")
+unary("tanh", "tanh", _g_tanh, "tanhf({0})", doc="hyperbolic tangent", numpy_f32_loop="tanh")
 unary("sigmoid", _sigmoid, _g_sigmoid, "(1.0f / (1.0f + expf(-{0})))", doc="1 / (1 + e^-x), computed stably", decompose=_decompose_sigmoid)
 unary("relu", _relu, _g_relu, "sx_maxf({0}, 0.0f)", numeric=True, doc="max(x, 0)", c_expr_integer="(({0}) > 0 ? ({0}) : 0)")
-unary("sin", np.sin, _g_sin, "sinf({0})", doc="sine", numpy_f32_loop="sin")
-unary("cos", np.cos, _g_cos, "cosf({0})", doc="cosine", numpy_f32_loop="cos")
+unary("sin", "sin", _g_sin, "sinf({0})", doc="sine", numpy_f32_loop="sin")
+unary("cos", "cos", _g_cos, "cosf({0})", doc="cosine", numpy_f32_loop="cos")
 
 
 # -- cast ----------------------------------------------------------------------------------------------
@@ -256,9 +260,12 @@ def _binary_type(name: str, result: Optional[DType] = None, floats_only: bool = 
     return infer
 
 
-def binary(name: str, ufunc: Any, grad: Optional[Callable[[Builder, Node, int], list[Optional[int]]]], c_expr: str, result: Optional[DType] = None, floats_only: bool = False, bools_only: bool = False, doc: str = "",
+def binary(name: str, ufunc_name: str, grad: Optional[Callable[[Builder, Node, int], list[Optional[int]]]], c_expr: str, result: Optional[DType] = None, floats_only: bool = False, bools_only: bool = False, doc: str = "",
            c_expr_integer: Optional[str] = None, numpy_f32_loop: Optional[str] = None) -> None:
+    """UFUNC_NAME: the NumPy ufunc's name, looked up at the call (the table loads without NumPy)."""
+
     def run(xs: Arrays, attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
+        ufunc = getattr(np, ufunc_name)
         if out is not None:
             return ufunc(xs[0], xs[1], out=out)
         return ufunc(xs[0], xs[1])
@@ -324,17 +331,17 @@ def _g_select(b: Builder, n: Node, g: int, cmp: str) -> list[Optional[int]]:
     return [b.sum_to(b.op("mul", g, first), sa), b.sum_to(b.op("mul", g, second), sb)]
 
 
-binary("add", np.add, _g_add, "({0} + {1})", doc="a + b, broadcasting")
-binary("sub", np.subtract, _g_sub, "({0} - {1})", doc="a - b, broadcasting")
-binary("mul", np.multiply, _g_mul, "({0} * {1})", doc="a * b, broadcasting")
-binary("div", np.divide, _g_div, "({0} / {1})", floats_only=True, doc="a / b, broadcasting")
-binary("pow", np.power, _g_pow, "powf({0}, {1})", floats_only=True, doc="a ^ b, broadcasting", numpy_f32_loop="power")
-binary("maximum", np.maximum, _g_maximum, "sx_maxf({0}, {1})", doc="elementwise maximum (ties send the gradient to a)", c_expr_integer="(({0}) > ({1}) ? ({0}) : ({1}))")
-binary("minimum", np.minimum, _g_minimum, "sx_minf({0}, {1})", doc="elementwise minimum (ties send the gradient to a)", c_expr_integer="(({0}) < ({1}) ? ({0}) : ({1}))")
-for _name, _ufunc, _c in [("eq", np.equal, "=="), ("ne", np.not_equal, "!="), ("lt", np.less, "<"), ("gt", np.greater, ">"), ("le", np.less_equal, "<="), ("ge", np.greater_equal, ">=")]:
+binary("add", "add", _g_add, "({0} + {1})", doc="a + b, broadcasting")
+binary("sub", "subtract", _g_sub, "({0} - {1})", doc="a - b, broadcasting")
+binary("mul", "multiply", _g_mul, "({0} * {1})", doc="a * b, broadcasting")
+binary("div", "divide", _g_div, "({0} / {1})", floats_only=True, doc="a / b, broadcasting")
+binary("pow", "power", _g_pow, "powf({0}, {1})", floats_only=True, doc="a ^ b, broadcasting", numpy_f32_loop="power")
+binary("maximum", "maximum", _g_maximum, "sx_maxf({0}, {1})", doc="elementwise maximum (ties send the gradient to a)", c_expr_integer="(({0}) > ({1}) ? ({0}) : ({1}))")
+binary("minimum", "minimum", _g_minimum, "sx_minf({0}, {1})", doc="elementwise minimum (ties send the gradient to a)", c_expr_integer="(({0}) < ({1}) ? ({0}) : ({1}))")
+for _name, _ufunc, _c in [("eq", "equal", "=="), ("ne", "not_equal", "!="), ("lt", "less", "<"), ("gt", "greater", ">"), ("le", "less_equal", "<="), ("ge", "greater_equal", ">=")]:
     binary(_name, _ufunc, None, "({0} " + _c + " {1})", result=DType.bool, doc=f"a {_c} b as a boolean tensor")
-binary("logical_and", np.logical_and, None, "({0} && {1})", result=DType.bool, bools_only=True, doc="a and b")
-binary("logical_or", np.logical_or, None, "({0} || {1})", result=DType.bool, bools_only=True, doc="a or b")
+binary("logical_and", "logical_and", None, "({0} && {1})", result=DType.bool, bools_only=True, doc="a and b")
+binary("logical_or", "logical_or", None, "({0} || {1})", result=DType.bool, bools_only=True, doc="a or b")
 
 
 def _not_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import numpy as np
+from .lazy_numpy import np
 
 from .builder import Builder, broadcast_shapes
 from .graph import Node, TensorType

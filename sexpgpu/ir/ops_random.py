@@ -64,7 +64,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-import numpy as np
+from .lazy_numpy import np
 
 from .dtypes import DType, numpy_dtype, parse_dtype
 from .graph import TensorType
@@ -75,8 +75,7 @@ PHILOX_M1 = 0xCD9E8D57
 PHILOX_W0 = 0x9E3779B9
 PHILOX_W1 = 0xBB67AE85
 PHILOX_ROUNDS = 10
-_MASK32 = np.uint64(0xFFFFFFFF)
-_SHIFT32 = np.uint64(32)
+MASK32 = 0xFFFFFFFF
 
 
 def philox4x32(counter: np.ndarray, key: tuple[int, int], rounds: int = PHILOX_ROUNDS) -> np.ndarray:
@@ -88,13 +87,14 @@ def philox4x32(counter: np.ndarray, key: tuple[int, int], rounds: int = PHILOX_R
     c0, c1, c2, c3 = (ctr[..., i].astype(np.uint64) for i in range(4))
     k0, k1 = int(key[0]) & 0xFFFFFFFF, int(key[1]) & 0xFFFFFFFF
     m0, m1 = np.uint64(PHILOX_M0), np.uint64(PHILOX_M1)
+    mask, shift = np.uint64(MASK32), np.uint64(32)
     for r in range(rounds):
         if r:
             k0 = (k0 + PHILOX_W0) & 0xFFFFFFFF
             k1 = (k1 + PHILOX_W1) & 0xFFFFFFFF
         p0 = m0 * c0  # both factors < 2^32: the product is exact in uint64
         p1 = m1 * c2
-        c0, c1, c2, c3 = (p1 >> _SHIFT32) ^ c1 ^ np.uint64(k0), p1 & _MASK32, (p0 >> _SHIFT32) ^ c3 ^ np.uint64(k1), p0 & _MASK32
+        c0, c1, c2, c3 = (p1 >> shift) ^ c1 ^ np.uint64(k0), p1 & mask, (p0 >> shift) ^ c3 ^ np.uint64(k1), p0 & mask
     return np.stack([c0, c1, c2, c3], axis=-1).astype(np.uint32)
 
 
@@ -106,8 +106,8 @@ def random_words(shape: tuple[int, ...], seed: int, key: int, step: int) -> np.n
     b = np.arange(blocks, dtype=np.uint64)
     step64 = int(step) & 0xFFFFFFFFFFFFFFFF
     counter = np.empty((blocks, 4), dtype=np.uint32)
-    counter[:, 0] = (b & _MASK32).astype(np.uint32)
-    counter[:, 1] = (b >> _SHIFT32).astype(np.uint32)
+    counter[:, 0] = (b & np.uint64(MASK32)).astype(np.uint32)
+    counter[:, 1] = (b >> np.uint64(32)).astype(np.uint32)
     counter[:, 2] = step64 & 0xFFFFFFFF
     counter[:, 3] = step64 >> 32
     words = philox4x32(counter, (seed, key))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import numpy as np
+from .lazy_numpy import np
 
 from .builder import Builder
 from .dtypes import DType
@@ -48,8 +48,11 @@ def _axes(attrs: dict[str, Any], rank: int) -> tuple[int, ...]:
     return tuple(normalize_axes("reduce", attrs.get("axis"), rank))
 
 
-def _kernel(fn: Any) -> Any:
+def _kernel(name: str) -> Any:
+    """The kernel of the reduction numpy.NAME (looked up at the call: the table loads without NumPy)."""
+
     def run(xs: list[np.ndarray], attrs: dict[str, Any], out: Optional[np.ndarray]) -> np.ndarray:
+        fn = getattr(np, name)
         x = xs[0]
         axes = _axes(attrs, x.ndim)
         keep = bool(attrs.get("keepdims", False))
@@ -101,10 +104,12 @@ def _reduce_flops(node: Node, inputs: list[TensorType]) -> int:
     return inputs[0].size
 
 
-def _specialized(ufunc: Any, mean: bool = False) -> Any:
-    """A reduction kernel with its axes normalized once (ufunc.reduce, straight into out)."""
+def _specialized(ufunc_name: str, mean: bool = False) -> Any:
+    """A reduction kernel with its axes normalized once (the ufunc numpy.UFUNC_NAME's reduce,
+    straight into out)."""
 
     def make(attrs: dict[str, Any], types: list[TensorType]) -> Any:
+        ufunc = getattr(np, ufunc_name)
         (t,) = types
         axes = tuple(normalize_axes("reduce", attrs.get("axis"), t.rank))
         keep = bool(attrs.get("keepdims", False))
@@ -142,10 +147,10 @@ MEAN = ReducerSpec(identity="0", identity_integer="0", combine="{0} + {1}", divi
 MAX = ReducerSpec(identity="-sx_inf()", identity_integer="(-9223372036854775807LL - 1)", combine="sx_maxd({0}, {1})", better=">")
 MIN = ReducerSpec(identity="sx_inf()", identity_integer="9223372036854775807LL", combine="sx_mind({0}, {1})", better="<")
 
-register(OpDef("sum", _reduce_type("sum"), _kernel(np.sum), grad=_g_sum, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="sum over axes", specialize=_specialized(np.add), reducer=ADDS))
-register(OpDef("mean", _reduce_type("mean", floats_only=True), _kernel(np.mean), grad=_g_mean, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="mean over axes", specialize=_specialized(np.add, mean=True), reducer=MEAN))
-register(OpDef("max", _reduce_type("max"), _kernel(np.max), grad=_g_extreme, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="maximum over axes", specialize=_specialized(np.maximum), reducer=MAX))
-register(OpDef("min", _reduce_type("min"), _kernel(np.min), grad=_g_extreme, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="minimum over axes", specialize=_specialized(np.minimum), reducer=MIN))
+register(OpDef("sum", _reduce_type("sum"), _kernel("sum"), grad=_g_sum, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="sum over axes", specialize=_specialized("add"), reducer=ADDS))
+register(OpDef("mean", _reduce_type("mean", floats_only=True), _kernel("mean"), grad=_g_mean, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="mean over axes", specialize=_specialized("add", mean=True), reducer=MEAN))
+register(OpDef("max", _reduce_type("max"), _kernel("max"), grad=_g_extreme, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="maximum over axes", specialize=_specialized("maximum"), reducer=MAX))
+register(OpDef("min", _reduce_type("min"), _kernel("min"), grad=_g_extreme, kind=OpKind.REDUCTION, arity=1, flops=_reduce_flops, doc="minimum over axes", specialize=_specialized("minimum"), reducer=MIN))
 
 
 def _argmax_type(types: list[TensorType], attrs: dict[str, Any]) -> TensorType:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .analyze import LIBRARY_FILES, LocalParam, user_loc
+from .codecache import cached_compile
 from .conditions import LimitExceeded, LispError
 from .objects import PARENT, Builtin, Closure, GoSignal, Macro, ReturnFromSignal
 from .printer import prin1_to_string
@@ -205,7 +206,7 @@ class CodeGen:
 
     def load_unit(self, source: str, namespace: dict[str, Any]) -> Any:
         try:
-            code = compile(source, "<sexpgpu generated>", "exec")
+            code = cached_compile(source, "<sexpgpu generated>")
         except (SyntaxError, RecursionError, MemoryError, ValueError):
             raise CannotGenerate() from None
         exec(code, namespace)

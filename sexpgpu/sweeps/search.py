@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Optional
 
-import numpy as np
+from ..ir.lazy_numpy import np
 
 from ..ir.experiment import Experiment, Halving, Scheduler
 from ..lisp.conditions import LispError, lisp_error
