@@ -25,7 +25,7 @@ The gensyms are made in the order, and with the prefixes, the Lisp expander used
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 from .builtins import Lib
 from .builtins_symbols import gensym
@@ -122,7 +122,7 @@ class LoopParser:
     def found(self) -> Any:
         return self.peek() if self.more() else "the end"
 
-    def error(self, control: str, *args: Any) -> Any:
+    def error(self, control: str, *args: Any) -> NoReturn:
         """Signal the program-error the Lisp expander did, through `error`, so that handlers
         and diagnostics see the same condition."""
         s = self.s
@@ -168,7 +168,7 @@ class LoopParser:
             return [pattern]
         if type(pattern) is Cons:
             return self.pattern_vars(pattern.car) + self.pattern_vars(pattern.cdr)
-        return self.error("~s is not a variable or a destructuring pattern", pattern)  # type: ignore[no-any-return]
+        self.error("~s is not a variable or a destructuring pattern", pattern)
 
     def destructure(self, pattern: Any, value: Any) -> list[Any]:
         """setq forms giving the variables of PATTERN their parts of the form VALUE."""
@@ -286,7 +286,7 @@ class LoopParser:
         if key == "UNLESS":
             self.next()
             return self.parse_conditional(True)
-        return self.error("expected a clause such as collect, do, when or return, found ~s", self.found())
+        self.error("expected a clause such as collect, do, when or return, found ~s", self.found())
 
     def parse_clause_group(self, it: Optional[list[Any]]) -> list[Any]:
         forms = [self.parse_selectable(it)]
@@ -353,7 +353,7 @@ class LoopParser:
             if type(pattern) is not Symbol or pattern is NIL:
                 self.error("an arithmetic for needs a variable, got ~s", pattern)
             return self.for_arithmetic(pattern)
-        return self.error("unknown for clause after ~s: ~s", pattern, self.found())  # type: ignore[no-any-return]
+        self.error("unknown for clause after ~s: ~s", pattern, self.found())
 
     def step_by(self, tail: Any, by: Any) -> Any:
         return lst(self.s["FUNCALL"], by, tail) if by is not None else lst(self.s["CDR"], tail)
