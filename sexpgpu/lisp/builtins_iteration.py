@@ -334,21 +334,10 @@ class LoopParser:
         self.note_pattern(pattern)
         self.skip_type()
         key = self.keyword()
-        if key == "IN":
+        kinds = {"IN": self.for_in, "ON": self.for_on, "ACROSS": self.for_across, "=": self.for_equals, "BEING": self.for_being}
+        if key in kinds:
             self.next()
-            return self.for_in(pattern)
-        if key == "ON":
-            self.next()
-            return self.for_on(pattern)
-        if key == "ACROSS":
-            self.next()
-            return self.for_across(pattern)
-        if key == "=":
-            self.next()
-            return self.for_equals(pattern)
-        if key == "BEING":
-            self.next()
-            return self.for_being(pattern)
+            return kinds[key](pattern)
         if key in ARITHMETIC_WORDS:
             if type(pattern) is not Symbol or pattern is NIL:
                 self.error("an arithmetic for needs a variable, got ~s", pattern)
