@@ -4,7 +4,8 @@ inside functions included, so a lazy import cannot hide a broken rule.
 
 - lisp/ knows nothing of tensors or ML; ir/ knows nothing of Lisp; runtime/ knows neither
   Lisp nor the compiler, and a run loads neither.
-- No import circle inside runtime/.
+- No import circle inside runtime/; lisp/'s bottom modules (types, objects, typespecs) import
+  nothing of lisp/ that imports them back.
 - The lowering (runtime/lower/) is device-neutral: the CPU device (runtime/cpu/) and the CUDA
   device (runtime/cuda/) import it, neither imports the other, and it imports neither.
 - The core never imports Ray, orchestration/ or workers/; the CLI reaches them only inside
@@ -373,3 +374,26 @@ def test_there_is_one_way_to_start_a_run() -> None:
                     starters.append(f"{path.relative_to(REPO)}:{node.lineno} calls {node.func.id}(...)")
     allowed = {"sexpgpu/session.py", "sexpgpu/runtime/attempt.py"}
     assert [s for s in starters if s.split(":")[0] not in allowed] == [], starters
+
+
+def test_the_bottom_modules_of_lisp_reach_up_nowhere() -> None:
+    """types.py, objects.py and typespecs.py import no module of lisp/ that imports them back,
+    lazily or not (issue 26): the printer, the builtins and the evaluator sit above them."""
+    paths = {module_name(path): path for path in sorted((REPO / "sexpgpu" / "lisp").glob("*.py"))}
+    graph = {name: {i.target for i in imports_of(path) if i.target in paths and i.target != name and not i.type_only}
+             for name, path in paths.items()}
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            name = todo.pop()
+            if name == goal:
+                return True
+            if name not in seen:
+                seen.add(name)
+                todo.extend(graph[name])
+        return False
+
+    offenders = [i for bottom in ("types", "objects", "typespecs") for i in imports_of(paths[f"sexpgpu.lisp.{bottom}"])
+                 if i.target in paths and not i.type_only and i.target != i.module and reaches(i.target, i.module)]
+    assert not offenders, broken("a bottom module of lisp/ imports one above it", offenders)

@@ -142,3 +142,15 @@ def test_the_x_if_and_x_if_not_families_come_from_one_helper() -> None:
             assert type(fn) is Builtin and isinstance(fn.fn, partial)
             makers[name] = fn.fn.func.__qualname__.split(".")[0]
     assert set(makers.values()) == {"test_family", "substitution_family"}
+
+
+def test_first_to_tenth_come_from_one_helper() -> None:
+    """As the cxr and bit families do: one factory, not ten copies of one function."""
+    interp = Interpreter()
+    names = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth"]
+    makers = set()
+    for name in names:
+        fn = interp.functions[interp.sym(name)]
+        assert type(fn) is Builtin and isinstance(fn.fn, partial)
+        makers.add(fn.fn.func.__qualname__.split(".")[0])
+    assert makers == {"_nth_accessor"}

@@ -288,3 +288,27 @@ def test_watch_frees_each_checks_world_before_the_next_check() -> None:
         gc.unfreeze()  # the rest of this test process collects as before
         if was_enabled:
             gc.enable()
+
+
+def test_watch_leaves_the_last_check_standing_on_a_save_of_the_same_bytes(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    main = tmp_path / "main.lisp"
+    main.write_text("(defun f () 1)\n")
+    env = {**os.environ, "NO_COLOR": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sexpgpu", "watch", "--max-checks", "2", "--interval", "0.05", "main.lisp"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        assert proc.stdout.readline().strip().endswith("main.lisp: ok")
+        seen = main.stat().st_mtime_ns
+        os.utime(main, ns=(seen + 1_000_000_000, seen + 1_000_000_000))  # saved, the bytes as they were
+        assert proc.stderr.readline().strip() == "main.lisp: saved unchanged; the last check stands"
+        main.write_text("(defun f () (car 1))\n(f)\n")
+        os.utime(main, ns=(seen + 2_000_000_000, seen + 2_000_000_000))
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    assert out.strip().endswith("main.lisp: 1 error(s)") and "error[E103]" in err

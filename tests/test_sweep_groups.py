@@ -4,6 +4,7 @@ diagnostics, the experiment, the IR hash and the slug its own compile gives."""
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any, Callable
 
@@ -13,7 +14,7 @@ from conftest import REPO
 from sweep_files import QUICKSTART, lr_seed_grid, width_grid
 
 import sexpgpu.compile.pipeline as pipeline
-from sexpgpu.compile.pipeline import CompileResult, compile_file, compile_points
+from sexpgpu.compile.pipeline import CompileResult, check_every_selection, compile_file, compile_points
 from sexpgpu.compile.selection import prescan
 from sexpgpu.ir.experiment import Selection
 from sexpgpu.runtime.runfolder import run_slug
@@ -137,3 +138,26 @@ def test_the_1024_point_grid_compiles_once(tmp_path: Path, monkeypatch: pytest.M
     assert len({run_slug(r.experiment) for r in grouped if r.experiment is not None}) == 1024
     for point in (0, 1, 31, 32, 33, 511, 512, 992, 1000, 1023):
         assert_same(path, grouped[point], compile_file(path, selections[point]), point)
+
+
+def test_a_sweep_checks_later_compiles_do_not_walk_the_earlier_worlds(tmp_path: Path) -> None:
+    """Each compile's results keep its world alive; the collections of the compiles after it
+    run with it frozen (they were about a third of search.lisp's check), and once the check
+    returns nothing is left frozen, so a world the caller drops is freed."""
+    path = tmp_path / "grid.lisp"
+    path.write_text(width_grid(2, 2))
+    frozen_at_collections: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            frozen_at_collections.append(gc.get_freeze_count())
+
+    gc.unfreeze()
+    gc.callbacks.append(note)
+    try:
+        checked = check_every_selection(path)
+    finally:
+        gc.callbacks.remove(note)
+    assert checked.compiled > 2 and not [d for d in checked.diagnostics if d.severity == "error"]
+    assert max(frozen_at_collections) > 0
+    assert gc.get_freeze_count() == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import sys
 import time
 from datetime import datetime
@@ -73,6 +74,29 @@ def snapshot(files: list[Path]) -> dict[Path, float]:
     return out
 
 
+def contents(files: list[Path]) -> dict[Path, Optional[str]]:
+    """Each file's SHA-256 (None when it cannot be read)."""
+    out: dict[Path, Optional[str]] = {}
+    for f in files:
+        try:
+            out[f] = hashlib.sha256(f.read_bytes()).hexdigest()
+        except OSError:
+            out[f] = None
+    return out
+
+
+def wait_for_a_change(args: argparse.Namespace, files: list[Path], before: dict[Path, float], read: dict[Path, Optional[str]]) -> None:
+    """Until a save changes what one of FILES holds: a save that writes the same bytes (an
+    editor's save of an unchanged buffer, a touch) leaves the last check standing."""
+    while True:
+        while snapshot(files) == before:
+            time.sleep(args.interval)
+        before = snapshot(files)
+        if contents(files) != read:
+            return
+        print(f"{args.file}: saved unchanged; the last check stands", file=sys.stderr, flush=True)
+
+
 def run_watch(args: argparse.Namespace) -> int:
     path = existing_file(args.file)
     limits = limits_from(args)
@@ -82,7 +106,9 @@ def run_watch(args: argparse.Namespace) -> int:
             started = time.time_ns()
             diagnostics, sources, files = check_once(path, limits)
             # the files' state is taken before the report, so that a save made as soon as
-            # the result shows is a change; a save made during the check checks again at once
+            # the result shows is a change; a save made during the check (or while their
+            # contents are read, before their times) checks again at once
+            read = contents(files)
             before = snapshot(files)
             checks += 1
             report_watch(args, diagnostics, sources)
@@ -91,8 +117,7 @@ def run_watch(args: argparse.Namespace) -> int:
             if any(stamp >= started for stamp in before.values()):
                 continue
             settle_memory()
-            while snapshot(files) == before:
-                time.sleep(args.interval)
+            wait_for_a_change(args, files, before, read)
     except KeyboardInterrupt:
         return Exit.OK
 

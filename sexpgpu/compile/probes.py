@@ -140,6 +140,12 @@ def is_probe(x: Any) -> bool:
 def observe_within(values: Any) -> None:
     """Note the knob of every probe in VALUES or inside them: in a list, a vector, an array,
     a structure or a hash table, as far as they reach (each object once)."""
+    for x in values:  # most calls take only plain atoms: no walk
+        kind = type(x)
+        if kind is FloatProbe or kind is IntProbe or kind in CONTAINERS:
+            break
+    else:
+        return
     stack = list(values)
     seen: set[int] = set()
     while stack:

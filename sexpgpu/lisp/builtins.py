@@ -142,7 +142,7 @@ class Registry:
 
 
 def install_builtins(interp: "Interpreter") -> None:
-    from . import builtins_arrays, builtins_conses, builtins_numbers, builtins_sequences, builtins_calling, builtins_conditions, builtins_hashtables, builtins_streams, builtins_strings, builtins_structures, builtins_symbols
+    from . import builtins_arrays, builtins_conses, builtins_numbers, builtins_sequences, builtins_calling, builtins_conditions, builtins_hashtables, builtins_iteration, builtins_streams, builtins_strings, builtins_structures, builtins_symbols
 
     builtins_numbers.define_constants(interp)
     install_modules(interp, (builtins_numbers, builtins_conses, builtins_sequences, builtins_arrays))
@@ -151,7 +151,7 @@ def install_builtins(interp: "Interpreter") -> None:
     builtins_streams.define_variables(interp)
     install_modules(interp, (builtins_strings,))
     builtins_strings.set_up(interp)
-    install_modules(interp, (builtins_calling, builtins_conditions, builtins_hashtables, builtins_symbols, builtins_structures))
+    install_modules(interp, (builtins_calling, builtins_conditions, builtins_hashtables, builtins_symbols, builtins_structures, builtins_iteration))
     builtins_symbols.define_variables(interp)
     builtins_calling.set_up(interp)
 

@@ -15,7 +15,6 @@ from .builtins import (
     lbool,
     list_cells,
     list_items,
-    need_string,
     need_symbol,
     short,
     to_lisp_list,
@@ -71,29 +70,7 @@ def type_of(interp: "Interpreter", x: Any) -> Any:
     return interp.sym(type_name_of(x))
 
 def _gensyms(interp: "Interpreter", n: Any) -> Any:
-    from .builtins import to_lisp_list
-
     return to_lisp_list([interp.gensym() for _ in range(n)])
-
-
-def _tree_has_name(interp: "Interpreter", tree: Any, name: str) -> bool:
-    """Whether a symbol named NAME occurs in TREE (conses only; charged per cons)."""
-    stack = [tree]
-    seen = 0
-    while stack:
-        x = stack.pop()
-        while type(x) is Cons:
-            seen += 1
-            if seen == 1024:  # charged as it goes: a circular tree ends at the budget
-                interp.charge(seen)
-                seen = 0
-            stack.append(x.car)
-            x = x.cdr
-        if type(x) is Symbol and x.name == name:
-            interp.charge(seen)
-            return True
-    interp.charge(seen)
-    return False
 
 
 def _proper_length(x: Any) -> Any:
@@ -411,9 +388,6 @@ p_gensym_list = builtin("%gensym-list", context=Lib)(lambda lib, n: _gensyms(lib
 p_name_eq = builtin("%name=")(lambda x, name: lbool(type(x) is Symbol and x.name == name))
 p_list_length_or_nil = builtin("%list-length-or-nil")(lambda x: _proper_length(x))
 p_macro_p = builtin("%macro-p", context=Lib)(lambda lib, s: lbool(type(s) is Symbol and s in lib.interp.macros))
-p_loop_kw_p = builtin("%loop-kw-p")(lambda x, *names: lbool(type(x) is Symbol and x is not NIL and x.name in names))
-p_loop_keyword = builtin("%loop-keyword", context=Lib)(lambda lib, x: lib.interp.kw(x.name) if type(x) is Symbol and x is not NIL else NIL)
-p_tree_has_name = builtin("%tree-has-name", context=Lib)(lambda lib, tree, name: lbool(_tree_has_name(lib.interp, tree, need_string("%tree-has-name", 2, name))))
 
 
 def set_up(interp: "Interpreter") -> None:

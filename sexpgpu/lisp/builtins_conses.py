@@ -418,54 +418,24 @@ def list_length(lib: Conses, x: Any) -> Any:
     return n
 
 
-@builtin("first", context=Conses)
-def first(lib: Conses, x: Any) -> Any:
-    return lib.nth_of("first", 0, x)
+def _nth_accessor(name: str, n: int) -> Callable[[Conses, Any], Any]:
+    def op(lib: Conses, x: Any) -> Any:
+        return lib.nth_of(name, n, x)
+
+    return op
 
 
-@builtin("second", context=Conses)
-def second(lib: Conses, x: Any) -> Any:
-    return lib.nth_of("second", 1, x)
-
-
-@builtin("third", context=Conses)
-def third(lib: Conses, x: Any) -> Any:
-    return lib.nth_of("third", 2, x)
-
-
-@builtin("fourth", context=Conses)
-def fourth(lib: Conses, x: Any) -> Any:
-    return lib.nth_of("fourth", 3, x)
-
-
-@builtin("fifth", context=Conses)
-def fifth(lib: Conses, x: Any) -> Any:
-    return lib.nth_of("fifth", 4, x)
-
-
-@builtin("sixth", context=Conses)
-def sixth(lib: Conses, x: Any) -> Any:
-    return lib.nth_of("sixth", 5, x)
-
-
-@builtin("seventh", context=Conses)
-def seventh(lib: Conses, x: Any) -> Any:
-    return lib.nth_of("seventh", 6, x)
-
-
-@builtin("eighth", context=Conses)
-def eighth(lib: Conses, x: Any) -> Any:
-    return lib.nth_of("eighth", 7, x)
-
-
-@builtin("ninth", context=Conses)
-def ninth(lib: Conses, x: Any) -> Any:
-    return lib.nth_of("ninth", 8, x)
-
-
-@builtin("tenth", context=Conses)
-def tenth(lib: Conses, x: Any) -> Any:
-    return lib.nth_of("tenth", 9, x)
+# first to tenth: the element at the position the name counts
+first = builtin("first", context=Conses)(_nth_accessor("first", 0))
+second = builtin("second", context=Conses)(_nth_accessor("second", 1))
+third = builtin("third", context=Conses)(_nth_accessor("third", 2))
+fourth = builtin("fourth", context=Conses)(_nth_accessor("fourth", 3))
+fifth = builtin("fifth", context=Conses)(_nth_accessor("fifth", 4))
+sixth = builtin("sixth", context=Conses)(_nth_accessor("sixth", 5))
+seventh = builtin("seventh", context=Conses)(_nth_accessor("seventh", 6))
+eighth = builtin("eighth", context=Conses)(_nth_accessor("eighth", 7))
+ninth = builtin("ninth", context=Conses)(_nth_accessor("ninth", 8))
+tenth = builtin("tenth", context=Conses)(_nth_accessor("tenth", 9))
 
 
 @builtin("nth", context=Conses)

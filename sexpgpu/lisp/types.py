@@ -39,11 +39,6 @@ class Symbol:
         self.name = name
         self.package = package
 
-    def __repr__(self) -> str:
-        from .printer import prin1_to_string
-
-        return prin1_to_string(self)
-
     @property
     def is_keyword(self) -> bool:
         return self.package == "KEYWORD"
@@ -161,11 +156,6 @@ class Cons:
         while type(cell) is Cons:
             yield cell.car
             cell = cell.cdr
-
-    def __repr__(self) -> str:
-        from .printer import prin1_to_string
-
-        return prin1_to_string(self)
 
 
 class Char:
