@@ -15,7 +15,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ..ir.check import IRError, check_program
 from ..ir.dtypes import DType
@@ -173,11 +173,23 @@ def compile_points(path: Path, selections: list[Selection], limits: Optional[Lim
     depends on share one probe compile (sweep_groups.py), checked against a real compile of
     their first point. Without EXPERIMENTS a shared point's result has its diagnostics only.
     What the file prints reaches OUTPUT from the compiles that ran."""
+    results = dict(stream_points(path, selections, limits, output, world, experiments))
+    return [results[i] for i in range(len(selections))]
+
+
+def stream_points(path: Path, selections: list[Selection], limits: Optional[Limits] = None, output: Any = None, world: int = 1,
+                  experiments: bool = True) -> Iterator[tuple[int, CompileResult]]:
+    """compile_points' results as each shape group is compiled: (index, result), a group's
+    points together, groups in the order their first point appears; what the caller has taken
+    is not kept here (a sweep's first points train while the later ones compile). A point is
+given once its result is final, so points may come out of index order."""
     try:
         declared = prescan(path)
         resolved = [resolve_selection(path, selection, declared) for selection in selections]
     except LispError:
-        return [compile_file(path, selection, limits, output, world) for selection in selections]
+        for i, selection in enumerate(selections):
+            yield i, compile_file(path, selection, limits, output, world)
+        return
     imposed = [r[1] for r in resolved]
     results: dict[int, CompileResult] = {}
 
@@ -186,11 +198,15 @@ def compile_points(path: Path, selections: list[Selection], limits: Optional[Lim
             results[i] = compile_file(path, selections[i], limits, output, world, declared=declared)
         return results[i]
 
-    def settle(indices: list[int], numbers: set[str]) -> None:
+    def settled(i: int) -> tuple[int, CompileResult]:
+        own(i)
+        return i, results.pop(i)
+
+    def settle(indices: list[int], numbers: set[str]) -> Iterator[tuple[int, CompileResult]]:
         varying = {k for k in numbers if len({repr(imposed[i].get(k)) for i in indices}) > 1}
         if len(indices) <= 2 or not varying:
             for i in indices:
-                own(i)
+                yield settled(i)
             return
         first = own(indices[0])
         probing = Probing(values={k: [imposed[i][k] for i in indices] for k in varying},
@@ -198,31 +214,31 @@ def compile_points(path: Path, selections: list[Selection], limits: Optional[Lim
         probe = compile_file(path, selections[indices[0]], limits, lambda _: None, world, probing=probing, declared=declared)
         if probing.observed:  # those knobs reach the structure: their values group the points
             for group in split_by(indices, probing.observed, imposed):
-                settle(group, numbers - probing.observed)
+                yield from settle(group, numbers - probing.observed)
             return
         binding = Binding(probing, probe.diagnostics, probe.experiment)
         if not reproduces(binding, first, resolved[indices[0]][0]):
             integers = {k for k in varying if type(imposed[indices[0]][k]) is int}
             if integers:  # seen where no probe could say: an integer is the likelier shape
                 for group in split_by(indices, integers, imposed):
-                    settle(group, numbers - integers)
+                    yield from settle(group, numbers - integers)
             else:
                 for i in indices:
-                    own(i)
+                    yield settled(i)
             return
+        yield settled(indices[0])
         for at, i in enumerate(indices[1:], start=1):
             if binding.refuses(at):
-                own(i)
+                yield settled(i)
                 continue
             experiment = binding.experiment_for(at, resolved[i][0]) if experiments else None
-            results[i] = CompileResult(diagnostics=list(first.diagnostics), experiment=experiment, program=first.program, compiler=first.compiler)
+            yield i, CompileResult(diagnostics=list(first.diagnostics), experiment=experiment, program=first.program, compiler=first.compiler)
 
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, (chosen, values, _) in enumerate(resolved):
         groups.setdefault(group_key(chosen, values), []).append(i)
     for indices in groups.values():
-        settle(indices, {k for k, v in imposed[indices[0]].items() if numeric(v)})
-    return [results[i] for i in range(len(selections))]
+        yield from settle(indices, {k for k, v in imposed[indices[0]].items() if numeric(v)})
 
 
 def reproduces(binding: Binding, real: CompileResult, selection: Selection) -> bool:

@@ -1,0 +1,81 @@
+"""The sweep's points as they are compiled: the driver starts the first ones while later ones
+still compile and their bundles are written.
+
+A thread takes the points from their iterator (Session.stream_sweep: one shape group at a
+time), writes each one's bundle on a pool of writers (store requests wait on the network, so
+several are in flight at once) and hands the driver each point's record. A point's compiled
+program is dropped once its bundle is written: the driver keeps only the record. The thread
+stops at the first point that cannot be bundled (it does not check, a data source is not
+readable): no later point is handed over, and the driver ends the sweep with that error
+once the points it started have ended.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Callable, Generic, Iterable, Optional, TypeVar
+
+P = TypeVar("P")
+R = TypeVar("R")
+BUNDLE_WRITERS = 16  # bundles written at once
+
+
+class Feed(Generic[P, R]):
+    """POINTS, each turned into a record by MAKE (which writes its bundle) on WRITERS threads."""
+
+    def __init__(self, points: Iterable[P], make: Callable[[P], R], writers: int = BUNDLE_WRITERS) -> None:
+        self.points, self.make, self.writers = points, make, writers
+        self.ready: queue.Queue[R] = queue.Queue()
+        self.error: Optional[BaseException] = None
+        self.done = threading.Event()
+        self.halt = threading.Event()
+        self.thread = threading.Thread(target=self.feed, name="sexpgpu-sweep-feed", daemon=True)
+
+    def start(self) -> "Feed[P, R]":
+        self.thread.start()
+        return self
+
+    def feed(self) -> None:
+        try:
+            with ThreadPoolExecutor(max_workers=self.writers, thread_name_prefix="sexpgpu-bundle") as pool:
+                pending: set[Future[R]] = set()
+                try:
+                    for point in self.points:
+                        if self.halt.is_set():
+                            break
+                        pending.add(pool.submit(self.make, point))
+                        if len(pending) >= 2 * self.writers:  # a bounded number of compiled points held
+                            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                            self.hand(finished)
+                    finished, pending = wait(pending)
+                    self.hand(finished)
+                finally:
+                    for future in pending:
+                        future.cancel()
+        except BaseException as exc:  # the driver raises it once its started points have ended
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def hand(self, futures: set[Future[R]]) -> None:
+        for future in futures:
+            self.ready.put(future.result())
+
+    def take(self, wait_s: float = 0.0) -> list[R]:
+        """The records ready now; with WAIT_S, waiting up to that long for the first one."""
+        taken: list[R] = []
+        try:
+            taken.append(self.ready.get(timeout=wait_s) if wait_s > 0 else self.ready.get_nowait())
+            while True:
+                taken.append(self.ready.get_nowait())
+        except queue.Empty:
+            return taken
+
+    def exhausted(self) -> bool:
+        """Every point handed over (or the feed stopped at an error) and taken."""
+        return self.done.is_set() and self.ready.empty()
+
+    def stop(self) -> None:
+        self.halt.set()
