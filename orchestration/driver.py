@@ -30,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from collections import deque
-from typing import Any, Callable, Iterable, Literal, Optional, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Literal, Optional, TypeVar
 
 import ray
 from ray.actor import ActorHandle
@@ -40,9 +40,9 @@ from sexpgpu.outcome import AttemptOutcome, Exit
 from sexpgpu.runtime.runfolder import RunFolder, run_slug
 from sexpgpu.runtime.status import Status
 from sexpgpu.runtime.store import Store, StoreError
-from sexpgpu.session import Compiled, store_check
+from sexpgpu.session import Compiled, Session, store_check
 
-from sexpgpu.ir.experiment import Halving
+from sexpgpu.ir.experiment import Halving, Selection
 from sexpgpu.ledger import DONE, LedgerStore, PointRecord, SweepLedger, concurrently, now, record_attempt, take_status
 from sexpgpu.runtime.halving import Contender, Leg, limit, search
 from .attempts import close_status, resume_from, worker_env
@@ -72,6 +72,16 @@ class SweepPoint:
 def sweep_points(compiled: list[Compiled], knobs: list[dict[str, Any]]) -> list[SweepPoint]:
     """The driver's points: each point's compiled result (Session.compile_sweep) and its knobs."""
     return [SweepPoint(index=i, knobs=values, compiled=c) for i, (c, values) in enumerate(zip(compiled, knobs, strict=True))]
+
+
+def streamed_points(session: Session, path: Path, sweep: str, values: list[dict[str, Any]], base: Optional[Selection] = None) -> Iterator[SweepPoint]:
+    """The points of SWEEP (their knob VALUES), each as soon as SESSION has compiled it
+    (Session.stream_sweep); the first that does not check ends them with a SweepError (its
+    diagnostics are printed; the driver starts no later point)."""
+    for i, prepared in session.stream_sweep(path, sweep, len(values), base):
+        if isinstance(prepared, AttemptOutcome):
+            raise SweepError(f"sweep {sweep}: point {i} does not check", prepared.exit_code)
+        yield SweepPoint(index=i, knobs=values[i], compiled=prepared)
 
 
 def ray_logs() -> str:

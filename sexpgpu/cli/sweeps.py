@@ -9,7 +9,7 @@ import shutil
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from ..compile.pipeline import compile_file, compile_points
 from ..compile.search import halving_problem
@@ -429,19 +429,12 @@ def ray_sweep(args: argparse.Namespace, path: Path, sweep: SweepDecl, store_url:
     COMPILED points, or (None) each point as soon as SESSION has compiled it; the first that
     does not check ends them (its diagnostics are printed; the driver starts no later point)."""
     try:
-        from orchestration.driver import Driver, SweepError, SweepPoint, sweep_points
+        from orchestration.driver import Driver, SweepError, streamed_points, sweep_points
     except ImportError as exc:
         print(f"sexpgpu: --ray needs the cluster extra (pip install -e '.[cluster]'): {exc}", file=sys.stderr)
         return Exit.CANNOT_START
 
-    def streamed() -> Iterator[SweepPoint]:
-        values = sweep.points()
-        for i, prepared in session.stream_sweep(path, sweep.name, len(values), base):
-            if isinstance(prepared, AttemptOutcome):
-                raise SweepError(f"sweep {sweep.name}: point {i} does not check", prepared.exit_code)
-            yield SweepPoint(index=i, knobs=values[i], compiled=prepared)
-
-    points = streamed() if compiled is None else sweep_points(compiled, sweep.points())
+    points = streamed_points(session, path, sweep.name, sweep.points(), base) if compiled is None else sweep_points(compiled, sweep.points())
     address = args.ray or os.environ.get("SEXPGPU_RAY_ADDRESS") or None
     live = LiveTable(sys.stderr, Store.open(store_url), enabled=sys.stderr.isatty() and not args.json)
     driver = Driver(path, args.sweep, store_url, address, args.max_preemptions, args.max_steps, say=live.say, devices=devices_from(args), table=live,
