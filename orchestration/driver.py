@@ -21,6 +21,7 @@ round does not grow with the sweep.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import functools
 import logging
 import os
@@ -237,6 +238,24 @@ class Driver:
 
     def run_points(self, points: Iterable[SweepPoint], halving: Optional[Halving]) -> SweepLedger:
         self.preflight()
+        feed = self.feed(points) if halving is None else None
+        try:
+            return self.on_ray(feed if feed is not None else points, halving)
+        finally:
+            if feed is not None:
+                feed.stop()
+
+    def feed(self, points: Iterable[SweepPoint]) -> Feed[SweepPoint, PointRecord]:
+        """The points' feed, started: the first point is compiled before anything else (a file
+        that does not check fails before Ray starts), the rest while Ray starts and points run."""
+        rest = iter(points)
+        try:
+            first = next(rest, None)
+        except SweepError as exc:
+            raise SweepError(f"{exc.reason}; nothing was run", exc.code) from None
+        return Feed(itertools.chain([] if first is None else [first], rest), self.bundle).start()
+
+    def on_ray(self, points: "Feed[SweepPoint, PointRecord] | Iterable[SweepPoint]", halving: Optional[Halving]) -> SweepLedger:
         started_ray = not ray.is_initialized()
         if started_ray:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -246,7 +265,7 @@ class Driver:
             self.say(f"ray: {'a local Ray for this sweep' if self.address is None else self.address}; its logs: {ray_logs()}")
         try:
             self.wait_for_capacity()
-            if halving is None:
+            if isinstance(points, Feed):
                 return self.stream(points)
             records = self.bundles(list(points))
             self.write_ledger(self.merge(records))
@@ -255,17 +274,11 @@ class Driver:
             if started_ray:
                 ray.shutdown()
 
-    def stream(self, points: Iterable[SweepPoint]) -> SweepLedger:
+    def stream(self, feed: Feed[SweepPoint, PointRecord]) -> SweepLedger:
         """Every point, each started as soon as its bundle is written (orchestration/feed.py)."""
-        feed: Feed[SweepPoint, PointRecord] = Feed(points, self.bundle)
         ledger = SweepLedger(file=self.path.name, sweep=self.sweep, points=[])
-        known = self.known()
-        feed.start()
-        supervision = Supervision(self, ledger, feed=feed, known=known)
-        try:
-            supervision.run()
-        finally:
-            feed.stop()
+        supervision = Supervision(self, ledger, feed=feed, known=self.known())
+        supervision.run()
         if isinstance(feed.error, SweepError):  # a point that cannot run: no later one was started
             ran = "nothing was run" if not supervision.launched else "the points started before it ran to their end, no later one was started"
             raise SweepError(f"{feed.error.reason}; {ran}", feed.error.code)

@@ -12,9 +12,10 @@ once the points it started have ended.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Generic, Iterable, Optional, TypeVar
 
 P = TypeVar("P")
@@ -40,28 +41,34 @@ class Feed(Generic[P, R]):
     def feed(self) -> None:
         try:
             with ThreadPoolExecutor(max_workers=self.writers, thread_name_prefix="sexpgpu-bundle") as pool:
-                pending: set[Future[R]] = set()
-                try:
-                    for point in self.points:
-                        if self.halt.is_set():
-                            break
-                        pending.add(pool.submit(self.make, point))
-                        if len(pending) >= 2 * self.writers:  # a bounded number of compiled points held
-                            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                            self.hand(finished)
-                    finished, pending = wait(pending)
-                    self.hand(finished)
-                finally:
-                    for future in pending:
-                        future.cancel()
+                slots = threading.BoundedSemaphore(2 * self.writers)  # a bounded number of compiled points held
+                for point in self.points:
+                    slots.acquire()
+                    if self.halt.is_set():
+                        break
+                    future = pool.submit(self.make, point)
+                    future.add_done_callback(functools.partial(self.hand, slots))
         except BaseException as exc:  # the driver raises it once its started points have ended
-            self.error = exc
+            self.fail(exc)
         finally:
             self.done.set()
 
-    def hand(self, futures: set[Future[R]]) -> None:
-        for future in futures:
+    def hand(self, slots: threading.BoundedSemaphore, future: "Future[R]") -> None:
+        """A point's record, handed to the driver as soon as its bundle is written."""
+        slots.release()
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is not None:
+            self.fail(error)
+        elif not self.halt.is_set():
             self.ready.put(future.result())
+
+    def fail(self, error: BaseException) -> None:
+        """The first error ends the feed: no later point is handed over."""
+        if self.error is None:
+            self.error = error
+        self.halt.set()
 
     def take(self, wait_s: float = 0.0) -> list[R]:
         """The records ready now; with WAIT_S, waiting up to that long for the first one."""
