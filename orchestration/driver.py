@@ -265,8 +265,8 @@ class Driver:
             self.say(f"ray: {'a local Ray for this sweep' if self.address is None else self.address}; its logs: {ray_logs()}")
         try:
             self.wait_for_capacity()
-            if isinstance(points, Feed):
-                return self.stream(points)
+            if isinstance(points, Feed) or halving is None:
+                return self.stream(points if isinstance(points, Feed) else self.feed(points))
             records = self.bundles(list(points))
             self.write_ledger(self.merge(records))
             return self.search(records, halving)
