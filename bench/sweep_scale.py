@@ -7,8 +7,10 @@ measured is the driver, not the training.
 The driver is handed the points as `sexpgpu sweep --ray` hands them (Session.stream_sweep:
 each point as soon as it is compiled), so what it costs includes compiling and bundling.
 Prints, for each N:
-- first step s: from the sweep's start (before anything is compiled) to the first `step`
-  event of any point;
+- 1st launch s: from the sweep's start (before anything is compiled) to the driver's first
+  launch of a worker (what the driver itself takes);
+- first step s: from the sweep's start to the first `step` event of any point (the worker's
+  process start, its compile of the bundle and the step added);
 - wall s: the whole sweep;
 - CPU ms/point: the driver process's CPU time over the sweep (compiling, bundling and
   supervising), per point;
@@ -146,7 +148,8 @@ def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str]) -> 
 
     path = root / f"scale{n}.lisp"
     path.write_text(run_file(n))
-    driver = Driver(path, "grid", url, None, None, 1, say=lambda _: None)
+    launches: list[float] = []
+    driver = Driver(path, "grid", url, None, None, 1, say=lambda _: None, on_launch=lambda *_: launches.append(time.time()))
     counted = count_requests(driver.store)
     before = server_requests(log)
     rss = PeakRss()
@@ -168,7 +171,7 @@ def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str]) -> 
     first = first_step(store, [p.slug for p in sorted(ledger.points, key=lambda p: p.point)[:8]])
     driver_requests = sum(counted.kinds.values())
     return {
-        "n": n, "wall_s": wall, "first_step_s": (first - started) if first else float("nan"),
+        "n": n, "wall_s": wall, "first_step_s": (first - started) if first else float("nan"), "first_launch_s": min(launches) - started,
         "cpu_ms": 1000 * cpu / n, "peak_mb": peak, "driver_req": driver_requests / n,
         "kinds": {k: v / n for k, v in sorted(counted.kinds.items())}, "all_req": everything / n,
         "ledger_b": counted.ledger_bytes / n,
@@ -218,10 +221,10 @@ def main() -> None:
             server.stdin.close()
             server.wait(timeout=30)
     print(f"Ray sweep driver, {args.nodes} nodes x {args.cpus_per_node} CPU (raylets on one host), S3 on loopback (moto), --max-steps 1")
-    print(f"{'N':>6}{'1st step s':>12}{'wall s':>9}{'CPU ms/pt':>11}{'peak MB':>9}"
+    print(f"{'N':>6}{'1st launch s':>14}{'1st step s':>12}{'wall s':>9}{'CPU ms/pt':>11}{'peak MB':>9}"
           f"{'driver req/pt':>15}{'all req/pt':>12}{'ledger B/pt':>13}")
     for r in rows:
-        print(f"{r['n']:>6}{r['first_step_s']:>12.1f}{r['wall_s']:>9.1f}"
+        print(f"{r['n']:>6}{r['first_launch_s']:>14.1f}{r['first_step_s']:>12.1f}{r['wall_s']:>9.1f}"
               f"{r['cpu_ms']:>11.1f}{r['peak_mb']:>9.0f}{r['driver_req']:>15.1f}{r['all_req']:>12.1f}{r['ledger_b']:>13.0f}")
     for r in rows:
         print(f"N={r['n']}: driver requests per point by kind: " + ", ".join(f"{k} {v:.2f}" for k, v in r["kinds"].items()))
