@@ -141,7 +141,7 @@ def first_step(store: Any, slugs: list[str]) -> Optional[float]:
     return min(times) if times else None
 
 
-def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str]) -> dict[str, Any]:
+def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str], verbose: bool = False) -> dict[str, Any]:
     from orchestration.driver import Driver, streamed_points
     from sexpgpu.runtime.store import Store
     from sexpgpu.session import Session, Settings
@@ -149,7 +149,13 @@ def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str]) -> 
     path = root / f"scale{n}.lisp"
     path.write_text(run_file(n))
     launches: list[float] = []
-    driver = Driver(path, "grid", url, None, None, 1, say=lambda _: None, on_launch=lambda *_: launches.append(time.time()))
+    began = time.time()
+
+    def say(line: str) -> None:
+        if verbose:
+            print(f"{time.time() - began:7.2f} s  {line}", file=sys.stderr, flush=True)
+
+    driver = Driver(path, "grid", url, None, None, 1, say=say, on_launch=lambda *_: launches.append(time.time()))
     counted = count_requests(driver.store)
     before = server_requests(log)
     rss = PeakRss()
@@ -184,6 +190,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--cpus-per-node", type=int, default=1)
     parser.add_argument("--profile", metavar="OUT", help="write the driver's cProfile statistics to OUT.N")
+    parser.add_argument("--verbose", action="store_true", help="the driver's lines on stderr, with the seconds since its start")
     parser.add_argument("--serve-moto", metavar="LOG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_moto:
@@ -213,7 +220,7 @@ def main() -> None:
         rows = []
         try:
             for n in args.n:
-                rows.append(measure(root, n, f"s3://{BUCKET}/store{n}", log, args.profile))
+                rows.append(measure(root, n, f"s3://{BUCKET}/store{n}", log, args.profile, args.verbose))
         finally:
             ray.shutdown()
             cluster.shutdown()
