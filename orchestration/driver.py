@@ -681,6 +681,8 @@ class Supervision:
                 self.admit()
                 if self.waiting or self.reserved:
                     driver.tolerant("lease free points", self.take_free_points, None)
+                if self.feed is not None and self.launched:
+                    self.feed.go()
                 if not self.reserved and not self.waiting and self.fed():  # nothing of ours to start: idle workers give their CPUs/GPUs back
                     driver.drop_idle()
                 driver.lost_nodes.forget_dead()

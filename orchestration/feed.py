@@ -2,8 +2,9 @@
 still compile and their bundles are written.
 
 A thread takes the points from their iterator (Session.stream_sweep: one shape group at a
-time), writes each one's bundle on a pool of writers (store requests wait on the network, so
-several are in flight at once) and hands the driver each point's record. A point's compiled
+time), writes the first one's bundle alone (so that the first point starts as soon as it
+can) and the others' on a pool of writers (store requests wait on the network, so several
+are in flight at once) and hands the driver each point's record. A point's compiled
 program is dropped once its bundle is written: the driver keeps only the record. The thread
 stops at the first point that cannot be bundled (it does not check, a data source is not
 readable): no later point is handed over, and the driver ends the sweep with that error
@@ -20,7 +21,8 @@ from typing import Callable, Generic, Iterable, Optional, TypeVar
 
 P = TypeVar("P")
 R = TypeVar("R")
-BUNDLE_WRITERS = 16  # bundles written at once
+BUNDLE_WRITERS = 8  # bundles written at once (after the first, which is written alone)
+FIRST_START_S = 10.0  # the longest the feed waits for the driver to start the first point
 
 
 class Feed(Generic[P, R]):
@@ -32,6 +34,7 @@ class Feed(Generic[P, R]):
         self.error: Optional[BaseException] = None
         self.done = threading.Event()
         self.halt = threading.Event()
+        self.going = threading.Event()  # the driver has started the first point
         self.thread = threading.Thread(target=self.feed, name="sexpgpu-sweep-feed", daemon=True)
 
     def start(self) -> "Feed[P, R]":
@@ -40,9 +43,16 @@ class Feed(Generic[P, R]):
 
     def feed(self) -> None:
         try:
+            points = iter(self.points)
+            first = next(points, None)
+            if first is not None:  # alone: the first point's start waits on no other bundle
+                self.ready.put(self.make(first))
+                # nor on the later points' compiles, which would take the CPU (and Python's lock)
+                # from the driver while it starts it
+                self.going.wait(FIRST_START_S)
             with ThreadPoolExecutor(max_workers=self.writers, thread_name_prefix="sexpgpu-bundle") as pool:
                 slots = threading.BoundedSemaphore(2 * self.writers)  # a bounded number of compiled points held
-                for point in self.points:
+                for point in points:
                     slots.acquire()
                     if self.halt.is_set():
                         break
@@ -84,5 +94,10 @@ class Feed(Generic[P, R]):
         """Every point handed over (or the feed stopped at an error) and taken."""
         return self.done.is_set() and self.ready.empty()
 
+    def go(self) -> None:
+        """The driver started the first point: compile and bundle the rest."""
+        self.going.set()
+
     def stop(self) -> None:
         self.halt.set()
+        self.going.set()
