@@ -4,23 +4,32 @@ against the S3 store on loopback (moto's server, in a process of its own so that
 not the driver's), a tiny experiment (the quickstart MLP) at --max-steps 1, so that what is
 measured is the driver, not the training.
 
+The driver is handed the points as `sexpgpu sweep --ray` hands them (Session.stream_sweep:
+each point as soon as it is compiled), so what it costs includes compiling and bundling.
 Prints, for each N:
-- compile s: Session.compile_sweep of the N points, before the driver starts;
-- first step s: from the driver's start to the first `step` event of any point;
-- CPU ms/point: the driver process's CPU time over the sweep, per point;
-- peak MB: the driver process's peak RSS during the sweep (the compiled points it holds included);
+- 1st launch s: from the sweep's start (before anything is compiled) to the driver's first
+  launch of a worker (what the driver itself takes);
+- first step s: from the sweep's start to the first `step` event of any point (the worker's
+  process start, its compile of the bundle and the step added);
+- wall s: the whole sweep;
+- CPU ms/point: the driver process's CPU time over the sweep (compiling, bundling and
+  supervising), per point;
+- peak MB: the driver process's peak RSS during the sweep;
 - driver req/point: store requests the driver itself sent (a botocore hook on its client),
   by kind (PUT, GET, LIST, HEAD, DELETE);
 - all req/point: every request the S3 server answered over the sweep (the workers' too);
 - ledger B/point: bytes of the ledger (sweep.json, points/) the driver wrote.
 
-    python bench/sweep_scale.py [--n 100 1000] [--nodes 4] [--cpus-per-node 1]
-    python bench/sweep_scale.py --n 10000          # long: hours of worker start-up here
+    python bench/sweep_scale.py [--n 100 1000] [--nodes 4] [--cpus-per-node 1] [--profile OUT]
+    python bench/sweep_scale.py --n 10000          # long: 10,000 one-step points to train
+
+--profile OUT writes the driver's cProfile statistics (pstats) per N to OUT.N.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
 import re
 import resource
@@ -132,26 +141,34 @@ def first_step(store: Any, slugs: list[str]) -> Optional[float]:
     return min(times) if times else None
 
 
-def measure(root: Path, n: int, url: str, log: Path) -> dict[str, Any]:
-    from orchestration.driver import Driver, sweep_points
+def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str], verbose: bool = False) -> dict[str, Any]:
+    from orchestration.driver import Driver, streamed_points
     from sexpgpu.runtime.store import Store
     from sexpgpu.session import Session, Settings
 
     path = root / f"scale{n}.lisp"
     path.write_text(run_file(n))
-    started = time.time()
-    compiled, refusal = Session(Settings()).compile_sweep(path, "grid", n)
-    assert refusal is None, refusal
-    points = sweep_points(compiled, [{"lr": 0.01 + 0.0001 * i} for i in range(n)])
-    compile_s = time.time() - started
-    driver = Driver(path, "grid", url, None, None, 1, say=lambda _: None)
+    launches: list[float] = []
+    began = time.time()
+
+    def say(line: str) -> None:
+        if verbose:
+            print(f"{time.time() - began:7.2f} s  {line}", file=sys.stderr, flush=True)
+
+    driver = Driver(path, "grid", url, None, None, 1, say=say, on_launch=lambda *_: launches.append(time.time()))
     counted = count_requests(driver.store)
     before = server_requests(log)
     rss = PeakRss()
     rss.start()
-    cpu, wall = time.process_time(), time.time()
-    ledger = driver.run(points)
-    cpu, wall = time.process_time() - cpu, time.time() - wall
+    profiler = cProfile.Profile() if profile else None
+    cpu, started = time.process_time(), time.time()
+    if profiler is not None:
+        profiler.enable()
+    ledger = driver.run(streamed_points(Session(Settings()), path, "grid", [{"lr": 0.01 + 0.0001 * i} for i in range(n)]))
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(f"{profile}.{n}")
+    cpu, wall = time.process_time() - cpu, time.time() - started
     peak = rss.stop()
     everything = server_requests(log) - before
     bad = [(p.point, p.state, p.reason) for p in ledger.points if p.state not in ("finished", "truncated")]
@@ -160,8 +177,7 @@ def measure(root: Path, n: int, url: str, log: Path) -> dict[str, Any]:
     first = first_step(store, [p.slug for p in sorted(ledger.points, key=lambda p: p.point)[:8]])
     driver_requests = sum(counted.kinds.values())
     return {
-        "n": n, "compile_s": compile_s, "wall_s": wall, "first_step_s": (first - started) if first else float("nan"),
-        "first_step_after_compile_s": (first - started - compile_s) if first else float("nan"),
+        "n": n, "wall_s": wall, "first_step_s": (first - started) if first else float("nan"), "first_launch_s": min(launches) - started,
         "cpu_ms": 1000 * cpu / n, "peak_mb": peak, "driver_req": driver_requests / n,
         "kinds": {k: v / n for k, v in sorted(counted.kinds.items())}, "all_req": everything / n,
         "ledger_b": counted.ledger_bytes / n,
@@ -173,6 +189,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--cpus-per-node", type=int, default=1)
+    parser.add_argument("--profile", metavar="OUT", help="write the driver's cProfile statistics to OUT.N")
+    parser.add_argument("--verbose", action="store_true", help="the driver's lines on stderr, with the seconds since its start")
     parser.add_argument("--serve-moto", metavar="LOG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_moto:
@@ -202,7 +220,7 @@ def main() -> None:
         rows = []
         try:
             for n in args.n:
-                rows.append(measure(root, n, f"s3://{BUCKET}/store{n}", log))
+                rows.append(measure(root, n, f"s3://{BUCKET}/store{n}", log, args.profile, args.verbose))
         finally:
             ray.shutdown()
             cluster.shutdown()
@@ -210,10 +228,10 @@ def main() -> None:
             server.stdin.close()
             server.wait(timeout=30)
     print(f"Ray sweep driver, {args.nodes} nodes x {args.cpus_per_node} CPU (raylets on one host), S3 on loopback (moto), --max-steps 1")
-    print(f"{'N':>6}{'compile s':>11}{'wall s':>9}{'1st step s':>12}{'(after compile)':>17}{'CPU ms/pt':>11}{'peak MB':>9}"
+    print(f"{'N':>6}{'1st launch s':>14}{'1st step s':>12}{'wall s':>9}{'CPU ms/pt':>11}{'peak MB':>9}"
           f"{'driver req/pt':>15}{'all req/pt':>12}{'ledger B/pt':>13}")
     for r in rows:
-        print(f"{r['n']:>6}{r['compile_s']:>11.1f}{r['wall_s']:>9.1f}{r['first_step_s']:>12.1f}{r['first_step_after_compile_s']:>17.1f}"
+        print(f"{r['n']:>6}{r['first_launch_s']:>14.1f}{r['first_step_s']:>12.1f}{r['wall_s']:>9.1f}"
               f"{r['cpu_ms']:>11.1f}{r['peak_mb']:>9.0f}{r['driver_req']:>15.1f}{r['all_req']:>12.1f}{r['ledger_b']:>13.0f}")
     for r in rows:
         print(f"N={r['n']}: driver requests per point by kind: " + ", ".join(f"{k} {v:.2f}" for k, v in r["kinds"].items()))

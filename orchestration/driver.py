@@ -21,6 +21,7 @@ round does not grow with the sweep.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import functools
 import logging
 import os
@@ -29,7 +30,8 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional, TypeVar
+from collections import deque
+from typing import Any, Callable, Iterable, Iterator, Literal, Optional, TypeVar
 
 import ray
 from ray.actor import ActorHandle
@@ -39,9 +41,9 @@ from sexpgpu.outcome import AttemptOutcome, Exit
 from sexpgpu.runtime.runfolder import RunFolder, run_slug
 from sexpgpu.runtime.status import Status
 from sexpgpu.runtime.store import Store, StoreError
-from sexpgpu.session import Compiled, store_check
+from sexpgpu.session import Compiled, Session, store_check
 
-from sexpgpu.ir.experiment import Halving
+from sexpgpu.ir.experiment import Halving, Selection
 from sexpgpu.sweeps.ledger import DONE, LedgerStore, PointRecord, SweepLedger, concurrently, now, record_attempt, take_status
 from sexpgpu.sweeps.halving import Contender, Leg, limit, search
 from sexpgpu.sweeps.schedulers import SchedulerJob, SyncHalving, scheduler_for
@@ -49,10 +51,14 @@ from .attempts import close_status, resume_from, worker_env
 from workers.train_worker import AttemptRequest
 
 from .gang import Devices, Gang
+from .feed import BUNDLE_WRITERS, Feed
 from .leases import PointLeases
+from .nodes import LostNodes
 
 T = TypeVar("T")
 FOLLOW_EVERY_S = 5.0  # how often the points another driver holds are read from the store
+ROUND_S = 5.0  # the longest a round waits for a result
+FEEDING_ROUND_S = 0.25  # the same while points are still being compiled and handed over
 Ended = Literal["finished", "truncated", "failed"]
 
 
@@ -68,6 +74,16 @@ class SweepPoint:
 def sweep_points(compiled: list[Compiled], knobs: list[dict[str, Any]]) -> list[SweepPoint]:
     """The driver's points: each point's compiled result (Session.compile_sweep) and its knobs."""
     return [SweepPoint(index=i, knobs=values, compiled=c) for i, (c, values) in enumerate(zip(compiled, knobs, strict=True))]
+
+
+def streamed_points(session: Session, path: Path, sweep: str, values: list[dict[str, Any]], base: Optional[Selection] = None) -> Iterator[SweepPoint]:
+    """The points of SWEEP (their knob VALUES), each as soon as SESSION has compiled it
+    (Session.stream_sweep); the first that does not check ends them with a SweepError (its
+    diagnostics are printed; the driver starts no later point)."""
+    for i, prepared in session.stream_sweep(path, sweep, len(values), base):
+        if isinstance(prepared, AttemptOutcome):
+            raise SweepError(f"sweep {sweep}: point {i} does not check", prepared.exit_code)
+        yield SweepPoint(index=i, knobs=values[i], compiled=prepared)
 
 
 def ray_logs() -> str:
@@ -120,6 +136,7 @@ class Driver:
         self.limited_by: dict[str, str] = {}  # slug -> what set `wanted` below the run's steps (a rung), if not --max-steps
         self.leases_used = False  # the first write of a run takes merge()'s view as it is
         self.table = table  # the live table (the CLI draws it; None: no table)
+        self.lost_nodes = LostNodes(ray.nodes)  # nodes gone but not yet marked dead: no attempt is placed there
 
     # -- before anything runs ----------------------------------------------------------------------
     def preflight(self) -> None:
@@ -129,22 +146,23 @@ class Driver:
         if problem is not None:
             raise SweepError(f"cannot start here: {problem}")
 
+    def bundle(self, point: SweepPoint) -> PointRecord:
+        """POINT's bundle, from its compiled result (no second compile), and its record."""
+        url = f"{self.store.url_of(self.prefix)}/bundles/point-{point.index:04d}"
+        try:
+            write_bundle(point.compiled.path, point.compiled.result, url)
+        except BundleError as exc:
+            what = "data error" if exc.code == Exit.DATA else "bundle refused"
+            raise SweepError(f"{what}: point {point.index}: {exc}", exc.code) from None
+        slug = run_slug(point.compiled.experiment)
+        steps = point.compiled.experiment.run.steps
+        self.steps[slug] = steps
+        self.wanted[slug] = steps if self.max_steps is None else min(steps, self.max_steps)
+        return PointRecord(point=point.index, slug=slug, knobs=point.knobs, planned=self.wanted[slug])
+
     def bundles(self, points: list[SweepPoint]) -> list[PointRecord]:
-        """One bundle per point, from the point's compiled result (no second compile)."""
-        records = []
-        for point in points:
-            url = f"{self.store.url_of(self.prefix)}/bundles/point-{point.index:04d}"
-            try:
-                write_bundle(point.compiled.path, point.compiled.result, url)
-            except BundleError as exc:
-                what = "data error" if exc.code == Exit.DATA else "bundle refused"
-                raise SweepError(f"{what}: point {point.index}: {exc}", exc.code) from None
-            slug = run_slug(point.compiled.experiment)
-            steps = point.compiled.experiment.run.steps
-            self.steps[slug] = steps
-            self.wanted[slug] = steps if self.max_steps is None else min(steps, self.max_steps)
-            records.append(PointRecord(point=point.index, slug=slug, knobs=point.knobs, planned=self.wanted[slug]))
-        return records
+        """One bundle per point, written concurrently."""
+        return concurrently(self.bundle, points, BUNDLE_WRITERS)
 
     # -- the ledger -------------------------------------------------------------------------------------
     def read_ledger(self) -> Optional[SweepLedger]:
@@ -183,8 +201,15 @@ class Driver:
     def merge(self, fresh: list[PointRecord]) -> SweepLedger:
         """Keep what an earlier driver learned about points whose slug is unchanged; a point
         whose file or selection changed has a new slug and starts over."""
+        return SweepLedger(file=self.path.name, sweep=self.sweep, points=self.adopt(fresh, self.known()))
+
+    def known(self) -> dict[str, PointRecord]:
+        """What the earlier drivers of this sweep recorded, by slug."""
         old = self.read_ledger()
-        known = {p.slug: p for p in old.points} if old else {}
+        return {p.slug: p for p in old.points} if old else {}
+
+    def adopt(self, fresh: list[PointRecord], known: dict[str, PointRecord]) -> list[PointRecord]:
+        """FRESH's records, each with what KNOWN (an earlier driver) and its run's status say."""
         points = []
         for record, status in zip(fresh, self.statuses([r.slug for r in fresh]), strict=True):
             previous = known.get(record.slug)
@@ -198,11 +223,13 @@ class Driver:
             elif record.state in DONE:  # done for an earlier sweep, not for this one (longer, or retrying failures)
                 record.state, record.lease = "pending", None
             points.append(record)
-        return SweepLedger(file=self.path.name, sweep=self.sweep, points=points)
+        return points
 
     # -- running ----------------------------------------------------------------------------------------
-    def run(self, points: list[SweepPoint], halving: Optional[Halving] = None) -> SweepLedger:
-        """Every point to its steps; with HALVING, stage by stage, pruning at each rung.
+    def run(self, points: Iterable[SweepPoint], halving: Optional[Halving] = None) -> SweepLedger:
+        """Every point to its steps, each started as soon as it is compiled and bundled (POINTS
+        may still be compiling: Session.stream_sweep); with HALVING, stage by stage, pruning at
+        each rung, once every point is compiled.
         Ray prints its raylet's reports (`(raylet) A worker died ...`) to the driver's
         stdout whatever log_to_driver says: while the driver runs they go to stderr, so that
         stdout holds only what the command prints (one JSON document under --json)."""
@@ -211,10 +238,26 @@ class Driver:
         with contextlib.redirect_stdout(sys.stderr):
             return self.run_points(points, halving)
 
-    def run_points(self, points: list[SweepPoint], halving: Optional[Halving]) -> SweepLedger:
+    def run_points(self, points: Iterable[SweepPoint], halving: Optional[Halving]) -> SweepLedger:
         self.preflight()
-        records = self.bundles(points)
-        self.write_ledger(self.merge(records))
+        feed = self.feed(points) if halving is None else None
+        try:
+            return self.on_ray(feed if feed is not None else points, halving)
+        finally:
+            if feed is not None:
+                feed.stop()
+
+    def feed(self, points: Iterable[SweepPoint]) -> Feed[SweepPoint, PointRecord]:
+        """The points' feed, started: the first point is compiled before anything else (a file
+        that does not check fails before Ray starts), the rest while Ray starts and points run."""
+        rest = iter(points)
+        try:
+            first = next(rest, None)
+        except SweepError as exc:
+            raise SweepError(f"{exc.reason}; nothing was run", exc.code) from None
+        return Feed(itertools.chain([] if first is None else [first], rest), self.bundle).start()
+
+    def on_ray(self, points: "Feed[SweepPoint, PointRecord] | Iterable[SweepPoint]", halving: Optional[Halving]) -> SweepLedger:
         started_ray = not ray.is_initialized()
         if started_ray:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -224,12 +267,26 @@ class Driver:
             self.say(f"ray: {'a local Ray for this sweep' if self.address is None else self.address}; its logs: {ray_logs()}")
         try:
             self.wait_for_capacity()
-            if halving is None:
-                return self.supervise(self.merge(records))
+            if isinstance(points, Feed) or halving is None:
+                return self.stream(points if isinstance(points, Feed) else self.feed(points))
+            records = self.bundles(list(points))
+            self.write_ledger(self.merge(records))
             return self.search(records, halving)
         finally:
             if started_ray:
                 ray.shutdown()
+
+    def stream(self, feed: Feed[SweepPoint, PointRecord]) -> SweepLedger:
+        """Every point, each started as soon as its bundle is written (orchestration/feed.py)."""
+        ledger = SweepLedger(file=self.path.name, sweep=self.sweep, points=[])
+        supervision = Supervision(self, ledger, feed=feed, known=self.known())
+        supervision.run()
+        if isinstance(feed.error, SweepError):  # a point that cannot run: no later one was started
+            ran = "nothing was run" if not supervision.launched else "the points started before it ran to their end, no later one was started"
+            raise SweepError(f"{feed.error.reason}; {ran}", feed.error.code)
+        if feed.error is not None:
+            raise feed.error
+        return ledger
 
     def search(self, records: list[PointRecord], halving: Halving) -> SweepLedger:
         """Successive halving (sexpgpu.sweeps.halving decides): each stage runs its points
@@ -267,7 +324,7 @@ class Driver:
         record.state = "running"
         record.lease, record.heartbeat = self.id, time.time()
         bundle = f"{self.store.url_of(self.prefix)}/bundles/point-{record.point:04d}"
-        gang = Gang(self.devices, worker_env(), self.idle)
+        gang = Gang(self.devices, worker_env(), self.idle, avoid=self.lost_nodes.selector())
         gang.start(AttemptRequest(bundle=bundle, store=self.store_url, resume=resume_from(self.store, record.slug),
                                   max_steps=limit(self.wanted[record.slug], self.steps[record.slug], self.max_steps),
                                   max_steps_by=self.limited_by.get(record.slug, "--max-steps"),
@@ -282,6 +339,16 @@ class Driver:
         for the points another live driver holds, and take over those whose driver stops
         renewing its lease."""
         return Supervision(self, ledger, only).run()
+
+    def notice_lost_nodes(self) -> None:
+        """After an attempt was lost: the nodes whose raylet no longer answers are left out of
+        new placements until Ray marks them dead; the idle workers, some perhaps on such a
+        node, are let go (a reused worker there would die before its attempt began)."""
+        self.lost_nodes.forget_dead()
+        found = self.lost_nodes.look()
+        if found:
+            self.say(f"node {', '.join(sorted(n[:12] for n in found))} lost: no attempt is placed there")
+            self.drop_idle()
 
     def drop_idle(self) -> None:
         for worker in self.idle:
@@ -378,32 +445,66 @@ class Driver:
 
 class Supervision:
     """One driver's supervision of one sweep: the gangs it runs, the points it has leased
-    but not started, and the rounds of waiting, settling, renewing and leasing."""
+    but not started, and the rounds of waiting, settling, renewing and leasing.
 
-    def __init__(self, driver: Driver, ledger: SweepLedger, only: Optional[set[int]] = None) -> None:
-        self.driver, self.ledger, self.only = driver, ledger, only
+    Each round's work is bounded by what changed in it (the results that came in, the points
+    handed over by the feed, a batch of leases), never by the sweep's size: the points still
+    to run wait in a queue, those another driver holds in a set of their own."""
+
+    def __init__(self, driver: Driver, ledger: SweepLedger, only: Optional[set[int]] = None,
+                 feed: Optional[Feed[SweepPoint, PointRecord]] = None, known: Optional[dict[str, PointRecord]] = None) -> None:
+        self.driver, self.ledger, self.only, self.feed, self.known = driver, ledger, only, feed, known or {}
         self.running: dict[ray.ObjectRef, tuple[PointRecord, Gang]] = {}  # result ref -> its point and gang
         self.gangs: dict[int, Gang] = {}  # point -> the gang running it
         self.reserved: list[int] = []  # leased by this driver, not started yet
         self.lost_at: dict[int, int] = {}  # point -> the attempt its run folder showed when its last loss was counted
         self.touched: set[int] = set()  # points changed since the ledger was last written
         self.followed = 0.0  # when the other drivers' points were last read
+        self.by_point: dict[int, PointRecord] = {}
+        self.waiting: deque[int] = deque()  # open, to lease and start, in order
+        self.others: set[int] = set()  # held by another driver: followed through the store
+        self.launched = 0  # attempts this supervision started
+        self.asked = -1  # what the autoscaler was last told the sweep wants
+        self.place(ledger.points)
 
-    def record_of(self, point: int) -> PointRecord:  # write_ledger may adopt another driver's record
-        return next(p for p in self.ledger.points if p.point == point)
+    def place(self, records: list[PointRecord]) -> None:
+        """RECORDS (the ledger's, or points the feed handed over) where they wait."""
+        for record in records:
+            self.by_point[record.point] = record
+            if record.state in DONE or (self.only is not None and record.point not in self.only):
+                continue
+            if record.state == "leased":
+                self.others.add(record.point)
+            else:
+                self.waiting.append(record.point)
 
-    def records_of(self) -> dict[int, PointRecord]:
-        return {p.point: p for p in self.ledger.points}
+    def admit(self, wait_s: float = 0.0) -> None:
+        """The points the feed has handed over since the last round (waiting up to WAIT_S for
+        one), with what an earlier driver and their runs' status know of them."""
+        if self.feed is None:
+            return
+        fresh = self.feed.take(wait_s)
+        if fresh:
+            adopted = self.driver.adopt(fresh, self.known)
+            self.ledger.points.extend(adopted)
+            self.place(adopted)
+            self.touched.update(r.point for r in adopted)
+
+    def fed(self) -> bool:
+        """Whether every point is known (the feed has handed over all it will)."""
+        return self.feed is None or self.feed.exhausted()
+
+    def record_of(self, point: int) -> PointRecord:
+        return self.by_point[point]
 
     def write_touched(self) -> None:
         """The point records this round changed, and nothing else."""
-        records = self.records_of()
-        self.driver.write_points([records[p] for p in sorted(self.touched)])
+        self.driver.write_points([self.by_point[p] for p in sorted(self.touched)])
         self.touched.clear()
 
-    def open_points(self) -> list[PointRecord]:
-        """Points not ended and not running here (of this stage's, in a halving sweep)."""
-        return [p for p in self.ledger.points if p.state not in DONE and p.point not in self.gangs and (self.only is None or p.point in self.only)]
+    def unfinished(self) -> bool:
+        """Whether anything is left to run, wait for or hand over."""
+        return bool(self.running or self.waiting or self.reserved or self.others) or not self.fed()
 
     def start(self, record: PointRecord) -> bool:
         self.touched.add(record.point)
@@ -414,6 +515,7 @@ class Supervision:
             record.preemptions += 1
             self.driver.say(f"point {record.point}: could not start ({type(exc).__name__}: {exc}); trying again")
             return False
+        self.launched += 1
         self.gangs[record.point] = gang
         for ref in gang.refs:
             self.running[ref] = (record, gang)
@@ -425,25 +527,49 @@ class Supervision:
         gang.release(self.driver.idle) if reuse else gang.stop()
         self.gangs.pop(record.point, None)
 
+    def next_waiting(self, count: int) -> list[int]:
+        """Up to COUNT points from the front of the queue that are still open here."""
+        taken: list[int] = []
+        while self.waiting and len(taken) < count:
+            point = self.waiting.popleft()
+            record = self.by_point[point]
+            if record.state not in DONE and point not in self.gangs and point not in self.reserved and point not in self.others:
+                taken.append(point)
+        return taken
+
+    def ask_autoscaler(self) -> None:
+        wanted = len(self.gangs) + len(self.reserved) + len(self.waiting)
+        if wanted != self.asked:  # the request is the whole demand: sent again only when it changed
+            self.driver.ask_autoscaler(wanted)
+            self.asked = wanted
+
     def take_free_points(self) -> None:
         """Start what the cluster holds now (a worker whose point ended runs the next one);
-        lease a few points ahead so the wait before a lease is read back is paid per batch."""
-        driver = self.driver
+        lease a few points ahead so that a batch of leases is paid for at once."""
+        driver, records = self.driver, self.by_point
         room = driver.capacity() - len(self.gangs)
-        records = self.records_of()
         self.reserved[:] = [p for p in self.reserved if records[p].state not in DONE and p not in self.gangs]
-        waiting = [p.point for p in self.open_points() if p.point not in self.reserved and p.state != "leased"]
-        driver.ask_autoscaler(len(self.gangs) + len(self.reserved) + len(waiting))
+        self.ask_autoscaler()
         if room <= 0:
             return
-        if len(self.reserved) < room and waiting:
-            ahead = max(room, 2 * driver.capacity(), 8) - len(self.reserved)
-            asked = waiting[:ahead]
-            won = driver.leases.claim(asked)
-            for point in set(asked) - set(won):  # another driver holds it (its to write): followed from now on
-                records[point].state = "leased"
-            claimed = [records[p] for p in won]
-            for record, status in zip(claimed, driver.statuses([r.slug for r in claimed]), strict=True):
+        if len(self.reserved) < room and self.waiting:
+            asked = self.next_waiting(max(room, 2 * driver.capacity(), 8) - len(self.reserved))
+            try:
+                won = set(driver.leases.claim(asked))
+            except BaseException:  # the store away: the same points are asked again next round
+                self.waiting.extendleft(reversed(asked))
+                raise
+            for point in asked:
+                if point not in won:  # another driver holds it (its to write): followed from now on
+                    records[point].state = "leased"
+                    self.others.add(point)
+            claimed = [records[p] for p in asked if p in won]
+            try:
+                statuses = driver.statuses([r.slug for r in claimed])
+            except BaseException:  # leased, but not read: started when the store answers (the worker reads it again)
+                self.reserved.extend(r.point for r in claimed)
+                raise
+            for record, status in zip(claimed, statuses, strict=True):
                 state = driver.ended(status, record.slug) if status is not None else None
                 if state is None:
                     self.reserved.append(record.point)
@@ -460,35 +586,47 @@ class Supervision:
                 self.reserved.append(point)
 
     def wait_for_results(self) -> list[ray.ObjectRef]:
-        """The attempts' results that are in: the first within a few seconds, and every
-        other one ready by then (one round for all of them)."""
+        """The attempts' results that are in: the first within a few seconds (less while the
+        feed is still handing points over), and every other one ready by then (one round for
+        all of them)."""
+        patience = ROUND_S if self.fed() else FEEDING_ROUND_S
         if not self.running:
-            time.sleep(5.0)  # only other drivers' points are open: look at them again soon
+            if not self.fed():
+                self.admit(patience)
+            else:
+                time.sleep(patience)  # only other drivers' points are open: look at them again soon
             return []
         refs = list(self.running)
-        done, rest = ray.wait(refs, num_returns=1, timeout=5.0)
+        done, rest = ray.wait(refs, num_returns=1, timeout=patience)
         if done and rest:
             more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
             done = [*done, *more]
         return list(done)
 
     def collect_done(self, done: list[ray.ObjectRef]) -> None:
-        """The attempts whose ranks returned: record each, start the preempted ones again."""
+        """The attempts whose ranks returned: record each, start the preempted ones again
+        (off the nodes found lost, when a loss may have been a node's)."""
         driver = self.driver
+        ended: list[tuple[PointRecord, Gang, AttemptOutcome]] = []
         for ref in done:
             if ref not in self.running:  # its gang's outcome is known already
                 continue
             record, gang = self.running.pop(ref)
             self.touched.add(record.point)
             outcome = gang.collect(ref)
-            if outcome is None:  # another rank still runs
-                continue
-            self.stop(record, gang, reuse=not outcome.preempted)
+            if outcome is not None:  # else another rank still runs
+                self.stop(record, gang, reuse=not outcome.preempted)
+                ended.append((record, gang, outcome))
+        if any(outcome.preempted for _, _, outcome in ended):
+            driver.notice_lost_nodes()
+        for record, _, outcome in ended:
             counted = not outcome.preempted or driver.tolerant("read a lost attempt's status", functools.partial(self.new_loss, record), True)
             driver.tolerant("write the attempt's end into status.json", functools.partial(close_status, driver.store, record.slug, outcome), None)
             if driver.record_outcome(record, outcome, counted):
                 if self.start(record):
                     driver.say(f"point {record.point}: preempted, resumed (attempt {record.attempts})")
+                else:  # still leased by this driver: started on a later round
+                    self.reserved.append(record.point)
             else:
                 driver.tolerant("release a lease", functools.partial(driver.leases.release, record.point), None)
 
@@ -506,14 +644,17 @@ class Supervision:
 
     def give_up_lost_leases(self, lost: list[int]) -> None:
         for point in lost:
+            record = self.record_of(point)
             if point in self.reserved:
                 self.reserved.remove(point)
             elif point in self.gangs:
                 self.driver.say(f"point {point}: another driver took its lease over; stopping this driver's ranks")
-                record = self.record_of(point)
                 self.stop(record, self.gangs[point])
-                record.state, record.lease = "leased", None
-                self.touched.add(point)
+            else:
+                continue
+            record.state, record.lease = "leased", None
+            self.others.add(point)
+            self.touched.add(point)
 
     def follow_others(self) -> None:
         """Every few seconds, the points another driver holds (read from the store; this
@@ -521,9 +662,16 @@ class Supervision:
         if time.time() - self.followed < FOLLOW_EVERY_S:
             return
         self.followed = time.time()
-        others = [p for p in self.open_points() if p.state == "leased" and p.point not in self.reserved]
-        if others:
-            self.driver.follow_others(others)
+        others = [self.by_point[p] for p in sorted(self.others)]
+        if not others:
+            return
+        self.driver.follow_others(others)
+        for record in others:
+            if record.state != "leased":  # ended, or let go: open again here
+                self.others.discard(record.point)
+                self.touched.add(record.point)
+                if record.state not in DONE:
+                    self.waiting.append(record.point)
 
     def run(self) -> SweepLedger:
         driver, ledger = self.driver, self.ledger
@@ -531,22 +679,29 @@ class Supervision:
         # never lets them expire under a live driver
         renewal = driver.leases.keep_renewed(lambda: [*self.gangs, *self.reserved])
         try:
+            self.admit()
             driver.tolerant("lease free points", self.take_free_points, None)
             driver.tolerant("write the ledger's changed points", self.write_touched, None)
-            while self.running or self.open_points():
+            while self.unfinished():
                 done = self.wait_for_results()
                 self.collect_done(done)
                 self.give_up_lost_leases(renewal.take_lost())
                 driver.tolerant("read the other drivers' points", self.follow_others, None)
-                if self.open_points():
+                self.admit()
+                if self.waiting or self.reserved:
                     driver.tolerant("lease free points", self.take_free_points, None)
-                if not self.reserved:  # nothing of ours to start: idle workers give their CPUs/GPUs back
+                if self.feed is not None and self.launched:
+                    self.feed.go()
+                if not self.reserved and not self.waiting and self.fed():  # nothing of ours to start: idle workers give their CPUs/GPUs back
                     driver.drop_idle()
+                driver.lost_nodes.forget_dead()
                 driver.show(ledger)
                 driver.tolerant("write the ledger's changed points", self.write_touched, None)
         finally:
             renewal.stop()
-        driver.tolerant("write sweep.json", lambda: driver.write_ledger(ledger), None)
+        ledger.points.sort(key=lambda p: p.point)
+        if ledger.points:
+            driver.tolerant("write sweep.json", lambda: driver.write_ledger(ledger), None)
         driver.show(ledger, final=True)
         driver.drop_idle()
         return ledger

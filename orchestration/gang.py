@@ -69,7 +69,10 @@ class Devices(BaseModel):
 class Gang:
     """The W rank actors of one attempt, their placement group and their result refs."""
 
-    def __init__(self, devices: Devices, env: dict[str, str], idle: Optional[list[ActorHandle]] = None) -> None:
+    def __init__(self, devices: Devices, env: dict[str, str], idle: Optional[list[ActorHandle]] = None,
+                 avoid: Optional[dict[str, str]] = None) -> None:
+        """AVOID: a label selector that keeps the ranks off nodes lost but not yet marked dead
+        (orchestration/nodes.py)."""
         self.devices = devices
         self.group = f"sexpgpu-{uuid.uuid4().hex[:12]}"
         self.placement: Optional[PlacementGroup] = None
@@ -81,7 +84,8 @@ class Gang:
         if devices.kind == "cuda":
             options["num_gpus"] = 1
         if devices.count > 1:
-            placement = ray.util.placement_group([devices.bundle() for _ in range(devices.count)], strategy="PACK")
+            placement = ray.util.placement_group([devices.bundle() for _ in range(devices.count)], strategy="PACK",
+                                                 bundle_label_selector=[avoid] * devices.count if avoid else None)
             self.placement = placement
             for i in range(devices.count):
                 strategy = PlacementGroupSchedulingStrategy(placement_group=placement, placement_group_bundle_index=i)
@@ -89,6 +93,8 @@ class Gang:
         elif idle:  # a worker whose point ended cleanly runs the next one (no new process)
             self.workers.append(idle.pop())
         else:
+            if avoid:
+                options["label_selector"] = avoid
             self.workers.append(TrainWorker.options(**options).remote(env))
 
     def start(self, request: AttemptRequest) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional, Protocol, TypeVar, Union
 
 from .bundle import BundleError, compile_unpacked, data_changed, unpacked
-from .compile.pipeline import CompileResult, compile_file, compile_points
+from .compile.pipeline import CompileResult, compile_file, compile_points, stream_points
 from .ir.experiment import Experiment, Selection
 from .lisp.diagnostics import Diagnostic, SourceMap
 from .lisp.evaluator import Limits
@@ -163,6 +163,14 @@ class Session:
                 return points, prepared
             points.append(prepared)
         return points, None
+
+    def stream_sweep(self, path: Path, sweep: str, count: int, base: Optional[Selection] = None) -> Iterator[tuple[int, Prepared]]:
+        """compile_sweep's points as each is compiled (pipeline.stream_points: a shape group at
+        a time, so the first points can train while later ones compile): (index, the compiled
+        point or its refusal). Nothing is kept here once given."""
+        selections = [(base or Selection()).model_copy(update={"sweep": sweep, "point": i}) for i in range(count)]
+        for i, result in stream_points(path, selections, self.settings.limits, output=self.reporter.output, world=self.settings.world):
+            yield i, self.checked(path, result)
 
     def with_bundle(self, location: str, then: Callable[[Compiled], AttemptOutcome]) -> AttemptOutcome:
         """Unpack the bundle at LOCATION into a temporary project, recompile it with its

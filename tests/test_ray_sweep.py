@@ -21,7 +21,8 @@ from sexpgpu.compile.pipeline import compile_file
 from sexpgpu.ir.experiment import Selection
 from sexpgpu.runtime.checkpoint import list_checkpoints, load_checkpoint
 from sexpgpu.runtime.attempt import RunOptions, train
-from sexpgpu.runtime.runfolder import RunFolder
+from sexpgpu.outcome import Exit
+from sexpgpu.runtime.runfolder import RunFolder, run_slug
 from sexpgpu.runtime.store import Store
 from sexpgpu.runtime.threads import blas_threads, plan_threads
 from sexpgpu.session import Session, Settings
@@ -335,3 +336,49 @@ def test_a_lost_node_is_one_preemption_and_every_checkpoint_event_reaches_the_lo
         problems.append(f"resumed from checkpoints without their event in the log: {unlogged or 'no resume'} (logged: {sorted(checkpoints)})")
     assert not problems, problems
     assert_one_series(store, point.slug)
+
+
+def test_the_first_point_trains_while_later_points_are_still_compiling(project: Path, points: list[SweepPoint], ray_cluster: Any) -> None:
+    """The driver starts a point as soon as it is handed over: the second point is handed over
+    only once the first has logged a step (a driver that compiled and bundled every point
+    before training any would never see that step, and the wait fails)."""
+    from orchestration.driver import Driver
+
+    remote = project.parent / "streamed"
+    store = Store.open(str(remote))
+
+    def stepped(slug: str) -> bool:
+        return any(e["kind"] == "step" for e in events_of(store, slug)) if store.exists(slug) else False
+
+    def gated() -> Iterator[SweepPoint]:
+        yield points[0]
+        slug = run_slug(points[0].compiled.experiment)
+        wait_for(lambda: stepped(slug), "a step of point 0 before point 1 is handed over", within_s=240)
+        yield points[1]
+
+    ledger = Driver(project, "lrs", str(remote), None, None, 20, say=lambda _: None).run(gated())
+    assert [(p.point, p.state) for p in ledger.points] == [(0, "truncated"), (1, "truncated")], [(p.point, p.state, p.reason) for p in ledger.points]
+
+
+def test_a_point_that_does_not_check_stops_the_stream_after_the_points_started(project: Path, points: list[SweepPoint], ray_cluster: Any) -> None:
+    """A point found not to check once others run: no later point starts, the started ones
+    run to their end, and the sweep ends with that point's refusal and its exit code."""
+    from orchestration.driver import Driver, SweepError
+
+    remote = project.parent / "refused-later"
+    store = Store.open(str(remote))
+    slug = run_slug(points[0].compiled.experiment)
+
+    def refused_second() -> Iterator[SweepPoint]:
+        yield points[0]
+        wait_for(lambda: store.exists(f"{slug}/status.json"), "point 0 started", within_s=240)
+        raise SweepError("sweep lrs: point 1 does not check", Exit.CHECK_FAILED)
+        yield points[1]  # never reached
+
+    with pytest.raises(SweepError) as refusal:
+        Driver(project, "lrs", str(remote), None, None, 20, say=lambda _: None).run(refused_second())
+    assert refusal.value.code == Exit.CHECK_FAILED
+    assert "point 1 does not check; the points started before it ran to their end" in refusal.value.reason
+    status = RunFolder(store, slug).read_status()
+    assert status is not None and status.state == "truncated", status
+    assert not store.exists(run_slug(points[1].compiled.experiment))

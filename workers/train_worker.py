@@ -44,8 +44,13 @@ class TrainWorkerImpl:
         os.environ.update(env or {})
 
     def where(self) -> dict[str, Any]:
-        """This worker's host and process (the driver's tests kill it to play a preemption)."""
-        return {"host": socket.gethostname(), "pid": os.getpid()}
+        """This worker's host, process and Ray node (the driver's tests kill it, or its node,
+        to play a preemption)."""
+        try:
+            node: Optional[str] = ray.get_runtime_context().get_node_id()
+        except Exception:  # not inside a Ray worker
+            node = None
+        return {"host": socket.gethostname(), "pid": os.getpid(), "node": node}
 
     def describe(self) -> str:
         """This worker, for the run's status.json: its Ray actor and process."""

@@ -174,6 +174,8 @@ def run_sweep(args: argparse.Namespace) -> int:
                         world=args.devices if over_ray else 1, store_patience_s=store_patience(), data_roots=data_roots_from(args),
                         threads=threads_from(args))
     session = Session(settings, Console(progress_to_stderr=True))
+    if over_ray and sweep.halving is None:  # each point starts as soon as it is compiled
+        return ray_sweep(args, path, sweep, store_url, None, session, base)
     with session.listening():
         try:
             points, refusal = session.compile_sweep(path, args.sweep, len(sweep.points()), base)  # a bad point fails before any training
@@ -189,7 +191,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             return Exit.CHECK_FAILED
         if not over_ray:
             return local_sweep(args, sweep, session, points)
-    return ray_sweep(args, path, sweep, store_url, points)  # Ctrl-C there is the driver's own
+    return ray_sweep(args, path, sweep, store_url, points, session, base)  # Ctrl-C there is the driver's own
 
 
 def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, points: list[Compiled]) -> int:
@@ -432,19 +434,24 @@ class LiveTable:
         self.drawn = len(lines)
 
 
-def ray_sweep(args: argparse.Namespace, path: Path, sweep: SweepDecl, store_url: str, compiled: list[Compiled]) -> int:
-    """The same sweep, fanned out over Ray by orchestration.driver (the cluster extra)."""
+def ray_sweep(args: argparse.Namespace, path: Path, sweep: SweepDecl, store_url: str, compiled: Optional[list[Compiled]], session: Session,
+              base: Selection) -> int:
+    """The same sweep, fanned out over Ray by orchestration.driver (the cluster extra): the
+    COMPILED points, or (None) each point as soon as SESSION has compiled it; the first that
+    does not check ends them (its diagnostics are printed; the driver starts no later point)."""
     try:
-        from orchestration.driver import Driver, SweepError, sweep_points
+        from orchestration.driver import Driver, SweepError, streamed_points, sweep_points
     except ImportError as exc:
         print(f"sexpgpu: --ray needs the cluster extra (pip install -e '.[cluster]'): {exc}", file=sys.stderr)
         return Exit.CANNOT_START
+
+    points = streamed_points(session, path, sweep.name, sweep.points(), base) if compiled is None else sweep_points(compiled, sweep.points())
     address = args.ray or os.environ.get("SEXPGPU_RAY_ADDRESS") or None
     live = LiveTable(sys.stderr, Store.open(store_url), enabled=sys.stderr.isatty() and not args.json)
     driver = Driver(path, args.sweep, store_url, address, args.max_preemptions, args.max_steps, say=live.say, devices=devices_from(args), table=live,
                     data_roots=data_roots_from(args), retry_failed=args.retry_failed)
     try:
-        ledger = driver.run(sweep_points(compiled, sweep.points()), sweep.halving)
+        ledger = driver.run(points, sweep.halving)
     except SweepError as exc:
         print(f"sexpgpu: {exc.reason}", file=sys.stderr)
         return int(exc.code)

@@ -195,18 +195,37 @@ def compile_points(path: Path, selections: list[Selection], limits: Optional[Lim
     depends on share one probe compile (sweep_groups.py), checked against a real compile of
     their first point. Without EXPERIMENTS a shared point's result has its diagnostics only.
     What the file prints reaches OUTPUT from the compiles that ran."""
+    results = dict(stream_points(path, selections, limits, output, world, experiments, freeze=True))
+    return [results[i] for i in range(len(selections))]
+
+
+def stream_points(path: Path, selections: list[Selection], limits: Optional[Limits] = None, output: Any = None, world: int = 1,
+                  experiments: bool = True, freeze: bool = False) -> Iterator[tuple[int, CompileResult]]:
+    """compile_points' results as each shape group is compiled: (index, result), a group's
+    points together, groups in the order their first point appears; what the caller has taken
+    is not kept here (a sweep's first points train while the later ones compile). A point is
+given once its result is final, so points may come out of index order. With FREEZE (a caller
+that keeps every result anyway, as compile_points does) what survives each compile is frozen
+(compiles_in_a_row); a stream keeps nothing, so it freezes nothing: frozen worlds the caller
+has dropped would never be collected until the stream ends."""
     try:
         declared = prescan(path)
         resolved = [resolve_selection(path, selection, declared) for selection in selections]
     except LispError:
-        return [compile_file(path, selection, limits, output, world) for selection in selections]
+        for i, selection in enumerate(selections):
+            yield i, compile_file(path, selection, limits, output, world)
+        return
+    if not freeze:
+        yield from compile_groups(path, selections, resolved, declared, limits, output, world, experiments, lambda: None)
+        return
     with compiles_in_a_row() as compiled:
-        return compile_groups(path, selections, resolved, declared, limits, output, world, experiments, compiled)
+        yield from compile_groups(path, selections, resolved, declared, limits, output, world, experiments, compiled)
 
 
 def compile_groups(path: Path, selections: list[Selection], resolved: list[tuple[Selection, dict[str, Any], dict[str, Written]]], declared: Declared,
-                   limits: Optional[Limits], output: Any, world: int, experiments: bool, compiled: Callable[[], None]) -> list[CompileResult]:
-    """compile_points past the pre-read: COMPILED is called after each compile."""
+                   limits: Optional[Limits], output: Any, world: int, experiments: bool,
+                   compiled: Callable[[], None]) -> Iterator[tuple[int, CompileResult]]:
+    """stream_points past the pre-read: COMPILED is called after each compile."""
     imposed = [r[1] for r in resolved]
     results: dict[int, CompileResult] = {}
 
@@ -216,11 +235,15 @@ def compile_groups(path: Path, selections: list[Selection], resolved: list[tuple
             compiled()
         return results[i]
 
-    def settle(indices: list[int], numbers: set[str]) -> None:
+    def settled(i: int) -> tuple[int, CompileResult]:
+        own(i)
+        return i, results.pop(i)
+
+    def settle(indices: list[int], numbers: set[str]) -> Iterator[tuple[int, CompileResult]]:
         varying = {k for k in numbers if len({repr(imposed[i].get(k)) for i in indices}) > 1}
         if len(indices) <= 2 or not varying:
             for i in indices:
-                own(i)
+                yield settled(i)
             return
         first = own(indices[0])
         probing = Probing(values={k: [imposed[i][k] for i in indices] for k in varying},
@@ -229,31 +252,31 @@ def compile_groups(path: Path, selections: list[Selection], resolved: list[tuple
         compiled()
         if probing.observed:  # those knobs reach the structure: their values group the points
             for group in split_by(indices, probing.observed, imposed):
-                settle(group, numbers - probing.observed)
+                yield from settle(group, numbers - probing.observed)
             return
         binding = Binding(probing, probe.diagnostics, probe.experiment)
         if not reproduces(binding, first, resolved[indices[0]][0]):
             integers = {k for k in varying if type(imposed[indices[0]][k]) is int}
             if integers:  # seen where no probe could say: an integer is the likelier shape
                 for group in split_by(indices, integers, imposed):
-                    settle(group, numbers - integers)
+                    yield from settle(group, numbers - integers)
             else:
                 for i in indices:
-                    own(i)
+                    yield settled(i)
             return
+        yield settled(indices[0])
         for at, i in enumerate(indices[1:], start=1):
             if binding.refuses(at):
-                own(i)
+                yield settled(i)
                 continue
             experiment = binding.experiment_for(at, resolved[i][0]) if experiments else None
-            results[i] = CompileResult(diagnostics=list(first.diagnostics), experiment=experiment, program=first.program, compiler=first.compiler)
+            yield i, CompileResult(diagnostics=list(first.diagnostics), experiment=experiment, program=first.program, compiler=first.compiler)
 
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, (chosen, values, _) in enumerate(resolved):
         groups.setdefault(group_key(chosen, values), []).append(i)
     for indices in groups.values():
-        settle(indices, {k for k, v in imposed[indices[0]].items() if numeric(v)})
-    return [results[i] for i in range(len(selections))]
+        yield from settle(indices, {k for k, v in imposed[indices[0]].items() if numeric(v)})
 
 
 def reproduces(binding: Binding, real: CompileResult, selection: Selection) -> bool:

@@ -25,7 +25,8 @@ import os
 import socket
 import threading
 import time
-from typing import Callable, Optional
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Optional, TypeVar
 
 from pydantic import BaseModel
 
@@ -34,6 +35,8 @@ from .store import NotARegularFile, Store, UnexpectedSize
 LEASE_TTL_S = 60.0
 LEASE_VERIFY_AFTER_S = 1.0
 LEASE_LIMIT = 64 * 1024  # a lease is a few hundred bytes
+CLAIMERS = 16  # lease requests in flight at once
+T = TypeVar("T")
 
 
 class Lease(BaseModel):
@@ -112,15 +115,22 @@ class Leases:
         caller knows their holders are gone); returns the paths now held."""
         if self.store.is_local:
             return [p for p in paths if self.create(p, take_over)]
-        if self.store.conditional_writes():
-            return [p for p in paths if self.take(p, take_over)]
-        free = [p for p in paths if take_over or self.held_elsewhere(p) is None]
-        for path in free:
-            self.write(path)
+        if self.store.conditional_writes():  # each lease on its own: taken concurrently
+            return [p for p, won in zip(paths, self.each(lambda p: self.take(p, take_over), paths), strict=True) if won]
+        free = [p for p, elsewhere in zip(paths, self.each(lambda p: take_over or self.held_elsewhere(p) is None, paths), strict=True) if elsewhere]
+        self.each(self.write, free)
         if not free:
             return []
         time.sleep(self.verify_after_s)
         return [p for p in free if (lease := self.holder_of(p)) is not None and lease.holder == self.holder]
+
+    def each(self, action: Callable[[str], T], paths: list[str]) -> list[T]:
+        """ACTION on each of PATHS, a few store requests in flight at once (they wait on the
+        network), in the order of PATHS."""
+        if len(paths) <= 1:
+            return [action(p) for p in paths]
+        with ThreadPoolExecutor(max_workers=min(CLAIMERS, len(paths)), thread_name_prefix="sexpgpu-lease") as pool:
+            return list(pool.map(action, paths))
 
     def create(self, path: str, take_over: bool) -> bool:
         """The lease at PATH made ours by an exclusive create (of two claimants one wins),
