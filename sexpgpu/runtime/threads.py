@@ -1,13 +1,20 @@
 """How many threads the CPU's BLAS gets for a run, chosen by the runtime so that no user sets
 a variable to get the speed we quote.
 
-Measured on a 2-core machine (docs/performance.md): with both cores idle, two OpenBLAS
-threads are as fast or faster on every example (up to 1.7x on the wide MLP); with the other
-core busy, a second thread waits for it at every matrix product, and the char model trained
-9x slower than on one. So the plan looks at the run's work and at the cores free now:
+Measured on a 2-core machine (docs/performance.md): with both cores idle, two threads are
+faster on the programs of large products (1.3x on the wide MLP) and slower on a program of
+many small ones (the char transformer: 0.74x); with the other core busy, a second thread
+waits for it at every matrix product, and the char model trained 9x slower than on one. So
+the plan looks at the run's work and at the cores free now:
 
-- a run whose largest matrix product is small (under a million multiply-adds) gets one
-  thread: threads cannot help it, and they cost it on a busy machine;
+- a run whose largest matrix product is small (under 2**24, about 16.8 million
+  multiply-adds) gets one thread. Measured on the quiet 2-core machine, steps/s at 1 / 2
+  threads: the char transformer (largest product 8.4 million) 68.9 / 51.3, the CNN on 8x8
+  digits (9.4 million) 189 / 200, nanoGPT-char (50 million) 9.3 / 10.1, the wide MLP (268
+  million) 33.0 / 42.6. The bound lies between the loser and the first clear gain; a run
+  under it gives up at most the CNN's 5% against two threads, and is never slower than one
+  thread. (Why two threads lose on the char transformer is not pinned down: its steps are
+  many small kernels and products, each a hand-off between the threads.)
 - otherwise it gets as many threads as there are cores free for it: the cores of this
   process's affinity, less those other processes keep busy (sampled over 0.1 s from
   /proc/stat, this process idle meanwhile).
@@ -37,7 +44,8 @@ from ..ir.graph import Program, shape_size
 
 THREADS_VARIABLE = "SEXPGPU_THREADS"
 BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-SMALL_PRODUCT = 1_000_000  # multiply-adds: below this, a product gains nothing from threads
+TINY_PRODUCT = 1_000_000  # multiply-adds: below this, a product gains nothing from threads
+SMALL_PRODUCT = 2**24  # multiply-adds: a run whose largest product is below this trains no faster on two threads than on one
 SAMPLE_S = 0.1
 RECORDED_SOURCE = "run.json"  # the source of a continued run's plan: its earlier attempts'
 
@@ -118,7 +126,7 @@ def plan_threads(programs: Iterable[Program], requested: Optional[int] = None, e
                           reason=f"the run's earlier attempts had {recorded.blas}: a product's last bits depend on the count")
     largest = SMALL_PRODUCT if assume_large else largest_product(programs)
     if largest < SMALL_PRODUCT or cores == 1:
-        why = ("one core" if share is None else "one core: this point's share of the sweep's cores") if cores == 1 else f"the largest product is {largest:,} multiply-adds: threads cannot help it"
+        why = ("one core" if share is None else "one core: this point's share of the sweep's cores") if cores == 1 else small_reason(largest)
         return ThreadPlan(blas=1, cores=cores, source="chosen", reason=why)
     if share is not None:  # the sweep counted the free cores once for all its points: the others' load is not "other work"
         return ThreadPlan(blas=cores, cores=cores, source="chosen", reason=f"this point's share of the sweep's free cores: {cores}")
@@ -126,6 +134,14 @@ def plan_threads(programs: Iterable[Program], requested: Optional[int] = None, e
     if busy is None:
         return ThreadPlan(blas=cores, cores=cores, source="chosen", reason="every core (how busy they are is not known here)")
     return ThreadPlan(blas=free, cores=cores, source="chosen", reason=f"{busy:.1f} of {cores} cores busy with other work")
+
+
+def small_reason(largest: int) -> str:
+    """Why a run whose largest product is LARGEST (under SMALL_PRODUCT) gets one thread."""
+    if largest < TINY_PRODUCT:
+        return f"the largest product is {largest:,} multiply-adds: threads cannot help it"
+    return (f"the largest product is {largest:,} multiply-adds, under {SMALL_PRODUCT:,}: "
+            "a program of products this size trains faster on one thread")
 
 
 def user_threads(requested: Optional[int], environ: Mapping[str, str], cores: int) -> Optional[ThreadPlan]:
