@@ -557,8 +557,6 @@ def test_a_bias_gradient_with_a_relu_backward_runs_vectorized_and_equals_the_dev
     rng = np.random.default_rng(3)
     values = every_value(lowered, feeds_for(lowered, rng))
     device = DeviceBlocks(CpuRunner(runtimes["libm"]))
-    from cuda_host import storage, storage_dtype
-
     tried = 0
     for strategy in strategies(step, lowered.types()):
         cuda = reduce_kernels(step, lowered, lowering.constants, strategy)
@@ -574,17 +572,26 @@ def test_a_bias_gradient_with_a_relu_backward_runs_vectorized_and_equals_the_dev
         assert any(f":{helper_line + 1}:" in line and "loop vectorized" in line for line in report.splitlines()), report
         functions, _ = runtimes["libm"].load(host)
         device.prepare(cuda)
-        results = []
-        for which in ("host", "cuda"):
-            ins = [np.ascontiguousarray(storage(np.asarray(values[v]), "f32")) for v in step.inputs]
-            outs = [np.zeros(p.shape, dtype=storage_dtype(p.dtype.value)) for p in cuda[0].params if p.role == "out"]
-            launch(which, cuda[0], host[0], functions, device, ins + outs)
-            if len(cuda) == 2:
-                final = np.zeros(cuda[1].params[-1].shape, dtype=storage_dtype(cuda[1].params[-1].dtype.value))
-                launch(which, cuda[1], host[1], functions, device, [outs[0], final])
-                outs = [final]
-            results.append(outs)
+        results = both_sides(cuda, host, [values[v] for v in step.inputs], functions, device)
         for k, (got, want) in enumerate(zip(*results)):
             assert_same_bits(got, want, f"{strategy}: output {k}")
         tried += 1
     assert tried >= 2, tried
+
+
+def both_sides(cuda: list[KernelSource], host: list[Any], inputs: list[Any], functions: dict[str, Any], device: DeviceBlocks) -> list[list[np.ndarray]]:
+    """A reduction's or a row group's kernels run on the host and on the emulated device, on
+    the f32 INPUTS: each side's outputs (a split reduction's final result first)."""
+    from cuda_host import storage, storage_dtype
+
+    results = []
+    for which in ("host", "cuda"):
+        ins = [np.ascontiguousarray(storage(np.asarray(v), "f32")) for v in inputs]
+        outs = [np.zeros(p.shape, dtype=storage_dtype(p.dtype.value)) for p in cuda[0].params if p.role == "out"]
+        launch(which, cuda[0], host[0], functions, device, ins + outs)
+        if len(cuda) == 2:
+            final = np.zeros(cuda[1].params[-1].shape, dtype=storage_dtype(cuda[1].params[-1].dtype.value))
+            launch(which, cuda[1], host[1], functions, device, [outs[0], final])
+            outs = [final] + outs[1:]
+        results.append(outs)
+    return results

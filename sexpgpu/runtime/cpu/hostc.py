@@ -56,6 +56,7 @@ from ..lower.row_kernel import row_description, row_lanes
 from ..lower.steps import FusedGroup, ReduceGroup, RowGroup
 
 SXB = 256  # elements per block of a chain with NumPy calls; a multiple of every lane count
+RUN_MIN = 16  # the shortest run of a reduction's elements worth a call of its own (an AVX-512 vector of f32)
 FLAT_CHUNK = 4096  # elements per item of an elementwise kernel whose inputs need no row bases
 
 
@@ -566,7 +567,7 @@ def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node]
         schedule = f"{per}: {lane_words(lanes_of(acc.lanes), f'blocks of {SXB} elements')}"
         width = run_width(space, reduce_geometry(group, types)[0], [types[vid] for vid in group.inputs])
         prologue: Optional[list[str]] = None
-        if innermost and width > 1 and not any(is_call(n, math) for n in acc.nodes):
+        if innermost and width >= RUN_MIN and not any(is_call(n, math) for n in acc.nodes):
             helpers, prologue = run_prologue(acc, f"{main.name}_run", main.decls, types, index, space, width, Chain("", types, constants, math, load))
             schedule += f", each block's elements in runs of at most {width} neighbours in memory"
         body = [
