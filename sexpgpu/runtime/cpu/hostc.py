@@ -473,7 +473,7 @@ def host_accumulate(desc: Accumulate, chain: Chain, indent: str = "    ", prolog
 
 # a boolean register as an int of 0 or 1 (what C's conversion to bool gives): GCC 12 vectorizes no
 # loop with a bool in it ("no vectype" for its loads)
-BOOLEAN = re.compile(r"^(\s*)const bool (v\d+) = (.*);$")
+BOOLEAN = re.compile(r"^(\s*)const bool (\w+) = (.*);$")
 
 
 def run_width(space: tuple[int, ...], axes: list[int], inputs: list[TensorType]) -> int:
@@ -505,13 +505,14 @@ def runs_along(shape: tuple[int, ...], space: tuple[int, ...], width: int) -> bo
 
 
 def run_prologue(desc: Accumulate, name: str, decls: tuple[str, ...], types: dict[int, TensorType], params: dict[int, int],
-                 space: tuple[int, ...], width: int, like: Chain) -> tuple[str, list[str]]:
+                 space: tuple[int, ...], width: int, block: Chain) -> tuple[str, list[str]]:
     """A block of DESC's elements (positions j < len, element jj0 + j) computed in runs of
     neighbours in memory (at most WIDTH, run_width's), each run one call of a static function
     whose loop reads its inputs at idx = i0 + j (or one value per run: a base per run, as an
     elementwise row's): GCC vectorizes it, where the per-element index arithmetic (divisions
     by the axes' extents) kept the block's loop scalar. The same operations on the same
-    elements in the same order. Returns the function and the block's lines."""
+    elements in the same order (BLOCK: the kernel's chain, whose tag, constants and math the
+    run's chain keeps). Returns the function and the block's lines."""
     bases: dict[int, str] = {}
 
     def load(vid: int) -> str:
@@ -523,7 +524,7 @@ def run_prologue(desc: Accumulate, name: str, decls: tuple[str, ...], types: dic
         bases[k] = f"        const long long rb{k} = {broadcast_index(tuple(t.shape), space, 'i0')};"
         return from_storage(f"in{k}[rb{k}{' + j' if runs_along(tuple(t.shape), space, width) else ''}]", t.dtype)
 
-    chain = Chain(like.tag, types, like.constants, like.math, load)
+    chain = Chain(block.tag, types, block.constants, block.math, load)
     stores = {s.value: (lambda text, s=s: f"out{s.param}[idx] = {to_storage(text, s.dtype)};") for s in desc.stores}
     lines, _ = chain.lines(desc.nodes, [desc.value], ["const long long idx = i0 + j;"], stores, "cols", "  ")
     loop = [BOOLEAN.sub(r"\1const int \2 = ((\3) != 0);", line) for line in lines if not line.endswith("[SXB];")]  # the block's array is the kernel's
@@ -532,12 +533,12 @@ def run_prologue(desc: Accumulate, name: str, decls: tuple[str, ...], types: dic
     pointers[array] = f"{c_types(types[desc.value].dtype)[1]}*"
     helper, call = outline(name, loop, pointers, {array: f"{array} + j0"}, "        ")
     var = desc.var
-    block = ["      for (long long j0 = 0; j0 < len;) {",
+    lines = ["      for (long long j0 = 0; j0 < len;) {",
              f"        const long long {var} = {var}0 + j0;",
              f"        const long long i0 = {desc.index};",
              f"        const long long cols = len - j0 < {width}LL - i0 % {width}LL ? len - j0 : {width}LL - i0 % {width}LL;",
              *bases.values(), call, "        j0 += cols;", "      }"]
-    return helper, block
+    return helper, lines
 
 
 def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node], math: str, kernels: list[KernelSource],
@@ -568,7 +569,7 @@ def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node]
         width = run_width(space, reduce_geometry(group, types)[0], [types[vid] for vid in group.inputs])
         prologue: Optional[list[str]] = None
         if innermost and width >= RUN_MIN and not any(is_call(n, math) for n in acc.nodes):
-            helpers, prologue = run_prologue(acc, f"{main.name}_run", main.decls, types, index, space, width, Chain("", types, constants, math, load))
+            helpers, prologue = run_prologue(acc, f"{main.name}_run", main.decls, types, index, space, width, chain)
             schedule += f", each block's elements in runs of at most {width} neighbours in memory"
         body = [
             "  for (long long item = sx_begin; item < sx_end; ++item) {",
