@@ -529,3 +529,69 @@ def test_doctor_reports_the_compiler_the_blas_and_the_thread_plan(tmp_path: Path
     assert "thread(s) for the kernels and the BLAS" in threads["detail"] and find_blas().name.split()[0] in threads["detail"], threads
     missing = findings["without"]["compiler"]
     assert missing["level"] == "warn" and "no C compiler found" in missing["detail"] and "NumPy backend" in missing["detail"] and missing["fix"], missing
+
+
+def test_a_bias_gradient_with_a_relu_backward_runs_vectorized_and_equals_the_device(runtimes: dict[str, Any], tmp_path: Path) -> None:
+    """The CNN's bias gradient: sum over batch and image of g * (x + b > 0), [N, C, H, W] ->
+    [C] (the trailing axes reduced, the bias broadcast). Each block's elements are computed in
+    runs of neighbours in memory by a function of its own, which the compiler vectorizes (the
+    per-element index divisions and a bool kept the loop scalar), in the device's bits in
+    every strategy."""
+    from sexpgpu.runtime.cpu.device import CpuRunner
+    from sexpgpu.runtime.cpu.hostc import host_prelude, reduce_host
+    from sexpgpu.runtime.cpu.toolchain import open_toolchain
+    from test_cuda_codegen import feeds_for, strategies
+
+    f32 = DType.f32
+    b = Builder("bias-grad")
+    x = b.input("x", "data", TensorType(dtype=f32, shape=(4, 6, 9, 9)))
+    bias = b.input("b", "param", TensorType(dtype=f32, shape=(1, 6, 1, 1)))
+    g = b.input("g", "data", TensorType(dtype=f32, shape=(4, 6, 9, 9)))
+    zero = b.const(0.0, f32)
+    mask = b.op("cast", b.op("gt", b.op("add", x, bias), zero), dtype="f32")
+    program = b.program({"db": b.op("sum", b.op("mul", g, mask), axis=[0, 2, 3])})
+    lowering = lower(program)
+    lowered = lowering.program
+    step = next(s for s in lowering.steps if isinstance(s, ReduceGroup))
+    assert step.prologue is not None
+    rng = np.random.default_rng(3)
+    values = every_value(lowered, feeds_for(lowered, rng))
+    device = DeviceBlocks(CpuRunner(runtimes["libm"]))
+    tried = 0
+    for strategy in strategies(step, lowered.types()):
+        cuda = reduce_kernels(step, lowered, lowering.constants, strategy)
+        host = reduce_host(step, lowered, lowering.constants, "libm", cuda, strategy)
+        run = f"{cuda[0].name}_run"
+        assert run in host[0].source, host[0].schedule
+        assert "runs of at most 81 neighbours" in host[0].schedule
+        source = tmp_path / f"k{tried}.c"
+        source.write_text(host_prelude() + host[0].text)
+        report = subprocess.run([open_toolchain().compiler, "-std=gnu11", "-O3", "-march=native", "-c", "-o", os.devnull, "-fopt-info-vec-optimized", str(source)],
+                                capture_output=True, text=True, check=True).stderr
+        helper_line = host[0].text[: host[0].text.index(run.replace(cuda[0].name, host[0].symbol))].count("\n") + host_prelude().count("\n") + 1
+        assert any(f":{helper_line + 1}:" in line and "loop vectorized" in line for line in report.splitlines()), report
+        functions, _ = runtimes["libm"].load(host)
+        device.prepare(cuda)
+        results = both_sides(cuda, host, [values[v] for v in step.inputs], functions, device)
+        for k, (got, want) in enumerate(zip(*results)):
+            assert_same_bits(got, want, f"{strategy}: output {k}")
+        tried += 1
+    assert tried >= 2, tried
+
+
+def both_sides(cuda: list[KernelSource], host: list[Any], inputs: list[Any], functions: dict[str, Any], device: DeviceBlocks) -> list[list[np.ndarray]]:
+    """A reduction's or a row group's kernels run on the host and on the emulated device, on
+    the f32 INPUTS: each side's outputs (a split reduction's final result first)."""
+    from cuda_host import storage, storage_dtype
+
+    results = []
+    for which in ("host", "cuda"):
+        ins = [np.ascontiguousarray(storage(np.asarray(v), "f32")) for v in inputs]
+        outs = [np.zeros(p.shape, dtype=storage_dtype(p.dtype.value)) for p in cuda[0].params if p.role == "out"]
+        launch(which, cuda[0], host[0], functions, device, ins + outs)
+        if len(cuda) == 2:
+            final = np.zeros(cuda[1].params[-1].shape, dtype=storage_dtype(cuda[1].params[-1].dtype.value))
+            launch(which, cuda[1], host[1], functions, device, [outs[0], final])
+            outs = [final] + outs[1:]
+        results.append(outs)
+    return results

@@ -65,8 +65,7 @@ def test_a_reduction_declared_by_its_reducer_spec_alone_is_the_same_on_both_devi
     a block per output, chunks), over the last axis, the first, and all of them, with a
     prologue, and in a row group: the host's bits are the emulated CUDA kernels' and the
     value is NumPy's (products of powers of two are exact)."""
-    from cuda_host import storage, storage_dtype
-    from test_cpu_device import DeviceBlocks, assert_same_bits, every_value, launch
+    from test_cpu_device import DeviceBlocks, assert_same_bits, both_sides, every_value
     from test_cuda_codegen import strategies
 
     from sexpgpu.runtime.cpu.device import CpuRunner, CpuRuntime
@@ -108,16 +107,7 @@ def test_a_reduction_declared_by_its_reducer_spec_alone_is_the_same_on_both_devi
     device = DeviceBlocks(CpuRunner(runtime))
     device.prepare([k for job in jobs for k in job[1]])
     for what, cuda, host, step in jobs:
-        results = []
-        for which in ("host", "cuda"):
-            ins = [np.ascontiguousarray(storage(np.asarray(values[v]), "f32")) for v in step.inputs]
-            outs = [np.zeros(p.shape, dtype=storage_dtype(p.dtype.value)) for p in cuda[0].params if p.role == "out"]
-            launch(which, cuda[0], host[0], functions, device, ins + outs)
-            if len(cuda) == 2:
-                final = np.zeros(cuda[1].params[-1].shape, dtype=storage_dtype(cuda[1].params[-1].dtype.value))
-                launch(which, cuda[1], host[1], functions, device, [outs[0], final])
-                outs = [final] + outs[1:]
-            results.append(outs)
+        results = both_sides(cuda, host, [values[v] for v in step.inputs], functions, device)
         for k, (a, c) in enumerate(zip(*results)):
             assert_same_bits(a, c, f"{what}: output {k}")
         written = step.writes if isinstance(step, ReduceGroup) else step.outputs

@@ -50,12 +50,13 @@ from ..lower.attention import AttentionGradStep, AttentionStep, Operands, backwa
 from ..lower.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage, unpack
 from ..lower.emitters import emitter_for, register_emitter
 from ..lower.kernel_ir import Accumulate, Elementwise, Load, RowReduce, RowScalar, Store, WindowStore
-from ..lower.kernels import ReduceKernel, ReduceStrategy, elementwise_description, piecewise, reduce_description
+from ..lower.kernels import ReduceKernel, ReduceStrategy, elementwise_description, piecewise, reduce_description, reduce_geometry
 from ..lower.lowering import Step
 from ..lower.row_kernel import row_description, row_lanes
 from ..lower.steps import FusedGroup, ReduceGroup, RowGroup
 
 SXB = 256  # elements per block of a chain with NumPy calls; a multiple of every lane count
+RUN_MIN = 16  # the shortest run of a reduction's elements worth a call of its own (an AVX-512 vector of f32)
 FLAT_CHUNK = 4096  # elements per item of an elementwise kernel whose inputs need no row bases
 
 
@@ -351,19 +352,21 @@ def window_families(desc: Elementwise) -> dict[int, list[WindowStore]]:
 
 
 SCALARS = re.compile(r"\b(i0|cols|r|rb\d+|po\d+|wo\d+)\b")
-POINTERS = re.compile(r"\b(in\d+|out\d+|pp\d+|wf\d+)\b")
+POINTERS = re.compile(r"\b(in\d+|out\d+|pp\d+|wf\d+|bv_\d+)\b")
 
 
-def outline(name: str, lines: list[str], pointers: dict[str, str]) -> tuple[str, str]:
+def outline(name: str, lines: list[str], pointers: dict[str, str], arguments: Optional[Mapping[str, str]] = None, indent: str = "    ") -> tuple[str, str]:
     """LINES as a static function of the pointers and index variables they use, each pointer
-    `restrict`, and the call: GCC vectorizes such a loop, where inside the kernel (next to
-    tables of pointers) it keeps it scalar."""
+    `restrict`, and the call (a pointer passed as ARGUMENTS says, else by its name): GCC
+    vectorizes such a loop, where inside the kernel (next to tables of pointers) it keeps it
+    scalar."""
     text = "\n".join(lines)
     used = [p for p in dict.fromkeys(POINTERS.findall(text)) if p in pointers]
     scalars = list(dict.fromkeys(SCALARS.findall(text)))
     params = [f"{pointers[p]} __restrict__ {p}" for p in used] + [f"const long long {v}" for v in scalars]
     helper = f"static inline void {name}({', '.join(params) or 'void'}) {{\n" + text + "\n}\n"
-    return helper, f"    {name}({', '.join(used + scalars)});"
+    given = arguments or {}
+    return helper, f"{indent}{name}({', '.join([given.get(p, p) for p in used] + scalars)});"
 
 
 def piece_segments(desc: Elementwise, total: int, constants: dict[int, Node]) -> Optional[list[int]]:
@@ -448,21 +451,94 @@ def tree(reducer: ReducerSpec, lanes: int, acc: str, indent: str) -> list[str]:
     return [f"{indent}for (int s = {lanes // 2}; s > 0; s >>= 1) for (int l = 0; l < s; ++l) {acc}[l] = {reducer.pair(f'{acc}[l]', f'{acc}[l + s]')};"]
 
 
-def host_accumulate(desc: Accumulate, chain: Chain, indent: str = "    ") -> list[str]:
+def host_accumulate(desc: Accumulate, chain: Chain, indent: str = "    ", prologue: Optional[list[str]] = None) -> list[str]:
     """DESC on the host: the lanes' partials in a stack array ACC[lanes], the elements in blocks
     of SXB (lane l takes the block positions l, l + lanes, ..., as the device's lane takes its
     elements), each block computed by CHAIN (NumPy's loops over the whole block between its
-    phases), then the lanes' tree: ACC[0] holds the result."""
+    phases) or by PROLOGUE's lines (run_prologue's) when given, then the lanes' tree: ACC[0]
+    holds the result."""
     lanes = lanes_of(desc.lanes)
     var, acc = desc.var, desc.acc
     stores = {s.value: (lambda name, s=s: f"out{s.param}[idx] = {to_storage(name, s.dtype)};") for s in desc.stores}
     lines, values = chain.lines(desc.nodes, [desc.value], [f"const long long {var} = {var}0 + j;", f"const long long idx = {desc.index};"], stores, "len", indent + "  ")
+    if prologue is not None:
+        lines = [f"{indent}  {c_types(chain.types[desc.value].dtype)[1]} {chain.array(desc.value)}[SXB];", *prologue]
     return [f"{indent}{'long long' if desc.integer else 'double'} {acc}[{lanes}];",
             f"{indent}for (int l = 0; l < {lanes}; ++l) {acc}[l] = {desc.reducer.start(desc.integer)};",
             f"{indent}for (long long {var}0 = {desc.first}; {var}0 < {desc.end}; {var}0 += SXB) {{",
             f"{indent}  const long long len = {desc.end} - {var}0 < SXB ? {desc.end} - {var}0 : SXB;",
             *lines, *lane_loop(desc, lanes, acc, values[desc.value][: -len("[j]")], "len", indent + "  "), f"{indent}}}",
             *tree(desc.reducer, lanes, acc, indent)]
+
+
+# a boolean register as an int of 0 or 1 (what C's conversion to bool gives): GCC 12 vectorizes no
+# loop with a bool in it ("no vectype" for its loads)
+BOOLEAN = re.compile(r"^(\s*)const bool (\w+) = (.*);$")
+
+
+def run_width(space: tuple[int, ...], axes: list[int], inputs: list[TensorType]) -> int:
+    """Elements of SPACE's trailing reduced axes that lie side by side in memory in every
+    input too (an input's trailing dimensions those of SPACE, or all 1: one value): a run of
+    them is one contiguous loop. 1 when the last axis is not reduced."""
+    width = 1
+    for d in range(len(space) - 1, -1, -1):
+        if d not in axes:
+            break
+        for t in inputs:
+            lead = len(space) - len(t.shape)
+            own = [t.shape[e - lead] if e >= lead else 1 for e in range(d, len(space))]
+            if own != list(space[d:]) and any(n != 1 for n in own):
+                return width
+        width *= space[d]
+    return width
+
+
+def runs_along(shape: tuple[int, ...], space: tuple[int, ...], width: int) -> bool:
+    """Whether an input of SHAPE runs along the last WIDTH elements of SPACE (whole trailing
+    axes; run_width's), rather than holding one value there."""
+    axes, size = 0, 1
+    while size < width:
+        axes += 1
+        size *= space[-axes]
+    lead = len(space) - len(shape)
+    return [shape[e - lead] if e >= lead else 1 for e in range(len(space) - axes, len(space))] == list(space[len(space) - axes:])
+
+
+def run_prologue(desc: Accumulate, name: str, decls: tuple[str, ...], types: dict[int, TensorType], params: dict[int, int],
+                 space: tuple[int, ...], width: int, block: Chain) -> tuple[str, list[str]]:
+    """A block of DESC's elements (positions j < len, element jj0 + j) computed in runs of
+    neighbours in memory (at most WIDTH, run_width's), each run one call of a static function
+    whose loop reads its inputs at idx = i0 + j (or one value per run: a base per run, as an
+    elementwise row's): GCC vectorizes it, where the per-element index arithmetic (divisions
+    by the axes' extents) kept the block's loop scalar. The same operations on the same
+    elements in the same order (BLOCK: the kernel's chain, whose tag, constants and math the
+    run's chain keeps). Returns the function and the block's lines."""
+    bases: dict[int, str] = {}
+
+    def load(vid: int) -> str:
+        t, k = types[vid], params[vid]
+        if tuple(t.shape) == space:
+            return from_storage(f"in{k}[idx]", t.dtype)
+        if shape_size(t.shape) == 1:
+            return from_storage(f"in{k}[0]", t.dtype)
+        bases[k] = f"        const long long rb{k} = {broadcast_index(tuple(t.shape), space, 'i0')};"
+        return from_storage(f"in{k}[rb{k}{' + j' if runs_along(tuple(t.shape), space, width) else ''}]", t.dtype)
+
+    chain = Chain(block.tag, types, block.constants, block.math, load)
+    stores = {s.value: (lambda text, s=s: f"out{s.param}[idx] = {to_storage(text, s.dtype)};") for s in desc.stores}
+    lines, _ = chain.lines(desc.nodes, [desc.value], ["const long long idx = i0 + j;"], stores, "cols", "  ")
+    loop = [BOOLEAN.sub(r"\1const int \2 = ((\3) != 0);", line) for line in lines if not line.endswith("[SXB];")]  # the block's array is the kernel's
+    pointers = {d.split()[-1]: d[: -len(d.split()[-1])].replace("__restrict__", "").strip() for d in decls}
+    array = chain.array(desc.value)
+    pointers[array] = f"{c_types(types[desc.value].dtype)[1]}*"
+    helper, call = outline(name, loop, pointers, {array: f"{array} + j0"}, "        ")
+    var = desc.var
+    lines = ["      for (long long j0 = 0; j0 < len;) {",
+             f"        const long long {var} = {var}0 + j0;",
+             f"        const long long i0 = {desc.index};",
+             f"        const long long cols = len - j0 < {width}LL - i0 % {width}LL ? len - j0 : {width}LL - i0 % {width}LL;",
+             *bases.values(), call, "        j0 += cols;", "      }"]
+    return helper, lines
 
 
 def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node], math: str, kernels: list[KernelSource],
@@ -481,6 +557,8 @@ def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node]
     acc = desc.accumulate
     split, outputs = desc.split, desc.outputs
     chain = Chain("", types, constants, math, load)
+    main = kernels[0]
+    helpers = ""
     innermost = desc.innermost
     per = "per chunk" if split > 1 else "per output"
     if acc.lanes == "thread" and not innermost:
@@ -488,16 +566,20 @@ def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node]
         schedule = f"outputs side by side in blocks of {SXB}, each adding its elements in order"
     else:
         schedule = f"{per}: {lane_words(lanes_of(acc.lanes), f'blocks of {SXB} elements')}"
+        width = run_width(space, reduce_geometry(group, types)[0], [types[vid] for vid in group.inputs])
+        prologue: Optional[list[str]] = None
+        if innermost and width >= RUN_MIN and not any(is_call(n, math) for n in acc.nodes):
+            helpers, prologue = run_prologue(acc, f"{main.name}_run", main.decls, types, index, space, width, chain)
+            schedule += f", each block's elements in runs of at most {width} neighbours in memory"
         body = [
             "  for (long long item = sx_begin; item < sx_end; ++item) {",
             *([f"    const long long o = item % {outputs}LL, c = item / {outputs}LL;"] if split > 1 else ["    const long long o = item;"]),
             f"    const long long base = {desc.base};",
-            *host_accumulate(acc, chain),
+            *host_accumulate(acc, chain, prologue=prologue),
             f"    out0[o] = {desc.result(f'{acc.acc}[0]')};" if split == 1 else f"    out0[item] = {acc.acc}[0];",
             "  }",
         ]
-    main = kernels[0]
-    host = [HostKernel(main.name, function(main.name, main.decls, body), main.size, main.bytes + main.flops, schedule=schedule)]
+    host = [HostKernel(main.name, helpers + function(main.name, main.decls, body), main.size, main.bytes + main.flops, schedule=schedule)]
     if split > 1:
         finish = kernels[1]
         finish_lanes = 1 if acc.lanes == "thread" else 32
