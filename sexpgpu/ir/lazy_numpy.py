@@ -2,39 +2,45 @@
 
 The op table's kernels are NumPy code, but `check` needs only the table's shape rules and
 gradients, and importing NumPy is about a third of the imports of a check (issue 26). So the
-op modules take `np` from here: importlib's LazyLoader puts a module object for numpy in
-sys.modules whose first attribute read runs NumPy's real import; after that it is the plain
-module, and an attribute read costs what it always does. Where NumPy is imported already,
-`np` is that module. An ordinary `import numpy` anywhere later also finishes the import
-(the import system reads the module's `__spec__`), so the runtime, which imports NumPy at the
-top of its modules, always has it whole before any kernel runs on a thread of its own.
+op modules take `np` from here. Where NumPy is imported already, `np` is that module; else it
+is a stand-in module whose first attribute read runs an ordinary `import numpy` and copies
+NumPy's names into itself, so that every later read is a plain dictionary hit.
+
+Not importlib's LazyLoader: on Python 3.11 it turns its module into a plain one before it
+runs NumPy's import, so a Ctrl-C (or a failure) in the middle leaves a half-built `numpy` in
+sys.modules for the next `import numpy` to find, and two threads can race on it. An ordinary
+import is atomic to the import system (a failed one is taken out of sys.modules, under the
+import lock), and the stand-in is never in sys.modules.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["np", "lazy_module"]
 
 
+class Deferred(ModuleType):
+    """A module imported on the first read of one of its names."""
+
+    def __getattr__(self, attr: str) -> Any:  # only for names not copied in yet
+        real = importlib.import_module(self.__name__)
+        self.__dict__.update(real.__dict__)
+        return getattr(real, attr)
+
+
 def lazy_module(name: str) -> ModuleType:
-    """The module NAME: the imported one if there is one, else one that imports itself on first
-    use (the recipe of importlib's documentation, "Implementing lazy imports")."""
+    """The module NAME: the imported one if there is one, else a Deferred stand-in."""
     found = sys.modules.get(name)
     if found is not None:
         return found
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:
+    if importlib.util.find_spec(name) is None:
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-    loader = importlib.util.LazyLoader(spec.loader)
-    spec.loader = loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    return module
+    return Deferred(name)
 
 
 if TYPE_CHECKING:

@@ -189,13 +189,11 @@
   function axisSize(u, values, axisIdx, cycleNum) {
     const axis = u.axes[axisIdx];
     if (cycleNum > 1) return axis._size;
-    let size = axis.ticks.size + axis.gap;
-    const longest = (values || []).reduce((a, v) => (String(v).length > a.length ? String(v) : a), "");
-    if (longest) {
-      u.ctx.font = axis.font[0];
-      size += u.ctx.measureText(longest).width / devicePixelRatio;
-    }
-    return Math.ceil(size) + 4;
+    // the widest label as drawn, not the one with the most characters ("0.00011" is narrower
+    // than "9.5e-4" in most fonts)
+    u.ctx.font = axis.font[0];
+    const widest = Math.max(0, ...(values || []).map((v) => u.ctx.measureText(String(v)).width / devicePixelRatio));
+    return Math.ceil(axis.ticks.size + axis.gap + widest) + 4;
   }
 
   // a step axis ticks whole steps: 1, 2, 5, 10, 20, 50, ...
