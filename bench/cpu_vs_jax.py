@@ -6,11 +6,17 @@ timing) and optimizer, at 1 and 2 threads. Runs where JAX installs (`pip install
 XLA sizes its CPU thread pool when JAX starts, so each thread count is one child process
 (this script again, `--child N`): its cores limited to N (sched_setaffinity) and XLA told N
 (`--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1` for one), and within it
-the two sides alternate, several rounds, the median kept. Prints steps/s, cpu / jax (> 1:
-SexpGPU is faster), the first steps' loss gap and our and JAX's setup time (compile and the
-first steps).
+the two sides alternate, several rounds, the median kept. Prints the machine (CPU model, SIMD
+flags, the OpenBLAS kernels our device's BLAS ran in each child, JAX's version and devices)
+and its cores' f32 FMA peak (bench/cpu_peak.py), then steps/s, cpu / jax (> 1: SexpGPU is
+faster) by wall time and by CPU time, each side's GFLOP/s and share of the peak, the first
+steps' loss gap and our build (with the C compiler's part apart) and JAX's setup time
+(tracing, XLA's compile and the first steps).
 
-    python bench/cpu_vs_jax.py [--steps 200] [--repeats 3] [--threads 1,2] [--json]
+The children inherit the environment; to benchmark the OpenBLAS kernels OpenBLAS picks for the
+CPU where the environment pins them, unset both variables for this command alone:
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/cpu_vs_jax.py [--steps 200] [--repeats 3] [--threads 1,2] [--issue] [--json]
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from cpu_workloads import CHECKED_STEPS, OurSide, Workload, alternate, limited, loss_gap, timed, workloads
+from cpu_peak import describe, f32_peak, machine, peak, peak_lines
+from cpu_workloads import CHECKED_STEPS, OurSide, Rate, Workload, alternate, blas_warning, chosen, gflops, limited, loss_gap, timed, workloads
 
 
 def jax_model(model: str, knobs: dict[str, Any]) -> Callable[[dict[str, Any], Any], Any]:
@@ -140,28 +148,40 @@ def compare(workload: Workload, threads: int, repeats: int) -> dict[str, Any]:
     cpu = OurSide(workload, "cpu")
     peer = JaxSide(workload, cpu)
 
-    def ours(count: int) -> float:
+    def ours(count: int) -> Rate:
         cpu.threads(count)
         with limited(count):
             return timed(cpu.step, workload.steps)
 
     median = alternate({"cpu": ours, "jax": lambda count: timed(peer.step, workload.steps)}, [threads], repeats)
-    return {"workload": workload.name, "threads": threads, "cpu": median[("cpu", threads)], "jax_steps_per_s": median[("jax", threads)],
-            "ratio": median[("cpu", threads)] / median[("jax", threads)], "loss_gap": loss_gap(cpu.first_losses, peer.first_losses),
+    mine, theirs = median[("cpu", threads)], median[("jax", threads)]
+    return {"workload": workload.name, "threads": threads, "step_gflop": cpu.flops / 1e9, "cpu": mine.wall, "jax_steps_per_s": theirs.wall,
+            "cpu_per_cpu_s": mine.cpu, "jax_per_cpu_s": theirs.cpu, "ratio": mine.wall / theirs.wall, "ratio_cpu_time": mine.cpu / theirs.cpu,
+            "cpu_gflops": gflops(cpu.flops, mine.wall), "jax_gflops": gflops(cpu.flops, theirs.wall),
+            "cpu_gflops_per_cpu_s": gflops(cpu.flops, mine.cpu), "jax_gflops_per_cpu_s": gflops(cpu.flops, theirs.cpu),
+            "loss_gap": loss_gap(cpu.first_losses, peer.first_losses), "step0_loss": {"cpu": cpu.first_losses[0], "jax": peer.first_losses[0]},
+            "cpu_build_s": cpu.build_s, "cpu_compile_s": cpu.compile_s, "cpu_cache_warm": cpu.cache_warm,
             "cpu_setup_s": cpu.setup_s, "jax_setup_s": peer.setup_s, "jax_version": jax.__version__}
 
 
-def child(threads: int, steps: int, repeats: int, only: str) -> list[dict[str, Any]]:
+def child(threads: int, steps: int, repeats: int, only: str, issue: bool) -> dict[str, Any]:
+    import jax
+
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for workload in workloads(Path(tmp), steps):
-            if not only or only in workload.name:
+            if chosen(workload, only, issue):
                 rows.append(compare(workload, threads, repeats))
                 print(f"done: {workload.name} at {threads} thread(s)", file=sys.stderr, flush=True)
-    return rows
+    import jaxlib
+
+    described = machine()  # after the sides ran: our BLAS with the kernels it chose
+    described["jax"] = {"version": jax.__version__, "jaxlib": jaxlib.__version__, "devices": [str(d) for d in jax.devices()],
+                        "xla_flags": os.environ.get("XLA_FLAGS", "")}
+    return {"threads": threads, "machine": described, "load_average": os.getloadavg(), "rows": rows}
 
 
-def run_child(threads: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+def run_child(threads: int, args: argparse.Namespace) -> dict[str, Any]:
     env = dict(os.environ)
     flags = "--xla_force_host_platform_device_count=1"
     if threads == 1:
@@ -169,7 +189,7 @@ def run_child(threads: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flags).strip()
     env["JAX_PLATFORMS"] = "cpu"
     command = [sys.executable, __file__, "--child", str(threads), "--steps", str(args.steps), "--repeats", str(args.repeats), "--only", args.only]
-    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True)
+    done = subprocess.run(command + (["--issue"] if args.issue else []), env=env, stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the {threads}-thread child failed (exit {done.returncode})")
     return json.loads(done.stdout)  # type: ignore[no-any-return]
@@ -181,26 +201,44 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--only", default="")
+    parser.add_argument("--issue", action="store_true", help="only issue 25's four realistic workloads")
+    parser.add_argument("--peak", type=float, default=0.0, help="one core's f32 peak in GFLOP/s (default: measure it, bench/cpu_peak.py)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.child])
-        print(json.dumps(child(args.child, args.steps, args.repeats, args.only)))
+        print(json.dumps(child(args.child, args.steps, args.repeats, args.only, args.issue)))
         return
     try:
         import jax  # noqa: F401
     except ImportError:
         raise SystemExit("JAX is not installed here: pip install 'jax[cpu]' (this benchmark runs where JAX installs)") from None
-    rows = [row for t in (int(t) for t in args.threads.split(",")) for row in run_child(t, args)]
+    threads = [int(t) for t in args.threads.split(",")]
+    peaks = [] if args.peak else peak(tuple(sorted({1, *threads})))
+    per_core = args.peak or f32_peak(peaks)
+    children = [run_child(t, args) for t in threads]
+    rows = [row for c in children for row in c["rows"]]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"peaks": [asdict(p) for p in peaks], "f32_peak_per_core": per_core, "children": children}, indent=2))
         return
-    print(f"jax {rows[0]['jax_version'] if rows else '?'}; steps/s, the median of the rounds; cpu/jax > 1: SexpGPU is faster")
-    print(f"{'workload':<48} {'threads':>7} {'cpu':>8} {'jax':>8} {'cpu/jax':>8} {'loss gap':>9} {'cpu setup s':>11} {'jax setup s':>11}")
+    for c in children:
+        print(f"{c['threads']}-thread child: " + " | ".join(describe(c["machine"])) + f" | jax {c['machine']['jax']['version']} "
+              f"(jaxlib {c['machine']['jax']['jaxlib']}) on {', '.join(c['machine']['jax']['devices'])}, XLA_FLAGS={c['machine']['jax']['xla_flags']}; "
+              f"load average {' '.join(f'{x:.1f}' for x in c['load_average'])} at its end")
+    print("\n".join(peak_lines(peaks)))
+    warning = blas_warning()
+    if warning:
+        print(warning)
+    print(f"steps/s (wall), the median of the rounds; cpu/jax > 1: SexpGPU is faster; 'by CPU s': the same ratio of steps per CPU-second; "
+          f"GF/s: the step's FLOPs x steps/s (wall); % peak: GFLOP per CPU-second over one core's f32 peak ({per_core:.0f} GFLOP/s)")
+    print(f"{'workload':<48} {'GFLOP':>6} {'threads':>7} {'cpu':>8} {'jax':>8} {'cpu/jax':>8} {'by CPU s':>8} {'cpu GF/s':>8} {'%peak':>5} "
+          f"{'jax GF/s':>8} {'%peak':>5} {'loss gap':>9} {'build s':>7} {'compile s':>9} {'jax setup s':>11}")
     for r in rows:
-        print(f"{r['workload']:<48} {r['threads']:>7} {r['cpu']:>8.1f} {r['jax_steps_per_s']:>8.1f} {r['ratio']:>8.2f} {r['loss_gap']:>9.1e} "
-              f"{r['cpu_setup_s']:>11.1f} {r['jax_setup_s']:>11.1f}")
+        print(f"{r['workload']:<48} {r['step_gflop']:>6.2f} {r['threads']:>7} {r['cpu']:>8.1f} {r['jax_steps_per_s']:>8.1f} {r['ratio']:>8.2f} "
+              f"{r['ratio_cpu_time']:>8.2f} {r['cpu_gflops']:>8.1f} {100 * r['cpu_gflops_per_cpu_s'] / per_core:>5.0f} {r['jax_gflops']:>8.1f} "
+              f"{100 * r['jax_gflops_per_cpu_s'] / per_core:>5.0f} {r['loss_gap']:>9.1e} {r['cpu_build_s']:>7.1f} {r['cpu_compile_s']:>9.1f} "
+              f"{r['jax_setup_s']:>11.1f}")
 
 
 if __name__ == "__main__":

@@ -2,23 +2,33 @@
 NumPy backend (`numpy`) against PyTorch eager, in one process: the same model, initial
 parameters, batches (16, taken before the timing: no side loads data while timed) and
 optimizer, at 1 and 2 threads (or --threads). The sides alternate, several rounds (the median
-kept), so a busy machine slows all of them alike. Prints steps/s, cpu / torch and numpy /
-torch (> 1: SexpGPU is faster), the first steps' loss gap, our compile-and-warm-up time and
-the peak memory of a child process that trains only that side (VmHWM). It also times the
-cpu device with the threads the runtime chooses itself (no --threads, no variable: what a
-user gets), sampled afresh before each timing as a run samples at its start, and prints
-that against the best of the fixed thread counts (issue 14's goal: within 5%).
+kept), so a busy machine slows all of them alike. Prints the machine (CPU model, SIMD flags,
+the OpenBLAS kernels NumPy's BLAS ran, which our device calls too, and torch's BLAS and CPU
+capability) and its cores' f32 FMA peak (bench/cpu_peak.py), then per workload steps/s,
+cpu / torch and numpy / torch (> 1: SexpGPU is faster) by wall time and by CPU time, each
+side's GFLOP/s and its share of the peak, the first steps' loss gap, our build time (lowering
+and kernels, with the C compiler's part apart: 0 when the kernel cache was warm) and the peak
+memory of a child process that trains only that side (VmHWM). It also times the cpu device
+with the threads the runtime chooses itself (no --threads, no variable: what a user gets),
+sampled afresh before each timing as a run samples at its start, and prints that against the
+best of the fixed thread counts (issue 14's goal: within 5%).
 
-    python bench/cpu_vs_torch.py [--steps 200] [--repeats 3] [--threads 1,2] [--json]
+This machine's environment pins OpenBLAS's kernels (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE); to
+benchmark the ones OpenBLAS picks for the CPU, unset both for this command alone (the
+peak-memory children inherit it):
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/cpu_vs_torch.py [--steps 200] [--repeats 3] [--threads 1,2] [--issue] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,7 +36,9 @@ import numpy as np
 
 from sexpgpu.runtime.threads import blas_threads, plan_threads
 
-from cpu_workloads import CHECKED_STEPS, OurSide, Workload, alternate, limited, loss_gap, peak_rss_mib, timed, workloads
+from cpu_peak import describe, f32_peak, machine, peak, peak_lines
+from cpu_workloads import (CHECKED_STEPS, OurSide, Rate, Workload, alternate, blas_warning, chosen, gflops, limited, loss_gap, peak_rss_mib,
+                           timed, workloads)
 
 
 class TorchSide:
@@ -79,35 +91,40 @@ def side_by_side(workload: Workload, threads: list[int], repeats: int) -> dict[s
     cpu, numpy_side = OurSide(workload, "cpu"), OurSide(workload, "numpy")
     peer = TorchSide(workload, numpy_side)
 
-    def ours(side: OurSide) -> Callable[[int], float]:
-        def run(count: int) -> float:
+    def ours(side: OurSide) -> Callable[[int], Rate]:
+        def run(count: int) -> Rate:
             side.threads(count)
             with limited(count):
                 return timed(side.step, workload.steps)
         return run
 
-    def theirs(count: int) -> float:
+    def theirs(count: int) -> Rate:
         torch.set_num_threads(count)
         return timed(peer.step, workload.steps)
 
     chosen: list[str] = []
 
-    def default(_count: int) -> float:
+    def default(_count: int) -> Rate:
         plan = plan_threads(cpu.experiment.module.programs.values())
         chosen.append(f"{plan.blas}")
         with blas_threads(plan, cpu.backend):
             return timed(cpu.step, workload.steps)
 
     median = alternate({"cpu": ours(cpu), "numpy": ours(numpy_side), "torch": theirs, "default": default}, threads, repeats)
-    best = max(median[("cpu", t)] for t in threads)
-    default_rate = statistics.median(median[("default", t)] for t in threads)
+    best = max(median[("cpu", t)].wall for t in threads)
+    default_rate = statistics.median(median[("default", t)].wall for t in threads)
     return {
-        "workload": workload.name, "steps": workload.steps, "threads": threads,
-        "steps_per_s": {f"{side} {t}": median[(side, t)] for side, t in median},
-        "cpu_vs_torch": {t: median[("cpu", t)] / median[("torch", t)] for t in threads},
-        "numpy_vs_torch": {t: median[("numpy", t)] / median[("torch", t)] for t in threads},
+        "workload": workload.name, "steps": workload.steps, "threads": threads, "step_gflop": cpu.flops / 1e9,
+        "steps_per_s": {f"{side} {t}": median[(side, t)].wall for side, t in median},
+        "steps_per_cpu_s": {f"{side} {t}": median[(side, t)].cpu for side, t in median},
+        "gflops": {f"{side} {t}": gflops(cpu.flops, median[(side, t)].wall) for side, t in median},
+        "gflops_per_cpu_s": {f"{side} {t}": gflops(cpu.flops, median[(side, t)].cpu) for side, t in median},
+        "cpu_vs_torch": {t: median[("cpu", t)].wall / median[("torch", t)].wall for t in threads},
+        "numpy_vs_torch": {t: median[("numpy", t)].wall / median[("torch", t)].wall for t in threads},
+        "cpu_vs_torch_cpu_time": {t: median[("cpu", t)].cpu / median[("torch", t)].cpu for t in threads},
+        "numpy_vs_torch_cpu_time": {t: median[("numpy", t)].cpu / median[("torch", t)].cpu for t in threads},
         "loss_gap": {"cpu": loss_gap(cpu.first_losses, peer.first_losses), "numpy": loss_gap(numpy_side.first_losses, peer.first_losses)},
-        "cpu_setup_s": cpu.setup_s,
+        "cpu_build_s": cpu.build_s, "cpu_compile_s": cpu.compile_s, "cpu_cache_warm": cpu.cache_warm, "cpu_setup_s": cpu.setup_s,
         "default_vs_best": default_rate / best,
         "default_threads": sorted(set(chosen)),
     }
@@ -119,14 +136,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--only", default="", help="run the workloads whose name contains this")
+    parser.add_argument("--issue", action="store_true", help="only issue 25's four realistic workloads")
+    parser.add_argument("--peak", type=float, default=0.0, help="one core's f32 peak in GFLOP/s (default: measure it, bench/cpu_peak.py)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
+    peaks = [] if args.peak else peak(tuple(sorted({1, *threads})))
+    per_core = args.peak or f32_peak(peaks)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for workload in workloads(Path(tmp), args.steps):
-            if args.only and args.only not in workload.name:
+            if not chosen(workload, args.only, args.issue):
                 continue
             row = side_by_side(workload, threads, args.repeats)
             if not args.no_memory:
@@ -134,24 +155,40 @@ def main() -> None:
                                    "torch": peak_rss_mib("cpu_vs_torch", "train_torch", workload)}
             rows.append(row)
             print(f"done: {workload.name}", file=sys.stderr, flush=True)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return
-    print_table(rows, threads)
-
-
-def print_table(rows: list[dict[str, Any]], threads: list[int]) -> None:
     import torch
 
-    print(f"torch {torch.__version__}; steps/s, the median of the rounds; cpu/torch and numpy/torch > 1: SexpGPU is faster")
-    head = " ".join(f"{'cpu ' + str(t) + 't':>8} {'torch':>7} {'cpu/t':>6} {'np/t':>5}" for t in threads)
-    print(f"{'workload':<48} {head} {'loss gap':>9} {'setup s':>8} {'cpu MiB':>8} {'torch MiB':>9} {'default/best':>12} {'chose':>5}")
+    described = machine(torch)  # after the sides ran: every BLAS they loaded, with the kernels it chose
+    if args.json:
+        print(json.dumps({"machine": described, "peaks": [asdict(p) for p in peaks], "f32_peak_per_core": per_core,
+                          "load_average": os.getloadavg(), "rows": rows}, indent=2))
+        return
+    print("\n".join(describe(described) + peak_lines(peaks)))
+    warning = blas_warning()
+    if warning:
+        print(warning)
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} (1, 5, 15 min) at the end")
+    print_table(rows, threads, per_core)
+
+
+def print_table(rows: list[dict[str, Any]], threads: list[int], per_core: float) -> None:
+    import torch
+
+    print(f"torch {torch.__version__}; steps/s (wall), the median of the rounds; cpu/torch and numpy/torch > 1: SexpGPU is faster; "
+          f"'by CPU s': the same ratio of steps per CPU-second; GF/s: the step's FLOPs x steps/s (wall); % peak: GFLOP per CPU-second "
+          f"over one core's f32 peak ({per_core:.0f} GFLOP/s)")
+    head = " ".join(f"{'cpu ' + str(t) + 't':>8} {'torch':>7} {'cpu/t':>6} {'np/t':>5} {'by CPU s':>8} {'cpu GF/s':>8} {'%peak':>5} "
+                    f"{'torch GF/s':>10} {'%peak':>5}" for t in threads)
+    print(f"{'workload':<48} {'GFLOP':>6} {head} {'loss gap':>9} {'build s':>7} {'compile s':>9} {'cpu MiB':>8} {'torch MiB':>9} "
+          f"{'default/best':>12} {'chose':>5}")
     for r in rows:
-        s = r["steps_per_s"]
-        cells = " ".join(f"{s[f'cpu {t}']:>8.1f} {s[f'torch {t}']:>7.1f} {r['cpu_vs_torch'][t]:>6.2f} {r['numpy_vs_torch'][t]:>5.2f}" for t in threads)
-        peak = r.get("peak_mib", {})
-        print(f"{r['workload']:<48} {cells} {r['loss_gap']['cpu']:>9.1e} {r['cpu_setup_s']:>8.1f} {peak.get('cpu', float('nan')):>8.0f} "
-              f"{peak.get('torch', float('nan')):>9.0f} {r['default_vs_best']:>12.2f} {','.join(r['default_threads']):>5}")
+        s, g, c = r["steps_per_s"], r["gflops"], r["gflops_per_cpu_s"]
+        cells = " ".join(f"{s[f'cpu {t}']:>8.1f} {s[f'torch {t}']:>7.1f} {r['cpu_vs_torch'][t]:>6.2f} {r['numpy_vs_torch'][t]:>5.2f} "
+                         f"{r['cpu_vs_torch_cpu_time'][t]:>8.2f} {g[f'cpu {t}']:>8.1f} {100 * c[f'cpu {t}'] / per_core:>5.0f} "
+                         f"{g[f'torch {t}']:>10.1f} {100 * c[f'torch {t}'] / per_core:>5.0f}" for t in threads)
+        peak_mib = r.get("peak_mib", {})
+        print(f"{r['workload']:<48} {r['step_gflop']:>6.2f} {cells} {r['loss_gap']['cpu']:>9.1e} {r['cpu_build_s']:>7.1f} {r['cpu_compile_s']:>9.1f} "
+              f"{peak_mib.get('cpu', float('nan')):>8.0f} {peak_mib.get('torch', float('nan')):>9.0f} {r['default_vs_best']:>12.2f} "
+              f"{','.join(r['default_threads']):>5}")
 
 
 if __name__ == "__main__":

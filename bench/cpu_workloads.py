@@ -5,6 +5,18 @@ NumPy backend (`numpy`), fed 16 batches taken from its loader before the timing 
 peers get the same 16 arrays), so no side's timing includes data loading. Every side starts
 from the same initial parameters and takes the same batches in the same order, so their
 first losses agree (each bench prints by how much).
+
+Timed as `sexpgpu run` trains: the Trainer is built first (lowering, and the kernels compiled or
+taken from the disk cache: `build_s`, of which `compile_s` is the C compiler's own time, 0 when
+the cache was warm), then the first steps, then the timed steps with every kernel loaded. Each
+timing records the wall time and the process's CPU time: on a machine other jobs share, steps
+per CPU-second is the speed of the cores while they ran this side. A workload's GFLOP/s is its
+training step's FLOPs (the op table's count of the train and update programs, the same maths on
+every side) times its steps/s.
+
+The four workloads of issue 25 (`issue=True`, `--issue` in the benches): the 28x28 CNN at batch
+64, nanoGPT-char 4x128 with block 64 at batch 12, the wide MLP at batch 256 and one
+GPT-2-small-shaped layer (768 wide, context 256).
 """
 
 from __future__ import annotations
@@ -97,6 +109,7 @@ class Workload:
     path: Path
     model: str  # mlp | char_transformer | cnn | vgg (tests/torch_reference.py's models)
     steps: int  # timed steps per sample
+    issue: bool = False  # one of issue 25's realistic shapes
 
 
 def transformer_file(tmp: Path, name: str, shape: dict[str, int]) -> Path:
@@ -126,6 +139,18 @@ def nanogpt_file(tmp: Path) -> Path:
     return transformer_file(tmp, "nanogpt_char", NANOGPT)
 
 
+def chosen(workload: Workload, only: str, issue: bool) -> bool:
+    """Whether a bench's --only (a part of the name) and --issue (issue 25's four) keep WORKLOAD."""
+    return (not only or only in workload.name) and (not issue or workload.issue)
+
+
+def step_flops(experiment: Any) -> int:
+    """The FLOPs of one training step (the train and the update program), by the op table."""
+    from sexpgpu.ir.ops import program_flops
+
+    return sum(program_flops(p) for name, p in experiment.module.programs.items() if name in ("train", "update"))
+
+
 def workloads(tmp: Path, steps: int) -> list[Workload]:
     wide = tmp / "wide_mlp.lisp"
     wide.write_text(WIDE)
@@ -133,12 +158,12 @@ def workloads(tmp: Path, steps: int) -> list[Workload]:
     few = max(10, steps // 10)
     return [
         Workload("quickstart MLP (2-64-3, b64)", examples / "quickstart.lisp", "mlp", steps),
-        Workload("wide MLP (784-1024-1024-10, b256)", wide, "mlp", few),
+        Workload("wide MLP (784-1024-1024-10, b256)", wide, "mlp", few, issue=True),
         Workload("char transformer (2x64, ctx32, b16)", examples / "char-transformer.lisp", "char_transformer", few),
         Workload("CNN on digits (16/32 ch, 8x8, b64)", examples / "cnn.lisp", "cnn", few),
-        Workload("nanoGPT-char CPU (4x128, 4 heads, ctx64, b12)", nanogpt_file(tmp), "char_transformer", few),
-        Workload("CNN 28x28 (32/64 ch, b64)", vgg_file(tmp), "vgg", max(3, steps // 40)),
-        Workload("GPT-2-small layer (768, ctx256)", transformer_file(tmp, "gpt2_layer", GPT2_LAYER), "char_transformer", max(3, steps // 40)),
+        Workload("nanoGPT-char CPU (4x128, 4 heads, ctx64, b12)", nanogpt_file(tmp), "char_transformer", few, issue=True),
+        Workload("CNN 28x28 (32/64 ch, b64)", vgg_file(tmp), "vgg", max(3, steps // 40), issue=True),
+        Workload("GPT-2-small layer (768, ctx256)", transformer_file(tmp, "gpt2_layer", GPT2_LAYER), "char_transformer", max(3, steps // 40), issue=True),
     ]
 
 
@@ -181,15 +206,21 @@ class OurSide:
 
         self.device = device
         self.experiment = experiment_of(workload.path)
+        self.flops = step_flops(self.experiment)
         self.backend = backend_for(device)
         began = time.perf_counter()
         self.trainer = Trainer(self.experiment, None, self.backend)
+        self.build_s = time.perf_counter() - began  # lowering, and the kernels compiled or loaded from the disk cache
         replay = Replay(self.trainer.stream)
         self.trainer.stream = replay
         self.trainer.streams[None] = replay
         self.batches = replay.batches
         self.first_losses = [self.trainer.train_step().loss for _ in range(CHECKED_STEPS)]
-        self.setup_s = time.perf_counter() - began  # lowering, compiling (or the disk cache), first steps
+        self.setup_s = time.perf_counter() - began  # the build and the first steps
+        runtime = getattr(self.backend, "runtime", None)
+        compiled = runtime.toolchain.compiled if runtime is not None else []
+        self.compile_s = sum(c.seconds for c in compiled)  # the C compiler's time (0: every kernel from the cache)
+        self.cache_warm = all(c.cached for c in compiled)
 
     def step(self) -> None:
         self.trainer.train_step()
@@ -206,28 +237,51 @@ class OurSide:
         return {k: np.asarray(v, dtype=np.float32) for k, v in Trainer(self.experiment).host_params().items()}
 
 
-def timed(step: Callable[[], object], steps: int) -> float:
-    """Steps per second of STEP over STEPS steps (after WARMUP more)."""
+@dataclass(frozen=True)
+class Rate:
+    """Steps per second of wall time, and per second of the process's CPU time (every thread's)."""
+
+    wall: float
+    cpu: float
+
+
+def timed(step: Callable[[], object], steps: int) -> Rate:
+    """STEP's rate over STEPS steps (after WARMUP more)."""
     for _ in range(WARMUP):
         step()
-    start = time.perf_counter()
+    start, used = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step()
-    return steps / (time.perf_counter() - start)
+    return Rate(steps / (time.perf_counter() - start), steps / max(time.process_time() - used, 1e-9))
 
 
-def alternate(sides: dict[str, Callable[[int], float]], threads: list[int], repeats: int) -> dict[tuple[str, int], float]:
-    """Each side's median steps/s at each thread count: REPEATS rounds, each timing every side
+def alternate(sides: dict[str, Callable[[int], Rate]], threads: list[int], repeats: int) -> dict[tuple[str, int], Rate]:
+    """Each side's median rates at each thread count: REPEATS rounds, each timing every side
     at every thread count in turn (the side order rotating), so the machine's load falls on
     all sides alike."""
-    samples: dict[tuple[str, int], list[float]] = {}
+    samples: dict[tuple[str, int], list[Rate]] = {}
     names = list(sides)
     for r in range(repeats):
         for count in threads:
             order = names[r % len(names):] + names[: r % len(names)]
             for name in order:
                 samples.setdefault((name, count), []).append(sides[name](count))
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return {k: Rate(statistics.median(x.wall for x in v), statistics.median(x.cpu for x in v)) for k, v in samples.items()}
+
+
+def gflops(flops: int, rate: float) -> float:
+    return flops * rate / 1e9
+
+
+def blas_warning() -> str:
+    """A line when this process's environment pins OpenBLAS's kernels (else empty)."""
+    import os
+
+    pinned = [v for v in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if v in os.environ]
+    if not pinned:
+        return ""
+    return (f"note: {' and '.join(pinned)} set here: OpenBLAS runs the kernels they pin; to benchmark the ones it picks itself run "
+            f"`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/{Path(sys.argv[0]).name} ...`")
 
 
 def limited(count: int) -> Any:
