@@ -9,7 +9,7 @@ XLA sizes its CPU thread pool when JAX starts, so each thread count is one child
 the two sides alternate, several rounds, the median kept. Prints the machine (CPU model, SIMD
 flags, the OpenBLAS kernels our device's BLAS ran in each child, JAX's version and devices)
 and its cores' f32 FMA peak (bench/cpu_peak.py), then steps/s, cpu / jax (> 1: SexpGPU is
-faster) by wall time and by CPU time, each side's GFLOP/s and share of the peak, the first
+faster) by wall time and by CPU time, each side's GFLOP/s per CPU-second and share of one core's peak, the first
 steps' loss gap and our build (with the C compiler's part apart) and JAX's setup time
 (tracing, XLA's compile and the first steps).
 
@@ -231,12 +231,13 @@ def main() -> None:
     if warning:
         print(warning)
     print(f"steps/s (wall), the median of the rounds; cpu/jax > 1: SexpGPU is faster; 'by CPU s': the same ratio of steps per CPU-second; "
-          f"GF/s: the step's FLOPs x steps/s (wall); % peak: GFLOP per CPU-second over one core's f32 peak ({per_core:.0f} GFLOP/s)")
+          f"GF/s: the step's FLOPs x steps per CPU-second (a core's rate while it ran this side; the wall rate is in --json); "
+          f"% peak: that over one core's f32 peak ({per_core:.0f} GFLOP/s)")
     print(f"{'workload':<48} {'GFLOP':>6} {'threads':>7} {'cpu':>8} {'jax':>8} {'cpu/jax':>8} {'by CPU s':>8} {'cpu GF/s':>8} {'%peak':>5} "
           f"{'jax GF/s':>8} {'%peak':>5} {'loss gap':>9} {'build s':>7} {'compile s':>9} {'jax setup s':>11}")
     for r in rows:
         print(f"{r['workload']:<48} {r['step_gflop']:>6.2f} {r['threads']:>7} {r['cpu']:>8.1f} {r['jax_steps_per_s']:>8.1f} {r['ratio']:>8.2f} "
-              f"{r['ratio_cpu_time']:>8.2f} {r['cpu_gflops']:>8.1f} {100 * r['cpu_gflops_per_cpu_s'] / per_core:>5.0f} {r['jax_gflops']:>8.1f} "
+              f"{r['ratio_cpu_time']:>8.2f} {r['cpu_gflops_per_cpu_s']:>8.1f} {100 * r['cpu_gflops_per_cpu_s'] / per_core:>5.0f} {r['jax_gflops_per_cpu_s']:>8.1f} "
               f"{100 * r['jax_gflops_per_cpu_s'] / per_core:>5.0f} {r['loss_gap']:>9.1e} {r['cpu_build_s']:>7.1f} {r['cpu_compile_s']:>9.1f} "
               f"{r['jax_setup_s']:>11.1f}")
 

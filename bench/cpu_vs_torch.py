@@ -6,7 +6,7 @@ kept), so a busy machine slows all of them alike. Prints the machine (CPU model,
 the OpenBLAS kernels NumPy's BLAS ran, which our device calls too, and torch's BLAS and CPU
 capability) and its cores' f32 FMA peak (bench/cpu_peak.py), then per workload steps/s,
 cpu / torch and numpy / torch (> 1: SexpGPU is faster) by wall time and by CPU time, each
-side's GFLOP/s and its share of the peak, the first steps' loss gap, our build time (lowering
+side's GFLOP/s per CPU-second and its share of one core's peak, the first steps' loss gap, our build time (lowering
 and kernels, with the C compiler's part apart: 0 when the kernel cache was warm) and the peak
 memory of a child process that trains only that side (VmHWM). It also times the cpu device
 with the threads the runtime chooses itself (no --threads, no variable: what a user gets),
@@ -174,17 +174,17 @@ def print_table(rows: list[dict[str, Any]], threads: list[int], per_core: float)
     import torch
 
     print(f"torch {torch.__version__}; steps/s (wall), the median of the rounds; cpu/torch and numpy/torch > 1: SexpGPU is faster; "
-          f"'by CPU s': the same ratio of steps per CPU-second; GF/s: the step's FLOPs x steps/s (wall); % peak: GFLOP per CPU-second "
-          f"over one core's f32 peak ({per_core:.0f} GFLOP/s)")
+          f"'by CPU s': the same ratio of steps per CPU-second; GF/s: the step's FLOPs x steps per CPU-second (a core's rate while it ran "
+          f"this side; the wall rate is in --json); % peak: that over one core's f32 peak ({per_core:.0f} GFLOP/s)")
     head = " ".join(f"{'cpu ' + str(t) + 't':>8} {'torch':>7} {'cpu/t':>6} {'np/t':>5} {'by CPU s':>8} {'cpu GF/s':>8} {'%peak':>5} "
                     f"{'torch GF/s':>10} {'%peak':>5}" for t in threads)
     print(f"{'workload':<48} {'GFLOP':>6} {head} {'loss gap':>9} {'build s':>7} {'compile s':>9} {'cpu MiB':>8} {'torch MiB':>9} "
           f"{'default/best':>12} {'chose':>5}")
     for r in rows:
-        s, g, c = r["steps_per_s"], r["gflops"], r["gflops_per_cpu_s"]
+        s, c = r["steps_per_s"], r["gflops_per_cpu_s"]
         cells = " ".join(f"{s[f'cpu {t}']:>8.1f} {s[f'torch {t}']:>7.1f} {r['cpu_vs_torch'][t]:>6.2f} {r['numpy_vs_torch'][t]:>5.2f} "
-                         f"{r['cpu_vs_torch_cpu_time'][t]:>8.2f} {g[f'cpu {t}']:>8.1f} {100 * c[f'cpu {t}'] / per_core:>5.0f} "
-                         f"{g[f'torch {t}']:>10.1f} {100 * c[f'torch {t}'] / per_core:>5.0f}" for t in threads)
+                         f"{r['cpu_vs_torch_cpu_time'][t]:>8.2f} {c[f'cpu {t}']:>8.1f} {100 * c[f'cpu {t}'] / per_core:>5.0f} "
+                         f"{c[f'torch {t}']:>10.1f} {100 * c[f'torch {t}'] / per_core:>5.0f}" for t in threads)
         peak_mib = r.get("peak_mib", {})
         print(f"{r['workload']:<48} {r['step_gflop']:>6.2f} {cells} {r['loss_gap']['cpu']:>9.1e} {r['cpu_build_s']:>7.1f} {r['cpu_compile_s']:>9.1f} "
               f"{peak_mib.get('cpu', float('nan')):>8.0f} {peak_mib.get('torch', float('nan')):>9.0f} {r['default_vs_best']:>12.2f} "
