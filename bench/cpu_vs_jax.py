@@ -172,7 +172,8 @@ def child(threads: int, steps: int, repeats: int, only: str, issue: bool) -> dic
         for workload in workloads(Path(tmp), steps):
             if chosen(workload, only, issue):
                 rows.append(compare(workload, threads, repeats))
-                print(f"done: {workload.name} at {threads} thread(s)", file=sys.stderr, flush=True)
+                print(f"done: {workload.name} at {threads} thread(s): cpu/jax {rows[-1]['ratio']:.2f} (by CPU s {rows[-1]['ratio_cpu_time']:.2f})",
+                      file=sys.stderr, flush=True)
     import jaxlib
 
     described = machine()  # after the sides ran: our BLAS with the kernels it chose

@@ -154,7 +154,8 @@ def main() -> None:
                 row["peak_mib"] = {"cpu": peak_rss_mib("cpu_workloads", "train_ours", workload, "cpu"),
                                    "torch": peak_rss_mib("cpu_vs_torch", "train_torch", workload)}
             rows.append(row)
-            print(f"done: {workload.name}", file=sys.stderr, flush=True)
+            ratios = ", ".join(f"{t}t cpu/torch {row['cpu_vs_torch'][t]:.2f} (by CPU s {row['cpu_vs_torch_cpu_time'][t]:.2f})" for t in threads)
+            print(f"done: {workload.name}: {ratios}", file=sys.stderr, flush=True)
     import torch
 
     described = machine(torch)  # after the sides ran: every BLAS they loaded, with the kernels it chose
