@@ -34,90 +34,88 @@ static double clock_of(clockid_t id) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-#ifdef __AVX512F__
-static float run_avx512(long turns, float seed) {
-    __m512 acc[CHAINS];
-    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps(seed + (float)c);
-    /* a*x + b with a just under 1 and b small keeps every lane finite for any number of turns */
-    const __m512 a = _mm512_set1_ps(0.999999f * seed), b = _mm512_set1_ps(1e-7f);
-    for (long i = 0; i < turns; i++) {
-        for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+/* NAME(turns, seed): CHAINS accumulators of type VEC, each turn one STEP per chain (acc = STEP(acc)),
+   then their sum's lanes added up (REDUCE), so that the compiler must compute every chain */
+#define FMA_CHAINS(NAME, VEC, SET1, ADD, REDUCE, OPERANDS, STEP)                 \
+    static float NAME(long turns, float seed) {                                  \
+        VEC acc[CHAINS];                                                         \
+        for (int c = 0; c < CHAINS; c++) acc[c] = SET1(seed + (float)c);         \
+        OPERANDS;                                                                \
+        for (long i = 0; i < turns; i++)                                         \
+            for (int c = 0; c < CHAINS; c++) acc[c] = STEP(acc[c]);              \
+        VEC sum = acc[0];                                                        \
+        for (int c = 1; c < CHAINS; c++) sum = ADD(sum, acc[c]);                 \
+        return REDUCE(sum);                                                      \
     }
-    __m512 sum = acc[0];
-    for (int c = 1; c < CHAINS; c++) sum = _mm512_add_ps(sum, acc[c]);
-    return _mm512_reduce_add_ps(sum);
-}
-#endif
-
-#ifdef __AVX512BF16__
-static float run_bf16(long turns, float seed) {
-    __m512 acc[CHAINS];
-    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps(seed + (float)c);
-    const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f * seed), _mm512_set1_ps(1e-3f));
-    const __m512bh x = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f * seed));
-    for (long i = 0; i < turns; i++) {
-        for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_dpbf16_ps(acc[c], a, x);
-    }
-    __m512 sum = acc[0];
-    for (int c = 1; c < CHAINS; c++) sum = _mm512_add_ps(sum, acc[c]);
-    return _mm512_reduce_add_ps(sum);
-}
-#endif
 
 #ifdef __AVX2__
-static float run_avx2(long turns, float seed) {
-    __m256 acc[CHAINS];
-    for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_set1_ps(seed + (float)c);
-    const __m256 a = _mm256_set1_ps(0.999999f * seed), b = _mm256_set1_ps(1e-7f);
-    for (long i = 0; i < turns; i++) {
-        for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
-    }
-    __m256 sum = acc[0];
-    for (int c = 1; c < CHAINS; c++) sum = _mm256_add_ps(sum, acc[c]);
+static float lanes_of_256(__m256 v) {
     float lanes[8];
-    _mm256_storeu_ps(lanes, sum);
+    _mm256_storeu_ps(lanes, v);
     return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] + lanes[7];
 }
 #endif
 
-/* FLOPs of one loop turn: CHAINS instructions of LANES lanes, 2 FLOPs a lane (4 for a bf16 pair) */
-static double turn_flops(const char* isa) {
-    if (strcmp(isa, "avx512") == 0) return CHAINS * 16 * 2.0;
-    if (strcmp(isa, "bf16") == 0) return CHAINS * 32 * 2.0;
-    if (strcmp(isa, "avx2") == 0) return CHAINS * 8 * 2.0;
-    return 0.0;
-}
+/* f32 FMA chains on the registers of intrinsics prefix P (_mm512, _mm256): acc = acc*a + b,
+   with a just under 1 and b small, keeps every lane finite for any number of turns */
+#define F32_CHAINS(NAME, VEC, P, REDUCE)                                                          \
+    FMA_CHAINS(NAME, VEC, P##_set1_ps, P##_add_ps, REDUCE,                                       \
+               const VEC a = P##_set1_ps(0.999999f * seed); const VEC b = P##_set1_ps(1e-7f), \
+               STEP_F32_##P)
 
-static int supported(const char* isa) {
 #ifdef __AVX512F__
-    if (strcmp(isa, "avx512") == 0) return 1;
+#define STEP_F32__mm512(x) _mm512_fmadd_ps(x, a, b)
+F32_CHAINS(run_avx512, __m512, _mm512, _mm512_reduce_add_ps)
+#endif
+
+#ifdef __AVX2__
+#define STEP_F32__mm256(x) _mm256_fmadd_ps(x, a, b)
+F32_CHAINS(run_avx2, __m256, _mm256, lanes_of_256)
+#endif
+
+#ifdef __AVX512BF16__
+/* acc + pairs of small bf16 products: grows by 2e-6 a turn */
+#define STEP_BF16(x) _mm512_dpbf16_ps(x, a, b)
+FMA_CHAINS(run_bf16, __m512, _mm512_set1_ps, _mm512_add_ps, _mm512_reduce_add_ps,
+           const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f * seed), _mm512_set1_ps(1e-3f));
+           const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f * seed)), STEP_BF16)
+#endif
+
+/* the kernels this binary was compiled for, with the FLOPs of one loop turn: CHAINS
+   instructions of their lanes, 2 FLOPs a lane (a bf16 lane: a pair of products, 4) */
+typedef struct {
+    const char* isa;
+    float (*run)(long turns, float seed);
+    double turn_flops;
+} kernel;
+
+static const kernel KERNELS[] = {
+#ifdef __AVX512F__
+    {"avx512", run_avx512, CHAINS * 16 * 2.0},
 #endif
 #ifdef __AVX512BF16__
-    if (strcmp(isa, "bf16") == 0) return 1;
+    {"bf16", run_bf16, CHAINS * 16 * 4.0},
 #endif
 #ifdef __AVX2__
-    if (strcmp(isa, "avx2") == 0) return 1;
+    {"avx2", run_avx2, CHAINS * 8 * 2.0},
 #endif
-    return 0;
+    {NULL, NULL, 0.0},
+};
+
+static const kernel* find(const char* isa) {
+    for (const kernel* k = KERNELS; k->isa != NULL; k++)
+        if (strcmp(k->isa, isa) == 0) return k;
+    return NULL;
 }
 
 static void* work(void* arg) {
     job* j = (job*)arg;
+    const kernel* k = find(j->isa);
     volatile float seed = 1.0f; /* not a constant the compiler could fold the chains with */
     double start = clock_of(CLOCK_THREAD_CPUTIME_ID);
-    float sink = 0.0f;
-#ifdef __AVX512F__
-    if (strcmp(j->isa, "avx512") == 0) sink = run_avx512(j->turns, seed);
-#endif
-#ifdef __AVX512BF16__
-    if (strcmp(j->isa, "bf16") == 0) sink = run_bf16(j->turns, seed);
-#endif
-#ifdef __AVX2__
-    if (strcmp(j->isa, "avx2") == 0) sink = run_avx2(j->turns, seed);
-#endif
+    j->sink = k->run(j->turns, seed);
     j->seconds = clock_of(CLOCK_THREAD_CPUTIME_ID) - start;
-    j->flops = turn_flops(j->isa) * (double)j->turns;
-    j->sink = sink;
+    j->flops = k->turn_flops * (double)j->turns;
     return NULL;
 }
 
@@ -129,7 +127,7 @@ int main(int argc, char** argv) {
     const char* isa = argv[1];
     int threads = atoi(argv[2]);
     long turns = (long)(atof(argv[3]) * 1e6);
-    if (!supported(isa)) {
+    if (find(isa) == NULL) {
         printf("%s unsupported\n", isa);
         return 0;
     }
