@@ -84,8 +84,32 @@ def machine(torch: Any = None) -> dict[str, Any]:
         versions = [line.strip(" -") for line in config.splitlines() if "Math Kernel Library Version" in line or "MKL-DNN v" in line]
         described["torch"] = {"version": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability(),
                               "blas": blas[0] if blas else "unknown", "mkldnn": bool(torch.backends.mkldnn.is_available()),
-                              "libraries": [v.split(" for ")[0].split(" (Git")[0] for v in versions]}
+                              "libraries": [v.split(" for ")[0].split(" (Git")[0] for v in versions], "kernels": torch_kernels()}
     return described
+
+
+TORCH_PROBE = """
+import torch
+torch.set_num_threads(1)
+a = torch.ones(256, 256)
+a @ a
+torch.nn.functional.conv2d(torch.ones(8, 16, 14, 14), torch.ones(16, 16, 3, 3), padding=1)
+"""
+
+
+def torch_kernels() -> dict[str, str]:
+    """The code paths torch's MKL and oneDNN chose on this CPU, as their verbose modes say in a
+    child process that runs one gemm and one convolution (this process's environment, plus the
+    two verbose switches)."""
+    env = dict(os.environ, MKL_VERBOSE="1", ONEDNN_VERBOSE="1")
+    done = subprocess.run([sys.executable, "-c", TORCH_PROBE], capture_output=True, text=True, env=env, timeout=300)
+    found = {"mkl": "not reported", "onednn": "not reported"}
+    for line in (done.stdout + done.stderr).splitlines():
+        if line.startswith("MKL_VERBOSE oneMKL") and " for " in line:
+            found["mkl"] = line.split(" for ", 1)[1].split(",")[0]
+        elif line.startswith("onednn_verbose") and ",isa:" in line:
+            found["onednn"] = line.split(",isa:", 1)[1]
+    return found
 
 
 def describe(m: dict[str, Any]) -> list[str]:
@@ -97,7 +121,7 @@ def describe(m: dict[str, Any]) -> list[str]:
     if "torch" in m:
         t = m["torch"]
         lines.append(f"torch {t['version']}: blas {t['blas']}, cpu capability {t['capability']}, oneDNN {'yes' if t['mkldnn'] else 'no'} "
-                     f"({'; '.join(t['libraries'])})")
+                     f"({'; '.join(t['libraries'])}); MKL's code path: {t['kernels']['mkl']}; oneDNN's ISA: {t['kernels']['onednn']}")
     return lines
 
 

@@ -9,9 +9,9 @@ XLA sizes its CPU thread pool when JAX starts, so each thread count is one child
 the two sides alternate, several rounds, the median kept. Prints the machine (CPU model, SIMD
 flags, the OpenBLAS kernels our device's BLAS ran in each child, JAX's version and devices)
 and its cores' f32 FMA peak (bench/cpu_peak.py), then steps/s, cpu / jax (> 1: SexpGPU is
-faster) by wall time and by CPU time, each side's GFLOP/s per CPU-second and share of one core's peak, the first
-steps' loss gap and our build (with the C compiler's part apart) and JAX's setup time
-(tracing, XLA's compile and the first steps).
+faster) by wall time and by CPU time, each side's GFLOP/s per CPU-second and share of one
+core's peak, the first steps' loss gap, our build (with the C compiler's part apart) and
+JAX's setup time (tracing, XLA's compile and the first steps).
 
 The children inherit the environment; to benchmark the OpenBLAS kernels OpenBLAS picks for the
 CPU where the environment pins them, unset both variables for this command alone:

@@ -6,9 +6,9 @@ kept), so a busy machine slows all of them alike. Prints the machine (CPU model,
 the OpenBLAS kernels NumPy's BLAS ran, which our device calls too, and torch's BLAS and CPU
 capability) and its cores' f32 FMA peak (bench/cpu_peak.py), then per workload steps/s,
 cpu / torch and numpy / torch (> 1: SexpGPU is faster) by wall time and by CPU time, each
-side's GFLOP/s per CPU-second and its share of one core's peak, the first steps' loss gap, our build time (lowering
-and kernels, with the C compiler's part apart: 0 when the kernel cache was warm) and the peak
-memory of a child process that trains only that side (VmHWM). It also times the cpu device
+side's GFLOP/s per CPU-second and its share of one core's peak, the first steps' loss gap,
+our build time (lowering and kernels, with the C compiler's part apart: 0 when the kernel
+cache was warm) and the peak memory of a child process that trains only that side (VmHWM). It also times the cpu device
 with the threads the runtime chooses itself (no --threads, no variable: what a user gets),
 sampled afresh before each timing as a run samples at its start, and prints that against the
 best of the fixed thread counts (issue 14's goal: within 5%).

@@ -69,3 +69,14 @@ def test_the_benches_carry_issue_25s_four_workloads_with_their_step_flops() -> N
     # the wide MLP's gemms: forward and weight gradients of all three layers, the input gradients of the last two
     gemms = 2 * 256 * (3 * (1024 * 1024 + 1024 * 10) + 2 * 784 * 1024)
     assert gemms <= wide <= 1.01 * gemms
+
+
+def test_torch_s_own_kernels_are_named() -> None:
+    """MKL's and oneDNN's verbose modes, in a child process, say which code path each chose."""
+    torch = pytest.importorskip("torch")
+    config = torch.__config__.show()
+    found = cpu_peak.torch_kernels()
+    if "USE_MKL=ON" in config:
+        assert found["mkl"] != "not reported" and "architecture" in found["mkl"]
+    if "USE_MKLDNN=ON" in config:
+        assert found["onednn"] != "not reported"
