@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cpu_peak import describe, f32_peak, machine, peak, peak_lines
-from cpu_workloads import CHECKED_STEPS, OurSide, Rate, Workload, alternate, blas_warning, chosen, gflops, limited, loss_gap, timed, workloads
+from cpu_workloads import (CHECKED_STEPS, OurSide, Rate, Workload, alternate, blas_warning, chosen, cold_compile_s, gflops, limited, loss_gap, timed,
+                           workloads)
 
 
 def jax_model(model: str, knobs: dict[str, Any]) -> Callable[[dict[str, Any], Any], Any]:
@@ -164,7 +165,7 @@ def compare(workload: Workload, threads: int, repeats: int) -> dict[str, Any]:
             "cpu_setup_s": cpu.setup_s, "jax_setup_s": peer.setup_s, "jax_version": jax.__version__}
 
 
-def child(threads: int, steps: int, repeats: int, only: str, issue: bool) -> dict[str, Any]:
+def child(threads: int, steps: int, repeats: int, only: str, issue: bool, cold: bool) -> dict[str, Any]:
     import jax
 
     rows = []
@@ -172,6 +173,8 @@ def child(threads: int, steps: int, repeats: int, only: str, issue: bool) -> dic
         for workload in workloads(Path(tmp), steps):
             if chosen(workload, only, issue):
                 rows.append(compare(workload, threads, repeats))
+                if cold:
+                    rows[-1]["cpu_cold_compile_s"] = cold_compile_s(workload)
                 print(f"done: {workload.name} at {threads} thread(s): cpu/jax {rows[-1]['ratio']:.2f} (by CPU s {rows[-1]['ratio_cpu_time']:.2f})",
                       file=sys.stderr, flush=True)
     import jaxlib
@@ -190,7 +193,7 @@ def run_child(threads: int, args: argparse.Namespace) -> dict[str, Any]:
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flags).strip()
     env["JAX_PLATFORMS"] = "cpu"
     command = [sys.executable, __file__, "--child", str(threads), "--steps", str(args.steps), "--repeats", str(args.repeats), "--only", args.only]
-    done = subprocess.run(command + (["--issue"] if args.issue else []), env=env, stdout=subprocess.PIPE, text=True)
+    done = subprocess.run(command + (["--issue"] if args.issue else []) + (["--cold"] if args.cold else []), env=env, stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the {threads}-thread child failed (exit {done.returncode})")
     return json.loads(done.stdout)  # type: ignore[no-any-return]
@@ -203,13 +206,14 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--only", default="")
     parser.add_argument("--issue", action="store_true", help="only issue 25's four realistic workloads")
+    parser.add_argument("--cold", action="store_true", help="also compile each workload's kernels into an empty kernel cache and report the time")
     parser.add_argument("--peak", type=float, default=0.0, help="one core's f32 peak in GFLOP/s (default: measure it, bench/cpu_peak.py)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.child])
-        print(json.dumps(child(args.child, args.steps, args.repeats, args.only, args.issue)))
+        print(json.dumps(child(args.child, args.steps, args.repeats, args.only, args.issue, args.cold)))
         return
     try:
         import jax  # noqa: F401
@@ -235,12 +239,12 @@ def main() -> None:
           f"GF/s: the step's FLOPs x steps per CPU-second (a core's rate while it ran this side; the wall rate is in --json); "
           f"% peak: that over one core's f32 peak ({per_core:.0f} GFLOP/s)")
     print(f"{'workload':<48} {'GFLOP':>6} {'threads':>7} {'cpu':>8} {'jax':>8} {'cpu/jax':>8} {'by CPU s':>8} {'cpu GF/s':>8} {'%peak':>5} "
-          f"{'jax GF/s':>8} {'%peak':>5} {'loss gap':>9} {'build s':>7} {'compile s':>9} {'jax setup s':>11}")
+          f"{'jax GF/s':>8} {'%peak':>5} {'loss gap':>9} {'build s':>7} {'compile s':>9} {'cold compile s':>14} {'jax setup s':>11}")
     for r in rows:
         print(f"{r['workload']:<48} {r['step_gflop']:>6.2f} {r['threads']:>7} {r['cpu']:>8.1f} {r['jax_steps_per_s']:>8.1f} {r['ratio']:>8.2f} "
               f"{r['ratio_cpu_time']:>8.2f} {r['cpu_gflops_per_cpu_s']:>8.1f} {100 * r['cpu_gflops_per_cpu_s'] / per_core:>5.0f} {r['jax_gflops_per_cpu_s']:>8.1f} "
               f"{100 * r['jax_gflops_per_cpu_s'] / per_core:>5.0f} {r['loss_gap']:>9.1e} {r['cpu_build_s']:>7.1f} {r['cpu_compile_s']:>9.1f} "
-              f"{r['jax_setup_s']:>11.1f}")
+              f"{r.get('cpu_cold_compile_s', float('nan')):>14.1f} {r['jax_setup_s']:>11.1f}")
 
 
 if __name__ == "__main__":

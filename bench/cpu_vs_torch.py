@@ -37,8 +37,8 @@ import numpy as np
 from sexpgpu.runtime.threads import blas_threads, plan_threads
 
 from cpu_peak import describe, f32_peak, machine, peak, peak_lines
-from cpu_workloads import (CHECKED_STEPS, OurSide, Rate, Workload, alternate, blas_warning, chosen, gflops, limited, loss_gap, peak_rss_mib,
-                           timed, workloads)
+from cpu_workloads import (CHECKED_STEPS, OurSide, Rate, Workload, alternate, blas_warning, chosen, cold_compile_s, gflops, limited, loss_gap,
+                           peak_rss_mib, timed, workloads)
 
 
 class TorchSide:
@@ -137,6 +137,7 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--only", default="", help="run the workloads whose name contains this")
     parser.add_argument("--issue", action="store_true", help="only issue 25's four realistic workloads")
+    parser.add_argument("--cold", action="store_true", help="also compile each workload's kernels into an empty kernel cache and report the time")
     parser.add_argument("--peak", type=float, default=0.0, help="one core's f32 peak in GFLOP/s (default: measure it, bench/cpu_peak.py)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
     parser.add_argument("--json", action="store_true")
@@ -150,6 +151,8 @@ def main() -> None:
             if not chosen(workload, args.only, args.issue):
                 continue
             row = side_by_side(workload, threads, args.repeats)
+            if args.cold:
+                row["cpu_cold_compile_s"] = cold_compile_s(workload)
             if not args.no_memory:
                 row["peak_mib"] = {"cpu": peak_rss_mib("cpu_workloads", "train_ours", workload, "cpu"),
                                    "torch": peak_rss_mib("cpu_vs_torch", "train_torch", workload)}
@@ -179,7 +182,7 @@ def print_table(rows: list[dict[str, Any]], threads: list[int], per_core: float)
           f"this side; the wall rate is in --json); % peak: that over one core's f32 peak ({per_core:.0f} GFLOP/s)")
     head = " ".join(f"{'cpu ' + str(t) + 't':>8} {'torch':>7} {'cpu/t':>6} {'np/t':>5} {'by CPU s':>8} {'cpu GF/s':>8} {'%peak':>5} "
                     f"{'torch GF/s':>10} {'%peak':>5}" for t in threads)
-    print(f"{'workload':<48} {'GFLOP':>6} {head} {'loss gap':>9} {'build s':>7} {'compile s':>9} {'cpu MiB':>8} {'torch MiB':>9} "
+    print(f"{'workload':<48} {'GFLOP':>6} {head} {'loss gap':>9} {'build s':>7} {'compile s':>9} {'cold compile s':>14} {'cpu MiB':>8} {'torch MiB':>9} "
           f"{'default/best':>12} {'chose':>5}")
     for r in rows:
         s, c = r["steps_per_s"], r["gflops_per_cpu_s"]
@@ -187,7 +190,7 @@ def print_table(rows: list[dict[str, Any]], threads: list[int], per_core: float)
                          f"{r['cpu_vs_torch_cpu_time'][t]:>8.2f} {c[f'cpu {t}']:>8.1f} {100 * c[f'cpu {t}'] / per_core:>5.0f} "
                          f"{c[f'torch {t}']:>10.1f} {100 * c[f'torch {t}'] / per_core:>5.0f}" for t in threads)
         peak_mib = r.get("peak_mib", {})
-        print(f"{r['workload']:<48} {r['step_gflop']:>6.2f} {cells} {r['loss_gap']['cpu']:>9.1e} {r['cpu_build_s']:>7.1f} {r['cpu_compile_s']:>9.1f} "
+        print(f"{r['workload']:<48} {r['step_gflop']:>6.2f} {cells} {r['loss_gap']['cpu']:>9.1e} {r['cpu_build_s']:>7.1f} {r['cpu_compile_s']:>9.1f} {r.get('cpu_cold_compile_s', float('nan')):>14.1f} "
               f"{peak_mib.get('cpu', float('nan')):>8.0f} {peak_mib.get('torch', float('nan')):>9.0f} {r['default_vs_best']:>12.2f} "
               f"{','.join(r['default_threads']):>5}")
 

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -192,22 +192,31 @@ def experiment_of(path: Path) -> Any:
     return result.experiment
 
 
-def backend_for(device: str) -> Any:
+def backend_for(device: str, cache: Optional[Path] = None) -> Any:
+    """DEVICE's backend; the compiled CPU device with its kernel cache under CACHE when given
+    (as if $SEXPGPU_CACHE were CACHE)."""
     from sexpgpu.runtime.devices import open_backend
 
-    return open_backend(device)
+    if cache is None or device != "cpu":
+        return open_backend(device)
+    import os
+
+    from sexpgpu.runtime.cpu.device import CpuBackend, CpuRuntime
+    from sexpgpu.runtime.cpu.toolchain import open_toolchain
+
+    return CpuBackend(CpuRuntime(open_toolchain(dict(os.environ, SEXPGPU_CACHE=str(cache)))))
 
 
 class OurSide:
     """One of our devices on one workload: a Trainer on replayed batches."""
 
-    def __init__(self, workload: Workload, device: str) -> None:
+    def __init__(self, workload: Workload, device: str, cache: Optional[Path] = None) -> None:
         from sexpgpu.runtime.trainer import Trainer
 
         self.device = device
         self.experiment = experiment_of(workload.path)
         self.flops = step_flops(self.experiment)
-        self.backend = backend_for(device)
+        self.backend = backend_for(device, cache)
         began = time.perf_counter()
         self.trainer = Trainer(self.experiment, None, self.backend)
         self.build_s = time.perf_counter() - began  # lowering, and the kernels compiled or loaded from the disk cache
@@ -243,6 +252,15 @@ class Rate:
 
     wall: float
     cpu: float
+
+
+def cold_compile_s(workload: Workload) -> float:
+    """The C compiler's time for WORKLOAD's kernels from an empty kernel cache (a scratch one,
+    removed after): what the first run of a model on a machine pays before its first step."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="sexpgpu-cold-") as scratch:
+        return OurSide(workload, "cpu", Path(scratch)).compile_s
 
 
 def timed(step: Callable[[], object], steps: int) -> Rate:

@@ -80,3 +80,16 @@ def test_torch_s_own_kernels_are_named() -> None:
         assert found["mkl"] != "not reported" and "architecture" in found["mkl"]
     if "USE_MKLDNN=ON" in config:
         assert found["onednn"] != "not reported"
+
+
+def test_our_side_reports_the_compile_apart_and_a_warm_cache_compiles_nothing() -> None:
+    """The first build into an empty kernel cache runs the C compiler; a second build of the same
+    workload finds every kernel there (compile time 0) and trains to the same first losses."""
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as cache:
+        quickstart = next(w for w in cpu_workloads.workloads(Path(tmp), 10) if w.name.startswith("quickstart"))
+        cold = cpu_workloads.OurSide(quickstart, "cpu", Path(cache))
+        warm = cpu_workloads.OurSide(quickstart, "cpu", Path(cache))
+        assert any(Path(cache).rglob("*.so"))
+    assert cold.compile_s > 0 and not cold.cache_warm
+    assert warm.compile_s == 0 and warm.cache_warm
+    assert cold.build_s <= cold.setup_s and warm.first_losses == cold.first_losses
