@@ -10,13 +10,14 @@ the two sides alternate, several rounds, the median kept. Prints the machine (CP
 flags, the OpenBLAS kernels our device's BLAS ran in each child, JAX's version and devices)
 and its cores' f32 FMA peak (bench/cpu_peak.py), then steps/s, cpu / jax (> 1: SexpGPU is
 faster) by wall time and by CPU time, each side's GFLOP/s per CPU-second and share of one
-core's peak, the first steps' loss gap, our build (with the C compiler's part apart) and
-JAX's setup time (tracing, XLA's compile and the first steps).
+core's peak, the first steps' loss gap, our build time, the C compiler's time (with --cold
+also from an empty scratch cache) and JAX's setup time (tracing, XLA's compile and the first
+steps).
 
 The children inherit the environment; to benchmark the OpenBLAS kernels OpenBLAS picks for the
 CPU where the environment pins them, unset both variables for this command alone:
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/cpu_vs_jax.py [--steps 200] [--repeats 3] [--threads 1,2] [--issue] [--json]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/cpu_vs_jax.py [--steps 200] [--repeats 3] [--threads 1,2] [--issue] [--cold] [--json]
 """
 
 from __future__ import annotations

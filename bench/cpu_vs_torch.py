@@ -7,8 +7,9 @@ the OpenBLAS kernels NumPy's BLAS ran, which our device calls too, and torch's B
 capability) and its cores' f32 FMA peak (bench/cpu_peak.py), then per workload steps/s,
 cpu / torch and numpy / torch (> 1: SexpGPU is faster) by wall time and by CPU time, each
 side's GFLOP/s per CPU-second and its share of one core's peak, the first steps' loss gap,
-our build time (lowering and kernels, with the C compiler's part apart: 0 when the kernel
-cache was warm) and the peak memory of a child process that trains only that side (VmHWM). It also times the cpu device
+our build time (lowering and kernels), the C compiler's time in the build and the first steps
+(0 when the kernel cache was warm; with --cold also from an empty scratch cache) and the peak
+memory of a child process that trains only that side (VmHWM). It also times the cpu device
 with the threads the runtime chooses itself (no --threads, no variable: what a user gets),
 sampled afresh before each timing as a run samples at its start, and prints that against the
 best of the fixed thread counts (issue 14's goal: within 5%).
@@ -17,7 +18,7 @@ This machine's environment pins OpenBLAS's kernels (OPENBLAS_CORETYPE, OPENBLAS_
 benchmark the ones OpenBLAS picks for the CPU, unset both for this command alone (the
 peak-memory children inherit it):
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/cpu_vs_torch.py [--steps 200] [--repeats 3] [--threads 1,2] [--issue] [--json]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/cpu_vs_torch.py [--steps 200] [--repeats 3] [--threads 1,2] [--issue] [--cold] [--json]
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ from the same initial parameters and takes the same batches in the same order, s
 first losses agree (each bench prints by how much).
 
 Timed as `sexpgpu run` trains: the Trainer is built first (lowering, and the kernels compiled or
-taken from the disk cache: `build_s`, of which `compile_s` is the C compiler's own time, 0 when
-the cache was warm), then the first steps, then the timed steps with every kernel loaded. Each
+taken from the disk cache: `build_s`), then the first steps (a program first run then compiles
+too), then the timed steps with every kernel loaded; `compile_s` is the C compiler's own time
+in the build and the first steps, 0 when the kernel cache was warm. Each
 timing records the wall time and the process's CPU time: on a machine other jobs share, steps
 per CPU-second is the speed of the cores while they ran this side. A workload's GFLOP/s is its
 training step's FLOPs (the op table's count of the train and update programs, the same maths on
@@ -228,7 +229,7 @@ class OurSide:
         self.setup_s = time.perf_counter() - began  # the build and the first steps
         runtime = getattr(self.backend, "runtime", None)
         compiled = runtime.toolchain.compiled if runtime is not None else []
-        self.compile_s = sum(c.seconds for c in compiled)  # the C compiler's time (0: every kernel from the cache)
+        self.compile_s = sum(c.seconds for c in compiled)  # the C compiler's time, build and first steps (0: every kernel from the cache)
         self.cache_warm = all(c.cached for c in compiled)
 
     def step(self) -> None:
