@@ -176,8 +176,9 @@ def child(threads: int, steps: int, repeats: int, only: str, issue: bool, cold: 
                 rows.append(compare(workload, threads, repeats))
                 if cold:
                     rows[-1]["cpu_cold_compile_s"] = cold_compile_s(workload)
-                print(f"done: {workload.name} at {threads} thread(s): cpu/jax {rows[-1]['ratio']:.2f} (by CPU s {rows[-1]['ratio_cpu_time']:.2f})",
-                      file=sys.stderr, flush=True)
+                compiled = f", cold compile {rows[-1]['cpu_cold_compile_s']:.1f} s" if cold else ""
+                print(f"done: {workload.name} at {threads} thread(s): cpu/jax {rows[-1]['ratio']:.2f} (by CPU s {rows[-1]['ratio_cpu_time']:.2f})"
+                      f"{compiled}", file=sys.stderr, flush=True)
     import jaxlib
 
     described = machine()  # after the sides ran: our BLAS with the kernels it chose

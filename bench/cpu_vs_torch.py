@@ -159,7 +159,8 @@ def main() -> None:
                                    "torch": peak_rss_mib("cpu_vs_torch", "train_torch", workload)}
             rows.append(row)
             ratios = ", ".join(f"{t}t cpu/torch {row['cpu_vs_torch'][t]:.2f} (by CPU s {row['cpu_vs_torch_cpu_time'][t]:.2f})" for t in threads)
-            print(f"done: {workload.name}: {ratios}", file=sys.stderr, flush=True)
+            cold = f", cold compile {row['cpu_cold_compile_s']:.1f} s" if args.cold else ""
+            print(f"done: {workload.name}: {ratios}{cold}", file=sys.stderr, flush=True)
     import torch
 
     described = machine(torch)  # after the sides ran: every BLAS they loaded, with the kernels it chose
