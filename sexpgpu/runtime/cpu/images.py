@@ -61,36 +61,44 @@ def rows_kernel(kernel: KernelSource, rows: int, body: list[str]) -> HostKernel:
     return HostKernel(kernel.name, function(kernel.name, kernel.decls, lines), rows, kernel.bytes + kernel.flops)
 
 
-def first_inside(offset: str, stride: int, count: int, limit: int) -> list[str]:
-    """`lo`, `hi`: the positions t in [0, COUNT) with 0 <= t * STRIDE + OFFSET < LIMIT are
-    [lo, hi) (OFFSET a C expression)."""
-    return [f"      const long long off = {offset};",
-            f"      long long lo = off >= 0 ? 0 : (-off + {stride - 1}LL) / {stride}LL, hi = {limit}LL - off <= 0 ? 0 : ({limit}LL - off + {stride - 1}LL) / {stride}LL;",
-            f"      if (hi > {count}LL) hi = {count}LL;",
-            "      if (lo > hi) lo = hi;"]
+def first_inside(offset: str, stride: int, count: int, limit: int, names: tuple[str, str, str] = ("off", "lo", "hi")) -> list[str]:
+    """`lo`, `hi` (NAMES' second and third, the first naming OFFSET): the positions t in
+    [0, COUNT) with 0 <= t * STRIDE + OFFSET < LIMIT are [lo, hi) (OFFSET a C expression)."""
+    off, lo, hi = names
+    return [f"      const long long {off} = {offset};",
+            f"      long long {lo} = {off} >= 0 ? 0 : (-{off} + {stride - 1}LL) / {stride}LL, {hi} = {limit}LL - {off} <= 0 ? 0 : ({limit}LL - {off} + {stride - 1}LL) / {stride}LL;",
+            f"      if ({hi} > {count}LL) {hi} = {count}LL;",
+            f"      if ({lo} > {hi}) {lo} = {hi};"]
 
 
 # -- convolutions --------------------------------------------------------------------------------
 def im2col_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
-    """cols[c, i, j, n, p, :] for row r = ((((c * KH + i) * KW + j) * N + n) * OH + p)."""
+    """cols[c, i, j, n, :, :] for plane r = ((c * KH + i) * KW + j) * N + n: the kernel offset
+    (i, j) and the image are found once per plane, the output rows p whose input row is inside
+    the image ([plo, phi)) and the columns q whose cell is ([lo, hi)) once per plane too, and
+    each such row is a copy (a plain one at stride 1) between its zeros."""
     store, _ = c_types(program.types()[node.args[0]].dtype)
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.padding, geom.dilation
     (h, w), (oh, ow) = geom.hw, geom.size
     body = [
-        f"    const long long p = r % {oh}LL, n = (r / {oh}LL) % {geom.n}LL, j = (r / {oh * geom.n}LL) % {kw}LL;",
-        f"    const long long i = (r / {oh * geom.n * kw}LL) % {kh}LL, c = r / {oh * geom.n * kw * kh}LL;",
-        f"    {store}* __restrict__ row = out0 + r * {ow}LL;",
-        f"    const long long y = p * {sh}LL + i * {dh}LL - {ph}LL;",
-        f"    if (y < 0 || y >= {h}LL) {{ for (long long q = 0; q < {ow}LL; ++q) row[q] = ({store})0; continue; }}",
-        f"    const {store}* __restrict__ src = in0 + ((n * {geom.c}LL + c) * {h}LL + y) * {w}LL;",
+        f"    const long long n = r % {geom.n}LL, j = (r / {geom.n}LL) % {kw}LL, i = (r / {geom.n * kw}LL) % {kh}LL, c = r / {geom.n * kw * kh}LL;",
+        f"    {store}* __restrict__ plane = out0 + r * {oh * ow}LL;",
+        f"    const {store}* __restrict__ image = in0 + (n * {geom.c}LL + c) * {h * w}LL;",
         "    {",
+        *first_inside(f"i * {dh}LL - {ph}LL", sh, oh, h, ("yoff", "plo", "phi")),
         *first_inside(f"j * {dw}LL - {pw}LL", sw, ow, w),
-        f"      for (long long q = 0; q < lo; ++q) row[q] = ({store})0;",
-        f"      for (long long q = lo; q < hi; ++q) row[q] = src[q * {sw}LL + off];",
-        f"      for (long long q = hi; q < {ow}LL; ++q) row[q] = ({store})0;",
+        f"      for (long long q = 0; q < plo * {ow}LL; ++q) plane[q] = ({store})0;",
+        "      for (long long p = plo; p < phi; ++p) {",
+        f"        {store}* __restrict__ row = plane + p * {ow}LL;",
+        f"        const {store}* __restrict__ src = image + (p * {sh}LL + yoff) * {w}LL + off;",
+        "        for (long long q = 0; q < lo; ++q) row[q] = (" + store + ")0;",
+        f"        for (long long q = lo; q < hi; ++q) row[q] = src[q * {sw}LL];",
+        f"        for (long long q = hi; q < {ow}LL; ++q) row[q] = ({store})0;",
+        "      }",
+        f"      for (long long q = phi * {ow}LL; q < {oh * ow}LL; ++q) plane[q] = ({store})0;",
         "    }",
     ]
-    return rows_kernel(kernel, geom.c * kh * kw * geom.n * oh, body)
+    return rows_kernel(kernel, geom.c * kh * kw * geom.n, body)
 
 
 def col2im_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
