@@ -13,10 +13,10 @@ import pytest
 
 from sexpgpu.ir.ops_conv import conv_geometry
 from sexpgpu.runtime.cpu.hostc import host_kernels
-from sexpgpu.runtime.cpu.images import CONV_ROWS, POOL_ROWS, host_schedule, prefix
+from sexpgpu.runtime.cpu.images import CONV_ROWS, PLANES, POOL_ROWS, TILED, WINDOWS_ONCE, host_schedule, prefix
 from sexpgpu.runtime.lower.executor import LoweredProgram
 from sexpgpu.runtime.lower.fusion import lower
-from sexpgpu.runtime.lower.images import ConvStep, chunk_images
+from sexpgpu.runtime.lower.images import ConvStep, chunk_images, pool_geom
 from sexpgpu.runtime.lower.kernels import kernels_for
 from test_cpu_device import assert_same_bits, emulated
 from test_cuda_ops import one_op, pool_edge_cases
@@ -30,6 +30,17 @@ POOLS = ("max_pool2d", "max_pool2d_grad")
 GAPS = [
     Case([D(1, 2, 7, 8), F(1, 2, 3, 2)], {"kernel": [2, 3], "stride": [3, 3], "padding": [1, 0]}),
     Case([D(2, 1, 5, 7), F(2, 1, 2, 4)], {"kernel": [2, 2], "stride": [3, 2], "padding": [1, 1]}),
+]
+
+# unpadded windows (the host reads each window once, and writes a tiled gradient from its
+# index): ties, NaN and all -inf windows, overlapping windows, gaps after the last window
+EDGES = pool_edge_cases()[0][1].args[0]
+UNPADDED = [
+    ("max_pool2d", Case([EDGES], {"kernel": [2, 2], "stride": [2, 2]}), ("f32",)),
+    ("max_pool2d_grad", Case([EDGES, F(1, 1, 2, 2)], {"kernel": [2, 2], "stride": [2, 2]}), ("f32",)),
+    ("max_pool2d_grad", Case([EDGES, F(1, 1, 3, 4)], {"kernel": [2, 2], "stride": [1, 1]}), ("f32",)),
+    ("max_pool2d_grad", Case([D(1, 2, 7, 8), F(1, 2, 2, 3)], {"kernel": [2, 2], "stride": [3, 3]}), ("f32", "bf16")),
+    ("max_pool2d", Case([D(2, 3, 7, 8)], {"kernel": [3, 2], "stride": [2, 3]}), ("f32", "bf16")),
 ]
 
 
@@ -49,6 +60,7 @@ def image_cases() -> list[tuple[str, Any, dict[str, np.ndarray]]]:
     for op in (*CONVOLUTIONS, *POOLS):
         own = GRAD_CASES[op] + (GAPS if op == "max_pool2d_grad" else [Case(case.args[:1], case.attrs) for case in GAPS] if op == "max_pool2d" else [])
         cases = [(case, dtype) for case in own for dtype in ("f32", "bf16")] + [(c, d) for o, c, d in pool_edge_cases() if o == op]
+        cases += [(c, d) for o, c, dtypes in UNPADDED if o == op for d in dtypes]
         for index, (case, dtype) in enumerate(cases):
             program = one_op(op, case, dtype)
             rng = _rng(op, index, dtype, "cpu-images")
@@ -71,6 +83,27 @@ def test_the_image_kernels_are_row_loops_on_the_host() -> None:
             assert host.name == cuda.name and not host.launched_items, what
             assert host.size < cuda.size and cuda.size % host.size == 0, f"{what}: {cuda.name} has {host.size} items for {cuda.size} elements"
     assert seen == set(CONV_ROWS) | set(POOL_ROWS), seen
+
+
+def test_im2col_is_a_loop_over_planes_and_unpadded_max_pools_read_each_window_once() -> None:
+    """The im2col's item is a plane of columns (one kernel offset of one image); a max-pool
+    without padding reads each window once (forward and index), and its gradient, where no
+    two windows share a cell, writes each window's cells from its index."""
+    schedules: dict[str, set[str]] = {}
+    for what, program, _ in image_cases():
+        lowering = lower(program)
+        (step,) = lowering.steps
+        kernels = kernels_for(step, lowering.program, lowering.constants)
+        unpadded = not isinstance(step, ConvStep) and pool_geom(step.node, lowering.program.types()).padding == (0, 0)
+        for cuda, host in zip(kernels, host_kernels(step, lowering.program, lowering.constants, kernels, "libm")):
+            schedules.setdefault(f"{prefix(cuda)} {'unpadded' if unpadded else 'padded'}", set()).add(host.schedule)
+            if prefix(cuda) == "sx_im2col":
+                geom = step.launch_geometry(lowering.program.types())
+                assert host.size * geom.size[0] * geom.size[1] == cuda.size, what
+    assert schedules["sx_im2col padded"] == {PLANES}
+    assert schedules["sx_max_pool unpadded"] == schedules["sx_max_pool_index unpadded"] == {WINDOWS_ONCE}
+    assert WINDOWS_ONCE not in schedules["sx_max_pool padded"] | schedules["sx_max_pool_index padded"]
+    assert TILED in schedules["sx_max_pool_grad unpadded"] and TILED not in schedules["sx_max_pool_grad padded"]
 
 
 def test_a_chunk_is_the_largest_divisor_of_the_batch_whose_columns_fit() -> None:

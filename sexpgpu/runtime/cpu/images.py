@@ -39,6 +39,9 @@ from .hostc import PLATFORM, HostKernel, function, thread_kernel
 
 
 CACHE_BYTES = 1 << 20  # a chunk's scratch on the host: about one core's L2
+PLANES = "a plane of columns (one kernel offset of one image) per item"
+WINDOWS_ONCE = "a row of windows per item, each window's cells read once (no padding)"
+TILED = "a row of the input per item, each window's cells written from its index (no padding, no shared cells)"
 
 
 def host_schedule(lowering: Lowering, cache_bytes: int = CACHE_BYTES) -> None:
@@ -55,10 +58,11 @@ def prefix(kernel: KernelSource) -> str:
     return kernel.name.rsplit("_", 1)[0]
 
 
-def rows_kernel(kernel: KernelSource, rows: int, body: list[str]) -> HostKernel:
-    """KERNEL's host function over rows [sx_begin, sx_end) of BODY (which reads `r`)."""
+def rows_kernel(kernel: KernelSource, rows: int, body: list[str], schedule: str = "a row of the output per item") -> HostKernel:
+    """KERNEL's host function over rows [sx_begin, sx_end) of BODY (which reads `r`);
+    SCHEDULE says what an item is (explain --cpu)."""
     lines = ["  for (long long r = sx_begin; r < sx_end; ++r) {", *body, "  }"]
-    return HostKernel(kernel.name, function(kernel.name, kernel.decls, lines), rows, kernel.bytes + kernel.flops)
+    return HostKernel(kernel.name, function(kernel.name, kernel.decls, lines), rows, kernel.bytes + kernel.flops, schedule=schedule)
 
 
 def first_inside(offset: str, stride: int, count: int, limit: int, names: tuple[str, str, str] = ("off", "lo", "hi")) -> list[str]:
@@ -98,7 +102,7 @@ def im2col_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSour
         f"      for (long long q = phi * {ow}LL; q < {oh * ow}LL; ++q) plane[q] = ({store})0;",
         "    }",
     ]
-    return rows_kernel(kernel, geom.c * kh * kw * geom.n, body)
+    return rows_kernel(kernel, geom.c * kh * kw * geom.n, body, PLANES)
 
 
 def col2im_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
@@ -170,6 +174,8 @@ def pool_out_coords(geom: PoolGeom) -> str:
 def max_pool_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource) -> HostKernel:
     """Each output's maximum over its window's real cells in window order (NaN-propagating)."""
     ow, dtype = geom.size[1], node.type.dtype
+    if geom.padding == (0, 0):
+        return unpadded_max_pool_rows(node, program, geom, kernel, False)
     head, tail = window_rows(geom, "    ")
     body = [pool_out_coords(geom), f"    float peak[{ow}];", f"    for (long long q = 0; q < {ow}LL; ++q) peak[q] = -sx_inf();", *head,
             f"      for (long long q = lo; q < hi; ++q) peak[q] = sx_maxf(peak[q], {from_storage(f'in0[base + q * {geom.stride[1]}LL + off]', dtype)});",
@@ -181,6 +187,8 @@ def max_pool_index_rows(node: Node, program: Program, geom: PoolGeom, kernel: Ke
     """Each window's first maximum in window order (the first NaN, else the first real cell
     equal to the maximum; an all -inf window its first real cell), as `argmax_lines` finds it."""
     ow, sw = geom.size[1], geom.stride[1]
+    if geom.padding == (0, 0):
+        return unpadded_max_pool_rows(node, program, geom, kernel, True)
     value = from_storage(f"in0[base + q * {sw}LL + off]", program.types()[node.args[0]].dtype)
     head, tail = window_rows(geom, "    ")
     body = [pool_out_coords(geom), f"    float peak[{ow}]; int first_real[{ow}], first_nan[{ow}], at[{ow}]; unsigned char found[{ow}];",
@@ -195,11 +203,35 @@ def max_pool_index_rows(node: Node, program: Program, geom: PoolGeom, kernel: Ke
     return rows_kernel(kernel, geom.n * geom.c * geom.size[0], body)
 
 
+def unpadded_max_pool_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource, index: bool) -> HostKernel:
+    """max_pool_rows (INDEX: max_pool_index_rows) without padding, where every window's cells
+    are real: each output's window read once, cell by cell in window order, into `v`, its
+    maximum `peak` as sx_maxf folds them from -inf; its index the first cell that is NaN or
+    equal to the peak (a NaN makes the peak NaN, which equals nothing: the first NaN; else
+    the first maximum, and of an all -inf window its first cell)."""
+    (kh, kw), (sh, sw), w, ow = geom.kernel, geom.stride, geom.hw[1], geom.size[1]
+    dtype = program.types()[node.args[0]].dtype
+    cells = kh * kw
+    store = c_types(dtype)[0]
+    result = ["      int at = 0;", f"      for (int k = {cells - 1}; k >= 0; --k) if (v[k] == peak || v[k] != v[k]) at = k;",
+              f"      out0[r * {ow}LL + q] = at;"] if index else [f"      out0[r * {ow}LL + q] = {to_storage('peak', dtype)};"]
+    body = [pool_out_coords(geom),
+            f"    const {store}* __restrict__ rows = in0 + (nc * {geom.hw[0]}LL + p * {sh}LL) * {w}LL;",
+            f"    for (long long q = 0; q < {ow}LL; ++q) {{",
+            f"      const {store}* __restrict__ cell = rows + q * {sw}LL;",
+            f"      float v[{cells}], peak = -sx_inf();",
+            f"      for (int k = 0; k < {cells}; ++k) {{ v[k] = {from_storage(f'cell[(k / {kw}) * {w}LL + k % {kw}]', dtype)}; peak = sx_maxf(peak, v[k]); }}",
+            *result, "    }"]
+    return rows_kernel(kernel, geom.n * geom.c * geom.size[0], body, WINDOWS_ONCE)
+
+
 def max_pool_grad_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource) -> HostKernel:
     """gx[nc, y, :] = 0 + the gradients of the windows whose first maximum each cell is, the
     windows in kernel-offset order."""
     (kh, kw), (sh, sw), (ph, pw), (oh, ow), (h, w) = geom.kernel, geom.stride, geom.padding, geom.size, geom.hw
     g_dtype = program.types()[node.args[1]].dtype
+    if sh >= kh and sw >= kw and (ph, pw) == (0, 0):
+        return tiled_max_pool_grad_rows(node, geom, kernel, g_dtype)
     if sh >= kh and sw >= kw:
         return disjoint_max_pool_grad_rows(node, geom, kernel, g_dtype)
     body = [f"    const long long y = r % {h}LL, nc = r / {h}LL;", f"    float acc[{w}];", f"    for (long long x = 0; x < {w}LL; ++x) acc[x] = 0.0f;",
@@ -234,6 +266,27 @@ def disjoint_max_pool_grad_rows(node: Node, geom: PoolGeom, kernel: KernelSource
             f"      row[x] = {to_storage(f'chosen ? 0.0f + {gradient} : 0.0f', node.type.dtype)};",
             "    }"]
     return rows_kernel(kernel, geom.n * geom.c * h, body)
+
+
+def tiled_max_pool_grad_rows(node: Node, geom: PoolGeom, kernel: KernelSource, g_dtype: DType) -> HostKernel:
+    """disjoint_max_pool_grad_rows without padding: row y's windows are those of output row
+    y / SH (none when its offset y % SH is past the kernel), and each window q gives its
+    cells q * SW + j in turn 0 + its gradient (the one its index names) or 0, the columns
+    after the last window 0."""
+    (kh, kw), (sh, sw), (oh, ow), (h, w) = geom.kernel, geom.stride, geom.size, geom.hw
+    dtype = node.type.dtype
+    zero = to_storage("0.0f", dtype)
+    body = [f"    const long long y = r % {h}LL, nc = r / {h}LL, i = y % {sh}LL, p = y / {sh}LL;",
+            f"    {c_types(dtype)[0]}* __restrict__ row = out0 + r * {w}LL;",
+            f"    if (i >= {kh}LL || p >= {oh}LL) {{ for (long long x = 0; x < {w}LL; ++x) row[x] = {zero}; continue; }}",
+            f"    const long long windows = (nc * {oh}LL + p) * {ow}LL;",
+            f"    for (long long q = 0; q < {ow}LL; ++q) {{",
+            f"      const int chosen = index[windows + q] - (int)(i * {kw}LL);",
+            f"      const float g = 0.0f + {from_storage('in0[windows + q]', g_dtype)};",
+            f"      for (int j = 0; j < {sw} && q * {sw}LL + j < {w}LL; ++j) row[q * {sw}LL + j] = j < {kw} && chosen == j ? {to_storage('g', dtype)} : {zero};",
+            "    }",
+            f"    for (long long x = {ow * sw}LL; x < {w}LL; ++x) row[x] = {zero};"]
+    return rows_kernel(kernel, geom.n * geom.c * h, body, TILED)
 
 
 PoolRows = Callable[[Node, Program, PoolGeom, KernelSource], HostKernel]
