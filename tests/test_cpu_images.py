@@ -43,6 +43,13 @@ UNPADDED = [
     ("max_pool2d", Case([D(2, 3, 7, 8)], {"kernel": [3, 2], "stride": [2, 3]}), ("f32", "bf16")),
 ]
 
+# 'same' convolutions at stride 1 (a plane of columns is one run of its image, copied at once)
+SAME = [
+    ("conv2d", Case([F(2, 3, 6, 5), F(4, 3, 3, 3)], {"stride": 1, "padding": 1, "dilation": 1, "groups": 1})),
+    ("conv2d", Case([F(1, 2, 7, 6), F(3, 2, 5, 3)], {"stride": 1, "padding": [2, 1], "dilation": 1, "groups": 1})),
+    ("conv2d_weight_grad", Case([F(2, 3, 6, 5), F(2, 4, 6, 5)], {"stride": 1, "padding": 1, "dilation": 1, "groups": 1, "weight_shape": [4, 3, 3, 3]})),
+]
+
 
 @pytest.fixture(scope="module")
 def runtimes() -> dict[str, Any]:
@@ -60,7 +67,7 @@ def image_cases() -> list[tuple[str, Any, dict[str, np.ndarray]]]:
     for op in (*CONVOLUTIONS, *POOLS):
         own = GRAD_CASES[op] + (GAPS if op == "max_pool2d_grad" else [Case(case.args[:1], case.attrs) for case in GAPS] if op == "max_pool2d" else [])
         cases = [(case, dtype) for case in own for dtype in ("f32", "bf16")] + [(c, d) for o, c, d in pool_edge_cases() if o == op]
-        cases += [(c, d) for o, c, dtypes in UNPADDED if o == op for d in dtypes]
+        cases += [(c, d) for o, c, dtypes in UNPADDED if o == op for d in dtypes] + [(c, d) for o, c in SAME if o == op for d in ("f32", "bf16")]
         for index, (case, dtype) in enumerate(cases):
             program = one_op(op, case, dtype)
             rng = _rng(op, index, dtype, "cpu-images")
@@ -104,6 +111,20 @@ def test_im2col_is_a_loop_over_planes_and_unpadded_max_pools_read_each_window_on
     assert schedules["sx_max_pool unpadded"] == schedules["sx_max_pool_index unpadded"] == {WINDOWS_ONCE}
     assert WINDOWS_ONCE not in schedules["sx_max_pool padded"] | schedules["sx_max_pool_index padded"]
     assert TILED in schedules["sx_max_pool_grad unpadded"] and TILED not in schedules["sx_max_pool_grad padded"]
+
+
+def test_the_weight_gradient_is_one_product_of_its_transpose_then_a_move() -> None:
+    """conv2d_weight_grad's gemm computes dW^T (K x Og per group: cuBLAS's m = Og, n = K, the
+    whole batch deep), which a kernel then transposes into dW."""
+    for case in GRAD_CASES["conv2d_weight_grad"]:
+        lowering = lower(one_op("conv2d_weight_grad", case, "f32"))
+        (step,) = lowering.steps
+        assert isinstance(step, ConvStep)
+        geom = step.geometry(lowering.program.types())
+        (call,) = step.calls(lowering.program.types())
+        assert (call.m, call.n, call.k, call.batch) == (geom.og, geom.k, geom.n * geom.size[0] * geom.size[1], geom.groups), case.label()
+        names = [prefix(k) for k in kernels_for(step, lowering.program, lowering.constants)]
+        assert names == ["sx_im2col", "sx_conv_grad_rows", "sx_conv_grad_transpose"], names
 
 
 def test_a_chunk_is_the_largest_divisor_of_the_batch_whose_columns_fit() -> None:

@@ -92,17 +92,42 @@ def im2col_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSour
         *first_inside(f"i * {dh}LL - {ph}LL", sh, oh, h, ("yoff", "plo", "phi")),
         *first_inside(f"j * {dw}LL - {pw}LL", sw, ow, w),
         f"      for (long long q = 0; q < plo * {ow}LL; ++q) plane[q] = ({store})0;",
-        "      for (long long p = plo; p < phi; ++p) {",
-        f"        {store}* __restrict__ row = plane + p * {ow}LL;",
-        f"        const {store}* __restrict__ src = image + (p * {sh}LL + yoff) * {w}LL + off;",
-        "        for (long long q = 0; q < lo; ++q) row[q] = (" + store + ")0;",
-        f"        for (long long q = lo; q < hi; ++q) row[q] = src[q * {sw}LL];",
-        f"        for (long long q = hi; q < {ow}LL; ++q) row[q] = ({store})0;",
-        "      }",
+        *(flat_rows(store, h, w) if (sh, sw, ow) == (1, 1, w) else strided_rows(store, sh, sw, w, ow)),
         f"      for (long long q = phi * {ow}LL; q < {oh * ow}LL; ++q) plane[q] = ({store})0;",
         "    }",
     ]
     return rows_kernel(kernel, geom.c * kh * kw * geom.n, body, PLANES)
+
+
+def strided_rows(store: str, sh: int, sw: int, w: int, ow: int) -> list[str]:
+    """The im2col plane's rows [plo, phi): each a copy between its zeros."""
+    return ["      for (long long p = plo; p < phi; ++p) {",
+            f"        {store}* __restrict__ row = plane + p * {ow}LL;",
+            f"        const {store}* __restrict__ src = image + (p * {sh}LL + yoff) * {w}LL + off;",
+            f"        for (long long q = 0; q < lo; ++q) row[q] = ({store})0;",
+            f"        for (long long q = lo; q < hi; ++q) row[q] = src[q * {sw}LL];",
+            f"        for (long long q = hi; q < {ow}LL; ++q) row[q] = ({store})0;",
+            "      }"]
+
+
+def flat_rows(store: str, h: int, w: int) -> list[str]:
+    """strided_rows at stride 1 with rows as wide as the image's: the plane's rows [plo, phi)
+    are one run of the image (shifted by yoff rows and off columns), copied at once where it
+    lies inside the image, then each row's columns outside [lo, hi) set to 0 (they held a
+    neighbouring row's cells, or nothing)."""
+    return ["      {",
+            f"        const long long shift = yoff * {w}LL + off, first = plo * {w}LL, last = phi * {w}LL;",
+            "        const long long t0 = first > -shift ? first : -shift;",
+            f"        const long long t1 = last < {h * w}LL - shift ? last : {h * w}LL - shift;",
+            f"        for (long long t = first; t < t0 && t < last; ++t) plane[t] = ({store})0;",
+            "        for (long long t = t0; t < t1; ++t) plane[t] = image[t + shift];",
+            f"        for (long long t = t1 > t0 ? t1 : t0; t < last; ++t) plane[t] = ({store})0;",
+            "      }",
+            "      for (long long p = plo; p < phi; ++p) {",
+            f"        {store}* __restrict__ row = plane + p * {w}LL;",
+            f"        for (long long q = 0; q < lo; ++q) row[q] = ({store})0;",
+            f"        for (long long q = hi; q < {w}LL; ++q) row[q] = ({store})0;",
+            "      }"]
 
 
 def col2im_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
