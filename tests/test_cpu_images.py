@@ -13,14 +13,14 @@ import pytest
 
 from sexpgpu.ir.ops_conv import conv_geometry
 from sexpgpu.runtime.cpu.hostc import host_kernels
-from sexpgpu.runtime.cpu.images import CONV_ROWS, PLANES, POOL_ROWS, TILED, WINDOWS_ONCE, host_schedule, prefix
+from sexpgpu.runtime.cpu.images import CONV_ROWS, PLANES, POOL_ROWS, TILED, TILED_WINDOWS, WINDOWS_ONCE, host_schedule, prefix
 from sexpgpu.runtime.lower.executor import LoweredProgram
 from sexpgpu.runtime.lower.fusion import lower
 from sexpgpu.runtime.lower.images import ConvStep, chunk_images, pool_geom
 from sexpgpu.runtime.lower.kernels import kernels_for
 from test_cpu_device import assert_same_bits, emulated
 from test_cuda_ops import one_op, pool_edge_cases
-from test_ops import GRAD_CASES, Case, D, F, _rng
+from test_ops import GRAD_CASES, Case, D, F, I, _rng
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("g++") is None, reason="the compiled CPU device needs a C compiler")
 
@@ -38,6 +38,7 @@ EDGES = pool_edge_cases()[0][1].args[0]
 UNPADDED = [
     ("max_pool2d", Case([EDGES], {"kernel": [2, 2], "stride": [2, 2]}), ("f32",)),
     ("max_pool2d_grad", Case([EDGES, F(1, 1, 2, 2)], {"kernel": [2, 2], "stride": [2, 2]}), ("f32",)),
+    ("max_pool2d_grad", Case([I(EDGES.draw(np.random.default_rng(0), "f32")[:, :, :, :4], "f32"), F(1, 1, 2, 2)], {"kernel": [2, 2], "stride": [2, 2]}), ("f32",)),  # tiled
     ("max_pool2d_grad", Case([EDGES, F(1, 1, 3, 4)], {"kernel": [2, 2], "stride": [1, 1]}), ("f32",)),
     ("max_pool2d_grad", Case([D(1, 2, 7, 8), F(1, 2, 2, 3)], {"kernel": [2, 2], "stride": [3, 3]}), ("f32", "bf16")),
     ("max_pool2d", Case([D(2, 3, 7, 8)], {"kernel": [3, 2], "stride": [2, 3]}), ("f32", "bf16")),
@@ -111,6 +112,22 @@ def test_im2col_is_a_loop_over_planes_and_unpadded_max_pools_read_each_window_on
     assert schedules["sx_max_pool unpadded"] == schedules["sx_max_pool_index unpadded"] == {WINDOWS_ONCE}
     assert WINDOWS_ONCE not in schedules["sx_max_pool padded"] | schedules["sx_max_pool_index padded"]
     assert TILED in schedules["sx_max_pool_grad unpadded"] and TILED not in schedules["sx_max_pool_grad padded"]
+    assert schedules["sx_max_pool_tiled_grad unpadded"] == {TILED_WINDOWS} and "sx_max_pool_tiled_grad padded" not in schedules
+
+
+def test_a_max_pool_gradient_whose_windows_tile_the_input_is_one_kernel() -> None:
+    """Windows that tile the input (no padding, strides equal to the kernel, sides that
+    divide): one kernel, each window writing its cells, no index in scratch; other windows
+    the index and the gather."""
+    for op, case, _ in UNPADDED:
+        if op != "max_pool2d_grad":
+            continue
+        lowering = lower(one_op(op, case, "f32"))
+        (step,) = lowering.steps
+        names = [prefix(k) for k in kernels_for(step, lowering.program, lowering.constants)]
+        tiled = case.args[0].shape[-2:] == (4, 4) and case.attrs["stride"] == [2, 2]
+        assert names == (["sx_max_pool_tiled_grad"] if tiled else ["sx_max_pool_index", "sx_max_pool_grad"]), (case.label(), names)
+        assert (step.scratch_bytes(lowering.program.types()) == 0) == tiled
 
 
 def test_the_weight_gradient_is_one_product_of_its_transpose_then_a_move() -> None:

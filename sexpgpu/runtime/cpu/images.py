@@ -41,6 +41,7 @@ from .hostc import PLATFORM, HostKernel, function, thread_kernel
 CACHE_BYTES = 1 << 20  # a chunk's scratch on the host: about one core's L2
 PLANES = "a plane of columns (one kernel offset of one image) per item"
 WINDOWS_ONCE = "a row of windows per item, each window's cells read once (no padding)"
+TILED_WINDOWS = "a row of windows per item, each window's cells read once and written once (windows that tile the input)"
 TILED = "a row of the input per item, each window's cells written from its index (no padding, no shared cells)"
 
 
@@ -234,12 +235,36 @@ def unpadded_max_pool_rows(node: Node, program: Program, geom: PoolGeom, kernel:
     maximum `peak` as sx_maxf folds them from -inf; its index the first cell that is NaN or
     equal to the peak (a NaN makes the peak NaN, which equals nothing: the first NaN; else
     the first maximum, and of an all -inf window its first cell)."""
-    (kh, kw), (sh, sw), w, ow = geom.kernel, geom.stride, geom.hw[1], geom.size[1]
+    ow = geom.size[1]
     dtype = program.types()[node.args[0]].dtype
+    result = [*first_maximum(geom), f"      out0[r * {ow}LL + q] = at;"] if index else [f"      out0[r * {ow}LL + q] = {to_storage('peak', dtype)};"]
+    return window_loop(geom, dtype, kernel, result)
+
+
+def first_maximum(geom: PoolGeom) -> list[str]:
+    """`at`: the first of a window's cells `v` that is NaN or equal to its `peak`."""
+    cells = geom.kernel[0] * geom.kernel[1]
+    return ["      int at = 0;", f"      for (int k = {cells - 1}; k >= 0; --k) if (v[k] == peak || v[k] != v[k]) at = k;"]
+
+
+def tile_grad_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource) -> HostKernel:
+    """sx_max_pool_tiled_grad over rows of windows: each window read once (as in
+    unpadded_max_pool_rows), its first maximum's cell given 0 + the window's gradient and its
+    other cells 0."""
+    (kh, kw), (h, w), ow = geom.kernel, geom.hw, geom.size[1]
+    dtype, g_dtype = node.type.dtype, program.types()[node.args[1]].dtype
+    result = [*first_maximum(geom), f"      const float gradient = 0.0f + {from_storage(f'in1[r * {ow}LL + q]', g_dtype)};",
+              f"      for (int k = 0; k < {kh * kw}; ++k)",
+              f"        out0[(nc * {h}LL + p * {kh}LL + k / {kw}) * {w}LL + q * {kw}LL + k % {kw}] = k == at ? {to_storage('gradient', dtype)} : {to_storage('0.0f', dtype)};"]
+    return window_loop(geom, program.types()[node.args[0]].dtype, kernel, result, TILED_WINDOWS)
+
+
+def window_loop(geom: PoolGeom, dtype: DType, kernel: KernelSource, result: list[str], schedule: str = "") -> HostKernel:
+    """Over rows of unpadded windows: each window's cells read once into `v` (window order)
+    and folded into `peak`, then RESULT."""
+    (kh, kw), (sh, sw), w, ow = geom.kernel, geom.stride, geom.hw[1], geom.size[1]
     cells = kh * kw
     store = c_types(dtype)[0]
-    result = ["      int at = 0;", f"      for (int k = {cells - 1}; k >= 0; --k) if (v[k] == peak || v[k] != v[k]) at = k;",
-              f"      out0[r * {ow}LL + q] = at;"] if index else [f"      out0[r * {ow}LL + q] = {to_storage('peak', dtype)};"]
     body = [pool_out_coords(geom),
             f"    const {store}* __restrict__ rows = in0 + (nc * {geom.hw[0]}LL + p * {sh}LL) * {w}LL;",
             f"    for (long long q = 0; q < {ow}LL; ++q) {{",
@@ -247,7 +272,7 @@ def unpadded_max_pool_rows(node: Node, program: Program, geom: PoolGeom, kernel:
             f"      float v[{cells}], peak = -sx_inf();",
             f"      for (int k = 0; k < {cells}; ++k) {{ v[k] = {from_storage(f'cell[(k / {kw}) * {w}LL + k % {kw}]', dtype)}; peak = sx_maxf(peak, v[k]); }}",
             *result, "    }"]
-    return rows_kernel(kernel, geom.n * geom.c * geom.size[0], body, WINDOWS_ONCE)
+    return rows_kernel(kernel, geom.n * geom.c * geom.size[0], body, schedule or WINDOWS_ONCE)
 
 
 def max_pool_grad_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource) -> HostKernel:
@@ -256,7 +281,7 @@ def max_pool_grad_rows(node: Node, program: Program, geom: PoolGeom, kernel: Ker
     (kh, kw), (sh, sw), (ph, pw), (oh, ow), (h, w) = geom.kernel, geom.stride, geom.padding, geom.size, geom.hw
     g_dtype = program.types()[node.args[1]].dtype
     if sh >= kh and sw >= kw and (ph, pw) == (0, 0):
-        return tiled_max_pool_grad_rows(node, geom, kernel, g_dtype)
+        return unpadded_max_pool_grad_rows(node, geom, kernel, g_dtype)
     if sh >= kh and sw >= kw:
         return disjoint_max_pool_grad_rows(node, geom, kernel, g_dtype)
     body = [f"    const long long y = r % {h}LL, nc = r / {h}LL;", f"    float acc[{w}];", f"    for (long long x = 0; x < {w}LL; ++x) acc[x] = 0.0f;",
@@ -293,7 +318,7 @@ def disjoint_max_pool_grad_rows(node: Node, geom: PoolGeom, kernel: KernelSource
     return rows_kernel(kernel, geom.n * geom.c * h, body)
 
 
-def tiled_max_pool_grad_rows(node: Node, geom: PoolGeom, kernel: KernelSource, g_dtype: DType) -> HostKernel:
+def unpadded_max_pool_grad_rows(node: Node, geom: PoolGeom, kernel: KernelSource, g_dtype: DType) -> HostKernel:
     """disjoint_max_pool_grad_rows without padding: row y's windows are those of output row
     y / SH (none when its offset y % SH is past the kernel), and each window q gives its
     cells q * SW + j in turn 0 + its gradient (the one its index names) or 0, the columns
@@ -315,7 +340,8 @@ def tiled_max_pool_grad_rows(node: Node, geom: PoolGeom, kernel: KernelSource, g
 
 
 PoolRows = Callable[[Node, Program, PoolGeom, KernelSource], HostKernel]
-POOL_ROWS: dict[str, PoolRows] = {"sx_max_pool": max_pool_rows, "sx_max_pool_index": max_pool_index_rows, "sx_max_pool_grad": max_pool_grad_rows}
+POOL_ROWS: dict[str, PoolRows] = {"sx_max_pool": max_pool_rows, "sx_max_pool_index": max_pool_index_rows, "sx_max_pool_grad": max_pool_grad_rows,
+                                   "sx_max_pool_tiled_grad": tile_grad_rows}
 
 
 @register_emitter(PoolStep, platform=PLATFORM)

@@ -14,7 +14,8 @@ operands are multiplied in f32 and rounded once, as the CPU does.
 
 The pools are generated kernels, a thread per output element: max (NaN-propagating), the
 max's gradient and select through each window's first maximum in window order (an index
-kernel, then a kernel in which each input cell gathers the windows that chose it), and the
+kernel, then a kernel in which each input cell gathers the windows that chose it; where the
+windows tile the input, one kernel in which each window writes its own cells), and the
 average and its gradient with the CPU's order of additions and its f32 reciprocal.
 """
 
@@ -379,6 +380,32 @@ def max_pool_grad_kernel(node: Node, program: Program) -> KernelSource:
     return assemble("sx_max_pool_grad", decls, "e", body, params, shape_size(node.type.shape), 0)
 
 
+def tiles(geom: PoolGeom) -> bool:
+    """Whether the windows tile the input: no padding, strides equal to the kernel, every
+    cell in exactly one window."""
+    (kh, kw), (h, w) = geom.kernel, geom.hw
+    return geom.padding == (0, 0) and geom.stride == geom.kernel and h % kh == 0 and w % kw == 0
+
+
+def max_pool_tiled_grad_kernel(node: Node, program: Program) -> KernelSource:
+    """max_pool2d_grad where the windows tile the input: a thread per window finds its first
+    maximum (as `argmax_lines`) and writes each of its cells, 0 + the window's gradient at
+    that cell and 0 elsewhere (what the gather of max_pool_grad_kernel adds up to when each
+    cell has one window), with no index in scratch."""
+    types = program.types()
+    geom = pool_geom(node, types)
+    g_t = types[node.args[1]]
+    dtype = node.type.dtype
+    (kh, kw), (h, w) = geom.kernel, geom.hw
+    body = [output_coords(geom), *argmax_lines(geom, types[node.args[0]].dtype),
+            f"    const float gradient = 0.0f + {from_storage('in1[e]', g_t.dtype)};",
+            f"    for (int k = 0; k < {kh * kw}; ++k)",
+            f"      out0[(nc * {h}LL + p * {kh}LL + k / {kw}) * {w}LL + q * {kw}LL + k % {kw}] = k == at ? {to_storage('gradient', dtype)} : {to_storage('0.0f', dtype)};"]
+    decls, params = declare(list(node.args), [node.id], types)
+    windows = shape_size(g_t.shape)
+    return assemble("sx_max_pool_tiled_grad", decls, "e", body, params, windows, windows * kh * kw)
+
+
 def reciprocal(geom: PoolGeom) -> str:
     """1 / (KH * KW) as the CPU's f32 (the f64 quotient rounded once)."""
     return literal(float(np.float32(1.0 / (geom.kernel[0] * geom.kernel[1]))), DType.f32)
@@ -416,20 +443,27 @@ class PoolStep(NodeStep):
 
     kind: ClassVar[str] = "image"
 
+    def gathers(self, types: dict[int, TensorType]) -> bool:
+        """Whether this is a max-pool gradient through an index in scratch (windows that do
+        not tile the input: each cell gathers the windows that chose it)."""
+        return self.node.op == "max_pool2d_grad" and not tiles(pool_geom(self.node, types))
+
     def kernels(self, program: Program, constants: dict[int, Node]) -> list[KernelSource]:
-        if self.node.op == "max_pool2d_grad":
+        if self.gathers(program.types()):
             return [max_pool_index_kernel(self.node, program), max_pool_grad_kernel(self.node, program)]
+        if self.node.op == "max_pool2d_grad":
+            return [max_pool_tiled_grad_kernel(self.node, program)]
         return [POOLS[self.node.op](self.node, program)]
 
     def scratch_bytes(self, types: dict[int, TensorType]) -> int:
-        if self.node.op != "max_pool2d_grad":
+        if not self.gathers(types):
             return 0
         geom = pool_geom(self.node, types)
         return aligned(4 * geom.n * geom.c * geom.size[0] * geom.size[1])
 
     def launch(self, run: StepRun, kernels: list[KernelSource]) -> None:
         node = self.node
-        if node.op != "max_pool2d_grad":
+        if len(kernels) == 1:
             launch_group(run, kernels[0], list(node.args), [node.id])
             return
         index = run.scratch(np.int32, kernels[0].size)
@@ -440,7 +474,8 @@ class PoolStep(NodeStep):
 
     def describe(self, index: int, lowered: Lowered) -> KernelLine:
         kernels = self.kernels(lowered.program, lowered.constants)
-        how = "a thread per window, then a thread per input cell" if len(kernels) == 2 else "a thread per output element"
+        tiled = self.node.op == "max_pool2d_grad" and len(kernels) == 1
+        how = "a thread per window, then a thread per input cell" if len(kernels) == 2 else "a thread per window, writing its cells" if tiled else "a thread per output element"
         return KernelLine(step=index, kind=self.kind, kernel=" + ".join(k.name for k in kernels), how=how, nodes=[lowered.label(self.node)],
                           elements=shape_size(self.node.type.shape), bytes=sum(k.bytes for k in kernels), flops=sum(k.flops for k in kernels),
                           launches=len(kernels))
