@@ -13,7 +13,7 @@ import pytest
 
 from sexpgpu.ir.ops_conv import conv_geometry
 from sexpgpu.runtime.cpu.hostc import host_kernels
-from sexpgpu.runtime.cpu.images import CONV_ROWS, PLANES, POOL_ROWS, TILED, TILED_WINDOWS, WINDOWS_ONCE, host_schedule, prefix
+from sexpgpu.runtime.cpu.images import COL2IM_PLANES, CONV_ROWS, PLANES, POOL_ROWS, TILED, TILED_WINDOWS, WINDOWS_ONCE, host_schedule, prefix
 from sexpgpu.runtime.lower.executor import LoweredProgram
 from sexpgpu.runtime.lower.fusion import lower
 from sexpgpu.runtime.lower.images import ConvStep, chunk_images, pool_geom
@@ -49,6 +49,10 @@ SAME = [
     ("conv2d", Case([F(2, 3, 6, 5), F(4, 3, 3, 3)], {"stride": 1, "padding": 1, "dilation": 1, "groups": 1})),
     ("conv2d", Case([F(1, 2, 7, 6), F(3, 2, 5, 3)], {"stride": 1, "padding": [2, 1], "dilation": 1, "groups": 1})),
     ("conv2d_weight_grad", Case([F(2, 3, 6, 5), F(2, 4, 6, 5)], {"stride": 1, "padding": 1, "dilation": 1, "groups": 1, "weight_shape": [4, 3, 3, 3]})),
+    # the input gradient at stride 1 (a plane of sums per item): 'same', dilated, wider than the input
+    ("conv2d_input_grad", Case([F(2, 4, 6, 5), F(4, 3, 3, 3)], {"stride": 1, "padding": 1, "dilation": 1, "groups": 1, "input_shape": [2, 3, 6, 5]})),
+    ("conv2d_input_grad", Case([F(1, 3, 7, 6), F(3, 2, 3, 3)], {"stride": 1, "padding": [2, 1], "dilation": [2, 1], "groups": 1, "input_shape": [1, 2, 7, 6]})),
+    ("conv2d_input_grad", Case([F(1, 4, 7, 6), F(4, 2, 3, 3)], {"stride": 1, "padding": 2, "dilation": 1, "groups": 2, "input_shape": [1, 4, 5, 4]})),
 ]
 
 
@@ -109,6 +113,7 @@ def test_im2col_is_a_loop_over_planes_and_unpadded_max_pools_read_each_window_on
                 geom = step.launch_geometry(lowering.program.types())
                 assert host.size * geom.size[0] * geom.size[1] == cuda.size, what
     assert schedules["sx_im2col padded"] == {PLANES}
+    assert COL2IM_PLANES in schedules["sx_col2im padded"] and len(schedules["sx_col2im padded"]) == 2  # stride 1, and rows
     assert schedules["sx_max_pool unpadded"] == schedules["sx_max_pool_index unpadded"] == {WINDOWS_ONCE}
     assert WINDOWS_ONCE not in schedules["sx_max_pool padded"] | schedules["sx_max_pool_index padded"]
     assert TILED in schedules["sx_max_pool_grad unpadded"] and TILED not in schedules["sx_max_pool_grad padded"]

@@ -39,6 +39,8 @@ from .hostc import PLATFORM, HostKernel, function, thread_kernel
 
 
 CACHE_BYTES = 1 << 20  # a chunk's scratch on the host: about one core's L2
+PLANE_CELLS = 1 << 14  # the largest image whose f32 plane of sums the host keeps on the stack (64 KiB)
+COL2IM_PLANES = "a plane of the input per item, its sums on the stack, each kernel offset's columns added in turn"
 PLANES = "a plane of columns (one kernel offset of one image) per item"
 WINDOWS_ONCE = "a row of windows per item, each window's cells read once (no padding)"
 TILED_WINDOWS = "a row of windows per item, each window's cells read once and written once (windows that tile the input)"
@@ -136,6 +138,8 @@ def col2im_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSour
     it in kernel-offset order, from 0."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.padding, geom.dilation
     (h, w), (oh, ow) = geom.hw, geom.size
+    if (sh, sw) == (1, 1) and h * w <= PLANE_CELLS:
+        return col2im_planes(node, geom, kernel)
     body = [
         f"    const long long y = r % {h}LL, c = (r / {h}LL) % {geom.c}LL, n = r / {h * geom.c}LL;",
         f"    float acc[{w}];",
@@ -158,6 +162,31 @@ def col2im_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSour
     body += ["      }", "    }",
              f"    for (long long x = 0; x < {w}LL; ++x) out0[r * {w}LL + x] = {to_storage('acc[x]', node.type.dtype)};"]
     return rows_kernel(kernel, geom.n * geom.c * h, body)
+
+
+def col2im_planes(node: Node, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
+    """col2im_rows at stride 1 for plane r = n * C + c: the plane's accumulators on the stack,
+    each kernel offset (i, j) in turn adding its columns into the rows and columns it reaches
+    (found once per offset, not per row), so each cell still adds its columns in
+    kernel-offset order from 0."""
+    (kh, kw), (ph, pw), (dh, dw) = geom.kernel, geom.padding, geom.dilation
+    (h, w), (oh, ow) = geom.hw, geom.size
+    body = [
+        f"    const long long c = r % {geom.c}LL, n = r / {geom.c}LL;",
+        f"    float acc[{h * w}];",
+        f"    for (long long t = 0; t < {h * w}LL; ++t) acc[t] = 0.0f;",
+        f"    for (long long i = 0; i < {kh}LL; ++i) {{",
+        f"      const long long shift = {ph}LL - i * {dh}LL, ylo = shift >= 0 ? 0 : -shift, yhi = {oh}LL - shift < {h}LL ? {oh}LL - shift : {h}LL;",
+        f"      for (long long j = 0; j < {kw}LL; ++j) {{",
+        f"        const float* __restrict__ col = in0 + ((c * {kh}LL + i) * {kw}LL + j) * {geom.cells}LL + n * {oh * ow}LL;",
+        f"        const long long off = {pw}LL - j * {dw}LL, lo = off >= 0 ? 0 : -off, hi = {ow}LL - off < {w}LL ? {ow}LL - off : {w}LL;",
+        "        for (long long y = ylo; y < yhi; ++y) {",
+        f"          float* __restrict__ row = acc + y * {w}LL;",
+        f"          const float* __restrict__ src = col + (y + shift) * {ow}LL + off;",
+        "          for (long long x = lo; x < hi; ++x) row[x] += src[x];",
+        "        }", "      }", "    }",
+        f"    for (long long t = 0; t < {h * w}LL; ++t) out0[r * {h * w}LL + t] = {to_storage('acc[t]', node.type.dtype)};"]
+    return rows_kernel(kernel, geom.n * geom.c, body, COL2IM_PLANES)
 
 
 def grad_rows_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
