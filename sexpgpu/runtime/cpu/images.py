@@ -1,15 +1,22 @@
 """The host schedule of the image steps (runtime/lower/images.py): im2col, col2im, the
-gradient's row move and the max-pools as loops over rows, each row's inner loop contiguous.
+gradient's row move and the max-pools as loops over rows or planes, each row's inner loop
+contiguous.
 
 The CUDA kernels give a thread to each element and find its coordinates by dividing its
 flat index; on the host that costs more than the copy itself. Here an item is a row (the
-innermost axis of what the kernel writes): its outer coordinates are found once, the window
-offsets that depend on the row alone are hoisted out, and the inner loop over the row's
-elements is a strided copy (a plain copy at stride 1, which the compiler vectorizes) or, for
-a pool, one window offset applied to the whole row at a time. Every element gets the same
+innermost axis of what the kernel writes) or a plane of rows: its outer coordinates are
+found once, the window offsets that depend on the item alone are hoisted out, and the inner
+loop over a row's elements is a strided copy (a plain copy at stride 1, which the compiler
+vectorizes) or, for a pool, one window offset applied to the whole row at a time. The
+im2col's item is a plane (one kernel offset of one image: the rows and columns that fall
+inside the image found once, and at stride 1 with rows as wide as the image the plane one
+copy of the image's run, its out-of-image columns then set to 0); the col2im's at stride 1
+a plane of the input (its sums on the stack, each kernel offset's columns added in turn); a
+max-pool without padding reads each window's cells once. Every element gets the same
 operations in the same order as its CUDA thread (a window's offsets in window order, a
 cell's kernel offsets in kernel order, each skipped where the thread skips it), so the bits
-are the device's: the emulated CUDA kernels check it (tests/test_cpu_device.py).
+are the device's: the emulated CUDA kernels check it (tests/test_cpu_device.py,
+tests/test_cpu_images.py).
 
 A kernel is matched to its row form by its name (the CUDA kernel's prefix); one without a
 row form (the pools' select and the average pools) is its CUDA threads' loop.
