@@ -13,7 +13,7 @@ import pytest
 
 from sexpgpu.ir.ops_conv import conv_geometry
 from sexpgpu.runtime.cpu.hostc import host_kernels
-from sexpgpu.runtime.cpu.images import COL2IM_PLANES, CONV_ROWS, PLANES, POOL_ROWS, TILED, TILED_WINDOWS, WINDOWS_ONCE, host_schedule, prefix
+from sexpgpu.runtime.cpu.images import COL2IM_PLANES, CONV_ROWS, PLANES, POOL_ROWS, TILED_WINDOWS, WINDOWS_ONCE, host_schedule, prefix
 from sexpgpu.runtime.lower.executor import LoweredProgram
 from sexpgpu.runtime.lower.fusion import lower
 from sexpgpu.runtime.lower.images import ConvStep, chunk_images, pool_geom
@@ -32,8 +32,8 @@ GAPS = [
     Case([D(2, 1, 5, 7), F(2, 1, 2, 4)], {"kernel": [2, 2], "stride": [3, 2], "padding": [1, 1]}),
 ]
 
-# unpadded windows (the host reads each window once, and writes a tiled gradient from its
-# index): ties, NaN and all -inf windows, overlapping windows, gaps after the last window
+# unpadded windows (the host reads each window once; where they tile the input, the gradient
+# is one kernel): ties, NaN and all -inf windows, overlapping windows, gaps after the last window
 EDGES = pool_edge_cases()[0][1].args[0]
 UNPADDED = [
     ("max_pool2d", Case([EDGES], {"kernel": [2, 2], "stride": [2, 2]}), ("f32",)),
@@ -99,8 +99,8 @@ def test_the_image_kernels_are_row_loops_on_the_host() -> None:
 
 def test_im2col_is_a_loop_over_planes_and_unpadded_max_pools_read_each_window_once() -> None:
     """The im2col's item is a plane of columns (one kernel offset of one image); a max-pool
-    without padding reads each window once (forward and index), and its gradient, where no
-    two windows share a cell, writes each window's cells from its index."""
+    without padding reads each window once (forward and index), and its gradient, where the
+    windows tile the input, is a row of windows, each read once and writing its cells."""
     schedules: dict[str, set[str]] = {}
     for what, program, _ in image_cases():
         lowering = lower(program)
@@ -116,7 +116,6 @@ def test_im2col_is_a_loop_over_planes_and_unpadded_max_pools_read_each_window_on
     assert COL2IM_PLANES in schedules["sx_col2im padded"] and len(schedules["sx_col2im padded"]) == 2  # stride 1, and rows
     assert schedules["sx_max_pool unpadded"] == schedules["sx_max_pool_index unpadded"] == {WINDOWS_ONCE}
     assert WINDOWS_ONCE not in schedules["sx_max_pool padded"] | schedules["sx_max_pool_index padded"]
-    assert TILED in schedules["sx_max_pool_grad unpadded"] and TILED not in schedules["sx_max_pool_grad padded"]
     assert schedules["sx_max_pool_tiled_grad unpadded"] == {TILED_WINDOWS} and "sx_max_pool_tiled_grad padded" not in schedules
 
 

@@ -51,7 +51,6 @@ COL2IM_PLANES = "a plane of the input per item, its sums on the stack, each kern
 PLANES = "a plane of columns (one kernel offset of one image) per item"
 WINDOWS_ONCE = "a row of windows per item, each window's cells read once (no padding)"
 TILED_WINDOWS = "a row of windows per item, each window's cells read once and written once (windows that tile the input)"
-TILED = "a row of the input per item, each window's cells written from its index (no padding, no shared cells)"
 
 
 def host_schedule(lowering: Lowering, cache_bytes: int = CACHE_BYTES) -> None:
@@ -316,8 +315,6 @@ def max_pool_grad_rows(node: Node, program: Program, geom: PoolGeom, kernel: Ker
     windows in kernel-offset order."""
     (kh, kw), (sh, sw), (ph, pw), (oh, ow), (h, w) = geom.kernel, geom.stride, geom.padding, geom.size, geom.hw
     g_dtype = program.types()[node.args[1]].dtype
-    if sh >= kh and sw >= kw and (ph, pw) == (0, 0):
-        return unpadded_max_pool_grad_rows(node, geom, kernel, g_dtype)
     if sh >= kh and sw >= kw:
         return disjoint_max_pool_grad_rows(node, geom, kernel, g_dtype)
     body = [f"    const long long y = r % {h}LL, nc = r / {h}LL;", f"    float acc[{w}];", f"    for (long long x = 0; x < {w}LL; ++x) acc[x] = 0.0f;",
@@ -352,27 +349,6 @@ def disjoint_max_pool_grad_rows(node: Node, geom: PoolGeom, kernel: KernelSource
             f"      row[x] = {to_storage(f'chosen ? 0.0f + {gradient} : 0.0f', node.type.dtype)};",
             "    }"]
     return rows_kernel(kernel, geom.n * geom.c * h, body)
-
-
-def unpadded_max_pool_grad_rows(node: Node, geom: PoolGeom, kernel: KernelSource, g_dtype: DType) -> HostKernel:
-    """disjoint_max_pool_grad_rows without padding: row y's windows are those of output row
-    y / SH (none when its offset y % SH is past the kernel), and each window q gives its
-    cells q * SW + j in turn 0 + its gradient (the one its index names) or 0, the columns
-    after the last window 0."""
-    (kh, kw), (sh, sw), (oh, ow), (h, w) = geom.kernel, geom.stride, geom.size, geom.hw
-    dtype = node.type.dtype
-    zero = to_storage("0.0f", dtype)
-    body = [f"    const long long y = r % {h}LL, nc = r / {h}LL, i = y % {sh}LL, p = y / {sh}LL;",
-            f"    {c_types(dtype)[0]}* __restrict__ row = out0 + r * {w}LL;",
-            f"    if (i >= {kh}LL || p >= {oh}LL) {{ for (long long x = 0; x < {w}LL; ++x) row[x] = {zero}; continue; }}",
-            f"    const long long windows = (nc * {oh}LL + p) * {ow}LL;",
-            f"    for (long long q = 0; q < {ow}LL; ++q) {{",
-            f"      const int chosen = index[windows + q] - (int)(i * {kw}LL);",
-            f"      const float g = 0.0f + {from_storage('in0[windows + q]', g_dtype)};",
-            f"      for (int j = 0; j < {sw} && q * {sw}LL + j < {w}LL; ++j) row[q * {sw}LL + j] = j < {kw} && chosen == j ? {to_storage('g', dtype)} : {zero};",
-            "    }",
-            f"    for (long long x = {ow * sw}LL; x < {w}LL; ++x) row[x] = {zero};"]
-    return rows_kernel(kernel, geom.n * geom.c * h, body, TILED)
 
 
 PoolRows = Callable[[Node, Program, PoolGeom, KernelSource], HostKernel]
