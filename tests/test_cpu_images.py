@@ -13,14 +13,14 @@ import pytest
 
 from sexpgpu.ir.ops_conv import conv_geometry
 from sexpgpu.runtime.cpu.hostc import host_kernels
-from sexpgpu.runtime.cpu.images import CONV_ROWS, POOL_ROWS, host_schedule, prefix
+from sexpgpu.runtime.cpu.images import COL2IM_PLANES, CONV_ROWS, PLANES, POOL_ROWS, TILED_WINDOWS, WINDOWS_ONCE, host_schedule, prefix
 from sexpgpu.runtime.lower.executor import LoweredProgram
 from sexpgpu.runtime.lower.fusion import lower
-from sexpgpu.runtime.lower.images import ConvStep, chunk_images
+from sexpgpu.runtime.lower.images import ConvStep, chunk_images, pool_geom
 from sexpgpu.runtime.lower.kernels import kernels_for
 from test_cpu_device import assert_same_bits, emulated
 from test_cuda_ops import one_op, pool_edge_cases
-from test_ops import GRAD_CASES, Case, D, F, _rng
+from test_ops import GRAD_CASES, Case, D, F, I, _rng
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("g++") is None, reason="the compiled CPU device needs a C compiler")
 
@@ -30,6 +30,29 @@ POOLS = ("max_pool2d", "max_pool2d_grad")
 GAPS = [
     Case([D(1, 2, 7, 8), F(1, 2, 3, 2)], {"kernel": [2, 3], "stride": [3, 3], "padding": [1, 0]}),
     Case([D(2, 1, 5, 7), F(2, 1, 2, 4)], {"kernel": [2, 2], "stride": [3, 2], "padding": [1, 1]}),
+]
+
+# unpadded windows (the host reads each window once; where they tile the input, the gradient
+# is one kernel): ties, NaN and all -inf windows, overlapping windows, gaps after the last window
+EDGES = pool_edge_cases()[0][1].args[0]
+UNPADDED = [
+    ("max_pool2d", Case([EDGES], {"kernel": [2, 2], "stride": [2, 2]}), ("f32",)),
+    ("max_pool2d_grad", Case([EDGES, F(1, 1, 2, 2)], {"kernel": [2, 2], "stride": [2, 2]}), ("f32",)),
+    ("max_pool2d_grad", Case([I(EDGES.draw(np.random.default_rng(0), "f32")[:, :, :, :4], "f32"), F(1, 1, 2, 2)], {"kernel": [2, 2], "stride": [2, 2]}), ("f32",)),  # tiled
+    ("max_pool2d_grad", Case([EDGES, F(1, 1, 3, 4)], {"kernel": [2, 2], "stride": [1, 1]}), ("f32",)),
+    ("max_pool2d_grad", Case([D(1, 2, 7, 8), F(1, 2, 2, 3)], {"kernel": [2, 2], "stride": [3, 3]}), ("f32", "bf16")),
+    ("max_pool2d", Case([D(2, 3, 7, 8)], {"kernel": [3, 2], "stride": [2, 3]}), ("f32", "bf16")),
+]
+
+# 'same' convolutions at stride 1 (a plane of columns is one run of its image, copied at once)
+SAME = [
+    ("conv2d", Case([F(2, 3, 6, 5), F(4, 3, 3, 3)], {"stride": 1, "padding": 1, "dilation": 1, "groups": 1})),
+    ("conv2d", Case([F(1, 2, 7, 6), F(3, 2, 5, 3)], {"stride": 1, "padding": [2, 1], "dilation": 1, "groups": 1})),
+    ("conv2d_weight_grad", Case([F(2, 3, 6, 5), F(2, 4, 6, 5)], {"stride": 1, "padding": 1, "dilation": 1, "groups": 1, "weight_shape": [4, 3, 3, 3]})),
+    # the input gradient at stride 1 (a plane of sums per item): 'same', dilated, wider than the input
+    ("conv2d_input_grad", Case([F(2, 4, 6, 5), F(4, 3, 3, 3)], {"stride": 1, "padding": 1, "dilation": 1, "groups": 1, "input_shape": [2, 3, 6, 5]})),
+    ("conv2d_input_grad", Case([F(1, 3, 7, 6), F(3, 2, 3, 3)], {"stride": 1, "padding": [2, 1], "dilation": [2, 1], "groups": 1, "input_shape": [1, 2, 7, 6]})),
+    ("conv2d_input_grad", Case([F(1, 4, 7, 6), F(4, 2, 3, 3)], {"stride": 1, "padding": 2, "dilation": 1, "groups": 2, "input_shape": [1, 4, 5, 4]})),
 ]
 
 
@@ -49,6 +72,7 @@ def image_cases() -> list[tuple[str, Any, dict[str, np.ndarray]]]:
     for op in (*CONVOLUTIONS, *POOLS):
         own = GRAD_CASES[op] + (GAPS if op == "max_pool2d_grad" else [Case(case.args[:1], case.attrs) for case in GAPS] if op == "max_pool2d" else [])
         cases = [(case, dtype) for case in own for dtype in ("f32", "bf16")] + [(c, d) for o, c, d in pool_edge_cases() if o == op]
+        cases += [(c, d) for o, c, dtypes in UNPADDED if o == op for d in dtypes] + [(c, d) for o, c in SAME if o == op for d in ("f32", "bf16")]
         for index, (case, dtype) in enumerate(cases):
             program = one_op(op, case, dtype)
             rng = _rng(op, index, dtype, "cpu-images")
@@ -71,6 +95,57 @@ def test_the_image_kernels_are_row_loops_on_the_host() -> None:
             assert host.name == cuda.name and not host.launched_items, what
             assert host.size < cuda.size and cuda.size % host.size == 0, f"{what}: {cuda.name} has {host.size} items for {cuda.size} elements"
     assert seen == set(CONV_ROWS) | set(POOL_ROWS), seen
+
+
+def test_im2col_is_a_loop_over_planes_and_unpadded_max_pools_read_each_window_once() -> None:
+    """The im2col's item is a plane of columns (one kernel offset of one image); a max-pool
+    without padding reads each window once (forward and index), and its gradient, where the
+    windows tile the input, is a row of windows, each read once and writing its cells."""
+    schedules: dict[str, set[str]] = {}
+    for what, program, _ in image_cases():
+        lowering = lower(program)
+        (step,) = lowering.steps
+        kernels = kernels_for(step, lowering.program, lowering.constants)
+        unpadded = not isinstance(step, ConvStep) and pool_geom(step.node, lowering.program.types()).padding == (0, 0)
+        for cuda, host in zip(kernels, host_kernels(step, lowering.program, lowering.constants, kernels, "libm")):
+            schedules.setdefault(f"{prefix(cuda)} {'unpadded' if unpadded else 'padded'}", set()).add(host.schedule)
+            if prefix(cuda) == "sx_im2col":
+                geom = step.launch_geometry(lowering.program.types())
+                assert host.size * geom.size[0] * geom.size[1] == cuda.size, what
+    assert schedules["sx_im2col padded"] == {PLANES}
+    assert COL2IM_PLANES in schedules["sx_col2im padded"] and len(schedules["sx_col2im padded"]) == 2  # stride 1, and rows
+    assert schedules["sx_max_pool unpadded"] == schedules["sx_max_pool_index unpadded"] == {WINDOWS_ONCE}
+    assert WINDOWS_ONCE not in schedules["sx_max_pool padded"] | schedules["sx_max_pool_index padded"]
+    assert schedules["sx_max_pool_tiled_grad unpadded"] == {TILED_WINDOWS} and "sx_max_pool_tiled_grad padded" not in schedules
+
+
+def test_a_max_pool_gradient_whose_windows_tile_the_input_is_one_kernel() -> None:
+    """Windows that tile the input (no padding, strides equal to the kernel, sides that
+    divide): one kernel, each window writing its cells, no index in scratch; other windows
+    the index and the gather."""
+    for op, case, _ in UNPADDED:
+        if op != "max_pool2d_grad":
+            continue
+        lowering = lower(one_op(op, case, "f32"))
+        (step,) = lowering.steps
+        names = [prefix(k) for k in kernels_for(step, lowering.program, lowering.constants)]
+        tiled = case.args[0].shape[-2:] == (4, 4) and case.attrs["stride"] == [2, 2]
+        assert names == (["sx_max_pool_tiled_grad"] if tiled else ["sx_max_pool_index", "sx_max_pool_grad"]), (case.label(), names)
+        assert (step.scratch_bytes(lowering.program.types()) == 0) == tiled
+
+
+def test_the_weight_gradient_is_one_product_of_its_transpose_then_a_move() -> None:
+    """conv2d_weight_grad's gemm computes dW^T (K x Og per group: cuBLAS's m = Og, n = K, the
+    whole batch deep), which a kernel then transposes into dW."""
+    for case in GRAD_CASES["conv2d_weight_grad"]:
+        lowering = lower(one_op("conv2d_weight_grad", case, "f32"))
+        (step,) = lowering.steps
+        assert isinstance(step, ConvStep)
+        geom = step.geometry(lowering.program.types())
+        (call,) = step.calls(lowering.program.types())
+        assert (call.m, call.n, call.k, call.batch) == (geom.og, geom.k, geom.n * geom.size[0] * geom.size[1], geom.groups), case.label()
+        names = [prefix(k) for k in kernels_for(step, lowering.program, lowering.constants)]
+        assert names == ["sx_im2col", "sx_conv_grad_rows", "sx_conv_grad_transpose"], names
 
 
 def test_a_chunk_is_the_largest_divisor_of_the_batch_whose_columns_fit() -> None:

@@ -1,15 +1,22 @@
 """The host schedule of the image steps (runtime/lower/images.py): im2col, col2im, the
-gradient's row move and the max-pools as loops over rows, each row's inner loop contiguous.
+gradient's row move and the max-pools as loops over rows or planes, each row's inner loop
+contiguous.
 
 The CUDA kernels give a thread to each element and find its coordinates by dividing its
 flat index; on the host that costs more than the copy itself. Here an item is a row (the
-innermost axis of what the kernel writes): its outer coordinates are found once, the window
-offsets that depend on the row alone are hoisted out, and the inner loop over the row's
-elements is a strided copy (a plain copy at stride 1, which the compiler vectorizes) or, for
-a pool, one window offset applied to the whole row at a time. Every element gets the same
+innermost axis of what the kernel writes) or a plane of rows: its outer coordinates are
+found once, the window offsets that depend on the item alone are hoisted out, and the inner
+loop over a row's elements is a strided copy (a plain copy at stride 1, which the compiler
+vectorizes) or, for a pool, one window offset applied to the whole row at a time. The
+im2col's item is a plane (one kernel offset of one image: the rows and columns that fall
+inside the image found once, and at stride 1 with rows as wide as the image the plane one
+copy of the image's run, its out-of-image columns then set to 0); the col2im's at stride 1
+a plane of the input (its sums on the stack, each kernel offset's columns added in turn); a
+max-pool without padding reads each window's cells once. Every element gets the same
 operations in the same order as its CUDA thread (a window's offsets in window order, a
 cell's kernel offsets in kernel order, each skipped where the thread skips it), so the bits
-are the device's: the emulated CUDA kernels check it (tests/test_cpu_device.py).
+are the device's: the emulated CUDA kernels check it (tests/test_cpu_device.py,
+tests/test_cpu_images.py).
 
 A kernel is matched to its row form by its name (the CUDA kernel's prefix); one without a
 row form (the pools' select and the average pools) is its CUDA threads' loop.
@@ -39,6 +46,11 @@ from .hostc import PLATFORM, HostKernel, function, thread_kernel
 
 
 CACHE_BYTES = 1 << 20  # a chunk's scratch on the host: about one core's L2
+PLANE_CELLS = 1 << 14  # the largest image whose f32 plane of sums the host keeps on the stack (64 KiB)
+COL2IM_PLANES = "a plane of the input per item, its sums on the stack, each kernel offset's columns added in turn"
+PLANES = "a plane of columns (one kernel offset of one image) per item"
+WINDOWS_ONCE = "a row of windows per item, each window's cells read once (no padding)"
+TILED_WINDOWS = "a row of windows per item, each window's cells read once and written once (windows that tile the input)"
 
 
 def host_schedule(lowering: Lowering, cache_bytes: int = CACHE_BYTES) -> None:
@@ -55,42 +67,76 @@ def prefix(kernel: KernelSource) -> str:
     return kernel.name.rsplit("_", 1)[0]
 
 
-def rows_kernel(kernel: KernelSource, rows: int, body: list[str]) -> HostKernel:
-    """KERNEL's host function over rows [sx_begin, sx_end) of BODY (which reads `r`)."""
+def rows_kernel(kernel: KernelSource, rows: int, body: list[str], schedule: str = "a row of the output per item") -> HostKernel:
+    """KERNEL's host function over rows [sx_begin, sx_end) of BODY (which reads `r`);
+    SCHEDULE says what an item is (explain --cpu)."""
     lines = ["  for (long long r = sx_begin; r < sx_end; ++r) {", *body, "  }"]
-    return HostKernel(kernel.name, function(kernel.name, kernel.decls, lines), rows, kernel.bytes + kernel.flops)
+    return HostKernel(kernel.name, function(kernel.name, kernel.decls, lines), rows, kernel.bytes + kernel.flops, schedule=schedule)
 
 
-def first_inside(offset: str, stride: int, count: int, limit: int) -> list[str]:
-    """`lo`, `hi`: the positions t in [0, COUNT) with 0 <= t * STRIDE + OFFSET < LIMIT are
-    [lo, hi) (OFFSET a C expression)."""
-    return [f"      const long long off = {offset};",
-            f"      long long lo = off >= 0 ? 0 : (-off + {stride - 1}LL) / {stride}LL, hi = {limit}LL - off <= 0 ? 0 : ({limit}LL - off + {stride - 1}LL) / {stride}LL;",
-            f"      if (hi > {count}LL) hi = {count}LL;",
-            "      if (lo > hi) lo = hi;"]
+def first_inside(offset: str, stride: int, count: int, limit: int, names: tuple[str, str, str] = ("off", "lo", "hi")) -> list[str]:
+    """`lo`, `hi` (NAMES' second and third, the first naming OFFSET): the positions t in
+    [0, COUNT) with 0 <= t * STRIDE + OFFSET < LIMIT are [lo, hi) (OFFSET a C expression)."""
+    off, lo, hi = names
+    return [f"      const long long {off} = {offset};",
+            f"      long long {lo} = {off} >= 0 ? 0 : (-{off} + {stride - 1}LL) / {stride}LL, {hi} = {limit}LL - {off} <= 0 ? 0 : ({limit}LL - {off} + {stride - 1}LL) / {stride}LL;",
+            f"      if ({hi} > {count}LL) {hi} = {count}LL;",
+            f"      if ({lo} > {hi}) {lo} = {hi};"]
 
 
 # -- convolutions --------------------------------------------------------------------------------
 def im2col_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
-    """cols[c, i, j, n, p, :] for row r = ((((c * KH + i) * KW + j) * N + n) * OH + p)."""
+    """cols[c, i, j, n, :, :] for plane r = ((c * KH + i) * KW + j) * N + n: the kernel offset
+    (i, j) and the image are found once per plane, the output rows p whose input row is inside
+    the image ([plo, phi)) and the columns q whose cell is ([lo, hi)) once per plane too, and
+    each such row is a copy (a plain one at stride 1) between its zeros."""
     store, _ = c_types(program.types()[node.args[0]].dtype)
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.padding, geom.dilation
     (h, w), (oh, ow) = geom.hw, geom.size
     body = [
-        f"    const long long p = r % {oh}LL, n = (r / {oh}LL) % {geom.n}LL, j = (r / {oh * geom.n}LL) % {kw}LL;",
-        f"    const long long i = (r / {oh * geom.n * kw}LL) % {kh}LL, c = r / {oh * geom.n * kw * kh}LL;",
-        f"    {store}* __restrict__ row = out0 + r * {ow}LL;",
-        f"    const long long y = p * {sh}LL + i * {dh}LL - {ph}LL;",
-        f"    if (y < 0 || y >= {h}LL) {{ for (long long q = 0; q < {ow}LL; ++q) row[q] = ({store})0; continue; }}",
-        f"    const {store}* __restrict__ src = in0 + ((n * {geom.c}LL + c) * {h}LL + y) * {w}LL;",
+        f"    const long long n = r % {geom.n}LL, j = (r / {geom.n}LL) % {kw}LL, i = (r / {geom.n * kw}LL) % {kh}LL, c = r / {geom.n * kw * kh}LL;",
+        f"    {store}* __restrict__ plane = out0 + r * {oh * ow}LL;",
+        f"    const {store}* __restrict__ image = in0 + (n * {geom.c}LL + c) * {h * w}LL;",
         "    {",
+        *first_inside(f"i * {dh}LL - {ph}LL", sh, oh, h, ("yoff", "plo", "phi")),
         *first_inside(f"j * {dw}LL - {pw}LL", sw, ow, w),
-        f"      for (long long q = 0; q < lo; ++q) row[q] = ({store})0;",
-        f"      for (long long q = lo; q < hi; ++q) row[q] = src[q * {sw}LL + off];",
-        f"      for (long long q = hi; q < {ow}LL; ++q) row[q] = ({store})0;",
+        f"      for (long long q = 0; q < plo * {ow}LL; ++q) plane[q] = ({store})0;",
+        *(flat_rows(store, h, w) if (sh, sw, ow) == (1, 1, w) else strided_rows(store, sh, sw, w, ow)),
+        f"      for (long long q = phi * {ow}LL; q < {oh * ow}LL; ++q) plane[q] = ({store})0;",
         "    }",
     ]
-    return rows_kernel(kernel, geom.c * kh * kw * geom.n * oh, body)
+    return rows_kernel(kernel, geom.c * kh * kw * geom.n, body, PLANES)
+
+
+def strided_rows(store: str, sh: int, sw: int, w: int, ow: int) -> list[str]:
+    """The im2col plane's rows [plo, phi): each a copy between its zeros."""
+    return ["      for (long long p = plo; p < phi; ++p) {",
+            f"        {store}* __restrict__ row = plane + p * {ow}LL;",
+            f"        const {store}* __restrict__ src = image + (p * {sh}LL + yoff) * {w}LL + off;",
+            f"        for (long long q = 0; q < lo; ++q) row[q] = ({store})0;",
+            f"        for (long long q = lo; q < hi; ++q) row[q] = src[q * {sw}LL];",
+            f"        for (long long q = hi; q < {ow}LL; ++q) row[q] = ({store})0;",
+            "      }"]
+
+
+def flat_rows(store: str, h: int, w: int) -> list[str]:
+    """strided_rows at stride 1 with rows as wide as the image's: the plane's rows [plo, phi)
+    are one run of the image (shifted by yoff rows and off columns), copied at once where it
+    lies inside the image, then each row's columns outside [lo, hi) set to 0 (they held a
+    neighbouring row's cells, or nothing)."""
+    return ["      {",
+            f"        const long long shift = yoff * {w}LL + off, first = plo * {w}LL, last = phi * {w}LL;",
+            "        const long long t0 = first > -shift ? first : -shift;",
+            f"        const long long t1 = last < {h * w}LL - shift ? last : {h * w}LL - shift;",
+            f"        for (long long t = first; t < t0 && t < last; ++t) plane[t] = ({store})0;",
+            "        for (long long t = t0; t < t1; ++t) plane[t] = image[t + shift];",
+            f"        for (long long t = t1 > t0 ? t1 : t0; t < last; ++t) plane[t] = ({store})0;",
+            "      }",
+            "      for (long long p = plo; p < phi; ++p) {",
+            f"        {store}* __restrict__ row = plane + p * {w}LL;",
+            f"        for (long long q = 0; q < lo; ++q) row[q] = ({store})0;",
+            f"        for (long long q = hi; q < {w}LL; ++q) row[q] = ({store})0;",
+            "      }"]
 
 
 def col2im_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
@@ -98,6 +144,8 @@ def col2im_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSour
     it in kernel-offset order, from 0."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.padding, geom.dilation
     (h, w), (oh, ow) = geom.hw, geom.size
+    if (sh, sw) == (1, 1) and h * w <= PLANE_CELLS:
+        return col2im_planes(node, geom, kernel)
     body = [
         f"    const long long y = r % {h}LL, c = (r / {h}LL) % {geom.c}LL, n = r / {h * geom.c}LL;",
         f"    float acc[{w}];",
@@ -120,6 +168,31 @@ def col2im_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSour
     body += ["      }", "    }",
              f"    for (long long x = 0; x < {w}LL; ++x) out0[r * {w}LL + x] = {to_storage('acc[x]', node.type.dtype)};"]
     return rows_kernel(kernel, geom.n * geom.c * h, body)
+
+
+def col2im_planes(node: Node, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
+    """col2im_rows at stride 1 for plane r = n * C + c: the plane's accumulators on the stack,
+    each kernel offset (i, j) in turn adding its columns into the rows and columns it reaches
+    (found once per offset, not per row), so each cell still adds its columns in
+    kernel-offset order from 0."""
+    (kh, kw), (ph, pw), (dh, dw) = geom.kernel, geom.padding, geom.dilation
+    (h, w), (oh, ow) = geom.hw, geom.size
+    body = [
+        f"    const long long c = r % {geom.c}LL, n = r / {geom.c}LL;",
+        f"    float acc[{h * w}];",
+        f"    for (long long t = 0; t < {h * w}LL; ++t) acc[t] = 0.0f;",
+        f"    for (long long i = 0; i < {kh}LL; ++i) {{",
+        f"      const long long shift = {ph}LL - i * {dh}LL, ylo = shift >= 0 ? 0 : -shift, yhi = {oh}LL - shift < {h}LL ? {oh}LL - shift : {h}LL;",
+        f"      for (long long j = 0; j < {kw}LL; ++j) {{",
+        f"        const float* __restrict__ col = in0 + ((c * {kh}LL + i) * {kw}LL + j) * {geom.cells}LL + n * {oh * ow}LL;",
+        f"        const long long off = {pw}LL - j * {dw}LL, lo = off >= 0 ? 0 : -off, hi = {ow}LL - off < {w}LL ? {ow}LL - off : {w}LL;",
+        "        for (long long y = ylo; y < yhi; ++y) {",
+        f"          float* __restrict__ row = acc + y * {w}LL;",
+        f"          const float* __restrict__ src = col + (y + shift) * {ow}LL + off;",
+        "          for (long long x = lo; x < hi; ++x) row[x] += src[x];",
+        "        }", "      }", "    }",
+        f"    for (long long t = 0; t < {h * w}LL; ++t) out0[r * {h * w}LL + t] = {to_storage('acc[t]', node.type.dtype)};"]
+    return rows_kernel(kernel, geom.n * geom.c, body, COL2IM_PLANES)
 
 
 def grad_rows_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
@@ -162,6 +235,8 @@ def pool_out_coords(geom: PoolGeom) -> str:
 def max_pool_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource) -> HostKernel:
     """Each output's maximum over its window's real cells in window order (NaN-propagating)."""
     ow, dtype = geom.size[1], node.type.dtype
+    if geom.padding == (0, 0):
+        return unpadded_max_pool_rows(node, program, geom, kernel, False)
     head, tail = window_rows(geom, "    ")
     body = [pool_out_coords(geom), f"    float peak[{ow}];", f"    for (long long q = 0; q < {ow}LL; ++q) peak[q] = -sx_inf();", *head,
             f"      for (long long q = lo; q < hi; ++q) peak[q] = sx_maxf(peak[q], {from_storage(f'in0[base + q * {geom.stride[1]}LL + off]', dtype)});",
@@ -173,6 +248,8 @@ def max_pool_index_rows(node: Node, program: Program, geom: PoolGeom, kernel: Ke
     """Each window's first maximum in window order (the first NaN, else the first real cell
     equal to the maximum; an all -inf window its first real cell), as `argmax_lines` finds it."""
     ow, sw = geom.size[1], geom.stride[1]
+    if geom.padding == (0, 0):
+        return unpadded_max_pool_rows(node, program, geom, kernel, True)
     value = from_storage(f"in0[base + q * {sw}LL + off]", program.types()[node.args[0]].dtype)
     head, tail = window_rows(geom, "    ")
     body = [pool_out_coords(geom), f"    float peak[{ow}]; int first_real[{ow}], first_nan[{ow}], at[{ow}]; unsigned char found[{ow}];",
@@ -185,6 +262,52 @@ def max_pool_index_rows(node: Node, program: Program, geom: PoolGeom, kernel: Ke
             *head, f"      for (long long q = lo; q < hi; ++q) if (!found[q] && {value} == peak[q]) {{ at[q] = k; found[q] = 1; }}", *tail,
             f"    for (long long q = 0; q < {ow}LL; ++q) out0[r * {ow}LL + q] = at[q];"]
     return rows_kernel(kernel, geom.n * geom.c * geom.size[0], body)
+
+
+def unpadded_max_pool_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource, index: bool) -> HostKernel:
+    """max_pool_rows (INDEX: max_pool_index_rows) without padding, where every window's cells
+    are real: each output's window read once, cell by cell in window order, into `v`, its
+    maximum `peak` as sx_maxf folds them from -inf; its index the first cell that is NaN or
+    equal to the peak (a NaN makes the peak NaN, which equals nothing: the first NaN; else
+    the first maximum, and of an all -inf window its first cell)."""
+    ow = geom.size[1]
+    dtype = program.types()[node.args[0]].dtype
+    result = [*first_maximum(geom), f"      out0[r * {ow}LL + q] = at;"] if index else [f"      out0[r * {ow}LL + q] = {to_storage('peak', dtype)};"]
+    return window_loop(geom, dtype, kernel, result)
+
+
+def first_maximum(geom: PoolGeom) -> list[str]:
+    """`at`: the first of a window's cells `v` that is NaN or equal to its `peak`."""
+    cells = geom.kernel[0] * geom.kernel[1]
+    return ["      int at = 0;", f"      for (int k = {cells - 1}; k >= 0; --k) if (v[k] == peak || v[k] != v[k]) at = k;"]
+
+
+def tile_grad_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource) -> HostKernel:
+    """sx_max_pool_tiled_grad over rows of windows: each window read once (as in
+    unpadded_max_pool_rows), its first maximum's cell given 0 + the window's gradient and its
+    other cells 0."""
+    (kh, kw), (h, w), ow = geom.kernel, geom.hw, geom.size[1]
+    dtype, g_dtype = node.type.dtype, program.types()[node.args[1]].dtype
+    result = [*first_maximum(geom), f"      const float gradient = 0.0f + {from_storage(f'in1[r * {ow}LL + q]', g_dtype)};",
+              f"      for (int k = 0; k < {kh * kw}; ++k)",
+              f"        out0[(nc * {h}LL + p * {kh}LL + k / {kw}) * {w}LL + q * {kw}LL + k % {kw}] = k == at ? {to_storage('gradient', dtype)} : {to_storage('0.0f', dtype)};"]
+    return window_loop(geom, program.types()[node.args[0]].dtype, kernel, result, TILED_WINDOWS)
+
+
+def window_loop(geom: PoolGeom, dtype: DType, kernel: KernelSource, result: list[str], schedule: str = "") -> HostKernel:
+    """Over rows of unpadded windows: each window's cells read once into `v` (window order)
+    and folded into `peak`, then RESULT."""
+    (kh, kw), (sh, sw), w, ow = geom.kernel, geom.stride, geom.hw[1], geom.size[1]
+    cells = kh * kw
+    store = c_types(dtype)[0]
+    body = [pool_out_coords(geom),
+            f"    const {store}* __restrict__ rows = in0 + (nc * {geom.hw[0]}LL + p * {sh}LL) * {w}LL;",
+            f"    for (long long q = 0; q < {ow}LL; ++q) {{",
+            f"      const {store}* __restrict__ cell = rows + q * {sw}LL;",
+            f"      float v[{cells}], peak = -sx_inf();",
+            f"      for (int k = 0; k < {cells}; ++k) {{ v[k] = {from_storage(f'cell[(k / {kw}) * {w}LL + k % {kw}]', dtype)}; peak = sx_maxf(peak, v[k]); }}",
+            *result, "    }"]
+    return rows_kernel(kernel, geom.n * geom.c * geom.size[0], body, schedule or WINDOWS_ONCE)
 
 
 def max_pool_grad_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource) -> HostKernel:
@@ -229,7 +352,8 @@ def disjoint_max_pool_grad_rows(node: Node, geom: PoolGeom, kernel: KernelSource
 
 
 PoolRows = Callable[[Node, Program, PoolGeom, KernelSource], HostKernel]
-POOL_ROWS: dict[str, PoolRows] = {"sx_max_pool": max_pool_rows, "sx_max_pool_index": max_pool_index_rows, "sx_max_pool_grad": max_pool_grad_rows}
+POOL_ROWS: dict[str, PoolRows] = {"sx_max_pool": max_pool_rows, "sx_max_pool_index": max_pool_index_rows, "sx_max_pool_grad": max_pool_grad_rows,
+                                   "sx_max_pool_tiled_grad": tile_grad_rows}
 
 
 @register_emitter(PoolStep, platform=PLATFORM)

@@ -1,0 +1,120 @@
+"""Where a training step's time goes on `--device cpu`, and the step against PyTorch eager,
+in CPU time (time.process_time) at one thread: fair on a shared machine, where wall time
+measures the other jobs.
+
+Each op of the program's tape (a generated kernel or a gemm) is run alone, over the buffers
+the last step left, the fastest of five runs kept; the ops are summed by kernel (the name
+without its hash, and its items) or gemm shape (cuBLAS's m x n x k and batch). The whole
+step is timed as a run trains it (the Trainer on replayed batches), our side and torch's in
+turn, ROUNDS rounds of STEPS steps each, the best and the median of the rounds printed.
+
+    python bench/tape_profile.py [--only "28x28"] [--rounds 4] [--steps 4] [--no-torch]
+
+For OpenBLAS's AVX-512 kernels on this machine unset its Haswell override in the command:
+`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/tape_profile.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from cpu_workloads import OurSide, Workload, workloads
+
+
+def programs_of(side: OurSide) -> list[Any]:
+    """The CpuPrograms the side's trainer runs (each once)."""
+    from sexpgpu.runtime.cpu.device import CpuProgram
+
+    out: dict[int, Any] = {}
+    for value in vars(side.trainer).values():
+        for item in (value.values() if isinstance(value, dict) else [value]):
+            if isinstance(item, CpuProgram):
+                out[id(item)] = item
+    return list(out.values())
+
+
+def op_times(program: Any) -> collections.Counter[str]:
+    """CPU seconds of each op of PROGRAM's later tape, run alone, summed by kernel or gemm."""
+    from sexpgpu.runtime.cpu.device import Tape
+
+    names = {int(ctypes.cast(fn, ctypes.c_void_p).value or 0): name.rsplit("_", 1)[0] for name, (fn, _) in program.cpu_runner.functions.items()}
+    totals: collections.Counter[str] = collections.Counter()
+    for part in program.later_tape:
+        if not isinstance(part, Tape):
+            continue
+        for op in part.ops:
+            alone = Tape(program.runtime)
+            alone.ops, alone.refs, alone.most_args, alone.workspace_floats = [op], part.refs, part.most_args, part.workspace_floats
+            alone.run(program.base_array)
+            best = float("inf")
+            for _ in range(5):
+                began = time.process_time()
+                alone.run(program.base_array)
+                best = min(best, time.process_time() - began)
+            label = f"gemm {op.m}x{op.n}x{op.k} batch {op.batch}" if op.kind == 1 else f"{names.get(op.fn, '?')} ({op.size} items)"
+            totals[label] += best
+    return totals
+
+
+def step_seconds(step: Callable[[], object], steps: int) -> float:
+    step()
+    began = time.process_time()
+    for _ in range(steps):
+        step()
+    return (time.process_time() - began) / steps
+
+
+def profile(workload: Workload, rounds: int, steps: int, torch_side: bool) -> None:
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from cpu_vs_torch import TorchSide
+
+    torch.set_num_threads(1)
+    with threadpool_limits(1, user_api="blas"):
+        ours = OurSide(workload, "cpu")
+        ours.threads(1)
+        sides: dict[str, Callable[[], object]] = {"cpu": ours.step}
+        if torch_side:
+            sides["torch"] = TorchSide(workload, ours).step
+        samples: dict[str, list[float]] = {name: [] for name in sides}
+        for _ in range(rounds):
+            for name, step in sides.items():
+                samples[name].append(step_seconds(step, steps))
+        blas = [i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"]
+        print(f"{workload.name}: OpenBLAS kernels {blas}, load average {os.getloadavg()[0]:.1f} at the end")
+        for name, seconds in samples.items():
+            print(f"  {name:5s} step {1e3 * min(seconds):7.1f} ms best, {1e3 * statistics.median(seconds):7.1f} ms median (CPU time)")
+        if torch_side:
+            print(f"  cpu / torch: {min(samples['torch']) / min(samples['cpu']):.2f} best, {statistics.median(samples['torch']) / statistics.median(samples['cpu']):.2f} median")
+        totals: collections.Counter[str] = collections.Counter()
+        for program in programs_of(ours):
+            totals.update(op_times(program))
+        whole = sum(totals.values())
+        print(f"  the tape's ops alone: {1e3 * whole:.1f} ms")
+        for label, seconds in totals.most_common(20):
+            print(f"  {1e3 * seconds:8.2f} ms {100 * seconds / whole:5.1f}%  {label}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="28x28", help="the workloads whose name holds this")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--no-torch", action="store_true", help="profile our side alone")
+    args = parser.parse_args()
+    for workload in workloads(Path(tempfile.mkdtemp()), 200):
+        if args.only in workload.name:
+            profile(workload, args.rounds, args.steps, not args.no_torch)
+
+
+if __name__ == "__main__":
+    main()
