@@ -99,28 +99,54 @@ def templates(file: str, text: str) -> tuple[ReadForm, ...]:
     if "#+" in text or "#-" in text:
         raise NotImaged("#+/#- ask the world's *features*")
     reader = Reader(text, file, _Scratch())
-    names: dict[tuple[str, Optional[str]], Name] = {}
     try:
-        return tuple(ReadForm(template(read.form, names, {}), read.loc) for read in iter(reader.read_next, None))
+        read = reader.read_all()
     except (DiagnosticError, LookupError) as exc:
         raise NotImaged(str(exc)) from exc
+    copies: dict[int, Any] = {}  # by id: every form read is alive until the last is done
+    return tuple(ReadForm(template(form.form, copies), form.loc) for form in read)
 
 
-def template(x: Any, names: dict[tuple[str, Optional[str]], Name], copies: dict[int, Any]) -> Any:
+def template(x: Any, copies: dict[int, Any]) -> Any:
     """X as a template: fresh conses and vectors (shared structure stays shared), each symbol
-    a Name (one per name in NAMES; a fresh one for each uninterned symbol)."""
+    a Name (the scratch table holds one symbol per name, so one Name per name; one per
+    uninterned symbol). COPIES maps the id of each object done so far to what it became."""
+    done = copies.get(id(x))
+    if done is not None:
+        return done
     kind = type(x)
     if kind is Symbol:
-        if is_standard_symbol(x):
-            return x  # one object in every world already
-        if x.package is None:
-            return copies.setdefault(id(x), Name(x.name, None))
-        return names.setdefault((x.name, x.package), Name(x.name, x.package))
-    if kind is Cons or kind is list or kind is BitVector:
-        return _copy(x, copies, lambda item: template(item, names, copies))
-    if isinstance(x, _ATOMS):
-        return x
-    raise NotImaged(f"a {kind.__name__} literal")
+        return _name(x, copies)
+    if kind is list or kind is BitVector:
+        return _copy(x, copies, lambda item: template(item, copies))
+    if kind is not Cons:
+        if isinstance(x, _ATOMS):
+            return x
+        raise NotImaged(f"a {kind.__name__} literal")
+    head = Cons(None, None, x.loc)
+    copies[id(x)] = head
+    cell, last = x, head
+    while True:
+        car = cell.car
+        if type(car) is Symbol:
+            last.car = copies.get(id(car)) or _name(car, copies)
+        else:
+            last.car = template(car, copies)
+        rest = cell.cdr
+        if type(rest) is not Cons or id(rest) in copies:
+            last.cdr = template(rest, copies)
+            return head
+        fresh = Cons(None, None, rest.loc)
+        copies[id(rest)] = fresh
+        last.cdr = fresh
+        cell, last = rest, fresh
+
+
+def _name(sym: Symbol, copies: dict[int, Any]) -> Any:
+    """SYM's Name, made the first time (a standard symbol stays itself: every world has it)."""
+    made = sym if is_standard_symbol(sym) else Name(sym.name, sym.package)
+    copies[id(sym)] = made
+    return made
 
 
 def instantiated(forms: tuple[ReadForm, ...], table: SymbolTable) -> Iterator[ReadForm]:
