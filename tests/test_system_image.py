@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sexpgpu.cli import check
+from sexpgpu.cli import check, sweeps
 from sexpgpu.compile import pipeline
 from sexpgpu.compile.compiler import Compiler, contract_text
 from sexpgpu.compile.pipeline import check_every_selection, system_image
@@ -193,3 +193,14 @@ def test_watch_reads_the_system_texts_once_for_all_its_checks(read: list[str], c
     assert run_with_big_stack(lambda: args.run(args)) == 0
     assert '"ok": true' in capsys.readouterr().out
     assert SYSTEM_FILE not in read and not any(f.startswith("sexpgpu/lib/") for f in read)
+
+
+def test_variants_reads_the_system_texts_once_past_the_file_as_it_is(read: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`variants` of a sweep file: the file as it is is compiled in a world that reads the
+    prelude and the contract macros; every point's world takes them from one image."""
+    parser = argparse.ArgumentParser()
+    sweeps.register(parser.add_subparsers())
+    args = parser.parse_args(["variants", "--json", str(EXAMPLES / "sweep.lisp")])
+    assert run_with_big_stack(lambda: args.run(args)) == 0
+    assert '"sweeps"' in capsys.readouterr().out
+    assert read.count(SYSTEM_FILE) == 2

@@ -86,12 +86,12 @@ def slug_with_data(experiment: Experiment, args: argparse.Namespace) -> str:
 
 def run_variants(args: argparse.Namespace) -> int:
     path = existing_file(args.file)
-    image = system_image()  # the system texts, read once for every compile below
-    base = compile_file(path, Selection(), limits_from(args), output=sys.stderr.write, image=image)
+    base = compile_file(path, Selection(), limits_from(args), output=sys.stderr.write)
     if has_errors(base.diagnostics) or base.compiler is None:
         print_diagnostics(base.diagnostics, base.program.sources if base.program else _sources())
         return exit_for(base.diagnostics)
     declared = declared_or_exit(path)
+    image = system_image() if declared.variants or declared.sweeps else None  # read once for the compiles below
     doc: dict[str, Any] = {
         "knobs": [k.model_dump() for k in base.compiler.knobs.values()],
         "variants": {name: v.settings for name, v in declared.variants.items()},
