@@ -14,7 +14,8 @@ from typing import Optional
 from ..lisp.diagnostics import Diagnostic, SourceMap
 from ..lisp.evaluator import Limits
 from ..ir.experiment import Selection
-from ..compile.pipeline import check_every_selection, compile_file
+from ..compile.pipeline import check_every_selection, compile_file, system_image
+from ..lisp.image import SystemImage
 from ..lisp.program import has_errors
 from ..outcome import Exit
 from .common import diagnostics_json, existing_file, exit_for, print_diagnostics, print_json
@@ -38,14 +39,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     w.set_defaults(run=run_watch)
 
 
-def check_once(path: Path, limits: Limits, selection: Optional[Selection] = None) -> tuple[list[Diagnostic], SourceMap, list[Path]]:
+def check_once(path: Path, limits: Limits, selection: Optional[Selection] = None,
+               image: Optional[SystemImage] = None) -> tuple[list[Diagnostic], SourceMap, list[Path]]:
     """Compile PATH (read, evaluate, contract, staging, IR check) with SELECTION, or, with
     none chosen, as it is and with every variant and sweep point it declares; what the file
-    prints goes to stderr (stdout carries the result)."""
+    prints goes to stderr (stdout carries the result). IMAGE: the system texts, read once."""
     if selection is None or selection == Selection():
-        checked = check_every_selection(path, limits, output=sys.stderr.write)
+        checked = check_every_selection(path, limits, output=sys.stderr.write, image=image)
         return checked.diagnostics, checked.sources, checked.files
-    result = compile_file(path, selection, limits, output=sys.stderr.write)
+    result = compile_file(path, selection, limits, output=sys.stderr.write, image=image)
     program = result.program
     if program is None:
         return result.diagnostics, SourceMap(), [path]
@@ -100,11 +102,12 @@ def wait_for_a_change(args: argparse.Namespace, files: list[Path], before: dict[
 def run_watch(args: argparse.Namespace) -> int:
     path = existing_file(args.file)
     limits = limits_from(args)
+    image = system_image()  # every check's world takes the prelude's forms from it
     checks = 0
     try:
         while True:
             started = time.time_ns()
-            diagnostics, sources, files = check_once(path, limits)
+            diagnostics, sources, files = check_once(path, limits, image=image)
             # the files' state is taken before the report, so that a save made as soon as
             # the result shows is a change; a save made during the check (or while their
             # contents are read, before their times) checks again at once

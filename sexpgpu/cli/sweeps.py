@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from ..compile.pipeline import compile_file, compile_points
+from ..compile.pipeline import compile_file, compile_points, system_image
 from ..sweeps.search import halving_problem
 from ..compile.selection import Declared, SweepDecl, located, prescan
 from ..ir.experiment import Experiment, Selection
@@ -91,6 +91,7 @@ def run_variants(args: argparse.Namespace) -> int:
         print_diagnostics(base.diagnostics, base.program.sources if base.program else _sources())
         return exit_for(base.diagnostics)
     declared = declared_or_exit(path)
+    image = system_image() if declared.variants or declared.sweeps else None  # read once for the compiles below
     doc: dict[str, Any] = {
         "knobs": [k.model_dump() for k in base.compiler.knobs.values()],
         "variants": {name: v.settings for name, v in declared.variants.items()},
@@ -99,13 +100,14 @@ def run_variants(args: argparse.Namespace) -> int:
     if base.experiment is not None:
         doc["base"] = slug_with_data(base.experiment, args)
     for variant in declared.variants:
-        result = compile_file(path, Selection(variant=variant), limits_from(args), output=sys.stderr.write)
+        result = compile_file(path, Selection(variant=variant), limits_from(args), output=sys.stderr.write, image=image)
         if result.experiment is not None:
             doc.setdefault("variant_slugs", {})[variant] = slug_with_data(result.experiment, args)
     for name, sweep in declared.sweeps.items():
         points = []
         values_of = sweep.points()
-        results = compile_points(path, [Selection(sweep=name, point=i) for i in range(len(values_of))], limits_from(args), output=sys.stderr.write)
+        results = compile_points(path, [Selection(sweep=name, point=i) for i in range(len(values_of))], limits_from(args), output=sys.stderr.write,
+                                 image=image)
         for i, (values, result) in enumerate(zip(values_of, results)):
             if has_errors(result.diagnostics):
                 print_diagnostics(result.diagnostics, result.program.sources if result.program else _sources())

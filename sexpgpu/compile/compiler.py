@@ -102,6 +102,11 @@ def seeing_probes(fn: Callable[..., Any]) -> Callable[..., Any]:
     return seeing
 
 
+def contract_text() -> str:
+    """The contract macros' Lisp (loaded into every compile's world)."""
+    return resources.files("sexpgpu.compile").joinpath("contract.lisp").read_text(encoding="utf-8")
+
+
 class Compiler:
     def __init__(self, interp: Interpreter, selection: Selection, base_dir: Path, overrides: Optional[dict[str, Any]] = None, root: Optional[Path] = None,
                  written: Optional[dict[str, Written]] = None, probing: Optional[Probing] = None) -> None:
@@ -147,8 +152,7 @@ class Compiler:
 
     # -- setup -----------------------------------------------------------------------------------
     def load_contract_macros(self) -> None:
-        text = resources.files("sexpgpu.compile").joinpath("contract.lisp").read_text(encoding="utf-8")
-        self.interp.load_system_text(text)
+        self.interp.load_system_text(contract_text())
         self.interp.publish_base()
 
     def watch(self, table: SymbolTable) -> None:

@@ -26,12 +26,14 @@ from ..ir.graph import Module, Program, TensorType, prune, shape_size
 from ..ir.selectors import selects
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.diagnostics import Diagnostic, Note, SourceMap
-from ..lisp.evaluator import Limits
+from ..lisp.evaluator import Limits, prelude_text
+from ..lisp.image import SYSTEM_FILE, SystemImage
+from ..lisp.modules import standard_module_texts
 from ..lisp.program import Program as LispProgram
 from ..lisp.program import diagnostic_from, display_path, evaluate_file, guarded, has_errors, new_program
 from ..lisp.types import NIL, Loc, MultipleValues
 from .autodiff import backward
-from .compiler import Compiler
+from .compiler import Compiler, contract_text
 from .models import Batch, Ctx, Group, Param
 from .probes import Probing
 from ..sweeps.search import halving_problem
@@ -56,16 +58,17 @@ class CompileResult:
 
 
 def compile_file(path: Path, selection: Optional[Selection] = None, limits: Optional[Limits] = None, output: Any = None, world: int = 1,
-                 probing: Optional[Probing] = None, declared: Optional[Declared] = None) -> CompileResult:
+                 probing: Optional[Probing] = None, declared: Optional[Declared] = None, image: Optional[SystemImage] = None) -> CompileResult:
     """Read, evaluate, stage and check PATH. WORLD > 1 also stages each data-parallel rank's
     train programs at batch/WORLD (the experiment's identity stays the single-device IR's).
     PROBING: a probe compile for a group of sweep points (compile_points); DECLARED: the
-    file's pre-read selection, when the caller has it."""
+    file's pre-read selection, when the caller has it; IMAGE: the system texts, read once by
+    a caller that compiles many times (system_image)."""
     try:
         chosen, imposed, written = resolve_selection(path, selection or Selection(), declared)
     except LispError as exc:
         return CompileResult(diagnostics=[diagnostic_from(exc)])
-    made, problem = guarded(lambda: compiling_world(path, limits, output, chosen, imposed, written, probing))
+    made, problem = guarded(lambda: compiling_world(path, limits, output, chosen, imposed, written, probing, image))
     if made is None:
         return CompileResult(diagnostics=[problem] if problem else [])
     fresh, compiler = made
@@ -137,25 +140,38 @@ def compiles_in_a_row() -> Iterator[Callable[[], None]]:
         gc.unfreeze()
 
 
-def check_every_selection(path: Path, limits: Optional[Limits] = None, output: Any = None) -> Checked:
+def check_every_selection(path: Path, limits: Optional[Limits] = None, output: Any = None, image: Optional[SystemImage] = None) -> Checked:
     """Compile PATH as it is, then with every defvariant and every point of every defsweep:
     a problem only one selection has is reported once, with a note naming the selections
     that have it. Selections that give the knobs the same values as one already compiled are
-    the same compile and are skipped. What the file prints is shown for the first compile only."""
+    the same compile and are skipped. What the file prints is shown for the first compile only.
+    Every compile takes the system texts from IMAGE (watch keeps one for all its checks);
+    without one, a file with variants or sweeps reads them once for all its compiles."""
+    try:
+        declared: Optional[Declared] = prescan(path)
+    except LispError:
+        declared = None  # the base compile reports it
+    if image is None and declared is not None and (declared.variants or declared.sweeps):
+        image = system_image()
     with compiles_in_a_row() as compiled:
-        base = compile_file(path, None, limits, output)
+        base = compile_file(path, None, limits, output, declared=declared, image=image)
         compiled()
-        return check_selections(path, base, limits)
+        return check_selections(path, base, limits, declared, image)
 
 
-def check_selections(path: Path, base: CompileResult, limits: Optional[Limits]) -> Checked:
-    """check_every_selection past the base compile: every variant and sweep point."""
+def system_image() -> SystemImage:
+    """The prelude, the contract macros and the standard modules, read once for the many
+    worlds of one caller."""
+    return SystemImage.read([(SYSTEM_FILE, prelude_text()), (SYSTEM_FILE, contract_text()), *standard_module_texts()])
+
+
+def check_selections(path: Path, base: CompileResult, limits: Optional[Limits], declared: Optional[Declared], image: Optional[SystemImage]) -> Checked:
+    """check_every_selection past the base compile: every variant and sweep point
+    (DECLARED: the file's pre-read, None where it failed)."""
     diagnostics = list(base.diagnostics)
     sources = base.program.sources if base.program is not None else SourceMap()
     files = base.program.files if base.program is not None else [path]
-    try:
-        declared = prescan(path)
-    except LispError:
+    if declared is None:
         return Checked(diagnostics, sources, files, 1)  # the base compile reported it
     for sweep in declared.sweeps.values():  # a halving the base run cannot rank is wrong for every point
         problem = halving_problem(sweep.halving, base.experiment) if sweep.halving and base.experiment else None
@@ -175,7 +191,7 @@ def check_selections(path: Path, base: CompileResult, limits: Optional[Limits]) 
             continue
         done.add(values)
         chosen.append((selection, label))
-    results = compile_points(path, [selection for selection, _ in chosen], limits, output=lambda _: None, experiments=False)
+    results = compile_points(path, [selection for selection, _ in chosen], limits, output=lambda _: None, experiments=False, image=image)
     for (_, label), result in zip(chosen, results):
         for diagnostic in result.diagnostics:
             key = same(diagnostic)
@@ -189,49 +205,53 @@ def check_selections(path: Path, base: CompileResult, limits: Optional[Limits]) 
 
 
 def compile_points(path: Path, selections: list[Selection], limits: Optional[Limits] = None, output: Any = None, world: int = 1,
-                   experiments: bool = True) -> list[CompileResult]:
+                   experiments: bool = True, image: Optional[SystemImage] = None) -> list[CompileResult]:
     """Each of SELECTIONS compiled, as compile_file(PATH, selection) compiles it, with one
     staging per shape: points that differ only in numeric knobs no shape, dtype or structure
     depends on share one probe compile (sweep_groups.py), checked against a real compile of
     their first point. Without EXPERIMENTS a shared point's result has its diagnostics only.
-    What the file prints reaches OUTPUT from the compiles that ran."""
-    results = dict(stream_points(path, selections, limits, output, world, experiments, freeze=True))
+    What the file prints reaches OUTPUT from the compiles that ran. IMAGE: as stream_points."""
+    results = dict(stream_points(path, selections, limits, output, world, experiments, freeze=True, image=image))
     return [results[i] for i in range(len(selections))]
 
 
 def stream_points(path: Path, selections: list[Selection], limits: Optional[Limits] = None, output: Any = None, world: int = 1,
-                  experiments: bool = True, freeze: bool = False) -> Iterator[tuple[int, CompileResult]]:
+                  experiments: bool = True, freeze: bool = False, image: Optional[SystemImage] = None) -> Iterator[tuple[int, CompileResult]]:
     """compile_points' results as each shape group is compiled: (index, result), a group's
     points together, groups in the order their first point appears; what the caller has taken
     is not kept here (a sweep's first points train while the later ones compile). A point is
 given once its result is final, so points may come out of index order. With FREEZE (a caller
 that keeps every result anyway, as compile_points does) what survives each compile is frozen
 (compiles_in_a_row); a stream keeps nothing, so it freezes nothing: frozen worlds the caller
-has dropped would never be collected until the stream ends."""
+has dropped would never be collected until the stream ends. Every world of the stream takes
+the system texts from IMAGE (read here when not given and there is more than one point)."""
+    if image is None and len(selections) > 1:
+        image = system_image()
     try:
         declared = prescan(path)
         resolved = [resolve_selection(path, selection, declared) for selection in selections]
     except LispError:
         for i, selection in enumerate(selections):
-            yield i, compile_file(path, selection, limits, output, world)
+            yield i, compile_file(path, selection, limits, output, world, image=image)
         return
     if not freeze:
-        yield from compile_groups(path, selections, resolved, declared, limits, output, world, experiments, lambda: None)
+        yield from compile_groups(path, selections, resolved, declared, limits, output, world, experiments, lambda: None, image)
         return
     with compiles_in_a_row() as compiled:
-        yield from compile_groups(path, selections, resolved, declared, limits, output, world, experiments, compiled)
+        yield from compile_groups(path, selections, resolved, declared, limits, output, world, experiments, compiled, image)
 
 
 def compile_groups(path: Path, selections: list[Selection], resolved: list[tuple[Selection, dict[str, Any], dict[str, Written]]], declared: Declared,
                    limits: Optional[Limits], output: Any, world: int, experiments: bool,
-                   compiled: Callable[[], None]) -> Iterator[tuple[int, CompileResult]]:
-    """stream_points past the pre-read: COMPILED is called after each compile."""
+                   compiled: Callable[[], None], image: Optional[SystemImage]) -> Iterator[tuple[int, CompileResult]]:
+    """stream_points past the pre-read: COMPILED is called after each compile; every world
+    takes the system texts from IMAGE."""
     imposed = [r[1] for r in resolved]
     results: dict[int, CompileResult] = {}
 
     def own(i: int) -> CompileResult:
         if i not in results:
-            results[i] = compile_file(path, selections[i], limits, output, world, declared=declared)
+            results[i] = compile_file(path, selections[i], limits, output, world, declared=declared, image=image)
             compiled()
         return results[i]
 
@@ -248,7 +268,7 @@ def compile_groups(path: Path, selections: list[Selection], resolved: list[tuple
         first = own(indices[0])
         probing = Probing(values={k: [imposed[i][k] for i in indices] for k in varying},
                           written={k: [resolved[i][2].get(k) for i in indices] for k in varying})
-        probe = compile_file(path, selections[indices[0]], limits, lambda _: None, world, probing=probing, declared=declared)
+        probe = compile_file(path, selections[indices[0]], limits, lambda _: None, world, probing=probing, declared=declared, image=image)
         compiled()
         if probing.observed:  # those knobs reach the structure: their values group the points
             for group in split_by(indices, probing.observed, imposed):
@@ -331,9 +351,10 @@ def resolve_selection(path: Path, selection: Selection, declared: Optional[Decla
 
 
 def compiling_world(path: Path, limits: Optional[Limits], output: Any, selection: Selection, imposed: dict[str, Any],
-                    written: Optional[dict[str, Written]] = None, probing: Optional[Probing] = None) -> tuple[LispProgram, Compiler]:
+                    written: Optional[dict[str, Written]] = None, probing: Optional[Probing] = None,
+                    image: Optional[SystemImage] = None) -> tuple[LispProgram, Compiler]:
     """A fresh world for PATH with the compiler installed, watching the file's contract order."""
-    program = new_program(path, limits, output=output)
+    program = new_program(path, limits, output=output, image=image)
     compiler = Compiler(program.interp, selection, path.resolve().parent, imposed, root=program.loader.root, written=written, probing=probing)
     compiler.watch(program.table)
     return program, compiler

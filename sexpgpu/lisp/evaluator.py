@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from importlib import resources
-from typing import Any, Callable, NoReturn, Optional
+from typing import Any, Callable, Iterable, NoReturn, Optional
 
 from pydantic import BaseModel, PositiveFloat, PositiveInt
 
@@ -37,7 +37,8 @@ from .objects import (
     root_frame,
 )
 from .printer import PrintOptions, function_name, prin1_to_string, print_to_string
-from .reader import Reader
+from .image import SYSTEM_FILE, SystemImage
+from .reader import Reader, ReadForm
 from .scope import BindPlan, Pattern, Scope
 from .typespecs import TypeSpecs
 from .types import NIL, T, Cons, Loc, MultipleValues, Symbol, SymbolTable
@@ -76,12 +77,19 @@ MARKER_SYMBOLS = (
 ).split()
 
 
+def prelude_text() -> str:
+    """The prelude's Lisp (loaded into every world's base)."""
+    return resources.files("sexpgpu.lisp").joinpath("prelude.lisp").read_text(encoding="utf-8")
+
+
 class Interpreter:
     """One compile's Lisp world: the base library (builtins and prelude) and every module
-    loaded since. Not shared between compiles."""
+    loaded since. Not shared between compiles. IMAGE: the system texts' forms read once by a
+    caller that builds many worlds (lisp/image.py); each world evaluates its own copy."""
 
-    def __init__(self, limits: Optional[Limits] = None) -> None:
+    def __init__(self, limits: Optional[Limits] = None, image: Optional[SystemImage] = None) -> None:
         self.limits = limits or Limits()
+        self.image = image
         self.base = SymbolTable("")
         self.table = self.base
         self.functions: dict[Symbol, Any] = {}
@@ -161,17 +169,21 @@ class Interpreter:
     def load_prelude(self) -> None:
         """Load prelude.lisp under the default limits, then give the user's file a full
         budget of its own: the prelude's cost never counts against it."""
-        text = resources.files("sexpgpu.lisp").joinpath("prelude.lisp").read_text(encoding="utf-8")
-        self.load_system_text(text)
+        self.load_system_text(prelude_text())
         self.publish_base()
 
     def load_system_text(self, text: str) -> None:
-        """Load library text into the base under the default limits; then a fresh budget."""
+        """Load library text into the base under the default limits; then a fresh budget.
+        Its forms come from the image where it holds the text, else from reading it."""
         user_limits = self.limits
         self.limits = Limits()
         self.reset_budget()
         try:
-            self.load_text(text, "<prelude>", self.base)
+            kept = self.image.forms(SYSTEM_FILE, text, self.base) if self.image is not None else None
+            if kept is None:
+                self.load_text(text, SYSTEM_FILE, self.base)
+            else:
+                self.load_forms(kept, self.base)
         finally:
             self.limits = user_limits
             self.reset_budget()
@@ -190,12 +202,16 @@ class Interpreter:
 
     def load_text(self, text: str, file: str, table: SymbolTable) -> Any:
         """Read and evaluate a file's forms one by one (so `require` affects later reads)."""
+        reader = Reader(text, file, table, features=self.features)
+        return self.load_forms(iter(reader.read_next, None), table)
+
+    def load_forms(self, forms: Iterable[ReadForm], table: SymbolTable) -> Any:
+        """Evaluate FORMS in TABLE's module, each taken from FORMS just before it is evaluated."""
         previous = self.table
         self.table = table
         try:
-            reader = Reader(text, file, table, features=self.features)
             result: Any = NIL
-            while (read := reader.read_next()) is not None:
+            for read in forms:
                 if self.toplevel_hook is not None and table is self.hook_table:
                     self.toplevel_hook(read.form, read.loc)
                 result = self.eval_toplevel(read.form, read.loc)

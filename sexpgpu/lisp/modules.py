@@ -45,6 +45,17 @@ def standard_module_names(lib: Any = None) -> list[str]:
     return sorted(p.name[:-5] for p in lib.iterdir() if p.name.endswith(".lisp"))
 
 
+def standard_file_name(name: str) -> str:
+    """The file a standard module's diagnostics name."""
+    return f"sexpgpu/lib/{name}.lisp"
+
+
+def standard_module_texts() -> list[tuple[str, str]]:
+    """(file name, text) of every standard module, as a compile loads it."""
+    lib = standard_library()
+    return [(standard_file_name(name), lib.joinpath(f"{name}.lisp").read_text(encoding="utf-8")) for name in standard_module_names(lib)]
+
+
 class ModuleLoader:
     """Resolves and loads the modules of one compile. Installed as the interpreter's
     require hook."""
@@ -138,14 +149,18 @@ class ModuleLoader:
         if table is not None:
             return table
         table = SymbolTable(display, self.interp.base, internals=path is None)
-        file_name = _shown(str(path)) if path is not None else f"sexpgpu/lib/{display}.lisp"
+        file_name = _shown(str(path)) if path is not None else standard_file_name(display)
         self.sources.add(file_name, text)
         if path is not None:
             self.files.append(path)
             self.current_file.append(path)
         self.loading.append(key)
         try:
-            self.interp.load_text(text, file_name, table)
+            kept = self.interp.image.forms(file_name, text, table) if path is None and self.interp.image is not None else None
+            if kept is None:
+                self.interp.load_text(text, file_name, table)
+            else:
+                self.interp.load_forms(kept, table)
         finally:
             self.loading.pop()
             if path is not None:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional, TypeVar
 from .conditions import LimitExceeded, LispError, lisp_error
 from .diagnostics import Diagnostic, DiagnosticError, Note, SourceMap
 from .evaluator import Interpreter, Limits, run_with_big_stack
+from .image import SystemImage
 from .modules import ModuleLoader, find_project_root
 from .printer import PrintTooLarge, prin1_to_string
 from .reader import Reader, decode_source
@@ -138,10 +139,11 @@ def _printed(form: Any, interp: Interpreter) -> str:
 Output = Callable[[str], Any]
 
 
-def new_program(path: Optional[Path], limits: Optional[Limits] = None, stdlib: Any = None, output: Optional[Output] = None) -> Program:
+def new_program(path: Optional[Path], limits: Optional[Limits] = None, stdlib: Any = None, output: Optional[Output] = None,
+                image: Optional[SystemImage] = None) -> Program:
     """A fresh world. OUTPUT receives what print, princ, format t ... write (by default it
-    is kept in interp.output)."""
-    interp = Interpreter(limits)
+    is kept in interp.output). IMAGE: the system texts read once for many worlds."""
+    interp = Interpreter(limits, image)
     if output is not None:
         interp.write = output
     sources = SourceMap()

@@ -132,6 +132,11 @@ def standard_symbol(name: str) -> Symbol:
     return sym
 
 
+def is_standard_symbol(sym: Symbol) -> bool:
+    """Whether SYM is one of the symbols every table shares (NIL, T, the reader's QUOTE ...)."""
+    return _CONSTANT_SYMBOLS.get(("", sym.name)) is sym
+
+
 QUOTE = standard_symbol("QUOTE")
 FUNCTION = standard_symbol("FUNCTION")
 QUASIQUOTE = standard_symbol("QUASIQUOTE")

@@ -1,0 +1,206 @@
+"""The system image (sexpgpu/lisp/image.py): the prelude's and the contract macros' forms,
+read once by a caller that builds many worlds. A world built from it reads neither text,
+means the same by every form as a world that reads them, and shares no symbol, cons or
+vector with any other world built from the same image."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sexpgpu.cli import check, sweeps
+from sexpgpu.compile import pipeline
+from sexpgpu.compile.compiler import Compiler, contract_text
+from sexpgpu.compile.pipeline import check_every_selection, system_image
+from sexpgpu.ir.experiment import Selection
+from sexpgpu.lisp.evaluator import Interpreter, prelude_text, run_with_big_stack
+from sexpgpu.lisp.image import SYSTEM_FILE, SystemImage
+from sexpgpu.lisp.modules import standard_module_texts
+from sexpgpu.lisp.objects import BitVector
+from sexpgpu.lisp.program import Program, new_program
+from sexpgpu.lisp.reader import Reader
+from sexpgpu.lisp.types import Cons, Symbol, SymbolTable
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def world(image: SystemImage | None) -> Program:
+    """A world as a compile builds it: the prelude, then the compiler's contract macros."""
+
+    def build() -> Program:
+        program = new_program(None, image=image)
+        Compiler(program.interp, Selection(), Path.cwd())
+        return program
+
+    return run_with_big_stack(build)
+
+
+def last_value(program: Program, text: str) -> str:
+    results = run_with_big_stack(lambda: program.eval_text(text))
+    assert results[-1].error is None, results[-1].error
+    return str(results[-1].value)
+
+
+TEXTS = [(SYSTEM_FILE, prelude_text()), (SYSTEM_FILE, contract_text()), *standard_module_texts()]
+
+
+def test_every_system_text_is_imaged() -> None:
+    image = system_image()
+    assert set(image.texts) == set(TEXTS) and len(TEXTS) >= 4
+    assert len(image.texts[SYSTEM_FILE, prelude_text()]) > 100
+
+
+@pytest.fixture
+def read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The file names of the texts worlds read from now on (Interpreter.load_text)."""
+    files: list[str] = []
+    load_text = Interpreter.load_text
+
+    def reading(interp: Interpreter, text: str, file: str, table: SymbolTable) -> Any:
+        files.append(file)
+        return load_text(interp, text, file, table)
+
+    monkeypatch.setattr(Interpreter, "load_text", reading)
+    return files
+
+
+def test_a_world_from_the_image_reads_no_system_text(read: list[str]) -> None:
+    """A world from the image reads only the user's text: not the prelude, not the contract
+    macros, not a standard module it requires; and it is whole: the prelude's macros (loop),
+    the contract macros and the module work."""
+    program = world(system_image())
+    code = '(require "sexpgpu/nn" :as nn) (defun twice (x) (* 2 x)) (list (loop for i from 1 to 3 collect (twice i)) (fboundp (quote nn:mlp)) (not (macro-function (quote defrun))))'
+    assert last_value(program, code) == "((2 4 6) t nil)"
+    assert read == []
+    world(None)
+    assert read.count(SYSTEM_FILE) == 2
+
+
+def same_form(read: Any, made: Any, pairs: dict[int, Symbol]) -> None:
+    """READ (from the reader) and MADE (from the image) are the same tree: the same atoms,
+    every cons at the same position, each base symbol the same object, the others alike
+    (named alike, in the same package), one to one."""
+    if type(read) is Symbol:
+        assert type(made) is Symbol and (made.name, made.package) == (read.name, read.package)
+        assert made is read or read.package != "", read.name
+        assert pairs.setdefault(id(read), made) is made
+        return
+    assert type(made) is type(read)
+    if type(read) is Cons:
+        assert made.loc == read.loc
+        same_form(read.car, made.car, pairs)
+        same_form(read.cdr, made.cdr, pairs)
+    elif type(read) is list or type(read) is BitVector:
+        assert len(made) == len(read)
+        for a, b in zip(read, made):
+            same_form(a, b, pairs)
+    else:
+        assert made == read
+
+
+@pytest.mark.parametrize("file,text", TEXTS, ids=[f"{file}-{i}" for i, (file, _) in enumerate(TEXTS)])
+def test_the_image_gives_what_the_reader_reads(file: str, text: str) -> None:
+    """In a world's tables (its base for the prelude's texts, a fresh module table over its
+    base for a module's), the image's forms are the reader's."""
+    base = world(None).interp.base
+
+    def table() -> SymbolTable:
+        return base if file == SYSTEM_FILE else SymbolTable(file, base, internals=True)
+
+    read = Reader(text, file, table()).read_all()
+    made = system_image().forms(file, text, table())
+    assert made is not None
+    made_forms = list(made)
+    assert [r.loc for r in made_forms] == [r.loc for r in read]
+    pairs: dict[int, Symbol] = {}
+    for a, b in zip(read, made_forms):
+        same_form(a.form, b.form, pairs)
+    assert len({id(s) for s in pairs.values()}) == len(pairs)  # no two symbols became one
+
+
+def conses(x: Any, found: set[int]) -> set[int]:
+    while type(x) is Cons and id(x) not in found:
+        found.add(id(x))
+        conses(x.car, found)
+        x = x.cdr
+    return found
+
+
+def all_conses(forms: list[Any]) -> set[int]:
+    found: set[int] = set()
+    for form in forms:
+        conses(form, found)
+    return found
+
+
+def test_two_worlds_from_one_image_share_no_symbol_and_no_cons() -> None:
+    image = system_image()
+    text = prelude_text()
+    first, second = world(image), world(image)
+    assert first.interp.sym("CAR") is not second.interp.sym("CAR")
+    assert first.interp.kw("TEST") is not second.interp.kw("TEST")
+    forms_a = [r.form for r in image.forms(SYSTEM_FILE, text, SymbolTable("")) or []]
+    forms_b = [r.form for r in image.forms(SYSTEM_FILE, text, SymbolTable("")) or []]
+    cells_a, cells_b = all_conses(forms_a), all_conses(forms_b)
+    assert len(cells_a) > 1000 and not cells_a & cells_b
+
+
+def test_what_one_world_does_to_its_symbols_never_reaches_the_next() -> None:
+    """Property lists and values set on the base's symbols (the prelude's and the builtins'),
+    and names defined, in one world are not in a world built later from the same image."""
+    image = system_image()
+    first = world(image)
+    setting = "(setf (get 'car 'colour) 'red) (setf (get 'defun 'colour) 'blue) (setf (symbol-value 'loop-count) 3) (defparameter *seen* 1)"
+    last_value(first, setting)
+    asking = "(list (get 'car 'colour) (get 'defun 'colour) (boundp 'loop-count) (boundp '*seen*))"
+    assert last_value(first, asking) == "(red blue t t)"
+    assert last_value(world(image), asking) == "(nil nil nil nil)"
+
+
+def test_a_text_the_world_must_read_itself_is_not_imaged() -> None:
+    """#+/#- ask the world's *features*, `prefix:name` the modules required so far; a #2A
+    array is not copied: such texts are left out, and a world reads them as before."""
+    texts = ["#+sexpgpu (defun f () 1)", "(defparameter *a* #2A((1 2) (3 4)))", "(defun h () nn:mlp)", "(defun g () '(1 #(2 #*01) #:u))"]
+    kept = SystemImage.read([("lib.lisp", text) for text in texts])
+    assert list(kept.texts) == [("lib.lisp", texts[-1])]
+
+
+def test_a_sweeps_check_builds_one_image_and_a_plain_file_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_every_selection reads the system texts once for all the worlds of a file with
+    sweeps, and a file without variants or sweeps makes no image (its one world reads them)."""
+    made: list[SystemImage] = []
+    real = pipeline.system_image
+
+    def counted() -> SystemImage:
+        made.append(real())
+        return made[-1]
+
+    monkeypatch.setattr(pipeline, "system_image", counted)
+    checked = check_every_selection(EXAMPLES / "search.lisp")
+    assert checked.compiled > 2 and len(made) == 1
+    check_every_selection(EXAMPLES / "quickstart.lisp")
+    assert len(made) == 1
+
+
+def test_watch_reads_the_system_texts_once_for_all_its_checks(read: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """watch's checks of a file without sweeps (one world each) read only the file."""
+    parser = argparse.ArgumentParser()
+    check.register(parser.add_subparsers())
+    args = parser.parse_args(["watch", "--json", "--max-checks", "1", str(EXAMPLES / "quickstart.lisp")])
+    assert run_with_big_stack(lambda: args.run(args)) == 0
+    assert '"ok": true' in capsys.readouterr().out
+    assert SYSTEM_FILE not in read and not any(f.startswith("sexpgpu/lib/") for f in read)
+
+
+def test_variants_reads_the_system_texts_once_past_the_file_as_it_is(read: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`variants` of a sweep file: the file as it is is compiled in a world that reads the
+    prelude and the contract macros; every point's world takes them from one image."""
+    parser = argparse.ArgumentParser()
+    sweeps.register(parser.add_subparsers())
+    args = parser.parse_args(["variants", "--json", str(EXAMPLES / "sweep.lisp")])
+    assert run_with_big_stack(lambda: args.run(args)) == 0
+    assert '"sweeps"' in capsys.readouterr().out
+    assert read.count(SYSTEM_FILE) == 2
