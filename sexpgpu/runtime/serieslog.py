@@ -1,0 +1,197 @@
+"""A run's series in columns, written as it logs, so that the first reader of a long run reads
+numbers rather than parsing a line per step (sexpgpu/results/seriescolumns.py reads them).
+
+Every flush of the event log (`EventLog.flush`) appends, after its lines, one chunk to the
+run's series log, through the same store: `RUN/series.jsonl` on a local folder, segments
+`RUN/series/NNNNNN.jsonl` on an object store (one more object per flush, never one per
+step). A chunk is one JSON line (`SeriesChunk`):
+
+- `events`: the event lines it stands for: bytes START to END of events.jsonl, or the
+  events segment SEGMENT; how many lines; the SHA-256 of the last one (a reader checks it
+  against the events, so a log rewritten since is never read from its columns);
+- `items`, in the order the lines were written: a block of consecutive step events of one
+  layout (`[layout, count]`), or the line itself of any other event (and of a step event
+  that does not fit a layout);
+- `layouts`: the keys of a step event's line in order, and of each number its key, the key
+  inside an object (`metrics`, `lr`), and its type (`f` a float, `i` an integer, `z` null);
+- `payload`: base64 of, block after block, its steps (int64), its numbers (float64, a
+  field after another; NaN for null) and its times (`t`, 24 ASCII bytes each), all
+  little-endian; `sha256`: of those bytes.
+
+A chunk holds everything its lines say, so a reader rebuilds each event exactly. A torn
+chunk (no newline) is dropped, as a torn line of the events is; a chunk that does not match
+its SHA-256, or that does not follow the previous one in the events (a line was appended by
+another writer, or a chunk was not written), ends what a reader takes from the columns: it
+reads the events' lines from there. Writing the columns never fails a run: a store that
+refuses a chunk keeps it for the next flush, and readers read the lines meanwhile."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import sys
+from array import array
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .store import Appended
+
+SERIES_VERSION = 1
+TIME_BYTES = 24  # utc_now's "2026-01-02T03:04:05.678Z"
+LARGEST_INT = 1 << 53  # an integer a float64 holds exactly
+HEAD = ("v", "t", "kind", "step")  # the first keys of every event line, in order (Event.to_record)
+
+
+def series_prefix(run_prefix: str) -> str:
+    """The store log prefix of a run's series: RUN/series(.jsonl | /NNNNNN.jsonl)."""
+    return f"{run_prefix.strip('/')}/series"
+
+
+class EventsSpan(BaseModel):
+    """The event lines a chunk stands for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start: int = Field(ge=0)  # bytes of events.jsonl before them (0 on an object store)
+    end: int = Field(ge=0)  # and after them
+    segment: int = Field(ge=-1)  # the events segment they are (-1: the local events.jsonl)
+    lines: int = Field(ge=1)
+    last: str = Field(pattern="^[0-9a-f]{64}$")  # SHA-256 of the last line, its newline included
+    last_bytes: int = Field(ge=1)
+
+
+class Layout(BaseModel):
+    """What the lines of a block of step events look like, their values aside."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    v: int
+    keys: list[str]  # after v, t, kind, step, in order
+    objects: list[str]  # the keys whose value is an object of numbers
+    fields: list[tuple[str, Optional[str]]]  # each number: its key, and its key inside the object (None: the key's own value)
+    types: str = Field(pattern="^[fiz]*$")
+
+
+Item = Union[tuple[int, int], str]  # (layout, count): a block of step events; a string: one event's line
+
+
+class SeriesChunk(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    v: Literal[1]
+    events: EventsSpan
+    layouts: list[Layout]
+    items: list[Item]
+    payload: str
+    sha256: str = Field(pattern="^[0-9a-f]{64}$")
+
+
+LayoutKey = tuple[int, tuple[str, ...], tuple[str, ...], tuple[tuple[str, Optional[str]], ...], str]
+
+
+def _number(value: Any) -> Optional[tuple[str, float]]:
+    """VALUE's type code and its float64; None when it is not a number a line keeps exactly."""
+    kind = type(value)
+    if kind is float:
+        return ("f", value) if math.isfinite(value) else ("z", math.nan)  # dump_json writes a non-finite float as null
+    if kind is int:
+        return ("i", float(value)) if -LARGEST_INT < value < LARGEST_INT else None
+    if value is None:
+        return "z", math.nan
+    return None
+
+
+def step_row(record: dict[str, Any]) -> Optional[tuple[LayoutKey, int, bytes, list[float]]]:
+    """A step event's record (what its line is the JSON of) as (layout, step, time, numbers);
+    None when its line does not fit a layout (it is kept as a line)."""
+    keys = tuple(record)
+    if keys[:4] != HEAD or record["kind"] != "step":
+        return None
+    version, stamp, step = record["v"], record["t"], record["step"]
+    if type(version) is not int or type(step) is not int or not -(1 << 63) <= step < (1 << 63):
+        return None
+    if type(stamp) is not str or len(stamp) != TIME_BYTES or not stamp.isascii():
+        return None
+    objects: list[str] = []
+    fields: list[tuple[str, Optional[str]]] = []
+    types: list[str] = []
+    numbers: list[float] = []
+    for key in keys[4:]:
+        value = record[key]
+        if type(value) is dict:
+            objects.append(key)
+            for inner, item in value.items():
+                found = _number(item)
+                if found is None or type(inner) is not str:
+                    return None
+                fields.append((key, inner))
+                types.append(found[0])
+                numbers.append(found[1])
+            continue
+        found = _number(value)
+        if found is None:
+            return None
+        fields.append((key, None))
+        types.append(found[0])
+        numbers.append(found[1])
+    return (version, keys[4:], tuple(objects), tuple(fields), "".join(types)), step, stamp.encode("ascii"), numbers
+
+
+class _Block:
+    def __init__(self, layout: int, width: int) -> None:
+        self.layout = layout
+        self.steps = array("q")
+        self.numbers = [array("d") for _ in range(width)]
+        self.times: list[bytes] = []
+
+    def add(self, step: int, stamp: bytes, numbers: list[float]) -> None:
+        self.steps.append(step)
+        for column, number in zip(self.numbers, numbers):
+            column.append(number)
+        self.times.append(stamp)
+
+    def payload(self) -> bytes:
+        arrays = [self.steps, *self.numbers]
+        if sys.byteorder == "big":
+            arrays = [array(a.typecode, a) for a in arrays]
+            for copy in arrays:
+                copy.byteswap()
+        return b"".join(a.tobytes() for a in arrays) + b"".join(self.times)
+
+
+def encode_chunk(batch: list[tuple[str, Optional[dict[str, Any]]]], appended: Appended) -> str:
+    """The chunk line of BATCH (each event's line and, for a step event, its record), which
+    `append_lines` wrote as APPENDED."""
+    layouts: dict[LayoutKey, int] = {}
+    items: list[Item] = []
+    blocks: list[_Block] = []
+    current: Optional[_Block] = None
+    for line, record in batch:
+        row = step_row(record) if record is not None else None
+        if row is None:
+            items.append(line)
+            current = None
+            continue
+        key, step, stamp, numbers = row
+        index = layouts.setdefault(key, len(layouts))
+        if current is None or current.layout != index:
+            current = _Block(index, len(numbers))
+            blocks.append(current)
+            items.append((index, 0))
+        current.add(step, stamp, numbers)
+        items[-1] = (index, len(current.steps))
+    payload = b"".join(block.payload() for block in blocks)
+    last = batch[-1][0].encode("utf-8") + b"\n"
+    span = dict(start=appended.start, end=appended.end, segment=appended.segment, lines=len(batch),
+                last=hashlib.sha256(last).hexdigest(), last_bytes=len(last))
+    chunk = SeriesChunk(
+        v=SERIES_VERSION,
+        events=EventsSpan.model_validate(span),
+        layouts=[Layout(v=k[0], keys=list(k[1]), objects=list(k[2]), fields=list(k[3]), types=k[4]) for k in layouts],
+        items=items,
+        payload=base64.b64encode(payload).decode("ascii"),
+        sha256=hashlib.sha256(payload).hexdigest(),
+    )
+    return chunk.model_dump_json()
