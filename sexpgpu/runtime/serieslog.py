@@ -88,19 +88,7 @@ class SeriesChunk(BaseModel):
     sha256: str = Field(pattern="^[0-9a-f]{64}$")
 
 
-LayoutKey = tuple[int, tuple[str, ...], tuple[str, ...], tuple[tuple[str, Optional[str]], ...], str]
-
-
-def _number(value: Any) -> Optional[tuple[str, float]]:
-    """VALUE's type code and its float64; None when it is not a number a line keeps exactly."""
-    kind = type(value)
-    if kind is float:
-        return ("f", value) if math.isfinite(value) else ("z", math.nan)  # dump_json writes a non-finite float as null
-    if kind is int:
-        return ("i", float(value)) if -LARGEST_INT < value < LARGEST_INT else None
-    if value is None:
-        return "z", math.nan
-    return None
+LayoutKey = tuple[int, tuple[str, ...], tuple[Optional[tuple[Any, ...]], ...], str]  # v, keys, each one's inner keys (None: a number), types
 
 
 def step_row(record: dict[str, Any]) -> Optional[tuple[LayoutKey, int, bytes, list[float]]]:
@@ -114,29 +102,50 @@ def step_row(record: dict[str, Any]) -> Optional[tuple[LayoutKey, int, bytes, li
         return None
     if type(stamp) is not str or len(stamp) != TIME_BYTES or not stamp.isascii():
         return None
-    objects: list[str] = []
-    fields: list[tuple[str, Optional[str]]] = []
+    shape: list[Optional[tuple[Any, ...]]] = []
     types: list[str] = []
     numbers: list[float] = []
     for key in keys[4:]:
         value = record[key]
         if type(value) is dict:
-            objects.append(key)
-            for inner, item in value.items():
-                found = _number(item)
-                if found is None or type(inner) is not str:
-                    return None
-                fields.append((key, inner))
-                types.append(found[0])
-                numbers.append(found[1])
-            continue
-        found = _number(value)
-        if found is None:
+            shape.append(tuple(value))
+            items: Any = value.values()
+        else:
+            shape.append(None)
+            items = (value,)
+        for item in items:  # what dump_json writes of each, and how it reads back
+            kind = type(item)
+            if kind is float:
+                if item - item == 0.0:  # finite
+                    types.append("f")
+                    numbers.append(item)
+                else:  # written as null
+                    types.append("z")
+                    numbers.append(math.nan)
+            elif kind is int and -LARGEST_INT < item < LARGEST_INT:
+                types.append("i")
+                numbers.append(float(item))
+            elif item is None:
+                types.append("z")
+                numbers.append(math.nan)
+            else:
+                return None
+    return (version, keys[4:], tuple(shape), "".join(types)), step, stamp.encode("ascii"), numbers
+
+
+def _layout(key: LayoutKey) -> Optional[Layout]:
+    """The layout of KEY; None when an inner key is not a string (JSON would make it one)."""
+    version, keys, shape, types = key
+    fields: list[tuple[str, Optional[str]]] = []
+    for name, inner in zip(keys, shape):
+        if inner is None:
+            fields.append((name, None))
+        elif all(type(k) is str for k in inner):
+            fields.extend((name, k) for k in inner)
+        else:
             return None
-        fields.append((key, None))
-        types.append(found[0])
-        numbers.append(found[1])
-    return (version, keys[4:], tuple(objects), tuple(fields), "".join(types)), step, stamp.encode("ascii"), numbers
+    objects = [name for name, inner in zip(keys, shape) if inner is not None]
+    return Layout(v=version, keys=list(keys), objects=objects, fields=fields, types=types)
 
 
 class _Block:
@@ -153,29 +162,36 @@ class _Block:
         self.times.append(stamp)
 
     def payload(self) -> bytes:
-        arrays = [self.steps, *self.numbers]
-        if sys.byteorder == "big":
-            arrays = [array(a.typecode, a) for a in arrays]
-            for copy in arrays:
-                copy.byteswap()
-        return b"".join(a.tobytes() for a in arrays) + b"".join(self.times)
+        return _little(self.steps) + b"".join(_little(column) for column in self.numbers) + b"".join(self.times)
+
+
+def _little(values: "array[Any]") -> bytes:
+    if sys.byteorder == "big":
+        values = array(values.typecode, values.tobytes())
+        values.byteswap()
+    return values.tobytes()
 
 
 def encode_chunk(batch: list[tuple[str, Optional[dict[str, Any]]]], appended: Appended) -> str:
     """The chunk line of BATCH (each event's line and, for a step event, its record), which
     `append_lines` wrote as APPENDED."""
-    layouts: dict[LayoutKey, int] = {}
+    known: dict[LayoutKey, Optional[int]] = {}  # each layout's index (None: kept as lines)
+    layouts: list[Layout] = []
     items: list[Item] = []
     blocks: list[_Block] = []
     current: Optional[_Block] = None
     for line, record in batch:
         row = step_row(record) if record is not None else None
-        if row is None:
+        if row is not None and row[0] not in known:
+            layout = _layout(row[0])
+            known[row[0]] = None if layout is None else len(layouts)
+            layouts.extend([layout] if layout is not None else [])
+        index = known[row[0]] if row is not None else None
+        if row is None or index is None:
             items.append(line)
             current = None
             continue
-        key, step, stamp, numbers = row
-        index = layouts.setdefault(key, len(layouts))
+        _, step, stamp, numbers = row
         if current is None or current.layout != index:
             current = _Block(index, len(numbers))
             blocks.append(current)
@@ -189,7 +205,7 @@ def encode_chunk(batch: list[tuple[str, Optional[dict[str, Any]]]], appended: Ap
     chunk = SeriesChunk(
         v=SERIES_VERSION,
         events=EventsSpan.model_validate(span),
-        layouts=[Layout(v=k[0], keys=list(k[1]), objects=list(k[2]), fields=list(k[3]), types=k[4]) for k in layouts],
+        layouts=layouts,
         items=items,
         payload=base64.b64encode(payload).decode("ascii"),
         sha256=hashlib.sha256(payload).hexdigest(),
