@@ -30,7 +30,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
-import sys
 from array import array
 from typing import Any, Literal, Optional, Union
 
@@ -151,25 +150,21 @@ def _layout(key: LayoutKey) -> Optional[Layout]:
 class _Block:
     def __init__(self, layout: int, width: int) -> None:
         self.layout = layout
+        self.width = width
         self.steps = array("q")
-        self.numbers = [array("d") for _ in range(width)]
+        self.rows: list[float] = []  # the numbers, an event after another
         self.times: list[bytes] = []
 
     def add(self, step: int, stamp: bytes, numbers: list[float]) -> None:
         self.steps.append(step)
-        for column, number in zip(self.numbers, numbers):
-            column.append(number)
+        self.rows.extend(numbers)
         self.times.append(stamp)
 
     def payload(self) -> bytes:
-        return _little(self.steps) + b"".join(_little(column) for column in self.numbers) + b"".join(self.times)
+        import numpy as np  # here: a reader of events alone never loads NumPy
 
-
-def _little(values: "array[Any]") -> bytes:
-    if sys.byteorder == "big":
-        values = array(values.typecode, values.tobytes())
-        values.byteswap()
-    return values.tobytes()
+        numbers = np.array(self.rows, dtype="<f8").reshape(len(self.steps), self.width).T  # a field after another
+        return np.array(self.steps, dtype="<i8").tobytes() + numbers.tobytes() + b"".join(self.times)
 
 
 def encode_chunk(batch: list[tuple[str, Optional[dict[str, Any]]]], appended: Appended) -> str:
