@@ -4,14 +4,14 @@ runs write (tests/scale_store.py, from a real run's files):
 - a run of --steps logged steps (default 1,000,000), its series in columns as a run writes
   them (a chunk every --chunk events: runtime/serieslog.py), opened in a real `sexpgpu ui`
   that never read it: the seconds (wall, and the server's CPU) of the first
-  /api/run/SLUG/curves (read from the columns, and the parsed series written to the disk
-  cache), of the next one (read from where it stopped: nothing new), and the server's peak
-  resident memory (VmHWM); then the same in a fresh server, which finds the series in the
-  disk cache;
-- `sexpgpu plot` of that run, first with a disk cache of its own (empty: the columns read),
-  then with the server's: seconds and peak memory of the process;
-- with --lines, the run's first open in a server when it has no columns (an older
-  version's run: every line parsed), which takes minutes on a loaded machine;
+  /api/run/SLUG/curves (read from the columns; no disk cache is written for what came from
+  them), of the next one (read from where it stopped: nothing new), and the server's peak
+  resident memory (VmHWM);
+- `sexpgpu plot` of that run, its first read too (the columns): seconds and peak memory of
+  the process;
+- with --lines, the same run without its columns (an older version's run: every line
+  parsed, which takes minutes on a loaded machine, and the parsed series written to the
+  disk cache), then in a fresh server that finds them in the disk cache, and `plot` with it;
 - a sweep of --runs points (default 5,000): the seconds of its first /api/sweep/NAME (every
   run.json and status.json read) and of the next (only each file's time looked at).
 
@@ -136,16 +136,17 @@ def main() -> None:
         plotted, usage = plot(base / "long" / slug, base / "long.png", fresh_cache())
         rows += [(f"plot the {args.steps:,}-step run, first read (its columns)", f"{plotted:.2f} s ({usage.ru_utime + usage.ru_stime:.2f} s CPU)"),
                  ("that plot's peak memory", f"{usage.ru_maxrss / 1024:.0f} MiB")]
-        cache = fresh_cache()
-        rows += twice(base / "long", curves, f"open a {args.steps:,}-step run, first read (its columns)", "open it again (nothing new)", cache)
-        rows += twice(base / "long", curves, "open it in a fresh server (from the disk cache)", "open it again (nothing new)", cache)
-        plotted, usage = plot(base / "long" / slug, base / "long.png", cache)
-        rows += [(f"plot the {args.steps:,}-step run (the disk cache)", f"{plotted:.2f} s ({usage.ru_utime + usage.ru_stime:.2f} s CPU)"),
-                 ("that plot's peak memory", f"{usage.ru_maxrss / 1024:.0f} MiB")]
-        if args.lines:
+        rows += twice(base / "long", curves, f"open a {args.steps:,}-step run, first read (its columns)", "open it again (nothing new)",
+                      fresh_cache())
+        if args.lines:  # what the columns save: an older version's run, and then its disk cache
             (base / "long" / slug / "series.jsonl").unlink()
+            cache = fresh_cache()
             rows += twice(base / "long", curves, "open it without its columns, first read (every line parsed)", "open it again (nothing new)",
-                          fresh_cache())
+                          cache)
+            rows += twice(base / "long", curves, "open it in a fresh server (from the disk cache)", "open it again (nothing new)", cache)
+            plotted, usage = plot(base / "long" / slug, base / "long.png", cache)
+            rows += [(f"plot the {args.steps:,}-step run (the disk cache)", f"{plotted:.2f} s ({usage.ru_utime + usage.ru_stime:.2f} s CPU)"),
+                     ("that plot's peak memory", f"{usage.ru_maxrss / 1024:.0f} MiB")]
 
         write_sweep(base / "wide", template, args.runs)
         rows += twice(base / "wide", "api/sweep/grid", f"sweep page of {args.runs:,} runs (first)", "sweep page again (files unchanged)",

@@ -239,6 +239,7 @@ def test_a_fresh_process_opens_a_cached_million_step_run_within_200_mb_without_p
     root, slug = long_run
     copy = tmp_path / "runs"
     shutil.copytree(root / slug, copy / slug)
+    (copy / slug / "series.jsonl").unlink()  # an older version's run: its first read parses its lines
     cache = {"SEXPGPU_CACHE": str(tmp_path / "cache")}
     with serving_process(str(copy), cache) as (url, _):
         parsed = get(f"{url}api/run/{slug}/curves")  # the first open parses every line, and caches them

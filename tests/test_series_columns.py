@@ -194,6 +194,24 @@ def test_a_run_without_columns_and_a_log_rewritten_since_are_read_from_their_lin
     assert loss[0] == "loss" and loss[3][1] == "0.25"
 
 
+def test_what_came_from_the_columns_is_cached_on_disk_only_once_enough_lines_were_parsed_after(tmp_path: Path) -> None:
+    store = Store.open(str(tmp_path / "runs"))
+    a_log(store, steps(1, 100))
+    first = RunReaders(store, cache=tmp_path / "cache", save_after=30)
+    first.curves(SLUG)
+    assert not (tmp_path / "cache").exists(), "reading the columns again is about as cheap as the cache"
+    log = EventLog(store, SLUG, flush_every=1000, series=False)  # lines the columns do not have
+    for event in steps(101, 140):
+        log.emit(event)
+    log.close()
+    first.curves(SLUG)
+    (manifest,) = (tmp_path / "cache").glob("series/*/manifest.json")
+    assert json.loads(manifest.read_text())["position"]["count"] == 140
+    cached = RunReaders(store, cache=tmp_path / "cache")
+    assert cached._run(SLUG).cache is not None and cached._run(SLUG).cache.saved is not None  # type: ignore[union-attr]
+    assert everything(cached, SLUG) == everything(RunReaders(store, use_cache=False, use_columns=False), SLUG)
+
+
 # -- S3 ----------------------------------------------------------------------------------------------
 
 

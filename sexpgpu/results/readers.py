@@ -34,8 +34,8 @@ class _Run:
         self.reader = EventReader(store, slug, sink=self.data, keep=_not_step)
         self.cache = SeriesCache(self.reader, self.data, cache, save_after) if use_cache else None
         loaded = self.cache is not None and self.cache.load()
-        if not loaded and use_columns:
-            load_columns(self.reader, self.data)
+        if not loaded and use_columns and load_columns(self.reader, self.data) and self.cache is not None:
+            self.cache.columns = (self.reader.count, self.reader.resets)
 
     def update(self) -> None:
         """Read what the run logged since (the caller holds `reader.lock`), and save it to

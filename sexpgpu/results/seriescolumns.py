@@ -23,7 +23,7 @@ from ..runtime.events import EventReader, ReaderPosition, decode_line
 from ..runtime.serieslog import TIME_BYTES, Layout, SeriesChunk, series_prefix
 from .curves import TAIL, CurveData, Group, Steps, Values, resume_step, step_points
 
-READ = 8 << 20  # bytes of series.jsonl asked for at a time
+READ = 1 << 20  # bytes of series.jsonl asked for at a time (a chunk of 2,000 step events is some 240 kB)
 LONGEST = 1 << 30  # a chunk line longer than this ends what is taken from the columns
 HEAD_BYTES = 256  # what EventReader keeps of the first line of events.jsonl
 
@@ -246,7 +246,10 @@ def _lines(reader: EventReader) -> Iterator[bytes]:
                 break
             size *= 2  # a chunk longer than a read
             continue
-        yield from data[:end].split(b"\n")[:-1]
+        lines = data.split(b"\n")
+        del data
+        lines.pop()  # after the last newline: the start of a chunk the next read has whole
+        yield from lines
         offset += end
         size = READ
         if offset >= total:
