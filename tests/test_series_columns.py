@@ -178,6 +178,21 @@ def test_a_line_another_writer_appended_ends_the_columns_there(tmp_path: Path) -
     assert assert_same(store, SLUG)[5] == 60
 
 
+def test_a_run_an_older_version_began_and_this_one_resumed_reads_its_old_lines_then_its_columns(tmp_path: Path) -> None:
+    store = Store.open(str(tmp_path))
+    log = EventLog(store, SLUG, flush_every=10, series=False)
+    for event in steps(1, 50):
+        log.emit(event)
+    log.close()
+    a_log(store, [{"kind": "resume", "step": 40, "from_step": 40, "checkpoint": "checkpoints/step-000040"}, *steps(41, 80)])
+    assert taken_from_columns(store, SLUG)
+    assert assert_same(store, SLUG)[0][0][2] == list(range(1, 81))
+    (tmp_path / SLUG / "events.jsonl").write_bytes((tmp_path / SLUG / "events.jsonl").read_bytes().replace(b'"step":3,', b'"step":3;', 1))
+    assert taken_from_columns(store, SLUG)
+    warned = assert_same(store, SLUG)[4]
+    assert len(warned) == 1 and warned[0].startswith(f"{store.url_of(SLUG + '/events.jsonl')}:3: not JSON")
+
+
 def test_a_run_without_columns_and_a_log_rewritten_since_are_read_from_their_lines(tmp_path: Path) -> None:
     store = Store.open(str(tmp_path))
     a_log(store, steps(1, 50))
@@ -233,3 +248,7 @@ def test_on_s3_the_columns_are_one_object_a_flush_and_read_the_same(s3_store: St
     assert taken_from_columns(s3_store, SLUG)
     series, *_ = assert_same(s3_store, SLUG)
     assert series[0][2] == list(range(1, 91))
+    s3_store.append_lines(events_prefix(SLUG), ['{"v":1,"t":"2026-01-01T00:00:00.000Z","kind":"annotation","step":90,"text":"hi"}'])
+    a_log(s3_store, steps(91, 110), flush_every=25)
+    assert taken_from_columns(s3_store, SLUG)
+    assert assert_same(s3_store, SLUG)[0][0][2] == list(range(1, 111))

@@ -4,8 +4,10 @@ for would (the same series, events, kept lines, tail and position), block by blo
 events instead of line by line; the reader then reads the lines after the last chunk taken.
 
 A chunk is taken while it follows the previous one in the events (bytes, or segment, and
-line) and its payload matches its SHA-256; the last one taken must match the events (the
-SHA-256 of its last line, where it says that line is), or nothing is taken. A run written
+line) and its payload matches its SHA-256; event lines between two chunks (another writer
+appended them, an older version wrote them, or the writer died before their chunk) are
+parsed as a reader of the lines parses them. The last chunk taken must match the events
+(the SHA-256 of its last line, where it says that line is), or nothing is taken. A run written
 before the columns existed has none, and is read from its lines."""
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ..runtime.serieslog import TIME_BYTES, Layout, SeriesChunk, series_prefix
 from .curves import TAIL, CurveData, Group, Steps, Values, resume_step, step_points
 
 READ = 1 << 20  # bytes of series.jsonl asked for at a time (a chunk of 2,000 step events is some 240 kB)
+READ_LINES = 8 << 20  # bytes of event lines between chunks read at a time
 LONGEST = 1 << 30  # a chunk line longer than this ends what is taken from the columns
 HEAD_BYTES = 256  # what EventReader keeps of the first line of events.jsonl
 
@@ -99,13 +102,43 @@ class _Replay:
             return span.segment == self.segment + 1 and self.offset == 0
         return self.segment < 0 and span.start == self.offset and span.end > span.start
 
+    def bridge(self, chunk: SeriesChunk) -> bool:
+        """The event lines between the last chunk taken and CHUNK (another writer's, an
+        older version's, or a flush whose chunk was never written) taken as a reader of the
+        lines takes them; False when CHUNK is not after them."""
+        span, store = chunk.events, self.reader.store
+        if span.segment >= 0:
+            if self.offset or span.segment <= self.segment:
+                return False
+            for number in (n for n in store.log_segments(self.reader.folder) if self.segment < n < span.segment):
+                path = f"{self.reader.folder}/{number:06d}.jsonl"
+                self._raw_lines(store.read_bytes(path), store.url_of(path), 0)
+            self.segment = span.segment - 1
+            return True
+        if self.segment >= 0 or span.start <= self.offset:
+            return False
+        while self.offset < span.start:
+            _, data = store.read_from(self.reader.single, self.offset, min(READ_LINES, span.start - self.offset))
+            end = data.rfind(b"\n") + 1
+            if end == 0:
+                return False  # a line longer than READ_LINES: the reader of the lines says what it is
+            self._raw_lines(data[:end], self.url, self.lines)
+            self.lines += data.count(b"\n", 0, end)
+            self.offset += end
+        return self.offset == span.start
+
+    def _raw_lines(self, data: bytes, url: str, first: int) -> None:
+        for number, raw in enumerate(data.split(b"\n")[:-1], start=first + 1):
+            if raw.strip():
+                self._line(raw, url, number)
+
     def take(self, chunk: SeriesChunk) -> bool:
         """CHUNK taken; False (nothing of it taken) when its payload does not match."""
         payload = base64.b64decode(chunk.payload, validate=True)
         if hashlib.sha256(payload).hexdigest() != chunk.sha256:
             return False
         blocks = self._blocks(chunk, payload)
-        if blocks is None:
+        if blocks is None or sum(1 for item in chunk.items if isinstance(item, str)) + sum(len(b.steps) for b in blocks) != chunk.events.lines:
             return False
         span = chunk.events
         url = self.url if span.segment < 0 else self.reader.store.url_of(f"{self.reader.folder}/{span.segment:06d}.jsonl")
@@ -114,7 +147,7 @@ class _Replay:
         for item in chunk.items:
             if isinstance(item, str):
                 number += 1
-                self._line(item, url, number)
+                self._line(item.encode("utf-8"), url, number)
             else:
                 block = next(found)
                 number += len(block.steps)
@@ -145,8 +178,8 @@ class _Replay:
             at += size
         return blocks if at == len(payload) else None
 
-    def _line(self, line: str, url: str, number: int) -> None:
-        found = decode_line(line.encode("utf-8"))
+    def _line(self, raw: bytes, url: str, number: int) -> None:
+        found = decode_line(raw)
         if isinstance(found, str):
             self.warnings.append(f"{url}:{number}: {found}; the line is skipped")
             return
@@ -282,7 +315,7 @@ def load_columns(reader: EventReader, data: CurveData) -> bool:
             chunk = SeriesChunk.model_validate_json(raw)
         except (ValidationError, ValueError):
             break
-        if not replay.follows(chunk) or not replay.take(chunk):
+        if not (replay.follows(chunk) or replay.bridge(chunk)) or not replay.take(chunk):
             break
     if replay.last is None or not _matches(reader, replay.last):
         data.clear()
