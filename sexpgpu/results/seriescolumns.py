@@ -147,7 +147,8 @@ class _Replay:
         for item in chunk.items:
             if isinstance(item, str):
                 number += 1
-                self._line(item.encode("utf-8"), url, number)
+                if item.strip():  # a blank line is no event, and no warning either
+                    self._line(item.encode("utf-8"), url, number)
             else:
                 block = next(found)
                 number += len(block.steps)
