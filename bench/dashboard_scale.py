@@ -1,16 +1,21 @@
 """The dashboard and `plot` at scale, against stores written directly in the formats real
 runs write (tests/scale_store.py, from a real run's files):
 
-- a run of --steps logged steps (default 1,000,000) opened in a real `sexpgpu ui`: the
-  seconds (wall, and the server's CPU) of the first /api/run/SLUG/curves (every event read
-  and parsed, and the parsed series written to the disk cache), of the next one (read from
-  where it stopped: nothing new), and the server's peak resident memory (VmHWM); then the
-  same in a fresh server, which finds the series in the disk cache;
-- `sexpgpu plot` of that run (the disk cache there): seconds and peak memory of the process;
+- a run of --steps logged steps (default 1,000,000), its series in columns as a run writes
+  them (a chunk every --chunk events: runtime/serieslog.py), opened in a real `sexpgpu ui`
+  that never read it: the seconds (wall, and the server's CPU) of the first
+  /api/run/SLUG/curves (read from the columns; no disk cache is written for what came from
+  them), of the next one (read from where it stopped: nothing new), and the server's peak
+  resident memory (VmHWM);
+- `sexpgpu plot` of that run, its first read too (the columns): seconds and peak memory of
+  the process;
+- with --lines, the same run without its columns (an older version's run: every line
+  parsed, which takes minutes on a loaded machine, and the parsed series written to the
+  disk cache), then in a fresh server that finds them in the disk cache, and `plot` with it;
 - a sweep of --runs points (default 5,000): the seconds of its first /api/sweep/NAME (every
   run.json and status.json read) and of the next (only each file's time looked at).
 
-    python bench/dashboard_scale.py [--steps 1000000] [--runs 5000]
+    python bench/dashboard_scale.py [--steps 1000000] [--chunk 2000] [--runs 5000] [--lines]
 """
 
 from __future__ import annotations
@@ -35,7 +40,11 @@ sys.path.insert(0, str(REPO / "tests"))
 from results_store import TINY, write_file  # noqa: E402
 from scale_store import write_long_run, write_sweep  # noqa: E402
 
-ENV = {**os.environ, "PYTHONPATH": str(REPO), "SEXPGPU_CACHE": tempfile.mkdtemp(prefix="dashboard-scale-cache-")}
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "SEXPGPU_CACHE": os.path.join(tempfile.mkdtemp(prefix="dashboard-scale-caches-"), "run")}
+
+
+def fresh_cache() -> str:
+    return tempfile.mkdtemp(prefix="dashboard-scale-cache-", dir=os.path.dirname(ENV["SEXPGPU_CACHE"]))
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -71,8 +80,9 @@ def peak_mb(pid: int) -> float:
     return int(line.split()[1]) / 1024
 
 
-def serve(store: Path) -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen([sys.executable, "-m", "sexpgpu", "ui", str(store)], stdout=subprocess.PIPE, text=True, env=ENV)
+def serve(store: Path, cache: str) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen([sys.executable, "-m", "sexpgpu", "ui", str(store)], stdout=subprocess.PIPE, text=True,
+                               env={**ENV, "SEXPGPU_CACHE": cache})
     assert process.stdout is not None
     found = re.search(r"(http://127\.0\.0\.1:\d+/)", process.stdout.readline())
     assert found, "sexpgpu ui did not say where it listens"
@@ -84,20 +94,22 @@ def stop(process: subprocess.Popen[str]) -> None:
     process.wait(timeout=60)
 
 
-def plot(run: Path, out: Path) -> tuple[float, resource.struct_rusage]:
+def plot(run: Path, out: Path, cache: str) -> tuple[float, resource.struct_rusage]:
     """The seconds `sexpgpu plot RUN -o OUT` took, and its own resource use (wait4: that
     child's alone, not the servers' before it)."""
     start = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "sexpgpu", "plot", str(run), "-o", str(out)], env=ENV, stdout=subprocess.DEVNULL)
+    process = subprocess.Popen([sys.executable, "-m", "sexpgpu", "plot", str(run), "-o", str(out)], env={**ENV, "SEXPGPU_CACHE": cache},
+                               stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
     assert process.returncode == 0, f"plot exited {process.returncode}"
     return time.perf_counter() - start, usage
 
 
-def twice(store: Path, path: str, first: str, again: str) -> list[tuple[str, str]]:
-    """Rows: PATH asked of a fresh server of STORE, then again, and the server's peak memory."""
-    process, url = serve(store)
+def twice(store: Path, path: str, first: str, again: str, cache: str) -> list[tuple[str, str]]:
+    """Rows: PATH asked of a fresh server of STORE (its disk cache CACHE), then again, and the
+    server's peak memory."""
+    process, url = serve(store, cache)
     try:
         return [(first, measured(process.pid, lambda: get(url + path))), (again, measured(process.pid, lambda: get(url + path))),
                 ("server peak memory", f"{peak_mb(process.pid):.0f} MiB")]
@@ -108,7 +120,9 @@ def twice(store: Path, path: str, first: str, again: str) -> list[tuple[str, str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--chunk", type=int, default=2000, help="events a chunk of the columns (a flush of the run's log)")
     parser.add_argument("--runs", type=int, default=5000)
+    parser.add_argument("--lines", action="store_true", help="also open the run without its columns (every line parsed)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="dashboard-scale-"))
     try:
@@ -116,25 +130,37 @@ def main() -> None:
         (template,) = [p for p in (base / "real").iterdir() if p.is_dir()]
         rows: list[tuple[str, str]] = []
 
-        written = timed(lambda: write_long_run(base / "long", template, args.steps))
+        written = timed(lambda: write_long_run(base / "long", template, args.steps, chunk=args.chunk))
         slug = next(p.name for p in (base / "long").iterdir())
-        rows += twice(base / "long", f"api/run/{slug}/curves", f"open a {args.steps:,}-step run (first read)", "open it again (nothing new)")
-        rows += twice(base / "long", f"api/run/{slug}/curves", "open it in a fresh server (from the disk cache)", "open it again (nothing new)")
-        plotted, usage = plot(base / "long" / slug, base / "long.png")
-        rows += [(f"plot the {args.steps:,}-step run", f"{plotted:.2f} s ({usage.ru_utime + usage.ru_stime:.2f} s CPU)"),
-                 ("plot peak memory", f"{usage.ru_maxrss / 1024:.0f} MiB")]
+        curves = f"api/run/{slug}/curves"
+        plotted, usage = plot(base / "long" / slug, base / "long.png", fresh_cache())
+        rows += [(f"plot the {args.steps:,}-step run, first read (its columns)", f"{plotted:.2f} s ({usage.ru_utime + usage.ru_stime:.2f} s CPU)"),
+                 ("that plot's peak memory", f"{usage.ru_maxrss / 1024:.0f} MiB")]
+        rows += twice(base / "long", curves, f"open a {args.steps:,}-step run, first read (its columns)", "open it again (nothing new)",
+                      fresh_cache())
+        if args.lines:  # what the columns save: an older version's run, and then its disk cache
+            (base / "long" / slug / "series.jsonl").unlink()
+            cache = fresh_cache()
+            rows += twice(base / "long", curves, "open it without its columns, first read (every line parsed)", "open it again (nothing new)",
+                          cache)
+            rows += twice(base / "long", curves, "open it in a fresh server (from the disk cache)", "open it again (nothing new)", cache)
+            plotted, usage = plot(base / "long" / slug, base / "long.png", cache)
+            rows += [(f"plot the {args.steps:,}-step run (the disk cache)", f"{plotted:.2f} s ({usage.ru_utime + usage.ru_stime:.2f} s CPU)"),
+                     ("that plot's peak memory", f"{usage.ru_maxrss / 1024:.0f} MiB")]
 
         write_sweep(base / "wide", template, args.runs)
-        rows += twice(base / "wide", "api/sweep/grid", f"sweep page of {args.runs:,} runs (first)", "sweep page again (files unchanged)")
+        rows += twice(base / "wide", "api/sweep/grid", f"sweep page of {args.runs:,} runs (first)", "sweep page again (files unchanged)",
+                      fresh_cache())
         width = max(len(name) for name, _ in rows)
-        print(f"(the {args.steps:,}-step events.jsonl was written in {written:.1f} s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+        print(f"(the {args.steps:,}-step run's events and columns were written in {written:.1f} s, a chunk every {args.chunk:,} events; "
+              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
         print(f"| {'measure'.ljust(width)} | value |")
         print(f"| {'-' * width} | --- |")
         for name, value in rows:
             print(f"| {name.ljust(width)} | {value} |")
     finally:
         shutil.rmtree(base, ignore_errors=True)
-        shutil.rmtree(ENV["SEXPGPU_CACHE"], ignore_errors=True)
+        shutil.rmtree(os.path.dirname(ENV["SEXPGPU_CACHE"]), ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ served on request; `plot` of it stays small; a 5,000-run store's sweep page is p
 reads a run's files again only when they changed; the readers kept are bounded.
 
 The stores are written directly in the formats real runs write (tests/scale_store.py), from a
-real run's files. How long these take is measured by bench/dashboard_scale.py, not here."""
+real run's files; a fresh server opens the long run, which no process read before, from the
+series its writer logged in columns, without parsing a line. How long these take is measured by bench/dashboard_scale.py, not here."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import pytest
 from conftest import REPO
 import peak_memory
 from results_store import TINY, quietly, write_file
-from scale_store import SETTLED, SPIKE_EVERY, loss_at, write_long_run, write_sweep
+from scale_store import EVAL_EVERY, SETTLED, SPIKE_EVERY, loss_at, write_long_run, write_sweep
 from sexpgpu.dashboard.server import Dashboard
 from sexpgpu.results.curves import CurveData, downsample
 from sexpgpu.results.readers import RunReaders
@@ -238,6 +239,7 @@ def test_a_fresh_process_opens_a_cached_million_step_run_within_200_mb_without_p
     root, slug = long_run
     copy = tmp_path / "runs"
     shutil.copytree(root / slug, copy / slug)
+    (copy / slug / "series.jsonl").unlink()  # an older version's run: its first read parses its lines
     cache = {"SEXPGPU_CACHE": str(tmp_path / "cache")}
     with serving_process(str(copy), cache) as (url, _):
         parsed = get(f"{url}api/run/{slug}/curves")  # the first open parses every line, and caches them
@@ -254,6 +256,27 @@ def test_a_fresh_process_opens_a_cached_million_step_run_within_200_mb_without_p
     assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
     peak = peak_memory.peak_kb(done.stderr)
     assert peak / 1024 < PLOT_LIMIT_MB, f"plot peaked at {peak / 1024:.0f} MiB"
+
+
+@pytest.mark.slow
+def test_a_fresh_server_opens_a_million_step_run_no_process_read_before_from_its_columns_within_200_mb(
+        long_run: tuple[Path, str], tmp_path: Path) -> None:
+    root, slug = long_run
+    copy = tmp_path / "runs"
+    shutil.copytree(root / slug, copy / slug)
+    scramble_lines(copy / slug / "events.jsonl")  # had it parsed a line, every line would be a warning
+    with serving_process(str(copy), {"SEXPGPU_CACHE": str(tmp_path / "cache")}) as (url, process):
+        curves = get(f"{url}api/run/{slug}/curves")
+        opened_mb = peak_mb(process.pid)
+        assert not curves["warnings"] and curves["last_step"] == MILLION and curves["events"] == MILLION + 2 * (MILLION // EVAL_EVERY) + 3
+        loss = next(s for s in curves["series"] if s["name"] == "loss")
+        shown = dict(zip(loss["steps"], loss["values"]))
+        assert loss["points"] == MILLION and all(shown[s] == loss_at(s) for s in range(SPIKE_EVERY, MILLION, SPIKE_EVERY))
+        assert opened_mb < OPEN_LIMIT_MB, f"the server peaked at {opened_mb:.0f} MiB opening {MILLION:,} steps from their columns"
+        (every,) = get(f"{url}api/run/{slug}/curves?points=all&series=loss")["series"]
+        assert every["values"] == [loss_at(step) for step in range(1, MILLION + 1)]
+        events = get(f"{url}api/run/{slug}/events")
+        assert events["step_events"] == MILLION and [e["step"] for e in events["events"] if e["kind"] == "step"] == list(range(MILLION - 999, MILLION + 1))
 
 
 # -- a sweep of 5,000 points --------------------------------------------------------------------

@@ -30,6 +30,7 @@ import s3fs  # noqa: E402
 
 from conftest import REPO  # noqa: E402
 from s3_server import MotoS3, PausableProxy, boto3_client, make_bucket, patched_env, s3_env  # noqa: E402
+from sexpgpu.results.readers import RunReaders  # noqa: E402
 from sexpgpu.runtime import store as store_module  # noqa: E402
 from sexpgpu.runtime.events import EventLog, StepEvent, read_events  # noqa: E402
 from sexpgpu.runtime.runfolder import RunFolder  # noqa: E402
@@ -245,6 +246,9 @@ def test_an_outage_past_the_retries_raises_and_loses_no_event(s3: S3) -> None:
     log.close()
     steps = [e["step"] for e in read_events(store, "run")]
     assert steps == list(range(1, 12))  # nothing lost, nothing twice, in order
+    columns, lines = RunReaders(store, use_cache=False), RunReaders(store, use_cache=False, use_columns=False)
+    assert store.log_segments("run/series")  # the series in columns too, as the lines say
+    assert (columns.curves("run"), columns.events_and_count("run")) == (lines.curves("run"), lines.events_and_count("run"))
 
 
 def test_status_waits_out_a_long_outage(s3: S3) -> None:

@@ -1,7 +1,8 @@
 """The disk cache of a run's parsed series (sexpgpu/results/seriescache.py): a reader in
 another process that finds it has the same curves and events as one that parsed every line,
 reads only what the log added since, writes a chunk of what is new when the log grew, and
-builds a damaged cache again; a log that is not the one cached is read from its start."""
+builds a damaged cache again; a log that is not the one cached is read from its start. The logs
+here have no series in columns (an older version's run): their first read parses every line."""
 
 from __future__ import annotations
 
@@ -65,12 +66,12 @@ def test_a_cached_run_reads_as_one_parsed_from_its_start_and_reads_only_what_was
         cache = tmp_path / f"cache-{trial}"
         events = random_events(chance, chance.randint(20, 400))
         cut = chance.randint(1, len(events) - 1)
-        with EventLog(store, "r", flush_every=1000) as log:
+        with EventLog(store, "r", flush_every=1000, series=False) as log:
             for event in events[:cut]:
                 log.emit(event)
         first = RunReaders(store, cache=cache, save_after=1)
         first.curves("r")  # read and cached
-        with EventLog(store, "r", flush_every=1000) as log:
+        with EventLog(store, "r", flush_every=1000, series=False) as log:
             for event in events[cut:]:
                 log.emit(event)
         second = RunReaders(store, cache=cache, save_after=1)
@@ -88,7 +89,7 @@ def test_a_growing_log_is_saved_in_chunks_and_a_resume_saves_it_whole(tmp_path: 
     store, cache = Store.open(str(tmp_path / "runs")), tmp_path / "cache"
     readers = RunReaders(store, cache=cache, save_after=10)
     step = 0
-    with EventLog(store, "r", flush_every=1) as log:
+    with EventLog(store, "r", flush_every=1, series=False) as log:
         for round_ in range(3):
             for _ in range(20):
                 step += 1
@@ -108,7 +109,7 @@ def test_a_growing_log_is_saved_in_chunks_and_a_resume_saves_it_whole(tmp_path: 
 
 
 def write_run(store: Store, steps: int) -> None:
-    with EventLog(store, "r", flush_every=1000) as log:
+    with EventLog(store, "r", flush_every=1000, series=False) as log:
         for step in range(1, steps + 1):
             log.emit({"kind": "step", "step": step, "loss": 1 / step, "metrics": {"acc": step % 7 / 7}})
             if step % 10 == 0:

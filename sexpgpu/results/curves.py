@@ -30,7 +30,7 @@ import math
 from array import array
 from bisect import bisect_right
 from collections import deque
-from typing import Any, Iterable, Literal, Optional, TypeAlias
+from typing import Any, Iterable, Iterator, Literal, Optional, TypeAlias
 
 import numpy as np
 
@@ -81,6 +81,27 @@ def _step_of(event: dict[str, Any]) -> Optional[int]:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
+def step_points(event: dict[str, Any]) -> Iterator[tuple[str, "Group", Any]]:
+    """The (series, group, value) a step event logs, in the order they are taken."""
+    if "loss" in event:
+        yield "loss", "train", event["loss"]
+    for key, value in _mapping(event.get("metrics")).items():
+        yield str(key), "train", value
+    for group, value in _mapping(event.get("lr")).items():
+        yield f"lr:{group}", "optimizer", value
+    if "grad_norm" in event:
+        yield "grad_norm", "optimizer", event["grad_norm"]
+    for key in SPEED_FIELDS:
+        if key in event:
+            yield key, "speed", event[key]
+
+
+def resume_step(event: dict[str, Any]) -> Optional[int]:
+    """The step a resume event goes on from (what it supersedes is after it)."""
+    from_step = event.get("from_step", event.get("step"))
+    return from_step if isinstance(from_step, int) and not isinstance(from_step, bool) else None
+
+
 TAIL = 1000  # the latest step events a reader keeps whole (the dashboard's events table shows as many)
 DEFAULT_BUCKETS = 1000  # the points a chart is drawn from, about one per pixel of its width
 
@@ -127,6 +148,20 @@ class Column:
             self.ordered = False
         self.own.append(step)
         self.values.append(value)
+
+    def extend(self, before: int, steps: Steps, values: Values) -> None:
+        """`append` of each of STEPS with its value, in order, at once; BEFORE: how many step
+        events there were before these (whose steps SHARED ends with)."""
+        if self.own is None:
+            assert self.shared is not None
+            if len(self.values) == before:  # a value at every step event so far: still shared
+                self.values.frombytes(values.astype("=f8", copy=False).tobytes())
+                return
+            self.own = self.shared[: len(self.values)]
+        if self.ordered and len(steps) and ((self.own and steps[0] < self.own[-1]) or bool(np.any(steps[1:] < steps[:-1]))):
+            self.ordered = False
+        self.own.frombytes(steps.astype("=i8", copy=False).tobytes())
+        self.values.frombytes(values.astype("=f8", copy=False).tobytes())
 
     def drop_after(self, step: int) -> None:
         """Leave out the points of steps after STEP (what a resume from STEP supersedes)."""
@@ -264,17 +299,22 @@ class CurveData:
     def _step(self, step: int, event: dict[str, Any]) -> None:
         self.step_steps.append(step)
         self.tail.append(event)
-        if "loss" in event:
-            self._put("loss", "train", step, event["loss"])
-        for key, value in _mapping(event.get("metrics")).items():
-            self._put(str(key), "train", step, value)
-        for group, value in _mapping(event.get("lr")).items():
-            self._put(f"lr:{group}", "optimizer", step, value)
-        if "grad_norm" in event:
-            self._put("grad_norm", "optimizer", step, event["grad_norm"])
-        for key in SPEED_FIELDS:
-            if key in event:
-                self._put(key, "speed", step, event[key])
+        for name, group, value in step_points(event):
+            self._put(name, group, step, value)
+
+    def add_steps(self, steps: Steps, points: list[tuple[str, Group, Values]]) -> None:
+        """Step events of STEPS, each logging its value of every one of POINTS (series,
+        group, a value a step; NaN: null, and no two of one name), taken at once as `add`
+        takes them one by one, the tail aside (the caller keeps it)."""
+        before = len(self.step_steps)
+        self.step_steps.frombytes(steps.astype("=i8", copy=False).tobytes())
+        self.events += len(steps)
+        for name, group, values in points:
+            column = self.columns.get(name)
+            if column is None:
+                shared = self.step_steps if group != "eval" and group != "diagnostic" and before == 0 else None
+                column = self.columns[name] = Column(name, group, shared)
+            column.extend(before, steps, values)
 
     def _eval(self, step: int, event: dict[str, Any]) -> None:
         name = str(event.get("name") or "eval")
@@ -286,8 +326,8 @@ class CurveData:
             self._put(f"diag:{key}", "diagnostic", step, value)
 
     def _resume(self, event: dict[str, Any]) -> None:
-        from_step = event.get("from_step", event.get("step"))
-        if not isinstance(from_step, int) or isinstance(from_step, bool):
+        from_step = resume_step(event)
+        if from_step is None:
             return
         self.cuts += 1
         for name, column in list(self.columns.items()):

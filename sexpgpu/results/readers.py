@@ -4,7 +4,9 @@ the bytes added since its last read, its curves kept as arrays (sexpgpu/results/
 at most `RunReaders.capacity` runs kept (the least recently read go first, and are read
 again when asked for), and each run's parsed series kept on disk too
 (sexpgpu/results/seriescache.py), so that another process opens a long run without parsing
-its events again."""
+its events again. A run that no process read before is read from the series its writer
+logged in columns (sexpgpu/results/seriescolumns.py) where it has them, and from its lines
+where it has not (a run written before them)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from ..runtime.events import EventReader
 from ..runtime.store import Store
 from .curves import Column, CurveData, Curves
 from .seriescache import SAVE_AFTER, SeriesCache
+from .seriescolumns import load_columns
 
 def _not_step(event: dict[str, Any]) -> bool:
     return event.get("kind") != "step"
@@ -26,12 +29,13 @@ def _not_step(event: dict[str, Any]) -> bool:
 class _Run:
     """One run's reader, its curves, and their disk cache (None: none kept)."""
 
-    def __init__(self, store: Store, slug: str, cache: Optional[Path], save_after: int, use_cache: bool) -> None:
+    def __init__(self, store: Store, slug: str, cache: Optional[Path], save_after: int, use_cache: bool, use_columns: bool) -> None:
         self.data = CurveData()
         self.reader = EventReader(store, slug, sink=self.data, keep=_not_step)
         self.cache = SeriesCache(self.reader, self.data, cache, save_after) if use_cache else None
-        if self.cache is not None:
-            self.cache.load()
+        loaded = self.cache is not None and self.cache.load()
+        if not loaded and use_columns and load_columns(self.reader, self.data) and self.cache is not None:
+            self.cache.columns = (self.reader.count, self.reader.resets)
 
     def update(self) -> None:
         """Read what the run logged since (the caller holds `reader.lock`), and save it to
@@ -45,17 +49,19 @@ class RunReaders:
     """The events and curves of the runs of STORE, each run's read incrementally (one
     `EventReader` per slug, kept for the CAPACITY runs read most recently); safe to use from
     several threads. Each run's parsed series are cached on disk under CACHE (default
-    `$SEXPGPU_CACHE`) once SAVE_AFTER events were read; `use_cache=False` keeps none."""
+    `$SEXPGPU_CACHE`) once SAVE_AFTER events were read; `use_cache=False` keeps none. A run
+    without a cache is read from its series in columns; `use_columns=False` reads its lines."""
 
     DEFAULT_CAPACITY = 64
 
     def __init__(self, store: Store, capacity: int = DEFAULT_CAPACITY, cache: Optional[Path] = None, save_after: int = SAVE_AFTER,
-                 use_cache: bool = True) -> None:
+                 use_cache: bool = True, use_columns: bool = True) -> None:
         self.store = store
         self.capacity = max(1, capacity)
         self.cache = cache
         self.save_after = save_after
         self.use_cache = use_cache
+        self.use_columns = use_columns
         self._runs: OrderedDict[str, _Run] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -66,7 +72,7 @@ class RunReaders:
         with self._lock:
             run = self._runs.get(slug)
             if run is None:
-                run = self._runs[slug] = _Run(self.store, slug, self.cache, self.save_after, self.use_cache)
+                run = self._runs[slug] = _Run(self.store, slug, self.cache, self.save_after, self.use_cache, self.use_columns)
                 while len(self._runs) > self.capacity:
                     self._runs.popitem(last=False)
             else:

@@ -118,6 +118,7 @@ class SeriesCache:
         self.folder = cache_folder(cache_root() if root is None else root, self.url)
         self.save_after = save_after
         self.saved: Optional[Saved] = None
+        self.columns: Optional[tuple[int, int]] = None  # (events, resets) when the reader was put there from the run's columns
         self.rebuilt = 0  # damaged caches removed (for a test to see)
 
     # -- loading ------------------------------------------------------------------------------
@@ -215,9 +216,15 @@ class SeriesCache:
 
     def save(self) -> None:
         """Write what was read since the last save, when that is SAVE_AFTER events or more: a
-        new chunk, or the whole cache again after a resume or a reset (or at MAX_CHUNKS)."""
-        saved = self.saved
-        read = self.reader.count - (saved.manifest.position.count if saved is not None and saved.resets == self.reader.resets else 0)
+        new chunk, or the whole cache again after a resume or a reset (or at MAX_CHUNKS). What
+        came from the run's columns counts as saved (reading them again is about as cheap)."""
+        saved, reader = self.saved, self.reader
+        if saved is not None and saved.resets == reader.resets:
+            read = reader.count - saved.manifest.position.count
+        elif saved is None and self.columns is not None and self.columns[1] == reader.resets:
+            read = reader.count - self.columns[0]
+        else:
+            read = reader.count
         if read < self.save_after:
             return
         whole = saved is None or saved.resets != self.reader.resets or saved.cuts != self.data.cuts or len(saved.manifest.chunks) >= MAX_CHUNKS

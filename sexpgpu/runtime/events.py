@@ -21,7 +21,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from pydantic_core import from_json
 
 from ..outcome import bounded
-from .store import Store, dump_json, is_store_failure
+from .serieslog import encode_chunk, series_prefix
+from .store import Appended, Store, dump_json, is_store_failure
 
 EVENT_VERSION = 1
 
@@ -66,12 +67,15 @@ class Event(BaseModel):
     kind: str
     step: Optional[int] = None
 
-    def to_line(self) -> str:
-        """One JSON line: v, t, kind, step always; other fields when set."""
+    def to_record(self) -> dict[str, Any]:
+        """What its line is the JSON of: v, t, kind, step always; other fields when set."""
         data = self.model_dump(mode="json")
         head = {key: data.pop(key) for key in ("v", "t", "kind", "step")}
-        body = {key: value for key, value in data.items() if value is not None}
-        return dump_json({**head, **body})
+        return {**head, **{key: value for key, value in data.items() if value is not None}}
+
+    def to_line(self) -> str:
+        """One JSON line: v, t, kind, step always; other fields when set."""
+        return dump_json(self.to_record())
 
 
 class RunStartEvent(Event):
@@ -258,6 +262,10 @@ class EventLog:
     store is down past its retries) keeps the events pending for the next one and records the
     error in `last_error`; `flush()` and `close()` raise. Flushes are serialised, and the
     buffer is never locked while the store is written, so `emit` never waits for a flush.
+
+    With SERIES (the default), every flush also appends the flushed step events' series in
+    columns to the run's series log (runtime/serieslog.py), after the lines: a chunk the
+    store refuses waits for the next flush, and never fails the log.
     """
 
     DEFAULT_FLUSH_EVERY: ClassVar[int] = 50
@@ -270,15 +278,18 @@ class EventLog:
         flush_every: int = DEFAULT_FLUSH_EVERY,
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        series: bool = True,
     ) -> None:
         self.store = store
         self.prefix = events_prefix(run_prefix)
+        self.series_prefix = series_prefix(run_prefix) if series else None
         self.flush_every = max(1, flush_every)
         self.flush_seconds = flush_seconds
         self.clock = clock
         self.deferred = False  # set by the publisher that flushes this log from its own thread
         self.last_error: Optional[BaseException] = None
-        self._pending: list[str] = []
+        self._pending: list[tuple[str, Optional[dict[str, Any]]]] = []  # each line, and a step event's record
+        self._chunks: list[str] = []  # series chunks the store has not taken yet
         self._last_flush = clock()
         self._lock = threading.Lock()  # the buffer
         self._writing = threading.Lock()  # one flush at a time, so lines land in order
@@ -292,11 +303,12 @@ class EventLog:
     def emit(self, event: Union[Event, Mapping[str, Any]]) -> Event:
         """Queue EVENT (a model, or a mapping of a known kind); returns the model."""
         model = event_from(event)
-        line = model.to_line()
+        record = model.to_record()
+        line = dump_json(record)
         with self._lock:
             if self._closed:
                 raise ValueError("event log is closed")
-            self._pending.append(line)
+            self._pending.append((line, record if self.series_prefix is not None and model.kind == "step" else None))
             due = not self.deferred and self._due()
         if due:
             self._flush_quietly()
@@ -319,20 +331,36 @@ class EventLog:
         """Write every pending event now, and LAST after them in the same write: events that
         exist only if that write lands (a store that fails it keeps the pending events, not
         LAST; a checkpoint's event is flushed so before the checkpoint is published)."""
-        extra = [event_from(event).to_line() for event in last]
+        extra: list[tuple[str, Optional[dict[str, Any]]]] = [(event_from(event).to_line(), None) for event in last]
         with self._writing:
             with self._lock:
-                lines, self._pending = self._pending, []
-            if lines or extra:
+                pending, self._pending = self._pending, []
+            batch = pending + extra
+            if batch:
                 try:
-                    self.store.append_lines(self.prefix, lines + extra)
+                    appended = self.store.append_lines(self.prefix, [line for line, _ in batch])
                 except BaseException:
                     with self._lock:
-                        self._pending = lines + self._pending
+                        self._pending = pending + self._pending
                     raise
+                if appended is not None:
+                    self._write_series(batch, appended)
             with self._lock:
                 self.last_error = None
                 self._last_flush = self.clock()
+
+    def _write_series(self, batch: list[tuple[str, Optional[dict[str, Any]]]], appended: Appended) -> None:
+        """BATCH's chunk (and any the store refused before) appended to the series log."""
+        if self.series_prefix is None:
+            return
+        self._chunks.append(encode_chunk(batch, appended))
+        try:
+            self.store.append_lines(self.series_prefix, self._chunks)
+        except Exception as error:  # the store's failures: the chunks wait for the next flush (readers read the lines)
+            if not is_store_failure(error):
+                raise
+            return
+        self._chunks = []
 
     def close(self) -> None:
         """Flush and refuse further events; a flush the store fails leaves the log open."""

@@ -735,22 +735,23 @@ class Store:
         prefix = check_path(path_prefix)
         return f"{prefix}.jsonl", prefix
 
-    def append_lines(self, path_prefix: str, lines: Iterable[str]) -> None:
-        """Append LINES (no newlines inside) to the log at PATH_PREFIX, durably, in order."""
+    def append_lines(self, path_prefix: str, lines: Iterable[str]) -> Optional["Appended"]:
+        """Append LINES (no newlines inside) to the log at PATH_PREFIX, durably, in order;
+        where they went (None: there were none)."""
         items = list(lines)
         for line in items:
             if "\n" in line or "\r" in line:
                 raise ValueError("a log line must not contain a newline")
         if not items:
-            return
+            return None
         data = ("\n".join(items) + "\n").encode("utf-8")
         single, folder = self.log_paths(path_prefix)
         if self.is_local:
-            self._append_local(self._full(single), data, path_prefix)
-        else:
-            self._append_segment(folder, data, path_prefix)
+            start = self._append_local(self._full(single), data, path_prefix)
+            return Appended(start=start, end=start + len(data), segment=-1, data=data)
+        return Appended(start=0, end=len(data), segment=self._append_segment(folder, data, path_prefix), data=data)
 
-    def _append_local(self, full: str, data: bytes, what: str) -> None:
+    def _append_local(self, full: str, data: bytes, what: str) -> int:
         os.makedirs(os.path.dirname(full), exist_ok=True)
         start = self._retrying(f"append {what}", lambda: _clean_end(full))
 
@@ -767,14 +768,16 @@ class Store:
         except BaseException:
             _truncate_quietly(full, start)
             raise
+        return start
 
-    def _append_segment(self, folder: str, data: bytes, what: str) -> None:
+    def _append_segment(self, folder: str, data: bytes, what: str) -> int:
         number = self._retrying(f"append {what}", lambda: self._claim_segment(folder))
         full = self._full(f"{folder}/{number:06d}.jsonl")
         # The number is fixed before retrying, so a put that landed but reported failure is
         # simply written again, never duplicated.
         self._retrying(f"append {what}", lambda: self.fs.pipe_file(full, data))
         self._next_segment[folder] = number + 1
+        return number
 
     def _claim_segment(self, folder: str) -> int:
         number = self._next_segment.get(folder)
@@ -811,6 +814,18 @@ class Store:
         for number in numbers:
             lines.extend(self.read_text(f"{folder}/{number:06d}.jsonl").splitlines())
         return [line for line in lines if line.strip()]
+
+
+@dataclass(frozen=True)
+class Appended:
+    """Where `append_lines` put its lines: bytes START to END of the local file (a torn line
+    it found at the end dropped first), or the object store's segment SEGMENT (-1 locally);
+    DATA is what was written."""
+
+    start: int
+    end: int
+    segment: int
+    data: bytes
 
 
 @dataclass(frozen=True)
