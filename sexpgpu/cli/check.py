@@ -16,7 +16,7 @@ from ..lisp.evaluator import Limits
 from ..ir.experiment import Selection
 from ..compile.pipeline import check_every_selection, compile_file
 from ..lisp.program import has_errors
-from ..outcome import Exit
+from ..exits import Exit
 from .common import diagnostics_json, existing_file, exit_for, print_diagnostics, print_json
 from .flags import add_limit_flags, add_selection_flags, limits_from, selection_from
 
