@@ -78,26 +78,32 @@ def plain(value: Any, exclude_none: bool = False) -> Any:
     or another process goes through dump. A value of another kind (a NumPy scalar) is given to
     pydantic."""
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
+    if kind in _ATOMS:
         return value
     if kind is float:
         return value if math.isfinite(value) else None
     if kind is list or kind is tuple:
+        if all(type(v) is int for v in value):  # a shape, a node's arguments
+            return list(value)
         return [plain(v, exclude_none) for v in value]
-    if kind is dict and all(type(k) is str for k in value):
-        return {k: plain(v, exclude_none) for k, v in value.items()}
-    names = _field_names(kind) if dataclasses.is_dataclass(kind) else None
+    names = _field_names(kind)
     if names is not None:
         fields = ((name, getattr(value, name)) for name in names)
         return {name: plain(v, exclude_none) for name, v in fields if not (exclude_none and v is None)}
+    if kind is dict and all(type(k) is str for k in value):
+        return {k: plain(v, exclude_none) for k, v in value.items()}
     if isinstance(value, Enum) and type(value.value) in (str, int):
         return value.value
     return _adapter(Any).dump_python(value, mode="json")
 
 
+_ATOMS = frozenset({str, int, bool, type(None)})
+
+
 @cache
-def _field_names(kind: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(kind))
+def _field_names(kind: type) -> Optional[tuple[str, ...]]:
+    """The fields of a record class, in order; None for any other class."""
+    return tuple(f.name for f in dataclasses.fields(kind)) if dataclasses.is_dataclass(kind) else None
 
 
 def as_floats(record: Any, *names: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Optional
 
-from ..records import as_floats
+from ..records import as_floats, plain
 from .dtypes import DType
 from .graph import Module, Program
 
@@ -348,18 +348,19 @@ class Experiment:
         import hashlib
         import json
 
-        from ..records import dump
+        def without(record: Any, names: tuple[str, ...]) -> dict[str, Any]:
+            return {k: v for k, v in plain(record).items() if k not in names}
 
-        loaders = {name: dump(record, exclude={"base_dir", "root"}) for name, record in self.loaders.items()}
+        loaders = {name: without(record, ("base_dir", "root")) for name, record in self.loaders.items()}
         data = {
             "ir": self.module.numbers_hash(),
             "loaders": loaders,
-            "params": [dump(p) for p in self.params],
-            "groups": [dump(g) for g in self.groups],
-            "run": dump(self.run, exclude=set(RECORDING_ONLY)),
-            "evals": [dump(e, exclude=set(EVAL_CADENCE)) for e in self.evals],
-            "targets": [dump(t) for t in self.targets],
-            "curriculum": dump(self.curriculum) if self.curriculum else None,
+            "params": [plain(p) for p in self.params],
+            "groups": [plain(g) for g in self.groups],
+            "run": without(self.run, RECORDING_ONLY),
+            "evals": [without(e, EVAL_CADENCE) for e in self.evals],
+            "targets": [plain(t) for t in self.targets],
+            "curriculum": plain(self.curriculum) if self.curriculum else None,
             "ties": self.ties,
         }
         if with_data and self.data_sources:  # no file sources (synthetic data): the options say it all
