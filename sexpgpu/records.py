@@ -77,7 +77,7 @@ def plain(value: Any, exclude_none: bool = False) -> Any:
     comparisons and `check --json` (an editor asks on every save); what is written to a file
     or another process goes through dump. A value of another kind (a NumPy scalar) is given to
     pydantic."""
-    kind = type(value)
+    kind: Any = type(value)
     if kind in _ATOMS:
         return value
     if kind is float:
@@ -101,7 +101,7 @@ _ATOMS = frozenset({str, int, bool, type(None)})
 
 
 @cache
-def _field_names(kind: type) -> Optional[tuple[str, ...]]:
+def _field_names(kind: Any) -> Optional[tuple[str, ...]]:
     """The fields of a record class, in order; None for any other class."""
     return tuple(f.name for f in dataclasses.fields(kind)) if dataclasses.is_dataclass(kind) else None
 
