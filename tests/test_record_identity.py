@@ -18,8 +18,11 @@ import pytest
 
 from sexpgpu.compile.pipeline import compile_points, declared_selections
 from sexpgpu.compile.selection import prescan
-from sexpgpu.ir.experiment import Experiment, Selection
+from sexpgpu.ir.dtypes import DType
+from sexpgpu.ir.experiment import Experiment, InitSpec, Selection
+from sexpgpu.ir.graph import TensorType
 from sexpgpu.lisp.diagnostics import Diagnostic, Note
+from sexpgpu.lisp.evaluator import Limits
 from sexpgpu.records import dump, dump_json, load, load_json, plain
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,6 +71,24 @@ def test_a_diagnostic_as_json_is_what_pydantic_writes() -> None:
         for exclude_none in (False, True):
             assert plain(diagnostic, exclude_none) == dump(diagnostic, exclude_none=exclude_none) == dump(diagnostic, mode="python", exclude_none=exclude_none)
         assert load(Diagnostic, dump(diagnostic)) == diagnostic
+
+
+def test_records_are_validated_where_they_are_read_and_coerced_where_pydantic_coerced() -> None:
+    """load() (pydantic) refuses what does not fit, __post_init__ does what pydantic's
+    coercion did when a record is made in the process, and Limits refuses a limit that is
+    not positive either way."""
+    from pydantic import ValidationError
+
+    assert load(TensorType, {"dtype": "f32", "shape": [2, 3]}) == TensorType(dtype=DType.f32, shape=(2, 3))
+    made = TensorType(dtype="i32", shape=[4])  # type: ignore[arg-type]
+    assert made.shape == (4,) and made.dtype is DType.i32 and hash(made) == hash(TensorType(dtype=DType.i32, shape=(4,)))
+    assert InitSpec(kind="normal", mean=1).mean == 1.0 and type(InitSpec(kind="normal", std=2).std) is float
+    for kind, data in ((InitSpec, {"kind": "bogus"}), (TensorType, {"dtype": "f99", "shape": [1]}), (Limits, {"steps": 0}),
+                       (Limits, {"depth": "deep"}), (Diagnostic, {"code": "E100"})):
+        with pytest.raises(ValidationError):
+            load(kind, data)
+    with pytest.raises(ValueError, match="limit seconds must be a positive number"):
+        Limits(seconds=0.0)
 
 
 def main() -> None:
