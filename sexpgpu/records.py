@@ -3,8 +3,10 @@
 The records a check builds (diagnostics, the evaluator's limits, the IR, the experiment) are
 stdlib dataclasses: a check makes thousands of them and writes none, and importing pydantic
 and building its models cost a check more than its compile did. Where a record is written
-or read (a bundle's ir.json, a run folder's run.json, a worker's arguments, `--json`),
-pydantic validates and serializes it here, through a TypeAdapter built on first use. JSON
+or read (a bundle's ir.json, a run folder's run.json, a worker's arguments, the `--json` of
+`inspect` and `eval`), pydantic validates and serializes it here, through a TypeAdapter built
+on first use; `plain` gives the same data without pydantic, for hashes, comparisons and
+`check --json`. JSON
 from these functions is byte for byte what the pydantic models of earlier versions wrote
 (tests/test_record_identity.py), so what they wrote still loads.
 
