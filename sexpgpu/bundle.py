@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -27,6 +27,7 @@ from .outcome import Exit
 from .compile.pipeline import CompileResult, compile_file
 from .ir.experiment import Experiment, Selection, SourceFingerprint
 from .lisp.modules import find_project_root
+from .records import dump_json
 from .runtime.data.fingerprint import fingerprint
 from .runtime.data.raw import has_protocol
 from .runtime.lease import process_alive
@@ -103,7 +104,7 @@ def write_bundle(path: Path, result: CompileResult, out: str, devices: Optional[
         if payload is not None:
             files[entry.url] = payload
     if experiment.data_sources is None:  # the slug covers the data as the workers will read it
-        experiment = experiment.model_copy(update={"data_sources": sources})
+        experiment = replace(experiment, data_sources=sources)
     manifest = BundleManifest(
         slug=run_slug(experiment),
         main=_relative(path.resolve(), root),
@@ -117,7 +118,7 @@ def write_bundle(path: Path, result: CompileResult, out: str, devices: Optional[
     store = Store.open(out)
     for name, payload in files.items():
         store.write_bytes(f"source/{name}", payload)
-    store.write_text("ir.json", experiment.module.model_dump_json())
+    store.write_bytes("ir.json", dump_json(experiment.module))
     store.write_text("bundle.json", manifest.model_dump_json(indent=2))  # last: the bundle exists once this does
     return manifest
 

@@ -154,7 +154,7 @@ class Session:
         """The COUNT points of SWEEP (on BASE's --variant and --set), compiled in order before
         any trains: the compiled points, and the refusal of the first one that does not check
         (then no later one is compiled)."""
-        selections = [(base or Selection()).model_copy(update={"sweep": sweep, "point": i}) for i in range(count)]
+        selections = [replace(base or Selection(), sweep=sweep, point=i) for i in range(count)]
         results = self.interruptible(lambda: compile_points(path, selections, self.settings.limits, output=self.reporter.output, world=self.settings.world))
         points: list[Compiled] = []
         for result in results:
@@ -168,7 +168,7 @@ class Session:
         """compile_sweep's points as each is compiled (pipeline.stream_points: a shape group at
         a time, so the first points can train while later ones compile): (index, the compiled
         point or its refusal). Nothing is kept here once given."""
-        selections = [(base or Selection()).model_copy(update={"sweep": sweep, "point": i}) for i in range(count)]
+        selections = [replace(base or Selection(), sweep=sweep, point=i) for i in range(count)]
         for i, result in stream_points(path, selections, self.settings.limits, output=self.reporter.output, world=self.settings.world):
             yield i, self.checked(path, result)
 
@@ -188,7 +188,7 @@ class Session:
                 # run.json's `file` is the run file in the bundle, not in the temporary project
                 # (gone once the attempt ends)
                 file = Store.open(location).url_of(f"source/{bundle.manifest.main}")
-                return then(replace(prepared, experiment=prepared.experiment.model_copy(update={"file": file})))
+                return then(replace(prepared, experiment=replace(prepared.experiment, file=file)))
         except BundleError as exc:
             return self.refuse(exc.code, f"bundle refused: {exc}")
 

@@ -38,6 +38,7 @@ from sexpgpu.ir.builder import Builder
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.graph import Node, Program, TensorType
 from sexpgpu.ir.ops import OPS, OpDef, OpKind, all_ops, no_flops
+from sexpgpu.records import dump_json
 from sexpgpu.runtime.lower.codegen import KernelSource, assemble, declare
 from sexpgpu.runtime.lower.fusion import lower
 from sexpgpu.runtime.lower.lowering import LOWERINGS_BY_KIND, LOWERINGS_BY_OP, KernelLine, Lowered, LoweringContext, Placement, StepRun, lowering_for
@@ -318,12 +319,13 @@ def test_a_run_loads_no_lisp_and_no_compiler_module(tmp_path: Path) -> None:
     path.write_text(source)
     experiment = compile_file(path).experiment
     assert experiment is not None and experiment.run.diagnostics is not None
-    (tmp_path / "experiment.json").write_text(experiment.model_dump_json())
+    (tmp_path / "experiment.json").write_bytes(dump_json(experiment))
     program = f"""
 import json, sys
 from sexpgpu.ir.experiment import Experiment
+from sexpgpu.records import load_json
 from sexpgpu.runtime.attempt import RunOptions, train
-experiment = Experiment.model_validate_json(open({str(tmp_path / "experiment.json")!r}).read())
+experiment = load_json(Experiment, open({str(tmp_path / "experiment.json")!r}).read())
 outcome = train(experiment, RunOptions(store={str(tmp_path / "runs")!r}, signals=False), say=lambda _: None)
 print(json.dumps({{"code": int(outcome.exit_code), "loaded": sorted(m for m in sys.modules if m.startswith(("sexpgpu.lisp", "sexpgpu.compile", "sexpgpu.cli", "sexpgpu.session", "ray", "orchestration", "workers")))}}))
 """

@@ -250,10 +250,11 @@ def test_version_help_and_docs_import_no_compiler_runtime_or_pydantic(argv: list
     assert heavy == [], heavy
 
 
-@pytest.mark.parametrize("example", ["quickstart.lisp", "cnn.lisp", "char-transformer.lisp"])
-def test_check_imports_no_numpy_and_no_runtime(example: str, tmp_path: Path) -> None:
-    """`check` needs the op table's shape rules, not its NumPy kernels: neither a clean file
-    nor one with an error (a layer given the wrong width) imports NumPy or the runtime."""
+@pytest.mark.parametrize("example", ["quickstart.lisp", "cnn.lisp", "char-transformer.lisp", "charlm.lisp"])
+def test_check_imports_no_numpy_no_pydantic_and_no_runtime(example: str, tmp_path: Path) -> None:
+    """`check` needs the op table's shape rules, not its NumPy kernels, and writes no record:
+    neither a clean file nor one with an error (a layer given the wrong width) imports NumPy,
+    pydantic (sexpgpu/records.py: the records are dataclasses) or the runtime."""
     broken = tmp_path / "broken.lisp"
     broken.write_text((REPO / "examples" / "quickstart.lisp").read_text().replace("(x :f32 (2))", "(x :f32 (3))"))
     for path, code in ((REPO / "examples" / example, 0), (broken, 3)):
@@ -261,8 +262,21 @@ def test_check_imports_no_numpy_and_no_runtime(example: str, tmp_path: Path) -> 
         assert done.returncode == code, done.stdout + done.stderr[-2000:]
         imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
         assert "sexpgpu.compile.pipeline" in imported and (code or "sexpgpu.ir.ops_elementwise" in imported)  # staged: the op table was read
-        heavy = sorted(m for m in imported if m.startswith(("numpy", "ml_dtypes", "sexpgpu.runtime", "sexpgpu.session")))
+        heavy = sorted(m for m in imported if m.startswith(("numpy", "ml_dtypes", "pydantic", "sexpgpu.runtime", "sexpgpu.session")))
         assert heavy == [], (path.name, heavy)
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "examples").glob("*.lisp")))
+def test_no_check_of_an_example_imports_pydantic(example: str) -> None:
+    """Nor does a sweep's (its points are bound to the probe's IR as plain data: records.plain),
+    nor `--json` (the diagnostics as plain data)."""
+    for flags in ([], ["--json"]):
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "sexpgpu", "check", *flags, str(REPO / "examples" / example)],
+                              capture_output=True, text=True, cwd=REPO)
+        assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+        imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+        assert "sexpgpu.compile.pipeline" in imported
+        assert sorted(m for m in imported if m.startswith("pydantic")) == [], (example, flags)
 
 
 def test_watch_frees_each_checks_world_before_the_next_check() -> None:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -452,7 +452,7 @@ def test_a_run_resumes_from_s3(s3: S3, experiment: Any) -> None:
 
 def logging_every_step(experiment: Any) -> Any:
     """EXPERIMENT logging a step event (and a status update) at every step."""
-    return experiment.model_copy(update={"run": experiment.run.model_copy(update={"log_every": 1})})
+    return replace(experiment, run=replace(experiment.run, log_every=1))
 
 
 def status_writes(s3: S3, key: str) -> int:

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -62,7 +63,7 @@ def test_the_median_rule_stops_a_point_worse_than_the_median_of_the_others_at_th
     stored = median.book.get(3, 1)
     assert stored is not None and stored.reason == ("pruned at rung 1 (step 10): val/loss 0.6 is worse than the median 0.5 of the 3 points "
                                                     "measured at the rung before it (min, median rule)")
-    big = MedianStopping(plan("median").model_copy(update={"mode": "max"}), book("median-max"), {})
+    big = MedianStopping(replace(plan("median"), mode="max"), book("median-max"), {})
     assert [big.on_result(p, 10, v) for p, v in enumerate([0.5, 0.9, 0.1, 0.6, 0.4])] == ["continue"] * 4 + ["stop"]
 
 

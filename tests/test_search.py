@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -116,7 +117,7 @@ def test_each_rung_keeps_the_best_fraction_ties_to_the_lower_point_and_unmeasure
     assert decision.kept == [1, 6]  # floor(7 / 3) = 2: points 6 and 1 (1 beats 4 on the tie)
     assert decision.reason(plan, 4) == "pruned at rung 1 (step 10): val/loss 0.2 is not among the best 2 of 7 (min, keep 1/3, the last kept 0.2)"
     assert decision.reason(plan, 2).startswith("pruned at rung 1 (step 10): val/loss never measured")
-    assert decide(plan.model_copy(update={"mode": "max"}), 1, 10, {0: 0.5, 1: 0.2, 2: 0.7}).kept == [2]  # at least one is kept
+    assert decide(replace(plan, mode="max"), 1, 10, {0: 0.5, 1: 0.2, 2: 0.7}).kept == [2]  # at least one is kept
     assert decide(plan, 1, 10, {0: 0.5}).kept == [0]
 
 

@@ -17,6 +17,7 @@ import sexpgpu.compile.pipeline as pipeline
 from sexpgpu.compile.pipeline import CompileResult, check_every_selection, compile_file, compile_points
 from sexpgpu.compile.selection import prescan
 from sexpgpu.ir.experiment import Selection
+from sexpgpu.records import dump_json
 from sexpgpu.runtime.runfolder import run_slug
 
 QUICK = QUICKSTART.read_text()
@@ -77,12 +78,12 @@ def sweep_selections(path: Path) -> list[Selection]:
 
 def assert_same(path: Path, grouped: CompileResult, alone: CompileResult, point: int) -> None:
     where = f"{path.name} point {point}"
-    assert [d.model_dump() for d in grouped.diagnostics] == [d.model_dump() for d in alone.diagnostics], where
+    assert grouped.diagnostics == alone.diagnostics, where
     assert (grouped.experiment is None) == (alone.experiment is None), where
     if grouped.experiment is not None and alone.experiment is not None:
         assert grouped.experiment.ir_hash == alone.experiment.ir_hash, where
         assert run_slug(grouped.experiment) == run_slug(alone.experiment), where
-        assert grouped.experiment.model_dump_json() == alone.experiment.model_dump_json(), where
+        assert dump_json(grouped.experiment) == dump_json(alone.experiment), where
 
 
 def compare_every_point(path: Path, monkeypatch: pytest.MonkeyPatch) -> list[bool]:

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,6 @@ def test_points_too_small_to_pay_for_a_process_run_one_at_a_time_by_default() ->
     assert experiment is not None
     assert training_flops(experiment) < WORTH_A_PROCESS_FLOPS  # the example's points are small
     assert plan_jobs([experiment] * 64, "cpu", None) == JobPlan(1, None)  # whatever the free cores
-    big = experiment.model_copy(update={"run": experiment.run.model_copy(update={"steps": int(2 * WORTH_A_PROCESS_FLOPS / training_flops(experiment) * experiment.run.steps)})})
+    big = replace(experiment, run=replace(experiment.run, steps=int(2 * WORTH_A_PROCESS_FLOPS / training_flops(experiment) * experiment.run.steps)))
     assert training_flops(big) >= WORTH_A_PROCESS_FLOPS
     assert plan_jobs([big] * 2, "cpu", 2).jobs == 2  # asked for: always honoured

@@ -17,7 +17,7 @@ from ..ir.experiment import Selection
 from ..compile.pipeline import check_every_selection, compile_file, system_image
 from ..lisp.image import SystemImage
 from ..lisp.program import has_errors
-from ..outcome import Exit
+from ..exits import Exit
 from .common import diagnostics_json, existing_file, exit_for, print_diagnostics, print_json
 from .flags import add_limit_flags, add_selection_flags, limits_from, selection_from
 

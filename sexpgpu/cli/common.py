@@ -53,7 +53,9 @@ def print_json(document: Any) -> None:
 
 
 def diagnostics_json(diagnostics: Iterable[Diagnostic]) -> list[dict[str, Any]]:
-    return [d.model_dump(exclude_none=True) for d in diagnostics]
+    from ..records import plain
+
+    return [plain(d, exclude_none=True) for d in diagnostics]
 
 
 def exit_for(diagnostics: Iterable[Diagnostic]) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 from typing import TYPE_CHECKING, Optional
 
 from ..ir.experiment import Selection
@@ -41,7 +42,7 @@ def knobs_from(args: argparse.Namespace) -> Selection:
 def selection_from(args: argparse.Namespace) -> Selection:
     if (args.sweep is None) != (args.point is None):
         fail_usage("--sweep and --point go together: --sweep S --point N")
-    return knobs_from(args).model_copy(update={"sweep": args.sweep, "point": args.point})
+    return replace(knobs_from(args), sweep=args.sweep, point=args.point)
 
 
 def positive_int(text: str) -> int:

@@ -15,6 +15,7 @@ from ..lisp.diagnostics import SourceMap
 from ..lisp.program import has_errors
 from ..runtime.memory import device_memory_plan, host_memory_plan
 from ..outcome import Exit
+from ..records import dump, dump_json
 from .common import existing_file, exit_for, fail_usage, print_diagnostics, print_json
 from .flags import add_limit_flags, add_selection_flags, limits_from, selection_from
 
@@ -86,7 +87,7 @@ def run_ir(args: argparse.Namespace) -> int:
         return code
     program = select_program(experiment, args.program)
     if args.json:
-        print(program.model_dump_json(indent=2))
+        print(dump_json(program, indent=2).decode())
     else:
         print(program.text())
     return Exit.OK
@@ -105,7 +106,7 @@ def explain_document(experiment: Experiment) -> dict[str, Any]:
         "groups": [{"name": g.name, "selector": g.selector, "optimizer": g.optimizer or "frozen", "params": g.params, "states": [s.name for s in g.states]} for g in experiment.groups],
         "flops_per_step": {"forward": program_flops(programs["forward"]), "train": program_flops(programs["train"]), "update": program_flops(programs["update"])},
         "memory": host_memory_plan(experiment).model_dump(),
-        "run": experiment.run.model_dump(),
+        "run": dump(experiment.run, mode="python"),
         "precision": experiment.run.precision,
         "casts": cast_points(programs["forward"]),
     }
@@ -312,8 +313,8 @@ def diff_documents(a: dict[str, Any], b: dict[str, Any], ea: Experiment, eb: Exp
         if a["run"].get(key) != b["run"].get(key):
             out["run"].append(f"{key}: {as_lisp(a['run'].get(key))} -> {as_lisp(b['run'].get(key))}")
     for name in sorted(set(ea.loaders) | set(eb.loaders)):
-        la = ea.loaders[name].model_dump(mode="json", exclude={"base_dir", "root"}) if name in ea.loaders else None
-        lb = eb.loaders[name].model_dump(mode="json", exclude={"base_dir", "root"}) if name in eb.loaders else None
+        la = dump(ea.loaders[name], exclude={"base_dir", "root"}) if name in ea.loaders else None
+        lb = dump(eb.loaders[name], exclude={"base_dir", "root"}) if name in eb.loaders else None
         if la is None or lb is None:
             out["loaders"].append(f"{name}: {'added' if lb else 'removed'}")
         elif la != lb:

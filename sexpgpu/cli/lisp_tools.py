@@ -14,6 +14,7 @@ from ..compile.pipeline import compile_file, new_world
 from ..lisp.program import EvalResult, Program, display_path, guarded, has_errors
 from ..lisp.reader import decode_source
 from ..outcome import Exit
+from ..records import dump
 from .common import existing_file, exit_for, print_diagnostics, print_json
 from .flags import add_limit_flags, add_selection_flags, limits_from, selection_from
 
@@ -80,8 +81,8 @@ def result_json(r: EvalResult) -> dict[str, Any]:
         "form": r.form,
         "value": r.value,
         "values": r.values if r.error is None else [],
-        "error": None if r.error is None else r.error.model_dump(exclude_none=True),
-        "warnings": [w.model_dump(exclude_none=True) for w in r.warnings],
+        "error": None if r.error is None else dump(r.error, mode="python", exclude_none=True),
+        "warnings": [dump(w, mode="python", exclude_none=True) for w in r.warnings],
     }
 
 
@@ -174,7 +175,7 @@ def run_fmt(args: argparse.Namespace) -> int:
         print_json(
             {
                 "files": [{"file": display_path(p), "changed": p in changed} for p in paths],
-                "diagnostics": [d.model_dump(exclude_none=True) for d in problems],
+                "diagnostics": [dump(d, mode="python", exclude_none=True) for d in problems],
             }
         )
     else:

@@ -463,9 +463,10 @@ def _expected(ref: RunRef) -> Any:
     """What the run's checkpoints must hold, from its ir.json (None when it has none)."""
     ck = _ckpt()
     from ..ir.graph import Module
+    from ..records import load_json
 
     try:
-        module = Module.model_validate_json(ref.store.read_bytes(f"{ref.slug}/ir.json", limit=IR_LIMIT))
+        module = load_json(Module, ref.store.read_bytes(f"{ref.slug}/ir.json", limit=IR_LIMIT))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import sys
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
@@ -20,6 +21,7 @@ from ..lisp.conditions import LispError, lisp_error
 from ..lisp.program import diagnostic_from, has_errors
 from ..sweeps.ledger import PointRecord, SweepLedger, cell, record_attempt, sweep_prefix, take_status
 from ..outcome import AttemptOutcome, Exit
+from ..records import dump
 from ..runtime.data.fingerprint import fingerprinted
 from ..sweeps.halving import Contender, Leg, search
 from ..sweeps.schedulers import SchedulerJob, SyncHalving, scheduler_for
@@ -93,7 +95,7 @@ def run_variants(args: argparse.Namespace) -> int:
     declared = declared_or_exit(path)
     image = system_image() if declared.variants or declared.sweeps else None  # read once for the compiles below
     doc: dict[str, Any] = {
-        "knobs": [k.model_dump() for k in base.compiler.knobs.values()],
+        "knobs": [dump(k, mode="python") for k in base.compiler.knobs.values()],
         "variants": {name: v.settings for name, v in declared.variants.items()},
         "sweeps": {},
     }
@@ -270,7 +272,7 @@ def local_sweep(args: argparse.Namespace, sweep: SweepDecl, session: Session, po
             if lines is not None:
                 return [header(record), *lines], None
             given = session.settings
-            job = PointJob(file=str(points[i].path), selection=selection.model_copy(update={"sweep": args.sweep, "point": i}), store=given.store,
+            job = PointJob(file=str(points[i].path), selection=replace(selection, sweep=args.sweep, point=i), store=given.store,
                            device=given.device, max_steps=leg.limit(args.max_steps), max_steps_by=leg.by or given.max_steps_by, limits=given.limits,
                            data_roots=list(given.data_roots), threads=given.threads, thread_share=plan.share,
                            store_patience_s=given.store_patience_s, outcome="",

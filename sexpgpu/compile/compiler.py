@@ -12,7 +12,7 @@ from functools import partial
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union, cast
 
 from ..ir.dtypes import DType
 from ..lisp.builtins import Registry, list_items, parse_keys, short, to_lisp_list, type_error
@@ -24,7 +24,7 @@ from ..lisp.reader import Reader
 from ..lisp.types import NIL, T, Cons, Loc, Symbol, SymbolTable
 from ..ir.data_options import PREPARE_STEPS, SOURCES, Problem, source_problem, step_problem
 from ..ir.selectors import glob_match
-from ..ir.experiment import CheckpointPolicy, DiagnosticsSpec, EvalSpec, FieldRecord, FiniteGuard, InitSpec, KnobSpec, LoaderRecord, PrepareRecord, RunSpec, Selection, SourceRecord, StageRecord, TargetSpec
+from ..ir.experiment import CheckpointPolicy, DiagnosticsSpec, EvalSpec, FieldRecord, FiniteGuard, InitKind, InitSpec, KnobSpec, LoaderRecord, PrepareRecord, RunSpec, Selection, SourceRecord, StageRecord, TargetSpec, TargetTest
 from .models import Batch, Group, Model, ModelList, Optimizer, Param, rebase
 from .probes import FloatProbe, Probing, is_probe, observe_within
 from .selection import Written
@@ -295,7 +295,7 @@ class Compiler:
         def make(*args: Any) -> Any:
             keys = self.keys_of(kind, args, {"MEAN", "STD", "LOW", "HIGH", "GAIN"})
             values = {k.lower(): self.number_of(f"{kind} :{k.lower()}", v) for k, v in keys.items()}
-            return InitSpec(kind=kind, **values)
+            return InitSpec(kind=cast(InitKind, kind), **values)
 
         return make
 
@@ -542,7 +542,7 @@ class Compiler:
         if init is NIL:
             return InitSpec(kind="zeros") if rank <= 1 else InitSpec(kind="kaiming")
         if type(init) is Symbol and init.is_keyword and init.name in ("ZEROS", "ONES"):
-            return InitSpec(kind=init.name.lower())
+            return InitSpec(kind=cast(InitKind, init.name.lower()))
         if type(init) in (int, float, Fraction):
             return InitSpec(kind="constant", value=self.number_of("defparam :init", init, kept=True))
         raise type_error("defparam", 3, "an initializer (:zeros :ones (normal :std s) (uniform ...) (xavier) (kaiming))", init)
@@ -879,7 +879,7 @@ class Compiler:
             raise self.at(loc, "C008", f"{what}: the threshold must be a number, got {short(value)}")
         if loc is not None:
             self.target_locs[len(self.targets)] = loc
-        self.targets.append(TargetSpec(eval=key, metric=metric.name.lower(), test=test.name, value=self.number_of(f"{what}: the threshold", value, kept=True)))
+        self.targets.append(TargetSpec(eval=key, metric=metric.name.lower(), test=cast(TargetTest, test.name), value=self.number_of(f"{what}: the threshold", value, kept=True)))
         return name
 
     def unresolved_targets(self) -> None:

@@ -1,5 +1,5 @@
 """What a run file declares, as compile-time objects: parameters, models, optimizers, and
-the initializer specs (records that cross into the runtime are pydantic)."""
+the initializer specs (records that cross into the runtime are in ir/experiment.py)."""
 
 from __future__ import annotations
 

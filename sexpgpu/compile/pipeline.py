@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -32,6 +32,7 @@ from ..lisp.modules import standard_module_texts
 from ..lisp.program import Program as LispProgram
 from ..lisp.program import diagnostic_from, display_path, evaluate_file, guarded, has_errors, new_program
 from ..lisp.types import NIL, Loc, MultipleValues
+from ..records import plain
 from .autodiff import backward
 from .compiler import Compiler, contract_text
 from .models import Batch, Ctx, Group, Param
@@ -112,7 +113,7 @@ def at_users_call(diagnostic: Diagnostic, user: Optional[Loc]) -> Diagnostic:
     inside = Note(message="raised here, inside the standard library", file=diagnostic.file, line=diagnostic.line, col=diagnostic.col)
     toplevel = f"while evaluating the top-level form at {user}"
     notes = [inside, *(n for n in diagnostic.notes if n.message != toplevel)]
-    return diagnostic.model_copy(update={"file": user.file, "line": user.line, "col": user.col, "macro": None, "notes": notes})
+    return replace(diagnostic, file=user.file, line=user.line, col=user.col, macro=None, notes=notes)
 
 
 @dataclass
@@ -302,14 +303,14 @@ def compile_groups(path: Path, selections: list[Selection], resolved: list[tuple
 def reproduces(binding: Binding, real: CompileResult, selection: Selection) -> bool:
     """Whether the probe compile, bound to its first point's values, is that point's own
     compile: the same diagnostics and the same experiment, byte for byte."""
-    if [d.model_dump() for d in binding.diagnostics] != [d.model_dump() for d in real.diagnostics]:
+    if binding.diagnostics != real.diagnostics:
         return False
     if (binding.experiment is None) != (real.experiment is None):
         return False
     if binding.refuses(0):
         return False
-    bound = binding.experiment_for(0, selection)
-    return bound is None or real.experiment is None or bound.model_dump_json() == real.experiment.model_dump_json()
+    bound = binding.data_for(0, selection)  # as plain data: a check that binds no point validates no record
+    return bound is None or real.experiment is None or json.dumps(bound, sort_keys=True) == json.dumps(plain(real.experiment), sort_keys=True)
 
 
 def declared_selections(declared: Declared) -> list[tuple[Selection, str]]:
@@ -334,7 +335,7 @@ def with_selections(diagnostic: Diagnostic, labels: list[str], most: int = 3) ->
         return diagnostic
     shown = ", ".join(labels[:most]) + (f" and {len(labels) - most} more" if len(labels) > most else "")
     note = Note(message=f"found when checking the selection{'s' if len(labels) > 1 else ''} {shown}")
-    return diagnostic.model_copy(update={"notes": [*diagnostic.notes, note]})
+    return replace(diagnostic, notes=[*diagnostic.notes, note])
 
 
 def resolve_selection(path: Path, selection: Selection, declared: Optional[Declared] = None) -> tuple[Selection, dict[str, Any], dict[str, Written]]:
@@ -346,7 +347,7 @@ def resolve_selection(path: Path, selection: Selection, declared: Optional[Decla
     written = written_values(declared, selection)
     sweep = declared.sweeps.get(selection.sweep or "")
     if sweep is not None and sweep.variant and selection.variant is None:
-        selection = selection.model_copy(update={"variant": sweep.variant})
+        selection = replace(selection, variant=sweep.variant)
     return selection, imposed, written
 
 
@@ -481,8 +482,8 @@ def defined_run(compiler: Compiler) -> RunSpec:
 def staged_run(run: RunSpec, clip: Optional[float], diagnostic_names: list[str]) -> RunSpec:
     """defrun's record completed by what is known only after staging: defgroups' :clip and
     the names of the IR diagnostics the train program computes."""
-    diagnostics = run.diagnostics.model_copy(update={"ir_names": diagnostic_names}) if run.diagnostics is not None else None
-    return run.model_copy(update={"clip": clip, "diagnostics": diagnostics})
+    diagnostics = replace(run.diagnostics, ir_names=diagnostic_names) if run.diagnostics is not None else None
+    return replace(run, clip=clip, diagnostics=diagnostics)
 
 
 def group_spec(group: Group) -> GroupSpec:
@@ -516,7 +517,7 @@ def stage_rank_programs(compiler: Compiler, train_loader: LoaderRecord, world: i
                 f"use a number of devices that divides {loader.batch}, or a batch that {world} divides", "PROGRAM-ERROR")
             err.loc = compiler.form_loc("DEFLOADER")
             raise err
-        staged = stage_train(compiler, loader.model_copy(update={"batch": loader.batch // world}), precision)
+        staged = stage_train(compiler, replace(loader, batch=loader.batch // world), precision)
         staged.train.name = "train" if stage is None else f"train@{stage}"
         programs[staged.train.name] = prune(staged.train)
         add_diagnostics(programs, staged, stage, prune)
@@ -745,10 +746,10 @@ def stage_evals(compiler: Compiler, programs: dict[str, Program], seed: int, pre
         names: list[str] = []
         for batch, key in ((loader.batch, f"eval:{spec.name}"), (1, f"eval:{spec.name}:1")):
             tracer = Tracer(key, seed=seed, precision=precision)
-            programs[key], names = stage_evaluate(compiler, tracer, loader.model_copy(update={"batch": batch}))
+            programs[key], names = stage_evaluate(compiler, tracer, replace(loader, batch=batch))
         if not names:
             raise lisp_error("C008", "defevaluate records no metric: use (metric name value) in its body", "PROGRAM-ERROR")
-        out.append(spec.model_copy(update={"metrics": names}))
+        out.append(replace(spec, metrics=names))
     for i, target in enumerate(compiler.targets):
         spec = next(e for e in out if e.name == target.eval)
         if target.metric not in spec.metrics:

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..ir.experiment import Experiment, KnobSpec, Selection
+from ..ir.graph import data_hash
 from ..lisp.conditions import LispError
 from ..lisp.diagnostics import Diagnostic
+from ..records import load, plain
 from .probes import Probing
 
 
@@ -117,18 +119,23 @@ class Binding:
                     self.shared.append((poisoned, keys - set(poisoned)))
         return self.shared
 
-    def experiment_for(self, point: int, selection: Selection) -> Optional[Experiment]:
-        """POINT's experiment: the probe's with the point's values, knob records and selection."""
+    def data_for(self, point: int, selection: Selection) -> Optional[dict[str, Any]]:
+        """POINT's experiment as plain data (records.plain): the probe's with the point's
+        values, knob records and selection, and the hash of its IR."""
         if self.experiment is None:
             return None
         if self.dumped is None:
-            self.dumped = self.experiment.model_dump(mode="json")
+            self.dumped = plain(self.experiment)
         data = substituted(self.dumped, self.swaps(point))
-        data["selection"] = selection.model_dump(mode="json")
-        data["knobs"] = [self.knob_record(spec, point).model_dump(mode="json") for spec in self.experiment.knobs]
-        bound = Experiment.model_validate(data)
-        bound.ir_hash = bound.module.hash()
-        return bound
+        data["selection"] = plain(selection)
+        data["knobs"] = [plain(self.knob_record(spec, point)) for spec in self.experiment.knobs]
+        data["ir_hash"] = data_hash(data["module"])
+        return data
+
+    def experiment_for(self, point: int, selection: Selection) -> Optional[Experiment]:
+        """POINT's experiment, validated from data_for."""
+        data = self.data_for(point, selection)
+        return None if data is None else load(Experiment, data)
 
     def knob_record(self, spec: KnobSpec, point: int) -> KnobSpec:
         specs = self.probing.specs.get(spec.name)

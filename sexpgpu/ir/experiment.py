@@ -1,22 +1,27 @@
-"""The compiled experiment: everything the runtime needs, as pydantic records (so bundles
-and workers can carry it as JSON). It lives beside the IR because the runtime reads it
-without knowing the compiler."""
+"""The compiled experiment: everything the runtime needs, as records (dataclasses that
+sexpgpu/records.py validates and writes as JSON, so bundles and workers can carry them). It
+lives beside the IR because the runtime reads it without knowing the compiler."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, Field
-
+from ..records import as_floats, plain
 from .dtypes import DType
 from .graph import Module, Program
 
 
-class InitSpec(BaseModel):
+InitKind = Literal["zeros", "ones", "constant", "normal", "uniform", "trunc-normal", "xavier", "kaiming"]
+TargetTest = Literal["<=", ">=", "<", ">"]
+
+
+@dataclass(kw_only=True, slots=True)
+class InitSpec:
     """How a parameter's initial values are drawn (deterministically from the run seed and
     the parameter path; see runtime/init.py)."""
 
-    kind: Literal["zeros", "ones", "constant", "normal", "uniform", "trunc-normal", "xavier", "kaiming"]
+    kind: InitKind
     mean: float = 0.0
     std: Optional[float] = None
     low: float = -1.0
@@ -24,31 +29,42 @@ class InitSpec(BaseModel):
     value: float = 0.0
     gain: float = 1.0
 
+    def __post_init__(self) -> None:
+        as_floats(self, "mean", "std", "low", "high", "value", "gain")
+
     def lisp_print(self) -> str:
         return f"#<init {self.kind}>"
 
 
-class ParamSpec(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class ParamSpec:
     path: str
     shape: tuple[int, ...]
     dtype: DType = DType.f32
     init: InitSpec
     tied_to: Optional[str] = None
 
+    def __post_init__(self) -> None:
+        self.shape = tuple(self.shape)
+        self.dtype = DType(self.dtype)
 
-class Selection(BaseModel):
+
+@dataclass(kw_only=True, slots=True)
+class Selection:
     """What varies a run from outside the file: --variant, --set, --sweep/--point."""
 
     variant: Optional[str] = None
-    set: dict[str, str] = Field(default_factory=dict)
+    set: dict[str, str] = field(default_factory=dict)
     sweep: Optional[str] = None
     point: Optional[int] = None
 
 
 Scheduler = Literal["sync", "asha", "median"]
+HalvingMode = Literal["min", "max"]
 
 
-class Halving(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class Halving:
     """defsweep :halving (:metric EVAL/METRIC :mode :min :rungs (100 300 900) :keep 1/3
     :scheduler :sync): early stopping at rungs (step counts), decided by a scheduler
     (sexpgpu/sweeps/schedulers.py). :sync, successive halving: the points that reached a
@@ -59,11 +75,14 @@ class Halving(BaseModel):
     the sweep decides alike."""
 
     metric: str  # EVAL/METRIC, e.g. val/loss
-    mode: Literal["min", "max"]
+    mode: HalvingMode
     rungs: list[int]
     keep: float  # 0 < keep < 1 (the median rule: 1/2)
     keep_text: str  # as the file writes it, e.g. 1/3
     scheduler: Scheduler = "sync"
+
+    def __post_init__(self) -> None:
+        as_floats(self, "keep")
 
     @property
     def eval(self) -> str:
@@ -74,7 +93,8 @@ class Halving(BaseModel):
         return max(1, int(ranked * self.keep + 1e-9))
 
 
-class KnobSpec(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class KnobSpec:
     name: str
     default: Any
     value: Any
@@ -82,13 +102,18 @@ class KnobSpec(BaseModel):
     doc: Optional[str] = None
 
 
-class FieldRecord(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class FieldRecord:
     name: str
     dtype: str
     shape: tuple[int, ...]
 
+    def __post_init__(self) -> None:
+        self.shape = tuple(self.shape)
 
-class StageRecord(BaseModel):
+
+@dataclass(kw_only=True, slots=True)
+class StageRecord:
     """A named alternative shape of a loader (:stages ((name :batch B :length L) ...))."""
 
     name: str
@@ -96,15 +121,17 @@ class StageRecord(BaseModel):
     length: Optional[int] = None
 
 
-class SourceRecord(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class SourceRecord:
     """A loader's :source, as (synthetic :spirals ...), (npz "file.npz") and friends state it."""
 
     kind: str
     url: Optional[str] = None
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
-class SourceFingerprint(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class SourceFingerprint:
     """What a loader's file or URL held when the run was made: its size and a hash of its
     content (a local file's sha256, an object's ETag). The slug is made from it, so changed
     data is a new run (docs/run.md, "The slug"); run.json records it, so a resume across
@@ -127,24 +154,26 @@ class SourceFingerprint(BaseModel):
         return f"{self.bytes:,} bytes, {digest}" if self.bytes is not None else digest
 
 
-class PrepareRecord(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class PrepareRecord:
     """One step of a loader's :prepare, such as (windows :length 17)."""
 
     kind: str
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
-class LoaderRecord(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class LoaderRecord:
     name: str
     source: SourceRecord
-    prepare: list[PrepareRecord] = Field(default_factory=list)
+    prepare: list[PrepareRecord] = field(default_factory=list)
     fields: list[FieldRecord]
     batch: int
     shuffle: bool = False
     part: Optional[str] = None
     base_dir: str = "."  # the run file's folder: relative sources resolve against it
     root: str = ""  # the project root: local sources must stay inside it or a declared data root
-    stages: list[StageRecord] = Field(default_factory=list)
+    stages: list[StageRecord] = field(default_factory=list)
 
     def staged(self, stage: Optional[str]) -> "LoaderRecord":
         """This loader as STAGE reshapes it: a new batch and/or window length. With a new
@@ -163,29 +192,32 @@ class LoaderRecord(BaseModel):
             if old is None:
                 raise ValueError(f"loader {self.name}: stage {stage} sets :length but the loader has no (windows ...) step")
             update["prepare"] = [
-                p.model_copy(update={"options": {**p.options, "length": spec.length}}) if p.kind == "windows" else p for p in self.prepare
+                replace(p, options={**p.options, "length": spec.length}) if p.kind == "windows" else p for p in self.prepare
             ]
             update["fields"] = [
-                f.model_copy(update={"shape": (spec.length - (old - f.shape[0]),)}) if len(f.shape) == 1 and old - f.shape[0] in (0, 1) else f
+                replace(f, shape=(spec.length - (old - f.shape[0]),)) if len(f.shape) == 1 and old - f.shape[0] in (0, 1) else f
                 for f in self.fields
             ]
-        return self.model_copy(update=update)
+        return replace(self, **update)
 
 
-class StateSpec(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class StateSpec:
     name: str
     init: InitSpec
 
 
-class GroupSpec(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class GroupSpec:
     name: str
     selector: str
     optimizer: Optional[str]  # None: frozen
     params: list[str]
-    states: list[StateSpec] = Field(default_factory=list)
+    states: list[StateSpec] = field(default_factory=list)
 
 
-class EvalSpec(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class EvalSpec:
     """(defeval NAME :loader L :every N :at :end): a pass over a whole loader."""
 
     name: str
@@ -193,45 +225,53 @@ class EvalSpec(BaseModel):
     every: Optional[int] = None
     at_end: bool = False
     overlap: bool = False  # declared: this loader may share examples with train
-    metrics: list[str] = Field(default_factory=list)
+    metrics: list[str] = field(default_factory=list)
 
 
-class TargetSpec(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class TargetSpec:
     """(deftarget EVAL METRIC :<= VALUE): the run stops, successful, when it first holds."""
 
     eval: str
     metric: str
-    test: Literal["<=", ">=", "<", ">"]
+    test: TargetTest
     value: float
+
+    def __post_init__(self) -> None:
+        as_floats(self, "value")
 
     def holds(self, observed: float) -> bool:
         return {"<=": observed <= self.value, ">=": observed >= self.value, "<": observed < self.value, ">": observed > self.value}[self.test]
 
 
-class CurriculumSpec(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class CurriculumSpec:
     """defcurriculum: the starting stage of each loader, and rules (programs "curriculum"
     output rule:I booleans) whose stages apply, later rules winning, at step boundaries."""
 
-    start: dict[str, str] = Field(default_factory=dict)
-    rules: list[dict[str, str]] = Field(default_factory=list)
+    start: dict[str, str] = field(default_factory=dict)
+    rules: list[dict[str, str]] = field(default_factory=list)
 
 
-class DiagnosticsSpec(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class DiagnosticsSpec:
     """defrun :diagnostics: which names to compute, on which steps. Names in the IR (act/,
     defdiagnostic taps) are outputs of the train:diagnostics program; grad-norm/,
     param-norm/, update-ratio/ and optim/ are computed by the loop from values it has."""
 
     every: int
     select: list[str]
-    ir_names: list[str] = Field(default_factory=list)
+    ir_names: list[str] = field(default_factory=list)
 
 
-class CheckpointPolicy(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class CheckpointPolicy:
     every: Optional[int] = None  # steps between checkpoints; a final one is always written
     keep: int = 3
 
 
-class FiniteGuard(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class FiniteGuard:
     """:finite-guard (:skip N :rollback t :lr-scale S): skip up to N non-finite steps in a
     row; then roll back to the last checkpoint (scaling the learning rate by S) once; then
     stop (exit 1)."""
@@ -240,18 +280,25 @@ class FiniteGuard(BaseModel):
     rollback: bool = False
     lr_scale: Optional[float] = None
 
+    def __post_init__(self) -> None:
+        as_floats(self, "lr_scale")
 
-class RunSpec(BaseModel):
+
+@dataclass(kw_only=True, slots=True)
+class RunSpec:
     steps: int
     seed: int = 0
     log_every: int = 10
     microbatches: int = 1  # gradient accumulation: the loader's batch is per microbatch
     precision: Literal["f32", "bf16"] = "f32"
-    checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
-    finite_guard: FiniteGuard = Field(default_factory=FiniteGuard)
+    checkpoint: CheckpointPolicy = field(default_factory=CheckpointPolicy)
+    finite_guard: FiniteGuard = field(default_factory=FiniteGuard)
     diagnostics: Optional[DiagnosticsSpec] = None
     clip: Optional[float] = None
-    meta: dict[str, Any] = Field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        as_floats(self, "clip")
 
 
 # defrun options and evaluation settings that say how long to train or how often to record,
@@ -260,7 +307,8 @@ RECORDING_ONLY = ("steps", "log_every", "checkpoint", "diagnostics", "meta")
 EVAL_CADENCE = ("every", "at_end")
 
 
-class Experiment(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class Experiment:
     file: str
     file_stem: str
     selection: Selection
@@ -270,13 +318,13 @@ class Experiment(BaseModel):
     groups: list[GroupSpec]
     run: RunSpec
     metrics: list[str]
-    evals: list[EvalSpec] = Field(default_factory=list)
+    evals: list[EvalSpec] = field(default_factory=list)
     curriculum: Optional[CurriculumSpec] = None
-    ties: dict[str, str] = Field(default_factory=dict)  # tied place -> the parameter it reads ("T" suffix: transposed)
-    targets: list[TargetSpec] = Field(default_factory=list)
+    ties: dict[str, str] = field(default_factory=dict)  # tied place -> the parameter it reads ("T" suffix: transposed)
+    targets: list[TargetSpec] = field(default_factory=list)
     module: Module
     # data parallel: each rank's train programs at batch/world (not part of the identity)
-    rank_programs: dict[str, Program] = Field(default_factory=dict)
+    rank_programs: dict[str, Program] = field(default_factory=dict)
     world: int = 1
     ir_hash: str
     source_hash: str
@@ -300,16 +348,19 @@ class Experiment(BaseModel):
         import hashlib
         import json
 
-        loaders = {name: record.model_dump(mode="json", exclude={"base_dir", "root"}) for name, record in self.loaders.items()}
+        def without(record: Any, names: tuple[str, ...]) -> dict[str, Any]:
+            return {k: v for k, v in plain(record).items() if k not in names}
+
+        loaders = {name: without(record, ("base_dir", "root")) for name, record in self.loaders.items()}
         data = {
             "ir": self.module.numbers_hash(),
             "loaders": loaders,
-            "params": [p.model_dump(mode="json") for p in self.params],
-            "groups": [g.model_dump(mode="json") for g in self.groups],
-            "run": self.run.model_dump(mode="json", exclude=set(RECORDING_ONLY)),
-            "evals": [e.model_dump(mode="json", exclude=set(EVAL_CADENCE)) for e in self.evals],
-            "targets": [t.model_dump(mode="json") for t in self.targets],
-            "curriculum": self.curriculum.model_dump(mode="json") if self.curriculum else None,
+            "params": [plain(p) for p in self.params],
+            "groups": [plain(g) for g in self.groups],
+            "run": without(self.run, RECORDING_ONLY),
+            "evals": [without(e, EVAL_CADENCE) for e in self.evals],
+            "targets": [plain(t) for t in self.targets],
+            "curriculum": plain(self.curriculum) if self.curriculum else None,
             "ties": self.ties,
         }
         if with_data and self.data_sources:  # no file sources (synthetic data): the options say it all

@@ -1,14 +1,18 @@
 """The IR data model: typed SSA programs, their text form (one line per node, like a jaxpr),
-their JSON form, and their hash."""
+their JSON form, and their hash.
+
+The records are dataclasses (sexpgpu/records.py validates and writes them at a file or a
+process boundary); their hash is made from records.plain, which gives what pydantic writes
+without importing it (tests/test_record_identity.py compares the two)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Optional
 
-from pydantic import BaseModel, Field
-
+from ..records import plain
 from .dtypes import DType
 
 Shape = tuple[int, ...]
@@ -23,9 +27,16 @@ def shape_size(shape: Any) -> int:
     return n
 
 
-class TensorType(BaseModel, frozen=True):
+@dataclass(kw_only=True, slots=True, frozen=True)
+class TensorType:
     dtype: DType
     shape: Shape
+
+    def __post_init__(self) -> None:  # what pydantic coerced: a list of dims, a dtype's name
+        if type(self.shape) is not tuple:
+            object.__setattr__(self, "shape", tuple(self.shape))
+        if type(self.dtype) is not DType:
+            object.__setattr__(self, "dtype", DType(self.dtype))
 
     def __str__(self) -> str:
         return f"{self.dtype.value}[{','.join(str(d) for d in self.shape)}]"
@@ -39,7 +50,8 @@ class TensorType(BaseModel, frozen=True):
         return len(self.shape)
 
 
-class Input(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class Input:
     """A value the program receives: a parameter, a batch field, optimizer state, a ctx
     scalar, or (in backward/update programs) a value computed by another program."""
 
@@ -49,18 +61,20 @@ class Input(BaseModel):
     type: TensorType
 
 
-class Node(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class Node:
     id: int
     op: str
     args: list[int]
-    attrs: dict[str, Any] = Field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
     type: TensorType
     loc: Optional[str] = None  # file:line:col of the source form that staged it
     path: Optional[str] = None  # parameter path of the model part that staged it
     site: Optional[str] = None  # file:line:col of the user's call that led to LOC, when LOC is inside a library
 
 
-class Program(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class Program:
     name: str
     inputs: list[Input]
     nodes: list[Node]
@@ -75,17 +89,18 @@ class Program(BaseModel):
         return program_text(self)
 
     def canonical_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return json.dumps(plain(self), sort_keys=True, separators=(",", ":"))
 
 
-class Module(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class Module:
     """Everything a run executes: each program by name (forward, train, update, eval:NAME)."""
 
     version: int = 1
     programs: dict[str, Program]
 
     def canonical_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return json.dumps(plain(self), sort_keys=True, separators=(",", ":"))
 
     def hash(self) -> str:
         """The IR's identity: ops, types, attributes and structure. Source positions and
@@ -101,14 +116,20 @@ class Module(BaseModel):
         return self._hash(lambda name: not name.startswith("train:diagnostics"))
 
     def _hash(self, keep: Callable[[str], bool]) -> str:
-        data = self.model_dump(mode="json")
-        data["programs"] = {name: program for name, program in data["programs"].items() if keep(name)}
-        for program in data["programs"].values():
-            for node in program["nodes"]:
-                node["loc"] = None
-                node["path"] = None
-                node.pop("site", None)  # absent, not null: the hash of an IR without sites stays what it was
-        return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        return data_hash(plain(self), keep)
+
+
+def data_hash(module: dict[str, Any], keep: Callable[[str], bool] = lambda name: True) -> str:
+    """Module.hash of a module given as plain data (records.plain of it): the programs KEEP
+    takes, without source positions and part paths (null) and sites (absent, not null: the
+    hash of an IR without sites stays what it was)."""
+    programs = {}
+    for name, program in module["programs"].items():
+        if keep(name):
+            nodes = [{**{k: v for k, v in node.items() if k != "site"}, "loc": None, "path": None} for node in program["nodes"]]
+            programs[name] = {**program, "nodes": nodes}
+    data = {**module, "programs": programs}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _attr_text(value: Any) -> str:
@@ -147,7 +168,7 @@ def prune(program: Program) -> Program:
         if node.id in live:
             live.update(node.args)
     nodes = [n for n in program.nodes if n.id in live]
-    return program.model_copy(update={"nodes": nodes})
+    return replace(program, nodes=nodes)
 
 
 def readers_of(program: Program) -> dict[int, list[Node]]:

@@ -6,9 +6,8 @@ catalogue and tests/test_diagnostics.py has a test of each one's exact message a
 
 from __future__ import annotations
 
-from typing import Literal, Optional
-
-from pydantic import BaseModel
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
 
 from .types import Loc
 
@@ -67,15 +66,17 @@ CODES: dict[str, str] = {
 }
 
 
-class Note(BaseModel):
+@dataclass(kw_only=True, slots=True)
+class Note:
     message: str
     file: Optional[str] = None
     line: Optional[int] = None
     col: Optional[int] = None
 
 
-class Diagnostic(BaseModel):
-    """One diagnostic, as printed and as given by `--json`."""
+@dataclass(kw_only=True, slots=True)
+class Diagnostic:
+    """One diagnostic, as printed and as given by `--json` (a record: sexpgpu/records.py)."""
 
     severity: Severity = "error"
     code: str
@@ -84,10 +85,10 @@ class Diagnostic(BaseModel):
     line: Optional[int] = None
     col: Optional[int] = None
     macro: Optional[str] = None
-    notes: list[Note] = []
+    notes: list[Note] = field(default_factory=list)
 
     @classmethod
-    def at(cls, code: str, message: str, loc: Optional[Loc], **kw: object) -> "Diagnostic":
+    def at(cls, code: str, message: str, loc: Optional[Loc], **kw: Any) -> "Diagnostic":
         if loc is None:
             return cls(code=code, message=message, **kw)
         return cls(code=code, message=message, file=loc.file, line=loc.line, col=loc.col, **kw)

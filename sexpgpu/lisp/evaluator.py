@@ -12,9 +12,9 @@ import sys
 import threading
 import time
 from importlib import resources
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, NoReturn, Optional
 
-from pydantic import BaseModel, PositiveFloat, PositiveInt
 
 from .analyze import SYSTEM_FILES, Analyzer, SpecialForm, primary, user_loc
 from .hints import did_you_mean
@@ -50,13 +50,24 @@ HOT_LOOPS = 100  # backward jumps of a tagbody before it is generated as Python
 STEP_CHUNK = 10_000  # steps between looks at the clock
 
 
-class Limits(BaseModel):
-    """Evaluation limits for one compile. Exceeding one is a diagnostic (L001-L004)."""
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Limits:
+    """Evaluation limits for one compile. Exceeding one is a diagnostic (L001-L004). A record
+    (sexpgpu/records.py): a sweep job carries it to its workers."""
 
-    steps: PositiveInt = 1_000_000
-    depth: PositiveInt = 10_000
-    alloc: PositiveInt = 10_000_000
-    seconds: PositiveFloat = DEFAULT_SECONDS
+    steps: int = 1_000_000
+    depth: int = 10_000
+    alloc: int = 10_000_000
+    seconds: float = DEFAULT_SECONDS
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "depth", "alloc", "seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"limit {name} must be a positive number, got {value!r}")
+        for name in ("steps", "depth", "alloc"):
+            if not isinstance(getattr(self, name), int):
+                raise ValueError(f"limit {name} must be a whole number, got {getattr(self, name)!r}")
 
 
 def _annotate(exc: LispError | LimitExceeded, loc: Optional[Loc]) -> None:

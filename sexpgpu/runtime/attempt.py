@@ -21,6 +21,7 @@ import numpy as np
 
 from ..ir.experiment import Experiment
 from ..outcome import AttemptOutcome, EvalSeen, Exit, TargetHit, evals_line
+from ..records import dump_json
 from .backend import Backend, HostBackend
 from .checkpoint import CheckpointState, Expected, ResumeError, Written, list_checkpoints, load_checkpoint, resolve, step_name, write_checkpoint
 from .checkpoint import prune as prune_checkpoints
@@ -658,4 +659,4 @@ def write_header(folder: RunFolder, experiment: Experiment, name: str, options: 
     )
     folder.write_run_info(info)
     folder.write_sources(options.sources)
-    folder.write_ir(experiment.module.model_dump_json())
+    folder.write_ir(dump_json(experiment.module).decode())

@@ -37,6 +37,8 @@ import fsspec
 from fsspec.core import url_to_fs
 from pydantic import BaseModel
 
+from ..records import dump, is_record
+
 LOCAL_PROTOCOLS = frozenset({"file", "local"})
 TEMP_SUFFIX = ".tmp"
 SEGMENT_RE = re.compile(r"^(\d{6,})\.jsonl$")
@@ -225,9 +227,11 @@ def _finite(value: Any) -> Any:
 
 
 def _json_default(value: Any) -> Any:
-    """numpy scalars and arrays (without importing numpy), and models nested in dicts."""
+    """numpy scalars and arrays (without importing numpy), and models and records nested in dicts."""
     if isinstance(value, BaseModel):
         return _finite(value.model_dump(mode="json"))
+    if is_record(value):
+        return _finite(dump(value))
     for attribute in ("tolist", "item"):
         method = getattr(value, attribute, None)
         if callable(method):
@@ -236,9 +240,11 @@ def _json_default(value: Any) -> Any:
 
 
 def to_jsonable(obj: Any) -> Any:
-    """A model or plain value as JSON-ready data, non-finite floats as None."""
+    """A model, a record (sexpgpu/records.py) or plain value as JSON-ready data, non-finite floats as None."""
     if isinstance(obj, BaseModel):
         obj = obj.model_dump(mode="json")
+    elif is_record(obj):
+        obj = dump(obj)
     return _finite(obj)
 
 

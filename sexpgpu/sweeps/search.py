@@ -16,11 +16,11 @@ import hashlib
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from ..ir.lazy_numpy import np
 
-from ..ir.experiment import Experiment, Halving, Scheduler
+from ..ir.experiment import Experiment, Halving, HalvingMode, Scheduler
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.data import as_data
 from ..lisp.types import Cons, Symbol
@@ -129,13 +129,13 @@ def halving(sweep: str, form: Any) -> Halving:
     if scheduler == "median":
         if "KEEP" in options:
             raise problem(f"{where} :keep: the median rule keeps what is at least as good as the median; remove :keep, or use :scheduler :sync or :asha")
-        return Halving(metric=metric.name.lower(), mode=mode.name.lower(), rungs=rungs, keep=0.5, keep_text="1/2", scheduler=scheduler)
+        return Halving(metric=metric.name.lower(), mode=cast(HalvingMode, mode.name.lower()), rungs=rungs, keep=0.5, keep_text="1/2", scheduler=scheduler)
     keep = options.get("KEEP")
     fraction = number(keep)
     if fraction is None or not 0 < fraction < 1:
         raise problem(f"{where} :keep needs a fraction between 0 and 1, such as 1/3")
     text = f"{keep.numerator}/{keep.denominator}" if type(keep) is Fraction else f"{fraction:g}"
-    return Halving(metric=metric.name.lower(), mode=mode.name.lower(), rungs=rungs, keep=fraction, keep_text=text, scheduler=scheduler)
+    return Halving(metric=metric.name.lower(), mode=cast(HalvingMode, mode.name.lower()), rungs=rungs, keep=fraction, keep_text=text, scheduler=scheduler)
 
 
 def scheduler_of(where: str, form: Any) -> Scheduler:

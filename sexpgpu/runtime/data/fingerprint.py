@@ -14,6 +14,7 @@ problem, not read: the loader reports it when the run loads its data (exit 5).
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -46,7 +47,7 @@ def fingerprinted(experiment: Experiment, data_roots: tuple[str, ...] = (), cach
         return experiment
     cache = cache_dir if cache_dir is not None else default_cache_dir()
     sources = {name: fingerprint_loader(record, data_roots, cache) for name, record in experiment.loaders.items() if record.source.url}
-    return experiment.model_copy(update={"data_sources": sources})
+    return replace(experiment, data_sources=sources)
 
 
 def fingerprint_loader(record: LoaderRecord, data_roots: tuple[str, ...], cache_dir: Path) -> SourceFingerprint:

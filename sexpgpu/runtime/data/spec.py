@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ...ir.dtypes import DType
 from ...ir.experiment import LoaderRecord
+from ...records import dump
 
 MASK_FIELD = "__mask__"
 
@@ -164,8 +165,8 @@ def loader_spec(record: LoaderRecord, seed: int, data_roots: tuple[str, ...] = (
     """What the data layer needs of a compiled loader, with the run's seed."""
     return LoaderSpec(
         name=record.name,
-        source=SourceSpec.model_validate(record.source.model_dump()),
-        prepare=[PrepareStep.model_validate(p.model_dump()) for p in record.prepare],
+        source=SourceSpec.model_validate(dump(record.source, mode="python")),
+        prepare=[PrepareStep.model_validate(dump(p, mode="python")) for p in record.prepare],
         fields=[FieldSpec(name=f.name, dtype=DType(f.dtype), shape=tuple(f.shape)) for f in record.fields],
         batch=record.batch,
         shuffle=record.shuffle,

@@ -20,7 +20,7 @@ it on any machine, and the CUDA backend compiles what it names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from ...ir.builder import Builder
@@ -325,11 +325,11 @@ def decomposed(program: Program) -> tuple[Program, dict[int, str]]:
         args = [renamed.get(a, a) for a in node.args]
         rule = op_def(node.op).decompose
         if rule is None:
-            b.nodes.append(node.model_copy(update={"args": args}))
+            b.nodes.append(replace(node, args=args))
             continue
         b.loc, b.path = node.loc, node.path
         first = b.next_id
-        renamed[node.id] = rule(b, node.model_copy(update={"args": args}))
+        renamed[node.id] = rule(b, replace(node, args=args))
         origins.update({nid: f"%{node.id} {node.op}" for nid in range(first, b.next_id)})
     return b.program({name: renamed.get(v, v) for name, v in program.outputs.items()}), origins
 
