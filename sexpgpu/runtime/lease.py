@@ -152,11 +152,14 @@ class Leases:
         return self.store.create_new(path, self.mine().model_dump_json().encode())
 
     def take(self, path: str, take_over: bool) -> bool:
-        """The lease at PATH made ours by a conditional write: created if there is none,
-        else replaced if it holds nothing any more (or we take it over) and is still the
-        version we judged. The version is read before the lease, so a lease renewed in
-        between fails the replace rather than being judged by its older self."""
+        """The lease at PATH made ours by a conditional write: created if there is none (tried
+        first: the usual case, one request), else replaced if it holds nothing any more (or
+        we take it over) and is still the version we judged. The version is read before the
+        lease, so a lease renewed in between fails the replace rather than being judged by
+        its older self."""
         mine = self.mine().model_dump_json().encode()
+        if self.store.create_new(path, mine):
+            return True
         version = self.store.version(path)
         current = self.holder_of(path) if version is not None else None
         if current is None:
@@ -173,12 +176,9 @@ class Leases:
         return lease is not None and lease.holder == self.holder
 
     def renew(self, paths: list[str]) -> list[str]:
-        """Renew our leases at PATHS; returns those another holder took."""
-        lost = []
-        for path in paths:
-            if not self.renew_one(path):
-                lost.append(path)
-        return lost
+        """Renew our leases at PATHS (a few requests in flight at once); returns those another
+        holder took."""
+        return [path for path, kept in zip(paths, self.each(self.renew_one, paths), strict=True) if not kept]
 
     def renew_one(self, path: str) -> bool:
         """Renew our lease at PATH; False when another holder has it. With conditional

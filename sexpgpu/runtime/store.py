@@ -171,6 +171,21 @@ def precondition_failed(error: BaseException) -> bool:
     return False
 
 
+def range_unsatisfiable(error: BaseException) -> bool:
+    """An object store refused a ranged read as beyond the object's end (HTTP 416)."""
+    seen: set[int] = set()
+    current: Optional[BaseException] = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        response = getattr(current, "response", None)
+        if isinstance(response, dict) and response.get("Error", {}).get("Code") == "InvalidRange":
+            return True
+        if "requested range is not satisfiable" in str(current).lower():  # s3fs keeps only the message
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def is_permanent(error: BaseException) -> bool:
     """The store refused for good (full, a quota, no access), directly or as the cause of
     what the client raised."""
@@ -552,6 +567,8 @@ class Store:
     def _read_checked(self, full: str, path: str, limit: Optional[int], exactly: Optional[int]) -> bytes:
         if not self.is_local and limit is None and exactly is None:  # an object is a file: nothing to look at first
             return bytes(self.fs.cat_file(full))
+        if not self.is_local and exactly is None and limit is not None:
+            return self._read_at_most(full, path, limit)
         size = self._regular_file_size(full, path)
         if not self.is_local:
             self._check_size(self.url_of(path), size, limit, exactly)
@@ -570,6 +587,20 @@ class Store:
             data = handle.read(size + 1)
         if len(data) != size:
             raise UnexpectedSize(f"{path} changed size while it was read")
+        return data
+
+    def _read_at_most(self, full: str, path: str, limit: int) -> bytes:
+        """At most LIMIT bytes of an object, in one ranged GET of one byte more (a missing
+        object is one request too, where a look first costs a HEAD and, for a missing one, a
+        LIST): a larger object is refused with only those bytes read."""
+        try:
+            data = bytes(self.fs.cat_file(full, start=0, end=limit + 1))
+        except OSError as exc:
+            if not range_unsatisfiable(exc):
+                raise
+            return b""  # the range starts at byte 0: only an empty object cannot satisfy it
+        if len(data) > limit:
+            raise UnexpectedSize(f"{self.url_of(path)} is more than the {limit:,} bytes it may be: not read")
         return data
 
     @staticmethod
