@@ -189,7 +189,7 @@ def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str], ver
 
     def say(line: str) -> None:
         if verbose:
-            print(f"{time.time() - began:7.2f} s  {line}", file=sys.stderr, flush=True)
+            print(f"{time.time() - began:7.2f} s {rss_kb() / 1024:6.0f} MB  {line}", file=sys.stderr, flush=True)
 
     driver = Driver(path, "grid", url, None, None, 1, say=say, on_launch=lambda *_: launches.append(time.time()))
     counted = count_requests(driver.store)
@@ -230,7 +230,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--cpus-per-node", type=int, default=1)
     parser.add_argument("--profile", metavar="OUT", help="write the driver's cProfile statistics to OUT.N")
-    parser.add_argument("--verbose", action="store_true", help="the driver's lines on stderr, with the seconds since its start")
+    parser.add_argument("--verbose", action="store_true", help="the driver's lines on stderr, with the seconds since its start and its RSS")
     parser.add_argument("--requests", action="store_true", help="the driver's requests per point by what they are for")
     parser.add_argument("--serve-moto", metavar="LOG", help=argparse.SUPPRESS)
     args = parser.parse_args()

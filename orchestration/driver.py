@@ -148,9 +148,8 @@ class Driver:
 
     def bundle(self, point: SweepPoint) -> PointRecord:
         """POINT's bundle, from its compiled result (no second compile), and its record."""
-        url = f"{self.store.url_of(self.prefix)}/bundles/point-{point.index:04d}"
-        try:
-            write_bundle(point.compiled.path, point.compiled.result, url)
+        try:  # on the driver's own client
+            write_bundle(point.compiled.path, point.compiled.result, self.store.under(f"{self.prefix}/bundles/point-{point.index:04d}"))
         except BundleError as exc:
             what = "data error" if exc.code == Exit.DATA else "bundle refused"
             raise SweepError(f"{what}: point {point.index}: {exc}", exc.code) from None

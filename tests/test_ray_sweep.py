@@ -389,7 +389,7 @@ def test_the_driver_reads_a_point_in_a_few_requests_on_s3(project: Path, points:
     """Per point the driver reads the run's status when it is handed over and when it is
     leased (one GET each: no HEAD first, no LIST after a missing one), takes its free lease in
     one create, lists no checkpoints for a point that never began, and reads no status after
-    an attempt that ended itself."""
+    an attempt that ended itself; its bundles are written on its own client."""
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")
     from urllib.parse import unquote
@@ -417,3 +417,6 @@ def test_the_driver_reads_a_point_in_a_few_requests_on_s3(project: Path, points:
         assert [r for r in about if "status.json" in r] == [f"GET {p.slug}/status.json"] * 2, about
         assert not [r for r in about if "/checkpoints" in r], about
     assert not [r for r in sent if r.startswith("LIST") and "/leases/" in r], sent
+    # every bundle written on the driver's own client (a client per bundle cost the driver
+    # most of its CPU per point and a third of its memory)
+    assert {f"PUT sweeps/lm.lrs/bundles/point-{p.point:04d}/bundle.json" for p in ledger.points} <= set(sent), sent

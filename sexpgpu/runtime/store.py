@@ -391,6 +391,14 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
 
+    def under(self, prefix: str) -> "Store":
+        """The store at the folder PREFIX of this one, on the same client (an object store's
+        client costs its process tens of milliseconds and megabytes to make: a sweep's driver
+        writes every bundle through its own)."""
+        under = Store(self.fs, self._full(prefix), self.retry)
+        under._conditional = self._conditional
+        return under
+
     # -- naming -------------------------------------------------------------------------------
 
     @property
