@@ -158,29 +158,25 @@ def is_transient(error: BaseException) -> bool:
 
 def precondition_failed(error: BaseException) -> bool:
     """An object store refused a conditional write (HTTP 412), directly or as the cause."""
-    seen: set[int] = set()
-    current: Optional[BaseException] = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        response = getattr(current, "response", None)
-        if isinstance(response, dict) and response.get("Error", {}).get("Code") == "PreconditionFailed":
-            return True
-        if "pre-conditions you specified did not hold" in str(current):  # s3fs keeps only the message
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return _refused_as(error, "PreconditionFailed", "pre-conditions you specified did not hold")
 
 
 def range_unsatisfiable(error: BaseException) -> bool:
     """An object store refused a ranged read as beyond the object's end (HTTP 416)."""
+    return _refused_as(error, "InvalidRange", "the requested range is not satisfiable")
+
+
+def _refused_as(error: BaseException, code: str, message: str) -> bool:
+    """Whether an object store's reply, in ERROR or its causes, has the error CODE (or, where
+    s3fs kept only the text, says MESSAGE)."""
     seen: set[int] = set()
     current: Optional[BaseException] = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         response = getattr(current, "response", None)
-        if isinstance(response, dict) and response.get("Error", {}).get("Code") == "InvalidRange":
+        if isinstance(response, dict) and response.get("Error", {}).get("Code") == code:
             return True
-        if "requested range is not satisfiable" in str(current).lower():  # s3fs keeps only the message
+        if message in str(current).lower():
             return True
         current = current.__cause__ or current.__context__
     return False
