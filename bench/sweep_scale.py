@@ -18,9 +18,12 @@ Prints, for each N:
 - driver req/point: store requests the driver itself sent (a botocore hook on its client),
   by kind (PUT, GET, LIST, HEAD, DELETE);
 - all req/point: every request the S3 server answered over the sweep (the workers' too);
-- ledger B/point: bytes of the ledger (sweep.json, points/) the driver wrote.
+- ledger B/point: bytes of the ledger (sweep.json, points/) the driver wrote;
+and below the table the driver's RSS before the sweep, its CPU per point by thread (the
+threads still running at the end) and, with --requests, its requests per point by what they
+are for (the path with slugs and numbers as N).
 
-    python bench/sweep_scale.py [--n 100 1000] [--nodes 4] [--cpus-per-node 1] [--profile OUT]
+    python bench/sweep_scale.py [--n 100 1000] [--nodes 4] [--cpus-per-node 1] [--profile OUT] [--requests] [--verbose]
     python bench/sweep_scale.py --n 10000          # long: 10,000 one-step points to train
 
 --profile OUT writes the driver's cProfile statistics (pstats) per N to OUT.N.

@@ -141,3 +141,19 @@ def test_leases_are_renewed_concurrently(s3_url: str, monkeypatch: pytest.Monkey
     monkeypatch.setattr(Leases, "renew_one", when_both_began)
     assert leases.renew(paths) == []
     assert all(leases.still_mine(p) for p in paths)
+
+
+def test_a_lease_is_renewed_in_one_request_and_a_takeover_still_wins(s3_url: str, no_waiting: Any) -> None:
+    """The holder replaces the version it wrote last, with no look first; once another holder
+    took the lease over, that replace fails and the holder learns it lost the lease."""
+    store = Store.open(s3_url)
+    holder = Leases(store, "driver-e")
+    path = "renewed/point-0000.json"
+    assert holder.claim([path]) == [path]
+    requests = Requests(store)
+    assert holder.renew([path]) == [] and holder.renew([path]) == []
+    assert requests.close() == [f"PUT team/{path}"] * 2
+    taker = Leases(Store.open(s3_url), "driver-f")
+    assert taker.claim([path], take_over=True) == [path]
+    assert holder.renew([path]) == [path]
+    assert taker.still_mine(path) and not holder.still_mine(path)

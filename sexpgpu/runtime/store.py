@@ -346,6 +346,14 @@ def _protocols(fs: fsspec.AbstractFileSystem) -> frozenset[str]:
 # The store
 
 
+@dataclass(frozen=True)
+class Conditional:
+    """How a conditional write went: WRITTEN, and the VERSION (ETag) it wrote when the store said."""
+
+    written: bool
+    version: Optional[str] = None
+
+
 class Store:
     """Every file a run writes goes through one of these."""
 
@@ -459,7 +467,7 @@ class Store:
         it has conditional writes (S3's If-None-Match; `conditional_writes`); elsewhere use
         write and read back (runtime/lease.py)."""
         if not self.is_local:
-            return self._put_if(path, data, {"mode": "create"})
+            return self._put_if(path, data, {"mode": "create"}).written
         full = self._full(path)
         os.makedirs(os.path.dirname(full), exist_ok=True)
         try:
@@ -482,8 +490,8 @@ class Store:
         if self._conditional is None:
             probe = f".conditional-{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}"  # a temp name: never listed
             try:
-                first = self._put_if(probe, b"1", {"mode": "create"}, probing=True)
-                second = self._put_if(probe, b"2", {"mode": "create"}, probing=True)
+                first = self._put_if(probe, b"1", {"mode": "create"}, probing=True).written
+                second = self._put_if(probe, b"2", {"mode": "create"}, probing=True).written
                 self._conditional = first and not second
             except Exception as exc:  # noqa: BLE001 - a store without the operation: write and read back
                 if is_transient(exc):
@@ -510,23 +518,30 @@ class Store:
     def replace_if(self, path: str, data: bytes, version: str) -> bool:
         """On an object store with conditional writes: write DATA at PATH only if the
         object there is still VERSION (If-Match); False when it changed since."""
-        return self._put_if(path, data, {"IfMatch": version})
+        return self._put_if(path, data, {"IfMatch": version}).written
 
-    def _put_if(self, path: str, data: bytes, condition: dict[str, str], probing: bool = False) -> bool:
+    def put_if(self, path: str, data: bytes, version: Optional[str]) -> "Conditional":
+        """`create_new` (VERSION None) or `replace_if`, saying also the version written (what
+        the store replied; None when it did not say), so that the writer's next replace needs
+        no look at the object first."""
+        return self._put_if(path, data, {"mode": "create"} if version is None else {"IfMatch": version})
+
+    def _put_if(self, path: str, data: bytes, condition: dict[str, str], probing: bool = False) -> "Conditional":
         if not probing and not self.conditional_writes():
             raise NotImplementedError("this object store has no conditional writes")
         full = self._full(path)
 
-        def put() -> bool:
+        def put() -> Conditional:
             try:
-                self.fs.pipe_file(full, data, **condition)
+                reply = self.fs.pipe_file(full, data, **condition)
             except FileExistsError:  # If-None-Match
-                return False
+                return Conditional(written=False)
             except OSError as exc:  # If-Match: s3fs says EINVAL, the code is the cause's
                 if precondition_failed(exc):
-                    return False
+                    return Conditional(written=False)
                 raise
-            return True
+            version = reply.get("ETag") if isinstance(reply, dict) else None
+            return Conditional(written=True, version=str(version) if version else None)
 
         return self._retrying(f"write {path}", put)
 
