@@ -1,7 +1,7 @@
 """What the Ray driver costs as a sweep grows: the real driver (orchestration/driver.py) on a
 simulated multi-node Ray cluster (several raylets on this host, ray.cluster_utils.Cluster)
 against the S3 store on loopback (moto's server, in a process of its own so that its CPU is
-not the driver's), a tiny experiment (the quickstart MLP) at --max-steps 1, so that what is
+not the driver's), a tiny experiment (the quickstart's MLP, 4 hidden units, 64 samples) at --max-steps 1, so that what is
 measured is the driver, not the training.
 
 The driver is handed the points as `sexpgpu sweep --ray` hands them (Session.stream_sweep:
@@ -18,9 +18,12 @@ Prints, for each N:
 - driver req/point: store requests the driver itself sent (a botocore hook on its client),
   by kind (PUT, GET, LIST, HEAD, DELETE);
 - all req/point: every request the S3 server answered over the sweep (the workers' too);
-- ledger B/point: bytes of the ledger (sweep.json, points/) the driver wrote.
+- ledger B/point: bytes of the ledger (sweep.json, points/) the driver wrote;
+and below the table the driver's RSS before the sweep, its CPU per point by thread (the
+threads still running at the end) and, with --requests, its requests per point by what they
+are for (the path with slugs and numbers as N).
 
-    python bench/sweep_scale.py [--n 100 1000] [--nodes 4] [--cpus-per-node 1] [--profile OUT]
+    python bench/sweep_scale.py [--n 100 1000] [--nodes 4] [--cpus-per-node 1] [--profile OUT] [--requests] [--verbose]
     python bench/sweep_scale.py --n 10000          # long: 10,000 one-step points to train
 
 --profile OUT writes the driver's cProfile statistics (pstats) per N to OUT.N.
@@ -39,10 +42,11 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import unquote
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -54,9 +58,17 @@ BUCKET = "bench"
 REQUEST_LINE = re.compile(r'"(GET|PUT|POST|HEAD|DELETE) (\S+) HTTP')
 
 
+TINY = (  # the quickstart's MLP made tiny: a worker's share of a point is its start, not training
+    ("(synthetic :spirals :n 2048", "(synthetic :spirals :n 64"), (":batch 64)", ":batch 8)"), ("(nn:mlp 2 64 3)", "(nn:mlp 2 4 3)"),
+)
+
+
 def run_file(points: int) -> str:
     lrs = " ".join(f"{0.01 + 0.0001 * i:.4f}" for i in range(points))
     text = (REPO / "examples" / "quickstart.lisp").read_text()
+    for big, tiny in TINY:
+        assert big in text, big
+        text = text.replace(big, tiny)
     return text.replace("(defknob lr 0.1)", f"(defknob lr 0.1)\n(defsweep grid :lr ({lrs}))")
 
 
@@ -88,14 +100,26 @@ class Counted:
 
     kinds: Counter[str]
     ledger_bytes: int = 0
+    shapes: Counter[str] = field(default_factory=Counter)  # "KIND path-shape" (slugs and numbers as *)
 
     def hook(self, request: Any, **_: Any) -> None:
         method, url = str(request.method), str(request.url)
         kind = "LIST" if method == "GET" and ("list-type=" in url or "prefix=" in url) else method
         self.kinds[kind] += 1
         path = url.split("?", 1)[0]
+        self.shapes[f"{kind} {shape(url)}"] += 1
         if method == "PUT" and "/sweeps/" in path and (path.endswith("/sweep.json") or "/points/" in path):
             self.ledger_bytes += int(request.headers.get("Content-Length", 0))
+
+
+def shape(url: str) -> str:
+    """A request's path with what differs between points (slugs, numbers) as *: what it is for."""
+    path, _, query = url.partition("?")
+    prefix = re.search(r"prefix=([^&]*)", query)
+    where = path.split(f"/{BUCKET}/", 1)[-1] + (f" prefix={unquote(prefix.group(1))}" if prefix else "")
+    where = re.sub(r"store\d+/", "", where)
+    where = re.sub(r"[^/ =]+\.[0-9a-f]{8}(?=/|\.json|$)", "SLUG", where)
+    return re.sub(r"\d+", "N", where)
 
 
 def count_requests(store: Any) -> Counted:
@@ -121,6 +145,21 @@ class PeakRss(threading.Thread):
         self.halt.set()
         self.join()
         return max(self.peak, rss_kb()) / 1024
+
+
+def thread_cpu() -> Counter[str]:
+    """CPU seconds of this process's threads so far, by thread name (the kernel's: Ray's and
+    gRPC's native threads name themselves; Python's are all `python`)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    spent: Counter[str] = Counter()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # ended since the listing
+            continue
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        spent[re.sub(r"\d+$", "N", name)] += (int(fields[11]) + int(fields[12])) / ticks
+    return spent
 
 
 def rss_kb() -> int:
@@ -153,7 +192,7 @@ def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str], ver
 
     def say(line: str) -> None:
         if verbose:
-            print(f"{time.time() - began:7.2f} s  {line}", file=sys.stderr, flush=True)
+            print(f"{time.time() - began:7.2f} s {rss_kb() / 1024:6.0f} MB  {line}", file=sys.stderr, flush=True)
 
     driver = Driver(path, "grid", url, None, None, 1, say=say, on_launch=lambda *_: launches.append(time.time()))
     counted = count_requests(driver.store)
@@ -161,6 +200,7 @@ def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str], ver
     rss = PeakRss()
     rss.start()
     profiler = cProfile.Profile() if profile else None
+    base_mb, threads_before = rss_kb() / 1024, thread_cpu()
     cpu, started = time.process_time(), time.time()
     if profiler is not None:
         profiler.enable()
@@ -170,6 +210,8 @@ def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str], ver
         profiler.dump_stats(f"{profile}.{n}")
     cpu, wall = time.process_time() - cpu, time.time() - started
     peak = rss.stop()
+    threads = thread_cpu()
+    threads.subtract(threads_before)
     everything = server_requests(log) - before
     bad = [(p.point, p.state, p.reason) for p in ledger.points if p.state not in ("finished", "truncated")]
     assert not bad, bad[:5]
@@ -180,7 +222,8 @@ def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str], ver
         "n": n, "wall_s": wall, "first_step_s": (first - started) if first else float("nan"), "first_launch_s": min(launches) - started,
         "cpu_ms": 1000 * cpu / n, "peak_mb": peak, "driver_req": driver_requests / n,
         "kinds": {k: v / n for k, v in sorted(counted.kinds.items())}, "all_req": everything / n,
-        "ledger_b": counted.ledger_bytes / n,
+        "ledger_b": counted.ledger_bytes / n, "shapes": {k: v / n for k, v in counted.shapes.most_common()},
+        "base_mb": base_mb, "threads": {k: 1000 * v / n for k, v in threads.most_common() if v > 0},
     }
 
 
@@ -190,7 +233,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--cpus-per-node", type=int, default=1)
     parser.add_argument("--profile", metavar="OUT", help="write the driver's cProfile statistics to OUT.N")
-    parser.add_argument("--verbose", action="store_true", help="the driver's lines on stderr, with the seconds since its start")
+    parser.add_argument("--verbose", action="store_true", help="the driver's lines on stderr, with the seconds since its start and its RSS")
+    parser.add_argument("--requests", action="store_true", help="the driver's requests per point by what they are for")
     parser.add_argument("--serve-moto", metavar="LOG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_moto:
@@ -235,6 +279,11 @@ def main() -> None:
               f"{r['cpu_ms']:>11.1f}{r['peak_mb']:>9.0f}{r['driver_req']:>15.1f}{r['all_req']:>12.1f}{r['ledger_b']:>13.0f}")
     for r in rows:
         print(f"N={r['n']}: driver requests per point by kind: " + ", ".join(f"{k} {v:.2f}" for k, v in r["kinds"].items()))
+        print(f"N={r['n']}: RSS before the sweep {r['base_mb']:.0f} MB; CPU ms per point by thread: "
+              + ", ".join(f"{k} {v:.1f}" for k, v in r["threads"].items()))
+        if args.requests:
+            for what, per_point in r["shapes"].items():
+                print(f"    {per_point:7.2f}  {what}")
 
 
 if __name__ == "__main__":

@@ -148,9 +148,8 @@ class Driver:
 
     def bundle(self, point: SweepPoint) -> PointRecord:
         """POINT's bundle, from its compiled result (no second compile), and its record."""
-        url = f"{self.store.url_of(self.prefix)}/bundles/point-{point.index:04d}"
-        try:
-            write_bundle(point.compiled.path, point.compiled.result, url)
+        try:  # on the driver's own client
+            write_bundle(point.compiled.path, point.compiled.result, self.store.under(f"{self.prefix}/bundles/point-{point.index:04d}"))
         except BundleError as exc:
             what = "data error" if exc.code == Exit.DATA else "bundle refused"
             raise SweepError(f"{what}: point {point.index}: {exc}", exc.code) from None
@@ -319,13 +318,16 @@ class Driver:
         self.show(ledger, final=True)
         return ledger
 
-    def launch(self, record: PointRecord) -> Gang:
+    def launch(self, record: PointRecord, never_began: bool = False) -> Gang:
+        """Start RECORD's next attempt. NEVER_BEGAN: its run had no status.json when this
+        driver leased it (no attempt ever began, so it has no checkpoint to resume from: not listed)."""
         record.attempts += 1
         record.state = "running"
         record.lease, record.heartbeat = self.id, time.time()
         bundle = f"{self.store.url_of(self.prefix)}/bundles/point-{record.point:04d}"
         gang = Gang(self.devices, worker_env(), self.idle, avoid=self.lost_nodes.selector())
-        gang.start(AttemptRequest(bundle=bundle, store=self.store_url, resume=resume_from(self.store, record.slug),
+        resume = None if never_began else resume_from(self.store, record.slug)
+        gang.start(AttemptRequest(bundle=bundle, store=self.store_url, resume=resume,
                                   max_steps=limit(self.wanted[record.slug], self.steps[record.slug], self.max_steps),
                                   max_steps_by=self.limited_by.get(record.slug, "--max-steps"),
                                   take_over=record.attempts > 1, data_roots=self.data_roots,
@@ -443,6 +445,12 @@ class Driver:
         return False
 
 
+def ended_itself(outcome: AttemptOutcome) -> bool:
+    """Whether the attempt wrote its own end into status.json: it finished or was truncated
+    (exit 0, returned by its worker); a lost one, or one whose rank raised, could not."""
+    return outcome.exit_code == Exit.OK and not outcome.preempted
+
+
 class Supervision:
     """One driver's supervision of one sweep: the gangs it runs, the points it has leased
     but not started, and the rounds of waiting, settling, renewing and leasing.
@@ -457,6 +465,7 @@ class Supervision:
         self.running: dict[ray.ObjectRef, tuple[PointRecord, Gang]] = {}  # result ref -> its point and gang
         self.gangs: dict[int, Gang] = {}  # point -> the gang running it
         self.reserved: list[int] = []  # leased by this driver, not started yet
+        self.never_began: set[int] = set()  # leased here with no status.json: no attempt of theirs ever began
         self.lost_at: dict[int, int] = {}  # point -> the attempt its run folder showed when its last loss was counted
         self.touched: set[int] = set()  # points changed since the ledger was last written
         self.followed = 0.0  # when the other drivers' points were last read
@@ -508,8 +517,10 @@ class Supervision:
 
     def start(self, record: PointRecord) -> bool:
         self.touched.add(record.point)
+        never_began = record.point in self.never_began
+        self.never_began.discard(record.point)  # once: an attempt may begin from now on
         try:
-            gang = self.driver.launch(record)
+            gang = self.driver.launch(record, never_began=never_began)
         except Exception as exc:  # the gang could not start (a rank's node went away, the store): next round
             record.state = "preempted"
             record.preemptions += 1
@@ -573,6 +584,8 @@ class Supervision:
                 state = driver.ended(status, record.slug) if status is not None else None
                 if state is None:
                     self.reserved.append(record.point)
+                    if status is None:
+                        self.never_began.add(record.point)
                 else:  # another driver ended it since we last looked
                     record.state = state
                     self.touched.add(record.point)
@@ -621,7 +634,8 @@ class Supervision:
             driver.notice_lost_nodes()
         for record, _, outcome in ended:
             counted = not outcome.preempted or driver.tolerant("read a lost attempt's status", functools.partial(self.new_loss, record), True)
-            driver.tolerant("write the attempt's end into status.json", functools.partial(close_status, driver.store, record.slug, outcome), None)
+            if not ended_itself(outcome):
+                driver.tolerant("write the attempt's end into status.json", functools.partial(close_status, driver.store, record.slug, outcome), None)
             if driver.record_outcome(record, outcome, counted):
                 if self.start(record):
                     driver.say(f"point {record.point}: preempted, resumed (attempt {record.attempts})")

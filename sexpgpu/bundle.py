@@ -82,9 +82,9 @@ def make_bundle(path: Path, selection: Selection, out: str, devices: Optional[li
     return write_bundle(path, result, out, devices), result
 
 
-def write_bundle(path: Path, result: CompileResult, out: str, devices: Optional[list[str]] = None) -> BundleManifest:
+def write_bundle(path: Path, result: CompileResult, out: "str | Store", devices: Optional[list[str]] = None) -> BundleManifest:
     """Write the bundle of PATH, compiled as RESULT (a sweep's points are compiled once,
-    before any is bundled), to OUT."""
+    before any is bundled), to OUT (a URL, or the store of the bundle's folder)."""
     if result.experiment is None or result.program is None:
         raise _failed(result)
     experiment, program = result.experiment, result.program
@@ -115,7 +115,7 @@ def write_bundle(path: Path, result: CompileResult, out: str, devices: Optional[
         data=data,
         devices=devices or ["cpu"],
     )
-    store = Store.open(out)
+    store = out if isinstance(out, Store) else Store.open(out)
     for name, payload in files.items():
         store.write_bytes(f"source/{name}", payload)
     store.write_bytes("ir.json", dump_json(experiment.module))

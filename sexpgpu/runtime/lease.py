@@ -69,6 +69,10 @@ class Leases:
         self.ttl_s = ttl_s
         self.verify_after_s = verify_after_s
         self.host = socket.gethostname()
+        # path -> the version (ETag) of our last conditional write there, as the store replied:
+        # a renewal replaces only that version, with no look first (a write by anyone else in
+        # between changed the version, and the replace fails)
+        self.written: dict[str, str] = {}
 
     def mine(self) -> Lease:
         return Lease(holder=self.holder, host=self.host, pid=os.getpid(), heartbeat=time.time())
@@ -152,18 +156,30 @@ class Leases:
         return self.store.create_new(path, self.mine().model_dump_json().encode())
 
     def take(self, path: str, take_over: bool) -> bool:
-        """The lease at PATH made ours by a conditional write: created if there is none,
-        else replaced if it holds nothing any more (or we take it over) and is still the
-        version we judged. The version is read before the lease, so a lease renewed in
-        between fails the replace rather than being judged by its older self."""
+        """The lease at PATH made ours by a conditional write: created if there is none (tried
+        first: the usual case, one request), else replaced if it holds nothing any more (or
+        we take it over) and is still the version we judged. The version is read before the
+        lease, so a lease renewed in between fails the replace rather than being judged by
+        its older self."""
         mine = self.mine().model_dump_json().encode()
+        if self.put(path, mine, None):
+            return True
         version = self.store.version(path)
         current = self.holder_of(path) if version is not None else None
         if current is None:
-            return self.store.create_new(path, mine) or self.still_mine(path)
+            return self.put(path, mine, None) or self.still_mine(path)
         if current.holder != self.holder and self.live(current) and not take_over:
             return False
-        return self.store.replace_if(path, mine, version or "") or self.still_mine(path)
+        return self.put(path, mine, version or "") or self.still_mine(path)
+
+    def put(self, path: str, data: bytes, version: Optional[str]) -> bool:
+        """A conditional write of our lease (a create when VERSION is None); the version it
+        wrote is kept for the next renewal."""
+        self.written.pop(path, None)
+        done = self.store.put_if(path, data, version)
+        if done.written and done.version is not None:
+            self.written[path] = done.version
+        return done.written
 
     def write(self, path: str) -> None:
         self.store.write_text(path, self.mine().model_dump_json())
@@ -173,28 +189,31 @@ class Leases:
         return lease is not None and lease.holder == self.holder
 
     def renew(self, paths: list[str]) -> list[str]:
-        """Renew our leases at PATHS; returns those another holder took."""
-        lost = []
-        for path in paths:
-            if not self.renew_one(path):
-                lost.append(path)
-        return lost
+        """Renew our leases at PATHS (a few requests in flight at once); returns those another
+        holder took."""
+        return [path for path, kept in zip(paths, self.each(self.renew_one, paths), strict=True) if not kept]
 
     def renew_one(self, path: str) -> bool:
         """Renew our lease at PATH; False when another holder has it. With conditional
-        writes the renewal replaces only the version read as ours (a takeover in between
-        wins)."""
+        writes the renewal replaces only the version we wrote last (one request), or, when
+        that was not ours any more or is not known, the version read as ours (a takeover in
+        between wins either way)."""
         if self.store.is_local or not self.store.conditional_writes():
             if not self.still_mine(path):
                 return False
             self.write(path)
             return True
-        version = self.store.version(path)
+        mine = self.mine().model_dump_json().encode()
+        known = self.written.get(path)
+        if known is not None and self.put(path, mine, known):
+            return True
+        version = self.store.version(path)  # changed since (our own write whose reply was lost, or a taker's)
         if version is None or not self.still_mine(path):
             return False
-        return self.store.replace_if(path, self.mine().model_dump_json().encode(), version)
+        return self.put(path, mine, version)
 
     def release(self, path: str) -> None:
+        self.written.pop(path, None)
         if self.still_mine(path):
             self.store.delete(path)
 

@@ -103,8 +103,8 @@ STATUS_LIMIT = 1 << 20
 
 def read_status(store: Store, run_prefix: str) -> Optional[Status]:
     """The run's status, or None when it has none yet; UnexpectedSize for one of more than
-    STATUS_LIMIT bytes, refused before it is read (locally one stat and one read; on an object
-    store a HEAD and a GET)."""
+    STATUS_LIMIT bytes, refused unread (locally one stat and one read; on an object store one
+    ranged GET of at most STATUS_LIMIT + 1 bytes)."""
     try:
         return Status.model_validate_json(store.read_bytes(status_path(run_prefix), limit=STATUS_LIMIT))
     except FileNotFoundError:

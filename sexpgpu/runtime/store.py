@@ -160,14 +160,25 @@ def is_transient(error: BaseException) -> bool:
 
 def precondition_failed(error: BaseException) -> bool:
     """An object store refused a conditional write (HTTP 412), directly or as the cause."""
+    return _refused_as(error, "PreconditionFailed", "pre-conditions you specified did not hold")
+
+
+def range_unsatisfiable(error: BaseException) -> bool:
+    """An object store refused a ranged read as beyond the object's end (HTTP 416)."""
+    return _refused_as(error, "InvalidRange", "the requested range is not satisfiable")
+
+
+def _refused_as(error: BaseException, code: str, message: str) -> bool:
+    """Whether an object store's reply, in ERROR or its causes, has the error CODE (or, where
+    s3fs kept only the text, says MESSAGE)."""
     seen: set[int] = set()
     current: Optional[BaseException] = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         response = getattr(current, "response", None)
-        if isinstance(response, dict) and response.get("Error", {}).get("Code") == "PreconditionFailed":
+        if isinstance(response, dict) and response.get("Error", {}).get("Code") == code:
             return True
-        if "pre-conditions you specified did not hold" in str(current):  # s3fs keeps only the message
+        if message in str(current).lower():
             return True
         current = current.__cause__ or current.__context__
     return False
@@ -341,6 +352,14 @@ def _protocols(fs: fsspec.AbstractFileSystem) -> frozenset[str]:
 # The store
 
 
+@dataclass(frozen=True)
+class Conditional:
+    """How a conditional write went: WRITTEN, and the VERSION (ETag) it wrote when the store said."""
+
+    written: bool
+    version: Optional[str] = None
+
+
 class Store:
     """Every file a run writes goes through one of these."""
 
@@ -381,6 +400,14 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
+
+    def under(self, prefix: str) -> "Store":
+        """The store at the folder PREFIX of this one, on the same client (an object store's
+        client costs its process tens of milliseconds and megabytes to make: a sweep's driver
+        writes every bundle through its own)."""
+        under = Store(self.fs, self._full(prefix), self.retry)
+        under._conditional = self._conditional
+        return under
 
     # -- naming -------------------------------------------------------------------------------
 
@@ -446,7 +473,7 @@ class Store:
         it has conditional writes (S3's If-None-Match; `conditional_writes`); elsewhere use
         write and read back (runtime/lease.py)."""
         if not self.is_local:
-            return self._put_if(path, data, {"mode": "create"})
+            return self._put_if(path, data, {"mode": "create"}).written
         full = self._full(path)
         os.makedirs(os.path.dirname(full), exist_ok=True)
         try:
@@ -469,8 +496,8 @@ class Store:
         if self._conditional is None:
             probe = f".conditional-{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}"  # a temp name: never listed
             try:
-                first = self._put_if(probe, b"1", {"mode": "create"}, probing=True)
-                second = self._put_if(probe, b"2", {"mode": "create"}, probing=True)
+                first = self._put_if(probe, b"1", {"mode": "create"}, probing=True).written
+                second = self._put_if(probe, b"2", {"mode": "create"}, probing=True).written
                 self._conditional = first and not second
             except Exception as exc:  # noqa: BLE001 - a store without the operation: write and read back
                 if is_transient(exc):
@@ -497,23 +524,30 @@ class Store:
     def replace_if(self, path: str, data: bytes, version: str) -> bool:
         """On an object store with conditional writes: write DATA at PATH only if the
         object there is still VERSION (If-Match); False when it changed since."""
-        return self._put_if(path, data, {"IfMatch": version})
+        return self._put_if(path, data, {"IfMatch": version}).written
 
-    def _put_if(self, path: str, data: bytes, condition: dict[str, str], probing: bool = False) -> bool:
+    def put_if(self, path: str, data: bytes, version: Optional[str]) -> "Conditional":
+        """`create_new` (VERSION None) or `replace_if`, saying also the version written (what
+        the store replied; None when it did not say), so that the writer's next replace needs
+        no look at the object first."""
+        return self._put_if(path, data, {"mode": "create"} if version is None else {"IfMatch": version})
+
+    def _put_if(self, path: str, data: bytes, condition: dict[str, str], probing: bool = False) -> "Conditional":
         if not probing and not self.conditional_writes():
             raise NotImplementedError("this object store has no conditional writes")
         full = self._full(path)
 
-        def put() -> bool:
+        def put() -> Conditional:
             try:
-                self.fs.pipe_file(full, data, **condition)
+                reply = self.fs.pipe_file(full, data, **condition)
             except FileExistsError:  # If-None-Match
-                return False
+                return Conditional(written=False)
             except OSError as exc:  # If-Match: s3fs says EINVAL, the code is the cause's
                 if precondition_failed(exc):
-                    return False
+                    return Conditional(written=False)
                 raise
-            return True
+            version = reply.get("ETag") if isinstance(reply, dict) else None
+            return Conditional(written=True, version=str(version) if version else None)
 
         return self._retrying(f"write {path}", put)
 
@@ -558,6 +592,8 @@ class Store:
     def _read_checked(self, full: str, path: str, limit: Optional[int], exactly: Optional[int]) -> bytes:
         if not self.is_local and limit is None and exactly is None:  # an object is a file: nothing to look at first
             return bytes(self.fs.cat_file(full))
+        if not self.is_local and exactly is None and limit is not None:
+            return self._read_at_most(full, path, limit)
         size = self._regular_file_size(full, path)
         if not self.is_local:
             self._check_size(self.url_of(path), size, limit, exactly)
@@ -576,6 +612,20 @@ class Store:
             data = handle.read(size + 1)
         if len(data) != size:
             raise UnexpectedSize(f"{path} changed size while it was read")
+        return data
+
+    def _read_at_most(self, full: str, path: str, limit: int) -> bytes:
+        """At most LIMIT bytes of an object, in one ranged GET of one byte more (a missing
+        object is one request too, where a look first costs a HEAD and, for a missing one, a
+        LIST): a larger object is refused with only those bytes read."""
+        try:
+            data = bytes(self.fs.cat_file(full, start=0, end=limit + 1))
+        except OSError as exc:
+            if not range_unsatisfiable(exc):
+                raise
+            return b""  # the range starts at byte 0: only an empty object cannot satisfy it
+        if len(data) > limit:
+            raise UnexpectedSize(f"{self.url_of(path)} is more than the {limit:,} bytes it may be: not read")
         return data
 
     @staticmethod
