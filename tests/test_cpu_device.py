@@ -391,6 +391,45 @@ def test_a_large_product_is_shared_by_the_threads_in_pieces_that_depend_on_its_s
         products_in_pieces()
 
 
+def test_the_pool_splits_products_only_where_numpy_sees_the_blas_give_pieces_the_whole_bits() -> None:
+    """The probe's verdict against NumPy's matmul (the same BLAS, another way in): on the
+    probe's shapes, whole products against the pieces the pool would make, one thread. Where
+    NumPy sees a piece differ, the pool must not split; where it splits, a tape run holds the
+    BLAS to one thread and gives it its count back."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from sexpgpu.runtime.cpu.device import CpuRunner, CpuRuntime
+    from sexpgpu.runtime.cpu.toolchain import open_toolchain
+    from sexpgpu.runtime.lower.blas import Operand
+
+    rng = np.random.default_rng(7)
+    exact = True
+    with threadpool_limits(limits=1, user_api="blas"):
+        for m, n, k in ((128, 768, 128), (768, 200, 96), (100, 300, 256), (512, 768, 64), (96, 1030, 48)):
+            # NumPy's row-major (n, k) @ (k, m) is the BLAS's column-major m x n product
+            a, b = rng.standard_normal((n, k), dtype=np.float32), rng.standard_normal((k, m), dtype=np.float32)
+            whole = a @ b
+            rows = m > n
+            dim = m if rows else n
+            width = max(64, ((dim + 7) // 8 + 15) // 16 * 16)
+            if rows:
+                pieces = np.concatenate([a @ b[:, at:at + width] for at in range(0, dim, width)], axis=1)
+            else:
+                pieces = np.concatenate([a[at:at + width] @ b for at in range(0, dim, width)], axis=0)
+            exact = exact and np.array_equal(whole, pieces)
+    runtime = CpuRuntime(open_toolchain(), threads=2)
+    if not exact:
+        assert runtime.exact_pieces is False and not runtime.split_gemms
+    if runtime.split_gemms:
+        before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+        a32 = rng.standard_normal(300 * 300).astype(np.float32)
+        call = BlasCall(op_a=0, op_b=0, m=300, n=300, k=300, a=Operand(ld=300), b=Operand(ld=300), c=Operand(ld=300), in_dtype=DType.f32, out_dtype=DType.f32)
+        out = np.zeros(300 * 300, dtype=np.float32)
+        CpuRunner(runtime).gemm(call, a32, a32, out)
+        np.testing.assert_allclose(out.reshape(300, 300).T, (a32.reshape(300, 300).T.astype(np.float64) @ a32.reshape(300, 300).T), rtol=1e-4, atol=1e-3)
+        assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before
+
+
 def products_in_pieces() -> None:
     from sexpgpu.runtime.cpu.device import CpuRunner, CpuRuntime
     from sexpgpu.runtime.cpu.toolchain import open_toolchain
