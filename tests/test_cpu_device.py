@@ -379,6 +379,92 @@ def test_two_threads_give_the_bits_of_one(runtimes: dict[str, Any]) -> None:
     outputs_equal(program, two, one, backend, "2 threads against 1")
 
 
+def test_a_large_product_is_shared_by_the_threads_in_pieces_that_depend_on_its_shape_alone() -> None:
+    """With threads, the pool shares a large f32 gemm in pieces of C's columns (or rows, when
+    it has more rows): about an eighth of that extent each, a multiple of 16 and at least 64,
+    each one BLAS call. Forced on (the pool does it by itself where the BLAS gives a piece the
+    whole product's bits, which OpenBLAS's Haswell kernels do not), 2 and 3 threads give
+    the bits of the pieces called one by one on one thread."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):  # every call on one thread, as the pool makes them when it splits
+        products_in_pieces()
+
+
+def test_the_pool_splits_products_only_where_numpy_sees_the_blas_give_pieces_the_whole_bits() -> None:
+    """The probe's verdict against NumPy's matmul (the same BLAS, another way in): on the
+    probe's shapes, whole products against the pieces the pool would make, one thread. Where
+    NumPy sees a piece differ, the pool must not split; where it splits, a tape run holds the
+    BLAS to one thread and gives it its count back."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from sexpgpu.runtime.cpu.device import CpuRunner, CpuRuntime
+    from sexpgpu.runtime.cpu.toolchain import open_toolchain
+    from sexpgpu.runtime.lower.blas import Operand
+
+    rng = np.random.default_rng(7)
+    exact = True
+    with threadpool_limits(limits=1, user_api="blas"):
+        for m, n, k in ((128, 768, 128), (768, 200, 96), (100, 300, 256), (512, 768, 64), (96, 1030, 48)):
+            # NumPy's row-major (n, k) @ (k, m) is the BLAS's column-major m x n product
+            a, b = rng.standard_normal((n, k), dtype=np.float32), rng.standard_normal((k, m), dtype=np.float32)
+            whole = a @ b
+            rows = m > n
+            dim = m if rows else n
+            width = max(64, ((dim + 7) // 8 + 15) // 16 * 16)
+            if rows:
+                pieces = np.concatenate([a @ b[:, at:at + width] for at in range(0, dim, width)], axis=1)
+            else:
+                pieces = np.concatenate([a[at:at + width] @ b for at in range(0, dim, width)], axis=0)
+            exact = exact and np.array_equal(whole, pieces)
+    runtime = CpuRuntime(open_toolchain(), threads=2)
+    if not exact:
+        assert runtime.exact_pieces is False and not runtime.split_gemms
+    if runtime.split_gemms:
+        before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+        a32 = rng.standard_normal(300 * 300).astype(np.float32)
+        call = BlasCall(op_a=0, op_b=0, m=300, n=300, k=300, a=Operand(ld=300), b=Operand(ld=300), c=Operand(ld=300), in_dtype=DType.f32, out_dtype=DType.f32)
+        out = np.zeros(300 * 300, dtype=np.float32)
+        CpuRunner(runtime).gemm(call, a32, a32, out)
+        np.testing.assert_allclose(out.reshape(300, 300).T, (a32.reshape(300, 300).T.astype(np.float64) @ a32.reshape(300, 300).T), rtol=1e-4, atol=1e-3)
+        assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before
+
+
+def products_in_pieces() -> None:
+    from sexpgpu.runtime.cpu.device import CpuRunner, CpuRuntime
+    from sexpgpu.runtime.cpu.toolchain import open_toolchain
+    from sexpgpu.runtime.lower.blas import Operand
+
+    runtime = CpuRuntime(open_toolchain(), threads=1)
+    runner = CpuRunner(runtime)
+    rng = np.random.default_rng(5)
+    for m, n, k, op_a, op_b in ((100, 300, 96, 0, 0), (300, 100, 96, 1, 1)):
+        a = rng.standard_normal(m * k).astype(np.float32)
+        b = rng.standard_normal(k * n).astype(np.float32)
+        lda, ldb = (k if op_a else m), (n if op_b else k)
+        rows = m > n
+        dim = m if rows else n
+        width = max(64, ((dim + 7) // 8 + 15) // 16 * 16)
+        want = np.zeros(m * n, dtype=np.float32)
+        for at in range(0, dim, width):
+            span = min(width, dim - at)
+            piece = BlasCall(op_a=op_a, op_b=op_b, m=span if rows else m, n=n if rows else span, k=k,
+                             a=Operand(ld=lda, offset=(at * lda if op_a else at) if rows else 0), b=Operand(ld=ldb, offset=0 if rows else (at if op_b else at * ldb)),
+                             c=Operand(ld=m, offset=at if rows else at * m), in_dtype=DType.f32, out_dtype=DType.f32)
+            runner.gemm(piece, a, b, want)
+        a64 = a.reshape(m, k).astype(np.float64) if op_a else a.reshape(k, m).T.astype(np.float64)
+        b64 = b.reshape(k, n).astype(np.float64) if op_b else b.reshape(n, k).T.astype(np.float64)
+        np.testing.assert_allclose(want.reshape(n, m).T, a64 @ b64, rtol=1e-4, atol=1e-4)
+        whole = BlasCall(op_a=op_a, op_b=op_b, m=m, n=n, k=k, a=Operand(ld=lda), b=Operand(ld=ldb), c=Operand(ld=m), in_dtype=DType.f32, out_dtype=DType.f32)
+        for threads in (2, 3):
+            runtime.set_threads(threads)
+            runtime.library.sx_pool_split_gemms(runtime.pool, 1)
+            got = np.zeros(m * n, dtype=np.float32)
+            runner.gemm(whole, a, b, got)
+            assert_same_bits(got, want, f"{m}x{n}x{k} on {threads} threads")
+        runtime.set_threads(1)
+
+
 # -- the loop ----------------------------------------------------------------------------------------------
 def losses_of(folder: Path) -> list[float]:
     events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
@@ -537,11 +623,6 @@ def test_a_bias_gradient_with_a_relu_backward_runs_vectorized_and_equals_the_dev
     runs of neighbours in memory by a function of its own, which the compiler vectorizes (the
     per-element index divisions and a bool kept the loop scalar), in the device's bits in
     every strategy."""
-    from sexpgpu.runtime.cpu.device import CpuRunner
-    from sexpgpu.runtime.cpu.hostc import host_prelude, reduce_host
-    from sexpgpu.runtime.cpu.toolchain import open_toolchain
-    from test_cuda_codegen import feeds_for, strategies
-
     f32 = DType.f32
     b = Builder("bias-grad")
     x = b.input("x", "data", TensorType(dtype=f32, shape=(4, 6, 9, 9)))
@@ -550,6 +631,40 @@ def test_a_bias_gradient_with_a_relu_backward_runs_vectorized_and_equals_the_dev
     zero = b.const(0.0, f32)
     mask = b.op("cast", b.op("gt", b.op("add", x, bias), zero), dtype="f32")
     program = b.program({"db": b.op("sum", b.op("mul", g, mask), axis=[0, 2, 3])})
+    assert runs_vectorized_in_the_devices_bits(program, runtimes, tmp_path, "runs of at most 81 neighbours") >= 2
+
+
+def test_a_transformers_weight_gradients_across_outputs_run_vectorized_and_equal_the_device(runtimes: dict[str, Any], tmp_path: Path) -> None:
+    """nanoGPT's bias and norm-weight gradients, [B, T, C] -> [C] (the leading axes reduced: a
+    thread per output, the outputs side by side): each step's block of outputs is computed in
+    runs of neighbours in memory by a function of its own, which the compiler vectorizes,
+    with a per-row input ([B, T, 1]: one value per run, a bool held as an int) and a
+    position one ([T, C]: a base per run), in the device's bits in every strategy that has a
+    thread per output (the warp's and block's lanes take an output's elements instead)."""
+    f32 = DType.f32
+    b = Builder("norm-grad")
+    x = b.input("x", "data", TensorType(dtype=f32, shape=(3, 10, 24)))
+    pos = b.input("pos", "param", TensorType(dtype=f32, shape=(10, 24)))
+    mean = b.input("mean", "data", TensorType(dtype=f32, shape=(3, 10, 1)))
+    rstd = b.input("rstd", "data", TensorType(dtype=f32, shape=(3, 10, 1)))
+    g = b.input("g", "data", TensorType(dtype=f32, shape=(3, 10, 24)))
+    zero = b.const(0.0, f32)
+    live = b.op("cast", b.op("gt", rstd, zero), dtype="f32")
+    normed = b.op("mul", b.op("sub", b.op("add", x, pos), mean), b.op("mul", rstd, live))
+    program = b.program({"dw": b.op("sum", b.op("mul", g, normed), axis=[0, 1])})
+    assert runs_vectorized_in_the_devices_bits(program, runtimes, tmp_path, "runs of at most 24 neighbours", lanes=("thread",)) >= 2
+
+
+def runs_vectorized_in_the_devices_bits(program: Program, runtimes: dict[str, Any], tmp_path: Path, schedule: str,
+                                        lanes: tuple[str, ...] = ("thread", "warp", "block")) -> int:
+    """PROGRAM's reduction, in every strategy of LANES: its host kernel has a run function (its
+    schedule says SCHEDULE) that GCC reports vectorized, and its outputs are the emulated
+    device's bit for bit. Returns the strategies tried."""
+    from sexpgpu.runtime.cpu.device import CpuRunner
+    from sexpgpu.runtime.cpu.hostc import host_prelude, reduce_host
+    from sexpgpu.runtime.cpu.toolchain import open_toolchain
+    from test_cuda_codegen import feeds_for, strategies
+
     lowering = lower(program)
     lowered = lowering.program
     step = next(s for s in lowering.steps if isinstance(s, ReduceGroup))
@@ -558,12 +673,12 @@ def test_a_bias_gradient_with_a_relu_backward_runs_vectorized_and_equals_the_dev
     values = every_value(lowered, feeds_for(lowered, rng))
     device = DeviceBlocks(CpuRunner(runtimes["libm"]))
     tried = 0
-    for strategy in strategies(step, lowered.types()):
+    for strategy in [s for s in strategies(step, lowered.types()) if s.lanes in lanes]:
         cuda = reduce_kernels(step, lowered, lowering.constants, strategy)
         host = reduce_host(step, lowered, lowering.constants, "libm", cuda, strategy)
         run = f"{cuda[0].name}_run"
         assert run in host[0].source, host[0].schedule
-        assert "runs of at most 81 neighbours" in host[0].schedule
+        assert schedule in host[0].schedule, host[0].schedule
         source = tmp_path / f"k{tried}.c"
         source.write_text(host_prelude() + host[0].text)
         report = subprocess.run([open_toolchain().compiler, "-std=gnu11", "-O3", "-march=native", "-c", "-o", os.devnull, "-fopt-info-vec-optimized", str(source)],
@@ -576,7 +691,7 @@ def test_a_bias_gradient_with_a_relu_backward_runs_vectorized_and_equals_the_dev
         for k, (got, want) in enumerate(zip(*results)):
             assert_same_bits(got, want, f"{strategy}: output {k}")
         tried += 1
-    assert tried >= 2, tried
+    return tried
 
 
 def both_sides(cuda: list[KernelSource], host: list[Any], inputs: list[Any], functions: dict[str, Any], device: DeviceBlocks) -> list[list[np.ndarray]]:

@@ -23,12 +23,25 @@ the plan looks at the run's work and at the cores free now:
 `OMP_NUM_THREADS`, `MKL_NUM_THREADS`) win over the plan, in that order. The plan is
 recorded in run.json and `doctor` prints it.
 
-The count changes numbers: OpenBLAS splits a product between its threads, and the split
-changes the last bits of its results (every product of the char model does, at 1 against 2
+The count can change numbers: OpenBLAS splits a product between its threads, and with some
+of its kernels the split changes the last bits of its results (the Haswell ones, which
+OPENBLAS_CORETYPE=Haswell selects: every product of the char model, at 1 against 2
 threads). So the count is part of what a run computes: an attempt that continues a run
 takes the count run.json recorded, whatever the load now, and a resumed run ends with the
-bits of one never stopped. (The compiled device's own kernels split their items, which
-changes no bit.)
+bits of one never stopped. The compiled CPU device's own kernels split their items, which
+changes no bit; with two threads or more it also splits a large product itself, in pieces
+of C that depend on the product's shape alone, each one BLAS call on one thread, where the
+BLAS gives a piece the whole product's bits (probed once: OpenBLAS's SkylakeX kernels do,
+its Haswell ones do not, and then the products stay whole to OpenBLAS's threads). There the
+count changes no bit at all.
+
+Why the pool and not OpenBLAS's threads: OpenBLAS's threads wait for each other by
+spinning, so a thread the OS has not scheduled costs the others its whole wait, and their
+spinning takes the cores our pool's threads want next. Measured on the 2-core machine at load 8-13 (nanoGPT-char, CPU ms per step, each
+thread's from /proc): one thread 50; two threads with OpenBLAS's 726 (the main thread 362,
+OpenBLAS's worker 343, the pool's worker 24) and 3.6-4.0 s per step; with the pool's pieces
+76-84 (main 48-50, the pool's worker 29-36) and 0.27-0.35 s per step, as fast as one thread
+on a machine whose other core is busy.
 """
 
 from __future__ import annotations
@@ -171,7 +184,8 @@ def blas_threads(plan: ThreadPlan, backend: Any = None) -> Iterator[None]:
     """The BLAS limited to PLAN's threads while the block runs (threadpoolctl), and the
     compiled CPU device's kernels given the same number (BACKEND's `set_threads`): the
     kernels and the BLAS take turns, never running at once, so the cores are not
-    oversubscribed."""
+    oversubscribed (where the device splits its products itself, the BLAS runs on one
+    thread during its tapes)."""
     from threadpoolctl import threadpool_limits
 
     set_threads = getattr(backend, "set_threads", None)

@@ -84,6 +84,20 @@ class Blas:
     sgemm: int  # the address of cblas_sgemm
     int64: bool  # its integers are 64-bit (an ILP64 build)
     name: str
+    get_threads: Any = None  # OpenBLAS's openblas_get_num_threads and openblas_set_num_threads (ctypes), where found
+    set_threads: Any = None
+
+
+def blas_thread_functions(library: ctypes.CDLL) -> tuple[Any, Any]:
+    """OpenBLAS's get and set of its threads in LIBRARY (NumPy's wheels prefix their names), or Nones."""
+    for prefix, suffix in (("scipy_", "64_"), ("scipy_", ""), ("", "64_"), ("", "")):
+        get = getattr(library, f"{prefix}openblas_get_num_threads{suffix}", None)
+        put = getattr(library, f"{prefix}openblas_set_num_threads{suffix}", None)
+        if get is not None and put is not None:
+            get.restype, get.argtypes = ctypes.c_int, []
+            put.restype, put.argtypes = None, [ctypes.c_int]
+            return get, put
+    return None, None
 
 
 def find_blas() -> Blas:
@@ -98,7 +112,8 @@ def find_blas() -> Blas:
             function = getattr(library, symbol, None)
             if function is not None:
                 version = info.get("version") or ""
-                return Blas(int(ctypes.cast(function, ctypes.c_void_p).value or 0), int64, f"{info.get('internal_api')} {version}".strip())
+                return Blas(int(ctypes.cast(function, ctypes.c_void_p).value or 0), int64, f"{info.get('internal_api')} {version}".strip(),
+                            *blas_thread_functions(library))
     raise RuntimeError("NumPy's BLAS has no cblas_sgemm that the CPU device can call")
 
 
@@ -119,12 +134,17 @@ class CpuRuntime:
         self.library.sx_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                         ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
         self.library.sx_run.restype = ctypes.c_int
+        self.library.sx_pieces_exact.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        self.library.sx_pieces_exact.restype = ctypes.c_int
+        self.library.sx_pool_split_gemms.argtypes = [ctypes.c_void_p, ctypes.c_int]
         self.blas = find_blas()
         self.loops = numpy_loops() if math == "numpy" else []
         self.functions: dict[str, Any] = {}  # every kernel loaded so far, by symbol
         self.libraries: list[ctypes.CDLL] = []
         self.threads = 0
         self.pool: Optional[int] = None
+        self.exact_pieces: Optional[bool] = None  # whether the BLAS gives a gemm's pieces the whole product's bits (probed once, with threads)
+        self.split_gemms = False
         self.set_threads(threads)
 
     def set_threads(self, threads: int) -> None:
@@ -137,6 +157,19 @@ class CpuRuntime:
             self.library.sx_pool_free(self.pool)
         self.pool = self.library.sx_pool_new(threads, PARALLEL_WORK)
         self.threads = threads
+        if threads > 1 and self.exact_pieces is None:
+            self.exact_pieces = self.blas.set_threads is not None and self.pieces_exact()
+        self.split_gemms = threads > 1 and bool(self.exact_pieces)
+        self.library.sx_pool_split_gemms(self.pool, int(self.split_gemms))
+
+    def pieces_exact(self) -> bool:
+        """Whether the BLAS computes a gemm's pieces in the bits of the whole product (on one thread)."""
+        before = self.blas.get_threads()
+        self.blas.set_threads(1)
+        try:
+            return bool(self.library.sx_pieces_exact(self.blas.sgemm, int(self.blas.int64)))
+        finally:
+            self.blas.set_threads(before)
 
     def __del__(self) -> None:
         pool, self.pool = getattr(self, "pool", None), None
@@ -273,8 +306,16 @@ class Tape:
         if not isinstance(bases, ctypes.Array):
             bases = (ctypes.c_void_p * len(bases))(*bases)
         runtime = self.runtime
-        runtime.library.sx_run(runtime.pool, ops, len(self.ops), refs, bases, scratch, runtime.blas.sgemm, int(runtime.blas.int64),
-                               workspace.ctypes.data)
+        blas = runtime.blas
+        # with threads the pool splits the gemms, each piece one BLAS call on one thread
+        before = blas.get_threads() if runtime.split_gemms else 1
+        if before > 1:
+            blas.set_threads(1)
+        try:
+            runtime.library.sx_run(runtime.pool, ops, len(self.ops), refs, bases, scratch, blas.sgemm, int(blas.int64), workspace.ctypes.data)
+        finally:
+            if before > 1:
+                blas.set_threads(before)
 
 
 @dataclass(frozen=True)

@@ -476,13 +476,14 @@ def host_accumulate(desc: Accumulate, chain: Chain, indent: str = "    ", prolog
 BOOLEAN = re.compile(r"^(\s*)const bool (\w+) = (.*);$")
 
 
-def run_width(space: tuple[int, ...], axes: list[int], inputs: list[TensorType]) -> int:
-    """Elements of SPACE's trailing reduced axes that lie side by side in memory in every
-    input too (an input's trailing dimensions those of SPACE, or all 1: one value): a run of
-    them is one contiguous loop. 1 when the last axis is not reduced."""
+def run_width(space: tuple[int, ...], axes: list[int], inputs: list[TensorType], reduced: bool = True) -> int:
+    """Elements of SPACE's trailing axes that are all reduced (REDUCED; else all kept: the
+    outputs') and lie side by side in memory in every input too (an input's trailing
+    dimensions those of SPACE, or all 1: one value): a run of them is one contiguous loop. 1
+    when the last axis is not of that kind."""
     width = 1
     for d in range(len(space) - 1, -1, -1):
-        if d not in axes:
+        if (d in axes) != reduced:
             break
         for t in inputs:
             lead = len(space) - len(t.shape)
@@ -504,15 +505,16 @@ def runs_along(shape: tuple[int, ...], space: tuple[int, ...], width: int) -> bo
     return [shape[e - lead] if e >= lead else 1 for e in range(len(space) - axes, len(space))] == list(space[len(space) - axes:])
 
 
-def run_prologue(desc: Accumulate, name: str, decls: tuple[str, ...], types: dict[int, TensorType], params: dict[int, int],
-                 space: tuple[int, ...], width: int, block: Chain) -> tuple[str, list[str]]:
-    """A block of DESC's elements (positions j < len, element jj0 + j) computed in runs of
-    neighbours in memory (at most WIDTH, run_width's), each run one call of a static function
-    whose loop reads its inputs at idx = i0 + j (or one value per run: a base per run, as an
-    elementwise row's): GCC vectorizes it, where the per-element index arithmetic (divisions
-    by the axes' extents) kept the block's loop scalar. The same operations on the same
-    elements in the same order (BLOCK: the kernel's chain, whose tag, constants and math the
-    run's chain keeps). Returns the function and the block's lines."""
+def run_function(desc: Accumulate, name: str, decls: tuple[str, ...], types: dict[int, TensorType], params: dict[int, int],
+                 space: tuple[int, ...], width: int, block: Chain) -> tuple[str, str, list[str]]:
+    """DESC's elements i0 + j, j < cols, as a static function whose loop reads its inputs at
+    idx = i0 + j (or one value per run: a base per run, as an elementwise row's) and writes
+    the value into the kernel's block array from position j0 on: GCC vectorizes it, where the
+    per-element index arithmetic (divisions by the axes' extents) kept the block's loop
+    scalar. The run lies within WIDTH neighbours (run_width's), where every input runs along
+    with it or holds one value. The same operations in the same order (BLOCK: the kernel's
+    chain, whose tag, constants and math the run's chain keeps; a NumPy call runs over the
+    run's elements). Returns the function, its call and the lines of the run's bases."""
     bases: dict[int, str] = {}
 
     def load(vid: int) -> str:
@@ -527,17 +529,27 @@ def run_prologue(desc: Accumulate, name: str, decls: tuple[str, ...], types: dic
     chain = Chain(block.tag, types, block.constants, block.math, load)
     stores = {s.value: (lambda text, s=s: f"out{s.param}[idx] = {to_storage(text, s.dtype)};") for s in desc.stores}
     lines, _ = chain.lines(desc.nodes, [desc.value], ["const long long idx = i0 + j;"], stores, "cols", "  ")
-    loop = [BOOLEAN.sub(r"\1const int \2 = ((\3) != 0);", line) for line in lines if not line.endswith("[SXB];")]  # the block's array is the kernel's
-    pointers = {d.split()[-1]: d[: -len(d.split()[-1])].replace("__restrict__", "").strip() for d in decls}
     array = chain.array(desc.value)
+    own = f"{c_types(types[desc.value].dtype)[1]} {array}[SXB];"  # the block's array is the kernel's
+    loop = [BOOLEAN.sub(r"\1const int \2 = ((\3) != 0);", line) for line in lines if line.strip() != own]
+    pointers = {d.split()[-1]: d[: -len(d.split()[-1])].replace("__restrict__", "").strip() for d in decls}
     pointers[array] = f"{c_types(types[desc.value].dtype)[1]}*"
     helper, call = outline(name, loop, pointers, {array: f"{array} + j0"}, "        ")
+    return helper, call, list(bases.values())
+
+
+def run_prologue(desc: Accumulate, name: str, decls: tuple[str, ...], types: dict[int, TensorType], params: dict[int, int],
+                 space: tuple[int, ...], width: int, block: Chain) -> tuple[str, list[str]]:
+    """A block of DESC's elements (positions j < len, element jj0 + j) computed in runs of
+    neighbours in memory (at most WIDTH, run_width's), each run one call of run_function's.
+    Returns the function and the block's lines."""
+    helper, call, bases = run_function(desc, name, decls, types, params, space, width, block)
     var = desc.var
     lines = ["      for (long long j0 = 0; j0 < len;) {",
              f"        const long long {var} = {var}0 + j0;",
              f"        const long long i0 = {desc.index};",
              f"        const long long cols = len - j0 < {width}LL - i0 % {width}LL ? len - j0 : {width}LL - i0 % {width}LL;",
-             *bases.values(), call, "        j0 += cols;", "      }"]
+             *bases, call, "        j0 += cols;", "      }"]
     return helper, lines
 
 
@@ -561,12 +573,20 @@ def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node]
     helpers = ""
     innermost = desc.innermost
     per = "per chunk" if split > 1 else "per output"
+    axes = reduce_geometry(group, types)[0]
+    inputs = [types[vid] for vid in group.inputs]
     if acc.lanes == "thread" and not innermost:
-        body = across_outputs(desc, chain)
         schedule = f"outputs side by side in blocks of {SXB}, each adding its elements in order"
+        width = run_width(space, axes, inputs, reduced=False)
+        runs: Optional[tuple[str, list[str], int]] = None
+        if width >= RUN_MIN:
+            helpers, call, bases = run_function(acc, f"{main.name}_run", main.decls, types, index, space, width, chain)
+            runs = (call, bases, width)
+            schedule += f", the block's elements of each step in runs of at most {width} neighbours in memory"
+        body = across_outputs(desc, chain, runs)
     else:
         schedule = f"{per}: {lane_words(lanes_of(acc.lanes), f'blocks of {SXB} elements')}"
-        width = run_width(space, reduce_geometry(group, types)[0], [types[vid] for vid in group.inputs])
+        width = run_width(space, axes, inputs)
         prologue: Optional[list[str]] = None
         if innermost and width >= RUN_MIN and not any(is_call(n, math) for n in acc.nodes):
             helpers, prologue = run_prologue(acc, f"{main.name}_run", main.decls, types, index, space, width, chain)
@@ -598,14 +618,26 @@ def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node]
     return host
 
 
-def across_outputs(desc: ReduceKernel, chain: Chain) -> list[str]:
+def across_outputs(desc: ReduceKernel, chain: Chain, runs: Optional[tuple[str, list[str], int]] = None) -> list[str]:
     """The host's schedule for a thread per output whose elements lie apart in memory: outputs
     side by side in a block (SIMD across outputs, as a GPU's threads), each still taking its
-    elements in order."""
+    elements in order. With RUNS (run_function's call and bases, and its width): each step's
+    block of elements in runs of neighbours in memory, each run one call of the function."""
     acc = desc.accumulate
-    stores = {s.value: (lambda name, s=s: f"out{s.param}[idx] = {to_storage(name, s.dtype)};") for s in acc.stores}
-    lines, values = chain.lines(acc.nodes, [acc.value], ["const long long o = o0 + j;", f"const long long idx = {desc.base} + within;"], stores, "count", "      ")
-    array = values[acc.value][: -len("[j]")]
+    if runs is None:
+        stores = {s.value: (lambda name, s=s: f"out{s.param}[idx] = {to_storage(name, s.dtype)};") for s in acc.stores}
+        lines, values = chain.lines(acc.nodes, [acc.value], ["const long long o = o0 + j;", f"const long long idx = {desc.base} + within;"], stores, "count", "      ")
+        array = values[acc.value][: -len("[j]")]
+    else:
+        call, bases, width = runs
+        array = chain.array(acc.value)
+        lines = [f"      {c_types(chain.types[acc.value].dtype)[1]} {array}[SXB];",
+                 "      for (long long j0 = 0; j0 < count;) {",
+                 "        const long long o = o0 + j0;",
+                 f"        const long long base = {desc.base};",
+                 f"        const long long i0 = {acc.index};",
+                 f"        const long long cols = count - j0 < {width}LL - o % {width}LL ? count - j0 : {width}LL - o % {width}LL;",
+                 *bases, call, "        j0 += cols;", "      }"]
     outputs = desc.outputs
     return [
         "  for (long long item0 = sx_begin; item0 < sx_end;) {",

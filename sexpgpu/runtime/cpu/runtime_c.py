@@ -9,8 +9,12 @@ the caller and the awake workers claim in turn (items are independent: each is o
 changes no bit), the others run on the calling thread; a gemm is one BLAS call per batch item
 from the calling thread, with the BLAS's own threads, except a batch of f32 items too small
 for the BLAS to thread (attention's per-head products), whose items the pool's threads share
-as a kernel's (each item one BLAS call on one thread: the split changes no bit). The pool's threads spin between two
-kernels of one stretch (for at most SX_SPINS pauses, then they sleep) and sleep on a condition
+as a kernel's (each item one BLAS call on one thread: the split changes no bit), and, where
+the BLAS gives a piece of a product the whole product's bits (sx_pieces_exact, probed once),
+a large product, whose pieces of C (a fixed function of its shape) the pool's threads share,
+each one BLAS call while the BLAS is held to one thread (device.py): OpenBLAS's own threads
+spin while they wait for each other, which a busy machine turns into most of the step. The
+pool's threads spin between two kernels of one stretch (for at most SX_SPINS pauses, then they sleep) and sleep on a condition
 variable during a gemm and between runs, so they never compete with the BLAS's threads nor
 keep a busy machine's cores from its other work; the caller waiting for them yields its core
 after as long. A worker starts from the pool's first epoch, so a kernel launched before the
@@ -43,6 +47,11 @@ RUNTIME_C = r"""
 /* multiply-adds of a gemm at most which OpenBLAS computes on the calling thread alone
    (its SMP_THRESHOLD_MIN x GEMM_MULTITHREAD_THRESHOLD): a batch of these the pool's threads share */
 #define SX_SMALL_GEMM 262144LL
+/* multiply-adds of an f32 gemm from which the pool's threads share it (where the BLAS gives
+   a piece the bits of the whole product: sx_pieces_exact), in pieces of C's columns (or rows,
+   when it has more rows), each one BLAS call on one thread: the pieces depend on the shape
+   alone (sx_piece), so the count of threads changes no bit */
+#define SX_SPLIT_GEMM 2097152LL
 
 typedef void (*sx_kernel)(void* const*, long long, long long);
 typedef void (*sx_sgemm64)(int, int, int, long long, long long, long long, float, const float*, long long, const float*, long long, float, float*, long long);
@@ -69,6 +78,7 @@ typedef struct {
   atomic_llong done;  /* chunks of the current kernel finished */
   atomic_int busy;  /* 1 while a stretch of kernels runs: workers spin instead of sleeping */
   atomic_int stop;
+  int split_gemms;  /* the pool's threads share a large gemm's pieces (the BLAS then runs on one thread) */
   sx_kernel fn;
   void* const* args;
   long long size;
@@ -200,18 +210,100 @@ static void sx_gemm_items(void* const* args, long long begin, long long end) {
   for (long long b = begin; b < end; ++b) sx_gemm_item(job->op, job->ptr, job->blas, job->blas64, b);
 }
 
+/* an f32 gemm split into pieces of C (SX_GEMM_PIECE columns, or rows), claimed as a kernel's items */
+typedef struct {
+  void* blas; int blas64, op_a, op_b, rows;
+  long long m, n, k, lda, ldb, ldc, width;
+  const float* a; const float* b; float* c;
+} sx_pieces_job;
+
+/* the width of a gemm's pieces along its split dimension DIM: about an eighth of it, a
+   multiple of 16, at least 64 (narrower pieces repack the other operand too often) */
+static long long sx_piece(long long dim) {
+  const long long w = ((dim + 7) / 8 + 15) / 16 * 16;
+  return w < 64 ? 64 : w;
+}
+
+static void sx_gemm_pieces(void* const* args, long long begin, long long end) {
+  const sx_pieces_job* g = (const sx_pieces_job*)(const void*)args;
+  for (long long p = begin; p < end; ++p) {
+    const long long at = p * g->width;
+    if (g->rows) {  /* rows [at, at + m) of op(A) and of C */
+      const long long m = g->m - at < g->width ? g->m - at : g->width;
+      sx_sgemm(g->blas, g->blas64, g->op_a, g->op_b, m, g->n, g->k, g->a + (g->op_a ? at * g->lda : at), g->lda, g->b, g->ldb, g->c + at, g->ldc);
+    } else {  /* columns [at, at + n) of op(B) and of C */
+      const long long n = g->n - at < g->width ? g->n - at : g->width;
+      sx_sgemm(g->blas, g->blas64, g->op_a, g->op_b, g->m, n, g->k, g->a, g->lda, g->b + (g->op_b ? at : at * g->ldb), g->ldb, g->c + at * g->ldc, g->ldc);
+    }
+  }
+}
+
+static sx_pieces_job sx_pieces_of(void* blas, int blas64, int op_a, int op_b, long long m, long long n, long long k, const float* a,
+                                  long long lda, const float* b, long long ldb, float* c, long long ldc, long long* pieces) {
+  const int rows = m > n;
+  const long long width = sx_piece(rows ? m : n);
+  *pieces = ((rows ? m : n) + width - 1) / width;
+  const sx_pieces_job job = {blas, blas64, op_a, op_b, rows, m, n, k, lda, ldb, ldc, width, a, b, c};
+  return job;
+}
+
+/* C = op(A) op(B) in f32: one BLAS call, or, with threads and work enough, pieces the pool's threads share */
+static void sx_sgemm_pool(sx_pool* pool, void* blas, int blas64, int op_a, int op_b, long long m, long long n, long long k, const float* a,
+                          long long lda, const float* b, long long ldb, float* c, long long ldc) {
+  long long pieces = 0;
+  const sx_pieces_job job = sx_pieces_of(blas, blas64, op_a, op_b, m, n, k, a, lda, b, ldb, c, ldc, &pieces);
+  if (!pool->split_gemms || pool->threads < 2 || pieces < 2 || m * n * k < SX_SPLIT_GEMM) {
+    sx_sgemm(blas, blas64, op_a, op_b, m, n, k, a, lda, b, ldb, c, ldc);
+    return;
+  }
+  sx_parallel(pool, sx_gemm_pieces, (void* const*)(const void*)&job, pieces);
+}
+
+/* whether this BLAS gives every piece the bits of the whole product, on products of the
+   shapes the models make (each transposition, rows and columns split, odd edges): 1 if so.
+   A BLAS kernel whose accumulation depends on the operands' extents (OpenBLAS's Haswell
+   sgemm) fails it, and the pool then leaves every product whole to the BLAS's threads. */
+int sx_pieces_exact(void* blas, int blas64) {
+  static const long long shapes[][3] = {{128, 768, 128}, {768, 200, 96}, {100, 300, 256}, {512, 768, 64}, {96, 1030, 48}};
+  int exact = 1;
+  for (int s = 0; s < 5 && exact; ++s) {
+    const long long m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+    float* a = (float*)malloc((size_t)(m * k) * sizeof(float));
+    float* b = (float*)malloc((size_t)(k * n) * sizeof(float));
+    float* whole = (float*)malloc((size_t)(m * n) * sizeof(float));
+    float* split = (float*)malloc((size_t)(m * n) * sizeof(float));
+    unsigned int x = 12345u + (unsigned int)s;
+    for (long long i = 0; i < m * k; ++i) { x = x * 1664525u + 1013904223u; a[i] = (float)(x >> 8) / 16777216.0f - 0.5f; }
+    for (long long i = 0; i < k * n; ++i) { x = x * 1664525u + 1013904223u; b[i] = (float)(x >> 8) / 16777216.0f - 0.5f; }
+    for (int op = 0; op < 4 && exact; ++op) {
+      const int op_a = op & 1, op_b = op >> 1;
+      const long long lda = op_a ? k : m, ldb = op_b ? n : k;
+      long long pieces = 0;
+      const sx_pieces_job job = sx_pieces_of(blas, blas64, op_a, op_b, m, n, k, a, lda, b, ldb, split, m, &pieces);
+      sx_sgemm(blas, blas64, op_a, op_b, m, n, k, a, lda, b, ldb, whole, m);
+      sx_gemm_pieces((void* const*)(const void*)&job, 0, pieces);
+      exact = memcmp(whole, split, (size_t)(m * n) * sizeof(float)) == 0;
+    }
+    free(a); free(b); free(whole); free(split);
+  }
+  return exact;
+}
+
+void sx_pool_split_gemms(sx_pool* p, int split) { p->split_gemms = split; }
+
 /* whether the pool's threads take a gemm's batch items (each one BLAS call, on one thread):
    f32, items small enough that the BLAS runs each on one thread anyway */
 static int sx_gemm_splits(const sx_pool* pool, const sx_op* op) {
   return pool->threads > 1 && op->batch > 1 && !op->in_bf16 && op->m * op->n * op->k <= SX_SMALL_GEMM;
 }
 
-static void sx_gemm(const sx_op* op, void* const* ptr, void* blas, int blas64, float* workspace) {
+static void sx_gemm(sx_pool* pool, const sx_op* op, void* const* ptr, void* blas, int blas64, float* workspace) {
   for (long long b = 0; b < op->batch; ++b) {
     const long long ra = op->op_a ? op->k : op->m, ca = op->op_a ? op->m : op->k;
     const long long rb = op->op_b ? op->n : op->k, cb = op->op_b ? op->k : op->n;
     if (!op->in_bf16) {
-      sx_gemm_item(op, ptr, blas, blas64, b);
+      sx_sgemm_pool(pool, blas, blas64, (int)op->op_a, (int)op->op_b, op->m, op->n, op->k, (const float*)ptr[0] + op->oa + b * op->sa, op->lda,
+                    (const float*)ptr[1] + op->ob + b * op->sb, op->ldb, (float*)ptr[2] + op->oc + b * op->sc, op->ldc);
       continue;
     }
     float* wa = workspace;
@@ -220,12 +312,12 @@ static void sx_gemm(const sx_op* op, void* const* ptr, void* blas, int blas64, f
     sx_widen_matrix((const unsigned short*)ptr[0] + op->oa + b * op->sa, ra, ca, op->lda, wa);
     sx_widen_matrix((const unsigned short*)ptr[1] + op->ob + b * op->sb, rb, cb, op->ldb, wb);
     if (op->out_bf16) {
-      sx_sgemm(blas, blas64, (int)op->op_a, (int)op->op_b, op->m, op->n, op->k, wa, ra, wb, rb, wc, op->m);
+      sx_sgemm_pool(pool, blas, blas64, (int)op->op_a, (int)op->op_b, op->m, op->n, op->k, wa, ra, wb, rb, wc, op->m);
       unsigned short* c = (unsigned short*)ptr[2] + op->oc + b * op->sc;
       for (long long j = 0; j < op->n; ++j) for (long long i = 0; i < op->m; ++i) c[i + j * op->ldc] = sx_narrow(wc[i + j * op->m]);
     } else {
       float* c = (float*)ptr[2] + op->oc + b * op->sc;
-      sx_sgemm(blas, blas64, (int)op->op_a, (int)op->op_b, op->m, op->n, op->k, wa, ra, wb, rb, c, op->ldc);
+      sx_sgemm_pool(pool, blas, blas64, (int)op->op_a, (int)op->op_b, op->m, op->n, op->k, wa, ra, wb, rb, c, op->ldc);
     }
   }
 }
@@ -243,8 +335,9 @@ int sx_run(sx_pool* pool, const sx_op* ops, long long count, const sx_ref* refs,
       atomic_store_explicit(&pool->busy, 1, memory_order_relaxed);
       sx_parallel(pool, sx_gemm_items, (void* const*)(const void*)&job, op->batch);
     } else if (op->kind == 1) {
-      atomic_store_explicit(&pool->busy, 0, memory_order_relaxed);
-      sx_gemm(op, scratch, blas, blas64, workspace);
+      /* the workers sleep through a product the BLAS's own threads compute, and spin through one whose pieces they share */
+      atomic_store_explicit(&pool->busy, pool->split_gemms, memory_order_relaxed);
+      sx_gemm(pool, op, scratch, blas, blas64, workspace);
     } else if (pool->threads > 1 && op->size > 1 && op->work >= pool->grain) {
       atomic_store_explicit(&pool->busy, 1, memory_order_relaxed);
       sx_parallel(pool, (sx_kernel)op->fn, scratch, op->size);
