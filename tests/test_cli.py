@@ -267,16 +267,17 @@ def test_check_imports_no_numpy_no_pydantic_and_no_runtime(example: str, tmp_pat
 
 
 @pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "examples").glob("*.lisp")))
-def test_no_check_of_an_example_imports_pydantic(example: str) -> None:
-    """Nor does a sweep's (its points are bound to the probe's IR as plain data: records.plain),
-    nor `--json` (the diagnostics as plain data)."""
+def test_no_check_of_an_example_imports_pydantic_or_numpy(example: str) -> None:
+    """Nor does a sweep's (its points are bound to the probe's IR as plain data: records.plain;
+    a sampled sweep draws its points without NumPy: sweeps/philox.py), nor `--json` (the
+    diagnostics as plain data)."""
     for flags in ([], ["--json"]):
         done = subprocess.run([sys.executable, "-X", "importtime", "-m", "sexpgpu", "check", *flags, str(REPO / "examples" / example)],
                               capture_output=True, text=True, cwd=REPO)
         assert done.returncode == 0, done.stdout + done.stderr[-2000:]
         imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
         assert "sexpgpu.compile.pipeline" in imported
-        assert sorted(m for m in imported if m.startswith("pydantic")) == [], (example, flags)
+        assert sorted(m for m in imported if m.startswith(("pydantic", "numpy"))) == [], (example, flags)
 
 
 def test_watch_frees_each_checks_world_before_the_next_check() -> None:

@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -295,3 +296,29 @@ def test_the_same_search_over_ray_prunes_the_same_points(searched: tuple[Path, P
     ledger = json.loads((store / "sweeps" / "search.search" / "sweep.json").read_text())
     assert sum(p["state"] == "pruned" for p in ledger["points"]) == 15
     assert {i for i, s in statuses(store).items() if s["state"] == "pruned"} == {p["point"] for p in reference["points"] if p["state"] == "pruned"}
+
+
+def test_the_sampled_draws_are_numpys_philox_draws_without_numpy() -> None:
+    """A check draws a sampled sweep's points without importing NumPy (sweeps/philox.py), and
+    every draw is the one numpy.random.Generator(Philox(key)) makes, which the points' slugs
+    were made from: NumPy is the oracle, on random keys, ranges, bounds and long runs of draws."""
+    import numpy as np
+
+    from sexpgpu.sweeps.philox import PhiloxStream
+
+    pick = random.Random(20261202)
+    sizes = [1, 2, 3, 5, 7, 10, 100, 2**31 + 3, 2**32 - 1, 2**32, 2**32 + 1, 2**40 + 7, 2**62 + 5]
+    for _ in range(1500):
+        key = pick.getrandbits(128)
+        ours, theirs = PhiloxStream(key), np.random.Generator(np.random.Philox(key=key))
+        low, high = pick.uniform(-10, 10), pick.uniform(10, 1e3)
+        assert ours.uniform(low, high) == theirs.uniform(low, high)
+        size = pick.choice(sizes)
+        assert ours.integers(size) == int(theirs.integers(size))
+        start = pick.randint(-1000, 1000)
+        assert ours.integers(start, start + size) == int(theirs.integers(start, start + size))
+        assert ours.random() == theirs.random()  # the stream goes on past mixed 32- and 64-bit draws
+    ours, theirs = PhiloxStream(77), np.random.Generator(np.random.Philox(key=77))
+    assert [ours.integers(3) for _ in range(3000)] == theirs.integers(3, size=3000).tolist()  # rejections, blocks, carries
+    with pytest.raises(ValueError, match="empty"):
+        PhiloxStream(1).integers(0)

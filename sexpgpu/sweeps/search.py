@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Optional, cast
 
-from ..ir.lazy_numpy import np
 
 from ..ir.experiment import Experiment, Halving, HalvingMode, Scheduler
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.data import as_data
 from ..lisp.types import Cons, Symbol
+from .philox import PhiloxStream
 
 DISTRIBUTIONS = {
     "UNIFORM": "(uniform LOW HIGH): a float in [LOW, HIGH)",
@@ -45,7 +45,7 @@ class Distribution:
     kind: str  # a key of DISTRIBUTIONS
     values: tuple[Any, ...]  # (LOW, HIGH), or the choices
 
-    def draw(self, rng: np.random.Generator) -> Any:
+    def draw(self, rng: PhiloxStream) -> Any:
         if self.kind == "CHOICE":
             return self.values[int(rng.integers(len(self.values)))]
         low, high = self.values
@@ -92,9 +92,9 @@ def distribution(sweep: str, knob: str, form: Any) -> Distribution:
     raise problem(f"{where} needs a distribution or a list of values to choose from ({known}), got {values!r}")
 
 
-def point_generator(seed: int, point: int, knob: str) -> np.random.Generator:
+def point_generator(seed: int, point: int, knob: str) -> PhiloxStream:
     digest = hashlib.sha256(f"sweep-sample:{seed}:{point}:{knob}".encode()).digest()
-    return np.random.Generator(np.random.Philox(key=int.from_bytes(digest[:16], "little")))
+    return PhiloxStream(int.from_bytes(digest[:16], "little"))
 
 
 def sampled_points(seed: int, count: int, axes: dict[str, Distribution]) -> list[dict[str, Any]]:
