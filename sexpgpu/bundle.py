@@ -15,8 +15,9 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -24,8 +25,11 @@ from pydantic import BaseModel, Field
 
 from . import __version__
 from .outcome import Exit
-from .compile.pipeline import CompileResult, compile_file
+from .compile.pipeline import CompileResult, SharedCompile, compile_file, plan_groups, resolve_selection
+from .compile.selection import Declared, prescan
+from .compile.sweep_groups import group_key
 from .ir.experiment import Experiment, Selection, SourceFingerprint
+from .lisp.conditions import LispError
 from .lisp.modules import find_project_root
 from .records import dump_json
 from .runtime.data.fingerprint import fingerprint
@@ -284,3 +288,175 @@ def compile_unpacked(bundle: Unpacked, world: int = 1) -> CompileResult:
     if experiment is not None and experiment.ir_hash != manifest.ir_hash:
         raise BundleError(f"the bundle's source compiles to IR {experiment.ir_hash[:12]}, but bundle.json records {manifest.ir_hash[:12]}: refusing to run something else than what was bundled")
     return result
+
+
+class CompileCounts(BaseModel):
+    """What a BundleCompiles did: the compiles it ran (a point's own, a shape group's probe)
+    and the points it bound from a shape group compiled before, without compiling."""
+
+    own: int = 0
+    probes: int = 0
+    bound: int = 0
+    projects_kept: int = 0  # bundles unpacked whose source a kept project already held
+
+
+GroupKey = tuple[str, int, int]  # the selection but its point, the world, the group's first point
+
+
+@dataclass
+class KeptProject:
+    """An unpacked bundle kept for the next points of its sweep: its project (the compiled
+    results name its files), the sweep's pre-read, its last shape groups compiled and the
+    last points compiled on their own (a group's first point: its probe is compiled when a
+    second point of the group comes)."""
+
+    bundle: Unpacked
+    declared: Optional[Declared] = None
+    groups: OrderedDict[GroupKey, tuple[frozenset[int], SharedCompile]] = field(default_factory=OrderedDict)
+    firsts: OrderedDict[tuple[str, int, int], CompileResult] = field(default_factory=OrderedDict)
+    alone: set[tuple[str, int, int]] = field(default_factory=set)  # points whose group is compiled point by point
+
+    def group_of(self, base: str, world: int, point: int) -> Optional[SharedCompile]:
+        for key, (members, shared) in self.groups.items():
+            if key[:2] == (base, world) and point in members:
+                self.groups.move_to_end(key)
+                return shared
+        return None
+
+
+MOST_KEPT = 4  # shape groups, and points compiled on their own, per kept project
+
+
+def bounded(kept: OrderedDict[Any, Any], key: Any, value: Any, most: int = MOST_KEPT) -> None:
+    kept[key] = value
+    kept.move_to_end(key)
+    while len(kept) > most:
+        kept.popitem(last=False)
+
+
+class BundleCompiles:
+    """A worker's compiles of the bundles it ran, for the next points of the same sweep: the
+    last ENTRIES unpacked projects by the digest of their bytes, each with its sweep's last
+    shape groups (pipeline.plan_groups: the path the driver's compile takes, the probe
+    checked against the group's first point), so that a point of a group compiled before is
+    bound from it without compiling. Every result still has the IR hash its bundle records,
+    or the point is compiled on its own and refused as compile_unpacked refuses. A worker
+    owns one; nothing is shared between instances."""
+
+    def __init__(self, entries: int = 2) -> None:
+        self.entries = entries
+        self.kept: OrderedDict[str, KeptProject] = OrderedDict()
+        self.counts = CompileCounts()
+
+    @contextmanager
+    def unpacked(self, location: str) -> Iterator[Unpacked]:
+        """The bundle at LOCATION unpacked: in a kept project when one holds the same bytes
+        (the new copy is removed), else in its own, kept for the next points (the oldest kept
+        one is removed past ENTRIES)."""
+        remove_orphans(Path(tempfile.gettempdir()))
+        target = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-"))
+        try:
+            fresh = unpack_into(location, target)
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+        digest = project_digest(fresh.root)
+        kept = self.kept.get(digest)
+        if kept is not None and kept.bundle.main == kept.bundle.root / fresh.main.relative_to(fresh.root):
+            shutil.rmtree(target, ignore_errors=True)
+            self.kept.move_to_end(digest)
+            self.counts.projects_kept += 1
+            yield replace(kept.bundle, manifest=fresh.manifest)
+            return
+        self.kept[digest] = KeptProject(fresh)
+        while len(self.kept) > self.entries:
+            _, old = self.kept.popitem(last=False)
+            shutil.rmtree(old.bundle.root, ignore_errors=True)
+        yield fresh
+
+    def close(self) -> None:
+        """Remove every kept project."""
+        while self.kept:
+            shutil.rmtree(self.kept.popitem()[1].bundle.root, ignore_errors=True)
+
+    def compile(self, bundle: Unpacked, world: int = 1) -> CompileResult:
+        """compile_unpacked's result for BUNDLE (given by `unpacked`), bound from its shape
+        group when that group was compiled before."""
+        manifest = bundle.manifest
+        kept = next((k for k in self.kept.values() if k.bundle.root == bundle.root), None)
+        selection = manifest.selection
+        if kept is None or selection.sweep is None or selection.point is None:
+            return self.own(bundle, world)
+        result = self.from_group(kept, selection, world)
+        if result is None or result.experiment is None or result.experiment.ir_hash != manifest.ir_hash:
+            return self.own(bundle, world)  # the point's own compile decides, and refuses another IR
+        return result
+
+    def own(self, bundle: Unpacked, world: int) -> CompileResult:
+        self.counts.own += 1
+        return compile_unpacked(bundle, world)
+
+    def from_group(self, kept: KeptProject, selection: Selection, world: int) -> Optional[CompileResult]:
+        """SELECTION's result from its shape group; None where the point needs its own compile
+        (the sweep cannot be pre-read, its group is compiled point by point, the binding
+        refuses it). The first point of a group is compiled on its own, and its group's probe
+        when a second point comes."""
+        assert selection.sweep is not None and selection.point is not None
+        point = selection.point
+        base = dump_json(replace(selection, point=None)).decode()
+        shared = kept.group_of(base, world, point) or self.probe(kept, selection, base, world)
+        if shared is None:
+            return kept.firsts.get((base, world, point))
+        bound = shared.result(point)
+        if bound is not None and shared.indices[0] != point:
+            self.counts.bound += 1
+        return bound
+
+    def probe(self, kept: KeptProject, selection: Selection, base: str, world: int) -> Optional[SharedCompile]:
+        """SELECTION's shape group compiled as the driver compiles it (plan_groups for this
+        point alone), and kept; None for a group compiled point by point, or the first point
+        of a group that no point of it came before (compiled on its own, kept for the group)."""
+        assert selection.sweep is not None and selection.point is not None
+        point = selection.point
+        if (base, world, point) in kept.alone:
+            return None
+        path = kept.bundle.main
+        try:
+            declared = kept.declared = kept.declared or prescan(path)
+            count = len(declared.sweeps[selection.sweep].points())
+            selections = [replace(selection, point=i) for i in range(count)]
+            resolved = [resolve_selection(path, s, declared) for s in selections]
+        except (LispError, KeyError):
+            return None
+        if point >= len(selections):
+            return None
+
+        def own(i: int) -> CompileResult:
+            key = (base, world, i)
+            if key not in kept.firsts:
+                self.counts.own += 1
+                bounded(kept.firsts, key, compile_file(path, selections[i], world=world, declared=declared))
+            return kept.firsts[key]
+
+        def probed() -> None:
+            self.counts.probes += 1
+
+        key = group_key(*resolved[point][:2])
+        if next(i for i, r in enumerate(resolved) if group_key(*r[:2]) == key) == point:
+            own(point)  # a group's first point: its own compile is its result; the probe waits for a second point
+            return None
+        for indices, found in plan_groups(path, selections, resolved, declared, None, world, own, probed, only=point):
+            if found is None:
+                kept.alone.update((base, world, i) for i in indices)
+                return None
+            bounded(kept.groups, (base, world, indices[0]), (frozenset(indices), found))
+            return found
+        return None
+
+
+def project_digest(root: Path) -> str:
+    """The identity of an unpacked project's bytes: every file's path and content."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(root).as_posix()}\0{file_digest(path)}\0".encode())
+    return digest.hexdigest()

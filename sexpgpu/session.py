@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Protocol, TypeVar, Union
 
-from .bundle import BundleError, compile_unpacked, data_changed, unpacked
+from .bundle import BundleCompiles, BundleError, compile_unpacked, data_changed, unpacked
 from .compile.pipeline import CompileResult, compile_file, compile_points, stream_points
 from .ir.experiment import Experiment, Selection
 from .lisp.diagnostics import Diagnostic, SourceMap
@@ -125,11 +125,15 @@ class Session:
     """Attempts started with one Settings: the device is resolved when the session opens
     (every attempt of a local sweep shares it), each file is compiled once."""
 
-    def __init__(self, settings: Settings, reporter: Optional[Reporter] = None) -> None:
+    def __init__(self, settings: Settings, reporter: Optional[Reporter] = None, opened: Optional[tuple[str, Backend]] = None) -> None:
+        """OPENED: the device SETTINGS name, opened before (a worker's, kept between its
+        attempts: the kernels it loaded are not compiled again)."""
         self.settings = settings
         self.reporter: Reporter = reporter or Silent()
         self.device = settings.device
         self.backend: Optional[Backend] = None
+        if opened is not None:
+            self.device, self.backend = opened
         self.stops: Optional[StopRequests] = None  # while the session listens for SIGINT/SIGTERM
 
     # -- the device -----------------------------------------------------------------------------
@@ -172,13 +176,17 @@ class Session:
         for i, result in stream_points(path, selections, self.settings.limits, output=self.reporter.output, world=self.settings.world):
             yield i, self.checked(path, result)
 
-    def with_bundle(self, location: str, then: Callable[[Compiled], AttemptOutcome]) -> AttemptOutcome:
+    def with_bundle(self, location: str, then: Callable[[Compiled], AttemptOutcome], compiles: Optional[BundleCompiles] = None) -> AttemptOutcome:
         """Unpack the bundle at LOCATION into a temporary project, recompile it with its
         selection (another IR is refused), and THEN (train it, for instance); the temporary
-        project is removed when THEN returns."""
+        project is removed when THEN returns. With COMPILES (a worker's), the project is kept
+        for the next points of its sweep, and a point whose shape group COMPILES compiled
+        before is bound from it instead of compiled."""
+        opened = unpacked(location) if compiles is None else compiles.unpacked(location)
+        compile = compile_unpacked if compiles is None else compiles.compile
         try:
-            with unpacked(location) as bundle:
-                result = self.interruptible(lambda: compile_unpacked(bundle, world=self.settings.world))
+            with opened as bundle:
+                result = self.interruptible(lambda: compile(bundle, world=self.settings.world))
                 prepared = self.checked(bundle.main, result, bundle.manifest.slug)
                 if isinstance(prepared, AttemptOutcome):
                     return prepared

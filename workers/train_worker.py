@@ -13,7 +13,9 @@ from typing import Any, Optional
 import ray
 from pydantic import BaseModel
 
+from sexpgpu.bundle import BundleCompiles, CompileCounts
 from sexpgpu.outcome import AttemptOutcome, Exit, lost, refused
+from sexpgpu.runtime.backend import Backend
 from sexpgpu.runtime.runfolder import run_slug
 from sexpgpu.runtime.stops import EarlyStop
 from sexpgpu.runtime.store import Store, patience_configured
@@ -38,26 +40,31 @@ class AttemptRequest(BaseModel):
 
 
 class TrainWorkerImpl:
-    """The plain class (testable without Ray); `TrainWorker` is its Ray actor."""
+    """The plain class (testable without Ray); `TrainWorker` is its Ray actor.
+
+    A worker runs one attempt at a time, and after a point that ended cleanly the driver
+    hands it the next one: what it compiled stays for those. The bundles' unpacked projects
+    and their sweeps' shape groups (BundleCompiles: a point of a group compiled before is
+    bound from it, as the driver binds it), and the device it opened, with every kernel it
+    loaded (a later point compiles only the kernels that differ: those its knob values
+    reach)."""
 
     def __init__(self, env: Optional[dict[str, str]] = None) -> None:
         os.environ.update(env or {})
+        self.compiles = BundleCompiles()
+        self.opened: dict[str, tuple[str, Backend]] = {}  # by the device asked for: what it resolved to, opened
 
     def where(self) -> dict[str, Any]:
         """This worker's host, process and Ray node (the driver's tests kill it, or its node,
         to play a preemption)."""
-        try:
-            node: Optional[str] = ray.get_runtime_context().get_node_id()
-        except Exception:  # not inside a Ray worker
-            node = None
+        node: Optional[str] = None
+        if ray.is_initialized():  # outside Ray, asking would start a Ray instance
+            node = ray.get_runtime_context().get_node_id()
         return {"host": socket.gethostname(), "pid": os.getpid(), "node": node}
 
     def describe(self) -> str:
         """This worker, for the run's status.json: its Ray actor and process."""
-        try:
-            actor = ray.get_runtime_context().get_actor_id()
-        except Exception:  # not inside a Ray actor (the plain class in a test)
-            actor = None
+        actor = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
         return f"ray actor {actor} on {socket.gethostname()}, pid {os.getpid()}" if actor else f"pid {os.getpid()}"
 
     def nccl_unique_id(self) -> list[int]:
@@ -74,11 +81,18 @@ class TrainWorkerImpl:
                             world=rank.world if rank else 1, store_patience_s=patience_configured(os.environ), take_over=request.take_over,
                             data_roots=request.data_roots, threads=assigned_cpus(), worker=self.describe())
         early = request.scheduler.early_stop(Store.open(request.store)) if request.scheduler is not None else None
-        outcome = self.attempt(Session(settings), request.bundle, rank, early)
+        session = Session(settings, opened=self.opened.get(request.device))
+        outcome = self.attempt(session, request.bundle, rank, early)
+        if session.backend is not None:
+            self.opened[request.device] = (session.device, session.backend)
         return outcome.model_copy(update={"rank": rank.rank if rank else 0})
 
+    def compile_counts(self) -> CompileCounts:
+        """What this worker's compiles did so far (the tests look whether a point was bound)."""
+        return self.compiles.counts.model_copy()
+
     def attempt(self, session: Session, bundle_url: str, rank: Optional[RankSpec], early: Optional[EarlyStop] = None) -> AttemptOutcome:
-        return session.open_device() or session.with_bundle(bundle_url, lambda compiled: self.join_and_train(session, compiled, rank, early))
+        return session.open_device() or session.with_bundle(bundle_url, lambda compiled: self.join_and_train(session, compiled, rank, early), self.compiles)
 
     def join_and_train(self, session: Session, compiled: Compiled, rank: Optional[RankSpec], early: Optional[EarlyStop] = None) -> AttemptOutcome:
         collective = None
@@ -97,9 +111,11 @@ TRAIN_WORKER_OPTIONS: dict[str, int] = {"max_concurrency": 2}
 def assigned_cpus() -> Optional[int]:
     """The CPUs Ray gave this actor (its BLAS threads: the node's other CPUs are other
     workers'); None outside an actor, where the runtime's own plan applies."""
+    if not ray.is_initialized():  # asking would start a Ray instance
+        return None
     try:
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
-    except Exception:  # not inside a Ray worker
+    except Exception:  # a driver, not a worker
         return None
     return max(1, int(cpus)) if cpus else None
 

@@ -247,7 +247,6 @@ def compile_groups(path: Path, selections: list[Selection], resolved: list[tuple
                    compiled: Callable[[], None], image: Optional[SystemImage]) -> Iterator[tuple[int, CompileResult]]:
     """stream_points past the pre-read: COMPILED is called after each compile; every world
     takes the system texts from IMAGE."""
-    imposed = [r[1] for r in resolved]
     results: dict[int, CompileResult] = {}
 
     def own(i: int) -> CompileResult:
@@ -260,11 +259,57 @@ def compile_groups(path: Path, selections: list[Selection], resolved: list[tuple
         own(i)
         return i, results.pop(i)
 
-    def settle(indices: list[int], numbers: set[str]) -> Iterator[tuple[int, CompileResult]]:
-        varying = {k for k in numbers if len({repr(imposed[i].get(k)) for i in indices}) > 1}
-        if len(indices) <= 2 or not varying:
+    for indices, shared in plan_groups(path, selections, resolved, declared, limits, world, own, compiled, image=image):
+        if shared is None:
             for i in indices:
                 yield settled(i)
+            continue
+        yield settled(indices[0])
+        for i in indices[1:]:
+            bound = shared.result(i, experiments)
+            yield settled(i) if bound is None else (i, bound)
+
+
+@dataclass
+class SharedCompile:
+    """A shape group's probe compile, checked against its first point's own compile: the
+    result of each of its points bound from it, without compiling."""
+
+    indices: list[int]  # the group's points, the first one compiled on its own
+    first: CompileResult
+    binding: Binding
+    chosen: list[Selection]  # each point's resolved selection, in the order of INDICES
+
+    def result(self, i: int, experiments: bool = True) -> Optional[CompileResult]:
+        """Point I's result (without EXPERIMENTS, its diagnostics only); None: a point the
+        binding refuses, which needs a compile of its own."""
+        at = self.indices.index(i)
+        if at == 0:
+            return self.first
+        if self.binding.refuses(at):
+            return None
+        experiment = self.binding.experiment_for(at, self.chosen[at]) if experiments else None
+        return CompileResult(diagnostics=list(self.first.diagnostics), experiment=experiment, program=self.first.program, compiler=self.first.compiler)
+
+
+def plan_groups(path: Path, selections: list[Selection], resolved: list[tuple[Selection, dict[str, Any], dict[str, Written]]], declared: Declared,
+                limits: Optional[Limits], world: int, own: Callable[[int], CompileResult], compiled: Callable[[], None],
+                only: Optional[int] = None, image: Optional[SystemImage] = None) -> Iterator[tuple[list[int], Optional[SharedCompile]]]:
+    """SELECTIONS' shape groups, in the order their first point appears: (the group's points,
+    their shared compile, or None where each point compiles on its own). OWN is a point's own
+    compile (the first point of a probed group gets one, to check the probe against);
+    COMPILED is called after each probe compile. ONLY: the group of that point alone (a
+    worker given one point of a sweep: the other groups are neither probed nor compiled);
+    every world takes the system texts from IMAGE."""
+    imposed = [r[1] for r in resolved]
+
+    def wanted(indices: list[int]) -> bool:
+        return only is None or only in indices
+
+    def settle(indices: list[int], numbers: set[str]) -> Iterator[tuple[list[int], Optional[SharedCompile]]]:
+        varying = {k for k in numbers if len({repr(imposed[i].get(k)) for i in indices}) > 1}
+        if len(indices) <= 2 or not varying:
+            yield indices, None
             return
         first = own(indices[0])
         probing = Probing(values={k: [imposed[i][k] for i in indices] for k in varying},
@@ -273,31 +318,27 @@ def compile_groups(path: Path, selections: list[Selection], resolved: list[tuple
         compiled()
         if probing.observed:  # those knobs reach the structure: their values group the points
             for group in split_by(indices, probing.observed, imposed):
-                yield from settle(group, numbers - probing.observed)
+                if wanted(group):
+                    yield from settle(group, numbers - probing.observed)
             return
         binding = Binding(probing, probe.diagnostics, probe.experiment)
         if not reproduces(binding, first, resolved[indices[0]][0]):
             integers = {k for k in varying if type(imposed[indices[0]][k]) is int}
             if integers:  # seen where no probe could say: an integer is the likelier shape
                 for group in split_by(indices, integers, imposed):
-                    yield from settle(group, numbers - integers)
+                    if wanted(group):
+                        yield from settle(group, numbers - integers)
             else:
-                for i in indices:
-                    yield settled(i)
+                yield indices, None
             return
-        yield settled(indices[0])
-        for at, i in enumerate(indices[1:], start=1):
-            if binding.refuses(at):
-                yield settled(i)
-                continue
-            experiment = binding.experiment_for(at, resolved[i][0]) if experiments else None
-            yield i, CompileResult(diagnostics=list(first.diagnostics), experiment=experiment, program=first.program, compiler=first.compiler)
+        yield indices, SharedCompile(indices, first, binding, [resolved[i][0] for i in indices])
 
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, (chosen, values, _) in enumerate(resolved):
         groups.setdefault(group_key(chosen, values), []).append(i)
     for indices in groups.values():
-        yield from settle(indices, {k for k, v in imposed[indices[0]].items() if numeric(v)})
+        if wanted(indices):
+            yield from settle(indices, {k for k, v in imposed[indices[0]].items() if numeric(v)})
 
 
 def reproduces(binding: Binding, real: CompileResult, selection: Selection) -> bool:
