@@ -142,9 +142,11 @@ def within(seconds: float, what: str, join: Callable[[], T]) -> T:
     thread = threading.Thread(target=target, name=f"rendezvous {what}", daemon=True)
     thread.start()
     thread.join(seconds)
-    if thread.is_alive():
+    # the library's own deadline (GLOO's, set to the same seconds) may fire a moment before
+    # ours: the same missing rank, said the same way
+    if thread.is_alive() or isinstance(box.get("error"), TimeoutError):
         raise RendezvousError(f"{what}: not every rank joined within {seconds:g} s (a rank's node may be gone, or the ranks cannot reach each other); "
-                              "the point is retried as a preemption if the driver can start its ranks again")
+                              "the point is retried as a preemption if the driver can start its ranks again") from box.get("error")
     if "error" in box:
         raise RendezvousError(f"{what}: {type(box['error']).__name__}: {box['error']}") from box["error"]
     return box["value"]
