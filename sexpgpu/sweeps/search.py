@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Optional, cast
 
-
 from ..ir.experiment import Experiment, Halving, HalvingMode, Scheduler
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.data import as_data
