@@ -83,6 +83,8 @@ def test_sampled_points_are_drawn_from_the_seed_point_by_point(tmp_path: Path) -
 @pytest.mark.parametrize("head, message", [
     ("(defsweep s :lr (log-uniform 1e-4 1e-2))", "defsweep s: :lr needs a list of values, got ['log-uniform', 0.0001, 0.01] (a distribution such as (log-uniform ...) needs :sample N)"),
     ("(defsweep s :sample 4 :lr (log-uniform 0 1e-2))", "defsweep s: :lr ['log-uniform', 0, 0.01]: expected (log-uniform LOW HIGH): a float whose logarithm is uniform, 0 < LOW < HIGH"),
+    ("(defsweep s :sample 4 :depth (int-uniform 0 100000000000000000000))",
+     "defsweep s: :depth ['int-uniform', 0, 100000000000000000000]: expected (int-uniform LOW HIGH): an integer from LOW to HIGH, both included (64-bit integers)"),
     ("(defsweep s :sample 0 :lr (uniform 0 1))", "defsweep s: :sample needs a positive number of points, got 0"),
     ("(defsweep s :sample 4 :zip t :lr (uniform 0 1))", "defsweep s: :zip and :sample do not go together"),
     ("(defsweep s :sample 4 :lr (uniform 0 1) :halving (:metric val/loss :mode :min :rungs (50 150) :keep 3))", "defsweep s :halving :keep needs a fraction between 0 and 1, such as 1/3"),
@@ -322,3 +324,5 @@ def test_the_sampled_draws_are_numpys_philox_draws_without_numpy() -> None:
     assert [ours.integers(3) for _ in range(3000)] == theirs.integers(3, size=3000).tolist()  # rejections, blocks, carries
     with pytest.raises(ValueError, match="empty"):
         PhiloxStream(1).integers(0)
+    with pytest.raises(ValueError, match="64-bit"):
+        PhiloxStream(1).integers(0, 2**64)

@@ -72,6 +72,8 @@ class PhiloxStream:
         span = high - 1 - low  # NumPy's closed range
         if span < 0:
             raise ValueError(f"integers({low}, {high}): the range is empty")
+        if low < -(1 << 63) or high - 1 >= 1 << 63:
+            raise ValueError(f"integers({low}, {high}): the bounds are not 64-bit integers (NumPy's int64)")
         if span == 0:
             return low
         if span <= _MASK32:

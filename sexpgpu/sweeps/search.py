@@ -27,10 +27,13 @@ from .philox import PhiloxStream
 DISTRIBUTIONS = {
     "UNIFORM": "(uniform LOW HIGH): a float in [LOW, HIGH)",
     "LOG-UNIFORM": "(log-uniform LOW HIGH): a float whose logarithm is uniform, 0 < LOW < HIGH",
-    "INT-UNIFORM": "(int-uniform LOW HIGH): an integer from LOW to HIGH, both included",
+    "INT-UNIFORM": "(int-uniform LOW HIGH): an integer from LOW to HIGH, both included (64-bit integers)",
     "CHOICE": "(choice V ...): one of the values, each as likely",
 }
 SIGNIFICANT = 4
+
+
+INT64 = 2**63  # an int-uniform's bounds are 64-bit integers, as NumPy's draws were
 
 
 def problem(text: str) -> LispError:
@@ -81,7 +84,7 @@ def distribution(sweep: str, knob: str, form: Any) -> Distribution:
         if len(bounds) != 2 or bounds[0] is None or bounds[1] is None:
             raise problem(f"{where} {as_data(form, form=True)!r}: expected {DISTRIBUTIONS[kind]}")
         low, high = bounds[0], bounds[1]
-        if not low < high or (kind == "LOG-UNIFORM" and low <= 0) or (kind == "INT-UNIFORM" and not (low.is_integer() and high.is_integer())):
+        if not low < high or (kind == "LOG-UNIFORM" and low <= 0) or (kind == "INT-UNIFORM" and not (low.is_integer() and high.is_integer() and -INT64 <= low and high < INT64)):
             raise problem(f"{where} {as_data(form, form=True)!r}: expected {DISTRIBUTIONS[kind]}")
         return Distribution(kind, (low, high))
     values = as_data(form, form=True)
