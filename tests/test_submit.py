@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, wait_for
 from sexpgpu.bundle import make_bundle
 from sexpgpu.ir.experiment import Selection
 from sexpgpu.runtime.store import Store
@@ -42,22 +42,25 @@ def test_submitted_run_survives_a_killed_worker(tmp_path: Path, ray_cluster: Any
     manifest, _ = make_bundle(run_file, Selection(), str(tmp_path / "bundle"))
     store = tmp_path / "runs"
     actor = submit(str(tmp_path / "bundle"), str(store), manifest.slug, None, {})
-    worker = None
-    for _ in range(100):
-        worker = ray.get(actor.current_worker.remote())
-        if worker is not None:
-            break
-        time.sleep(0.1)
-    assert worker is not None
+    wait_for(lambda: ray.get(actor.current_worker.remote()) is not None, "the supervisor started an attempt")
+    worker = ray.get(actor.current_worker.remote())
     pid = ray.get(worker.where.remote())["pid"]
-    time.sleep(1.0)
+    status_file = store / manifest.slug / "status.json"
+    wait_for(lambda: status_file.exists() and json.loads(status_file.read_text()).get("step", 0) > 0, "the first attempt logged a step")
     os.kill(pid, signal.SIGKILL)
     record = ended(store / manifest.slug / "submit.json")
     assert record["state"] == "finished" and record["attempts"] >= 2 and record["preemptions"] >= 1, record
     status = json.loads((store / manifest.slug / "status.json").read_text())
     assert status["state"] == "finished" and status["step"] == 600
-    with pytest.raises(ray.exceptions.RayActorError):  # a job that ended takes its supervisor with it
+    wait_for(lambda: supervisor_gone(actor), "a job that ended takes its supervisor with it")  # it kills itself just after its last record
+
+
+def supervisor_gone(actor: Any) -> bool:
+    try:
         ray.get(actor.current_worker.remote(), timeout=60)
+    except ray.exceptions.RayActorError:
+        return True
+    return False
 
 
 def ended(path: Path, within_s: float = 240.0) -> dict[str, Any]:
