@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -151,6 +152,26 @@ def test_a_killed_asha_sweep_run_again_decides_alike(asha_serial: tuple[Path, Pa
     assert decisions(store) == decisions(reference_store)
     assert [(p["point"], p["slug"], p["state"], p["steps"], p["reason"]) for p in again["points"]] == [
         (p["point"], p["slug"], p["state"], p["steps"], p["reason"]) for p in reference["points"]]
+
+
+def test_a_point_killed_after_its_checkpoint_at_the_rung_but_before_its_status_stays_pruned(asha_serial: tuple[Path, Path, dict[str, Any]],
+                                                                                               tmp_path: Path) -> None:
+    """The end of a pruned attempt publishes the checkpoint at the rung, then the status: a
+    kill between the two leaves a status short of the rung and a checkpoint at it. The
+    sweep run again resumes there, and the stored decision stops the point at once."""
+    path, reference_store, reference = asha_serial
+    store = tmp_path / "runs"
+    shutil.copytree(reference_store, store)
+    pruned = next(p for p in reference["points"] if p["state"] == "pruned")
+    status_file = store / pruned["slug"] / "status.json"
+    status = json.loads(status_file.read_text())
+    status.update(state="running", step=pruned["steps"] - 10, summary=None)
+    status_file.write_text(json.dumps(status))
+    again = swept(path, store, "--jobs", "1")
+    assert decisions(store) == decisions(reference_store)
+    point = next(p for p in again["points"] if p["point"] == pruned["point"])
+    assert (point["state"], point["steps"], point["reason"]) == ("pruned", pruned["steps"], pruned["reason"])
+    assert json.loads(status_file.read_text())["state"] == "pruned"
 
 
 def test_under_jobs_a_point_that_goes_on_keeps_its_worker_and_no_rung_waits(tmp_path: Path) -> None:

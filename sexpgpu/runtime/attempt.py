@@ -301,6 +301,10 @@ class Attempt:
         log_every = max(1, experiment.run.log_every)
         window = ThroughputWindow(trainer)
         policy = experiment.run.checkpoint
+        if self.first_step > 0:  # resumed at a rung: the checkpoint there may have been published after the scheduler's word
+            ended = self.at_rung(trainer.step)
+            if ended is not None:
+                return ended
         while trainer.step < self.steps:
             if self.lease is not None and self.lease.taken():
                 self.records_still_there()  # a store that lost the folder's files lost the lease too: not another attempt
