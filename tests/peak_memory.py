@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 
 # run the CLI with sys.argv[1:], then report VmHWM on stderr and exit with the CLI's code
-MEASURED_CLI = ("import re, sys\nfrom sexpgpu.cli.main import main\ncode = main(sys.argv[1:])\n"
-                "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())\n"
-                "print(f'vmhwm_kb={hwm.group(1) if hwm else -1}', file=sys.stderr, flush=True)\nsys.exit(code)")
+# (in a finally: a child that raises or exits still reports, and the test's own assertion says why it failed)
+MEASURED_CLI = ("import re, sys\nfrom sexpgpu.cli.main import main\ntry:\n    code = main(sys.argv[1:])\nfinally:\n"
+                "    hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())\n"
+                "    print(f'vmhwm_kb={hwm.group(1) if hwm else -1}', file=sys.stderr, flush=True)\nsys.exit(code)")
 
 
 def peak_kb(stderr: str) -> int:
