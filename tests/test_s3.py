@@ -399,6 +399,15 @@ def test_a_run_rides_out_a_short_store_outage(
     check_finished_run(Store.open(url), result.slug, 30)
 
 
+def resume_once_a_publish_failed(s3: S3, sleeps: Sleeps) -> None:
+    """Bring the store back once the publisher's thread met the outage (a retry slept): the
+    steps may outrun that thread, so a fixed step would not make the outage happen."""
+    deadline = time.monotonic() + 60
+    while not sleeps.calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    s3.proxy.resume()
+
+
 def test_a_run_keeps_training_through_a_long_outage_and_loses_nothing(
     s3: S3, experiment: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -418,7 +427,7 @@ def test_a_run_keeps_training_through_a_long_outage_and_loses_nothing(
         sleep: Callable[[float], None] = field(default=sleeps, compare=False)
 
     monkeypatch.setattr(store_module, "RetryPolicy", QuickRetry)
-    pausing_at(monkeypatch, {5: s3.proxy.pause, 25: s3.proxy.resume})
+    pausing_at(monkeypatch, {5: s3.proxy.pause, 25: lambda: resume_once_a_publish_failed(s3, sleeps)})
     url = s3.url("runs")
     result = train(experiment, run_options(store=url, max_steps=30), say=lambda _: None)
     assert result.exit_code == 0 and result.steps == 30
@@ -516,13 +525,7 @@ def test_a_step_never_waits_on_a_paused_store_and_nothing_is_lost(
 
     for name in ("write_json", "write_bytes", "write_text", "append_lines", "read_bytes", "exists", "list"):
         watched(name)
-    def resume_once_a_publish_failed() -> None:
-        deadline = time.monotonic() + 60
-        while not sleeps.calls and time.monotonic() < deadline:  # the publisher's thread meets the outage
-            time.sleep(0.01)
-        s3.proxy.resume()
-
-    pausing_at(monkeypatch, {5: s3.proxy.pause, 200: resume_once_a_publish_failed})
+    pausing_at(monkeypatch, {5: s3.proxy.pause, 200: lambda: resume_once_a_publish_failed(s3, sleeps)})
     url = s3.url("runs")
     result = train(logging_every_step(experiment), run_options(store=url, publish_every_s=0.2), say=lambda _: None)
     assert result.exit_code == 0 and result.steps == 300
