@@ -19,8 +19,10 @@ from sexpgpu.runtime.attempt import RunOptions, train
 from sexpgpu.runtime.trainer import Trainer
 from sexpgpu.runtime.runfolder import RunFolder
 from sexpgpu.runtime.store import Store
+from sexpgpu.runtime.threads import StepFeatures
 
 QUICKSTART = REPO / "examples" / "quickstart.lisp"
+LARGE = StepFeatures(product_macs=10**9, split_macs=10**9, largest_product=10**8)  # a run of large products, for the plan
 
 
 def experiment(selection: Selection | None = None):  # type: ignore[no-untyped-def]
@@ -120,7 +122,7 @@ def test_a_continued_run_keeps_its_recorded_thread_count_unless_the_user_sets_on
 
     large = experiment(Selection()).module.programs.values()
     monkeypatch.setattr(threads, "process_cores", lambda: 4)
-    monkeypatch.setattr(threads, "largest_product", lambda programs: 10**8)
+    monkeypatch.setattr(threads, "step_features", lambda programs: LARGE)
     monkeypatch.setattr(threads, "busy_cores", lambda: 2.9)  # a busy machine: a new run would get 1
     recorded = ThreadPlan(blas=3, cores=4, source="chosen", reason="1.0 of 4 cores busy with other work")
     kept = plan_threads(large, environ={}, recorded=recorded)
@@ -134,13 +136,14 @@ def test_a_continued_run_keeps_its_recorded_thread_count_unless_the_user_sets_on
     assert plan_threads(large, environ={}).blas == 1
 
 
-def test_a_program_of_medium_products_gets_one_thread_on_an_idle_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_program_of_medium_products_gets_one_thread_on_an_idle_machine_without_the_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     """The char transformer's largest product is 8.4 million multiply-adds: on the quiet
-    2-core machine it trained at 0.74x with two threads (docs/performance.md, "The default
-    thread count"), so the plan gives it one even with every core free; a product over the
-    bound still gets the free cores."""
+    2-core machine, its products on OpenBLAS's threads, it trained at 0.74x with two threads
+    (docs/performance.md, "The default thread count"), so without the pieces the plan gives it
+    one even with every core free; a product over the bound still gets the free cores, and so
+    does this program where the device splits its products into pieces."""
     from sexpgpu.runtime import threads
-    from sexpgpu.runtime.threads import SMALL_PRODUCT, largest_product, plan_threads
+    from sexpgpu.runtime.threads import SMALL_PRODUCT, StepFeatures, largest_product, plan_threads
 
     result = compile_file(REPO / "examples" / "char-transformer.lisp")
     assert result.experiment is not None
@@ -151,8 +154,9 @@ def test_a_program_of_medium_products_gets_one_thread_on_an_idle_machine(monkeyp
     assert 1_000_000 < largest_product(programs) < SMALL_PRODUCT
     assert (plan.blas, plan.source) == (1, "chosen")
     assert plan.reason == (f"the largest product is {largest_product(programs):,} multiply-adds, under {SMALL_PRODUCT:,}: "
-                           "a program of products this size trains faster on one thread")
-    monkeypatch.setattr(threads, "largest_product", lambda programs: SMALL_PRODUCT)
+                           "a program of products this size trains faster on one thread when the BLAS's threads compute them")
+    assert plan_threads(programs, environ={}, pieces=True).blas == 2
+    monkeypatch.setattr(threads, "step_features", lambda programs: StepFeatures(product_macs=SMALL_PRODUCT, split_macs=0, largest_product=SMALL_PRODUCT))
     assert plan_threads(programs, environ={}).blas == 2
 
 
@@ -166,7 +170,8 @@ def test_the_runtime_chooses_the_blas_threads_and_says_so(tmp_path: Path, monkey
     small = experiment(Selection()).module.programs.values()
     monkeypatch.setattr(threads, "process_cores", lambda: 4)
     assert plan_threads(small, environ={}).blas == 1
-    monkeypatch.setattr(threads, "largest_product", lambda programs: 10**8)
+    assert plan_threads(small, environ={}, pieces=True).blas == 1
+    monkeypatch.setattr(threads, "step_features", lambda programs: LARGE)
     monkeypatch.setattr(threads, "busy_cores", lambda: 0.1)
     assert plan_threads(small, environ={}).blas == 4
     monkeypatch.setattr(threads, "busy_cores", lambda: 2.9)
