@@ -2,7 +2,7 @@
 bench/cpu_workloads.py and every example that trains, the compiled CPU device's steps/s at 1
 and 2 threads (alternating, several rounds, the median kept) and with the threads the plan
 chooses, beside the features the plan looks at (runtime/threads.py: the step's multiply-adds in
-products, how many of them the pool can split into pieces, the largest product, whether this
+products, the largest product, whether this
 BLAS gives pieces the whole product's bits).
 
 Run it twice, as a user may have either environment (this machine's pins OpenBLAS's Haswell
@@ -86,11 +86,11 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{'workload':<48} {'kernels':>9} {'pieces':>6} {'product MACs':>13} {'split MACs':>11} {'largest':>11} "
+    print(f"{'workload':<48} {'kernels':>9} {'pieces':>6} {'product MACs':>13} {'largest':>13} "
           f"{'1t':>8} {'2t':>8} {'2t/1t':>6} {'chose':>5} {'def/best':>8}")
     for r in rows:
-        print(f"{r['workload']:<48} {r['architecture']:>9} {str(r['pieces']):>6} {r['product_macs']:>13,} {r['split_macs']:>11,} "
-              f"{r['largest_product']:>11,} {r['steps_per_s_1t']:>8.1f} {r['steps_per_s_2t']:>8.1f} {r['two_over_one']:>6.2f} "
+        print(f"{r['workload']:<48} {r['architecture']:>9} {str(r['pieces']):>6} {r['product_macs']:>13,} "
+              f"{r['largest_product']:>13,} {r['steps_per_s_1t']:>8.1f} {r['steps_per_s_2t']:>8.1f} {r['two_over_one']:>6.2f} "
               f"{','.join(map(str, r['default_threads'])):>5} {r['default_over_best']:>8.2f}")
 
 

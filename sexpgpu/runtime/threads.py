@@ -60,7 +60,6 @@ BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 TINY_PRODUCT = 1_000_000  # multiply-adds: below this, a product gains nothing from threads
 SMALL_PRODUCT = 2**24  # multiply-adds: without the pieces, a run whose largest product is below this trains no faster on two threads than on one
 STEP_PRODUCTS = 2**22  # multiply-adds of a step's products: with the pieces, a run below this trains no faster on two threads than on one
-SPLIT_PRODUCT = 2**21  # multiply-adds: the compiled CPU device's pool splits a product this large into pieces (runtime_c.py's SX_SPLIT_GEMM)
 SAMPLE_S = 0.1
 RECORDED_SOURCE = "run.json"  # the source of a continued run's plan: its earlier attempts'
 
@@ -75,12 +74,10 @@ class ThreadPlan(BaseModel):
 
 class StepFeatures(BaseModel):
     """What the plan looks at in a run's programs: the multiply-adds of their matrix products
-    and convolutions (those of the program that has most: a training step's), how many of them
-    are in products of SPLIT_PRODUCT or more (the ones the pool splits into pieces), and the
-    largest product."""
+    and convolutions (those of the program that has most: a training step's) and the largest
+    product."""
 
     product_macs: int
-    split_macs: int
     largest_product: int
 
 
@@ -100,8 +97,7 @@ def product_sizes(program: Program) -> list[int]:
 def step_features(programs: Iterable[Program]) -> StepFeatures:
     per_program = [product_sizes(program) for program in programs]
     busiest = max(per_program, key=sum, default=[])
-    return StepFeatures(product_macs=sum(busiest), split_macs=sum(s for s in busiest if s >= SPLIT_PRODUCT),
-                        largest_product=max((max(s, default=0) for s in per_program), default=0))
+    return StepFeatures(product_macs=sum(busiest), largest_product=max((max(s, default=0) for s in per_program), default=0))
 
 
 def largest_product(programs: Iterable[Program]) -> int:
