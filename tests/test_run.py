@@ -233,3 +233,26 @@ def test_the_runtime_chooses_the_blas_threads_and_says_so(tmp_path: Path, monkey
     code = main(["run", str(REPO / "examples" / "quickstart.lisp"), "--store", str(tmp_path / "two"), "--max-steps", "3", "--quiet", "--threads", "2"])
     (info,) = [json.loads(p.read_text()) for p in (tmp_path / "two").glob("*/run.json")]
     assert code == 0 and info["threads"] == {**info["threads"], "blas": 2, "source": "flag"}
+
+
+def test_an_update_reading_the_streams_and_the_clock_gets_their_values_each_step(tmp_path: Path) -> None:
+    """The trainer computes only the ctx keys the update reads (the quickstart's per-step
+    cost): an update that reads the loader's counts and the clock still gets each step's."""
+    source = QUICKSTART.read_text().replace("(defloader", """(defoptimizer counting (&key lr)
+  (optimizer-update (param grad ctx)
+    (- param (* lr (+ (ctx :examples) (ctx :epoch) (ctx :tokens) (* 0.0 (ctx :elapsed))) 1e-6 grad))))
+
+(defloader""", 1).replace("(optim:sgd :lr lr)", "(counting :lr lr)")
+    path = tmp_path / "counting.lisp"
+    path.write_text(source)
+    result = compile_file(path)
+    assert result.experiment is not None, [d.headline() for d in result.diagnostics]
+    trainer = Trainer(result.experiment)
+    assert trainer.ctx_keys >= {"examples", "epoch", "tokens", "elapsed"}
+    for step in range(40):  # past an epoch: 2048 examples in batches of 64
+        trainer.train_step()
+        fed = {name[4:]: float(value) for name, value in trainer.ctx_feeds().items()}
+        every = trainer.ctx_values()
+        assert fed == {**fed, "examples": 64.0 * (step + 1), "epoch": every["epoch"], "tokens": every["tokens"]}
+        assert 0.0 <= every["elapsed"] - fed["elapsed"] < 60.0
+    assert every["epoch"] == 1.0

@@ -2,19 +2,28 @@
 a variable to get the speed we quote.
 
 Measured on a 2-core machine (docs/performance.md): with both cores idle, two threads are
-faster on the programs of large products (1.3x on the wide MLP) and slower on a program of
-many small ones (the char transformer: 0.74x); with the other core busy, a second thread
-waits for it at every matrix product, and the char model trained 9x slower than on one. So
-the plan looks at the run's work and at the cores free now:
+faster on every program but a tiny one where the device splits the products itself, and,
+where OpenBLAS's threads compute them, faster on the programs of large products (1.3x on the
+wide MLP) and slower on a program of many small ones (the char transformer: 0.74x); with the
+other core busy, a second thread waits for it, and the char model trained 9x slower than on
+one. So the plan looks at the run's work, at who splits its products, and at the cores free now:
 
-- a run whose largest matrix product is small (under 2**24, about 16.8 million
-  multiply-adds) gets one thread. Measured on the quiet 2-core machine, steps/s at 1 / 2
-  threads: the char transformer (largest product 8.4 million) 68.9 / 51.3, the CNN on 8x8
-  digits (9.4 million) 189 / 200, nanoGPT-char (50 million) 9.3 / 10.1, the wide MLP (268
-  million) 33.0 / 42.6. The bound lies between the loser and the first clear gain; a run
-  under it gives up at most the CNN's 5% against two threads, and is never slower than one
-  thread. (Why two threads lose on the char transformer is not pinned down: its steps are
-  many small kernels and products, each a hand-off between the threads.)
+- where the compiled CPU device splits large products into pieces on its own threads (the
+  `sx_pieces_exact` probe passes: OpenBLAS's SkylakeX kernels), a run whose step has under
+  2**22 (about 4.2 million) multiply-adds of products gets one thread: too little work per
+  kernel to pay for the hand-offs. Measured on the quiet 2-core machine, two threads' steps/s
+  over one's: the quickstart (53 thousand) 0.82, the CNN on 8x8 digits (10.8 million) 1.59, the
+  char transformer (160 million) 1.51, nanoGPT-char 1.24, the 28x28 CNN 1.30, the GPT-2-small
+  layer 1.40, the wide MLP 1.81. No program between the quickstart and the CNN on digits was
+  measured; the bound lies between them.
+- where it does not (the Haswell kernels, which OPENBLAS_CORETYPE=Haswell selects; the NumPy
+  backend), the products run whole on OpenBLAS's threads, and a run whose largest product is
+  under 2**24 (about 16.8 million multiply-adds) gets one thread. Measured on the quiet 2-core
+  machine before the pieces, steps/s at 1 / 2 threads: the char transformer (largest product
+  8.4 million) 68.9 / 51.3, the CNN on 8x8 digits (9.4 million) 189 / 200, nanoGPT-char (50
+  million) 9.3 / 10.1, the wide MLP (268 million) 33.0 / 42.6. The bound lies between the
+  loser and the first clear gain; a run under it gives up at most the CNN's 5% against two
+  threads, and is never slower than one thread.
 - otherwise it gets as many threads as there are cores free for it: the cores of this
   process's affinity, less those other processes keep busy (sampled over 0.1 s from
   /proc/stat, this process idle meanwhile).

@@ -279,7 +279,7 @@ class Tape:
         self.refs: list[Ref] = []
         self.workspace_floats = 0
         self.most_args = 1
-        self.built: Optional[tuple[Any, Any, Any, Any]] = None
+        self.built: Optional[tuple[Any, Any, Any, Any, int]] = None
 
     def add_kernel(self, function: int, kernel: HostKernel, size: int, refs: list[Ref]) -> None:
         self.ops.append(SxOp(kind=0, nargs=len(refs), first=len(self.refs), size=size, work=kernel.work, fn=function))
