@@ -40,7 +40,7 @@ def every_workload(tmp: Path, steps: int) -> list[Workload]:
 def measure(workload: Workload, repeats: int) -> dict[str, Any]:
     from threadpoolctl import threadpool_info
 
-    from sexpgpu.runtime.threads import blas_threads, plan_threads, step_features
+    from sexpgpu.runtime.threads import blas_threads, pieces_in_use, plan_threads, step_features
 
     side = OurSide(workload, "cpu")
     programs = list(side.experiment.module.programs.values())
@@ -53,7 +53,7 @@ def measure(workload: Workload, repeats: int) -> dict[str, Any]:
     chose: list[int] = []
 
     def default(_count: int) -> Rate:
-        plan = plan_threads(programs, pieces=side.backend.runtime.pieces_available())
+        plan = plan_threads(programs, pieces=pieces_in_use(side.backend))
         chose.append(plan.blas)
         with blas_threads(plan, side.backend):
             return timed(side.step, workload.steps)
@@ -63,7 +63,7 @@ def measure(workload: Workload, repeats: int) -> dict[str, Any]:
     chosen_rate = statistics.median(median[("default", t)].wall for t in (1, 2))
     features = step_features(programs)
     return {"workload": workload.name, "architecture": threadpool_info()[0].get("architecture"),
-            "pieces": side.backend.runtime.pieces_available(), **features.model_dump(),
+            "pieces": pieces_in_use(side.backend), **features.model_dump(),
             "steps_per_s_1t": one, "steps_per_s_2t": two, "two_over_one": two / one,
             "default_threads": sorted(set(chose)), "default_over_best": chosen_rate / max(one, two),
             "cpu_steps_per_s_1t": median[("fixed", 1)].cpu, "cpu_steps_per_s_2t": median[("fixed", 2)].cpu}
