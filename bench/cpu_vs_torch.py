@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from sexpgpu.runtime.threads import blas_threads, plan_threads
+from sexpgpu.runtime.threads import blas_threads, pieces_in_use, plan_threads
 
 from cpu_peak import describe, f32_peak, machine, peak, peak_lines
 from cpu_workloads import (CHECKED_STEPS, OurSide, Rate, Workload, alternate, blas_warning, chosen, cold_compile_s, gflops, limited, loss_gap,
@@ -106,7 +106,7 @@ def side_by_side(workload: Workload, threads: list[int], repeats: int) -> dict[s
     chosen: list[str] = []
 
     def default(_count: int) -> Rate:
-        plan = plan_threads(cpu.experiment.module.programs.values())
+        plan = plan_threads(cpu.experiment.module.programs.values(), pieces=pieces_in_use(cpu.backend))
         chosen.append(f"{plan.blas}")
         with blas_threads(plan, cpu.backend):
             return timed(cpu.step, workload.steps)

@@ -93,3 +93,16 @@ def test_our_side_reports_the_compile_apart_and_a_warm_cache_compiles_nothing() 
     assert cold.compile_s > 0 and not cold.cache_warm
     assert warm.compile_s == 0 and warm.cache_warm
     assert cold.build_s <= cold.setup_s and warm.first_losses == cold.first_losses
+
+
+def test_the_thread_bench_reports_the_rules_inputs_and_its_choice() -> None:
+    """bench/cpu_threads.py (the thread rule's measurements): per workload the features the
+    plan reads, whether the pieces are in use (here the environment's BLAS kernels decide),
+    one and two threads' rates and what the plan chose."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "cpu_threads.py"), "--only", "quickstart", "--repeats", "1", "--steps", "20", "--json"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout[done.stdout.index("["):])
+    assert (row["product_macs"], row["largest_product"]) == (53_248, 12_288)
+    assert row["default_threads"] == [1], "the quickstart's step is too small for two threads, pieces or not"
+    assert row["steps_per_s_1t"] > 0 and row["steps_per_s_2t"] > 0 and isinstance(row["pieces"], bool)

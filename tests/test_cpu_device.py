@@ -710,3 +710,48 @@ def both_sides(cuda: list[KernelSource], host: list[Any], inputs: list[Any], fun
             outs = [final] + outs[1:]
         results.append(outs)
     return results
+
+
+def test_a_feed_that_is_last_runs_array_is_not_looked_at_again_and_every_other_feed_is(runtimes: dict[str, Any]) -> None:
+    """A program's run reads the address of each feed once per array: a model's parameters,
+    fed as the same arrays every step, cost no look-up after the first run (the quickstart's
+    per-step cost), while a new array, an array changed in place, a different shape and a
+    feed that needs converting give the results NumPy computes."""
+    f32 = DType.f32
+    b = Builder("held-feeds")
+    x = b.input("x", "data", TensorType(dtype=f32, shape=(8, 16)))
+    w = b.input("w", "param", TensorType(dtype=f32, shape=(16, 4)))
+    program = b.program({"y": b.op("relu", b.op("matmul", x, w))})
+    lowered = cpu(runtimes).program(program)
+    looked_at: list[int] = []
+    to_device = lowered.device.to_device
+
+    def counted(host: Any, t: TensorType) -> Any:
+        looked_at.append(id(host))
+        return to_device(host, t)
+
+    lowered.device.to_device = counted  # type: ignore[method-assign]
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal((16, 4), dtype=np.float32)
+
+    def check(xs: Any) -> None:
+        want = np.maximum(np.asarray(xs, dtype=np.float32) @ weights, 0)
+        np.testing.assert_allclose(lowered.run({"x": xs, "w": weights})["y"], want, rtol=1e-5, atol=1e-6)
+
+    batch = rng.standard_normal((8, 16), dtype=np.float32)
+    check(batch)
+    assert looked_at == [id(batch), id(weights)]
+    check(batch)
+    assert looked_at == [id(batch), id(weights)], "the same arrays: no look-up"
+    weights *= 2  # changed in place: the same array, its new values
+    check(batch)
+    fresh = rng.standard_normal((8, 16), dtype=np.float32)
+    check(fresh)
+    assert looked_at[2:] == [id(fresh)], "only the new array"
+    as_f64 = rng.standard_normal((8, 16))  # converted to f32 for this run only, every run
+    check(as_f64)
+    check(as_f64)
+    assert looked_at[3:] == [id(as_f64), id(as_f64)]
+    weights.shape = (4, 16)  # the array last run held, reshaped in place: looked at again, and refused
+    with pytest.raises(ValueError, match="shape"):
+        lowered.run({"x": fresh, "w": weights})

@@ -241,23 +241,38 @@ def plan_finding(path: str, device: str = "cpu") -> list[Finding]:
         out.append(Finding(check="memory", level="fail", detail=f"plan needs {need:,} bytes, {free:,} are free", fix="a smaller batch, :microbatches, or a bigger machine"))
     else:
         out.append(Finding(check="memory", level="ok", detail=f"plan needs {need:,} bytes of {free:,} free"))
-    out.append(threads_finding(list(result.experiment.module.programs.values())))
+    out.append(threads_finding(list(result.experiment.module.programs.values()), device))
     cuda = cuda_plan_finding(result.experiment, device)
     if cuda is not None:
         out.append(cuda)
     return out
 
 
-def threads_finding(programs: list["Program"]) -> Finding:
-    """The BLAS threads a run of PROGRAMS would get here now (all a run's work when given;
-    without a file, a run whose products are large)."""
+def threads_finding(programs: list["Program"], device: str = "cpu") -> Finding:
+    """The BLAS threads a run of PROGRAMS on DEVICE would get here now (all a run's work when
+    given; without a file, a run whose products are large)."""
     from ..runtime.threads import blas_library, plan_threads
 
     try:
-        plan = plan_threads(programs) if programs else plan_threads([], environ=None, assume_large=True)
+        plan = plan_threads(programs, pieces=device_pieces(device)) if programs else plan_threads([], environ=None, assume_large=True)
     except ValueError as exc:
         return Finding(check="threads", level="fail", detail=str(exc), fix="unset it, or set a whole number")
     return Finding(check="threads", level="ok", detail=f"{plan.blas} thread(s) for the kernels and the BLAS, of {plan.cores} core(s), {plan.source}: {plan.reason}; BLAS: {blas_library()}")
+
+
+def device_pieces(device: str) -> bool:
+    """Whether a run on DEVICE here splits its large products into pieces on the compiled CPU
+    device's threads (the thread plan's rule depends on it): False where that device does not open."""
+    if device not in ("cpu", "auto"):
+        return False
+    from ..runtime.backend import DeviceError
+    from ..runtime.devices import open_backend
+    from ..runtime.threads import pieces_in_use
+
+    try:
+        return pieces_in_use(open_backend("cpu"))
+    except (DeviceError, RuntimeError):  # no compiler, no BLAS it can call: the run falls back to NumPy, whose products stay whole
+        return False
 
 
 def run_doctor(args: argparse.Namespace) -> int:

@@ -2,19 +2,28 @@
 a variable to get the speed we quote.
 
 Measured on a 2-core machine (docs/performance.md): with both cores idle, two threads are
-faster on the programs of large products (1.3x on the wide MLP) and slower on a program of
-many small ones (the char transformer: 0.74x); with the other core busy, a second thread
-waits for it at every matrix product, and the char model trained 9x slower than on one. So
-the plan looks at the run's work and at the cores free now:
+faster on every program but a tiny one where the device splits the products itself, and,
+where OpenBLAS's threads compute them, faster on the programs of large products (1.3x on the
+wide MLP) and slower on a program of many small ones (the char transformer: 0.74x); with the
+other core busy, a second thread waits for it, and the char model trained 9x slower than on
+one. So the plan looks at the run's work, at who splits its products, and at the cores free now:
 
-- a run whose largest matrix product is small (under 2**24, about 16.8 million
-  multiply-adds) gets one thread. Measured on the quiet 2-core machine, steps/s at 1 / 2
-  threads: the char transformer (largest product 8.4 million) 68.9 / 51.3, the CNN on 8x8
-  digits (9.4 million) 189 / 200, nanoGPT-char (50 million) 9.3 / 10.1, the wide MLP (268
-  million) 33.0 / 42.6. The bound lies between the loser and the first clear gain; a run
-  under it gives up at most the CNN's 5% against two threads, and is never slower than one
-  thread. (Why two threads lose on the char transformer is not pinned down: its steps are
-  many small kernels and products, each a hand-off between the threads.)
+- where the compiled CPU device splits large products into pieces on its own threads (the
+  `sx_pieces_exact` probe passes: OpenBLAS's SkylakeX kernels), a run whose step has under
+  2**22 (about 4.2 million) multiply-adds of products gets one thread: too little work per
+  kernel to pay for the hand-offs. Measured on the quiet 2-core machine, two threads' steps/s
+  over one's: the quickstart (53 thousand) 0.82, the CNN on 8x8 digits (10.8 million) 1.59, the
+  char transformer (160 million) 1.51, nanoGPT-char 1.24, the 28x28 CNN 1.30, the GPT-2-small
+  layer 1.40, the wide MLP 1.81. No program between the quickstart and the CNN on digits was
+  measured; the bound lies between them.
+- where it does not (the Haswell kernels, which OPENBLAS_CORETYPE=Haswell selects; the NumPy
+  backend), the products run whole on OpenBLAS's threads, and a run whose largest product is
+  under 2**24 (about 16.8 million multiply-adds) gets one thread. Measured on the quiet 2-core
+  machine before the pieces, steps/s at 1 / 2 threads: the char transformer (largest product
+  8.4 million) 68.9 / 51.3, the CNN on 8x8 digits (9.4 million) 189 / 200, nanoGPT-char (50
+  million) 9.3 / 10.1, the wide MLP (268 million) 33.0 / 42.6. The bound lies between the
+  loser and the first clear gain; a run under it gives up at most the CNN's 5% against two
+  threads, and is never slower than one thread.
 - otherwise it gets as many threads as there are cores free for it: the cores of this
   process's affinity, less those other processes keep busy (sampled over 0.1 s from
   /proc/stat, this process idle meanwhile).
@@ -58,7 +67,8 @@ from ..ir.graph import Program, shape_size
 THREADS_VARIABLE = "SEXPGPU_THREADS"
 BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 TINY_PRODUCT = 1_000_000  # multiply-adds: below this, a product gains nothing from threads
-SMALL_PRODUCT = 2**24  # multiply-adds: a run whose largest product is below this trains no faster on two threads than on one
+SMALL_PRODUCT = 2**24  # multiply-adds: without the pieces, a run whose largest product is below this trains no faster on two threads than on one
+STEP_PRODUCTS = 2**22  # multiply-adds of a step's products: with the pieces, a run below this trains no faster on two threads than on one
 SAMPLE_S = 0.1
 RECORDED_SOURCE = "run.json"  # the source of a continued run's plan: its earlier attempts'
 
@@ -71,18 +81,37 @@ class ThreadPlan(BaseModel):
     reason: str
 
 
+class StepFeatures(BaseModel):
+    """What the plan looks at in a run's programs: the multiply-adds of their matrix products
+    and convolutions (those of the program that has most: a training step's) and the largest
+    product."""
+
+    product_macs: int
+    largest_product: int
+
+
+def product_sizes(program: Program) -> list[int]:
+    """The multiply-adds of each matrix product and convolution of PROGRAM."""
+    types = program.types()
+    sizes = []
+    for node in program.nodes:
+        if node.op == "matmul":
+            sizes.append(shape_size(node.type.shape) * types[node.args[0]].shape[-1])
+        elif node.op.startswith("conv2d"):
+            weight = types[node.args[1]].shape
+            sizes.append(shape_size(node.type.shape) * shape_size(weight[1:]))
+    return sizes
+
+
+def step_features(programs: Iterable[Program]) -> StepFeatures:
+    per_program = [product_sizes(program) for program in programs]
+    busiest = max(per_program, key=sum, default=[])
+    return StepFeatures(product_macs=sum(busiest), largest_product=max((max(s, default=0) for s in per_program), default=0))
+
+
 def largest_product(programs: Iterable[Program]) -> int:
     """The multiply-adds of the largest matrix product (or convolution) of PROGRAMS."""
-    largest = 0
-    for program in programs:
-        types = program.types()
-        for node in program.nodes:
-            if node.op == "matmul":
-                largest = max(largest, shape_size(node.type.shape) * types[node.args[0]].shape[-1])
-            elif node.op.startswith("conv2d"):
-                weight = types[node.args[1]].shape
-                largest = max(largest, shape_size(node.type.shape) * shape_size(weight[1:]))
-    return largest
+    return step_features(programs).largest_product
 
 
 def process_cores() -> int:
@@ -124,7 +153,8 @@ def free_cores(cores: int) -> tuple[int, Optional[float]]:
 
 
 def plan_threads(programs: Iterable[Program], requested: Optional[int] = None, environ: Optional[Mapping[str, str]] = None,
-                 assume_large: bool = False, share: Optional[int] = None, recorded: Optional[ThreadPlan] = None) -> ThreadPlan:
+                 assume_large: bool = False, share: Optional[int] = None, recorded: Optional[ThreadPlan] = None,
+                 pieces: bool = False) -> ThreadPlan:
     """The BLAS threads for a run of PROGRAMS (REQUESTED: --threads; ASSUME_LARGE: as for a
     run whose products are large, when there is no run to look at; SHARE: the most cores the
     run may take, its part of a sweep that runs points side by side; RECORDED: the plan of
@@ -137,9 +167,9 @@ def plan_threads(programs: Iterable[Program], requested: Optional[int] = None, e
     if recorded is not None:
         return ThreadPlan(blas=recorded.blas, cores=cores, source=RECORDED_SOURCE,
                           reason=f"the run's earlier attempts had {recorded.blas}: a product's last bits depend on the count")
-    largest = SMALL_PRODUCT if assume_large else largest_product(programs)
-    if largest < SMALL_PRODUCT or cores == 1:
-        why = ("one core" if share is None else "one core: this point's share of the sweep's cores") if cores == 1 else small_reason(largest)
+    one = "one core" if share is None else "one core: this point's share of the sweep's cores"
+    why = one if cores == 1 else (None if assume_large else one_thread_reason(step_features(programs), pieces))
+    if why is not None:
         return ThreadPlan(blas=1, cores=cores, source="chosen", reason=why)
     if share is not None:  # the sweep counted the free cores once for all its points: the others' load is not "other work"
         return ThreadPlan(blas=cores, cores=cores, source="chosen", reason=f"this point's share of the sweep's free cores: {cores}")
@@ -149,12 +179,31 @@ def plan_threads(programs: Iterable[Program], requested: Optional[int] = None, e
     return ThreadPlan(blas=free, cores=cores, source="chosen", reason=f"{busy:.1f} of {cores} cores busy with other work")
 
 
-def small_reason(largest: int) -> str:
-    """Why a run whose largest product is LARGEST (under SMALL_PRODUCT) gets one thread."""
+def one_thread_reason(features: StepFeatures, pieces: bool) -> Optional[str]:
+    """Why a run of FEATURES trains fastest on one thread even with a second core idle, or
+    None (then it gets the free cores). PIECES: the device splits large products into pieces
+    on its pool's threads (with OpenBLAS's threads doing the products, a second thread loses
+    on programs of small products; with the pieces it gains on every program but the tiny
+    ones)."""
+    if pieces:
+        if features.product_macs < STEP_PRODUCTS:
+            return (f"the step's products are {features.product_macs:,} multiply-adds, under {STEP_PRODUCTS:,}: "
+                    "too little work to share between threads")
+        return None
+    largest = features.largest_product
     if largest < TINY_PRODUCT:
         return f"the largest product is {largest:,} multiply-adds: threads cannot help it"
-    return (f"the largest product is {largest:,} multiply-adds, under {SMALL_PRODUCT:,}: "
-            "a program of products this size trains faster on one thread")
+    if largest < SMALL_PRODUCT:
+        return (f"the largest product is {largest:,} multiply-adds, under {SMALL_PRODUCT:,}: "
+                "a program of products this size trains faster on one thread when the BLAS's threads compute them")
+    return None
+
+
+def pieces_in_use(backend: Any) -> bool:
+    """Whether BACKEND, given two threads or more, splits large products into pieces on its
+    own threads (the compiled CPU device, where the BLAS gives a piece the whole product's bits)."""
+    probe = getattr(backend, "pieces_available", None)
+    return bool(probe()) if probe is not None else False
 
 
 def user_threads(requested: Optional[int], environ: Mapping[str, str], cores: int) -> Optional[ThreadPlan]:

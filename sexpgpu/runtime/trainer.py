@@ -26,6 +26,8 @@ from .init import initial_value
 from .numpy_backend import NonFiniteNode, first_nonfinite
 from .ranks import Collective, rows_of
 
+STREAM_KEYS = frozenset({"epoch", "examples", "tokens"})  # the ctx keys read from the loader streams' states
+
 
 @dataclass(frozen=True)
 class StepResult:
@@ -121,6 +123,7 @@ class Trainer:
         self.kept_grads = frozenset(grads) if self.world == 1 or self.resident_reduce else frozenset()
         self.ctx_names = [name for name in self.update_program.input_ids if name.startswith("ctx.")]
         self.ctx_arrays = {name: np.zeros((), dtype=np.float32) for name in self.ctx_names}
+        self.ctx_keys = frozenset(name[4:] for name in self.ctx_names)
         self.started = time.time()
         self.last_loss = float("nan")
         self.lr_scale = 1.0
@@ -128,18 +131,22 @@ class Trainer:
         self.stage_index = self.stage_names.index(self.stage)
         self.microbatches = experiment.run.microbatches
 
-    def ctx_values(self) -> dict[str, float]:
-        """Every ctx key at this step boundary (runfile.md's list)."""
-        examples, tokens = self.seen()
-        elapsed = time.time() - self.started
-        if self.ranks is not None:  # every rank must see rank 0's clock, or stages could diverge
-            elapsed = self.ranks.broadcast(elapsed)
-        return {
-            "step": float(self.step), "epoch": float(self.stream.state().epoch), "examples": float(examples),
-            "tokens": float(tokens), "stage": float(self.stage_index), "elapsed": elapsed,
-            "loss": self.last_loss, "seed": float(self.experiment.run.seed), "rank": float(self.rank), "world-size": float(self.world),
-            "microbatch": float(self.microbatches), "lr-scale": self.lr_scale,
-        }
+    def ctx_values(self, keys: Optional[frozenset[str]] = None) -> dict[str, float]:
+        """Every ctx key at this step boundary (runfile.md's list); with KEYS, at least those
+        (the streams' counts and the clock only when KEYS asks for them: the per-step feeds)."""
+        values = {"step": float(self.step)}
+        if keys is None or not keys.isdisjoint(STREAM_KEYS):
+            examples, tokens = self.seen()
+            values.update({"epoch": float(self.stream.state().epoch), "examples": float(examples), "tokens": float(tokens)})
+        values["stage"] = float(self.stage_index)
+        if keys is None or "elapsed" in keys:
+            elapsed = time.time() - self.started
+            if self.ranks is not None:  # every rank must see rank 0's clock, or stages could diverge
+                elapsed = self.ranks.broadcast(elapsed)
+            values["elapsed"] = elapsed
+        values.update({"loss": self.last_loss, "seed": float(self.experiment.run.seed), "rank": float(self.rank), "world-size": float(self.world),
+                       "microbatch": float(self.microbatches), "lr-scale": self.lr_scale})
+        return values
 
     def seen(self) -> tuple[int, int]:
         """Examples and tokens seen so far, over every stage's stream."""
@@ -149,7 +156,7 @@ class Trainer:
     def ctx_feeds(self) -> dict[str, np.ndarray]:
         if not self.ctx_names:
             return {}
-        values = self.ctx_values()
+        values = self.ctx_values(self.ctx_keys)
         for name in self.ctx_names:
             self.ctx_arrays[name][...] = values[name[4:]]
         return self.ctx_arrays

@@ -157,10 +157,16 @@ class CpuRuntime:
             self.library.sx_pool_free(self.pool)
         self.pool = self.library.sx_pool_new(threads, PARALLEL_WORK)
         self.threads = threads
-        if threads > 1 and self.exact_pieces is None:
-            self.exact_pieces = self.blas.set_threads is not None and self.pieces_exact()
-        self.split_gemms = threads > 1 and bool(self.exact_pieces)
+        self.split_gemms = threads > 1 and self.pieces_available()
         self.library.sx_pool_split_gemms(self.pool, int(self.split_gemms))
+
+    def pieces_available(self) -> bool:
+        """Whether, with two threads or more, the pool splits the large products into pieces
+        (the BLAS gives a piece the whole product's bits, and lets this device hold it to one
+        thread): probed once."""
+        if self.exact_pieces is None:
+            self.exact_pieces = self.blas.set_threads is not None and self.pieces_exact()
+        return self.exact_pieces
 
     def pieces_exact(self) -> bool:
         """Whether the BLAS computes a gemm's pieces in the bits of the whole product (on one thread)."""
@@ -273,7 +279,7 @@ class Tape:
         self.refs: list[Ref] = []
         self.workspace_floats = 0
         self.most_args = 1
-        self.built: Optional[tuple[Any, Any, Any, Any]] = None
+        self.built: Optional[tuple[Any, Any, Any, Any, int]] = None
 
     def add_kernel(self, function: int, kernel: HostKernel, size: int, refs: list[Ref]) -> None:
         self.ops.append(SxOp(kind=0, nargs=len(refs), first=len(self.refs), size=size, work=kernel.work, fn=function))
@@ -292,17 +298,17 @@ class Tape:
         if bf16:
             self.workspace_floats = max(self.workspace_floats, call.m * call.k + call.k * call.n + call.m * call.n)
 
-    def build(self) -> tuple[Any, Any, Any, Any]:
+    def build(self) -> tuple[Any, Any, Any, Any, int]:
         if self.built is None:
             ops = (SxOp * max(1, len(self.ops)))(*self.ops)
             refs = (SxRef * max(1, len(self.refs)))(*[SxRef(base=b, offset=o) for b, o in self.refs])
             scratch = (ctypes.c_void_p * self.most_args)()
             workspace = np.empty(max(1, self.workspace_floats), dtype=np.float32)
-            self.built = (ops, refs, scratch, workspace)
+            self.built = (ops, refs, scratch, workspace, workspace.ctypes.data)
         return self.built
 
     def run(self, bases: Union[list[int], Any], count: int = 0) -> None:
-        ops, refs, scratch, workspace = self.build()
+        ops, refs, scratch, _, workspace = self.build()
         if not isinstance(bases, ctypes.Array):
             bases = (ctypes.c_void_p * len(bases))(*bases)
         runtime = self.runtime
@@ -312,7 +318,7 @@ class Tape:
         if before > 1:
             blas.set_threads(1)
         try:
-            runtime.library.sx_run(runtime.pool, ops, len(self.ops), refs, bases, scratch, blas.sgemm, int(blas.int64), workspace.ctypes.data)
+            runtime.library.sx_run(runtime.pool, ops, len(self.ops), refs, bases, scratch, blas.sgemm, int(blas.int64), workspace)
         finally:
             if before > 1:
                 blas.set_threads(before)
@@ -401,8 +407,16 @@ class CpuProgram(LoweredProgram):
         self.first_tape, self.later_tape, self.refs = self.record()
         self.base_array = (ctypes.c_void_p * (1 + len(self.input_ids)))()
         self.base_array[0] = self.memory.ctypes.data
-        self.input_order = list(self.input_ids.items())
+        self.input_order = [(name, self.input_types[name], tuple(self.input_types[name].shape)) for name in self.input_ids]
+        # the arrays whose addresses are in base_array now (held, so that no other array takes
+        # an address while it is there): a feed that is the same array as last run is not
+        # looked at again (a model's parameters, its state, the gradients of its train program)
+        self.held: list[Any] = [None] * len(self.input_order)
         self.fixed = {vid: self.views_of(ref) for vid, ref in self.refs.items() if ref.base == 0}
+        # each output: its fixed view in the arena (None: it lives in an input's array) and
+        # whether the host reads that view as it is (every dtype but bf16's bits and bool's bytes)
+        self.output_plan = [(name, vid, self.fixed.get(vid), self.types[vid].dtype not in (DType.bf16, DType.bool))
+                            for name, vid in self.outputs.items()]
 
     def schedule(self, lowering: Lowering) -> None:
         host_schedule(lowering, self.runtime.cache_bytes)
@@ -447,11 +461,16 @@ class CpuProgram(LoweredProgram):
         return tapes[True], tapes[False], refs
 
     def run(self, feeds: dict[str, Any], keep: frozenset[str] = frozenset(), ready: Optional[Ready] = None) -> dict[str, Any]:
-        device, types = self.device, self.types
-        inputs = [device.to_device(feeds[name], self.input_types[name]) for name, _ in self.input_order]
-        bases = self.base_array
-        for k, array in enumerate(inputs):
-            bases[k + 1] = array.ctypes.data
+        device, types, held, bases = self.device, self.types, self.held, self.base_array
+        inputs = []
+        for k, (name, t, shape) in enumerate(self.input_order):
+            host = feeds[name]
+            if host is not held[k] or host.shape != shape:
+                array = device.to_device(host, t)
+                bases[k + 1] = array.ctypes.data
+                held[k] = array if array is host else None  # a converted copy lives for this run only
+                host = array
+            inputs.append(host)
         for part in self.first_tape if not self.made_once else self.later_tape:
             if isinstance(part, Tape):
                 part.run(bases)
@@ -459,9 +478,9 @@ class CpuProgram(LoweredProgram):
                 self.run_python_step(part.index, inputs)
         self.made_once = True
         out = {}
-        for name, vid in self.outputs.items():
-            value = self.fixed[vid] if vid in self.fixed else self.views_of(self.refs[vid], inputs)
-            out[name] = value if name in keep else device.to_host(value, types[vid])
+        for name, vid, fixed, plain in self.output_plan:
+            value = fixed if fixed is not None else self.views_of(self.refs[vid], inputs)
+            out[name] = value if plain or name in keep else device.to_host(value, types[vid])
         if ready is not None:
             for name in keep:
                 if name in out:
@@ -505,4 +524,7 @@ class CpuBackend(DeviceBackend):
 
     def set_threads(self, threads: int) -> None:
         self.runtime.set_threads(threads)
+
+    def pieces_available(self) -> bool:
+        return self.runtime.pieces_available()
 
