@@ -651,6 +651,7 @@ class Supervision:
                 ended.append((record, gang, outcome))
         if any(outcome.preempted for _, _, outcome in ended):
             driver.notice_lost_nodes()
+        released: list[int] = []
         for record, _, outcome in ended:
             counted = not outcome.preempted or driver.tolerant("read a lost attempt's status", functools.partial(self.new_loss, record), True)
             if not ended_itself(outcome):
@@ -661,7 +662,12 @@ class Supervision:
                 else:  # still leased by this driver: started on a later round
                     self.reserved.append(record.point)
             else:
-                driver.tolerant("release a lease", functools.partial(driver.leases.release, record.point), None)
+                released.append(record.point)
+        # the round's ended points let go together (each a request or two that waits on the store)
+        driver.tolerant("release a lease", functools.partial(self.release, released), None)
+
+    def release(self, points: list[int]) -> None:
+        concurrently(self.driver.leases.release, points)
 
     def new_loss(self, record: PointRecord) -> bool:
         """Whether a lost attempt of RECORD is a new loss. One whose worker died before its

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -188,3 +189,24 @@ def test_a_round_reads_the_store_only_for_points_another_driver_holds(tmp_path: 
     reads.clear()
     supervision.follow_others()  # again within FOLLOW_EVERY_S: nothing read
     assert reads == [] and FOLLOW_EVERY_S > 0
+
+
+def test_leases_on_a_local_folder_are_claimed_concurrently(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each lease on a local folder is an exclusive create with two fsyncs: claimed one after
+    the other, a batch waited on the disk in turn (146 of a 10,000-point driver's 239 s).
+    Each create here waits until both began; of two claimants each lease still has one."""
+    from sexpgpu.runtime.lease import Leases
+
+    store = Store.open(str(tmp_path))
+    together = threading.Barrier(2, timeout=60)
+    create_new = Store.create_new
+
+    def when_both_began(self: Store, path: str, data: bytes) -> bool:
+        together.wait()  # one create after the other: broken after the timeout, and the claim fails
+        return create_new(self, path, data)
+
+    monkeypatch.setattr(Store, "create_new", when_both_began)
+    paths = [f"{PREFIX}/leases/point-{i:04d}.json" for i in range(2)]
+    assert Leases(store, "driver-a").claim(paths) == paths
+    monkeypatch.undo()
+    assert Leases(Store.open(str(tmp_path)), "driver-b").claim(paths) == []
