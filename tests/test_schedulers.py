@@ -55,6 +55,31 @@ def test_asha_decides_each_point_among_those_decided_at_the_rung_before_it() -> 
     assert sorted(again.pruned()) == [1, 3]
 
 
+def test_a_worker_that_keeps_what_it_read_reads_each_decision_once_and_decides_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 points decided at a rung one after another, as a worker trains them, each through a
+    scheduler of its own (one per attempt) sharing what the worker read: each decision is
+    read once (was every earlier one at each decision: 780 reads), and every decision is what
+    a scheduler reading them all decides."""
+    values = [((7 * i) % 40) / 40 for i in range(40)]
+    fresh = Asha(plan("asha"), book("asha-fresh"), {})
+    expected = [fresh.on_result(p, 10, v) for p, v in enumerate(values)]
+    store = Store.open("memory://schedulers-asha-seen")
+    reads: list[str] = []
+    original = Store.read_bytes
+
+    def recording(self: Store, path: str, *args: Any, **kwargs: Any) -> bytes:
+        reads.append(path)
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "read_bytes", recording)
+    seen: dict[str, Decision] = {}
+    got = [Asha(plan("asha"), DecisionBook(store, PREFIX, seen), {}).on_result(p, 10, v) for p, v in enumerate(values)]
+    assert got == expected and expected.count("stop") > 10
+    earlier = [r for r in reads if r.startswith(f"{PREFIX}/decisions/rung-1/")]
+    assert len(earlier) == 2 * 40 + 39, len(earlier)  # each point's own: looked for, then after the put; each earlier one once
+    assert [d.model_dump() for d in DecisionBook(store, PREFIX).at_rung(1)] == [d.model_dump() for d in fresh.book.at_rung(1)]
+
+
 def test_the_median_rule_stops_a_point_worse_than_the_median_of_the_others_at_the_rung() -> None:
     median = MedianStopping(plan("median"), book("median"), {})
     assert [median.on_result(p, 10, v) for p, v in enumerate([0.5, 0.9, 0.1])] == ["continue"] * 3  # fewer than 3 others: no median yet
