@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import REPO, wait_for
+from conftest import REPO, recorded_reads, wait_for
 from sexpgpu.ir.experiment import Halving, Scheduler
 from sexpgpu.runtime.events import read_events
 from sexpgpu.runtime.store import Store
@@ -64,14 +64,7 @@ def test_a_worker_that_keeps_what_it_read_reads_each_decision_once_and_decides_a
     fresh = Asha(plan("asha"), book("asha-fresh"), {})
     expected = [fresh.on_result(p, 10, v) for p, v in enumerate(values)]
     store = Store.open("memory://schedulers-asha-seen")
-    reads: list[str] = []
-    original = Store.read_bytes
-
-    def recording(self: Store, path: str, *args: Any, **kwargs: Any) -> bytes:
-        reads.append(path)
-        return original(self, path, *args, **kwargs)
-
-    monkeypatch.setattr(Store, "read_bytes", recording)
+    reads = recorded_reads(monkeypatch)
     seen: dict[str, Decision] = {}
     got = [Asha(plan("asha"), DecisionBook(store, PREFIX, seen), {}).on_result(p, 10, v) for p, v in enumerate(values)]
     assert got == expected and expected.count("stop") > 10

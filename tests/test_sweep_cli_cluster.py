@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, recorded_reads
 from sexpgpu.runtime.store import Store
 
 pytestmark = pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
@@ -83,20 +83,13 @@ def test_a_large_sweep_s_live_table_is_a_summary_and_the_running_rows_at_a_cost_
         StatusWriter(store, p.slug).write(Status(state="running", step=7, steps=50, metrics={"loss": 1.5}))
     for p in points[40:100]:
         p.state, p.steps, p.final_loss = "finished", 50, 0.5 + p.point / 1e3
-    reads: list[str] = []
-    original = Store.read_bytes
-
-    def recording(self: Store, path: str, *args: object, **kwargs: object) -> bytes:
-        reads.append(path)
-        return original(self, path, *args, **kwargs)
-
     screen = Terminal()
     now = [0.0]
     table = LiveTable(screen, store, enabled=True, height=20, clock=lambda: now[0])
     table(ledger, False)  # a first look at every point (as after a halving stage)
     now[0] += STATUS_EVERY_S
     points.walked = True
-    monkeypatch.setattr(Store, "read_bytes", recording)
+    reads = recorded_reads(monkeypatch)
     running = points[:40]
     points[40].state, points[40].final_loss = "failed", None  # the best one failed after all: found again
     points[0].state, points[0].final_loss, points[0].steps = "finished", 0.25, 50

@@ -10,10 +10,10 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from conftest import recorded_reads
 from sexpgpu.sweeps.ledger import LedgerStore, PointRecord, SweepLedger
 from sexpgpu.runtime.lease import Lease
 from sexpgpu.runtime.store import Store
@@ -173,14 +173,7 @@ def test_a_round_reads_the_store_only_for_points_another_driver_holds(tmp_path: 
         ledger.points[point].state = "leased"
     lease = Lease(holder="other-driver", host="elsewhere", pid=1, heartbeat=time.time())
     driver.store.write_text(driver.leases.key(150), lease.model_dump_json())
-    reads: list[str] = []
-    original = Store.read_bytes
-
-    def recording(self: Store, path: str, *args: Any, **kwargs: Any) -> bytes:
-        reads.append(path)
-        return original(self, path, *args, **kwargs)
-
-    monkeypatch.setattr(Store, "read_bytes", recording)
+    reads = recorded_reads(monkeypatch)
     supervision = Supervision(driver, ledger)
     supervision.follow_others()
     assert sorted(reads) == sorted(["grid-0003-abcdef/status.json", driver.leases.key(3), "grid-0150-abcdef/status.json", driver.leases.key(150)])
