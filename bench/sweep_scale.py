@@ -18,7 +18,7 @@ Prints, for each N:
 - driver req/point: store requests the driver itself sent (a botocore hook on its client),
   by kind (PUT, GET, LIST, HEAD, DELETE);
 - all req/point: every request the S3 server answered over the sweep (the workers' too);
-- ledger B/point: bytes of the ledger (sweep.json, points/) the driver wrote;
+- ledger B/point: bytes of the ledger (sweep.json, journal/) the driver wrote;
 and below the table the driver's RSS before the sweep, its CPU per point by thread (the
 threads still running at the end) and, with --requests, its requests per point by what they
 are for (the path with slugs and numbers as N).
@@ -27,6 +27,20 @@ are for (the path with slugs and numbers as N).
     python bench/sweep_scale.py --n 10000          # long: 10,000 one-step points to train
 
 --profile OUT writes the driver's cProfile statistics (pstats) per N to OUT.N.
+
+--no-train measures the driver alone, without training and without Ray's workers: one real
+attempt of the first point is trained first (at --max-steps 1, into the store), and every
+attempt the driver then launches ends at once with that attempt's outcome (its slug, its
+steps, its loss), through a Ray object put in the driver's own local Ray of
+--nodes x --cpus-per-node CPUs (so that as many points run at once). What runs is the
+driver's own code: the points compiled as `sweep --ray` compiles them (shape groups, one
+compile per group, each point bound), their bundles written, the ledger (its journal and
+snapshots), leases claimed and renewed, the status reads, the rounds' bookkeeping, and the
+live table (drawn to a terminal that is not shown, every round). What it does not cover:
+the workers (their start, compile and training, their store requests) and Ray's scheduling
+of actors, preemptions, node loss, another driver, and halving (no scheduler is asked).
+
+    python bench/sweep_scale.py --no-train --n 100 1000 10000 --nodes 100 --local
 """
 
 from __future__ import annotations
@@ -108,7 +122,7 @@ class Counted:
         self.kinds[kind] += 1
         path = url.split("?", 1)[0]
         self.shapes[f"{kind} {shape(url)}"] += 1
-        if method == "PUT" and "/sweeps/" in path and (path.endswith("/sweep.json") or "/points/" in path):
+        if method == "PUT" and "/sweeps/" in path and (path.endswith("/sweep.json") or "/journal/" in path):
             self.ledger_bytes += int(request.headers.get("Content-Length", 0))
 
 
@@ -180,8 +194,69 @@ def first_step(store: Any, slugs: list[str]) -> Optional[float]:
     return min(times) if times else None
 
 
-def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str], verbose: bool = False) -> dict[str, Any]:
+class Screen:
+    """A terminal nobody watches: what the live table writes is counted, not shown."""
+
+    def __init__(self) -> None:
+        self.chars = 0
+        self.draws = 0
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.chars += len(text)
+        self.draws += text.count("\n") >= 2  # a table (its lines in one write), not a log line
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+class EndedAtOnce:
+    """Stands in for orchestration.gang.Gang under --no-train: the attempt is over as soon as
+    it starts, with the outcome a real attempt of the sweep ended with (OUTCOME), given the
+    point's slug (the driver's on_launch names it)."""
+
+    outcome: Any = None
+
+    def __init__(self, *_: Any, **__: Any) -> None:
+        import ray
+
+        self.ray = ray
+        self.refs: list[Any] = []
+        self.slug = ""
+
+    def start(self, request: Any) -> None:
+        self.refs = [self.ray.put(None)]
+
+    def collect(self, ref: Any) -> Any:
+        return type(self).outcome.model_copy(update={"slug": self.slug, "folder": None})
+
+    def release(self, idle: list[Any]) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def real_outcome(path: Path, url: str) -> Any:
+    """The outcome of one real attempt of the sweep's first point, at --max-steps 1."""
+    from sexpgpu.ir.experiment import Selection
+    from sexpgpu.session import Session, Settings
+
+    session = Session(Settings(store=url, max_steps=1))
+    compiled, refusal = session.compile_sweep(path, "grid", 1, Selection())
+    assert refusal is None and compiled, refusal
+    outcome = session.train(compiled[0])
+    assert outcome.exit_code == 0, outcome
+    return outcome
+
+
+def measure(root: Path, n: int, url: str, log: Optional[Path], profile: Optional[str], verbose: bool = False, no_train: bool = False) -> dict[str, Any]:
+    import orchestration.driver as driver_module
     from orchestration.driver import Driver, streamed_points
+    from sexpgpu.cli.sweeps import LiveTable
     from sexpgpu.runtime.store import Store
     from sexpgpu.session import Session, Settings
 
@@ -194,9 +269,26 @@ def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str], ver
         if verbose:
             print(f"{time.time() - began:7.2f} s {rss_kb() / 1024:6.0f} MB  {line}", file=sys.stderr, flush=True)
 
-    driver = Driver(path, "grid", url, None, None, 1, say=say, on_launch=lambda *_: launches.append(time.time()))
-    counted = count_requests(driver.store)
-    before = server_requests(log)
+    def launched(record: Any, gang: Any) -> None:
+        launches.append(time.time())
+        gang.slug = record.slug
+
+    table: Optional[LiveTable] = None
+    screen = Screen()
+    if no_train:
+        EndedAtOnce.outcome = real_outcome(path, f"{url}/template")
+        driver_module.Gang = EndedAtOnce  # type: ignore[misc,assignment]
+        table = LiveTable(screen, Store.open(url), enabled=True, height=40)
+        say_to = say
+
+        def say(line: str) -> None:  # the driver's lines go above the live table, as on a terminal
+            assert table is not None
+            table.say(line)
+            say_to(line)
+
+    driver = Driver(path, "grid", url, None, None, 1, say=say, on_launch=launched, table=table)
+    counted = count_requests(driver.store) if not driver.store.is_local else Counted(Counter())
+    before = server_requests(log) if log is not None else 0
     rss = PeakRss()
     rss.start()
     profiler = cProfile.Profile() if profile else None
@@ -212,18 +304,19 @@ def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str], ver
     peak = rss.stop()
     threads = thread_cpu()
     threads.subtract(threads_before)
-    everything = server_requests(log) - before
+    everything = (server_requests(log) - before) if log is not None else 0
     bad = [(p.point, p.state, p.reason) for p in ledger.points if p.state not in ("finished", "truncated")]
     assert not bad, bad[:5]
     store = Store.open(url)
-    first = first_step(store, [p.slug for p in sorted(ledger.points, key=lambda p: p.point)[:8]])
+    first = None if no_train else first_step(store, [p.slug for p in sorted(ledger.points, key=lambda p: p.point)[:8]])
     driver_requests = sum(counted.kinds.values())
     return {
         "n": n, "wall_s": wall, "first_step_s": (first - started) if first else float("nan"), "first_launch_s": min(launches) - started,
         "cpu_ms": 1000 * cpu / n, "peak_mb": peak, "driver_req": driver_requests / n,
         "kinds": {k: v / n for k, v in sorted(counted.kinds.items())}, "all_req": everything / n,
-        "ledger_b": counted.ledger_bytes / n, "shapes": {k: v / n for k, v in counted.shapes.most_common()},
+        "ledger_b": driver.ledger_store.bytes_written / n, "shapes": {k: v / n for k, v in counted.shapes.most_common()},
         "base_mb": base_mb, "threads": {k: 1000 * v / n for k, v in threads.most_common() if v > 0},
+        "draws": screen.draws, "ledger_objects": len(store.list(f"sweeps/{path.stem}.grid/journal")),
     }
 
 
@@ -235,13 +328,21 @@ def main() -> None:
     parser.add_argument("--profile", metavar="OUT", help="write the driver's cProfile statistics to OUT.N")
     parser.add_argument("--verbose", action="store_true", help="the driver's lines on stderr, with the seconds since its start and its RSS")
     parser.add_argument("--requests", action="store_true", help="the driver's requests per point by what they are for")
+    parser.add_argument("--no-train", action="store_true", help="the driver alone: every attempt ends at once with a real attempt's outcome (see above)")
+    parser.add_argument("--local", action="store_true", help="a local folder for the store instead of S3 on loopback (requests are not counted)")
     parser.add_argument("--serve-moto", metavar="LOG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_moto:
         serve_moto(args.serve_moto)
         return
-    import ray
-    from ray.cluster_utils import Cluster
+    if args.local:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            (root / ".git").mkdir()
+            os.environ["SEXPGPU_CACHE"] = str(root / "cache")
+            rows = on_ray(args, root, lambda n: str(root / f"store{n}"), None)
+        report(args, rows)
+        return
 
     from s3_server import make_bucket, s3_env
 
@@ -257,21 +358,46 @@ def main() -> None:
             os.environ.pop(key, None)
         os.environ["SEXPGPU_CACHE"] = str(root / "cache")
         make_bucket(BUCKET, endpoint)
+        try:
+            rows = on_ray(args, root, lambda n: f"s3://{BUCKET}/store{n}", log)
+        finally:
+            assert server.stdin is not None
+            server.stdin.close()
+            server.wait(timeout=30)
+    report(args, rows)
+
+
+def on_ray(args: argparse.Namespace, root: Path, url_for: Any, log: Optional[Path]) -> list[dict[str, Any]]:
+    """Each N measured on a simulated cluster of --nodes raylets (--no-train: one local Ray of
+    as many CPUs, since no worker is started)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = None
+    if args.no_train:
+        ray.init(address="local", num_cpus=args.nodes * args.cpus_per_node, include_dashboard=False, log_to_driver=False)
+    else:
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": args.cpus_per_node, "include_dashboard": False})
         for _ in range(args.nodes - 1):
             cluster.add_node(num_cpus=args.cpus_per_node)
         ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
-        rows = []
-        try:
-            for n in args.n:
-                rows.append(measure(root, n, f"s3://{BUCKET}/store{n}", log, args.profile, args.verbose))
-        finally:
-            ray.shutdown()
+    rows = []
+    try:
+        for n in args.n:
+            rows.append(measure(root, n, url_for(n), log, args.profile, args.verbose, args.no_train))
+    finally:
+        ray.shutdown()
+        if cluster is not None:
             cluster.shutdown()
-            assert server.stdin is not None
-            server.stdin.close()
-            server.wait(timeout=30)
-    print(f"Ray sweep driver, {args.nodes} nodes x {args.cpus_per_node} CPU (raylets on one host), S3 on loopback (moto), --max-steps 1")
+    return rows
+
+
+def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    where = "a local folder" if args.local else "S3 on loopback (moto)"
+    if args.no_train:
+        print(f"Ray sweep driver alone (--no-train: attempts end at once), {args.nodes * args.cpus_per_node} points at once, {where}, --max-steps 1")
+    else:
+        print(f"Ray sweep driver, {args.nodes} nodes x {args.cpus_per_node} CPU (raylets on one host), {where}, --max-steps 1")
     print(f"{'N':>6}{'1st launch s':>14}{'1st step s':>12}{'wall s':>9}{'CPU ms/pt':>11}{'peak MB':>9}"
           f"{'driver req/pt':>15}{'all req/pt':>12}{'ledger B/pt':>13}")
     for r in rows:
@@ -281,6 +407,7 @@ def main() -> None:
         print(f"N={r['n']}: driver requests per point by kind: " + ", ".join(f"{k} {v:.2f}" for k, v in r["kinds"].items()))
         print(f"N={r['n']}: RSS before the sweep {r['base_mb']:.0f} MB; CPU ms per point by thread: "
               + ", ".join(f"{k} {v:.1f}" for k, v in r["threads"].items()))
+        print(f"N={r['n']}: live table drawn {r['draws']} times; journal objects left {r['ledger_objects']}")
         if args.requests:
             for what, per_point in r["shapes"].items():
                 print(f"    {per_point:7.2f}  {what}")

@@ -7,9 +7,10 @@ once as the cluster holds. A worker that dies is a preemption: the point is star
 with resume="latest" (unbounded unless max_preemptions is set) and every attempt is
 recorded in the ledger. A point that fails on its own (exit 1) is not retried.
 
-The ledger, under STORE/sweeps/STEM.SWEEP/, holds each point's state, attempts and slug: one
-record per point (points/SLUG.json), written when the point changes, and sweep.json, the whole
-ledger, written when the sweep starts and ends (sexpgpu.sweeps.ledger.LedgerStore). A lease per
+The ledger, under STORE/sweeps/STEM.SWEEP/, holds each point's state, attempts and slug: a
+journal (journal/), one object per round holding the records of the points that changed in
+it, and sweep.json, the whole ledger, written when the sweep starts and ends, into which the
+journal is folded (sexpgpu.sweeps.ledger.LedgerStore). A lease per
 point (leases/) makes sure two drivers never run the same point.
 
 The driver learns that a point ended from its workers' results (ray.wait on the attempts'
@@ -31,7 +32,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from collections import deque
-from typing import Any, Callable, Iterable, Iterator, Literal, Optional, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Literal, Optional, Protocol, TypeVar
 
 import ray
 from ray.actor import ActorHandle
@@ -96,6 +97,14 @@ def ray_logs() -> str:
         return "/tmp/ray/session_latest/logs"
 
 
+class Table(Protocol):
+    """The live table (the CLI's LiveTable): the ledger each round, with the points that
+    changed since the last round and those active now (None: look at every point)."""
+
+    def __call__(self, ledger: SweepLedger, final: bool, changed: Optional[list[PointRecord]] = None,
+                 active: Optional[list[PointRecord]] = None) -> None: ...
+
+
 class SweepError(Exception):
     """The sweep cannot start: REASON in the words a run would end with, and its exit CODE
     (4: the store, the cluster, missing software; 3 or 5: a point a bundle cannot carry)."""
@@ -109,7 +118,7 @@ class Driver:
     def __init__(
         self, path: Path, sweep: str, store_url: str, address: Optional[str], max_preemptions: Optional[int], max_steps: Optional[int],
         say: Callable[[str], None], on_launch: Optional[Callable[[PointRecord, Gang], None]] = None, devices: Optional[Devices] = None,
-        table: Optional[Callable[["SweepLedger", bool], None]] = None, capacity_wait_s: float = 900.0, data_roots: tuple[str, ...] = (),
+        table: Optional["Table"] = None, capacity_wait_s: float = 900.0, data_roots: tuple[str, ...] = (),
         retry_failed: bool = False,
     ) -> None:
         self.data_roots = data_roots
@@ -127,7 +136,7 @@ class Driver:
         self.id = uuid.uuid4().hex[:12]
         self.prefix = f"sweeps/{path.stem}.{sweep}"
         self.leases = PointLeases(self.store, self.prefix, self.id)
-        self.ledger_store = LedgerStore(self.store, self.prefix)
+        self.ledger_store = LedgerStore(self.store, self.prefix, self.id)
         self.capacity_wait_s = capacity_wait_s
         self.idle: list[ActorHandle] = []  # single workers whose point ended cleanly, for the next point
         self.steps: dict[str, int] = {}  # slug -> the run's own :steps
@@ -168,7 +177,7 @@ class Driver:
         return self.ledger_store.read()
 
     def write_points(self, records: list[PointRecord]) -> None:
-        """The records of RECORDS that changed, each to its own file (a round's writes)."""
+        """The records of RECORDS that changed, journalled in one object (a round's write)."""
         self.ledger_store.write_points(records)
 
     def write_ledger(self, ledger: SweepLedger) -> None:
@@ -430,9 +439,10 @@ class Driver:
             self.say(f"warning: could not {what}, the store is unreachable ({type(exc).__name__}); trying again in a few seconds")
             return fallback
 
-    def show(self, ledger: SweepLedger, final: bool = False) -> None:
+    def show(self, ledger: SweepLedger, final: bool = False, changed: Optional[list[PointRecord]] = None,
+             active: Optional[list[PointRecord]] = None) -> None:
         if self.table is not None:
-            self.table(ledger, final)
+            self.table(ledger, final, changed, active)
 
     def record_outcome(self, record: PointRecord, outcome: AttemptOutcome, counted: bool = True) -> bool:
         """Count an ended attempt into the point's record (a loss as a preemption unless it
@@ -468,6 +478,7 @@ class Supervision:
         self.never_began: set[int] = set()  # leased here with no status.json: no attempt of theirs ever began
         self.lost_at: dict[int, int] = {}  # point -> the attempt its run folder showed when its last loss was counted
         self.touched: set[int] = set()  # points changed since the ledger was last written
+        self.noted: set[int] = set()  # points changed since the table was last drawn that are not this driver's to write
         self.followed = 0.0  # when the other drivers' points were last read
         self.by_point: dict[int, PointRecord] = {}
         self.waiting: deque[int] = deque()  # open, to lease and start, in order
@@ -510,6 +521,13 @@ class Supervision:
         """The point records this round changed, and nothing else."""
         self.driver.write_points([self.by_point[p] for p in sorted(self.touched)])
         self.touched.clear()
+
+    def show(self) -> None:
+        """The live table: the points changed since it was last drawn, those active now."""
+        changed = [self.by_point[p] for p in sorted(self.touched | self.noted)]
+        active = [self.by_point[p] for p in itertools.chain(self.gangs, self.reserved, self.others)]
+        self.driver.show(self.ledger, changed=changed, active=active)
+        self.noted.clear()
 
     def unfinished(self) -> bool:
         """Whether anything is left to run, wait for or hand over."""
@@ -574,6 +592,7 @@ class Supervision:
                 if point not in won:  # another driver holds it (its to write): followed from now on
                     records[point].state = "leased"
                     self.others.add(point)
+                    self.noted.add(point)
             claimed = [records[p] for p in asked if p in won]
             try:
                 statuses = driver.statuses([r.slug for r in claimed])
@@ -632,6 +651,7 @@ class Supervision:
                 ended.append((record, gang, outcome))
         if any(outcome.preempted for _, _, outcome in ended):
             driver.notice_lost_nodes()
+        released: list[int] = []
         for record, _, outcome in ended:
             counted = not outcome.preempted or driver.tolerant("read a lost attempt's status", functools.partial(self.new_loss, record), True)
             if not ended_itself(outcome):
@@ -642,7 +662,12 @@ class Supervision:
                 else:  # still leased by this driver: started on a later round
                     self.reserved.append(record.point)
             else:
-                driver.tolerant("release a lease", functools.partial(driver.leases.release, record.point), None)
+                released.append(record.point)
+        # the round's ended points let go together (each a request or two that waits on the store)
+        driver.tolerant("release a lease", functools.partial(self.release, released), None)
+
+    def release(self, points: list[int]) -> None:
+        concurrently(self.driver.leases.release, points)
 
     def new_loss(self, record: PointRecord) -> bool:
         """Whether a lost attempt of RECORD is a new loss. One whose worker died before its
@@ -695,6 +720,7 @@ class Supervision:
         try:
             self.admit()
             driver.tolerant("lease free points", self.take_free_points, None)
+            self.show()
             driver.tolerant("write the ledger's changed points", self.write_touched, None)
             while self.unfinished():
                 done = self.wait_for_results()
@@ -709,7 +735,7 @@ class Supervision:
                 if not self.reserved and not self.waiting and self.fed():  # nothing of ours to start: idle workers give their CPUs/GPUs back
                     driver.drop_idle()
                 driver.lost_nodes.forget_dead()
-                driver.show(ledger)
+                self.show()
                 driver.tolerant("write the ledger's changed points", self.write_touched, None)
         finally:
             renewal.stop()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import pytest
 from threadpoolctl import threadpool_limits
@@ -61,3 +61,18 @@ def wait_for(test: Callable[[], bool], what: str, within_s: float = 300.0) -> No
         if time.monotonic() > deadline:
             raise AssertionError(f"never happened: {what}")
         time.sleep(0.02)
+
+
+def recorded_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths Store.read_bytes reads from now on, in order (the real read happens too)."""
+    from sexpgpu.runtime.store import Store
+
+    reads: list[str] = []
+    original = Store.read_bytes
+
+    def recording(self: Store, path: str, *args: Any, **kwargs: Any) -> bytes:
+        reads.append(path)
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "read_bytes", recording)
+    return reads

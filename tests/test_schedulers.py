@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import REPO, wait_for
+from conftest import REPO, recorded_reads, wait_for
 from sexpgpu.ir.experiment import Halving, Scheduler
 from sexpgpu.runtime.events import read_events
 from sexpgpu.runtime.store import Store
@@ -53,6 +53,24 @@ def test_asha_decides_each_point_among_those_decided_at_the_rung_before_it() -> 
     again = Asha(plan("asha"), asha.book, {})
     assert again.on_result(1, 10, 0.01) == "stop" and again.on_start(1) == "stop" and again.on_start(0) == "continue"
     assert sorted(again.pruned()) == [1, 3]
+
+
+def test_a_worker_that_keeps_what_it_read_reads_each_decision_once_and_decides_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 points decided at a rung one after another, as a worker trains them, each through a
+    scheduler of its own (one per attempt) sharing what the worker read: each decision is
+    read once (was every earlier one at each decision: 780 reads), and every decision is what
+    a scheduler reading them all decides."""
+    values = [((7 * i) % 40) / 40 for i in range(40)]
+    fresh = Asha(plan("asha"), book("asha-fresh"), {})
+    expected = [fresh.on_result(p, 10, v) for p, v in enumerate(values)]
+    store = Store.open("memory://schedulers-asha-seen")
+    reads = recorded_reads(monkeypatch)
+    seen: dict[str, Decision] = {}
+    got = [Asha(plan("asha"), DecisionBook(store, PREFIX, seen), {}).on_result(p, 10, v) for p, v in enumerate(values)]
+    assert got == expected and expected.count("stop") > 10
+    earlier = [r for r in reads if r.startswith(f"{PREFIX}/decisions/rung-1/")]
+    assert len(earlier) == 2 * 40 + 39, len(earlier)  # each point's own: looked for, then after the put; each earlier one once
+    assert [d.model_dump() for d in DecisionBook(store, PREFIX).at_rung(1)] == [d.model_dump() for d in fresh.book.at_rung(1)]
 
 
 def test_the_median_rule_stops_a_point_worse_than_the_median_of_the_others_at_the_rung() -> None:

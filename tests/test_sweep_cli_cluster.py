@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, recorded_reads
 from sexpgpu.runtime.store import Store
 
 pytestmark = pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
@@ -53,6 +53,56 @@ def test_the_live_table_redraws_in_place_and_keeps_log_lines_above(tmp_path: Pat
     assert text.index("preempted, resumed") < text.rindex("finished")
     table(ledger, True)
     assert screen.getvalue().endswith("\x1b[3F\x1b[J")  # the final table is the caller's to print
+
+
+class Untouchable(list):  # type: ignore[type-arg]
+    """A ledger's points that a redraw must not walk (it is handed what changed and what runs)."""
+
+    walked = False
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        if self.walked:
+            raise AssertionError("the live table walked every point of the sweep")
+        return super().__iter__()
+
+
+def test_a_large_sweep_s_live_table_is_a_summary_and_the_running_rows_at_a_cost_independent_of_n(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """10,000 points on a 20-line table: the counts by state, the best loss, and as many of
+    the running points as fit, their status read (and no other point's); a redraw looks only
+    at the points that changed and those active, never the whole sweep."""
+    from sexpgpu.cli.sweeps import STATUS_EVERY_S, LiveTable
+    from sexpgpu.runtime.status import Status, StatusWriter
+    from sexpgpu.sweeps.ledger import PointRecord, SweepLedger
+
+    store = Store.open(str(tmp_path))
+    points = Untouchable(PointRecord(point=i, slug=f"x.{i:05d}", knobs={"lr": i / 1e4}, planned=50) for i in range(10_000))
+    ledger = SweepLedger(file="x.lisp", sweep="lr", points=[])
+    ledger.points = points
+    for p in points[:40]:
+        p.state, p.attempts = "running", 1
+        StatusWriter(store, p.slug).write(Status(state="running", step=7, steps=50, metrics={"loss": 1.5}))
+    for p in points[40:100]:
+        p.state, p.steps, p.final_loss = "finished", 50, 0.5 + p.point / 1e3
+    screen = Terminal()
+    now = [0.0]
+    table = LiveTable(screen, store, enabled=True, height=20, clock=lambda: now[0])
+    table(ledger, False)  # a first look at every point (as after a halving stage)
+    now[0] += STATUS_EVERY_S
+    points.walked = True
+    reads = recorded_reads(monkeypatch)
+    running = points[:40]
+    points[40].state, points[40].final_loss = "failed", None  # the best one failed after all: found again
+    points[0].state, points[0].final_loss, points[0].steps = "finished", 0.25, 50
+    table(ledger, False, changed=[points[0], points[40]], active=running[1:])
+    monkeypatch.undo()
+    drawn = screen.getvalue().rpartition("\x1b[J")[2].splitlines()
+    assert len(drawn) <= 20, drawn
+    assert drawn[0] == "10000 points: 60 finished, 1 failed, 39 running, 9900 pending  best loss 0.25 (point 0)", drawn[0]
+    assert drawn[1].split()[:3] == ["point", "knobs", "steps"]
+    assert [line.split()[0] for line in drawn[2:-1]] == [str(i) for i in range(1, 18)]
+    assert all("7/50" in line and "running" in line for line in drawn[2:-1])
+    assert drawn[-1] == "  ... and 22 more running or about to"
+    assert sorted(reads) == sorted(f"x.{i:05d}/status.json" for i in range(1, 18)), reads
 
 
 def test_a_point_finished_under_a_smaller_max_steps_is_not_finished_for_the_full_sweep(tmp_path: Path) -> None:

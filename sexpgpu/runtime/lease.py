@@ -117,8 +117,8 @@ class Leases:
     def claim(self, paths: list[str], take_over: bool = False) -> list[str]:
         """Take every lease of PATHS that no live holder has (every one with TAKE_OVER: the
         caller knows their holders are gone); returns the paths now held."""
-        if self.store.is_local:
-            return [p for p in paths if self.create(p, take_over)]
+        if self.store.is_local:  # each an exclusive create, a few at once (each waits on its fsyncs, not the CPU)
+            return [p for p, won in zip(paths, self.each(lambda p: self.create(p, take_over), paths), strict=True) if won]
         if self.store.conditional_writes():  # each lease on its own: taken concurrently
             return [p for p, won in zip(paths, self.each(lambda p: self.take(p, take_over), paths), strict=True) if won]
         free = [p for p, elsewhere in zip(paths, self.each(lambda p: take_over or self.held_elsewhere(p) is None, paths), strict=True) if elsewhere]

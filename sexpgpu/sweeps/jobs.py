@@ -40,7 +40,7 @@ from ..runtime.stops import StopRequests
 from ..runtime.threads import free_cores, process_cores
 from ..runtime.store import DEFAULT_PATIENCE_S, Store
 from ..session import Session, Settings
-from .schedulers import SchedulerJob
+from .schedulers import Decision, SchedulerJob
 
 POLL_S = 0.02  # how often the sweep looks at its children's pipes and exits
 
@@ -308,11 +308,12 @@ def serve(jobs: TextIO, out: TextIO) -> int:
     """A worker: train each point of JOBS (one PointJob a line) through one session, write its
     outcome, then say DONE on OUT; end when JOBS does."""
     session: Optional[Session] = None
+    seen: dict[str, Decision] = {}  # the scheduler's decisions read for earlier points (each is written once)
     try:
         for line in jobs:
             job = PointJob.model_validate_json(line)
             session = session or Session(job.settings(), Quiet())
-            early = job.scheduler.early_stop(Store.open(job.store)) if job.scheduler is not None else None
+            early = job.scheduler.early_stop(Store.open(job.store), seen) if job.scheduler is not None else None
             outcome = session.run_file(Path(job.file), job.selection, max_steps=job.max_steps, max_steps_by=job.max_steps_by, early_stop=early)
             written = Path(job.outcome + ".partial")
             written.write_text(outcome.model_dump_json(), encoding="utf-8")

@@ -1,6 +1,6 @@
 """What a supervisor knows of a run's attempts, and a sweep of its points: one record per
 point, the same for a sweep on this machine and one over Ray (`sweep --json` prints it;
-the Ray driver keeps it in the store, one record per point: LedgerStore), and the rule that
+the Ray driver keeps it in the store, a journal of the points each round changed: LedgerStore), and the rule that
 counts an ended attempt into it.
 
 An attempt that finished ends the run. One that stopped resumably (exit 75: a signal, a
@@ -12,6 +12,8 @@ own failure, and is not retried.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+import time
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Optional, TypeVar
@@ -20,7 +22,7 @@ from pydantic import BaseModel, Field
 
 from ..outcome import AttemptOutcome, EvalSeen, Exit, TargetHit, bounded, evals_line
 from ..runtime.status import Status
-from ..runtime.store import Store
+from ..runtime.store import Store, StoreError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -156,22 +158,29 @@ def concurrently(action: Callable[[T], R], items: Iterable[T], workers: int = RE
 class LedgerStore:
     """A sweep's ledger in the store, under PREFIX (STORE/sweeps/STEM.SWEEP):
 
-    - `points/SLUG.json`: one PointRecord per point, written when that point changes;
+    - `journal/TIME-WRITER-N.jsonl`: the point records one round of a driver changed, one
+      line each, one object per round (named by the time it was written, so that a listing
+      gives the rounds of every driver in order);
     - `sweep.json`: the whole ledger, written when a sweep starts and ends (a snapshot for
-      whoever reads one file; a ledger of an older version is this file alone).
+      whoever reads one file). Writing it folds the journal objects read or written here
+      into it: they are removed once it is written.
 
-    Reading takes the snapshot and lays every point record over it (a point record is
-    written at every change of its point, so it is never older than the snapshot's)."""
+    Reading takes the snapshot and lays every journal line over it, by slug, in the
+    journal's order (a record is journalled at every change of its point, so the last one
+    is never older than the snapshot's). A ledger of an older version is `sweep.json` alone,
+    or with one record per point in `points/SLUG.json` (laid over it before the journal, and
+    folded into the next snapshot as the journal is)."""
 
-    def __init__(self, store: Store, prefix: str) -> None:
+    def __init__(self, store: Store, prefix: str, writer: str = "") -> None:
         self.store = store
         self.snapshot_path = f"{prefix}/sweep.json"
-        self.points_prefix = f"{prefix}/points"
+        self.points_prefix = f"{prefix}/points"  # an older version's records, read and folded
+        self.journal_prefix = f"{prefix}/journal"
+        self.writer = writer or uuid.uuid4().hex[:12]
         self.stored: dict[str, str] = {}  # slug -> the point record's JSON as the store holds it (read or written here)
+        self.folded: dict[str, set[str]] = {}  # journal objects (and old point records) read or written here -> their slugs
+        self.rounds = 0
         self.bytes_written = 0
-
-    def point_path(self, slug: str) -> str:
-        return f"{self.points_prefix}/{slug}.json"
 
     def read(self) -> Optional[SweepLedger]:
         """The ledger as the store holds it; None when there is none."""
@@ -179,41 +188,67 @@ class LedgerStore:
             snapshot: Optional[SweepLedger] = SweepLedger.model_validate_json(self.store.read_bytes(self.snapshot_path))
         except FileNotFoundError:
             snapshot = None
-        records = [r for r in concurrently(self.read_point, self.store.list(self.points_prefix)) if r is not None]
+        paths = [*sorted(self.store.list(self.points_prefix)), *sorted(self.store.list(self.journal_prefix))]
+        records: list[PointRecord] = []
+        for path, read in zip(paths, concurrently(self.read_records, paths), strict=True):
+            if read is None:  # removed since the listing: folded into a snapshot read above, or a later one
+                continue
+            records.extend(read)
+            self.folded[path] = {r.slug for r in read}
         if snapshot is None:
             if not records:
                 return None
             snapshot = SweepLedger(file="", sweep="", points=[])
         position = {p.slug: i for i, p in enumerate(snapshot.points)}
-        for record in records:
+        for record in records:  # in the journal's order: the last record of a point wins
+            self.stored[record.slug] = record.model_dump_json()
             if record.slug in position:
                 snapshot.points[position[record.slug]] = record
             else:
+                position[record.slug] = len(snapshot.points)
                 snapshot.points.append(record)
         return snapshot
 
-    def read_point(self, path: str) -> Optional[PointRecord]:
+    def read_records(self, path: str) -> Optional[list[PointRecord]]:
         try:
             text = self.store.read_text(path)
-        except FileNotFoundError:  # removed since the listing
+        except FileNotFoundError:
             return None
-        record = PointRecord.model_validate_json(text)
-        self.stored[record.slug] = record.model_dump_json()
-        return record
+        return [PointRecord.model_validate_json(line) for line in text.splitlines() if line.strip()]
 
     def write_points(self, records: Iterable[PointRecord]) -> int:
-        """Write the records of RECORDS that differ from what the store holds; how many."""
+        """Journal the records of RECORDS that differ from what the store holds, in one
+        object (one request however many changed); how many."""
         changed = [(r.slug, r.model_dump_json()) for r in records]
         changed = [(slug, text) for slug, text in changed if self.stored.get(slug) != text]
-        concurrently(lambda item: self.write_point(*item), changed)
+        if not changed:
+            return 0
+        self.rounds += 1
+        path = f"{self.journal_prefix}/{time.time_ns():020d}-{self.writer}-{self.rounds:06d}.jsonl"
+        text = "".join(f"{line}\n" for _, line in changed)
+        self.store.write_text(path, text)
+        self.bytes_written += len(text.encode())
+        self.folded[path] = {slug for slug, _ in changed}
+        self.stored.update(changed)
         return len(changed)
 
-    def write_point(self, slug: str, text: str) -> None:
-        self.store.write_text(self.point_path(slug), text)
-        self.stored[slug] = text
-        self.bytes_written += len(text.encode())
-
     def write_snapshot(self, ledger: SweepLedger) -> None:
+        """LEDGER as the snapshot; then the journal objects it holds every point of are
+        removed (one that names a point it lacks stays, laid over it)."""
         text = ledger.model_dump_json(indent=2)
         self.store.write_text(self.snapshot_path, text)
         self.bytes_written += len(text.encode())
+        held = {p.slug for p in ledger.points}
+        done = [path for path, slugs in self.folded.items() if slugs <= held]
+        for path, removed in zip(done, concurrently(self.remove, done), strict=True):
+            if removed:
+                del self.folded[path]
+
+    def remove(self, path: str) -> bool:
+        """Remove a journal object folded into the snapshot; False when the store is away
+        (it stays, laid over the snapshot with what the snapshot holds, and goes next time)."""
+        try:
+            self.store.delete(path)
+        except StoreError:
+            return False
+        return True

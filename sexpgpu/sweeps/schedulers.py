@@ -53,10 +53,16 @@ class Decision(BaseModel):
 
 class DecisionBook:
     """A sweep's decisions in the store, under PREFIX (STORE/sweeps/STEM.SWEEP):
-    `decisions/rung-K/point-NNNNN.json`, one Decision each, written once."""
+    `decisions/rung-K/point-NNNNN.json`, one Decision each, written once.
 
-    def __init__(self, store: Store, prefix: str) -> None:
+    SEEN, the decisions a process has read before (by URL; a worker that trains one point
+    after another keeps it): a decision is written once, so one read is enough, and a point
+    deciding at a rung reads only the decisions made there since (listed), not every one
+    made there before it; else each decision at a rung read them all, O(N^2) per sweep."""
+
+    def __init__(self, store: Store, prefix: str, seen: Optional[dict[str, Decision]] = None) -> None:
         self.store, self.prefix = store, f"{prefix}/decisions"
+        self.seen: dict[str, Decision] = {} if seen is None else seen
 
     def path(self, point: int, rung: int) -> str:
         return f"{self.prefix}/rung-{rung}/point-{point:05d}.json"
@@ -69,8 +75,14 @@ class DecisionBook:
 
     def at_rung(self, rung: int) -> list[Decision]:
         """The decisions stored at RUNG, by point."""
-        found = concurrently(lambda path: Decision.model_validate_json(self.store.read_bytes(path)), self.store.list(f"{self.prefix}/rung-{rung}"))
-        return sorted(found, key=lambda d: d.point)
+        return sorted(concurrently(self.read, self.store.list(f"{self.prefix}/rung-{rung}")), key=lambda d: d.point)
+
+    def read(self, path: str) -> Decision:
+        url = self.store.url_of(path)
+        decision = self.seen.get(url)
+        if decision is None:
+            decision = self.seen[url] = Decision.model_validate_json(self.store.read_bytes(path))
+        return decision
 
     def every(self, rungs: int) -> list[Decision]:
         return [d for rung in range(1, rungs + 1) for d in self.at_rung(rung)]
@@ -218,9 +230,10 @@ class MedianStopping(RungScheduler):
 SCHEDULERS: dict[Scheduler, type[RungScheduler]] = {"sync": SyncHalving, "asha": Asha, "median": MedianStopping}
 
 
-def scheduler_for(halving: Halving, store: Store, prefix: str, slugs: dict[int, str]) -> RungScheduler:
-    """The scheduler the defsweep's :halving names, its decisions in STORE under PREFIX."""
-    return SCHEDULERS[halving.scheduler](halving, DecisionBook(store, prefix), slugs)
+def scheduler_for(halving: Halving, store: Store, prefix: str, slugs: dict[int, str], seen: Optional[dict[str, Decision]] = None) -> RungScheduler:
+    """The scheduler the defsweep's :halving names, its decisions in STORE under PREFIX
+    (SEEN: those read before, DecisionBook)."""
+    return SCHEDULERS[halving.scheduler](halving, DecisionBook(store, prefix, seen), slugs)
 
 
 class SchedulerJob(BaseModel):
@@ -232,5 +245,6 @@ class SchedulerJob(BaseModel):
     point: int
     slug: str
 
-    def early_stop(self, store: Store) -> EarlyStop:
-        return scheduler_for(self.halving, store, self.prefix, {self.point: self.slug}).early_stop(self.point)
+    def early_stop(self, store: Store, seen: Optional[dict[str, Decision]] = None) -> EarlyStop:
+        """The attempt's hook; SEEN: the decisions this process read for earlier points."""
+        return scheduler_for(self.halving, store, self.prefix, {self.point: self.slug}, seen).early_stop(self.point)
