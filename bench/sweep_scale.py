@@ -25,8 +25,12 @@ are for (the path with slugs and numbers as N).
 
     python bench/sweep_scale.py [--n 100 1000] [--nodes 4] [--cpus-per-node 1] [--profile OUT] [--requests] [--verbose]
     python bench/sweep_scale.py --n 10000          # long: 10,000 one-step points to train
+    python bench/sweep_scale.py --n 1000 --first   # only the way to the first step (one N a run)
 
---profile OUT writes the driver's cProfile statistics (pstats) per N to OUT.N.
+--profile OUT writes the driver's cProfile statistics (pstats) per N to OUT.N. Each run also
+prints the first launched point's way to its first step: the driver's launch, its worker's
+first answer (the actor ready), the run's run.start and first step events; --first stops the
+sweep there (its actors are left to Ray's shutdown, so give one N per run).
 """
 
 from __future__ import annotations
@@ -180,7 +184,49 @@ def first_step(store: Any, slugs: list[str]) -> Optional[float]:
     return min(times) if times else None
 
 
-def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str], verbose: bool = False) -> dict[str, Any]:
+class FirstPoint:
+    """The first launched point's way to its first step, from the driver's side (its launch,
+    its worker's first answer) and the run's own events (run.start, the first step); with
+    STOP, the sweep is interrupted once that step is in (only the first step is measured)."""
+
+    def __init__(self, store: Any, stop: bool) -> None:
+        self.store, self.stop = store, stop
+        self.times: dict[str, float] = {}
+        self.thread: Optional[threading.Thread] = None
+        self.slug = ""
+
+    def launched(self, record: Any, gang: Any) -> None:
+        if self.thread is None:
+            self.times["launch"] = time.time()
+            self.thread = threading.Thread(target=self.follow, args=(record.slug, gang.workers[0]), daemon=True)
+            self.thread.start()
+
+    def follow(self, slug: str, worker: Any) -> None:
+        import _thread
+
+        import ray
+
+        self.slug = slug
+        ray.get(worker.where.remote())
+        self.times["actor ready"] = time.time()
+        if not self.stop:  # read once the sweep has ended (no requests of the bench's in the sweep's count)
+            return
+        while not self.read_events():
+            time.sleep(0.2)
+        _thread.interrupt_main()
+
+    def read_events(self) -> bool:
+        """The first point's run.start and first step from its events; False before that step."""
+        from sexpgpu.runtime.runfolder import RunFolder
+
+        kinds = {str(e.get("kind")): stamp(e) for e in reversed(RunFolder(self.store, self.slug).read_events())}
+        if "step" not in kinds:
+            return False
+        self.times["run.start"], self.times["first step"] = kinds.get("run.start", float("nan")), kinds["step"]
+        return True
+
+
+def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str], verbose: bool = False, first_only: bool = False) -> dict[str, Any]:
     from orchestration.driver import Driver, streamed_points
     from sexpgpu.runtime.store import Store
     from sexpgpu.session import Session, Settings
@@ -194,7 +240,13 @@ def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str], ver
         if verbose:
             print(f"{time.time() - began:7.2f} s {rss_kb() / 1024:6.0f} MB  {line}", file=sys.stderr, flush=True)
 
-    driver = Driver(path, "grid", url, None, None, 1, say=say, on_launch=lambda *_: launches.append(time.time()))
+    follower = FirstPoint(Store.open(url), first_only)
+
+    def launched(record: Any, gang: Any) -> None:
+        launches.append(time.time())
+        follower.launched(record, gang)
+
+    driver = Driver(path, "grid", url, None, None, 1, say=say, on_launch=launched)
     counted = count_requests(driver.store)
     before = server_requests(log)
     rss = PeakRss()
@@ -204,7 +256,15 @@ def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str], ver
     cpu, started = time.process_time(), time.time()
     if profiler is not None:
         profiler.enable()
-    ledger = driver.run(streamed_points(Session(Settings()), path, "grid", [{"lr": 0.01 + 0.0001 * i} for i in range(n)]))
+    try:
+        ledger = driver.run(streamed_points(Session(Settings()), path, "grid", [{"lr": 0.01 + 0.0001 * i} for i in range(n)]))
+    except KeyboardInterrupt:  # --first: stopped once the first step was in
+        if not first_only:
+            raise
+        return {"n": n, "first": {k: v - started for k, v in follower.times.items()}, "first_launch_s": min(launches) - started}
+    if follower.thread is not None:
+        follower.thread.join()
+        follower.read_events()
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(f"{profile}.{n}")
@@ -224,6 +284,7 @@ def measure(root: Path, n: int, url: str, log: Path, profile: Optional[str], ver
         "kinds": {k: v / n for k, v in sorted(counted.kinds.items())}, "all_req": everything / n,
         "ledger_b": counted.ledger_bytes / n, "shapes": {k: v / n for k, v in counted.shapes.most_common()},
         "base_mb": base_mb, "threads": {k: 1000 * v / n for k, v in threads.most_common() if v > 0},
+        "first": {k: v - started for k, v in follower.times.items()},
     }
 
 
@@ -235,6 +296,7 @@ def main() -> None:
     parser.add_argument("--profile", metavar="OUT", help="write the driver's cProfile statistics to OUT.N")
     parser.add_argument("--verbose", action="store_true", help="the driver's lines on stderr, with the seconds since its start and its RSS")
     parser.add_argument("--requests", action="store_true", help="the driver's requests per point by what they are for")
+    parser.add_argument("--first", action="store_true", help="stop each sweep once its first step is in: only the way to it is measured")
     parser.add_argument("--serve-moto", metavar="LOG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_moto:
@@ -264,13 +326,17 @@ def main() -> None:
         rows = []
         try:
             for n in args.n:
-                rows.append(measure(root, n, f"s3://{BUCKET}/store{n}", log, args.profile, args.verbose))
+                rows.append(measure(root, n, f"s3://{BUCKET}/store{n}", log, args.profile, args.verbose, args.first))
         finally:
             ray.shutdown()
             cluster.shutdown()
             assert server.stdin is not None
             server.stdin.close()
             server.wait(timeout=30)
+    for r in rows:
+        print(f"N={r['n']}: the first point, seconds from the sweep's start: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["first"].items(), key=lambda kv: kv[1])))
+    rows = [r for r in rows if "wall_s" in r]
     print(f"Ray sweep driver, {args.nodes} nodes x {args.cpus_per_node} CPU (raylets on one host), S3 on loopback (moto), --max-steps 1")
     print(f"{'N':>6}{'1st launch s':>14}{'1st step s':>12}{'wall s':>9}{'CPU ms/pt':>11}{'peak MB':>9}"
           f"{'driver req/pt':>15}{'all req/pt':>12}{'ledger B/pt':>13}")

@@ -50,7 +50,7 @@ from sexpgpu.sweeps.schedulers import SchedulerJob, SyncHalving, scheduler_for
 from .attempts import close_status, resume_from, worker_env
 from workers.train_worker import AttemptRequest
 
-from .gang import Devices, Gang
+from .gang import Devices, Gang, single_worker
 from .feed import BUNDLE_WRITERS, Feed
 from .leases import PointLeases
 from .nodes import LostNodes
@@ -137,6 +137,7 @@ class Driver:
         self.leases_used = False  # the first write of a run takes merge()'s view as it is
         self.table = table  # the live table (the CLI draws it; None: no table)
         self.lost_nodes = LostNodes(ray.nodes)  # nodes gone but not yet marked dead: no attempt is placed there
+        self.warmed = False  # the warm pool was started (warm_pool)
 
     # -- before anything runs ----------------------------------------------------------------------
     def preflight(self) -> None:
@@ -239,6 +240,8 @@ class Driver:
 
     def run_points(self, points: Iterable[SweepPoint], halving: Optional[Halving]) -> SweepLedger:
         self.preflight()
+        if ray.is_initialized():  # a Ray this driver did not start: its workers start while the first point compiles
+            self.warm_pool()
         feed = self.feed(points) if halving is None else None
         try:
             return self.on_ray(feed if feed is not None else points, halving)
@@ -266,6 +269,7 @@ class Driver:
             self.say(f"ray: {'a local Ray for this sweep' if self.address is None else self.address}; its logs: {ray_logs()}")
         try:
             self.wait_for_capacity()
+            self.warm_pool()
             if isinstance(points, Feed) or halving is None:
                 return self.stream(points if isinstance(points, Feed) else self.feed(points))
             records = self.bundles(list(points))
@@ -351,6 +355,18 @@ class Driver:
         if found:
             self.say(f"node {', '.join(sorted(n[:12] for n in found))} lost: no attempt is placed there")
             self.drop_idle()
+
+    def warm_pool(self) -> None:
+        """Once, before the first launch: a worker for each point the cluster holds at once,
+        started now and warming up (its process, the runtime's imports, its device:
+        TrainWorkerImpl.warm) while the first points compile and their bundles are written;
+        the launches take them from the idle workers. Not for points of several ranks: their
+        gangs are placed together (a placement group)."""
+        if self.warmed or self.devices.count != 1:
+            return
+        self.warmed = True
+        avoid = self.lost_nodes.selector()
+        self.idle.extend(single_worker(self.devices, worker_env(), avoid) for _ in range(self.capacity()))
 
     def drop_idle(self) -> None:
         for worker in self.idle:

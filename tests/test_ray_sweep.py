@@ -361,6 +361,32 @@ def test_the_first_point_trains_while_later_points_are_still_compiling(project: 
     assert [(p.point, p.state) for p in ledger.points] == [(0, "truncated"), (1, "truncated")], [(p.point, p.state, p.reason) for p in ledger.points]
 
 
+def test_the_workers_are_started_and_warm_before_the_first_point_is_compiled(project: Path, points: list[SweepPoint], ray_cluster: Any) -> None:
+    """The driver starts its workers (one for each point the cluster holds) before the first
+    point is handed over: the first point is handed over only once they all answer, with
+    their device open, and the first point runs on one of them (a driver that starts a
+    worker only when its first point is ready has none yet, and the wait fails)."""
+    from orchestration.driver import Driver
+
+    remote = project.parent / "warm"
+    warm: dict[int, Any] = {}
+    launched: list[int] = []
+
+    def gated() -> Iterator[SweepPoint]:
+        wait_for(lambda: len(driver.idle) == 2, "the driver's warm pool, before the first point is handed over", within_s=60)
+        warm.update({ray.get(w.where.remote(), timeout=120)["pid"]: w for w in driver.idle})
+        yield points[0]
+
+    def on_launch(_record: Any, gang: Any) -> None:
+        launched.append(ray.get(gang.workers[0].where.remote(), timeout=120)["pid"])
+
+    driver = Driver(project, "lrs", str(remote), None, None, 20, say=lambda _: None, on_launch=on_launch)
+    ledger = driver.run(gated())
+    assert [(p.point, p.state) for p in ledger.points] == [(0, "truncated")], [(p.point, p.state, p.reason) for p in ledger.points]
+    assert len(warm) == 2 and launched and launched[0] in warm, (sorted(warm), launched)
+    assert not driver.idle  # the pool's other worker gave its CPU back once nothing was left to start
+
+
 def test_a_point_that_does_not_check_stops_the_stream_after_the_points_started(project: Path, points: list[SweepPoint], ray_cluster: Any) -> None:
     """A point found not to check once others run: no later point starts, the started ones
     run to their end, and the sweep ends with that point's refusal and its exit code."""
