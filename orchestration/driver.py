@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from collections import deque
-from typing import Any, Callable, Iterable, Iterator, Literal, Optional, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Literal, Optional, Sized, TypeVar
 
 import ray
 from ray.actor import ActorHandle
@@ -76,14 +76,34 @@ def sweep_points(compiled: list[Compiled], knobs: list[dict[str, Any]]) -> list[
     return [SweepPoint(index=i, knobs=values, compiled=c) for i, (c, values) in enumerate(zip(compiled, knobs, strict=True))]
 
 
-def streamed_points(session: Session, path: Path, sweep: str, values: list[dict[str, Any]], base: Optional[Selection] = None) -> Iterator[SweepPoint]:
+class StreamedPoints:
+    """The points of a sweep as they are compiled (an iterator), and how many there will be."""
+
+    def __init__(self, points: Iterator[SweepPoint], count: int) -> None:
+        self.points, self.count = points, count
+
+    def __iter__(self) -> Iterator[SweepPoint]:
+        return self.points
+
+    def __next__(self) -> SweepPoint:
+        return next(self.points)
+
+    def __len__(self) -> int:
+        return self.count
+
+
+def streamed_points(session: Session, path: Path, sweep: str, values: list[dict[str, Any]], base: Optional[Selection] = None) -> StreamedPoints:
     """The points of SWEEP (their knob VALUES), each as soon as SESSION has compiled it
     (Session.stream_sweep); the first that does not check ends them with a SweepError (its
     diagnostics are printed; the driver starts no later point)."""
-    for i, prepared in session.stream_sweep(path, sweep, len(values), base):
-        if isinstance(prepared, AttemptOutcome):
-            raise SweepError(f"sweep {sweep}: point {i} does not check", prepared.exit_code)
-        yield SweepPoint(index=i, knobs=values[i], compiled=prepared)
+
+    def points() -> Iterator[SweepPoint]:
+        for i, prepared in session.stream_sweep(path, sweep, len(values), base):
+            if isinstance(prepared, AttemptOutcome):
+                raise SweepError(f"sweep {sweep}: point {i} does not check", prepared.exit_code)
+            yield SweepPoint(index=i, knobs=values[i], compiled=prepared)
+
+    return StreamedPoints(points(), len(values))
 
 
 def ray_logs() -> str:
@@ -138,6 +158,7 @@ class Driver:
         self.table = table  # the live table (the CLI draws it; None: no table)
         self.lost_nodes = LostNodes(ray.nodes)  # nodes gone but not yet marked dead: no attempt is placed there
         self.warmed = False  # the warm pool was started (warm_pool)
+        self.expected: Optional[int] = None  # how many points the sweep has, when known before they are compiled
 
     # -- before anything runs ----------------------------------------------------------------------
     def preflight(self) -> None:
@@ -240,6 +261,7 @@ class Driver:
 
     def run_points(self, points: Iterable[SweepPoint], halving: Optional[Halving]) -> SweepLedger:
         self.preflight()
+        self.expected = len(points) if isinstance(points, Sized) else None
         if ray.is_initialized():  # a Ray this driver did not start: its workers start while the first point compiles
             self.warm_pool()
         feed = self.feed(points) if halving is None else None
@@ -357,8 +379,8 @@ class Driver:
             self.drop_idle()
 
     def warm_pool(self) -> None:
-        """Once, before the first launch: a worker for each point the cluster holds at once,
-        started now and warming up (its process, the runtime's imports, its device:
+        """Once, before the first launch: a worker for each point the cluster holds at once
+        (no more than the sweep has, when known), started now and warming up (its process, the runtime's imports, its device:
         TrainWorkerImpl.warm) while the first points compile and their bundles are written;
         the launches take them from the idle workers. Not for points of several ranks: their
         gangs are placed together (a placement group)."""
@@ -366,7 +388,8 @@ class Driver:
             return
         self.warmed = True
         avoid = self.lost_nodes.selector()
-        self.idle.extend(single_worker(self.devices, worker_env(), avoid) for _ in range(self.capacity()))
+        count = self.capacity() if self.expected is None else min(self.capacity(), self.expected)
+        self.idle.extend(single_worker(self.devices, worker_env(), avoid) for _ in range(count))
 
     def drop_idle(self) -> None:
         for worker in self.idle:

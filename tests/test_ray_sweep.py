@@ -385,6 +385,12 @@ def test_the_workers_are_started_and_warm_before_the_first_point_is_compiled(pro
     assert [(p.point, p.state) for p in ledger.points] == [(0, "truncated")], [(p.point, p.state, p.reason) for p in ledger.points]
     assert len(warm) == 2 and launched and launched[0] in warm, (sorted(warm), launched)
     assert not driver.idle  # the pool's other worker gave its CPU back once nothing was left to start
+    # a sweep whose size is known starts no more workers than it has points
+    left_idle: list[int] = []
+    one = Driver(project, "lrs", str(project.parent / "warm-one"), None, None, 20, say=lambda _: None,
+                 on_launch=lambda _record, _gang: left_idle.append(len(one.idle)))
+    assert [p.state for p in one.run(points[:1]).points] == ["truncated"]
+    assert left_idle == [0], left_idle
 
 
 def test_a_point_that_does_not_check_stops_the_stream_after_the_points_started(project: Path, points: list[SweepPoint], ray_cluster: Any) -> None:
