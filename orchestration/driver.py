@@ -262,9 +262,9 @@ class Driver:
     def run_points(self, points: Iterable[SweepPoint], halving: Optional[Halving]) -> SweepLedger:
         self.preflight()
         self.expected = len(points) if isinstance(points, Sized) else None
-        if ray.is_initialized():  # a Ray this driver did not start: its workers start while the first point compiles
-            self.warm_pool()
         feed = self.feed(points) if halving is None else None
+        if ray.is_initialized():  # a Ray this driver did not start: its workers start while the first bundle is written
+            self.warm_pool()
         try:
             return self.on_ray(feed if feed is not None else points, halving)
         finally:
@@ -379,11 +379,13 @@ class Driver:
             self.drop_idle()
 
     def warm_pool(self) -> None:
-        """Once, before the first launch: a worker for each point the cluster holds at once
-        (no more than the sweep has, when known), started now and warming up (its process, the runtime's imports, its device:
-        TrainWorkerImpl.warm) while the first points compile and their bundles are written;
-        the launches take them from the idle workers. Not for points of several ranks: their
-        gangs are placed together (a placement group)."""
+        """Once, before the first launch (once the first point is compiled: on a machine it
+        shares with its workers, their starts would take the CPU from that compile): a worker
+        for each point the cluster holds at once (no more than the sweep has, when known),
+        started now and warming up (its process, the runtime's imports, its device:
+        TrainWorkerImpl.warm) while the first bundles are written and leased; the launches
+        take them from the idle workers. Not for points of several ranks: their gangs are
+        placed together (a placement group)."""
         if self.warmed or self.devices.count != 1:
             return
         self.warmed = True
