@@ -25,8 +25,12 @@ are for (the path with slugs and numbers as N).
 
     python bench/sweep_scale.py [--n 100 1000] [--nodes 4] [--cpus-per-node 1] [--profile OUT] [--requests] [--verbose]
     python bench/sweep_scale.py --n 10000          # long: 10,000 one-step points to train
+    python bench/sweep_scale.py --n 1000 --first   # only the way to the first step (one N a run)
 
---profile OUT writes the driver's cProfile statistics (pstats) per N to OUT.N.
+--profile OUT writes the driver's cProfile statistics (pstats) per N to OUT.N. Each run also
+prints the first launched point's way to its first step: the driver's launch, its worker's
+first answer (the actor ready), the run's run.start and first step events; --first stops the
+sweep there (its actors are left to Ray's shutdown, so give one N per run).
 
 --no-train measures the driver alone, without training and without Ray's workers: one real
 attempt of the first point is trained first (at --max-steps 1, into the store), and every
@@ -253,7 +257,50 @@ def real_outcome(path: Path, url: str) -> Any:
     return outcome
 
 
-def measure(root: Path, n: int, url: str, log: Optional[Path], profile: Optional[str], verbose: bool = False, no_train: bool = False) -> dict[str, Any]:
+class FirstPoint:
+    """The first launched point's way to its first step, from the driver's side (its launch,
+    its worker's first answer) and the run's own events (run.start, the first step); with
+    STOP, the sweep is interrupted once that step is in (only the first step is measured)."""
+
+    def __init__(self, store: Any, stop: bool) -> None:
+        self.store, self.stop = store, stop
+        self.times: dict[str, float] = {}
+        self.thread: Optional[threading.Thread] = None
+        self.slug = ""
+
+    def launched(self, record: Any, gang: Any) -> None:
+        if self.thread is None:
+            self.times["launch"] = time.time()
+            self.thread = threading.Thread(target=self.follow, args=(record.slug, gang.workers[0]), daemon=True)
+            self.thread.start()
+
+    def follow(self, slug: str, worker: Any) -> None:
+        import _thread
+
+        import ray
+
+        self.slug = slug
+        ray.get(worker.where.remote())
+        self.times["actor ready"] = time.time()
+        if not self.stop:  # read once the sweep has ended (no requests of the bench's in the sweep's count)
+            return
+        while not self.read_events():
+            time.sleep(0.2)
+        _thread.interrupt_main()
+
+    def read_events(self) -> bool:
+        """The first point's run.start and first step from its events; False before that step."""
+        from sexpgpu.runtime.runfolder import RunFolder
+
+        kinds = {str(e.get("kind")): stamp(e) for e in reversed(RunFolder(self.store, self.slug).read_events())}
+        if "step" not in kinds:
+            return False
+        self.times["run.start"], self.times["first step"] = kinds.get("run.start", float("nan")), kinds["step"]
+        return True
+
+
+def measure(root: Path, n: int, url: str, log: Optional[Path], profile: Optional[str], verbose: bool = False, no_train: bool = False,
+            first_only: bool = False) -> dict[str, Any]:
     import orchestration.driver as driver_module
     from orchestration.driver import Driver, streamed_points
     from sexpgpu.cli.sweeps import LiveTable
@@ -269,9 +316,13 @@ def measure(root: Path, n: int, url: str, log: Optional[Path], profile: Optional
         if verbose:
             print(f"{time.time() - began:7.2f} s {rss_kb() / 1024:6.0f} MB  {line}", file=sys.stderr, flush=True)
 
+    follower = FirstPoint(Store.open(url), first_only and not no_train)
+
     def launched(record: Any, gang: Any) -> None:
         launches.append(time.time())
         gang.slug = record.slug
+        if not no_train:
+            follower.launched(record, gang)
 
     table: Optional[LiveTable] = None
     screen = Screen()
@@ -287,6 +338,8 @@ def measure(root: Path, n: int, url: str, log: Optional[Path], profile: Optional
             say_to(line)
 
     driver = Driver(path, "grid", url, None, None, 1, say=say, on_launch=launched, table=table)
+    if no_train:
+        driver.warmed = True  # no worker is started: no warm pool either
     counted = count_requests(driver.store) if not driver.store.is_local else Counted(Counter())
     before = server_requests(log) if log is not None else 0
     rss = PeakRss()
@@ -296,7 +349,15 @@ def measure(root: Path, n: int, url: str, log: Optional[Path], profile: Optional
     cpu, started = time.process_time(), time.time()
     if profiler is not None:
         profiler.enable()
-    ledger = driver.run(streamed_points(Session(Settings()), path, "grid", [{"lr": 0.01 + 0.0001 * i} for i in range(n)]))
+    try:
+        ledger = driver.run(streamed_points(Session(Settings()), path, "grid", [{"lr": 0.01 + 0.0001 * i} for i in range(n)]))
+    except KeyboardInterrupt:  # --first: stopped once the first step was in
+        if not first_only:
+            raise
+        return {"n": n, "first": {k: v - started for k, v in follower.times.items()}, "first_launch_s": min(launches) - started}
+    if follower.thread is not None:
+        follower.thread.join()
+        follower.read_events()
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(f"{profile}.{n}")
@@ -317,6 +378,7 @@ def measure(root: Path, n: int, url: str, log: Optional[Path], profile: Optional
         "ledger_b": driver.ledger_store.bytes_written / n, "shapes": {k: v / n for k, v in counted.shapes.most_common()},
         "base_mb": base_mb, "threads": {k: 1000 * v / n for k, v in threads.most_common() if v > 0},
         "draws": screen.draws, "ledger_objects": len(store.list(f"sweeps/{path.stem}.grid/journal")),
+        "first": {k: v - started for k, v in follower.times.items()},
     }
 
 
@@ -330,6 +392,7 @@ def main() -> None:
     parser.add_argument("--requests", action="store_true", help="the driver's requests per point by what they are for")
     parser.add_argument("--no-train", action="store_true", help="the driver alone: every attempt ends at once with a real attempt's outcome (see above)")
     parser.add_argument("--local", action="store_true", help="a local folder for the store instead of S3 on loopback (requests are not counted)")
+    parser.add_argument("--first", action="store_true", help="stop each sweep once its first step is in: only the way to it is measured")
     parser.add_argument("--serve-moto", metavar="LOG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_moto:
@@ -384,7 +447,7 @@ def on_ray(args: argparse.Namespace, root: Path, url_for: Any, log: Optional[Pat
     rows = []
     try:
         for n in args.n:
-            rows.append(measure(root, n, url_for(n), log, args.profile, args.verbose, args.no_train))
+            rows.append(measure(root, n, url_for(n), log, args.profile, args.verbose, args.no_train, args.first))
     finally:
         ray.shutdown()
         if cluster is not None:
@@ -393,6 +456,11 @@ def on_ray(args: argparse.Namespace, root: Path, url_for: Any, log: Optional[Pat
 
 
 def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        if r.get("first"):
+            print(f"N={r['n']}: the first point, seconds from the sweep's start: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["first"].items(), key=lambda kv: kv[1])))
+    rows = [r for r in rows if "wall_s" in r]
     where = "a local folder" if args.local else "S3 on loopback (moto)"
     if args.no_train:
         print(f"Ray sweep driver alone (--no-train: attempts end at once), {args.nodes * args.cpus_per_node} points at once, {where}, --max-steps 1")

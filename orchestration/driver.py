@@ -32,7 +32,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from collections import deque
-from typing import Any, Callable, Iterable, Iterator, Literal, Optional, Protocol, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Literal, Optional, Protocol, Sized, TypeVar
 
 import ray
 from ray.actor import ActorHandle
@@ -51,7 +51,7 @@ from sexpgpu.sweeps.schedulers import SchedulerJob, SyncHalving, scheduler_for
 from .attempts import close_status, resume_from, worker_env
 from workers.train_worker import AttemptRequest
 
-from .gang import Devices, Gang
+from .gang import Devices, Gang, single_worker
 from .feed import BUNDLE_WRITERS, Feed
 from .leases import PointLeases
 from .nodes import LostNodes
@@ -77,14 +77,34 @@ def sweep_points(compiled: list[Compiled], knobs: list[dict[str, Any]]) -> list[
     return [SweepPoint(index=i, knobs=values, compiled=c) for i, (c, values) in enumerate(zip(compiled, knobs, strict=True))]
 
 
-def streamed_points(session: Session, path: Path, sweep: str, values: list[dict[str, Any]], base: Optional[Selection] = None) -> Iterator[SweepPoint]:
+class StreamedPoints:
+    """The points of a sweep as they are compiled (an iterator), and how many there will be."""
+
+    def __init__(self, points: Iterator[SweepPoint], count: int) -> None:
+        self.points, self.count = points, count
+
+    def __iter__(self) -> Iterator[SweepPoint]:
+        return self.points
+
+    def __next__(self) -> SweepPoint:
+        return next(self.points)
+
+    def __len__(self) -> int:
+        return self.count
+
+
+def streamed_points(session: Session, path: Path, sweep: str, values: list[dict[str, Any]], base: Optional[Selection] = None) -> StreamedPoints:
     """The points of SWEEP (their knob VALUES), each as soon as SESSION has compiled it
     (Session.stream_sweep); the first that does not check ends them with a SweepError (its
     diagnostics are printed; the driver starts no later point)."""
-    for i, prepared in session.stream_sweep(path, sweep, len(values), base):
-        if isinstance(prepared, AttemptOutcome):
-            raise SweepError(f"sweep {sweep}: point {i} does not check", prepared.exit_code)
-        yield SweepPoint(index=i, knobs=values[i], compiled=prepared)
+
+    def points() -> Iterator[SweepPoint]:
+        for i, prepared in session.stream_sweep(path, sweep, len(values), base):
+            if isinstance(prepared, AttemptOutcome):
+                raise SweepError(f"sweep {sweep}: point {i} does not check", prepared.exit_code)
+            yield SweepPoint(index=i, knobs=values[i], compiled=prepared)
+
+    return StreamedPoints(points(), len(values))
 
 
 def ray_logs() -> str:
@@ -146,6 +166,8 @@ class Driver:
         self.leases_used = False  # the first write of a run takes merge()'s view as it is
         self.table = table  # the live table (the CLI draws it; None: no table)
         self.lost_nodes = LostNodes(ray.nodes)  # nodes gone but not yet marked dead: no attempt is placed there
+        self.warmed = False  # the warm pool was started (warm_pool)
+        self.expected: Optional[int] = None  # how many points the sweep has, when known before they are compiled
 
     # -- before anything runs ----------------------------------------------------------------------
     def preflight(self) -> None:
@@ -248,7 +270,10 @@ class Driver:
 
     def run_points(self, points: Iterable[SweepPoint], halving: Optional[Halving]) -> SweepLedger:
         self.preflight()
+        self.expected = len(points) if isinstance(points, Sized) else None
         feed = self.feed(points) if halving is None else None
+        if ray.is_initialized():  # a Ray this driver did not start: its workers start while the first bundle is written
+            self.warm_pool()
         try:
             return self.on_ray(feed if feed is not None else points, halving)
         finally:
@@ -275,6 +300,7 @@ class Driver:
             self.say(f"ray: {'a local Ray for this sweep' if self.address is None else self.address}; its logs: {ray_logs()}")
         try:
             self.wait_for_capacity()
+            self.warm_pool()
             if isinstance(points, Feed) or halving is None:
                 return self.stream(points if isinstance(points, Feed) else self.feed(points))
             records = self.bundles(list(points))
@@ -360,6 +386,21 @@ class Driver:
         if found:
             self.say(f"node {', '.join(sorted(n[:12] for n in found))} lost: no attempt is placed there")
             self.drop_idle()
+
+    def warm_pool(self) -> None:
+        """Once, before the first launch (once the first point is compiled: on a machine it
+        shares with its workers, their starts would take the CPU from that compile): a worker
+        for each point the cluster holds at once (no more than the sweep has, when known),
+        started now and warming up (its process, the runtime's imports, its device:
+        TrainWorkerImpl.warm) while the first bundles are written and leased; the launches
+        take them from the idle workers. Not for points of several ranks: their gangs are
+        placed together (a placement group)."""
+        if self.warmed or self.devices.count != 1:
+            return
+        self.warmed = True
+        avoid = self.lost_nodes.selector()
+        count = self.capacity() if self.expected is None else min(self.capacity(), self.expected)
+        self.idle.extend(single_worker(self.devices, worker_env(), avoid) for _ in range(count))
 
     def drop_idle(self) -> None:
         for worker in self.idle:

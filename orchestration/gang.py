@@ -66,6 +66,28 @@ class Devices(BaseModel):
         return None
 
 
+def worker_options(devices: Devices) -> dict[str, Any]:
+    """The Ray options of one rank's TrainWorker."""
+    options: dict[str, Any] = {"max_restarts": 0, "num_cpus": 1, **TRAIN_WORKER_OPTIONS}
+    if devices.kind == "cuda":
+        options["num_gpus"] = 1
+    return options
+
+
+def single_worker(devices: Devices, env: dict[str, str], avoid: Optional[dict[str, str]] = None) -> ActorHandle:
+    """A new TrainWorker for a point of one rank, kept off the nodes AVOID selects; it opens
+    its device as it starts (TrainWorkerImpl.warm), before its point comes."""
+    options = worker_options(devices)
+    if avoid:
+        options["label_selector"] = avoid
+    return TrainWorker.options(**options).remote(env, device_of(devices))
+
+
+def device_of(devices: Devices) -> str:
+    """The device a rank's attempts ask for (AttemptRequest.device)."""
+    return "cuda" if devices.kind == "cuda" else "cpu"
+
+
 class Gang:
     """The W rank actors of one attempt, their placement group and their result refs."""
 
@@ -80,28 +102,24 @@ class Gang:
         self.refs: list[ray.ObjectRef] = []
         self.outcomes: dict[int, AttemptOutcome] = {}
         self.stopped = False
-        options: dict[str, Any] = {"max_restarts": 0, "num_cpus": 1, **TRAIN_WORKER_OPTIONS}
-        if devices.kind == "cuda":
-            options["num_gpus"] = 1
+        options = worker_options(devices)
         if devices.count > 1:
             placement = ray.util.placement_group([devices.bundle() for _ in range(devices.count)], strategy="PACK",
                                                  bundle_label_selector=[avoid] * devices.count if avoid else None)
             self.placement = placement
             for i in range(devices.count):
                 strategy = PlacementGroupSchedulingStrategy(placement_group=placement, placement_group_bundle_index=i)
-                self.workers.append(TrainWorker.options(scheduling_strategy=strategy, **options).remote(env))
-        elif idle:  # a worker whose point ended cleanly runs the next one (no new process)
+                self.workers.append(TrainWorker.options(scheduling_strategy=strategy, **options).remote(env, device_of(devices)))
+        elif idle:  # a worker whose point ended cleanly (or started ahead: Driver.warm_pool) runs the next one
             self.workers.append(idle.pop())
         else:
-            if avoid:
-                options["label_selector"] = avoid
-            self.workers.append(TrainWorker.options(**options).remote(env))
+            self.workers.append(single_worker(devices, env, avoid))
 
     def start(self, request: AttemptRequest) -> None:
         """Start every rank on REQUEST; on any error the gang stops itself (no leaked actors
         or groups)."""
         try:
-            self._start(request.model_copy(update={"device": "cuda" if self.devices.kind == "cuda" else "cpu"}))
+            self._start(request.model_copy(update={"device": device_of(self.devices)}))
         except Exception:
             self.stop()
             raise

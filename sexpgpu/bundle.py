@@ -19,17 +19,18 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from pydantic import BaseModel, Field
 
 from . import __version__
 from .outcome import Exit
-from .compile.pipeline import CompileResult, SharedCompile, compile_file, plan_groups, resolve_selection
+from .compile.pipeline import CompileResult, SharedCompile, compile_file, plan_groups, resolve_selection, system_image
 from .compile.selection import Declared, prescan
 from .compile.sweep_groups import group_key
 from .ir.experiment import Experiment, Selection, SourceFingerprint
 from .lisp.conditions import LispError
+from .lisp.image import SystemImage
 from .lisp.modules import find_project_root
 from .records import dump_json
 from .runtime.data.fingerprint import fingerprint
@@ -208,8 +209,10 @@ def remove_orphans(folder: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def unpack_into(location: str, target: Path) -> Unpacked:
-    store = Store.open(location)
+def unpack_into(location: str, target: Path, store: Optional[Store] = None) -> Unpacked:
+    """The bundle at LOCATION (read through STORE, its store, when the caller has it open)
+    unpacked into TARGET."""
+    store = store or Store.open(location)
     manifest = read_manifest(store)
     main = inside(target, manifest.main, "main")
     copied = {entry.url: inside(target, entry.url, f"data of loader {entry.loader}") for entry in manifest.data if entry.copied}
@@ -279,11 +282,12 @@ def data_changed(manifest: BundleManifest, experiment: Experiment) -> Optional[s
     return None
 
 
-def compile_unpacked(bundle: Unpacked, world: int = 1) -> CompileResult:
+def compile_unpacked(bundle: Unpacked, world: int = 1, image: Optional[SystemImage] = None) -> CompileResult:
     """Recompile an unpacked bundle's source with its selection (and WORLD data-parallel
-    ranks' programs); refuse another IR."""
+    ranks' programs; IMAGE: the system texts, read before by a caller that compiles many
+    times); refuse another IR."""
     manifest = bundle.manifest
-    result = compile_file(bundle.main, manifest.selection, world=world)
+    result = compile_file(bundle.main, manifest.selection, world=world, image=image)
     experiment: Optional[Experiment] = result.experiment
     if experiment is not None and experiment.ir_hash != manifest.ir_hash:
         raise BundleError(f"the bundle's source compiles to IR {experiment.ir_hash[:12]}, but bundle.json records {manifest.ir_hash[:12]}: refusing to run something else than what was bundled")
@@ -343,10 +347,19 @@ class BundleCompiles:
     or the point is compiled on its own and refused as compile_unpacked refuses. A worker
     owns one; nothing is shared between instances."""
 
-    def __init__(self, entries: int = 2) -> None:
+    def __init__(self, entries: int = 2, stores: Optional[Callable[[str], Store]] = None) -> None:
+        """STORES: how a bundle's store is opened (the worker's KeptStores); else Store.open."""
         self.entries = entries
+        self.stores: Callable[[str], Store] = stores or Store.open
         self.kept: OrderedDict[str, KeptProject] = OrderedDict()
         self.counts = CompileCounts()
+        self.image: Optional[SystemImage] = None  # the system texts, read once for every compile here
+
+    def warm(self) -> SystemImage:
+        """The system texts every compile here reads, read now (once)."""
+        if self.image is None:
+            self.image = system_image()
+        return self.image
 
     @contextmanager
     def unpacked(self, location: str) -> Iterator[Unpacked]:
@@ -356,7 +369,7 @@ class BundleCompiles:
         remove_orphans(Path(tempfile.gettempdir()))
         target = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-"))
         try:
-            fresh = unpack_into(location, target)
+            fresh = unpack_into(location, target, self.stores(location))
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
@@ -394,7 +407,7 @@ class BundleCompiles:
 
     def own(self, bundle: Unpacked, world: int) -> CompileResult:
         self.counts.own += 1
-        return compile_unpacked(bundle, world)
+        return compile_unpacked(bundle, world, self.warm())
 
     def from_group(self, kept: KeptProject, selection: Selection, world: int) -> Optional[CompileResult]:
         """SELECTION's result from its shape group; None where the point needs its own compile
@@ -435,7 +448,7 @@ class BundleCompiles:
             key = (base, world, i)
             if key not in kept.firsts:
                 self.counts.own += 1
-                bounded(kept.firsts, key, compile_file(path, selections[i], world=world, declared=declared))
+                bounded(kept.firsts, key, compile_file(path, selections[i], world=world, declared=declared, image=self.warm()))
             return kept.firsts[key]
 
         def probed() -> None:
@@ -445,7 +458,7 @@ class BundleCompiles:
         if next(i for i, r in enumerate(resolved) if group_key(*r[:2]) == key) == point:
             own(point)  # a group's first point: its own compile is its result; the probe waits for a second point
             return None
-        for indices, found in plan_groups(path, selections, resolved, declared, None, world, own, probed, only=point):
+        for indices, found in plan_groups(path, selections, resolved, declared, None, world, own, probed, only=point, image=self.warm()):
             if found is None:
                 kept.alone.update((base, world, i) for i in indices)
                 return None

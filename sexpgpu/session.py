@@ -125,10 +125,13 @@ class Session:
     """Attempts started with one Settings: the device is resolved when the session opens
     (every attempt of a local sweep shares it), each file is compiled once."""
 
-    def __init__(self, settings: Settings, reporter: Optional[Reporter] = None, opened: Optional[tuple[str, Backend]] = None) -> None:
+    def __init__(self, settings: Settings, reporter: Optional[Reporter] = None, opened: Optional[tuple[str, Backend]] = None,
+                 stores: Optional[Callable[[str], Store]] = None) -> None:
         """OPENED: the device SETTINGS name, opened before (a worker's, kept between its
-        attempts: the kernels it loaded are not compiled again)."""
+        attempts: the kernels it loaded are not compiled again). STORES: how the stores are
+        opened (a worker's KeptStores, its clients kept between its attempts); else Store.open."""
         self.settings = settings
+        self.stores: Callable[[str], Store] = stores or Store.open
         self.reporter: Reporter = reporter or Silent()
         self.device = settings.device
         self.backend: Optional[Backend] = None
@@ -195,7 +198,7 @@ class Session:
                     raise BundleError(changed, Exit.DATA)
                 # run.json's `file` is the run file in the bundle, not in the temporary project
                 # (gone once the attempt ends)
-                file = Store.open(location).url_of(f"source/{bundle.manifest.main}")
+                file = self.stores(location).url_of(f"source/{bundle.manifest.main}")
                 return then(replace(prepared, experiment=replace(prepared.experiment, file=file)))
         except BundleError as exc:
             return self.refuse(exc.code, f"bundle refused: {exc}")
@@ -242,7 +245,7 @@ class Session:
                              progress=settings.progress, sources=compiled.sources(), resume=settings.resume,
                              signals=settings.signals, store_patience_s=settings.store_patience_s, ranks=ranks,
                              take_over=settings.take_over, data_roots=self.data_roots(), fresh=settings.fresh, worker=settings.worker,
-                             notice=self.reporter.notice, early_stop=early_stop)
+                             notice=self.reporter.notice, early_stop=early_stop, stores=self.stores)
         with blas_threads(threads, self.backend):
             return self.guarded(slug, lambda: train(compiled.experiment, options, say=self.reporter.say))
 
@@ -251,7 +254,7 @@ class Session:
         continues the run keeps its count, which changes the products' last bits), or None
         for a run not started yet."""
         try:
-            folder = RunFolder(Store.open(self.settings.store), slug)
+            folder = RunFolder(self.stores(self.settings.store), slug)
             return folder.read_run_info().threads if folder.exists() else None
         except ValueError:  # a run.json this sexpgpu cannot read: the attempt itself refuses it or starts over
             return None
@@ -264,7 +267,7 @@ class Session:
         """The outcome an earlier attempt of COMPILED's run ended with, when it failed (a
         sweep runs such a point again only when asked: --retry-failed)."""
         try:
-            status = RunFolder(Store.open(self.settings.store), run_slug(compiled.experiment)).read_status()
+            status = RunFolder(self.stores(self.settings.store), run_slug(compiled.experiment)).read_status()
         except Exception as exc:  # the store: the attempt itself will say what is wrong
             if not is_store_failure(exc):
                 raise

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import unquote
 
 import pytest
 
@@ -104,3 +106,47 @@ def test_a_bundle_recording_another_ir_is_refused_though_its_group_was_compiled(
     assert refused.exit_code == Exit.CHECK_FAILED and "refusing to run something else" in refused.reason, refused
     counts = worker.compile_counts()
     assert counts.projects_kept == 1 and counts.own == 2, counts  # its group was there; its own compile refused it
+
+
+def test_a_worker_started_for_a_device_has_it_open_before_its_first_attempt(bundles: list[Path], tmp_path: Path) -> None:
+    """A worker the driver starts ahead (its warm pool) opens its device as it starts; its
+    first attempt trains on that device as opened, not on one it opens again."""
+    from workers.train_worker import TrainWorkerImpl
+
+    worker = TrainWorkerImpl(device="cpu")
+    assert set(worker.opened) == {"cpu"}, worker.opened
+    resolved, backend = worker.opened["cpu"]
+    assert resolved in ("cpu", "numpy")
+    outcome = worker.run(request(bundles[0], tmp_path / "runs"))
+    assert outcome.exit_code == Exit.OK, outcome
+    assert worker.opened["cpu"][1] is backend
+    assert worker.compiles.image is not None  # the system texts were read before the first compile
+
+
+def test_a_worker_keeps_its_s3_client_and_probes_conditional_writes_once(bundles: list[Path], tmp_path: Path) -> None:
+    """Every attempt of one worker goes through one S3 client (made once), whose conditional
+    writes (the run's lease) are probed once: two attempts on S3 are sent on that client, with
+    one probe between them (a store opened for each attempt probed again and made a client each)."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from s3_server import MotoS3, make_bucket, patched_env, s3_env
+    from workers.train_worker import AttemptRequest, TrainWorkerImpl
+
+    with MotoS3() as moto, patched_env(s3_env(moto.endpoint)):
+        url = f"s3://{make_bucket(None, moto.endpoint)}/runs"
+        worker = TrainWorkerImpl()
+        client = worker.stores(url)
+        sent: list[str] = []
+        client.fs.connect()
+        client.fs.s3.meta.events.register("before-send.s3", lambda request, **_: sent.append(f"{request.method} {request.url}"))
+        outcomes = [worker.run(AttemptRequest(bundle=str(bundles[i]), store=url, max_steps=1)) for i in (0, 1)]
+    assert [o.exit_code for o in outcomes] == [Exit.OK, Exit.OK], outcomes
+    put = [r.split(" ", 1)[1].split("?")[0] for r in sent if r.startswith("PUT")]
+    probes = [path for path in put if "/.conditional-" in path]
+    assert len(probes) == 2, probes  # one probe: a create, and a second create that must fail
+    # a look for a run.json or for the next log segment is one request: no LIST for a folder of its name
+    listed = [unquote(m.group(1)) for r in sent if (m := re.search(r"[?&]prefix=([^&]*)", r))]
+    assert listed and not [prefix for prefix in listed if prefix.endswith(("/run.json/", ".jsonl/"))], listed
+    for outcome in outcomes:  # each attempt's lease and status went through the kept client
+        for name in ("lease.json", "run.json", "status.json"):
+            assert any(path.endswith(f"/runs/{outcome.slug}/{name}") for path in put), (name, put)

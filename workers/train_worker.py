@@ -6,6 +6,7 @@ starts a new worker with resume="latest"; the store holds everything the new one
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 from typing import Any, Optional
@@ -18,7 +19,7 @@ from sexpgpu.outcome import AttemptOutcome, Exit, lost, refused
 from sexpgpu.runtime.backend import Backend
 from sexpgpu.runtime.runfolder import run_slug
 from sexpgpu.runtime.stops import EarlyStop
-from sexpgpu.runtime.store import Store, patience_configured
+from sexpgpu.runtime.store import KeptStores, patience_configured
 from sexpgpu.session import Compiled, Session, Settings
 from sexpgpu.sweeps.schedulers import SchedulerJob
 from workers.collective import CollectiveUnavailable, RankSpec, RendezvousError, join
@@ -49,10 +50,35 @@ class TrainWorkerImpl:
     loaded (a later point compiles only the kernels that differ: those its knob values
     reach)."""
 
-    def __init__(self, env: Optional[dict[str, str]] = None) -> None:
+    def __init__(self, env: Optional[dict[str, str]] = None, device: Optional[str] = None) -> None:
+        """ENV: the driver's settings for workers (worker_env). DEVICE: the device its
+        attempts will ask for, opened now (`warm`), while the driver compiles and bundles
+        the first points; None: by the first attempt."""
         os.environ.update(env or {})
-        self.compiles = BundleCompiles()
+        self.stores = KeptStores()  # its stores' clients, kept for every attempt
+        self.compiles = BundleCompiles(stores=self.stores)
         self.opened: dict[str, tuple[str, Backend]] = {}  # by the device asked for: what it resolved to, opened
+        if device is not None:
+            self.warm(device)
+
+    def warm(self, device: str = "cpu") -> Optional[str]:
+        """What every attempt needs and no point decides, done before the first attempt
+        comes: the runtime's lazy imports, DEVICE opened (the C toolchain found, the runtime
+        library built or loaded) and the compiler's system texts read. Returns what DEVICE
+        resolved to. None: it did not open as asked (refused, or the NumPy fallback with its
+        notice), or the warm-up failed: the attempt opens it itself, to say why in its run."""
+        try:
+            if device not in self.opened:
+                session = Session(Settings(device=device, signals=False, threads=assigned_cpus()), stores=self.stores)
+                if session.open_device() is None and session.backend is not None and (session.device != "numpy" or device == "numpy"):
+                    self.opened[device] = (session.device, session.backend)
+            for module in WARM_IMPORTS:
+                importlib.import_module(module)
+            self.compiles.warm()
+        except Exception:  # noqa: BLE001 - never the worker's death (a preemption): its attempt meets the same and says it
+            return None
+        found = self.opened.get(device)
+        return found[0] if found is not None else None
 
     def where(self) -> dict[str, Any]:
         """This worker's host, process and Ray node (the driver's tests kill it, or its node,
@@ -80,8 +106,8 @@ class TrainWorkerImpl:
                             resume=request.resume, signals=False,
                             world=rank.world if rank else 1, store_patience_s=patience_configured(os.environ), take_over=request.take_over,
                             data_roots=request.data_roots, threads=assigned_cpus(), worker=self.describe())
-        early = request.scheduler.early_stop(Store.open(request.store)) if request.scheduler is not None else None
-        session = Session(settings, opened=self.opened.get(request.device))
+        early = request.scheduler.early_stop(self.stores(request.store)) if request.scheduler is not None else None
+        session = Session(settings, opened=self.opened.get(request.device), stores=self.stores)
         outcome = self.attempt(session, request.bundle, rank, early)
         if session.backend is not None:
             self.opened[request.device] = (session.device, session.backend)
@@ -108,6 +134,10 @@ class TrainWorkerImpl:
 
 # two calls at once: `run`, and `where` while it runs (the tests kill the process it names)
 TRAIN_WORKER_OPTIONS: dict[str, int] = {"max_concurrency": 2}
+# what the first attempt would import on its way (lowering a program, its arena's plan)
+WARM_IMPORTS = ("sexpgpu.runtime.lower.fusion", "sexpgpu.runtime.lower.plan")
+
+
 def assigned_cpus() -> Optional[int]:
     """The CPUs Ray gave this actor (its BLAS threads: the node's other CPUs are other
     workers'); None outside an actor, where the runtime's own plan applies."""

@@ -91,6 +91,7 @@ class RunOptions:
     take_over: bool = False
     publish_every_s: float = PUBLISH_EVERY_S  # the status and events are written this often, from a thread
     early_stop: Optional[EarlyStop] = None  # a sweep's scheduler, asked at its rungs whether the run goes on
+    stores: Optional[Callable[[str], Store]] = None  # opens `store` (a worker's KeptStores: its clients kept); None: Store.open
 
 
 def train(experiment: Experiment, options: RunOptions, say: Callable[[str], None] = print) -> AttemptOutcome:
@@ -168,7 +169,7 @@ class Attempt:
         self.experiment = experiment
         self.options = options
         self.say = say
-        self.store = Store.open(options.store)
+        self.store = (options.stores or Store.open)(options.store)
         self.slug = run_slug(experiment)
         self.ranks = options.ranks
         self.writer = self.ranks is None or self.ranks.rank == 0

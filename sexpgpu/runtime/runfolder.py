@@ -215,7 +215,7 @@ class RunFolder:
 
     def exists(self) -> bool:
         """Whether the folder has a run.json (a run was started here)."""
-        return self.store.exists(self.path("run.json"))
+        return self.store.file_exists(self.path("run.json"))
 
     def write_run_info(self, info: RunInfo) -> None:
         if info.slug != self.slug:

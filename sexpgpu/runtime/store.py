@@ -29,6 +29,7 @@ import shutil
 import stat
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Iterable, Mapping, Optional, TypeVar, overload
@@ -726,6 +727,26 @@ class Store:
             self.fs.invalidate_cache(full)
         return bool(self.fs.exists(full))
 
+    def file_exists(self, path: str) -> bool:
+        """Whether an object is at PATH (on a local store, as `exists`): on an object store in
+        one request, where `exists` is s3fs's HEAD and, for a missing object, a LIST for a
+        folder of that name."""
+        full = self._full(path)
+        return self._retrying(f"exists {path}", lambda: self._file_exists(full))
+
+    def _file_exists(self, full: str) -> bool:
+        if self.is_local:
+            return self._exists(full)
+        try:
+            self.fs.cat_file(full, start=0, end=1)  # a ranged GET of its first byte
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            if range_unsatisfiable(exc):  # only an empty object cannot give byte 0
+                return True
+            raise
+
     # below this method, `list` in the class's annotations names it: they say builtins.list
     def list(self, prefix: str = "") -> list[str]:
         """Every file under the folder PREFIX, as store paths, sorted; temp files left out."""
@@ -837,7 +858,7 @@ class Store:
 
     def _claim_segment(self, folder: str) -> int:
         number = self._next_segment.get(folder)
-        if number is not None and not self._exists(self._full(f"{folder}/{number:06d}.jsonl")):
+        if number is not None and not self._file_exists(self._full(f"{folder}/{number:06d}.jsonl")):
             return number
         # First append in this process, or another writer took the number: list again.
         existing = self._segment_numbers(folder)
@@ -870,6 +891,40 @@ class Store:
         for number in numbers:
             lines.extend(self.read_text(f"{folder}/{number:06d}.jsonl").splitlines())
         return [line for line in lines if line.strip()]
+
+
+class KeptStores:
+    """Stores for a process that runs many attempts (a sweep's worker): one client per
+    object store bucket, made once (tens of milliseconds and megabytes each), every folder
+    of it a store on that client (`under`), and the last few stores opened kept by URL, so
+    that the runs' store probes its conditional writes (two writes and a delete) once, not
+    for every attempt. A caller owns one."""
+
+    MOST = 8  # stores kept by URL (a sweep's: its runs' store, the bundle in use)
+
+    def __init__(self) -> None:
+        self.roots: dict[str, Store] = {}  # object stores: by protocol and bucket
+        self.opened: OrderedDict[str, Store] = OrderedDict()
+
+    def __call__(self, url: str) -> Store:
+        store = self.opened.get(url)
+        if store is None:
+            store = self.opened[url] = self.open(url)
+            while len(self.opened) > self.MOST:
+                self.opened.popitem(last=False)
+        self.opened.move_to_end(url)
+        return store
+
+    def open(self, url: str) -> Store:
+        protocol, sep, path = url.partition("://")
+        if not sep or protocol in ("file", "memory"):
+            return Store.open(url)
+        bucket, _, folder = path.strip("/").partition("/")
+        base = f"{protocol}://{bucket}"
+        root = self.roots.get(base)
+        if root is None:
+            root = self.roots[base] = Store.open(base)
+        return root.under(folder) if folder else root
 
 
 @dataclass(frozen=True)
