@@ -116,16 +116,23 @@ def test_a_reduction_declared_by_its_reducer_spec_alone_is_the_same_on_both_devi
 
 
 def test_explain_cpu_lists_the_kernels_of_explain_cuda_each_with_its_schedule(tmp_path: Any) -> None:
-    """The same kernel names at the same step numbers on both devices, and a schedule for each."""
+    """The same launches at the same step numbers on both devices (generated kernels by their
+    names, each BLAS call by the host's name for it), and a schedule for each on both."""
+    from sexpgpu.runtime.cpu.device import BLAS_SCHEDULE, host_blas
+
     proc = subprocess.run([sys.executable, "-m", "sexpgpu", "explain", "examples/quickstart.lisp", "--cpu", "--cuda", "--json"], cwd=REPO,
                           env=environment(SEXPGPU_CACHE=str(tmp_path / "cache")), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     for name in ("train", "update"):
-        cuda = [(k["step"], n) for k in doc["cuda"]["programs"][name]["kernels"] for n in k["kernel"].split(" + ") if n.startswith("sx_")]
+        lines = doc["cuda"]["programs"][name]["kernels"]
+        cuda = [(k["step"], n if n.startswith("sx_") else host_blas(n)) for k in lines for n in k["kernel"].split(" + ")
+                if n.startswith("sx_") or host_blas(n) is not None]
         cpu = doc["cpu"]["programs"][name]["steps"]
         assert [(k["step"], k["kernel"]) for k in cpu] == cuda, name
+        assert name == "update" or any(k["schedule"] == BLAS_SCHEDULE and k["kernel"].startswith("sgemm ") for k in cpu), cpu
         assert all(k["schedule"] and k["items"] >= 1 for k in cpu), cpu
+        assert all(k["how"] for k in lines if "sx_" in k["kernel"]), [k for k in lines if not k["how"]]
     text = subprocess.run([sys.executable, "-m", "sexpgpu", "explain", "examples/quickstart.lisp", "--cpu"], cwd=REPO,
                           env=environment(SEXPGPU_CACHE=str(tmp_path / "cache")), capture_output=True, text=True, timeout=600).stdout
     assert "CPU kernels: train" in text and "32 lane partials over blocks of 256 elements" in text, text

@@ -70,6 +70,16 @@ def numpy_ufuncs() -> tuple[str, ...]:
     """The NumPy ufunc of each of `numpy_loop_ops`, in the same order."""
     return tuple(str(op_def(name).numpy_f32_loop) for name in numpy_loop_ops())
 
+# the host's side of the dialect's names (lower/codegen.py, DIALECT_NAMES) that the kernels'
+# functions use: plain static functions, the high product in 64 bits, and an add and a multiply
+# that round once (through a volatile: never contracted into a fused multiply-add)
+HOST_ARITHMETIC = r"""
+#define SX_FN static inline
+SX_FN unsigned int sx_mulhi(unsigned int a, unsigned int b) { return (unsigned int)(((unsigned long long)a * b) >> 32); }
+SX_FN float sx_fadd(float a, float b) { volatile float r = a + b; return r; }
+SX_FN float sx_fmul(float a, float b) { volatile float r = a * b; return r; }
+"""
+
 HOST_PRELUDE = r"""
 #include <math.h>
 #include <string.h>
@@ -95,7 +105,7 @@ static inline void sx_np2(int k, const float* a, long sa, const float* b, long s
 
 
 def host_prelude() -> str:
-    return HOST_PRELUDE.replace("SX_LOOPS", str(len(numpy_loop_ops()))) + PRELUDE
+    return HOST_PRELUDE.replace("SX_LOOPS", str(len(numpy_loop_ops()))) + HOST_ARITHMETIC + PRELUDE
 
 
 @dataclass(frozen=True)
@@ -783,7 +793,8 @@ def attention_forward_host(step: AttentionStep, program: Program, constants: dic
         f"    for (int t = 0; t < live; ++t) for (int d = 0; d < {D}; ++d) o[base + (q0 + t) * {g.stride}LL + d] = {to_storage('acc[t][d] / l[t]', g.dtype)};",
         "  }",
     ]
-    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops)
+    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops,
+                      schedule=f"a tile of {T} queries per item, K and V tiles of {K} keys on the stack, each query's online softmax as its CUDA thread's")
 
 
 def attention_dq_host(step: AttentionGradStep, program: Program, constants: dict[int, Node], kernel: KernelSource) -> HostKernel:
@@ -836,7 +847,9 @@ def attention_dq_host(step: AttentionGradStep, program: Program, constants: dict
         "    }",
         "  }",
     ]
-    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops)
+    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops,
+                      schedule=f"a tile of {T} queries per item, K and V tiles of {K} keys on the stack: each query's log-sum-exp, then its dq, "
+                      "as its CUDA thread's")
 
 
 def attention_dkv_host(step: AttentionGradStep, program: Program, constants: dict[int, Node], kernel: KernelSource) -> HostKernel:
@@ -881,7 +894,8 @@ def attention_dkv_host(step: AttentionGradStep, program: Program, constants: dic
         "  }",
     ]
     # its tiles' items (the device's kernel may give each tile two blocks, one for dk, one for dv)
-    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), g.heads * g.tiles, kernel.bytes + kernel.flops)
+    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), g.heads * g.tiles, kernel.bytes + kernel.flops,
+                      schedule=f"a tile of {T} keys per item, Q and g tiles of {K} queries on the stack, each key's dk and dv as its CUDA thread's")
 
 
 # -- every kernel of a step -------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from ...ir.graph import Node, Program, Shape, TensorType, shape_size
 from ...ir.ops_random import dropout_threshold
 from ...ir.ops_reduce import normalize_axes
 from .codegen import BYTES, GroupNodes, KernelSource, LoweringError, Param, assemble, c_types, chain_lines, combine_lanes, declare, from_storage, literal, load_expr, flat_index, to_storage
-from .kernel_ir import Accumulate, Alu, Concat, Elementwise, Load, Op, Part, Store, Window, WindowStore, cuda_accumulate, reducer_of
+from .kernel_ir import Accumulate, Alu, Concat, Elementwise, Load, Op, Part, Store, Window, WindowStore, lanes_accumulate, reducer_of
 from .lowering import Step
 
 Draw = Callable[[Node], str]  # a random op's element from its Philox word w[l], as C
@@ -292,7 +292,7 @@ def reduce_kernels(group: Reduction, program: Program, constants: Optional[dict[
     node = group.node
     lanes, split, outputs = desc.accumulate.lanes, desc.split, desc.outputs
     only_lane0 = "" if lanes == "thread" else "if (lane == 0) "
-    loop, flops = cuda_accumulate(desc.accumulate, types, constants or {}, {})
+    loop, flops = lanes_accumulate(desc.accumulate, types, constants or {}, {})
     flops += desc.count * outputs
     body = [*([f"    const long long o = item % {outputs}LL, c = item / {outputs}LL;"] if split > 1 else []), f"    const long long base = {desc.base};", *loop]
     sides = list(desc.sides)
