@@ -239,7 +239,7 @@ class CpuRuntime:
 HOST_BLAS = (("cublasGemmStridedBatchedEx", "sgemm, batched"), ("cublasGemmEx", "sgemm"))
 # (with threads, an f32 product of SX_SPLIT_GEMM multiply-adds or more is cut into pieces of its output on the
 # pool's threads where sx_pieces_exact finds the BLAS gives them the whole product's bits; else the BLAS's threads)
-BLAS_SCHEDULE = "cblas_sgemm of NumPy's BLAS per matrix (bf16 widened to f32); with threads, a large f32 product in pieces on the pool where they keep its bits"
+BLAS_SCHEDULE = "NumPy's BLAS, cblas_sgemm per matrix (bf16 as f32); with threads, a large f32 product in pieces on the pool"
 
 
 def host_blas(label: str) -> Optional[str]:

@@ -25,8 +25,11 @@ CPU device (device.py) can give the items to several threads.
   into a double of its own, and the lanes' partial results are combined in the device's
   fixed tree. A split reduction's chunks likewise. The results equal the device's bit for
   bit (the host emulation of the CUDA kernels checks it: tests/test_cpu_device.py).
-- Attention: each query (or key) is computed as its CUDA thread computes it, tile by tile
-  with the device's tile sizes, so the online softmax rescales at the same keys.
+- Attention: each query (or key) is computed by the per-query steps the CUDA kernels are
+  rendered from (runtime/lower/attention.py: `softmax_step`, `lse_step`, `dq_step`,
+  `dkv_step`, over a query's own rows and scalars: a lane's own names on the device, row t
+  of a tile here), tile by tile with the device's tile sizes, so the online softmax
+  rescales at the same keys.
 
 Elementwise f32 exp, log, log1p, tanh, sin, cos and pow (the op table's `numpy_f32_loop`)
 are NumPy's own loops (the ufuncs' f32 inner loops, called on blocks of SXB elements): NumPy computes these with its own SIMD
@@ -46,7 +49,7 @@ from typing import Any, Callable, Mapping, Optional
 from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, TensorType, shape_size
 from ...ir.ops import ReducerSpec, all_ops, op_def
-from ..lower.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, geometry
+from ..lower.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, dkv_step, dq_step, geometry, key_range, lse_step, softmax_step
 from ..lower.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage, unpack
 from ..lower.emitters import emitter_for, register_emitter
 from ..lower.kernel_ir import Accumulate, Elementwise, Load, RowReduce, RowScalar, Store, WindowStore
@@ -725,9 +728,9 @@ def rows_host(group: RowGroup, program: Program, constants: dict[int, Node], mat
     return HostKernel(kernel.name, function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops, schedule=schedule)
 
 
-# -- attention: each CUDA thread's computation (a query's, or in the dk/dv pass a key's) over the same
-# tiles, with the tiles read straight from memory as f32 (what the device's shared memory holds): the
-# same operations in the same order ---------------------------------------------------------------------
+# -- attention: the device's per-query steps (a query's, or in the dk/dv pass a key's) for each query t of
+# an item's tile, over the same key tiles, read straight from memory as f32 (what the device's shared
+# memory holds): the same operations in the same order ---------------------------------------------------
 def prologue_functions(kernel: KernelSource, operands: Operands) -> tuple[str, dict[str, str]]:
     """The CUDA kernel's lambdas `auto sx_q = [&](long long i) -> float { ... };` as static C
     functions over the kernel's inputs in0..; and, per role, a C call taking index i."""
@@ -743,6 +746,11 @@ def prologue_functions(kernel: KernelSource, operands: Operands) -> tuple[str, d
         names = ", ".join(d.split()[-1] for d in decls)
         calls[role] = f"sx_{role}_of_{kernel.name}({names}{', ' if names else ''}"
     return "".join(text), calls
+
+
+def tile_own(name: str) -> str:
+    """The host's: an item computes a tile of queries (or keys), query t's rows and scalars at [t]."""
+    return f"{name}[t]"
 
 
 class AttentionText:
@@ -762,8 +770,7 @@ def attention_forward_host(step: AttentionStep, program: Program, constants: dic
     g = geometry(step.node, program.types(), step.tile)
     text = AttentionText(step, program, constants, kernel, ("q", "k", "v"))
     scale = literal(g.scale, DType.f32)
-    seen = f"({g.length}LL < (item % {g.tiles}LL + 1) * {g.tile}LL ? {g.length}LL : (item % {g.tiles}LL + 1) * {g.tile}LL)" if g.causal else f"{g.length}LL"
-    end = f"(k0 + {g.keys}LL < query + 1 ? k0 + {g.keys}LL : query + 1)" if g.causal else f"(k0 + {g.keys}LL < {g.length}LL ? k0 + {g.keys}LL : {g.length}LL)"
+    seen, end = key_range(g)
     T, D, K = g.tile, g.width, g.keys
     body = [
         f"  float ks[{K * D}], vs[{K * D}], qr[{T}][{D}], acc[{T}][{D}], m[{T}], l[{T}], s[{K}];",
@@ -778,16 +785,7 @@ def attention_forward_host(step: AttentionStep, program: Program, constants: dic
         "        const long long query = q0 + t;",
         f"        const long long end = {end};",
         "        if (end <= k0) continue;",
-        "        float top = m[t];",
-        f"        for (long long j = k0; j < end; ++j) {{ float dot = 0.0f; for (int d = 0; d < {D}; ++d) dot += qr[t][d] * ks[(j - k0) * {D} + d];"
-        f" s[j - k0] = dot * {scale}; top = sx_maxf(top, s[j - k0]); }}",
-        "        const float alpha = expf(m[t] - top);",
-        f"        l[t] *= alpha; for (int d = 0; d < {D}; ++d) acc[t][d] *= alpha;",
-        "        for (long long j = k0; j < end; ++j) {",
-        "          const float p = expf(s[j - k0] - top); l[t] += p;",
-        f"          for (int d = 0; d < {D}; ++d) acc[t][d] += p * vs[(j - k0) * {D} + d];",
-        "        }",
-        "        m[t] = top;",
+        *softmax_step(g, tile_own, scale, "        "),
         "      }",
         "    }",
         f"    for (int t = 0; t < live; ++t) for (int d = 0; d < {D}; ++d) o[base + (q0 + t) * {g.stride}LL + d] = {to_storage('acc[t][d] / l[t]', g.dtype)};",
@@ -803,8 +801,7 @@ def attention_dq_host(step: AttentionGradStep, program: Program, constants: dict
     scale = literal(g.scale, DType.f32)
     rows = g.heads * g.length
     T, D, K = g.tile, g.width, g.keys
-    seen = f"({g.length}LL < (item % {g.tiles}LL + 1) * {T}LL ? {g.length}LL : (item % {g.tiles}LL + 1) * {T}LL)" if g.causal else f"{g.length}LL"
-    end = f"(k0 + {K}LL < query + 1 ? k0 + {K}LL : query + 1)" if g.causal else f"(k0 + {K}LL < {g.length}LL ? k0 + {K}LL : {g.length}LL)"
+    seen, end = key_range(g)
     at = f"base + query * {g.stride}LL + d"
     load_tile = (f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = k0 + e / {D}; ks[e] = row < {g.length}LL ? {text.load('k', f'base + row * {g.stride}LL + e % {D}')} : 0.0f;"
                  f" vs[e] = row < {g.length}LL ? {text.load('v', f'base + row * {g.stride}LL + e % {D}')} : 0.0f; }}")
@@ -822,8 +819,7 @@ def attention_dq_host(step: AttentionGradStep, program: Program, constants: dict
         load_tile,
         "      for (int t = 0; t < live; ++t) {",
         f"        const long long query = q0 + t; const long long end = {end};",
-        f"        for (long long j = k0; j < end; ++j) {{ float dot = 0.0f; for (int d = 0; d < {D}; ++d) dot += qr[t][d] * ks[(j - k0) * {D} + d]; const float s = dot * {scale};"
-        " if (s > m[t]) { l[t] = l[t] * expf(m[t] - s) + 1.0f; m[t] = s; } else l[t] += expf(s - m[t]); }",
+        f"        {lse_step(g, tile_own, scale)}",
         "      }",
         "    }",
         "    for (int t = 0; t < live; ++t) lse[t] = m[t] + logf(l[t]);",
@@ -832,11 +828,7 @@ def attention_dq_host(step: AttentionGradStep, program: Program, constants: dict
         "      for (int t = 0; t < live; ++t) {",
         f"        const long long query = q0 + t; const long long end = {end};",
         "        for (long long j = k0; j < end; ++j) {",
-        f"          float dot = 0.0f; for (int d = 0; d < {D}; ++d) dot += qr[t][d] * ks[(j - k0) * {D} + d];",
-        f"          const float p = expf(dot * {scale} - lse[t]);",
-        f"          float dp = 0.0f; for (int d = 0; d < {D}; ++d) dp += gr[t][d] * vs[(j - k0) * {D} + d];",
-        "          const float ds = p * (dp - dsum[t]);",
-        f"          for (int d = 0; d < {D}; ++d) dq[t][d] += ds * ks[(j - k0) * {D} + d];",
+        *dq_step(g, tile_own, scale, "          "),
         "        }",
         "      }",
         "    }",
@@ -878,12 +870,7 @@ def attention_dkv_host(step: AttentionGradStep, program: Program, constants: dic
         "        const long long key = key0 + t;",
         f"        const long long start = {'(q0 > key ? q0 : key)' if g.causal else 'q0'}, stop = q0 + {K}LL < {g.length}LL ? q0 + {K}LL : {g.length}LL;",
         "        for (long long i = start; i < stop; ++i) {",
-        f"          const long long r = (i - q0) * {D};",
-        f"          float dot = 0.0f; for (int d = 0; d < {D}; ++d) dot += kr[t][d] * qs[r + d];",
-        f"          const float p = expf(dot * {scale} - ls[i - q0]);",
-        f"          float dp = 0.0f; for (int d = 0; d < {D}; ++d) {{ dv[t][d] += p * gs[r + d]; dp += gs[r + d] * vr[t][d]; }}",
-        "          const float ds = p * (dp - ds_[i - q0]);",
-        f"          for (int d = 0; d < {D}; ++d) dk[t][d] += ds * qs[r + d];",
+        *dkv_step(g, tile_own, scale, "          "),
         "        }",
         "      }",
         "    }",

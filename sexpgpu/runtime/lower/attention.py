@@ -26,12 +26,17 @@ element has one writer, which adds in a fixed order):
 
 Sequence lengths need not be multiples of the tile: threads past the end load zeros, keep
 their hands off the results, and meet every barrier as the others do.
+
+The per-query work of each pass (`softmax_step`, `lse_step`, `dq_step`, `dkv_step`) is
+written once, over a query's own rows and scalars by name (`Own`): the CUDA kernels here
+render it with a lane's own names, the host dialect (runtime/cpu/hostc.py) for row t of a
+tile of queries per item, so the two compute the same operations in the same order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import numpy as np
 
@@ -111,6 +116,78 @@ def dot(row: str, tile: str, at: str, width: int) -> str:
     return f"float dot = 0.0f; for (int d = 0; d < {width}; ++d) dot += {row}[d] * {tile}[{at} + d];"
 
 
+def key_range(g: Geometry) -> tuple[str, str]:
+    """The keys item `item`'s tile of queries sees, [0, seen) (causal: up to its last query),
+    and the end of key tile k0's keys that query `query` sees."""
+    seen = f"({g.length}LL < (item % {g.tiles}LL + 1) * {g.tile}LL ? {g.length}LL : (item % {g.tiles}LL + 1) * {g.tile}LL)" if g.causal else f"{g.length}LL"
+    end = f"(k0 + {g.keys}LL < query + 1 ? k0 + {g.keys}LL : query + 1)" if g.causal else f"(k0 + {g.keys}LL < {g.length}LL ? k0 + {g.keys}LL : {g.length}LL)"
+    return seen, end
+
+
+Own = Callable[[str], str]  # a query's (or key's) own row or scalar by name: `acc` for a lane's, `acc[t]` for a host tile's t-th
+
+
+def lane_own(name: str) -> str:
+    """The device's: a lane computes one query (or key), its rows and scalars its own names."""
+    return name
+
+
+def softmax_step(g: Geometry, own: Own, scale: str, indent: str) -> list[str]:
+    """The forward pass's online softmax over one key tile [k0, end) for one query: its scores
+    into s, its maximum, the running sum and output rescaled, then P v added. The
+    description both dialects render (the device's lane, the host's query of a tile)."""
+    acc, m, total = own("acc"), own("m"), own("l")
+    return [
+        f"{indent}float top = {m};",
+        f"{indent}for (long long j = k0; j < end; ++j) {{ {dot(own('qr'), 'ks', f'(j - k0) * {g.width}', g.width)} s[j - k0] = dot * {scale}; top = sx_maxf(top, s[j - k0]); }}",
+        f"{indent}const float alpha = expf({m} - top);",
+        f"{indent}{total} *= alpha; for (int d = 0; d < {g.width}; ++d) {acc}[d] *= alpha;",
+        f"{indent}for (long long j = k0; j < end; ++j) {{",
+        f"{indent}  const float p = expf(s[j - k0] - top); {total} += p;",
+        f"{indent}  for (int d = 0; d < {g.width}; ++d) {acc}[d] += p * vs[(j - k0) * {g.width} + d];",
+        f"{indent}}}",
+        f"{indent}{m} = top;",
+    ]
+
+
+def lse_step(g: Geometry, own: Own, scale: str) -> str:
+    """The dq pass's first walk, one key tile [k0, end): the query's running maximum and sum."""
+    m, total = own("m"), own("l")
+    return (f"for (long long j = k0; j < end; ++j) {{ {dot(own('qr'), 'ks', f'(j - k0) * {g.width}', g.width)} const float s = dot * {scale};"
+            f" if (s > {m}) {{ {total} = {total} * expf({m} - s) + 1.0f; {m} = s; }} else {total} += expf(s - {m}); }}")
+
+
+def dq_step(g: Geometry, own: Own, scale: str, indent: str) -> list[str]:
+    """The dq pass's second walk, the body for key j: P from the log-sum-exp, dS, dq += dS k."""
+    return [
+        f"{indent}{dot(own('qr'), 'ks', f'(j - k0) * {g.width}', g.width)}",
+        f"{indent}const float p = expf(dot * {scale} - {own('lse')});",
+        f"{indent}float dp = 0.0f; for (int d = 0; d < {g.width}; ++d) dp += {own('gr')}[d] * vs[(j - k0) * {g.width} + d];",
+        f"{indent}const float ds = p * (dp - {own('dsum')});",
+        f"{indent}for (int d = 0; d < {g.width}; ++d) {own('dq')}[d] += ds * ks[(j - k0) * {g.width} + d];",
+    ]
+
+
+def key_scores(g: Geometry, own: Own, scale: str, indent: str) -> list[str]:
+    """The key pass's start for query i of the tile at q0 (r its row in the tiles): P from the stats."""
+    return [
+        f"{indent}const long long r = (i - q0) * {g.width};",
+        f"{indent}{dot(own('kr'), 'qs', 'r', g.width)}",
+        f"{indent}const float p = expf(dot * {scale} - ls[i - q0]);",
+    ]
+
+
+def dkv_step(g: Geometry, own: Own, scale: str, indent: str) -> list[str]:
+    """The key pass's body for query i, dk and dv together: P, dv += P g, dS, dk += dS q."""
+    dk, dv = own("dk"), own("dv")
+    return [
+        *key_scores(g, own, scale, indent),
+        f"{indent}float dp = 0.0f; for (int d = 0; d < {g.width}; ++d) {{ {dv}[d] += p * gs[r + d]; dp += gs[r + d] * {own('vr')}[d]; }}",
+        f"{indent}const float ds = p * (dp - ds_[i - q0]);",
+        f"{indent}for (int d = 0; d < {g.width}; ++d) {dk}[d] += ds * qs[r + d];",
+    ]
+
+
 def tile_loop(g: Geometry, operands: "Operands", first: str, last: str, arrays: list[tuple[str, str]], rows: str) -> list[str]:
     """Open the loop over tiles of `keys` rows from FIRST to LAST (exclusive; uniform across the
     block), each tile's ARRAYS ([(shared name, role)]) loaded by all lanes, zeros past the end,
@@ -185,8 +262,7 @@ def forward_kernel(node: Node, program: Program, tile: int = TILE, constants: Op
     operands = Operands(node, program, constants or {}, prologues or {}, ("q", "k", "v"))
     store, _ = c_types(g.dtype)
     scale = literal(g.scale, DType.f32)
-    seen = f"({g.length}LL < (item % {g.tiles}LL + 1) * {g.tile}LL ? {g.length}LL : (item % {g.tiles}LL + 1) * {g.tile}LL)" if g.causal else f"{g.length}LL"
-    end = f"(k0 + {g.keys}LL < query + 1 ? k0 + {g.keys}LL : query + 1)" if g.causal else f"(k0 + {g.keys}LL < {g.length}LL ? k0 + {g.keys}LL : {g.length}LL)"
+    seen, end = key_range(g)
     body = [
         f"    const long long head = item / {g.tiles}LL, base = {g.base('head')}, query = (item % {g.tiles}LL) * {g.tile}LL + lane;",
         f"    const bool live = query < {g.length}LL;",
@@ -197,15 +273,7 @@ def forward_kernel(node: Node, program: Program, tile: int = TILE, constants: Op
         f"      const long long end = {end};",
         "      if (live && end > k0) {",
         f"        float s[{g.keys}];",
-        "        float top = m;",
-        f"        for (long long j = k0; j < end; ++j) {{ {dot('qr', 'ks', f'(j - k0) * {g.width}', g.width)} s[j - k0] = dot * {scale}; top = sx_maxf(top, s[j - k0]); }}",
-        "        const float alpha = expf(m - top);",
-        f"        l *= alpha; for (int d = 0; d < {g.width}; ++d) acc[d] *= alpha;",
-        "        for (long long j = k0; j < end; ++j) {",
-        "          const float p = expf(s[j - k0] - top); l += p;",
-        f"          for (int d = 0; d < {g.width}; ++d) acc[d] += p * vs[(j - k0) * {g.width} + d];",
-        "        }",
-        "        m = top;",
+        *softmax_step(g, lane_own, scale, "        "),
         "      }",
         "    }",
         f"    if (live) for (int d = 0; d < {g.width}; ++d) o[base + query * {g.stride}LL + d] = {to_storage('acc[d] / l', g.dtype)};",
@@ -230,8 +298,7 @@ def query_grad_kernel(node: Node, program: Program, tile: int = TILE, constants:
     store, _ = c_types(g.dtype)
     scale = literal(g.scale, DType.f32)
     rows = g.heads * g.length
-    seen = f"({g.length}LL < (item % {g.tiles}LL + 1) * {g.tile}LL ? {g.length}LL : (item % {g.tiles}LL + 1) * {g.tile}LL)" if g.causal else f"{g.length}LL"
-    end = f"(k0 + {g.keys}LL < query + 1 ? k0 + {g.keys}LL : query + 1)" if g.causal else f"(k0 + {g.keys}LL < {g.length}LL ? k0 + {g.keys}LL : {g.length}LL)"
+    seen, end = key_range(g)
     at = f"base + query * {g.stride}LL + d"
     body = [
         f"    const long long head = item / {g.tiles}LL, base = {g.base('head')}, query = (item % {g.tiles}LL) * {g.tile}LL + lane;",
@@ -245,18 +312,13 @@ def query_grad_kernel(node: Node, program: Program, tile: int = TILE, constants:
         "    float m = -sx_inf(), l = 0.0f;",
         *tile_loop(g, operands, "0", seen, [("ks", "k")], "k0"),
         f"      const long long end = {end};",
-        f"      if (live) for (long long j = k0; j < end; ++j) {{ {dot('qr', 'ks', f'(j - k0) * {g.width}', g.width)} const float s = dot * {scale};"
-        " if (s > m) { l = l * expf(m - s) + 1.0f; m = s; } else l += expf(s - m); }",
+        f"      if (live) {lse_step(g, lane_own, scale)}",
         "    }",
         "    const float lse = m + logf(l);",
         *tile_loop(g, operands, "0", seen, [("ks", "k"), ("vs", "v")], "k0"),
         f"      const long long end = {end};",
         "      if (live) for (long long j = k0; j < end; ++j) {",
-        f"        {dot('qr', 'ks', f'(j - k0) * {g.width}', g.width)}",
-        f"        const float p = expf(dot * {scale} - lse);",
-        f"        float dp = 0.0f; for (int d = 0; d < {g.width}; ++d) dp += gr[d] * vs[(j - k0) * {g.width} + d];",
-        "        const float ds = p * (dp - dsum);",
-        f"        for (int d = 0; d < {g.width}; ++d) dq[d] += ds * ks[(j - k0) * {g.width} + d];",
+        *dq_step(g, lane_own, scale, "        "),
         "      }",
         "    }",
         "    if (live) {",
@@ -291,9 +353,8 @@ def key_grad_kernel(node: Node, program: Program, tile: int = TILE, constants: O
     first = f"(tile_item % {g.tiles}LL) * {g.tile}LL" if g.causal else "0"
     stats_loads = (f"  SX_SHARED float ls[{g.keys}];", f"  SX_SHARED float ds_[{g.keys}];", f"  SX_SHARED float sx_own[{own_rows(g.tile, g.width)}];")
     at = f"base + key * {g.stride}LL + d"
-    dv_step = "dv[d] += p * gs[r + d]; " if not split else ""
     if split:  # a block-uniform choice: every lane of a block takes the same branch, barriers included
-        accumulate = [
+        accumulate = [*key_scores(g, lane_own, scale, "        "),
             "        if (dv_part) { for (int d = 0; d < " + str(g.width) + "; ++d) acc[d] += p * gs[r + d]; }",
             "        else {",
             f"          float dp = 0.0f; for (int d = 0; d < {g.width}; ++d) dp += gs[r + d] * vr[d];",
@@ -307,11 +368,7 @@ def key_grad_kernel(node: Node, program: Program, tile: int = TILE, constants: O
         store_lines = [f"    if (live) for (int d = 0; d < {g.width}; ++d) {{ if (dv_part) out[{2 * g.elements}LL + {at}] = {to_storage('acc[d]', g.dtype)};"
                        f" else out[{g.elements}LL + {at}] = {to_storage(f'acc[d] * {scale}', g.dtype)}; }}"]
     else:
-        accumulate = [
-            f"        float dp = 0.0f; for (int d = 0; d < {g.width}; ++d) {{ {dv_step}dp += gs[r + d] * vr[d]; }}",
-            "        const float ds = p * (dp - ds_[i - q0]);",
-            f"        for (int d = 0; d < {g.width}; ++d) dk[d] += ds * qs[r + d];",
-        ]
+        accumulate = dkv_step(g, lane_own, scale, "        ")
         accumulators = ["    const long long tile_item = item;", f"    float dk[{g.width}], dv[{g.width}];"]
         zero = "dk[d] = 0.0f; dv[d] = 0.0f;"
         store_lines = [f"    if (live) for (int d = 0; d < {g.width}; ++d) {{ out[{g.elements}LL + {at}] = {to_storage(f'dk[d] * {scale}', g.dtype)};"
@@ -329,9 +386,6 @@ def key_grad_kernel(node: Node, program: Program, tile: int = TILE, constants: O
         "      SX_SYNC_BLOCK;",
         f"      const long long start = {'(q0 > key ? q0 : key)' if g.causal else 'q0'}, stop = q0 + {g.keys}LL < {g.length}LL ? q0 + {g.keys}LL : {g.length}LL;",
         "      if (live) for (long long i = start; i < stop; ++i) {",
-        f"        const long long r = (i - q0) * {g.width};",
-        f"        {dot('kr', 'qs', 'r', g.width)}",
-        f"        const float p = expf(dot * {scale} - ls[i - q0]);",
         *accumulate,
         "      }",
         "    }",
