@@ -732,17 +732,14 @@ def rows_host(group: RowGroup, program: Program, constants: dict[int, Node], mat
 # an item's tile, over the same key tiles, read straight from memory as f32 (what the device's shared
 # memory holds): the same operations in the same order ---------------------------------------------------
 def prologue_functions(kernel: KernelSource, operands: Operands) -> tuple[str, dict[str, str]]:
-    """The CUDA kernel's lambdas `auto sx_q = [&](long long i) -> float { ... };` as static C
-    functions over the kernel's inputs in0..; and, per role, a C call taking index i."""
+    """The operands' prologues (the CUDA kernel's lambdas) as static C functions over the
+    kernel's inputs in0..; and, per role, a C call taking index i."""
     text = []
     calls = {}
     decls = [d for d in kernel.decls if d.split()[-1].startswith("in")]
     for role in sorted(operands.computed):
-        lines = operands.lambdas
-        start = lines.index(f"  auto sx_{role} = [&](long long i) -> float {{")
-        stop = lines.index("  };", start)
         params = ", ".join(decls)
-        text.append(f"static inline float sx_{role}_of_{kernel.name}({params}{', ' if params else ''}long long i) {{\n" + "\n".join(lines[start + 1 : stop]) + "\n}\n")
+        text.append(f"static inline float sx_{role}_of_{kernel.name}({params}{', ' if params else ''}long long i) {{\n" + "\n".join(operands.bodies[role]) + "\n}\n")
         names = ", ".join(d.split()[-1] for d in decls)
         calls[role] = f"sx_{role}_of_{kernel.name}({names}{', ' if names else ''}"
     return "".join(text), calls

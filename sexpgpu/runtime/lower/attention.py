@@ -211,8 +211,9 @@ ROLES = {"attention": ("q", "k", "v"), "attention_grad": ("q", "k", "v", "o", "g
 
 class Operands:
     """What an attention kernel reads, by role (q, k, v, o, g): an argument from memory, or
-    one with a prologue computed as it is loaded (a lambda over the chain's inputs, in0..),
-    so the value (a projection plus its bias) is never written."""
+    one with a prologue computed as it is loaded (a function of the element's index over the
+    chain's inputs, in0..: `bodies`, a lambda in the CUDA kernel, a static function on the
+    host), so the value (a projection plus its bias) is never written."""
 
     def __init__(self, node: Node, program: Program, constants: dict[int, Node], prologues: dict[int, Prologue], roles: tuple[str, ...]) -> None:
         types = program.types()
@@ -220,7 +221,7 @@ class Operands:
         self.computed: set[str] = set()
         self.decls: list[str] = []
         self.params: list[Param] = []
-        self.lambdas: list[str] = []
+        self.bodies: dict[str, list[str]] = {}  # per computed role, in role order: its value at index i, ending in a return
         store, _ = c_types(self.dtype)
         inputs: list[int] = []  # the prologues' inputs, numbered in0.. in the order first met
         for role, arg in zip(ROLES[node.op], node.args):
@@ -242,10 +243,15 @@ class Operands:
                 names[vid] = f"x{j}"
                 lines.append(f"    const {c_types(types[vid].dtype)[1]} x{j} = {load_expr(j, types[vid], space, 'i')};")
             chain, _ = chain_lines(prologue.nodes, names, types, constants, "    ")
-            self.lambdas += [f"  auto sx_{role} = [&](long long i) -> float {{", *lines, *chain, f"    return (float){names[prologue.value]};", "  };"]
+            self.bodies[role] = [*lines, *chain, f"    return (float){names[prologue.value]};"]
         for j, vid in enumerate(inputs):
             self.decls.append(f"const {c_types(types[vid].dtype)[0]}* __restrict__ in{j}")
             self.params.append(Param("in", vid, types[vid].dtype, tuple(types[vid].shape)))
+
+    @property
+    def lambdas(self) -> list[str]:
+        """The computed roles' bodies as the CUDA kernel's lambdas `sx_ROLE(i)`."""
+        return [line for role, body in self.bodies.items() for line in (f"  auto sx_{role} = [&](long long i) -> float {{", *body, "  };")]
 
     def load(self, role: str, index: str) -> str:
         """The element INDEX of ROLE's argument as a float."""
