@@ -615,7 +615,7 @@ def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node]
     host = [HostKernel(main.name, helpers + function(main.name, main.decls, body), main.size, main.bytes + main.flops, schedule=schedule)]
     if split > 1:
         finish = kernels[1]
-        finish_lanes = 1 if acc.lanes == "thread" else 32
+        finish_lanes = lanes_of(desc.finish_lanes)
         reducer = acc.reducer
         fbody = [
             "  for (long long o = sx_begin; o < sx_end; ++o) {",

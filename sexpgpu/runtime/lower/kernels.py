@@ -246,6 +246,12 @@ class ReduceKernel:
     sides: tuple[int, ...]
     innermost: bool  # the reduced axes include the last one (an output's elements are neighbours in memory)
 
+    @property
+    def finish_lanes(self) -> str:
+        """Who combines a split reduction's chunks per output, in chunk order: a thread, or a
+        warp when the chunks had cooperating lanes."""
+        return "thread" if self.accumulate.lanes == "thread" else "warp"
+
     def result(self, acc: str) -> str:
         """The accumulated ACC as the output's storage holds it."""
         value = self.accumulate.reducer.finish(acc, self.count)
@@ -309,7 +315,7 @@ def reduce_kernels(group: Reduction, program: Program, constants: Optional[dict[
     body.append(f"    {only_lane0}out0[item] = acc;")
     partials = assemble(f"sx_reduce_{node.op}_chunks", decls, "item", body, params, split * outputs, flops, lanes=lanes)
     # the chunks' partial results, combined per output in chunk order
-    finish_lanes = "thread" if lanes == "thread" else "warp"
+    finish_lanes = desc.finish_lanes
     reducer = desc.accumulate.reducer
     loop_c = f"for (long long c = 0; c < {split}LL; ++c) {{" if finish_lanes == "thread" else f"for (long long c = lane; c < {split}LL; c += lanes) {{"
     out_t = node.type
