@@ -49,7 +49,7 @@ from typing import Any, Callable, Mapping, Optional
 from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, TensorType, shape_size
 from ...ir.ops import ReducerSpec, all_ops, op_def
-from ..lower.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, dkv_step, dq_step, geometry, key_range, lse_step, softmax_step
+from ..lower.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, dkv_step, dq_step, geometry, key_range, lse_step, softmax_step, stats_loads, tile_loads
 from ..lower.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage, unpack
 from ..lower.emitters import emitter_for, register_emitter
 from ..lower.kernel_ir import Accumulate, Elementwise, Load, RowReduce, RowScalar, Store, WindowStore
@@ -776,8 +776,7 @@ def attention_forward_host(step: AttentionStep, program: Program, constants: dic
         f"    const int live = (int)({g.length}LL - q0 < {T}LL ? {g.length}LL - q0 : {T}LL);",
         f"    for (int t = 0; t < live; ++t) {{ const long long query = q0 + t; for (int d = 0; d < {D}; ++d) {{ qr[t][d] = {text.load('q', f'base + query * {g.stride}LL + d')}; acc[t][d] = 0.0f; }} m[t] = -sx_inf(); l[t] = 0.0f; }}",
         f"    for (long long k0 = 0; k0 < {seen}; k0 += {K}LL) {{",
-        f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = k0 + e / {D}; ks[e] = row < {g.length}LL ? {text.load('k', f'base + row * {g.stride}LL + e % {D}')} : 0.0f;"
-        f" vs[e] = row < {g.length}LL ? {text.load('v', f'base + row * {g.stride}LL + e % {D}')} : 0.0f; }}",
+        f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = k0 + e / {D}; {tile_loads(g, text.load, [('ks', 'k'), ('vs', 'v')], 'e')} }}",
         "      for (int t = 0; t < live; ++t) {",
         "        const long long query = q0 + t;",
         f"        const long long end = {end};",
@@ -800,8 +799,7 @@ def attention_dq_host(step: AttentionGradStep, program: Program, constants: dict
     T, D, K = g.tile, g.width, g.keys
     seen, end = key_range(g)
     at = f"base + query * {g.stride}LL + d"
-    load_tile = (f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = k0 + e / {D}; ks[e] = row < {g.length}LL ? {text.load('k', f'base + row * {g.stride}LL + e % {D}')} : 0.0f;"
-                 f" vs[e] = row < {g.length}LL ? {text.load('v', f'base + row * {g.stride}LL + e % {D}')} : 0.0f; }}")
+    load_tile = f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = k0 + e / {D}; {tile_loads(g, text.load, [('ks', 'k'), ('vs', 'v')], 'e')} }}"
     body = [
         f"  float ks[{K * D}], vs[{K * D}], qr[{T}][{D}], gr[{T}][{D}], dq[{T}][{D}], dsum[{T}], m[{T}], l[{T}], lse[{T}];",
         "  for (long long item = sx_begin; item < sx_end; ++item) {",
@@ -845,7 +843,6 @@ def attention_dkv_host(step: AttentionGradStep, program: Program, constants: dic
     g = backward_geometry(step.node, program.types(), step.tile)
     text = AttentionText(step, program, constants, kernel, ("q", "k", "v", "g"))
     scale = literal(g.scale, DType.f32)
-    rows = g.heads * g.length
     T, D, K = g.tile, g.width, g.keys
     first = f"(item % {g.tiles}LL) * {T}LL" if g.causal else "0"
     at = f"base + key * {g.stride}LL + d"
@@ -859,10 +856,8 @@ def attention_dkv_host(step: AttentionGradStep, program: Program, constants: dic
         f"      for (int d = 0; d < {D}; ++d) {{ kr[t][d] = {text.load('k', at)}; vr[t][d] = {text.load('v', at)}; dk[t][d] = 0.0f; dv[t][d] = 0.0f; }}",
         "    }",
         f"    for (long long q0 = {first}; q0 < {g.length}LL; q0 += {K}LL) {{",
-        f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = q0 + e / {D}; qs[e] = row < {g.length}LL ? {text.load('q', f'base + row * {g.stride}LL + e % {D}')} : 0.0f;"
-        f" gs[e] = row < {g.length}LL ? {text.load('g', f'base + row * {g.stride}LL + e % {D}')} : 0.0f; }}",
-        f"      for (long long e = 0; e < {K}LL; ++e) {{ const long long row = q0 + e; ls[e] = row < {g.length}LL ? stats[head * {g.length}LL + row] : 0.0f;"
-        f" ds_[e] = row < {g.length}LL ? stats[{rows}LL + head * {g.length}LL + row] : 0.0f; }}",
+        f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = q0 + e / {D}; {tile_loads(g, text.load, [('qs', 'q'), ('gs', 'g')], 'e')} }}",
+        f"      for (long long e = 0; e < {K}LL; ++e) {{ const long long row = q0 + e; {stats_loads(g, 'e')} }}",
         "      for (int t = 0; t < live; ++t) {",
         "        const long long key = key0 + t;",
         f"        const long long start = {'(q0 > key ? q0 : key)' if g.causal else 'q0'}, stop = q0 + {K}LL < {g.length}LL ? q0 + {K}LL : {g.length}LL;",

@@ -124,6 +124,21 @@ def key_range(g: Geometry) -> tuple[str, str]:
     return seen, end
 
 
+Load = Callable[[str, str], str]  # (role, element index) -> the element as a float: a lambda's call on the device, a function's on the host
+
+
+def tile_loads(g: Geometry, load: Load, arrays: list[tuple[str, str]], at: str) -> str:
+    """Element AT of a tile of `keys` rows from row `row` on, for each of ARRAYS ([(tile name,
+    role)]): the role's element, zero past the sequence's end."""
+    return " ".join(f"{name}[{at}] = row < {g.length}LL ? {load(role, f'base + row * {g.stride}LL + {at} % {g.width}')} : 0.0f;" for name, role in arrays)
+
+
+def stats_loads(g: Geometry, at: str) -> str:
+    """Element AT of the key pass's tiles of the queries' log-sum-exps (ls) and D (ds_) from row `row` on."""
+    rows = g.heads * g.length
+    return f"ls[{at}] = row < {g.length}LL ? stats[head * {g.length}LL + row] : 0.0f; ds_[{at}] = row < {g.length}LL ? stats[{rows}LL + head * {g.length}LL + row] : 0.0f;"
+
+
 Own = Callable[[str], str]  # a query's (or key's) own row or scalar by name: `acc` for a lane's, `acc[t]` for a host tile's t-th
 
 
@@ -192,8 +207,7 @@ def tile_loop(g: Geometry, operands: "Operands", first: str, last: str, arrays: 
     """Open the loop over tiles of `keys` rows from FIRST to LAST (exclusive; uniform across the
     block), each tile's ARRAYS ([(shared name, role)]) loaded by all lanes, zeros past the end,
     between two barriers; ROWS names the tile's first row."""
-    loads = " ".join(f"{name}[t] = row < {g.length}LL ? {operands.load(role, f'base + row * {g.stride}LL + t % {g.width}')} : 0.0f;"
-                     for name, role in arrays)
+    loads = tile_loads(g, operands.load, arrays, "t")
     return [
         f"    for (long long {rows} = {first}; {rows} < {last}; {rows} += {g.keys}LL) {{",
         "      SX_SYNC_BLOCK;",
@@ -357,7 +371,7 @@ def key_grad_kernel(node: Node, program: Program, tile: int = TILE, constants: O
     blocks = g.heads * g.tiles
     split = splits(g)
     first = f"(tile_item % {g.tiles}LL) * {g.tile}LL" if g.causal else "0"
-    stats_loads = (f"  SX_SHARED float ls[{g.keys}];", f"  SX_SHARED float ds_[{g.keys}];", f"  SX_SHARED float sx_own[{own_rows(g.tile, g.width)}];")
+    stats_tiles = (f"  SX_SHARED float ls[{g.keys}];", f"  SX_SHARED float ds_[{g.keys}];", f"  SX_SHARED float sx_own[{own_rows(g.tile, g.width)}];")
     at = f"base + key * {g.stride}LL + d"
     if split:  # a block-uniform choice: every lane of a block takes the same branch, barriers included
         accumulate = [*key_scores(g, lane_own, scale, "        "),
@@ -388,7 +402,7 @@ def key_grad_kernel(node: Node, program: Program, tile: int = TILE, constants: O
         f"    for (int d = 0; d < {g.width}; ++d) {{ kr[d] = live ? {operands.load('k', at)} : 0.0f; vr[d] = live ? {operands.load('v', at)} : 0.0f; {zero} }}",
         *tile_loop(g, operands, first, f"{g.length}LL", [("qs", "q"), ("gs", "g")], "q0"),
         f"      for (long long t = lane; t < {g.keys}LL; t += {g.tile}) {{ const long long row = q0 + t;"
-        f" ls[t] = row < {g.length}LL ? stats[head * {g.length}LL + row] : 0.0f; ds_[t] = row < {g.length}LL ? stats[{rows}LL + head * {g.length}LL + row] : 0.0f; }}",
+        f" {stats_loads(g, 't')} }}",
         "      SX_SYNC_BLOCK;",
         f"      const long long start = {'(q0 > key ? q0 : key)' if g.causal else 'q0'}, stop = q0 + {g.keys}LL < {g.length}LL ? q0 + {g.keys}LL : {g.length}LL;",
         "      if (live) for (long long i = start; i < stop; ++i) {",
@@ -400,7 +414,7 @@ def key_grad_kernel(node: Node, program: Program, tile: int = TILE, constants: O
     decls = operands.decls + ["const float* __restrict__ stats", f"{store}* __restrict__ out"]
     params = operands.params + [Param("in", -1, DType.f32, (2 * rows,)), Param("out", node.id, g.dtype, tuple(node.type.shape))]
     return assemble("sx_attention_dkv", decls, "item", body, params, blocks * (2 if split else 1), (12 if split else 8) * pairs(g) * g.width,
-                    before=shared(["qs", "gs"], g, stats_loads + tuple(operands.lambdas)),
+                    before=shared(["qs", "gs"], g, stats_tiles + tuple(operands.lambdas)),
                     moved=operands.bytes + 2 * g.elements * BYTES[g.dtype] + 2 * rows * 4, lanes="tile", threads=g.tile)
 
 
