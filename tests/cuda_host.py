@@ -1,5 +1,6 @@
 """Host emulation of generated CUDA kernels: each kernel is compiled as C++ with a thin shim
-(`__global__` gone, `blockIdx`/`threadIdx` set by plain loops over the grid and the block, bf16
+(`__global__` gone, `blockIdx`/`threadIdx` set by plain loops over the grid and the block and
+read through the CUDA dialect's own indexing (runtime/cuda/dialect.py), bf16
 as its 16 bits with the same conversions the kernel uses) and run on NumPy arrays through
 ctypes. The code generator is then tested on every op and fusion pattern without a GPU.
 
@@ -27,6 +28,8 @@ import numpy as np
 
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.runtime.lower.blas import CUBLAS_OP_N, BlasCall
+from sexpgpu.runtime.cpu.hostc import HOST_ARITHMETIC
+from sexpgpu.runtime.cuda.dialect import INDEXING
 from sexpgpu.runtime.lower.codegen import PRELUDE, KernelSource, c_types
 
 SHIM = r"""
@@ -114,7 +117,7 @@ class HostModule:
     def __init__(self, kernels: list[KernelSource]) -> None:
         unique = {k.name: k for k in kernels}
         self.kernels = unique
-        source = SHIM + PRELUDE + "".join(k.source + launcher(k) for k in unique.values())
+        source = SHIM + INDEXING + HOST_ARITHMETIC + PRELUDE + "".join(k.source + launcher(k) for k in unique.values())
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         CACHE.mkdir(parents=True, exist_ok=True)
         lib = CACHE / f"{digest}.so"

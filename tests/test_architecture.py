@@ -7,7 +7,8 @@ inside functions included, so a lazy import cannot hide a broken rule.
 - No import circle inside runtime/; lisp/'s bottom modules (types, objects, typespecs) import
   nothing of lisp/ that imports them back.
 - The lowering (runtime/lower/) is device-neutral: the CPU device (runtime/cpu/) and the CUDA
-  device (runtime/cuda/) import it, neither imports the other, and it imports neither.
+  device (runtime/cuda/) import it, neither imports the other, and it imports neither; it
+  writes no CUDA syntax (the CUDA dialect, runtime/cuda/dialect.py, defines its names).
 - The core never imports Ray, orchestration/ or workers/; the CLI reaches them only inside
   the verbs that ask for them (`sweep --ray`, `submit`).
 - A verb's module never imports another verb's module.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -305,6 +307,29 @@ def test_the_lowering_is_shared_and_the_devices_know_nothing_of_each_other() -> 
     offenders = [i for i in imports for package in DEVICE_PACKAGES if under(i.module, package)
                  and any(under(i.target, other) for other in DEVICE_PACKAGES if other != package and other != "sexpgpu.runtime.lower")]
     assert not offenders, broken("a device package imports the other device, or the lowering imports a device", offenders)
+
+
+CUDA_SYNTAX = re.compile(r"\b(blockIdx|threadIdx|blockDim|gridDim|warpSize)\b|__(global|shared|device|host|constant|forceinline|launch_bounds)__|"
+                         r"__sync(threads|warp)\b|__CUDACC|__(umulhi|uint_as_float|float_as_uint|fadd_rn|fmul_rn|shfl\w*)\b|<<<")
+
+
+def test_the_lowering_writes_no_cuda_syntax_and_the_cuda_dialect_defines_its_names() -> None:
+    """runtime/lower/ writes its kernels over the dialect's names (codegen.DIALECT_NAMES: a
+    kernel's head, its lanes and groups, shared memory, barriers, a few intrinsics), never in
+    CUDA's own syntax; runtime/cuda/dialect.py defines every one of those names."""
+    from sexpgpu.runtime.cuda.dialect import CUDA_PRELUDE
+    from sexpgpu.runtime.lower.codegen import DIALECT_NAMES, PRELUDE
+
+    offenders = []
+    for path in sorted((REPO / "sexpgpu" / "runtime" / "lower").rglob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            found = CUDA_SYNTAX.search(line)
+            if found:
+                offenders.append(f"{path.relative_to(REPO)}:{number}: {found.group(0)}")
+    assert not offenders, "CUDA syntax in the device-neutral lowering (it belongs in runtime/cuda/dialect.py): " + ", ".join(offenders)
+    dialect = CUDA_PRELUDE.replace(PRELUDE, "")
+    undefined = [name for name in DIALECT_NAMES if not re.search(rf"#define {name}\b|\b{name}\(", dialect)]
+    assert not undefined, f"the CUDA dialect leaves {undefined} undefined"
 
 
 def test_a_run_loads_no_lisp_and_no_compiler_module(tmp_path: Path) -> None:

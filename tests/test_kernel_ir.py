@@ -116,16 +116,70 @@ def test_a_reduction_declared_by_its_reducer_spec_alone_is_the_same_on_both_devi
 
 
 def test_explain_cpu_lists_the_kernels_of_explain_cuda_each_with_its_schedule(tmp_path: Any) -> None:
-    """The same kernel names at the same step numbers on both devices, and a schedule for each."""
+    """The same launches at the same step numbers on both devices (generated kernels by their
+    names, each BLAS call by the host's name for it), and a schedule for each on both."""
+    from sexpgpu.runtime.cpu.device import BLAS_SCHEDULE, host_blas
+
     proc = subprocess.run([sys.executable, "-m", "sexpgpu", "explain", "examples/quickstart.lisp", "--cpu", "--cuda", "--json"], cwd=REPO,
                           env=environment(SEXPGPU_CACHE=str(tmp_path / "cache")), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     for name in ("train", "update"):
-        cuda = [(k["step"], n) for k in doc["cuda"]["programs"][name]["kernels"] for n in k["kernel"].split(" + ") if n.startswith("sx_")]
+        lines = doc["cuda"]["programs"][name]["kernels"]
+        cuda = [(k["step"], n if n.startswith("sx_") else host_blas(n)) for k in lines for n in k["kernel"].split(" + ")
+                if n.startswith("sx_") or host_blas(n) is not None]
         cpu = doc["cpu"]["programs"][name]["steps"]
         assert [(k["step"], k["kernel"]) for k in cpu] == cuda, name
+        assert name == "update" or any(k["schedule"] == BLAS_SCHEDULE and k["kernel"].startswith("sgemm ") for k in cpu), cpu
         assert all(k["schedule"] and k["items"] >= 1 for k in cpu), cpu
+        assert all(k["how"] for k in lines if "sx_" in k["kernel"]), [k for k in lines if not k["how"]]
     text = subprocess.run([sys.executable, "-m", "sexpgpu", "explain", "examples/quickstart.lisp", "--cpu"], cwd=REPO,
                           env=environment(SEXPGPU_CACHE=str(tmp_path / "cache")), capture_output=True, text=True, timeout=600).stdout
     assert "CPU kernels: train" in text and "32 lane partials over blocks of 256 elements" in text, text
+
+
+def test_both_dialects_render_attention_from_the_same_per_query_steps(monkeypatch: Any) -> None:
+    """The tiled attention kernels' per-query work (the online softmax, the log-sum-exp, dq,
+    dk and dv) is written once: the CUDA kernels hold each step as a lane renders it, the host
+    functions the same step for query t of a tile, in every pass, causal or not, narrow heads
+    and heads wide enough that the device splits dk from dv."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_cuda_attention import attention_program
+
+    from sexpgpu.ir.dtypes import DType
+    from sexpgpu.runtime.cpu.hostc import host_kernels, tile_own
+    from sexpgpu.runtime.lower import attention, attention_gemm
+    from sexpgpu.runtime.lower.attention import AttentionStep, backward_geometry, dkv_step, dq_step, geometry, key_scores, lane_own, lse_step, softmax_step
+    from sexpgpu.runtime.lower.codegen import literal
+    from sexpgpu.runtime.lower.fusion import lower
+    from sexpgpu.runtime.lower.kernels import kernels_for
+
+    monkeypatch.setattr(attention_gemm, "SCORES_BYTES", 0)
+    monkeypatch.setattr(attention, "TILE", 16)
+    seen: set[str] = set()
+    for causal in (True, False):
+        for width in (8, 64):
+            lowered = lower(attention_program(37, DType.f32, causal, True, width))
+            for step in (s for s in lowered.steps if s.kind == "attention"):
+                assert isinstance(step, AttentionStep)
+                node = step.node
+                cuda = kernels_for(step, lowered.program, lowered.constants)
+                host = [k.source for k in host_kernels(step, lowered.program, lowered.constants, cuda, "numpy")]
+                if node.op == "attention":
+                    g = geometry(node, lowered.program.types(), 16)
+                    scale = literal(g.scale, DType.f32)
+                    forward = [softmax_step(g, own, scale, "") for own in (lane_own, tile_own)]
+                    passes = [(cuda[0].source, host[0], *forward)]
+                else:
+                    g = backward_geometry(node, lowered.program.types(), 16)
+                    scale = literal(g.scale, DType.f32)
+                    # a device that splits dk from dv shares P's lines; the host computes both together
+                    lane_dkv = (key_scores if attention.splits(g) else dkv_step)(g, lane_own, scale, "")
+                    passes = [(cuda[0].source, host[0], [lse_step(g, lane_own, scale), *dq_step(g, lane_own, scale, "")],
+                               [lse_step(g, tile_own, scale), *dq_step(g, tile_own, scale, "")]),
+                              (cuda[1].source, host[1], lane_dkv, dkv_step(g, tile_own, scale, ""))]
+                for device, on_host, lane_lines, tile_lines in passes:
+                    assert all(line.strip() in device for line in lane_lines), (lane_lines, device)
+                    assert all(line.strip() in on_host for line in tile_lines), (tile_lines, on_host)
+                seen.add(node.op + ("/split" if node.op == "attention_grad" and attention.splits(g) else ""))
+    assert seen == {"attention", "attention_grad", "attention_grad/split"}, seen

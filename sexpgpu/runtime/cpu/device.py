@@ -212,13 +212,17 @@ class CpuRuntime:
     def step_kernels(self, program: Program) -> list[tuple[int, HostKernel]]:
         """PROGRAM's host kernels with the index of the step that launches each (the step
         numbers of `explain --cuda`), in the order a CpuProgram compiles them."""
+        return self.lowered_kernels(program)[1]
+
+    def lowered_kernels(self, program: Program) -> tuple[Lowering, list[tuple[int, HostKernel]]]:
+        """PROGRAM lowered and scheduled for the host, and its host kernels as `step_kernels`."""
         from ..lower.fusion import lower
         from ..lower.kernels import kernels_for
 
         lowering = lower(program)
         host_schedule(lowering, self.cache_bytes)
-        return [(k, kernel) for k, step in enumerate(lowering.steps)
-                for kernel in host_kernels(step, lowering.program, lowering.constants, kernels_for(step, lowering.program, lowering.constants), self.math)]
+        return lowering, [(k, kernel) for k, step in enumerate(lowering.steps)
+                          for kernel in host_kernels(step, lowering.program, lowering.constants, kernels_for(step, lowering.program, lowering.constants), self.math)]
 
     def kernels_of(self, program: Program) -> list[HostKernel]:
         """PROGRAM's host kernels, in the order a CpuProgram compiles them."""
@@ -228,13 +232,50 @@ class CpuRuntime:
         """What running PROGRAM first on this device costs in compiling (explain --cpu): its
         kernels, those new to this device, the seconds (0 from the disk cache), the library,
         and each kernel with its step, its items and how the host loops over them."""
-        steps = self.step_kernels(program)
+        lowering, steps = self.lowered_kernels(program)
         kernels = [kernel for _, kernel in steps]
         new = len({k.symbol for k in kernels if k.symbol not in self.functions})
         _, built = self.load(kernels)
         return {"kernels": len({k.name for k in kernels}), "new": new, "seconds": round(built.seconds, 3) if built else 0.0,
                 "cached": built is None or built.cached, "library": str(built.path) if built else None,
-                "steps": [{"step": k, "kernel": kernel.name, "items": kernel.size, "schedule": kernel.schedule} for k, kernel in steps]}
+                "steps": launches(lowering, steps)}
+
+
+# the host's name for the lowering's BLAS calls, and what it does with one (explain --cpu)
+HOST_BLAS = (("cublasGemmStridedBatchedEx", "sgemm, batched"), ("cublasGemmEx", "sgemm"))
+# (with threads, an f32 product of SX_SPLIT_GEMM multiply-adds or more is cut into pieces of its output on the
+# pool's threads where sx_pieces_exact finds the BLAS gives them the whole product's bits; else the BLAS's threads)
+BLAS_SCHEDULE = "NumPy's BLAS, cblas_sgemm per matrix (bf16 as f32); with threads, a large f32 product in pieces on the pool"
+
+
+def host_blas(label: str) -> Optional[str]:
+    """LABEL (a launch of explain --cuda) as the host names it, if it is a BLAS call."""
+    for cuda, host in HOST_BLAS:
+        if cuda in label:
+            return label.replace(cuda, host)
+    return None
+
+
+def launches(lowering: Lowering, steps: list[tuple[int, HostKernel]]) -> list[dict[str, Any]]:
+    """Every launch of LOWERING's steps in the order of explain --cuda's line for the step
+    (the same kernels by the same names, a BLAS call by the host's name), each with the items
+    the host's threads share and its schedule on the host."""
+    kernels: dict[int, dict[str, HostKernel]] = {}
+    for k, kernel in steps:
+        kernels.setdefault(k, {})[kernel.name] = kernel
+    out: list[dict[str, Any]] = []
+    for k, step in enumerate(lowering.steps):
+        line = step.describe(k, lowering)
+        own = kernels.pop(k, {})
+        for name in line.kernel.split(" + "):
+            blas = host_blas(name)
+            if name in own:
+                kernel = own.pop(name)
+                out.append({"step": k, "kernel": kernel.name, "items": kernel.size, "schedule": kernel.schedule})
+            elif blas is not None:
+                out.append({"step": k, "kernel": blas, "items": line.elements, "schedule": BLAS_SCHEDULE})
+        out += [{"step": k, "kernel": kernel.name, "items": kernel.size, "schedule": kernel.schedule} for kernel in own.values()]
+    return out
 
 
 # -- running one kernel from Python (the steps between stretches of the tape) ----------------------------------

@@ -25,8 +25,11 @@ CPU device (device.py) can give the items to several threads.
   into a double of its own, and the lanes' partial results are combined in the device's
   fixed tree. A split reduction's chunks likewise. The results equal the device's bit for
   bit (the host emulation of the CUDA kernels checks it: tests/test_cpu_device.py).
-- Attention: each query (or key) is computed as its CUDA thread computes it, tile by tile
-  with the device's tile sizes, so the online softmax rescales at the same keys.
+- Attention: each query (or key) is computed by the per-query steps the CUDA kernels are
+  rendered from (runtime/lower/attention.py: `softmax_step`, `lse_step`, `dq_step`,
+  `dkv_step`, over a query's own rows and scalars: a lane's own names on the device, row t
+  of a tile here), tile by tile with the device's tile sizes, so the online softmax
+  rescales at the same keys.
 
 Elementwise f32 exp, log, log1p, tanh, sin, cos and pow (the op table's `numpy_f32_loop`)
 are NumPy's own loops (the ufuncs' f32 inner loops, called on blocks of SXB elements): NumPy computes these with its own SIMD
@@ -46,7 +49,7 @@ from typing import Any, Callable, Mapping, Optional
 from ...ir.dtypes import DType
 from ...ir.graph import Node, Program, TensorType, shape_size
 from ...ir.ops import ReducerSpec, all_ops, op_def
-from ..lower.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, geometry
+from ..lower.attention import AttentionGradStep, AttentionStep, Operands, backward_geometry, dkv_step, dq_step, geometry, key_range, lse_step, softmax_step, stats_loads, tile_loads
 from ..lower.codegen import BLOCK, PRELUDE, KernelSource, LoweringError, broadcast_index, c_types, chain_lines, from_storage, literal, to_storage, unpack
 from ..lower.emitters import emitter_for, register_emitter
 from ..lower.kernel_ir import Accumulate, Elementwise, Load, RowReduce, RowScalar, Store, WindowStore
@@ -69,6 +72,16 @@ def numpy_loop_ops() -> tuple[str, ...]:
 def numpy_ufuncs() -> tuple[str, ...]:
     """The NumPy ufunc of each of `numpy_loop_ops`, in the same order."""
     return tuple(str(op_def(name).numpy_f32_loop) for name in numpy_loop_ops())
+
+# the host's side of the dialect's names (lower/codegen.py, DIALECT_NAMES) that the kernels'
+# functions use: plain static functions, the high product in 64 bits, and an add and a multiply
+# that round once (through a volatile: never contracted into a fused multiply-add)
+HOST_ARITHMETIC = r"""
+#define SX_FN static inline
+SX_FN unsigned int sx_mulhi(unsigned int a, unsigned int b) { return (unsigned int)(((unsigned long long)a * b) >> 32); }
+SX_FN float sx_fadd(float a, float b) { volatile float r = a + b; return r; }
+SX_FN float sx_fmul(float a, float b) { volatile float r = a * b; return r; }
+"""
 
 HOST_PRELUDE = r"""
 #include <math.h>
@@ -95,7 +108,7 @@ static inline void sx_np2(int k, const float* a, long sa, const float* b, long s
 
 
 def host_prelude() -> str:
-    return HOST_PRELUDE.replace("SX_LOOPS", str(len(numpy_loop_ops()))) + PRELUDE
+    return HOST_PRELUDE.replace("SX_LOOPS", str(len(numpy_loop_ops()))) + HOST_ARITHMETIC + PRELUDE
 
 
 @dataclass(frozen=True)
@@ -602,7 +615,7 @@ def reduce_host(group: ReduceGroup, program: Program, constants: dict[int, Node]
     host = [HostKernel(main.name, helpers + function(main.name, main.decls, body), main.size, main.bytes + main.flops, schedule=schedule)]
     if split > 1:
         finish = kernels[1]
-        finish_lanes = 1 if acc.lanes == "thread" else 32
+        finish_lanes = lanes_of(desc.finish_lanes)
         reducer = acc.reducer
         fbody = [
             "  for (long long o = sx_begin; o < sx_end; ++o) {",
@@ -715,24 +728,26 @@ def rows_host(group: RowGroup, program: Program, constants: dict[int, Node], mat
     return HostKernel(kernel.name, function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops, schedule=schedule)
 
 
-# -- attention: each CUDA thread's computation (a query's, or in the dk/dv pass a key's) over the same
-# tiles, with the tiles read straight from memory as f32 (what the device's shared memory holds): the
-# same operations in the same order ---------------------------------------------------------------------
+# -- attention: the device's per-query steps (a query's, or in the dk/dv pass a key's) for each query t of
+# an item's tile, over the same key tiles, read straight from memory as f32 (what the device's shared
+# memory holds): the same operations in the same order ---------------------------------------------------
 def prologue_functions(kernel: KernelSource, operands: Operands) -> tuple[str, dict[str, str]]:
-    """The CUDA kernel's lambdas `auto sx_q = [&](long long i) -> float { ... };` as static C
-    functions over the kernel's inputs in0..; and, per role, a C call taking index i."""
+    """The operands' prologues (the CUDA kernel's lambdas) as static C functions over the
+    kernel's inputs in0..; and, per role, a C call taking index i."""
     text = []
     calls = {}
     decls = [d for d in kernel.decls if d.split()[-1].startswith("in")]
     for role in sorted(operands.computed):
-        lines = operands.lambdas
-        start = lines.index(f"  auto sx_{role} = [&](long long i) -> float {{")
-        stop = lines.index("  };", start)
         params = ", ".join(decls)
-        text.append(f"static inline float sx_{role}_of_{kernel.name}({params}{', ' if params else ''}long long i) {{\n" + "\n".join(lines[start + 1 : stop]) + "\n}\n")
+        text.append(f"static inline float sx_{role}_of_{kernel.name}({params}{', ' if params else ''}long long i) {{\n" + "\n".join(operands.bodies[role]) + "\n}\n")
         names = ", ".join(d.split()[-1] for d in decls)
         calls[role] = f"sx_{role}_of_{kernel.name}({names}{', ' if names else ''}"
     return "".join(text), calls
+
+
+def tile_own(name: str) -> str:
+    """The host's: an item computes a tile of queries (or keys), query t's rows and scalars at [t]."""
+    return f"{name}[t]"
 
 
 class AttentionText:
@@ -752,8 +767,7 @@ def attention_forward_host(step: AttentionStep, program: Program, constants: dic
     g = geometry(step.node, program.types(), step.tile)
     text = AttentionText(step, program, constants, kernel, ("q", "k", "v"))
     scale = literal(g.scale, DType.f32)
-    seen = f"({g.length}LL < (item % {g.tiles}LL + 1) * {g.tile}LL ? {g.length}LL : (item % {g.tiles}LL + 1) * {g.tile}LL)" if g.causal else f"{g.length}LL"
-    end = f"(k0 + {g.keys}LL < query + 1 ? k0 + {g.keys}LL : query + 1)" if g.causal else f"(k0 + {g.keys}LL < {g.length}LL ? k0 + {g.keys}LL : {g.length}LL)"
+    seen, end = key_range(g)
     T, D, K = g.tile, g.width, g.keys
     body = [
         f"  float ks[{K * D}], vs[{K * D}], qr[{T}][{D}], acc[{T}][{D}], m[{T}], l[{T}], s[{K}];",
@@ -762,28 +776,19 @@ def attention_forward_host(step: AttentionStep, program: Program, constants: dic
         f"    const int live = (int)({g.length}LL - q0 < {T}LL ? {g.length}LL - q0 : {T}LL);",
         f"    for (int t = 0; t < live; ++t) {{ const long long query = q0 + t; for (int d = 0; d < {D}; ++d) {{ qr[t][d] = {text.load('q', f'base + query * {g.stride}LL + d')}; acc[t][d] = 0.0f; }} m[t] = -sx_inf(); l[t] = 0.0f; }}",
         f"    for (long long k0 = 0; k0 < {seen}; k0 += {K}LL) {{",
-        f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = k0 + e / {D}; ks[e] = row < {g.length}LL ? {text.load('k', f'base + row * {g.stride}LL + e % {D}')} : 0.0f;"
-        f" vs[e] = row < {g.length}LL ? {text.load('v', f'base + row * {g.stride}LL + e % {D}')} : 0.0f; }}",
+        f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = k0 + e / {D}; {tile_loads(g, text.load, [('ks', 'k'), ('vs', 'v')], 'e')} }}",
         "      for (int t = 0; t < live; ++t) {",
         "        const long long query = q0 + t;",
         f"        const long long end = {end};",
         "        if (end <= k0) continue;",
-        "        float top = m[t];",
-        f"        for (long long j = k0; j < end; ++j) {{ float dot = 0.0f; for (int d = 0; d < {D}; ++d) dot += qr[t][d] * ks[(j - k0) * {D} + d];"
-        f" s[j - k0] = dot * {scale}; top = sx_maxf(top, s[j - k0]); }}",
-        "        const float alpha = expf(m[t] - top);",
-        f"        l[t] *= alpha; for (int d = 0; d < {D}; ++d) acc[t][d] *= alpha;",
-        "        for (long long j = k0; j < end; ++j) {",
-        "          const float p = expf(s[j - k0] - top); l[t] += p;",
-        f"          for (int d = 0; d < {D}; ++d) acc[t][d] += p * vs[(j - k0) * {D} + d];",
-        "        }",
-        "        m[t] = top;",
+        *softmax_step(g, tile_own, scale, "        "),
         "      }",
         "    }",
         f"    for (int t = 0; t < live; ++t) for (int d = 0; d < {D}; ++d) o[base + (q0 + t) * {g.stride}LL + d] = {to_storage('acc[t][d] / l[t]', g.dtype)};",
         "  }",
     ]
-    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops)
+    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops,
+                      schedule=f"a tile of {T} queries per item, K and V tiles of {K} keys on the stack, each query's online softmax as its CUDA thread's")
 
 
 def attention_dq_host(step: AttentionGradStep, program: Program, constants: dict[int, Node], kernel: KernelSource) -> HostKernel:
@@ -792,11 +797,9 @@ def attention_dq_host(step: AttentionGradStep, program: Program, constants: dict
     scale = literal(g.scale, DType.f32)
     rows = g.heads * g.length
     T, D, K = g.tile, g.width, g.keys
-    seen = f"({g.length}LL < (item % {g.tiles}LL + 1) * {T}LL ? {g.length}LL : (item % {g.tiles}LL + 1) * {T}LL)" if g.causal else f"{g.length}LL"
-    end = f"(k0 + {K}LL < query + 1 ? k0 + {K}LL : query + 1)" if g.causal else f"(k0 + {K}LL < {g.length}LL ? k0 + {K}LL : {g.length}LL)"
+    seen, end = key_range(g)
     at = f"base + query * {g.stride}LL + d"
-    load_tile = (f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = k0 + e / {D}; ks[e] = row < {g.length}LL ? {text.load('k', f'base + row * {g.stride}LL + e % {D}')} : 0.0f;"
-                 f" vs[e] = row < {g.length}LL ? {text.load('v', f'base + row * {g.stride}LL + e % {D}')} : 0.0f; }}")
+    load_tile = f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = k0 + e / {D}; {tile_loads(g, text.load, [('ks', 'k'), ('vs', 'v')], 'e')} }}"
     body = [
         f"  float ks[{K * D}], vs[{K * D}], qr[{T}][{D}], gr[{T}][{D}], dq[{T}][{D}], dsum[{T}], m[{T}], l[{T}], lse[{T}];",
         "  for (long long item = sx_begin; item < sx_end; ++item) {",
@@ -811,8 +814,7 @@ def attention_dq_host(step: AttentionGradStep, program: Program, constants: dict
         load_tile,
         "      for (int t = 0; t < live; ++t) {",
         f"        const long long query = q0 + t; const long long end = {end};",
-        f"        for (long long j = k0; j < end; ++j) {{ float dot = 0.0f; for (int d = 0; d < {D}; ++d) dot += qr[t][d] * ks[(j - k0) * {D} + d]; const float s = dot * {scale};"
-        " if (s > m[t]) { l[t] = l[t] * expf(m[t] - s) + 1.0f; m[t] = s; } else l[t] += expf(s - m[t]); }",
+        f"        {lse_step(g, tile_own, scale)}",
         "      }",
         "    }",
         "    for (int t = 0; t < live; ++t) lse[t] = m[t] + logf(l[t]);",
@@ -821,11 +823,7 @@ def attention_dq_host(step: AttentionGradStep, program: Program, constants: dict
         "      for (int t = 0; t < live; ++t) {",
         f"        const long long query = q0 + t; const long long end = {end};",
         "        for (long long j = k0; j < end; ++j) {",
-        f"          float dot = 0.0f; for (int d = 0; d < {D}; ++d) dot += qr[t][d] * ks[(j - k0) * {D} + d];",
-        f"          const float p = expf(dot * {scale} - lse[t]);",
-        f"          float dp = 0.0f; for (int d = 0; d < {D}; ++d) dp += gr[t][d] * vs[(j - k0) * {D} + d];",
-        "          const float ds = p * (dp - dsum[t]);",
-        f"          for (int d = 0; d < {D}; ++d) dq[t][d] += ds * ks[(j - k0) * {D} + d];",
+        *dq_step(g, tile_own, scale, "          "),
         "        }",
         "      }",
         "    }",
@@ -836,14 +834,15 @@ def attention_dq_host(step: AttentionGradStep, program: Program, constants: dict
         "    }",
         "  }",
     ]
-    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops)
+    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), kernel.size, kernel.bytes + kernel.flops,
+                      schedule=f"a tile of {T} queries per item, K and V tiles of {K} keys on the stack: each query's log-sum-exp, then its dq, "
+                      "as its CUDA thread's")
 
 
 def attention_dkv_host(step: AttentionGradStep, program: Program, constants: dict[int, Node], kernel: KernelSource) -> HostKernel:
     g = backward_geometry(step.node, program.types(), step.tile)
     text = AttentionText(step, program, constants, kernel, ("q", "k", "v", "g"))
     scale = literal(g.scale, DType.f32)
-    rows = g.heads * g.length
     T, D, K = g.tile, g.width, g.keys
     first = f"(item % {g.tiles}LL) * {T}LL" if g.causal else "0"
     at = f"base + key * {g.stride}LL + d"
@@ -857,20 +856,13 @@ def attention_dkv_host(step: AttentionGradStep, program: Program, constants: dic
         f"      for (int d = 0; d < {D}; ++d) {{ kr[t][d] = {text.load('k', at)}; vr[t][d] = {text.load('v', at)}; dk[t][d] = 0.0f; dv[t][d] = 0.0f; }}",
         "    }",
         f"    for (long long q0 = {first}; q0 < {g.length}LL; q0 += {K}LL) {{",
-        f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = q0 + e / {D}; qs[e] = row < {g.length}LL ? {text.load('q', f'base + row * {g.stride}LL + e % {D}')} : 0.0f;"
-        f" gs[e] = row < {g.length}LL ? {text.load('g', f'base + row * {g.stride}LL + e % {D}')} : 0.0f; }}",
-        f"      for (long long e = 0; e < {K}LL; ++e) {{ const long long row = q0 + e; ls[e] = row < {g.length}LL ? stats[head * {g.length}LL + row] : 0.0f;"
-        f" ds_[e] = row < {g.length}LL ? stats[{rows}LL + head * {g.length}LL + row] : 0.0f; }}",
+        f"      for (long long e = 0; e < {K * D}LL; ++e) {{ const long long row = q0 + e / {D}; {tile_loads(g, text.load, [('qs', 'q'), ('gs', 'g')], 'e')} }}",
+        f"      for (long long e = 0; e < {K}LL; ++e) {{ const long long row = q0 + e; {stats_loads(g, 'e')} }}",
         "      for (int t = 0; t < live; ++t) {",
         "        const long long key = key0 + t;",
         f"        const long long start = {'(q0 > key ? q0 : key)' if g.causal else 'q0'}, stop = q0 + {K}LL < {g.length}LL ? q0 + {K}LL : {g.length}LL;",
         "        for (long long i = start; i < stop; ++i) {",
-        f"          const long long r = (i - q0) * {D};",
-        f"          float dot = 0.0f; for (int d = 0; d < {D}; ++d) dot += kr[t][d] * qs[r + d];",
-        f"          const float p = expf(dot * {scale} - ls[i - q0]);",
-        f"          float dp = 0.0f; for (int d = 0; d < {D}; ++d) {{ dv[t][d] += p * gs[r + d]; dp += gs[r + d] * vr[t][d]; }}",
-        "          const float ds = p * (dp - ds_[i - q0]);",
-        f"          for (int d = 0; d < {D}; ++d) dk[t][d] += ds * qs[r + d];",
+        *dkv_step(g, tile_own, scale, "          "),
         "        }",
         "      }",
         "    }",
@@ -881,7 +873,8 @@ def attention_dkv_host(step: AttentionGradStep, program: Program, constants: dic
         "  }",
     ]
     # its tiles' items (the device's kernel may give each tile two blocks, one for dk, one for dv)
-    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), g.heads * g.tiles, kernel.bytes + kernel.flops)
+    return HostKernel(kernel.name, text.helpers + function(kernel.name, kernel.decls, body), g.heads * g.tiles, kernel.bytes + kernel.flops,
+                      schedule=f"a tile of {T} keys per item, Q and g tiles of {K} queries on the stack, each key's dk and dv as its CUDA thread's")
 
 
 # -- every kernel of a step -------------------------------------------------------------------------------

@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from ..diskcache import cache_root, publish
-from ..lower.codegen import PRELUDE, KernelSource
+from ..lower.codegen import KernelSource
+from .dialect import cuda_source
 
 COMPILE_OPTIONS = ("--std=c++14", "--fmad=false")  # no fused multiply-add: a*b+c rounds twice, as on the CPU
 
 
 def unit_source(kernels: list[KernelSource]) -> str:
     """What KERNELS are compiled from together."""
-    return PRELUDE + "".join(k.source for k in kernels)
+    return cuda_source(kernels)
 
 
 def digest(source: str, options: tuple[str, ...] = COMPILE_OPTIONS) -> str:

@@ -17,9 +17,9 @@ import numpy as np
 from ..backend import DeviceError
 from ..diskcache import point_cupy_cache
 from ..lower.blas import CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUDA_TYPES, BlasCall
-from ..lower.codegen import BLOCK, PRELUDE, KernelSource
+from ..lower.codegen import BLOCK, KernelSource
 from ..lower.executor import ArrayDevice
-from .cubins import COMPILE_OPTIONS, lookup
+from .cubins import COMPILE_OPTIONS, lookup, unit_source
 
 
 class CupyRunner:
@@ -49,7 +49,7 @@ class CupyRunner:
             self.functions[name] = module.get_function(name)
         if not missing:
             return
-        source = PRELUDE + "".join(k.source for k in missing)
+        source = unit_source(missing)
         digest = hashlib.sha256(source.encode()).hexdigest()
         module = self.modules.get(digest)
         if module is None:

@@ -1,1 +1,1 @@
-"""The device-neutral lowering both compiled devices run: the fusion partition into steps, the steps' kernels (as CUDA C, which the host emitter rewrites for the CPU), the BLAS calls, the arena plan, the executor, and the lowering report."""
+"""The device-neutral lowering both compiled devices run: the fusion partition into steps, the steps' kernels (device kernels in the dialect names of codegen.py, which runtime/cuda/dialect.py makes CUDA and the host emitter rewrites for the CPU), the BLAS calls, the arena plan, the executor, and the lowering report."""

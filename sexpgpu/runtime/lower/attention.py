@@ -26,12 +26,17 @@ element has one writer, which adds in a fixed order):
 
 Sequence lengths need not be multiples of the tile: threads past the end load zeros, keep
 their hands off the results, and meet every barrier as the others do.
+
+The per-query work of each pass (`softmax_step`, `lse_step`, `dq_step`, `dkv_step`) is
+written once, over a query's own rows and scalars by name (`Own`): the CUDA kernels here
+render it with a lane's own names, the host dialect (runtime/cpu/hostc.py) for row t of a
+tile of queries per item, so the two compute the same operations in the same order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import numpy as np
 
@@ -111,12 +116,98 @@ def dot(row: str, tile: str, at: str, width: int) -> str:
     return f"float dot = 0.0f; for (int d = 0; d < {width}; ++d) dot += {row}[d] * {tile}[{at} + d];"
 
 
+def key_range(g: Geometry) -> tuple[str, str]:
+    """The keys item `item`'s tile of queries sees, [0, seen) (causal: up to its last query),
+    and the end of key tile k0's keys that query `query` sees."""
+    seen = f"({g.length}LL < (item % {g.tiles}LL + 1) * {g.tile}LL ? {g.length}LL : (item % {g.tiles}LL + 1) * {g.tile}LL)" if g.causal else f"{g.length}LL"
+    end = f"(k0 + {g.keys}LL < query + 1 ? k0 + {g.keys}LL : query + 1)" if g.causal else f"(k0 + {g.keys}LL < {g.length}LL ? k0 + {g.keys}LL : {g.length}LL)"
+    return seen, end
+
+
+Load = Callable[[str, str], str]  # (role, element index) -> the element as a float: a lambda's call on the device, a function's on the host
+
+
+def tile_loads(g: Geometry, load: Load, arrays: list[tuple[str, str]], at: str) -> str:
+    """Element AT of a tile of `keys` rows from row `row` on, for each of ARRAYS ([(tile name,
+    role)]): the role's element, zero past the sequence's end."""
+    return " ".join(f"{name}[{at}] = row < {g.length}LL ? {load(role, f'base + row * {g.stride}LL + {at} % {g.width}')} : 0.0f;" for name, role in arrays)
+
+
+def stats_loads(g: Geometry, at: str) -> str:
+    """Element AT of the key pass's tiles of the queries' log-sum-exps (ls) and D (ds_) from row `row` on."""
+    rows = g.heads * g.length
+    return f"ls[{at}] = row < {g.length}LL ? stats[head * {g.length}LL + row] : 0.0f; ds_[{at}] = row < {g.length}LL ? stats[{rows}LL + head * {g.length}LL + row] : 0.0f;"
+
+
+Own = Callable[[str], str]  # a query's (or key's) own row or scalar by name: `acc` for a lane's, `acc[t]` for a host tile's t-th
+
+
+def lane_own(name: str) -> str:
+    """The device's: a lane computes one query (or key), its rows and scalars its own names."""
+    return name
+
+
+def softmax_step(g: Geometry, own: Own, scale: str, indent: str) -> list[str]:
+    """The forward pass's online softmax over one key tile [k0, end) for one query: its scores
+    into s, its maximum, the running sum and output rescaled, then P v added. The
+    description both dialects render (the device's lane, the host's query of a tile)."""
+    acc, m, total = own("acc"), own("m"), own("l")
+    return [
+        f"{indent}float top = {m};",
+        f"{indent}for (long long j = k0; j < end; ++j) {{ {dot(own('qr'), 'ks', f'(j - k0) * {g.width}', g.width)} s[j - k0] = dot * {scale}; top = sx_maxf(top, s[j - k0]); }}",
+        f"{indent}const float alpha = expf({m} - top);",
+        f"{indent}{total} *= alpha; for (int d = 0; d < {g.width}; ++d) {acc}[d] *= alpha;",
+        f"{indent}for (long long j = k0; j < end; ++j) {{",
+        f"{indent}  const float p = expf(s[j - k0] - top); {total} += p;",
+        f"{indent}  for (int d = 0; d < {g.width}; ++d) {acc}[d] += p * vs[(j - k0) * {g.width} + d];",
+        f"{indent}}}",
+        f"{indent}{m} = top;",
+    ]
+
+
+def lse_step(g: Geometry, own: Own, scale: str) -> str:
+    """The dq pass's first walk, one key tile [k0, end): the query's running maximum and sum."""
+    m, total = own("m"), own("l")
+    return (f"for (long long j = k0; j < end; ++j) {{ {dot(own('qr'), 'ks', f'(j - k0) * {g.width}', g.width)} const float s = dot * {scale};"
+            f" if (s > {m}) {{ {total} = {total} * expf({m} - s) + 1.0f; {m} = s; }} else {total} += expf(s - {m}); }}")
+
+
+def dq_step(g: Geometry, own: Own, scale: str, indent: str) -> list[str]:
+    """The dq pass's second walk, the body for key j: P from the log-sum-exp, dS, dq += dS k."""
+    return [
+        f"{indent}{dot(own('qr'), 'ks', f'(j - k0) * {g.width}', g.width)}",
+        f"{indent}const float p = expf(dot * {scale} - {own('lse')});",
+        f"{indent}float dp = 0.0f; for (int d = 0; d < {g.width}; ++d) dp += {own('gr')}[d] * vs[(j - k0) * {g.width} + d];",
+        f"{indent}const float ds = p * (dp - {own('dsum')});",
+        f"{indent}for (int d = 0; d < {g.width}; ++d) {own('dq')}[d] += ds * ks[(j - k0) * {g.width} + d];",
+    ]
+
+
+def key_scores(g: Geometry, own: Own, scale: str, indent: str) -> list[str]:
+    """The key pass's start for query i of the tile at q0 (r its row in the tiles): P from the stats."""
+    return [
+        f"{indent}const long long r = (i - q0) * {g.width};",
+        f"{indent}{dot(own('kr'), 'qs', 'r', g.width)}",
+        f"{indent}const float p = expf(dot * {scale} - ls[i - q0]);",
+    ]
+
+
+def dkv_step(g: Geometry, own: Own, scale: str, indent: str) -> list[str]:
+    """The key pass's body for query i, dk and dv together: P, dv += P g, dS, dk += dS q."""
+    dk, dv = own("dk"), own("dv")
+    return [
+        *key_scores(g, own, scale, indent),
+        f"{indent}float dp = 0.0f; for (int d = 0; d < {g.width}; ++d) {{ {dv}[d] += p * gs[r + d]; dp += gs[r + d] * {own('vr')}[d]; }}",
+        f"{indent}const float ds = p * (dp - ds_[i - q0]);",
+        f"{indent}for (int d = 0; d < {g.width}; ++d) {dk}[d] += ds * qs[r + d];",
+    ]
+
+
 def tile_loop(g: Geometry, operands: "Operands", first: str, last: str, arrays: list[tuple[str, str]], rows: str) -> list[str]:
     """Open the loop over tiles of `keys` rows from FIRST to LAST (exclusive; uniform across the
     block), each tile's ARRAYS ([(shared name, role)]) loaded by all lanes, zeros past the end,
     between two barriers; ROWS names the tile's first row."""
-    loads = " ".join(f"{name}[t] = row < {g.length}LL ? {operands.load(role, f'base + row * {g.stride}LL + t % {g.width}')} : 0.0f;"
-                     for name, role in arrays)
+    loads = tile_loads(g, operands.load, arrays, "t")
     return [
         f"    for (long long {rows} = {first}; {rows} < {last}; {rows} += {g.keys}LL) {{",
         "      SX_SYNC_BLOCK;",
@@ -134,8 +225,9 @@ ROLES = {"attention": ("q", "k", "v"), "attention_grad": ("q", "k", "v", "o", "g
 
 class Operands:
     """What an attention kernel reads, by role (q, k, v, o, g): an argument from memory, or
-    one with a prologue computed as it is loaded (a lambda over the chain's inputs, in0..),
-    so the value (a projection plus its bias) is never written."""
+    one with a prologue computed as it is loaded (a function of the element's index over the
+    chain's inputs, in0..: `bodies`, a lambda in the CUDA kernel, a static function on the
+    host), so the value (a projection plus its bias) is never written."""
 
     def __init__(self, node: Node, program: Program, constants: dict[int, Node], prologues: dict[int, Prologue], roles: tuple[str, ...]) -> None:
         types = program.types()
@@ -143,7 +235,7 @@ class Operands:
         self.computed: set[str] = set()
         self.decls: list[str] = []
         self.params: list[Param] = []
-        self.lambdas: list[str] = []
+        self.bodies: dict[str, list[str]] = {}  # per computed role, in role order: its value at index i, ending in a return
         store, _ = c_types(self.dtype)
         inputs: list[int] = []  # the prologues' inputs, numbered in0.. in the order first met
         for role, arg in zip(ROLES[node.op], node.args):
@@ -165,10 +257,15 @@ class Operands:
                 names[vid] = f"x{j}"
                 lines.append(f"    const {c_types(types[vid].dtype)[1]} x{j} = {load_expr(j, types[vid], space, 'i')};")
             chain, _ = chain_lines(prologue.nodes, names, types, constants, "    ")
-            self.lambdas += [f"  auto sx_{role} = [&](long long i) -> float {{", *lines, *chain, f"    return (float){names[prologue.value]};", "  };"]
+            self.bodies[role] = [*lines, *chain, f"    return (float){names[prologue.value]};"]
         for j, vid in enumerate(inputs):
             self.decls.append(f"const {c_types(types[vid].dtype)[0]}* __restrict__ in{j}")
             self.params.append(Param("in", vid, types[vid].dtype, tuple(types[vid].shape)))
+
+    @property
+    def lambdas(self) -> list[str]:
+        """The computed roles' bodies as the CUDA kernel's lambdas `sx_ROLE(i)`."""
+        return [line for role, body in self.bodies.items() for line in (f"  auto sx_{role} = [&](long long i) -> float {{", *body, "  };")]
 
     def load(self, role: str, index: str) -> str:
         """The element INDEX of ROLE's argument as a float."""
@@ -185,8 +282,7 @@ def forward_kernel(node: Node, program: Program, tile: int = TILE, constants: Op
     operands = Operands(node, program, constants or {}, prologues or {}, ("q", "k", "v"))
     store, _ = c_types(g.dtype)
     scale = literal(g.scale, DType.f32)
-    seen = f"({g.length}LL < (item % {g.tiles}LL + 1) * {g.tile}LL ? {g.length}LL : (item % {g.tiles}LL + 1) * {g.tile}LL)" if g.causal else f"{g.length}LL"
-    end = f"(k0 + {g.keys}LL < query + 1 ? k0 + {g.keys}LL : query + 1)" if g.causal else f"(k0 + {g.keys}LL < {g.length}LL ? k0 + {g.keys}LL : {g.length}LL)"
+    seen, end = key_range(g)
     body = [
         f"    const long long head = item / {g.tiles}LL, base = {g.base('head')}, query = (item % {g.tiles}LL) * {g.tile}LL + lane;",
         f"    const bool live = query < {g.length}LL;",
@@ -197,15 +293,7 @@ def forward_kernel(node: Node, program: Program, tile: int = TILE, constants: Op
         f"      const long long end = {end};",
         "      if (live && end > k0) {",
         f"        float s[{g.keys}];",
-        "        float top = m;",
-        f"        for (long long j = k0; j < end; ++j) {{ {dot('qr', 'ks', f'(j - k0) * {g.width}', g.width)} s[j - k0] = dot * {scale}; top = sx_maxf(top, s[j - k0]); }}",
-        "        const float alpha = expf(m - top);",
-        f"        l *= alpha; for (int d = 0; d < {g.width}; ++d) acc[d] *= alpha;",
-        "        for (long long j = k0; j < end; ++j) {",
-        "          const float p = expf(s[j - k0] - top); l += p;",
-        f"          for (int d = 0; d < {g.width}; ++d) acc[d] += p * vs[(j - k0) * {g.width} + d];",
-        "        }",
-        "        m = top;",
+        *softmax_step(g, lane_own, scale, "        "),
         "      }",
         "    }",
         f"    if (live) for (int d = 0; d < {g.width}; ++d) o[base + query * {g.stride}LL + d] = {to_storage('acc[d] / l', g.dtype)};",
@@ -230,8 +318,7 @@ def query_grad_kernel(node: Node, program: Program, tile: int = TILE, constants:
     store, _ = c_types(g.dtype)
     scale = literal(g.scale, DType.f32)
     rows = g.heads * g.length
-    seen = f"({g.length}LL < (item % {g.tiles}LL + 1) * {g.tile}LL ? {g.length}LL : (item % {g.tiles}LL + 1) * {g.tile}LL)" if g.causal else f"{g.length}LL"
-    end = f"(k0 + {g.keys}LL < query + 1 ? k0 + {g.keys}LL : query + 1)" if g.causal else f"(k0 + {g.keys}LL < {g.length}LL ? k0 + {g.keys}LL : {g.length}LL)"
+    seen, end = key_range(g)
     at = f"base + query * {g.stride}LL + d"
     body = [
         f"    const long long head = item / {g.tiles}LL, base = {g.base('head')}, query = (item % {g.tiles}LL) * {g.tile}LL + lane;",
@@ -245,18 +332,13 @@ def query_grad_kernel(node: Node, program: Program, tile: int = TILE, constants:
         "    float m = -sx_inf(), l = 0.0f;",
         *tile_loop(g, operands, "0", seen, [("ks", "k")], "k0"),
         f"      const long long end = {end};",
-        f"      if (live) for (long long j = k0; j < end; ++j) {{ {dot('qr', 'ks', f'(j - k0) * {g.width}', g.width)} const float s = dot * {scale};"
-        " if (s > m) { l = l * expf(m - s) + 1.0f; m = s; } else l += expf(s - m); }",
+        f"      if (live) {lse_step(g, lane_own, scale)}",
         "    }",
         "    const float lse = m + logf(l);",
         *tile_loop(g, operands, "0", seen, [("ks", "k"), ("vs", "v")], "k0"),
         f"      const long long end = {end};",
         "      if (live) for (long long j = k0; j < end; ++j) {",
-        f"        {dot('qr', 'ks', f'(j - k0) * {g.width}', g.width)}",
-        f"        const float p = expf(dot * {scale} - lse);",
-        f"        float dp = 0.0f; for (int d = 0; d < {g.width}; ++d) dp += gr[d] * vs[(j - k0) * {g.width} + d];",
-        "        const float ds = p * (dp - dsum);",
-        f"        for (int d = 0; d < {g.width}; ++d) dq[d] += ds * ks[(j - k0) * {g.width} + d];",
+        *dq_step(g, lane_own, scale, "        "),
         "      }",
         "    }",
         "    if (live) {",
@@ -289,11 +371,10 @@ def key_grad_kernel(node: Node, program: Program, tile: int = TILE, constants: O
     blocks = g.heads * g.tiles
     split = splits(g)
     first = f"(tile_item % {g.tiles}LL) * {g.tile}LL" if g.causal else "0"
-    stats_loads = (f"  SX_SHARED float ls[{g.keys}];", f"  SX_SHARED float ds_[{g.keys}];", f"  SX_SHARED float sx_own[{own_rows(g.tile, g.width)}];")
+    stats_tiles = (f"  SX_SHARED float ls[{g.keys}];", f"  SX_SHARED float ds_[{g.keys}];", f"  SX_SHARED float sx_own[{own_rows(g.tile, g.width)}];")
     at = f"base + key * {g.stride}LL + d"
-    dv_step = "dv[d] += p * gs[r + d]; " if not split else ""
     if split:  # a block-uniform choice: every lane of a block takes the same branch, barriers included
-        accumulate = [
+        accumulate = [*key_scores(g, lane_own, scale, "        "),
             "        if (dv_part) { for (int d = 0; d < " + str(g.width) + "; ++d) acc[d] += p * gs[r + d]; }",
             "        else {",
             f"          float dp = 0.0f; for (int d = 0; d < {g.width}; ++d) dp += gs[r + d] * vr[d];",
@@ -307,11 +388,7 @@ def key_grad_kernel(node: Node, program: Program, tile: int = TILE, constants: O
         store_lines = [f"    if (live) for (int d = 0; d < {g.width}; ++d) {{ if (dv_part) out[{2 * g.elements}LL + {at}] = {to_storage('acc[d]', g.dtype)};"
                        f" else out[{g.elements}LL + {at}] = {to_storage(f'acc[d] * {scale}', g.dtype)}; }}"]
     else:
-        accumulate = [
-            f"        float dp = 0.0f; for (int d = 0; d < {g.width}; ++d) {{ {dv_step}dp += gs[r + d] * vr[d]; }}",
-            "        const float ds = p * (dp - ds_[i - q0]);",
-            f"        for (int d = 0; d < {g.width}; ++d) dk[d] += ds * qs[r + d];",
-        ]
+        accumulate = dkv_step(g, lane_own, scale, "        ")
         accumulators = ["    const long long tile_item = item;", f"    float dk[{g.width}], dv[{g.width}];"]
         zero = "dk[d] = 0.0f; dv[d] = 0.0f;"
         store_lines = [f"    if (live) for (int d = 0; d < {g.width}; ++d) {{ out[{g.elements}LL + {at}] = {to_storage(f'dk[d] * {scale}', g.dtype)};"
@@ -325,13 +402,10 @@ def key_grad_kernel(node: Node, program: Program, tile: int = TILE, constants: O
         f"    for (int d = 0; d < {g.width}; ++d) {{ kr[d] = live ? {operands.load('k', at)} : 0.0f; vr[d] = live ? {operands.load('v', at)} : 0.0f; {zero} }}",
         *tile_loop(g, operands, first, f"{g.length}LL", [("qs", "q"), ("gs", "g")], "q0"),
         f"      for (long long t = lane; t < {g.keys}LL; t += {g.tile}) {{ const long long row = q0 + t;"
-        f" ls[t] = row < {g.length}LL ? stats[head * {g.length}LL + row] : 0.0f; ds_[t] = row < {g.length}LL ? stats[{rows}LL + head * {g.length}LL + row] : 0.0f; }}",
+        f" {stats_loads(g, 't')} }}",
         "      SX_SYNC_BLOCK;",
         f"      const long long start = {'(q0 > key ? q0 : key)' if g.causal else 'q0'}, stop = q0 + {g.keys}LL < {g.length}LL ? q0 + {g.keys}LL : {g.length}LL;",
         "      if (live) for (long long i = start; i < stop; ++i) {",
-        f"        const long long r = (i - q0) * {g.width};",
-        f"        {dot('kr', 'qs', 'r', g.width)}",
-        f"        const float p = expf(dot * {scale} - ls[i - q0]);",
         *accumulate,
         "      }",
         "    }",
@@ -340,7 +414,7 @@ def key_grad_kernel(node: Node, program: Program, tile: int = TILE, constants: O
     decls = operands.decls + ["const float* __restrict__ stats", f"{store}* __restrict__ out"]
     params = operands.params + [Param("in", -1, DType.f32, (2 * rows,)), Param("out", node.id, g.dtype, tuple(node.type.shape))]
     return assemble("sx_attention_dkv", decls, "item", body, params, blocks * (2 if split else 1), (12 if split else 8) * pairs(g) * g.width,
-                    before=shared(["qs", "gs"], g, stats_loads + tuple(operands.lambdas)),
+                    before=shared(["qs", "gs"], g, stats_tiles + tuple(operands.lambdas)),
                     moved=operands.bytes + 2 * g.elements * BYTES[g.dtype] + 2 * rows * 4, lanes="tile", threads=g.tile)
 
 

@@ -1,9 +1,15 @@
-"""The C that every generated CUDA kernel is made of: the prelude (bf16 conversions, NaN-aware
+"""The C that every generated device kernel is made of: the prelude (bf16 conversions, NaN-aware
 max and min, Philox), the storage and compute type of each dtype, literals, broadcast
-indexing over static shapes, the grid-stride loop over items given to threads, warps or
-blocks (`assemble`, which names a kernel by the hash of its text), the lanes' fixed-order
-tree, and one line over registers per node from the op table's expression templates
-(`chain_lines`). The generators in kernels.py and row_kernel.py build kernels from these.
+indexing over static shapes, the grid-stride loop over items given to lanes, warps of lanes
+or groups of lanes (`assemble`, which names a kernel by the hash of its text), the lanes'
+fixed-order tree, and one line over registers per node from the op table's expression
+templates (`chain_lines`). The generators in kernels.py and row_kernel.py build kernels from these.
+
+No dialect's syntax is written here: a kernel's head, where a lane is, what its group
+shares, its barriers and the few intrinsics are names (`DIALECT_NAMES`) that each dialect
+defines before PRELUDE: runtime/cuda/dialect.py as CUDA (threads, blocks, shared memory),
+runtime/cpu/hostc.py the functions' part of it for the host (tests/test_architecture.py
+checks that no CUDA syntax is in runtime/lower/).
 
 bf16 is carried as its 16 bits (`unsigned short`) and computed in f32, rounded back to bf16
 (round to nearest even) after every bf16 node, exactly as the NumPy backend computes bf16
@@ -27,18 +33,6 @@ from ...ir.ops import ReducerSpec, op_def
 from ..backend import DeviceError
 
 PRELUDE = r"""
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#define SX_COOPERATIVE extern "C" __global__ void
-#define SX_SHARED __shared__
-#define SX_SYNC_WARP __syncwarp()
-#define SX_SYNC_BLOCK __syncthreads()
-#define SX_FN __device__ __forceinline__
-#define SX_TABLE __device__ const
-SX_FN float sx_bits_float(unsigned int b) { return __uint_as_float(b); }
-SX_FN unsigned int sx_float_bits(float f) { return __float_as_uint(f); }
-#else
-#define SX_FN static inline
-#endif
 SX_FN float sx_bf16_to_f32(unsigned short h) { return sx_bits_float(((unsigned int)h) << 16); }
 SX_FN unsigned short sx_f32_to_bf16(float f) {
   unsigned int u = sx_float_bits(f);
@@ -53,15 +47,6 @@ SX_FN double sx_maxd(double a, double b) { return (a != a || b != b) ? a + b : (
 SX_FN double sx_mind(double a, double b) { return (a != a || b != b) ? a + b : (a <= b ? a : b); }
 SX_FN float sx_inf() { return sx_bits_float(0x7f800000u); }
 SX_FN float sx_nan() { return sx_bits_float(0x7fc00000u); }
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-SX_FN unsigned int sx_mulhi(unsigned int a, unsigned int b) { return __umulhi(a, b); }
-SX_FN float sx_fadd(float a, float b) { return __fadd_rn(a, b); }
-SX_FN float sx_fmul(float a, float b) { return __fmul_rn(a, b); }
-#else
-SX_FN unsigned int sx_mulhi(unsigned int a, unsigned int b) { return (unsigned int)(((unsigned long long)a * b) >> 32); }
-SX_FN float sx_fadd(float a, float b) { volatile float r = a + b; return r; }
-SX_FN float sx_fmul(float a, float b) { volatile float r = a * b; return r; }
-#endif
 SX_FN void sx_philox(unsigned int c[4], unsigned int k0, unsigned int k1) {
   for (int r = 0; r < 10; ++r) {
     if (r) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
@@ -72,6 +57,16 @@ SX_FN void sx_philox(unsigned int c[4], unsigned int k0, unsigned int k1) {
   }
 }
 """
+
+# What a dialect defines before PRELUDE (runtime/cuda/dialect.py for the GPU, runtime/cpu/hostc.py
+# for the host): the function qualifier SX_FN and SX_TABLE (a constant's table); the bit casts
+# sx_bits_float / sx_float_bits; sx_mulhi (the high word of a 32-bit product) and sx_fadd /
+# sx_fmul (one rounding, never fused); and for the kernels' own text the head of a kernel
+# (SX_KERNEL for independent items, SX_COOPERATIVE for lanes that meet at barriers), where a
+# lane is (SX_LANE: its index in its group of SX_LANES, SX_GROUP: the group's index, of
+# SX_GROUPS), memory its group shares (SX_SHARED) and the barriers (SX_SYNC_WARP, SX_SYNC_BLOCK).
+DIALECT_NAMES = ("SX_FN", "SX_TABLE", "sx_bits_float", "sx_float_bits", "sx_mulhi", "sx_fadd", "sx_fmul",
+                 "SX_KERNEL", "SX_COOPERATIVE", "SX_LANE", "SX_LANES", "SX_GROUP", "SX_GROUPS", "SX_SHARED", "SX_SYNC_WARP", "SX_SYNC_BLOCK")
 
 # storage type in memory, type the kernel computes in
 C_TYPES: dict[DType, tuple[str, str]] = {
@@ -227,14 +222,14 @@ def declare(inputs: list[int], outputs: list[int], types: dict[int, TensorType])
 # the grid-stride loop over items, by who computes one item; a warp's or a block's lanes
 # cooperate through `part` (shared memory) with `lane` in [0, lanes)
 LOOPS = {
-    "thread": ((), "(long long)blockIdx.x * blockDim.x + threadIdx.x", "(long long)blockDim.x * gridDim.x"),
-    "warp": (("  SX_SHARED double sx_part[1024];", "  const int lane = threadIdx.x & 31, lanes = 32;", "  double* part = sx_part + (threadIdx.x & ~31u);"),
-             "((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5", "((long long)blockDim.x * gridDim.x) >> 5"),
-    "block": (("  SX_SHARED double sx_part[1024];", "  const int lane = threadIdx.x, lanes = blockDim.x;", "  double* part = sx_part;"),
-              "(long long)blockIdx.x", "(long long)gridDim.x"),
-    # a block per item whose lanes share tiles of their own (`before` declares them): the
+    "thread": ((), "(long long)SX_GROUP * SX_LANES + SX_LANE", "(long long)SX_LANES * SX_GROUPS"),
+    "warp": (("  SX_SHARED double sx_part[1024];", "  const int lane = SX_LANE & 31, lanes = 32;", "  double* part = sx_part + (SX_LANE & ~31u);"),
+             "((long long)SX_GROUP * SX_LANES + SX_LANE) >> 5", "((long long)SX_LANES * SX_GROUPS) >> 5"),
+    "block": (("  SX_SHARED double sx_part[1024];", "  const int lane = SX_LANE, lanes = SX_LANES;", "  double* part = sx_part;"),
+              "(long long)SX_GROUP", "(long long)SX_GROUPS"),
+    # a group per item whose lanes share tiles of their own (`before` declares them): the
     # kernel is written for `threads` lanes
-    "tile": (("  const int lane = threadIdx.x;",), "(long long)blockIdx.x", "(long long)gridDim.x"),
+    "tile": (("  const int lane = SX_LANE;",), "(long long)SX_GROUP", "(long long)SX_GROUPS"),
 }
 SYNC = {"warp": "SX_SYNC_WARP;", "block": "SX_SYNC_BLOCK;"}
 
@@ -252,7 +247,7 @@ def assemble(prefix: str, decls: list[str], loop: str, lines: list[str], params:
         signature = ", ".join(decls + ["long long n"])
     # a kernel whose lanes cooperate is SX_COOPERATIVE: a CUDA kernel on the device, a
     # coroutine per lane in the host emulation (tests/cuda_host.py)
-    head = 'extern "C" __global__ void' if lanes == "thread" else "SX_COOPERATIVE"
+    head = "SX_KERNEL" if lanes == "thread" else "SX_COOPERATIVE"
     text = (
         f"{head} @NAME@({signature}) {{\n" + "".join(f"{line}\n" for line in (*setup, *before))
         + f"  for (long long {loop} = {first}; {loop} < n; {loop} += {stride}) {{\n"

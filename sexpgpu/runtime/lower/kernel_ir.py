@@ -9,9 +9,10 @@ division). Who shares the loop (`lanes`: a thread, a warp or a block) is part of
 takes elements l, l + lanes, ..., and the lanes' partial results meet in one fixed tree
 (the lane combine, with a barrier between its rounds).
 
-Two renderers write it: `cuda_accumulate` here (the CUDA kernels of runtime/lower/, which
-the CUDA device launches and the tests' host emulation runs) with its lanes as threads
-striding the loop and the tree through shared memory; and the host renderer
+Two renderers write it: `lanes_accumulate` here (the device kernels of runtime/lower/, in
+the dialect's names of codegen.py, which the CUDA dialect (runtime/cuda/dialect.py) makes
+CUDA and the tests' host emulation runs) with its lanes striding the loop and the tree
+through the group's shared memory; and the host renderer
 (runtime/cpu/hostc.py, `host_accumulate`) with the lanes as a stack array of partials, the
 elements in blocks so that NumPy's own loops can run over a block, and the same tree. The
 order of every addition is the description's, so the two agree bit for bit by construction.
@@ -219,8 +220,8 @@ def reducer_of(op: str) -> ReducerSpec:
     return spec
 
 
-def cuda_accumulate(desc: Accumulate, types: dict[int, TensorType], constants: dict[int, Node], names: dict[int, str], indent: str = "    ") -> tuple[list[str], int]:
-    """DESC as CUDA lines: the accumulator in a register of each lane, the lanes striding the
+def lanes_accumulate(desc: Accumulate, types: dict[int, TensorType], constants: dict[int, Node], names: dict[int, str], indent: str = "    ") -> tuple[list[str], int]:
+    """DESC as device kernel lines: the accumulator in a register of each lane, the lanes striding the
     loop, then their fixed tree; NAMES (values known before the loop) is read, not changed."""
     acc_type = "long long" if desc.integer else "double"
     inner = indent + "  "

@@ -24,7 +24,7 @@ from ...ir.graph import Node, Program, Shape, TensorType, shape_size
 from ...ir.ops_random import dropout_threshold
 from ...ir.ops_reduce import normalize_axes
 from .codegen import BYTES, GroupNodes, KernelSource, LoweringError, Param, assemble, c_types, chain_lines, combine_lanes, declare, from_storage, literal, load_expr, flat_index, to_storage
-from .kernel_ir import Accumulate, Alu, Concat, Elementwise, Load, Op, Part, Store, Window, WindowStore, cuda_accumulate, reducer_of
+from .kernel_ir import Accumulate, Alu, Concat, Elementwise, Load, Op, Part, Store, Window, WindowStore, lanes_accumulate, reducer_of
 from .lowering import Step
 
 Draw = Callable[[Node], str]  # a random op's element from its Philox word w[l], as C
@@ -246,6 +246,12 @@ class ReduceKernel:
     sides: tuple[int, ...]
     innermost: bool  # the reduced axes include the last one (an output's elements are neighbours in memory)
 
+    @property
+    def finish_lanes(self) -> str:
+        """Who combines a split reduction's chunks per output, in chunk order: a thread, or a
+        warp when the chunks had cooperating lanes."""
+        return "thread" if self.accumulate.lanes == "thread" else "warp"
+
     def result(self, acc: str) -> str:
         """The accumulated ACC as the output's storage holds it."""
         value = self.accumulate.reducer.finish(acc, self.count)
@@ -292,7 +298,7 @@ def reduce_kernels(group: Reduction, program: Program, constants: Optional[dict[
     node = group.node
     lanes, split, outputs = desc.accumulate.lanes, desc.split, desc.outputs
     only_lane0 = "" if lanes == "thread" else "if (lane == 0) "
-    loop, flops = cuda_accumulate(desc.accumulate, types, constants or {}, {})
+    loop, flops = lanes_accumulate(desc.accumulate, types, constants or {}, {})
     flops += desc.count * outputs
     body = [*([f"    const long long o = item % {outputs}LL, c = item / {outputs}LL;"] if split > 1 else []), f"    const long long base = {desc.base};", *loop]
     sides = list(desc.sides)
@@ -309,7 +315,7 @@ def reduce_kernels(group: Reduction, program: Program, constants: Optional[dict[
     body.append(f"    {only_lane0}out0[item] = acc;")
     partials = assemble(f"sx_reduce_{node.op}_chunks", decls, "item", body, params, split * outputs, flops, lanes=lanes)
     # the chunks' partial results, combined per output in chunk order
-    finish_lanes = "thread" if lanes == "thread" else "warp"
+    finish_lanes = desc.finish_lanes
     reducer = desc.accumulate.reducer
     loop_c = f"for (long long c = 0; c < {split}LL; ++c) {{" if finish_lanes == "thread" else f"for (long long c = lane; c < {split}LL; c += lanes) {{"
     out_t = node.type

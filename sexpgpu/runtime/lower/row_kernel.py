@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Protocol
 from ...ir.graph import Node, Program, Shape, TensorType, shape_size
 from ...ir.ops import OpKind, op_def
 from .codegen import GroupNodes, KernelSource, assemble, c_types, chain_lines, declare, load_expr, to_storage
-from .kernel_ir import Accumulate, Alu, Load, Op, RowKernel, RowPass, RowPhase, RowReduce, RowScalar, Store, cuda_accumulate, reducer_of
+from .kernel_ir import Accumulate, Alu, Load, Op, RowKernel, RowPass, RowPhase, RowReduce, RowScalar, Store, lanes_accumulate, reducer_of
 
 
 class RowNodes(GroupNodes, Protocol):
@@ -144,7 +144,7 @@ def rows_kernel(group: RowNodes, program: Program, constants: dict[int, Node], l
             flops += op_def(node.op).flops(node, [types[a] for a in node.args])
         elif isinstance(phase, RowReduce):
             node = phase.node
-            more, cost = cuda_accumulate(phase.accumulate, types, constants, scalars)
+            more, cost = lanes_accumulate(phase.accumulate, types, constants, scalars)
             flops += cost + shape_size(desc.space)
             lines += [*more, f"    const float s{node.id} = {desc.result(phase, phase.accumulate.acc)};"]
             scalars[node.id] = f"s{node.id}"

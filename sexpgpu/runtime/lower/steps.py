@@ -105,7 +105,7 @@ class FusedGroup(OneKernelGroup):
     def describe(self, index: int, lowered: Lowered) -> KernelLine:
         kernel = elementwise_kernel(self, lowered.program, lowered.constants)
         return KernelLine(step=index, kind=self.kind, kernel=kernel.name, nodes=[lowered.label(n) for n in self.nodes],
-                          elements=kernel.size, bytes=kernel.bytes, flops=kernel.flops)
+                          elements=kernel.size, bytes=kernel.bytes, flops=kernel.flops, how="a thread per element")
 
 
 @dataclass
