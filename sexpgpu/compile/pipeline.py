@@ -27,7 +27,7 @@ from ..ir.selectors import selects
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.diagnostics import Diagnostic, Note, SourceMap
 from ..lisp.evaluator import Limits, prelude_text
-from ..lisp.image import SYSTEM_FILE, SystemImage
+from ..lisp.image import SYSTEM_FILE, Leaf, SystemImage, TextKey
 from ..lisp.modules import standard_module_texts
 from ..lisp.program import Program as LispProgram
 from ..lisp.program import diagnostic_from, display_path, evaluate_file, guarded, has_errors, new_program
@@ -162,8 +162,17 @@ def check_every_selection(path: Path, limits: Optional[Limits] = None, output: A
 
 def system_image() -> SystemImage:
     """The prelude, the contract macros and the standard modules, read once for the many
-    worlds of one caller."""
-    return SystemImage.read([(SYSTEM_FILE, prelude_text()), (SYSTEM_FILE, contract_text()), *standard_module_texts()])
+    worlds of one caller; the prelude and the contract macros also as a world expands them
+    (each world built from the image then evaluates their expansions)."""
+    image = SystemImage.read([(SYSTEM_FILE, prelude_text()), (SYSTEM_FILE, contract_text()), *standard_module_texts()])
+    recorded: dict[TextKey, tuple[Leaf, ...]] = {}
+
+    def record() -> None:
+        program = new_program(None, image=image, recording=recorded)
+        Compiler(program.interp, Selection(), Path.cwd())
+
+    _, problem = guarded(record)
+    return image if problem is not None else image.with_expansions(recorded)
 
 
 def check_selections(path: Path, base: CompileResult, limits: Optional[Limits], declared: Optional[Declared], image: Optional[SystemImage]) -> Checked:
