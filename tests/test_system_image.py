@@ -177,8 +177,8 @@ def test_a_sweeps_check_builds_one_image_and_a_plain_file_none(monkeypatch: pyte
     made: list[SystemImage] = []
     real = pipeline.system_image
 
-    def counted() -> SystemImage:
-        made.append(real())
+    def counted(expand: bool = True) -> SystemImage:
+        made.append(real(expand))
         return made[-1]
 
     monkeypatch.setattr(pipeline, "system_image", counted)
@@ -278,3 +278,34 @@ def test_a_system_texts_leaves_keep_its_gensyms_and_an_object_no_template_holds_
     assert answers[0] == answers[1]
     made = re.fullmatch(r"\(#:g(\d+) #:b(\d+) (\d+) t 1\)", answers[0])
     assert made is not None and int(made[1]) + 1 == int(made[2]) == int(made[3]) - 1
+
+
+def test_a_sweeps_check_records_the_expansions_in_its_base_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_every_selection builds no world of its own to record the expansions: the base
+    compile's world records them, and every later world of the check evaluates them."""
+    worlds: list[Interpreter] = []
+    leaves: list[Interpreter] = []
+    init, load_leaves = Interpreter.__init__, Interpreter.load_leaves
+
+    def building(interp: Interpreter, *args: Any) -> None:
+        worlds.append(interp)
+        init(interp, *args)
+
+    def replaying(interp: Interpreter, *args: Any) -> None:
+        leaves.append(interp)
+        load_leaves(interp, *args)
+
+    compiles: list[Path] = []
+    compile_file = pipeline.compile_file
+
+    def compiling(path: Path, *args: Any, **kwargs: Any) -> Any:
+        compiles.append(path)
+        return compile_file(path, *args, **kwargs)
+
+    monkeypatch.setattr(Interpreter, "__init__", building)
+    monkeypatch.setattr(Interpreter, "load_leaves", replaying)
+    monkeypatch.setattr(pipeline, "compile_file", compiling)
+    check_every_selection(EXAMPLES / "search.lisp")
+    assert len(compiles) > 2 and len(worlds) == len(compiles)  # one world per compile, none more
+    assert worlds[0].recording is not None and worlds[0] not in leaves
+    assert all(w.recording is None and leaves.count(w) == 2 for w in worlds[1:])  # the prelude, the contract macros
