@@ -58,8 +58,7 @@ def test_every_system_text_is_imaged() -> None:
 
 @pytest.fixture
 def read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The file names of the texts worlds read from now on (Interpreter.load_text, and
-    record_text where no image holds the text)."""
+    """The file names of the texts worlds read from now on (Interpreter.load_text)."""
     files: list[str] = []
     load_text = Interpreter.load_text
 
@@ -67,15 +66,7 @@ def read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         files.append(file)
         return load_text(interp, text, file, table)
 
-    record_text = Interpreter.record_text
-
-    def recording(interp: Interpreter, text: str, kept: Any) -> None:
-        if kept is None:  # it reads the text itself as it records it
-            files.append(SYSTEM_FILE)
-        record_text(interp, text, kept)
-
     monkeypatch.setattr(Interpreter, "load_text", reading)
-    monkeypatch.setattr(Interpreter, "record_text", recording)
     return files
 
 
@@ -207,19 +198,14 @@ def test_watch_reads_the_system_texts_once_for_all_its_checks(read: list[str], c
     assert SYSTEM_FILE not in read and not any(f.startswith("sexpgpu/lib/") for f in read)
 
 
-def test_variants_reads_the_system_texts_once_past_the_file_as_it_is(read: list[str], capsys: pytest.CaptureFixture[str],
-                                                                     monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_variants_reads_the_system_texts_once_past_the_file_as_it_is(read: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """`variants` of a sweep file: the file as it is is compiled in a world that reads the
-    prelude and the contract macros (and records their expansions on disk: the next process
-    reads neither); every point's world takes them from one image."""
-    monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path))
+    prelude and the contract macros; every point's world takes them from one image."""
     parser = argparse.ArgumentParser()
     sweeps.register(parser.add_subparsers())
     args = parser.parse_args(["variants", "--json", str(EXAMPLES / "sweep.lisp")])
     assert run_with_big_stack(lambda: args.run(args)) == 0
     assert '"sweeps"' in capsys.readouterr().out
-    assert read.count(SYSTEM_FILE) == 2
-    assert run_with_big_stack(lambda: args.run(args)) == 0
     assert read.count(SYSTEM_FILE) == 2
 
 
@@ -294,11 +280,9 @@ def test_a_system_texts_leaves_keep_its_gensyms_and_an_object_no_template_holds_
     assert made is not None and int(made[1]) + 1 == int(made[2]) == int(made[3]) - 1
 
 
-def test_a_sweeps_check_records_the_expansions_in_its_base_compile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_sweeps_check_records_the_expansions_in_its_base_compile(monkeypatch: pytest.MonkeyPatch) -> None:
     """check_every_selection builds no world of its own to record the expansions: the base
-    compile's world records them (where the disk does not hold them: a fresh cache here),
-    and every later world of the check evaluates them."""
-    monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path))
+    compile's world records them, and every later world of the check evaluates them."""
     worlds: list[Interpreter] = []
     leaves: list[Interpreter] = []
     init, load_leaves = Interpreter.__init__, Interpreter.load_leaves

@@ -27,7 +27,6 @@ from ..ir.selectors import selects
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.diagnostics import Diagnostic, Note, SourceMap
 from ..lisp.evaluator import Limits, prelude_text
-from ..lisp import imagecache
 from ..lisp.image import SYSTEM_FILE, Leaf, SystemImage, TextKey
 from ..lisp.modules import standard_module_texts
 from ..lisp.program import Program as LispProgram
@@ -72,13 +71,7 @@ def compile_file(path: Path, selection: Optional[Selection] = None, limits: Opti
         chosen, imposed, written = resolve_selection(path, selection or Selection(), declared)
     except LispError as exc:
         return CompileResult(diagnostics=[diagnostic_from(exc)])
-    stored: Optional[dict[TextKey, tuple[Leaf, ...]]] = None
-    if image is None and recording is None:
-        image, recording = with_recorded(SystemImage({}))
-        stored = recording
     made, problem = guarded(lambda: compiling_world(path, limits, output, chosen, imposed, written, probing, image, recording))
-    if stored:
-        imagecache.store(base_texts(), stored)
     if made is None:
         return CompileResult(diagnostics=[problem] if problem else [])
     fresh, compiler = made
@@ -163,11 +156,10 @@ def check_every_selection(path: Path, limits: Optional[Limits] = None, output: A
         declared = None  # the base compile reports it
     recorded: Optional[dict[TextKey, tuple[Leaf, ...]]] = None
     if image is None and declared is not None and (declared.variants or declared.sweeps):
-        image, recorded = with_recorded(system_image(expand=False))  # the base compile's world records what the disk lacks
+        image, recorded = system_image(expand=False), {}  # the base compile's world records the expansions
     with compiles_in_a_row() as compiled:
         base = compile_file(path, None, limits, output, declared=declared, image=image, recording=recorded)
         if image is not None and recorded:
-            imagecache.store(base_texts(), recorded)
             image = image.with_expansions(recorded)
         compiled()
         return check_selections(path, base, limits, declared, image)
@@ -179,36 +171,17 @@ def system_image(expand: bool = True) -> SystemImage:
     expands them (each world built from the image then evaluates their expansions), which
     builds one world here (a caller that builds one anyway records them there: compile_file's
     RECORDING)."""
-    image = SystemImage.read([*base_texts(), *standard_module_texts()])
+    image = SystemImage.read([(SYSTEM_FILE, prelude_text()), (SYSTEM_FILE, contract_text()), *standard_module_texts()])
     if not expand:
         return image
-    image, recorded = with_recorded(image)
-    if recorded is None:
-        return image
+    recorded: dict[TextKey, tuple[Leaf, ...]] = {}
 
     def record() -> None:
         program = new_program(None, image=image, recording=recorded)
         Compiler(program.interp, Selection(), Path.cwd())
 
     _, problem = guarded(record)
-    if problem is not None:
-        return image
-    imagecache.store(base_texts(), recorded)
-    return image.with_expansions(recorded)
-
-
-def base_texts() -> list[TextKey]:
-    """The texts every world loads into its base: the prelude, the contract macros."""
-    return [(SYSTEM_FILE, prelude_text()), (SYSTEM_FILE, contract_text())]
-
-
-def with_recorded(image: SystemImage) -> tuple[SystemImage, Optional[dict[TextKey, tuple[Leaf, ...]]]]:
-    """IMAGE with the base texts' expansions the disk keeps (lisp/imagecache.py), and None;
-    else IMAGE and the dict the next world it builds is to record them into."""
-    kept = imagecache.load(base_texts())
-    if kept is None:
-        return image, {}
-    return image.with_expansions(kept.expanded), None
+    return image if problem is not None else image.with_expansions(recorded)
 
 
 def check_selections(path: Path, base: CompileResult, limits: Optional[Limits], declared: Optional[Declared], image: Optional[SystemImage]) -> Checked:

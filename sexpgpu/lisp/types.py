@@ -132,11 +132,6 @@ def standard_symbol(name: str) -> Symbol:
     return sym
 
 
-def known_standard_symbol(name: str) -> Optional[Symbol]:
-    """The standard symbol named NAME, where one has been made (none is made here)."""
-    return _CONSTANT_SYMBOLS.get(("", name))
-
-
 def is_standard_symbol(sym: Symbol) -> bool:
     """Whether SYM is one of the symbols every table shares (NIL, T, the reader's QUOTE ...)."""
     return _CONSTANT_SYMBOLS.get(("", sym.name)) is sym
