@@ -6,10 +6,12 @@ differences are listed below with their reason."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
+from sexpgpu.compile.pipeline import system_image
+from sexpgpu.lisp.image import SystemImage
 from sexpgpu.lisp.conditions import LimitExceeded, LispError, error_class
 from sexpgpu.lisp.evaluator import Interpreter, run_with_big_stack
 from sexpgpu.lisp.printer import prin1_to_string
@@ -26,10 +28,11 @@ KNOWN_DIFFERENCES = {
 }
 
 
-def run_cases(name: str, hot: int = 0) -> list[tuple[str, str, str]]:
+def run_cases(name: str, hot: int = 0, image: Optional[SystemImage] = None) -> list[tuple[str, str, str]]:
     """Every case's result line. HOT > 0 turns code into generated Python after that many
-    calls or loops (the second tier), instead of the interpreter's defaults."""
-    program = new_program(None)
+    calls or loops (the second tier), instead of the interpreter's defaults. IMAGE: the world
+    is built from it (the prelude evaluated as its recorded expansions), as a sweep's are."""
+    program = new_program(None, image=image)
     interp = program.interp
     if hot:
         interp.hot_calls = interp.hot_loops = hot
@@ -87,6 +90,24 @@ def test_sbcl_differential(name: str, hot: int) -> None:
     for (where, source, got), want in zip(results, expected):
         if got != want and source.strip() not in KNOWN_DIFFERENCES:
             mismatches.append(f"{where} {source.strip()[:80]}\n    sbcl: {want[:120]}\n    ours: {got[:120]}")
+    assert not mismatches, f"{len(mismatches)} of {len(results)} cases differ from SBCL:\n" + "\n".join(mismatches[:30])
+
+
+@pytest.fixture(scope="module")
+def image() -> SystemImage:
+    return run_with_big_stack(system_image)
+
+
+@pytest.mark.parametrize("name", CASE_FILES)
+def test_sbcl_differential_in_a_world_from_the_system_image(name: str, image: SystemImage) -> None:
+    """The same cases in a world that evaluated the prelude's recorded expansions
+    (lisp/image.py) instead of expanding its forms itself."""
+    assert image.expanded, "the image holds no expansion"
+    expected = _expected(name)
+    results = run_with_big_stack(lambda: run_cases(name, 0, image))
+    assert len(expected) == len(results)
+    mismatches = [f"{where} {source.strip()[:80]}\n    sbcl: {want[:120]}\n    ours: {got[:120]}"
+                  for (where, source, got), want in zip(results, expected) if got != want and source.strip() not in KNOWN_DIFFERENCES]
     assert not mismatches, f"{len(mismatches)} of {len(results)} cases differ from SBCL:\n" + "\n".join(mismatches[:30])
 
 

@@ -6,6 +6,7 @@ vector with any other world built from the same image."""
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,11 @@ from sexpgpu.compile.compiler import Compiler, contract_text
 from sexpgpu.compile.pipeline import check_every_selection, system_image
 from sexpgpu.ir.experiment import Selection
 from sexpgpu.lisp.evaluator import Interpreter, prelude_text, run_with_big_stack
+from sexpgpu.lisp.diagnostics import SourceMap
 from sexpgpu.lisp.image import SYSTEM_FILE, SystemImage
 from sexpgpu.lisp.modules import standard_module_texts
 from sexpgpu.lisp.objects import BitVector
+from sexpgpu.lisp.printer import prin1_to_string
 from sexpgpu.lisp.program import Program, new_program
 from sexpgpu.lisp.reader import Reader
 from sexpgpu.lisp.types import Cons, Symbol, SymbolTable
@@ -174,8 +177,8 @@ def test_a_sweeps_check_builds_one_image_and_a_plain_file_none(monkeypatch: pyte
     made: list[SystemImage] = []
     real = pipeline.system_image
 
-    def counted() -> SystemImage:
-        made.append(real())
+    def counted(expand: bool = True) -> SystemImage:
+        made.append(real(expand))
         return made[-1]
 
     monkeypatch.setattr(pipeline, "system_image", counted)
@@ -204,3 +207,105 @@ def test_variants_reads_the_system_texts_once_past_the_file_as_it_is(read: list[
     assert run_with_big_stack(lambda: args.run(args)) == 0
     assert '"sweeps"' in capsys.readouterr().out
     assert read.count(SYSTEM_FILE) == 2
+
+
+def described(interp: Interpreter) -> dict[str, Any]:
+    """What a world holds after loading its system texts, by name and printed value."""
+
+    def printed(x: Any) -> str:
+        return prin1_to_string(x, interp.print_other)
+
+    held: dict[str, Any] = {}
+    for name in ("functions", "macros", "setf_functions", "setf_expanders", "structs", "symbol_macros"):
+        held[name] = sorted((printed(k), type(v).__name__) for k, v in getattr(interp, name).items())
+    held["values"] = sorted((printed(k), printed(v)) for k, v in interp.values.items())
+    held["plists"] = sorted((printed(k), printed(v)) for k, v in interp.plists.items())
+    held["documentation"] = sorted((printed(k[0]), k[1], v) for k, v in interp.documentation.items())
+    held["specials"] = sorted(printed(k) for k in interp.specials)
+    held["constants"] = sorted(printed(k) for k in interp.constants)
+    held["conditions"] = sorted(interp.condition_types)
+    held["counters"] = interp.counters()
+    held["base"] = (sorted(interp.base.own), sorted(interp.base.exported), sorted(interp.base.keywords))
+    return held
+
+
+def test_a_world_from_the_expansions_holds_what_a_world_that_expands_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prelude's and the contract macros' recorded expansions: a world that evaluates
+    them calls no macro's expander while it is built, and ends with the same functions,
+    macros, values, documentation, symbols and gensym counters as a world that expands the
+    forms itself."""
+    image = system_image()
+    assert set(image.expanded) == {(SYSTEM_FILE, prelude_text()), (SYSTEM_FILE, contract_text())}
+    expanded: list[Any] = []
+    call_macro = Interpreter.call_macro
+
+    def calling(interp: Interpreter, *args: Any) -> Any:
+        expanded.append(args[0])
+        return call_macro(interp, *args)
+
+    monkeypatch.setattr(Interpreter, "call_macro", calling)
+    expanding = world(SystemImage(image.texts))
+    assert len(expanded) > 100
+    expanded.clear()
+    replaying = world(image)
+    assert expanded == []
+    assert described(replaying.interp) == described(expanding.interp)
+    code = "(defmacro twice (x) `(* 2 ,x)) (defun f (x) \"doc\" (twice x)) (list (f 4) (documentation 'f 'function) (symbol-name (gensym)))"
+    answer = last_value(replaying, code)
+    assert answer == last_value(expanding, code) and answer.startswith('(8 "doc" "G')
+
+
+def test_a_system_texts_leaves_keep_its_gensyms_and_an_object_no_template_holds_is_not_recorded() -> None:
+    """A text whose expansion makes gensyms is replayed with them named as they were, and
+    *gensym-counter* where it was; a text whose expansion holds a function object is left for
+    each world to expand."""
+    texts = ["(defmacro %two () `(progn (defparameter *a* ',(gensym)) (defparameter *b* (gensym \"B\")))) (%two)",
+             "(defmacro %fn () `(defparameter *f* ',(function car))) (%fn)"]
+
+    def build(image: SystemImage, recording: dict[Any, Any] | None) -> Interpreter:
+        interp = Interpreter(None, image, recording)
+        for text in texts:
+            interp.load_system_text(text)
+        return interp
+
+    recorded: dict[Any, Any] = {}
+    image = system_image()
+    first = run_with_big_stack(lambda: build(image, recorded))
+    assert list(recorded) == [(SYSTEM_FILE, texts[0])]
+    second = run_with_big_stack(lambda: build(image.with_expansions(recorded), None))
+    asking = "(list *a* *b* *gensym-counter* (eq (symbol-package *a*) nil) (funcall *f* '(1 2)))"
+    answers = [last_value(Program(i, i.base, None, SourceMap(), None), asking) for i in (first, second)]  # type: ignore[arg-type]
+    assert answers[0] == answers[1]
+    made = re.fullmatch(r"\(#:g(\d+) #:b(\d+) (\d+) t 1\)", answers[0])
+    assert made is not None and int(made[1]) + 1 == int(made[2]) == int(made[3]) - 1
+
+
+def test_a_sweeps_check_records_the_expansions_in_its_base_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_every_selection builds no world of its own to record the expansions: the base
+    compile's world records them, and every later world of the check evaluates them."""
+    worlds: list[Interpreter] = []
+    leaves: list[Interpreter] = []
+    init, load_leaves = Interpreter.__init__, Interpreter.load_leaves
+
+    def building(interp: Interpreter, *args: Any) -> None:
+        worlds.append(interp)
+        init(interp, *args)
+
+    def replaying(interp: Interpreter, *args: Any) -> None:
+        leaves.append(interp)
+        load_leaves(interp, *args)
+
+    compiles: list[Path] = []
+    compile_file = pipeline.compile_file
+
+    def compiling(path: Path, *args: Any, **kwargs: Any) -> Any:
+        compiles.append(path)
+        return compile_file(path, *args, **kwargs)
+
+    monkeypatch.setattr(Interpreter, "__init__", building)
+    monkeypatch.setattr(Interpreter, "load_leaves", replaying)
+    monkeypatch.setattr(pipeline, "compile_file", compiling)
+    check_every_selection(EXAMPLES / "search.lisp")
+    assert len(compiles) > 2 and len(worlds) == len(compiles)  # one world per compile, none more
+    assert worlds[0].recording is not None and worlds[0] not in leaves
+    assert all(w.recording is None and leaves.count(w) == 2 for w in worlds[1:])  # the prelude, the contract macros

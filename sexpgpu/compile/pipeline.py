@@ -27,7 +27,7 @@ from ..ir.selectors import selects
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.diagnostics import Diagnostic, Note, SourceMap
 from ..lisp.evaluator import Limits, prelude_text
-from ..lisp.image import SYSTEM_FILE, SystemImage
+from ..lisp.image import SYSTEM_FILE, Leaf, SystemImage, TextKey
 from ..lisp.modules import standard_module_texts
 from ..lisp.program import Program as LispProgram
 from ..lisp.program import diagnostic_from, display_path, evaluate_file, guarded, has_errors, new_program
@@ -59,17 +59,19 @@ class CompileResult:
 
 
 def compile_file(path: Path, selection: Optional[Selection] = None, limits: Optional[Limits] = None, output: Any = None, world: int = 1,
-                 probing: Optional[Probing] = None, declared: Optional[Declared] = None, image: Optional[SystemImage] = None) -> CompileResult:
+                 probing: Optional[Probing] = None, declared: Optional[Declared] = None, image: Optional[SystemImage] = None,
+                 recording: Optional[dict[TextKey, tuple[Leaf, ...]]] = None) -> CompileResult:
     """Read, evaluate, stage and check PATH. WORLD > 1 also stages each data-parallel rank's
     train programs at batch/WORLD (the experiment's identity stays the single-device IR's).
     PROBING: a probe compile for a group of sweep points (compile_points); DECLARED: the
     file's pre-read selection, when the caller has it; IMAGE: the system texts, read once by
-    a caller that compiles many times (system_image)."""
+    a caller that compiles many times (system_image); RECORDING: where the world records
+    the expansions of the system texts it loads (lisp/image.py)."""
     try:
         chosen, imposed, written = resolve_selection(path, selection or Selection(), declared)
     except LispError as exc:
         return CompileResult(diagnostics=[diagnostic_from(exc)])
-    made, problem = guarded(lambda: compiling_world(path, limits, output, chosen, imposed, written, probing, image))
+    made, problem = guarded(lambda: compiling_world(path, limits, output, chosen, imposed, written, probing, image, recording))
     if made is None:
         return CompileResult(diagnostics=[problem] if problem else [])
     fresh, compiler = made
@@ -152,18 +154,34 @@ def check_every_selection(path: Path, limits: Optional[Limits] = None, output: A
         declared: Optional[Declared] = prescan(path)
     except LispError:
         declared = None  # the base compile reports it
+    recorded: Optional[dict[TextKey, tuple[Leaf, ...]]] = None
     if image is None and declared is not None and (declared.variants or declared.sweeps):
-        image = system_image()
+        image, recorded = system_image(expand=False), {}  # the base compile's world records the expansions
     with compiles_in_a_row() as compiled:
-        base = compile_file(path, None, limits, output, declared=declared, image=image)
+        base = compile_file(path, None, limits, output, declared=declared, image=image, recording=recorded)
+        if image is not None and recorded:
+            image = image.with_expansions(recorded)
         compiled()
         return check_selections(path, base, limits, declared, image)
 
 
-def system_image() -> SystemImage:
+def system_image(expand: bool = True) -> SystemImage:
     """The prelude, the contract macros and the standard modules, read once for the many
-    worlds of one caller."""
-    return SystemImage.read([(SYSTEM_FILE, prelude_text()), (SYSTEM_FILE, contract_text()), *standard_module_texts()])
+    worlds of one caller; with EXPAND, the prelude and the contract macros also as a world
+    expands them (each world built from the image then evaluates their expansions), which
+    builds one world here (a caller that builds one anyway records them there: compile_file's
+    RECORDING)."""
+    image = SystemImage.read([(SYSTEM_FILE, prelude_text()), (SYSTEM_FILE, contract_text()), *standard_module_texts()])
+    if not expand:
+        return image
+    recorded: dict[TextKey, tuple[Leaf, ...]] = {}
+
+    def record() -> None:
+        program = new_program(None, image=image, recording=recorded)
+        Compiler(program.interp, Selection(), Path.cwd())
+
+    _, problem = guarded(record)
+    return image if problem is not None else image.with_expansions(recorded)
 
 
 def check_selections(path: Path, base: CompileResult, limits: Optional[Limits], declared: Optional[Declared], image: Optional[SystemImage]) -> Checked:
@@ -394,9 +412,9 @@ def resolve_selection(path: Path, selection: Selection, declared: Optional[Decla
 
 def compiling_world(path: Path, limits: Optional[Limits], output: Any, selection: Selection, imposed: dict[str, Any],
                     written: Optional[dict[str, Written]] = None, probing: Optional[Probing] = None,
-                    image: Optional[SystemImage] = None) -> tuple[LispProgram, Compiler]:
+                    image: Optional[SystemImage] = None, recording: Optional[dict[TextKey, tuple[Leaf, ...]]] = None) -> tuple[LispProgram, Compiler]:
     """A fresh world for PATH with the compiler installed, watching the file's contract order."""
-    program = new_program(path, limits, output=output, image=image)
+    program = new_program(path, limits, output=output, image=image, recording=recording)
     compiler = Compiler(program.interp, selection, path.resolve().parent, imposed, root=program.loader.root, written=written, probing=probing)
     compiler.watch(program.table)
     return program, compiler

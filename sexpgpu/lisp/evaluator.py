@@ -37,7 +37,7 @@ from .objects import (
     root_frame,
 )
 from .printer import PrintOptions, function_name, prin1_to_string, print_to_string
-from .image import SYSTEM_FILE, SystemImage
+from .image import SYSTEM_FILE, Counters, Leaf, Recording, SystemImage, TextKey
 from .reader import Reader, ReadForm
 from .scope import BindPlan, Pattern, Scope
 from .typespecs import TypeSpecs
@@ -98,9 +98,12 @@ class Interpreter:
     loaded since. Not shared between compiles. IMAGE: the system texts' forms read once by a
     caller that builds many worlds (lisp/image.py); each world evaluates its own copy."""
 
-    def __init__(self, limits: Optional[Limits] = None, image: Optional[SystemImage] = None) -> None:
+    def __init__(self, limits: Optional[Limits] = None, image: Optional[SystemImage] = None,
+                 recording: Optional[dict[TextKey, tuple[Leaf, ...]]] = None) -> None:
         self.limits = limits or Limits()
         self.image = image
+        # where load_system_text records each text's leaves, for an image (lisp/image.py)
+        self.recording = recording
         self.base = SymbolTable("")
         self.table = self.base
         self.functions: dict[Symbol, Any] = {}
@@ -190,14 +193,62 @@ class Interpreter:
         self.limits = Limits()
         self.reset_budget()
         try:
+            leaves = self.image.leaves(SYSTEM_FILE, text, self.base) if self.image is not None else None
+            if leaves is not None:
+                self.load_leaves(leaves)
+                return
             kept = self.image.forms(SYSTEM_FILE, text, self.base) if self.image is not None else None
-            if kept is None:
+            if self.recording is not None:
+                self.record_text(text, kept)
+            elif kept is None:
                 self.load_text(text, SYSTEM_FILE, self.base)
             else:
                 self.load_forms(kept, self.base)
         finally:
             self.limits = user_limits
             self.reset_budget()
+
+    def load_leaves(self, leaves: Iterable[Leaf]) -> None:
+        """Evaluate a system text's recorded leaves in the base (lisp/image.py), each at the
+        gensym and gentemp counters it was recorded at."""
+        previous = self.table
+        self.table = self.base
+        start = self.counters()
+        assert start is not None, "a system text's leaves are loaded where the counters are numbers"
+        try:
+            for leaf in leaves:
+                self.set_counters(tuple(at + delta for at, delta in zip(start, leaf.counters)))
+                self.eval_toplevel(leaf.form, leaf.loc)
+        finally:
+            self.table = previous
+
+    def counters(self) -> Optional[Counters]:
+        """What names the next gensym (the evaluator's own and Lisp's *gensym-counter*) and
+        gentemp; None when *gensym-counter* is not a number."""
+        lisp = self.values.get(self.sym("*GENSYM-COUNTER*"), 0)
+        return (self.gensym_counter, self.gentemp_counter, lisp) if type(lisp) is int else None
+
+    def set_counters(self, counters: Counters) -> None:
+        self.gensym_counter, self.gentemp_counter, lisp = counters
+        self.values[self.sym("*GENSYM-COUNTER*")] = lisp
+
+    def record_text(self, text: str, kept: Optional[Iterable[ReadForm]]) -> None:
+        """Load a system text into the base as load_text does, recording its leaves (see
+        recording)."""
+        assert self.recording is not None
+        recording = Recording(self.base, self.counters())
+        forms = kept if kept is not None else iter(Reader(text, SYSTEM_FILE, self.base, features=self.features).read_next, None)
+        previous = self.table
+        self.table = self.base
+        try:
+            for read in forms:
+                recording.at = read.loc
+                self.eval_toplevel(read.form, read.loc, recording)
+        finally:
+            self.table = previous
+        leaves = recording.result()
+        if leaves is not None:
+            self.recording[SYSTEM_FILE, text] = leaves
 
     def publish_base(self) -> None:
         """Make the base library's defined names visible to every module."""
@@ -285,10 +336,10 @@ class Interpreter:
             raise LimitExceeded("L003", f"allocation limit of {self.limits.alloc} cells exceeded; is a list or string growing without bound?")
 
     # -- evaluation ------------------------------------------------------------------------
-    def eval_toplevel(self, form: Any, loc: Loc) -> Any:
+    def eval_toplevel(self, form: Any, loc: Loc, recording: Optional[Recording] = None) -> Any:
         self.current_loc = loc
         try:
-            return self.run_toplevel(form)
+            return self.run_toplevel(form, recording)
         except (LispError, LimitExceeded) as exc:
             _annotate(exc, loc)
             if isinstance(exc, LispError) and exc.loc is not None and exc.loc != loc and loc.file not in SYSTEM_FILES:
@@ -301,11 +352,12 @@ class Interpreter:
         except (ReturnFromSignal, GoSignal):
             raise lisp_error("E106", "return-from or go to a block or tag that is no longer active", "CONTROL-ERROR") from None
 
-    def run_toplevel(self, form: Any) -> Any:
+    def run_toplevel(self, form: Any, recording: Optional[Recording] = None) -> Any:
         """Evaluate FORM in the null lexical environment, as a top-level form: the forms of
         a top-level progn (also one a macro expands into) one after the other, each
         analyzed only once the ones before it have run (so a defmacro or defvar affects the
-        next form)."""
+        next form). RECORDING, where given, takes each form analyzed (a leaf) just before
+        it runs."""
         if type(form) is Cons:
             head = form.car
             loc = user_loc(form.loc)
@@ -315,7 +367,7 @@ class Interpreter:
                     result: Any = NIL
                     cell = form.cdr
                     while type(cell) is Cons:
-                        result = self.run_toplevel(cell.car)
+                        result = self.run_toplevel(cell.car, recording)
                         cell = cell.cdr
                     return result
                 except (LispError, LimitExceeded) as exc:
@@ -325,12 +377,14 @@ class Interpreter:
             if macro is not None:
                 self.step()
                 try:
-                    return self.run_toplevel(self.expand(macro, form, True))
+                    return self.run_toplevel(self.expand(macro, form, True), recording)
                 except (LispError, LimitExceeded) as exc:
                     if exc.loc is None and loc is not None:
                         exc.loc = loc
                         exc.macro = exc.macro or prin1_to_string(macro.name)
                     raise
+        if recording is not None:
+            recording.leaf(form, self.counters())
         node = self.analyzer.analyze(form, Scope(None, runtime=True))
         return node(root_frame())
 

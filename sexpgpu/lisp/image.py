@@ -19,19 +19,30 @@ the modules required so far), no object the templates do not copy (a `#nA` array
 other text is read by each world, as before. Read ahead, a name is only a name: the scratch
 table it is read into holds no symbol (not even NIL's), so what a token means is decided
 by the world's table as the world takes the form.
+
+A text a world loads into its base (the prelude, the contract macros) is also imaged as a
+world evaluates it: each top-level form's expansion, down to the forms that are neither a
+`progn` nor a macro call, which a world then analyzes and runs without calling the macros'
+expanders again (they were about half of building the prelude's world). Those forms are
+templates too, made in the world that recorded them (its base's names, its keywords, its
+gensyms), each with the gensym and gentemp counters, counted from the text's start, that it
+was evaluated at. Every world loads the same text from the same state (the builtins, the
+texts before it), so each expansion is the one its own expanders would make; an expansion
+that holds an object a template cannot copy (a function, a structure) leaves the text to be
+expanded by each world, as before.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from .diagnostics import DiagnosticError
 from .objects import BitVector
 from .reader import Reader, ReadForm
-from .types import Char, Cons, Symbol, SymbolTable, is_standard_symbol
+from .types import Char, Cons, Loc, Symbol, SymbolTable, is_standard_symbol
 
 _ATOMS = (str, int, float, Fraction, Char, bool)
 SYSTEM_FILE = "<prelude>"  # the file name the prelude and the contract macros are read under
@@ -71,6 +82,7 @@ class SystemImage:
     it, each instantiating its own copy of the forms."""
 
     texts: Mapping[TextKey, tuple[ReadForm, ...]]
+    expanded: Mapping[TextKey, tuple[Leaf, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def read(cls, texts: Iterable[TextKey]) -> SystemImage:
@@ -92,6 +104,74 @@ class SystemImage:
             return None
         return instantiated(kept, table)
 
+    def leaves(self, file: str, text: str, table: SymbolTable) -> Optional[Iterator[Leaf]]:
+        """TEXT's top-level forms as expanded (see the module's docstring), instantiated in
+        the world of TABLE one by one; None when the image holds no expansion of it."""
+        kept = self.expanded.get((file, text))
+        if kept is None:
+            return None
+        symbols: dict[int, Symbol] = {}
+        return (Leaf(instance(leaf.form, table, symbols, {}), leaf.loc, leaf.counters) for leaf in kept)
+
+    def with_expansions(self, recorded: Mapping[TextKey, tuple[Leaf, ...]]) -> SystemImage:
+        """This image with RECORDED's expansions added."""
+        return SystemImage(self.texts, MappingProxyType({**self.expanded, **recorded}))
+
+
+Counters = tuple[int, ...]  # what names the next gensym and gentemp (Interpreter.counters)
+
+
+class Leaf:
+    """A top-level form that is neither a progn nor a macro call, as a world evaluated it:
+    LOC is its top-level form's, COUNTERS the world's counters just before it ran, counted
+    from the start of its text."""
+
+    __slots__ = ("form", "loc", "counters")
+
+    def __init__(self, form: Any, loc: Loc, counters: Counters) -> None:
+        self.form = form
+        self.loc = loc
+        self.counters = counters
+
+
+class Recording:
+    """The leaves of one text as the world of TABLE evaluates it (Interpreter.load_system_text),
+    each made a template just before it runs; `failed` once one cannot be."""
+
+    def __init__(self, table: SymbolTable, counters: Optional[Counters]) -> None:
+        self.table = table
+        self.start = counters
+        self.leaves: list[Leaf] = []
+        self.at = Loc(SYSTEM_FILE, 1, 1)  # the top-level form being evaluated
+        self.failed = counters is None
+        self.copies: dict[int, Any] = {}
+        self.alive: list[Any] = []  # what COPIES names by id stays alive until the text is done
+
+    def leaf(self, form: Any, counters: Optional[Counters]) -> None:
+        """FORM, a leaf of the top-level form at `at`, about to run at COUNTERS (None: a
+        counter is not a number)."""
+        if self.failed or counters is None or self.start is None:
+            self.failed = True
+            return
+        try:
+            made = template(form, self.copies, self.name, self.alive)
+        except NotImaged:
+            self.failed = True
+            return
+        self.leaves.append(Leaf(made, self.at, tuple(now - start for now, start in zip(counters, self.start))))
+
+    def name(self, sym: Symbol, copies: dict[int, Any], alive: Optional[list[Any]]) -> Any:
+        """SYM's Name in the recording world: one of its base's names, a keyword, a gensym."""
+        package = sym.package
+        known = (self.table.own.get(sym.name) if package == "" else
+                 self.table.keywords.get(sym.name) if package == "KEYWORD" else sym if package is None else None)
+        if known is not sym:
+            raise NotImaged(f"the symbol {sym.name} is not one a world's base table gives")
+        return _name(sym, copies, alive)
+
+    def result(self) -> Optional[tuple[Leaf, ...]]:
+        return None if self.failed else tuple(self.leaves)
+
 
 def templates(file: str, text: str) -> tuple[ReadForm, ...]:
     """TEXT read as FILE into a scratch table, each form as a template; NotImaged where a
@@ -107,18 +187,26 @@ def templates(file: str, text: str) -> tuple[ReadForm, ...]:
     return tuple(ReadForm(template(form.form, copies), form.loc) for form in read)
 
 
-def template(x: Any, copies: dict[int, Any]) -> Any:
+NameOf = Callable[[Symbol, dict[int, Any], Optional[list[Any]]], Any]
+
+
+def template(x: Any, copies: dict[int, Any], name: Optional[NameOf] = None, alive: Optional[list[Any]] = None) -> Any:
     """X as a template: fresh conses and vectors (shared structure stays shared), each symbol
     a Name (the scratch table holds one symbol per name, so one Name per name; one per
-    uninterned symbol). COPIES maps the id of each object done so far to what it became."""
+    uninterned symbol; NAME makes it where the symbols are a world's). COPIES maps the id of
+    each object done so far to what it became; ALIVE, where given, keeps each such object
+    alive (a world's objects may be freed while its text runs; the reader's are not)."""
     done = copies.get(id(x))
     if done is not None:
         return done
+    name_of = name or _name
     kind = type(x)
     if kind is Symbol:
-        return _name(x, copies)
+        return name_of(x, copies, alive)
+    if alive is not None:
+        alive.append(x)
     if kind is list or kind is BitVector:
-        return _copy(x, copies, lambda item: template(item, copies))
+        return _copy(x, copies, lambda item: template(item, copies, name, alive))
     if kind is not Cons:
         if isinstance(x, _ATOMS):
             return x
@@ -129,23 +217,27 @@ def template(x: Any, copies: dict[int, Any]) -> Any:
     while True:
         car = cell.car
         if type(car) is Symbol:
-            last.car = copies.get(id(car)) or _name(car, copies)
+            last.car = copies.get(id(car)) or name_of(car, copies, alive)
         else:
-            last.car = template(car, copies)
+            last.car = template(car, copies, name, alive)
         rest = cell.cdr
         if type(rest) is not Cons or id(rest) in copies:
-            last.cdr = template(rest, copies)
+            last.cdr = template(rest, copies, name, alive)
             return head
+        if alive is not None:
+            alive.append(rest)
         fresh = Cons(None, None, rest.loc)
         copies[id(rest)] = fresh
         last.cdr = fresh
         cell, last = rest, fresh
 
 
-def _name(sym: Symbol, copies: dict[int, Any]) -> Any:
+def _name(sym: Symbol, copies: dict[int, Any], alive: Optional[list[Any]] = None) -> Any:
     """SYM's Name, made the first time (a standard symbol stays itself: every world has it)."""
     made = sym if is_standard_symbol(sym) else Name(sym.name, sym.package)
     copies[id(sym)] = made
+    if alive is not None:
+        alive.append(sym)
     return made
 
 

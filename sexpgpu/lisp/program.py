@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, TypeVar
 from .conditions import LimitExceeded, LispError, lisp_error
 from .diagnostics import Diagnostic, DiagnosticError, Note, SourceMap
 from .evaluator import Interpreter, Limits, run_with_big_stack
-from .image import SystemImage
+from .image import Leaf, SystemImage, TextKey
 from .modules import ModuleLoader, find_project_root
 from .printer import PrintTooLarge, prin1_to_string
 from .reader import Reader, decode_source
@@ -140,10 +140,11 @@ Output = Callable[[str], Any]
 
 
 def new_program(path: Optional[Path], limits: Optional[Limits] = None, stdlib: Any = None, output: Optional[Output] = None,
-                image: Optional[SystemImage] = None) -> Program:
+                image: Optional[SystemImage] = None, recording: Optional[dict[TextKey, tuple[Leaf, ...]]] = None) -> Program:
     """A fresh world. OUTPUT receives what print, princ, format t ... write (by default it
-    is kept in interp.output). IMAGE: the system texts read once for many worlds."""
-    interp = Interpreter(limits, image)
+    is kept in interp.output). IMAGE: the system texts read once for many worlds; RECORDING:
+    where the world records the leaves of the system texts it loads (lisp/image.py)."""
+    interp = Interpreter(limits, image, recording)
     if output is not None:
         interp.write = output
     sources = SourceMap()
