@@ -189,3 +189,46 @@ def test_the_default_schedule_leaves_small_batches_whole() -> None:
     host_schedule(lowering)
     (step,) = lowering.steps
     assert isinstance(step, ConvStep) and step.chunk == 0
+
+
+# batches large enough that a chunk per image is worth sharing between threads (bf16: the gemms widen into each thread's workspace)
+SHARED = [
+    ("conv2d", Case([F(64, 8, 16, 16), F(16, 8, 3, 3)], {"stride": 1, "padding": 1, "dilation": 1, "groups": 1})),
+    ("conv2d", Case([F(12, 4, 11, 9), F(6, 2, 3, 2)], {"stride": [2, 1], "padding": [1, 0], "dilation": 1, "groups": 2})),
+    ("conv2d_input_grad", Case([F(16, 8, 12, 12), F(8, 3, 3, 3)], {"stride": 1, "padding": 1, "dilation": 1, "groups": 1, "input_shape": [16, 3, 12, 12]})),
+    ("conv2d_input_grad", Case([F(12, 6, 6, 8), F(6, 2, 3, 2)], {"stride": [2, 1], "padding": [1, 0], "dilation": 1, "groups": 2, "input_shape": [12, 4, 11, 9]})),
+]
+
+
+def test_chunks_of_images_are_one_repeat_whose_items_the_threads_share_with_the_bits_of_one_thread(runtimes: dict[str, Any]) -> None:
+    """A chunked convolution's chunks are one repeat op on the tape (each chunk's im2col and
+    gemms, or gemms and col2im, on one thread, in its own copy of the step's scratch). With
+    2 and 3 threads sharing the chunks (the BLAS held to one thread, the pool's pieces forced
+    on), f32 and bf16, the bits are one thread's and the emulated device's."""
+    from threadpoolctl import threadpool_limits
+
+    from sexpgpu.runtime.cpu.device import CpuBackend, Tape
+
+    device = emulated(runtimes)
+    runtime = runtimes["chunked"]
+    backend = CpuBackend(runtime)
+    cases = [(f"{op} {case.label()} {dtype}", one_op(op, case, dtype), case, dtype) for op, case in SHARED for dtype in ("f32", "bf16")]
+    runtime.preload([p for _, p, _, _ in cases])
+    with threadpool_limits(limits=1, user_api="blas"):
+        for index, (what, program, case, dtype) in enumerate(cases):
+            rng = _rng("shared", index, dtype, "cpu-images")
+            feeds = {f"x{i}": arg.draw(rng, dtype) for i, arg in enumerate(case.args)}
+            mine = backend.program(program)
+            ops = [op for part in mine.later_tape if isinstance(part, Tape) for op in part.ops]
+            repeats = [op for op in ops if op.kind == 2]
+            assert len(repeats) == 1 and repeats[0].size == case.args[0].shape[0], (what, [(op.kind, op.size) for op in ops])
+            out_type = program.types()[program.outputs["y"]]
+            want = backend.get(LoweredProgram(program, device).run(feeds)["y"], out_type)
+            try:
+                for threads in (1, 2, 3):
+                    runtime.set_threads(threads)
+                    runtime.library.sx_pool_split_gemms(runtime.pool, int(threads > 1))
+                    for _ in range(2):
+                        assert_same_bits(backend.get(mine.run(feeds)["y"], out_type), want, f"{what} on {threads} threads")
+            finally:
+                runtime.set_threads(1)

@@ -27,7 +27,9 @@ CACHE_BYTES (1 MiB, about one core's L2 here), so that the gemm reads the column
 has just written (and the col2im those the gemm wrote) from the cache instead of memory. On
 the issue's CNN (28x28, 32 -> 64 channels, batch 64) a chunk is one image: 0.9 MB of
 columns instead of 58 MB. The weight gradient stays one gemm over the batch (its sum runs
-over every image). The chunks change no bit (no image's numbers involve another's).
+over every image). The chunks change no bit (no image's numbers involve another's). With
+threads, the chunks are the pool's items (a repeat on the tape, runtime_c.py): a chunk's
+im2col, gemm and col2im run on one core, on its own copy of the columns.
 """
 
 from __future__ import annotations

@@ -160,8 +160,9 @@ class ConvStep(NodeStep):
     A chunk of `chunk` images at a time where a device asks for it (`fit_cache`: the CPU,
     so that a chunk's columns are still in its cache when the gemm reads them, or the col2im
     reads what the gemm wrote): each chunk's im2col and gemms, or gemms and col2im, on views
-    of the chunk's images. The same bits: no image's columns, products or sums involve
-    another's."""
+    of the chunk's images, the chunks one `StepRun.each` (the CPU's threads take whole chunks,
+    each in its own copy of the scratch). The same bits: no image's columns, products or sums
+    involve another's."""
 
     parts: list[tuple[DType, int]] = field(default_factory=list)  # scratch_parts, worked out when lowered
     gemms: list[BlasCall] = field(default_factory=list)  # calls, likewise
@@ -217,16 +218,21 @@ class ConvStep(NodeStep):
         first, second = run.contiguous(node.args[0]), run.contiguous(node.args[1])
         batch = out.shape[0]
         chunk = self.chunk or batch
-        if node.op == "conv2d":  # x, w
-            for n in range(0, batch, chunk):
-                run.launch(kernels[0], [first[n : n + chunk], parts[0]])
-                for call in self.gemms:
-                    run.gemm(call, parts[0], second, out[n : n + chunk])
-        elif node.op == "conv2d_input_grad":  # g, w
-            for n in range(0, batch, chunk):
-                for call in self.gemms:
-                    run.gemm(call, first[n : n + chunk], second, parts[0])
-                run.launch(kernels[0], [parts[0], out[n : n + chunk]])
+
+        def forward(item: int) -> None:  # x, w
+            images = slice(item * chunk, (item + 1) * chunk)
+            run.launch(kernels[0], [first[images], parts[0]])
+            for call in self.gemms:
+                run.gemm(call, parts[0], second, out[images])
+
+        def input_grad(item: int) -> None:  # g, w
+            images = slice(item * chunk, (item + 1) * chunk)
+            for call in self.gemms:
+                run.gemm(call, first[images], second, parts[0])
+            run.launch(kernels[0], [parts[0], out[images]])
+
+        if node.op in CHUNKED:  # the chunks are independent: their own columns, their own images
+            run.each(batch // chunk, forward if node.op == "conv2d" else input_grad)
         else:  # x, g
             run.launch(kernels[0], [first, parts[0]])
             run.launch(kernels[1], [second, parts[1]])
