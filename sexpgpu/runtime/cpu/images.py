@@ -41,7 +41,7 @@ from ...ir.graph import Node, Program
 from ..lower.codegen import KernelSource, c_types, from_storage, to_storage
 from ..lower.emitters import register_emitter
 from ..lower.fusion import Lowering
-from ..lower.images import ConvLaunch, ConvStep, PoolLaunch, PoolStep
+from ..lower.images import ConvStep, ImageLaunch, PoolStep
 from ..lower.lowering import FitsCache
 from .hostc import PLATFORM, HostKernel, function, thread_kernel
 
@@ -86,7 +86,7 @@ def first_inside(offset: str, stride: int, count: int, limit: int, names: tuple[
 
 
 # -- convolutions --------------------------------------------------------------------------------
-def im2col_rows(node: Node, program: Program, d: ConvLaunch, kernel: KernelSource) -> HostKernel:
+def im2col_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """cols[c, i, j, n, :, :] for plane r = ((c * KH + i) * KW + j) * N + n: the kernel offset
     (i, j) and the image are found once per plane, the output rows p whose input row is inside
     the image ([plo, phi)) and the columns q whose cell is ([lo, hi)) once per plane too, and
@@ -107,7 +107,7 @@ def im2col_rows(node: Node, program: Program, d: ConvLaunch, kernel: KernelSourc
     return rows_kernel(kernel, d.c * d.kh * d.kw * d.n, body, PLANES)
 
 
-def strided_rows(store: str, d: ConvLaunch) -> list[str]:
+def strided_rows(store: str, d: ImageLaunch) -> list[str]:
     """The im2col plane's rows [plo, phi): each a copy between its zeros."""
     return ["      for (long long p = plo; p < phi; ++p) {",
             f"        {store}* __restrict__ row = plane + p * {d.ow}LL;",
@@ -118,7 +118,7 @@ def strided_rows(store: str, d: ConvLaunch) -> list[str]:
             "      }"]
 
 
-def flat_rows(store: str, d: ConvLaunch) -> list[str]:
+def flat_rows(store: str, d: ImageLaunch) -> list[str]:
     """strided_rows at stride 1 with rows as wide as the image's: the plane's rows [plo, phi)
     are one run of the image (shifted by yoff rows and off columns), copied at once where it
     lies inside the image, then each row's columns outside [lo, hi) set to 0 (they held a
@@ -138,7 +138,7 @@ def flat_rows(store: str, d: ConvLaunch) -> list[str]:
             "      }"]
 
 
-def col2im_rows(node: Node, program: Program, d: ConvLaunch, kernel: KernelSource) -> HostKernel:
+def col2im_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """gx[n, c, y, :] for row r = (n * C + c) * H + y: each cell adds the f32 columns that read
     it in kernel-offset order, from 0."""
     if (d.sh, d.sw) == (1, 1) and d.h * d.w <= PLANE_CELLS:
@@ -167,7 +167,7 @@ def col2im_rows(node: Node, program: Program, d: ConvLaunch, kernel: KernelSourc
     return rows_kernel(kernel, d.n * d.c * d.h, body)
 
 
-def col2im_planes(node: Node, d: ConvLaunch, kernel: KernelSource) -> HostKernel:
+def col2im_planes(node: Node, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """col2im_rows at stride 1 for plane r = n * C + c: the plane's accumulators on the stack,
     each kernel offset (i, j) in turn adding its columns into the rows and columns it reaches
     (found once per offset, not per row), so each cell still adds its columns in
@@ -190,7 +190,7 @@ def col2im_planes(node: Node, d: ConvLaunch, kernel: KernelSource) -> HostKernel
     return rows_kernel(kernel, d.n * d.c, body, COL2IM_PLANES)
 
 
-def grad_rows_rows(node: Node, program: Program, d: ConvLaunch, kernel: KernelSource) -> HostKernel:
+def grad_rows_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """g[n, o, :] copied to row r = o * N + n of [O, N, OH*OW]."""
     cells = d.oh * d.ow
     body = [f"    const long long n = r % {d.n}LL, o = r / {d.n}LL;",
@@ -198,7 +198,7 @@ def grad_rows_rows(node: Node, program: Program, d: ConvLaunch, kernel: KernelSo
     return rows_kernel(kernel, d.o * d.n, body)
 
 
-ConvRows = Callable[[Node, Program, ConvLaunch, KernelSource], HostKernel]
+ConvRows = Callable[[Node, Program, ImageLaunch, KernelSource], HostKernel]
 CONV_ROWS: dict[str, ConvRows] = {"sx_im2col": im2col_rows, "sx_col2im": col2im_rows, "sx_conv_grad_rows": grad_rows_rows}
 
 
@@ -209,7 +209,7 @@ def conv_host(step: ConvStep, program: Program, constants: dict[int, Node], kern
 
 
 # -- max-pools -------------------------------------------------------------------------------------
-def window_rows(d: PoolLaunch, indent: str) -> tuple[list[str], list[str]]:
+def window_rows(d: ImageLaunch, indent: str) -> tuple[list[str], list[str]]:
     """For output row (nc, p): the loop over the window's offsets k in window order, skipping
     an offset whose input row is padding, with `src` that input row and [lo, hi) the outputs q
     whose cell (at src[q * SW + off]) is inside the input; and its end."""
@@ -221,11 +221,11 @@ def window_rows(d: PoolLaunch, indent: str) -> tuple[list[str], list[str]]:
     return head, [f"{indent}}}"]
 
 
-def pool_out_coords(d: PoolLaunch) -> str:
+def pool_out_coords(d: ImageLaunch) -> str:
     return f"    const long long p = r % {d.oh}LL, nc = r / {d.oh}LL;"
 
 
-def max_pool_rows(node: Node, program: Program, d: PoolLaunch, kernel: KernelSource) -> HostKernel:
+def max_pool_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """Each output's maximum over its window's real cells in window order (NaN-propagating)."""
     dtype = node.type.dtype
     if not d.padded:
@@ -237,7 +237,7 @@ def max_pool_rows(node: Node, program: Program, d: PoolLaunch, kernel: KernelSou
     return rows_kernel(kernel, d.n * d.c * d.oh, body)
 
 
-def max_pool_index_rows(node: Node, program: Program, d: PoolLaunch, kernel: KernelSource) -> HostKernel:
+def max_pool_index_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """Each window's first maximum in window order (the first NaN, else the first real cell
     equal to the maximum; an all -inf window its first real cell), as `argmax_lines` finds it."""
     if not d.padded:
@@ -256,7 +256,7 @@ def max_pool_index_rows(node: Node, program: Program, d: PoolLaunch, kernel: Ker
     return rows_kernel(kernel, d.n * d.c * d.oh, body)
 
 
-def unpadded_max_pool_rows(node: Node, program: Program, d: PoolLaunch, kernel: KernelSource, index: bool) -> HostKernel:
+def unpadded_max_pool_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource, index: bool) -> HostKernel:
     """max_pool_rows (INDEX: max_pool_index_rows) without padding, where every window's cells
     are real: each output's window read once, cell by cell in window order, into `v`, its
     maximum `peak` as sx_maxf folds them from -inf; its index the first cell that is NaN or
@@ -267,13 +267,13 @@ def unpadded_max_pool_rows(node: Node, program: Program, d: PoolLaunch, kernel: 
     return window_loop(d, dtype, kernel, result)
 
 
-def first_maximum(d: PoolLaunch) -> list[str]:
+def first_maximum(d: ImageLaunch) -> list[str]:
     """`at`: the first of a window's cells `v` that is NaN or equal to its `peak`."""
     cells = d.kh * d.kw
     return ["      int at = 0;", f"      for (int k = {cells - 1}; k >= 0; --k) if (v[k] == peak || v[k] != v[k]) at = k;"]
 
 
-def tile_grad_rows(node: Node, program: Program, d: PoolLaunch, kernel: KernelSource) -> HostKernel:
+def tile_grad_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """sx_max_pool_tiled_grad over rows of windows: each window read once (as in
     unpadded_max_pool_rows), its first maximum's cell given 0 + the window's gradient and its
     other cells 0."""
@@ -284,7 +284,7 @@ def tile_grad_rows(node: Node, program: Program, d: PoolLaunch, kernel: KernelSo
     return window_loop(d, program.types()[node.args[0]].dtype, kernel, result, TILED_WINDOWS)
 
 
-def window_loop(d: PoolLaunch, dtype: DType, kernel: KernelSource, result: list[str], schedule: str = "") -> HostKernel:
+def window_loop(d: ImageLaunch, dtype: DType, kernel: KernelSource, result: list[str], schedule: str = "") -> HostKernel:
     """Over rows of unpadded windows: each window's cells read once into `v` (window order)
     and folded into `peak`, then RESULT."""
     cells = d.kh * d.kw
@@ -299,7 +299,7 @@ def window_loop(d: PoolLaunch, dtype: DType, kernel: KernelSource, result: list[
     return rows_kernel(kernel, d.n * d.c * d.oh, body, schedule or WINDOWS_ONCE)
 
 
-def max_pool_grad_rows(node: Node, program: Program, d: PoolLaunch, kernel: KernelSource) -> HostKernel:
+def max_pool_grad_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """gx[nc, y, :] = 0 + the gradients of the windows whose first maximum each cell is, the
     windows in kernel-offset order."""
     g_dtype = program.types()[node.args[1]].dtype
@@ -320,7 +320,7 @@ def max_pool_grad_rows(node: Node, program: Program, d: PoolLaunch, kernel: Kern
     return rows_kernel(kernel, d.n * d.c * d.h, body)
 
 
-def disjoint_max_pool_grad_rows(node: Node, d: PoolLaunch, kernel: KernelSource, g_dtype: DType) -> HostKernel:
+def disjoint_max_pool_grad_rows(node: Node, d: ImageLaunch, kernel: KernelSource, g_dtype: DType) -> HostKernel:
     """max_pool_grad_rows where no two windows share a cell (strides no smaller than the
     kernel): a cell's one window, found by division, gives it 0 + its gradient or 0, which is
     what adding the windows that chose it from 0 comes to."""
@@ -338,7 +338,7 @@ def disjoint_max_pool_grad_rows(node: Node, d: PoolLaunch, kernel: KernelSource,
     return rows_kernel(kernel, d.n * d.c * d.h, body)
 
 
-PoolRows = Callable[[Node, Program, PoolLaunch, KernelSource], HostKernel]
+PoolRows = Callable[[Node, Program, ImageLaunch, KernelSource], HostKernel]
 POOL_ROWS: dict[str, PoolRows] = {"sx_max_pool": max_pool_rows, "sx_max_pool_index": max_pool_index_rows, "sx_max_pool_grad": max_pool_grad_rows,
                                    "sx_max_pool_tiled_grad": tile_grad_rows}
 

@@ -51,30 +51,31 @@ def conv_geom(node: Node, types: dict[int, TensorType]) -> ConvGeom:
 
 
 @dataclass(frozen=True)
-class ConvLaunch:
-    """One launch of a convolution step as the kernels of both dialects read it (the CUDA
-    kernels here, the host's loops in runtime/cpu/images.py): every extent by name, built
-    once per step from the op's geometry and its chunk (`ConvStep.shape`)."""
+class ImageLaunch:
+    """One launch of a convolution or pool step as the kernels of both dialects read it (the
+    CUDA kernels here, the host's loops in runtime/cpu/images.py): every extent by name,
+    built once per step (`ConvStep.shape`, again when the host's schedule sets its chunk;
+    `PoolStep.shape`)."""
 
     n: int  # images in the launch
     c: int
-    o: int
-    groups: int
     h: int  # the input's height and width
     w: int
     oh: int  # the output's
     ow: int
-    kh: int  # the kernel's
+    kh: int  # the kernel's (the window's)
     kw: int
-    sh: int  # strides, padding, dilation
+    sh: int  # strides, padding
     sw: int
     ph: int
     pw: int
-    dh: int
-    dw: int
-    first: DType  # the dtypes of the op's two operands and its result
-    second: DType
+    first: DType  # the dtype of the op's first operand (x; g for the input gradient and the average's)
     out: DType
+    second: Optional[DType] = None  # of its second, where it has one
+    o: int = 0  # a convolution's output channels, groups and dilation
+    groups: int = 1
+    dh: int = 1
+    dw: int = 1
 
     @property
     def og(self) -> int:
@@ -93,11 +94,20 @@ class ConvLaunch:
         """Elements of the im2col matrix [C, KH, KW, N, OH, OW]."""
         return self.c * self.kh * self.kw * self.cells
 
+    @property
+    def padded(self) -> bool:
+        return (self.ph, self.pw) != (0, 0)
 
-def conv_launch(geom: ConvGeom, first: DType, second: DType, out: DType) -> ConvLaunch:
+    @property
+    def windows(self) -> int:  # a pool's outputs: N * C * OH * OW
+        return self.n * self.c * self.oh * self.ow
+
+
+def conv_launch(geom: ConvGeom, first: DType, second: DType, out: DType) -> ImageLaunch:
     """A launch of GEOM's images (a chunk's, or the batch), its operands FIRST and SECOND."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.padding, geom.dilation
-    return ConvLaunch(geom.n, geom.c, geom.o, geom.groups, geom.hw[0], geom.hw[1], geom.size[0], geom.size[1], kh, kw, sh, sw, ph, pw, dh, dw, first, second, out)
+    return ImageLaunch(n=geom.n, c=geom.c, h=geom.hw[0], w=geom.hw[1], oh=geom.size[0], ow=geom.size[1], kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw,
+                       first=first, out=out, second=second, o=geom.o, groups=geom.groups, dh=dh, dw=dw)
 
 
 def node_dtypes(node: Node, types: dict[int, TensorType]) -> tuple[DType, DType, DType]:
@@ -105,7 +115,7 @@ def node_dtypes(node: Node, types: dict[int, TensorType]) -> tuple[DType, DType,
     return types[node.args[0]].dtype, types[node.args[1]].dtype, node.type.dtype
 
 
-def im2col_kernel(node: Node, program: Program, d: ConvLaunch) -> KernelSource:
+def im2col_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """cols[c, i, j, n, p, q] = x[n, c, p*sh + i*dh - ph, q*sw + j*dw - pw], 0 in the padding."""
     x = node.args[0]
     x_t = program.types()[x]
@@ -122,7 +132,7 @@ def im2col_kernel(node: Node, program: Program, d: ConvLaunch) -> KernelSource:
     return assemble("sx_im2col", decls, "e", body, params, d.columns, 0)
 
 
-def col2im_kernel(node: Node, program: Program, d: ConvLaunch) -> KernelSource:
+def col2im_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """gx[n, c, y, x] = the f32 columns that read the cell, added in kernel-offset order."""
     dtype = node.type.dtype
     store, _ = c_types(dtype)
@@ -146,7 +156,7 @@ def col2im_kernel(node: Node, program: Program, d: ConvLaunch) -> KernelSource:
                     shape_size(shape) * d.kh * d.kw)
 
 
-def grad_rows_kernel(node: Node, program: Program, d: ConvLaunch) -> KernelSource:
+def grad_rows_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """g [N, O, OH*OW] moved to [O, N, OH*OW] (a gemm's rows, every image's together)."""
     g = node.args[1]
     g_t = program.types()[g]
@@ -158,7 +168,7 @@ def grad_rows_kernel(node: Node, program: Program, d: ConvLaunch) -> KernelSourc
     return assemble("sx_conv_grad_rows", [f"const {store}* __restrict__ in0", f"{store}* __restrict__ out0"], "e", body, params, shape_size(g_t.shape), 0)
 
 
-def transpose_kernel(node: Node, program: Program, d: ConvLaunch) -> KernelSource:
+def transpose_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """dW[g, o, kk] = the product's [g, kk, o] (each group's K x Og matrix transposed)."""
     dtype = node.type.dtype
     store, _ = c_types(dtype)
@@ -169,7 +179,7 @@ def transpose_kernel(node: Node, program: Program, d: ConvLaunch) -> KernelSourc
     return assemble("sx_conv_grad_transpose", [f"const {store}* __restrict__ in0", f"{store}* __restrict__ out0"], "e", body, params, shape_size(shape), 0)
 
 
-def conv_calls(node: Node, d: ConvLaunch, dtype: DType) -> list[BlasCall]:
+def conv_calls(node: Node, d: ImageLaunch, dtype: DType) -> list[BlasCall]:
     """The gemms of the convolution op NODE, with cuBLAS's first matrix our B (see
     `ConvStep.launch` for the buffers each reads and writes)."""
     og, k, cells, n, groups = d.og, d.k, d.oh * d.ow, d.n, d.groups
@@ -189,7 +199,7 @@ def conv_calls(node: Node, d: ConvLaunch, dtype: DType) -> list[BlasCall]:
 CHUNKED = ("conv2d", "conv2d_input_grad")  # the weight gradient adds over every image: one gemm over the batch
 
 
-def chunk_images(d: ConvLaunch, column_bytes: int, cache_bytes: int) -> int:
+def chunk_images(d: ImageLaunch, column_bytes: int, cache_bytes: int) -> int:
     """Images per launch whose columns fit in CACHE_BYTES (COLUMN_BYTES per column element):
     the largest divisor of the batch that fits, at least 1 (every launch the same size, so
     one kernel serves them all)."""
@@ -212,13 +222,13 @@ class ConvStep(NodeStep):
     parts: list[tuple[DType, int]] = field(default_factory=list)  # scratch_parts, worked out when lowered
     gemms: list[BlasCall] = field(default_factory=list)  # calls, likewise
     chunk: int = 0  # images per launch; 0: the whole batch, one launch of each kernel and gemm
-    launch_shape: Optional[ConvLaunch] = None  # `shape`, kept
+    launch_shape: Optional[ImageLaunch] = None  # `shape`, kept
     kind: ClassVar[str] = "image"
 
     def geometry(self, types: dict[int, TensorType]) -> ConvGeom:
         return conv_geom(self.node, types)
 
-    def shape(self, types: dict[int, TensorType]) -> ConvLaunch:
+    def shape(self, types: dict[int, TensorType]) -> ImageLaunch:
         """One launch: a chunk's images, or the whole batch (built once per chunk)."""
         if self.launch_shape is None or self.launch_shape.n != (self.chunk or self.geometry(types).n):
             geom = self.geometry(types)
@@ -332,45 +342,14 @@ def pool_geom(node: Node, types: dict[int, TensorType]) -> PoolGeom:
     return pool_geometry(node.op, shape, node.attrs, "")
 
 
-@dataclass(frozen=True)
-class PoolLaunch:
-    """A pool step's launch as the kernels of both dialects read it (ConvLaunch's kind):
-    every extent by name, built once per step (`PoolStep.shape`)."""
-
-    n: int
-    c: int
-    h: int  # the input's height and width
-    w: int
-    oh: int  # the output's
-    ow: int
-    kh: int  # the window's
-    kw: int
-    sh: int  # strides, padding
-    sw: int
-    ph: int
-    pw: int
-    first: DType  # the dtype of the op's first operand (x; g for the average's gradient)
-    second: Optional[DType]  # of its second (the max's gradient: g), if it has one
-    out: DType
-
-    @property
-    def padded(self) -> bool:
-        return (self.ph, self.pw) != (0, 0)
-
-    @property
-    def windows(self) -> int:  # output elements: N * C * OH * OW
-        return self.n * self.c * self.oh * self.ow
-
-
-def pool_launch(node: Node, types: dict[int, TensorType]) -> PoolLaunch:
+def pool_launch(node: Node, types: dict[int, TensorType]) -> ImageLaunch:
     geom = pool_geom(node, types)
     (kh, kw), (sh, sw), (ph, pw) = geom.kernel, geom.stride, geom.padding
-    second = types[node.args[1]].dtype if len(node.args) > 1 else None
-    return PoolLaunch(geom.n, geom.c, geom.hw[0], geom.hw[1], geom.size[0], geom.size[1], kh, kw, sh, sw, ph, pw, types[node.args[0]].dtype, second,
-                      node.type.dtype)
+    return ImageLaunch(n=geom.n, c=geom.c, h=geom.hw[0], w=geom.hw[1], oh=geom.size[0], ow=geom.size[1], kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw,
+                       first=types[node.args[0]].dtype, out=node.type.dtype, second=types[node.args[1]].dtype if len(node.args) > 1 else None)
 
 
-def window_cells(d: PoolLaunch, indent: str) -> tuple[str, str]:
+def window_cells(d: ImageLaunch, indent: str) -> tuple[str, str]:
     """The loop over a window's cells in window order (row by row), for output (n, c, p, q):
     opens `for k` with `real` (the cell is inside the input) and `cell` (its flat index)."""
     head = (f"{indent}for (int k = 0; k < {d.kh * d.kw}; ++k) {{\n"
@@ -380,11 +359,11 @@ def window_cells(d: PoolLaunch, indent: str) -> tuple[str, str]:
     return head, f"{indent}}}"
 
 
-def output_coords(d: PoolLaunch) -> str:
+def output_coords(d: ImageLaunch) -> str:
     return f"    const long long q = e % {d.ow}LL, p = (e / {d.ow}LL) % {d.oh}LL, nc = e / {d.oh * d.ow}LL;"
 
 
-def argmax_lines(d: PoolLaunch, x_dtype: DType) -> list[str]:
+def argmax_lines(d: ImageLaunch, x_dtype: DType) -> list[str]:
     """`at`: the window's first maximum in window order: the first NaN if it has one, else
     the first real cell equal to the maximum; padding never wins (an all -inf window goes to
     its first real cell), as the CPU backend's _argmax."""
@@ -401,7 +380,7 @@ def argmax_lines(d: PoolLaunch, x_dtype: DType) -> list[str]:
     ]
 
 
-def max_pool_kernel(node: Node, program: Program, d: PoolLaunch) -> KernelSource:
+def max_pool_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     types = program.types()
     dtype = node.type.dtype
     head, tail = window_cells(d, "    ")
@@ -411,7 +390,7 @@ def max_pool_kernel(node: Node, program: Program, d: PoolLaunch) -> KernelSource
     return assemble("sx_max_pool", decls, "e", body, params, shape_size(node.type.shape), node.type.size * d.kh * d.kw)
 
 
-def max_pool_select_kernel(node: Node, program: Program, d: PoolLaunch) -> KernelSource:
+def max_pool_select_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """out[window] = 0 + h[its first maximum's cell] (the CPU adds into zeros)."""
     types = program.types()
     dtype = node.type.dtype
@@ -423,7 +402,7 @@ def max_pool_select_kernel(node: Node, program: Program, d: PoolLaunch) -> Kerne
     return assemble("sx_max_pool_select", decls, "e", body, params, shape_size(node.type.shape), node.type.size * d.kh * d.kw)
 
 
-def max_pool_index_kernel(node: Node, program: Program, d: PoolLaunch) -> KernelSource:
+def max_pool_index_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """Each window's first maximum (its offset in window order), as int, in scratch."""
     types = program.types()
     x = node.args[0]
@@ -435,7 +414,7 @@ def max_pool_index_kernel(node: Node, program: Program, d: PoolLaunch) -> Kernel
                     windows * d.kh * d.kw)
 
 
-def cell_windows(d: PoolLaunch, indent: str) -> tuple[str, str]:
+def cell_windows(d: ImageLaunch, indent: str) -> tuple[str, str]:
     """The loop over the windows that hold input cell (nc, y, x), in kernel-offset order:
     opens `for k` with `window` (the flat index of the output element)."""
     head = (f"{indent}for (int k = 0; k < {d.kh * d.kw}; ++k) {{\n"
@@ -445,11 +424,11 @@ def cell_windows(d: PoolLaunch, indent: str) -> tuple[str, str]:
     return head, f"{indent}}}"
 
 
-def input_coords(d: PoolLaunch) -> str:
+def input_coords(d: ImageLaunch) -> str:
     return f"    const long long x = e % {d.w}LL, y = (e / {d.w}LL) % {d.h}LL, nc = e / {d.h * d.w}LL;"
 
 
-def max_pool_grad_kernel(node: Node, program: Program, d: PoolLaunch) -> KernelSource:
+def max_pool_grad_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """gx[cell] = 0 + the gradients of the windows whose first maximum it is, in offset order."""
     types = program.types()
     g = node.args[1]
@@ -464,13 +443,13 @@ def max_pool_grad_kernel(node: Node, program: Program, d: PoolLaunch) -> KernelS
     return assemble("sx_max_pool_grad", decls, "e", body, params, shape_size(node.type.shape), 0)
 
 
-def tiles(d: PoolLaunch) -> bool:
+def tiles(d: ImageLaunch) -> bool:
     """Whether the windows tile the input: no padding, strides equal to the kernel, every
     cell in exactly one window."""
     return not d.padded and (d.sh, d.sw) == (d.kh, d.kw) and d.h % d.kh == 0 and d.w % d.kw == 0
 
 
-def max_pool_tiled_grad_kernel(node: Node, program: Program, d: PoolLaunch) -> KernelSource:
+def max_pool_tiled_grad_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """max_pool2d_grad where the windows tile the input: a thread per window finds its first
     maximum (as `argmax_lines`) and writes each of its cells, 0 + the window's gradient at
     that cell and 0 elsewhere (what the gather of max_pool_grad_kernel adds up to when each
@@ -487,12 +466,12 @@ def max_pool_tiled_grad_kernel(node: Node, program: Program, d: PoolLaunch) -> K
     return assemble("sx_max_pool_tiled_grad", decls, "e", body, params, windows, windows * d.kh * d.kw)
 
 
-def reciprocal(d: PoolLaunch) -> str:
+def reciprocal(d: ImageLaunch) -> str:
     """1 / (KH * KW) as the CPU's f32 (the f64 quotient rounded once)."""
     return literal(float(np.float32(1.0 / (d.kh * d.kw))), DType.f32)
 
 
-def avg_pool_kernel(node: Node, program: Program, d: PoolLaunch) -> KernelSource:
+def avg_pool_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """The window's cells added in window order from the first (a padding cell is 0), times
     the f32 reciprocal."""
     types = program.types()
@@ -504,7 +483,7 @@ def avg_pool_kernel(node: Node, program: Program, d: PoolLaunch) -> KernelSource
     return assemble("sx_avg_pool", decls, "e", body, params, shape_size(node.type.shape), node.type.size * d.kh * d.kw)
 
 
-def avg_pool_grad_kernel(node: Node, program: Program, d: PoolLaunch) -> KernelSource:
+def avg_pool_grad_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """gx[cell] = 0 + each covering window's g times the f32 reciprocal, in offset order."""
     types = program.types()
     g_t = types[node.args[0]]
@@ -520,10 +499,10 @@ class PoolStep(NodeStep):
     """A pool op as generated kernels (max_pool2d_grad: the windows' first maxima into
     scratch, then the gather of each input cell's windows)."""
 
-    launch_shape: Optional[PoolLaunch] = None  # `shape`, kept
+    launch_shape: Optional[ImageLaunch] = None  # `shape`, kept
     kind: ClassVar[str] = "image"
 
-    def shape(self, types: dict[int, TensorType]) -> PoolLaunch:
+    def shape(self, types: dict[int, TensorType]) -> ImageLaunch:
         """The launch's extents and dtypes (built once)."""
         if self.launch_shape is None:
             self.launch_shape = pool_launch(self.node, types)
