@@ -17,7 +17,7 @@ from sexpgpu.runtime.cpu.images import COL2IM_PLANES, CONV_ROWS, PLANES, POOL_RO
 from sexpgpu.runtime.lower.executor import LoweredProgram
 from sexpgpu.runtime.lower.fusion import lower
 from sexpgpu.ir.dtypes import DType
-from sexpgpu.runtime.lower.images import ImageLaunch, ConvStep, PoolStep, chunk_images, conv_launch, pool_geom
+from sexpgpu.runtime.lower.images import ConvStep, ImageLaunch, PoolStep, chunk_images, conv_launch, pool_geom
 from sexpgpu.runtime.lower.kernels import kernels_for
 from test_cpu_device import assert_same_bits, emulated
 from test_cuda_ops import one_op, pool_edge_cases
@@ -184,7 +184,7 @@ def test_chunked_convolutions_and_row_loops_equal_the_emulated_device_bit_for_bi
 
 
 def test_each_image_step_builds_its_launch_once_and_both_dialects_read_it() -> None:
-    """A convolution's or pool's launch (every extent by name, ImageLaunch / ImageLaunch) is
+    """A convolution's or pool's launch (every extent by name, an ImageLaunch) is
     built once per step, again only when the host's schedule changes its chunk; the CUDA
     kernels and the host's loops are written from that one object (their items agree)."""
     for what, program, _ in image_cases():
