@@ -381,7 +381,8 @@ def test_two_threads_give_the_bits_of_one(runtimes: dict[str, Any]) -> None:
 
 def test_a_large_product_is_shared_by_the_threads_in_pieces_that_depend_on_its_shape_alone() -> None:
     """With threads, the pool shares a large f32 gemm in pieces of C's columns (or rows, when
-    it has more rows): about an eighth of that extent each, a multiple of 16 and at least 64,
+    it has more rows): about an eighth of that extent each (a half where the operand every
+    piece reads whole outgrows 1 MiB), a multiple of 16 and at least 64,
     each one BLAS call. Forced on (the pool does it by itself where the BLAS gives a piece the
     whole product's bits, which OpenBLAS's Haswell kernels do not), 2 and 3 threads give
     the bits of the pieces called one by one on one thread."""
@@ -438,13 +439,16 @@ def products_in_pieces() -> None:
     runtime = CpuRuntime(open_toolchain(), threads=1)
     runner = CpuRunner(runtime)
     rng = np.random.default_rng(5)
-    for m, n, k, op_a, op_b in ((100, 300, 96, 0, 0), (300, 100, 96, 1, 1)):
+    # the last: deep, its whole operand (64 x 5000 floats) outgrows the cache: two pieces of 144
+    for m, n, k, op_a, op_b in ((100, 300, 96, 0, 0), (300, 100, 96, 1, 1), (64, 288, 5000, 0, 1)):
         a = rng.standard_normal(m * k).astype(np.float32)
         b = rng.standard_normal(k * n).astype(np.float32)
         lda, ldb = (k if op_a else m), (n if op_b else k)
         rows = m > n
         dim = m if rows else n
-        width = max(64, ((dim + 7) // 8 + 15) // 16 * 16)
+        deep = (n if rows else m) * k * 4 > 1 << 20
+        width = max(64, ((dim + 1) // 2 + 15) // 16 * 16 if deep else ((dim + 7) // 8 + 15) // 16 * 16)
+        assert not deep or width == 144
         want = np.zeros(m * n, dtype=np.float32)
         for at in range(0, dim, width):
             span = min(width, dim - at)

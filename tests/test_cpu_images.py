@@ -16,7 +16,8 @@ from sexpgpu.runtime.cpu.hostc import host_kernels
 from sexpgpu.runtime.cpu.images import COL2IM_PLANES, CONV_ROWS, PLANES, POOL_ROWS, TILED_WINDOWS, WINDOWS_ONCE, host_schedule, prefix
 from sexpgpu.runtime.lower.executor import LoweredProgram
 from sexpgpu.runtime.lower.fusion import lower
-from sexpgpu.runtime.lower.images import ConvStep, chunk_images, pool_geom
+from sexpgpu.ir.dtypes import DType
+from sexpgpu.runtime.lower.images import ConvStep, ImageLaunch, PoolStep, chunk_images, conv_launch, pool_geom
 from sexpgpu.runtime.lower.kernels import kernels_for
 from test_cpu_device import assert_same_bits, emulated
 from test_cuda_ops import one_op, pool_edge_cases
@@ -110,8 +111,8 @@ def test_im2col_is_a_loop_over_planes_and_unpadded_max_pools_read_each_window_on
         for cuda, host in zip(kernels, host_kernels(step, lowering.program, lowering.constants, kernels, "libm")):
             schedules.setdefault(f"{prefix(cuda)} {'unpadded' if unpadded else 'padded'}", set()).add(host.schedule)
             if prefix(cuda) == "sx_im2col":
-                geom = step.launch_geometry(lowering.program.types())
-                assert host.size * geom.size[0] * geom.size[1] == cuda.size, what
+                d = step.shape(lowering.program.types())
+                assert host.size * d.oh * d.ow == cuda.size, what
     assert schedules["sx_im2col padded"] == {PLANES}
     assert COL2IM_PLANES in schedules["sx_col2im padded"] and len(schedules["sx_col2im padded"]) == 2  # stride 1, and rows
     assert schedules["sx_max_pool unpadded"] == schedules["sx_max_pool_index unpadded"] == {WINDOWS_ONCE}
@@ -149,8 +150,8 @@ def test_the_weight_gradient_is_one_product_of_its_transpose_then_a_move() -> No
 
 
 def test_a_chunk_is_the_largest_divisor_of_the_batch_whose_columns_fit() -> None:
-    def geom(n: int, c: int, hw: int) -> Any:
-        return conv_geometry("conv2d", (n, c, hw, hw), (8, c, 3, 3), {"padding": 1}, "")
+    def geom(n: int, c: int, hw: int) -> ImageLaunch:
+        return conv_launch(conv_geometry("conv2d", (n, c, hw, hw), (8, c, 3, 3), {"padding": 1}, ""), DType.f32, DType.f32, DType.f32)
 
     assert chunk_images(geom(64, 32, 28), 4, 1 << 20) == 1  # the issue's CNN: 0.9 MB of columns per image
     assert chunk_images(geom(64, 1, 28), 4, 1 << 20) == 32  # 28 KB per image: 37 fit, 32 divides 64
@@ -182,6 +183,29 @@ def test_chunked_convolutions_and_row_loops_equal_the_emulated_device_bit_for_bi
     assert chunked >= 4, chunked
 
 
+def test_each_image_step_builds_its_launch_once_and_both_dialects_read_it() -> None:
+    """A convolution's or pool's launch (every extent by name, an ImageLaunch) is
+    built once per step, again only when the host's schedule changes its chunk; the CUDA
+    kernels and the host's loops are written from that one object (their items agree)."""
+    for what, program, _ in image_cases():
+        lowering = lower(program)
+        host_schedule(lowering, 1)  # an image at a time where a convolution can chunk
+        (step,) = lowering.steps
+        assert isinstance(step, (ConvStep, PoolStep)), what
+        types = lowering.program.types()
+        d = step.shape(types)
+        assert step.shape(types) is d, what
+        if isinstance(step, ConvStep):
+            assert d.n == (step.chunk or step.geometry(types).n), what
+        kernels = kernels_for(step, lowering.program, lowering.constants)
+        assert step.shape(types) is d, what
+        for cuda, host in zip(kernels, host_kernels(step, lowering.program, lowering.constants, kernels, "libm")):
+            if prefix(cuda) in ("sx_im2col", "sx_col2im"):
+                per_item = d.oh * d.ow if prefix(cuda) == "sx_im2col" else d.h * d.w if host.schedule == COL2IM_PLANES else d.w
+                assert host.size * per_item == cuda.size, what
+        assert step.shape(types) is d, what
+
+
 def test_the_default_schedule_leaves_small_batches_whole() -> None:
     """A batch whose columns fit in the cache is one launch (the CUDA device's schedule)."""
     case = GRAD_CASES["conv2d"][1]
@@ -189,3 +213,46 @@ def test_the_default_schedule_leaves_small_batches_whole() -> None:
     host_schedule(lowering)
     (step,) = lowering.steps
     assert isinstance(step, ConvStep) and step.chunk == 0
+
+
+# batches large enough that a chunk per image is worth sharing between threads (bf16: the gemms widen into each thread's workspace)
+SHARED = [
+    ("conv2d", Case([F(64, 8, 16, 16), F(16, 8, 3, 3)], {"stride": 1, "padding": 1, "dilation": 1, "groups": 1})),
+    ("conv2d", Case([F(12, 4, 11, 9), F(6, 2, 3, 2)], {"stride": [2, 1], "padding": [1, 0], "dilation": 1, "groups": 2})),
+    ("conv2d_input_grad", Case([F(16, 8, 12, 12), F(8, 3, 3, 3)], {"stride": 1, "padding": 1, "dilation": 1, "groups": 1, "input_shape": [16, 3, 12, 12]})),
+    ("conv2d_input_grad", Case([F(12, 6, 6, 8), F(6, 2, 3, 2)], {"stride": [2, 1], "padding": [1, 0], "dilation": 1, "groups": 2, "input_shape": [12, 4, 11, 9]})),
+]
+
+
+def test_chunks_of_images_are_one_repeat_whose_items_the_threads_share_with_the_bits_of_one_thread(runtimes: dict[str, Any]) -> None:
+    """A chunked convolution's chunks are one repeat op on the tape (each chunk's im2col and
+    gemms, or gemms and col2im, on one thread, in its own copy of the step's scratch). With
+    2 and 3 threads sharing the chunks (the BLAS held to one thread, the pool's pieces forced
+    on), f32 and bf16, the bits are one thread's and the emulated device's."""
+    from threadpoolctl import threadpool_limits
+
+    from sexpgpu.runtime.cpu.device import CpuBackend, Tape
+
+    device = emulated(runtimes)
+    runtime = runtimes["chunked"]
+    backend = CpuBackend(runtime)
+    cases = [(f"{op} {case.label()} {dtype}", one_op(op, case, dtype), case, dtype) for op, case in SHARED for dtype in ("f32", "bf16")]
+    runtime.preload([p for _, p, _, _ in cases])
+    with threadpool_limits(limits=1, user_api="blas"):
+        for index, (what, program, case, dtype) in enumerate(cases):
+            rng = _rng("shared", index, dtype, "cpu-images")
+            feeds = {f"x{i}": arg.draw(rng, dtype) for i, arg in enumerate(case.args)}
+            mine = backend.program(program)
+            ops = [op for part in mine.later_tape if isinstance(part, Tape) for op in part.ops]
+            repeats = [op for op in ops if op.kind == 2]
+            assert len(repeats) == 1 and repeats[0].size == case.args[0].shape[0], (what, [(op.kind, op.size) for op in ops])
+            out_type = program.types()[program.outputs["y"]]
+            want = backend.get(LoweredProgram(program, device).run(feeds)["y"], out_type)
+            try:
+                for threads in (1, 2, 3):
+                    runtime.set_threads(threads)
+                    runtime.library.sx_pool_split_gemms(runtime.pool, int(threads > 1))
+                    for _ in range(2):
+                        assert_same_bits(backend.get(mine.run(feeds)["y"], out_type), want, f"{what} on {threads} threads")
+            finally:
+                runtime.set_threads(1)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from ..lower.blas import CUBLAS_OP_N, BlasCall
 from ..lower.codegen import STORAGE, KernelSource
 from ..lower.executor import ArrayDevice, DeviceBackend, LoweredProgram, ProgramRun
 from ..lower.fusion import Lowering
+from ..lower.plan import scratch_value
 from .images import CACHE_BYTES, host_schedule
 from .hostc import HostKernel, host_kernels, host_prelude, numpy_ufuncs
 from .runtime_c import RUNTIME_C
@@ -46,7 +47,7 @@ class SxOp(ctypes.Structure):
 
 
 class SxRef(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_longlong), ("offset", ctypes.c_longlong)]
+    _fields_ = [("base", ctypes.c_longlong), ("offset", ctypes.c_longlong), ("step", ctypes.c_longlong)]
 
 
 # -- what the kernels call: NumPy's f32 loops, the BLAS ------------------------------------------------------
@@ -132,7 +133,7 @@ class CpuRuntime:
         self.library.sx_pool_new.argtypes = [ctypes.c_int, ctypes.c_longlong]
         self.library.sx_pool_free.argtypes = [ctypes.c_void_p]
         self.library.sx_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                        ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+                                        ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong]
         self.library.sx_run.restype = ctypes.c_int
         self.library.sx_pieces_exact.argtypes = [ctypes.c_void_p, ctypes.c_int]
         self.library.sx_pieces_exact.restype = ctypes.c_int
@@ -309,6 +310,13 @@ class CpuRunner:
 
 # -- the tape --------------------------------------------------------------------------------------------------------
 Ref = tuple[int, int]  # (base, byte offset): base 0 the arena, k the k-th input
+PRIVATE = -1  # a repeat's argument in the running thread's own region (its copy of the step's scratch)
+REGION_ALIGN = 256
+OP_FIELDS = [name for name, _ in SxOp._fields_ if name != "first"]
+
+
+def region_aligned(count: int) -> int:
+    return (count + REGION_ALIGN - 1) // REGION_ALIGN * REGION_ALIGN
 
 
 class Tape:
@@ -317,14 +325,15 @@ class Tape:
     def __init__(self, runtime: CpuRuntime) -> None:
         self.runtime = runtime
         self.ops: list[SxOp] = []
-        self.refs: list[Ref] = []
+        self.refs: list[tuple[int, int, int]] = []  # (base, offset, bytes per item of a repeat)
         self.workspace_floats = 0
+        self.private_bytes = 0  # a thread's copy of the largest repeated step's scratch
         self.most_args = 1
-        self.built: Optional[tuple[Any, Any, Any, Any, int]] = None
+        self.built: Optional[tuple[Any, Any, Any, Any, int, int, int, int]] = None
 
     def add_kernel(self, function: int, kernel: HostKernel, size: int, refs: list[Ref]) -> None:
         self.ops.append(SxOp(kind=0, nargs=len(refs), first=len(self.refs), size=size, work=kernel.work, fn=function))
-        self.refs += refs
+        self.refs += [(b, o, 0) for b, o in refs]
         self.most_args = max(self.most_args, len(refs))
 
     def add_gemm(self, call: BlasCall, refs: list[Ref]) -> None:
@@ -334,22 +343,62 @@ class Tape:
                              lda=call.a.ld, ldb=call.b.ld, ldc=call.c.ld, sa=call.a.stride, sb=call.b.stride, sc=call.c.stride,
                              oa=call.a.offset, ob=call.b.offset, oc=call.c.offset, batch=call.batch, in_bf16=int(bf16),
                              out_bf16=int(call.out_dtype == DType.bf16)))
-        self.refs += refs
+        self.refs += [(b, o, 0) for b, o in refs]
         self.most_args = max(self.most_args, 3)
         if bf16:
             self.workspace_floats = max(self.workspace_floats, call.m * call.k + call.k * call.n + call.m * call.n)
 
-    def build(self) -> tuple[Any, Any, Any, Any, int]:
-        if self.built is None:
+    def add_repeat(self, count: int, first: Tape, second: Tape, last: Tape, private: tuple[int, int]) -> None:
+        """COUNT items, each FIRST's ops (item 0's launches; SECOND's are item 1's, LAST's item
+        COUNT - 1's): each argument moves by the same bytes from one item to the next, except
+        those in PRIVATE (the step's scratch, [start, end) of the arena), which each thread
+        running items has a copy of."""
+        shapes = [[[getattr(op, name) for name in OP_FIELDS] for op in tape.ops] for tape in (first, second, last)]
+        if not first.ops or shapes[0] != shapes[1] or shapes[0] != shapes[2]:
+            raise RuntimeError("a repeat's items do not launch the same kernels and gemms")
+        start, end = private
+        refs = []
+        for (base, offset, _), (base1, offset1, _), (base2, offset2, _) in zip(first.refs, second.refs, last.refs):
+            step = offset1 - offset
+            if base1 != base or base2 != base or offset2 != offset + (count - 1) * step:
+                raise RuntimeError("a repeat's items do not read and write evenly spaced arrays")
+            if base == 0 and start <= offset < end:
+                if step:
+                    raise RuntimeError("a repeat's items move through the step's scratch")
+                refs.append((PRIVATE, offset - start, 0))
+            else:
+                refs.append((base, offset, step))
+        work = sum(op.work for op in first.ops) * count
+        self.ops.append(SxOp(kind=2, nargs=first.most_args, first=len(self.refs), size=count, work=work, fn=None, batch=len(first.ops)))
+        for op in first.ops:
+            self.ops.append(SxOp(**{name: getattr(op, name) for name in OP_FIELDS}, first=len(self.refs) + op.first))
+        self.refs += refs
+        self.most_args = max(self.most_args, first.most_args)
+        self.workspace_floats = max(self.workspace_floats, first.workspace_floats)
+        self.private_bytes = max(self.private_bytes, end - start)
+
+    def region_bytes(self) -> tuple[int, int]:
+        """A thread's region: its copy of the repeats' scratch, then its bf16 workspace."""
+        scratch = region_aligned(self.private_bytes)
+        return scratch + region_aligned(4 * max(1, self.workspace_floats)), scratch
+
+    def build(self) -> tuple[Any, Any, Any, Any, int, int, int, int]:
+        """The C arrays, the threads' regions and their aligned address (kept: a step reads no
+        ctypes address again), the region's bytes and the private part's, for these threads."""
+        threads = self.runtime.threads
+        if self.built is None or self.built[4] != threads:
             ops = (SxOp * max(1, len(self.ops)))(*self.ops)
-            refs = (SxRef * max(1, len(self.refs)))(*[SxRef(base=b, offset=o) for b, o in self.refs])
+            refs = (SxRef * max(1, len(self.refs)))(*[SxRef(base=b, offset=o, step=t) for b, o, t in self.refs])
             scratch = (ctypes.c_void_p * self.most_args)()
-            workspace = np.empty(max(1, self.workspace_floats), dtype=np.float32)
-            self.built = (ops, refs, scratch, workspace, workspace.ctypes.data)
+            region, private = self.region_bytes()
+            regions = np.empty(region * (threads if self.private_bytes else 1) + REGION_ALIGN, dtype=np.uint8)
+            address = regions.ctypes.data
+            address += -address % REGION_ALIGN
+            self.built = (ops, refs, scratch, regions, threads, address, region if self.private_bytes else 0, private)
         return self.built
 
     def run(self, bases: Union[list[int], Any], count: int = 0) -> None:
-        ops, refs, scratch, _, workspace = self.build()
+        ops, refs, scratch, _, _, address, region, private = self.build()
         if not isinstance(bases, ctypes.Array):
             bases = (ctypes.c_void_p * len(bases))(*bases)
         runtime = self.runtime
@@ -359,7 +408,7 @@ class Tape:
         if before > 1:
             blas.set_threads(1)
         try:
-            runtime.library.sx_run(runtime.pool, ops, len(self.ops), refs, bases, scratch, blas.sgemm, int(blas.int64), workspace)
+            runtime.library.sx_run(runtime.pool, ops, len(self.ops), refs, bases, scratch, blas.sgemm, int(blas.int64), address, region, private)
         finally:
             if before > 1:
                 blas.set_threads(before)
@@ -415,6 +464,34 @@ class Recording(ProgramRun):
 
     def gemm(self, call: BlasCall, a: Any, b: Any, c: Any) -> None:
         self.current().add_gemm(call, [self.ref(x) for x in (a, b, c)])
+
+    def each(self, count: int, body: Callable[[int], None]) -> None:
+        """One repeat op of COUNT items on the tape, each BODY's launches, recorded for items 0,
+        1 and the last to find how far each argument moves per item; the step's scratch a copy
+        per thread, so that the pool's threads may run items at once."""
+        if count < 2:
+            for item in range(count):
+                body(item)
+            return
+        first, second, last = (self.record_item(body, item) for item in (0, 1, count - 1))
+        raw = self.lowered.views.get(scratch_value(self.step))
+        private = (0, 0)
+        if raw is not None and raw.size:
+            start = self.ref(raw)[1]
+            private = (start, start + raw.nbytes)
+        self.current().add_repeat(count, first, second, last, private)
+
+    def record_item(self, body: Callable[[int], None], item: int) -> Tape:
+        """BODY(ITEM)'s launches on a tape of their own."""
+        kept, self.tape = self.tape, []
+        try:
+            body(item)
+            recorded = self.tape
+        finally:
+            self.tape = kept
+        if len(recorded) != 1 or not isinstance(recorded[0], Tape):
+            raise RuntimeError(f"step {self.step}: a repeat's item must launch kernels and gemms only")
+        return recorded[0]
 
 
 class PythonRun(ProgramRun):

@@ -27,7 +27,9 @@ CACHE_BYTES (1 MiB, about one core's L2 here), so that the gemm reads the column
 has just written (and the col2im those the gemm wrote) from the cache instead of memory. On
 the issue's CNN (28x28, 32 -> 64 channels, batch 64) a chunk is one image: 0.9 MB of
 columns instead of 58 MB. The weight gradient stays one gemm over the batch (its sum runs
-over every image). The chunks change no bit (no image's numbers involve another's).
+over every image). The chunks change no bit (no image's numbers involve another's). With
+threads, the chunks are the pool's items (a repeat on the tape, runtime_c.py): a chunk's
+im2col, gemm and col2im run on one core, on its own copy of the columns.
 """
 
 from __future__ import annotations
@@ -36,11 +38,10 @@ from typing import Callable
 
 from ...ir.dtypes import DType
 from ...ir.graph import Node, Program
-from ...ir.ops_conv import ConvGeom, PoolGeom
 from ..lower.codegen import KernelSource, c_types, from_storage, to_storage
 from ..lower.emitters import register_emitter
 from ..lower.fusion import Lowering
-from ..lower.images import ConvStep, PoolStep, pool_geom
+from ..lower.images import ConvStep, ImageLaunch, PoolStep
 from ..lower.lowering import FitsCache
 from .hostc import PLATFORM, HostKernel, function, thread_kernel
 
@@ -85,279 +86,265 @@ def first_inside(offset: str, stride: int, count: int, limit: int, names: tuple[
 
 
 # -- convolutions --------------------------------------------------------------------------------
-def im2col_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
+def im2col_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """cols[c, i, j, n, :, :] for plane r = ((c * KH + i) * KW + j) * N + n: the kernel offset
     (i, j) and the image are found once per plane, the output rows p whose input row is inside
     the image ([plo, phi)) and the columns q whose cell is ([lo, hi)) once per plane too, and
     each such row is a copy (a plain one at stride 1) between its zeros."""
     store, _ = c_types(program.types()[node.args[0]].dtype)
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.padding, geom.dilation
-    (h, w), (oh, ow) = geom.hw, geom.size
     body = [
-        f"    const long long n = r % {geom.n}LL, j = (r / {geom.n}LL) % {kw}LL, i = (r / {geom.n * kw}LL) % {kh}LL, c = r / {geom.n * kw * kh}LL;",
-        f"    {store}* __restrict__ plane = out0 + r * {oh * ow}LL;",
-        f"    const {store}* __restrict__ image = in0 + (n * {geom.c}LL + c) * {h * w}LL;",
+        f"    const long long n = r % {d.n}LL, j = (r / {d.n}LL) % {d.kw}LL, i = (r / {d.n * d.kw}LL) % {d.kh}LL, c = r / {d.n * d.kw * d.kh}LL;",
+        f"    {store}* __restrict__ plane = out0 + r * {d.oh * d.ow}LL;",
+        f"    const {store}* __restrict__ image = in0 + (n * {d.c}LL + c) * {d.h * d.w}LL;",
         "    {",
-        *first_inside(f"i * {dh}LL - {ph}LL", sh, oh, h, ("yoff", "plo", "phi")),
-        *first_inside(f"j * {dw}LL - {pw}LL", sw, ow, w),
-        f"      for (long long q = 0; q < plo * {ow}LL; ++q) plane[q] = ({store})0;",
-        *(flat_rows(store, h, w) if (sh, sw, ow) == (1, 1, w) else strided_rows(store, sh, sw, w, ow)),
-        f"      for (long long q = phi * {ow}LL; q < {oh * ow}LL; ++q) plane[q] = ({store})0;",
+        *first_inside(f"i * {d.dh}LL - {d.ph}LL", d.sh, d.oh, d.h, ("yoff", "plo", "phi")),
+        *first_inside(f"j * {d.dw}LL - {d.pw}LL", d.sw, d.ow, d.w),
+        f"      for (long long q = 0; q < plo * {d.ow}LL; ++q) plane[q] = ({store})0;",
+        *(flat_rows(store, d) if (d.sh, d.sw, d.ow) == (1, 1, d.w) else strided_rows(store, d)),
+        f"      for (long long q = phi * {d.ow}LL; q < {d.oh * d.ow}LL; ++q) plane[q] = ({store})0;",
         "    }",
     ]
-    return rows_kernel(kernel, geom.c * kh * kw * geom.n, body, PLANES)
+    return rows_kernel(kernel, d.c * d.kh * d.kw * d.n, body, PLANES)
 
 
-def strided_rows(store: str, sh: int, sw: int, w: int, ow: int) -> list[str]:
+def strided_rows(store: str, d: ImageLaunch) -> list[str]:
     """The im2col plane's rows [plo, phi): each a copy between its zeros."""
     return ["      for (long long p = plo; p < phi; ++p) {",
-            f"        {store}* __restrict__ row = plane + p * {ow}LL;",
-            f"        const {store}* __restrict__ src = image + (p * {sh}LL + yoff) * {w}LL + off;",
+            f"        {store}* __restrict__ row = plane + p * {d.ow}LL;",
+            f"        const {store}* __restrict__ src = image + (p * {d.sh}LL + yoff) * {d.w}LL + off;",
             f"        for (long long q = 0; q < lo; ++q) row[q] = ({store})0;",
-            f"        for (long long q = lo; q < hi; ++q) row[q] = src[q * {sw}LL];",
-            f"        for (long long q = hi; q < {ow}LL; ++q) row[q] = ({store})0;",
+            f"        for (long long q = lo; q < hi; ++q) row[q] = src[q * {d.sw}LL];",
+            f"        for (long long q = hi; q < {d.ow}LL; ++q) row[q] = ({store})0;",
             "      }"]
 
 
-def flat_rows(store: str, h: int, w: int) -> list[str]:
+def flat_rows(store: str, d: ImageLaunch) -> list[str]:
     """strided_rows at stride 1 with rows as wide as the image's: the plane's rows [plo, phi)
     are one run of the image (shifted by yoff rows and off columns), copied at once where it
     lies inside the image, then each row's columns outside [lo, hi) set to 0 (they held a
     neighbouring row's cells, or nothing)."""
     return ["      {",
-            f"        const long long shift = yoff * {w}LL + off, first = plo * {w}LL, last = phi * {w}LL;",
+            f"        const long long shift = yoff * {d.w}LL + off, first = plo * {d.w}LL, last = phi * {d.w}LL;",
             "        const long long t0 = first > -shift ? first : -shift;",
-            f"        const long long t1 = last < {h * w}LL - shift ? last : {h * w}LL - shift;",
+            f"        const long long t1 = last < {d.h * d.w}LL - shift ? last : {d.h * d.w}LL - shift;",
             f"        for (long long t = first; t < t0 && t < last; ++t) plane[t] = ({store})0;",
             "        for (long long t = t0; t < t1; ++t) plane[t] = image[t + shift];",
             f"        for (long long t = t1 > t0 ? t1 : t0; t < last; ++t) plane[t] = ({store})0;",
             "      }",
             "      for (long long p = plo; p < phi; ++p) {",
-            f"        {store}* __restrict__ row = plane + p * {w}LL;",
+            f"        {store}* __restrict__ row = plane + p * {d.w}LL;",
             f"        for (long long q = 0; q < lo; ++q) row[q] = ({store})0;",
-            f"        for (long long q = hi; q < {w}LL; ++q) row[q] = ({store})0;",
+            f"        for (long long q = hi; q < {d.w}LL; ++q) row[q] = ({store})0;",
             "      }"]
 
 
-def col2im_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
+def col2im_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """gx[n, c, y, :] for row r = (n * C + c) * H + y: each cell adds the f32 columns that read
     it in kernel-offset order, from 0."""
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.padding, geom.dilation
-    (h, w), (oh, ow) = geom.hw, geom.size
-    if (sh, sw) == (1, 1) and h * w <= PLANE_CELLS:
-        return col2im_planes(node, geom, kernel)
+    if (d.sh, d.sw) == (1, 1) and d.h * d.w <= PLANE_CELLS:
+        return col2im_planes(node, d, kernel)
     body = [
-        f"    const long long y = r % {h}LL, c = (r / {h}LL) % {geom.c}LL, n = r / {h * geom.c}LL;",
-        f"    float acc[{w}];",
-        f"    for (long long x = 0; x < {w}LL; ++x) acc[x] = 0.0f;",
-        f"    for (long long i = 0; i < {kh}LL; ++i) {{",
-        f"      const long long py = y + {ph}LL - i * {dh}LL;",
-        f"      if (py < 0 || py % {sh}LL != 0 || py / {sh}LL >= {oh}LL) continue;",
-        f"      for (long long j = 0; j < {kw}LL; ++j) {{",
-        f"        const float* __restrict__ col = in0 + ((c * {kh}LL + i) * {kw}LL + j) * {geom.cells}LL + n * {oh * ow}LL + (py / {sh}LL) * {ow}LL;",
-        f"        const long long off = {pw}LL - j * {dw}LL;",  # px = x + off
+        f"    const long long y = r % {d.h}LL, c = (r / {d.h}LL) % {d.c}LL, n = r / {d.h * d.c}LL;",
+        f"    float acc[{d.w}];",
+        f"    for (long long x = 0; x < {d.w}LL; ++x) acc[x] = 0.0f;",
+        f"    for (long long i = 0; i < {d.kh}LL; ++i) {{",
+        f"      const long long py = y + {d.ph}LL - i * {d.dh}LL;",
+        f"      if (py < 0 || py % {d.sh}LL != 0 || py / {d.sh}LL >= {d.oh}LL) continue;",
+        f"      for (long long j = 0; j < {d.kw}LL; ++j) {{",
+        f"        const float* __restrict__ col = in0 + ((c * {d.kh}LL + i) * {d.kw}LL + j) * {d.cells}LL + n * {d.oh * d.ow}LL + (py / {d.sh}LL) * {d.ow}LL;",
+        f"        const long long off = {d.pw}LL - j * {d.dw}LL;",  # px = x + off
     ]
-    if sw == 1:
-        body += [f"        const long long lo = off >= 0 ? 0 : -off, hi = {ow}LL - off < {w}LL ? {ow}LL - off : {w}LL;",
+    if d.sw == 1:
+        body += [f"        const long long lo = off >= 0 ? 0 : -off, hi = {d.ow}LL - off < {d.w}LL ? {d.ow}LL - off : {d.w}LL;",
                  "        for (long long x = lo; x < hi; ++x) acc[x] += col[x + off];"]
     else:
-        body += [f"        for (long long x = 0; x < {w}LL; ++x) {{",
+        body += [f"        for (long long x = 0; x < {d.w}LL; ++x) {{",
                  "          const long long px = x + off;",
-                 f"          if (px >= 0 && px % {sw}LL == 0 && px / {sw}LL < {ow}LL) acc[x] += col[px / {sw}LL];",
+                 f"          if (px >= 0 && px % {d.sw}LL == 0 && px / {d.sw}LL < {d.ow}LL) acc[x] += col[px / {d.sw}LL];",
                  "        }"]
     body += ["      }", "    }",
-             f"    for (long long x = 0; x < {w}LL; ++x) out0[r * {w}LL + x] = {to_storage('acc[x]', node.type.dtype)};"]
-    return rows_kernel(kernel, geom.n * geom.c * h, body)
+             f"    for (long long x = 0; x < {d.w}LL; ++x) out0[r * {d.w}LL + x] = {to_storage('acc[x]', node.type.dtype)};"]
+    return rows_kernel(kernel, d.n * d.c * d.h, body)
 
 
-def col2im_planes(node: Node, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
+def col2im_planes(node: Node, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """col2im_rows at stride 1 for plane r = n * C + c: the plane's accumulators on the stack,
     each kernel offset (i, j) in turn adding its columns into the rows and columns it reaches
     (found once per offset, not per row), so each cell still adds its columns in
     kernel-offset order from 0."""
-    (kh, kw), (ph, pw), (dh, dw) = geom.kernel, geom.padding, geom.dilation
-    (h, w), (oh, ow) = geom.hw, geom.size
     body = [
-        f"    const long long c = r % {geom.c}LL, n = r / {geom.c}LL;",
-        f"    float acc[{h * w}];",
-        f"    for (long long t = 0; t < {h * w}LL; ++t) acc[t] = 0.0f;",
-        f"    for (long long i = 0; i < {kh}LL; ++i) {{",
-        f"      const long long shift = {ph}LL - i * {dh}LL, ylo = shift >= 0 ? 0 : -shift, yhi = {oh}LL - shift < {h}LL ? {oh}LL - shift : {h}LL;",
-        f"      for (long long j = 0; j < {kw}LL; ++j) {{",
-        f"        const float* __restrict__ col = in0 + ((c * {kh}LL + i) * {kw}LL + j) * {geom.cells}LL + n * {oh * ow}LL;",
-        f"        const long long off = {pw}LL - j * {dw}LL, lo = off >= 0 ? 0 : -off, hi = {ow}LL - off < {w}LL ? {ow}LL - off : {w}LL;",
+        f"    const long long c = r % {d.c}LL, n = r / {d.c}LL;",
+        f"    float acc[{d.h * d.w}];",
+        f"    for (long long t = 0; t < {d.h * d.w}LL; ++t) acc[t] = 0.0f;",
+        f"    for (long long i = 0; i < {d.kh}LL; ++i) {{",
+        f"      const long long shift = {d.ph}LL - i * {d.dh}LL, ylo = shift >= 0 ? 0 : -shift, yhi = {d.oh}LL - shift < {d.h}LL ? {d.oh}LL - shift : {d.h}LL;",
+        f"      for (long long j = 0; j < {d.kw}LL; ++j) {{",
+        f"        const float* __restrict__ col = in0 + ((c * {d.kh}LL + i) * {d.kw}LL + j) * {d.cells}LL + n * {d.oh * d.ow}LL;",
+        f"        const long long off = {d.pw}LL - j * {d.dw}LL, lo = off >= 0 ? 0 : -off, hi = {d.ow}LL - off < {d.w}LL ? {d.ow}LL - off : {d.w}LL;",
         "        for (long long y = ylo; y < yhi; ++y) {",
-        f"          float* __restrict__ row = acc + y * {w}LL;",
-        f"          const float* __restrict__ src = col + (y + shift) * {ow}LL + off;",
+        f"          float* __restrict__ row = acc + y * {d.w}LL;",
+        f"          const float* __restrict__ src = col + (y + shift) * {d.ow}LL + off;",
         "          for (long long x = lo; x < hi; ++x) row[x] += src[x];",
         "        }", "      }", "    }",
-        f"    for (long long t = 0; t < {h * w}LL; ++t) out0[r * {h * w}LL + t] = {to_storage('acc[t]', node.type.dtype)};"]
-    return rows_kernel(kernel, geom.n * geom.c, body, COL2IM_PLANES)
+        f"    for (long long t = 0; t < {d.h * d.w}LL; ++t) out0[r * {d.h * d.w}LL + t] = {to_storage('acc[t]', node.type.dtype)};"]
+    return rows_kernel(kernel, d.n * d.c, body, COL2IM_PLANES)
 
 
-def grad_rows_rows(node: Node, program: Program, geom: ConvGeom, kernel: KernelSource) -> HostKernel:
+def grad_rows_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """g[n, o, :] copied to row r = o * N + n of [O, N, OH*OW]."""
-    cells = geom.size[0] * geom.size[1]
-    body = [f"    const long long n = r % {geom.n}LL, o = r / {geom.n}LL;",
-            f"    for (long long l = 0; l < {cells}LL; ++l) out0[r * {cells}LL + l] = in0[(n * {geom.o}LL + o) * {cells}LL + l];"]
-    return rows_kernel(kernel, geom.o * geom.n, body)
+    cells = d.oh * d.ow
+    body = [f"    const long long n = r % {d.n}LL, o = r / {d.n}LL;",
+            f"    for (long long l = 0; l < {cells}LL; ++l) out0[r * {cells}LL + l] = in0[(n * {d.o}LL + o) * {cells}LL + l];"]
+    return rows_kernel(kernel, d.o * d.n, body)
 
 
-ConvRows = Callable[[Node, Program, ConvGeom, KernelSource], HostKernel]
+ConvRows = Callable[[Node, Program, ImageLaunch, KernelSource], HostKernel]
 CONV_ROWS: dict[str, ConvRows] = {"sx_im2col": im2col_rows, "sx_col2im": col2im_rows, "sx_conv_grad_rows": grad_rows_rows}
 
 
 @register_emitter(ConvStep, platform=PLATFORM)
 def conv_host(step: ConvStep, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
-    geom = step.launch_geometry(program.types())
-    return [CONV_ROWS[prefix(k)](step.node, program, geom, k) if prefix(k) in CONV_ROWS else thread_kernel(k) for k in kernels]
+    d = step.shape(program.types())
+    return [CONV_ROWS[prefix(k)](step.node, program, d, k) if prefix(k) in CONV_ROWS else thread_kernel(k) for k in kernels]
 
 
 # -- max-pools -------------------------------------------------------------------------------------
-def window_rows(geom: PoolGeom, indent: str) -> tuple[list[str], list[str]]:
+def window_rows(d: ImageLaunch, indent: str) -> tuple[list[str], list[str]]:
     """For output row (nc, p): the loop over the window's offsets k in window order, skipping
     an offset whose input row is padding, with `src` that input row and [lo, hi) the outputs q
     whose cell (at src[q * SW + off]) is inside the input; and its end."""
-    (kh, kw), (sh, sw), (ph, pw), (h, w) = geom.kernel, geom.stride, geom.padding, geom.hw
-    ow = geom.size[1]
-    head = [f"{indent}for (int k = 0; k < {kh * kw}; ++k) {{",
-            f"{indent}  const long long y = p * {sh}LL + k / {kw} - {ph}LL;",
-            f"{indent}  if (y < 0 || y >= {h}LL) continue;",
-            f"{indent}  const long long base = (nc * {h}LL + y) * {w}LL;",
-            *[indent + line[4:] for line in first_inside(f"(long long)(k % {kw}) - {pw}LL", sw, ow, w)]]
+    head = [f"{indent}for (int k = 0; k < {d.kh * d.kw}; ++k) {{",
+            f"{indent}  const long long y = p * {d.sh}LL + k / {d.kw} - {d.ph}LL;",
+            f"{indent}  if (y < 0 || y >= {d.h}LL) continue;",
+            f"{indent}  const long long base = (nc * {d.h}LL + y) * {d.w}LL;",
+            *[indent + line[4:] for line in first_inside(f"(long long)(k % {d.kw}) - {d.pw}LL", d.sw, d.ow, d.w)]]
     return head, [f"{indent}}}"]
 
 
-def pool_out_coords(geom: PoolGeom) -> str:
-    return f"    const long long p = r % {geom.size[0]}LL, nc = r / {geom.size[0]}LL;"
+def pool_out_coords(d: ImageLaunch) -> str:
+    return f"    const long long p = r % {d.oh}LL, nc = r / {d.oh}LL;"
 
 
-def max_pool_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource) -> HostKernel:
+def max_pool_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """Each output's maximum over its window's real cells in window order (NaN-propagating)."""
-    ow, dtype = geom.size[1], node.type.dtype
-    if geom.padding == (0, 0):
-        return unpadded_max_pool_rows(node, program, geom, kernel, False)
-    head, tail = window_rows(geom, "    ")
-    body = [pool_out_coords(geom), f"    float peak[{ow}];", f"    for (long long q = 0; q < {ow}LL; ++q) peak[q] = -sx_inf();", *head,
-            f"      for (long long q = lo; q < hi; ++q) peak[q] = sx_maxf(peak[q], {from_storage(f'in0[base + q * {geom.stride[1]}LL + off]', dtype)});",
-            *tail, f"    for (long long q = 0; q < {ow}LL; ++q) out0[r * {ow}LL + q] = {to_storage('peak[q]', dtype)};"]
-    return rows_kernel(kernel, geom.n * geom.c * geom.size[0], body)
+    dtype = node.type.dtype
+    if not d.padded:
+        return unpadded_max_pool_rows(node, program, d, kernel, False)
+    head, tail = window_rows(d, "    ")
+    body = [pool_out_coords(d), f"    float peak[{d.ow}];", f"    for (long long q = 0; q < {d.ow}LL; ++q) peak[q] = -sx_inf();", *head,
+            f"      for (long long q = lo; q < hi; ++q) peak[q] = sx_maxf(peak[q], {from_storage(f'in0[base + q * {d.sw}LL + off]', dtype)});",
+            *tail, f"    for (long long q = 0; q < {d.ow}LL; ++q) out0[r * {d.ow}LL + q] = {to_storage('peak[q]', dtype)};"]
+    return rows_kernel(kernel, d.n * d.c * d.oh, body)
 
 
-def max_pool_index_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource) -> HostKernel:
+def max_pool_index_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """Each window's first maximum in window order (the first NaN, else the first real cell
     equal to the maximum; an all -inf window its first real cell), as `argmax_lines` finds it."""
-    ow, sw = geom.size[1], geom.stride[1]
-    if geom.padding == (0, 0):
-        return unpadded_max_pool_rows(node, program, geom, kernel, True)
-    value = from_storage(f"in0[base + q * {sw}LL + off]", program.types()[node.args[0]].dtype)
-    head, tail = window_rows(geom, "    ")
-    body = [pool_out_coords(geom), f"    float peak[{ow}]; int first_real[{ow}], first_nan[{ow}], at[{ow}]; unsigned char found[{ow}];",
-            f"    for (long long q = 0; q < {ow}LL; ++q) {{ peak[q] = -sx_inf(); first_real[q] = -1; first_nan[q] = -1; }}", *head,
+    if not d.padded:
+        return unpadded_max_pool_rows(node, program, d, kernel, True)
+    value = from_storage(f"in0[base + q * {d.sw}LL + off]", program.types()[node.args[0]].dtype)
+    head, tail = window_rows(d, "    ")
+    body = [pool_out_coords(d), f"    float peak[{d.ow}]; int first_real[{d.ow}], first_nan[{d.ow}], at[{d.ow}]; unsigned char found[{d.ow}];",
+            f"    for (long long q = 0; q < {d.ow}LL; ++q) {{ peak[q] = -sx_inf(); first_real[q] = -1; first_nan[q] = -1; }}", *head,
             "      for (long long q = lo; q < hi; ++q) {",
             f"        const float v = {value};",
             "        if (first_real[q] < 0) first_real[q] = k;", "        if (v != v && first_nan[q] < 0) first_nan[q] = k;",
             "        peak[q] = sx_maxf(peak[q], v);", "      }", *tail,
-            f"    for (long long q = 0; q < {ow}LL; ++q) {{ at[q] = first_nan[q] >= 0 ? first_nan[q] : first_real[q]; found[q] = !(first_nan[q] < 0 && peak[q] != -sx_inf()); }}",
+            f"    for (long long q = 0; q < {d.ow}LL; ++q) {{ at[q] = first_nan[q] >= 0 ? first_nan[q] : first_real[q]; found[q] = !(first_nan[q] < 0 && peak[q] != -sx_inf()); }}",
             *head, f"      for (long long q = lo; q < hi; ++q) if (!found[q] && {value} == peak[q]) {{ at[q] = k; found[q] = 1; }}", *tail,
-            f"    for (long long q = 0; q < {ow}LL; ++q) out0[r * {ow}LL + q] = at[q];"]
-    return rows_kernel(kernel, geom.n * geom.c * geom.size[0], body)
+            f"    for (long long q = 0; q < {d.ow}LL; ++q) out0[r * {d.ow}LL + q] = at[q];"]
+    return rows_kernel(kernel, d.n * d.c * d.oh, body)
 
 
-def unpadded_max_pool_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource, index: bool) -> HostKernel:
+def unpadded_max_pool_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource, index: bool) -> HostKernel:
     """max_pool_rows (INDEX: max_pool_index_rows) without padding, where every window's cells
     are real: each output's window read once, cell by cell in window order, into `v`, its
     maximum `peak` as sx_maxf folds them from -inf; its index the first cell that is NaN or
     equal to the peak (a NaN makes the peak NaN, which equals nothing: the first NaN; else
     the first maximum, and of an all -inf window its first cell)."""
-    ow = geom.size[1]
     dtype = program.types()[node.args[0]].dtype
-    result = [*first_maximum(geom), f"      out0[r * {ow}LL + q] = at;"] if index else [f"      out0[r * {ow}LL + q] = {to_storage('peak', dtype)};"]
-    return window_loop(geom, dtype, kernel, result)
+    result = [*first_maximum(d), f"      out0[r * {d.ow}LL + q] = at;"] if index else [f"      out0[r * {d.ow}LL + q] = {to_storage('peak', dtype)};"]
+    return window_loop(d, dtype, kernel, result)
 
 
-def first_maximum(geom: PoolGeom) -> list[str]:
+def first_maximum(d: ImageLaunch) -> list[str]:
     """`at`: the first of a window's cells `v` that is NaN or equal to its `peak`."""
-    cells = geom.kernel[0] * geom.kernel[1]
+    cells = d.kh * d.kw
     return ["      int at = 0;", f"      for (int k = {cells - 1}; k >= 0; --k) if (v[k] == peak || v[k] != v[k]) at = k;"]
 
 
-def tile_grad_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource) -> HostKernel:
+def tile_grad_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """sx_max_pool_tiled_grad over rows of windows: each window read once (as in
     unpadded_max_pool_rows), its first maximum's cell given 0 + the window's gradient and its
     other cells 0."""
-    (kh, kw), (h, w), ow = geom.kernel, geom.hw, geom.size[1]
     dtype, g_dtype = node.type.dtype, program.types()[node.args[1]].dtype
-    result = [*first_maximum(geom), f"      const float gradient = 0.0f + {from_storage(f'in1[r * {ow}LL + q]', g_dtype)};",
-              f"      for (int k = 0; k < {kh * kw}; ++k)",
-              f"        out0[(nc * {h}LL + p * {kh}LL + k / {kw}) * {w}LL + q * {kw}LL + k % {kw}] = k == at ? {to_storage('gradient', dtype)} : {to_storage('0.0f', dtype)};"]
-    return window_loop(geom, program.types()[node.args[0]].dtype, kernel, result, TILED_WINDOWS)
+    result = [*first_maximum(d), f"      const float gradient = 0.0f + {from_storage(f'in1[r * {d.ow}LL + q]', g_dtype)};",
+              f"      for (int k = 0; k < {d.kh * d.kw}; ++k)",
+              f"        out0[(nc * {d.h}LL + p * {d.kh}LL + k / {d.kw}) * {d.w}LL + q * {d.kw}LL + k % {d.kw}] = k == at ? {to_storage('gradient', dtype)} : {to_storage('0.0f', dtype)};"]
+    return window_loop(d, program.types()[node.args[0]].dtype, kernel, result, TILED_WINDOWS)
 
 
-def window_loop(geom: PoolGeom, dtype: DType, kernel: KernelSource, result: list[str], schedule: str = "") -> HostKernel:
+def window_loop(d: ImageLaunch, dtype: DType, kernel: KernelSource, result: list[str], schedule: str = "") -> HostKernel:
     """Over rows of unpadded windows: each window's cells read once into `v` (window order)
     and folded into `peak`, then RESULT."""
-    (kh, kw), (sh, sw), w, ow = geom.kernel, geom.stride, geom.hw[1], geom.size[1]
-    cells = kh * kw
+    cells = d.kh * d.kw
     store = c_types(dtype)[0]
-    body = [pool_out_coords(geom),
-            f"    const {store}* __restrict__ rows = in0 + (nc * {geom.hw[0]}LL + p * {sh}LL) * {w}LL;",
-            f"    for (long long q = 0; q < {ow}LL; ++q) {{",
-            f"      const {store}* __restrict__ cell = rows + q * {sw}LL;",
+    body = [pool_out_coords(d),
+            f"    const {store}* __restrict__ rows = in0 + (nc * {d.h}LL + p * {d.sh}LL) * {d.w}LL;",
+            f"    for (long long q = 0; q < {d.ow}LL; ++q) {{",
+            f"      const {store}* __restrict__ cell = rows + q * {d.sw}LL;",
             f"      float v[{cells}], peak = -sx_inf();",
-            f"      for (int k = 0; k < {cells}; ++k) {{ v[k] = {from_storage(f'cell[(k / {kw}) * {w}LL + k % {kw}]', dtype)}; peak = sx_maxf(peak, v[k]); }}",
+            f"      for (int k = 0; k < {cells}; ++k) {{ v[k] = {from_storage(f'cell[(k / {d.kw}) * {d.w}LL + k % {d.kw}]', dtype)}; peak = sx_maxf(peak, v[k]); }}",
             *result, "    }"]
-    return rows_kernel(kernel, geom.n * geom.c * geom.size[0], body, schedule or WINDOWS_ONCE)
+    return rows_kernel(kernel, d.n * d.c * d.oh, body, schedule or WINDOWS_ONCE)
 
 
-def max_pool_grad_rows(node: Node, program: Program, geom: PoolGeom, kernel: KernelSource) -> HostKernel:
+def max_pool_grad_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """gx[nc, y, :] = 0 + the gradients of the windows whose first maximum each cell is, the
     windows in kernel-offset order."""
-    (kh, kw), (sh, sw), (ph, pw), (oh, ow), (h, w) = geom.kernel, geom.stride, geom.padding, geom.size, geom.hw
     g_dtype = program.types()[node.args[1]].dtype
-    if sh >= kh and sw >= kw:
-        return disjoint_max_pool_grad_rows(node, geom, kernel, g_dtype)
-    body = [f"    const long long y = r % {h}LL, nc = r / {h}LL;", f"    float acc[{w}];", f"    for (long long x = 0; x < {w}LL; ++x) acc[x] = 0.0f;",
-            f"    for (int k = 0; k < {kh * kw}; ++k) {{",
-            f"      const long long py = y + {ph}LL - k / {kw};",
-            f"      if (py < 0 || py % {sh}LL != 0 || py / {sh}LL >= {oh}LL) continue;",
-            f"      const long long windows = (nc * {oh}LL + py / {sh}LL) * {ow}LL, off = {pw}LL - k % {kw};",
-            f"      for (long long x = 0; x < {w}LL; ++x) {{",
+    if d.sh >= d.kh and d.sw >= d.kw:
+        return disjoint_max_pool_grad_rows(node, d, kernel, g_dtype)
+    body = [f"    const long long y = r % {d.h}LL, nc = r / {d.h}LL;", f"    float acc[{d.w}];", f"    for (long long x = 0; x < {d.w}LL; ++x) acc[x] = 0.0f;",
+            f"    for (int k = 0; k < {d.kh * d.kw}; ++k) {{",
+            f"      const long long py = y + {d.ph}LL - k / {d.kw};",
+            f"      if (py < 0 || py % {d.sh}LL != 0 || py / {d.sh}LL >= {d.oh}LL) continue;",
+            f"      const long long windows = (nc * {d.oh}LL + py / {d.sh}LL) * {d.ow}LL, off = {d.pw}LL - k % {d.kw};",
+            f"      for (long long x = 0; x < {d.w}LL; ++x) {{",
             "        const long long px = x + off;",
-            f"        if (px < 0 || px % {sw}LL != 0 || px / {sw}LL >= {ow}LL) continue;",
-            f"        const long long window = windows + px / {sw}LL;",
+            f"        if (px < 0 || px % {d.sw}LL != 0 || px / {d.sw}LL >= {d.ow}LL) continue;",
+            f"        const long long window = windows + px / {d.sw}LL;",
             f"        if (index[window] == k) acc[x] += {from_storage('in0[window]', g_dtype)};",
             "      }", "    }",
-            f"    for (long long x = 0; x < {w}LL; ++x) out0[r * {w}LL + x] = {to_storage('acc[x]', node.type.dtype)};"]
-    return rows_kernel(kernel, geom.n * geom.c * h, body)
+            f"    for (long long x = 0; x < {d.w}LL; ++x) out0[r * {d.w}LL + x] = {to_storage('acc[x]', node.type.dtype)};"]
+    return rows_kernel(kernel, d.n * d.c * d.h, body)
 
 
-def disjoint_max_pool_grad_rows(node: Node, geom: PoolGeom, kernel: KernelSource, g_dtype: DType) -> HostKernel:
+def disjoint_max_pool_grad_rows(node: Node, d: ImageLaunch, kernel: KernelSource, g_dtype: DType) -> HostKernel:
     """max_pool_grad_rows where no two windows share a cell (strides no smaller than the
     kernel): a cell's one window, found by division, gives it 0 + its gradient or 0, which is
     what adding the windows that chose it from 0 comes to."""
-    (kh, kw), (sh, sw), (ph, pw), (oh, ow), (h, w) = geom.kernel, geom.stride, geom.padding, geom.size, geom.hw
     gradient = from_storage("in0[windows + q]", g_dtype)
-    body = [f"    const long long y = r % {h}LL, nc = r / {h}LL, py = y + {ph}LL;",
-            f"    {c_types(node.type.dtype)[0]}* __restrict__ row = out0 + r * {w}LL;",
-            f"    const long long i = py % {sh}LL, p = py / {sh}LL;",
-            f"    if (i >= {kh}LL || p >= {oh}LL) {{ for (long long x = 0; x < {w}LL; ++x) row[x] = {to_storage('0.0f', node.type.dtype)}; continue; }}",
-            f"    const long long windows = (nc * {oh}LL + p) * {ow}LL;",
-            f"    for (long long x = 0; x < {w}LL; ++x) {{",
-            f"      const long long px = x + {pw}LL, j = px % {sw}LL, q = px / {sw}LL;",
-            f"      const bool chosen = j < {kw}LL && q < {ow}LL && index[windows + q] == (int)(i * {kw}LL + j);",
+    body = [f"    const long long y = r % {d.h}LL, nc = r / {d.h}LL, py = y + {d.ph}LL;",
+            f"    {c_types(node.type.dtype)[0]}* __restrict__ row = out0 + r * {d.w}LL;",
+            f"    const long long i = py % {d.sh}LL, p = py / {d.sh}LL;",
+            f"    if (i >= {d.kh}LL || p >= {d.oh}LL) {{ for (long long x = 0; x < {d.w}LL; ++x) row[x] = {to_storage('0.0f', node.type.dtype)}; continue; }}",
+            f"    const long long windows = (nc * {d.oh}LL + p) * {d.ow}LL;",
+            f"    for (long long x = 0; x < {d.w}LL; ++x) {{",
+            f"      const long long px = x + {d.pw}LL, j = px % {d.sw}LL, q = px / {d.sw}LL;",
+            f"      const bool chosen = j < {d.kw}LL && q < {d.ow}LL && index[windows + q] == (int)(i * {d.kw}LL + j);",
             f"      row[x] = {to_storage(f'chosen ? 0.0f + {gradient} : 0.0f', node.type.dtype)};",
             "    }"]
-    return rows_kernel(kernel, geom.n * geom.c * h, body)
+    return rows_kernel(kernel, d.n * d.c * d.h, body)
 
 
-PoolRows = Callable[[Node, Program, PoolGeom, KernelSource], HostKernel]
+PoolRows = Callable[[Node, Program, ImageLaunch, KernelSource], HostKernel]
 POOL_ROWS: dict[str, PoolRows] = {"sx_max_pool": max_pool_rows, "sx_max_pool_index": max_pool_index_rows, "sx_max_pool_grad": max_pool_grad_rows,
                                    "sx_max_pool_tiled_grad": tile_grad_rows}
 
 
 @register_emitter(PoolStep, platform=PLATFORM)
 def pool_host(step: PoolStep, program: Program, constants: dict[int, Node], kernels: list[KernelSource], math: str) -> list[HostKernel]:
-    geom = pool_geom(step.node, program.types())
-    return [POOL_ROWS[prefix(k)](step.node, program, geom, k) if prefix(k) in POOL_ROWS else thread_kernel(k) for k in kernels]
+    d = step.shape(program.types())
+    return [POOL_ROWS[prefix(k)](step.node, program, d, k) if prefix(k) in POOL_ROWS else thread_kernel(k) for k in kernels]
 

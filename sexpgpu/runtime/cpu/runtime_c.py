@@ -20,9 +20,18 @@ keep a busy machine's cores from its other work; the caller waiting for them yie
 after as long. A worker starts from the pool's first epoch, so a kernel launched before the
 OS ran the new thread is still its to do.
 
+A repeat (a step's chunks of images: `StepRun.each`) is one op followed by the ops of its
+first item; each argument moves by a fixed number of bytes per item, and the step's scratch
+is each thread's own (its region). Its items are the pool's: each item's kernels and gemms
+run on one thread, in order, the BLAS on that thread (the BLAS is held to one thread: the
+repeat's items are shared only where the pool's pieces are, sx_pieces_exact), so an image's
+columns are written, multiplied and added back on the core whose cache holds them, with one
+hand-off per repeat instead of one per kernel and image; without pieces the items run in
+turn, each op as outside a repeat. Each item computes what it does alone: no bit changes.
+
 bf16 gemms widen their operands to f32 into the program's workspace, call sgemm and round
 the f32 product to bf16 once: what cuBLAS computes with CUBLAS_COMPUTE_32F, and what the NumPy
-backend computes.
+backend computes (into the running thread's region: a repeat's items may widen at once).
 """
 
 RUNTIME_C = r"""
@@ -57,9 +66,11 @@ typedef void (*sx_kernel)(void* const*, long long, long long);
 typedef void (*sx_sgemm64)(int, int, int, long long, long long, long long, float, const float*, long long, const float*, long long, float, float*, long long);
 typedef void (*sx_sgemm32)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
 
-typedef struct { long long base; long long offset; } sx_ref;
+/* an argument: BASE's address (0 the arena, k the k-th input) + OFFSET + STEP bytes per item
+   of a repeat; base -1: OFFSET bytes into the running thread's own region (a repeat's scratch) */
+typedef struct { long long base; long long offset; long long step; } sx_ref;
 typedef struct {
-  long long kind;  /* 0: a kernel, 1: a gemm */
+  long long kind;  /* 0: a kernel, 1: a gemm, 2: a repeat of the next BATCH ops, SIZE times (its items) */
   long long nargs, first;  /* its refs: refs[first .. first + nargs) */
   long long size, work;  /* items, and bytes + flops (threads only for work >= the pool's grain) */
   void* fn;
@@ -86,6 +97,9 @@ typedef struct {
 
 typedef struct { sx_pool* pool; int index; } sx_worker;
 
+/* the running thread's index in its pool (the caller's 0): which region a repeat's item uses */
+static _Thread_local int sx_self = 0;
+
 static unsigned long long sx_epoch(unsigned long long ticket) { return ticket >> 40; }
 
 /* claim chunks of the current kernel and run them until none is left: the caller and every
@@ -104,6 +118,7 @@ static void sx_claim(sx_pool* p) {
 static void* sx_work(void* arg) {
   sx_worker* w = (sx_worker*)arg;
   sx_pool* p = w->pool;
+  sx_self = w->index;
   unsigned long long seen = 0;  /* the pool's first epoch: a kernel launched before this thread ran is still its to share */
   for (;;) {
     unsigned long long now = sx_epoch(atomic_load_explicit(&p->ticket, memory_order_acquire));
@@ -217,10 +232,16 @@ typedef struct {
   const float* a; const float* b; float* c;
 } sx_pieces_job;
 
+/* bytes of the operand every piece reads whole, above which each piece streams it from memory */
+#define SX_DEEP_BYTES 1048576LL
+
 /* the width of a gemm's pieces along its split dimension DIM: about an eighth of it, a
-   multiple of 16, at least 64 (narrower pieces repack the other operand too often) */
-static long long sx_piece(long long dim) {
-  const long long w = ((dim + 7) / 8 + 15) / 16 * 16;
+   multiple of 16, at least 64 (narrower pieces repack the other operand too often); a half
+   where the operand every piece reads (SHARED bytes) outgrows the cache, since each piece
+   reads it from memory again (the CNN's weight gradient, 64 x 288 and 50176 deep: 5 pieces
+   cost 1.6x the whole product's CPU time, 2 pieces 1.1x) */
+static long long sx_piece(long long dim, long long shared) {
+  const long long w = shared > SX_DEEP_BYTES ? ((dim + 1) / 2 + 15) / 16 * 16 : ((dim + 7) / 8 + 15) / 16 * 16;
   return w < 64 ? 64 : w;
 }
 
@@ -241,7 +262,7 @@ static void sx_gemm_pieces(void* const* args, long long begin, long long end) {
 static sx_pieces_job sx_pieces_of(void* blas, int blas64, int op_a, int op_b, long long m, long long n, long long k, const float* a,
                                   long long lda, const float* b, long long ldb, float* c, long long ldc, long long* pieces) {
   const int rows = m > n;
-  const long long width = sx_piece(rows ? m : n);
+  const long long width = sx_piece(rows ? m : n, (rows ? n : m) * k * (long long)sizeof(float));
   *pieces = ((rows ? m : n) + width - 1) / width;
   const sx_pieces_job job = {blas, blas64, op_a, op_b, rows, m, n, k, lda, ldb, ldc, width, a, b, c};
   return job;
@@ -252,7 +273,7 @@ static void sx_sgemm_pool(sx_pool* pool, void* blas, int blas64, int op_a, int o
                           long long lda, const float* b, long long ldb, float* c, long long ldc) {
   long long pieces = 0;
   const sx_pieces_job job = sx_pieces_of(blas, blas64, op_a, op_b, m, n, k, a, lda, b, ldb, c, ldc, &pieces);
-  if (!pool->split_gemms || pool->threads < 2 || pieces < 2 || m * n * k < SX_SPLIT_GEMM) {
+  if (!pool || !pool->split_gemms || pool->threads < 2 || pieces < 2 || m * n * k < SX_SPLIT_GEMM) {
     sx_sgemm(blas, blas64, op_a, op_b, m, n, k, a, lda, b, ldb, c, ldc);
     return;
   }
@@ -322,28 +343,85 @@ static void sx_gemm(sx_pool* pool, const sx_op* op, void* const* ptr, void* blas
   }
 }
 
+/* the pointers of OP's arguments for item ITEM of a repeat (0 outside one), REGION the running thread's own */
+static void sx_args(const sx_op* op, const sx_ref* refs, void* const* bases, char* region, long long item, void** out) {
+  for (long long a = 0; a < op->nargs; ++a) {
+    const sx_ref r = refs[op->first + a];
+    out[a] = r.base < 0 ? (void*)(region + r.offset) : (void*)((char*)bases[r.base] + r.offset + item * r.step);
+  }
+}
+
+/* one kernel or gemm, its items shared by the pool's threads where that pays */
+static void sx_op_run(sx_pool* pool, const sx_op* op, void* const* ptr, void* blas, int blas64, float* workspace) {
+  if (op->kind == 1 && sx_gemm_splits(pool, op)) {
+    const sx_gemm_job job = {op, ptr, blas, blas64};
+    atomic_store_explicit(&pool->busy, 1, memory_order_relaxed);
+    sx_parallel(pool, sx_gemm_items, (void* const*)(const void*)&job, op->batch);
+  } else if (op->kind == 1) {
+    /* the workers sleep through a product the BLAS's own threads compute, and spin through one whose pieces they share */
+    atomic_store_explicit(&pool->busy, pool->split_gemms, memory_order_relaxed);
+    sx_gemm(pool, op, ptr, blas, blas64, workspace);
+  } else if (pool->threads > 1 && op->size > 1 && op->work >= pool->grain) {
+    atomic_store_explicit(&pool->busy, 1, memory_order_relaxed);
+    sx_parallel(pool, (sx_kernel)op->fn, ptr, op->size);
+  } else if (op->size > 0) {
+    ((sx_kernel)op->fn)(ptr, 0, op->size);
+  }
+}
+
+/* a repeat whose items the pool's threads share: each item's ops on one thread, in its own region */
+typedef struct {
+  const sx_op* body; long long ops; const sx_ref* refs; void* const* bases;
+  void* blas; int blas64; char* regions; long long region_bytes, scratch_bytes, most_args;
+} sx_repeat_job;
+
+static void sx_repeat_items(void* const* args, long long begin, long long end) {
+  const sx_repeat_job* job = (const sx_repeat_job*)(const void*)args;
+  char* region = job->regions + (long long)sx_self * job->region_bytes;
+  void* ptr[job->most_args];
+  for (long long item = begin; item < end; ++item) {
+    for (long long i = 0; i < job->ops; ++i) {
+      const sx_op* op = &job->body[i];
+      sx_args(op, job->refs, job->bases, region, item, ptr);
+      if (op->kind == 1) sx_gemm(NULL, op, ptr, job->blas, job->blas64, (float*)(void*)(region + job->scratch_bytes));
+      else if (op->size > 0) ((sx_kernel)op->fn)(ptr, 0, op->size);
+    }
+  }
+}
+
+/* whether the pool's threads share a repeat's items: threads, work enough, and a gemm in it
+   only where the BLAS runs on the calling thread (the pool's pieces: it is held to one) */
+static int sx_repeat_splits(const sx_pool* pool, const sx_op* head, const sx_op* body) {
+  if (pool->threads < 2 || head->size < 2 || head->work < pool->grain) return 0;
+  for (long long i = 0; i < head->batch; ++i)
+    if (body[i].kind == 1 && !pool->split_gemms) return 0;
+  return 1;
+}
+
+/* REGIONS: each thread's REGION_BYTES, its repeats' scratch (SCRATCH_BYTES) then its gemms' bf16 workspace */
 int sx_run(sx_pool* pool, const sx_op* ops, long long count, const sx_ref* refs, void* const* bases, void** scratch, void* blas, int blas64,
-           float* workspace) {
+           char* regions, long long region_bytes, long long scratch_bytes) {
+  float* workspace = (float*)(void*)(regions + scratch_bytes);
   for (long long i = 0; i < count; ++i) {
     const sx_op* op = &ops[i];
-    for (long long a = 0; a < op->nargs; ++a) {
-      const sx_ref r = refs[op->first + a];
-      scratch[a] = (char*)bases[r.base] + r.offset;
+    if (op->kind != 2) {
+      sx_args(op, refs, bases, regions, 0, scratch);
+      sx_op_run(pool, op, scratch, blas, blas64, workspace);
+      continue;
     }
-    if (op->kind == 1 && sx_gemm_splits(pool, op)) {
-      const sx_gemm_job job = {op, scratch, blas, blas64};
+    const sx_op* body = op + 1;
+    if (sx_repeat_splits(pool, op, body)) {
+      const sx_repeat_job job = {body, op->batch, refs, bases, blas, blas64, regions, region_bytes, scratch_bytes, op->nargs};
       atomic_store_explicit(&pool->busy, 1, memory_order_relaxed);
-      sx_parallel(pool, sx_gemm_items, (void* const*)(const void*)&job, op->batch);
-    } else if (op->kind == 1) {
-      /* the workers sleep through a product the BLAS's own threads compute, and spin through one whose pieces they share */
-      atomic_store_explicit(&pool->busy, pool->split_gemms, memory_order_relaxed);
-      sx_gemm(pool, op, scratch, blas, blas64, workspace);
-    } else if (pool->threads > 1 && op->size > 1 && op->work >= pool->grain) {
-      atomic_store_explicit(&pool->busy, 1, memory_order_relaxed);
-      sx_parallel(pool, (sx_kernel)op->fn, scratch, op->size);
-    } else if (op->size > 0) {
-      ((sx_kernel)op->fn)(scratch, 0, op->size);
+      sx_parallel(pool, sx_repeat_items, (void* const*)(const void*)&job, op->size);
+    } else {
+      for (long long item = 0; item < op->size; ++item)
+        for (long long b = 0; b < op->batch; ++b) {
+          sx_args(&body[b], refs, bases, regions, item, scratch);
+          sx_op_run(pool, &body[b], scratch, blas, blas64, workspace);
+        }
     }
+    i += op->batch;
   }
   atomic_store_explicit(&pool->busy, 0, memory_order_relaxed);
   return 0;

@@ -10,7 +10,7 @@ back to the host unless the caller keeps them on the device (`run(feeds, keep=..
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
@@ -207,6 +207,10 @@ class ProgramRun:
 
     def gemm(self, call: BlasCall, a: Any, b: Any, c: Any) -> None:
         self.device.runner.gemm(call, a, b, c)
+
+    def each(self, count: int, body: Callable[[int], None]) -> None:
+        for item in range(count):
+            body(item)
 
     def host_op(self, node: Node) -> Any:
         types = self.lowered.types

@@ -22,7 +22,7 @@ average and its gradient with the CPU's order of additions and its f32 reciproca
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 
@@ -50,90 +50,145 @@ def conv_geom(node: Node, types: dict[int, TensorType]) -> ConvGeom:
     return conv_geometry(node.op, a, tuple(node.attrs["weight_shape"]), node.attrs, "")
 
 
-def columns(geom: ConvGeom) -> int:
-    """Elements of the im2col matrix [C, KH, KW, N, OH, OW]."""
-    return geom.c * geom.kernel[0] * geom.kernel[1] * geom.cells
+@dataclass(frozen=True)
+class ImageLaunch:
+    """One launch of a convolution or pool step as the kernels of both dialects read it (the
+    CUDA kernels here, the host's loops in runtime/cpu/images.py): every extent by name,
+    built once per step (`ConvStep.shape`, again when the host's schedule sets its chunk;
+    `PoolStep.shape`)."""
+
+    n: int  # images in the launch
+    c: int
+    h: int  # the input's height and width
+    w: int
+    oh: int  # the output's
+    ow: int
+    kh: int  # the kernel's (the window's)
+    kw: int
+    sh: int  # strides, padding
+    sw: int
+    ph: int
+    pw: int
+    first: DType  # the dtype of the op's first operand (x; g for the input gradient and the average's)
+    out: DType
+    second: Optional[DType] = None  # of its second, where it has one
+    o: int = 0  # a convolution's output channels, groups and dilation
+    groups: int = 1
+    dh: int = 1
+    dw: int = 1
+
+    @property
+    def og(self) -> int:
+        return self.o // self.groups
+
+    @property
+    def k(self) -> int:  # the contraction per group: Cg * KH * KW
+        return self.c // self.groups * self.kh * self.kw
+
+    @property
+    def cells(self) -> int:  # N * OH * OW
+        return self.n * self.oh * self.ow
+
+    @property
+    def columns(self) -> int:
+        """Elements of the im2col matrix [C, KH, KW, N, OH, OW]."""
+        return self.c * self.kh * self.kw * self.cells
+
+    @property
+    def padded(self) -> bool:
+        return (self.ph, self.pw) != (0, 0)
+
+    @property
+    def windows(self) -> int:  # a pool's outputs: N * C * OH * OW
+        return self.n * self.c * self.oh * self.ow
 
 
-def im2col_kernel(node: Node, program: Program, geom: ConvGeom) -> KernelSource:
+def conv_launch(geom: ConvGeom, first: DType, second: DType, out: DType) -> ImageLaunch:
+    """A launch of GEOM's images (a chunk's, or the batch), its operands FIRST and SECOND."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.padding, geom.dilation
+    return ImageLaunch(n=geom.n, c=geom.c, h=geom.hw[0], w=geom.hw[1], oh=geom.size[0], ow=geom.size[1], kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw,
+                       first=first, out=out, second=second, o=geom.o, groups=geom.groups, dh=dh, dw=dw)
+
+
+def node_dtypes(node: Node, types: dict[int, TensorType]) -> tuple[DType, DType, DType]:
+    """The dtypes of a convolution NODE's operands and result."""
+    return types[node.args[0]].dtype, types[node.args[1]].dtype, node.type.dtype
+
+
+def im2col_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """cols[c, i, j, n, p, q] = x[n, c, p*sh + i*dh - ph, q*sw + j*dw - pw], 0 in the padding."""
     x = node.args[0]
     x_t = program.types()[x]
     store, _ = c_types(x_t.dtype)
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.padding, geom.dilation
-    (h, w), (oh, ow) = geom.hw, geom.size
     body = [
-        f"    const long long q = e % {ow}LL, p = (e / {ow}LL) % {oh}LL, n = (e / {oh * ow}LL) % {geom.n}LL;",
-        f"    const long long j = (e / {geom.cells}LL) % {kw}LL, i = (e / {kw * geom.cells}LL) % {kh}LL, c = e / {kh * kw * geom.cells}LL;",
-        f"    const long long y = p * {sh}LL + i * {dh}LL - {ph}LL, x = q * {sw}LL + j * {dw}LL - {pw}LL;",
-        f"    out0[e] = (y >= 0 && y < {h}LL && x >= 0 && x < {w}LL) ? in0[((n * {geom.c}LL + c) * {h}LL + y) * {w}LL + x] : ({store})0;",
+        f"    const long long q = e % {d.ow}LL, p = (e / {d.ow}LL) % {d.oh}LL, n = (e / {d.oh * d.ow}LL) % {d.n}LL;",
+        f"    const long long j = (e / {d.cells}LL) % {d.kw}LL, i = (e / {d.kw * d.cells}LL) % {d.kh}LL, c = e / {d.kh * d.kw * d.cells}LL;",
+        f"    const long long y = p * {d.sh}LL + i * {d.dh}LL - {d.ph}LL, x = q * {d.sw}LL + j * {d.dw}LL - {d.pw}LL;",
+        f"    out0[e] = (y >= 0 && y < {d.h}LL && x >= 0 && x < {d.w}LL) ? in0[((n * {d.c}LL + c) * {d.h}LL + y) * {d.w}LL + x] : ({store})0;",
     ]
     decls, _ = declare([x], [], program.types())
     decls.append(f"{store}* __restrict__ out0")
-    params = [Param("in", x, x_t.dtype, (geom.n, geom.c, h, w)), Param("out", -1, x_t.dtype, (columns(geom),))]
-    return assemble("sx_im2col", decls, "e", body, params, columns(geom), 0)
+    params = [Param("in", x, x_t.dtype, (d.n, d.c, d.h, d.w)), Param("out", -1, x_t.dtype, (d.columns,))]
+    return assemble("sx_im2col", decls, "e", body, params, d.columns, 0)
 
 
-def col2im_kernel(node: Node, program: Program, geom: ConvGeom) -> KernelSource:
+def col2im_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """gx[n, c, y, x] = the f32 columns that read the cell, added in kernel-offset order."""
     dtype = node.type.dtype
     store, _ = c_types(dtype)
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = geom.kernel, geom.stride, geom.padding, geom.dilation
-    (h, w), (oh, ow) = geom.hw, geom.size
     body = [
-        f"    const long long x = e % {w}LL, y = (e / {w}LL) % {h}LL, c = (e / {h * w}LL) % {geom.c}LL, n = e / {geom.c * h * w}LL;",
+        f"    const long long x = e % {d.w}LL, y = (e / {d.w}LL) % {d.h}LL, c = (e / {d.h * d.w}LL) % {d.c}LL, n = e / {d.c * d.h * d.w}LL;",
         "    float acc = 0.0f;",
-        f"    for (long long i = 0; i < {kh}LL; ++i) {{",
-        f"      const long long py = y + {ph}LL - i * {dh}LL;",
-        f"      if (py < 0 || py % {sh}LL != 0 || py / {sh}LL >= {oh}LL) continue;",
-        f"      for (long long j = 0; j < {kw}LL; ++j) {{",
-        f"        const long long px = x + {pw}LL - j * {dw}LL;",
-        f"        if (px < 0 || px % {sw}LL != 0 || px / {sw}LL >= {ow}LL) continue;",
-        f"        acc += in0[((c * {kh}LL + i) * {kw}LL + j) * {geom.cells}LL + n * {oh * ow}LL + (py / {sh}LL) * {ow}LL + px / {sw}LL];",
+        f"    for (long long i = 0; i < {d.kh}LL; ++i) {{",
+        f"      const long long py = y + {d.ph}LL - i * {d.dh}LL;",
+        f"      if (py < 0 || py % {d.sh}LL != 0 || py / {d.sh}LL >= {d.oh}LL) continue;",
+        f"      for (long long j = 0; j < {d.kw}LL; ++j) {{",
+        f"        const long long px = x + {d.pw}LL - j * {d.dw}LL;",
+        f"        if (px < 0 || px % {d.sw}LL != 0 || px / {d.sw}LL >= {d.ow}LL) continue;",
+        f"        acc += in0[((c * {d.kh}LL + i) * {d.kw}LL + j) * {d.cells}LL + n * {d.oh * d.ow}LL + (py / {d.sh}LL) * {d.ow}LL + px / {d.sw}LL];",
         "      }",
         "    }",
         f"    out0[e] = {to_storage('acc', dtype)};",
     ]
-    shape = (geom.n, geom.c, h, w)
-    params = [Param("in", -1, DType.f32, (columns(geom),)), Param("out", node.id, dtype, shape)]
+    shape = (d.n, d.c, d.h, d.w)
+    params = [Param("in", -1, DType.f32, (d.columns,)), Param("out", node.id, dtype, shape)]
     return assemble("sx_col2im", ["const float* __restrict__ in0", f"{store}* __restrict__ out0"], "e", body, params, shape_size(shape),
-                    shape_size(shape) * geom.kernel[0] * geom.kernel[1])
+                    shape_size(shape) * d.kh * d.kw)
 
 
-def grad_rows_kernel(node: Node, program: Program, geom: ConvGeom) -> KernelSource:
+def grad_rows_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """g [N, O, OH*OW] moved to [O, N, OH*OW] (a gemm's rows, every image's together)."""
     g = node.args[1]
     g_t = program.types()[g]
     store, _ = c_types(g_t.dtype)
-    cells = geom.size[0] * geom.size[1]
-    body = [f"    const long long l = e % {cells}LL, n = (e / {cells}LL) % {geom.n}LL, o = e / {geom.n * cells}LL;",
-            f"    out0[e] = in0[(n * {geom.o}LL + o) * {cells}LL + l];"]
+    cells = d.oh * d.ow
+    body = [f"    const long long l = e % {cells}LL, n = (e / {cells}LL) % {d.n}LL, o = e / {d.n * cells}LL;",
+            f"    out0[e] = in0[(n * {d.o}LL + o) * {cells}LL + l];"]
     params = [Param("in", g, g_t.dtype, tuple(g_t.shape)), Param("out", -1, g_t.dtype, (shape_size(g_t.shape),))]
     return assemble("sx_conv_grad_rows", [f"const {store}* __restrict__ in0", f"{store}* __restrict__ out0"], "e", body, params, shape_size(g_t.shape), 0)
 
 
-def transpose_kernel(node: Node, program: Program, geom: ConvGeom) -> KernelSource:
+def transpose_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """dW[g, o, kk] = the product's [g, kk, o] (each group's K x Og matrix transposed)."""
     dtype = node.type.dtype
     store, _ = c_types(dtype)
-    og, k = geom.og, geom.k
-    body = [f"    const long long kk = e % {k}LL, o = (e / {k}LL) % {og}LL, g = e / {og * k}LL;",
-            f"    out0[e] = in0[(g * {k}LL + kk) * {og}LL + o];"]
+    body = [f"    const long long kk = e % {d.k}LL, o = (e / {d.k}LL) % {d.og}LL, g = e / {d.og * d.k}LL;",
+            f"    out0[e] = in0[(g * {d.k}LL + kk) * {d.og}LL + o];"]
     shape = tuple(node.type.shape)
     params = [Param("in", -1, dtype, (shape_size(shape),)), Param("out", node.id, dtype, shape)]
     return assemble("sx_conv_grad_transpose", [f"const {store}* __restrict__ in0", f"{store}* __restrict__ out0"], "e", body, params, shape_size(shape), 0)
 
 
-def conv_calls(node: Node, geom: ConvGeom, dtype: DType) -> list[BlasCall]:
+def conv_calls(node: Node, d: ImageLaunch, dtype: DType) -> list[BlasCall]:
     """The gemms of the convolution op NODE, with cuBLAS's first matrix our B (see
     `ConvStep.launch` for the buffers each reads and writes)."""
-    og, k, cells, n, groups = geom.og, geom.k, geom.size[0] * geom.size[1], geom.n, geom.groups
+    og, k, cells, n, groups = d.og, d.k, d.oh * d.ow, d.n, d.groups
     wide = n * cells
     if node.op == "conv2d":  # y[n, g] (Og x L) = W_g (Og x K) @ cols[g][:, n] (K x L), batched over n
-        return [row_major(og, cells, k, Rows(k, g * og * k, 0), Rows(wide, g * k * wide, cells), Rows(cells, g * og * cells, geom.o * cells),
+        return [row_major(og, cells, k, Rows(k, g * og * k, 0), Rows(wide, g * k * wide, cells), Rows(cells, g * og * cells, d.o * cells),
                           False, False, n, dtype, dtype) for g in range(groups)]
     if node.op == "conv2d_input_grad":  # cols[g][:, n] (K x L) = W_g^T (K x Og) @ g[n, g] (Og x L), into f32 columns
-        return [row_major(k, cells, og, Rows(k, g * og * k, 0), Rows(cells, g * og * cells, geom.o * cells), Rows(wide, g * k * wide, cells),
+        return [row_major(k, cells, og, Rows(k, g * og * k, 0), Rows(cells, g * og * cells, d.o * cells), Rows(wide, g * k * wide, cells),
                           True, False, n, dtype, DType.f32) for g in range(groups)]
     # dW_g^T (K x Og) = cols_g (K x N*L) @ rows_g^T (N*L x Og), batched over the groups, into
     # scratch (`transpose_kernel` moves it to dW): OpenBLAS's AVX-512 kernels compute this
@@ -144,12 +199,12 @@ def conv_calls(node: Node, geom: ConvGeom, dtype: DType) -> list[BlasCall]:
 CHUNKED = ("conv2d", "conv2d_input_grad")  # the weight gradient adds over every image: one gemm over the batch
 
 
-def chunk_images(geom: ConvGeom, column_bytes: int, cache_bytes: int) -> int:
+def chunk_images(d: ImageLaunch, column_bytes: int, cache_bytes: int) -> int:
     """Images per launch whose columns fit in CACHE_BYTES (COLUMN_BYTES per column element):
     the largest divisor of the batch that fits, at least 1 (every launch the same size, so
     one kernel serves them all)."""
-    fit = max(1, cache_bytes // max(1, columns(replace(geom, n=1)) * column_bytes))
-    return max(d for d in range(1, min(fit, geom.n) + 1) if geom.n % d == 0)
+    fit = max(1, cache_bytes // max(1, replace(d, n=1).columns * column_bytes))
+    return max(chunk for chunk in range(1, min(fit, d.n) + 1) if d.n % chunk == 0)
 
 
 @dataclass
@@ -160,55 +215,59 @@ class ConvStep(NodeStep):
     A chunk of `chunk` images at a time where a device asks for it (`fit_cache`: the CPU,
     so that a chunk's columns are still in its cache when the gemm reads them, or the col2im
     reads what the gemm wrote): each chunk's im2col and gemms, or gemms and col2im, on views
-    of the chunk's images. The same bits: no image's columns, products or sums involve
-    another's."""
+    of the chunk's images, the chunks one `StepRun.each` (the CPU's threads take whole chunks,
+    each in its own copy of the scratch). The same bits: no image's columns, products or sums
+    involve another's."""
 
     parts: list[tuple[DType, int]] = field(default_factory=list)  # scratch_parts, worked out when lowered
     gemms: list[BlasCall] = field(default_factory=list)  # calls, likewise
     chunk: int = 0  # images per launch; 0: the whole batch, one launch of each kernel and gemm
+    launch_shape: Optional[ImageLaunch] = None  # `shape`, kept
     kind: ClassVar[str] = "image"
 
     def geometry(self, types: dict[int, TensorType]) -> ConvGeom:
         return conv_geom(self.node, types)
 
-    def launch_geometry(self, types: dict[int, TensorType]) -> ConvGeom:
-        """The geometry of one launch: a chunk's images, or the whole batch."""
-        geom = self.geometry(types)
-        return replace(geom, n=self.chunk) if self.chunk else geom
+    def shape(self, types: dict[int, TensorType]) -> ImageLaunch:
+        """One launch: a chunk's images, or the whole batch (built once per chunk)."""
+        if self.launch_shape is None or self.launch_shape.n != (self.chunk or self.geometry(types).n):
+            geom = self.geometry(types)
+            self.launch_shape = conv_launch(replace(geom, n=self.chunk) if self.chunk else geom, *node_dtypes(self.node, types))
+        return self.launch_shape
 
     def fit_cache(self, types: dict[int, TensorType], cache_bytes: int) -> None:
         """Launch a chunk of images at a time when the batch's columns outgrow CACHE_BYTES."""
         if self.node.op not in CHUNKED:
             return
-        geom = self.geometry(types)
-        column_bytes = BYTES[DType.f32] if self.node.op == "conv2d_input_grad" else BYTES[types[self.node.args[0]].dtype]
-        chunk = chunk_images(geom, column_bytes, cache_bytes)
-        self.chunk = 0 if chunk == geom.n else chunk
+        whole = conv_launch(self.geometry(types), *node_dtypes(self.node, types))
+        column_bytes = BYTES[DType.f32] if self.node.op == "conv2d_input_grad" else BYTES[whole.first]
+        chunk = chunk_images(whole, column_bytes, cache_bytes)
+        self.chunk = 0 if chunk == whole.n else chunk
         self.parts, self.gemms = self.scratch_parts(types), self.calls(types)
 
     def scratch_parts(self, types: dict[int, TensorType]) -> list[tuple[DType, int]]:
         """The scratch buffers, in order: (storage dtype, elements)."""
-        geom = self.launch_geometry(types)
-        dtype = types[self.node.args[0]].dtype
+        d = self.shape(types)
         if self.node.op == "conv2d":
-            return [(dtype, columns(geom))]
+            return [(d.first, d.columns)]
         if self.node.op == "conv2d_input_grad":
-            return [(DType.f32, columns(geom))]
-        return [(dtype, columns(geom)), (dtype, shape_size(types[self.node.args[1]].shape)), (dtype, shape_size(self.node.type.shape))]
+            return [(DType.f32, d.columns)]
+        return [(d.first, d.columns), (d.first, shape_size(types[self.node.args[1]].shape)), (d.first, shape_size(self.node.type.shape))]
 
     def scratch_bytes(self, types: dict[int, TensorType]) -> int:
         return sum(aligned(count * BYTES[dtype]) for dtype, count in self.scratch_parts(types))
 
     def kernels(self, program: Program, constants: dict[int, Node]) -> list[KernelSource]:
-        geom = self.launch_geometry(program.types())
+        d = self.shape(program.types())
         if self.node.op == "conv2d":
-            return [im2col_kernel(self.node, program, geom)]
+            return [im2col_kernel(self.node, program, d)]
         if self.node.op == "conv2d_input_grad":
-            return [col2im_kernel(self.node, program, geom)]
-        return [im2col_kernel(self.node, program, geom), grad_rows_kernel(self.node, program, geom), transpose_kernel(self.node, program, geom)]
+            return [col2im_kernel(self.node, program, d)]
+        return [im2col_kernel(self.node, program, d), grad_rows_kernel(self.node, program, d), transpose_kernel(self.node, program, d)]
 
     def calls(self, types: dict[int, TensorType]) -> list[BlasCall]:
-        return conv_calls(self.node, self.launch_geometry(types), types[self.node.args[0]].dtype)
+        d = self.shape(types)
+        return conv_calls(self.node, d, d.first)
 
     def launch(self, run: StepRun, kernels: list[KernelSource]) -> None:
         node = self.node
@@ -217,16 +276,21 @@ class ConvStep(NodeStep):
         first, second = run.contiguous(node.args[0]), run.contiguous(node.args[1])
         batch = out.shape[0]
         chunk = self.chunk or batch
-        if node.op == "conv2d":  # x, w
-            for n in range(0, batch, chunk):
-                run.launch(kernels[0], [first[n : n + chunk], parts[0]])
-                for call in self.gemms:
-                    run.gemm(call, parts[0], second, out[n : n + chunk])
-        elif node.op == "conv2d_input_grad":  # g, w
-            for n in range(0, batch, chunk):
-                for call in self.gemms:
-                    run.gemm(call, first[n : n + chunk], second, parts[0])
-                run.launch(kernels[0], [parts[0], out[n : n + chunk]])
+
+        def forward(item: int) -> None:  # x, w
+            images = slice(item * chunk, (item + 1) * chunk)
+            run.launch(kernels[0], [first[images], parts[0]])
+            for call in self.gemms:
+                run.gemm(call, parts[0], second, out[images])
+
+        def input_grad(item: int) -> None:  # g, w
+            images = slice(item * chunk, (item + 1) * chunk)
+            for call in self.gemms:
+                run.gemm(call, first[images], second, parts[0])
+            run.launch(kernels[0], [parts[0], out[images]])
+
+        if node.op in CHUNKED:  # the chunks are independent: their own columns, their own images
+            run.each(batch // chunk, forward if node.op == "conv2d" else input_grad)
         else:  # x, g
             run.launch(kernels[0], [first, parts[0]])
             run.launch(kernels[1], [second, parts[1]])
@@ -278,29 +342,34 @@ def pool_geom(node: Node, types: dict[int, TensorType]) -> PoolGeom:
     return pool_geometry(node.op, shape, node.attrs, "")
 
 
-def window_cells(geom: PoolGeom, indent: str) -> tuple[str, str]:
+def pool_launch(node: Node, types: dict[int, TensorType]) -> ImageLaunch:
+    geom = pool_geom(node, types)
+    (kh, kw), (sh, sw), (ph, pw) = geom.kernel, geom.stride, geom.padding
+    return ImageLaunch(n=geom.n, c=geom.c, h=geom.hw[0], w=geom.hw[1], oh=geom.size[0], ow=geom.size[1], kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw,
+                       first=types[node.args[0]].dtype, out=node.type.dtype, second=types[node.args[1]].dtype if len(node.args) > 1 else None)
+
+
+def window_cells(d: ImageLaunch, indent: str) -> tuple[str, str]:
     """The loop over a window's cells in window order (row by row), for output (n, c, p, q):
     opens `for k` with `real` (the cell is inside the input) and `cell` (its flat index)."""
-    (kh, kw), (sh, sw), (ph, pw), (h, w) = geom.kernel, geom.stride, geom.padding, geom.hw
-    head = (f"{indent}for (int k = 0; k < {kh * kw}; ++k) {{\n"
-            f"{indent}  const long long y = p * {sh}LL + k / {kw} - {ph}LL, x = q * {sw}LL + k % {kw} - {pw}LL;\n"
-            f"{indent}  const bool real = y >= 0 && y < {h}LL && x >= 0 && x < {w}LL;\n"
-            f"{indent}  const long long cell = (nc * {h}LL + y) * {w}LL + x;")
+    head = (f"{indent}for (int k = 0; k < {d.kh * d.kw}; ++k) {{\n"
+            f"{indent}  const long long y = p * {d.sh}LL + k / {d.kw} - {d.ph}LL, x = q * {d.sw}LL + k % {d.kw} - {d.pw}LL;\n"
+            f"{indent}  const bool real = y >= 0 && y < {d.h}LL && x >= 0 && x < {d.w}LL;\n"
+            f"{indent}  const long long cell = (nc * {d.h}LL + y) * {d.w}LL + x;")
     return head, f"{indent}}}"
 
 
-def output_coords(geom: PoolGeom) -> str:
-    oh, ow = geom.size
-    return f"    const long long q = e % {ow}LL, p = (e / {ow}LL) % {oh}LL, nc = e / {oh * ow}LL;"
+def output_coords(d: ImageLaunch) -> str:
+    return f"    const long long q = e % {d.ow}LL, p = (e / {d.ow}LL) % {d.oh}LL, nc = e / {d.oh * d.ow}LL;"
 
 
-def argmax_lines(geom: PoolGeom, x_dtype: DType) -> list[str]:
+def argmax_lines(d: ImageLaunch, x_dtype: DType) -> list[str]:
     """`at`: the window's first maximum in window order: the first NaN if it has one, else
     the first real cell equal to the maximum; padding never wins (an all -inf window goes to
     its first real cell), as the CPU backend's _argmax."""
     value = from_storage("in0[cell]", x_dtype)
-    head, tail = window_cells(geom, "    ")
-    second, second_tail = window_cells(geom, "      ")
+    head, tail = window_cells(d, "    ")
+    second, second_tail = window_cells(d, "      ")
     return [
         "    float peak = -sx_inf();", "    int first_real = -1, first_nan = -1;",
         head, "      if (!real) continue;", f"      const float v = {value};",
@@ -311,129 +380,118 @@ def argmax_lines(geom: PoolGeom, x_dtype: DType) -> list[str]:
     ]
 
 
-def max_pool_kernel(node: Node, program: Program) -> KernelSource:
+def max_pool_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     types = program.types()
-    geom = pool_geom(node, types)
     dtype = node.type.dtype
-    head, tail = window_cells(geom, "    ")
-    body = [output_coords(geom), "    float peak = -sx_inf();", head, f"      if (real) peak = sx_maxf(peak, {from_storage('in0[cell]', dtype)});", tail,
+    head, tail = window_cells(d, "    ")
+    body = [output_coords(d), "    float peak = -sx_inf();", head, f"      if (real) peak = sx_maxf(peak, {from_storage('in0[cell]', dtype)});", tail,
             f"    out0[e] = {to_storage('peak', dtype)};"]
     decls, params = declare([node.args[0]], [node.id], types)
-    return assemble("sx_max_pool", decls, "e", body, params, shape_size(node.type.shape), node.type.size * geom.kernel[0] * geom.kernel[1])
+    return assemble("sx_max_pool", decls, "e", body, params, shape_size(node.type.shape), node.type.size * d.kh * d.kw)
 
 
-def max_pool_select_kernel(node: Node, program: Program) -> KernelSource:
+def max_pool_select_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """out[window] = 0 + h[its first maximum's cell] (the CPU adds into zeros)."""
     types = program.types()
-    geom = pool_geom(node, types)
     dtype = node.type.dtype
-    body = [output_coords(geom), *argmax_lines(geom, types[node.args[0]].dtype),
-            f"    const long long chosen = (nc * {geom.hw[0]}LL + p * {geom.stride[0]}LL + at / {geom.kernel[1]} - {geom.padding[0]}LL) * {geom.hw[1]}LL"
-            f" + q * {geom.stride[1]}LL + at % {geom.kernel[1]} - {geom.padding[1]}LL;",
+    body = [output_coords(d), *argmax_lines(d, types[node.args[0]].dtype),
+            f"    const long long chosen = (nc * {d.h}LL + p * {d.sh}LL + at / {d.kw} - {d.ph}LL) * {d.w}LL"
+            f" + q * {d.sw}LL + at % {d.kw} - {d.pw}LL;",
             f"    out0[e] = {to_storage('0.0f + ' + from_storage('in1[chosen]', dtype), dtype)};"]
     decls, params = declare(list(node.args), [node.id], types)
-    return assemble("sx_max_pool_select", decls, "e", body, params, shape_size(node.type.shape), node.type.size * geom.kernel[0] * geom.kernel[1])
+    return assemble("sx_max_pool_select", decls, "e", body, params, shape_size(node.type.shape), node.type.size * d.kh * d.kw)
 
 
-def max_pool_index_kernel(node: Node, program: Program) -> KernelSource:
+def max_pool_index_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """Each window's first maximum (its offset in window order), as int, in scratch."""
     types = program.types()
-    geom = pool_geom(node, types)
     x = node.args[0]
     x_t = types[x]
-    windows = geom.n * geom.c * geom.size[0] * geom.size[1]
-    body = [output_coords(geom), *argmax_lines(geom, x_t.dtype), "    out0[e] = at;"]
+    windows = d.n * d.c * d.oh * d.ow
+    body = [output_coords(d), *argmax_lines(d, x_t.dtype), "    out0[e] = at;"]
     params = [Param("in", x, x_t.dtype, tuple(x_t.shape)), Param("out", -1, DType.i32, (windows,))]
     return assemble("sx_max_pool_index", [f"const {c_types(x_t.dtype)[0]}* __restrict__ in0", "int* __restrict__ out0"], "e", body, params, windows,
-                    windows * geom.kernel[0] * geom.kernel[1])
+                    windows * d.kh * d.kw)
 
 
-def cell_windows(geom: PoolGeom, indent: str) -> tuple[str, str]:
+def cell_windows(d: ImageLaunch, indent: str) -> tuple[str, str]:
     """The loop over the windows that hold input cell (nc, y, x), in kernel-offset order:
     opens `for k` with `window` (the flat index of the output element)."""
-    (kh, kw), (sh, sw), (ph, pw), (oh, ow) = geom.kernel, geom.stride, geom.padding, geom.size
-    head = (f"{indent}for (int k = 0; k < {kh * kw}; ++k) {{\n"
-            f"{indent}  const long long py = y + {ph}LL - k / {kw}, px = x + {pw}LL - k % {kw};\n"
-            f"{indent}  if (py < 0 || px < 0 || py % {sh}LL != 0 || px % {sw}LL != 0 || py / {sh}LL >= {oh}LL || px / {sw}LL >= {ow}LL) continue;\n"
-            f"{indent}  const long long window = (nc * {oh}LL + py / {sh}LL) * {ow}LL + px / {sw}LL;")
+    head = (f"{indent}for (int k = 0; k < {d.kh * d.kw}; ++k) {{\n"
+            f"{indent}  const long long py = y + {d.ph}LL - k / {d.kw}, px = x + {d.pw}LL - k % {d.kw};\n"
+            f"{indent}  if (py < 0 || px < 0 || py % {d.sh}LL != 0 || px % {d.sw}LL != 0 || py / {d.sh}LL >= {d.oh}LL || px / {d.sw}LL >= {d.ow}LL) continue;\n"
+            f"{indent}  const long long window = (nc * {d.oh}LL + py / {d.sh}LL) * {d.ow}LL + px / {d.sw}LL;")
     return head, f"{indent}}}"
 
 
-def input_coords(geom: PoolGeom) -> str:
-    h, w = geom.hw
-    return f"    const long long x = e % {w}LL, y = (e / {w}LL) % {h}LL, nc = e / {h * w}LL;"
+def input_coords(d: ImageLaunch) -> str:
+    return f"    const long long x = e % {d.w}LL, y = (e / {d.w}LL) % {d.h}LL, nc = e / {d.h * d.w}LL;"
 
 
-def max_pool_grad_kernel(node: Node, program: Program) -> KernelSource:
+def max_pool_grad_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """gx[cell] = 0 + the gradients of the windows whose first maximum it is, in offset order."""
     types = program.types()
-    geom = pool_geom(node, types)
     g = node.args[1]
     g_t = types[g]
-    windows = geom.n * geom.c * geom.size[0] * geom.size[1]
+    windows = d.n * d.c * d.oh * d.ow
     store, _ = c_types(node.type.dtype)
-    head, tail = cell_windows(geom, "    ")
-    body = [input_coords(geom), "    float acc = 0.0f;", head, f"      if (index[window] == k) acc += {from_storage('in0[window]', g_t.dtype)};", tail,
+    head, tail = cell_windows(d, "    ")
+    body = [input_coords(d), "    float acc = 0.0f;", head, f"      if (index[window] == k) acc += {from_storage('in0[window]', g_t.dtype)};", tail,
             f"    out0[e] = {to_storage('acc', node.type.dtype)};"]
     decls = ["const int* __restrict__ index", f"const {c_types(g_t.dtype)[0]}* __restrict__ in0", f"{store}* __restrict__ out0"]
     params = [Param("in", -1, DType.i32, (windows,)), Param("in", g, g_t.dtype, tuple(g_t.shape)), Param("out", node.id, node.type.dtype, tuple(node.type.shape))]
     return assemble("sx_max_pool_grad", decls, "e", body, params, shape_size(node.type.shape), 0)
 
 
-def tiles(geom: PoolGeom) -> bool:
+def tiles(d: ImageLaunch) -> bool:
     """Whether the windows tile the input: no padding, strides equal to the kernel, every
     cell in exactly one window."""
-    (kh, kw), (h, w) = geom.kernel, geom.hw
-    return geom.padding == (0, 0) and geom.stride == geom.kernel and h % kh == 0 and w % kw == 0
+    return not d.padded and (d.sh, d.sw) == (d.kh, d.kw) and d.h % d.kh == 0 and d.w % d.kw == 0
 
 
-def max_pool_tiled_grad_kernel(node: Node, program: Program) -> KernelSource:
+def max_pool_tiled_grad_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """max_pool2d_grad where the windows tile the input: a thread per window finds its first
     maximum (as `argmax_lines`) and writes each of its cells, 0 + the window's gradient at
     that cell and 0 elsewhere (what the gather of max_pool_grad_kernel adds up to when each
     cell has one window), with no index in scratch."""
     types = program.types()
-    geom = pool_geom(node, types)
     g_t = types[node.args[1]]
     dtype = node.type.dtype
-    (kh, kw), (h, w) = geom.kernel, geom.hw
-    body = [output_coords(geom), *argmax_lines(geom, types[node.args[0]].dtype),
+    body = [output_coords(d), *argmax_lines(d, types[node.args[0]].dtype),
             f"    const float gradient = 0.0f + {from_storage('in1[e]', g_t.dtype)};",
-            f"    for (int k = 0; k < {kh * kw}; ++k)",
-            f"      out0[(nc * {h}LL + p * {kh}LL + k / {kw}) * {w}LL + q * {kw}LL + k % {kw}] = k == at ? {to_storage('gradient', dtype)} : {to_storage('0.0f', dtype)};"]
+            f"    for (int k = 0; k < {d.kh * d.kw}; ++k)",
+            f"      out0[(nc * {d.h}LL + p * {d.kh}LL + k / {d.kw}) * {d.w}LL + q * {d.kw}LL + k % {d.kw}] = k == at ? {to_storage('gradient', dtype)} : {to_storage('0.0f', dtype)};"]
     decls, params = declare(list(node.args), [node.id], types)
     windows = shape_size(g_t.shape)
-    return assemble("sx_max_pool_tiled_grad", decls, "e", body, params, windows, windows * kh * kw)
+    return assemble("sx_max_pool_tiled_grad", decls, "e", body, params, windows, windows * d.kh * d.kw)
 
 
-def reciprocal(geom: PoolGeom) -> str:
+def reciprocal(d: ImageLaunch) -> str:
     """1 / (KH * KW) as the CPU's f32 (the f64 quotient rounded once)."""
-    return literal(float(np.float32(1.0 / (geom.kernel[0] * geom.kernel[1]))), DType.f32)
+    return literal(float(np.float32(1.0 / (d.kh * d.kw))), DType.f32)
 
 
-def avg_pool_kernel(node: Node, program: Program) -> KernelSource:
+def avg_pool_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """The window's cells added in window order from the first (a padding cell is 0), times
     the f32 reciprocal."""
     types = program.types()
-    geom = pool_geom(node, types)
     dtype = node.type.dtype
-    head, tail = window_cells(geom, "    ")
-    body = [output_coords(geom), "    float acc = 0.0f;", head, f"      const float v = real ? {from_storage('in0[cell]', dtype)} : 0.0f;",
-            "      acc = k == 0 ? v : acc + v;", tail, f"    out0[e] = {to_storage(f'sx_fmul(acc, {reciprocal(geom)})', dtype)};"]
+    head, tail = window_cells(d, "    ")
+    body = [output_coords(d), "    float acc = 0.0f;", head, f"      const float v = real ? {from_storage('in0[cell]', dtype)} : 0.0f;",
+            "      acc = k == 0 ? v : acc + v;", tail, f"    out0[e] = {to_storage(f'sx_fmul(acc, {reciprocal(d)})', dtype)};"]
     decls, params = declare([node.args[0]], [node.id], types)
-    return assemble("sx_avg_pool", decls, "e", body, params, shape_size(node.type.shape), node.type.size * geom.kernel[0] * geom.kernel[1])
+    return assemble("sx_avg_pool", decls, "e", body, params, shape_size(node.type.shape), node.type.size * d.kh * d.kw)
 
 
-def avg_pool_grad_kernel(node: Node, program: Program) -> KernelSource:
+def avg_pool_grad_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
     """gx[cell] = 0 + each covering window's g times the f32 reciprocal, in offset order."""
     types = program.types()
-    geom = pool_geom(node, types)
     g_t = types[node.args[0]]
-    head, tail = cell_windows(geom, "    ")
-    body = [input_coords(geom), "    float acc = 0.0f;", head, f"      acc += sx_fmul({from_storage('in0[window]', g_t.dtype)}, {reciprocal(geom)});", tail,
+    head, tail = cell_windows(d, "    ")
+    body = [input_coords(d), "    float acc = 0.0f;", head, f"      acc += sx_fmul({from_storage('in0[window]', g_t.dtype)}, {reciprocal(d)});", tail,
             f"    out0[e] = {to_storage('acc', node.type.dtype)};"]
     decls, params = declare([node.args[0]], [node.id], types)
-    return assemble("sx_avg_pool_grad", decls, "e", body, params, shape_size(node.type.shape), node.type.size * geom.kernel[0] * geom.kernel[1])
+    return assemble("sx_avg_pool_grad", decls, "e", body, params, shape_size(node.type.shape), node.type.size * d.kh * d.kw)
 
 
 @dataclass
@@ -441,25 +499,30 @@ class PoolStep(NodeStep):
     """A pool op as generated kernels (max_pool2d_grad: the windows' first maxima into
     scratch, then the gather of each input cell's windows)."""
 
+    launch_shape: Optional[ImageLaunch] = None  # `shape`, kept
     kind: ClassVar[str] = "image"
+
+    def shape(self, types: dict[int, TensorType]) -> ImageLaunch:
+        """The launch's extents and dtypes (built once)."""
+        if self.launch_shape is None:
+            self.launch_shape = pool_launch(self.node, types)
+        return self.launch_shape
 
     def gathers(self, types: dict[int, TensorType]) -> bool:
         """Whether this is a max-pool gradient through an index in scratch (windows that do
         not tile the input: each cell gathers the windows that chose it)."""
-        return self.node.op == "max_pool2d_grad" and not tiles(pool_geom(self.node, types))
+        return self.node.op == "max_pool2d_grad" and not tiles(self.shape(types))
 
     def kernels(self, program: Program, constants: dict[int, Node]) -> list[KernelSource]:
+        d = self.shape(program.types())
         if self.gathers(program.types()):
-            return [max_pool_index_kernel(self.node, program), max_pool_grad_kernel(self.node, program)]
+            return [max_pool_index_kernel(self.node, program, d), max_pool_grad_kernel(self.node, program, d)]
         if self.node.op == "max_pool2d_grad":
-            return [max_pool_tiled_grad_kernel(self.node, program)]
-        return [POOLS[self.node.op](self.node, program)]
+            return [max_pool_tiled_grad_kernel(self.node, program, d)]
+        return [POOLS[self.node.op](self.node, program, d)]
 
     def scratch_bytes(self, types: dict[int, TensorType]) -> int:
-        if not self.gathers(types):
-            return 0
-        geom = pool_geom(self.node, types)
-        return aligned(4 * geom.n * geom.c * geom.size[0] * geom.size[1])
+        return aligned(4 * self.shape(types).windows) if self.gathers(types) else 0
 
     def launch(self, run: StepRun, kernels: list[KernelSource]) -> None:
         node = self.node

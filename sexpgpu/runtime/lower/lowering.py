@@ -104,6 +104,12 @@ class StepRun(Protocol):
         back on the device (an op that runs on the host, `OpDef.on_host`)."""
         ...
 
+    def each(self, count: int, body: Callable[[int], None]) -> None:
+        """BODY(i) for each i in range(COUNT), whose launches read and write nothing another
+        i's write, but the step's scratch: each i may take the scratch as its own (the CPU
+        runs items on its threads at once, each with a copy; a GPU runs them in turn)."""
+        ...
+
 
 class Step(Protocol):
     """One step of a lowered program: generated kernels, cuBLAS calls, an op on the host, or
