@@ -21,7 +21,7 @@ from sexpgpu.runtime.runfolder import run_slug
 from sexpgpu.runtime.stops import EarlyStop
 from sexpgpu.runtime.store import KeptStores, patience_configured
 from sexpgpu.session import Compiled, Session, Settings
-from sexpgpu.sweeps.schedulers import SchedulerJob
+from sexpgpu.sweeps.schedulers import Decision, SchedulerJob
 from workers.collective import CollectiveUnavailable, RankSpec, RendezvousError, join
 
 
@@ -58,6 +58,7 @@ class TrainWorkerImpl:
         self.stores = KeptStores()  # its stores' clients, kept for every attempt
         self.compiles = BundleCompiles(stores=self.stores)
         self.opened: dict[str, tuple[str, Backend]] = {}  # by the device asked for: what it resolved to, opened
+        self.decisions: dict[str, Decision] = {}  # the scheduler's decisions read so far, by URL (each is written once)
         if device is not None:
             self.warm(device)
 
@@ -106,7 +107,7 @@ class TrainWorkerImpl:
                             resume=request.resume, signals=False,
                             world=rank.world if rank else 1, store_patience_s=patience_configured(os.environ), take_over=request.take_over,
                             data_roots=request.data_roots, threads=assigned_cpus(), worker=self.describe())
-        early = request.scheduler.early_stop(self.stores(request.store)) if request.scheduler is not None else None
+        early = request.scheduler.early_stop(self.stores(request.store), self.decisions) if request.scheduler is not None else None
         session = Session(settings, opened=self.opened.get(request.device), stores=self.stores)
         outcome = self.attempt(session, request.bundle, rank, early)
         if session.backend is not None:
