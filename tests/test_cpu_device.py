@@ -374,6 +374,30 @@ def test_two_threads_give_the_bits_of_one(runtimes: dict[str, Any]) -> None:
         one = {k: np.array(v, copy=True) for k, v in compiled.run(feeds).items()}
         runtime.set_threads(2)
         two = compiled.run(feeds)
+        assert runtime.shared_launches() > 0, "the transformer's large kernels are the two threads' to share"
+    finally:
+        runtime.set_threads(1)
+    outputs_equal(program, two, one, backend, "2 threads against 1")
+
+
+def test_a_small_programs_kernels_run_on_the_calling_thread_at_two_threads(runtimes: dict[str, Any]) -> None:
+    """A kernel is shared only where each thread gets a grain of work: the quickstart's largest
+    (64 items, about 70 KB moved and computed) costs less on one thread than waking the other
+    and waiting for it, so at two threads its steps hand nothing to the pool, and keep their bits."""
+    from test_cuda_codegen import example_programs, feeds_for
+
+    (program,) = [p for stem, name, p in example_programs() if stem == "quickstart" and name == "train"]
+    by_id = feeds_for(program, np.random.default_rng(3))
+    feeds = {i.name: by_id[i.id] for i in program.inputs}
+    runtime = runtimes["numpy"]
+    backend = cpu(runtimes)
+    compiled = backend.program(program)
+    try:
+        runtime.set_threads(1)
+        one = {k: np.array(v, copy=True) for k, v in compiled.run(feeds).items()}
+        runtime.set_threads(2)
+        two = compiled.run(feeds)
+        assert runtime.shared_launches() == 0
     finally:
         runtime.set_threads(1)
     outputs_equal(program, two, one, backend, "2 threads against 1")
