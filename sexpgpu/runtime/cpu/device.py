@@ -650,11 +650,6 @@ class CpuBackend(DeviceBackend):
     def set_threads(self, threads: int) -> None:
         self.runtime.set_threads(threads)
 
-    def shared_launches(self) -> int:
-        """How many launches (kernels, repeats, gemm items or pieces) the pool's threads shared
-        since set_threads last made it."""
-        return int(self.library.sx_pool_shared(self.pool)) if self.pool is not None else 0
-
     def pieces_available(self) -> bool:
         return self.runtime.pieces_available()
 
