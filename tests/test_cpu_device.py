@@ -357,14 +357,13 @@ def test_every_example_program_equals_the_emulated_device_and_numpy(runtimes: di
             np.testing.assert_allclose(g64, w64, rtol=tol, atol=tol * scale, err_msg=f"{stem} {name} {key}")
 
 
-def test_two_threads_give_the_bits_of_one(runtimes: dict[str, Any]) -> None:
-    """The pool splits a kernel's items between threads; each item is one CUDA thread's (or
-    warp's, or block's) work, so the bits do not change."""
+def train_at_one_and_two_threads(runtimes: dict[str, Any], stem: str, seed: int) -> int:
+    """STEM's train program run at one thread and at two on the same feeds: the launches the
+    pool's threads shared at two (its outputs checked against one thread's bits)."""
     from test_cuda_codegen import example_programs, feeds_for
 
-    (program,) = [p for stem, name, p in example_programs() if stem == "char-transformer" and name == "train"]
-    rng = np.random.default_rng(2)
-    by_id = feeds_for(program, rng)
+    (program,) = [p for s, name, p in example_programs() if s == stem and name == "train"]
+    by_id = feeds_for(program, np.random.default_rng(seed))
     feeds = {i.name: by_id[i.id] for i in program.inputs}
     runtime = runtimes["numpy"]
     backend = cpu(runtimes)
@@ -374,9 +373,24 @@ def test_two_threads_give_the_bits_of_one(runtimes: dict[str, Any]) -> None:
         one = {k: np.array(v, copy=True) for k, v in compiled.run(feeds).items()}
         runtime.set_threads(2)
         two = compiled.run(feeds)
+        shared = runtime.shared_launches()
     finally:
         runtime.set_threads(1)
-    outputs_equal(program, two, one, backend, "2 threads against 1")
+    outputs_equal(program, two, one, backend, f"{stem}: 2 threads against 1")
+    return shared
+
+
+def test_two_threads_give_the_bits_of_one(runtimes: dict[str, Any]) -> None:
+    """The pool splits a kernel's items between threads; each item is one CUDA thread's (or
+    warp's, or block's) work, so the bits do not change."""
+    assert train_at_one_and_two_threads(runtimes, "char-transformer", 2) > 0, "the transformer's large kernels are the two threads' to share"
+
+
+def test_a_small_programs_kernels_run_on_the_calling_thread_at_two_threads(runtimes: dict[str, Any]) -> None:
+    """A kernel is shared only where each thread gets a grain of work: the quickstart's largest
+    (64 items, about 70 KB moved and computed) costs less on one thread than waking the other
+    and waiting for it, so at two threads its steps hand nothing to the pool, and keep their bits."""
+    assert train_at_one_and_two_threads(runtimes, "quickstart", 3) == 0
 
 
 def test_a_large_product_is_shared_by_the_threads_in_pieces_that_depend_on_its_shape_alone() -> None:

@@ -35,7 +35,7 @@ from .hostc import HostKernel, host_kernels, host_prelude, numpy_ufuncs
 from .runtime_c import RUNTIME_C
 from .toolchain import Compiled, Toolchain
 
-PARALLEL_WORK = 1 << 16  # bytes moved + flops: below this a kernel runs on the calling thread
+PARALLEL_WORK = 1 << 17  # bytes moved + flops per thread: a kernel with less for each runs on the calling thread
 PYTHON_STEPS = ("scatter", "host")  # step kinds that run in Python each run (between stretches of the tape)
 MATH_MODES = ("numpy", "libm")
 
@@ -138,6 +138,8 @@ class CpuRuntime:
         self.library.sx_pieces_exact.argtypes = [ctypes.c_void_p, ctypes.c_int]
         self.library.sx_pieces_exact.restype = ctypes.c_int
         self.library.sx_pool_split_gemms.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        self.library.sx_pool_shared.argtypes = [ctypes.c_void_p]
+        self.library.sx_pool_shared.restype = ctypes.c_longlong
         self.blas = find_blas()
         self.loops = numpy_loops() if math == "numpy" else []
         self.functions: dict[str, Any] = {}  # every kernel loaded so far, by symbol
@@ -160,6 +162,11 @@ class CpuRuntime:
         self.threads = threads
         self.split_gemms = threads > 1 and self.pieces_available()
         self.library.sx_pool_split_gemms(self.pool, int(self.split_gemms))
+
+    def shared_launches(self) -> int:
+        """How many launches (kernels, repeats, gemm items or pieces) the pool's threads shared
+        since set_threads last made it."""
+        return int(self.library.sx_pool_shared(self.pool)) if self.pool is not None else 0
 
     def pieces_available(self) -> bool:
         """Whether, with two threads or more, the pool splits the large products into pieces

@@ -4,7 +4,7 @@ tape runner, compiled once per machine (the toolchain's cache) like a kernel mod
 A program's tape is the list of its steps' launches, recorded once (device.py): generated
 kernels (a function over items [begin, end)) and gemms, each argument a base (0: the
 program's arena; k: its k-th input) plus a byte offset. `sx_run` walks it: a kernel whose work
-is large enough is split into SX_CHUNKS contiguous ranges of items per thread of the pool, which
+gives each of the pool's threads a grain (sx_shares) is split into SX_CHUNKS contiguous ranges of items per thread of the pool, which
 the caller and the awake workers claim in turn (items are independent: each is one CUDA thread's, warp's or block's work, so the split
 changes no bit), the others run on the calling thread; a gemm is one BLAS call per batch item
 from the calling thread, with the BLAS's own threads, except a batch of f32 items too small
@@ -72,7 +72,7 @@ typedef struct { long long base; long long offset; long long step; } sx_ref;
 typedef struct {
   long long kind;  /* 0: a kernel, 1: a gemm, 2: a repeat of the next BATCH ops, SIZE times (its items) */
   long long nargs, first;  /* its refs: refs[first .. first + nargs) */
-  long long size, work;  /* items, and bytes + flops (threads only for work >= the pool's grain) */
+  long long size, work;  /* items, and bytes + flops (threads only for a grain of work per thread: sx_shares) */
   void* fn;
   long long op_a, op_b, m, n, k, lda, ldb, ldc, sa, sb, sc, oa, ob, oc, batch, in_bf16, out_bf16;
 } sx_op;
@@ -93,6 +93,7 @@ typedef struct {
   sx_kernel fn;
   void* const* args;
   long long size;
+  long long shared;  /* launches (kernels, repeats, gemm items or pieces) the threads shared so far: sx_pool_shared */
 } sx_pool;
 
 typedef struct { sx_pool* pool; int index; } sx_worker;
@@ -178,6 +179,7 @@ void sx_pool_free(sx_pool* p) {
 }
 
 static void sx_parallel(sx_pool* p, sx_kernel fn, void* const* args, long long size) {
+  ++p->shared;
   const long long chunks = size < SX_CHUNKS * p->threads ? size : SX_CHUNKS * p->threads;
   p->fn = fn; p->args = args; p->size = size;
   atomic_store_explicit(&p->done, 0, memory_order_relaxed);
@@ -312,6 +314,15 @@ int sx_pieces_exact(void* blas, int blas64) {
 
 void sx_pool_split_gemms(sx_pool* p, int split) { p->split_gemms = split; }
 
+long long sx_pool_shared(const sx_pool* p) { return p->shared; }
+
+/* whether SIZE items of WORK (bytes + flops) are worth the pool's threads: a grain of work for
+   each thread, since waking a sleeping worker and waiting for it costs more than a smaller
+   share saves (the quickstart's 70 KB kernel ran slower on two threads than on one) */
+static int sx_shares(const sx_pool* pool, long long size, long long work) {
+  return pool->threads > 1 && size > 1 && work >= pool->grain * pool->threads;
+}
+
 /* whether the pool's threads take a gemm's batch items (each one BLAS call, on one thread):
    f32, items small enough that the BLAS runs each on one thread anyway */
 static int sx_gemm_splits(const sx_pool* pool, const sx_op* op) {
@@ -361,7 +372,7 @@ static void sx_op_run(sx_pool* pool, const sx_op* op, void* const* ptr, void* bl
     /* the workers sleep through a product the BLAS's own threads compute, and spin through one whose pieces they share */
     atomic_store_explicit(&pool->busy, pool->split_gemms, memory_order_relaxed);
     sx_gemm(pool, op, ptr, blas, blas64, workspace);
-  } else if (pool->threads > 1 && op->size > 1 && op->work >= pool->grain) {
+  } else if (sx_shares(pool, op->size, op->work)) {
     atomic_store_explicit(&pool->busy, 1, memory_order_relaxed);
     sx_parallel(pool, (sx_kernel)op->fn, ptr, op->size);
   } else if (op->size > 0) {
@@ -392,7 +403,7 @@ static void sx_repeat_items(void* const* args, long long begin, long long end) {
 /* whether the pool's threads share a repeat's items: threads, work enough, and a gemm in it
    only where the BLAS runs on the calling thread (the pool's pieces: it is held to one) */
 static int sx_repeat_splits(const sx_pool* pool, const sx_op* head, const sx_op* body) {
-  if (pool->threads < 2 || head->size < 2 || head->work < pool->grain) return 0;
+  if (!sx_shares(pool, head->size, head->work)) return 0;
   for (long long i = 0; i < head->batch; ++i)
     if (body[i].kind == 1 && !pool->split_gemms) return 0;
   return 1;
