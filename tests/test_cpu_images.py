@@ -13,7 +13,7 @@ import pytest
 
 from sexpgpu.ir.ops_conv import conv_geometry
 from sexpgpu.runtime.cpu.hostc import host_kernels
-from sexpgpu.runtime.cpu.images import COL2IM_PLANES, CONV_ROWS, PLANES, POOL_ROWS, TILED_WINDOWS, WINDOWS_ONCE, host_schedule, prefix
+from sexpgpu.runtime.cpu.images import COL2IM_PLANES, COL2IM_RUNS, CONV_ROWS, PLANES, POOL_ROWS, TILED_WINDOWS, WINDOWS_ONCE, host_schedule, prefix
 from sexpgpu.runtime.lower.executor import LoweredProgram
 from sexpgpu.runtime.lower.fusion import lower
 from sexpgpu.ir.dtypes import DType
@@ -21,7 +21,7 @@ from sexpgpu.runtime.lower.images import ConvStep, ImageLaunch, PoolStep, chunk_
 from sexpgpu.runtime.lower.kernels import kernels_for
 from test_cpu_device import assert_same_bits, emulated
 from test_cuda_ops import one_op, pool_edge_cases
-from test_ops import GRAD_CASES, Case, D, F, I, _rng
+from test_ops import GRAD_CASES, Arg, Case, D, F, I, _rng
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("g++") is None, reason="the compiled CPU device needs a C compiler")
 
@@ -114,7 +114,7 @@ def test_im2col_is_a_loop_over_planes_and_unpadded_max_pools_read_each_window_on
                 d = step.shape(lowering.program.types())
                 assert host.size * d.oh * d.ow == cuda.size, what
     assert schedules["sx_im2col padded"] == {PLANES}
-    assert COL2IM_PLANES in schedules["sx_col2im padded"] and len(schedules["sx_col2im padded"]) == 2  # stride 1, and rows
+    assert {COL2IM_RUNS, COL2IM_PLANES} <= schedules["sx_col2im padded"] and len(schedules["sx_col2im padded"]) == 3  # rows as wide as the image's, other stride 1, rows
     assert schedules["sx_max_pool unpadded"] == schedules["sx_max_pool_index unpadded"] == {WINDOWS_ONCE}
     assert WINDOWS_ONCE not in schedules["sx_max_pool padded"] | schedules["sx_max_pool_index padded"]
     assert schedules["sx_max_pool_tiled_grad unpadded"] == {TILED_WINDOWS} and "sx_max_pool_tiled_grad padded" not in schedules
@@ -183,6 +183,51 @@ def test_chunked_convolutions_and_row_loops_equal_the_emulated_device_bit_for_bi
     assert chunked >= 4, chunked
 
 
+def special_gradient(*shape: int) -> Arg:
+    """A random gradient (in the dtype under test) with zeros of both signs at the rows' ends,
+    an infinity of each sign and a NaN inside."""
+    def make(rng: np.random.Generator) -> np.ndarray:
+        g = rng.standard_normal(shape)
+        g[..., 0], g[..., -1] = -0.0, 0.0
+        g.flat[3], g.flat[g.size // 2], g.flat[g.size - 4] = np.inf, -np.inf, np.nan  # a few, so most sums stay finite
+        return g
+
+    return Arg(shape, make)
+
+
+# the input gradient at stride 1 whose columns' rows are as wide as the image's ('same' widths, or kernels no wider than 1)
+RUNS = [
+    Case([special_gradient(2, 4, 6, 5), F(4, 3, 3, 3)], {"stride": 1, "padding": 1, "dilation": 1, "groups": 1, "input_shape": [2, 3, 6, 5]}),
+    Case([special_gradient(1, 3, 7, 6), F(3, 2, 5, 3)], {"stride": 1, "padding": [2, 1], "dilation": 1, "groups": 1, "input_shape": [1, 2, 7, 6]}),
+    Case([special_gradient(1, 4, 5, 6), F(4, 2, 3, 5)], {"stride": 1, "padding": [2, 4], "dilation": [2, 2], "groups": 2, "input_shape": [1, 4, 5, 6]}),
+    Case([special_gradient(2, 4, 4, 3), F(4, 3, 3, 1)], {"stride": 1, "padding": [0, 0], "dilation": 1, "groups": 1, "input_shape": [2, 3, 6, 3]}),
+]
+
+
+def test_a_col2im_whose_rows_are_as_wide_as_the_images_adds_each_offset_over_the_plane_as_one_run(runtimes: dict[str, Any]) -> None:
+    """At stride 1 with the columns' rows as wide as the image's (issue 25's CNN), each kernel
+    offset's columns are one run over the plane, the cells they miss given +0 by a mask; the
+    bits are the emulated device's threads', also with zeros of both signs, infinities and NaN
+    in the gradient (f32 and bf16)."""
+    from sexpgpu.runtime.cpu.device import CpuBackend
+
+    device = emulated(runtimes)
+    backend = CpuBackend(runtimes["libm"])
+    for case in RUNS:
+        for dtype in ("f32", "bf16"):
+            program = one_op("conv2d_input_grad", case, dtype)
+            what = f"{case.label()} {dtype}"
+            lowering = lower(program)
+            (step,) = lowering.steps
+            kernels = kernels_for(step, lowering.program, lowering.constants)
+            schedules = {prefix(k): h.schedule for k, h in zip(kernels, host_kernels(step, lowering.program, lowering.constants, kernels, "libm"))}
+            assert schedules["sx_col2im"] == COL2IM_RUNS, what
+            feeds = {f"x{i}": arg.draw(_rng("col2im runs", i), dtype) for i, arg in enumerate(case.args)}
+            got, want = backend.program(program).run(feeds)["y"], LoweredProgram(program, device).run(feeds)["y"]
+            y_type = program.types()[program.outputs["y"]]
+            assert_same_bits(backend.get(got, y_type), backend.get(want, y_type), what)
+
+
 def test_each_image_step_builds_its_launch_once_and_both_dialects_read_it() -> None:
     """A convolution's or pool's launch (every extent by name, an ImageLaunch) is
     built once per step, again only when the host's schedule changes its chunk; the CUDA
@@ -201,7 +246,7 @@ def test_each_image_step_builds_its_launch_once_and_both_dialects_read_it() -> N
         assert step.shape(types) is d, what
         for cuda, host in zip(kernels, host_kernels(step, lowering.program, lowering.constants, kernels, "libm")):
             if prefix(cuda) in ("sx_im2col", "sx_col2im"):
-                per_item = d.oh * d.ow if prefix(cuda) == "sx_im2col" else d.h * d.w if host.schedule == COL2IM_PLANES else d.w
+                per_item = d.oh * d.ow if prefix(cuda) == "sx_im2col" else d.h * d.w if host.schedule in (COL2IM_PLANES, COL2IM_RUNS) else d.w
                 assert host.size * per_item == cuda.size, what
         assert step.shape(types) is d, what
 

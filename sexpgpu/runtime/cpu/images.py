@@ -49,6 +49,8 @@ from .hostc import PLATFORM, HostKernel, function, thread_kernel
 CACHE_BYTES = 1 << 20  # a chunk's scratch on the host: about one core's L2
 PLANE_CELLS = 1 << 14  # the largest image whose f32 plane of sums the host keeps on the stack (64 KiB)
 COL2IM_PLANES = "a plane of the input per item, its sums on the stack, each kernel offset's columns added in turn"
+COL2IM_RUNS = COL2IM_PLANES + ", each over the plane as one run (the cells it misses add 0)"
+KEEP_BYTES = 1 << 16  # the largest table of the run's masks (a word per kernel column and cell) the host keeps on the stack
 PLANES = "a plane of columns (one kernel offset of one image) per item"
 WINDOWS_ONCE = "a row of windows per item, each window's cells read once (no padding)"
 TILED_WINDOWS = "a row of windows per item, each window's cells read once and written once (windows that tile the input)"
@@ -68,10 +70,10 @@ def prefix(kernel: KernelSource) -> str:
     return kernel.name.rsplit("_", 1)[0]
 
 
-def rows_kernel(kernel: KernelSource, rows: int, body: list[str], schedule: str = "a row of the output per item") -> HostKernel:
-    """KERNEL's host function over rows [sx_begin, sx_end) of BODY (which reads `r`);
-    SCHEDULE says what an item is (explain --cpu)."""
-    lines = ["  for (long long r = sx_begin; r < sx_end; ++r) {", *body, "  }"]
+def rows_kernel(kernel: KernelSource, rows: int, body: list[str], schedule: str = "a row of the output per item", before: tuple[str, ...] = ()) -> HostKernel:
+    """KERNEL's host function over rows [sx_begin, sx_end) of BODY (which reads `r`), after
+    BEFORE; SCHEDULE says what an item is (explain --cpu)."""
+    lines = [*before, "  for (long long r = sx_begin; r < sx_end; ++r) {", *body, "  }"]
     return HostKernel(kernel.name, function(kernel.name, kernel.decls, lines), rows, kernel.bytes + kernel.flops, schedule=schedule)
 
 
@@ -141,6 +143,8 @@ def flat_rows(store: str, d: ImageLaunch) -> list[str]:
 def col2im_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """gx[n, c, y, :] for row r = (n * C + c) * H + y: each cell adds the f32 columns that read
     it in kernel-offset order, from 0."""
+    if (d.sh, d.sw) == (1, 1) and d.ow == d.w and d.kw * d.h * d.w * 4 <= KEEP_BYTES:
+        return col2im_runs(node, d, kernel)
     if (d.sh, d.sw) == (1, 1) and d.h * d.w <= PLANE_CELLS:
         return col2im_planes(node, d, kernel)
     body = [
@@ -188,6 +192,42 @@ def col2im_planes(node: Node, d: ImageLaunch, kernel: KernelSource) -> HostKerne
         "        }", "      }", "    }",
         f"    for (long long t = 0; t < {d.h * d.w}LL; ++t) out0[r * {d.h * d.w}LL + t] = {to_storage('acc[t]', node.type.dtype)};"]
     return rows_kernel(kernel, d.n * d.c, body, COL2IM_PLANES)
+
+
+def col2im_runs(node: Node, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
+    """col2im_planes where the columns' rows are as wide as the image's (stride 1, 'same'
+    widths): a kernel offset's columns reach the plane's cells [first, last) as one run at a
+    fixed distance, so each offset is one loop over that run instead of a short loop per row
+    (28 cells on issue 25's CNN, which a 16-lane loop does in a vector and a tail). The cells
+    of the run whose column the offset misses (x outside [lo, hi), at the rows' ends) read a
+    neighbouring row's column and add it masked to +0 (a word of 0 or all ones per kernel
+    column and cell, `sx_keep`, made once per call). A sum that starts at +0 is never -0, so
+    adding +0 leaves its bits as they were: each cell adds the same columns, in kernel-offset
+    order, with the bits of col2im_planes and the CUDA threads."""
+    cells = d.h * d.w
+    before = (f"  unsigned int sx_keep[{d.kw}][{cells}];",
+              f"  for (long long j = 0; j < {d.kw}LL; ++j) {{",
+              f"    const long long off = {d.pw}LL - j * {d.dw}LL, lo = off >= 0 ? 0 : -off, hi = {d.w}LL - off < {d.w}LL ? {d.w}LL - off : {d.w}LL;",
+              f"    for (long long t = 0; t < {cells}LL; ++t) {{ const long long x = t % {d.w}LL; sx_keep[j][t] = x >= lo && x < hi ? 0xffffffffu : 0u; }}",
+              "  }")
+    body = [
+        f"    const long long c = r % {d.c}LL, n = r / {d.c}LL;",
+        f"    float acc[{cells}];",
+        f"    for (long long t = 0; t < {cells}LL; ++t) acc[t] = 0.0f;",
+        f"    for (long long i = 0; i < {d.kh}LL; ++i) {{",
+        f"      const long long shift = {d.ph}LL - i * {d.dh}LL, ylo = shift >= 0 ? 0 : -shift, yhi = {d.oh}LL - shift < {d.h}LL ? {d.oh}LL - shift : {d.h}LL;",
+        "      if (ylo >= yhi) continue;",
+        f"      for (long long j = 0; j < {d.kw}LL; ++j) {{",
+        f"        const float* __restrict__ col = in0 + ((c * {d.kh}LL + i) * {d.kw}LL + j) * {d.cells}LL + n * {d.oh * d.ow}LL;",
+        f"        const long long off = {d.pw}LL - j * {d.dw}LL, lo = off >= 0 ? 0 : -off, hi = {d.w}LL - off < {d.w}LL ? {d.w}LL - off : {d.w}LL;",
+        "        if (lo >= hi) continue;",
+        f"        const long long first = ylo * {d.w}LL + lo, last = (yhi - 1) * {d.w}LL + hi, at = shift * {d.w}LL + off;",
+        "        const unsigned int* __restrict__ keep = sx_keep[j];",
+        f"        if (lo == 0 && hi == {d.w}LL) for (long long t = first; t < last; ++t) acc[t] += col[t + at];",
+        "        else for (long long t = first; t < last; ++t) acc[t] += sx_bits_float(sx_float_bits(col[t + at]) & keep[t]);",
+        "      }", "    }",
+        f"    for (long long t = 0; t < {cells}LL; ++t) out0[r * {cells}LL + t] = {to_storage('acc[t]', node.type.dtype)};"]
+    return rows_kernel(kernel, d.n * d.c, body, COL2IM_RUNS, before)
 
 
 def grad_rows_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
