@@ -30,6 +30,13 @@ was evaluated at. Every world loads the same text from the same state (the built
 texts before it), so each expansion is the one its own expanders would make; an expansion
 that holds an object a template cannot copy (a function, a structure) leaves the text to be
 expanded by each world, as before.
+
+A standard module the user's file requires before any other of its top-level forms is
+recorded the same way (ModuleLoader.load_standard), into its own table: its leaves' names
+are the module's, its base's (BASE), keywords and gensyms. Required later, what the file
+did first may change its expansion, and each world expands it. The names its reading and
+expanding interned that no leaf holds end its leaves as a quoted list, so that a replaying
+world interns them too.
 """
 
 from __future__ import annotations
