@@ -27,6 +27,8 @@ from sexpgpu.lisp.program import Program, new_program
 from sexpgpu.lisp.reader import Reader
 from sexpgpu.lisp.types import Cons, Symbol, SymbolTable
 
+from sweep_files import width_grid
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -294,7 +296,10 @@ def test_a_sweeps_check_records_the_expansions_in_its_base_compile(monkeypatch: 
     def replaying(interp: Interpreter, *args: Any) -> None:
         leaves.append(interp)
         load_leaves(interp, *args)
+        if len(args) > 1:  # a standard module's leaves, into its table
+            modules.append((interp, args[1].package))
 
+    modules: list[tuple[Interpreter, str]] = []
     compiles: list[Path] = []
     compile_file = pipeline.compile_file
 
@@ -308,4 +313,83 @@ def test_a_sweeps_check_records_the_expansions_in_its_base_compile(monkeypatch: 
     check_every_selection(EXAMPLES / "search.lisp")
     assert len(compiles) > 2 and len(worlds) == len(compiles)  # one world per compile, none more
     assert worlds[0].recording is not None and worlds[0] not in leaves
-    assert all(w.recording is None and leaves.count(w) == 2 for w in worlds[1:])  # the prelude, the contract macros
+    # the prelude, the contract macros, and the two modules search.lisp requires before any other form
+    assert all(w.recording is None and leaves.count(w) == 4 for w in worlds[1:])
+    assert all([p for i, p in modules if i is w] == ["nn", "optim"] for w in worlds[1:])
+
+
+def loading_modules(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
+    """(the standard modules loaded from recorded leaves, those expanded by their world), one
+    entry per world and module."""
+    replayed: list[str] = []
+    expanded: list[str] = []
+    load_leaves, load_forms, record_text = Interpreter.load_leaves, Interpreter.load_forms, Interpreter.record_text
+
+    def replaying(interp: Interpreter, leaves: Any, table: SymbolTable | None = None) -> None:
+        if table is not None:
+            replayed.append(table.package)
+        load_leaves(interp, leaves, table)
+
+    def reading(interp: Interpreter, forms: Any, table: SymbolTable) -> Any:
+        if table.internals:
+            expanded.append(table.package)
+        return load_forms(interp, forms, table)
+
+    def recording(interp: Interpreter, text: str, kept: Any, *args: Any) -> None:
+        if args:  # a standard module's: its file, table and key given
+            expanded.append(args[1].package)
+        with monkeypatch.context() as inner:
+            inner.setattr(Interpreter, "load_forms", load_forms)
+            record_text(interp, text, kept, *args)
+
+    monkeypatch.setattr(Interpreter, "load_leaves", replaying)
+    monkeypatch.setattr(Interpreter, "load_forms", reading)
+    monkeypatch.setattr(Interpreter, "record_text", recording)
+    return replayed, expanded
+
+
+def grid(before: str = "") -> str:
+    """A 2 widths x 3 lrs sweep over the quickstart's model, BEFORE put before its second require."""
+    return width_grid(2, 3).replace('(require "sexpgpu/optim"', before + '(require "sexpgpu/optim"', 1)
+
+
+def test_a_module_required_first_is_replayed_and_one_required_later_is_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep's check: a standard module the file requires before any other form is expanded
+    once (the base compile records it) and replayed by every later world; one required after
+    another form is expanded by every world, since what that form did may change what the
+    module's macros make. Either way the check's diagnostics are those of a check that
+    expands every module in every world."""
+    first, later = tmp_path / "first.lisp", tmp_path / "later.lisp"
+    first.write_text(grid())
+    later.write_text(grid("(progn)\n"))
+    replayed, expanded = loading_modules(monkeypatch)
+    checked = check_every_selection(first)
+    assert expanded == ["nn", "optim"] and replayed.count("nn") == replayed.count("optim") >= 2
+    assert checked.diagnostics == []
+    replayed.clear()
+    expanded.clear()
+    checked = check_every_selection(later)
+    assert set(replayed) == {"nn"} and expanded.count("nn") == 1 and expanded.count("optim") == replayed.count("nn") + 1
+    assert checked.diagnostics == []
+
+
+def test_a_world_from_a_modules_expansion_holds_what_a_world_that_expands_it_holds(tmp_path: Path) -> None:
+    """A file's world built with the standard modules' recorded expansions ends as one whose
+    modules are expanded: the same functions, macros, values, counters and module symbols."""
+    path = tmp_path / "nets.lisp"
+    path.write_text(grid() + "(list (symbol-name (gensym)) *gensym-counter*)\n")
+    image = system_image()
+    recorded: dict[Any, Any] = {}
+
+    def build(image: SystemImage, recording: dict[Any, Any] | None) -> tuple[Program, Any]:
+        program = new_program(path, image=image, recording=recording)
+        Compiler(program.interp, Selection(), Path.cwd())
+        return program, run_with_big_stack(lambda: program.eval_text(path.read_text()))[-1]
+
+    expanding, expanded_value = run_with_big_stack(lambda: build(image, recorded))
+    assert len(recorded) == 2  # the two modules (the image holds the prelude's and the contract macros')
+    replaying, replayed_value = run_with_big_stack(lambda: build(image.with_expansions(recorded), None))
+    assert expanded_value.error is None and str(replayed_value.value) == str(expanded_value.value)
+    assert described(replaying.interp) == described(expanding.interp)
+    tables = [{k: sorted(t.own) for k, t in p.loader.loaded.items()} for p in (expanding, replaying)]  # type: ignore[union-attr]
+    assert tables[0] == tables[1] and len(tables[0]) == 2

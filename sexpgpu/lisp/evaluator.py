@@ -104,6 +104,9 @@ class Interpreter:
         self.image = image
         # where load_system_text records each text's leaves, for an image (lisp/image.py)
         self.recording = recording
+        # no top-level form of the user's files but a require has run yet: a standard module
+        # required now loads from the state every such world has (ModuleLoader.load)
+        self.pristine = True
         self.base = SymbolTable("")
         self.table = self.base
         self.functions: dict[Symbol, Any] = {}
@@ -208,11 +211,11 @@ class Interpreter:
             self.limits = user_limits
             self.reset_budget()
 
-    def load_leaves(self, leaves: Iterable[Leaf]) -> None:
-        """Evaluate a system text's recorded leaves in the base (lisp/image.py), each at the
-        gensym and gentemp counters it was recorded at."""
+    def load_leaves(self, leaves: Iterable[Leaf], table: Optional[SymbolTable] = None) -> None:
+        """Evaluate a system text's recorded leaves in TABLE's module (by default the base;
+        lisp/image.py), each at the gensym and gentemp counters it was recorded at."""
         previous = self.table
-        self.table = self.base
+        self.table = self.base if table is None else table
         start = self.counters()
         assert start is not None, "a system text's leaves are loaded where the counters are numbers"
         try:
@@ -232,23 +235,27 @@ class Interpreter:
         self.gensym_counter, self.gentemp_counter, lisp = counters
         self.values[self.sym("*GENSYM-COUNTER*")] = lisp
 
-    def record_text(self, text: str, kept: Optional[Iterable[ReadForm]]) -> None:
-        """Load a system text into the base as load_text does, recording its leaves (see
-        recording)."""
+    def record_text(self, text: str, kept: Optional[Iterable[ReadForm]], file: str = SYSTEM_FILE,
+                    table: Optional[SymbolTable] = None, key: Optional[TextKey] = None) -> None:
+        """Load a system text into TABLE's module (by default the base) as load_text does,
+        recording its leaves under KEY (by default (FILE, TEXT); see recording). A text
+        whose load warns is not recorded: its leaves would not warn again."""
         assert self.recording is not None
-        recording = Recording(self.base, self.counters())
-        forms = kept if kept is not None else iter(Reader(text, SYSTEM_FILE, self.base, features=self.features).read_next, None)
+        into = self.base if table is None else table
+        recording = Recording(into, self.counters())
+        forms = kept if kept is not None else iter(Reader(text, file, into, features=self.features).read_next, None)
+        warned = len(self.warnings)
         previous = self.table
-        self.table = self.base
+        self.table = into
         try:
             for read in forms:
                 recording.at = read.loc
                 self.eval_toplevel(read.form, read.loc, recording)
         finally:
             self.table = previous
-        leaves = recording.result()
-        if leaves is not None:
-            self.recording[SYSTEM_FILE, text] = leaves
+        leaves = recording.result(self.counters())
+        if leaves is not None and len(self.warnings) == warned:
+            self.recording[key or (file, text)] = leaves
 
     def publish_base(self) -> None:
         """Make the base library's defined names visible to every module."""
@@ -274,6 +281,8 @@ class Interpreter:
         try:
             result: Any = NIL
             for read in forms:
+                if self.pristine and table is not self.base and not table.internals and not is_require(read.form):
+                    self.pristine = False
                 if self.toplevel_hook is not None and table is self.hook_table:
                     self.toplevel_hook(read.form, read.loc)
                 result = self.eval_toplevel(read.form, read.loc)
@@ -771,6 +780,11 @@ def _pylist_to_lisp(items: Any) -> Any:
 STACK_BYTES = 512 * 1024 * 1024
 RECURSION_LIMIT = 400_000
 EVAL_GC_THRESHOLDS = (100_000, 50, 100)  # generation 0, 1, 2 (CPython: 700, 10, 10)
+
+
+def is_require(form: Any) -> bool:
+    """Whether FORM is a top-level (require ...)."""
+    return type(form) is Cons and type(form.car) is Symbol and form.car.name == "REQUIRE" and form.car.package == ""
 
 
 def run_with_big_stack(thunk: Callable[[], Any]) -> Any:

@@ -30,6 +30,13 @@ was evaluated at. Every world loads the same text from the same state (the built
 texts before it), so each expansion is the one its own expanders would make; an expansion
 that holds an object a template cannot copy (a function, a structure) leaves the text to be
 expanded by each world, as before.
+
+A standard module the user's file requires before any other of its top-level forms is
+recorded the same way (ModuleLoader.load_standard), into its own table: its leaves' names
+are the module's, its base's (BASE), keywords and gensyms. Required later, what the file
+did first may change its expansion, and each world expands it. The names its reading and
+expanding interned that no leaf holds end its leaves as a quoted list, so that a replaying
+world interns them too.
 """
 
 from __future__ import annotations
@@ -42,17 +49,21 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 from .diagnostics import DiagnosticError
 from .objects import BitVector
 from .reader import Reader, ReadForm
-from .types import Char, Cons, Loc, Symbol, SymbolTable, is_standard_symbol
+from .types import NIL, QUOTE, Char, Cons, Loc, Symbol, SymbolTable, is_standard_symbol
 
 _ATOMS = (str, int, float, Fraction, Char, bool)
 SYSTEM_FILE = "<prelude>"  # the file name the prelude and the contract macros are read under
 TextKey = tuple[str, str]  # (the file name its forms are read under, the text)
 
 
+BASE = "\0base"  # a Name's kind: interned in the base of the module a text is loaded into
+
+
 class Name:
     """A symbol of a template: what it was read as. KIND is "" for a name interned in the
-    table the text is loaded into, "KEYWORD" for a keyword, None for an uninterned one (`#:x`:
-    each Name is one symbol)."""
+    table the text is loaded into, BASE for one of that module's base (a module's recorded
+    expansion), "KEYWORD" for a keyword, None for an uninterned one (`#:x`: each Name is one
+    symbol)."""
 
     __slots__ = ("name", "kind")
 
@@ -146,6 +157,8 @@ class Recording:
         self.failed = counters is None
         self.copies: dict[int, Any] = {}
         self.alive: list[Any] = []  # what COPIES names by id stays alive until the text is done
+        self.before = set(table.own)  # the names the table held before the text
+        self.named: set[str] = set()  # the names of the table the leaves hold
 
     def leaf(self, form: Any, counters: Optional[Counters]) -> None:
         """FORM, a leaf of the top-level form at `at`, about to run at COUNTERS (None: a
@@ -161,16 +174,33 @@ class Recording:
         self.leaves.append(Leaf(made, self.at, tuple(now - start for now, start in zip(counters, self.start))))
 
     def name(self, sym: Symbol, copies: dict[int, Any], alive: Optional[list[Any]]) -> Any:
-        """SYM's Name in the recording world: one of its base's names, a keyword, a gensym."""
-        package = sym.package
-        known = (self.table.own.get(sym.name) if package == "" else
-                 self.table.keywords.get(sym.name) if package == "KEYWORD" else sym if package is None else None)
-        if known is not sym:
-            raise NotImaged(f"the symbol {sym.name} is not one a world's base table gives")
-        return _name(sym, copies, alive)
+        """SYM's Name in the recording world: one of the names of the table the text is
+        loaded into, of its base (a module's text), a keyword, a gensym."""
+        if is_standard_symbol(sym) or sym.package is None or sym.package == "KEYWORD":
+            if sym.package != "KEYWORD" or self.table.keywords.get(sym.name) is sym:
+                return _name(sym, copies, alive)
+        elif self.table.own.get(sym.name) is sym:
+            self.named.add(sym.name)
+            return _named(sym, "", copies, alive)
+        elif self.table.base is not None and sym.package == "" and self.table.base.own.get(sym.name) is sym:
+            return _named(sym, BASE, copies, alive)
+        raise NotImaged(f"the symbol {sym.name} is not one a world's tables give")
 
-    def result(self) -> Optional[tuple[Leaf, ...]]:
-        return None if self.failed else tuple(self.leaves)
+    def result(self, counters: Optional[Counters]) -> Optional[tuple[Leaf, ...]]:
+        """The leaves, once the text is done at COUNTERS. The names the text's reading and
+        expanding interned in the table but no leaf holds (a macro's clause names) end them
+        as one more leaf, a quoted list of them, so that a world replaying the text interns
+        them too."""
+        if self.failed or counters is None or self.start is None:
+            return None
+        unheld = sorted(name for name in self.table.own if name not in self.before and name not in self.named)
+        if not unheld:
+            return tuple(self.leaves)
+        names: Any = NIL
+        for name in reversed(unheld):
+            names = Cons(Name(name, ""), names)
+        quoted = Cons(QUOTE, Cons(names, NIL))
+        return (*self.leaves, Leaf(quoted, self.at, tuple(now - start for now, start in zip(counters, self.start))))
 
 
 def templates(file: str, text: str) -> tuple[ReadForm, ...]:
@@ -232,6 +262,15 @@ def template(x: Any, copies: dict[int, Any], name: Optional[NameOf] = None, aliv
         cell, last = rest, fresh
 
 
+def _named(sym: Symbol, kind: str, copies: dict[int, Any], alive: Optional[list[Any]]) -> Name:
+    """SYM's Name as one interned in the table KIND says (see Name)."""
+    made = Name(sym.name, kind)
+    copies[id(sym)] = made
+    if alive is not None:
+        alive.append(sym)
+    return made
+
+
 def _name(sym: Symbol, copies: dict[int, Any], alive: Optional[list[Any]] = None) -> Any:
     """SYM's Name, made the first time (a standard symbol stays itself: every world has it)."""
     made = sym if is_standard_symbol(sym) else Name(sym.name, sym.package)
@@ -287,7 +326,14 @@ def instance(x: Any, table: SymbolTable, symbols: dict[int, Symbol], copies: dic
 def symbol(name: Name, table: SymbolTable, symbols: dict[int, Symbol]) -> Symbol:
     """NAME's symbol in the world of TABLE, the first time the text names it."""
     kind = name.kind
-    sym = table.intern(name.name) if kind == "" else table.keyword(name.name) if kind == "KEYWORD" else Symbol(name.name, None)
+    if kind == "":
+        sym = table.intern(name.name)
+    elif kind == "KEYWORD":
+        sym = table.keyword(name.name)
+    elif kind == BASE:
+        sym = (table if table.base is None else table.base).intern(name.name)
+    else:
+        sym = Symbol(name.name, None)
     symbols[id(name)] = sym
     return sym
 

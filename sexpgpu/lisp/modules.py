@@ -156,11 +156,10 @@ class ModuleLoader:
             self.current_file.append(path)
         self.loading.append(key)
         try:
-            kept = self.interp.image.forms(file_name, text, table) if path is None and self.interp.image is not None else None
-            if kept is None:
-                self.interp.load_text(text, file_name, table)
+            if path is None:
+                self.load_standard(file_name, text, table)
             else:
-                self.interp.load_forms(kept, table)
+                self.interp.load_text(text, file_name, table)
         finally:
             self.loading.pop()
             if path is not None:
@@ -168,6 +167,30 @@ class ModuleLoader:
         publish_exports(self.interp, table)
         self.loaded[key] = table
         return table
+
+    def load_standard(self, file_name: str, text: str, table: SymbolTable) -> None:
+        """Load a standard module's TEXT into TABLE: its forms from the image where it holds
+        them, and, where it is required before any other top-level form of the user's files,
+        its recorded expansion (lisp/image.py), made in the first such world of the image.
+        Where it is required from is part of what the expansion is recorded under: the
+        modules loaded, and being loaded, before it."""
+        interp = self.interp
+        image = interp.image
+        key = (f"{file_name}\n{self.loaded_before()}", text) if interp.pristine else None
+        leaves = image.leaves(key[0], text, table) if key is not None and image is not None else None
+        if leaves is not None:
+            interp.load_leaves(leaves, table)
+            return
+        kept = image.forms(file_name, text, table) if image is not None else None
+        if key is not None and interp.recording is not None:
+            interp.record_text(text, kept, file_name, table, key)
+        elif kept is None:
+            interp.load_text(text, file_name, table)
+        else:
+            interp.load_forms(kept, table)
+
+    def loaded_before(self) -> str:
+        return f"after {' '.join(self.loaded)}; within {' '.join(self.loading[:-1])}"
 
     def import_name(self, current: SymbolTable, module: SymbolTable, name: str, display: str) -> None:
         sym = module.exported.get(name)
