@@ -17,35 +17,9 @@ from sexpgpu.results.readers import RunReaders
 from sexpgpu.results.seriescache import Manifest, cache_folder
 from sexpgpu.runtime.events import EventLog
 from sexpgpu.runtime.store import Store
+from test_series_columns import random_events  # null, non-finite and integer values, steps that repeat or go back
 
 pytestmark = pytest.mark.xdist_group("dashboard")
-
-
-def random_events(chance: random.Random, count: int) -> list[dict[str, Any]]:
-    """Step events (some values null or missing, a metric now and then), evals, diagnostics,
-    checkpoints and resumes back to an earlier step."""
-    events: list[dict[str, Any]] = []
-    step = 0
-    for _ in range(count):
-        roll = chance.random()
-        if roll < 0.04 and step:
-            step = chance.randint(0, step)
-            events.append({"kind": "resume", "step": step, "from_step": step, "checkpoint": None})
-        elif roll < 0.12:
-            events.append({"kind": "eval", "step": step, "name": "val", "metrics": {"loss": chance.random()}})
-        elif roll < 0.16:
-            events.append({"kind": "diagnostic", "step": step, "values": {"grad-norm/w": chance.random()}})
-        elif roll < 0.18:
-            events.append({"kind": "checkpoint", "step": step, "path": f"checkpoints/step-{step:06d}"})
-        else:
-            step += chance.randint(1, 3)
-            event: dict[str, Any] = {"kind": "step", "step": step, "loss": chance.choice([None, chance.random(), chance.random()])}
-            if chance.random() < 0.3:
-                event["metrics"] = {"acc": chance.random()}
-            if chance.random() < 0.9:
-                event["grad_norm"] = chance.random()
-            events.append(event)
-    return events
 
 
 def everything(readers: RunReaders, slug: str) -> tuple[Any, ...]:
