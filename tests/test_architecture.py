@@ -113,6 +113,19 @@ def import_graph(package: str) -> ImportGraph:
     return {name: {i.target for i in imports_of(path) if i.target in paths and i.target != name} for name, path in paths.items()}
 
 
+def reaches(graph: ImportGraph, start: str, goal: str) -> bool:
+    """Whether GOAL is START or imported from it, directly or through others, in GRAPH."""
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name == goal:
+            return True
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph[name])
+    return False
+
+
 def find_cycle(graph: ImportGraph) -> Optional[list[str]]:
     """One import cycle of GRAPH as [a, b, ..., a], or None when it is acyclic (a depth-first
     walk; a module met again while still on the walk's path closes a cycle)."""
@@ -410,17 +423,20 @@ def test_the_bottom_modules_of_lisp_reach_up_nowhere() -> None:
     graph = {name: {i.target for i in imports_of(path) if i.target in paths and i.target != name and not i.type_only}
              for name, path in paths.items()}
 
-    def reaches(start: str, goal: str) -> bool:
-        seen, todo = set(), [start]
-        while todo:
-            name = todo.pop()
-            if name == goal:
-                return True
-            if name not in seen:
-                seen.add(name)
-                todo.extend(graph[name])
-        return False
-
     offenders = [i for bottom in ("types", "objects", "typespecs") for i in imports_of(paths[f"sexpgpu.lisp.{bottom}"])
-                 if i.target in paths and not i.type_only and i.target != i.module and reaches(i.target, i.module)]
+                 if i.target in paths and not i.type_only and i.target != i.module and reaches(graph, i.target, i.module)]
     assert not offenders, broken("a bottom module of lisp/ imports one above it", offenders)
+
+
+def test_no_module_of_lisp_imports_lazily_one_that_imports_it() -> None:
+    """A function-level import in lisp/ never breaks an import cycle (issue 26): what two
+    modules share lives below both (scope.py, checks.py), and the chapters of builtins are
+    installed from chapters.py, above them, not from builtins.py, which they import."""
+    paths = {module_name(path): path for path in sorted((REPO / "sexpgpu" / "lisp").glob("*.py"))}
+    found = {name: imports_of(path) for name, path in paths.items()}
+    eager = {name: {i.target for i in imports if i.target in paths and i.target != name and not i.in_function and not i.type_only}
+             for name, imports in found.items()}
+
+    offenders = [i for imports in found.values() for i in imports
+                 if i.in_function and not i.type_only and i.target in paths and i.target != i.module and reaches(eager, i.target, i.module)]
+    assert not offenders, broken("a module of lisp/ imports lazily one that imports it back", offenders)

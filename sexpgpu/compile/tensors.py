@@ -26,7 +26,7 @@ from ..ir.builder import Builder
 from ..ir.dtypes import DType, promote_floats
 from ..ir.graph import TensorType
 from ..ir.ops import OpError
-from ..lisp.analyze import LIBRARY_FILES
+from ..lisp.scope import LIBRARY_FILES
 from ..lisp.builtins import Registry, list_items, parse_keys, to_lisp_list, type_error
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.objects import Builtin

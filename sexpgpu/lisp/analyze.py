@@ -19,39 +19,36 @@ from .conditions import LimitExceeded, LispError, lisp_error
 from .lambda_list import LambdaList
 from .lambda_list import Pattern as ListPattern
 from .objects import PARENT, Builtin, Closure, Frame, GoSignal, Macro, ReturnFromSignal, ThrowSignal, Undefined, root_frame
+from .codegen import CodeGen
 from .printer import prin1_to_string
 from .scope import (
     LEXICAL,
+    LIBRARY_FILES,
     SPECIAL,
     BindPlan,
     BlockInfo,
     LocalFunction,
+    LocalParam,
     Node,
     ParamPlan,
     Pattern,
     Scope,
     SymbolMacroEntry,
     TagbodyInfo,
+    declared_specials,
     frame_at,
+    split_declarations,
+    user_loc,
 )
 from .types import NIL, QUASIQUOTE, QUOTE, UNQUOTE, UNQUOTE_SPLICING, T, Cons, Loc, MultipleValues, Symbol
 
 if TYPE_CHECKING:
-    from .codegen import CodeGen
     from .evaluator import Interpreter
 
-SYSTEM_FILES = {"<prelude>"}
-LIBRARY_FILES = ("<prelude>", "sexpgpu/lib/")  # where a diagnostic also names the user's call
 _MISSING = object()
 _UNBOUND = object()
-_NO_SYMBOLS: frozenset[Symbol] = frozenset()
 
 SpecialForm = Callable[[Cons, Scope], Node]
-
-
-def user_loc(loc: Optional[Loc]) -> Optional[Loc]:
-    """A position errors may point at: never one inside the prelude."""
-    return None if loc is None or loc.file in SYSTEM_FILES else loc
 
 
 def constant(value: Any) -> Node:
@@ -142,39 +139,6 @@ class LambdaNode:
             self.body = generated
 
 
-class LocalParam:
-    """A parameter of a lambda whose generated body keeps it in a Python variable. The
-    analyzer never reads one: it marks it captured, and the body is generated again with
-    its parameters in a frame."""
-
-    __slots__ = ("name", "python", "captured")
-
-    def __init__(self, name: Symbol, python: str) -> None:
-        self.name = name
-        self.python = python
-        self.captured = False
-
-
-def split_declarations(body: Any) -> tuple[list[Any], Any]:
-    """The leading (declare ...) forms of a body, and the rest."""
-    decls: list[Any] = []
-    while type(body) is Cons and type(body.car) is Cons and type(body.car.car) is Symbol and body.car.car.name == "DECLARE":
-        decls.append(body.car)
-        body = body.cdr
-    return decls, body
-
-
-def declared_specials(decls: list[Any]) -> frozenset[Symbol]:
-    if not decls:
-        return _NO_SYMBOLS
-    out: set[Symbol] = set()
-    for decl in decls:
-        for spec in _iter(decl.cdr):
-            if type(spec) is Cons and type(spec.car) is Symbol and spec.car.name == "SPECIAL":
-                out.update(s for s in _iter(spec.cdr) if type(s) is Symbol)
-    return frozenset(out)
-
-
 def _iter(x: Any) -> Any:
     while type(x) is Cons:
         yield x.car
@@ -199,8 +163,6 @@ class Analyzer:
 
     def codegen(self) -> "CodeGen":
         if self._codegen is None:
-            from .codegen import CodeGen
-
             self._codegen = CodeGen(self)
         return self._codegen
 

@@ -48,7 +48,7 @@ from .objects import (
     StructInstance,
 )
 from .printer import Printer, PrintTooLarge, function_name
-from .registry import arity, builtin, install_modules
+from .registry import arity, builtin
 from .types import NIL, T, Char, Cons, Symbol, from_iter, primary
 
 if TYPE_CHECKING:
@@ -139,21 +139,6 @@ class Registry:
         the Lisp's own builtins are registered by @builtin (registry.py)."""
         required, maximum = arity(fn)
         self.interp.functions[self.interp.sym(name)] = Builtin(name.lower(), fn, required, maximum)
-
-
-def install_builtins(interp: "Interpreter") -> None:
-    from . import builtins_arrays, builtins_conses, builtins_numbers, builtins_sequences, builtins_calling, builtins_conditions, builtins_hashtables, builtins_iteration, builtins_streams, builtins_strings, builtins_structures, builtins_symbols
-
-    builtins_numbers.define_constants(interp)
-    install_modules(interp, (builtins_numbers, builtins_conses, builtins_sequences, builtins_arrays))
-    builtins_arrays.define_constants(interp)
-    install_modules(interp, (builtins_streams,))
-    builtins_streams.define_variables(interp)
-    install_modules(interp, (builtins_strings,))
-    builtins_strings.set_up(interp)
-    install_modules(interp, (builtins_calling, builtins_conditions, builtins_hashtables, builtins_symbols, builtins_structures, builtins_iteration))
-    builtins_symbols.define_variables(interp)
-    builtins_calling.set_up(interp)
 
 
 def format_to_string(interp: "Interpreter", control: Any, args: list[Any]) -> str:

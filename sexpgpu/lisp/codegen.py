@@ -17,12 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .analyze import LIBRARY_FILES, LocalParam, user_loc
 from .codecache import cached_compile
 from .conditions import LimitExceeded, LispError
 from .objects import PARENT, Builtin, Closure, GoSignal, Macro, ReturnFromSignal
 from .printer import prin1_to_string
-from .scope import LEXICAL, SPECIAL, BlockInfo, LocalFunction, Node, Scope, SymbolMacroEntry, TagbodyInfo
+from .scope import LEXICAL, LIBRARY_FILES, SPECIAL, BlockInfo, LocalFunction, LocalParam, Node, Scope, SymbolMacroEntry, TagbodyInfo, declared_specials, split_declarations, user_loc
 from .types import NIL, T, Cons, Loc, MultipleValues, Symbol
 
 if TYPE_CHECKING:
@@ -410,8 +409,6 @@ class CodeGen:
             bindings, body = self.analyzer.parse_bindings(form)
         except LispError:
             return None
-        from .analyze import declared_specials, split_declarations
-
         decls, forms = split_declarations(body)
         if declared_specials(decls) or any(v in self.interp.specials for v, _, _ in bindings):
             return None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, NoReturn, Optional
 
 
-from .analyze import SYSTEM_FILES, Analyzer, SpecialForm, primary, user_loc
+from .analyze import _UNBOUND, Analyzer, SpecialForm, primary
 from .hints import did_you_mean
 from .conditions import LimitExceeded, LispError, lisp_error
 from .lambda_list import LambdaList, parse_lambda_list
@@ -39,7 +39,8 @@ from .objects import (
 from .printer import PrintOptions, function_name, prin1_to_string, print_to_string
 from .image import SYSTEM_FILE, Counters, Leaf, Recording, SystemImage, TextKey
 from .reader import Reader, ReadForm
-from .scope import BindPlan, Pattern, Scope
+from .chapters import install_builtins
+from .scope import SYSTEM_FILES, BindPlan, Pattern, Scope, user_loc
 from .typespecs import TypeSpecs
 from .types import NIL, T, Cons, Loc, MultipleValues, Symbol, SymbolTable
 
@@ -163,8 +164,6 @@ class Interpreter:
         self.analyzer = Analyzer(self)
         self.types = TypeSpecs(self)
         self.s_progn = self.sym("PROGN")
-        from .builtins import install_builtins
-
         install_builtins(self)
         self.load_prelude()
 
@@ -477,8 +476,6 @@ class Interpreter:
 
     def bind_dynamic(self, sym: Symbol, value: Any, saved: list[tuple[Symbol, Any]]) -> None:
         """Bind SYM's global value (saved, for restore)."""
-        from .analyze import _UNBOUND
-
         saved.append((sym, self.values.get(sym, _UNBOUND)))
         if value is _UNBOUND:
             self.values.pop(sym, None)
@@ -486,8 +483,6 @@ class Interpreter:
             self.values[sym] = value
 
     def restore(self, saved: list[tuple[Symbol, Any]]) -> None:
-        from .analyze import _UNBOUND
-
         for sym, old in reversed(saved):
             if old is _UNBOUND:
                 self.values.pop(sym, None)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 from .objects import Frame, Macro
-from .types import Symbol
+from .types import Cons, Loc, Symbol
 
 Node = Callable[[Frame], Any]
 
@@ -212,3 +212,54 @@ class BindPlan:
         if self.rest is not None or self.has_key:
             return None
         return len(self.required) + len(self.optional)
+
+
+SYSTEM_FILES = {"<prelude>"}
+LIBRARY_FILES = ("<prelude>", "sexpgpu/lib/")  # where a diagnostic also names the user's call
+
+
+def user_loc(loc: Optional[Loc]) -> Optional[Loc]:
+    """A position errors may point at: never one inside the prelude."""
+    return None if loc is None or loc.file in SYSTEM_FILES else loc
+
+
+class LocalParam:
+    """A parameter of a lambda whose generated body keeps it in a Python variable. The
+    analyzer never reads one: it marks it captured, and the body is generated again with
+    its parameters in a frame."""
+
+    __slots__ = ("name", "python", "captured")
+
+    def __init__(self, name: Symbol, python: str) -> None:
+        self.name = name
+        self.python = python
+        self.captured = False
+
+
+_NO_SYMBOLS: frozenset[Symbol] = frozenset()
+
+
+def split_declarations(body: Any) -> tuple[list[Any], Any]:
+    """The leading (declare ...) forms of a body, and the rest."""
+    decls: list[Any] = []
+    while type(body) is Cons and type(body.car) is Cons and type(body.car.car) is Symbol and body.car.car.name == "DECLARE":
+        decls.append(body.car)
+        body = body.cdr
+    return decls, body
+
+
+def declared_specials(decls: list[Any]) -> frozenset[Symbol]:
+    if not decls:
+        return _NO_SYMBOLS
+    out: set[Symbol] = set()
+    for decl in decls:
+        for spec in _items(decl.cdr):
+            if type(spec) is Cons and type(spec.car) is Symbol and spec.car.name == "SPECIAL":
+                out.update(s for s in _items(spec.cdr) if type(s) is Symbol)
+    return frozenset(out)
+
+
+def _items(x: Any) -> Any:
+    while type(x) is Cons:
+        yield x.car
+        x = x.cdr
