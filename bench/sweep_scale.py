@@ -348,7 +348,7 @@ def measure(root: Path, n: int, url: str, log: Optional[Path], profile: Optional
         journal_after_round.append(sum(1 for p in driver.ledger_store.folded if "/journal/" in p))
         return changed
 
-    driver.ledger_store.write_points = counting_write  # type: ignore[method-assign,assignment]
+    driver.ledger_store.write_points = counting_write  # type: ignore[method-assign]
     counted = count_requests(driver.store) if not driver.store.is_local else Counted(Counter())
     before = server_requests(log) if log is not None else 0
     rss = PeakRss()
