@@ -340,6 +340,15 @@ def measure(root: Path, n: int, url: str, log: Optional[Path], profile: Optional
     driver = Driver(path, "grid", url, None, None, 1, say=say, on_launch=launched, table=table)
     if no_train:
         driver.warmed = True  # no worker is started: no warm pool either
+    journal_after_round: list[int] = []  # this driver's journal objects in the store after each round's write
+    write_points = driver.ledger_store.write_points
+
+    def counting_write(records: Any, compact: bool = True) -> int:
+        changed = write_points(records, compact)
+        journal_after_round.append(sum(1 for p in driver.ledger_store.folded if "/journal/" in p))
+        return changed
+
+    driver.ledger_store.write_points = counting_write  # type: ignore[method-assign]
     counted = count_requests(driver.store) if not driver.store.is_local else Counted(Counter())
     before = server_requests(log) if log is not None else 0
     rss = PeakRss()
@@ -377,7 +386,8 @@ def measure(root: Path, n: int, url: str, log: Optional[Path], profile: Optional
         "kinds": {k: v / n for k, v in sorted(counted.kinds.items())}, "all_req": everything / n,
         "ledger_b": driver.ledger_store.bytes_written / n, "shapes": {k: v / n for k, v in counted.shapes.most_common()},
         "base_mb": base_mb, "threads": {k: 1000 * v / n for k, v in threads.most_common() if v > 0},
-        "draws": screen.draws, "ledger_objects": len(store.list(f"sweeps/{path.stem}.grid/journal")),
+        "draws": screen.draws, "journal_rounds": len(journal_after_round), "journal_max": max(journal_after_round, default=0),
+        "journal_last_round": journal_after_round[-1] if journal_after_round else 0, "ledger_objects": len(store.list(f"sweeps/{path.stem}.grid/journal")),
         "first": {k: v - started for k, v in follower.times.items()},
     }
 
@@ -475,7 +485,8 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
         print(f"N={r['n']}: driver requests per point by kind: " + ", ".join(f"{k} {v:.2f}" for k, v in r["kinds"].items()))
         print(f"N={r['n']}: RSS before the sweep {r['base_mb']:.0f} MB; CPU ms per point by thread: "
               + ", ".join(f"{k} {v:.1f}" for k, v in r["threads"].items()))
-        print(f"N={r['n']}: live table drawn {r['draws']} times; journal objects left {r['ledger_objects']}")
+        print(f"N={r['n']}: live table drawn {r['draws']} times; journal objects left {r['ledger_objects']}; "
+              f"this driver's journal objects after its {r['journal_rounds']} ledger writes: at most {r['journal_max']}, {r['journal_last_round']} after the last")
         if args.requests:
             for what, per_point in r["shapes"].items():
                 print(f"    {per_point:7.2f}  {what}")

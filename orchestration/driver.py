@@ -199,7 +199,8 @@ class Driver:
         return self.ledger_store.read()
 
     def write_points(self, records: list[PointRecord]) -> None:
-        """The records of RECORDS that changed, journalled in one object (a round's write)."""
+        """The records of RECORDS that changed, journalled in one object (a round's write);
+        the journal compacted when that is due (LedgerStore)."""
         self.ledger_store.write_points(records)
 
     def write_ledger(self, ledger: SweepLedger) -> None:
@@ -221,7 +222,7 @@ class Driver:
         self.leases_used = True
         ledger.updated = now()
         # a point another driver holds is that driver's to write
-        self.write_points([p for p in ledger.points if p.lease is None or p.lease == self.id])
+        self.ledger_store.write_points([p for p in ledger.points if p.lease is None or p.lease == self.id], compact=False)
         self.ledger_store.write_snapshot(ledger)
 
     def statuses(self, slugs: list[str]) -> list[Optional[Status]]:

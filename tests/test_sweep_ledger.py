@@ -203,3 +203,104 @@ def test_leases_on_a_local_folder_are_claimed_concurrently(tmp_path: Path, monke
     assert Leases(store, "driver-a").claim(paths) == paths
     monkeypatch.undo()
     assert Leases(Store.open(str(tmp_path)), "driver-b").claim(paths) == []
+
+
+def journal_objects(store: Store) -> list[str]:
+    return sorted(store.list(f"{PREFIX}/journal"))
+
+
+def test_a_long_sweep_compacts_its_journal_as_it_runs(tmp_path: Path) -> None:
+    """Round after round of a few changes: the journal objects in the store stay below
+    COMPACT_OBJECTS (and a few), and the ledger reads as the changes made it, at every round."""
+    from sexpgpu.sweeps.ledger import COMPACT_OBJECTS
+
+    store = Store.open(str(tmp_path))
+    ledger = SweepLedger(file="grid.lisp", sweep="lrs", points=records(MANY))
+    writer = LedgerStore(store, PREFIX, "driver-a")
+    writer.write_points(ledger.points, compact=False)
+    writer.write_snapshot(ledger)
+    counts = []
+    for round_ in range(4 * COMPACT_OBJECTS):
+        point = ledger.points[round_ % MANY]
+        point.state, point.attempts = "running", point.attempts + 1
+        writer.write_points(ledger.points)
+        counts.append(len(journal_objects(store)))
+        read = LedgerStore(store, PREFIX).read()
+        assert read is not None and read.points == ledger.points and (read.file, read.sweep) == ("grid.lisp", "lrs")
+    assert max(counts) <= COMPACT_OBJECTS and writer.compactions >= 3, (counts, writer.compactions)
+
+
+def test_a_read_after_a_compaction_equals_the_read_before(tmp_path: Path) -> None:
+    store = Store.open(str(tmp_path))
+    ledger = SweepLedger(file="grid.lisp", sweep="lrs", points=records(20))
+    writer = LedgerStore(store, PREFIX, "driver-a")
+    writer.write_snapshot(ledger)
+    for round_ in range(10):
+        ledger.points[round_].state = "finished"
+        writer.write_points(ledger.points, compact=False)
+    before = LedgerStore(store, PREFIX).read()
+    assert len(journal_objects(store)) == 10
+    writer.compact()
+    assert journal_objects(store) == []
+    after = LedgerStore(store, PREFIX).read()
+    assert before is not None and after is not None and after.points == before.points == ledger.points
+
+
+def test_a_compaction_killed_between_the_snapshot_and_the_removals_reads_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshot is written, then the store refuses the removals (a kill, an outage) after
+    some of them: what is left reads as the snapshot does, and the next compaction folds it."""
+    from sexpgpu.runtime.store import StoreError
+
+    store = Store.open(str(tmp_path))
+    ledger = SweepLedger(file="grid.lisp", sweep="lrs", points=records(6))
+    writer = LedgerStore(store, PREFIX, "driver-a")
+    writer.write_snapshot(ledger)
+    for round_ in range(8):  # the same points changed again and again: an older object left under a newer one would show
+        point = ledger.points[round_ % 3]
+        point.state, point.attempts = "running", round_ + 1
+        writer.write_points(ledger.points, compact=False)
+    before = LedgerStore(store, PREFIX).read()
+    deleted: list[str] = []
+    refused: list[str] = []
+    delete = Store.delete
+
+    def then_the_store_is_away(self: Store, path: str, recursive: bool = False, missing_ok: bool = True) -> None:
+        if len(deleted) == 3 and not refused:  # one removal refused: one after it would leave an older object under the snapshot
+            refused.append(path)
+            raise StoreError("the store is away")
+        deleted.append(path)
+        delete(self, path, recursive, missing_ok)
+
+    monkeypatch.setattr(Store, "delete", then_the_store_is_away)
+    writer.compact()
+    assert len(journal_objects(store)) == 5
+    middle = LedgerStore(store, PREFIX).read()
+    monkeypatch.undo()
+    writer.compact()
+    after = LedgerStore(store, PREFIX).read()
+    assert journal_objects(store) == []
+    assert before is not None and middle is not None and after is not None
+    assert middle.points == before.points == after.points == ledger.points
+
+
+def test_two_writers_compact_interleaved(tmp_path: Path) -> None:
+    """Two drivers' rounds interleaved, each compacting: what the other journals after a
+    compaction's listing stays, and every read is the latest record of every point."""
+    from sexpgpu.sweeps.ledger import COMPACT_OBJECTS
+
+    store = Store.open(str(tmp_path))
+    ledger = SweepLedger(file="grid.lisp", sweep="lrs", points=records(40))
+    LedgerStore(store, PREFIX).write_snapshot(ledger)
+    writers = [LedgerStore(store, PREFIX, "driver-a"), LedgerStore(store, PREFIX, "driver-b")]
+    for writer in writers:
+        assert writer.read() is not None
+    counts = []
+    for round_ in range(3 * COMPACT_OBJECTS):
+        for side, writer in enumerate(writers):  # a: the even points, b: the odd
+            point = ledger.points[(2 * round_ + side) % 40]
+            point.state, point.attempts, point.lease = "running", point.attempts + 1, writer.writer
+            writer.write_points([point])
+        counts.append(len(journal_objects(store)))
+        read = LedgerStore(store, PREFIX).read()
+        assert read is not None and read.points == ledger.points
+    assert all(writer.compactions >= 2 for writer in writers) and max(counts) <= 2 * COMPACT_OBJECTS, counts

@@ -143,6 +143,7 @@ class SweepLedger(BaseModel):
 
 
 READERS = 16  # store requests a ledger keeps in flight at once
+COMPACT_OBJECTS = 32  # journal objects a writer leaves since its last snapshot before it compacts (LedgerStore)
 
 
 def concurrently(action: Callable[[T], R], items: Iterable[T], workers: int = READERS) -> list[R]:
@@ -163,7 +164,20 @@ class LedgerStore:
       gives the rounds of every driver in order);
     - `sweep.json`: the whole ledger, written when a sweep starts and ends (a snapshot for
       whoever reads one file). Writing it folds the journal objects read or written here
-      into it: they are removed once it is written.
+      into it: they are removed once it is written, oldest first, stopping at the first
+      the store refuses (what is left is the newest of them, and reads as the snapshot
+      does; the next snapshot folds it).
+
+    Compaction, while a sweep runs: once a writer has journalled COMPACT_OBJECTS objects
+    since its last snapshot, or as many bytes as that snapshot holds, its next
+    `write_points` writes a snapshot of the ledger as the store holds it (read here: the
+    snapshot and every journal object listed, whoever wrote them) and folds what it read.
+    So a reader lists and gets at most about COMPACT_OBJECTS objects of each writer, and a
+    compaction's requests (a GET and a LIST, a GET, and a DELETE per object, a PUT) are a
+    few per round, flat however large the sweep; its bytes (the snapshot read and written)
+    are O(points) once per COMPACT_OBJECTS rounds. The snapshot is written before anything is
+    removed, so a writer killed between the two leaves objects that read as the snapshot
+    does; an object another writer journals after the listing is not folded, and stays.
 
     Reading takes the snapshot and lays every journal line over it, by slug, in the
     journal's order (a record is journalled at every change of its point, so the last one
@@ -181,11 +195,17 @@ class LedgerStore:
         self.folded: dict[str, set[str]] = {}  # journal objects (and old point records) read or written here -> their slugs
         self.rounds = 0
         self.bytes_written = 0
+        self.since_snapshot = 0  # journal objects written here since the last snapshot written here
+        self.bytes_since_snapshot = 0
+        self.snapshot_bytes = 0  # the size of the last snapshot read or written here
+        self.compactions = 0
 
     def read(self) -> Optional[SweepLedger]:
         """The ledger as the store holds it; None when there is none."""
         try:
-            snapshot: Optional[SweepLedger] = SweepLedger.model_validate_json(self.store.read_bytes(self.snapshot_path))
+            data = self.store.read_bytes(self.snapshot_path)
+            self.snapshot_bytes = len(data)
+            snapshot: Optional[SweepLedger] = SweepLedger.model_validate_json(data)
         except FileNotFoundError:
             snapshot = None
         paths = [*sorted(self.store.list(self.points_prefix)), *sorted(self.store.list(self.journal_prefix))]
@@ -216,9 +236,10 @@ class LedgerStore:
             return None
         return [PointRecord.model_validate_json(line) for line in text.splitlines() if line.strip()]
 
-    def write_points(self, records: Iterable[PointRecord]) -> int:
+    def write_points(self, records: Iterable[PointRecord], compact: bool = True) -> int:
         """Journal the records of RECORDS that differ from what the store holds, in one
-        object (one request however many changed); how many."""
+        object (one request however many changed); how many. Then, with COMPACT and when it
+        is due (see the class), the ledger is compacted."""
         changed = [(r.slug, r.model_dump_json()) for r in records]
         changed = [(slug, text) for slug, text in changed if self.stored.get(slug) != text]
         if not changed:
@@ -230,19 +251,42 @@ class LedgerStore:
         self.bytes_written += len(text.encode())
         self.folded[path] = {slug for slug, _ in changed}
         self.stored.update(changed)
+        self.since_snapshot += 1
+        self.bytes_since_snapshot += len(text.encode())
+        if compact and self.compaction_due():
+            self.compact()
         return len(changed)
+
+    def compaction_due(self) -> bool:
+        """Whether to compact (see the class); never before a snapshot was read or written
+        here (a sweep's driver writes one as it starts: its header is the file and sweep)."""
+        return self.snapshot_bytes > 0 and (self.since_snapshot >= COMPACT_OBJECTS or self.bytes_since_snapshot >= self.snapshot_bytes)
+
+    def compact(self) -> None:
+        """The ledger as the store holds it, written as the snapshot; the journal objects
+        read for it removed."""
+        ledger = self.read()
+        if ledger is not None:
+            self.compactions += 1
+            ledger.updated = now()
+            self.write_snapshot(ledger)
 
     def write_snapshot(self, ledger: SweepLedger) -> None:
         """LEDGER as the snapshot; then the journal objects it holds every point of are
-        removed (one that names a point it lacks stays, laid over it)."""
+        removed, oldest first (one that names a point it lacks stays, laid over it); the
+        first the store refuses stops the removal, so that no older object is left under
+        a newer one removed."""
         text = ledger.model_dump_json(indent=2)
         self.store.write_text(self.snapshot_path, text)
         self.bytes_written += len(text.encode())
+        self.snapshot_bytes = len(text.encode())
+        self.since_snapshot = self.bytes_since_snapshot = 0
         held = {p.slug for p in ledger.points}
-        done = [path for path, slugs in self.folded.items() if slugs <= held]
-        for path, removed in zip(done, concurrently(self.remove, done), strict=True):
-            if removed:
-                del self.folded[path]
+        done = sorted((path for path, slugs in self.folded.items() if slugs <= held), key=lambda path: (path.startswith(self.journal_prefix), path))
+        for path in done:
+            if not self.remove(path):
+                break
+            del self.folded[path]
 
     def remove(self, path: str) -> bool:
         """Remove a journal object folded into the snapshot; False when the store is away
