@@ -156,7 +156,7 @@ class Driver:
         self.id = uuid.uuid4().hex[:12]
         self.prefix = f"sweeps/{path.stem}.{sweep}"
         self.leases = PointLeases(self.store, self.prefix, self.id)
-        self.ledger_store = LedgerStore(self.store, self.prefix, self.id)
+        self.ledger_store = LedgerStore(self.store, self.prefix, self.id, header=(path.name, sweep))
         self.capacity_wait_s = capacity_wait_s
         self.idle: list[ActorHandle] = []  # single workers whose point ended cleanly, for the next point
         self.steps: dict[str, int] = {}  # slug -> the run's own :steps

@@ -185,8 +185,11 @@ class LedgerStore:
     or with one record per point in `points/SLUG.json` (laid over it before the journal, and
     folded into the next snapshot as the journal is)."""
 
-    def __init__(self, store: Store, prefix: str, writer: str = "") -> None:
+    def __init__(self, store: Store, prefix: str, writer: str = "", header: Optional[tuple[str, str]] = None) -> None:
         self.store = store
+        # (file, sweep) of the ledger this writer keeps: a compaction before any snapshot
+        # (a streamed sweep writes its first at its end) names them; without, it waits for one
+        self.header = header
         self.snapshot_path = f"{prefix}/sweep.json"
         self.points_prefix = f"{prefix}/points"  # an older version's records, read and folded
         self.journal_prefix = f"{prefix}/journal"
@@ -258,15 +261,20 @@ class LedgerStore:
         return len(changed)
 
     def compaction_due(self) -> bool:
-        """Whether to compact (see the class); never before a snapshot was read or written
-        here (a sweep's driver writes one as it starts: its header is the file and sweep)."""
-        return self.snapshot_bytes > 0 and (self.since_snapshot >= COMPACT_OBJECTS or self.bytes_since_snapshot >= self.snapshot_bytes)
+        """Whether to compact (see the class). Before any snapshot was read or written here,
+        only a writer that knows the ledger's header (file, sweep) compacts, and by the count
+        of objects alone."""
+        if self.snapshot_bytes == 0:
+            return self.header is not None and self.since_snapshot >= COMPACT_OBJECTS
+        return self.since_snapshot >= COMPACT_OBJECTS or self.bytes_since_snapshot >= self.snapshot_bytes
 
     def compact(self) -> None:
         """The ledger as the store holds it, written as the snapshot; the journal objects
         read for it removed."""
         ledger = self.read()
         if ledger is not None:
+            if not ledger.file and self.header is not None:  # no snapshot yet: the journal alone
+                ledger.file, ledger.sweep = self.header
             self.compactions += 1
             ledger.updated = now()
             self.write_snapshot(ledger)
