@@ -192,23 +192,64 @@ SHAPES: list[tuple[str, str]] = [
 SHAPE = re.compile("|".join(f"({source})" for source, _ in SHAPES))
 
 
-@lru_cache(maxsize=None)
-def line_pattern(expected: str) -> re.Pattern[str]:
-    """EXPECTED as a regex: `...` matches any text, and each value of a SHAPE matches any
-    value of that shape; everything else is literal."""
+# a page's number of this many significant digits or more matches a printed number within
+# NEAR of it (relative): f32 results differ in their last bits between BLAS kernels (OpenBLAS
+# picks them by CPU), and training carries the difference into later digits
+NEAR_DIGITS = 6
+NEAR = 1e-4
+DECIMAL = re.compile(r"(?<![\w.])-?\d+\.\d+(?:[eE][-+]?\d+)?(?![\w.])")
+
+
+def significant_digits(number: str) -> int:
+    mantissa = re.split(r"[eE]", number)[0].lstrip("-").replace(".", "").lstrip("0")
+    return len(mantissa)
+
+
+@dataclass(frozen=True)
+class LinePattern:
+    regex: re.Pattern[str]
+    near: tuple[float, ...]  # the page's value for each of the regex's groups
+
+    def matches(self, actual: str) -> bool:
+        found = self.regex.fullmatch(actual)
+        if found is None:
+            return False
+        return all(abs(float(got) - want) <= NEAR * abs(want) for got, want in zip(found.groups(), self.near))
+
+
+def literal_part(text: str, near: list[float]) -> str:
+    """TEXT (page text with no `...` and no SHAPE value) as a regex: a number of
+    NEAR_DIGITS significant digits or more becomes a group, its value appended to NEAR."""
     parts: list[str] = []
+    at = 0
+    for match in DECIMAL.finditer(text):
+        if significant_digits(match.group(0)) < NEAR_DIGITS:
+            continue
+        parts.append(re.escape(text[at:match.start()]) + f"({NUMBER})")
+        near.append(float(match.group(0)))
+        at = match.end()
+    return "".join(parts) + re.escape(text[at:])
+
+
+@lru_cache(maxsize=None)
+def line_pattern(expected: str) -> LinePattern:
+    """EXPECTED as a pattern: `...` matches any text, each value of a SHAPE matches any
+    value of that shape, and a number of NEAR_DIGITS significant digits or more any number
+    within NEAR of it; everything else is literal."""
+    parts: list[str] = []
+    near: list[float] = []
     for k, literal in enumerate(expected.split("...")):
         if k:
             parts.append(".*?")
         at = 0
         for match in SHAPE.finditer(literal):
-            parts.append(re.escape(literal[at:match.start()]))
+            parts.append(literal_part(literal[at:match.start()], near))
             group = next(g for g in range(len(SHAPES)) if match.group(g + 1) is not None)
             key = re.match(r"(\"\w+\":\s*|\w+=)", match.group(0)) if group == len(SHAPES) - 1 else None
             parts.append(re.escape(key.group(1)) + NUMBER + UNIT if key else SHAPES[group][1])
             at = match.end()
-        parts.append(re.escape(literal[at:]))
-    return re.compile("".join(parts))
+        parts.append(literal_part(literal[at:], near))
+    return LinePattern(re.compile("".join(parts)), tuple(near))
 
 
 def trimmed(lines: list[str]) -> list[str]:
@@ -229,7 +270,7 @@ def lines_match(expected: list[str], actual: list[str]) -> bool:
             return j == len(actual)
         if expected[i].strip() == "...":
             return any(match(i + 1, k) for k in range(j, len(actual) + 1))
-        return j < len(actual) and line_pattern(expected[i]).fullmatch(actual[j]) is not None and match(i + 1, j + 1)
+        return j < len(actual) and line_pattern(expected[i]).matches(actual[j]) and match(i + 1, j + 1)
 
     return match(0, 0)
 
@@ -444,7 +485,7 @@ class Mismatch:
         """The longest alignment of expected lines with printed lines that match them."""
         expected, actual = trimmed(self.expected), trimmed(self.actual)
         n, m = len(expected), len(actual)
-        ok = [[line_pattern(e).fullmatch(a) is not None for a in actual] for e in expected]
+        ok = [[line_pattern(e).matches(a) for a in actual] for e in expected]
         best = [[0] * (m + 1) for _ in range(n + 1)]
         for i in range(n - 1, -1, -1):
             for j in range(m - 1, -1, -1):

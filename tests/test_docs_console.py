@@ -81,6 +81,18 @@ def test_times_and_rates_match_by_shape_only() -> None:
     assert not lines_match(['"steps": 300'], ['"steps": 301'])
 
 
+def test_a_number_of_six_digits_or_more_matches_within_its_last_bits_and_no_further() -> None:
+    # the losses one page printed under OpenBLAS's Haswell kernels and its SkylakeX ones
+    assert lines_match(["finished: 1000 steps in 0.3s  loss 0.0601997  acc 1"], ["finished: 1000 steps in 0.2s  loss 0.0602004  acc 1"])
+    assert lines_match(['{"loss":0.05320984045299611,"acc":0.9825}'], ['{"loss":0.05320960976730475,"acc":0.9825}'])
+    assert lines_match(["[100,9.321403503417969e-05]"], ["[100,9.3214e-05]"])
+    assert not lines_match(["loss 0.0601997"], ["loss 0.0602100"])  # 1.7e-4 apart
+    assert not lines_match(["loss 0.0601997"], ["loss -0.0601997"])
+    assert not lines_match(['{"acc":0.9825}'], ['{"acc":0.9826}'])  # four digits: exact
+    assert not lines_match(["IR 5e789727d176, 3.11.7, 123456"], ["IR 5e789727d177, 3.11.7, 123456"])
+    assert not lines_match(["steps 123456"], ["steps 123457"])  # a whole number is exact
+
+
 def test_plain_sexpgpu_commands_run_in_process_and_shell_syntax_does_not() -> None:
     call = in_process("USER=ada sexpgpu run x.lisp --store runs --json 2>/dev/null")
     assert call is not None and call.env == {"USER": "ada"} and call.argv == ["run", "x.lisp", "--store", "runs", "--json"]
