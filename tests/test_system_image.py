@@ -17,7 +17,7 @@ from sexpgpu.compile import pipeline
 from sexpgpu.compile.compiler import Compiler, contract_text
 from sexpgpu.compile.pipeline import check_every_selection, system_image
 from sexpgpu.ir.experiment import Selection
-from sexpgpu.lisp.evaluator import Interpreter, prelude_text, run_with_big_stack
+from sexpgpu.lisp.evaluator import Interpreter, Limits, prelude_text, run_with_big_stack
 from sexpgpu.lisp.diagnostics import SourceMap
 from sexpgpu.lisp.image import SYSTEM_FILE, SystemImage
 from sexpgpu.lisp.modules import standard_module_texts
@@ -393,3 +393,87 @@ def test_a_world_from_a_modules_expansion_holds_what_a_world_that_expands_it_hol
     assert described(replaying.interp) == described(expanding.interp)
     tables = [{k: sorted(t.own) for k, t in p.loader.loaded.items()} for p in (expanding, replaying)]  # type: ignore[union-attr]
     assert tables[0] == tables[1] and len(tables[0]) == 2
+
+
+LIBRARY = '''(require "sexpgpu/nn" :as nn)
+(defmacro twice (x) `(* 2 ,x))
+(defun width () (twice WIDTH))
+(defparameter *maker* 'nn:mlp)
+'''
+
+
+def watched_project(tmp_path: Path, width: int) -> Path:
+    """The quickstart, its hidden width from a library of the project that requires nn."""
+    main = tmp_path / "main.lisp"
+    text = (EXAMPLES / "quickstart.lisp").read_text()
+    text = text.replace('(require "sexpgpu/optim" :as optim)', '(require "sexpgpu/optim" :as optim)\n(require "./lib.lisp" :as lib)', 1)
+    main.write_text(text.replace("(nn:mlp 2 64 3)", "(nn:mlp 2 (lib:width) 3)", 1))
+    (tmp_path / "lib.lisp").write_text(LIBRARY.replace("WIDTH", str(width)))
+    return main
+
+
+def test_watch_replays_the_libraries_a_save_left_alone_and_expands_one_that_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """watch's checks (as run_watch makes them): the first expands the modules the file
+    requires first, the next replays them, one after a library's save expands that library
+    again; each check's diagnostics and IR are those of a fresh check, and the image holds
+    one expansion of each file."""
+    main = watched_project(tmp_path, 32)
+    image = system_image()
+    replayed, expanded = loading_modules(monkeypatch)
+
+    def checked() -> tuple[list[Any], str, list[str], list[str]]:
+        """One of watch's checks: its diagnostics, the file's IR hash, the modules it
+        replayed and those it expanded."""
+        nonlocal image
+        replayed.clear()
+        expanded.clear()
+        recorded: dict[Any, Any] = {}
+        diagnostics, _, files = run_with_big_stack(lambda: check.check_once(main, Limits(), image=image, recording=recorded))
+        loads = (list(replayed), list(expanded))
+        image = image.with_expansions(recorded, superseding=True)
+        assert tmp_path / "lib.lisp" in files
+        result = run_with_big_stack(lambda: pipeline.compile_file(main, image=image))
+        assert result.experiment is not None
+        return diagnostics, result.experiment.ir_hash, *loads
+
+    def fresh() -> tuple[list[Any], str]:
+        diagnostics, _, _ = run_with_big_stack(lambda: check.check_once(main, Limits()))
+        result = run_with_big_stack(lambda: pipeline.compile_file(main))
+        assert result.experiment is not None
+        return diagnostics, result.experiment.ir_hash
+
+    diagnostics, ir, replays, expands = checked()
+    assert sorted(expands) == ["lib", "nn", "optim"] and replays == []
+    assert (diagnostics, ir) == fresh() and diagnostics == []
+    again = checked()
+    assert sorted(again[2]) == ["lib", "nn", "optim"] and again[3] == []
+    assert again[:2] == (diagnostics, ir)
+    (tmp_path / "lib.lisp").write_text(LIBRARY.replace("WIDTH", "48"))
+    saved = checked()
+    assert saved[3] == ["lib"] and sorted(saved[2]) == ["nn", "optim"]  # loaded before the library: unchanged
+    assert saved[:2] == fresh() and saved[1] != ir
+    modules = [key[0].split("\n", 1)[0] for key in image.expanded if key[0] != SYSTEM_FILE]
+    assert len(modules) == len(set(modules)) == 3  # the library's text before the save is gone
+
+
+def test_a_world_replaying_a_library_holds_what_a_world_that_expands_it_holds(tmp_path: Path) -> None:
+    """A library of the project that names another module's symbols (`nn:mlp`) is recorded,
+    and a world that replays it ends as one that expands it."""
+    main = watched_project(tmp_path, 32)
+    main.write_text(main.read_text() + "\n(list (lib:width) lib:*maker* (symbol-name (gensym)))\n")
+    image = system_image()
+    recorded: dict[Any, Any] = {}
+
+    def build(image: SystemImage, recording: dict[Any, Any] | None) -> tuple[Program, Any]:
+        program = new_program(main, image=image, recording=recording)
+        Compiler(program.interp, Selection(), Path.cwd())
+        return program, run_with_big_stack(lambda: program.eval_text(main.read_text()))[-1]
+
+    expanding, expanded_value = run_with_big_stack(lambda: build(image, recorded))
+    assert any(key[0].split("\n", 1)[0].endswith("lib.lisp") for key in recorded)
+    replaying, replayed_value = run_with_big_stack(lambda: build(image.with_expansions(recorded), None))
+    assert expanded_value.error is None and str(replayed_value.value) == str(expanded_value.value)
+    assert str(expanded_value.value).startswith("(64 nn:mlp")
+    assert described(replaying.interp) == described(expanding.interp)
+    tables = [{k: sorted(t.own) for k, t in p.loader.loaded.items()} for p in (expanding, replaying)]  # type: ignore[union-attr]
+    assert tables[0] == tables[1] and len(tables[0]) == 3

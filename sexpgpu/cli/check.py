@@ -15,7 +15,7 @@ from ..lisp.diagnostics import Diagnostic, SourceMap
 from ..lisp.evaluator import Limits
 from ..ir.experiment import Selection
 from ..compile.pipeline import check_every_selection, compile_file, system_image
-from ..lisp.image import SystemImage
+from ..lisp.image import Leaf, SystemImage, TextKey
 from ..lisp.program import has_errors
 from ..exits import Exit
 from .common import diagnostics_json, existing_file, exit_for, print_diagnostics, print_json
@@ -39,13 +39,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     w.set_defaults(run=run_watch)
 
 
-def check_once(path: Path, limits: Limits, selection: Optional[Selection] = None,
-               image: Optional[SystemImage] = None) -> tuple[list[Diagnostic], SourceMap, list[Path]]:
+def check_once(path: Path, limits: Limits, selection: Optional[Selection] = None, image: Optional[SystemImage] = None,
+               recording: Optional[dict[TextKey, tuple[Leaf, ...]]] = None) -> tuple[list[Diagnostic], SourceMap, list[Path]]:
     """Compile PATH (read, evaluate, contract, staging, IR check) with SELECTION, or, with
     none chosen, as it is and with every variant and sweep point it declares; what the file
-    prints goes to stderr (stdout carries the result). IMAGE: the system texts, read once."""
+    prints goes to stderr (stdout carries the result). IMAGE: the system texts, read once;
+    RECORDING: where the modules the file requires first are recorded (watch's next check
+    replays those that did not change)."""
     if selection is None or selection == Selection():
-        checked = check_every_selection(path, limits, output=sys.stderr.write, image=image)
+        checked = check_every_selection(path, limits, output=sys.stderr.write, image=image, recording=recording)
         return checked.diagnostics, checked.sources, checked.files
     result = compile_file(path, selection, limits, output=sys.stderr.write, image=image)
     program = result.program
@@ -107,7 +109,10 @@ def run_watch(args: argparse.Namespace) -> int:
     try:
         while True:
             started = time.time_ns()
-            diagnostics, sources, files = check_once(path, limits, image=image)
+            recorded: dict[TextKey, tuple[Leaf, ...]] = {}
+            diagnostics, sources, files = check_once(path, limits, image=image, recording=recorded)
+            if recorded:  # the modules this check expanded: the next replays those a save leaves as they are
+                image = image.with_expansions(recorded, superseding=True)
             # the files' state is taken before the report, so that a save made as soon as
             # the result shows is a change; a save made during the check (or while their
             # contents are read, before their times) checks again at once

@@ -143,18 +143,21 @@ def compiles_in_a_row() -> Iterator[Callable[[], None]]:
         gc.unfreeze()
 
 
-def check_every_selection(path: Path, limits: Optional[Limits] = None, output: Any = None, image: Optional[SystemImage] = None) -> Checked:
+def check_every_selection(path: Path, limits: Optional[Limits] = None, output: Any = None, image: Optional[SystemImage] = None,
+                          recording: Optional[dict[TextKey, tuple[Leaf, ...]]] = None) -> Checked:
     """Compile PATH as it is, then with every defvariant and every point of every defsweep:
     a problem only one selection has is reported once, with a note naming the selections
     that have it. Selections that give the knobs the same values as one already compiled are
     the same compile and are skipped. What the file prints is shown for the first compile only.
     Every compile takes the system texts from IMAGE (watch keeps one for all its checks);
-    without one, a file with variants or sweeps reads them once for all its compiles."""
+    without one, a file with variants or sweeps reads them once for all its compiles.
+    RECORDING (watch's, with IMAGE): where the base compile records the expansions of the
+    modules the file requires first that IMAGE does not hold, for the next check."""
     try:
         declared: Optional[Declared] = prescan(path)
     except LispError:
         declared = None  # the base compile reports it
-    recorded: Optional[dict[TextKey, tuple[Leaf, ...]]] = None
+    recorded = recording if image is not None else None
     if image is None and declared is not None and (declared.variants or declared.sweeps):
         image, recorded = system_image(expand=False), {}  # the base compile's world records the expansions
     with compiles_in_a_row() as compiled:

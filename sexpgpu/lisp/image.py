@@ -31,10 +31,13 @@ texts before it), so each expansion is the one its own expanders would make; an 
 that holds an object a template cannot copy (a function, a structure) leaves the text to be
 expanded by each world, as before.
 
-A standard module the user's file requires before any other of its top-level forms is
-recorded the same way (ModuleLoader.load_standard), into its own table: its leaves' names
-are the module's, its base's (BASE), keywords and gensyms. Required later, what the file
-did first may change its expansion, and each world expands it. The names its reading and
+A module the user's file requires before any other of its top-level forms (a standard
+module, or a library of the project) is recorded the same way (ModuleLoader.load_module),
+into its own table: its leaves' names are the module's, its base's (BASE), those of the
+modules it required (ALIAS), keywords and gensyms. It is recorded under its text and the
+texts' digests of the modules loaded before it, so a library that changed between two of
+watch's checks is expanded again, and so is every module loaded after it. Required later,
+what the file did first may change its expansion, and each world expands it. The names its reading and
 expanding interned that no leaf holds end its leaves as a quoted list, so that a replaying
 world interns them too.
 """
@@ -57,13 +60,15 @@ TextKey = tuple[str, str]  # (the file name its forms are read under, the text)
 
 
 BASE = "\0base"  # a Name's kind: interned in the base of the module a text is loaded into
+ALIAS = "\0alias:"  # a Name's kind, then a prefix: interned in the module the text required under it
 
 
 class Name:
     """A symbol of a template: what it was read as. KIND is "" for a name interned in the
     table the text is loaded into, BASE for one of that module's base (a module's recorded
-    expansion), "KEYWORD" for a keyword, None for an uninterned one (`#:x`: each Name is one
-    symbol)."""
+    expansion), ALIAS + PREFIX for one of the module the text required as PREFIX (`nn:dense`,
+    or `dense` imported from it), "KEYWORD" for a keyword, None for an uninterned one (`#:x`:
+    each Name is one symbol)."""
 
     __slots__ = ("name", "kind")
 
@@ -124,9 +129,20 @@ class SystemImage:
         symbols: dict[int, Symbol] = {}
         return (Leaf(instance(leaf.form, table, symbols, {}), leaf.loc, leaf.counters) for leaf in kept)
 
-    def with_expansions(self, recorded: Mapping[TextKey, tuple[Leaf, ...]]) -> SystemImage:
-        """This image with RECORDED's expansions added."""
-        return SystemImage(self.texts, MappingProxyType({**self.expanded, **recorded}))
+    def with_expansions(self, recorded: Mapping[TextKey, tuple[Leaf, ...]], superseding: bool = False) -> SystemImage:
+        """This image with RECORDED's expansions added; SUPERSEDING: less every expansion of
+        a file RECORDED holds another of (watch: the library's text before the last save),
+        so that an image kept for hours holds one expansion of each file."""
+        kept = self.expanded
+        if superseding:
+            files = {expanded_file(key) for key in recorded}
+            kept = {key: leaves for key, leaves in kept.items() if expanded_file(key) not in files}
+        return SystemImage(self.texts, MappingProxyType({**kept, **recorded}))
+
+
+def expanded_file(key: TextKey) -> str:
+    """The file name an expansion's key is recorded under (a module's: its first line)."""
+    return key[0].split("\n", 1)[0]
 
 
 Counters = tuple[int, ...]  # what names the next gensym and gentemp (Interpreter.counters)
@@ -184,6 +200,10 @@ class Recording:
             return _named(sym, "", copies, alive)
         elif self.table.base is not None and sym.package == "" and self.table.base.own.get(sym.name) is sym:
             return _named(sym, BASE, copies, alive)
+        else:
+            for alias, module in self.table.aliases.items():
+                if module.own.get(sym.name) is sym:
+                    return _named(sym, ALIAS + alias, copies, alive)
         raise NotImaged(f"the symbol {sym.name} is not one a world's tables give")
 
     def result(self, counters: Optional[Counters]) -> Optional[tuple[Leaf, ...]]:
@@ -332,6 +352,8 @@ def symbol(name: Name, table: SymbolTable, symbols: dict[int, Symbol]) -> Symbol
         sym = table.keyword(name.name)
     elif kind == BASE:
         sym = (table if table.base is None else table.base).intern(name.name)
+    elif kind is not None and kind.startswith(ALIAS):
+        sym = table.aliases[kind[len(ALIAS):]].intern(name.name)
     else:
         sym = Symbol(name.name, None)
     symbols[id(name)] = sym

@@ -6,10 +6,11 @@ its top-level definitions, except names starting with `%`, are its exports.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from .conditions import lisp_error
 from .diagnostics import SourceMap
@@ -67,6 +68,7 @@ class ModuleLoader:
         self.sources = sources
         self.loaded: dict[str, SymbolTable] = {}
         self.loading: list[str] = []
+        self.digests: dict[str, str] = {}  # each module's key: its text's digest
         self.files: list[Path] = []
         self.current_file: list[Path] = []
         interp.require_hook = self.require
@@ -155,11 +157,9 @@ class ModuleLoader:
             self.files.append(path)
             self.current_file.append(path)
         self.loading.append(key)
+        self.digests[key] = text_digest(text)
         try:
-            if path is None:
-                self.load_standard(file_name, text, table)
-            else:
-                self.interp.load_text(text, file_name, table)
+            self.load_module(file_name, text, table)
         finally:
             self.loading.pop()
             if path is not None:
@@ -168,12 +168,14 @@ class ModuleLoader:
         self.loaded[key] = table
         return table
 
-    def load_standard(self, file_name: str, text: str, table: SymbolTable) -> None:
-        """Load a standard module's TEXT into TABLE: its forms from the image where it holds
-        them, and, where it is required before any other top-level form of the user's files,
-        its recorded expansion (lisp/image.py), made in the first such world of the image.
-        Where it is required from is part of what the expansion is recorded under: the
-        modules loaded, and being loaded, before it."""
+    def load_module(self, file_name: str, text: str, table: SymbolTable) -> None:
+        """Load a module's TEXT into TABLE: its forms from the image where it holds them (a
+        standard module), and, where it is required before any other top-level form of the
+        user's files, its recorded expansion (lisp/image.py), made in the first such world
+        of the image (a sweep's base compile, watch's last check). What it is recorded under
+        is its text and where it is required from: the modules loaded, and being loaded,
+        before it, each with its text's digest (a library of the project can change
+        between two of watch's checks)."""
         interp = self.interp
         image = interp.image
         key = (f"{file_name}\n{self.loaded_before()}", text) if interp.pristine else None
@@ -190,7 +192,10 @@ class ModuleLoader:
             interp.load_forms(kept, table)
 
     def loaded_before(self) -> str:
-        return f"after {' '.join(self.loaded)}; within {' '.join(self.loading[:-1])}"
+        def named(keys: Iterable[str]) -> str:
+            return " ".join(f"{key}@{self.digests[key]}" for key in keys)
+
+        return f"after {named(self.loaded)}; within {named(self.loading[:-1])}"
 
     def import_name(self, current: SymbolTable, module: SymbolTable, name: str, display: str) -> None:
         sym = module.exported.get(name)
@@ -206,6 +211,10 @@ class ModuleLoader:
             )
         current.own.pop(name, None)
         current.imported[name] = sym
+
+
+def text_digest(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=12).hexdigest()
 
 
 def _shown(key: str) -> str:
