@@ -19,7 +19,7 @@ from sexpgpu.compile.pipeline import check_every_selection, system_image
 from sexpgpu.ir.experiment import Selection
 from sexpgpu.lisp.evaluator import Interpreter, Limits, prelude_text, run_with_big_stack
 from sexpgpu.lisp.diagnostics import SourceMap
-from sexpgpu.lisp.image import SYSTEM_FILE, SystemImage
+from sexpgpu.lisp.image import SYSTEM_FILE, SystemImage, expanded_file
 from sexpgpu.lisp.modules import standard_module_texts
 from sexpgpu.lisp.objects import BitVector
 from sexpgpu.lisp.printer import prin1_to_string
@@ -373,11 +373,10 @@ def test_a_module_required_first_is_replayed_and_one_required_later_is_expanded(
     assert checked.diagnostics == []
 
 
-def test_a_world_from_a_modules_expansion_holds_what_a_world_that_expands_it_holds(tmp_path: Path) -> None:
-    """A file's world built with the standard modules' recorded expansions ends as one whose
-    modules are expanded: the same functions, macros, values, counters and module symbols."""
-    path = tmp_path / "nets.lisp"
-    path.write_text(grid() + "(list (symbol-name (gensym)) *gensym-counter*)\n")
+def expanded_then_replayed(path: Path) -> tuple[dict[Any, Any], str, int]:
+    """PATH's world built twice: once recording the modules' expansions, once replaying them.
+    Asserts that the two end alike (the file's last value, the functions, macros, values,
+    counters and module symbols); returns the recording, the last value, the modules loaded."""
     image = system_image()
     recorded: dict[Any, Any] = {}
 
@@ -387,12 +386,21 @@ def test_a_world_from_a_modules_expansion_holds_what_a_world_that_expands_it_hol
         return program, run_with_big_stack(lambda: program.eval_text(path.read_text()))[-1]
 
     expanding, expanded_value = run_with_big_stack(lambda: build(image, recorded))
-    assert len(recorded) == 2  # the two modules (the image holds the prelude's and the contract macros')
     replaying, replayed_value = run_with_big_stack(lambda: build(image.with_expansions(recorded), None))
     assert expanded_value.error is None and str(replayed_value.value) == str(expanded_value.value)
     assert described(replaying.interp) == described(expanding.interp)
     tables = [{k: sorted(t.own) for k, t in p.loader.loaded.items()} for p in (expanding, replaying)]  # type: ignore[union-attr]
-    assert tables[0] == tables[1] and len(tables[0]) == 2
+    assert tables[0] == tables[1]
+    return recorded, str(expanded_value.value), len(tables[0])
+
+
+def test_a_world_from_a_modules_expansion_holds_what_a_world_that_expands_it_holds(tmp_path: Path) -> None:
+    """A file's world built with the standard modules' recorded expansions ends as one whose
+    modules are expanded: the same functions, macros, values, counters and module symbols."""
+    path = tmp_path / "nets.lisp"
+    path.write_text(grid() + "(list (symbol-name (gensym)) *gensym-counter*)\n")
+    recorded, _, modules = expanded_then_replayed(path)
+    assert len(recorded) == 2 and modules == 2  # the two modules (the image holds the prelude's and the contract macros')
 
 
 LIBRARY = '''(require "sexpgpu/nn" :as nn)
@@ -452,7 +460,7 @@ def test_watch_replays_the_libraries_a_save_left_alone_and_expands_one_that_chan
     saved = checked()
     assert saved[3] == ["lib"] and sorted(saved[2]) == ["nn", "optim"]  # loaded before the library: unchanged
     assert saved[:2] == fresh() and saved[1] != ir
-    modules = [key[0].split("\n", 1)[0] for key in image.expanded if key[0] != SYSTEM_FILE]
+    modules = [expanded_file(key) for key in image.expanded if key[0] != SYSTEM_FILE]
     assert len(modules) == len(set(modules)) == 3  # the library's text before the save is gone
 
 
@@ -461,19 +469,6 @@ def test_a_world_replaying_a_library_holds_what_a_world_that_expands_it_holds(tm
     and a world that replays it ends as one that expands it."""
     main = watched_project(tmp_path, 32)
     main.write_text(main.read_text() + "\n(list (lib:width) lib:*maker* (symbol-name (gensym)))\n")
-    image = system_image()
-    recorded: dict[Any, Any] = {}
-
-    def build(image: SystemImage, recording: dict[Any, Any] | None) -> tuple[Program, Any]:
-        program = new_program(main, image=image, recording=recording)
-        Compiler(program.interp, Selection(), Path.cwd())
-        return program, run_with_big_stack(lambda: program.eval_text(main.read_text()))[-1]
-
-    expanding, expanded_value = run_with_big_stack(lambda: build(image, recorded))
-    assert any(key[0].split("\n", 1)[0].endswith("lib.lisp") for key in recorded)
-    replaying, replayed_value = run_with_big_stack(lambda: build(image.with_expansions(recorded), None))
-    assert expanded_value.error is None and str(replayed_value.value) == str(expanded_value.value)
-    assert str(expanded_value.value).startswith("(64 nn:mlp")
-    assert described(replaying.interp) == described(expanding.interp)
-    tables = [{k: sorted(t.own) for k, t in p.loader.loaded.items()} for p in (expanding, replaying)]  # type: ignore[union-attr]
-    assert tables[0] == tables[1] and len(tables[0]) == 3
+    recorded, value, modules = expanded_then_replayed(main)
+    assert any(expanded_file(key).endswith("lib.lisp") for key in recorded)
+    assert value.startswith("(64 nn:mlp") and modules == 3

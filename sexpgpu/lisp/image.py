@@ -37,9 +37,9 @@ into its own table: its leaves' names are the module's, its base's (BASE), those
 modules it required (ALIAS), keywords and gensyms. It is recorded under its text and the
 texts' digests of the modules loaded before it, so a library that changed between two of
 watch's checks is expanded again, and so is every module loaded after it. Required later,
-what the file did first may change its expansion, and each world expands it. The names its reading and
-expanding interned that no leaf holds end its leaves as a quoted list, so that a replaying
-world interns them too.
+what the file did first may change its expansion, and each world expands it. The names its
+reading and expanding interned that no leaf holds end its leaves as a quoted list, so that a
+replaying world interns them too.
 """
 
 from __future__ import annotations
