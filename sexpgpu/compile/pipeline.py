@@ -17,7 +17,8 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from types import MappingProxyType
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from ..ir.check import IRError, check_program
 from ..ir.dtypes import DType
@@ -27,8 +28,10 @@ from ..ir.selectors import selects
 from ..lisp.conditions import LispError, lisp_error
 from ..lisp.diagnostics import Diagnostic, Note, SourceMap
 from ..lisp.evaluator import Limits, prelude_text
+from ..cachefiles import package_signature
 from ..lisp.image import SYSTEM_FILE, Leaf, SystemImage, TextKey
-from ..lisp.modules import standard_module_texts
+from ..lisp.imagefile import store_image, stored_image
+from ..lisp.modules import standard_context, standard_module_texts
 from ..lisp.program import Program as LispProgram
 from ..lisp.program import diagnostic_from, display_path, evaluate_file, guarded, has_errors, new_program
 from ..lisp.types import NIL, Loc, MultipleValues
@@ -66,7 +69,15 @@ def compile_file(path: Path, selection: Optional[Selection] = None, limits: Opti
     PROBING: a probe compile for a group of sweep points (compile_points); DECLARED: the
     file's pre-read selection, when the caller has it; IMAGE: the system texts, read once by
     a caller that compiles many times (system_image); RECORDING: where the world records
-    the expansions of the system texts it loads (lisp/image.py)."""
+    the expansions of the system texts it loads (lisp/image.py). Without IMAGE, the disk's
+    (system_image) is the one, and what the world records is kept there for the next process."""
+    if image is None:
+        recorded: dict[TextKey, tuple[Leaf, ...]] = {}
+        image = system_image(expand=False, forms=False)
+        result = compile_file(path, selection, limits, output, world, probing, declared, image, recorded)
+        if recorded:
+            remembered(image, recorded)
+        return result
     try:
         chosen, imposed, written = resolve_selection(path, selection or Selection(), declared)
     except LispError as exc:
@@ -157,34 +168,64 @@ def check_every_selection(path: Path, limits: Optional[Limits] = None, output: A
         declared: Optional[Declared] = prescan(path)
     except LispError:
         declared = None  # the base compile reports it
-    recorded = recording if image is not None else None
-    if image is None and declared is not None and (declared.variants or declared.sweeps):
-        image, recorded = system_image(expand=False), {}  # the base compile's world records the expansions
+    recorded = recording if image is not None else {}
+    if image is None:  # the base compile's world records what the disk's image lacks
+        image = system_image(expand=False, forms=declared is not None and bool(declared.variants or declared.sweeps))
     with compiles_in_a_row() as compiled:
         base = compile_file(path, None, limits, output, declared=declared, image=image, recording=recorded)
-        if image is not None and recorded:
-            image = image.with_expansions(recorded)
+        if recorded:
+            image = remembered(image, recorded) if recording is None else image.with_expansions(recorded)
         compiled()
         return check_selections(path, base, limits, declared, image)
 
 
-def system_image(expand: bool = True) -> SystemImage:
-    """The prelude, the contract macros and the standard modules, read once for the many
-    worlds of one caller; with EXPAND, the prelude and the contract macros also as a world
-    expands them (each world built from the image then evaluates their expansions), which
-    builds one world here (a caller that builds one anyway records them there: compile_file's
-    RECORDING)."""
-    image = SystemImage.read([(SYSTEM_FILE, prelude_text()), (SYSTEM_FILE, contract_text()), *standard_module_texts()])
-    if not expand:
-        return image
-    recorded: dict[TextKey, tuple[Leaf, ...]] = {}
+def system_texts() -> list[TextKey]:
+    """The system texts every world may load: the prelude, the contract macros, the standard
+    modules, each under the file name a world reads it as."""
+    return [(SYSTEM_FILE, prelude_text()), (SYSTEM_FILE, contract_text()), *standard_module_texts()]
 
-    def record() -> None:
-        program = new_program(None, image=image, recording=recorded)
-        Compiler(program.interp, Selection(), Path.cwd())
 
-    _, problem = guarded(record)
-    return image if problem is not None else image.with_expansions(recorded)
+def kept_on_disk(key: TextKey) -> bool:
+    """Whether an expansion recorded under KEY is one the disk's image keeps: the prelude's,
+    the contract macros', a standard module's loaded after standard modules only."""
+    return key[0] == SYSTEM_FILE or standard_context(key[0])
+
+
+def system_image(expand: bool = True, forms: bool = True) -> SystemImage:
+    """The system texts' image for the worlds of one caller, as the disk keeps it
+    (lisp/imagefile.py), completed where it lacks what is asked for and kept again: FORMS,
+    every text's read forms (a caller that builds many worlds; without, each world reads the
+    texts it loads); EXPAND, the prelude's and the contract macros' expansions, recorded in a
+    world built here (a caller that builds a world anyway passes False and records them in
+    it: remembered)."""
+    texts = system_texts()
+    signature = package_signature()
+    stored = stored_image(texts, signature)
+    image = stored if stored is not None else SystemImage(MappingProxyType({}))
+    if forms and not image.texts:
+        image = SystemImage(SystemImage.read(texts).texts, image.expanded)
+    if expand and not all((SYSTEM_FILE, text) in image.expanded for _, text in texts[:2]):
+        recorded: dict[TextKey, tuple[Leaf, ...]] = {}
+        expanding = image
+
+        def record() -> None:
+            program = new_program(None, image=expanding, recording=recorded)
+            Compiler(program.interp, Selection(), Path.cwd())
+
+        _, problem = guarded(record)
+        image = image if problem is not None else image.with_expansions(recorded)
+    if image is not stored:
+        store_image(image, texts, signature, kept_on_disk)
+    return image
+
+
+def remembered(image: SystemImage, recorded: Mapping[TextKey, tuple[Leaf, ...]]) -> SystemImage:
+    """IMAGE with the expansions a world RECORDED from it; kept on disk again when they add
+    one the disk keeps (kept_on_disk), so that the next process replays it too."""
+    merged = image.with_expansions(recorded)
+    if any(kept_on_disk(key) and key not in image.expanded for key in recorded):
+        store_image(merged, system_texts(), package_signature(), kept_on_disk)
+    return merged
 
 
 def check_selections(path: Path, base: CompileResult, limits: Optional[Limits], declared: Optional[Declared], image: Optional[SystemImage]) -> Checked:

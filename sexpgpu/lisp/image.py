@@ -40,6 +40,9 @@ watch's checks is expanded again, and so is every module loaded after it. Requir
 what the file did first may change its expansion, and each world expands it. The names its
 reading and expanding interned that no leaf holds end its leaves as a quoted list, so that a
 replaying world interns them too.
+
+lisp/imagefile.py keeps an image on disk between processes: what one check recorded, every
+later one replays.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, TypeVar
 
 from .diagnostics import DiagnosticError
 from .objects import BitVector
@@ -133,11 +136,51 @@ class SystemImage:
         """This image with RECORDED's expansions added; SUPERSEDING: less every expansion of
         a file RECORDED holds another of (watch: the library's text before the last save),
         so that an image kept for hours holds one expansion of each file."""
-        kept = self.expanded
-        if superseding:
-            files = {expanded_file(key) for key in recorded}
-            kept = {key: leaves for key, leaves in kept.items() if expanded_file(key) not in files}
-        return SystemImage(self.texts, MappingProxyType({**kept, **recorded}))
+        files = {expanded_file(key) for key in recorded} if superseding else set()
+        return SystemImage(self.texts, Deferred.of(self.expanded).merged(recorded, lambda key: expanded_file(key) not in files))
+
+
+V = TypeVar("V")
+Maker = Callable[[], V]
+
+
+class Deferred(Mapping[TextKey, V]):
+    """A mapping whose values are made on first use, each once (an image kept on disk,
+    lisp/imagefile.py, decodes a text's forms only when a world asks for them). What it holds
+    never changes: only when each value is made."""
+
+    __slots__ = ("made", "makers")
+
+    def __init__(self, made: Mapping[TextKey, V], makers: Optional[Mapping[TextKey, Maker[V]]] = None) -> None:
+        self.made = dict(made)
+        self.makers = {key: make for key, make in (makers or {}).items() if key not in self.made}
+
+    @classmethod
+    def of(cls, values: Mapping[TextKey, V]) -> Deferred[V]:
+        return values if isinstance(values, Deferred) else cls(values)
+
+    def __getitem__(self, key: TextKey) -> V:
+        if key in self.made:
+            return self.made[key]
+        value = self.makers[key]()  # KeyError where it holds no such key
+        self.made[key] = value
+        return value
+
+    def __iter__(self) -> Iterator[TextKey]:
+        yield from list(self.made)
+        yield from (key for key in list(self.makers) if key not in self.made)
+
+    def __len__(self) -> int:
+        return len(self.made) + sum(1 for key in self.makers if key not in self.made)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.made or key in self.makers
+
+    def merged(self, added: Mapping[TextKey, V], keep: Callable[[TextKey], bool]) -> Deferred[V]:
+        """These values that KEEP keeps, and ADDED's over them; nothing is made."""
+        made = {key: value for key, value in self.made.items() if keep(key)}
+        made.update(added)
+        return Deferred(made, {key: make for key, make in self.makers.items() if keep(key) and key not in self.made})
 
 
 def expanded_file(key: TextKey) -> str:

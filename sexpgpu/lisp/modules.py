@@ -195,7 +195,7 @@ class ModuleLoader:
         def named(keys: Iterable[str]) -> str:
             return " ".join(f"{key}@{self.digests[key]}" for key in keys)
 
-        return f"after {named(self.loaded)}; within {named(self.loading[:-1])}"
+        return f"{AFTER}{named(self.loaded)}{WITHIN}{named(self.loading[:-1])}"
 
     def import_name(self, current: SymbolTable, module: SymbolTable, name: str, display: str) -> None:
         sym = module.exported.get(name)
@@ -211,6 +211,21 @@ class ModuleLoader:
             )
         current.own.pop(name, None)
         current.imported[name] = sym
+
+
+AFTER, WITHIN = "after ", "; within "  # how loaded_before writes what was loaded before a module
+
+
+def standard_context(key: str) -> bool:
+    """Whether the expansion KEY names (load_module's: the module's file, then what was
+    loaded before it) is a standard module's, recorded where only standard modules were
+    loaded before it: one that does not depend on the user's project (lisp/imagefile.py
+    keeps those on disk)."""
+    file, _, before = key.partition("\n")
+    if not file.startswith(STANDARD_PREFIX) or not before.startswith(AFTER) or WITHIN not in before:
+        return False
+    loaded = before[len(AFTER) :].replace(WITHIN, " ").split()
+    return all(word.startswith(STANDARD_PREFIX) for word in loaded)
 
 
 def text_digest(text: str) -> str:
