@@ -25,8 +25,9 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from sweep_files import lr_seed_grid, width_grid  # noqa: E402
 
-# a row's goal in seconds, by what it times
-GOALS = {"version": 0.15, "example": 0.3, "sweep": 1.0, "large": 1.0, "recheck": 0.2}
+# a row's goal in seconds, by what it times; a sweep whose points change a shape compiles once
+# per shape (issue 26 sets it no goal: eight widths are eight compiles and their checks)
+GOALS: dict[str, float | None] = {"version": 0.15, "example": 0.3, "sweep": 1.0, "shapes": None, "large": 1.0, "recheck": 0.2}
 
 SECOND_CHECK = """
 import sys, time
@@ -120,7 +121,7 @@ def rows(tmp: Path) -> list[tuple[str, str, Callable[[], float]]]:
     out.append(("check grid: 32 lrs x 32 seeds", "sweep", command("check", str(grid))))
     widths = tmp / "widths-64.lisp"
     widths.write_text(width_grid(8, 8))
-    out.append(("check grid: 8 widths x 8 lrs", "sweep", command("check", str(widths))))
+    out.append(("check grid: 8 widths x 8 lrs", "shapes", command("check", str(widths))))
     large = tmp / "generated.lisp"
     large.write_text(generated_file(5000))
     out.append((f"check generated ({large.read_text().count(chr(10))} lines)", "large", command("check", str(large))))
@@ -140,7 +141,8 @@ def main() -> None:
         print(f"{'what':<44} {'seconds':>8} {'goal':>6}")
         for name, kind, once in rows(Path(tmp)):
             took = median_of(args.repeat, once)
-            verdict = "ok" if took < GOALS[kind] else "miss"
+            goal = GOALS[kind]
+            verdict = "-" if goal is None else "ok" if took < goal else "miss"
             print(f"{name:<44} {took:>8.3f} {verdict:>6}", flush=True)
 
 

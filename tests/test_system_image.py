@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -431,18 +431,17 @@ def watched_project(tmp_path: Path, width: int) -> Path:
     return main
 
 
-def test_watch_replays_the_libraries_a_save_left_alone_and_expands_one_that_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """watch's checks (as run_watch makes them): the first expands the modules the file
-    requires first, the next replays them, one after a library's save expands that library
-    again; each check's diagnostics and IR are those of a fresh check, and the image holds
-    one expansion of each file."""
-    main = watched_project(tmp_path, 32)
+Watched = tuple[list[Any], str, list[str], list[str]]
+
+
+def watch_checks(main: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Callable[[], Watched], Callable[[], tuple[list[Any], str]], Callable[[], SystemImage]]:
+    """(one of watch's checks of MAIN, as run_watch makes them: its diagnostics, the file's IR
+    hash, the modules it replayed and those it expanded; a fresh check's diagnostics and IR
+    hash; the image the checks keep)."""
     image = system_image()
     replayed, expanded = loading_modules(monkeypatch)
 
-    def checked() -> tuple[list[Any], str, list[str], list[str]]:
-        """One of watch's checks: its diagnostics, the file's IR hash, the modules it
-        replayed and those it expanded."""
+    def checked() -> Watched:
         nonlocal image
         replayed.clear()
         expanded.clear()
@@ -450,7 +449,7 @@ def test_watch_replays_the_libraries_a_save_left_alone_and_expands_one_that_chan
         diagnostics, _, files = run_with_big_stack(lambda: check.check_once(main, Limits(), image=image, recording=recorded))
         loads = (list(replayed), list(expanded))
         image = image.with_expansions(recorded, superseding=True)
-        assert tmp_path / "lib.lisp" in files
+        assert main.parent / "lib.lisp" in files
         result = run_with_big_stack(lambda: pipeline.compile_file(main, image=image))
         assert result.experiment is not None
         return diagnostics, result.experiment.ir_hash, *loads
@@ -461,6 +460,16 @@ def test_watch_replays_the_libraries_a_save_left_alone_and_expands_one_that_chan
         assert result.experiment is not None
         return diagnostics, result.experiment.ir_hash
 
+    return checked, fresh, lambda: image
+
+
+def test_watch_replays_the_libraries_a_save_left_alone_and_expands_one_that_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """watch's checks: the first expands the modules the file requires first, the next
+    replays them, one after a library's save expands that library again; each check's
+    diagnostics and IR are those of a fresh check, and the image holds one expansion of
+    each file."""
+    main = watched_project(tmp_path, 32)
+    checked, fresh, image = watch_checks(main, monkeypatch)
     diagnostics, ir, replays, expands = checked()
     assert sorted(expands) == ["lib", "nn", "optim"] and replays == []
     assert (diagnostics, ir) == fresh() and diagnostics == []
@@ -471,8 +480,25 @@ def test_watch_replays_the_libraries_a_save_left_alone_and_expands_one_that_chan
     saved = checked()
     assert saved[3] == ["lib"] and sorted(saved[2]) == ["nn", "optim"]  # loaded before the library: unchanged
     assert saved[:2] == fresh() and saved[1] != ir
-    modules = [expanded_file(key) for key in image.expanded if key[0] != SYSTEM_FILE]
+    modules = [expanded_file(key) for key in image().expanded if key[0] != SYSTEM_FILE]
     assert len(modules) == len(set(modules)) == 3  # the library's text before the save is gone
+
+
+def test_a_save_of_a_library_expands_again_every_module_loaded_after_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second library, loaded after the first and expanding the first's macro, is expanded
+    again when only the first is saved: its expansion depends on the macro it found."""
+    main = watched_project(tmp_path, 32)
+    main.write_text(main.read_text().replace('(require "./lib.lisp" :as lib)', '(require "./lib.lisp" :as lib)\n(require "./wide.lisp" :as wide)', 1)
+                    .replace("(lib:width)", "(wide:width)", 1))
+    (tmp_path / "wide.lisp").write_text('(require "./lib.lisp" :as lib)\n(defun width () (lib:twice 16))\n')
+    checked, fresh, _ = watch_checks(main, monkeypatch)
+    first = checked()
+    assert sorted(first[3]) == ["lib", "nn", "optim", "wide"] and first[0] == []
+    assert sorted(checked()[2]) == ["lib", "nn", "optim", "wide"]
+    (tmp_path / "lib.lisp").write_text(LIBRARY.replace("WIDTH", "32").replace("(* 2 ,x)", "(* 3 ,x)"))
+    saved = checked()
+    assert sorted(saved[3]) == ["lib", "wide"] and sorted(saved[2]) == ["nn", "optim"]
+    assert saved[:2] == fresh() and saved[1] != first[1]
 
 
 def test_a_world_replaying_a_library_holds_what_a_world_that_expands_it_holds(tmp_path: Path) -> None:
