@@ -143,7 +143,10 @@ class SweepLedger(BaseModel):
 
 
 READERS = 16  # store requests a ledger keeps in flight at once
-COMPACT_OBJECTS = 32  # journal objects a writer leaves since its last snapshot before it compacts (LedgerStore)
+COMPACT_OBJECTS = 32  # journal objects a writer leaves since its last snapshot before it may compact (LedgerStore)
+JOURNAL_SHARE = 4  # ... and the journal bytes since then, times this, at least the snapshot's
+MOST_OBJECTS = 512  # journal objects since its last snapshot after which a writer compacts whatever their bytes
+STALE_COMPACTION_S = 120.0  # a local compaction's mark older than this was left by a writer killed in it
 
 
 def concurrently(action: Callable[[T], R], items: Iterable[T], workers: int = READERS) -> list[R]:
@@ -169,15 +172,24 @@ class LedgerStore:
       does; the next snapshot folds it).
 
     Compaction, while a sweep runs: once a writer has journalled COMPACT_OBJECTS objects
-    since its last snapshot, or as many bytes as that snapshot holds, its next
-    `write_points` writes a snapshot of the ledger as the store holds it (read here: the
-    snapshot and every journal object listed, whoever wrote them) and folds what it read.
-    So a reader lists and gets at most about COMPACT_OBJECTS objects of each writer, and a
-    compaction's requests (a GET and a LIST, a GET, and a DELETE per object, a PUT) are a
-    few per round, flat however large the sweep; its bytes (the snapshot read and written)
-    are O(points) once per COMPACT_OBJECTS rounds. The snapshot is written before anything is
-    removed, so a writer killed between the two leaves objects that read as the snapshot
-    does; an object another writer journals after the listing is not folded, and stays.
+    since its last snapshot and a JOURNAL_SHARE-th of that snapshot's bytes (or MOST_OBJECTS
+    objects, whatever their bytes), its next `write_points` writes a snapshot of the ledger as
+    the store holds it (read here: the snapshot and every journal object listed, whoever wrote
+    them) and folds what it read. So a reader lists and gets at most MOST_OBJECTS objects of
+    each writer, and a compaction's requests (a HEAD, a GET and a LIST, a GET and a DELETE per
+    object, a PUT) are a few per round, flat however large the sweep. Its bytes (the snapshot
+    written, O(points)) come after at least a JOURNAL_SHARE-th as many bytes of journal, so
+    the bytes written per point change stay flat as the sweep grows, until a sweep's rounds
+    change so few points each that MOST_OBJECTS comes first. The snapshot is written before
+    anything is removed, so a writer killed between the two leaves objects that read as the
+    snapshot does; an object another writer journals after the listing is not folded, and stays.
+
+    Two writers compacting at once: on an object store with conditional writes, the snapshot
+    is replaced only if it is still the one the compaction read (If-Match on the version taken
+    before the read); on a local folder, only by the writer that created the compaction's mark
+    (`compacting`, an exclusive create; one older than STALE_COMPACTION_S is taken over). The
+    other leaves everything as it is and compacts at a later round. So neither removes what the
+    other's snapshot lacks. An object store without conditional writes is not guarded.
 
     Reading takes the snapshot and lays every journal line over it, by slug, in the
     journal's order (a record is journalled at every change of its point, so the last one
@@ -202,6 +214,8 @@ class LedgerStore:
         self.bytes_since_snapshot = 0
         self.snapshot_bytes = 0  # the size of the last snapshot read or written here
         self.compactions = 0
+        self.refused = 0  # compactions left to a later round: another writer's was under way or done first
+        self.mark_path = f"{prefix}/compacting"
 
     def read(self) -> Optional[SweepLedger]:
         """The ledger as the store holds it; None when there is none."""
@@ -266,26 +280,72 @@ class LedgerStore:
         of objects alone."""
         if self.snapshot_bytes == 0:
             return self.header is not None and self.since_snapshot >= COMPACT_OBJECTS
-        return self.since_snapshot >= COMPACT_OBJECTS or self.bytes_since_snapshot >= self.snapshot_bytes
+        if self.since_snapshot >= MOST_OBJECTS:
+            return True
+        return self.since_snapshot >= COMPACT_OBJECTS and self.bytes_since_snapshot * JOURNAL_SHARE >= self.snapshot_bytes
 
     def compact(self) -> None:
         """The ledger as the store holds it, written as the snapshot; the journal objects
-        read for it removed."""
+        read for it removed. Left to a later round when another writer's compaction is under
+        way or replaced the snapshot since it was read (see the class)."""
+        if self.store.is_local:
+            self.compact_marked()
+            return
+        guarded = self.store.conditional_writes()
+        version = self.store.version(self.snapshot_path) if guarded else None  # before the read: a newer snapshot fails the write
         ledger = self.read()
-        if ledger is not None:
-            if not ledger.file and self.header is not None:  # no snapshot yet: the journal alone
-                ledger.file, ledger.sweep = self.header
-            self.compactions += 1
-            ledger.updated = now()
+        if ledger is None:
+            return
+        if not ledger.file and self.header is not None:  # no snapshot yet: the journal alone
+            ledger.file, ledger.sweep = self.header
+        ledger.updated = now()
+        if not guarded:
             self.write_snapshot(ledger)
+        elif not self.write_snapshot(ledger, guard=version or ""):
+            self.refused += 1
+            self.since_snapshot = self.bytes_since_snapshot = 0  # try again after as many rounds
+            return
+        self.compactions += 1
 
-    def write_snapshot(self, ledger: SweepLedger) -> None:
+    def compact_marked(self) -> None:
+        """compact on a local folder: only under the compaction's mark, taken over when a
+        writer killed in its compaction left it."""
+        mark = f"{self.writer} {now()}\n".encode()
+        if not self.store.create_new(self.mark_path, mark):
+            if not self.mark_is_stale() or self.store.move_aside(self.mark_path) is None or not self.store.create_new(self.mark_path, mark):
+                self.refused += 1
+                self.since_snapshot = self.bytes_since_snapshot = 0
+                return
+        try:
+            ledger = self.read()
+            if ledger is not None:
+                if not ledger.file and self.header is not None:
+                    ledger.file, ledger.sweep = self.header
+                ledger.updated = now()
+                self.write_snapshot(ledger)
+                self.compactions += 1
+        finally:
+            self.store.delete(self.mark_path)
+
+    def mark_is_stale(self) -> bool:
+        try:
+            written = self.store.modified(self.mark_path)
+        except FileNotFoundError:
+            return False  # removed since: the next round takes it
+        return written is not None and time.time() - written > STALE_COMPACTION_S
+
+    def write_snapshot(self, ledger: SweepLedger, guard: Optional[str] = None) -> bool:
         """LEDGER as the snapshot; then the journal objects it holds every point of are
         removed, oldest first (one that names a point it lacks stays, laid over it); the
         first the store refuses stops the removal, so that no older object is left under
-        a newer one removed."""
+        a newer one removed. GUARD (an object store with conditional writes): the version
+        of the snapshot the ledger was read over ("" for none); where the store holds
+        another, nothing is written or removed, and False."""
         text = ledger.model_dump_json(indent=2)
-        self.store.write_text(self.snapshot_path, text)
+        if guard is None:
+            self.store.write_text(self.snapshot_path, text)
+        elif not self.store.put_if(self.snapshot_path, text.encode(), guard or None).written:
+            return False
         self.bytes_written += len(text.encode())
         self.snapshot_bytes = len(text.encode())
         self.since_snapshot = self.bytes_since_snapshot = 0
@@ -295,6 +355,7 @@ class LedgerStore:
             if not self.remove(path):
                 break
             del self.folded[path]
+        return True
 
     def remove(self, path: str) -> bool:
         """Remove a journal object folded into the snapshot; False when the store is away
