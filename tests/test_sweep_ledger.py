@@ -270,19 +270,26 @@ def test_the_ledger_bytes_written_per_change_stay_flat_as_the_sweep_grows(tmp_pa
     assert per_change[1] < 1.5 * per_change[0], per_change
 
 
+def finished_one_a_round(tmp_path: Path, points: int, rounds: int, writer: str) -> tuple[Store, SweepLedger, LedgerStore]:
+    """A snapshot of POINTS points, then ROUNDS rounds of WRITER's, each finishing the next
+    point (journalled, not compacted)."""
+    store = Store.open(str(tmp_path))
+    ledger = SweepLedger(file="grid.lisp", sweep="lrs", points=records(points))
+    kept = LedgerStore(store, PREFIX, writer)
+    kept.write_snapshot(ledger)
+    for round_ in range(rounds):
+        ledger.points[round_].state = "finished"
+        kept.write_points(ledger.points, compact=False)
+    return store, ledger, kept
+
+
 def test_a_compaction_under_way_is_left_alone_by_another_writer(tmp_path: Path) -> None:
     """On a local folder the compaction's mark is held by one writer at a time: another
     writer's compaction leaves the snapshot and the journal as they are and is counted
     refused; a mark left by a writer killed in its compaction is taken over once stale."""
     from sexpgpu.sweeps.ledger import STALE_COMPACTION_S
 
-    store = Store.open(str(tmp_path))
-    ledger = SweepLedger(file="grid.lisp", sweep="lrs", points=records(10))
-    writer = LedgerStore(store, PREFIX, "driver-b")
-    writer.write_snapshot(ledger)
-    for round_ in range(4):
-        ledger.points[round_].state = "finished"
-        writer.write_points(ledger.points, compact=False)
+    store, ledger, writer = finished_one_a_round(tmp_path, 10, 4, "driver-b")
     snapshot = store.read_bytes(f"{PREFIX}/sweep.json")
     assert store.create_new(f"{PREFIX}/compacting", b"driver-a\n")  # driver-a is compacting
     writer.compact()
@@ -335,13 +342,7 @@ def test_of_two_writers_compacting_at_once_on_s3_the_later_leaves_the_snapshot_a
 
 
 def test_a_read_after_a_compaction_equals_the_read_before(tmp_path: Path) -> None:
-    store = Store.open(str(tmp_path))
-    ledger = SweepLedger(file="grid.lisp", sweep="lrs", points=records(20))
-    writer = LedgerStore(store, PREFIX, "driver-a")
-    writer.write_snapshot(ledger)
-    for round_ in range(10):
-        ledger.points[round_].state = "finished"
-        writer.write_points(ledger.points, compact=False)
+    store, ledger, writer = finished_one_a_round(tmp_path, 20, 10, "driver-a")
     before = LedgerStore(store, PREFIX).read()
     assert len(journal_objects(store)) == 10
     writer.compact()

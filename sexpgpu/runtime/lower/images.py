@@ -349,14 +349,19 @@ def pool_launch(node: Node, types: dict[int, TensorType]) -> ImageLaunch:
                        first=types[node.args[0]].dtype, out=node.type.dtype, second=types[node.args[1]].dtype if len(node.args) > 1 else None)
 
 
+def offsets_loop(d: ImageLaunch, indent: str, lines: list[str]) -> tuple[str, str]:
+    """`for k` over the KH * KW offsets of a window, opened with LINES: (head, tail)."""
+    head = "\n".join([f"{indent}for (int k = 0; k < {d.kh * d.kw}; ++k) {{", *(f"{indent}  {line}" for line in lines)])
+    return head, f"{indent}}}"
+
+
 def window_cells(d: ImageLaunch, indent: str) -> tuple[str, str]:
     """The loop over a window's cells in window order (row by row), for output (n, c, p, q):
     opens `for k` with `real` (the cell is inside the input) and `cell` (its flat index)."""
-    head = (f"{indent}for (int k = 0; k < {d.kh * d.kw}; ++k) {{\n"
-            f"{indent}  const long long y = p * {d.sh}LL + k / {d.kw} - {d.ph}LL, x = q * {d.sw}LL + k % {d.kw} - {d.pw}LL;\n"
-            f"{indent}  const bool real = y >= 0 && y < {d.h}LL && x >= 0 && x < {d.w}LL;\n"
-            f"{indent}  const long long cell = (nc * {d.h}LL + y) * {d.w}LL + x;")
-    return head, f"{indent}}}"
+    return offsets_loop(d, indent, [
+        f"const long long y = p * {d.sh}LL + k / {d.kw} - {d.ph}LL, x = q * {d.sw}LL + k % {d.kw} - {d.pw}LL;",
+        f"const bool real = y >= 0 && y < {d.h}LL && x >= 0 && x < {d.w}LL;",
+        f"const long long cell = (nc * {d.h}LL + y) * {d.w}LL + x;"])
 
 
 def output_coords(d: ImageLaunch) -> str:
@@ -417,11 +422,10 @@ def max_pool_index_kernel(node: Node, program: Program, d: ImageLaunch) -> Kerne
 def cell_windows(d: ImageLaunch, indent: str) -> tuple[str, str]:
     """The loop over the windows that hold input cell (nc, y, x), in kernel-offset order:
     opens `for k` with `window` (the flat index of the output element)."""
-    head = (f"{indent}for (int k = 0; k < {d.kh * d.kw}; ++k) {{\n"
-            f"{indent}  const long long py = y + {d.ph}LL - k / {d.kw}, px = x + {d.pw}LL - k % {d.kw};\n"
-            f"{indent}  if (py < 0 || px < 0 || py % {d.sh}LL != 0 || px % {d.sw}LL != 0 || py / {d.sh}LL >= {d.oh}LL || px / {d.sw}LL >= {d.ow}LL) continue;\n"
-            f"{indent}  const long long window = (nc * {d.oh}LL + py / {d.sh}LL) * {d.ow}LL + px / {d.sw}LL;")
-    return head, f"{indent}}}"
+    return offsets_loop(d, indent, [
+        f"const long long py = y + {d.ph}LL - k / {d.kw}, px = x + {d.pw}LL - k % {d.kw};",
+        f"if (py < 0 || px < 0 || py % {d.sh}LL != 0 || px % {d.sw}LL != 0 || py / {d.sh}LL >= {d.oh}LL || px / {d.sw}LL >= {d.ow}LL) continue;",
+        f"const long long window = (nc * {d.oh}LL + py / {d.sh}LL) * {d.ow}LL + px / {d.sw}LL;"])
 
 
 def input_coords(d: ImageLaunch) -> str:
