@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,27 @@ def test_the_key_changes_with_a_text_the_code_and_the_python(tmp_path: Path, mon
     os.utime(package / "inner" / "b.py", ns=(1, 1))
     assert package_signature(package) != signature
     assert package_signature() != signature and len(package_signature()) == 64
+
+
+def test_a_write_keeps_the_newest_entries_and_removes_the_older(cache: Path) -> None:
+    """Each install (another signature) writes an entry of its own; a write leaves the
+    KEPT_ENTRIES most recently written, the one just written among them, and a temporary
+    file of another writer's write under way."""
+    image = system_image(expand=False, forms=True)
+    texts = system_texts()
+    signatures = [f"install-{i}" for i in range(imagefile.KEPT_ENTRIES + 2)]
+    folder = cache / imagefile.KIND
+    start = time.time() + 10  # after the entry system_image wrote
+    for i, signature in enumerate(signatures):
+        imagefile.store_image(image, texts, signature, kept_on_disk)
+        written = imagefile.entry_path(texts, signature)
+        os.utime(written, (start + i, start + i))  # written in this order, a second apart
+        if i == 1:
+            (folder / f".{written.name}.under-way.tmp").write_bytes(b"half")
+    newest = {imagefile.entry_path(texts, s) for s in signatures[-imagefile.KEPT_ENTRIES:]}
+    assert set(entries(cache)) == newest
+    assert any(p.name.endswith(".under-way.tmp") for p in folder.iterdir())
+    assert imagefile.stored_image(texts, signatures[-1]) is not None and imagefile.stored_image(texts, signatures[0]) is None
 
 
 def test_a_projects_own_library_never_reaches_the_disk(cache: Path, tmp_path: Path) -> None:

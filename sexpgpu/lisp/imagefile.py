@@ -18,7 +18,9 @@ and written over. Only expansions of the system texts, made where only standard 
 loaded before them, are kept: a project's own libraries and their paths never reach it.
 
 A cache only saves time: a folder that cannot be written leaves each process building the
-image as before, without a word.
+image as before, without a word. Each change of the package or the Python is a new entry, so
+a write keeps the KEPT_ENTRIES most recently written and removes the older ones (an install
+used again after that writes its entry again, once).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from ..cachefiles import BadEntry, cache_root, publish, read_entry
+from ..cachefiles import BadEntry, cache_root, discard, publish, read_entry
 from .image import Deferred, Leaf, Name, SystemImage, TextKey
 from .objects import BitVector
 from .reader import ReadForm
@@ -41,6 +43,7 @@ KIND = "image"
 HEADER = b"sexpgpu system image 1\n"
 DIGEST_BYTES = 32
 ENTRY_LIMIT = 64 << 20  # the standard texts' image is a few hundred kilobytes
+KEPT_ENTRIES = 4  # entries a write leaves in the folder, the newest (several installs, one cache)
 
 Row = tuple[Any, ...]
 Table = tuple[Any, ...]  # one text's rows, as encode_roots makes them
@@ -67,10 +70,28 @@ def stored_image(texts: Sequence[TextKey], signature: str) -> Optional[SystemIma
 def store_image(image: SystemImage, texts: Sequence[TextKey], signature: str, kept: Callable[[TextKey], bool]) -> None:
     """Keep IMAGE on disk as the image of TEXTS: their templates, and the expansions whose key
     KEPT accepts and whose text is one of TEXTS."""
+    path = entry_path(texts, signature)
     try:  # encoded once the folder took the temporary file: an unwritable one costs nothing
-        publish(entry_path(texts, signature), lambda out: out.write(seal(encode(image, texts, kept))))
+        publish(path, lambda out: out.write(seal(encode(image, texts, kept))))
+        remove_older_entries(path.parent, path)
     except OSError:
         pass  # not writable here: each process builds the image
+
+
+def remove_older_entries(folder: Path, written: Path) -> None:
+    """All but the KEPT_ENTRIES most recently written entries of FOLDER removed (WRITTEN, just
+    written, always stays); a temporary file of a write under way is left alone."""
+    entries: list[tuple[float, Path]] = []
+    for path in folder.iterdir():
+        if path.name.startswith(".") or path == written:
+            continue
+        try:
+            entries.append((path.stat().st_mtime, path))
+        except FileNotFoundError:
+            continue  # another process removed it
+    entries.sort(reverse=True)
+    for _, path in entries[KEPT_ENTRIES - 1:]:
+        discard(path)
 
 
 def encode(image: SystemImage, texts: Sequence[TextKey], kept: Callable[[TextKey], bool]) -> Row:
