@@ -300,6 +300,7 @@ def test_a_compaction_under_way_is_left_alone_by_another_writer(tmp_path: Path) 
     writer.compact()
     assert (writer.refused, writer.compactions) == (1, 1) and journal_objects(store) == []
     assert not store.exists(f"{PREFIX}/compacting")
+    assert [p.name for p in (tmp_path / PREFIX).iterdir() if "compacting" in p.name] == []  # the stale mark moved aside is gone too
     read = LedgerStore(store, PREFIX).read()
     assert read is not None and read.points == ledger.points
 

@@ -293,17 +293,11 @@ class LedgerStore:
             return
         guarded = self.store.conditional_writes()
         version = self.store.version(self.snapshot_path) if guarded else None  # before the read: a newer snapshot fails the write
-        ledger = self.read()
+        ledger = self.snapshot_to_write()
         if ledger is None:
             return
-        if not ledger.file and self.header is not None:  # no snapshot yet: the journal alone
-            ledger.file, ledger.sweep = self.header
-        ledger.updated = now()
-        if not guarded:
-            self.write_snapshot(ledger)
-        elif not self.write_snapshot(ledger, guard=version or ""):
-            self.refused += 1
-            self.since_snapshot = self.bytes_since_snapshot = 0  # try again after as many rounds
+        if not self.write_snapshot(ledger, guard=(version or "") if guarded else None):
+            self.left_for_later()
             return
         self.compactions += 1
 
@@ -312,20 +306,37 @@ class LedgerStore:
         writer killed in its compaction left it."""
         mark = f"{self.writer} {now()}\n".encode()
         if not self.store.create_new(self.mark_path, mark):
-            if not self.mark_is_stale() or self.store.move_aside(self.mark_path) is None or not self.store.create_new(self.mark_path, mark):
-                self.refused += 1
-                self.since_snapshot = self.bytes_since_snapshot = 0
+            aside = self.store.move_aside(self.mark_path) if self.mark_is_stale() else None
+            if aside is None:
+                self.left_for_later()
+                return
+            aside.discard()
+            if not self.store.create_new(self.mark_path, mark):  # another writer took it over first
+                self.left_for_later()
                 return
         try:
-            ledger = self.read()
+            ledger = self.snapshot_to_write()
             if ledger is not None:
-                if not ledger.file and self.header is not None:
-                    ledger.file, ledger.sweep = self.header
-                ledger.updated = now()
                 self.write_snapshot(ledger)
                 self.compactions += 1
         finally:
             self.store.delete(self.mark_path)
+
+    def snapshot_to_write(self) -> Optional[SweepLedger]:
+        """The ledger as the store holds it, stamped for a snapshot (a journal with no snapshot
+        yet named by this writer's header); None when there is none."""
+        ledger = self.read()
+        if ledger is None:
+            return None
+        if not ledger.file and self.header is not None:
+            ledger.file, ledger.sweep = self.header
+        ledger.updated = now()
+        return ledger
+
+    def left_for_later(self) -> None:
+        """A compaction another writer's came before: tried again after as many rounds."""
+        self.refused += 1
+        self.since_snapshot = self.bytes_since_snapshot = 0
 
     def mark_is_stale(self) -> bool:
         try:
