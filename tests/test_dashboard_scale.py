@@ -80,7 +80,7 @@ def peak_mb(pid: int) -> float:
 # -- downsampling -------------------------------------------------------------------------------
 
 
-def test_downsampling_keeps_each_buckets_first_last_lowest_highest_and_first_gap() -> None:
+def test_downsampling_keeps_each_buckets_first_last_lowest_highest_and_first_gap_and_nothing_else() -> None:
     generator = np.random.default_rng(7)
     steps = np.cumsum(generator.integers(1, 4, size=50_000)).astype(np.int64)
     values = generator.normal(size=steps.size)
@@ -91,6 +91,7 @@ def test_downsampling_keeps_each_buckets_first_last_lowest_highest_and_first_gap
     kept = dict(zip(kept_steps.tolist(), kept_values.tolist()))
     width = int(steps[-1] - steps[0] + 1)
     bucket = (steps - steps[0]) * buckets // width
+    every: set[int] = set()
     for b in np.unique(bucket):
         inside = np.flatnonzero(bucket == b)
         span_steps, span_values = steps[inside], values[inside]
@@ -101,9 +102,11 @@ def test_downsampling_keeps_each_buckets_first_last_lowest_highest_and_first_gap
         if not finite.all():
             wanted.add(int(span_steps[~finite][0]))
         assert wanted <= set(kept), (b, wanted - set(kept))
+        every |= wanted
         if finite.any():
             shown = [v for s, v in kept.items() if span_steps[0] <= s <= span_steps[-1] and not math.isnan(v)]
             assert min(shown) == span_values[finite].min() and max(shown) == span_values[finite].max()
+    assert set(kept) == every  # nothing else: a span keeps its first, last, lowest, highest and first gap
 
 
 def test_a_short_series_is_shown_whole() -> None:

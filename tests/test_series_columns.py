@@ -7,6 +7,7 @@ S3 the columns are one object a flush."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import random
@@ -24,6 +25,7 @@ from sexpgpu.results.curves import CurveData
 from sexpgpu.results.readers import RunReaders
 from sexpgpu.results.seriescolumns import load_columns
 from sexpgpu.runtime.events import EventLog, EventReader, events_prefix
+from sexpgpu.runtime.serieslog import SeriesChunk, read_chunk
 from sexpgpu.runtime.store import Store
 from test_resume import cli_run, logged_step
 
@@ -167,6 +169,26 @@ def test_a_torn_or_damaged_chunk_and_what_follows_are_read_from_the_lines(tmp_pa
     series.write_bytes(b"\n".join([chunks[0], b"{not a chunk", *chunks[2:]]))
     assert taken_from_columns(store, SLUG)
     assert assert_same(store, SLUG)[5] == 100
+
+
+def test_a_chunk_read_from_its_line_is_what_validating_the_whole_line_gives(tmp_path: Path) -> None:
+    """read_chunk takes the payload's text straight from a line as encode_chunk writes it;
+    the chunk and the payload are those of pydantic's reading of the whole line, whatever
+    the order of its keys, and a damaged payload is refused either way."""
+    store = Store.open(str(tmp_path))
+    a_log(store, steps(1, 50))
+    lines = (tmp_path / SLUG / "series.jsonl").read_bytes().split(b"\n")[:-1]
+    assert len(lines) == 5
+    for line in lines:
+        whole = SeriesChunk.model_validate_json(line)
+        chunk, payload = read_chunk(line)
+        assert chunk.model_copy(update={"payload": whole.payload}) == whole and chunk.payload == ""
+        assert payload == base64.b64decode(whole.payload, validate=True)
+        reordered = json.dumps({"payload": whole.payload, **whole.model_dump(mode="json", exclude={"payload"})}).encode()
+        assert read_chunk(reordered) == (whole, payload)
+        for damaged in (line.replace(b'"payload":"', b'"payload":"A"+"'), line.replace(b'"payload":"', b'"payload":"\\n')):
+            with pytest.raises(ValueError):
+                read_chunk(damaged)
 
 
 def test_a_line_another_writer_appended_ends_the_columns_there(tmp_path: Path) -> None:

@@ -157,15 +157,33 @@ def read_quietly(what: str, action: Callable[[], Any], problems: list[str]) -> A
         return None
 
 
+Stamp = tuple[Optional[float], Optional[float]]  # when run.json and status.json were written (None: not there)
+
+
 def read_record(store: Store, slug: str) -> Optional[RunRecord]:
     """The record of the run folder SLUG, or None when it has neither run.json nor status.json."""
+    return _record_read(store, slug, stamped=False)[1]
+
+
+def read_stamped_record(store: Store, slug: str) -> tuple[Stamp, Optional[RunRecord]]:
+    """`read_record`, and when the versions of run.json and status.json it read were written
+    (None for a file that is not there or does not read: a RecordCache reads it again); on
+    an object store a look at each file's time more."""
+    return _record_read(store, slug, stamped=True)
+
+
+def _record_read(store: Store, slug: str, stamped: bool) -> tuple[Stamp, Optional[RunRecord]]:
     folder = RunFolder(store, slug)
     problems: list[str] = []
-    info: Optional[RunInfo] = read_quietly("run.json", folder.read_run_info, problems)
-    status: Optional[Status] = read_quietly("status.json", folder.read_status, problems)
+    if stamped:
+        info, info_written = read_quietly("run.json", folder.read_run_info_stamped, problems) or (None, None)
+        status, status_written = read_quietly("status.json", folder.read_status_stamped, problems) or (None, None)
+    else:
+        info, status = read_quietly("run.json", folder.read_run_info, problems), read_quietly("status.json", folder.read_status, problems)
+        info_written = status_written = None
     if info is None and status is None and not problems:
-        return None
-    return record_of(folder, info, status, problems)
+        return (None, None), None
+    return (info_written, status_written), record_of(folder, info, status, problems)
 
 
 def record_of(folder: RunFolder, info: Optional[RunInfo], status: Optional[Status], problems: Iterable[str] = ()) -> RunRecord:
@@ -200,7 +218,6 @@ def _from_status(status: Status) -> dict[str, Any]:
 
 
 T = TypeVar("T")
-Stamp = tuple[Optional[float], Optional[float]]  # when run.json and status.json were written (None: not there)
 SETTLE_S = 2.0
 
 
@@ -229,22 +246,34 @@ class RecordCache:
 
     def _record(self, slug: str) -> tuple[Optional[RunRecord], str]:
         if not self.remember:
-            record = self._read(slug)
+            record = self._read_record(slug)
             return record, record.model_dump_json() if record is not None else "null"
-        folder = RunFolder(self.store, slug)
-        stamp = (_written(self.store, folder.path("run.json")), _written(self.store, folder.path("status.json")))
         with self._lock:
             kept = self._kept.get(slug)
-        settled = all(when is None or self.clock() - when >= SETTLE_S for when in stamp)
-        if kept is not None and kept[0] == stamp and settled and None not in stamp:
-            return kept[1], kept[2]
-        record = self._read(slug)
+        looked: Optional[Stamp] = None
+        if kept is not None:  # a look at each file's time first: read again only what changed
+            folder = RunFolder(self.store, slug)
+            looked = (_written(self.store, folder.path("run.json")), _written(self.store, folder.path("status.json")))
+            settled = all(when is None or self.clock() - when >= SETTLE_S for when in looked)
+            if kept[0] == looked and settled and None not in looked:
+                return kept[1], kept[2]
+        stamp, record = self._read(slug, looked)
         text = record.model_dump_json() if record is not None else "null"  # strict JSON too: a non-finite float is null
         with self._lock:
             self._kept[slug] = (stamp, record, text)
         return record, text
 
-    def _read(self, slug: str) -> Optional[RunRecord]:
+    def _read(self, slug: str, looked: Optional[Stamp] = None) -> tuple[Stamp, Optional[RunRecord]]:
+        """The record of SLUG and its stamp: LOOKED, the times looked at just before, or else
+        the times of the versions read (so a run's first read looks at no time apart)."""
+        if looked is not None:
+            return looked, self._read_record(slug)
+        found = read_stamped_record(self.store, slug)
+        with self._lock:
+            self.reads += 1
+        return found
+
+    def _read_record(self, slug: str) -> Optional[RunRecord]:
         record = read_record(self.store, slug)
         with self._lock:
             self.reads += 1
@@ -272,7 +301,7 @@ class RecordCache:
         """Every run of the store (of the sweep SWEEP only, when given), in folder order."""
         if self.remember:
             return [r for r, _ in self.records_and_json(sweep)]
-        found = self._each(self._read)
+        found = self._each(self._read_record)
         return [r for r in found if r is not None and (sweep is None or r.sweep == sweep)]
 
 

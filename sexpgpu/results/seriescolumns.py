@@ -12,7 +12,6 @@ before the columns existed has none, and is read from its lines."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 from bisect import bisect_right
 from collections import deque
@@ -22,7 +21,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from ..runtime.events import EventReader, ReaderPosition, decode_line
-from ..runtime.serieslog import TIME_BYTES, Layout, SeriesChunk, series_prefix
+from ..runtime.serieslog import TIME_BYTES, Layout, SeriesChunk, read_chunk, series_prefix
 from .curves import TAIL, CurveData, Group, Steps, Values, resume_step, step_points
 
 READ = 1 << 20  # bytes of series.jsonl asked for at a time (a chunk of 2,000 step events is some 240 kB)
@@ -132,9 +131,9 @@ class _Replay:
             if raw.strip():
                 self._line(raw, url, number)
 
-    def take(self, chunk: SeriesChunk) -> bool:
-        """CHUNK taken; False (nothing of it taken) when its payload does not match."""
-        payload = base64.b64decode(chunk.payload, validate=True)
+    def take(self, chunk: SeriesChunk, payload: bytes) -> bool:
+        """CHUNK, with its PAYLOAD decoded, taken; False (nothing of it taken) when the
+        payload does not match."""
         if hashlib.sha256(payload).hexdigest() != chunk.sha256:
             return False
         blocks = self._blocks(chunk, payload)
@@ -280,16 +279,22 @@ def _lines(reader: EventReader) -> Iterator[bytes]:
                 break
             size *= 2  # a chunk longer than a read
             continue
-        lines = data.split(b"\n")
-        del data
-        lines.pop()  # after the last newline: the start of a chunk the next read has whole
-        yield from lines
+        yield from _complete_lines(data)  # what follows the last newline: a chunk the next read has whole
         offset += end
         size = READ
         if offset >= total:
             break
     for number in store.log_segments(folder):
-        yield from store.read_bytes(f"{folder}/{number:06d}.jsonl").split(b"\n")[:-1]
+        yield from _complete_lines(store.read_bytes(f"{folder}/{number:06d}.jsonl"))
+
+
+def _complete_lines(data: bytes) -> Iterator[bytes]:
+    """DATA's lines that end in a newline. (bytes.split scans a byte at a time; find is
+    memchr, ten times faster over chunk lines of a quarter megabyte.)"""
+    start = 0
+    while (end := data.find(b"\n", start)) >= 0:
+        yield data[start:end]
+        start = end + 1
 
 
 def _matches(reader: EventReader, chunk: SeriesChunk) -> bool:
@@ -313,10 +318,10 @@ def load_columns(reader: EventReader, data: CurveData) -> bool:
     replay = _Replay(reader, data)
     for raw in _lines(reader):
         try:
-            chunk = SeriesChunk.model_validate_json(raw)
+            chunk, payload = read_chunk(raw)
         except (ValidationError, ValueError):
             break
-        if not (replay.follows(chunk) or replay.bridge(chunk)) or not replay.take(chunk):
+        if not (replay.follows(chunk) or replay.bridge(chunk)) or not replay.take(chunk, payload):
             break
     if replay.last is None or not _matches(reader, replay.last):
         data.clear()

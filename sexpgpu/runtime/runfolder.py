@@ -24,7 +24,7 @@ from ..ir.experiment import Experiment, Selection, SourceFingerprint
 from .events import EventLog, read_events, utc_now
 from .lease import Leases, Renewal
 from .threads import ThreadPlan
-from .status import Status, StatusWriter, read_status
+from .status import Status, StatusWriter, read_status, read_status_stamped
 from .store import Store, check_path, is_store_failure
 
 RUN_INFO_VERSION = 1
@@ -226,6 +226,11 @@ class RunFolder:
         """run.json; UnexpectedSize, before anything is read, for one larger than INFO_LIMIT."""
         return RunInfo.model_validate_json(self.store.read_bytes(self.path("run.json"), limit=INFO_LIMIT))
 
+    def read_run_info_stamped(self) -> tuple[RunInfo, Optional[float]]:
+        """run.json and when the version read was written (Store.read_stamped)."""
+        data, when = self.store.read_stamped(self.path("run.json"), limit=INFO_LIMIT)
+        return RunInfo.model_validate_json(data), when
+
     def write_sources(self, files: Mapping[str, Union[bytes, str]]) -> None:
         """FILES (relative name to content) under source/, as compiled."""
         for name, content in sorted(files.items()):
@@ -269,6 +274,11 @@ class RunFolder:
 
     def read_status(self) -> Optional[Status]:
         return read_status(self.store, self.slug)
+
+    def read_status_stamped(self) -> tuple[Status, Optional[float]]:
+        """status.json and when the version read was written (Store.read_stamped);
+        FileNotFoundError when there is none yet."""
+        return read_status_stamped(self.store, self.slug)
 
     def writer(self) -> Optional[str]:
         """Who writes the folder now, while a live attempt holds its lease (`HOST pid N,

@@ -111,6 +111,13 @@ def read_status(store: Store, run_prefix: str) -> Optional[Status]:
         return None
 
 
+def read_status_stamped(store: Store, run_prefix: str) -> tuple[Status, Optional[float]]:
+    """The run's status and when the version read was written (Store.read_stamped);
+    FileNotFoundError when it has none yet, UnexpectedSize as read_status."""
+    data, when = store.read_stamped(status_path(run_prefix), limit=STATUS_LIMIT)
+    return Status.model_validate_json(data), when
+
+
 class StatusWriter:
     """Holds a run's current status and publishes it whole: on every change, or, `deferred`
     (a run folder's background publisher flushes it: runfolder.Publisher), only when flushed,

@@ -288,10 +288,19 @@ def check_path(path: str, allow_root: bool = False) -> str:
         raise ValueError("empty store path")
     if path.startswith("/") or "\\" in path:
         raise ValueError(f"store path must be relative with '/' separators: {path!r}")
-    parts = stripped.split("/")
-    if any(part in ("", ".", "..") for part in parts):
+    if "//" in stripped or ("." in stripped and ("/./" in f"/{stripped}/" or "/../" in f"/{stripped}/")):
         raise ValueError(f"store path must not contain empty, '.' or '..' parts: {path!r}")
     return stripped
+
+
+def _read_to_end(descriptor: int, most: int) -> bytes:
+    """At most MOST bytes of the open file DESCRIPTOR, up to its end: one read for a file that
+    fits (a buffered file object around it cost as much as the read of a small file)."""
+    parts: list[bytes] = []
+    while most > 0 and (part := os.read(descriptor, most)):
+        parts.append(part)
+        most -= len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _file_kind(mode: int) -> str:
@@ -588,32 +597,45 @@ class Store:
         """The file at PATH, which must be a regular file: at most LIMIT bytes of it, or
         EXACTLY that many (what a manifest records), checked before anything is read."""
         full = self._full(path)
-        return self._retrying(f"read {path}", lambda: self._read_checked(full, path, limit, exactly))
+        return self._retrying(f"read {path}", lambda: self._read_checked(full, path, limit, exactly))[0]
 
-    def _read_checked(self, full: str, path: str, limit: Optional[int], exactly: Optional[int]) -> bytes:
+    def read_stamped(self, path: str, limit: Optional[int] = None) -> tuple[bytes, Optional[float]]:
+        """`read_bytes` of PATH, and when the version read was last written (`modified`'s
+        time; never later than what was read): locally the opened file's own time, no look
+        of its own; on an object store a look before the read."""
+        if not self.is_local:
+            when = self.modified(path)
+            return self.read_bytes(path, limit), when
+        full = self._full(path)
+        return self._retrying(f"read {path}", lambda: self._read_checked(full, path, limit, None))
+
+    def _read_checked(self, full: str, path: str, limit: Optional[int], exactly: Optional[int]) -> tuple[bytes, Optional[float]]:
+        """The file's bytes and, locally, its time (None from an object store)."""
         if not self.is_local and limit is None and exactly is None:  # an object is a file: nothing to look at first
-            return bytes(self.fs.cat_file(full))
+            return bytes(self.fs.cat_file(full)), None
         if not self.is_local and exactly is None and limit is not None:
-            return self._read_at_most(full, path, limit)
+            return self._read_at_most(full, path, limit), None
         size = self._regular_file_size(full, path)
         if not self.is_local:
-            self._check_size(self.url_of(path), size, limit, exactly)
-            return bytes(self.fs.cat_file(full))
+            self._check_size(path, size, limit, exactly)
+            return bytes(self.fs.cat_file(full)), None
         # O_NOFOLLOW: a file swapped for a link since it was looked at is not followed either;
         # O_NONBLOCK: nor does a swapped-in FIFO hang the open. The size is the opened file's:
         # a writer that replaces the file (write, then rename) between the look and the open
         # leaves this descriptor on one whole version, old or new
         descriptor = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(descriptor, "rb") as handle:
+        try:
             info = os.fstat(descriptor)
             if not stat.S_ISREG(info.st_mode):
                 raise _not_regular(full, info.st_mode)
             size = info.st_size
-            self._check_size(self.url_of(path), size, limit, exactly)
-            data = handle.read(size + 1)
+            self._check_size(path, size, limit, exactly)
+            data = _read_to_end(descriptor, size + 1)
+        finally:
+            os.close(descriptor)
         if len(data) != size:
             raise UnexpectedSize(f"{path} changed size while it was read")
-        return data
+        return data, info.st_mtime
 
     def _read_at_most(self, full: str, path: str, limit: int) -> bytes:
         """At most LIMIT bytes of an object, in one ranged GET of one byte more (a missing
@@ -629,12 +651,11 @@ class Store:
             raise UnexpectedSize(f"{self.url_of(path)} is more than the {limit:,} bytes it may be: not read")
         return data
 
-    @staticmethod
-    def _check_size(path: str, size: int, limit: Optional[int], exactly: Optional[int]) -> None:
+    def _check_size(self, path: str, size: int, limit: Optional[int], exactly: Optional[int]) -> None:
         if exactly is not None and size != exactly:
-            raise UnexpectedSize(f"{path} is {size:,} bytes, its record says {exactly:,}")
+            raise UnexpectedSize(f"{self.url_of(path)} is {size:,} bytes, its record says {exactly:,}")
         if limit is not None and size > limit:
-            raise UnexpectedSize(f"{path} is {size:,} bytes, more than the {limit:,} it may be: not read")
+            raise UnexpectedSize(f"{self.url_of(path)} is {size:,} bytes, more than the {limit:,} it may be: not read")
 
     def read_from(self, path: str, offset: int, limit: int) -> tuple[int, bytes]:
         """(the size of the regular file at PATH, at most LIMIT of its bytes from OFFSET): how
