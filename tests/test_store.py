@@ -98,6 +98,18 @@ def test_bytes_text_json_round_trip(store: Store) -> None:
     assert store.read_json("r/j.json") == {"a": 1, "nan": None, "l": [1.5, None]}
 
 
+def test_a_stamped_read_is_the_file_and_the_time_of_the_version_read(store: Store) -> None:
+    store.write_bytes("r/s.json", b"one")
+    assert store.read_stamped("r/s.json") == (b"one", store.modified("r/s.json"))
+    if store.is_local:  # the opened file's own time: a version written since has a time of its own
+        os.utime(store.url_of("r/s.json"), (1_000_000, 1_000_000))
+        assert store.read_stamped("r/s.json") == (b"one", 1_000_000)
+    with pytest.raises(store_module.UnexpectedSize):
+        store.read_stamped("r/s.json", limit=2)
+    with pytest.raises(FileNotFoundError):
+        store.read_stamped("r/none.json")
+
+
 def test_write_json_model_and_read_back_as_model(store: Store) -> None:
     status = Status(state="running", step=3, metrics={"loss": 0.5})
     store.write_json("r/status.json", status)
