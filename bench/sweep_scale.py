@@ -26,8 +26,19 @@ are for (the path with slugs and numbers as N).
     python bench/sweep_scale.py [--n 100 1000] [--nodes 4] [--cpus-per-node 1] [--profile OUT] [--requests] [--verbose]
     python bench/sweep_scale.py --n 10000          # long: 10,000 one-step points to train
     python bench/sweep_scale.py --n 1000 --first   # only the way to the first step (one N a run)
+    python bench/sweep_scale.py --n 10000 --first --nodes 1   # the first step where its worker has a node to itself
 
---profile OUT writes the driver's cProfile statistics (pstats) per N to OUT.N. Each run also
+Before each sweep the first point is trained once (at --max-steps 1, into a store of its
+own), so the workers find its kernels built, as a user's kernel cache has them (--cold
+leaves the cache empty: the workers build them), and the bench waits until this host is
+quiet: Cluster.add_node returns when a raylet is registered, while each node's agents and
+the workers Ray starts ahead go on starting for seconds. The sweep then starts on a cluster
+that is up, as a user's is. --nodes 1 gives the first point's worker a node to itself, as
+on a real cluster, where the other nodes' workers are not on its cores (here 4 simulated
+nodes share this host's 2).
+
+--profile OUT writes the driver's cProfile statistics (pstats) per N to OUT.N (with
+--first too, up to the first step). Each run also
 prints the first launched point's way to its first step: the driver's launch, its worker's
 first answer (the actor ready), the run's run.start and first step events; --first stops the
 sweep there (its actors are left to Ray's shutdown, so give one N per run).
@@ -300,7 +311,7 @@ class FirstPoint:
 
 
 def measure(root: Path, n: int, url: str, log: Optional[Path], profile: Optional[str], verbose: bool = False, no_train: bool = False,
-            first_only: bool = False) -> dict[str, Any]:
+            first_only: bool = False, cold: bool = False) -> dict[str, Any]:
     import orchestration.driver as driver_module
     from orchestration.driver import Driver, streamed_points
     from sexpgpu.cli.sweeps import LiveTable
@@ -337,6 +348,10 @@ def measure(root: Path, n: int, url: str, log: Optional[Path], profile: Optional
             table.say(line)
             say_to(line)
 
+    if not no_train and not cold:  # a user's kernel cache: the first point trained once before (its kernels built)
+        real_outcome(path, f"{url}/warm")
+    settled = settle()
+    print(f"(this host settled {settled:.1f} s before the sweep: its processes under {QUIET:.0%} of a core for two seconds)", file=sys.stderr)
     driver = Driver(path, "grid", url, None, None, 1, say=say, on_launch=launched, table=table)
     if no_train:
         driver.warmed = True  # no worker is started: no warm pool either
@@ -363,6 +378,9 @@ def measure(root: Path, n: int, url: str, log: Optional[Path], profile: Optional
     except KeyboardInterrupt:  # --first: stopped once the first step was in
         if not first_only:
             raise
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{profile}.{n}")
         return {"n": n, "first": {k: v - started for k, v in follower.times.items()}, "first_launch_s": min(launches) - started}
     if follower.thread is not None:
         follower.thread.join()
@@ -403,6 +421,7 @@ def main() -> None:
     parser.add_argument("--no-train", action="store_true", help="the driver alone: every attempt ends at once with a real attempt's outcome (see above)")
     parser.add_argument("--local", action="store_true", help="a local folder for the store instead of S3 on loopback (requests are not counted)")
     parser.add_argument("--first", action="store_true", help="stop each sweep once its first step is in: only the way to it is measured")
+    parser.add_argument("--cold", action="store_true", help="an empty kernel cache: the workers build the first point's kernels (by default the first point is trained once before the sweep, as a user's cache has it)")
     parser.add_argument("--serve-moto", metavar="LOG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_moto:
@@ -457,12 +476,36 @@ def on_ray(args: argparse.Namespace, root: Path, url_for: Any, log: Optional[Pat
     rows = []
     try:
         for n in args.n:
-            rows.append(measure(root, n, url_for(n), log, args.profile, args.verbose, args.no_train, args.first))
+            rows.append(measure(root, n, url_for(n), log, args.profile, args.verbose, args.no_train, args.first, args.cold))
     finally:
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
     return rows
+
+
+def host_cpu_s() -> float:
+    """The CPU seconds every process of this host has used (/proc/stat: user, nice, system)."""
+    with open("/proc/stat") as handle:
+        fields = handle.readline().split()[1:4]
+    return sum(int(f) for f in fields) / os.sysconf("SC_CLK_TCK")
+
+
+QUIET = 0.15  # of a core: what this host's processes use when nothing runs (the VM's own)
+
+
+def settle(window_s: float = 1.0, quiet: float = QUIET, most_s: float = 90.0) -> float:
+    """Wait until this host is quiet (under QUIET of a core busy, over two windows in a row):
+    Cluster.add_node returns when a raylet is registered, while each node's agents (the
+    dashboard and runtime-env agents) and the workers Ray starts ahead go on starting for
+    some seconds, several CPU seconds each. A sweep is measured on a cluster that is up, as a
+    user's is. Returns the seconds waited (MOST_S at most)."""
+    began, calm = time.time(), 0
+    while time.time() - began < most_s and calm < 2:
+        before = host_cpu_s()
+        time.sleep(window_s)
+        calm = calm + 1 if (host_cpu_s() - before) / window_s < quiet else 0
+    return time.time() - began
 
 
 def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:

@@ -272,8 +272,14 @@ class Driver:
     def run_points(self, points: Iterable[SweepPoint], halving: Optional[Halving]) -> SweepLedger:
         self.preflight()
         self.expected = len(points) if isinstance(points, Sized) else None
-        feed = self.feed(points) if halving is None else None
-        if ray.is_initialized():  # a Ray this driver did not start: its workers start while the first bundle is written
+        if ray.is_initialized():  # a Ray this driver did not start: the first point's worker starts while that point compiles
+            self.warm_first()
+        try:
+            feed = self.feed(points) if halving is None else None
+        except BaseException:
+            self.drop_idle()
+            raise
+        if ray.is_initialized():  # and the others while the first bundle is written
             self.warm_pool()
         try:
             return self.on_ray(feed if feed is not None else points, halving)
@@ -388,20 +394,29 @@ class Driver:
             self.say(f"node {', '.join(sorted(n[:12] for n in found))} lost: no attempt is placed there")
             self.drop_idle()
 
+    def warm_first(self) -> None:
+        """Before the first point is compiled, where Ray is up: the first point's worker,
+        started now, so that its process and warm-up (TrainWorkerImpl.warm) overlap that
+        compile instead of following it. One only: on a machine it shares with its workers,
+        more would take the CPU from that compile (warm_pool starts the rest after it)."""
+        if not self.warmed and not self.idle and self.devices.count == 1:
+            self.idle.append(single_worker(self.devices, worker_env(), self.lost_nodes.selector()))
+
     def warm_pool(self) -> None:
         """Once, before the first launch (once the first point is compiled: on a machine it
         shares with its workers, their starts would take the CPU from that compile): a worker
-        for each point the cluster holds at once (no more than the sweep has, when known),
-        started now and warming up (its process, the runtime's imports, its device:
-        TrainWorkerImpl.warm) while the first bundles are written and leased; the launches
-        take them from the idle workers. Not for points of several ranks: their gangs are
-        placed together (a placement group)."""
+        for each point the cluster holds at once (no more than the sweep has, when known; the
+        one warm_first started counts), started now and warming up (its process, the
+        runtime's imports, its device: TrainWorkerImpl.warm) while the first bundles are
+        written and leased; the launches take them from the idle workers, the longest
+        started first. Not for points of several ranks: their gangs are placed together (a
+        placement group)."""
         if self.warmed or self.devices.count != 1:
             return
         self.warmed = True
         avoid = self.lost_nodes.selector()
         count = self.capacity() if self.expected is None else min(self.capacity(), self.expected)
-        self.idle.extend(single_worker(self.devices, worker_env(), avoid) for _ in range(count))
+        self.idle.extend(single_worker(self.devices, worker_env(), avoid) for _ in range(count - len(self.idle)))
 
     def drop_idle(self) -> None:
         for worker in self.idle:

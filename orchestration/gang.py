@@ -110,8 +110,8 @@ class Gang:
             for i in range(devices.count):
                 strategy = PlacementGroupSchedulingStrategy(placement_group=placement, placement_group_bundle_index=i)
                 self.workers.append(TrainWorker.options(scheduling_strategy=strategy, **options).remote(env, device_of(devices)))
-        elif idle:  # a worker whose point ended cleanly (or started ahead: Driver.warm_pool) runs the next one
-            self.workers.append(idle.pop())
+        elif idle:  # a worker whose point ended cleanly (or started ahead: Driver.warm_pool), the longest idle, runs the next one
+            self.workers.append(idle.pop(0))
         else:
             self.workers.append(single_worker(devices, env, avoid))
 

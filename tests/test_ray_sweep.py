@@ -362,27 +362,41 @@ def test_the_first_point_trains_while_later_points_are_still_compiling(project: 
 
 
 def test_the_workers_are_started_before_the_first_launch(project: Path, points: list[SweepPoint], ray_cluster: Any) -> None:
-    """The driver starts its workers (one for each point the cluster holds) before its first
-    launch, which takes one of them: when the first point is launched the other is there,
-    idle, though no point has ended yet (a driver that starts a worker only for a point it
-    launches has none); a sweep whose size is known starts no more workers than it has points."""
-    from orchestration.driver import Driver
+    """The driver starts the first point's worker as that point's compile begins, and the
+    others (one for each point the cluster holds) before its first launch, which takes one of
+    them: when the first point is launched the other is there, idle, though no point has
+    ended yet (a driver that starts a worker only for a point it launches has none); a sweep
+    whose size is known starts no more workers than it has points; a first point that does
+    not check leaves no worker behind."""
+    from orchestration.driver import Driver, SweepError
 
     idle_at_launch: list[int] = []
+    idle_at_compile: list[int] = []
 
     def one_point() -> Iterator[SweepPoint]:  # of unknown size
+        idle_at_compile.append(len(driver.idle))  # as the first point's compile begins
         yield points[0]
 
     driver = Driver(project, "lrs", str(project.parent / "warm"), None, None, 20, say=lambda _: None,
                     on_launch=lambda _record, _gang: idle_at_launch.append(len(driver.idle)))
     ledger = driver.run(one_point())
     assert [(p.point, p.state) for p in ledger.points] == [(0, "truncated")], [(p.point, p.state, p.reason) for p in ledger.points]
+    assert idle_at_compile == [1], idle_at_compile  # the first point's worker starts while that point compiles
     assert idle_at_launch == [1], idle_at_launch
     assert not driver.idle  # the pool's other worker gave its CPU back once nothing was left to start
     sized = Driver(project, "lrs", str(project.parent / "warm-one"), None, None, 20, say=lambda _: None,
                    on_launch=lambda _record, _gang: idle_at_launch.append(len(sized.idle)))
     assert [p.state for p in sized.run(points[:1]).points] == ["truncated"]
     assert idle_at_launch == [1, 0], idle_at_launch
+
+    def refused_first() -> Iterator[SweepPoint]:
+        raise SweepError("sweep lrs: point 0 does not check", Exit.CHECK_FAILED)
+        yield points[0]  # never reached
+
+    refused = Driver(project, "lrs", str(project.parent / "warm-refused"), None, None, 20, say=lambda _: None)
+    with pytest.raises(SweepError, match="nothing was run"):
+        refused.run(refused_first())
+    assert not refused.idle  # the worker started for it is let go
 
 
 def test_a_point_that_does_not_check_stops_the_stream_after_the_points_started(project: Path, points: list[SweepPoint], ray_cluster: Any) -> None:

@@ -14,7 +14,7 @@ from conftest import REPO
 from sweep_files import QUICKSTART, lr_seed_grid, width_grid
 
 import sexpgpu.compile.pipeline as pipeline
-from sexpgpu.compile.pipeline import CompileResult, check_every_selection, compile_file, compile_points
+from sexpgpu.compile.pipeline import CompileResult, check_every_selection, compile_file, compile_points, stream_points
 from sexpgpu.compile.selection import prescan
 from sexpgpu.ir.experiment import Selection
 from sexpgpu.records import dump_json
@@ -108,6 +108,22 @@ def test_a_scalar_grid_compiles_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
     path.write_text(lr_seed_grid(4, 4))
     calls = compare_every_point(path, monkeypatch)
     assert calls == [False, True]
+
+
+def test_a_streamed_grid_gives_its_first_point_before_the_probe_compile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep's first point trains while its group is probed: the stream gives it after its
+    own compile alone, then every other point once, the first point's result unchanged."""
+    path = tmp_path / "grid.lisp"
+    path.write_text(lr_seed_grid(4, 4))
+    selections = sweep_selections(path)
+    with monkeypatch.context() as patch:
+        calls = counting(patch)
+        stream = stream_points(path, selections, output=lambda _: None)
+        first = next(stream)
+        assert first[0] == 0 and calls == [False]
+        rest = list(stream)
+    assert calls == [False, True] and sorted(i for i, _ in rest) == list(range(1, len(selections)))
+    assert_same(path, first[1], compile_file(path, selections[0], output=lambda _: None), 0)
 
 
 def test_a_width_grid_compiles_once_per_width(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -321,15 +321,22 @@ def compile_groups(path: Path, selections: list[Selection], resolved: list[tuple
         own(i)
         return i, results.pop(i)
 
+    # the first point is given before any group is planned (its own compile, which is what
+    # its group gives it in any case): a sweep's first point trains while its group's probe
+    # compile, with every point's values, runs
+    early = {0} if selections else set()
+    if early:
+        yield 0, own(0)
     for indices, shared in plan_groups(path, selections, resolved, declared, limits, world, own, compiled, image=image):
-        if shared is None:
-            for i in indices:
+        for i in indices if shared is None else indices[:1]:
+            if i in early:
+                results.pop(i, None)
+            else:
                 yield settled(i)
-            continue
-        yield settled(indices[0])
-        for i in indices[1:]:
-            bound = shared.result(i, experiments)
-            yield settled(i) if bound is None else (i, bound)
+        if shared is not None:
+            for i in indices[1:]:
+                bound = shared.result(i, experiments)
+                yield settled(i) if bound is None else (i, bound)
 
 
 @dataclass
