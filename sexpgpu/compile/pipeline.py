@@ -324,12 +324,11 @@ def compile_groups(path: Path, selections: list[Selection], resolved: list[tuple
     # the first point is given before any group is planned (its own compile, which is what
     # its group gives it in any case): a sweep's first point trains while its group's probe
     # compile, with every point's values, runs
-    early = {0} if selections else set()
-    if early:
+    if selections:
         yield 0, own(0)
     for indices, shared in plan_groups(path, selections, resolved, declared, limits, world, own, compiled, image=image):
         for i in indices if shared is None else indices[:1]:
-            if i in early:
+            if i == 0:  # given already
                 results.pop(i, None)
             else:
                 yield settled(i)
