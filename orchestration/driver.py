@@ -45,7 +45,7 @@ from sexpgpu.runtime.store import Store, StoreError
 from sexpgpu.session import Compiled, Session, store_check
 
 from sexpgpu.ir.experiment import Halving, Selection
-from sexpgpu.sweeps.ledger import DONE, LedgerStore, PointRecord, SweepLedger, concurrently, now, record_attempt, take_status
+from sexpgpu.sweeps.ledger import DONE, LedgerStore, PointRecord, SweepLedger, concurrently, record_attempt, take_status
 from sexpgpu.sweeps.halving import Contender, Leg, limit, search
 from sexpgpu.sweeps.schedulers import SchedulerJob, SyncHalving, scheduler_for
 from .attempts import close_status, resume_from, worker_env
@@ -204,26 +204,13 @@ class Driver:
         self.ledger_store.write_points(records)
 
     def write_ledger(self, ledger: SweepLedger) -> None:
-        """Write the whole ledger (as a sweep starts and ends): the point records that
-        changed and the snapshot; for points another driver has advanced further (more
-        attempts, or ended), keep that driver's record rather than an older view of ours."""
-        stored = self.read_ledger() if self.leases_used else None
-        if stored is not None:
-            theirs = {p.slug: p for p in stored.points}
-            for i, ours in enumerate(ledger.points):
-                other = theirs.get(ours.slug)
-                if other is None or ours.lease == self.id or other.lease == self.id or ours.state in DONE:
-                    continue
-                # ended for as many steps as this driver asks now (a halving stage asks more of
-                # a point that an earlier stage ended at its rung)
-                ended = other.state in DONE and (other.state == "failed" or (other.planned or 0) >= (ours.planned or 0))
-                if other.attempts > ours.attempts or ended:
-                    ledger.points[i] = other.model_copy(update={"point": ours.point, "knobs": ours.knobs})
+        """Write the whole ledger (as a sweep starts and ends), merged over the store's (but
+        the first write of a run, which takes merge()'s view as it is): for points another
+        driver has advanced further, that driver's record rather than an older view of ours;
+        the snapshot guarded against replacing one that holds what ours lacks
+        (LedgerStore.write_whole)."""
+        self.ledger_store.write_whole(ledger, merge=self.leases_used)
         self.leases_used = True
-        ledger.updated = now()
-        # a point another driver holds is that driver's to write
-        self.ledger_store.write_points([p for p in ledger.points if p.lease is None or p.lease == self.id], compact=False)
-        self.ledger_store.write_snapshot(ledger)
 
     def statuses(self, slugs: list[str]) -> list[Optional[Status]]:
         """The runs' status.json, read concurrently (a bounded pool)."""

@@ -410,3 +410,68 @@ def test_two_writers_compact_interleaved(tmp_path: Path) -> None:
         read = LedgerStore(store, PREFIX).read()
         assert read is not None and read.points == ledger.points
     assert all(writer.compactions >= 2 for writer in writers) and max(counts) <= 2 * COMPACT_OBJECTS, counts
+
+
+def test_a_sweep_ends_on_s3_without_replacing_a_snapshot_that_holds_what_it_lacks() -> None:
+    """S3 on loopback (moto): driver-a ends its sweep, writing the whole ledger; between its
+    read and its write, driver-b journals a change and compacts (the change is then in the
+    snapshot alone). driver-a's snapshot, which lacks it, is refused (If-Match on the version
+    it read over); it reads again, keeps driver-b's record of that point (advanced further
+    than driver-a knew) and its own of the rest, and writes. Nothing is lost."""
+    pytest.importorskip("s3fs")
+    from s3_server import MotoS3, make_bucket, patched_env, s3_env
+
+    with MotoS3() as moto, patched_env(s3_env(moto.endpoint)):
+        url = f"s3://{make_bucket(None, moto.endpoint)}/team"
+        stored = SweepLedger(file="grid.lisp", sweep="lrs", points=records(10))
+        first, second = LedgerStore(Store.open(url), PREFIX, "driver-a"), LedgerStore(Store.open(url), PREFIX, "driver-b")
+        first.write_snapshot(stored)
+        ours = stored.model_copy(deep=True)
+        ours.points[5].state, ours.points[5].attempts = "finished", 1  # driver-a's own end
+        read, reads = first.read, []
+
+        def then_the_other_compacts() -> SweepLedger | None:
+            held = read()
+            reads.append(held)
+            if len(reads) == 1:
+                theirs = stored.points[8].model_copy(update={"state": "running", "attempts": 1, "lease": "driver-b"})
+                second.write_points([theirs], compact=False)
+                second.compact()
+            return held
+
+        first.read = then_the_other_compacts  # type: ignore[method-assign]
+        assert first.write_whole(ours)
+        assert len(reads) == 2 and second.compactions == 1 and first.refused == 0
+        after = LedgerStore(Store.open(url), PREFIX).read()
+        assert after is not None
+        assert (after.points[8].state, after.points[8].attempts, after.points[8].lease) == ("running", 1, "driver-b")
+        assert (after.points[5].state, after.points[5].attempts) == ("finished", 1)
+        assert after.points == ours.points and [p.slug for p in after.points] == [p.slug for p in stored.points]
+        snapshot = SweepLedger.model_validate_json(Store.open(url).read_bytes(f"{PREFIX}/sweep.json"))
+        assert snapshot.points == ours.points  # in the snapshot itself, not only laid over it
+
+
+def test_a_whole_ledger_write_under_another_writers_compaction_journals_and_leaves_the_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a local folder the whole ledger is written under the compaction's mark: while
+    another writer holds it (past MARK_WAIT_S), the snapshot is left as it is and counted
+    refused, and the records are journalled all the same, so the ledger reads as this
+    writer's view; once the mark is gone the next write folds them into the snapshot."""
+    import sexpgpu.sweeps.ledger as ledger_module
+
+    monkeypatch.setattr(ledger_module, "MARK_WAIT_S", 0.0)
+    store = Store.open(str(tmp_path))
+    ledger = SweepLedger(file="grid.lisp", sweep="lrs", points=records(6))
+    writer = LedgerStore(store, PREFIX, "driver-a")
+    assert writer.write_whole(ledger, merge=False)
+    snapshot = store.read_bytes(f"{PREFIX}/sweep.json")
+    assert store.create_new(f"{PREFIX}/compacting", b"driver-b\n")  # driver-b is compacting
+    ledger.points[2].state, ledger.points[2].attempts = "finished", 1
+    assert not writer.write_whole(ledger)
+    assert writer.refused == 1 and store.read_bytes(f"{PREFIX}/sweep.json") == snapshot and len(journal_objects(store)) == 1
+    read = LedgerStore(store, PREFIX).read()
+    assert read is not None and read.points == ledger.points
+    store.delete(f"{PREFIX}/compacting")
+    assert writer.write_whole(ledger)
+    assert journal_objects(store) == [] and not store.exists(f"{PREFIX}/compacting")
+    final = SweepLedger.model_validate_json(store.read_bytes(f"{PREFIX}/sweep.json"))
+    assert final.points == ledger.points

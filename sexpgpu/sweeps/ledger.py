@@ -147,6 +147,8 @@ COMPACT_OBJECTS = 32  # journal objects a writer leaves since its last snapshot 
 JOURNAL_SHARE = 4  # ... and the journal bytes since then, times this, at least the snapshot's
 MOST_OBJECTS = 512  # journal objects since its last snapshot after which a writer compacts whatever their bytes
 STALE_COMPACTION_S = 120.0  # a local compaction's mark older than this was left by a writer killed in it
+WHOLE_TRIES = 4  # reads and guarded writes of the whole ledger on an object store before its snapshot is left to a later writer
+MARK_WAIT_S = 5.0  # how long a whole-ledger write waits for another writer's local compaction to end
 
 
 def concurrently(action: Callable[[T], R], items: Iterable[T], workers: int = READERS) -> list[R]:
@@ -157,6 +159,21 @@ def concurrently(action: Callable[[T], R], items: Iterable[T], workers: int = RE
         return [action(item) for item in todo]
     with ThreadPoolExecutor(max_workers=min(workers, len(todo)), thread_name_prefix="sexpgpu-ledger") as pool:
         return list(pool.map(action, todo))
+
+
+def keep_advanced(ours: SweepLedger, stored: SweepLedger, writer: str) -> None:
+    """OURS, with the record STORED holds for each point another writer has advanced
+    further than OURS knows (more attempts, or ended for as many steps as OURS asks: a
+    halving stage asks more of a point an earlier stage ended at its rung), rather than our
+    older view. A point WRITER holds or held, or that OURS has ended, stays as OURS has it."""
+    theirs = {p.slug: p for p in stored.points}
+    for i, record in enumerate(ours.points):
+        other = theirs.get(record.slug)
+        if other is None or record.lease == writer or other.lease == writer or record.state in DONE:
+            continue
+        ended = other.state in DONE and (other.state == "failed" or (other.planned or 0) >= (record.planned or 0))
+        if other.attempts > record.attempts or ended:
+            ours.points[i] = other.model_copy(update={"point": record.point, "knobs": record.knobs})
 
 
 class LedgerStore:
@@ -189,7 +206,8 @@ class LedgerStore:
     before the read); on a local folder, only by the writer that created the compaction's mark
     (`compacting`, an exclusive create; one older than STALE_COMPACTION_S is taken over). The
     other leaves everything as it is and compacts at a later round. So neither removes what the
-    other's snapshot lacks. An object store without conditional writes is not guarded.
+    other's snapshot lacks. The snapshot written as a sweep starts and ends (`write_whole`)
+    is guarded the same way. An object store without conditional writes is not guarded.
 
     Reading takes the snapshot and lays every journal line over it, by slug, in the
     journal's order (a record is journalled at every change of its point, so the last one
@@ -216,9 +234,15 @@ class LedgerStore:
         self.compactions = 0
         self.refused = 0  # compactions left to a later round: another writer's was under way or done first
         self.mark_path = f"{prefix}/compacting"
+        self._guarded: Optional[bool] = None  # guard(), found once
+        self.read_version: Optional[str] = None  # the snapshot's version read() read (guard()): "" for none
 
     def read(self) -> Optional[SweepLedger]:
-        """The ledger as the store holds it; None when there is none."""
+        """The ledger as the store holds it; None when there is none. Where a snapshot is
+        written guarded (guard()), the snapshot's version is taken first, into read_version:
+        a snapshot written over the read is refused once another has replaced it since."""
+        if self.guard():
+            self.read_version = self.store.version(self.snapshot_path) or ""
         try:
             data = self.store.read_bytes(self.snapshot_path)
             self.snapshot_bytes = len(data)
@@ -291,12 +315,11 @@ class LedgerStore:
         if self.store.is_local:
             self.compact_marked()
             return
-        guarded = self.store.conditional_writes()
-        version = self.store.version(self.snapshot_path) if guarded else None  # before the read: a newer snapshot fails the write
+        guard = self.guard()
         ledger = self.snapshot_to_write()
         if ledger is None:
             return
-        if not self.write_snapshot(ledger, guard=(version or "") if guarded else None):
+        if not self.write_snapshot(ledger, guard=self.read_version if guard else None):
             self.left_for_later()
             return
         self.compactions += 1
@@ -304,16 +327,9 @@ class LedgerStore:
     def compact_marked(self) -> None:
         """compact on a local folder: only under the compaction's mark, taken over when a
         writer killed in its compaction left it."""
-        mark = f"{self.writer} {now()}\n".encode()
-        if not self.store.create_new(self.mark_path, mark):
-            aside = self.store.move_aside(self.mark_path) if self.mark_is_stale() else None
-            if aside is None:
-                self.left_for_later()
-                return
-            aside.discard()
-            if not self.store.create_new(self.mark_path, mark):  # another writer took it over first
-                self.left_for_later()
-                return
+        if not self.take_mark():
+            self.left_for_later()
+            return
         try:
             ledger = self.snapshot_to_write()
             if ledger is not None:
@@ -321,6 +337,78 @@ class LedgerStore:
                 self.compactions += 1
         finally:
             self.store.delete(self.mark_path)
+
+    def take_mark(self) -> bool:
+        """The local compaction's mark, created here (taken over when a writer killed in its
+        compaction left it); False when another writer holds it."""
+        mark = f"{self.writer} {now()}\n".encode()
+        if self.store.create_new(self.mark_path, mark):
+            return True
+        aside = self.store.move_aside(self.mark_path) if self.mark_is_stale() else None
+        if aside is None:
+            return False
+        aside.discard()
+        return self.store.create_new(self.mark_path, mark)  # False: another writer took it over first
+
+    def guard(self) -> bool:
+        """Whether a snapshot written here is guarded by the version read() took (an object
+        store with conditional writes); read() takes that version only then."""
+        if self._guarded is None:
+            self._guarded = not self.store.is_local and self.store.conditional_writes()
+        return self._guarded
+
+    def write_whole(self, ledger: SweepLedger, merge: bool = True) -> bool:
+        """LEDGER (this writer's view of every point, as a sweep starts or ends) into the
+        store: with MERGE, merged over the ledger as the store holds it (`keep_advanced`;
+        without, as a sweep's first write takes its view as it is), the records
+        that differ journalled, and the merge written as the snapshot, guarded as a compaction
+        is (see the class) so that it never replaces a snapshot holding what it lacks. On an
+        object store a refused write reads and merges again, up to WHOLE_TRIES times; on a
+        local folder the write waits up to MARK_WAIT_S for another writer's compaction to end.
+        Past either, the snapshot is left to a later writer, the records journalled all the
+        same, and False. The merge is left in LEDGER."""
+        if self.store.is_local:
+            if not self.wait_for_mark():
+                self.merge_stored(ledger, merge)
+                self.left_for_later()
+                return False
+            try:
+                self.merge_stored(ledger, merge)
+                return self.write_snapshot(ledger)
+            finally:
+                self.store.delete(self.mark_path)
+        for _ in range(WHOLE_TRIES):
+            self.merge_stored(ledger, merge)
+            if self.write_snapshot(ledger, guard=self.read_version if self.guard() else None):
+                return True
+        self.left_for_later()
+        return False
+
+    def merge_stored(self, ledger: SweepLedger, merge: bool) -> None:
+        """LEDGER merged over the store's (read now, with MERGE; the read is taken all the
+        same, for the guard's version and the objects a snapshot folds), stamped, and its
+        records that differ from the store's journalled (the points another writer holds are
+        that writer's to write)."""
+        stored = self.read()
+        if stored is not None:
+            # what the store holds of every point, the snapshot's too: only what differs is
+            # journalled (an older view of a point journalled over another's would win)
+            self.stored.update((p.slug, p.model_dump_json()) for p in stored.points)
+            if merge:
+                keep_advanced(ledger, stored, self.writer)
+        ledger.updated = now()
+        self.write_points([p for p in ledger.points if p.lease is None or p.lease == self.writer], compact=False)
+
+    def wait_for_mark(self) -> bool:
+        """take_mark, trying again while another writer holds it, up to MARK_WAIT_S (its
+        compaction is a read and a write of the ledger); False after that."""
+        deadline, pause = time.monotonic() + MARK_WAIT_S, 0.005
+        while not self.take_mark():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.25)
+        return True
 
     def snapshot_to_write(self) -> Optional[SweepLedger]:
         """The ledger as the store holds it, stamped for a snapshot (a journal with no snapshot
