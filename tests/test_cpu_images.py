@@ -135,18 +135,25 @@ def test_a_max_pool_gradient_whose_windows_tile_the_input_is_one_kernel() -> Non
         assert (step.scratch_bytes(lowering.program.types()) == 0) == tiled
 
 
-def test_the_weight_gradient_is_one_product_of_its_transpose_then_a_move() -> None:
-    """conv2d_weight_grad's gemm computes dW^T (K x Og per group: cuBLAS's m = Og, n = K, the
-    whole batch deep), which a kernel then transposes into dW."""
+def test_the_weight_gradient_is_each_images_product_of_its_transpose_then_their_sum() -> None:
+    """conv2d_weight_grad's gemms compute each image's dW^T (K x Og per group: cuBLAS's m =
+    Og, n = K, one image deep, batched over the images, in f32), which a kernel adds in image
+    order and transposes into dW; on the host the images go a chunk at a time, the products
+    shared by the chunks and the columns each chunk's own."""
     for case in GRAD_CASES["conv2d_weight_grad"]:
         lowering = lower(one_op("conv2d_weight_grad", case, "f32"))
         (step,) = lowering.steps
         assert isinstance(step, ConvStep)
         geom = step.geometry(lowering.program.types())
-        (call,) = step.calls(lowering.program.types())
-        assert (call.m, call.n, call.k, call.batch) == (geom.og, geom.k, geom.n * geom.size[0] * geom.size[1], geom.groups), case.label()
+        calls = step.calls(lowering.program.types())
+        assert len(calls) == geom.groups, case.label()
+        for call in calls:
+            assert (call.m, call.n, call.k, call.batch, call.out_dtype) == (geom.og, geom.k, geom.size[0] * geom.size[1], geom.n, DType.f32), case.label()
         names = [prefix(k) for k in kernels_for(step, lowering.program, lowering.constants)]
-        assert names == ["sx_im2col", "sx_conv_grad_rows", "sx_conv_grad_transpose"], names
+        assert names == ["sx_im2col", "sx_conv_weight_sum"], names
+        (columns, columns_count), (products, products_count) = step.scratch_parts(lowering.program.types())
+        assert products == DType.f32 and products_count == geom.n * geom.groups * geom.k * geom.og, case.label()
+        assert step.private_bytes() >= columns_count * 4 and step.private_bytes() < step.scratch_bytes(lowering.program.types()), case.label()
 
 
 def test_a_chunk_is_the_largest_divisor_of_the_batch_whose_columns_fit() -> None:
@@ -175,7 +182,7 @@ def test_chunked_convolutions_and_row_loops_equal_the_emulated_device_bit_for_bi
         for what, program, feeds in cases:
             mine = backend.program(program)
             steps = [s for s in mine.lowering.steps if isinstance(s, ConvStep)]
-            if name == "chunked" and steps and steps[0].node.op != "conv2d_weight_grad" and mine.lowering.program.types()[steps[0].node.args[0]].shape[0] > 1:
+            if name == "chunked" and steps and mine.lowering.program.types()[steps[0].node.args[0]].shape[0] > 1:
                 assert steps[0].chunk == 1, what
                 chunked += 1
             got, want = mine.run(feeds)["y"], LoweredProgram(program, device).run(feeds)["y"]

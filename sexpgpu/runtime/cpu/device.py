@@ -472,10 +472,11 @@ class Recording(ProgramRun):
     def gemm(self, call: BlasCall, a: Any, b: Any, c: Any) -> None:
         self.current().add_gemm(call, [self.ref(x) for x in (a, b, c)])
 
-    def each(self, count: int, body: Callable[[int], None]) -> None:
+    def each(self, count: int, body: Callable[[int], None], private_bytes: Optional[int] = None) -> None:
         """One repeat op of COUNT items on the tape, each BODY's launches, recorded for items 0,
-        1 and the last to find how far each argument moves per item; the step's scratch a copy
-        per thread, so that the pool's threads may run items at once."""
+        1 and the last to find how far each argument moves per item; the step's scratch (its
+        first PRIVATE_BYTES where given) a copy per thread, so that the pool's threads may run
+        items at once."""
         if count < 2:
             for item in range(count):
                 body(item)
@@ -485,7 +486,7 @@ class Recording(ProgramRun):
         private = (0, 0)
         if raw is not None and raw.size:
             start = self.ref(raw)[1]
-            private = (start, start + raw.nbytes)
+            private = (start, start + (raw.nbytes if private_bytes is None else min(private_bytes, raw.nbytes)))
         self.current().add_repeat(count, first, second, last, private)
 
     def record_item(self, body: Callable[[int], None], item: int) -> Tape:

@@ -75,9 +75,12 @@ def numpy_ufuncs() -> tuple[str, ...]:
 
 # the host's side of the dialect's names (lower/codegen.py, DIALECT_NAMES) that the kernels'
 # functions use: plain static functions, the high product in 64 bits, and an add and a multiply
-# that round once (through a volatile: never contracted into a fused multiply-add)
+# that round once (through a volatile: never contracted into a fused multiply-add); whether
+# either of two numbers is NaN as the compiler's builtin (one unordered compare, which GCC
+# vectorizes: `a != a || b != b` keeps a max's loop scalar)
 HOST_ARITHMETIC = r"""
 #define SX_FN static inline
+#define SX_UNORDERED(a, b) __builtin_isunordered(a, b)
 SX_FN unsigned int sx_mulhi(unsigned int a, unsigned int b) { return (unsigned int)(((unsigned long long)a * b) >> 32); }
 SX_FN float sx_fadd(float a, float b) { volatile float r = a + b; return r; }
 SX_FN float sx_fmul(float a, float b) { volatile float r = a * b; return r; }

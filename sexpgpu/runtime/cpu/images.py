@@ -26,10 +26,16 @@ run a chunk of images at a time, the largest divisor of the batch whose columns 
 CACHE_BYTES (1 MiB, about one core's L2 here), so that the gemm reads the columns the im2col
 has just written (and the col2im those the gemm wrote) from the cache instead of memory. On
 the issue's CNN (28x28, 32 -> 64 channels, batch 64) a chunk is one image: 0.9 MB of
-columns instead of 58 MB. The weight gradient stays one gemm over the batch (its sum runs
-over every image). The chunks change no bit (no image's numbers involve another's). With
-threads, the chunks are the pool's items (a repeat on the tape, runtime_c.py): a chunk's
-im2col, gemm and col2im run on one core, on its own copy of the columns.
+columns instead of 58 MB. The weight gradient goes a chunk at a time too: each image's
+product (f32) into a part of the scratch the chunks share, which one kernel then adds in
+image order (lower/images.py, the same on a GPU). The chunks change no bit (no image's
+numbers involve another's). With threads, the chunks are the pool's items (a repeat on the
+tape, runtime_c.py): a chunk's im2col, gemm and col2im run on one core, on its own copy of
+the columns.
+
+A max-pool's windows are read cell by cell into named scalars and its first maximum is
+chosen without a branch (`first_maximum`), so that GCC vectorizes the loop over a row's
+windows; the host's SX_UNORDERED (hostc.py) is what lets it vectorize sx_maxf at all.
 """
 
 from __future__ import annotations
@@ -230,16 +236,23 @@ def col2im_runs(node: Node, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     return rows_kernel(kernel, d.n * d.c, body, COL2IM_RUNS, before)
 
 
-def grad_rows_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
-    """g[n, o, :] copied to row r = o * N + n of [O, N, OH*OW]."""
-    cells = d.oh * d.ow
-    body = [f"    const long long n = r % {d.n}LL, o = r / {d.n}LL;",
-            f"    for (long long l = 0; l < {cells}LL; ++l) out0[r * {cells}LL + l] = in0[(n * {d.o}LL + o) * {cells}LL + l];"]
-    return rows_kernel(kernel, d.o * d.n, body)
+def weight_sum_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
+    """dW[g, :, kk] for row r = g * K + kk of the images' products: the row's Og sums on the
+    stack, each image's row added in turn (image order, as each CUDA thread adds), then
+    stored down dW's column."""
+    images = kernel.params[0].shape[0] // (d.groups * d.k * d.og)
+    each = d.groups * d.k * d.og
+    body = [f"    const long long kk = r % {d.k}LL, g = r / {d.k}LL;",
+            f"    const float* __restrict__ row = in0 + r * {d.og}LL;",
+            f"    float acc[{d.og}];",
+            f"    for (long long o = 0; o < {d.og}LL; ++o) acc[o] = row[o];",
+            f"    for (long long i = 1; i < {images}LL; ++i) for (long long o = 0; o < {d.og}LL; ++o) acc[o] += row[i * {each}LL + o];",
+            f"    for (long long o = 0; o < {d.og}LL; ++o) out0[(g * {d.og}LL + o) * {d.k}LL + kk] = {to_storage('acc[o]', node.type.dtype)};"]
+    return rows_kernel(kernel, d.groups * d.k, body, "a row of the products per item (one kernel cell of a group), its sums on the stack, each image's row added in turn")
 
 
 ConvRows = Callable[[Node, Program, ImageLaunch, KernelSource], HostKernel]
-CONV_ROWS: dict[str, ConvRows] = {"sx_im2col": im2col_rows, "sx_col2im": col2im_rows, "sx_conv_grad_rows": grad_rows_rows}
+CONV_ROWS: dict[str, ConvRows] = {"sx_im2col": im2col_rows, "sx_col2im": col2im_rows, "sx_conv_weight_sum": weight_sum_rows}
 
 
 @register_emitter(ConvStep, platform=PLATFORM)
@@ -308,9 +321,12 @@ def unpadded_max_pool_rows(node: Node, program: Program, d: ImageLaunch, kernel:
 
 
 def first_maximum(d: ImageLaunch) -> list[str]:
-    """`at`: the first of a window's cells `v` that is NaN or equal to its `peak`."""
+    """`at`: the first of a window's cells `vK` that is NaN or equal to its `peak` (0 where
+    none is, which cannot be: the peak is a cell, or NaN with a NaN cell), chosen without a
+    branch so that the row's loop over its windows vectorizes."""
     cells = d.kh * d.kw
-    return ["      int at = 0;", f"      for (int k = {cells - 1}; k >= 0; --k) if (v[k] == peak || v[k] != v[k]) at = k;"]
+    marks = ", ".join(f"m{k} = SX_UNORDERED(v{k}, v{k}) ? 1 : v{k} == peak" for k in range(cells))
+    return [f"      const int {marks};", f"      const int at = {' : '.join(f'm{k} ? {k}' for k in range(cells))} : 0;"]
 
 
 def tile_grad_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
@@ -318,23 +334,29 @@ def tile_grad_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelS
     unpadded_max_pool_rows), its first maximum's cell given 0 + the window's gradient and its
     other cells 0."""
     dtype, g_dtype = node.type.dtype, program.types()[node.args[1]].dtype
+    gradient, zero = to_storage("gradient", dtype), to_storage("0.0f", dtype)
     result = [*first_maximum(d), f"      const float gradient = 0.0f + {from_storage(f'in1[r * {d.ow}LL + q]', g_dtype)};",
-              f"      for (int k = 0; k < {d.kh * d.kw}; ++k)",
-              f"        out0[(nc * {d.h}LL + p * {d.kh}LL + k / {d.kw}) * {d.w}LL + q * {d.kw}LL + k % {d.kw}] = k == at ? {to_storage('gradient', dtype)} : {to_storage('0.0f', dtype)};"]
+              *(f"      out0[(nc * {d.h}LL + p * {d.kh}LL + {k // d.kw}LL) * {d.w}LL + q * {d.kw}LL + {k % d.kw}LL] = at == {k} ? {gradient} : {zero};"
+                for k in range(d.kh * d.kw))]
     return window_loop(d, program.types()[node.args[0]].dtype, kernel, result, TILED_WINDOWS)
 
 
 def window_loop(d: ImageLaunch, dtype: DType, kernel: KernelSource, result: list[str], schedule: str = "") -> HostKernel:
-    """Over rows of unpadded windows: each window's cells read once into `v` (window order)
-    and folded into `peak`, then RESULT."""
+    """Over rows of unpadded windows: each window's cells read once into `v0`, `v1`, ...
+    (window order) and folded into `peak`, then RESULT. The loop over a row's windows is kept
+    a loop (GCC would unroll a short one whole, and then not vectorize it), and with the cells
+    named one by one it has no branch: the compiler vectorizes it."""
     cells = d.kh * d.kw
     store = c_types(dtype)[0]
+    reads = ", ".join(f"v{k} = {from_storage(f'cell[{(k // d.kw) * d.w + k % d.kw}LL]', dtype)}" for k in range(cells))
     body = [pool_out_coords(d),
             f"    const {store}* __restrict__ rows = in0 + (nc * {d.h}LL + p * {d.sh}LL) * {d.w}LL;",
+            "    #pragma GCC unroll 1",
             f"    for (long long q = 0; q < {d.ow}LL; ++q) {{",
             f"      const {store}* __restrict__ cell = rows + q * {d.sw}LL;",
-            f"      float v[{cells}], peak = -sx_inf();",
-            f"      for (int k = 0; k < {cells}; ++k) {{ v[k] = {from_storage(f'cell[(k / {d.kw}) * {d.w}LL + k % {d.kw}]', dtype)}; peak = sx_maxf(peak, v[k]); }}",
+            f"      const float {reads};",
+            "      float peak = -sx_inf();",
+            "      " + " ".join(f"peak = sx_maxf(peak, v{k});" for k in range(cells)),
             *result, "    }"]
     return rows_kernel(kernel, d.n * d.c * d.oh, body, schedule or WINDOWS_ONCE)
 

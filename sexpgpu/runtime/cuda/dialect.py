@@ -39,6 +39,7 @@ SX_FN unsigned int sx_float_bits(float f) { return __float_as_uint(f); }
 SX_FN unsigned int sx_mulhi(unsigned int a, unsigned int b) { return __umulhi(a, b); }
 SX_FN float sx_fadd(float a, float b) { return __fadd_rn(a, b); }
 SX_FN float sx_fmul(float a, float b) { return __fmul_rn(a, b); }
+#define SX_UNORDERED(a, b) ((a) != (a) || (b) != (b))
 #endif
 """
 

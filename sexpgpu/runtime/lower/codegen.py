@@ -41,10 +41,10 @@ SX_FN unsigned short sx_f32_to_bf16(float f) {
   return (unsigned short)(u >> 16);
 }
 SX_FN float sx_bf16_round(float f) { return sx_bf16_to_f32(sx_f32_to_bf16(f)); }
-SX_FN float sx_maxf(float a, float b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
-SX_FN float sx_minf(float a, float b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
-SX_FN double sx_maxd(double a, double b) { return (a != a || b != b) ? a + b : (a >= b ? a : b); }
-SX_FN double sx_mind(double a, double b) { return (a != a || b != b) ? a + b : (a <= b ? a : b); }
+SX_FN float sx_maxf(float a, float b) { return SX_UNORDERED(a, b) ? a + b : (a > b ? a : b); }
+SX_FN float sx_minf(float a, float b) { return SX_UNORDERED(a, b) ? a + b : (a < b ? a : b); }
+SX_FN double sx_maxd(double a, double b) { return SX_UNORDERED(a, b) ? a + b : (a >= b ? a : b); }
+SX_FN double sx_mind(double a, double b) { return SX_UNORDERED(a, b) ? a + b : (a <= b ? a : b); }
 SX_FN float sx_inf() { return sx_bits_float(0x7f800000u); }
 SX_FN float sx_nan() { return sx_bits_float(0x7fc00000u); }
 SX_FN void sx_philox(unsigned int c[4], unsigned int k0, unsigned int k1) {
@@ -65,7 +65,7 @@ SX_FN void sx_philox(unsigned int c[4], unsigned int k0, unsigned int k1) {
 # (SX_KERNEL for independent items, SX_COOPERATIVE for lanes that meet at barriers), where a
 # lane is (SX_LANE: its index in its group of SX_LANES, SX_GROUP: the group's index, of
 # SX_GROUPS), memory its group shares (SX_SHARED) and the barriers (SX_SYNC_WARP, SX_SYNC_BLOCK).
-DIALECT_NAMES = ("SX_FN", "SX_TABLE", "sx_bits_float", "sx_float_bits", "sx_mulhi", "sx_fadd", "sx_fmul",
+DIALECT_NAMES = ("SX_FN", "SX_TABLE", "sx_bits_float", "sx_float_bits", "sx_mulhi", "sx_fadd", "sx_fmul", "SX_UNORDERED",
                  "SX_KERNEL", "SX_COOPERATIVE", "SX_LANE", "SX_LANES", "SX_GROUP", "SX_GROUPS", "SX_SHARED", "SX_SYNC_WARP", "SX_SYNC_BLOCK")
 
 # storage type in memory, type the kernel computes in

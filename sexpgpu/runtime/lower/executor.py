@@ -208,7 +208,7 @@ class ProgramRun:
     def gemm(self, call: BlasCall, a: Any, b: Any, c: Any) -> None:
         self.device.runner.gemm(call, a, b, c)
 
-    def each(self, count: int, body: Callable[[int], None]) -> None:
+    def each(self, count: int, body: Callable[[int], None], private_bytes: Optional[int] = None) -> None:
         for item in range(count):
             body(item)
 

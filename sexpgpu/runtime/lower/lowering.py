@@ -104,10 +104,11 @@ class StepRun(Protocol):
         back on the device (an op that runs on the host, `OpDef.on_host`)."""
         ...
 
-    def each(self, count: int, body: Callable[[int], None]) -> None:
+    def each(self, count: int, body: Callable[[int], None], private_bytes: Optional[int] = None) -> None:
         """BODY(i) for each i in range(COUNT), whose launches read and write nothing another
-        i's write, but the step's scratch: each i may take the scratch as its own (the CPU
-        runs items on its threads at once, each with a copy; a GPU runs them in turn)."""
+        i's write, but the step's scratch: each i may take the scratch (its first
+        PRIVATE_BYTES, where given; the rest each i writes a part of its own) as its own (the
+        CPU runs items on its threads at once, each with a copy; a GPU runs them in turn)."""
         ...
 
 
