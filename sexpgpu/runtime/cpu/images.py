@@ -1,6 +1,6 @@
 """The host schedule of the image steps (runtime/lower/images.py): im2col, col2im, the
-gradient's row move and the max-pools as loops over rows or planes, each row's inner loop
-contiguous.
+weight gradient's sum of its images' products and the max-pools as loops over rows or
+planes, each row's inner loop contiguous.
 
 The CUDA kernels give a thread to each element and find its coordinates by dividing its
 flat index; on the host that costs more than the copy itself. Here an item is a row (the
