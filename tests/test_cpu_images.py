@@ -72,6 +72,7 @@ def image_cases() -> list[tuple[str, Any, dict[str, np.ndarray]]]:
     out = []
     for op in (*CONVOLUTIONS, *POOLS):
         own = GRAD_CASES[op] + (GAPS if op == "max_pool2d_grad" else [Case(case.args[:1], case.attrs) for case in GAPS] if op == "max_pool2d" else [])
+        own += WIDE_WEIGHTS if op == "conv2d_weight_grad" else []  # the weight gradient's other schedule
         cases = [(case, dtype) for case in own for dtype in ("f32", "bf16")] + [(c, d) for o, c, d in pool_edge_cases() if o == op]
         cases += [(c, d) for o, c, dtypes in UNPADDED if o == op for d in dtypes] + [(c, d) for o, c in SAME if o == op for d in ("f32", "bf16")]
         for index, (case, dtype) in enumerate(cases):
@@ -156,6 +157,44 @@ def test_the_weight_gradient_is_each_images_product_of_its_transpose_then_their_
         assert step.private_bytes() >= columns_count * 4 and step.private_bytes() < step.scratch_bytes(lowering.program.types()), case.label()
 
 
+# weight gradients with more output channels per group than output cells: each image's
+# product would take more memory than the batch's columns
+WIDE_WEIGHTS = [
+    Case([F(3, 3, 2, 2), F(3, 8, 2, 2)], {"stride": 1, "padding": 0, "dilation": 1, "groups": 1, "weight_shape": [8, 3, 1, 1]}),
+    Case([F(2, 4, 3, 2), F(2, 12, 2, 1)], {"stride": 1, "padding": 0, "dilation": 1, "groups": 2, "weight_shape": [12, 2, 2, 2]}),
+]
+
+
+def test_a_weight_gradient_whose_products_outgrow_the_columns_is_one_product_over_the_batch(runtimes: dict[str, Any]) -> None:
+    """Where each image's product (f32) would take more memory than the batch's columns
+    (more output channels per group than output cells), the weight gradient is one gemm over
+    the batch on the gradient's rows moved together, then a transpose; its bits are still the
+    emulated device's, with the default cache and with one so small it would chunk."""
+    from sexpgpu.runtime.cpu.device import CpuBackend
+
+    device = emulated(runtimes)
+    for case in WIDE_WEIGHTS:
+        for dtype in ("f32", "bf16"):
+            program = one_op("conv2d_weight_grad", case, dtype)
+            lowering = lower(program)
+            (step,) = lowering.steps
+            assert isinstance(step, ConvStep) and not step.per_image(lowering.program.types()), case.label()
+            names = [prefix(k) for k in kernels_for(step, lowering.program, lowering.constants)]
+            assert names == ["sx_im2col", "sx_conv_grad_rows", "sx_conv_grad_transpose"], names
+            (call,) = step.calls(lowering.program.types())
+            geom = step.geometry(lowering.program.types())
+            assert (call.m, call.n, call.k, call.batch) == (geom.og, geom.k, geom.n * geom.size[0] * geom.size[1], geom.groups), case.label()
+            feeds = {f"x{i}": arg.draw(_rng("wide weights", i, dtype), dtype) for i, arg in enumerate(case.args)}
+            want = LoweredProgram(program, device).run(feeds)["y"]
+            y_type = program.types()[program.outputs["y"]]
+            for name in ("libm", "chunked"):
+                backend = CpuBackend(runtimes[name])
+                mine = backend.program(program)
+                assert [s.chunk for s in mine.lowering.steps if isinstance(s, ConvStep)] == [0], case.label()
+                got = mine.run(feeds)["y"]
+                assert_same_bits(backend.get(got, y_type), backend.get(want, y_type), f"{case.label()} {dtype} ({name})")
+
+
 def test_a_chunk_is_the_largest_divisor_of_the_batch_whose_columns_fit() -> None:
     def geom(n: int, c: int, hw: int) -> ImageLaunch:
         return conv_launch(conv_geometry("conv2d", (n, c, hw, hw), (8, c, 3, 3), {"padding": 1}, ""), DType.f32, DType.f32, DType.f32)
@@ -182,7 +221,8 @@ def test_chunked_convolutions_and_row_loops_equal_the_emulated_device_bit_for_bi
         for what, program, feeds in cases:
             mine = backend.program(program)
             steps = [s for s in mine.lowering.steps if isinstance(s, ConvStep)]
-            if name == "chunked" and steps and mine.lowering.program.types()[steps[0].node.args[0]].shape[0] > 1:
+            types = mine.lowering.program.types()
+            if name == "chunked" and steps and types[steps[0].node.args[0]].shape[0] > 1 and (steps[0].node.op != "conv2d_weight_grad" or steps[0].per_image(types)):
                 assert steps[0].chunk == 1, what
                 chunked += 1
             got, want = mine.run(feeds)["y"], LoweredProgram(program, device).run(feeds)["y"]

@@ -28,7 +28,8 @@ has just written (and the col2im those the gemm wrote) from the cache instead of
 the issue's CNN (28x28, 32 -> 64 channels, batch 64) a chunk is one image: 0.9 MB of
 columns instead of 58 MB. The weight gradient goes a chunk at a time too: each image's
 product (f32) into a part of the scratch the chunks share, which one kernel then adds in
-image order (lower/images.py, the same on a GPU). The chunks change no bit (no image's
+image order (lower/images.py, the same on a GPU), where the products fit in what the
+batch's columns would take (`products_fit`; else one gemm over the batch, on both devices). The chunks change no bit (no image's
 numbers involve another's). With threads, the chunks are the pool's items (a repeat on the
 tape, runtime_c.py): a chunk's im2col, gemm and col2im run on one core, on its own copy of
 the columns.
@@ -236,6 +237,15 @@ def col2im_runs(node: Node, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     return rows_kernel(kernel, d.n * d.c, body, COL2IM_RUNS, before)
 
 
+def grad_rows_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
+    """g[n, o, :] copied to row r = o * N + n of [O, N, OH*OW]."""
+    cells = d.oh * d.ow
+    body = [f"    const long long n = r % {d.n}LL, o = r / {d.n}LL;",
+            f"    for (long long l = 0; l < {cells}LL; ++l) out0[r * {cells}LL + l] = in0[(n * {d.o}LL + o) * {cells}LL + l];"]
+    return rows_kernel(kernel, d.o * d.n, body)
+
+
+
 def weight_sum_rows(node: Node, program: Program, d: ImageLaunch, kernel: KernelSource) -> HostKernel:
     """dW[g, :, kk] for row r = g * K + kk of the images' products: the row's Og sums on the
     stack, each image's row added in turn (image order, as each CUDA thread adds), then
@@ -252,7 +262,8 @@ def weight_sum_rows(node: Node, program: Program, d: ImageLaunch, kernel: Kernel
 
 
 ConvRows = Callable[[Node, Program, ImageLaunch, KernelSource], HostKernel]
-CONV_ROWS: dict[str, ConvRows] = {"sx_im2col": im2col_rows, "sx_col2im": col2im_rows, "sx_conv_weight_sum": weight_sum_rows}
+CONV_ROWS: dict[str, ConvRows] = {"sx_im2col": im2col_rows, "sx_col2im": col2im_rows, "sx_conv_grad_rows": grad_rows_rows,
+                                  "sx_conv_weight_sum": weight_sum_rows}
 
 
 @register_emitter(ConvStep, platform=PLATFORM)

@@ -156,6 +156,29 @@ def col2im_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
                     shape_size(shape) * d.kh * d.kw)
 
 
+def grad_rows_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
+    """g [N, O, OH*OW] moved to [O, N, OH*OW] (a gemm's rows, every image's together)."""
+    g = node.args[1]
+    g_t = program.types()[g]
+    store, _ = c_types(g_t.dtype)
+    cells = d.oh * d.ow
+    body = [f"    const long long l = e % {cells}LL, n = (e / {cells}LL) % {d.n}LL, o = e / {d.n * cells}LL;",
+            f"    out0[e] = in0[(n * {d.o}LL + o) * {cells}LL + l];"]
+    params = [Param("in", g, g_t.dtype, tuple(g_t.shape)), Param("out", -1, g_t.dtype, (shape_size(g_t.shape),))]
+    return assemble("sx_conv_grad_rows", [f"const {store}* __restrict__ in0", f"{store}* __restrict__ out0"], "e", body, params, shape_size(g_t.shape), 0)
+
+
+def transpose_kernel(node: Node, program: Program, d: ImageLaunch) -> KernelSource:
+    """dW[g, o, kk] = the product's [g, kk, o] (each group's K x Og matrix transposed)."""
+    dtype = node.type.dtype
+    store, _ = c_types(dtype)
+    body = [f"    const long long kk = e % {d.k}LL, o = (e / {d.k}LL) % {d.og}LL, g = e / {d.og * d.k}LL;",
+            f"    out0[e] = in0[(g * {d.k}LL + kk) * {d.og}LL + o];"]
+    shape = tuple(node.type.shape)
+    params = [Param("in", -1, dtype, (shape_size(shape),)), Param("out", node.id, dtype, shape)]
+    return assemble("sx_conv_grad_transpose", [f"const {store}* __restrict__ in0", f"{store}* __restrict__ out0"], "e", body, params, shape_size(shape), 0)
+
+
 def weight_sum_kernel(node: Node, program: Program, d: ImageLaunch, images: int) -> KernelSource:
     """dW[g, o, kk] = the images' products [n, g, kk, o] (each group's K x Og matrix, f32)
     added in image order from the first, rounded once to dW's dtype. A thread per product
@@ -172,9 +195,18 @@ def weight_sum_kernel(node: Node, program: Program, d: ImageLaunch, images: int)
     return assemble("sx_conv_weight_sum", ["const float* __restrict__ in0", f"{store}* __restrict__ out0"], "e", body, params, each, each * (images - 1))
 
 
-def conv_calls(node: Node, d: ImageLaunch, dtype: DType) -> list[BlasCall]:
+def products_fit(d: ImageLaunch) -> bool:
+    """Whether the weight gradient of the whole batch D keeps each image's product (f32):
+    where those take no more memory than the batch's columns would (Og <= OH*OW, for f32
+    columns), so that the step's scratch is never more than twice what one gemm over the
+    batch needs. A rule of the shapes alone, the same on every device."""
+    return 4 * d.n * d.groups * d.k * d.og <= BYTES[d.first] * d.columns
+
+
+def conv_calls(node: Node, d: ImageLaunch, dtype: DType, per_image: bool = False) -> list[BlasCall]:
     """The gemms of the convolution op NODE, with cuBLAS's first matrix our B (see
-    `ConvStep.launch` for the buffers each reads and writes)."""
+    `ConvStep.launch` for the buffers each reads and writes); PER_IMAGE: the weight
+    gradient's products image by image (`products_fit`)."""
     og, k, cells, n, groups = d.og, d.k, d.oh * d.ow, d.n, d.groups
     wide = n * cells
     if node.op == "conv2d":  # y[n, g] (Og x L) = W_g (Og x K) @ cols[g][:, n] (K x L), batched over n
@@ -183,16 +215,20 @@ def conv_calls(node: Node, d: ImageLaunch, dtype: DType) -> list[BlasCall]:
     if node.op == "conv2d_input_grad":  # cols[g][:, n] (K x L) = W_g^T (K x Og) @ g[n, g] (Og x L), into f32 columns
         return [row_major(k, cells, og, Rows(k, g * og * k, 0), Rows(cells, g * og * cells, d.o * cells), Rows(wide, g * k * wide, cells),
                           True, False, n, dtype, DType.f32) for g in range(groups)]
-    # each image's product, f32: P[n, g] (K x Og) = cols[g][:, n] (K x L) @ g[n, g]^T (L x Og),
-    # batched over the images (`weight_sum_kernel` adds them in image order into dW): per
-    # image, so that a chunk's columns are still in the cache when its gemm reads them, and
-    # the gradient's rows are read where they are; OpenBLAS's AVX-512 kernels compute this
+    if per_image:
+        # each image's product, f32: P[n, g] (K x Og) = cols[g][:, n] (K x L) @ g[n, g]^T (L x Og),
+        # batched over the images (`weight_sum_kernel` adds them in image order into dW): per
+        # image, so that a chunk's columns are still in the cache when its gemm reads them, and
+        # the gradient's rows are read where they are
+        return [row_major(k, og, cells, Rows(wide, g * k * wide, cells), Rows(cells, g * og * cells, d.o * cells), Rows(og, g * k * og, groups * k * og),
+                          False, True, n, dtype, DType.f32) for g in range(groups)]
+    # dW_g^T (K x Og) = cols_g (K x N*L) @ rows_g^T (N*L x Og), batched over the groups, into
+    # scratch (`transpose_kernel` moves it to dW): OpenBLAS's AVX-512 kernels compute this
     # orientation (K x Og) 1.1-1.4x as fast as dW_g's own
-    return [row_major(k, og, cells, Rows(wide, g * k * wide, cells), Rows(cells, g * og * cells, d.o * cells), Rows(og, g * k * og, groups * k * og),
-                      False, True, n, dtype, DType.f32) for g in range(groups)]
+    return [row_major(k, og, wide, Rows(wide, 0, k * wide), Rows(wide, 0, og * wide), Rows(og, 0, k * og), False, True, groups, dtype, dtype)]
 
 
-CHUNKED = ("conv2d", "conv2d_input_grad", "conv2d_weight_grad")
+CHUNKED = ("conv2d", "conv2d_input_grad")  # and the weight gradient where it keeps each image's product (products_fit)
 
 
 def chunk_images(d: ImageLaunch, column_bytes: int, cache_bytes: int) -> int:
@@ -213,8 +249,10 @@ class ConvStep(NodeStep):
     reads what the gemm wrote): each chunk's im2col and gemms, or gemms and col2im, on views
     of the chunk's images, the chunks one `StepRun.each` (the CPU's threads take whole chunks,
     each in its own copy of the columns). The same bits: no image's columns, products or sums
-    involve another's; the weight gradient's per-image products go to a part of the scratch
-    the chunks share (each its own images'), then one kernel adds them in image order."""
+    involve another's; the weight gradient's per-image products (where they fit:
+    `products_fit`) go to a part of the scratch the chunks share (each its own images'), then
+    one kernel adds them in image order. A weight gradient whose products would outgrow the
+    batch's columns is one gemm over the batch, on the gradient's rows moved together."""
 
     parts: list[tuple[DType, int]] = field(default_factory=list)  # scratch_parts, worked out when lowered
     gemms: list[BlasCall] = field(default_factory=list)  # calls, likewise
@@ -234,9 +272,9 @@ class ConvStep(NodeStep):
 
     def fit_cache(self, types: dict[int, TensorType], cache_bytes: int) -> None:
         """Launch a chunk of images at a time when the batch's columns outgrow CACHE_BYTES."""
-        if self.node.op not in CHUNKED:
-            return
         whole = conv_launch(self.geometry(types), *node_dtypes(self.node, types))
+        if self.node.op not in CHUNKED and not self.per_image(types):
+            return
         column_bytes = BYTES[DType.f32] if self.node.op == "conv2d_input_grad" else BYTES[whole.first]
         chunk = chunk_images(whole, column_bytes, cache_bytes)
         self.chunk = 0 if chunk == whole.n else chunk
@@ -249,7 +287,13 @@ class ConvStep(NodeStep):
             return [(d.first, d.columns)]
         if self.node.op == "conv2d_input_grad":
             return [(DType.f32, d.columns)]
-        return [(d.first, d.columns), (DType.f32, self.geometry(types).n * shape_size(self.node.type.shape))]
+        if self.per_image(types):
+            return [(d.first, d.columns), (DType.f32, self.geometry(types).n * shape_size(self.node.type.shape))]
+        return [(d.first, d.columns), (d.first, shape_size(types[self.node.args[1]].shape)), (d.first, shape_size(self.node.type.shape))]
+
+    def per_image(self, types: dict[int, TensorType]) -> bool:
+        """A weight gradient that keeps each image's product (`products_fit`)."""
+        return self.node.op == "conv2d_weight_grad" and products_fit(conv_launch(self.geometry(types), *node_dtypes(self.node, types)))
 
     def private_bytes(self) -> int:
         """The scratch a chunk takes as its own: the columns (the weight gradient's products,
@@ -266,11 +310,13 @@ class ConvStep(NodeStep):
             return [im2col_kernel(self.node, program, d)]
         if self.node.op == "conv2d_input_grad":
             return [col2im_kernel(self.node, program, d)]
-        return [im2col_kernel(self.node, program, d), weight_sum_kernel(self.node, program, d, self.geometry(program.types()).n)]
+        if self.per_image(program.types()):
+            return [im2col_kernel(self.node, program, d), weight_sum_kernel(self.node, program, d, self.geometry(program.types()).n)]
+        return [im2col_kernel(self.node, program, d), grad_rows_kernel(self.node, program, d), transpose_kernel(self.node, program, d)]
 
     def calls(self, types: dict[int, TensorType]) -> list[BlasCall]:
         d = self.shape(types)
-        return conv_calls(self.node, d, d.first)
+        return conv_calls(self.node, d, d.first, self.per_image(types))
 
     def launch(self, run: StepRun, kernels: list[KernelSource]) -> None:
         node = self.node
@@ -299,10 +345,17 @@ class ConvStep(NodeStep):
             for call in self.gemms:
                 run.gemm(call, second[images], parts[0], products)
 
-        body = forward if node.op == "conv2d" else input_grad if node.op == "conv2d_input_grad" else weight_grad
-        run.each(batch // chunk, body, self.private_bytes() if node.op == "conv2d_weight_grad" else None)
-        if node.op == "conv2d_weight_grad":
-            run.launch(kernels[1], [parts[1], out])
+        if node.op == "conv2d_weight_grad" and len(kernels) == 3:  # one gemm over the batch, on the rows moved together
+            run.launch(kernels[0], [first, parts[0]])
+            run.launch(kernels[1], [second, parts[1]])
+            for call in self.gemms:
+                run.gemm(call, parts[1], parts[0], parts[2])
+            run.launch(kernels[2], [parts[2], out])
+        else:
+            body = forward if node.op == "conv2d" else input_grad if node.op == "conv2d_input_grad" else weight_grad
+            run.each(batch // chunk, body, self.private_bytes() if node.op == "conv2d_weight_grad" else None)
+            if node.op == "conv2d_weight_grad":
+                run.launch(kernels[1], [parts[1], out])
         run.set(node.id, out)
 
     def part_arrays(self, run: StepRun) -> list[Any]:
@@ -324,13 +377,15 @@ class ConvStep(NodeStep):
         precision = "bf16 in, f32 accumulate" if dtype == DType.bf16 else dtype.value
         names = [k.name for k in kernels]
         gemm_text = f"{gemm} {shape} ({precision})"
-        text = [names[0], gemm_text] if self.node.op == "conv2d" else [gemm_text, names[0]] if self.node.op == "conv2d_input_grad" else [names[0], gemm_text, names[1]]
+        text = ([names[0], gemm_text] if self.node.op == "conv2d" else [gemm_text, names[0]] if self.node.op == "conv2d_input_grad"
+                else [names[0], gemm_text, names[1]] if len(names) == 2 else [*names[:2], gemm_text, names[2]])
         chunks = self.geometry(types).n // self.chunk if self.chunk else 1
-        per_chunk, once = (kernels[:1], kernels[1:]) if self.node.op == "conv2d_weight_grad" else (kernels, [])  # the products' sum: once
+        per_chunk, once = (kernels[:1], kernels[1:]) if self.per_image(types) else (kernels, [])  # the products' sum: once
         gemm_bytes = sum(call.batch * (call.m * call.k * BYTES[call.in_dtype] + call.k * call.n * BYTES[call.in_dtype] + call.m * call.n * BYTES[call.out_dtype])
                          for call in calls)
         how = {"conv2d": "im2col in the step's scratch", "conv2d_input_grad": "f32 columns in the step's scratch, added back per input cell",
-               "conv2d_weight_grad": "im2col in the step's scratch, each image's product in f32, added in image order"}[self.node.op]
+               "conv2d_weight_grad": "im2col in the step's scratch, " + ("each image's product in f32, added in image order" if self.per_image(types)
+                                                                          else "one product over the batch (each image's would outgrow the columns)")}[self.node.op]
         return KernelLine(step=index, kind=self.kind, kernel=" + ".join(text), nodes=[lowered.label(self.node)], elements=shape_size(self.node.type.shape),
                           bytes=chunks * (sum(k.bytes for k in per_chunk) + gemm_bytes) + sum(k.bytes for k in once),
                           flops=chunks * (sum(c.flops for c in calls) + sum(k.flops for k in per_chunk)) + sum(k.flops for k in once),
