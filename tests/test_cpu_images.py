@@ -178,7 +178,7 @@ def test_a_weight_gradient_whose_products_outgrow_the_columns_is_one_product_ove
             program = one_op("conv2d_weight_grad", case, dtype)
             lowering = lower(program)
             (step,) = lowering.steps
-            assert isinstance(step, ConvStep) and not step.per_image(lowering.program.types()), case.label()
+            assert isinstance(step, ConvStep) and not step.per_image, case.label()
             names = [prefix(k) for k in kernels_for(step, lowering.program, lowering.constants)]
             assert names == ["sx_im2col", "sx_conv_grad_rows", "sx_conv_grad_transpose"], names
             (call,) = step.calls(lowering.program.types())
@@ -222,7 +222,7 @@ def test_chunked_convolutions_and_row_loops_equal_the_emulated_device_bit_for_bi
             mine = backend.program(program)
             steps = [s for s in mine.lowering.steps if isinstance(s, ConvStep)]
             types = mine.lowering.program.types()
-            if name == "chunked" and steps and types[steps[0].node.args[0]].shape[0] > 1 and (steps[0].node.op != "conv2d_weight_grad" or steps[0].per_image(types)):
+            if name == "chunked" and steps and types[steps[0].node.args[0]].shape[0] > 1 and (steps[0].node.op != "conv2d_weight_grad" or steps[0].per_image):
                 assert steps[0].chunk == 1, what
                 chunked += 1
             got, want = mine.run(feeds)["y"], LoweredProgram(program, device).run(feeds)["y"]

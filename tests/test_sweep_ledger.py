@@ -9,7 +9,9 @@ import json
 import os
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -305,19 +307,27 @@ def test_a_compaction_under_way_is_left_alone_by_another_writer(tmp_path: Path) 
     assert read is not None and read.points == ledger.points
 
 
-def test_of_two_writers_compacting_at_once_on_s3_the_later_leaves_the_snapshot_alone() -> None:
-    """S3 on loopback (moto): driver-a reads the ledger to compact it; before it writes,
-    driver-b journals a change and compacts (its snapshot holds the change, its journal object
-    is removed). driver-a's snapshot, which lacks the change, is refused by the store (If-Match
-    on the version it read over), so the change is not lost; driver-a compacts later."""
+@contextmanager
+def two_writers_on_s3(points: int) -> Iterator[tuple[str, SweepLedger, LedgerStore, LedgerStore]]:
+    """S3 on loopback (moto): a bucket's URL, a ledger of POINTS points written as its
+    snapshot by driver-a, and the LedgerStores of driver-a and driver-b."""
     pytest.importorskip("s3fs")
     from s3_server import MotoS3, make_bucket, patched_env, s3_env
 
     with MotoS3() as moto, patched_env(s3_env(moto.endpoint)):
         url = f"s3://{make_bucket(None, moto.endpoint)}/team"
-        ledger = SweepLedger(file="grid.lisp", sweep="lrs", points=records(10))
+        ledger = SweepLedger(file="grid.lisp", sweep="lrs", points=records(points))
         first, second = LedgerStore(Store.open(url), PREFIX, "driver-a"), LedgerStore(Store.open(url), PREFIX, "driver-b")
         first.write_snapshot(ledger)
+        yield url, ledger, first, second
+
+
+def test_of_two_writers_compacting_at_once_on_s3_the_later_leaves_the_snapshot_alone() -> None:
+    """S3 on loopback (moto): driver-a reads the ledger to compact it; before it writes,
+    driver-b journals a change and compacts (its snapshot holds the change, its journal object
+    is removed). driver-a's snapshot, which lacks the change, is refused by the store (If-Match
+    on the version it read over), so the change is not lost; driver-a compacts later."""
+    with two_writers_on_s3(10) as (url, ledger, first, second):
         for i in range(4):
             ledger.points[i].state = "finished"
             (first if i % 2 else second).write_points([ledger.points[i]], compact=False)
@@ -418,14 +428,7 @@ def test_a_sweep_ends_on_s3_without_replacing_a_snapshot_that_holds_what_it_lack
     snapshot alone). driver-a's snapshot, which lacks it, is refused (If-Match on the version
     it read over); it reads again, keeps driver-b's record of that point (advanced further
     than driver-a knew) and its own of the rest, and writes. Nothing is lost."""
-    pytest.importorskip("s3fs")
-    from s3_server import MotoS3, make_bucket, patched_env, s3_env
-
-    with MotoS3() as moto, patched_env(s3_env(moto.endpoint)):
-        url = f"s3://{make_bucket(None, moto.endpoint)}/team"
-        stored = SweepLedger(file="grid.lisp", sweep="lrs", points=records(10))
-        first, second = LedgerStore(Store.open(url), PREFIX, "driver-a"), LedgerStore(Store.open(url), PREFIX, "driver-b")
-        first.write_snapshot(stored)
+    with two_writers_on_s3(10) as (url, stored, first, second):
         ours = stored.model_copy(deep=True)
         ours.points[5].state, ours.points[5].attempts = "finished", 1  # driver-a's own end
         read, reads = first.read, []

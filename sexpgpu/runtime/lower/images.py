@@ -258,6 +258,7 @@ class ConvStep(NodeStep):
     gemms: list[BlasCall] = field(default_factory=list)  # calls, likewise
     chunk: int = 0  # images per launch; 0: the whole batch, one launch of each kernel and gemm
     launch_shape: Optional[ImageLaunch] = None  # `shape`, kept
+    per_image: bool = False  # a weight gradient that keeps each image's product (`products_fit`), decided when lowered
     kind: ClassVar[str] = "image"
 
     def geometry(self, types: dict[int, TensorType]) -> ConvGeom:
@@ -273,7 +274,7 @@ class ConvStep(NodeStep):
     def fit_cache(self, types: dict[int, TensorType], cache_bytes: int) -> None:
         """Launch a chunk of images at a time when the batch's columns outgrow CACHE_BYTES."""
         whole = conv_launch(self.geometry(types), *node_dtypes(self.node, types))
-        if self.node.op not in CHUNKED and not self.per_image(types):
+        if self.node.op not in CHUNKED and not self.per_image:
             return
         column_bytes = BYTES[DType.f32] if self.node.op == "conv2d_input_grad" else BYTES[whole.first]
         chunk = chunk_images(whole, column_bytes, cache_bytes)
@@ -287,13 +288,9 @@ class ConvStep(NodeStep):
             return [(d.first, d.columns)]
         if self.node.op == "conv2d_input_grad":
             return [(DType.f32, d.columns)]
-        if self.per_image(types):
+        if self.per_image:
             return [(d.first, d.columns), (DType.f32, self.geometry(types).n * shape_size(self.node.type.shape))]
         return [(d.first, d.columns), (d.first, shape_size(types[self.node.args[1]].shape)), (d.first, shape_size(self.node.type.shape))]
-
-    def per_image(self, types: dict[int, TensorType]) -> bool:
-        """A weight gradient that keeps each image's product (`products_fit`)."""
-        return self.node.op == "conv2d_weight_grad" and products_fit(conv_launch(self.geometry(types), *node_dtypes(self.node, types)))
 
     def private_bytes(self) -> int:
         """The scratch a chunk takes as its own: the columns (the weight gradient's products,
@@ -310,13 +307,13 @@ class ConvStep(NodeStep):
             return [im2col_kernel(self.node, program, d)]
         if self.node.op == "conv2d_input_grad":
             return [col2im_kernel(self.node, program, d)]
-        if self.per_image(program.types()):
+        if self.per_image:
             return [im2col_kernel(self.node, program, d), weight_sum_kernel(self.node, program, d, self.geometry(program.types()).n)]
         return [im2col_kernel(self.node, program, d), grad_rows_kernel(self.node, program, d), transpose_kernel(self.node, program, d)]
 
     def calls(self, types: dict[int, TensorType]) -> list[BlasCall]:
         d = self.shape(types)
-        return conv_calls(self.node, d, d.first, self.per_image(types))
+        return conv_calls(self.node, d, d.first, self.per_image)
 
     def launch(self, run: StepRun, kernels: list[KernelSource]) -> None:
         node = self.node
@@ -345,7 +342,7 @@ class ConvStep(NodeStep):
             for call in self.gemms:
                 run.gemm(call, second[images], parts[0], products)
 
-        if node.op == "conv2d_weight_grad" and len(kernels) == 3:  # one gemm over the batch, on the rows moved together
+        if node.op == "conv2d_weight_grad" and not self.per_image:  # one gemm over the batch, on the rows moved together
             run.launch(kernels[0], [first, parts[0]])
             run.launch(kernels[1], [second, parts[1]])
             for call in self.gemms:
@@ -380,11 +377,11 @@ class ConvStep(NodeStep):
         text = ([names[0], gemm_text] if self.node.op == "conv2d" else [gemm_text, names[0]] if self.node.op == "conv2d_input_grad"
                 else [names[0], gemm_text, names[1]] if len(names) == 2 else [*names[:2], gemm_text, names[2]])
         chunks = self.geometry(types).n // self.chunk if self.chunk else 1
-        per_chunk, once = (kernels[:1], kernels[1:]) if self.per_image(types) else (kernels, [])  # the products' sum: once
+        per_chunk, once = (kernels[:1], kernels[1:]) if self.per_image else (kernels, [])  # the products' sum: once
         gemm_bytes = sum(call.batch * (call.m * call.k * BYTES[call.in_dtype] + call.k * call.n * BYTES[call.in_dtype] + call.m * call.n * BYTES[call.out_dtype])
                          for call in calls)
         how = {"conv2d": "im2col in the step's scratch", "conv2d_input_grad": "f32 columns in the step's scratch, added back per input cell",
-               "conv2d_weight_grad": "im2col in the step's scratch, " + ("each image's product in f32, added in image order" if self.per_image(types)
+               "conv2d_weight_grad": "im2col in the step's scratch, " + ("each image's product in f32, added in image order" if self.per_image
                                                                           else "one product over the batch (each image's would outgrow the columns)")}[self.node.op]
         return KernelLine(step=index, kind=self.kind, kernel=" + ".join(text), nodes=[lowered.label(self.node)], elements=shape_size(self.node.type.shape),
                           bytes=chunks * (sum(k.bytes for k in per_chunk) + gemm_bytes) + sum(k.bytes for k in once),
@@ -396,6 +393,7 @@ class ConvStep(NodeStep):
 @register_lowering("conv2d", "conv2d_input_grad", "conv2d_weight_grad")
 def _convolution(node: Node, context: LoweringContext) -> Placement:
     step = ConvStep(node)
+    step.per_image = node.op == "conv2d_weight_grad" and products_fit(conv_launch(step.geometry(context.types), *node_dtypes(node, context.types)))
     step.parts, step.gemms = step.scratch_parts(context.types), step.calls(context.types)
     return step
 
@@ -568,6 +566,7 @@ class PoolStep(NodeStep):
     scratch, then the gather of each input cell's windows)."""
 
     launch_shape: Optional[ImageLaunch] = None  # `shape`, kept
+    per_image: bool = False  # a weight gradient that keeps each image's product (`products_fit`), decided when lowered
     kind: ClassVar[str] = "image"
 
     def shape(self, types: dict[int, TensorType]) -> ImageLaunch:
