@@ -1,12 +1,12 @@
 """Which BLAS the compiled CPU device should call: cblas_sgemm's GF/s at the products of the
 CPU benchmarks' workloads (bench/cpu_workloads.py: each train program's gemms, as the lowering
-plans them, the transposes included), for the BLAS NumPy links against (OpenBLAS in the
-wheels: what the device calls) and, when given, MKL (`--mkl DIR`, a folder holding
-libmkl_rt.so* and libiomp5.so, e.g. the `mkl` and `intel-openmp` wheels unpacked). The
-libraries alternate shape by shape, the best of several timings kept; each workload's line is
-the GF/s of all its gemms together (their FLOPs over their summed times).
+plans them, the transposes included), one thread (the device's pool calls the BLAS on one
+thread per piece), for the two it can call, loaded as it loads them: NumPy's OpenBLAS
+($SEXPGPU_BLAS=numpy) and the mkl wheel's MKL, sequential ($SEXPGPU_BLAS=mkl), where it is
+installed. The libraries alternate shape by shape, the best of several timings kept; each
+workload's line is the GF/s of all its gemms together (their FLOPs over their summed times).
 
-    python bench/blas_choice.py [--mkl DIR] [--threads 1,2]
+    python bench/blas_choice.py
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
+
+from threadpoolctl import threadpool_limits
 
 from cpu_workloads import experiment_of, workloads
 
@@ -27,39 +29,25 @@ ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 
 
 class Library:
-    def __init__(self, name: str, sgemm: Any, set_threads: Callable[[int], None]) -> None:
-        self.name, self.sgemm, self.set_threads = name, sgemm, set_threads
+    def __init__(self, name: str, sgemm: Any) -> None:
+        self.name, self.sgemm = name, sgemm
 
 
-def numpy_blas() -> Library:
-    from threadpoolctl import ThreadpoolController
-
+def device_blas(choice: str) -> Optional[Library]:
+    """The BLAS the compiled CPU device calls when $SEXPGPU_BLAS is CHOICE (numpy: NumPy's
+    OpenBLAS; mkl: the mkl wheel's, sequential), as the device loads it; None where it is not installed."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from sexpgpu.runtime.cpu.device import find_blas
+    from sexpgpu.runtime.cpu.toolchain import open_toolchain
 
-    blas = find_blas()
+    try:
+        blas = find_blas(open_toolchain(), {"SEXPGPU_BLAS": choice})
+    except RuntimeError:
+        return None
     integer = ctypes.c_int64 if blas.int64 else ctypes.c_int
     sgemm = ctypes.CFUNCTYPE(None, *([ctypes.c_int] * 3 + [integer] * 3 + [ctypes.c_float, ctypes.c_void_p, integer, ctypes.c_void_p, integer,
                                                                           ctypes.c_float, ctypes.c_void_p, integer]))(blas.sgemm)
-    controller = ThreadpoolController()
-    return Library(f"NumPy's {blas.name}", sgemm, lambda n: controller.limit(limits=n, user_api="blas"))
-
-
-def mkl(folder: Path) -> Optional[Library]:
-    omp = next(folder.rglob("libiomp5.so"), None)
-    rt = next(folder.rglob("libmkl_rt.so*"), None)
-    if omp is None or rt is None:
-        return None
-    ctypes.CDLL(str(omp), mode=ctypes.RTLD_GLOBAL)
-    library = ctypes.CDLL(str(rt), mode=ctypes.RTLD_GLOBAL)
-    library.MKL_Get_Version_String.argtypes = [ctypes.c_char_p, ctypes.c_int]
-    buffer = ctypes.create_string_buffer(256)
-    library.MKL_Get_Version_String(buffer, 256)
-    sgemm = library.cblas_sgemm
-    sgemm.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
-    sgemm.restype = None
-    library.MKL_Set_Num_Threads.argtypes = [ctypes.c_int]
-    return Library(buffer.value.decode().split("Product")[0].strip(), sgemm, library.MKL_Set_Num_Threads)
+    return Library(blas.name, sgemm)
 
 
 def gemms(path: Path) -> list[tuple[bool, bool, int, int, int, int]]:
@@ -106,33 +94,26 @@ def seconds(library: Library, shape: tuple[bool, bool, int, int, int, int], oper
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mkl", type=Path, default=None)
-    parser.add_argument("--threads", default="1,2")
-    args = parser.parse_args()
-    libraries = [numpy_blas()]
-    if args.mkl is not None:
-        found = mkl(args.mkl)
-        if found is None:
-            raise SystemExit(f"--mkl {args.mkl}: no libmkl_rt.so and libiomp5.so under it")
-        libraries.append(found)
-    threads = [int(t) for t in args.threads.split(",")]
+    parser.parse_args()
+    with threadpool_limits(limits=1, user_api="blas"):
+        compare([library for library in (device_blas("numpy"), device_blas("mkl")) if library is not None])
+
+
+def compare(libraries: list[Library]) -> None:
     rng = np.random.default_rng(0)
-    print("GF/s of each workload's train gemms together (higher is better)")
-    print(f"{'workload':<48} {'gemms':>5} " + " ".join(f"{lib.name[:22] + ' ' + str(t) + 't':>26}" for t in threads for lib in libraries))
+    print("GF/s of each workload's train gemms together, one thread (higher is better)")
+    print(f"{'workload':<48} {'gemms':>5} " + " ".join(f"{lib.name[:26]:>26}" for lib in libraries))
     with tempfile.TemporaryDirectory() as tmp:
         for workload in workloads(Path(tmp), 10):
             shapes = gemms(workload.path)
             flops = sum(2 * m * n * k * batch for _, _, m, n, k, batch in shapes)
             operands = [(rng.standard_normal(m * k, dtype=np.float32), rng.standard_normal(k * n, dtype=np.float32), np.zeros(m * n, dtype=np.float32))
                         for _, _, m, n, k, _ in shapes]
-            cells = []
-            for t in threads:
-                total = {lib.name: 0.0 for lib in libraries}
-                for shape, ops in zip(shapes, operands):
-                    for lib in libraries:
-                        lib.set_threads(t)
-                        total[lib.name] += seconds(lib, shape, ops)
-                cells += [f"{flops / total[lib.name] / 1e9:>26.1f}" for lib in libraries]
+            total = {lib.name: 0.0 for lib in libraries}
+            for shape, ops in zip(shapes, operands):
+                for lib in libraries:
+                    total[lib.name] += seconds(lib, shape, ops)
+            cells = [f"{flops / total[lib.name] / 1e9:>26.1f}" for lib in libraries]
             print(f"{workload.name:<48} {len(shapes):>5} " + " ".join(cells), flush=True)
 
 

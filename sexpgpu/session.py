@@ -35,7 +35,7 @@ from .runtime.memory import host_memory_problem
 from .runtime.ranks import Collective
 from .runtime.runfolder import FolderHeld, RunFolder, run_slug
 from .runtime.stops import EarlyStop, StopRequests
-from .runtime.threads import ThreadPlan, blas_threads, departs_from, pieces_in_use, plan_threads
+from .runtime.threads import ThreadPlan, blas_threads, departs_from, pieces_in_use, plan_threads, products_library
 from .runtime.store import DEFAULT_PATIENCE_S, Store, is_store_failure, store_problem
 
 T = TypeVar("T")
@@ -235,7 +235,7 @@ class Session:
         settings = self.settings
         recorded = None if settings.fresh else self.recorded_threads(slug)
         threads = plan_threads(compiled.experiment.module.programs.values(), settings.threads, share=settings.thread_share, recorded=recorded,
-                               pieces=pieces_in_use(self.backend))
+                               pieces=pieces_in_use(self.backend)).model_copy(update={"library": products_library(self.backend)})
         departure = departs_from(threads, recorded)
         if departure is not None:
             self.reporter.say(f"warning: {departure}")

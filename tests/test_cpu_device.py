@@ -407,13 +407,13 @@ def test_a_large_product_is_shared_by_the_threads_in_pieces_that_depend_on_its_s
 
 
 def test_the_pool_splits_products_only_where_numpy_sees_the_blas_give_pieces_the_whole_bits() -> None:
-    """The probe's verdict against NumPy's matmul (the same BLAS, another way in): on the
+    """The probe's verdict against NumPy's matmul (the device told to call NumPy's BLAS: the same BLAS, another way in): on the
     probe's shapes, whole products against the pieces the pool would make, one thread. Where
     NumPy sees a piece differ, the pool must not split; where it splits, a tape run holds the
     BLAS to one thread and gives it its count back."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    from sexpgpu.runtime.cpu.device import CpuRunner, CpuRuntime
+    from sexpgpu.runtime.cpu.device import CpuRunner, CpuRuntime, find_blas
     from sexpgpu.runtime.cpu.toolchain import open_toolchain
     from sexpgpu.runtime.lower.blas import Operand
 
@@ -432,7 +432,8 @@ def test_the_pool_splits_products_only_where_numpy_sees_the_blas_give_pieces_the
             else:
                 pieces = np.concatenate([a[at:at + width] @ b for at in range(0, dim, width)], axis=0)
             exact = exact and np.array_equal(whole, pieces)
-    runtime = CpuRuntime(open_toolchain(), threads=2)
+    toolchain = open_toolchain()
+    runtime = CpuRuntime(toolchain, threads=2, blas=find_blas(toolchain, {"SEXPGPU_BLAS": "numpy"}))  # NumPy's BLAS, whatever the default here
     if not exact:
         assert runtime.exact_pieces is False and not runtime.split_gemms
     if runtime.split_gemms:
@@ -528,17 +529,27 @@ def project(tmp_path: Path) -> Path:
 
 
 def test_cpu_is_the_compiled_device_by_default_and_numpy_the_reference(tmp_path: Path) -> None:
+    """The default device is the compiled one; run.json names the BLAS it called (its default,
+    or NumPy's when $SEXPGPU_BLAS=numpy), and the three train alike."""
+    from sexpgpu.runtime.cpu.device import find_blas
+    from sexpgpu.runtime.cpu.toolchain import open_toolchain
+
     folder = project(tmp_path)
     env = environment(SEXPGPU_DEVICE=None)
     default = sexpgpu(["run", "quickstart.lisp", "--store", "runs-cpu", "--max-steps", "30"], folder, env)
     numpy = sexpgpu(["run", "quickstart.lisp", "--store", "runs-numpy", "--max-steps", "30", "--device", "numpy"], folder, env)
-    assert default.returncode == numpy.returncode == 0, default.stderr + numpy.stderr
+    openblas = sexpgpu(["run", "quickstart.lisp", "--store", "runs-openblas", "--max-steps", "30"], folder, {**env, "SEXPGPU_BLAS": "numpy"})
+    assert default.returncode == numpy.returncode == openblas.returncode == 0, default.stderr + numpy.stderr + openblas.stderr
     assert "NumPy backend" not in default.stdout + default.stderr
-    for store, device in (("runs-cpu", "cpu"), ("runs-numpy", "numpy")):
+    toolchain = open_toolchain()
+    libraries = {"runs-cpu": find_blas(toolchain).name, "runs-numpy": "", "runs-openblas": find_blas(toolchain, {"SEXPGPU_BLAS": "numpy"}).name}
+    for store, device in (("runs-cpu", "cpu"), ("runs-numpy", "numpy"), ("runs-openblas", "cpu")):
         (run,) = (folder / store).iterdir()
-        assert json.loads((run / "run.json").read_text())["devices"] == [device]
+        info = json.loads((run / "run.json").read_text())
+        assert info["devices"] == [device] and info["threads"]["library"] == libraries[store], (store, info["threads"])
     a, b = losses_of(next((folder / "runs-cpu").iterdir())), losses_of(next((folder / "runs-numpy").iterdir()))
     np.testing.assert_allclose(a, b, rtol=1e-4)
+    np.testing.assert_allclose(losses_of(next((folder / "runs-openblas").iterdir())), b, rtol=1e-4)
 
 
 def test_without_a_c_compiler_a_cpu_run_says_so_and_uses_numpy(tmp_path: Path) -> None:
@@ -619,6 +630,7 @@ def test_doctor_reports_the_compiler_the_blas_and_the_thread_plan(tmp_path: Path
     """With a compiler: it and the kernel cache; the BLAS and the threads the kernels and the
     BLAS share. Without: a warning that `cpu` runs on the NumPy backend, and the fix."""
     from sexpgpu.runtime.cpu.device import find_blas
+    from sexpgpu.runtime.cpu.toolchain import open_toolchain
 
     empty = tmp_path / "empty-bin"
     empty.mkdir()
@@ -630,7 +642,7 @@ def test_doctor_reports_the_compiler_the_blas_and_the_thread_plan(tmp_path: Path
         findings[name] = {f["check"]: f for f in json.loads(done.stdout)["findings"]}
     compiler, threads = findings["with"]["compiler"], findings["with"]["threads"]
     assert compiler["level"] == "ok" and str(tmp_path / "cache" / "kernels") in compiler["detail"], compiler
-    assert "thread(s) for the kernels and the BLAS" in threads["detail"] and find_blas().name.split()[0] in threads["detail"], threads
+    assert "thread(s) for the kernels and the BLAS" in threads["detail"] and f"{find_blas(open_toolchain()).name} (the compiled CPU device)" in threads["detail"], threads
     missing = findings["without"]["compiler"]
     assert missing["level"] == "warn" and "no C compiler found" in missing["detail"] and "NumPy backend" in missing["detail"] and missing["fix"], missing
 

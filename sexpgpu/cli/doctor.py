@@ -253,26 +253,31 @@ def threads_finding(programs: list["Program"], device: str = "cpu") -> Finding:
     given; without a file, a run whose products are large)."""
     from ..runtime.threads import blas_library, plan_threads
 
+    pieces, device_blas = cpu_device_blas(device)
     try:
-        plan = plan_threads(programs, pieces=device_pieces(device)) if programs else plan_threads([], environ=None, assume_large=True)
+        plan = plan_threads(programs, pieces=pieces) if programs else plan_threads([], environ=None, assume_large=True)
     except ValueError as exc:
         return Finding(check="threads", level="fail", detail=str(exc), fix="unset it, or set a whole number")
-    return Finding(check="threads", level="ok", detail=f"{plan.blas} thread(s) for the kernels and the BLAS, of {plan.cores} core(s), {plan.source}: {plan.reason}; BLAS: {blas_library()}")
+    blas = f"{device_blas} (the compiled CPU device), NumPy's {blas_library()}" if device_blas else blas_library()
+    return Finding(check="threads", level="ok", detail=f"{plan.blas} thread(s) for the kernels and the BLAS, of {plan.cores} core(s), {plan.source}: {plan.reason}; BLAS: {blas}")
 
 
-def device_pieces(device: str) -> bool:
+def cpu_device_blas(device: str) -> tuple[bool, str]:
     """Whether a run on DEVICE here splits its large products into pieces on the compiled CPU
-    device's threads (the thread plan's rule depends on it): False where that device does not open."""
+    device's threads (the thread plan's rule depends on it), and the BLAS that device calls:
+    (False, "") where that device does not open."""
     if device not in ("cpu", "auto"):
-        return False
+        return False, ""
     from ..runtime.backend import DeviceError
+    from ..runtime.cpu.device import CpuBackend
     from ..runtime.devices import open_backend
     from ..runtime.threads import pieces_in_use
 
     try:
-        return pieces_in_use(open_backend("cpu"))
-    except (DeviceError, RuntimeError):  # no compiler, no BLAS it can call: the run falls back to NumPy, whose products stay whole
-        return False
+        backend = open_backend("cpu")
+    except (DeviceError, RuntimeError, ValueError):  # no compiler, no BLAS it can call: the run falls back to NumPy, whose products stay whole
+        return False, ""
+    return pieces_in_use(backend), backend.runtime.blas.name if isinstance(backend, CpuBackend) else ""
 
 
 def run_doctor(args: argparse.Namespace) -> int:

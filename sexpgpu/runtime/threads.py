@@ -9,7 +9,7 @@ other core busy, a second thread waits for it, and the char model trained 9x slo
 one. So the plan looks at the run's work, at who splits its products, and at the cores free now:
 
 - where the compiled CPU device splits large products into pieces on its own threads (the
-  `sx_pieces_exact` probe passes: OpenBLAS's SkylakeX kernels), a run whose step has under
+  `sx_pieces_exact` probe passes: MKL, and OpenBLAS's SkylakeX kernels), a run whose step has under
   2**22 (about 4.2 million) multiply-adds of products gets one thread: too little work per
   kernel to pay for the hand-offs. Measured on the quiet 2-core machine, two threads' steps/s
   over one's: the quickstart (53 thousand) 0.82, the CNN on 8x8 digits (10.8 million) 1.59, the
@@ -79,6 +79,7 @@ class ThreadPlan(BaseModel):
     cores: int  # this process's cores (its affinity)
     source: str  # "flag", the variable that set it, or "chosen"
     reason: str
+    library: str = ""  # the BLAS the run's products were computed by, where the device names it (the compiled CPU device); "" in older runs
 
 
 class StepFeatures(BaseModel):
@@ -219,10 +220,21 @@ def user_threads(requested: Optional[int], environ: Mapping[str, str], cores: in
     return None
 
 
+def products_library(backend: Any) -> str:
+    """The BLAS BACKEND computes products with, where it names one (the compiled CPU device), or ""."""
+    name = getattr(backend, "blas_name", None)
+    return str(name()) if name is not None else ""
+
+
 def departs_from(plan: ThreadPlan, recorded: Optional[ThreadPlan]) -> Optional[str]:
-    """What to tell the user when PLAN (theirs) gives a continued run another count than its
-    earlier attempts had (RECORDED), or None."""
-    if recorded is None or plan.blas == recorded.blas:
+    """What to tell the user when PLAN gives a continued run another BLAS than its earlier
+    attempts had (RECORDED), or (theirs) another count, or None."""
+    if recorded is None:
+        return None
+    if plan.library and recorded.library and plan.library != recorded.library:
+        return (f"this run's earlier attempts computed their products with {recorded.library}, this one with {plan.library}: "
+                f"its numbers will differ in the last bits from a run never stopped ($SEXPGPU_BLAS chooses the BLAS: see docs/devices.md)")
+    if plan.blas == recorded.blas:
         return None
     return (f"{plan.reason} gives this run {plan.blas} BLAS thread(s) where its earlier attempts had {recorded.blas}: "
             f"its numbers will differ in the last bits from a run never stopped (leave the threads unset to keep {recorded.blas})")

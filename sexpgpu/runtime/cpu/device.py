@@ -17,8 +17,11 @@ parameters, state and gradients stay NumPy arrays between programs, as on the Nu
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
+import os
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Union
 
 import numpy as np
 
@@ -87,6 +90,7 @@ class Blas:
     name: str
     get_threads: Any = None  # OpenBLAS's openblas_get_num_threads and openblas_set_num_threads (ctypes), where found
     set_threads: Any = None
+    library: Optional[ctypes.CDLL] = None  # held so the library stays loaded while sgemm is called
 
 
 def blas_thread_functions(library: ctypes.CDLL) -> tuple[Any, Any]:
@@ -101,7 +105,85 @@ def blas_thread_functions(library: ctypes.CDLL) -> tuple[Any, Any]:
     return None, None
 
 
-def find_blas() -> Blas:
+BLAS_VARIABLE = "SEXPGPU_BLAS"  # which BLAS the device calls: auto (the default), mkl or numpy
+BLAS_CHOICES = ("auto", "mkl", "numpy")
+# MKL's sequential layer, linked as the libraries of one small library of ours: the pool threads
+# the products (in pieces, as OpenBLAS held to one thread), and no OpenMP runtime is loaded
+MKL_LIBRARIES = ("libmkl_intel_lp64.so", "libmkl_sequential.so", "libmkl_core.so")
+MKL_SHIM_C = r"""
+#include <stddef.h>
+extern void cblas_sgemm(void);
+extern void MKL_Get_Version_String(char* buffer, int length);
+void* sx_mkl_sgemm(void) { return (void*)cblas_sgemm; }
+void sx_mkl_version(char* buffer, int length) { MKL_Get_Version_String(buffer, length); }
+"""
+
+
+def find_blas(toolchain: Toolchain, environ: Optional[Mapping[str, str]] = None) -> Blas:
+    """The BLAS the device calls. By default MKL (the `mkl` wheel, a dependency on x86-64 Linux)
+    on an Intel core, where its sgemm measures 15-25% faster than OpenBLAS at the benchmarks'
+    products (bench/blas_choice.py), else the BLAS NumPy links against (OpenBLAS in the wheels).
+    $SEXPGPU_BLAS names one: mkl or numpy."""
+    environ = os.environ if environ is None else environ
+    choice = environ.get(BLAS_VARIABLE, "").strip().lower() or "auto"
+    if choice not in BLAS_CHOICES:
+        raise ValueError(f"${BLAS_VARIABLE}={choice!r}: use one of {', '.join(BLAS_CHOICES)}")
+    if choice == "numpy" or (choice == "auto" and cpu_vendor() != "GenuineIntel"):
+        return numpy_blas()
+    found = mkl_files()
+    if found is not None:
+        return load_mkl(toolchain, found)
+    if choice == "mkl":
+        raise RuntimeError(f"${BLAS_VARIABLE}=mkl, but MKL is not installed: pip install mkl==2026.2.0 (or unset ${BLAS_VARIABLE})")
+    return numpy_blas()
+
+
+def cpu_vendor() -> str:
+    """The first core's vendor_id in /proc/cpuinfo (GenuineIntel, AuthenticAMD), or "" where there is none."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def mkl_files() -> Optional[list[Path]]:
+    """MKL_LIBRARIES (each with its version suffix) of the installed `mkl` distribution, or None."""
+    try:
+        files = importlib.metadata.distribution("mkl").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    found: dict[str, Path] = {}
+    for file in files:
+        stem = file.name.partition(".so")[0] + ".so"
+        if stem in MKL_LIBRARIES and stem not in found:
+            path = Path(str(file.locate())).resolve()
+            if path.is_file():
+                found[stem] = path
+    return [found[name] for name in MKL_LIBRARIES] if len(found) == len(MKL_LIBRARIES) else None
+
+
+def load_mkl(toolchain: Toolchain, libraries: list[Path]) -> Blas:
+    """MKL's cblas_sgemm through a library of ours that links MKL_LIBRARIES, loaded with
+    RTLD_LOCAL: MKL's symbols stay out of the process's global scope, so a library loaded
+    later that carries its own MKL (PyTorch's, linked in statically) keeps calling its own,
+    and ours never binds to one loaded before."""
+    link = tuple(f"-l:{path.name}" for path in libraries)
+    folders = tuple(dict.fromkeys(str(path.parent) for path in libraries))
+    link = tuple(f"-L{folder}" for folder in folders) + link + tuple(f"-Wl,-rpath,{folder}" for folder in folders)
+    library = ctypes.CDLL(str(toolchain.build(MKL_SHIM_C, "mkl", link).path))
+    library.sx_mkl_sgemm.restype = ctypes.c_void_p
+    library.sx_mkl_version.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    text = ctypes.create_string_buffer(256)
+    library.sx_mkl_version(text, len(text))
+    version = text.value.decode(errors="replace").partition("Version")[2].partition("-Product")[0].strip()
+    return Blas(int(library.sx_mkl_sgemm() or 0), False, f"MKL {version} sequential", lambda: 1, lambda threads: None, library)
+
+
+def numpy_blas() -> Blas:
     """cblas_sgemm of the BLAS NumPy links against (threadpoolctl finds its library)."""
     from threadpoolctl import threadpool_info
 
@@ -114,7 +196,7 @@ def find_blas() -> Blas:
             if function is not None:
                 version = info.get("version") or ""
                 return Blas(int(ctypes.cast(function, ctypes.c_void_p).value or 0), int64, f"{info.get('internal_api')} {version}".strip(),
-                            *blas_thread_functions(library))
+                            *blas_thread_functions(library), library)
     raise RuntimeError("NumPy's BLAS has no cblas_sgemm that the CPU device can call")
 
 
@@ -122,7 +204,7 @@ class CpuRuntime:
     """The runtime library (thread pool and tape runner), the BLAS, NumPy's loops and the
     toolchain: what every program of one CPU device shares."""
 
-    def __init__(self, toolchain: Toolchain, threads: int = 1, math: str = "numpy", cache_bytes: int = CACHE_BYTES) -> None:
+    def __init__(self, toolchain: Toolchain, threads: int = 1, math: str = "numpy", cache_bytes: int = CACHE_BYTES, blas: Optional[Blas] = None) -> None:
         if math not in MATH_MODES:
             raise ValueError(f"math {math!r}: use one of {MATH_MODES}")
         self.toolchain = toolchain
@@ -140,7 +222,7 @@ class CpuRuntime:
         self.library.sx_pool_split_gemms.argtypes = [ctypes.c_void_p, ctypes.c_int]
         self.library.sx_pool_shared.argtypes = [ctypes.c_void_p]
         self.library.sx_pool_shared.restype = ctypes.c_longlong
-        self.blas = find_blas()
+        self.blas = blas if blas is not None else find_blas(toolchain)
         self.loops = numpy_loops() if math == "numpy" else []
         self.functions: dict[str, Any] = {}  # every kernel loaded so far, by symbol
         self.libraries: list[ctypes.CDLL] = []
@@ -650,6 +732,9 @@ class CpuBackend(DeviceBackend):
 
     def set_threads(self, threads: int) -> None:
         self.runtime.set_threads(threads)
+
+    def blas_name(self) -> str:
+        return self.runtime.blas.name
 
     def pieces_available(self) -> bool:
         return self.runtime.pieces_available()

@@ -110,9 +110,10 @@ class Toolchain:
     def describe(self) -> str:
         return f"{self.compiler} ({self.version.splitlines()[0] if self.version else 'unknown version'})"
 
-    def build(self, source: str, kind: str = "kernels") -> Compiled:
-        """The shared library compiled from SOURCE (C), from the cache when a whole one is there."""
-        digest = hashlib.sha256((self.identity + "\n" + source).encode()).hexdigest()[:32]
+    def build(self, source: str, kind: str = "kernels", link: tuple[str, ...] = ()) -> Compiled:
+        """The shared library compiled from SOURCE (C), linked with LINK (the linker's arguments
+        after the source), from the cache when a whole one is there."""
+        digest = hashlib.sha256((self.identity + "\n" + " ".join(link) + "\n" + source).encode()).hexdigest()[:32]
         name = f"{kind}-{digest}{LIBRARY_SUFFIX}"
         cache = Cache(self.cache.parent, self.cache.name)
         for path in cache.paths(name):
@@ -121,19 +122,19 @@ class Toolchain:
                 self.compiled.append(done)
                 return done
         start = time.perf_counter()
-        library = self.compile(source)
+        library = self.compile(source, link)
         path, private = cache.write(name, lambda out: out.write(seal(library)))
         done = Compiled(path, time.perf_counter() - start, False, private)
         self.compiled.append(done)
         return done
 
-    def compile(self, source: str) -> bytes:
-        """SOURCE compiled, in a scratch folder of its own: the library's bytes."""
+    def compile(self, source: str, link: tuple[str, ...] = ()) -> bytes:
+        """SOURCE compiled (and linked with LINK), in a scratch folder of its own: the library's bytes."""
         with tempfile.TemporaryDirectory(prefix="sexpgpu-cc-") as scratch:
             c_file, out = os.path.join(scratch, "module.c"), os.path.join(scratch, "module.so")
             with open(c_file, "w") as handle:
                 handle.write(source)
-            result = subprocess.run([self.compiler, *self.flags, "-o", out, c_file, "-lm"], capture_output=True, text=True)
+            result = subprocess.run([self.compiler, *self.flags, "-o", out, c_file, *link, "-lm"], capture_output=True, text=True)
             if result.returncode != 0:
                 raise RuntimeError(f"the C compiler refused a generated kernel module ({self.describe()}):\n{result.stderr[-4000:]}")
             with open(out, "rb") as built:
