@@ -63,6 +63,18 @@ def cpuinfo() -> dict[str, str]:
     return fields
 
 
+def device_blas() -> str:
+    """The BLAS the compiled CPU device calls here (MKL on an Intel core, else NumPy's; $SEXPGPU_BLAS)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from sexpgpu.runtime.cpu.device import find_blas
+    from sexpgpu.runtime.cpu.toolchain import NoCompiler, open_toolchain
+
+    try:
+        return find_blas(open_toolchain()).name
+    except (NoCompiler, ValueError) as exc:
+        return f"none ({exc})"
+
+
 def machine(torch: Any = None) -> dict[str, Any]:
     """This machine as the benches print it; TORCH (the module) adds torch's own build."""
     from threadpoolctl import threadpool_info
@@ -77,6 +89,7 @@ def machine(torch: Any = None) -> dict[str, Any]:
                   "architecture": i.get("architecture"), "threads": i.get("num_threads")}
                  for i in threadpool_info() if i.get("user_api") == "blas"],
         "env": {name: os.environ[name] for name in BLAS_VARIABLES if name in os.environ},
+        "device_blas": device_blas(),
     }
     if torch is not None:
         config = torch.__config__.show()
@@ -117,7 +130,8 @@ def describe(m: dict[str, Any]) -> list[str]:
     env = ", ".join(f"{k}={v}" for k, v in m["env"].items()) or "none set"
     lines = [f"cpu: {m['cpu']} ({m['cores']} cores here), simd: {' '.join(m['simd']) or 'none'}",
              f"OpenBLAS variables: {env}"]
-    lines += [f"blas: {b['library']} ({b['api']} {b['version']}), kernels: {b['architecture']}, threads by default: {b['threads']}" for b in m["blas"]]
+    lines += [f"NumPy's blas: {b['library']} ({b['api']} {b['version']}), kernels: {b['architecture']}, threads by default: {b['threads']}" for b in m["blas"]]
+    lines.append(f"the compiled CPU device's blas: {m['device_blas']}")
     if "torch" in m:
         t = m["torch"]
         lines.append(f"torch {t['version']}: blas {t['blas']}, cpu capability {t['capability']}, oneDNN {'yes' if t['mkldnn'] else 'no'} "

@@ -107,7 +107,7 @@ def profile(workload: Workload, rounds: int, steps: int, torch_side: bool, threa
                 samples[name].append(cpu)
                 walls_of[name].append(wall)
         blas = [i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"]
-        print(f"{workload.name}: {threads} thread(s), OpenBLAS kernels {blas}, load average {os.getloadavg()[0]:.1f} at the end")
+        print(f"{workload.name}: {threads} thread(s), the device's BLAS {ours.backend.runtime.blas.name}, NumPy's OpenBLAS kernels {blas}, load average {os.getloadavg()[0]:.1f} at the end")
         for name, seconds in samples.items():
             print(f"  {name:5s} step {1e3 * min(seconds):7.1f} ms best, {1e3 * statistics.median(seconds):7.1f} ms median (CPU time); "
                   f"{1e3 * min(walls_of[name]):7.1f} ms best, {1e3 * statistics.median(walls_of[name]):7.1f} ms median (wall)")

@@ -6,6 +6,7 @@ process (PyTorch's, linked in statically): checked with the dynamic linker's own
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import REPO
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.runtime.cpu.device import CpuRunner, CpuRuntime, cpu_vendor, find_blas, mkl_files
 from sexpgpu.runtime.cpu.toolchain import Toolchain, open_toolchain
@@ -127,3 +129,11 @@ def test_a_continued_run_is_told_when_its_blas_changed() -> None:
     assert departs_from(recorded, recorded) is None
     assert departs_from(now, recorded.model_copy(update={"library": ""})) is None  # an older run.json names none
 
+
+
+def test_run_refuses_a_blas_variable_it_cannot_follow_before_anything_runs(tmp_path: Path) -> None:
+    shutil.copy(REPO / "examples" / "quickstart.lisp", tmp_path / "quickstart.lisp")
+    done = subprocess.run([sys.executable, "-m", "sexpgpu", "run", "quickstart.lisp", "--max-steps", "2", "--quiet"], cwd=tmp_path,
+                          capture_output=True, text=True, env={**os.environ, "SEXPGPU_BLAS": "openblas"}, timeout=120)
+    assert done.returncode == 2 and "$SEXPGPU_BLAS='openblas': use one of auto, mkl, numpy" in done.stderr, done.stderr
+    assert not (tmp_path / "runs").exists()

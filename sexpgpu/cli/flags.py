@@ -129,6 +129,15 @@ def add_threads_flag(parser: argparse.ArgumentParser) -> None:
                         help="the CPU's BLAS threads (default: a continued run's from run.json, else chosen from the run's work and the free cores; also $SEXPGPU_THREADS)")
 
 
+def blas_choice_problem_fails() -> None:
+    """A malformed $SEXPGPU_BLAS, or one naming a BLAS not installed, is a usage error here, before anything runs."""
+    from ..runtime.cpu.device import blas_choice_problem
+
+    problem = blas_choice_problem(os.environ)
+    if problem is not None:
+        fail_usage(problem)
+
+
 def threads_from(args: argparse.Namespace) -> Optional[int]:
     """--threads; a malformed thread variable is a usage error here, before anything runs."""
     from ..runtime.threads import BLAS_VARIABLES, THREADS_VARIABLE
@@ -137,5 +146,6 @@ def threads_from(args: argparse.Namespace) -> Optional[int]:
         text = os.environ.get(variable, "").strip()
         if text and (not text.isdigit() or int(text) < 1):
             fail_usage(f"${variable}={text!r}: use a whole number of threads, 1 or more")
+    blas_choice_problem_fails()
     threads: Optional[int] = args.threads
     return threads

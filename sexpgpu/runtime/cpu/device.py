@@ -119,23 +119,30 @@ void sx_mkl_version(char* buffer, int length) { MKL_Get_Version_String(buffer, l
 """
 
 
+def blas_choice_problem(environ: Mapping[str, str]) -> Optional[str]:
+    """What is wrong with ENVIRON's $SEXPGPU_BLAS (a value find_blas refuses), or None."""
+    choice = environ.get(BLAS_VARIABLE, "").strip().lower() or "auto"
+    if choice not in BLAS_CHOICES:
+        return f"${BLAS_VARIABLE}={choice!r}: use one of {', '.join(BLAS_CHOICES)}"
+    if choice == "mkl" and mkl_files() is None:
+        return f"${BLAS_VARIABLE}=mkl, but MKL is not installed: pip install mkl==2026.2.0 (or unset ${BLAS_VARIABLE})"
+    return None
+
+
 def find_blas(toolchain: Toolchain, environ: Optional[Mapping[str, str]] = None) -> Blas:
     """The BLAS the device calls. By default MKL (the `mkl` wheel, a dependency on x86-64 Linux)
     on an Intel core, where its sgemm measures 15-25% faster than OpenBLAS at the benchmarks'
     products (bench/blas_choice.py), else the BLAS NumPy links against (OpenBLAS in the wheels).
     $SEXPGPU_BLAS names one: mkl or numpy."""
     environ = os.environ if environ is None else environ
+    problem = blas_choice_problem(environ)
+    if problem is not None:
+        raise ValueError(problem)
     choice = environ.get(BLAS_VARIABLE, "").strip().lower() or "auto"
-    if choice not in BLAS_CHOICES:
-        raise ValueError(f"${BLAS_VARIABLE}={choice!r}: use one of {', '.join(BLAS_CHOICES)}")
     if choice == "numpy" or (choice == "auto" and cpu_vendor() != "GenuineIntel"):
         return numpy_blas()
     found = mkl_files()
-    if found is not None:
-        return load_mkl(toolchain, found)
-    if choice == "mkl":
-        raise RuntimeError(f"${BLAS_VARIABLE}=mkl, but MKL is not installed: pip install mkl==2026.2.0 (or unset ${BLAS_VARIABLE})")
-    return numpy_blas()
+    return load_mkl(toolchain, found) if found is not None else numpy_blas()
 
 
 def cpu_vendor() -> str:
@@ -335,7 +342,7 @@ class CpuRuntime:
 HOST_BLAS = (("cublasGemmStridedBatchedEx", "sgemm, batched"), ("cublasGemmEx", "sgemm"))
 # (with threads, an f32 product of SX_SPLIT_GEMM multiply-adds or more is cut into pieces of its output on the
 # pool's threads where sx_pieces_exact finds the BLAS gives them the whole product's bits; else the BLAS's threads)
-BLAS_SCHEDULE = "NumPy's BLAS, cblas_sgemm per matrix (bf16 as f32); with threads, a large f32 product in pieces on the pool"
+BLAS_SCHEDULE = "the device's BLAS (doctor names it), cblas_sgemm per matrix (bf16 as f32); with threads, a large f32 product in pieces on the pool"
 
 
 def host_blas(label: str) -> Optional[str]:
