@@ -142,7 +142,14 @@ def find_blas(toolchain: Toolchain, environ: Optional[Mapping[str, str]] = None)
     if choice == "numpy" or (choice == "auto" and cpu_vendor() != "GenuineIntel"):
         return numpy_blas()
     found = mkl_files()
-    return load_mkl(toolchain, found) if found is not None else numpy_blas()
+    if found is None:
+        return numpy_blas()
+    try:
+        return load_mkl(toolchain, found)
+    except (RuntimeError, OSError, AttributeError):  # MKL did not link or load here: by default, NumPy's BLAS instead
+        if choice == "mkl":
+            raise
+        return numpy_blas()
 
 
 def cpu_vendor() -> str:
