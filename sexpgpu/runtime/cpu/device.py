@@ -139,9 +139,7 @@ def find_blas(toolchain: Toolchain, environ: Optional[Mapping[str, str]] = None)
     if problem is not None:
         raise ValueError(problem)
     choice = environ.get(BLAS_VARIABLE, "").strip().lower() or "auto"
-    if choice == "numpy" or (choice == "auto" and cpu_vendor() != "GenuineIntel"):
-        return numpy_blas()
-    found = mkl_files()
+    found = mkl_files() if wants_mkl(environ) else None
     if found is None:
         return numpy_blas()
     try:
@@ -150,6 +148,13 @@ def find_blas(toolchain: Toolchain, environ: Optional[Mapping[str, str]] = None)
         if choice == "mkl":
             raise
         return numpy_blas()
+
+
+def wants_mkl(environ: Mapping[str, str]) -> bool:
+    """Whether find_blas tries MKL under ENVIRON: asked for, or by default on an Intel core with
+    MKL installed (it builds its small library of ours into the kernel cache)."""
+    choice = environ.get(BLAS_VARIABLE, "").strip().lower() or "auto"
+    return choice == "mkl" or (choice == "auto" and cpu_vendor() == "GenuineIntel" and mkl_files() is not None)
 
 
 def cpu_vendor() -> str:
