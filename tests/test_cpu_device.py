@@ -393,13 +393,13 @@ def test_a_small_programs_kernels_run_on_the_calling_thread_at_two_threads(runti
     assert train_at_one_and_two_threads(runtimes, "quickstart", 3) == 0
 
 
-def test_a_large_product_is_shared_by_the_threads_in_pieces_that_depend_on_its_shape_alone() -> None:
+def test_a_large_product_is_shared_by_the_threads_in_a_piece_for_each() -> None:
     """With threads, the pool shares a large f32 gemm in pieces of C's columns (or rows, when
-    it has more rows): about an eighth of that extent each (a half where the operand every
-    piece reads whole outgrows 1 MiB), a multiple of 16 and at least 64,
+    it has more rows): a share of that extent for each thread (at most halves where the
+    operand every piece reads whole outgrows 1 MiB), a multiple of 16 and at least 64,
     each one BLAS call. Forced on (the pool does it by itself where the BLAS gives a piece the
     whole product's bits, which OpenBLAS's Haswell kernels do not), 2 and 3 threads give
-    the bits of the pieces called one by one on one thread."""
+    the bits of their pieces called one by one on one thread."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1, user_api="blas"):  # every call on one thread, as the pool makes them when it splits
@@ -426,12 +426,13 @@ def test_the_pool_splits_products_only_where_numpy_sees_the_blas_give_pieces_the
             whole = a @ b
             rows = m > n
             dim = m if rows else n
-            width = max(64, ((dim + 7) // 8 + 15) // 16 * 16)
-            if rows:
-                pieces = np.concatenate([a @ b[:, at:at + width] for at in range(0, dim, width)], axis=1)
-            else:
-                pieces = np.concatenate([a[at:at + width] @ b for at in range(0, dim, width)], axis=0)
-            exact = exact and np.array_equal(whole, pieces)
+            for parts in (2, 3, 8):  # the probe's: the pieces of 2, 3 and 8 threads
+                width = piece_width(dim, parts)
+                if rows:
+                    pieces = np.concatenate([a @ b[:, at:at + width] for at in range(0, dim, width)], axis=1)
+                else:
+                    pieces = np.concatenate([a[at:at + width] @ b for at in range(0, dim, width)], axis=0)
+                exact = exact and np.array_equal(whole, pieces)
     toolchain = open_toolchain()
     runtime = CpuRuntime(toolchain, threads=2, blas=find_blas(toolchain, {"SEXPGPU_BLAS": "numpy"}))  # NumPy's BLAS, whatever the default here
     if not exact:
@@ -462,26 +463,31 @@ def products_in_pieces() -> None:
         rows = m > n
         dim = m if rows else n
         deep = (n if rows else m) * k * 4 > 1 << 20
-        width = max(64, ((dim + 1) // 2 + 15) // 16 * 16 if deep else ((dim + 7) // 8 + 15) // 16 * 16)
-        assert not deep or width == 144
-        want = np.zeros(m * n, dtype=np.float32)
-        for at in range(0, dim, width):
-            span = min(width, dim - at)
-            piece = BlasCall(op_a=op_a, op_b=op_b, m=span if rows else m, n=n if rows else span, k=k,
-                             a=Operand(ld=lda, offset=(at * lda if op_a else at) if rows else 0), b=Operand(ld=ldb, offset=0 if rows else (at if op_b else at * ldb)),
-                             c=Operand(ld=m, offset=at if rows else at * m), in_dtype=DType.f32, out_dtype=DType.f32)
-            runner.gemm(piece, a, b, want)
-        a64 = a.reshape(m, k).astype(np.float64) if op_a else a.reshape(k, m).T.astype(np.float64)
-        b64 = b.reshape(k, n).astype(np.float64) if op_b else b.reshape(n, k).T.astype(np.float64)
-        np.testing.assert_allclose(want.reshape(n, m).T, a64 @ b64, rtol=1e-4, atol=1e-4)
         whole = BlasCall(op_a=op_a, op_b=op_b, m=m, n=n, k=k, a=Operand(ld=lda), b=Operand(ld=ldb), c=Operand(ld=m), in_dtype=DType.f32, out_dtype=DType.f32)
         for threads in (2, 3):
+            width = piece_width(dim, 2 if deep else threads)
+            assert not deep or width == 144
+            want = np.zeros(m * n, dtype=np.float32)
+            for at in range(0, dim, width):
+                span = min(width, dim - at)
+                piece = BlasCall(op_a=op_a, op_b=op_b, m=span if rows else m, n=n if rows else span, k=k,
+                                 a=Operand(ld=lda, offset=(at * lda if op_a else at) if rows else 0), b=Operand(ld=ldb, offset=0 if rows else (at if op_b else at * ldb)),
+                                 c=Operand(ld=m, offset=at if rows else at * m), in_dtype=DType.f32, out_dtype=DType.f32)
+                runner.gemm(piece, a, b, want)
+            a64 = a.reshape(m, k).astype(np.float64) if op_a else a.reshape(k, m).T.astype(np.float64)
+            b64 = b.reshape(k, n).astype(np.float64) if op_b else b.reshape(n, k).T.astype(np.float64)
+            np.testing.assert_allclose(want.reshape(n, m).T, a64 @ b64, rtol=1e-4, atol=1e-4)
             runtime.set_threads(threads)
             runtime.library.sx_pool_split_gemms(runtime.pool, 1)
             got = np.zeros(m * n, dtype=np.float32)
             runner.gemm(whole, a, b, got)
             assert_same_bits(got, want, f"{m}x{n}x{k} on {threads} threads")
-        runtime.set_threads(1)
+            runtime.set_threads(1)  # the next count's pieces called on one thread
+
+
+def piece_width(dim: int, parts: int) -> int:
+    """The width of a product's pieces along DIM for PARTS threads: a share each, a multiple of 16, at least 64."""
+    return max(64, ((dim + parts - 1) // parts + 15) // 16 * 16)
 
 
 # -- the loop ----------------------------------------------------------------------------------------------

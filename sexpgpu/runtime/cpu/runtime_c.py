@@ -11,7 +11,7 @@ from the calling thread, with the BLAS's own threads, except a batch of f32 item
 for the BLAS to thread (attention's per-head products), whose items the pool's threads share
 as a kernel's (each item one BLAS call on one thread: the split changes no bit), and, where
 the BLAS gives a piece of a product the whole product's bits (sx_pieces_exact, probed once),
-a large product, whose pieces of C (a fixed function of its shape) the pool's threads share,
+a large product, whose pieces of C (a share for each thread) the pool's threads share,
 each one BLAS call while the BLAS is held to one thread (device.py): OpenBLAS's own threads
 spin while they wait for each other, which a busy machine turns into most of the step. The
 pool's threads spin between two kernels of one stretch (for at most SX_SPINS pauses, then they sleep) and sleep on a condition
@@ -58,8 +58,8 @@ RUNTIME_C = r"""
 #define SX_SMALL_GEMM 262144LL
 /* multiply-adds of an f32 gemm from which the pool's threads share it (where the BLAS gives
    a piece the bits of the whole product: sx_pieces_exact), in pieces of C's columns (or rows,
-   when it has more rows), each one BLAS call on one thread: the pieces depend on the shape
-   alone (sx_piece), so the count of threads changes no bit */
+   when it has more rows), each one BLAS call on one thread: a share of each thread (sx_piece);
+   the BLAS gives every piece the whole product's bits, so the count of threads changes no bit */
 #define SX_SPLIT_GEMM 2097152LL
 
 typedef void (*sx_kernel)(void* const*, long long, long long);
@@ -237,13 +237,17 @@ typedef struct {
 /* bytes of the operand every piece reads whole, above which each piece streams it from memory */
 #define SX_DEEP_BYTES 1048576LL
 
-/* the width of a gemm's pieces along its split dimension DIM: about an eighth of it, a
-   multiple of 16, at least 64 (narrower pieces repack the other operand too often); a half
-   where the operand every piece reads (SHARED bytes) outgrows the cache, since each piece
-   reads it from memory again (the CNN's weight gradient, 64 x 288 and 50176 deep: 5 pieces
-   cost 1.6x the whole product's CPU time, 2 pieces 1.1x) */
-static long long sx_piece(long long dim, long long shared) {
-  const long long w = shared > SX_DEEP_BYTES ? ((dim + 1) / 2 + 15) / 16 * 16 : ((dim + 7) / 8 + 15) / 16 * 16;
+/* the width of a gemm's pieces along its split dimension DIM: a share for each of PARTS
+   threads, a multiple of 16, at least 64 (narrower pieces repack the other operand too
+   often: in eighths on two threads the wide MLP's products cost 1.1-1.4x the CPU time of
+   halves); at most halves where the operand every piece reads (SHARED bytes) outgrows the
+   cache, since each piece reads it from memory again (the CNN's weight gradient, 64 x 288
+   and 50176 deep: 5 pieces cost 1.6x the whole product's CPU time, 2 pieces 1.1x). Where
+   the BLAS gives pieces the whole product's bits (sx_pieces_exact, probed at several
+   counts of parts), the width changes no bit. */
+static long long sx_piece(long long dim, long long shared, long long parts) {
+  if (shared > SX_DEEP_BYTES && parts > 2) parts = 2;
+  const long long w = ((dim + parts - 1) / parts + 15) / 16 * 16;
   return w < 64 ? 64 : w;
 }
 
@@ -262,9 +266,9 @@ static void sx_gemm_pieces(void* const* args, long long begin, long long end) {
 }
 
 static sx_pieces_job sx_pieces_of(void* blas, int blas64, int op_a, int op_b, long long m, long long n, long long k, const float* a,
-                                  long long lda, const float* b, long long ldb, float* c, long long ldc, long long* pieces) {
+                                  long long lda, const float* b, long long ldb, float* c, long long ldc, long long parts, long long* pieces) {
   const int rows = m > n;
-  const long long width = sx_piece(rows ? m : n, (rows ? n : m) * k * (long long)sizeof(float));
+  const long long width = sx_piece(rows ? m : n, (rows ? n : m) * k * (long long)sizeof(float), parts);
   *pieces = ((rows ? m : n) + width - 1) / width;
   const sx_pieces_job job = {blas, blas64, op_a, op_b, rows, m, n, k, lda, ldb, ldc, width, a, b, c};
   return job;
@@ -274,7 +278,7 @@ static sx_pieces_job sx_pieces_of(void* blas, int blas64, int op_a, int op_b, lo
 static void sx_sgemm_pool(sx_pool* pool, void* blas, int blas64, int op_a, int op_b, long long m, long long n, long long k, const float* a,
                           long long lda, const float* b, long long ldb, float* c, long long ldc) {
   long long pieces = 0;
-  const sx_pieces_job job = sx_pieces_of(blas, blas64, op_a, op_b, m, n, k, a, lda, b, ldb, c, ldc, &pieces);
+  const sx_pieces_job job = sx_pieces_of(blas, blas64, op_a, op_b, m, n, k, a, lda, b, ldb, c, ldc, pool ? pool->threads : 1, &pieces);
   if (!pool || !pool->split_gemms || pool->threads < 2 || pieces < 2 || m * n * k < SX_SPLIT_GEMM) {
     sx_sgemm(blas, blas64, op_a, op_b, m, n, k, a, lda, b, ldb, c, ldc);
     return;
@@ -301,11 +305,14 @@ int sx_pieces_exact(void* blas, int blas64) {
     for (int op = 0; op < 4 && exact; ++op) {
       const int op_a = op & 1, op_b = op >> 1;
       const long long lda = op_a ? k : m, ldb = op_b ? n : k;
-      long long pieces = 0;
-      const sx_pieces_job job = sx_pieces_of(blas, blas64, op_a, op_b, m, n, k, a, lda, b, ldb, split, m, &pieces);
       sx_sgemm(blas, blas64, op_a, op_b, m, n, k, a, lda, b, ldb, whole, m);
-      sx_gemm_pieces((void* const*)(const void*)&job, 0, pieces);
-      exact = memcmp(whole, split, (size_t)(m * n) * sizeof(float)) == 0;
+      for (int p = 0; p < 3 && exact; ++p) {  /* halves, thirds and eighths: the pieces of 2, 3 and 8 threads */
+        static const long long parts[3] = {2, 3, 8};
+        long long pieces = 0;
+        const sx_pieces_job job = sx_pieces_of(blas, blas64, op_a, op_b, m, n, k, a, lda, b, ldb, split, m, parts[p], &pieces);
+        sx_gemm_pieces((void* const*)(const void*)&job, 0, pieces);
+        exact = memcmp(whole, split, (size_t)(m * n) * sizeof(float)) == 0;
+      }
     }
     free(a); free(b); free(whole); free(split);
   }
