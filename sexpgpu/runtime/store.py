@@ -615,15 +615,21 @@ class Store:
             return bytes(self.fs.cat_file(full)), None
         if not self.is_local and exactly is None and limit is not None:
             return self._read_at_most(full, path, limit), None
-        size = self._regular_file_size(full, path)
         if not self.is_local:
-            self._check_size(path, size, limit, exactly)
+            self._check_size(path, self._regular_file_size(full, path), limit, exactly)
             return bytes(self.fs.cat_file(full)), None
-        # O_NOFOLLOW: a file swapped for a link since it was looked at is not followed either;
-        # O_NONBLOCK: nor does a swapped-in FIFO hang the open. The size is the opened file's:
-        # a writer that replaces the file (write, then rename) between the look and the open
+        # no look first: O_NOFOLLOW refuses a link, O_NONBLOCK keeps a FIFO from hanging the
+        # open, and the opened file's fstat refuses whatever is not a regular file; an open
+        # that fails is explained by a look (a link, a socket) or raises as it failed. The
+        # size is the opened file's: a writer that replaces the file (write, then rename)
         # leaves this descriptor on one whole version, old or new
-        descriptor = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        try:
+            descriptor = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        except FileNotFoundError:
+            raise
+        except OSError:
+            self._regular_file_size(full, path)
+            raise
         try:
             info = os.fstat(descriptor)
             if not stat.S_ISREG(info.st_mode):
