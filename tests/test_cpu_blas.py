@@ -5,6 +5,7 @@ process (PyTorch's, linked in statically): checked with the dynamic linker's own
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -137,3 +138,29 @@ def test_run_refuses_a_blas_variable_it_cannot_follow_before_anything_runs(tmp_p
                           capture_output=True, text=True, env={**os.environ, "SEXPGPU_BLAS": "openblas"}, timeout=120)
     assert done.returncode == 2 and "$SEXPGPU_BLAS='openblas': use one of auto, mkl, numpy" in done.stderr, done.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_doctor_warns_where_openblas_is_pinned_to_kernels_without_the_cpus_avx512(tmp_path: Path) -> None:
+    """$OPENBLAS_CORETYPE=Haswell on a core with AVX-512 (as this project's machines set it):
+    a warning naming the kernels and the fix; pinned to the kernels OpenBLAS picks there, or
+    on a core without AVX-512, an ok line; unset, no line."""
+    with open("/proc/cpuinfo") as info:
+        avx512 = any(line.startswith("flags") and "avx512f" in line.split() for line in info)
+
+    def finding(**changes: str) -> list[dict[str, str]]:
+        env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+        done = subprocess.run([sys.executable, "-m", "sexpgpu", "doctor", "--json", "--store", str(tmp_path / "runs")], cwd=tmp_path,
+                              capture_output=True, text=True, env={**env, **changes, "SEXPGPU_DEVICE": "numpy"}, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return [f for f in json.loads(done.stdout)["findings"] if f["check"] == "openblas"]
+
+    assert finding() == []
+    (haswell,) = finding(OPENBLAS_CORETYPE="Haswell")
+    assert haswell["detail"].startswith("$OPENBLAS_CORETYPE=Haswell: OpenBLAS runs its Haswell kernels"), haswell
+    if avx512:
+        assert haswell["level"] == "warn" and "without this CPU's AVX-512" in haswell["detail"], haswell
+        assert haswell["fix"].startswith("unset OPENBLAS_CORETYPE"), haswell
+        (picked,) = finding(OPENBLAS_CORETYPE="SkylakeX")
+        assert picked["level"] == "ok" and picked["detail"] == "$OPENBLAS_CORETYPE=SkylakeX: OpenBLAS runs its SkylakeX kernels", picked
+    else:
+        assert haswell["level"] == "ok", haswell

@@ -10,6 +10,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Optional
 
@@ -262,6 +263,39 @@ def threads_finding(programs: list["Program"], device: str = "cpu") -> Finding:
     return Finding(check="threads", level="ok", detail=f"{plan.blas} thread(s) for the kernels and the BLAS, of {plan.cores} core(s), {plan.source}: {plan.reason}; BLAS: {blas}")
 
 
+# OpenBLAS's core types whose kernels use AVX-512 (what it picks itself on a core that has it)
+OPENBLAS_AVX512 = ("skylakex", "cooperlake", "sapphirerapids")
+
+
+def openblas_finding(environ: Mapping[str, str]) -> Optional[Finding]:
+    """Where ENVIRON pins OpenBLAS's kernels ($OPENBLAS_CORETYPE): which ones NumPy's OpenBLAS
+    (and the compiled CPU device's, where it calls that one) runs, and a warning where the CPU
+    has AVX-512 and the pinned kernels do not use it; None where nothing is pinned."""
+    pinned = environ.get("OPENBLAS_CORETYPE", "").strip()
+    if not pinned:
+        return None
+    from threadpoolctl import threadpool_info
+
+    running = [str(i.get("architecture") or "?") for i in threadpool_info() if i.get("internal_api") == "openblas"]
+    if not running:
+        return None
+    kernels = ", ".join(dict.fromkeys(running))
+    detail = f"$OPENBLAS_CORETYPE={pinned}: OpenBLAS runs its {kernels} kernels"
+    if cpu_has("avx512f") and not any(k.lower() in OPENBLAS_AVX512 for k in running):
+        return Finding(check="openblas", level="warn",
+                       detail=f"{detail}, without this CPU's AVX-512 (OpenBLAS picks kernels that use it itself; pinned to Haswell, "
+                              "the wide MLP's step took 1.5x as long: Performance)",
+                       fix="unset OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE), or run: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE sexpgpu ...")
+    return Finding(check="openblas", level="ok", detail=detail)
+
+
+def cpu_has(flag: str) -> bool:
+    """Whether this CPU's feature flags (/proc/cpuinfo) include FLAG."""
+    from ..runtime.cpu.toolchain import cpu_signature
+
+    return any(line.startswith("flags") and flag in line.split() for line in cpu_signature().splitlines())
+
+
 def cpu_device_blas(device: str) -> tuple[bool, str]:
     """Whether a run on DEVICE here splits its large products into pieces on the compiled CPU
     device's threads (the thread plan's rule depends on it), and the BLAS that device calls:
@@ -298,6 +332,9 @@ def run_doctor(args: argparse.Namespace) -> int:
         findings += plan_finding(args.file, device)
     else:
         findings.append(threads_finding([]))
+    pinned = openblas_finding(os.environ)
+    if pinned is not None:
+        findings.append(pinned)
     failed = any(f.level == "fail" for f in findings)
     if args.json:
         print_json({"ok": not failed, "findings": [f.model_dump() for f in findings]})
