@@ -283,8 +283,8 @@ def openblas_finding(environ: Mapping[str, str]) -> Optional[Finding]:
     detail = f"$OPENBLAS_CORETYPE={pinned}: OpenBLAS runs its {kernels} kernels"
     if cpu_has("avx512f") and not any(k.lower() in OPENBLAS_AVX512 for k in running):
         return Finding(check="openblas", level="warn",
-                       detail=f"{detail}, without this CPU's AVX-512 (OpenBLAS picks kernels that use it itself; pinned to Haswell, "
-                              "the wide MLP's step took 1.5x as long: Performance)",
+                       detail=f"{detail}, without this CPU's AVX-512, which OpenBLAS's own choice would use (Haswell's kernels made "
+                              "the wide MLP's step 1.5x as long on an AVX-512 core: docs/performance.md)",
                        fix="unset OPENBLAS_CORETYPE (and OPENBLAS_L2_SIZE), or run: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE sexpgpu ...")
     return Finding(check="openblas", level="ok", detail=detail)
 

@@ -119,9 +119,14 @@ void sx_mkl_version(char* buffer, int length) { MKL_Get_Version_String(buffer, l
 """
 
 
+def blas_choice(environ: Mapping[str, str]) -> str:
+    """ENVIRON's $SEXPGPU_BLAS as find_blas reads it (unset or empty: auto)."""
+    return environ.get(BLAS_VARIABLE, "").strip().lower() or "auto"
+
+
 def blas_choice_problem(environ: Mapping[str, str]) -> Optional[str]:
     """What is wrong with ENVIRON's $SEXPGPU_BLAS (a value find_blas refuses), or None."""
-    choice = environ.get(BLAS_VARIABLE, "").strip().lower() or "auto"
+    choice = blas_choice(environ)
     if choice not in BLAS_CHOICES:
         return f"${BLAS_VARIABLE}={choice!r}: use one of {', '.join(BLAS_CHOICES)}"
     if choice == "mkl" and mkl_files() is None:
@@ -138,7 +143,7 @@ def find_blas(toolchain: Toolchain, environ: Optional[Mapping[str, str]] = None)
     problem = blas_choice_problem(environ)
     if problem is not None:
         raise ValueError(problem)
-    choice = environ.get(BLAS_VARIABLE, "").strip().lower() or "auto"
+    choice = blas_choice(environ)
     found = mkl_files() if wants_mkl(environ) else None
     if found is None:
         return numpy_blas()
@@ -153,7 +158,7 @@ def find_blas(toolchain: Toolchain, environ: Optional[Mapping[str, str]] = None)
 def wants_mkl(environ: Mapping[str, str]) -> bool:
     """Whether find_blas tries MKL under ENVIRON: asked for, or by default on an Intel core with
     MKL installed (it builds its small library of ours into the kernel cache)."""
-    choice = environ.get(BLAS_VARIABLE, "").strip().lower() or "auto"
+    choice = blas_choice(environ)
     return choice == "mkl" or (choice == "auto" and cpu_vendor() == "GenuineIntel" and mkl_files() is not None)
 
 
